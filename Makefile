@@ -1,0 +1,43 @@
+# The one list of commands. Every target that needs the project installs it into .venv itself,
+# so on a fresh machine `make demo` and `make test` are all it takes.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test test-e2e lint typecheck bench gpu-check clean
+
+help: ## List the targets
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install oomload with its dev tools
+
+demo: $(STAMP) ## The main job on built-in defaults: replay a sample trace against the simulated vLLM
+	$(BIN)/oomload replay traces/sample-chat.jsonl --max-duration 90
+
+test: $(STAMP) ## Run the default test suite (fast; simulated server, real Locust)
+	$(BIN)/python -m pytest -q
+
+test-e2e: $(STAMP) ## End-to-end tests against a real vLLM (CPU build, tiny local model); installs it into .e2e/
+	$(BIN)/python -m pytest -q -m e2e tests/e2e
+
+lint: $(STAMP) ## ruff + mypy
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
+
+bench: $(STAMP) ## Benchmarks; each prints ratios against a baseline measured in the same run
+	$(BIN)/python -m bench
+
+gpu-check: $(STAMP) ## On a machine with an NVIDIA GPU: check the NVML sampler sees a known allocation
+	$(BIN)/python bench/gpu_check.py
+
+clean: ## Remove the virtual environment, caches and run directories
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache runs build dist src/*.egg-info

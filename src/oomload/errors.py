@@ -1,0 +1,74 @@
+"""One error hierarchy for oomload, and the exit codes the CLI maps it to.
+
+::
+
+    OomloadError                     any failure oomload reports as a sentence, never a traceback
+    ├── ConfigError                  bad flags, bad scenario file, bad gate expression     (exit 2)
+    ├── TraceFormatError             unreadable / malformed trace or log, with path and line (exit 2)
+    ├── SamplerUnavailableError      NVML / DCGM / remote sampler cannot be used            (exit 2)
+    ├── EndpointError                the target endpoint is unreachable or not vLLM-shaped   (exit 3)
+    └── RunAbortedError              a run stopped before it could produce a verdict         (exit 3)
+
+Only the CLI turns these into messages and exit codes (``oomload.cli.main``); library code raises
+them with ``raise … from err`` and a message that names the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from pathlib import Path
+
+
+class ExitCode(IntEnum):
+    """Documented process exit codes (README, "Exit codes")."""
+
+    OK = 0  # the command did its job; a gate, if any, passed
+    GATE_FAILED = 1  # a gate threshold was violated
+    USAGE = 2  # bad flags, config, trace or input file
+    UNREACHABLE = 3  # the target could not be reached, or the run aborted before a verdict
+    GATE_NOT_EVALUATED = 4  # a gate could not be evaluated: missing evidence never passes
+    INTERRUPTED = 130  # Ctrl-C / SIGTERM; the run directory holds everything up to that moment
+
+
+class OomloadError(Exception):
+    """Root of every error oomload reports to a user as one clear sentence."""
+
+    exit_code: ExitCode = ExitCode.USAGE
+
+
+class ConfigError(OomloadError):
+    """A flag, scenario file, mapping or gate expression is invalid."""
+
+    exit_code = ExitCode.USAGE
+
+
+class TraceFormatError(OomloadError):
+    """A trace or log file cannot be read, or a line in it is malformed."""
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, message: str, path: str | Path | None = None, line: int | None = None) -> None:
+        self.path = None if path is None else str(path)
+        self.line = line
+        where = ""
+        if self.path is not None:
+            where = f"{self.path}:{line}: " if line is not None else f"{self.path}: "
+        super().__init__(f"{where}{message}")
+
+
+class SamplerUnavailableError(OomloadError):
+    """GPU telemetry (NVML, DCGM, a remote sampler) cannot be used on this machine."""
+
+    exit_code = ExitCode.USAGE
+
+
+class EndpointError(OomloadError):
+    """The target endpoint is unreachable, or it does not answer like an OpenAI-compatible server."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+
+class RunAbortedError(OomloadError):
+    """A run stopped before it could produce a verdict (the run directory keeps what was measured)."""
+
+    exit_code = ExitCode.UNREACHABLE

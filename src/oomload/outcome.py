@@ -1,0 +1,71 @@
+"""How one replayed request ended, and the per-request result every layer exchanges.
+
+Every request ends in exactly one ``Outcome``. The client classifies it (``oomload.load``), the run
+directory stores it (``requests*.jsonl``), the verdict counts it. Precedence when several signals
+apply to one request: engine dead > context overflow > admission rejected > server error > timeout >
+transport error > truncated output > ok. "Truncated" means the server answered 200 but produced fewer
+tokens than asked (e.g. vLLM silently clamping ``max_tokens`` near ``max_model_len``, or a stream that
+ended without its usage chunk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+
+class Outcome(str, Enum):
+    """The one way a request ended."""
+
+    OK = "ok"
+    CONTEXT_OVERFLOW = "context_overflow"  # HTTP 400 "maximum context length"
+    ADMISSION_REJECTED = "admission_rejected"  # HTTP 503, or an error event inside a 200 SSE stream
+    SERVER_ERROR = "server_error"  # HTTP 5xx other than 503 while the engine lives
+    ENGINE_DEAD = "engine_dead"  # CUDA OOM text, EngineDeadError, connection refused after the server answered
+    TRANSPORT_ERROR = "transport_error"  # connection reset/closed before an answer (keep-alive race, …)
+    TIMEOUT = "timeout"  # no answer within the request timeout
+    TRUNCATED = "truncated"  # 200 with fewer tokens than asked (clamped max_tokens, stream cut short)
+
+    @property
+    def is_error(self) -> bool:
+        return self is not Outcome.OK
+
+
+@dataclass(frozen=True, slots=True)
+class RequestResult:
+    """One replayed request as the run directory stores it (``requests*.jsonl``, one JSON object a line).
+
+    Times are Unix seconds (``time.time()``) so every process and host shares one clock; durations are
+    milliseconds. ``*_asked`` are what oomload requested; ``usage_*`` what the server's ``usage`` said
+    (``None`` when the response carried no usage).
+    """
+
+    request_id: str
+    step: int
+    concurrency: int
+    start_unix_s: float
+    end_unix_s: float
+    outcome: Outcome
+    prompt_tokens_asked: int
+    output_tokens_asked: int
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None  # mean inter-token latency after the first token
+    itl_max_ms: float | None = None  # worst gap between two streamed tokens
+    e2e_ms: float | None = None
+    http_status: int | None = None
+    error: str | None = None  # short reason, never request or response text
+
+    def to_json(self) -> dict[str, Any]:
+        obj = asdict(self)
+        obj["outcome"] = self.outcome.value
+        return {k: v for k, v in obj.items() if v is not None}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> RequestResult:
+        data = dict(obj)
+        data["outcome"] = Outcome(data["outcome"])
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,176 @@
+"""The run directory: everything one run measured, written as it goes.
+
+A run directory is the contract between the replay/telemetry side (writers) and the verdict/report
+side (readers). Every stream is JSON Lines, appended and flushed one line at a time, so a run cut
+short by a dead server, Ctrl-C, SIGTERM or a crash of oomload itself keeps everything up to that
+moment and ``oomload report RUN_DIR`` can still summarize it. Clock: Unix seconds (``t_unix_s``,
+``time.time()``) in every file, shared by all processes and hosts.
+
+==========================  ===================================================================
+file                        content
+==========================  ===================================================================
+``config.json``             resolved run configuration (schema, argv without secrets, trace,
+                            url, schedule, …); written once at the start
+``requests*.jsonl``         one ``oomload.outcome.RequestResult`` per finished request; each
+                            writing process has its own file (``requests.jsonl``,
+                            ``requests.<worker>.jsonl``), readers take them all
+``steps.jsonl``             step boundaries: ``{"event": "start"|"end", "step": i,
+                            "concurrency": c, "phase": "warmup"|"ramp"|"refine",
+                            "t_unix_s": …, "reason": …}`` (reason on "end")
+``metrics.jsonl``           vLLM ``/metrics`` scrapes: ``{"t_unix_s", "ok", …}`` (see
+                            ``oomload.telemetry``)
+``gpu.jsonl``               GPU memory samples (NVML, DCGM or a remote sampler)
+``events.jsonl``            notable moments: ``{"t_unix_s", "kind", "step"?, "detail"?}`` —
+                            kinds include ``scrape_failed``, ``server_restarted``,
+                            ``server_dead``, ``first_preemption``, ``interrupted``,
+                            ``sampler_unavailable``, ``stop_condition``
+``cache_config.json``       the server's ``vllm:cache_config_info`` labels, read once
+``repro/*.jsonl``           oomload traces of the requests in flight at the first preemption
+                            and at a server death: minimal reproductions for ``oomload replay``
+``status.json``             written last: ``{"finished": true, "end_reason": …,
+                            "ended_unix_s": …}``; its absence means the run was cut short
+``summary.json`` etc.       the verdict and reports (``oomload.report``)
+==========================  ===================================================================
+
+No file in a run directory ever holds an API key, prompt text or completion text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from oomload.errors import ConfigError
+from oomload.outcome import RequestResult
+
+RUN_SCHEMA_VERSION = 1
+STREAMS = ("steps", "metrics", "gpu", "events")
+
+
+def new_run_dir(parent: str | Path = "runs", now_unix_s: float | None = None) -> Path:
+    """Create and return a fresh ``parent/YYYYmmdd-HHMMSS[-N]`` directory."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now_unix_s))
+    base = Path(parent)
+    for n in range(1000):
+        candidate = base / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            candidate.mkdir(parents=True, exist_ok=False)
+            return candidate
+        except FileExistsError:
+            continue
+    raise ConfigError(f"cannot create a new run directory under {base}")
+
+
+class RunWriter:
+    """Appends to the streams of one run directory, one flushed line at a time (thread-safe).
+
+    ``worker`` names this process's own request file (``requests.<worker>.jsonl``) so that several
+    Locust processes can write one run directory without interleaving lines.
+    """
+
+    def __init__(self, path: str | Path, worker: str | None = None) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._worker = worker
+        self._files: dict[str, IO[str]] = {}
+        self._lock = threading.Lock()
+
+    def _file(self, name: str) -> IO[str]:
+        fh = self._files.get(name)
+        if fh is None:
+            fh = open(self.path / f"{name}.jsonl", "a", encoding="utf-8")
+            self._files[name] = fh
+        return fh
+
+    def append(self, stream: str, obj: dict[str, Any]) -> None:
+        """Append one object to ``<stream>.jsonl`` and flush it to the OS."""
+        line = json.dumps(obj, separators=(",", ":"), default=str) + "\n"
+        with self._lock:
+            fh = self._file(stream)
+            fh.write(line)
+            fh.flush()
+
+    def request(self, result: RequestResult) -> None:
+        self.append("requests" if self._worker is None else f"requests.{self._worker}", result.to_json())
+
+    def event(self, kind: str, t_unix_s: float | None = None, **detail: Any) -> None:
+        self.append("events", {"t_unix_s": time.time() if t_unix_s is None else t_unix_s, "kind": kind, **detail})
+
+    def write_json(self, name: str, obj: dict[str, Any]) -> None:
+        """Write a whole JSON document atomically (``config.json``, ``status.json`` …)."""
+        target = self.path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(target.suffix + ".tmp")
+        tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+
+    def close(self) -> None:
+        with self._lock:
+            for fh in self._files.values():
+                fh.close()
+            self._files.clear()
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RunReader:
+    """Reads a run directory, tolerating a torn last line (a run killed mid-write)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise ConfigError(f"{self.path} is not a run directory (no such directory)")
+        if not (self.path / "config.json").exists():
+            raise ConfigError(f"{self.path} is not a run directory (no config.json)")
+
+    def json(self, name: str) -> dict[str, Any] | None:
+        target = self.path / name
+        if not target.exists():
+            return None
+        try:
+            obj = json.loads(target.read_text(encoding="utf-8"))
+        except ValueError:
+            return None
+        return obj if isinstance(obj, dict) else None
+
+    def config(self) -> dict[str, Any]:
+        return self.json("config.json") or {}
+
+    def status(self) -> dict[str, Any] | None:
+        """``status.json``, or ``None`` when the run was cut short."""
+        return self.json("status.json")
+
+    def stream(self, name: str) -> Iterator[dict[str, Any]]:
+        """Objects of ``<name>.jsonl``; a torn or garbled line (crash mid-write) is skipped."""
+        target = self.path / f"{name}.jsonl"
+        if not target.exists():
+            return
+        with open(target, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    yield obj
+
+    def requests(self) -> list[RequestResult]:
+        """Every request result from every writer's file, ordered by start time."""
+        results: list[RequestResult] = []
+        for target in sorted(self.path.glob("requests*.jsonl")):
+            for obj in self.stream(target.stem):
+                try:
+                    results.append(RequestResult.from_json(obj))
+                except (KeyError, ValueError, TypeError):
+                    continue
+        results.sort(key=lambda r: r.start_unix_s)
+        return results

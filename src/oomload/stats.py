@@ -1,0 +1,168 @@
+"""Length-distribution statistics and the ``max_model_len`` a trace implies (pure, numpy only).
+
+Percentile method — **nearest rank** (numpy ``method="inverted_cdf"``, Hyndman & Fan type 1): the
+P-th percentile is the smallest observed value ``v`` such that at least P % of the requests are ``≤ v``.
+It is always a length that really occurred, and it carries the guarantee capacity planning needs:
+"P99 = 5,312" means at least 99 % of requests fit in 5,312 tokens. (numpy's default linear
+interpolation can land between two observations and cover slightly less than P %.)
+
+``recommend_max_model_len`` turns a total-length distribution (prompt + output per request) into a
+setting: ``ceil(P99 × (1 + margin))`` rounded up to a multiple of ``round_to`` (256 by default, and of
+the KV block size when given, so no block is left partly unusable), capped at the model's own limit.
+It also reports the share of the trace the setting would refuse, and — given the KV-cache size in
+tokens — how many worst-case full-length sequences fit at once (vLLM's "Maximum concurrency for N
+tokens per request"), compared with the current setting.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
+PERCENTILE_METHOD = "nearest-rank (numpy method='inverted_cdf')"
+COMMON_CONTEXT_LIMITS: tuple[int, ...] = (4096, 8192, 16384, 32768, 131072)
+
+IntArray = npt.NDArray[np.int64]
+
+
+def percentile(values: Sequence[float] | npt.NDArray[np.generic], p: float) -> float:
+    """The nearest-rank ``p``-th percentile (0 < p ≤ 100) of a non-empty sample."""
+    arr = np.asarray(values)
+    if arr.size == 0:
+        raise ValueError("percentile of an empty sample")
+    if not 0.0 <= p <= 100.0:
+        raise ValueError(f"percentile must be within [0, 100], got {p}")
+    return float(np.percentile(arr, p, method="inverted_cdf"))
+
+
+@dataclass(frozen=True, slots=True)
+class LengthSummary:
+    """Count, mean, nearest-rank percentiles and max of one length distribution (tokens)."""
+
+    count: int
+    mean: float
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+    p999: float
+    max: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "count": self.count,
+            "mean": self.mean,
+            "p50": self.p50,
+            "p90": self.p90,
+            "p95": self.p95,
+            "p99": self.p99,
+            "p99.9": self.p999,
+            "max": self.max,
+        }
+
+
+def summarize_lengths(values: Sequence[float] | npt.NDArray[np.generic]) -> LengthSummary:
+    """Summarize a non-empty sample with ``PERCENTILES`` (nearest rank)."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        raise ValueError("cannot summarize an empty sample")
+    p50, p90, p95, p99, p999 = (float(v) for v in np.percentile(arr, PERCENTILES, method="inverted_cdf"))
+    return LengthSummary(
+        count=int(arr.size),
+        mean=float(arr.mean()),
+        p50=p50,
+        p90=p90,
+        p95=p95,
+        p99=p99,
+        p999=p999,
+        max=float(arr.max()),
+    )
+
+
+def share_above(values: Sequence[float] | npt.NDArray[np.generic], limit: float) -> float:
+    """Fraction of requests strictly longer than ``limit`` (0.0 for an empty sample)."""
+    arr = np.asarray(values)
+    return 0.0 if arr.size == 0 else float(np.count_nonzero(arr > limit) / arr.size)
+
+
+@dataclass(frozen=True, slots=True)
+class MaxModelLenAdvice:
+    """A recommended ``max_model_len`` and what it costs and frees."""
+
+    max_model_len: int
+    basis_percentile: float
+    basis_tokens: float  # the percentile of total tokens the setting was derived from
+    margin: float
+    round_to: int
+    capped_by_model_limit: bool
+    refused_share: float  # share of the trace longer than the setting
+    refused_count: int
+    max_concurrency: float | None = None  # full-length sequences the KV cache holds at once
+    current_max_model_len: int | None = None
+    current_max_concurrency: float | None = None
+
+    @property
+    def freed_concurrency(self) -> float | None:
+        """Extra worst-case concurrent sequences compared with the current setting."""
+        if self.max_concurrency is None or self.current_max_concurrency is None:
+            return None
+        return self.max_concurrency - self.current_max_concurrency
+
+
+def round_up(value: float, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is ≥ ``value``."""
+    if multiple <= 0:
+        raise ValueError(f"rounding multiple must be positive, got {multiple}")
+    return int(math.ceil(value / multiple) * multiple)
+
+
+def recommend_max_model_len(
+    total_tokens: Sequence[int] | IntArray,
+    *,
+    percentile_p: float = 99.0,
+    margin: float = 0.10,
+    round_to: int = 256,
+    block_size: int | None = None,
+    model_limit: int | None = None,
+    kv_cache_tokens: int | None = None,
+    current_max_model_len: int | None = None,
+) -> MaxModelLenAdvice:
+    """The ``max_model_len`` a trace implies: P99 of total tokens plus a margin, rounded up.
+
+    Never below the basis percentile itself (a recommendation that refuses more than the trace's
+    tail is wrong by construction) unless the model's limit forces it, which is then flagged.
+    """
+    arr = np.asarray(total_tokens, dtype=np.int64)
+    if arr.size == 0:
+        raise ValueError("cannot recommend max_model_len from an empty trace")
+    if margin < 0:
+        raise ValueError(f"margin must be ≥ 0, got {margin}")
+    basis = percentile(arr, percentile_p)
+    multiple = round_to if block_size is None else math.lcm(round_to, block_size)
+    value = round_up(max(basis * (1.0 + margin), 1.0), multiple)
+    capped = False
+    if model_limit is not None and value > model_limit:
+        value, capped = model_limit, True
+    refused = int(np.count_nonzero(arr > value))
+    return MaxModelLenAdvice(
+        max_model_len=value,
+        basis_percentile=percentile_p,
+        basis_tokens=basis,
+        margin=margin,
+        round_to=multiple,
+        capped_by_model_limit=capped,
+        refused_share=refused / arr.size,
+        refused_count=refused,
+        max_concurrency=None if kv_cache_tokens is None else kv_cache_tokens / value,
+        current_max_model_len=current_max_model_len,
+        current_max_concurrency=(
+            None
+            if kv_cache_tokens is None or current_max_model_len is None
+            else kv_cache_tokens / current_max_model_len
+        ),
+    )

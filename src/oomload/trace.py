@@ -1,0 +1,237 @@
+"""The normalized oomload trace: lengths, timing and ids only — never prompt or completion text.
+
+File format (JSON Lines, UTF-8, version 1)::
+
+    {"oomload_trace": 1, "source": ["logs/a.jsonl"], "format": "openai-jsonl", "tokenizer": null, ...}
+    {"id": "r0", "arrival_s": 0.0, "prompt_tokens": 812, "output_tokens": 97, ...}
+    {"id": "r1", "arrival_s": 0.41, "prompt_tokens": 5120, "output_tokens": 12, ...}
+
+The first line is the header: ``oomload_trace`` is the schema version and the remaining keys describe
+where the trace came from (input files, detected format, tokenizer used to count tokens when the log
+carried text only, counts of skipped lines). Every following line is one request:
+
+=================  ========  ===========================================================================
+key                type      meaning
+=================  ========  ===========================================================================
+``id``             str       request id from the log, or a generated ``r<N>``
+``arrival_s``      float     seconds since the first request of the trace (≥ 0, non-decreasing)
+``prompt_tokens``  int       prompt length in tokens (≥ 0)
+``output_tokens``  int       generated length in tokens (≥ 0; 0 for failed requests)
+``max_tokens``     int|null  the ``max_tokens`` the client asked for, when the log has it
+``ok``             bool      false when the original request failed (kept, marked, never dropped)
+``model``          str|null  model name, when the log has it
+``hash_ids``       [int]     prefix block ids (Mooncake/Bailian), empty when unknown
+``session``        str|null  conversation id (Bailian ``chat_id``), when known
+``parent``         str|null  parent request / chat id, when known
+``turn``           int|null  turn number within the conversation, when known
+=================  ========  ===========================================================================
+
+Optional keys are omitted when empty, so a plain trace line is short. Readers ignore unknown keys
+(forward compatibility within a major version) and reject a newer major version with a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from oomload.errors import TraceFormatError
+
+TRACE_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    """One request of a trace: how long its prompt and its output were, and when it arrived."""
+
+    id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    max_tokens: int | None = None
+    ok: bool = True
+    model: str | None = None
+    hash_ids: tuple[int, ...] = ()
+    session: str | None = None
+    parent: str | None = None
+    turn: int | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus output: the KV-cache tokens the request holds at its end."""
+        return self.prompt_tokens + self.output_tokens
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object for one trace line (optional keys omitted when empty)."""
+        obj: dict[str, Any] = {
+            "id": self.id,
+            "arrival_s": round(self.arrival_s, 6),
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+        }
+        if self.max_tokens is not None:
+            obj["max_tokens"] = self.max_tokens
+        if not self.ok:
+            obj["ok"] = False
+        if self.model is not None:
+            obj["model"] = self.model
+        if self.hash_ids:
+            obj["hash_ids"] = list(self.hash_ids)
+        if self.session is not None:
+            obj["session"] = self.session
+        if self.parent is not None:
+            obj["parent"] = self.parent
+        if self.turn is not None:
+            obj["turn"] = self.turn
+        return obj
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> TraceRecord:
+        """Build a record from one trace line; raises ``ValueError``/``KeyError``/``TypeError`` on bad shape."""
+        prompt_tokens = _nonneg_int(obj["prompt_tokens"], "prompt_tokens")
+        output_tokens = _nonneg_int(obj["output_tokens"], "output_tokens")
+        max_tokens = obj.get("max_tokens")
+        turn = obj.get("turn")
+        return cls(
+            id=str(obj["id"]),
+            arrival_s=float(obj.get("arrival_s", 0.0)),
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            max_tokens=None if max_tokens is None else _nonneg_int(max_tokens, "max_tokens"),
+            ok=bool(obj.get("ok", True)),
+            model=obj.get("model"),
+            hash_ids=tuple(int(h) for h in obj.get("hash_ids", ())),
+            session=obj.get("session"),
+            parent=obj.get("parent"),
+            turn=None if turn is None else int(turn),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TraceHeader:
+    """The first line of a trace file: schema version and provenance."""
+
+    source: tuple[str, ...] = ()
+    format: str | None = None
+    tokenizer: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "oomload_trace": TRACE_SCHEMA_VERSION,
+            "source": list(self.source),
+            "format": self.format,
+            "tokenizer": self.tokenizer,
+            **self.extra,
+        }
+
+
+def _nonneg_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def write_trace(path: str | Path | IO[str], records: Iterable[TraceRecord], header: TraceHeader) -> int:
+    """Write a trace file (header then one line per record); return the number of records written."""
+    if isinstance(path, (str, Path)):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            return write_trace(fh, records, header)
+    fh = path
+    fh.write(json.dumps(header.to_json(), separators=(",", ":")) + "\n")
+    count = 0
+    for record in records:
+        fh.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
+        count += 1
+    return count
+
+
+def read_trace_header(path: str | Path) -> TraceHeader:
+    """Read and validate only the header line of a trace file."""
+    with _open_trace(path) as fh:
+        return _parse_header(fh.readline(), path)
+
+
+def iter_trace(path: str | Path) -> Iterator[TraceRecord]:
+    """Stream the records of an oomload trace file, validating each line.
+
+    Raises ``TraceFormatError`` (with path and line number) on a missing or newer header, or on a
+    malformed record line; a trace is our own format, so unlike raw logs nothing is skipped silently.
+    """
+    with _open_trace(path) as fh:
+        _parse_header(fh.readline(), path)
+        for lineno, line in enumerate(fh, start=2):
+            if not line.strip():
+                continue
+            try:
+                yield TraceRecord.from_json(json.loads(line))
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                raise TraceFormatError(f"malformed trace record ({err})", path, lineno) from err
+
+
+def read_trace(path: str | Path) -> list[TraceRecord]:
+    """All records of a trace file; raises ``TraceFormatError`` when the trace has no request."""
+    records = list(iter_trace(path))
+    if not records:
+        raise TraceFormatError("the trace holds no requests", path)
+    return records
+
+
+def is_trace_file(path: str | Path) -> bool:
+    """True when the file starts with an oomload trace header (cheap sniff, never raises)."""
+    try:
+        with _open_trace(path) as fh:
+            obj = json.loads(fh.readline())
+        return isinstance(obj, dict) and "oomload_trace" in obj
+    except (OSError, ValueError, UnicodeDecodeError, TraceFormatError):
+        return False
+
+
+def _open_trace(path: str | Path) -> IO[str]:
+    try:
+        if str(path).endswith(".gz"):
+            import gzip
+
+            return gzip.open(path, "rt", encoding="utf-8")
+        return open(path, encoding="utf-8")
+    except FileNotFoundError as err:
+        raise TraceFormatError("no such file", path) from err
+    except IsADirectoryError as err:
+        raise TraceFormatError("is a directory, not a trace file", path) from err
+    except OSError as err:
+        raise TraceFormatError(f"cannot open ({err.strerror})", path) from err
+
+
+def _parse_header(line: str, path: str | Path) -> TraceHeader:
+    if not line.strip():
+        raise TraceFormatError("empty file: an oomload trace starts with a header line", path, 1)
+    try:
+        obj = json.loads(line)
+    except ValueError as err:
+        raise TraceFormatError(
+            "not an oomload trace (no header line); build one with `oomload trace build`", path, 1
+        ) from err
+    if not isinstance(obj, dict) or "oomload_trace" not in obj:
+        raise TraceFormatError(
+            "not an oomload trace (no header line); build one with `oomload trace build`", path, 1
+        )
+    version = obj["oomload_trace"]
+    if not isinstance(version, int) or version > TRACE_SCHEMA_VERSION or version < 1:
+        raise TraceFormatError(
+            f"trace schema version {version!r} is not supported (this oomload reads version "
+            f"{TRACE_SCHEMA_VERSION}); upgrade oomload",
+            path,
+            1,
+        )
+    extra = {k: v for k, v in obj.items() if k not in {"oomload_trace", "source", "format", "tokenizer"}}
+    source = obj.get("source") or ()
+    return TraceHeader(
+        source=tuple(str(s) for s in source),
+        format=obj.get("format"),
+        tokenizer=obj.get("tokenizer"),
+        extra=extra,
+    )

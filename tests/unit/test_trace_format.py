@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oomload.errors import TraceFormatError
+from oomload.trace import TraceHeader, TraceRecord, is_trace_file, read_trace, write_trace
+
+
+def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
+    records = [
+        TraceRecord("a", 0.0, 10, 5),
+        TraceRecord("b", 1.5, 7000, 0, max_tokens=256, ok=False, model="m", hash_ids=(1, 2), session="s",
+                    parent="a", turn=2),
+    ]
+    path = tmp_path / "t.jsonl"
+    assert write_trace(path, records, TraceHeader(source=("x.csv",), format="azure-csv")) == 2
+    assert read_trace(path) == records
+    assert is_trace_file(path)
+    header = json.loads(path.read_text().splitlines()[0])
+    assert header["oomload_trace"] == 1 and header["format"] == "azure-csv"
+
+
+def test_plain_record_omits_optional_keys() -> None:
+    assert TraceRecord("a", 0.0, 1, 2).to_json() == {"id": "a", "arrival_s": 0.0, "prompt_tokens": 1,
+                                                     "output_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", "empty file"),
+        ("TIMESTAMP,ContextTokens\n", "not an oomload trace"),
+        ('{"oomload_trace": 99}\n', "schema version 99"),
+        ('{"oomload_trace": 1}\n{"id": "a", "prompt_tokens": -1, "output_tokens": 1}\n', ":2:"),
+        ('{"oomload_trace": 1}\n', "holds no requests"),
+    ],
+)
+def test_bad_traces_give_clear_errors(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(content)
+    with pytest.raises(TraceFormatError, match=message):
+        read_trace(path)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match="no such file"):
+        read_trace(tmp_path / "nope.jsonl")

@@ -1,0 +1,268 @@
+"""The rising-concurrency step schedule: which level next, when a step is done, when the run stops.
+
+Pure decisions over observed step facts; the Locust shape (``oomload.load.shape``) asks and obeys.
+
+Levels
+    ``"1,2,4,8"`` (an explicit list), ``"linear:START:STOP:STEP"`` (START, START+STEP, … ≤ STOP) or
+    ``"geometric:START:STOP:FACTOR"`` (START·FACTOR^k rounded, duplicates dropped, ≤ STOP). Levels
+    must be positive and strictly increasing: the search below assumes pressure grows with
+    concurrency.
+
+Hold
+    A step ends when it has lasted ``hold_s`` seconds **and** completed ``min_requests`` requests
+    (either may be 0). The run's maximum duration bounds a step that never completes enough.
+
+Order of steps (``next_step``)
+    1. an optional warm-up step at the first level (phase ``warmup``; the verdict ignores it);
+    2. the ramp: each level in turn (phase ``ramp``) until a stop condition fires or the levels run out;
+    3. the refinement (phase ``refine``): once some step was *bad*, bisect between the highest good
+       level below the lowest bad level and that bad level — ``mid = (good + bad) // 2`` — until the
+       two are adjacent. Each refinement step tightens the bracket by its own result, so with levels
+       1, 2, 4, 8, 16 and an onset at 6 the steps are …, 8 (bad) → 6 (bad) → 5 (good): onset 6.
+    A dead server ends the run at once (nothing more can be measured).
+
+Bad step
+    A step is *bad* when the server preempted during it (``preemptions > 0``), an engine died, or its
+    error rate exceeded an ``error-rate:F`` stop condition.
+
+Stop conditions (``--stop-on``)
+    ``first-preemption`` (stop ramping at the first step with preemptions), ``oom`` (at the first
+    engine death: CUDA OOM text, EngineDeadError, the server gone), ``error-rate:F`` (a step whose
+    share of failed requests exceeds F, 0 < F ≤ 1), ``never`` (ramp through every level). A dead
+    server always ends the run, whatever the conditions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from oomload.errors import ConfigError
+
+Phase = Literal["warmup", "ramp", "refine"]
+MAX_LEVELS = 1000
+MAX_CONCURRENCY = 100_000
+STOP_NAMES = ("first-preemption", "oom", "error-rate", "never")
+
+
+def parse_levels(spec: str) -> tuple[int, ...]:
+    """Parse ``"1,2,4"``, ``"linear:START:STOP:STEP"`` or ``"geometric:START:STOP:FACTOR"``."""
+    text = spec.strip()
+    if text.startswith(("linear:", "geometric:")):
+        kind, _, rest = text.partition(":")
+        parts = rest.split(":")
+        if len(parts) != 3:
+            last = "STEP" if kind == "linear" else "FACTOR"
+            raise ConfigError(f"ramp {spec!r} must look like {kind}:START:STOP:{last}")
+        start, stop = _positive_int(parts[0], spec), _positive_int(parts[1], spec)
+        if stop < start:
+            raise ConfigError(f"ramp {spec!r}: STOP ({stop}) must be ≥ START ({start})")
+        if kind == "linear":
+            step = _positive_int(parts[2], spec)
+            levels = tuple(range(start, stop + 1, step))
+        else:
+            try:
+                factor = float(parts[2])
+            except ValueError as err:
+                raise ConfigError(f"ramp {spec!r}: FACTOR must be a number > 1, got {parts[2]!r}") from err
+            if not factor > 1.0 or not math.isfinite(factor):
+                raise ConfigError(f"ramp {spec!r}: FACTOR must be a number > 1, got {parts[2]!r}")
+            levels = _geometric(start, stop, factor)
+    else:
+        items = [p.strip() for p in text.split(",") if p.strip()]
+        if not items:
+            raise ConfigError(f"concurrency list {spec!r} is empty; give levels like 1,2,4,8")
+        levels = tuple(_positive_int(p, spec) for p in items)
+        if any(b <= a for a, b in itertools.pairwise(levels)):
+            raise ConfigError(f"concurrency levels {spec!r} must be strictly increasing")
+    if len(levels) > MAX_LEVELS:
+        raise ConfigError(f"ramp {spec!r} has {len(levels)} levels; at most {MAX_LEVELS} are allowed")
+    return levels
+
+
+def _geometric(start: int, stop: int, factor: float) -> tuple[int, ...]:
+    levels: list[int] = []
+    value = float(start)
+    while round(value) <= stop and len(levels) <= MAX_LEVELS:
+        level = round(value)
+        if not levels or level > levels[-1]:
+            levels.append(level)
+        value *= factor
+    return tuple(levels)
+
+
+def _positive_int(text: str, spec: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError as err:
+        raise ConfigError(f"{spec!r}: {text.strip()!r} is not a positive integer") from err
+    if not 1 <= value <= MAX_CONCURRENCY:
+        raise ConfigError(f"{spec!r}: {value} is outside 1..{MAX_CONCURRENCY}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class StopCondition:
+    """One ``--stop-on`` condition; ``error_rate`` only for ``error-rate``."""
+
+    name: str
+    error_rate: float | None = None
+
+    def __str__(self) -> str:
+        return f"error-rate:{self.error_rate:g}" if self.name == "error-rate" else self.name
+
+
+def parse_stop_condition(text: str) -> StopCondition:
+    """Parse ``first-preemption``, ``oom``, ``error-rate:F`` (0 < F ≤ 1) or ``never``."""
+    name, sep, arg = text.strip().partition(":")
+    if name == "error-rate":
+        try:
+            rate = float(arg)
+        except ValueError as err:
+            raise ConfigError(
+                f"stop condition {text!r}: error-rate needs a fraction, e.g. error-rate:0.05"
+            ) from err
+        if not 0.0 < rate <= 1.0:
+            raise ConfigError(f"stop condition {text!r}: the error rate must be within (0, 1]")
+        return StopCondition("error-rate", rate)
+    if name in ("first-preemption", "oom", "never") and not sep:
+        return StopCondition(name)
+    raise ConfigError(f"unknown stop condition {text!r}; allowed: first-preemption, oom, error-rate:F, never")
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """How long each step lasts: ``hold_s`` seconds and ``min_requests`` completed requests."""
+
+    hold_s: float
+    min_requests: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.hold_s >= 0 or not math.isfinite(self.hold_s):
+            raise ConfigError(f"hold must be ≥ 0 seconds, got {self.hold_s}")
+        if self.min_requests < 0:
+            raise ConfigError(f"minimum requests per step must be ≥ 0, got {self.min_requests}")
+        if self.hold_s == 0 and self.min_requests == 0:
+            raise ConfigError("a step needs a hold time (--hold-s) or a minimum number of requests")
+
+    def done(self, elapsed_s: float, completed: int) -> bool:
+        """True once the step has lasted long enough and completed enough requests."""
+        return elapsed_s >= self.hold_s and completed >= self.min_requests
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One step to run: its index in the run, its target concurrency and its phase."""
+
+    index: int
+    concurrency: int
+    phase: Phase
+
+
+@dataclass(frozen=True, slots=True)
+class StepFacts:
+    """What one finished step showed (from request outcomes and ``/metrics`` deltas)."""
+
+    step: StepPlan
+    completed: int = 0
+    errors: int = 0
+    preemptions: int = 0
+    engine_dead: bool = False  # an engine_dead outcome (CUDA OOM, EngineDeadError, refused after answers)
+    server_dead: bool = False  # the server is gone: nothing more can be measured
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.completed if self.completed else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulePlan:
+    """Everything that decides the sequence of steps."""
+
+    levels: tuple[int, ...]
+    warmup: bool = False
+    refine: bool = True
+    stop_on: tuple[StopCondition, ...] = (StopCondition("first-preemption"),)
+
+    def __post_init__(self) -> None:
+        if not self.levels:
+            raise ConfigError("a schedule needs at least one concurrency level")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Either the next step to run, or the reason the run ends (``end_reason``)."""
+
+    step: StepPlan | None
+    end_reason: str | None = None
+
+
+def stop_reason(stop_on: Sequence[StopCondition], facts: StepFacts) -> str | None:
+    """The first stop condition this step fires, as written on the command line, or ``None``."""
+    for cond in stop_on:
+        if cond.name == "first-preemption" and facts.preemptions > 0:
+            return str(cond)
+        if cond.name == "oom" and (facts.engine_dead or facts.server_dead):
+            return str(cond)
+        if cond.name == "error-rate" and cond.error_rate is not None and facts.error_rate > cond.error_rate:
+            return str(cond)
+    return None
+
+
+def is_bad(stop_on: Sequence[StopCondition], facts: StepFacts) -> bool:
+    """Preempted, engine dead, or over an ``error-rate`` limit: the onset lies at or below this level."""
+    if facts.preemptions > 0 or facts.engine_dead or facts.server_dead:
+        return True
+    limits = [c.error_rate for c in stop_on if c.name == "error-rate" and c.error_rate is not None]
+    return any(facts.error_rate > limit for limit in limits)
+
+
+def refine_bracket(stop_on: Sequence[StopCondition], history: Sequence[StepFacts]) -> tuple[int, int] | None:
+    """``(last good, first bad)`` over the non-warm-up steps, or ``None`` when no bracket exists."""
+    measured = [f for f in history if f.step.phase != "warmup"]
+    bad = [f.step.concurrency for f in measured if is_bad(stop_on, f)]
+    if not bad:
+        return None
+    first_bad = min(bad)
+    good = [f.step.concurrency for f in measured if not is_bad(stop_on, f) and f.step.concurrency < first_bad]
+    if not good:
+        return None
+    return max(good), first_bad
+
+
+def next_refine_level(stop_on: Sequence[StopCondition], history: Sequence[StepFacts]) -> int | None:
+    """The bisection level between the last good and the first bad level, or ``None`` when adjacent."""
+    bracket = refine_bracket(stop_on, history)
+    if bracket is None:
+        return None
+    good, bad = bracket
+    return None if bad - good <= 1 else (good + bad) // 2
+
+
+def next_step(plan: SchedulePlan, history: Sequence[StepFacts]) -> Decision:
+    """Decide the step after ``history`` (the facts of every finished step, in order)."""
+    if not history:
+        phase: Phase = "warmup" if plan.warmup else "ramp"
+        return Decision(StepPlan(0, plan.levels[0], phase))
+    last = history[-1]
+    index = last.step.index + 1
+    if last.server_dead:
+        return Decision(None, "server_dead")
+    ramp = [f for f in history if f.step.phase == "ramp"]
+    stopped = next((r for r in (stop_reason(plan.stop_on, f) for f in ramp) if r is not None), None)
+    if stopped is None and len(ramp) < len(plan.levels):
+        return Decision(StepPlan(index, plan.levels[len(ramp)], "ramp"))
+    end_reason = "completed" if stopped is None else f"stop_condition:{stopped}"
+    if plan.refine:
+        level = next_refine_level(plan.stop_on, history)
+        if level is not None:
+            return Decision(StepPlan(index, level, "refine"))
+    return Decision(None, end_reason)
+
+
+def max_duration_exceeded(elapsed_s: float, max_duration_s: float | None) -> bool:
+    """True once the whole run has lasted ``max_duration_s`` (``None``: unbounded)."""
+    return max_duration_s is not None and elapsed_s >= max_duration_s

@@ -1,0 +1,136 @@
+"""The step schedule: level parsing, holds, stop conditions and the bisection refinement."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from oomload.errors import ConfigError
+from oomload.schedule import (
+    Hold,
+    SchedulePlan,
+    StepFacts,
+    StopCondition,
+    max_duration_exceeded,
+    next_refine_level,
+    next_step,
+    parse_levels,
+    parse_stop_condition,
+)
+
+FIRST_PREEMPTION = (StopCondition("first-preemption"),)
+
+
+def test_parse_levels_list_linear_geometric() -> None:
+    assert parse_levels("1,2,4,8") == (1, 2, 4, 8)
+    assert parse_levels("linear:2:10:4") == (2, 6, 10)
+    assert parse_levels("geometric:1:100:2") == (1, 2, 4, 8, 16, 32, 64)
+    assert parse_levels("geometric:1:10:1.5") == (1, 2, 3, 5, 8)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["", "4,2", "1,1", "0,1", "a,b", "linear:1:10", "linear:5:1:1", "geometric:1:8:1", "geometric:1:8:x"],
+)
+def test_parse_levels_rejects_bad_specs(spec: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_levels(spec)
+
+
+def test_parse_stop_conditions() -> None:
+    assert parse_stop_condition("first-preemption") == StopCondition("first-preemption")
+    assert parse_stop_condition("error-rate:0.05") == StopCondition("error-rate", 0.05)
+    assert str(parse_stop_condition("error-rate:0.05")) == "error-rate:0.05"
+    for bad in ("error-rate:2", "error-rate:x", "preempt", "never:1"):
+        with pytest.raises(ConfigError):
+            parse_stop_condition(bad)
+
+
+def test_hold_needs_time_and_count() -> None:
+    hold = Hold(hold_s=5.0, min_requests=10)
+    assert not hold.done(elapsed_s=6.0, completed=9)
+    assert not hold.done(elapsed_s=4.0, completed=20)
+    assert hold.done(elapsed_s=5.0, completed=10)
+    with pytest.raises(ConfigError):
+        Hold(hold_s=0.0, min_requests=0)
+
+
+def _run(plan: SchedulePlan, onset: int, dead_at: int | None = None) -> tuple[list[StepFacts], str]:
+    """Drive the schedule against a server that preempts from ``onset`` on (and dies at ``dead_at``)."""
+    history: list[StepFacts] = []
+    for _ in range(200):
+        decision = next_step(plan, history)
+        if decision.step is None:
+            assert decision.end_reason is not None
+            return history, decision.end_reason
+        c = decision.step.concurrency
+        dead = dead_at is not None and c >= dead_at
+        history.append(StepFacts(decision.step, completed=10, preemptions=int(c >= onset), server_dead=dead))
+    raise AssertionError("the schedule did not terminate")
+
+
+def test_ramp_then_bisection_finds_the_onset() -> None:
+    plan = SchedulePlan(levels=(1, 2, 4, 8, 16), warmup=True)
+    history, reason = _run(plan, onset=6)
+    assert [(f.step.phase, f.step.concurrency) for f in history] == [
+        ("warmup", 1),
+        ("ramp", 1),
+        ("ramp", 2),
+        ("ramp", 4),
+        ("ramp", 8),
+        ("refine", 6),
+        ("refine", 5),
+    ]
+    assert [f.step.index for f in history] == list(range(7))
+    assert reason == "stop_condition:first-preemption"
+
+
+def test_never_ramps_through_every_level_and_no_refine_skips_bisection() -> None:
+    plan = SchedulePlan(levels=(1, 2, 4, 8), refine=False, stop_on=(StopCondition("never"),))
+    history, reason = _run(plan, onset=3)
+    assert [f.step.concurrency for f in history] == [1, 2, 4, 8]
+    assert reason == "completed"
+
+
+def test_dead_server_ends_the_run_at_once() -> None:
+    plan = SchedulePlan(levels=(1, 2, 4, 8), stop_on=(StopCondition("never"),))
+    history, reason = _run(plan, onset=100, dead_at=4)
+    assert [f.step.concurrency for f in history] == [1, 2, 4]
+    assert reason == "server_dead"
+
+
+def test_error_rate_condition_marks_steps_bad() -> None:
+    plan = SchedulePlan(levels=(1, 2, 4), stop_on=(parse_stop_condition("error-rate:0.1"),))
+    history = [StepFacts(next_step(plan, []).step, completed=10, errors=5)]  # type: ignore[arg-type]
+    decision = next_step(plan, history)
+    assert decision.step is None
+    assert decision.end_reason == "stop_condition:error-rate:0.1"
+
+
+def test_max_duration() -> None:
+    assert max_duration_exceeded(90.0, 90.0)
+    assert not max_duration_exceeded(89.9, 90.0)
+    assert not max_duration_exceeded(1e9, None)
+
+
+@given(
+    levels=st.lists(st.integers(1, 500), min_size=1, max_size=12, unique=True).map(sorted),
+    onset=st.integers(1, 600),
+    warmup=st.booleans(),
+)
+def test_bisection_lands_on_the_exact_onset(levels: list[int], onset: int, warmup: bool) -> None:
+    plan = SchedulePlan(levels=tuple(levels), warmup=warmup)
+    history, _ = _run(plan, onset=onset)
+    measured = [f for f in history if f.step.phase != "warmup"]
+    bad = [f.step.concurrency for f in measured if f.preemptions]
+    good = [f.step.concurrency for f in measured if not f.preemptions]
+    # every level tried agrees with the truth, and the bracket is as tight as the levels allow
+    assert all(c >= onset for c in bad) and all(c < onset for c in good)
+    if bad and good and min(bad) > levels[0]:
+        assert min(bad) == max(onset, levels[0]) and max(good) == min(bad) - 1
+    if not bad:
+        assert levels[-1] < onset and len(measured) == len(levels)
+    assert next_refine_level(FIRST_PREEMPTION, history) is None
+    indices = [f.step.index for f in history]
+    assert indices == list(range(len(history)))

@@ -20,6 +20,8 @@ CORE_MODULES = [
     "oomload.recommend",
     "oomload.gate",
     "oomload.sim.model",
+    "oomload.telemetry.vllm_metrics",
+    "oomload.telemetry.gpu_sample",
 ]
 FORBIDDEN = ["locust", "gevent", "pynvml", "geventhttpclient"]
 

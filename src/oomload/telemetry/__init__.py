@@ -1,0 +1,15 @@
+"""Telemetry: what the server and the GPU said while the load ran.
+
+* ``vllm_metrics`` (pure): vLLM's Prometheus ``/metrics`` text → one ``VllmSnapshot``, with metric
+  names mapped across vLLM versions and summed across data-parallel engines.
+* ``poller``: ``MetricsPoller`` scrapes ``/metrics`` on an interval and appends ``metrics.jsonl``
+  (counter deltas, server restarts, scrape failures) plus ``cache_config.json`` to a run directory.
+* ``gpu_sample`` (pure): the ``GpuSample`` value every GPU source produces (one ``gpu.jsonl`` line).
+* ``nvml``: the NVML sampler behind a small ``NvmlLibrary`` protocol (``pynvml`` or a fake).
+* ``dcgm``: GPU memory read from a DCGM exporter or from ``oomload sample --serve``.
+* ``gpu``: ``GpuSamplerProcess`` runs ``oomload sample`` as a child process (NVML calls block, so
+  they stay out of Locust's gevent loop) and streams ``gpu.jsonl``.
+
+Nothing here is imported by ``oomload.telemetry`` itself: import the submodule you need, so the pure
+parser never pulls in ``pynvml``.
+"""

@@ -1,0 +1,224 @@
+"""Synthetic traces from length distributions, for users who have no production logs yet (pure, seeded).
+
+A length distribution is written as a short spec string (``parse_length_spec``):
+
+====================================  =====================================================================
+spec                                  meaning
+====================================  =====================================================================
+``fixed:N``                           every request has exactly ``N`` tokens
+``uniform:LO:HI``                     integers drawn uniformly from ``[LO, HI]``
+``lognormal:P50:P99[:MAX]``           log-normal whose median is ``P50`` and 99th percentile ``P99``,
+                                      rounded to integers ≥ 1 and capped at ``MAX`` when given
+``A@W1+B@W2+…``                       a mix: each request draws from part ``A`` with weight ``W1``, …
+====================================  =====================================================================
+
+Log-normal from two quantiles: if ``ln X ~ N(μ, σ²)`` then ``P50 = e^μ`` and ``P99 = e^(μ + z·σ)`` with
+``z = Φ⁻¹(0.99) ≈ 2.3263``, so ``μ = ln P50`` and ``σ = (ln P99 − ln P50) / z``. The sample's own
+nearest-rank percentiles converge to the targets as the count grows (for a few hundred requests the
+P99 is within roughly ±20 %).
+
+Arrivals follow a Poisson process at ``rate_rps`` (exponential gaps with mean ``1 / rate_rps``, the
+first request at 0 s); without a rate every request arrives at 0 s (a closed-loop replay ignores
+arrival times anyway). Everything is drawn from one ``numpy.random.Generator`` seeded by ``seed``, so
+the same arguments always give the same trace.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from oomload.errors import ConfigError
+from oomload.trace import TraceRecord
+
+Z_99 = 2.3263478740408408  # Φ⁻¹(0.99)
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class FixedLength:
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class UniformLength:
+    low_tokens: int
+    high_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogNormalLength:
+    p50_tokens: float
+    p99_tokens: float
+    max_tokens: int | None = None
+
+    @property
+    def mu(self) -> float:
+        return math.log(self.p50_tokens)
+
+    @property
+    def sigma(self) -> float:
+        return (math.log(self.p99_tokens) - math.log(self.p50_tokens)) / Z_99
+
+
+LengthPart = FixedLength | UniformLength | LogNormalLength
+
+
+@dataclass(frozen=True, slots=True)
+class LengthMix:
+    """A weighted mix of length distributions (a single distribution is a mix of one)."""
+
+    parts: tuple[LengthPart, ...]
+    weights: tuple[float, ...]
+
+
+SPEC_HELP = "fixed:N, uniform:LO:HI, lognormal:P50:P99[:MAX], or a mix such as lognormal:600:6000@0.9+fixed:16000@0.1"
+
+
+def parse_length_spec(text: str) -> LengthMix:
+    """Parse a length spec (see the module docstring); raises ``ConfigError`` naming the bad part."""
+    parts: list[LengthPart] = []
+    weights: list[float] = []
+    pieces = [p.strip() for p in text.split("+")]
+    for piece in pieces:
+        spec, _, weight_text = piece.partition("@")
+        if weight_text:
+            try:
+                weight = float(weight_text)
+            except ValueError as err:
+                raise ConfigError(f"bad mix weight {weight_text!r} in {text!r}; use {SPEC_HELP}") from err
+            if not weight > 0 or not math.isfinite(weight):
+                raise ConfigError(f"mix weights must be positive numbers, got {weight_text!r} in {text!r}")
+        elif len(pieces) > 1:
+            raise ConfigError(f"every part of a mix needs a weight (PART@WEIGHT), {piece!r} has none")
+        else:
+            weight = 1.0
+        parts.append(_parse_part(spec, text))
+        weights.append(weight)
+    return LengthMix(tuple(parts), tuple(weights))
+
+
+def _parse_part(spec: str, text: str) -> LengthPart:
+    kind, *args = spec.split(":")
+    try:
+        numbers = [float(a) for a in args]
+    except ValueError as err:
+        raise ConfigError(f"bad number in length spec {text!r}; use {SPEC_HELP}") from err
+    if any(not math.isfinite(n) or n < 0 for n in numbers):
+        raise ConfigError(f"lengths must be non-negative numbers in {text!r}")
+    if kind == "fixed" and len(numbers) == 1:
+        return FixedLength(int(numbers[0]))
+    if kind == "uniform" and len(numbers) == 2:
+        low, high = int(numbers[0]), int(numbers[1])
+        if low > high:
+            raise ConfigError(f"uniform:LO:HI needs LO ≤ HI, got {spec!r}")
+        return UniformLength(low, high)
+    if kind == "lognormal" and len(numbers) in (2, 3):
+        p50, p99 = numbers[0], numbers[1]
+        if not 0 < p50 <= p99:
+            raise ConfigError(f"lognormal:P50:P99 needs 0 < P50 ≤ P99, got {spec!r}")
+        cap = int(numbers[2]) if len(numbers) == 3 else None
+        if cap is not None and cap < 1:
+            raise ConfigError(f"lognormal MAX must be ≥ 1, got {spec!r}")
+        return LogNormalLength(p50, p99, cap)
+    raise ConfigError(f"unknown length spec {spec!r}; use {SPEC_HELP}")
+
+
+def sample_lengths(mix: LengthMix, count: int, rng: np.random.Generator) -> IntArray:
+    """``count`` integer lengths drawn from ``mix``."""
+    if count < 0:
+        raise ValueError(f"count must be ≥ 0, got {count}")
+    weights = np.asarray(mix.weights, dtype=np.float64)
+    choice = (
+        np.zeros(count, dtype=np.int64)
+        if len(mix.parts) == 1
+        else rng.choice(len(mix.parts), size=count, p=weights / weights.sum())
+    )
+    out = np.zeros(count, dtype=np.int64)
+    for index, part in enumerate(mix.parts):
+        mask = choice == index
+        out[mask] = _sample_part(part, int(mask.sum()), rng)
+    return out
+
+
+def _sample_part(part: LengthPart, count: int, rng: np.random.Generator) -> IntArray:
+    if isinstance(part, FixedLength):
+        return np.full(count, part.tokens, dtype=np.int64)
+    if isinstance(part, UniformLength):
+        return rng.integers(part.low_tokens, part.high_tokens, size=count, endpoint=True, dtype=np.int64)
+    values = np.maximum(np.rint(rng.lognormal(part.mu, part.sigma, size=count)), 1).astype(np.int64)
+    if part.max_tokens is not None:
+        values = np.minimum(values, part.max_tokens)
+    return values
+
+
+def poisson_arrivals(count: int, rate_rps: float | None, rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    """Arrival times (s) of a Poisson process at ``rate_rps``, the first at 0; all zero without a rate."""
+    if rate_rps is None or count == 0:
+        return np.zeros(count, dtype=np.float64)
+    if not rate_rps > 0 or not math.isfinite(rate_rps):
+        raise ConfigError(f"--rate must be a positive number of requests per second, got {rate_rps}")
+    gaps = rng.exponential(1.0 / rate_rps, size=count)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
+def synthesize(
+    count: int,
+    prompt: LengthMix,
+    output: LengthMix,
+    *,
+    rate_rps: float | None = None,
+    seed: int = 0,
+) -> list[TraceRecord]:
+    """A synthetic trace of ``count`` requests (ids ``r0``…), reproducible for a given ``seed``."""
+    if count < 1:
+        raise ConfigError(f"--count must be ≥ 1, got {count}")
+    rng = np.random.default_rng(seed)
+    prompt_tokens = sample_lengths(prompt, count, rng)
+    output_tokens = sample_lengths(output, count, rng)
+    arrivals = poisson_arrivals(count, rate_rps, rng)
+    return [
+        TraceRecord(
+            id=f"r{i}",
+            arrival_s=round(float(arrivals[i]), 6),
+            prompt_tokens=int(prompt_tokens[i]),
+            output_tokens=int(output_tokens[i]),
+        )
+        for i in range(count)
+    ]
+
+
+def describe_spec(mix: LengthMix) -> str:
+    """The canonical spec string of a mix (recorded in the synthetic trace's header)."""
+    return "+".join(
+        _describe_part(part) + ("" if len(mix.parts) == 1 else f"@{weight:g}")
+        for part, weight in zip(mix.parts, mix.weights, strict=True)
+    )
+
+
+def _describe_part(part: LengthPart) -> str:
+    if isinstance(part, FixedLength):
+        return f"fixed:{part.tokens}"
+    if isinstance(part, UniformLength):
+        return f"uniform:{part.low_tokens}:{part.high_tokens}"
+    cap = "" if part.max_tokens is None else f":{part.max_tokens}"
+    return f"lognormal:{part.p50_tokens:g}:{part.p99_tokens:g}{cap}"
+
+
+__all__: Sequence[str] = (
+    "FixedLength",
+    "LengthMix",
+    "LogNormalLength",
+    "UniformLength",
+    "describe_spec",
+    "parse_length_spec",
+    "poisson_arrivals",
+    "sample_lengths",
+    "synthesize",
+)

@@ -1,0 +1,272 @@
+"""Request bodies with exact lengths, and the order in which trace requests are replayed (pure).
+
+``/v1/completions`` (default)
+    The prompt is a list of token ids, so its length is exact without a tokenizer: ``P`` ids drawn
+    uniformly from ``[token_id_low, token_id_high)`` (default 100..2000: clear of the low special ids
+    every tokenizer uses and inside any vocabulary of ≥ 2,048 entries) by a generator seeded with
+    ``(seed, sequence number)``, so every request is distinct (prefix caching cannot hide the pressure)
+    and a run is reproducible. With prefix sharing, the trace's ``hash_ids`` become shared blocks: each
+    id maps to the same ``prefix_block_tokens`` ids wherever it appears, the rest stays random.
+    Output: ``max_tokens = min_tokens = O`` with ``ignore_eos`` (vLLM's extras) unless exact output is
+    switched off; ``stream_options.include_usage`` so the server's ``usage`` can be checked.
+
+``/v1/chat/completions``
+    The text comes from a ``Calibrator`` that finds, through the server's ``/tokenize`` (messages form,
+    so the chat template is counted), a word sequence whose token count is exactly ``P``; it is cached
+    per length. Each request shuffles the words (same multiset, so the same count for tokenizers that
+    split on spaces, but a different prefix), and ``usage.prompt_tokens`` shows any deviation.
+
+Bodies are built as bytes by hand: ``json.dumps`` of a 8k-id list costs more than the join below.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from oomload.errors import ConfigError
+from oomload.stats import percentile
+from oomload.trace import TraceRecord
+
+Api = Literal["completions", "chat"]
+API_PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+_WORD_TEXT = (
+    "time year people way day man thing woman life child world school state family student group "
+    "country problem hand part place case week company system program question work government "
+    "number night point home water room mother area money story fact month lot right study book eye "
+    "job word business issue side kind head house service friend father power hour game line end "
+    "member law car city community name president team minute idea kid body information back parent "
+    "face others level office door health person art war history party result change morning reason "
+    "research girl guy moment air teacher force "
+)
+WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split(" ")[:-1])
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadOptions:
+    """How request bodies are built."""
+
+    api: Api = "completions"
+    model: str = ""
+    stream: bool = True
+    exact_output: bool = True
+    prefix_sharing: bool = False
+    prefix_block_tokens: int = 512
+    token_id_low: int = 100
+    token_id_high: int = 2000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.api not in API_PATHS:
+            raise ConfigError(f"unknown API {self.api!r}; allowed: completions, chat")
+        if not 0 <= self.token_id_low < self.token_id_high:
+            raise ConfigError(
+                f"token id range {self.token_id_low}:{self.token_id_high} must satisfy 0 ≤ LOW < HIGH"
+            )
+        if self.prefix_block_tokens < 1:
+            raise ConfigError(f"prefix block size must be ≥ 1 token, got {self.prefix_block_tokens}")
+
+    @property
+    def path(self) -> str:
+        return API_PATHS[self.api]
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """One request ready to send: its id, endpoint path, JSON body and the lengths it asks for."""
+
+    request_id: str
+    path: str
+    body: bytes
+    prompt_tokens: int
+    output_tokens: int
+
+
+def parse_token_id_range(text: str) -> tuple[int, int]:
+    """Parse ``LOW:HIGH`` (half-open) for token-id prompts."""
+    low, sep, high = text.partition(":")
+    try:
+        lo, hi = int(low), int(high)
+    except ValueError as err:
+        raise ConfigError(f"token id range {text!r} must look like LOW:HIGH, e.g. 100:2000") from err
+    if not sep or not 0 <= lo < hi:
+        raise ConfigError(f"token id range {text!r} must look like LOW:HIGH with 0 ≤ LOW < HIGH")
+    return lo, hi
+
+
+def asked_lengths(record: TraceRecord) -> tuple[int, int]:
+    """Prompt and output tokens to ask for: the trace's, at least 1 each (servers reject 0)."""
+    return max(1, record.prompt_tokens), max(1, record.output_tokens)
+
+
+class CompletionPayloads:
+    """Builds ``/v1/completions`` bodies with token-id prompts of exact length."""
+
+    def __init__(self, options: PayloadOptions) -> None:
+        self.options = options
+        self._blocks: dict[int, str] = {}
+        self._tail = _body_tail(options)
+        self._head = b'{"model":' + json.dumps(options.model).encode() + b',"prompt":['
+
+    def build(self, record: TraceRecord, sequence: int) -> PreparedRequest:
+        """The body for the ``sequence``-th request sent, replaying ``record``."""
+        prompt_tokens, output_tokens = asked_lengths(record)
+        rng = random.Random(self.options.seed * 1_000_003 + sequence)
+        parts: list[str] = []
+        filled = 0
+        if self.options.prefix_sharing and record.hash_ids:
+            block = self.options.prefix_block_tokens
+            for hash_id in record.hash_ids:
+                if filled + block > prompt_tokens:
+                    break
+                parts.append(self._block(hash_id))
+                filled += block
+        rest = prompt_tokens - filled
+        if rest:
+            lo, hi = self.options.token_id_low, self.options.token_id_high
+            parts.append(",".join(map(str, _draw_ids(rng, lo, hi, rest))))
+        body = self._head + ",".join(parts).encode() + b"]" + self._tail(output_tokens)
+        return PreparedRequest(
+            f"{record.id}#{sequence}", self.options.path, body, prompt_tokens, output_tokens
+        )
+
+    def _block(self, hash_id: int) -> str:
+        text = self._blocks.get(hash_id)
+        if text is None:
+            rng = random.Random(f"block:{self.options.seed}:{hash_id}")
+            lo, hi = self.options.token_id_low, self.options.token_id_high
+            text = ",".join(map(str, _draw_ids(rng, lo, hi, self.options.prefix_block_tokens)))
+            if len(self._blocks) < 100_000:
+                self._blocks[hash_id] = text
+        return text
+
+
+def _draw_ids(rng: random.Random, low: int, high: int, count: int) -> list[int]:
+    span = high - low
+    rand = rng.random
+    return [low + int(rand() * span) for _ in range(count)]
+
+
+def _body_tail(options: PayloadOptions) -> Callable[[int], bytes]:
+    """The fixed end of every body after the prompt, parameterized by the output length."""
+    stream = (
+        b',"stream":true,"stream_options":{"include_usage":true}' if options.stream else b',"stream":false'
+    )
+
+    def tail(output_tokens: int) -> bytes:
+        exact = b',"min_tokens":%d,"ignore_eos":true' % output_tokens if options.exact_output else b""
+        return b',"max_tokens":%d%s%s,"temperature":0}' % (output_tokens, exact, stream)
+
+    return tail
+
+
+class ChatPayloads:
+    """Builds ``/v1/chat/completions`` bodies whose prompt text is calibrated to an exact token count."""
+
+    def __init__(self, options: PayloadOptions, count_tokens: Callable[[str], int]) -> None:
+        self.options = options
+        self.calibrator = Calibrator(count_tokens, seed=options.seed)
+        self._tail = _body_tail(options)
+        self._head = b'{"model":' + json.dumps(options.model).encode() + b',"messages":'
+
+    def build(self, record: TraceRecord, sequence: int) -> PreparedRequest:
+        prompt_tokens, output_tokens = asked_lengths(record)
+        words = list(self.calibrator.words_for(prompt_tokens))
+        random.Random(self.options.seed * 1_000_003 + sequence).shuffle(words)
+        messages = json.dumps([{"role": "user", "content": " ".join(words)}]).encode()
+        body = self._head + messages + self._tail(output_tokens)
+        return PreparedRequest(
+            f"{record.id}#{sequence}", self.options.path, body, prompt_tokens, output_tokens
+        )
+
+
+class Calibrator:
+    """Finds, per prompt length, a word list whose chat prompt counts exactly that many tokens.
+
+    ``count_tokens(text)`` returns the server's count for a one-message chat with that text (chat
+    template included). The count grows with the number of words, so a binary search on the number of
+    words finds the longest list that does not exceed the target; words are then swapped for other
+    words until the count is exact or the budget of probes is spent (the nearest count is kept).
+    """
+
+    def __init__(self, count_tokens: Callable[[str], int], *, seed: int = 0, max_probes: int = 24) -> None:
+        self._count = count_tokens
+        self._cache: dict[int, tuple[str, ...]] = {}
+        self._rng = random.Random(seed)
+        self._pool = list(WORDS)
+        self._rng.shuffle(self._pool)
+        self.max_probes = max_probes
+
+    def words_for(self, prompt_tokens: int) -> tuple[str, ...]:
+        cached = self._cache.get(prompt_tokens)
+        if cached is None:
+            cached = self._calibrate(prompt_tokens)
+            self._cache[prompt_tokens] = cached
+        return cached
+
+    def _words(self, n: int) -> list[str]:
+        pool = self._pool
+        return [pool[i % len(pool)] for i in range(n)]
+
+    def _calibrate(self, target: int) -> tuple[str, ...]:
+        lo, hi = 0, max(1, target)
+        probes = 0
+        while lo < hi and probes < self.max_probes:  # largest n with count(n words) <= target
+            mid = (lo + hi + 1) // 2
+            probes += 1
+            if self._count(" ".join(self._words(mid))) <= target:
+                lo = mid
+            else:
+                hi = mid - 1
+        words = self._words(lo)
+        for extra in ("a", "I", "x", "1"):
+            if probes >= self.max_probes:
+                break
+            probes += 1
+            count = self._count(" ".join(words))
+            if count >= target:
+                break
+            words = [*words, extra]
+        return tuple(words)
+
+
+class RequestOrder:
+    """Which trace request comes next: in trace order (cycling) or sampled with replacement.
+
+    ``tail_percentile`` keeps only requests whose total length (prompt + output) is at or above that
+    nearest-rank percentile, so KV exhaustion is reached with far fewer requests.
+    """
+
+    def __init__(
+        self,
+        records: Sequence[TraceRecord],
+        *,
+        mode: Literal["trace", "sample"] = "trace",
+        seed: int = 0,
+        tail_percentile: float | None = None,
+    ) -> None:
+        if not records:
+            raise ConfigError("the trace holds no requests to replay")
+        if mode not in ("trace", "sample"):
+            raise ConfigError(f"unknown order {mode!r}; allowed: trace, sample")
+        chosen = list(records)
+        if tail_percentile is not None:
+            if not 0.0 <= tail_percentile < 100.0:
+                raise ConfigError(f"tail percentile must be within [0, 100), got {tail_percentile}")
+            cut = percentile([r.total_tokens for r in chosen], tail_percentile) if tail_percentile else 0.0
+            chosen = [r for r in chosen if r.total_tokens >= cut]
+        self.records = chosen
+        self.mode = mode
+        self._rng = random.Random(seed)
+        self._next = 0
+
+    def next(self) -> tuple[TraceRecord, int]:
+        """The next record and its sequence number (0, 1, 2, … over the whole run)."""
+        sequence = self._next
+        self._next += 1
+        if self.mode == "sample":
+            return self.records[self._rng.randrange(len(self.records))], sequence
+        return self.records[sequence % len(self.records)], sequence

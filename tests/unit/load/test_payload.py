@@ -1,0 +1,111 @@
+"""Request bodies carry exactly the trace's lengths; the request order follows the options."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from oomload.errors import ConfigError
+from oomload.load.payload import (
+    Calibrator,
+    ChatPayloads,
+    CompletionPayloads,
+    PayloadOptions,
+    RequestOrder,
+    parse_token_id_range,
+)
+from oomload.trace import TraceRecord
+
+
+def _record(prompt: int, output: int, rid: str = "r0", hash_ids: tuple[int, ...] = ()) -> TraceRecord:
+    return TraceRecord(id=rid, arrival_s=0.0, prompt_tokens=prompt, output_tokens=output, hash_ids=hash_ids)
+
+
+@given(prompt=st.integers(0, 3000), output=st.integers(0, 500), seq=st.integers(0, 10_000))
+def test_completion_body_has_exact_lengths(prompt: int, output: int, seq: int) -> None:
+    payloads = CompletionPayloads(PayloadOptions(model="m", token_id_low=10, token_id_high=50))
+    req = payloads.build(_record(prompt, output), seq)
+    body = json.loads(req.body)
+    assert len(body["prompt"]) == max(1, prompt) == req.prompt_tokens
+    assert all(10 <= t < 50 for t in body["prompt"])
+    assert body["max_tokens"] == body["min_tokens"] == max(1, output) == req.output_tokens
+    assert body["ignore_eos"] is True and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert req.path == "/v1/completions" and body["model"] == "m"
+
+
+def test_prompts_are_distinct_and_reproducible() -> None:
+    payloads = CompletionPayloads(PayloadOptions(model="m", seed=7))
+    a, b = payloads.build(_record(64, 4), 0), payloads.build(_record(64, 4), 1)
+    assert json.loads(a.body)["prompt"] != json.loads(b.body)["prompt"]
+    again = CompletionPayloads(PayloadOptions(model="m", seed=7)).build(_record(64, 4), 0)
+    assert again.body == a.body
+
+
+def test_prefix_sharing_reuses_blocks_from_hash_ids() -> None:
+    opts = PayloadOptions(model="m", prefix_sharing=True, prefix_block_tokens=16)
+    payloads = CompletionPayloads(opts)
+    a = json.loads(payloads.build(_record(40, 1, hash_ids=(5, 9, 11)), 0).body)["prompt"]
+    b = json.loads(payloads.build(_record(40, 1, hash_ids=(5, 9, 12)), 1).body)["prompt"]
+    assert len(a) == len(b) == 40
+    assert a[:32] == b[:32]  # blocks 5 and 9 shared; the third block would overflow 40 tokens
+    assert a[32:] != b[32:]
+
+
+def test_no_exact_output_and_no_stream() -> None:
+    opts = PayloadOptions(model="m", exact_output=False, stream=False)
+    body = json.loads(CompletionPayloads(opts).build(_record(5, 7), 0).body)
+    assert body["max_tokens"] == 7 and "min_tokens" not in body and "ignore_eos" not in body
+    assert body["stream"] is False and "stream_options" not in body
+
+
+def test_chat_calibration_hits_the_exact_count() -> None:
+    calls: list[str] = []
+
+    def count(text: str) -> int:  # a fake tokenizer: 5 template tokens + one token per word
+        calls.append(text)
+        return 5 + len(text.split())
+
+    payloads = ChatPayloads(PayloadOptions(api="chat", model="m"), count)
+    req = payloads.build(_record(120, 3), 0)
+    body = json.loads(req.body)
+    content = body["messages"][0]["content"]
+    assert 5 + len(content.split()) == 120
+    assert req.path == "/v1/chat/completions"
+    n = len(calls)
+    other = json.loads(payloads.build(_record(120, 3), 1).body)["messages"][0]["content"]
+    assert len(calls) == n  # cached per length
+    assert other != content and sorted(other.split()) == sorted(content.split())
+
+
+def test_calibrator_pads_when_words_cost_two_tokens() -> None:
+    def count(text: str) -> int:  # each pool word 2 tokens, single letters 1
+        return sum(1 if len(w) == 1 else 2 for w in text.split())
+
+    words = Calibrator(count).words_for(11)
+    assert count(" ".join(words)) == 11
+
+
+def test_request_order_trace_sample_and_tail() -> None:
+    records = [_record(p, 10, f"r{p}") for p in range(1, 101)]
+    order = RequestOrder(records)
+    assert [order.next()[0].id for _ in range(3)] == ["r1", "r2", "r3"]
+    tail = RequestOrder(records, mode="sample", seed=3, tail_percentile=90)
+    picks = [tail.next() for _ in range(50)]
+    assert all(r.prompt_tokens >= 90 for r, _ in picks)
+    assert [seq for _, seq in picks] == list(range(50))
+    again = RequestOrder(records, mode="sample", seed=3, tail_percentile=90)
+    assert [again.next()[0].id for _ in range(50)] == [r.id for r, _ in picks]
+
+
+def test_bad_options_are_config_errors() -> None:
+    with pytest.raises(ConfigError):
+        PayloadOptions(token_id_low=5, token_id_high=5)
+    with pytest.raises(ConfigError):
+        RequestOrder([])
+    with pytest.raises(ConfigError):
+        parse_token_id_range("100")
+    assert parse_token_id_range("3:900") == (3, 900)

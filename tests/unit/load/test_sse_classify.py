@@ -1,0 +1,123 @@
+"""Incremental SSE parsing and the one-outcome-per-request classification."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from oomload.load.classify import Observation, classify, error_fields
+from oomload.load.sse import SseStream, error_message, parse_json_body
+from oomload.outcome import Outcome
+
+
+def _completion_stream(tokens: int, usage: bool = True) -> bytes:
+    out = b""
+    for i in range(tokens):
+        chunk = {"choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}]}
+        out += b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+    if usage:
+        u = {
+            "choices": [],
+            "usage": {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + tokens},
+        }
+        out += b"data: " + json.dumps(u, separators=(",", ":")).encode() + b"\n\n"
+    return out + b"data: [DONE]\n\n"
+
+
+@given(tokens=st.integers(1, 40), cuts=st.lists(st.integers(1, 5000), max_size=30))
+def test_parse_is_independent_of_how_the_body_is_split(tokens: int, cuts: list[int]) -> None:
+    body = _completion_stream(tokens)
+    stream = SseStream()
+    positions = sorted({c % len(body) for c in cuts} | {0, len(body)})
+    for i, (a, b) in enumerate(itertools.pairwise(positions)):
+        stream.feed(body[a:b], float(i))
+    stream.close(99.0)
+    assert stream.done and stream.error is None
+    assert stream.token_events == tokens
+    assert stream.usage_prompt_tokens == 7 and stream.usage_completion_tokens == tokens
+    assert stream.first_token_s is not None and stream.last_token_s is not None
+
+
+def test_chat_role_chunk_is_not_a_token_and_gaps_are_measured() -> None:
+    stream = SseStream()
+    role = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n'
+    stream.feed_line(role, 1.0)
+    stream.feed_line(b"\n", 1.0)
+    for t in (1.5, 1.6, 2.6):
+        stream.feed_line(b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n', t)
+        stream.feed_line(b"\n", t)
+    assert stream.token_events == 3 and stream.first_token_s == 1.5
+    assert abs(stream.max_gap_s - 1.0) < 1e-9
+
+
+def test_error_event_inside_a_200_stream() -> None:
+    stream = SseStream()
+    err = {"error": {"message": "The engine is currently busy", "type": "Service Unavailable", "code": 503}}
+    stream.feed(b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n", 0.0)
+    message, code = error_fields(stream.error)
+    obs = Observation(http_status=200, error_text=message, error_code=code, stream_error=True)
+    assert classify(obs)[0] is Outcome.ADMISSION_REJECTED
+    assert stream.token_events == 0
+
+
+def test_multiline_data_and_comments() -> None:
+    stream = SseStream()
+    stream.feed(b': ping\nevent: x\ndata: {"choices":[],\ndata: "usage":{"completion_tokens":3}}\n\n', 0.0)
+    assert stream.usage_completion_tokens == 3
+
+
+def test_error_body_shapes() -> None:
+    new = b'{"error":{"message":"This model\'s maximum context length is 2048 tokens.","code":400}}'
+    old = b'{"object":"error","message":"maximum context length is 64","code":400}'
+    assert "maximum context length" in error_message(new)
+    assert "maximum context length" in error_message(old)
+    assert error_message(b"<html>bad gateway</html>").startswith("<html>")
+    assert parse_json_body(
+        b'{"choices":[{"text":"a"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}'
+    ) == (
+        3,
+        2,
+        None,
+        True,
+    )
+
+
+def _outcome(**kw: object) -> Outcome:
+    return classify(Observation(**kw))[0]  # type: ignore[arg-type]
+
+
+def test_each_outcome_class() -> None:
+    ok = {"http_status": 200, "usage_completion_tokens": 8, "output_tokens_asked": 8}
+    assert _outcome(**ok) is Outcome.OK
+    assert _outcome(http_status=400, error_text="This model's maximum context length is 64") is (
+        Outcome.CONTEXT_OVERFLOW
+    )
+    assert _outcome(http_status=503, error_text="busy") is Outcome.ADMISSION_REJECTED
+    assert _outcome(http_status=500, error_text="") is Outcome.ENGINE_DEAD
+    assert _outcome(http_status=500, error_text="EngineCore encountered an issue.") is Outcome.ENGINE_DEAD
+    assert _outcome(http_status=200, stream_error=True, error_text="CUDA out of memory. Tried") is (
+        Outcome.ENGINE_DEAD
+    )
+    assert _outcome(http_status=500, error_text="division by zero") is Outcome.SERVER_ERROR
+    assert _outcome(http_status=502, error_text="<html>") is Outcome.SERVER_ERROR
+    assert _outcome(http_status=200, body_ok=False) is Outcome.SERVER_ERROR
+    assert _outcome(timed_out=True) is Outcome.TIMEOUT
+    assert _outcome(http_status=200, timed_out=True, stream_complete=False) is Outcome.TIMEOUT
+    assert _outcome(transport_error="connection reset") is Outcome.TRANSPORT_ERROR
+    assert _outcome(refused=True, transport_error="connection refused") is Outcome.TRANSPORT_ERROR
+    assert _outcome(refused=True, server_answered_before=True) is Outcome.ENGINE_DEAD
+    assert _outcome(http_status=200, stream_complete=False, usage_completion_tokens=3) is Outcome.TRUNCATED
+    assert _outcome(http_status=200, usage_completion_tokens=None) is Outcome.TRUNCATED
+    clamped = {"http_status": 200, "usage_completion_tokens": 8, "output_tokens_asked": 100}
+    assert _outcome(**clamped) is Outcome.TRUNCATED
+    assert _outcome(**clamped, exact_output=False) is Outcome.OK
+
+
+def test_precedence_engine_dead_beats_everything() -> None:
+    obs = Observation(http_status=503, error_text="EngineDeadError: maximum context length", timed_out=True)
+    assert classify(obs)[0] is Outcome.ENGINE_DEAD
+    obs = Observation(http_status=400, error_text="maximum context length; service unavailable")
+    assert classify(obs)[0] is Outcome.CONTEXT_OVERFLOW

@@ -1,0 +1,296 @@
+"""What to set instead: ``vllm serve`` settings derived from a verdict (pure).
+
+* ``max_model_len`` — ``stats.recommend_max_model_len`` on the trace's total lengths (prompt + output):
+  nearest-rank P99 plus a margin (10 %), rounded up to a multiple of lcm(256, block size), never above
+  the model's limit (``config.json`` ``max_model_len`` from ``/v1/models``, else ``cache_config``). It
+  reports the share of the trace the setting refuses and the worst-case full-length sequences the KV
+  pool holds at once with it, against the current limit. Only recommended when it *lowers* the limit
+  (or no limit is known); a trace that needs the full window is told so.
+* ``max_num_seqs`` — the last safe concurrency, when something broke above it (preemption, engine
+  death, admission rejections): capping running sequences there keeps the KV pool from preempting at
+  the replayed lengths. Nothing broke → no cap is advised, and the highest clean level is named.
+* ``gpu_memory_utilization`` — only for a real CUDA OOM (OOM text seen): five points below the
+  current value (default 0.9) to give activations / CUDA graphs the headroom they lacked. An engine
+  death without OOM text gets no memory advice: the cause is elsewhere.
+* ``max_num_batched_tokens`` — when transient spikes are implicated: a real OOM, or device memory that
+  rose during the run by more than ``SPIKE_SHARE`` of the device beyond its first sample (vLLM
+  preallocates the KV cache, so used memory should stay flat). Advice: half the current value (known
+  from the config) or 2048, never below 2048 — the prefill chunk, not the KV pool, sizes the spike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from oomload.stats import MaxModelLenAdvice, recommend_max_model_len
+from oomload.verdict import Verdict
+
+DEFAULT_MARGIN = 0.10
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+GPU_MEMORY_UTILIZATION_STEP = 0.05
+GPU_MEMORY_UTILIZATION_FLOOR = 0.5
+SPIKE_SHARE = 0.02
+MIN_BATCHED_TOKENS = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One recommended flag: its value (``None``: leave as is) and the one-sentence why."""
+
+    flag: str
+    value: int | float | None
+    current: int | float | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    max_model_len: Setting
+    max_model_len_advice: MaxModelLenAdvice | None
+    max_num_seqs: Setting
+    gpu_memory_utilization: Setting
+    max_num_batched_tokens: Setting
+    flag_line: str
+    reasoning: str
+
+    @property
+    def settings(self) -> tuple[Setting, ...]:
+        return (
+            self.max_model_len,
+            self.max_num_seqs,
+            self.gpu_memory_utilization,
+            self.max_num_batched_tokens,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        advice = self.max_model_len_advice
+        return {
+            "settings": [asdict(s) for s in self.settings],
+            "max_model_len": None
+            if advice is None
+            else {**asdict(advice), "freed_concurrency": advice.freed_concurrency},
+            "flag_line": self.flag_line,
+            "reasoning": self.reasoning,
+        }
+
+
+def recommend(verdict: Verdict, *, margin: float = DEFAULT_MARGIN) -> Recommendation:
+    """Recommend ``vllm serve`` settings for the run behind ``verdict`` (module docstring)."""
+    cache = verdict.run.cache_config or {}
+    block_size = _int(cache.get("block_size"))
+    limit = verdict.run.max_model_len
+    kv_tokens = _int(cache.get("kv_cache_size_tokens"))
+    if kv_tokens is None and _int(cache.get("num_gpu_blocks")) and block_size:
+        kv_tokens = int(cache["num_gpu_blocks"]) * block_size
+
+    mml, advice = _max_model_len(
+        verdict, margin=margin, block_size=block_size, limit=limit, kv_tokens=kv_tokens
+    )
+    seqs = _max_num_seqs(verdict)
+    util = _gpu_memory_utilization(verdict, cache)
+    batched = _max_num_batched_tokens(verdict, cache)
+    flag_line = _flag_line(verdict.run.model, (mml, seqs, util, batched))
+    return Recommendation(
+        max_model_len=mml,
+        max_model_len_advice=advice,
+        max_num_seqs=seqs,
+        gpu_memory_utilization=util,
+        max_num_batched_tokens=batched,
+        flag_line=flag_line,
+        reasoning=_reasoning(verdict, mml, advice, seqs, util, batched),
+    )
+
+
+def _max_model_len(
+    verdict: Verdict, *, margin: float, block_size: int | None, limit: int | None, kv_tokens: int | None
+) -> tuple[Setting, MaxModelLenAdvice | None]:
+    totals = verdict.trace_total_tokens
+    if not totals:
+        return Setting(
+            "--max-model-len", None, limit, "the run holds no trace lengths to derive it from"
+        ), None
+    advice = recommend_max_model_len(
+        list(totals),
+        margin=margin,
+        block_size=block_size,
+        model_limit=limit,
+        kv_cache_tokens=kv_tokens,
+        current_max_model_len=limit,
+    )
+    p99 = int(advice.basis_tokens)
+    if limit is not None and advice.max_model_len >= limit:
+        why = (
+            f"the trace's P99 total length ({p99} tokens) plus {margin:.0%} needs the model's "
+            f"full limit of {limit}"
+            + (f" ({advice.refused_count} requests are longer still)" if advice.refused_count else "")
+        )
+        return Setting("--max-model-len", None, limit, why), advice
+    share = f"{advice.refused_share:.2%}"
+    why = (
+        f"P99 total length {p99} tokens + {margin:.0%}, rounded to {advice.round_to}; "
+        f"refuses {share} of the trace"
+    )
+    if advice.freed_concurrency is not None and advice.current_max_concurrency is not None:
+        why += (
+            f"; worst-case full-length sequences the KV pool holds: {advice.current_max_concurrency:.1f} → "
+            f"{advice.max_concurrency:.1f}"
+        )
+    return Setting("--max-model-len", advice.max_model_len, limit, why), advice
+
+
+def _max_num_seqs(verdict: Verdict) -> Setting:
+    safe = verdict.last_safe_concurrency
+    broke = (
+        verdict.preemption_onset is not None
+        or verdict.engine_death is not None
+        or any(s.unsafe_requests for s in verdict.measured_steps)
+    )
+    if not broke:
+        top = verdict.max_tested_concurrency
+        why = "nothing broke in this run; no cap is needed" + (
+            f" up to the highest level tested ({top})" if top is not None else ""
+        )
+        return Setting("--max-num-seqs", None, None, why)
+    if safe is None:
+        return Setting(
+            "--max-num-seqs",
+            None,
+            None,
+            "the lowest level tested already broke: test lower concurrency first",
+        )
+    what = "preemption" if verdict.preemption_onset is not None else "failures"
+    bad_levels = [s.concurrency for s in verdict.measured_steps if s.unsafe_requests]
+    if verdict.preemption_onset is not None:
+        bad_levels.append(verdict.preemption_onset.concurrency)
+    if verdict.engine_death is not None and verdict.engine_death.concurrency is not None:
+        bad_levels.append(verdict.engine_death.concurrency)
+    first_bad = min(bad_levels) if bad_levels else "an unknown level"
+    return Setting(
+        "--max-num-seqs",
+        safe,
+        None,
+        f"the last safe concurrency was {safe}; {what} began at {first_bad}",
+    )
+
+
+def _gpu_memory_utilization(verdict: Verdict, cache: Mapping[str, Any]) -> Setting:
+    current = _float(cache.get("gpu_memory_utilization"))
+    death = verdict.engine_death
+    if death is None:
+        return Setting("--gpu-memory-utilization", None, current, "no engine death: memory headroom held")
+    if not death.real_oom:
+        return Setting(
+            "--gpu-memory-utilization",
+            None,
+            current,
+            "the engine died without CUDA OOM evidence, so more headroom is not indicated",
+        )
+    base = current if current is not None else DEFAULT_GPU_MEMORY_UTILIZATION
+    value = max(round(base - GPU_MEMORY_UTILIZATION_STEP, 2), GPU_MEMORY_UTILIZATION_FLOOR)
+    where = "" if death.concurrency is None else f" at concurrency {death.concurrency}"
+    return Setting(
+        "--gpu-memory-utilization",
+        value,
+        current,
+        f"a real CUDA OOM{where}: leave activations and CUDA graphs more headroom ({base:g} → {value:g})",
+    )
+
+
+def _max_num_batched_tokens(verdict: Verdict, cache: Mapping[str, Any]) -> Setting:
+    current = _int(cache.get("max_num_batched_tokens"))
+    spike = _memory_rise_share(verdict)
+    oom = verdict.engine_death is not None and verdict.engine_death.real_oom
+    if not oom and (spike is None or spike <= SPIKE_SHARE):
+        return Setting("--max-num-batched-tokens", None, current, "no transient memory spike was seen")
+    value = max(MIN_BATCHED_TOKENS, (current or 2 * MIN_BATCHED_TOKENS) // 2)
+    value = int(math.ceil(value / 256) * 256)
+    if current is not None and value >= current:
+        return Setting(
+            "--max-num-batched-tokens",
+            None,
+            current,
+            f"already at {current}; shrink prefill chunks no further",
+        )
+    cause = "a CUDA OOM" if oom else f"device memory rising {spike:.1%} of the device during the run"
+    return Setting(
+        "--max-num-batched-tokens",
+        value,
+        current,
+        f"{cause} points at transient prefill activations; smaller prefill chunks lower that peak",
+    )
+
+
+def _memory_rise_share(verdict: Verdict) -> float | None:
+    """How far used device memory rose above the first step's level, as a share of the device."""
+    steps = [s for s in verdict.steps if s.device_used_max_bytes is not None and s.device_total_bytes]
+    if len(steps) < 2:
+        return None
+    base = steps[0].device_used_max_bytes or 0
+    total = steps[0].device_total_bytes or 1
+    return max((s.device_used_max_bytes or 0) - base for s in steps) / total
+
+
+def _flag_line(model: str | None, settings: tuple[Setting, ...]) -> str:
+    parts = ["vllm serve", model or "MODEL"]
+    for s in settings:
+        if s.value is not None:
+            parts.append(f"{s.flag} {s.value:g}" if isinstance(s.value, float) else f"{s.flag} {s.value}")
+    return " ".join(parts)
+
+
+def _reasoning(
+    verdict: Verdict,
+    mml: Setting,
+    advice: MaxModelLenAdvice | None,
+    seqs: Setting,
+    util: Setting,
+    batched: Setting,
+) -> str:
+    sentences = []
+    onset = verdict.preemption_onset
+    death = verdict.engine_death
+    if death is not None and death.concurrency is not None:
+        kind = "a CUDA OOM" if death.real_oom else "an engine death"
+        sentences.append(f"The server hit {kind} at concurrency {death.concurrency}.")
+    if onset is not None:
+        kv = "" if onset.kv_usage_max is None else f" with KV usage at {onset.kv_usage_max:.0%}"
+        sentences.append(f"KV-cache preemption began at concurrency {onset.concurrency}{kv}.")
+    elif death is None and verdict.max_tested_concurrency is not None:
+        sentences.append(f"No preemption or failure up to concurrency {verdict.max_tested_concurrency}.")
+    if mml.value is not None and advice is not None:
+        freed = ""
+        if advice.freed_concurrency is not None:
+            freed = (
+                f", and lets the KV pool hold {advice.max_concurrency:.1f} instead of "
+                f"{advice.current_max_concurrency:.1f} full-length requests"
+            )
+        sentences.append(
+            f"Capping max_model_len at {mml.value} covers the trace's P99 "
+            f"({int(advice.basis_tokens)} tokens) "
+            f"while refusing {advice.refused_share:.2%} of requests{freed}."
+        )
+    if seqs.value is not None:
+        sentences.append(f"Limit max_num_seqs to the last safe concurrency, {seqs.value}.")
+    if util.value is not None or batched.value is not None:
+        extra = [s.reason for s in (util, batched) if s.value is not None]
+        sentences.append(_capitalize("; ".join(extra)) + ".")
+    return " ".join(sentences[:4]) if sentences else "Nothing was measured; no recommendation."
+
+
+def _capitalize(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return int(value)
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)

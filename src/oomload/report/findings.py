@@ -1,0 +1,179 @@
+"""The verdict in words: one labelled line per finding, shared by every renderer.
+
+Each renderer (terminal, Markdown, HTML, JUnit) shows the same findings in the same order, so the
+words a user reads in CI, a PR comment and the terminal never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oomload.recommend import Recommendation
+from oomload.verdict import StepFacts, Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    key: str  # stable id (JUnit test name): run_status, preemption_onset, …
+    label: str
+    text: str
+    severity: str  # "ok" | "info" | "warn" | "bad"
+
+
+def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
+    """The findings of a verdict, most important first."""
+    out: list[Finding] = []
+    run = verdict.run
+    if run.cut_short:
+        out.append(Finding("run_status", "Run", f"CUT SHORT — {run.cut_short_detail}", "warn"))
+    else:
+        out.append(Finding("run_status", "Run", f"complete ({run.end_reason or 'finished'})", "ok"))
+    top = verdict.max_tested_concurrency
+    upto = f" up to concurrency {top}" if top is not None else ""
+
+    onset = verdict.preemption_onset
+    if onset is not None:
+        kv = (
+            ""
+            if onset.kv_usage_at_onset is None
+            else f", KV usage {onset.kv_usage_at_onset:.0%} at that moment"
+        )
+        kv_max = "" if onset.kv_usage_max is None else f" (step max {onset.kv_usage_max:.0%})"
+        out.append(
+            Finding(
+                "preemption_onset",
+                "Preemption onset",
+                f"concurrency {onset.concurrency} — step {onset.step}, {onset.requests_in_step} requests, "
+                f"{onset.preemptions_in_step} preemptions{kv}{kv_max}",
+                "bad",
+            )
+        )
+    elif any(s.preemptions is not None for s in verdict.measured_steps):
+        out.append(Finding("preemption_onset", "Preemption onset", f"none{upto}", "ok"))
+    else:
+        out.append(Finding("preemption_onset", "Preemption onset", "unobserved (no /metrics scrape)", "warn"))
+
+    death = verdict.engine_death
+    if death is not None:
+        where = "at an unknown step" if death.concurrency is None else f"at concurrency {death.concurrency}"
+        kind = "CUDA OOM / engine death" if death.real_oom else "engine death"
+        out.append(
+            Finding("engine_death", "OOM / engine death", f"{kind} {where} — {death.evidence[0]}", "bad")
+        )
+    else:
+        out.append(Finding("engine_death", "OOM / engine death", f"none{upto}", "ok"))
+
+    for key, label, level in (
+        ("kv_saturation", "KV saturation (≥99 %)", verdict.kv_saturation),
+        ("queueing", "Queueing (waiting > 0)", verdict.queueing),
+    ):
+        if level is not None:
+            shown = f"{level.value:.0%}" if key == "kv_saturation" else f"{level.value:.0f} waiting"
+            out.append(Finding(key, label, f"concurrency {level.concurrency} ({shown})", "warn"))
+        else:
+            out.append(Finding(key, label, "not seen", "ok"))
+
+    ctx = verdict.context_overflow
+    if ctx.refused or ctx.clamped or ctx.trace_over_limit:
+        parts = []
+        if ctx.refused:
+            parts.append(
+                f"{ctx.refused} refused "
+                f"({ctx.refused_total_tokens_min}–{ctx.refused_total_tokens_max} tokens)"
+            )
+        if ctx.clamped:
+            parts.append(
+                f"{ctx.clamped} clamped "
+                f"({ctx.clamped_total_tokens_min}–{ctx.clamped_total_tokens_max} tokens)"
+            )
+        if ctx.trace_over_limit:
+            parts.append(
+                f"{ctx.trace_over_limit} of {ctx.trace_count} trace requests "
+                f"exceed max_model_len {ctx.model_limit}"
+            )
+        out.append(Finding("context_overflow", "Context overflow", "; ".join(parts), "warn"))
+    else:
+        limit = "" if ctx.model_limit is None else f" (max_model_len {ctx.model_limit})"
+        out.append(Finding("context_overflow", "Context overflow", f"none{limit}", "ok"))
+
+    safe = verdict.last_safe_concurrency
+    out.append(
+        Finding(
+            "last_safe",
+            "Last safe concurrency",
+            "none (the lowest level already broke)" if safe is None else str(safe),
+            "bad" if safe is None else "ok",
+        )
+    )
+
+    p = verdict.prediction
+    if p is not None:
+        observed = "no onset" if p.observed_onset is None else f"observed {p.observed_onset}"
+        agree = "disagrees" if p.disagrees else "agrees"
+        apart = "" if p.levels_apart is None else f", {p.levels_apart} level(s) apart"
+        out.append(
+            Finding(
+                "prediction",
+                "Arithmetic",
+                f"{p.num_gpu_blocks} blocks × {p.block_size} tokens → onset {p.band_low}–{p.band_high} "
+                f"(mean-length {p.onset_mean}); {observed}: {agree}{apart}",
+                "warn" if p.disagrees else "info",
+            )
+        )
+    out.append(Finding("recommendation", "Recommendation", recommendation.flag_line, "info"))
+    warnings = [n for n in verdict.notes if n.severity == "warning"]
+    conf = verdict.confidence + (f" — {len(warnings)} caveat(s)" if warnings else "")
+    out.append(
+        Finding(
+            "confidence", "Confidence", conf, {"high": "ok", "medium": "info"}.get(verdict.confidence, "warn")
+        )
+    )
+    return out
+
+
+def fmt_ms(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value / 1000:.2f}s" if value >= 1000 else f"{value:.0f}ms"
+
+
+def fmt_num(value: float | int | None, spec: str = ".1f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def fmt_bytes(value: int | None) -> str:
+    return "–" if value is None else f"{value / 2**30:.1f}G"
+
+
+STEP_COLUMNS = (
+    "step", "conc", "phase", "req", "ok", "err", "req/s", "out tok/s", "TTFT p50", "TTFT p99",
+    "TPOT p50", "e2e p99", "KV max", "preempt", "run/wait", "achieved", "dev used",
+)  # fmt: skip
+
+
+def step_row(s: StepFacts) -> list[str]:
+    """One row of the per-step table, in ``STEP_COLUMNS`` order."""
+    run_wait = (
+        "–"
+        if s.running_max is None
+        else f"{s.running_max}/{s.waiting_max if s.waiting_max is not None else '–'}"
+    )
+    return [
+        str(s.index) + ("*" if s.cut_short else ""),
+        str(s.concurrency),
+        s.phase,
+        str(s.requests),
+        str(s.requests - s.error_requests),
+        str(s.error_requests),
+        fmt_num(s.req_per_s, ".2f"),
+        fmt_num(s.output_tokens_per_s, ".0f"),
+        fmt_ms(s.ttft.p50_ms),
+        fmt_ms(s.ttft.p99_ms),
+        fmt_ms(s.tpot.p50_ms),
+        fmt_ms(s.e2e.p99_ms),
+        "–" if s.kv_usage_max is None else f"{s.kv_usage_max:.0%}",
+        fmt_num(s.preemptions, "d"),
+        run_wait,
+        fmt_num(s.achieved_concurrency, ".1f"),
+        fmt_bytes(s.device_used_max_bytes),
+    ]

@@ -1,0 +1,52 @@
+"""``junit.xml``: one test case per gate rule, or one per finding when the run has no gate.
+
+Gate rules map to JUnit as pass → passed, fail → ``<failure>``, not evaluated → ``<error>`` (a CI
+system shows it as broken, never as green). Findings without a gate are informational: each is a
+passing test case whose ``<system-out>`` holds the sentence.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+
+from oomload.gate import GateResult, GateStatus
+from oomload.recommend import Recommendation
+from oomload.report.findings import describe
+from oomload.verdict import Verdict
+
+SUITE = "oomload"
+
+
+def render_junit(
+    verdict: Verdict, recommendation: Recommendation, gate_results: Sequence[GateResult] = ()
+) -> str:
+    suites = ET.Element("testsuites", name=SUITE)
+    if gate_results:
+        suite = ET.SubElement(suites, "testsuite", name=f"{SUITE}.gate")
+        for r in gate_results:
+            case = ET.SubElement(suite, "testcase", classname=f"{SUITE}.gate", name=r.gate.text)
+            if r.status is GateStatus.FAIL:
+                ET.SubElement(case, "failure", message=r.reason, type="gate_failed").text = r.reason
+            elif r.status is GateStatus.NOT_EVALUATED:
+                ET.SubElement(case, "error", message=r.reason, type="gate_not_evaluated").text = r.reason
+            else:
+                ET.SubElement(case, "system-out").text = r.reason
+        failures = sum(r.status is GateStatus.FAIL for r in gate_results)
+        errors = sum(r.status is GateStatus.NOT_EVALUATED for r in gate_results)
+        suite.set("tests", str(len(gate_results)))
+    else:
+        suite = ET.SubElement(suites, "testsuite", name=f"{SUITE}.findings")
+        findings = describe(verdict, recommendation)
+        for f in findings:
+            case = ET.SubElement(suite, "testcase", classname=f"{SUITE}.findings", name=f.key)
+            ET.SubElement(case, "system-out").text = f"{f.label}: {f.text}"
+        failures = errors = 0
+        suite.set("tests", str(len(findings)))
+    suite.set("failures", str(failures))
+    suite.set("errors", str(errors))
+    suites.set("tests", suite.get("tests", "0"))
+    suites.set("failures", str(failures))
+    suites.set("errors", str(errors))
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

@@ -20,6 +20,10 @@ CORE_MODULES = [
     "oomload.recommend",
     "oomload.gate",
     "oomload.sim.model",
+    "oomload.sim.geometry",
+    "oomload.sim.scheduler",
+    "oomload.sim.tokenizer",
+    "oomload.sim.planner",
     "oomload.telemetry.vllm_metrics",
     "oomload.telemetry.gpu_sample",
 ]

@@ -1,0 +1,96 @@
+"""Turn ``sim serve`` / ``plan`` options into a sized engine (shared by the CLI and the planner).
+
+Defaults: model ``llama-3.1-8b``; GPU ``l4`` unless ``--num-gpu-blocks`` or ``--kv-cache-memory-bytes``
+is given without ``--gpu`` (then no GPU is modelled: vLLM's CPU backend, block size 128, no OOM);
+``max_model_len`` = min(the model's window, 8192) (vLLM would take the whole window);
+``max_num_seqs`` / ``max_num_batched_tokens`` = vLLM V1's API-server defaults for the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oomload.errors import ConfigError
+from oomload.sim.geometry import (
+    EngineConfig,
+    GpuSpec,
+    KvCacheLayout,
+    ModelSpec,
+    default_batch_limits,
+    plan_kv_cache,
+    resolve_gpu,
+    resolve_model,
+)
+from oomload.sim.model import EngineModel
+
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_GPU = "l4"
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """Everything that sizes and configures the simulated engine (None = vLLM-like default)."""
+
+    model: str = DEFAULT_MODEL
+    gpu: str | None = None
+    gpu_memory_gib: float | None = None
+    gpu_memory_utilization: float = 0.92
+    tensor_parallel_size: int = 1
+    num_gpu_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    block_size: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = False
+    oom: str = "auto"
+    activation_scale: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltEngine:
+    model: ModelSpec
+    gpu: GpuSpec | None
+    config: EngineConfig
+    layout: KvCacheLayout
+
+    def engine(self, opts: EngineOptions) -> EngineModel:
+        return EngineModel(
+            self.model,
+            self.gpu,
+            self.config,
+            self.layout,
+            enable_prefix_caching=opts.enable_prefix_caching,
+            oom=opts.oom,
+            activation_scale=opts.activation_scale,
+        )
+
+
+def build_engine(opts: EngineOptions) -> BuiltEngine:
+    """Resolve presets, apply vLLM's defaults and size the pool (raises ``ConfigError`` like vLLM)."""
+    model = resolve_model(opts.model)
+    gpu = resolve_gpu(opts.gpu, opts.gpu_memory_gib)
+    if gpu is None and opts.num_gpu_blocks is None and opts.kv_cache_memory_bytes is None:
+        gpu = resolve_gpu(DEFAULT_GPU)
+    default_tokens, default_seqs = default_batch_limits(gpu)
+    max_model_len = opts.max_model_len or min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+    block_size = opts.block_size or (16 if gpu is not None else 128)
+    if opts.oom not in ("auto", "on", "off"):
+        raise ConfigError(f"--oom must be auto, on or off, got {opts.oom!r}")
+    if not opts.activation_scale > 0:
+        raise ConfigError(f"--activation-scale must be positive, got {opts.activation_scale}")
+    config = EngineConfig(
+        max_model_len=max_model_len,
+        block_size=block_size,
+        max_num_seqs=opts.max_num_seqs or default_seqs,
+        max_num_batched_tokens=opts.max_num_batched_tokens or default_tokens,
+        gpu_memory_utilization=opts.gpu_memory_utilization,
+        tensor_parallel_size=opts.tensor_parallel_size,
+        num_gpu_blocks_override=opts.num_gpu_blocks,
+        kv_cache_memory_bytes=opts.kv_cache_memory_bytes,
+        enforce_eager=opts.enforce_eager,
+    )
+    layout = plan_kv_cache(model, gpu, config)
+    return BuiltEngine(model, gpu, config, layout)

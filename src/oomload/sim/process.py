@@ -1,0 +1,152 @@
+"""``SimServer``: run ``oomload sim serve`` as a subprocess for tests, demos and ``replay`` without ``--url``.
+
+Start: ``sys.executable -m oomload sim serve --host H --port 0 --port-file F *args`` in its own process
+group; wait for the port file, then for ``GET /health`` to answer 200 (or the process to die, which
+raises ``EndpointError`` with the tail of its stderr). Stop: SIGTERM to the group, SIGKILL after a
+grace period, and always reap — no orphans, also when the ``with`` block raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from oomload.errors import EndpointError
+
+
+class SimServer:
+    """A simulated vLLM server in a child process (context manager)."""
+
+    def __init__(
+        self, args: Sequence[str] = (), *, host: str = "127.0.0.1", startup_timeout_s: float = 30.0
+    ) -> None:
+        self.args = list(args)
+        self.host = host
+        self.startup_timeout_s = startup_timeout_s
+        self.port: int | None = None
+        self.url = ""
+        self.pid: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._stderr_path: Path | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> SimServer:
+        if self._proc is not None:
+            return self
+        self._tmp = tempfile.TemporaryDirectory(prefix="oomload-sim-")
+        tmp = Path(self._tmp.name)
+        port_file = tmp / "port"
+        self._stderr_path = tmp / "stderr.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "oomload",
+            "sim",
+            "serve",
+            "--host",
+            self.host,
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            *self.args,
+        ]
+        with open(self._stderr_path, "wb") as err:
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+            )
+        self.pid = self._proc.pid
+        try:
+            self._wait_ready(port_file)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, port_file: Path) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            code = self._proc.poll()
+            if code is not None:
+                raise EndpointError(
+                    f"oomload sim serve exited with status {code} at start-up: {self.stderr_tail()}"
+                )
+            if self.port is None and port_file.is_file():
+                text = port_file.read_text(encoding="utf-8").strip()
+                if text.isdigit():
+                    self.port = int(text)
+                    shown = f"[{self.host}]" if ":" in self.host else self.host
+                    self.url = f"http://{shown}:{self.port}"
+            if self.port is not None and self._healthy():
+                return
+            time.sleep(0.02)
+        raise EndpointError(
+            f"oomload sim serve did not answer /health within {self.startup_timeout_s:g} s: "
+            f"{self.stderr_tail()}"
+        )
+
+    def _healthy(self) -> bool:
+        assert self.port is not None
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=2.0)
+        try:
+            conn.request("GET", "/health")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """SIGTERM the server's process group, SIGKILL after ``timeout_s``, reap it."""
+        proc = self._proc
+        if proc is not None:
+            if proc.poll() is None:
+                _signal_group(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    _signal_group(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=timeout_s)
+            else:
+                _signal_group(proc.pid, signal.SIGKILL)  # stray children of a dead leader, if any
+            self._proc = None
+        if self._tmp is not None:
+            self._stderr_cache = self.stderr_tail()
+            self._tmp.cleanup()
+            self._tmp = None
+            self._stderr_path = None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def stderr_tail(self, max_chars: int = 2000) -> str:
+        """The end of the server's stderr (start-up errors, engine-death logs)."""
+        if self._stderr_path is None or not self._stderr_path.is_file():
+            return getattr(self, "_stderr_cache", "")
+        text = self._stderr_path.read_text(encoding="utf-8", errors="replace")
+        return text[-max_chars:].strip()
+
+    def __enter__(self) -> SimServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)

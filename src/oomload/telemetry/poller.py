@@ -26,19 +26,15 @@ tests pass a fake one. ``vllm:cache_config_info`` is written once to
 
 from __future__ import annotations
 
-import http.client
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from oomload.errors import EndpointError, OomloadError
+from oomload.errors import OomloadError
 from oomload.rundir import RunWriter
+from oomload.telemetry.scrape import fetch_text
 from oomload.telemetry.vllm_metrics import VllmSnapshot, parse_vllm_metrics
-
-MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class MetricsPoller:
@@ -210,34 +206,6 @@ def metrics_url(base_url: str) -> str:
     if url.endswith("/v1"):
         url = url[: -len("/v1")]
     return url + "/metrics"
-
-
-def fetch_text(url: str, timeout_s: float) -> str:
-    """GET ``url`` and return its body as text; every failure becomes one ``EndpointError`` sentence."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            body: bytes = response.read(MAX_BODY_BYTES)
-            charset = response.headers.get_content_charset() or "utf-8"
-    except urllib.error.HTTPError as err:
-        raise EndpointError(f"GET {url} answered HTTP {err.code} {err.reason}") from err
-    except urllib.error.URLError as err:
-        raise EndpointError(f"GET {url} failed: {_reason(err.reason)}") from err
-    except TimeoutError as err:
-        raise EndpointError(f"GET {url} timed out after {timeout_s:g} s") from err
-    except (http.client.HTTPException, ConnectionError, OSError) as err:
-        raise EndpointError(f"GET {url} failed: {_reason(err)}") from err
-    return body.decode(charset, errors="replace")
-
-
-def _reason(reason: object) -> str:
-    if isinstance(reason, ConnectionRefusedError):
-        return "connection refused (is the server running?)"
-    if isinstance(reason, TimeoutError):
-        return "timed out"
-    if isinstance(reason, http.client.RemoteDisconnected):
-        return "the server closed the connection without answering"
-    text = str(reason) or type(reason).__name__
-    return text
 
 
 def _restarted(previous: VllmSnapshot, current: VllmSnapshot) -> bool:

@@ -25,7 +25,10 @@ demo: $(STAMP) ## The main job on built-in defaults: replay a sample trace again
 test: $(STAMP) ## Run the default test suite (fast; simulated server, real Locust)
 	$(BIN)/python -m pytest -q
 
-test-e2e: $(STAMP) ## End-to-end tests against a real vLLM (CPU build, tiny local model); installs it into .e2e/
+.e2e/.installed: | $(STAMP)
+	$(BIN)/python -m oomload.realvllm.install --root .e2e
+
+test-e2e: $(STAMP) .e2e/.installed ## End-to-end tests against a real vLLM (CPU build, tiny local model); installs it into .e2e/
 	$(BIN)/python -m pytest -q -m e2e tests/e2e
 
 lint: $(STAMP) ## ruff + mypy

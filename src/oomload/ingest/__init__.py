@@ -1,0 +1,44 @@
+"""Production logs → normalized traces (lengths, timing and ids only — never prompt or completion text).
+
+Formats (auto-detected from content, see ``oomload.ingest.detect``): OpenAI-style request/response
+JSONL and Batch output (``openai_log``), vLLM server logs (``vllm_log``), Azure and BurstGPT CSV and
+mapped CSV (``tabular``), Mooncake/Bailian JSONL (``mooncake``), mapped JSONL (``mapping``), and
+oomload traces themselves. Inputs may be gzip- or zstd-compressed (``source``). Every reader turns
+its input into columnar batches (``columns``); ``build`` merges, orders and writes them, or
+gathers the arrays ``trace stats`` needs. Unusable lines are counted by reason (``skips``).
+"""
+
+from __future__ import annotations
+
+from oomload.ingest.build import (
+    BuildResult,
+    InputPlan,
+    TraceColumns,
+    build_trace,
+    iter_records,
+    load_columns,
+    plan_inputs,
+)
+from oomload.ingest.detect import FORMATS, detect_format
+from oomload.ingest.mapping import ColumnMapping, parse_mapping
+from oomload.ingest.skips import SkipLog
+from oomload.ingest.source import LogSource
+from oomload.ingest.tokens import TokenCounter, load_token_counter
+
+__all__ = [
+    "FORMATS",
+    "BuildResult",
+    "ColumnMapping",
+    "InputPlan",
+    "LogSource",
+    "SkipLog",
+    "TokenCounter",
+    "TraceColumns",
+    "build_trace",
+    "detect_format",
+    "iter_records",
+    "load_columns",
+    "load_token_counter",
+    "parse_mapping",
+    "plan_inputs",
+]

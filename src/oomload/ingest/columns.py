@@ -1,0 +1,230 @@
+"""Requests in columns: the batch every reader produces, and its conversion to trace lines and records.
+
+A batch is a ``pyarrow.Table`` with ``BATCH_SCHEMA`` — one row per request, ``time_s`` on the log's
+own clock (epoch seconds, or the log's relative seconds), ``id`` null where the log has none. Table
+formats (CSV, Mooncake JSONL) are parsed straight into batches by pyarrow's C++ readers; line formats
+(OpenAI, vLLM) build ``TraceRecord`` objects and are packed into batches (``batch_from_records``).
+Everything downstream — merging, writing, statistics — works on batches, so memory stays flat
+(one batch at a time) and the per-request Python work is confined to the formats that need it.
+
+``format_lines`` renders a batch as trace lines with vectorized pyarrow string kernels (no Python
+loop per request): the same JSON that ``TraceRecord.to_json`` describes, optional keys omitted,
+``arrival_s`` = ``time_s − origin_s`` rounded to 1 µs, null ids replaced by ``r<N>`` (N = position
+in the trace). ``read_trace_columns`` reads an oomload trace back the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+
+from oomload.errors import TraceFormatError
+from oomload.ingest.source import LogSource
+from oomload.trace import TraceRecord, iter_trace
+
+BATCH_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("time_s", pa.float64()),
+        ("prompt_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("max_tokens", pa.int64()),
+        ("ok", pa.bool_()),
+        ("model", pa.string()),
+        ("hash_ids", pa.list_(pa.int64())),
+        ("session", pa.string()),
+        ("parent", pa.string()),
+        ("turn", pa.int64()),
+    ]
+)
+RECORDS_PER_BATCH = 16_384
+
+# Columns of an oomload trace line, for reading a trace back with pyarrow.
+TRACE_SCHEMA = pa.schema(
+    [("arrival_s" if f.name == "time_s" else f.name, f.type) for f in BATCH_SCHEMA]  # same columns
+)
+
+
+def make_batch(length: int, **columns: pa.Array | npt.NDArray[np.generic] | list[object]) -> pa.Table:
+    """A batch of ``length`` rows from the given columns; missing columns are all-null (``ok`` all true)."""
+    arrays = []
+    for schema_field in BATCH_SCHEMA:
+        value = columns.get(schema_field.name)
+        if value is None:
+            if schema_field.name == "ok":
+                arrays.append(pa.array(np.ones(length, dtype=bool)))
+            else:
+                arrays.append(pa.nulls(length, schema_field.type))
+        elif isinstance(value, pa.ChunkedArray | pa.Array):
+            arrays.append(value.cast(schema_field.type))
+        else:
+            arrays.append(pa.array(value, type=schema_field.type))
+    return pa.Table.from_arrays(arrays, schema=BATCH_SCHEMA)
+
+
+def batch_from_records(records: list[TraceRecord]) -> pa.Table:
+    """Pack reader records (``arrival_s`` on the log's clock, ``id`` ``""`` = none) into a batch."""
+    return make_batch(
+        len(records),
+        id=[r.id or None for r in records],
+        time_s=[r.arrival_s for r in records],
+        prompt_tokens=[r.prompt_tokens for r in records],
+        output_tokens=[r.output_tokens for r in records],
+        max_tokens=[r.max_tokens for r in records],
+        ok=[r.ok for r in records],
+        model=[r.model for r in records],
+        hash_ids=[list(r.hash_ids) for r in records],
+        session=[r.session for r in records],
+        parent=[r.parent for r in records],
+        turn=[r.turn for r in records],
+    )
+
+
+def batches_from_records(records: Iterable[TraceRecord], size: int = RECORDS_PER_BATCH) -> Iterator[pa.Table]:
+    """Group a record stream into batches of ``size`` rows."""
+    pending: list[TraceRecord] = []
+    for record in records:
+        pending.append(record)
+        if len(pending) >= size:
+            yield batch_from_records(pending)
+            pending = []
+    if pending:
+        yield batch_from_records(pending)
+
+
+def records_from_batch(batch: pa.Table, *, origin_s: float = 0.0) -> Iterator[TraceRecord]:
+    """The rows of a batch as records, ``arrival_s = time_s − origin_s``; null ids become ``""``."""
+    cols = {name: batch.column(name).to_pylist() for name in BATCH_SCHEMA.names}
+    for i in range(batch.num_rows):
+        hash_ids = cols["hash_ids"][i]
+        yield TraceRecord(
+            id=cols["id"][i] or "",
+            arrival_s=cols["time_s"][i] - origin_s,
+            prompt_tokens=cols["prompt_tokens"][i],
+            output_tokens=cols["output_tokens"][i],
+            max_tokens=cols["max_tokens"][i],
+            ok=cols["ok"][i] is not False,
+            model=cols["model"][i],
+            hash_ids=tuple(hash_ids) if hash_ids else (),
+            session=cols["session"][i],
+            parent=cols["parent"][i],
+            turn=cols["turn"][i],
+        )
+
+
+def format_lines(batch: pa.Table, *, origin_s: float, first_index: int) -> pa.Array:
+    """Trace lines (each ending in ``\\n``) for the rows of ``batch``, as one pyarrow string array."""
+    n = batch.num_rows
+    generated = pc.binary_join_element_wise(
+        "r", pc.cast(pa.array(np.arange(first_index, first_index + n, dtype=np.int64)), pa.string()), ""
+    )
+    ids = pc.if_else(pc.is_null(batch.column("id")), generated, batch.column("id"))
+    arrival = pc.round(pc.subtract(batch.column("time_s"), origin_s), 6)
+    pieces: list[pa.Array | pa.ChunkedArray | str] = [
+        '{"id":',
+        _json_strings(ids),
+        ',"arrival_s":',
+        pc.cast(arrival, pa.string()),
+        ',"prompt_tokens":',
+        pc.cast(batch.column("prompt_tokens"), pa.string()),
+        ',"output_tokens":',
+        pc.cast(batch.column("output_tokens"), pa.string()),
+    ]
+    _optional_number(pieces, batch, "max_tokens")
+    ok = batch.column("ok")
+    if pc.any(pc.invert(pc.fill_null(ok, True))).as_py():
+        pieces.append(pc.if_else(pc.fill_null(ok, True), "", ',"ok":false'))
+    _optional_string(pieces, batch, "model")
+    hash_ids = batch.column("hash_ids")
+    if pc.any(pc.greater(pc.fill_null(pc.list_value_length(hash_ids), 0), 0)).as_py():
+        joined = pc.binary_join(pc.cast(hash_ids, pa.list_(pa.string())), ",")
+        pieces.append(
+            pc.if_else(
+                pc.greater(pc.fill_null(pc.list_value_length(hash_ids), 0), 0),
+                pc.binary_join_element_wise(',"hash_ids":[', joined, "]", ""),
+                "",
+            )
+        )
+    _optional_string(pieces, batch, "session")
+    _optional_string(pieces, batch, "parent")
+    _optional_number(pieces, batch, "turn")
+    pieces.append("}\n")
+    line_array = pc.binary_join_element_wise(*pieces, "")
+    if isinstance(line_array, pa.ChunkedArray):
+        line_array = line_array.combine_chunks()
+    return line_array
+
+
+def _optional_number(pieces: list[pa.Array | pa.ChunkedArray | str], batch: pa.Table, name: str) -> None:
+    column = batch.column(name)
+    if column.null_count == len(column):
+        return
+    text = pc.binary_join_element_wise(f',"{name}":', pc.cast(column, pa.string()), "")
+    pieces.append(pc.fill_null(text, ""))
+
+
+def _optional_string(pieces: list[pa.Array | pa.ChunkedArray | str], batch: pa.Table, name: str) -> None:
+    column = batch.column(name)
+    if column.null_count == len(column):
+        return
+    text = pc.binary_join_element_wise(f',"{name}":', _json_strings(column), "")
+    pieces.append(pc.fill_null(text, ""))
+
+
+def _json_strings(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """JSON string literals (quoted, escaped) for a string column; nulls stay null."""
+    if pc.any(pc.match_substring_regex(column, r"[\x00-\x1f]")).as_py():
+        return pa.array([None if v is None else json.dumps(v) for v in column.to_pylist()], pa.string())
+    escaped = pc.replace_substring(pc.replace_substring(column, "\\", "\\\\"), '"', '\\"')
+    return pc.binary_join_element_wise('"', escaped, '"', "")
+
+
+def lines_bytes(lines: pa.Array) -> memoryview:
+    """The concatenated UTF-8 bytes of a string array built by ``format_lines`` (zero copy)."""
+    offsets_buffer, data_buffer = lines.buffers()[1], lines.buffers()[2]
+    offset_type = np.int64 if pa.types.is_large_string(lines.type) else np.int32
+    offsets = np.frombuffer(offsets_buffer, dtype=offset_type)[lines.offset : lines.offset + len(lines) + 1]
+    if data_buffer is None:
+        return memoryview(b"")
+    return memoryview(data_buffer)[int(offsets[0]) : int(offsets[-1])]
+
+
+def read_trace_columns(path: str | Path, chunk_bytes: int = 8 * 1024 * 1024) -> Iterator[pa.Table]:
+    """Stream an oomload trace as tables with ``TRACE_SCHEMA`` (header checked; records validated).
+
+    Fast path: pyarrow's JSON reader per chunk. On any chunk it cannot take — or on negative
+    lengths — the file is re-read with ``iter_trace``, which raises ``TraceFormatError`` at the exact line.
+    """
+    from oomload.trace import read_trace_header
+
+    read_trace_header(path)
+    source = LogSource(Path(path))
+    options = pa_json.ParseOptions(explicit_schema=TRACE_SCHEMA, unexpected_field_behavior="ignore")
+    for first_line, chunk in source.iter_chunks(chunk_bytes):
+        body = chunk.split(b"\n", 1)[1] if first_line == 1 else chunk
+        if not body.strip():
+            continue
+        try:
+            table = pa_json.read_json(pa.py_buffer(body), parse_options=options)
+            _check_trace_table(table)
+        except (pa.ArrowInvalid, ValueError) as err:
+            for _ in iter_trace(path):  # raises at the exact line
+                pass
+            raise TraceFormatError(f"malformed trace ({err})", path) from err
+        yield table
+
+
+def _check_trace_table(table: pa.Table) -> None:
+    for name in ("arrival_s", "prompt_tokens", "output_tokens", "id"):
+        if table.column(name).null_count:
+            raise ValueError(f"a record lacks {name}")
+    for name in ("prompt_tokens", "output_tokens"):
+        if table.num_rows and pc.min(table.column(name)).as_py() < 0:
+            raise ValueError(f"negative {name}")

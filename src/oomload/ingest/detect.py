@@ -1,0 +1,105 @@
+"""Which format a log is in, told from its first lines (``--format`` overrides).
+
+Rules, first match wins:
+
+1. The first non-blank line is a JSON object →
+   ``oomload_trace`` key: an oomload trace · ``input_length`` + ``output_length``: Mooncake/Bailian ·
+   ``custom_id`` + ``response``, or any of ``request``/``response``/``usage``/``messages``/``prompt``/
+   ``choices``: OpenAI-style log · otherwise unknown (use ``--map``).
+2. A CSV header → ``TIMESTAMP,ContextTokens,GeneratedTokens``: Azure · ``Timestamp``, ``Request tokens``,
+   ``Response tokens``: BurstGPT.
+3. Lines with vLLM's log prefix (``(APIServer pid=N) INFO MM-DD HH:MM:SS``) → vLLM server log.
+
+With ``--map`` the file is a generic CSV or JSONL, told apart by its first character.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from oomload.errors import ConfigError, TraceFormatError
+from oomload.ingest.source import LogSource
+from oomload.ingest.vllm_log import LOG_PREFIX
+
+FORMATS: dict[str, str] = {
+    "openai": "OpenAI-style request/response JSONL, also the OpenAI Batch API output",
+    "vllm-log": "vLLM server log written with --enable-log-requests",
+    "azure": "Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens[,NumImages])",
+    "burstgpt": "BurstGPT CSV (Timestamp,Model,Request tokens,Response tokens,…)",
+    "mooncake": "Mooncake / Bailian JSONL (timestamp ms, input_length, output_length, hash_ids)",
+    "csv": "any CSV, columns named with --map",
+    "jsonl": "any JSONL, columns named with --map",
+    "oomload": "an oomload trace (to merge traces)",
+}
+OPENAI_KEYS = ("request", "response", "usage", "messages", "prompt", "choices")
+AZURE_COLUMNS = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
+BURSTGPT_COLUMNS = {"Timestamp", "Request tokens", "Response tokens"}
+
+
+def detect_format(source: LogSource, *, forced: str | None = None, mapped: bool = False) -> str:
+    """The format name of ``source`` (a key of ``FORMATS``); raises ``TraceFormatError`` when unknown."""
+    if forced is not None and forced not in FORMATS:
+        raise ConfigError(f"unknown --format {forced!r}; allowed: {', '.join(FORMATS)}")
+    if mapped and forced not in (None, "csv", "jsonl"):
+        raise ConfigError(f"--map works with --format csv or jsonl, not {forced!r}")
+    if forced is not None and not mapped and forced in ("csv", "jsonl"):
+        raise ConfigError(f"--format {forced} needs --map input=COL,output=COL[,time=COL]")
+    lines = source.head_lines(200)  # raises on an empty or unreadable file
+    if forced is not None:
+        return forced
+    first = lines[0]
+    if mapped:
+        return "jsonl" if first.startswith(b"{") else "csv"
+    if first.startswith(b"{"):
+        obj = _first_object(source)
+        return _json_format(obj, source)
+    header = [c.strip().strip('"') for c in first.decode("utf-8", errors="replace").split(",")]
+    if set(header) >= AZURE_COLUMNS:
+        return "azure"
+    if set(header) >= BURSTGPT_COLUMNS:
+        return "burstgpt"
+    if any(LOG_PREFIX.match(line) for line in lines):
+        return "vllm-log"
+    what = f"a CSV with columns {', '.join(header)}" if len(header) > 1 else "not a known log"
+    raise TraceFormatError(
+        f"cannot tell the log format from its first lines ({what}); force one with --format "
+        f"{'|'.join(k for k in FORMATS if k not in ('csv', 'jsonl'))}, or name the columns with "
+        "--map input=COL,output=COL,time=COL",
+        source.path,
+    )
+
+
+def _first_object(source: LogSource) -> dict[str, Any]:
+    for _, line in source.iter_lines():
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as err:
+            raise TraceFormatError(
+                "the first line starts like JSON but does not parse; force a format with --format",
+                source.path,
+                1,
+            ) from err
+        if isinstance(obj, dict):
+            return obj
+        break
+    raise TraceFormatError(
+        "the first line is JSON but not an object; no known format starts so", source.path, 1
+    )
+
+
+def _json_format(obj: dict[str, Any], source: LogSource) -> str:
+    if "oomload_trace" in obj:
+        return "oomload"
+    if "input_length" in obj and "output_length" in obj:
+        return "mooncake"
+    if ("custom_id" in obj and "response" in obj) or any(key in obj for key in OPENAI_KEYS):
+        return "openai"
+    raise TraceFormatError(
+        f"JSON lines with keys {', '.join(obj)} match no known format; name the columns with "
+        "--map input=COL,output=COL,time=COL",
+        source.path,
+    )

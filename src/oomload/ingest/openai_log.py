@@ -1,0 +1,250 @@
+"""OpenAI-style request/response logs (JSONL), as API gateways and proxies write them.
+
+One JSON object per line. The reader looks for, in order:
+
+- **request body**: ``request`` (or ``request.body``), or the line itself when it has ``messages`` /
+  ``prompt``; gives ``model``, ``max_tokens`` (or ``max_completion_tokens`` / ``max_output_tokens``),
+  and the prompt (text, chat messages, or token ids);
+- **response**: ``response`` — the OpenAI Batch output shape ``response.status_code`` +
+  ``response.body`` is unwrapped — or a list of streamed chunks (``response`` / ``chunks``);
+- **token counts**: ``usage.prompt_tokens`` / ``usage.completion_tokens`` (or ``input_tokens`` /
+  ``output_tokens``), in the response, the last streamed chunk, or the line itself;
+- **status**: ``status_code`` / ``status`` (line or Batch response), a non-null ``error``;
+  a failed request is kept with ``ok=false`` and its output counted as 0 tokens;
+- **time**: ``timestamp``, ``created_at``, ``start_time``, ``request_time``, ``time`` (epoch s/ms/µs
+  or ISO-8601), else the response's ``created``;
+- **id**: ``custom_id``, ``request_id``, ``id``, or the response's ``id``.
+
+When a count is missing but the text is there (streaming logs often lack ``usage``), the text is
+counted with the ``--tokenizer`` the user named; without one the line is skipped with the reason
+"no token counts (give --tokenizer)". A prompt given as token ids is counted exactly without one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from oomload.ingest.skips import NO_TOKEN_COUNTS, SkipLog
+from oomload.ingest.source import LogSource
+from oomload.ingest.tabular import parse_datetime_s
+from oomload.ingest.tokens import TokenCounter
+from oomload.trace import TraceRecord
+
+TIME_KEYS = ("timestamp", "created_at", "start_time", "request_time", "time")
+ID_KEYS = ("custom_id", "request_id", "id")
+MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def read_openai_records(
+    source: LogSource, skips: SkipLog, counter: TokenCounter | None
+) -> Iterator[TraceRecord]:
+    """Records (``arrival_s`` on the log's clock, ``id`` ``""`` when absent) from an OpenAI-style log."""
+    last_time = 0.0
+    untimed = 0
+    for number, line in source.iter_lines():
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            skips.skip("not a JSON object", source.name, number)
+            continue
+        if not isinstance(obj, dict):
+            skips.skip("not a JSON object", source.name, number)
+            continue
+        try:
+            record, reason = parse_openai_line(obj, counter)
+        except (TypeError, ValueError, AttributeError):
+            record, reason = None, "unexpected shape of request/response"
+        if record is None:
+            skips.skip(reason or "unexpected shape of request/response", source.name, number)
+            continue
+        if record.arrival_s < 0:
+            untimed += 1
+            record = _with_time(record, last_time)
+        last_time = record.arrival_s
+        yield record
+    if untimed:
+        skips.note(f"{source.name}: {untimed} requests had no timestamp (each given the previous one's time)")
+
+
+def parse_openai_line(
+    obj: dict[str, Any], counter: TokenCounter | None
+) -> tuple[TraceRecord | None, str | None]:
+    """One log object → a record, or ``(None, reason)``. ``arrival_s`` is −1 when the line has no time."""
+    request = obj.get("request")
+    if isinstance(request, dict) and isinstance(request.get("body"), dict):
+        request = request["body"]
+    if not isinstance(request, dict):
+        request = obj if ("messages" in obj or "prompt" in obj) else {}
+    response = obj.get("response")
+    status = _int_or_none(obj.get("status_code", obj.get("status")))
+    chunks: list[Any] = []
+    if isinstance(response, dict) and "body" in response and "status_code" in response:  # Batch output
+        status = _int_or_none(response.get("status_code"))
+        response = response.get("body")
+    if isinstance(response, list):
+        chunks, response = response, {}
+    elif isinstance(obj.get("chunks"), list):
+        chunks = obj["chunks"]
+    if not isinstance(response, dict):
+        response = {}
+    failed = (
+        (status is not None and not 200 <= status < 300)
+        or bool(obj.get("error"))
+        or bool(response.get("error"))
+    )
+
+    usage = response.get("usage") or obj.get("usage") or _chunk_usage(chunks) or {}
+    prompt_tokens = _int_or_none(usage.get("prompt_tokens", usage.get("input_tokens")))
+    output_tokens = _int_or_none(usage.get("completion_tokens", usage.get("output_tokens")))
+    if prompt_tokens is None:
+        prompt_tokens = _count_prompt(request, counter)
+    if output_tokens is None:
+        output_tokens = 0 if failed else _count_output(response, chunks, counter)
+    if prompt_tokens is None or output_tokens is None:
+        return None, NO_TOKEN_COUNTS
+    if prompt_tokens < 0 or output_tokens < 0:
+        return None, "negative token count"
+
+    return (
+        TraceRecord(
+            id=_first_str(obj, ID_KEYS) or _first_str(response, ("id",)) or "",
+            arrival_s=_time_s(obj, response, chunks),
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            max_tokens=_first_int(request, MAX_TOKENS_KEYS),
+            ok=not failed,
+            model=_first_str(request, ("model",)) or _first_str(response, ("model",)),
+        ),
+        None,
+    )
+
+
+def _with_time(record: TraceRecord, time_s: float) -> TraceRecord:
+    return TraceRecord(
+        id=record.id,
+        arrival_s=time_s,
+        prompt_tokens=record.prompt_tokens,
+        output_tokens=record.output_tokens,
+        max_tokens=record.max_tokens,
+        ok=record.ok,
+        model=record.model,
+    )
+
+
+def _chunk_usage(chunks: list[Any]) -> dict[str, Any] | None:
+    for chunk in reversed(chunks):
+        if isinstance(chunk, dict) and isinstance(chunk.get("usage"), dict):
+            usage: dict[str, Any] = chunk["usage"]
+            return usage
+    return None
+
+
+def _count_prompt(request: dict[str, Any], counter: TokenCounter | None) -> int | None:
+    prompt = request.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)  # token ids: exact without a tokenizer
+    if counter is None:
+        return None
+    if isinstance(prompt, str):
+        return counter.count(prompt)
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        return counter.count(prompt[0])
+    messages = request.get("messages") or request.get("input")
+    if isinstance(messages, str):
+        return counter.count(messages)
+    if isinstance(messages, list):
+        return sum(counter.count(_content_text(m.get("content"))) for m in messages if isinstance(m, dict))
+    return None
+
+
+def _count_output(response: dict[str, Any], chunks: list[Any], counter: TokenCounter | None) -> int | None:
+    if counter is None:
+        return None
+    parts: list[str] = []
+    for choice in response.get("choices") or ():
+        message = choice.get("message") or {}
+        parts.append(_content_text(message.get("content")) or choice.get("text") or "")
+    for chunk in chunks:
+        if not isinstance(chunk, dict):
+            continue
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            parts.append(_content_text(delta.get("content")) or choice.get("text") or "")
+    if not parts and "choices" not in response and not chunks:
+        return None
+    return counter.count("".join(parts))
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "")
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _time_s(obj: dict[str, Any], response: dict[str, Any], chunks: list[Any]) -> float:
+    for key in TIME_KEYS:
+        if key in obj:
+            value = _to_seconds(obj[key])
+            if value is not None:
+                return value
+    for holder in (response, chunks[0] if chunks and isinstance(chunks[0], dict) else {}):
+        value = _to_seconds(holder.get("created"))
+        if value is not None:
+            return value
+    return -1.0
+
+
+def _to_seconds(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        number = float(value)
+        if number > 1e17:
+            return number / 1e9
+        if number > 1e14:
+            return number / 1e6
+        if number > 1e11:
+            return number / 1e3
+        return number
+    if isinstance(value, str):
+        return parse_datetime_s(value)
+    return None
+
+
+def _first_str(obj: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        value = obj.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _first_int(obj: dict[str, Any], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        value = _int_or_none(obj.get(key))
+        if value is not None:
+            return value
+    return None
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value == int(value):
+        return int(value)
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None

@@ -1,0 +1,46 @@
+"""Lines a reader could not use: counted by reason, with the first few locations kept for the user.
+
+Readers call ``SkipLog.skip(reason, path, line)`` for every unusable line and carry on; with
+``strict=True`` the first call raises ``TraceFormatError(reason, path, line)`` instead, so
+``oomload trace build --strict`` stops at the first bad line. Notes (``note``) record facts about the
+build that are not errors but that a user must know (e.g. "output lengths are the requested
+max_tokens"), each once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from oomload.errors import TraceFormatError
+
+NO_TOKEN_COUNTS = "no token counts (give --tokenizer)"
+
+
+@dataclass(slots=True)
+class SkipLog:
+    """Counts of skipped lines by reason, and the first ``keep`` ``path:line`` of each reason."""
+
+    strict: bool = False
+    keep: int = 5
+    counts: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def skip(self, reason: str, path: str, line: int | None) -> None:
+        if self.strict:
+            raise TraceFormatError(f"{reason} (stopped by --strict)", path, line)
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        shown = self.examples.setdefault(reason, [])
+        if len(shown) < self.keep:
+            shown.append(path if line is None else f"{path}:{line}")
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(sorted(self.counts.items(), key=lambda item: -item[1]))

@@ -1,0 +1,130 @@
+"""One input file: open it (decompressing ``.gz`` / ``.zst``), sniff its first lines, read it in chunks.
+
+Compression is chosen by the file's magic bytes, not its name (``.gz`` = ``1f 8b``, ``.zst`` =
+``28 b5 2f fd``), so a renamed file still reads. zstd needs the optional ``zstandard`` package; without
+it a ``.zst`` input is refused with a sentence saying what to install. Every ``OSError`` on open
+becomes a ``TraceFormatError`` naming the path, so the CLI prints a sentence, never a traceback.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, cast
+
+from oomload.errors import TraceFormatError
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+SNIFF_BYTES = 256 * 1024
+CHUNK_BYTES = 8 * 1024 * 1024
+
+# Errors a decompressing or plain stream raises on a damaged file while being read.
+READ_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, UnicodeDecodeError)
+
+
+@dataclass(frozen=True, slots=True)
+class LogSource:
+    """A log or trace file named by the user."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return str(self.path)
+
+    def compression(self) -> str | None:
+        """``"gzip"``, ``"zstd"`` or ``None``, from the first bytes (``TraceFormatError`` if unreadable)."""
+        with self._open_raw() as raw:
+            magic = raw.read(4)
+        if magic.startswith(GZIP_MAGIC):
+            return "gzip"
+        if magic.startswith(ZSTD_MAGIC):
+            return "zstd"
+        return None
+
+    def open_binary(self) -> IO[bytes]:
+        """The decompressed content as a binary stream."""
+        kind = self.compression()
+        if kind is None:
+            return self._open_raw()
+        if kind == "gzip":
+            return cast(IO[bytes], gzip.open(self.path, "rb"))
+        try:
+            import zstandard
+        except ImportError as err:
+            raise TraceFormatError(
+                "is zstd-compressed, but the zstandard package is not installed "
+                "(pip install zstandard, or decompress it first with `zstd -d`)",
+                self.path,
+            ) from err
+        raw = self._open_raw()
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+        return cast(IO[bytes], io.BufferedReader(reader))
+
+    def head(self, max_bytes: int = SNIFF_BYTES) -> bytes:
+        """Up to ``max_bytes`` of decompressed content; raises ``TraceFormatError`` when empty or damaged."""
+        try:
+            with self.open_binary() as fh:
+                data = fh.read(max_bytes)
+        except READ_ERRORS as err:
+            raise TraceFormatError(f"cannot read ({_describe(err)})", self.path) from err
+        if not data.strip():
+            raise TraceFormatError("empty file: it holds no requests", self.path)
+        return data
+
+    def head_lines(self, count: int = 20) -> list[bytes]:
+        """The first ``count`` non-blank lines (the last one may be cut if the line is very long)."""
+        lines = [line.strip() for line in self.head().splitlines()]
+        return [line for line in lines if line][:count]
+
+    def iter_lines(self) -> Iterator[tuple[int, bytes]]:
+        """``(line number, line without its end)`` for every line, 1-based; blank lines included."""
+        with self.open_binary() as fh:
+            try:
+                for number, line in enumerate(fh, start=1):
+                    yield number, line.rstrip(b"\r\n")
+            except READ_ERRORS as err:
+                raise TraceFormatError(f"cannot read to the end ({_describe(err)})", self.path) from err
+
+    def iter_chunks(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, bytes]]:
+        """``(number of the chunk's first line, chunk)`` — chunks of whole lines of about ``chunk_bytes``."""
+        first_line = 1
+        with self.open_binary() as fh:
+            try:
+                while True:
+                    chunk = fh.read(chunk_bytes)
+                    if not chunk:
+                        return
+                    if not chunk.endswith(b"\n"):
+                        chunk += fh.readline()
+                    yield first_line, chunk
+                    first_line += chunk.count(b"\n")
+            except READ_ERRORS as err:
+                raise TraceFormatError(f"cannot read to the end ({_describe(err)})", self.path) from err
+
+    def _open_raw(self) -> IO[bytes]:
+        try:
+            return open(self.path, "rb")
+        except FileNotFoundError as err:
+            raise TraceFormatError("no such file", self.path) from err
+        except IsADirectoryError as err:
+            raise TraceFormatError("is a directory, not a log file", self.path) from err
+        except PermissionError as err:
+            raise TraceFormatError("cannot read: permission denied", self.path) from err
+        except OSError as err:
+            raise TraceFormatError(f"cannot open ({err.strerror or err})", self.path) from err
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, gzip.BadGzipFile | EOFError | zlib.error):
+        return f"damaged or truncated compressed data: {err}"
+    if isinstance(err, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return str(err) or type(err).__name__

@@ -1,0 +1,248 @@
+"""CSV request logs — Azure LLM inference traces, BurstGPT, and any CSV through a column mapping.
+
+The file is streamed by pyarrow's CSV reader (``pyarrow.csv.open_csv``, C++, block by block) with
+every needed column read as text; each block is then validated and converted with vectorized
+kernels, so a bad cell costs one skipped row instead of the whole file, and no Python code runs
+per row unless a block holds a bad timestamp.
+
+- **Azure** (``TIMESTAMP,ContextTokens,GeneratedTokens[,NumImages]``): timestamps with 7 fractional
+  digits, with or without a zone offset (naive = UTC), CRLF, no final newline. ``NumImages`` is ignored.
+- **BurstGPT** (``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type``): seconds
+  since the trace start; a row with 0 response tokens is a failed request, kept with ``ok=false``.
+- **Mapped CSV**: columns named by ``--map`` (see ``oomload.ingest.mapping``).
+
+Line numbers for skipped rows count the header as line 1 and one line per row; they are exact unless
+the file has blank lines or quoted values spanning lines.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+
+from oomload.errors import TraceFormatError
+from oomload.ingest.columns import make_batch
+from oomload.ingest.skips import SkipLog
+from oomload.ingest.source import READ_ERRORS, LogSource
+
+INT_PATTERN = r"^\s*[0-9]+(\.0*)?\s*$"
+FLOAT_PATTERN = r"^\s*-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?\s*$"
+TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+BLOCK_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CsvLayout:
+    """Which CSV column holds what; ``time_unit`` is ``"datetime"`` or a unit of ``TIME_UNITS_S``."""
+
+    prompt: str
+    output: str
+    time: str | None = None
+    time_unit: str = "s"
+    id: str | None = None
+    max_tokens: str | None = None
+    model: str | None = None
+    failed_when_no_output: bool = False
+
+    def columns(self) -> list[str]:
+        named = [self.time, self.prompt, self.output, self.id, self.max_tokens, self.model]
+        return list(dict.fromkeys(c for c in named if c is not None))
+
+
+AZURE = CsvLayout(prompt="ContextTokens", output="GeneratedTokens", time="TIMESTAMP", time_unit="datetime")
+BURSTGPT = CsvLayout(
+    prompt="Request tokens",
+    output="Response tokens",
+    time="Timestamp",
+    time_unit="s",
+    model="Model",
+    failed_when_no_output=True,
+)
+
+
+def csv_header(source: LogSource) -> list[str]:
+    """The column names of a CSV file's first line."""
+    first = source.head().splitlines()[0].decode("utf-8", errors="replace")
+    return [name.strip() for name in next(csv.reader(io.StringIO(first)))]
+
+
+def check_layout(source: LogSource, layout: CsvLayout, what: str) -> None:
+    """Raise ``TraceFormatError`` naming the first column of ``layout`` the file lacks."""
+    header = csv_header(source)
+    for column in layout.columns():
+        if column not in header:
+            raise TraceFormatError(
+                f"{what} names column {column!r}, but the file's columns are: {', '.join(header)}",
+                source.path,
+            )
+
+
+def read_csv_batches(source: LogSource, layout: CsvLayout, skips: SkipLog) -> Iterator[pa.Table]:
+    """Stream ``source`` as batches (``time_s`` on the log's clock; see the module docstring)."""
+    header = csv_header(source)
+    wanted = layout.columns()
+    invalid_lines: list[int] = []
+
+    def on_invalid_row(row: pa_csv.InvalidRow) -> str:
+        line = None if row.number is None else int(row.number)
+        if line is not None:
+            invalid_lines.append(line)
+        skips.skip(f"wrong number of columns (expected {row.expected_columns})", source.name, line)
+        return "skip"
+
+    read_options = pa_csv.ReadOptions(block_size=BLOCK_BYTES, use_threads=True)
+    parse_options = pa_csv.ParseOptions(invalid_row_handler=on_invalid_row)
+    convert_options = pa_csv.ConvertOptions(
+        include_columns=wanted,
+        column_types={name: pa.string() for name in wanted},
+        strings_can_be_null=False,
+        quoted_strings_can_be_null=False,
+    )
+    del header
+    row_offset = 0
+    with source.open_binary() as stream:
+        try:
+            reader = pa_csv.open_csv(
+                stream,
+                read_options=read_options,
+                parse_options=parse_options,
+                convert_options=convert_options,
+            )
+            for record_batch in reader:
+                if record_batch.num_rows == 0:
+                    continue
+                table = pa.Table.from_batches([record_batch])
+                batch = _convert(table, layout, source, skips, row_offset, invalid_lines)
+                row_offset += record_batch.num_rows
+                if batch.num_rows:
+                    yield batch
+        except pa.ArrowInvalid as err:
+            raise TraceFormatError(f"is not a readable CSV file ({err})", source.path) from err
+        except READ_ERRORS as err:
+            raise TraceFormatError(f"cannot read to the end ({err})", source.path) from err
+
+
+def _convert(
+    table: pa.Table,
+    layout: CsvLayout,
+    source: LogSource,
+    skips: SkipLog,
+    row_offset: int,
+    invalid_lines: list[int],
+) -> pa.Table:
+    n = table.num_rows
+    good = np.ones(n, dtype=bool)
+    reasons: list[tuple[np.ndarray, str]] = []
+
+    def integers(column: str, *, optional: bool = False) -> pa.Array:
+        text = table.column(column)
+        valid = pc.match_substring_regex(text, INT_PATTERN)
+        if optional:
+            empty = pc.equal(pc.utf8_trim_whitespace(text), "")
+            bad = np.asarray(pc.invert(pc.or_(valid, empty)))
+            values = pc.if_else(valid, text, pa.scalar(None, pa.string()))
+        else:
+            bad = np.asarray(pc.invert(valid))
+            values = pc.if_else(valid, text, "0")
+        if bad.any():
+            reasons.append((bad, f"not a non-negative integer in column {column!r}"))
+        return pc.cast(pc.cast(pc.utf8_trim_whitespace(values), pa.float64()), pa.int64())
+
+    prompt = integers(layout.prompt)
+    output = integers(layout.output)
+    max_tokens = None if layout.max_tokens is None else integers(layout.max_tokens, optional=True)
+    time_s = (
+        np.zeros(n, dtype=np.float64)
+        if layout.time is None
+        else _times(table.column(layout.time), layout, reasons)
+    )
+    for bad, reason in reasons:
+        for index in np.flatnonzero(bad & good):
+            skips.skip(reason, source.name, _line_number(row_offset + int(index), invalid_lines))
+        good &= ~bad
+    columns: dict[str, object] = {
+        "time_s": time_s,
+        "prompt_tokens": prompt,
+        "output_tokens": output,
+    }
+    if max_tokens is not None:
+        columns["max_tokens"] = max_tokens
+    if layout.model is not None:
+        columns["model"] = pc.utf8_trim_whitespace(table.column(layout.model))
+    if layout.id is not None:
+        columns["id"] = table.column(layout.id)
+    if layout.failed_when_no_output:
+        columns["ok"] = pc.greater(output, 0)
+    batch = make_batch(n, **columns)
+    return batch if good.all() else batch.filter(pa.array(good))
+
+
+def _times(text: pa.ChunkedArray, layout: CsvLayout, reasons: list[tuple[np.ndarray, str]]) -> np.ndarray:
+    if layout.time_unit != "datetime":
+        valid = pc.match_substring_regex(text, FLOAT_PATTERN)
+        bad = np.asarray(pc.invert(valid))
+        if bad.any():
+            reasons.append((bad, f"not a number in time column {layout.time!r}"))
+        seconds = pc.cast(pc.utf8_trim_whitespace(pc.if_else(valid, text, "0")), pa.float64())
+        return np.asarray(seconds, dtype=np.float64) * TIME_UNITS_S[layout.time_unit]
+    for unit in (pa.timestamp("ns"), pa.timestamp("ns", tz="UTC")):
+        try:
+            stamps = pc.cast(pc.utf8_trim_whitespace(text), unit)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+        return np.asarray(pc.cast(stamps, pa.int64()), dtype=np.int64) / 1e9
+    # Mixed or bad values: parse one by one to find the rows to skip.
+    values = np.zeros(len(text), dtype=np.float64)
+    bad = np.zeros(len(text), dtype=bool)
+    for index, value in enumerate(text.to_pylist()):
+        parsed = parse_datetime_s(value)
+        if parsed is None:
+            bad[index] = True
+        else:
+            values[index] = parsed
+    reasons.append((bad, f"not a timestamp in column {layout.time!r}"))
+    return values
+
+
+def parse_datetime_s(text: str | None) -> float | None:
+    """Seconds since the epoch of an ISO-8601 timestamp (≤ 9 fractional digits; naive = UTC)."""
+    if not text:
+        return None
+    value = text.strip().replace("Z", "+00:00")
+    date_part, dot, rest = value.partition(".")
+    extra = 0.0
+    if dot:
+        digits = rest
+        zone = ""
+        for sign in ("+", "-"):
+            if sign in rest:
+                digits, zone = rest.split(sign, 1)
+                zone = sign + zone
+                break
+        if not digits.isdigit():
+            return None
+        extra = float("0." + digits)
+        value = date_part + zone
+    try:
+        stamp = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    return stamp.timestamp() + extra
+
+
+def _line_number(row_index: int, invalid_lines: list[int]) -> int:
+    line = row_index + 2  # header is line 1
+    for invalid in sorted(invalid_lines):
+        if invalid <= line:
+            line += 1
+    return line

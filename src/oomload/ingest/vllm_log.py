@@ -1,0 +1,160 @@
+"""vLLM server logs written with request logging (``--enable-log-requests``).
+
+Lines used (see reference vllm-facts §2; prefix ``(APIServer pid=N) LEVEL MM-DD HH:MM:SS [file:line]``,
+or ``LEVEL MM-DD HH:MM:SS file:line]`` in older releases):
+
+- ``Request <id> details: prompt: …, prompt_token_ids: [...]`` (DEBUG, vLLM ≥ 0.10 with
+  ``VLLM_LOGGING_LEVEL=DEBUG``) — the prompt length is the number of token ids;
+- ``Received request <id>: params: SamplingParams(…max_tokens=N…)`` (INFO) — one request; older
+  releases put ``prompt: …, params: …, prompt_token_ids: [...]`` all on this line;
+- ``Aborted request <id>`` — the request is kept with ``ok=false`` (found in a first pass, so the
+  file is read twice; vLLM logs are files on disk);
+- uvicorn access lines (``"POST /v1/completions HTTP/1.1" 200 OK``) carry no request id; their
+  non-2xx count is reported as a note.
+
+vLLM writes no per-request completion count, so **the output length is the request's ``max_tokens``**
+— exact for replays made with ``ignore_eos`` / ``min_tokens``, an upper bound otherwise; the trace
+header says so. A request without ``max_tokens`` (or without its prompt ids and no ``--tokenizer``
+for its prompt text) is skipped with the reason. The log's timestamps have no year and 1 s
+resolution; arrival times are therefore to the second.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+from oomload.ingest.skips import NO_TOKEN_COUNTS, SkipLog
+from oomload.ingest.source import LogSource
+from oomload.ingest.tokens import TokenCounter
+from oomload.trace import TraceRecord
+
+LOG_PREFIX = re.compile(
+    rb"^(?:\(\w+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d "
+)
+_TIME = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) ")
+_DETAILS = re.compile(r"Request (\S+) details: ")
+_RECEIVED = re.compile(r"Received request (\S+?): ")
+_ABORTED = re.compile(rb"Aborted request (\S+?)\.?$")
+_MAX_TOKENS = re.compile(r"\bmax_tokens=(\d+|None)")
+_ACCESS = re.compile(rb'"(?:POST|GET) [^"]*" (\d{3})')
+OUTPUT_NOTE = (
+    "vLLM logs carry no completion counts: output_tokens is each request's max_tokens "
+    "(exact for ignore_eos/min_tokens replays, an upper bound otherwise)"
+)
+NO_IDS_REASON = (
+    "no prompt_token_ids for the request (start vLLM with VLLM_LOGGING_LEVEL=DEBUG and --enable-log-requests)"
+)
+
+
+def read_vllm_records(
+    source: LogSource, skips: SkipLog, counter: TokenCounter | None
+) -> Iterator[TraceRecord]:
+    """Records (``arrival_s`` = log time in seconds, year-less) from a vLLM server log."""
+    aborted, access_failures = _first_pass(source)
+    prompts: dict[str, int | str | None] = {}  # details seen, Received not yet: id → count or text
+    emitted = 0
+    for number, raw in source.iter_lines():
+        if b"equest " not in raw:
+            continue
+        line = raw.decode("utf-8", errors="replace")
+        details = _DETAILS.search(line)
+        if details is not None:
+            prompts[details.group(1)] = _prompt_from(line[details.end() :])
+            continue
+        received = _RECEIVED.search(line)
+        if received is None:
+            continue
+        request_id = received.group(1)
+        prompt = prompts.pop(request_id, None)
+        inline = _prompt_from(line[received.end() :])  # older releases log the prompt on this line
+        if inline is not None:
+            prompt = inline
+        max_match = _MAX_TOKENS.search(line)
+        time_s = _time_s(line)
+        if time_s is None:
+            skips.skip("no timestamp in the log line prefix", source.name, number)
+            continue
+        if max_match is None or max_match.group(1) == "None":
+            skips.skip("no max_tokens in the request: output length unknown", source.name, number)
+            continue
+        if prompt is None:
+            skips.skip(NO_IDS_REASON, source.name, number)
+            continue
+        if isinstance(prompt, str):
+            if counter is None:
+                skips.skip(NO_TOKEN_COUNTS, source.name, number)
+                continue
+            prompt = counter.count(prompt)
+        max_tokens = int(max_match.group(1))
+        emitted += 1
+        yield TraceRecord(
+            id=request_id,
+            arrival_s=time_s,
+            prompt_tokens=prompt,
+            output_tokens=max_tokens,
+            max_tokens=max_tokens,
+            ok=request_id not in aborted,
+        )
+    if emitted:
+        skips.note(OUTPUT_NOTE)
+    if access_failures:
+        skips.note(
+            f"{source.name}: the access log shows {access_failures} non-2xx responses "
+            "(access lines carry no request id, so they are not matched to requests)"
+        )
+
+
+def _first_pass(source: LogSource) -> tuple[set[str], int]:
+    aborted: set[str] = set()
+    failures = 0
+    for _, raw in source.iter_lines():
+        if b"Aborted request" in raw:
+            match = _ABORTED.search(raw.rstrip())
+            if match is not None:
+                aborted.add(match.group(1).decode("utf-8", errors="replace"))
+        elif b'HTTP/1.1" ' in raw:
+            access = _ACCESS.search(raw)
+            if access is not None and not access.group(1).startswith(b"2"):
+                failures += 1
+    return aborted, failures
+
+
+def _prompt_from(segment: str) -> int | str | None:
+    """The prompt length (from token ids) or text in ``segment``; ``None`` when neither is logged."""
+    ids_at = segment.rfind("prompt_token_ids: [")
+    if ids_at >= 0:
+        rest = segment[ids_at + len("prompt_token_ids: [") :]
+        body = rest[: rest.find("]")]
+        return 0 if not body.strip() else body.count(",") + 1
+    if not segment.startswith("prompt: ") or segment[8:9] not in ("'", '"'):
+        return None
+    quote = segment[8]
+    ends = [segment.find(quote + end, 9) for end in (", prompt_token_ids: ", ", params: ", ", prompt_embeds")]
+    found = [e for e in ends if e > 0]
+    if not found:
+        return None
+    try:
+        text = ast.literal_eval(segment[8 : min(found) + 1])
+    except (ValueError, SyntaxError):
+        return None
+    return text if isinstance(text, str) else None
+
+
+def _time_s(line: str) -> float | None:
+    match = _TIME.search(line)
+    if match is None:
+        return None
+    month, day, hour, minute, second = (int(g) for g in match.groups())
+    try:
+        # The log has no year; 2000 is a leap year, so 02-29 parses. Only differences matter.
+        return datetime(2000, month, day, hour, minute, second, tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def is_vllm_log(lines: list[bytes]) -> bool:
+    """True when the first lines look like a vLLM server log."""
+    return sum(1 for line in lines if LOG_PREFIX.match(line)) >= max(1, len(lines) // 3)

@@ -364,7 +364,7 @@ def build_registry(collector: EngineCollector, *, process_metrics: bool = True) 
         GCCollector(registry=registry)
         PlatformCollector(registry=registry)
         ProcessCollector(registry=registry)
-    registry.register(collector)  # type: ignore[arg-type]
+    registry.register(collector)
     return registry
 
 

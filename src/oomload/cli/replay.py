@@ -1,16 +1,208 @@
-"""``oomload replay``: placeholder until its issue lands."""
+"""``oomload replay TRACE [--url URL] …``: replay a trace with rising concurrency (docs/replay.md).
+
+Every flag is validated — levels, stop conditions, gates, numbers, the trace itself — before any
+load is sent; a bad value ends with one sentence and exit 2. Locust is imported only by the runner.
+"""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
+from pathlib import Path
 from typing import Any
+
+from oomload.errors import ConfigError
+
+DEFAULT_LEVELS = "1,2,4,8,16,32,64"
 
 
 def register(subparsers: Any) -> None:
-    """Add the ``replay`` sub-command (not yet available)."""
-    del subparsers
+    """Add the ``replay`` sub-command."""
+    p = subparsers.add_parser(
+        "replay",
+        help="replay a trace against an OpenAI-compatible endpoint with rising concurrency",
+        description="Replay a trace's exact request lengths against an OpenAI-compatible endpoint (vLLM) "
+        "with rising concurrency, watch KV cache, preemptions and GPU memory, and give a verdict. Without "
+        "--url a simulated vLLM server is started (the demo).",
+    )
+    p.add_argument("trace", type=Path, help="oomload trace (JSONL; `oomload trace build` makes one)")
+    target = p.add_argument_group("target")
+    target.add_argument(
+        "--url", help="base URL of the server, e.g. http://host:8000 (default: a simulated server)"
+    )
+    target.add_argument("--model", help="model name (default: the first one /v1/models lists)")
+    target.add_argument(
+        "--api", choices=("completions", "chat"), default="completions", help="default completions"
+    )
+    target.add_argument("--no-stream", action="store_true", help="non-streaming requests (no TTFT)")
+    target.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        metavar="VAR",
+        help="environment variable holding the API key (default OPENAI_API_KEY; never stored)",
+    )
+    target.add_argument("--request-timeout-s", type=float, default=600.0, help="per request (default 600)")
+    target.add_argument("--sim", default="", metavar="ARGS", help="extra `oomload sim serve` flags, quoted")
+    shape = p.add_argument_group("load shape")
+    levels = shape.add_mutually_exclusive_group()
+    levels.add_argument(
+        "--concurrency", metavar="LIST", help=f"levels, e.g. 1,2,4,8 (default {DEFAULT_LEVELS})"
+    )
+    levels.add_argument(
+        "--ramp", metavar="SPEC", help="linear:START:STOP:STEP or geometric:START:STOP:FACTOR"
+    )
+    shape.add_argument("--hold-s", type=float, default=30.0, help="seconds per step (default 30)")
+    shape.add_argument("--min-requests", type=int, default=0, help="completed requests per step (default 0)")
+    shape.add_argument(
+        "--warmup-s", type=float, default=0.0, help="warm-up step at the first level (default 0)"
+    )
+    shape.add_argument(
+        "--no-refine", action="store_true", help="no bisection between last good and first bad"
+    )
+    shape.add_argument(
+        "--stop-on",
+        action="append",
+        metavar="COND",
+        help="first-preemption (default), oom, error-rate:F, never; repeatable",
+    )
+    shape.add_argument("--max-duration-s", type=float, default=1800.0, help="whole run (default 1800)")
+    shape.add_argument("--open-loop", action="store_true", help="replay the trace's own arrival times")
+    shape.add_argument(
+        "--arrival-scale", type=float, default=1.0, help="open loop: arrival_s × F (default 1)"
+    )
+    req = p.add_argument_group("requests")
+    req.add_argument("--order", choices=("trace", "sample"), default="trace", help="default trace")
+    req.add_argument("--seed", type=int, default=0, help="seed for sampling and prompt ids (default 0)")
+    req.add_argument(
+        "--tail-percentile", type=float, metavar="P", help="replay only requests ≥ the P-th percentile"
+    )
+    req.add_argument(
+        "--prefix-sharing", action="store_true", help="shared prefix blocks from the trace's hash_ids"
+    )
+    req.add_argument(
+        "--no-exact-output", action="store_true", help="no min_tokens/ignore_eos (non-vLLM servers)"
+    )
+    req.add_argument(
+        "--token-id-range", default="100:2000", metavar="LO:HI", help="prompt token ids (100:2000)"
+    )
+    out = p.add_argument_group("run")
+    out.add_argument("--run-dir", type=Path, help="run directory (default: a new one under ./runs)")
+    out.add_argument("--gate", action="append", default=[], metavar="EXPR", help="CI gate rule; repeatable")
+    out.add_argument("--web", action="store_true", help="open the Locust web UI")
+    out.add_argument("--web-host", default="127.0.0.1", help="web UI address (default 127.0.0.1)")
+    out.add_argument("--web-port", type=int, default=8089, help="web UI port (default 8089)")
+    out.add_argument(
+        "--processes", type=int, default=1, help="Locust worker processes (default 1: in-process)"
+    )
+    out.add_argument(
+        "--metrics-interval-s", type=float, default=1.0, help="/metrics scrape period (default 1)"
+    )
+    out.add_argument("--gpu", default="auto", help="auto, nvml, dcgm:URL, remote:URL or none (default auto)")
+    out.add_argument("--require-gpu", action="store_true", help="fail when GPU memory cannot be sampled")
+    out.add_argument("--no-live", action="store_true", help="no live view (one line per step)")
+    p.set_defaults(func=run)
+
+
+def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any:
+    """Validate every flag and return a ``ReplayConfig``; raises ``ConfigError`` naming the bad value."""
+    from oomload.load.payload import parse_token_id_range
+    from oomload.load.runner import DEMO_LEVELS, ReplayConfig
+    from oomload.schedule import Hold, parse_levels, parse_stop_condition
+    from oomload.trace import read_trace_header
+
+    read_trace_header(args.trace)  # TraceFormatError (exit 2) before anything else
+    if args.ramp:
+        levels = parse_levels(args.ramp)
+    elif args.concurrency:
+        levels = parse_levels(args.concurrency)
+    else:
+        levels = DEMO_LEVELS if args.url is None else parse_levels(DEFAULT_LEVELS)
+    stop_on = tuple(parse_stop_condition(s) for s in (args.stop_on or ["first-preemption"]))
+    if len(stop_on) > 1 and any(c.name == "never" for c in stop_on):
+        raise ConfigError("--stop-on never cannot be combined with other stop conditions")
+    Hold(args.hold_s, args.min_requests)
+    _positive("--max-duration-s", args.max_duration_s)
+    _positive("--request-timeout-s", args.request_timeout_s)
+    _positive("--metrics-interval-s", args.metrics_interval_s)
+    _positive("--arrival-scale", args.arrival_scale)
+    if args.warmup_s < 0:
+        raise ConfigError(f"--warmup-s must be ≥ 0, got {args.warmup_s}")
+    if args.tail_percentile is not None and not 0 <= args.tail_percentile < 100:
+        raise ConfigError(f"--tail-percentile must be within [0, 100), got {args.tail_percentile}")
+    if not 1 <= args.processes <= 64:
+        raise ConfigError(f"--processes must be within 1..64, got {args.processes}")
+    if args.open_loop and args.processes > 1:
+        raise ConfigError("--open-loop runs in one process; drop --processes")
+    if not 1 <= args.web_port <= 65535:
+        raise ConfigError(f"--web-port must be a TCP port, got {args.web_port}")
+    gpu = args.gpu
+    if gpu not in ("auto", "nvml", "none") and not gpu.startswith(("dcgm:", "remote:")):
+        raise ConfigError(f"--gpu {gpu!r} is not one of auto, nvml, dcgm:URL, remote:URL, none")
+    if args.url is not None and not args.url.startswith(("http://", "https://")):
+        raise ConfigError(f"--url {args.url!r} must start with http:// or https://")
+    if not args.api_key_env.replace("_", "").isalnum():
+        raise ConfigError(f"--api-key-env {args.api_key_env!r} is not an environment variable name")
+    try:
+        sim_args = tuple(shlex.split(args.sim))
+    except ValueError as err:
+        raise ConfigError(f"--sim {args.sim!r}: {err}") from err
+    if sim_args and args.url is not None:
+        raise ConfigError("--sim only applies without --url (to the simulated server)")
+    gates = tuple(args.gate)
+    try:
+        from oomload.gate import parse_gate
+    except ImportError:
+        pass
+    else:
+        for gate in gates:
+            parse_gate(gate)
+    return ReplayConfig(
+        trace_path=args.trace,
+        url=args.url,
+        model=args.model,
+        api=args.api,
+        stream=not args.no_stream,
+        levels=levels,
+        hold_s=args.hold_s,
+        min_requests=args.min_requests,
+        warmup_s=args.warmup_s,
+        refine=not args.no_refine,
+        stop_on=stop_on,
+        max_duration_s=args.max_duration_s,
+        order=args.order,
+        seed=args.seed,
+        tail_percentile=args.tail_percentile,
+        open_loop=args.open_loop,
+        arrival_scale=args.arrival_scale,
+        prefix_sharing=args.prefix_sharing,
+        exact_output=not args.no_exact_output,
+        token_id_range=parse_token_id_range(args.token_id_range),
+        api_key_env=args.api_key_env,
+        run_dir=args.run_dir,
+        gates=gates,
+        web=args.web,
+        web_host=args.web_host,
+        web_port=args.web_port,
+        processes=args.processes,
+        request_timeout_s=args.request_timeout_s,
+        metrics_interval_s=args.metrics_interval_s,
+        gpu=gpu,
+        require_gpu=args.require_gpu,
+        sim_args=sim_args,
+        argv=tuple(argv if argv is not None else sys.argv[1:]),
+        live=not args.no_live,
+    )
+
+
+def _positive(flag: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{flag} must be > 0, got {value}")
 
 
 def run(args: argparse.Namespace) -> int:
-    del args
-    return 2
+    """Validate, then run the replay (``oomload.load.runner``); returns the exit code."""
+    config = build_config(args)
+    from oomload.load.runner import run_replay
+
+    return run_replay(config)

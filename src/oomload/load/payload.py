@@ -247,6 +247,8 @@ class RequestOrder:
         mode: Literal["trace", "sample"] = "trace",
         seed: int = 0,
         tail_percentile: float | None = None,
+        offset: int = 0,
+        stride: int = 1,
     ) -> None:
         if not records:
             raise ConfigError("the trace holds no requests to replay")
@@ -260,12 +262,19 @@ class RequestOrder:
             chosen = [r for r in chosen if r.total_tokens >= cut]
         self.records = chosen
         self.mode = mode
-        self._rng = random.Random(seed)
+        self._rng = random.Random(seed * 7919 + offset)
         self._next = 0
+        self.offset, self.stride = offset, max(1, stride)
+
+    @property
+    def sent(self) -> int:
+        """How many requests were handed out so far."""
+        return self._next
 
     def next(self) -> tuple[TraceRecord, int]:
-        """The next record and its sequence number (0, 1, 2, … over the whole run)."""
-        sequence = self._next
+        """The next record and its sequence number (0, 1, 2, … over the whole run; with several
+        worker processes, worker ``k`` of ``n`` takes sequence numbers ``k, k + n, k + 2n, …``)."""
+        sequence = self.offset + self._next * self.stride
         self._next += 1
         if self.mode == "sample":
             return self.records[self._rng.randrange(len(self.records))], sequence

@@ -1,0 +1,184 @@
+"""The state one load-generating process shares between its users and the shape (no I/O of its own).
+
+``ReplayContext`` hands each user its next request (``next_request``), tracks what is in flight
+(for the achieved concurrency and the repro traces), counts outcomes and tokens per step, and passes
+every ``RequestResult`` to the run directory. All users of a process run as gevent greenlets in one
+thread, so plain attributes need no locks.
+
+Achieved concurrency is the time-weighted mean of the in-flight count over a step: the integral of
+``in_flight(t)`` divided by the step's duration, updated at every start and end of a request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from oomload.load.payload import PreparedRequest, RequestOrder
+from oomload.outcome import Outcome, RequestResult
+from oomload.trace import TraceRecord
+
+if TYPE_CHECKING:
+    from oomload.load.shape import StepCount as StepCountLike
+    from oomload.schedule import StepPlan as StepPlanLike
+
+
+class PayloadBuilder(Protocol):
+    def build(self, record: TraceRecord, sequence: int) -> PreparedRequest: ...
+
+
+class ResultSink(Protocol):
+    def request(self, result: RequestResult) -> None: ...
+
+
+@dataclass(slots=True)
+class InFlight:
+    """One request on the wire."""
+
+    request_id: str
+    start_unix_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(slots=True)
+class StepCounters:
+    """Outcomes and tokens of the requests that finished during the current step."""
+
+    completed: int = 0
+    errors: int = 0
+    engine_dead: int = 0
+    completion_tokens: int = 0
+    cancelled: int = 0
+    in_flight_area: float = 0.0  # ∫ in_flight dt over the step
+    in_flight_max: int = 0
+    started_unix_s: float = 0.0
+
+
+class ReplayContext:
+    """Shared by the users and the shape of one process."""
+
+    def __init__(
+        self,
+        *,
+        order: RequestOrder,
+        payloads: PayloadBuilder,
+        sink: ResultSink | None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.order = order
+        self.payloads = payloads
+        self.sink = sink
+        self.clock = clock
+        self.step = -1
+        self.concurrency = 0
+        self.phase = "ramp"
+        self.in_flight: dict[str, InFlight] = {}
+        self.server_answered = False
+        self.outcomes: Counter[Outcome] = Counter()
+        self.completion_tokens = 0
+        self.counters = StepCounters(started_unix_s=clock())
+        self._last_change_s = self.counters.started_unix_s
+        self.stopping = False
+        self.open_loop_start_s: float | None = None  # open loop: when arrival 0 happens
+        self.arrival_scale = 1.0
+        self.exhausted = False
+
+    def start_open_loop(self, start_unix_s: float, arrival_scale: float) -> None:
+        """Replay arrival times from now on: request ``i`` is sent at ``start + arrival_s × scale``."""
+        self.open_loop_start_s = start_unix_s
+        self.arrival_scale = arrival_scale
+
+    def next_request(self) -> tuple[PreparedRequest, float] | None:
+        """The next request and how long to wait before sending it; ``None`` once an open-loop
+        replay has sent every request of the trace once."""
+        if self.open_loop_start_s is None:
+            record, sequence = self.order.next()
+            return self.payloads.build(record, sequence), 0.0
+        if self.order.offset + self.order.sent * self.order.stride >= len(self.order.records):
+            self.exhausted = True
+            return None
+        record, sequence = self.order.next()
+        due = self.open_loop_start_s + record.arrival_s * self.arrival_scale
+        return self.payloads.build(record, sequence), max(0.0, due - self.clock())
+
+    def begin_step(self, index: int, concurrency: int, phase: str) -> StepCounters:
+        """Start counting a new step; returns the counters of the step that just ended."""
+        now = self.clock()
+        self._integrate(now)
+        ended = self.counters
+        self.step, self.concurrency, self.phase = index, concurrency, phase
+        self.counters = StepCounters(started_unix_s=now, in_flight_max=len(self.in_flight))
+        return ended
+
+    def achieved_concurrency(self, now_unix_s: float | None = None) -> float:
+        """Time-weighted mean in-flight count over the current step so far."""
+        now = self.clock() if now_unix_s is None else now_unix_s
+        self._integrate(now)
+        elapsed = now - self.counters.started_unix_s
+        return self.counters.in_flight_area / elapsed if elapsed > 0 else float(len(self.in_flight))
+
+    def started(self, request: PreparedRequest, start_unix_s: float) -> None:
+        self._integrate(start_unix_s)
+        self.in_flight[request.request_id] = InFlight(
+            request.request_id, start_unix_s, request.prompt_tokens, request.output_tokens
+        )
+        self.counters.in_flight_max = max(self.counters.in_flight_max, len(self.in_flight))
+
+    def cancelled(self, request: PreparedRequest) -> None:
+        """The request was abandoned by oomload itself (users stopped mid-request): no result."""
+        self._integrate(self.clock())
+        if self.in_flight.pop(request.request_id, None) is not None:
+            self.counters.cancelled += 1
+
+    def finished(self, result: RequestResult) -> None:
+        self._integrate(result.end_unix_s)
+        self.in_flight.pop(result.request_id, None)
+        self.outcomes[result.outcome] += 1
+        tokens = result.usage_completion_tokens or 0
+        self.completion_tokens += tokens
+        c = self.counters
+        c.completed += 1
+        c.completion_tokens += tokens
+        if result.outcome is not Outcome.OK:
+            c.errors += 1
+        if result.outcome is Outcome.ENGINE_DEAD:
+            c.engine_dead += 1
+        if self.sink is not None:
+            self.sink.request(result)
+
+    def _integrate(self, now: float) -> None:
+        if now > self._last_change_s:
+            self.counters.in_flight_area += len(self.in_flight) * (now - self._last_change_s)
+            self._last_change_s = now
+
+
+class ContextMeter:
+    """``StepMeter`` over this process's own ``ReplayContext`` (in-process runs)."""
+
+    def __init__(self, context: ReplayContext) -> None:
+        self.context = context
+
+    def begin(self, step: StepPlanLike) -> None:
+        self.context.begin_step(step.index, step.concurrency, step.phase)
+
+    def completed(self) -> int:
+        return self.context.counters.completed
+
+    def count(self) -> StepCountLike:
+        from oomload.load.shape import StepCount
+
+        mean = self.context.achieved_concurrency()
+        c = self.context.counters
+        return StepCount(
+            completed=c.completed,
+            errors=c.errors,
+            engine_dead=c.engine_dead,
+            completion_tokens=c.completion_tokens,
+            achieved_mean=mean,
+            achieved_max=c.in_flight_max,
+            cancelled=c.cancelled,
+        )

@@ -1,0 +1,244 @@
+"""One HTTP exchange on gevent sockets: send a prepared request, read the SSE stream incrementally.
+
+**A fresh connection per request** (``Connection: close``). vLLM's uvicorn closes idle keep-alive
+sockets after 5 s; a pooled client that writes a request onto a socket the server is closing loses
+it, and because the request may or may not have reached the server, it cannot safely be retried
+(POST is not idempotent). On the real vLLM at concurrency ≥ 16, pooled clients lost 6–23 of 32–128
+requests this way; a fresh connection per request lost none. A loopback connect costs tens of µs,
+small next to one request. So nothing is ever retried: a refused connect provably never reached
+the server (and after the server had answered, it means the server died); every other failure is a
+transport error, a timeout or a truncated stream.
+
+The response head is parsed by ``geventhttpclient``'s C parser (``HTTPSocketResponse``); the body is
+read line by line (``readline``) and fed to ``SseStream`` as it arrives, so TTFT is the time of the
+first token event, not of the first buffer full. The whole exchange runs under one ``gevent.Timeout``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import gevent
+import gevent.socket
+from geventhttpclient.response import HTTPSocketResponse
+
+from oomload.errors import ConfigError
+from oomload.load.classify import Observation, classify, error_fields
+from oomload.load.payload import PreparedRequest
+from oomload.load.sse import SseStream, error_message, parse_json_body
+from oomload.outcome import Outcome
+
+MAX_ERROR_BODY_BYTES = 1 << 20
+BLOCK_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where requests go: host, port, TLS, path prefix and the extra header lines (API key)."""
+
+    host: str
+    port: int
+    tls: bool
+    base_path: str
+    header_lines: bytes
+
+    @classmethod
+    def from_url(cls, url: str, api_key: str | None = None) -> Endpoint:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"URL {url!r} must look like http://HOST:PORT")
+        tls = parts.scheme == "https"
+        port = parts.port or (443 if tls else 80)
+        default = (tls and port == 443) or (not tls and port == 80)
+        host_header = parts.hostname if default else f"{parts.hostname}:{port}"
+        lines = f"Host: {host_header}\r\n"
+        if api_key:
+            lines += f"Authorization: Bearer {api_key}\r\n"
+        return cls(parts.hostname, port, tls, parts.path.rstrip("/"), lines.encode("latin-1"))
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """What one request produced, ready to become a ``RequestResult``."""
+
+    outcome: Outcome
+    reason: str | None
+    detail: str | None
+    start_unix_s: float
+    end_unix_s: float
+    http_status: int | None
+    usage_prompt_tokens: int | None
+    usage_completion_tokens: int | None
+    ttft_ms: float | None
+    tpot_ms: float | None
+    itl_max_ms: float | None
+    e2e_ms: float
+
+
+def send(
+    endpoint: Endpoint,
+    request: PreparedRequest,
+    *,
+    timeout_s: float,
+    stream: bool,
+    exact_output: bool,
+    server_answered_before: bool,
+) -> Exchange:
+    """Send one request on a fresh connection and classify how it ended."""
+    head = (
+        f"POST {endpoint.base_path}{request.path} HTTP/1.1\r\n".encode("latin-1")
+        + endpoint.header_lines
+        + b"Content-Type: application/json\r\nAccept: text/event-stream, application/json\r\n"
+        + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(request.body)
+    )
+    start_unix_s = time.time()
+    t0 = time.perf_counter()
+    sse = SseStream()
+    status: int | None = None
+    timed_out = refused = False
+    transport: str | None = None
+    body_ok = True
+    complete = True
+    err_text: str | None = None
+    err_code: int | None = None
+    stream_error = False
+    usage_prompt = usage_completion = None
+    sock: socket.socket | None = None
+    timer = gevent.Timeout(timeout_s)
+    timer.start()
+    try:
+        try:
+            sock = gevent.socket.create_connection((endpoint.host, endpoint.port))
+        except ConnectionRefusedError:
+            refused, transport = True, "connection refused"
+            raise _Done() from None
+        except OSError as err:
+            transport = f"connect failed ({_errname(err)})"
+            raise _Done() from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if endpoint.tls:
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=endpoint.host)
+        try:
+            sock.sendall(head + request.body)
+            resp = HTTPSocketResponse(sock, block_size=BLOCK_BYTES, method="POST")
+        except (OSError, ValueError) as err:  # geventhttpclient's parse errors are ValueErrors/IOErrors
+            transport = f"closed before an answer ({_errname(err)})"
+            raise _Done() from None
+        status = resp.status_code
+        ctype = str(resp.get("content-type") or "")
+        try:
+            if status == 200 and stream and ctype.startswith("text/event-stream"):
+                complete = False
+                while True:
+                    line = resp.readline(b"\n")
+                    if not line:
+                        break
+                    sse.feed_line(line, time.perf_counter())
+                sse.close(time.perf_counter())
+                complete = sse.done
+            else:
+                body = _read_capped(resp)
+                if status == 200:
+                    usage_prompt, usage_completion, body_error, has_choices = parse_json_body(body)
+                    if body_error is not None:
+                        err_text, err_code = error_fields(body_error)
+                        stream_error = True
+                    body_ok = has_choices or body_error is not None
+                    if ctype.startswith("text/event-stream"):  # streamed although not asked
+                        sse.feed(body, time.perf_counter())
+                        sse.close(time.perf_counter())
+                        body_ok = sse.events > 0
+                else:
+                    err_text = error_message(body)
+        except (OSError, ValueError) as err:
+            complete = False
+            transport = f"stream cut ({_errname(err)})"
+    except gevent.Timeout as timeout:
+        if timeout is not timer:
+            raise
+        timed_out = True
+        complete = False
+    except _Done:
+        pass
+    finally:
+        timer.close()
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+    t_end = time.perf_counter()
+    if sse.error is not None:
+        err_text, err_code = error_fields(sse.error)
+        stream_error = True
+    if sse.events:
+        usage_prompt, usage_completion = sse.usage_prompt_tokens, sse.usage_completion_tokens
+    obs = Observation(
+        http_status=status,
+        error_text=err_text,
+        error_code=err_code,
+        stream_error=stream_error,
+        timed_out=timed_out,
+        transport_error=transport,
+        refused=refused,
+        server_answered_before=server_answered_before,
+        body_ok=body_ok,
+        stream_complete=complete,
+        usage_prompt_tokens=usage_prompt,
+        usage_completion_tokens=usage_completion,
+        output_tokens_asked=request.output_tokens,
+        exact_output=exact_output,
+    )
+    outcome, reason, detail = classify(obs)
+    ttft_ms = tpot_ms = itl_max_ms = None
+    if sse.first_token_s is not None:
+        ttft_ms = (sse.first_token_s - t0) * 1000.0
+        tokens = usage_completion or sse.token_events
+        if sse.last_token_s is not None and tokens >= 2:
+            tpot_ms = (sse.last_token_s - sse.first_token_s) * 1000.0 / (tokens - 1)
+        if sse.token_events >= 2:
+            itl_max_ms = sse.max_gap_s * 1000.0
+    elif status == 200 and not stream and outcome is Outcome.OK:
+        ttft_ms = (t_end - t0) * 1000.0
+    e2e_ms = (t_end - t0) * 1000.0
+    return Exchange(
+        outcome=outcome,
+        reason=reason,
+        detail=detail,
+        start_unix_s=start_unix_s,
+        end_unix_s=start_unix_s + e2e_ms / 1000.0,
+        http_status=status,
+        usage_prompt_tokens=usage_prompt,
+        usage_completion_tokens=usage_completion,
+        ttft_ms=ttft_ms,
+        tpot_ms=tpot_ms,
+        itl_max_ms=itl_max_ms,
+        e2e_ms=e2e_ms,
+    )
+
+
+class _Done(Exception):
+    """Internal: the exchange ended early (connect or send failed)."""
+
+
+def _read_capped(resp: HTTPSocketResponse) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < MAX_ERROR_BODY_BYTES:
+        data = resp.read(BLOCK_BYTES)
+        if not data:
+            break
+        chunks.append(data)
+        size += len(data)
+    return b"".join(chunks)
+
+
+def _errname(err: BaseException) -> str:
+    code = getattr(err, "errno", None)
+    if isinstance(code, int) and code in errno.errorcode:
+        return errno.errorcode[code]
+    return type(err).__name__

@@ -1,0 +1,733 @@
+"""One replay run, wired: preflight → run directory → telemetry → Locust → verdict.
+
+``run_replay(config, console)`` does, in order:
+
+1. read the trace; without a URL start the simulated vLLM (``oomload.sim.process.SimServer``) with
+   demo defaults and say so;
+2. preflight the endpoint (``/v1/models``: model, ``max_model_len``; warn how many trace requests
+   cannot fit);
+3. create the run directory, write ``config.json`` (no secrets: only the API key's variable name) and
+   copy the trace (``trace.jsonl``);
+4. start the ``/metrics`` poller and the GPU sampler (each optional: a missing sampler is an event);
+5. run Locust in this process (``Environment`` + local runner, or a master with ``--processes N``
+   local worker processes, or the web UI) with ``StepShape`` driving the schedule, while a monitor
+   greenlet checks ``/health``, detects the first preemption (the ``num_preemptions_total`` delta)
+   and server death (refused/failed health checks, connections refused after answers), and feeds the
+   live view;
+6. on the way out — the schedule's end, a dead server, the maximum duration, Ctrl-C or SIGTERM —
+   stop Locust, the samplers and the simulated server, write the repro traces (the requests in flight
+   at the first preemption and at the server's death), ``status.json``, and hand the run directory to
+   ``oomload.report.finalize_run`` for the verdict and the exit code (130 when interrupted).
+
+Importing Locust monkey-patches the process with gevent; it happens inside ``run_replay`` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from oomload import __version__
+from oomload.errors import ConfigError, ExitCode, RunAbortedError
+from oomload.load.payload import Api, PayloadOptions
+from oomload.load.preflight import count_unfit, preflight
+from oomload.rundir import RunReader, RunWriter, new_run_dir
+from oomload.schedule import Hold, SchedulePlan, StopCondition
+from oomload.trace import TraceHeader, TraceRecord, read_trace, read_trace_header, write_trace
+
+# The demo target: a small simulated GPU whose KV cache preempts on traces/sample-chat.jsonl within
+# the first few steps, fast enough for the whole demo to finish in about a minute.
+DEMO_SIM_ARGS: tuple[str, ...] = (
+    "--num-gpu-blocks",
+    "640",
+    "--block-size",
+    "16",
+    "--max-model-len",
+    "8192",
+    "--max-num-seqs",
+    "64",
+    "--time-scale",
+    "0.1",
+)
+DEMO_LEVELS = (1, 2, 4, 8, 16, 32)
+HEALTH_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Everything one replay needs, validated (``oomload.cli.replay`` builds it from flags)."""
+
+    trace_path: Path
+    url: str | None = None
+    model: str | None = None
+    api: Api = "completions"
+    stream: bool = True
+    levels: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    hold_s: float = 30.0
+    min_requests: int = 0
+    warmup_s: float = 0.0
+    refine: bool = True
+    stop_on: tuple[StopCondition, ...] = (StopCondition("first-preemption"),)
+    max_duration_s: float | None = 1800.0
+    order: str = "trace"
+    seed: int = 0
+    tail_percentile: float | None = None
+    open_loop: bool = False
+    arrival_scale: float = 1.0
+    prefix_sharing: bool = False
+    exact_output: bool = True
+    token_id_range: tuple[int, int] = (100, 2000)
+    api_key_env: str = "OPENAI_API_KEY"
+    run_dir: Path | None = None
+    runs_parent: Path = Path("runs")
+    gates: tuple[str, ...] = ()
+    web: bool = False
+    web_host: str = "127.0.0.1"
+    web_port: int = 8089
+    processes: int = 1
+    request_timeout_s: float = 600.0
+    metrics_interval_s: float = 1.0
+    gpu: str = "auto"
+    require_gpu: bool = False
+    sim_args: tuple[str, ...] = ()
+    argv: tuple[str, ...] = ()
+    live: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def schedule(self) -> SchedulePlan:
+        return SchedulePlan(
+            levels=self.levels, warmup=self.warmup_s > 0, refine=self.refine, stop_on=self.stop_on
+        )
+
+    def hold(self) -> Hold:
+        return Hold(self.hold_s, self.min_requests)
+
+    def payload_options(self, model: str) -> PayloadOptions:
+        return PayloadOptions(
+            api=self.api,
+            model=model,
+            stream=self.stream,
+            exact_output=self.exact_output,
+            prefix_sharing=self.prefix_sharing,
+            token_id_low=self.token_id_range[0],
+            token_id_high=self.token_id_range[1],
+            seed=self.seed,
+        )
+
+
+def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
+    """Run one replay and return the process exit code (``finalize_run``'s, or 130 when interrupted)."""
+    console = console or Console(stderr=False)
+    records = read_trace(config.trace_path)
+    header = read_trace_header(config.trace_path)
+    api_key = os.environ.get(config.api_key_env) or None
+    import locust  # noqa: F401  (monkey-patches the process with gevent: before any socket is made)
+
+    sim = None
+    url = config.url
+    if url is None:
+        sim = _start_sim(config, console)
+        url = sim.url
+    try:
+        return _run_with_server(config, console, records, header, url, api_key, simulated=sim is not None)
+    finally:
+        if sim is not None:
+            sim.stop()
+
+
+def _start_sim(config: ReplayConfig, console: Console) -> Any:
+    try:
+        from oomload.sim.process import SimServer
+    except ImportError as err:
+        raise ConfigError("no --url given and the simulated server is not available; pass --url URL") from err
+    args = (*DEMO_SIM_ARGS, *config.sim_args)
+    console.print(
+        "[bold yellow]No --url: replaying against a SIMULATED vLLM server[/] "
+        f"(oomload sim serve {' '.join(args)})"
+    )
+    return SimServer(args).start()
+
+
+def _run_with_server(
+    config: ReplayConfig,
+    console: Console,
+    records: list[TraceRecord],
+    header: TraceHeader,
+    url: str,
+    api_key: str | None,
+    *,
+    simulated: bool,
+) -> int:
+    info = preflight(url, model=config.model, api_key=api_key, timeout_s=min(30.0, config.request_timeout_s))
+    unfit = count_unfit(records, info.max_model_len)
+    if unfit:
+        console.print(
+            f"[yellow]warning:[/] {unfit} of {len(records)} trace requests need more than max_model_len="
+            f"{info.max_model_len} tokens (prompt + output); the server will reject or clamp them"
+        )
+    run_dir = config.run_dir if config.run_dir is not None else new_run_dir(config.runs_parent)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    writer = RunWriter(run_dir)
+    writer.write_json(
+        "config.json", _config_json(config, url, info.model, info.max_model_len, simulated, records)
+    )
+    write_trace(run_dir / "trace.jsonl", records, header)
+    console.print(
+        f"run directory [bold]{run_dir}[/] · model {info.model} · max_model_len {info.max_model_len} · "
+        f"{len(records)} trace requests · levels {','.join(map(str, config.levels))}"
+    )
+    session = _Session(
+        config, console, writer, records, url, api_key, info.model, info.max_model_len, simulated
+    )
+    end_reason = "error"
+    try:
+        end_reason = session.run()
+    finally:
+        session.shutdown()
+        finished = end_reason not in ("interrupted", "error")
+        writer.write_json(
+            "status.json", {"finished": finished, "end_reason": end_reason, "ended_unix_s": time.time()}
+        )
+        writer.close()
+    write_repro(run_dir)
+    code = _finalize(run_dir, config.gates, console)
+    if end_reason == "interrupted":
+        return int(ExitCode.INTERRUPTED)
+    return code
+
+
+def _finalize(run_dir: Path, gates: Sequence[str], console: Console) -> int:
+    try:
+        from oomload.report import finalize_run
+    except ImportError:
+        _print_step_table(run_dir, console)
+        return int(ExitCode.OK)
+    return int(finalize_run(run_dir, gates=gates, console=console))
+
+
+def _print_step_table(run_dir: Path, console: Console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"steps ({run_dir})")
+    for col in ("step", "phase", "concurrency", "completed", "errors", "preemptions", "achieved"):
+        table.add_column(col)
+    for line in RunReader(run_dir).stream("steps"):
+        if line.get("event") == "end":
+            table.add_row(
+                *(str(line.get(k, "")) for k in ("step", "phase", "concurrency", "completed", "errors")),
+                str(line.get("preemptions")),
+                str(line.get("achieved_concurrency_mean", "")),
+            )
+    console.print(table)
+
+
+def _config_json(
+    config: ReplayConfig,
+    url: str,
+    model: str,
+    max_model_len: int | None,
+    simulated: bool,
+    records: Sequence[TraceRecord],
+) -> dict[str, Any]:
+    return {
+        "schema": 1,
+        "oomload_version": __version__,
+        "started_unix_s": time.time(),
+        "argv": list(config.argv),
+        "trace_path": str(config.trace_path),
+        "trace_count": len(records),
+        "url": url,
+        "simulated": simulated,
+        "model": model,
+        "api": config.api,
+        "stream": config.stream,
+        "schedule": {
+            "levels": list(config.levels),
+            "hold_s": config.hold_s,
+            "min_requests": config.min_requests,
+            "warmup_s": config.warmup_s,
+            "refine": config.refine,
+        },
+        "stop_on": [str(c) for c in config.stop_on],
+        "max_duration_s": config.max_duration_s,
+        "max_model_len": max_model_len,
+        "gates": list(config.gates),
+        "processes": config.processes,
+        "order": config.order,
+        "seed": config.seed,
+        "tail_percentile": config.tail_percentile,
+        "open_loop": config.open_loop,
+        "arrival_scale": config.arrival_scale,
+        "prefix_sharing": config.prefix_sharing,
+        "exact_output": config.exact_output,
+        "token_id_range": list(config.token_id_range),
+        "request_timeout_s": config.request_timeout_s,
+        "api_key_env": config.api_key_env,  # the variable's name, never its value
+        "web": config.web,
+    }
+
+
+class _Session:
+    """The live part of a run: telemetry, Locust, the monitor and the signal handlers."""
+
+    def __init__(
+        self,
+        config: ReplayConfig,
+        console: Console,
+        writer: RunWriter,
+        records: list[TraceRecord],
+        url: str,
+        api_key: str | None,
+        model: str,
+        max_model_len: int | None,
+        simulated: bool,
+    ) -> None:
+        self.config = config
+        self.console = console
+        self.writer = writer
+        self.records = records
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.model = model
+        self.max_model_len = max_model_len
+        self.simulated = simulated
+        self.poller: Any = None
+        self.gpu: Any = None
+        self.env: Any = None
+        self.runner: Any = None
+        self.web_ui: Any = None
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.context: Any = None
+        self.driver: Any = None
+        self.interrupted = False
+        self.dead_evidence: str | None = None
+        self.first_preemption_seen = False
+        self._baseline_preemptions: int | None = None
+        self._health_failures = 0
+        self._health_refused = 0
+        self.progress: Any = None
+
+    # -- telemetry -------------------------------------------------------------------------------
+    def _start_telemetry(self) -> None:
+        try:
+            from oomload.telemetry.poller import MetricsPoller
+        except ImportError:
+            self.writer.event("scrape_failed", error="telemetry module not available")
+        else:
+            self.poller = MetricsPoller(
+                self.url,
+                self.writer,
+                interval_s=self.config.metrics_interval_s,
+                model_name=self.model,
+                max_model_len=self.max_model_len,
+            )
+            first = self.poller.poll_once()
+            if first.get("ok"):
+                self._baseline_preemptions = first.get("num_preemptions_total")
+            self.poller.start()
+        self._start_gpu()
+
+    def _start_gpu(self) -> None:
+        spec = self.config.gpu
+        if spec == "none":
+            return
+        source, url = "nvml", None
+        if spec.startswith(("dcgm:", "remote:")):
+            source, _, url = spec.partition(":")
+        elif spec == "auto" and self.simulated:
+            source, url = "dcgm", f"{self.url}/dcgm/metrics"
+        try:
+            from oomload.telemetry.gpu import GpuSamplerProcess
+        except ImportError:
+            self.writer.event("sampler_unavailable", detail="the GPU sampler module is not available")
+            return
+        self.gpu = GpuSamplerProcess(
+            self.writer.path / "gpu.jsonl",
+            interval_s=0.5,
+            source=source,
+            url=url,
+            required=self.config.require_gpu,
+        )
+        if not self.gpu.start():
+            reason = getattr(self.gpu, "unavailable_reason", None) or f"{source} sampler unavailable"
+            self.writer.event("sampler_unavailable", detail=str(reason))
+            self.console.print(f"[dim]GPU memory not sampled: {reason}[/]")
+            self.gpu = None
+
+    def preemptions_total(self) -> int | None:
+        if self.poller is None:
+            return None
+        record = self.poller.poll_once()
+        value = record.get("num_preemptions_total") if record.get("ok") else None
+        return value if isinstance(value, int) else None
+
+    # -- the run ---------------------------------------------------------------------------------
+    def run(self) -> str:
+        import gevent
+        from locust.env import Environment
+
+        from oomload.load.context import ContextMeter
+        from oomload.load.shape import StepDriver, make_shape
+
+        self._start_telemetry()
+        config = self.config
+        user_class, self.context = build_user_class(
+            config_to_worker_options(config, self.url, self.model),
+            records=self.records,
+            api_key=self.api_key,
+            sink=self.writer,
+        )
+        meter: Any = ContextMeter(self.context)
+        on_step: Callable[[Any], None] | None = self._on_step
+        step_done = None
+        plan, hold = config.schedule(), config.hold()
+        if config.open_loop:
+            cap = max(config.levels)
+            plan = SchedulePlan(levels=(cap,), warmup=False, refine=False, stop_on=(StopCondition("never"),))
+            self.context.start_open_loop(time.time() + 1.0, config.arrival_scale)
+
+            def step_done(_elapsed: float, _completed: int) -> bool:
+                return bool(self.context.exhausted and not self.context.in_flight)
+
+        if config.processes > 1:
+            meter = _MasterMeter(self, user_class)
+        self.driver = StepDriver(
+            plan,
+            hold,
+            meter,
+            self.writer,
+            warmup_hold=Hold(config.warmup_s, 0) if config.warmup_s > 0 else None,
+            preemptions_total=self.preemptions_total,
+            server_dead=lambda: self.dead_evidence is not None,
+            max_duration_s=config.max_duration_s,
+            on_step=on_step,
+            step_done=step_done,
+        )
+        self.env = Environment(user_classes=[user_class], shape_class=make_shape(self.driver), host=self.url)
+        if config.processes > 1:
+            self.runner = self.env.create_master_runner("127.0.0.1", _free_port())
+            self._spawn_workers()
+        else:
+            self.runner = self.env.create_local_runner()
+        if config.web:
+            self.web_ui = self.env.create_web_ui(config.web_host, config.web_port)
+            self.console.print(f"Locust web UI: http://{config.web_host}:{config.web_port}")
+        self._install_signals()
+        self._start_progress()
+        self.runner.start_shape()
+        monitor = gevent.spawn(self._monitor)
+        deadline = None if config.max_duration_s is None else time.time() + config.max_duration_s + 30.0
+        try:
+            while not self.driver.finished and not self.interrupted:
+                gevent.sleep(0.2)
+                if deadline is not None and time.time() > deadline:
+                    self.driver.interrupt("max_duration")
+        finally:
+            monitor.kill()
+        if self.interrupted:
+            self.driver.interrupt("interrupted")
+            self.writer.event("interrupted")
+            return "interrupted"
+        reason = self.driver.end_reason or "completed"
+        if reason.startswith("stop_condition:"):
+            self.writer.event("stop_condition", reason=reason.partition(":")[2])
+        return str(reason)
+
+    def _on_step(self, step: Any) -> None:
+        if self.config.processes > 1 and self.runner is not None:
+            self.runner.send_message(
+                "oomload_step", {"step": step.index, "concurrency": step.concurrency, "phase": step.phase}
+            )
+        if self.progress is not None:
+            self.progress.step(step)
+
+    def _install_signals(self) -> None:
+        import gevent
+
+        def interrupt() -> None:
+            self.interrupted = True
+            if self.context is not None:
+                self.context.stopping = True
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            gevent.signal_handler(sig, interrupt)
+
+    def _start_progress(self) -> None:
+        if not self.config.live:
+            return
+        from oomload.load.progress import ProgressView
+
+        self.progress = ProgressView(self, self.console)
+        self.progress.start()
+
+    # -- the monitor: health, first preemption, live view ----------------------------------------
+    def _monitor(self) -> None:
+        import gevent
+
+        while True:
+            gevent.sleep(HEALTH_INTERVAL_S)
+            self._check_preemption()
+            self._check_health()
+            if self.progress is not None:
+                self.progress.refresh()
+
+    def _check_preemption(self) -> None:
+        if self.first_preemption_seen or self.poller is None:
+            return
+        latest = self.poller.latest
+        if not latest:
+            return
+        total = latest.get("num_preemptions_total")
+        if not isinstance(total, int):
+            return
+        if self._baseline_preemptions is None:
+            self._baseline_preemptions = total
+            return
+        if total > self._baseline_preemptions:
+            self.first_preemption_seen = True
+            step = self.driver.current if self.driver is not None else None
+            self.writer.event(
+                "first_preemption",
+                t_unix_s=float(latest.get("t_unix_s", time.time())),
+                step=None if step is None else step.index,
+                concurrency=None if step is None else step.concurrency,
+            )
+
+    def _check_health(self) -> None:
+        if self.dead_evidence is not None:
+            return
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=5.0) as resp:
+                resp.read()
+            self._health_failures = self._health_refused = 0
+            return
+        except urllib.error.HTTPError as err:
+            failure, refused = f"HTTP {err.code}", False
+            if err.code < 500:
+                return
+        except urllib.error.URLError as err:
+            refused = isinstance(err.reason, ConnectionRefusedError)
+            if not refused and isinstance(err.reason, (TimeoutError, socket.timeout)):
+                return  # a busy server answers /health slowly; that is not death
+            failure = f"{err.reason}"
+        except (ConnectionRefusedError, ConnectionResetError) as err:
+            failure, refused = type(err).__name__, isinstance(err, ConnectionRefusedError)
+        except (TimeoutError, OSError):
+            return
+        self._health_failures += 1
+        self._health_refused = self._health_refused + 1 if refused else 0
+        self.writer.event("health_failed", detail=failure)
+        engine_dead = self.context is not None and self.context.counters.engine_dead > 0
+        if self._health_refused >= 2 or self._health_failures >= 3 or (refused and engine_dead):
+            step = self.driver.current if self.driver is not None else None
+            evidence = f"/health {failure} ({self._health_failures}x)"
+            if engine_dead:
+                evidence += "; engine_dead outcomes"
+            self.dead_evidence = evidence
+            self.writer.event("server_dead", step=None if step is None else step.index, evidence=evidence)
+            self.console.print(f"[bold red]server dead:[/] {evidence}")
+
+    # -- workers (--processes N) -----------------------------------------------------------------
+    def _spawn_workers(self) -> None:
+        import gevent
+
+        port = self.runner.master_bind_port
+        env = dict(os.environ)
+        options = config_to_worker_options(self.config, self.url, self.model)
+        options["run_dir"] = str(self.writer.path)
+        options["workers"] = self.config.processes
+        for k in range(self.config.processes):
+            env_k = {**env, "OOMLOAD_WORKER_JSON": json.dumps({**options, "worker": k})}
+            cmd = [
+                sys.executable,
+                "-m",
+                "locust",
+                "-f",
+                str(Path(__file__).with_name("locustfile.py")),
+                "--worker",
+                "--master-host",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "--host",
+                self.url,
+                "--loglevel",
+                "WARNING",
+            ]
+            self.workers.append(subprocess.Popen(cmd, env=env_k, stdin=subprocess.DEVNULL))
+        deadline = time.time() + 60.0
+        while len(self.runner.clients.ready) < self.config.processes:
+            if time.time() > deadline or any(w.poll() is not None for w in self.workers):
+                raise RunAbortedError(f"the {self.config.processes} Locust worker processes did not connect")
+            gevent.sleep(0.2)
+
+    # -- teardown --------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if self.context is not None:
+            self.context.stopping = True
+        if self.progress is not None:
+            self.progress.stop()
+        if self.runner is not None:
+            with contextlib.suppress(Exception):
+                self.runner.quit()
+        if self.web_ui is not None:
+            self.web_ui.stop()
+        for proc in self.workers:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if self.poller is not None:
+            self.poller.stop()
+        if self.gpu is not None:
+            self.gpu.stop()
+
+
+class _MasterMeter:
+    """``StepMeter`` from Locust's aggregated statistics (master of worker processes)."""
+
+    def __init__(self, session: _Session, user_class: Any) -> None:
+        self.session = session
+        self.path = user_class.replay_path
+        self._base = (0, 0, 0, 0)
+
+    def _totals(self) -> tuple[int, int, int, int]:
+        env = self.session.env
+        if env is None:
+            return 0, 0, 0, 0
+        entry = env.stats.get(self.path, "POST")
+        dead = sum(e.occurrences for e in env.stats.errors.values() if "engine_dead" in str(e.error))
+        return entry.num_requests, entry.num_failures, dead, entry.total_content_length
+
+    def begin(self, step: Any) -> None:
+        self._base = self._totals()
+
+    def completed(self) -> int:
+        return self._totals()[0] - self._base[0]
+
+    def count(self) -> Any:
+        from oomload.load.shape import StepCount
+
+        now = self._totals()
+        diff = [a - b for a, b in zip(now, self._base, strict=True)]
+        users = self.session.runner.user_count if self.session.runner is not None else None
+        return StepCount(
+            completed=diff[0],
+            errors=diff[1],
+            engine_dead=diff[2],
+            completion_tokens=diff[3],
+            achieved_mean=None,
+            achieved_max=users,
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- shared with the locustfile (worker processes and scenarios) ---------------------------------
+def config_to_worker_options(config: ReplayConfig, url: str, model: str) -> dict[str, Any]:
+    """The JSON-able options a worker process needs (no secrets: the key's variable name only)."""
+    return {
+        "trace": str(config.trace_path),
+        "url": url,
+        "model": model,
+        "payload": asdict(config.payload_options(model)),
+        "order": config.order,
+        "seed": config.seed,
+        "tail_percentile": config.tail_percentile,
+        "request_timeout_s": config.request_timeout_s,
+        "api_key_env": config.api_key_env,
+        "open_loop": config.open_loop,
+        "arrival_scale": config.arrival_scale,
+    }
+
+
+def build_user_class(
+    options: dict[str, Any],
+    *,
+    records: Sequence[TraceRecord],
+    api_key: str | None,
+    sink: Any,
+    worker: int = 0,
+    workers: int = 1,
+) -> tuple[Any, Any]:
+    """A concrete ``ReplayUser`` subclass bound to a fresh ``ReplayContext`` (imports Locust)."""
+    from oomload.load.scenario import bind_user
+    from oomload.load.user import ReplayUser
+
+    user_class = type("OomloadReplayUser", (ReplayUser,), {"abstract": False})
+    context = bind_user(
+        user_class, options, records=records, api_key=api_key, sink=sink, worker=worker, workers=workers
+    )
+    return user_class, context
+
+
+def write_repro(run_dir: Path) -> list[Path]:
+    """Write ``repro/first_preemption.jsonl`` and ``repro/server_death.jsonl`` from the run's files.
+
+    The requests in flight at moment T are those with ``start ≤ T ≤ end``. T is the first
+    preemption's scrape time, and for a death the earliest end of a request that failed with
+    ``engine_dead``/``transport_error`` in the step of death (else the ``server_dead`` event's time).
+    """
+    reader = RunReader(run_dir)
+    events = list(reader.stream("events"))
+    results = reader.requests()
+    written: list[Path] = []
+    moments: list[tuple[str, float]] = []
+    pre = next((e for e in events if e.get("kind") == "first_preemption"), None)
+    if pre is not None:
+        moments.append(("first_preemption", float(pre["t_unix_s"])))
+    dead = next((e for e in events if e.get("kind") == "server_dead"), None)
+    if dead is not None:
+        t_dead = float(dead["t_unix_s"])
+        failed = [
+            r.end_unix_s
+            for r in results
+            if r.outcome.value in ("engine_dead", "transport_error") and r.end_unix_s <= t_dead + 1.0
+        ]
+        moments.append(("server_death", min(failed) if failed else t_dead))
+    for name, t in moments:
+        in_flight = [r for r in results if r.start_unix_s <= t <= r.end_unix_s]
+        if not in_flight:
+            continue
+        t0 = min(r.start_unix_s for r in in_flight)
+        repro = [
+            TraceRecord(
+                id=r.request_id,
+                arrival_s=r.start_unix_s - t0,
+                prompt_tokens=r.prompt_tokens_asked,
+                output_tokens=r.output_tokens_asked,
+            )
+            for r in sorted(in_flight, key=lambda r: r.start_unix_s)
+        ]
+        path = run_dir / "repro" / f"{name}.jsonl"
+        write_trace(
+            path, repro, TraceHeader(source=(str(run_dir),), format="oomload-repro", extra={"moment": name})
+        )
+        written.append(path)
+    return written
+
+
+__all__ = ["DEMO_LEVELS", "DEMO_SIM_ARGS", "ReplayConfig", "build_user_class", "run_replay", "write_repro"]

@@ -1,0 +1,208 @@
+"""The Locust load shape: rising closed-loop concurrency steps, obeying ``oomload.schedule``.
+
+``StepDriver`` holds the logic and imports nothing from Locust (tests drive it with fake meters and
+clocks); ``make_shape`` wraps it in a ``locust.LoadTestShape`` whose ``tick()`` (called about once a
+second by Locust) returns ``(users, spawn_rate)`` — users = the step's concurrency, all spawned at
+once — or ``None`` to end the test.
+
+On every tick the driver ends the current step when the server is dead, the run's maximum duration
+is spent, or the step's hold is done; it then writes the step's ``end`` line to ``steps.jsonl``
+(with the counts that step produced, its preemption delta and its achieved concurrency), asks
+``oomload.schedule.next_step`` what comes next, and writes the next ``start`` line.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from oomload.schedule import (
+    Decision,
+    Hold,
+    SchedulePlan,
+    StepFacts,
+    StepPlan,
+    max_duration_exceeded,
+    next_step,
+)
+
+SPAWN_RATE = 100.0  # users per second (Locust warns above 100); a step of c users starts within c/100 s
+
+
+@dataclass(frozen=True, slots=True)
+class StepCount:
+    """What a meter saw during one step."""
+
+    completed: int
+    errors: int
+    engine_dead: int
+    completion_tokens: int = 0
+    achieved_mean: float | None = None
+    achieved_max: int | None = None
+    cancelled: int = 0
+
+
+class StepMeter(Protocol):
+    """Counts the requests of the current step (in-process context, or Locust's master stats)."""
+
+    def begin(self, step: StepPlan) -> None: ...
+
+    def completed(self) -> int: ...
+
+    def count(self) -> StepCount: ...
+
+
+class StepSink(Protocol):
+    def append(self, stream: str, obj: dict[str, Any]) -> None: ...
+
+
+class StepDriver:
+    """Runs the schedule: one step after the other until the schedule, a dead server or time ends it."""
+
+    def __init__(
+        self,
+        plan: SchedulePlan,
+        hold: Hold,
+        meter: StepMeter,
+        sink: StepSink,
+        *,
+        warmup_hold: Hold | None = None,
+        preemptions_total: Callable[[], int | None] = lambda: None,
+        server_dead: Callable[[], bool] = lambda: False,
+        max_duration_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+        on_step: Callable[[StepPlan], None] | None = None,
+        step_done: Callable[[float, int], bool] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.hold = hold
+        self.warmup_hold = warmup_hold or hold
+        self.meter = meter
+        self.sink = sink
+        self.preemptions_total = preemptions_total
+        self.server_dead = server_dead
+        self.max_duration_s = max_duration_s
+        self.clock = clock
+        self.on_step = on_step
+        self.step_done = step_done
+        self.history: list[StepFacts] = []
+        self.current: StepPlan | None = None
+        self.end_reason: str | None = None
+        self.started_unix_s: float | None = None
+        self._step_start_s = 0.0
+        self._preemptions_at_start: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.end_reason is not None
+
+    def tick(self) -> tuple[int, float] | None:
+        """Locust's shape contract: ``(users, spawn_rate)`` for now, or ``None`` to stop."""
+        if self.finished:
+            return None
+        now = self.clock()
+        if self.current is None:
+            self.started_unix_s = now
+            return self._follow(next_step(self.plan, []), now)
+        reason = self._step_end_reason(now)
+        if reason is None:
+            return self.current.concurrency, SPAWN_RATE
+        self._end_step(reason, now)
+        if reason in ("server_dead", "max_duration"):
+            self.end_reason = reason
+            return None
+        return self._follow(next_step(self.plan, self.history), now)
+
+    def interrupt(self, reason: str = "interrupted") -> None:
+        """End the current step and the run now (Ctrl-C, SIGTERM, an error elsewhere)."""
+        if self.finished:
+            return
+        if self.current is not None:
+            self._end_step(reason, self.clock())
+        self.end_reason = reason
+
+    def _step_end_reason(self, now: float) -> str | None:
+        assert self.current is not None and self.started_unix_s is not None
+        if self.server_dead():
+            return "server_dead"
+        if max_duration_exceeded(now - self.started_unix_s, self.max_duration_s):
+            return "max_duration"
+        elapsed = now - self._step_start_s
+        completed = self.meter.completed()
+        if self.step_done is not None:
+            return "hold_done" if self.step_done(elapsed, completed) else None
+        hold = self.warmup_hold if self.current.phase == "warmup" else self.hold
+        return "hold_done" if hold.done(elapsed, completed) else None
+
+    def _follow(self, decision: Decision, now: float) -> tuple[int, float] | None:
+        if decision.step is None:
+            self.end_reason = decision.end_reason or "completed"
+            return None
+        step = decision.step
+        self.current = step
+        self._step_start_s = now
+        self._preemptions_at_start = self.preemptions_total()
+        self.meter.begin(step)
+        self.sink.append(
+            "steps",
+            {
+                "event": "start",
+                "step": step.index,
+                "concurrency": step.concurrency,
+                "phase": step.phase,
+                "t_unix_s": now,
+            },
+        )
+        if self.on_step is not None:
+            self.on_step(step)
+        return step.concurrency, SPAWN_RATE
+
+    def _end_step(self, reason: str, now: float) -> None:
+        step = self.current
+        assert step is not None
+        count = self.meter.count()
+        after = self.preemptions_total()
+        before = self._preemptions_at_start
+        preemptions = max(0, after - before) if after is not None and before is not None else None
+        dead = reason == "server_dead" or self.server_dead()
+        self.history.append(
+            StepFacts(
+                step=step,
+                completed=count.completed,
+                errors=count.errors,
+                preemptions=preemptions or 0,
+                engine_dead=count.engine_dead > 0,
+                server_dead=dead,
+            )
+        )
+        line: dict[str, Any] = {
+            "event": "end",
+            "step": step.index,
+            "concurrency": step.concurrency,
+            "phase": step.phase,
+            "t_unix_s": now,
+            "reason": reason,
+            "completed": count.completed,
+            "errors": count.errors,
+            "completion_tokens": count.completion_tokens,
+            "preemptions": preemptions,
+        }
+        if count.achieved_mean is not None:
+            line["achieved_concurrency_mean"] = round(count.achieved_mean, 3)
+            line["achieved_concurrency_max"] = count.achieved_max
+        if count.cancelled:
+            line["cancelled"] = count.cancelled
+        self.sink.append("steps", line)
+
+
+def make_shape(driver: StepDriver) -> Any:
+    """A ``locust.LoadTestShape`` instance whose ``tick`` is the driver's (imports Locust)."""
+    from locust import LoadTestShape
+
+    class StepShape(LoadTestShape):
+        def tick(self) -> tuple[int, float] | None:
+            return driver.tick()
+
+    return StepShape()  # type: ignore[no-untyped-call]

@@ -1,0 +1,123 @@
+"""The Locust user that replays trace requests: one request at a time, no wait (closed loop).
+
+Each user takes the next request from the process's ``ReplayContext``, sends it with
+``oomload.load.http.send`` (a fresh connection per request; see that module for why), writes the
+``RequestResult`` to the run directory and reports to Locust's statistics so its UI, CSV and HTML
+show the run:
+
+* ``POST <endpoint path>``: response time = end-to-end ms, response length = completion tokens
+  (from ``usage``), failure = ``"<outcome>: <reason>"`` for any outcome but ok;
+* ``TTFT <endpoint path>``: response time = time to first token, for every request that got one.
+
+A user stopped by Locust mid-request (ramp-down, end of run) abandons the request: it is counted as
+cancelled, never written as a result, because it did not end on its own.
+
+Open loop: when the context carries an ``ArrivalClock``, a user first waits until its request's
+scheduled arrival (the trace's ``arrival_s`` × scale) and only then sends it; the users are then a
+pool of senders and their number caps the in-flight requests.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import gevent
+from locust import User, constant, task
+
+from oomload.load.context import ReplayContext
+from oomload.load.http import Endpoint, send
+from oomload.outcome import RequestResult
+
+
+class OutcomeError(Exception):
+    """How Locust's statistics see a request that did not end ok (``"<outcome>: <reason>"``)."""
+
+
+class ReplayUser(User):
+    """Replays trace requests against an OpenAI-compatible endpoint with exact lengths."""
+
+    abstract = True  # the runner / scenario makes a concrete subclass bound to its context
+    wait_time = constant(0)
+    replay: ClassVar[ReplayContext | None] = None
+    endpoint: ClassVar[Endpoint | None] = None
+    request_timeout_s: ClassVar[float] = 600.0
+    stream: ClassVar[bool] = True
+    exact_output: ClassVar[bool] = True
+
+    @task
+    def replay_one(self) -> None:
+        ctx, endpoint = self.replay, self.endpoint
+        if ctx is None or endpoint is None:
+            raise RuntimeError("ReplayUser needs a context and an endpoint (see oomload.load.runner)")
+        if ctx.stopping:
+            gevent.sleep(0.1)
+            return
+        picked = ctx.next_request()
+        if picked is None:  # open loop: the trace has been sent once
+            gevent.sleep(0.2)
+            return
+        request, delay_s = picked
+        if delay_s > 0:
+            gevent.sleep(delay_s)
+        step, concurrency = ctx.step, ctx.concurrency
+        start = ctx.clock()
+        ctx.started(request, start)
+        finished = False
+        try:
+            ex = send(
+                endpoint,
+                request,
+                timeout_s=self.request_timeout_s,
+                stream=self.stream,
+                exact_output=self.exact_output,
+                server_answered_before=ctx.server_answered,
+            )
+            finished = True
+        finally:
+            if not finished:
+                ctx.cancelled(request)
+        if ex.http_status is not None:
+            ctx.server_answered = True
+        error = ex.reason if ex.detail is None else f"{ex.reason}: {ex.detail}"
+        result = RequestResult(
+            request_id=request.request_id,
+            step=step,
+            concurrency=concurrency,
+            start_unix_s=ex.start_unix_s,
+            end_unix_s=ex.end_unix_s,
+            outcome=ex.outcome,
+            prompt_tokens_asked=request.prompt_tokens,
+            output_tokens_asked=request.output_tokens,
+            usage_prompt_tokens=ex.usage_prompt_tokens,
+            usage_completion_tokens=ex.usage_completion_tokens,
+            ttft_ms=_round(ex.ttft_ms),
+            tpot_ms=_round(ex.tpot_ms),
+            itl_max_ms=_round(ex.itl_max_ms),
+            e2e_ms=_round(ex.e2e_ms),
+            http_status=ex.http_status,
+            error=error,
+        )
+        ctx.finished(result)
+        fire = self.environment.events.request.fire
+        failure: Any = None if ex.reason is None else OutcomeError(f"{ex.outcome.value}: {ex.reason}")
+        fire(
+            request_type="POST",
+            name=request.path,
+            response_time=ex.e2e_ms,
+            response_length=ex.usage_completion_tokens or 0,
+            exception=failure,
+            context={},
+        )
+        if ex.ttft_ms is not None:
+            fire(
+                request_type="TTFT",
+                name=request.path,
+                response_time=ex.ttft_ms,
+                response_length=0,
+                exception=None,
+                context={},
+            )
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -77,7 +77,9 @@ class LengthMix:
     weights: tuple[float, ...]
 
 
-SPEC_HELP = "fixed:N, uniform:LO:HI, lognormal:P50:P99[:MAX], or a mix such as lognormal:600:6000@0.9+fixed:16000@0.1"
+SPEC_HELP = (
+    "fixed:N, uniform:LO:HI, lognormal:P50:P99[:MAX], or a mix such as lognormal:600:6000@0.9+fixed:16000@0.1"
+)
 
 
 def parse_length_spec(text: str) -> LengthMix:

@@ -52,7 +52,7 @@ def detect_format(source: LogSource, *, forced: str | None = None, mapped: bool 
     first = lines[0]
     if mapped:
         return "jsonl" if first.startswith(b"{") else "csv"
-    if first.startswith(b"{"):
+    if first.startswith((b"{", b"[")):
         obj = _first_object(source)
         return _json_format(obj, source)
     header = [c.strip().strip('"') for c in first.decode("utf-8", errors="replace").split(",")]

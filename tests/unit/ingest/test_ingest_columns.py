@@ -1,0 +1,83 @@
+"""The vectorized trace-line writer agrees with ``TraceRecord.to_json``; tokenizers count for real."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oomload.errors import ConfigError
+from oomload.ingest.columns import batch_from_records, format_lines, lines_bytes, records_from_batch
+from oomload.ingest.tokens import load_token_counter
+from oomload.trace import TraceRecord
+
+text = st.text(alphabet=st.characters(codec="utf-8"), max_size=12)
+record = st.builds(
+    TraceRecord,
+    id=text,
+    arrival_s=st.floats(min_value=0, max_value=1e7, allow_nan=False),
+    prompt_tokens=st.integers(0, 10**6),
+    output_tokens=st.integers(0, 10**5),
+    max_tokens=st.none() | st.integers(0, 10**5),
+    ok=st.booleans(),
+    model=st.none() | text,
+    hash_ids=st.lists(st.integers(0, 2**40), max_size=5).map(tuple),
+    session=st.none() | text,
+    parent=st.none() | text,
+    turn=st.none() | st.integers(0, 100),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(record, min_size=1, max_size=20), st.integers(0, 1000))
+def test_format_lines_matches_to_json(records: list[TraceRecord], first_index: int) -> None:
+    batch = batch_from_records(records)
+    origin = records[0].arrival_s
+    data = bytes(lines_bytes(format_lines(batch, origin_s=origin, first_index=first_index)))
+    lines = data.decode("utf-8").split("\n")
+    assert lines[-1] == "" and len(lines) == len(records) + 1
+    for index, (line, rec) in enumerate(zip(lines, records, strict=False)):
+        got = json.loads(line)
+        expected = rec.to_json()
+        expected["id"] = rec.id or f"r{first_index + index}"
+        expected["arrival_s"] = round(rec.arrival_s - origin, 6)
+        assert got.pop("arrival_s") == pytest.approx(expected.pop("arrival_s"), abs=1e-9)
+        assert got == expected
+
+
+def test_records_round_trip_through_a_batch() -> None:
+    recs = [
+        TraceRecord("a", 5.0, 10, 2, max_tokens=4, ok=False, model="m", hash_ids=(1, 2), session="s", turn=3),
+        TraceRecord("", 6.5, 0, 0),
+    ]
+    back = list(records_from_batch(batch_from_records(recs), origin_s=5.0))
+    assert back[0] == TraceRecord("a", 0.0, 10, 2, max_tokens=4, ok=False, model="m", hash_ids=(1, 2), session="s", turn=3)
+    assert back[1] == TraceRecord("", 1.5, 0, 0)
+
+
+def test_local_tiktoken_file_counts_tokens(tmp_path: Path) -> None:
+    ranks = {bytes([i]): i for i in range(256)}
+    ranks.update({b"he": 256, b"ll": 257, b"hell": 258, b"hello": 259})
+    path = tmp_path / "tiny.tiktoken"
+    path.write_text("".join(f"{base64.b64encode(tok).decode()} {rank}\n" for tok, rank in ranks.items()))
+    counter = load_token_counter(f"tiktoken:{path}")
+    assert counter.name == f"tiktoken:{path}"
+    assert counter.count("hello") == 1
+    assert counter.count("hello world") == 7  # "hello" + " world" as 6 single bytes
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nonsense", "unknown --tokenizer"),
+        ("tiktoken:/no/such/file.tiktoken", "no such tiktoken file"),
+        ("hf:/no/such/dir", "has no tokenizer.json"),
+    ],
+)
+def test_bad_tokenizer_specs(spec: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_token_counter(spec)

@@ -1,0 +1,429 @@
+"""Every input format, from small fixtures written here: what each reader keeps, skips and marks."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from oomload.errors import ConfigError, TraceFormatError
+from oomload.ingest import SkipLog, build_trace, detect_format, iter_records, load_columns, parse_mapping
+from oomload.ingest.source import LogSource
+from oomload.trace import TraceRecord, read_trace, read_trace_header
+
+REFERENCE = Path(__file__).resolve().parents[3].parent / "shared" / "reference"
+
+
+class WordCounter:
+    """A fake tokenizer: one token per whitespace-separated word."""
+
+    name = "fake:words"
+
+    def count(self, text: str) -> int:
+        return len(text.split())
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    if isinstance(text, str):
+        text = text.encode()
+    path.write_bytes(text)
+    return path
+
+
+def records(path: Path, **kwargs: object) -> tuple[list[TraceRecord], SkipLog]:
+    skips = SkipLog()
+    out = list(iter_records([path], skips=skips, **kwargs))  # type: ignore[arg-type]
+    return out, skips
+
+
+# --- Azure -------------------------------------------------------------------------------------------
+
+
+def test_azure_2023_crlf_seven_digit_fractions_no_final_newline(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "azure.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+        "2023-11-16 18:17:03.9799600,4808,10\r\n"
+        "2023-11-16 18:17:04.0319600,3180,8\r\n"
+        "2023-11-16 18:17:05.0000001,110,27",
+    )
+    assert detect_format(LogSource(path)) == "azure"
+    recs, skips = records(path)
+    assert [(r.prompt_tokens, r.output_tokens) for r in recs] == [(4808, 10), (3180, 8), (110, 27)]
+    assert [round(r.arrival_s, 6) for r in recs] == [0.0, 0.052, 1.02004]
+    assert [r.id for r in recs] == ["", "", ""] and skips.total == 0
+
+
+def test_azure_2025_with_num_images_and_time_zone(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "azure25.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens,NumImages\n"
+        "2025-05-10 00:00:00.0039050+00:00,100,5,1\n"
+        "2025-05-10 00:00:02.5039050+00:00,200,6,0\n",
+    )
+    recs, _ = records(path)
+    assert [(r.arrival_s, r.prompt_tokens) for r in recs] == [(0.0, 100), (2.5, 200)]
+
+
+def test_azure_bad_rows_are_skipped_with_their_line_numbers(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "bad.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:17:03.9799600,4808,10\n"
+        "2023-11-16 18:17:04.0319600,many,8\n"
+        "2023-11-16 18:17:04.5,-3,8\n"
+        "yesterday,10,8\n"
+        "2023-11-16 18:17:05.0,7,9\n",
+    )
+    recs, skips = records(path)
+    assert [r.prompt_tokens for r in recs] == [4808, 7]
+    assert skips.counts == {
+        "not a non-negative integer in column 'ContextTokens'": 2,
+        "not a timestamp in column 'TIMESTAMP'": 1,
+    }
+    assert skips.examples["not a non-negative integer in column 'ContextTokens'"] == [f"{path}:3", f"{path}:4"]
+    assert skips.examples["not a timestamp in column 'TIMESTAMP'"] == [f"{path}:5"]
+
+
+def test_csv_row_with_wrong_column_count_is_skipped(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "short.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9,48,10\n2023-11-16 18:17:04.0,31\n",
+    )
+    recs, skips = records(path)
+    assert len(recs) == 1 and skips.counts == {"wrong number of columns (expected 3)": 1}
+
+
+# --- BurstGPT -----------------------------------------------------------------------------------------
+
+
+def test_burstgpt_keeps_failed_requests_marked(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "burst.csv",
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5,ChatGPT,472,18,490,Conversation log\n"
+        "45,GPT-4,1087,0,1087,API log\n"
+        "46.5,ChatGPT,300,12,312,Conversation log\n",
+    )
+    assert detect_format(LogSource(path)) == "burstgpt"
+    recs, _ = records(path)
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens, r.ok, r.model) for r in recs] == [
+        (0.0, 472, 18, True, "ChatGPT"),
+        (40.0, 1087, 0, False, "GPT-4"),
+        (41.5, 300, 12, True, "ChatGPT"),
+    ]
+
+
+# --- Mooncake / Bailian ------------------------------------------------------------------------------
+
+
+def test_mooncake_and_bailian_fields(tmp_path: Path) -> None:
+    lines = [
+        {"timestamp": 0, "input_length": 600, "output_length": 20, "hash_ids": [0, 1]},
+        {
+            "timestamp": 1500,
+            "input_length": 1030,
+            "output_length": 5,
+            "hash_ids": [0, 1, 2, 3, 4],
+            "chat_id": 7,
+            "parent_chat_id": -1,
+            "turn": 1,
+            "type": "text",
+        },
+        {
+            "timestamp": 3000,
+            "input_length": 40,
+            "output_length": 9,
+            "hash_ids": [],
+            "chat_id": 8,
+            "parent_chat_id": 7,
+            "turn": 2,
+            "type": "text",
+        },
+    ]
+    path = write(tmp_path / "bailian.jsonl", "".join(json.dumps(o) + "\n" for o in lines))
+    assert detect_format(LogSource(path)) == "mooncake"
+    recs, _ = records(path)
+    assert [(r.arrival_s, r.prompt_tokens, r.hash_ids, r.session, r.parent, r.turn) for r in recs] == [
+        (0.0, 600, (0, 1), None, None, None),
+        (1.5, 1030, (0, 1, 2, 3, 4), "7", None, 1),
+        (3.0, 40, (), "8", "7", 2),
+    ]
+
+
+def test_mooncake_bad_lines_counted_by_reason(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "m.jsonl",
+        '{"timestamp": 0, "input_length": 6, "output_length": 1, "hash_ids": [0]}\n'
+        "{not json\n"
+        '{"timestamp": 3000, "input_length": -6, "output_length": 1, "hash_ids": [0]}\n'
+        '{"timestamp": 3000, "output_length": 1}\n'
+        "\n"
+        '{"timestamp": 6000, "input_length": 9, "output_length": 2, "hash_ids": [1]}\n',
+    )
+    recs, skips = records(path)
+    assert [r.prompt_tokens for r in recs] == [6, 9]
+    assert skips.counts == {
+        "not a JSON object": 1,
+        "input_length is not a non-negative integer": 1,
+        "missing input_length": 1,
+    }
+    assert skips.examples["not a JSON object"] == [f"{path}:2"]
+    assert skips.examples["missing input_length"] == [f"{path}:4"]
+
+
+# --- OpenAI-style logs --------------------------------------------------------------------------------
+
+
+def test_openai_request_response_log(tmp_path: Path) -> None:
+    lines = [
+        {
+            "timestamp": "2024-03-01T10:00:00Z",
+            "request": {"model": "m1", "max_tokens": 256, "messages": [{"role": "user", "content": "hi"}]},
+            "response": {"id": "chatcmpl-1", "usage": {"prompt_tokens": 12, "completion_tokens": 30}},
+            "status_code": 200,
+        },
+        {
+            "timestamp": 1709287201.5,
+            "request": {"body": {"model": "m1", "max_completion_tokens": 64, "prompt": [1, 2, 3]}},
+            "response": {"id": "cmpl-2", "error": {"message": "boom"}},
+            "status_code": 500,
+        },
+    ]
+    path = write(tmp_path / "gw.jsonl", "".join(json.dumps(o) + "\n" for o in lines))
+    assert detect_format(LogSource(path)) == "openai"
+    recs, skips = records(path)
+    assert skips.total == 0
+    assert [(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.max_tokens, r.ok, r.model) for r in recs] == [
+        ("chatcmpl-1", 0.0, 12, 30, 256, True, "m1"),
+        ("cmpl-2", 1.5, 3, 0, 64, False, "m1"),  # token-id prompt counted exactly; failed: output 0
+    ]
+
+
+def test_openai_batch_output_shape(tmp_path: Path) -> None:
+    line = {
+        "id": "batch_req_1",
+        "custom_id": "request-7",
+        "response": {
+            "status_code": 200,
+            "request_id": "req_1",
+            "body": {"id": "chatcmpl-9", "created": 1711652795, "model": "gpt-4o", "usage": {
+                "prompt_tokens": 22, "completion_tokens": 2, "total_tokens": 24}},
+        },
+        "error": None,
+    }
+    failed = {**line, "custom_id": "request-8", "response": {"status_code": 400, "body": {"error": {}}}}
+    path = write(tmp_path / "batch.jsonl", json.dumps(line) + "\n" + json.dumps(failed) + "\n")
+    recs, skips = records(path, counter=WordCounter())
+    assert (recs[0].id, recs[0].prompt_tokens, recs[0].output_tokens, recs[0].model) == ("request-7", 22, 2, "gpt-4o")
+    # The failed Batch line has no usage and no request text: nothing to count, so it is skipped.
+    assert len(recs) == 1 and skips.counts == {"no token counts (give --tokenizer)": 1}
+
+
+def test_openai_streaming_log_without_usage_needs_a_tokenizer(tmp_path: Path) -> None:
+    line = {
+        "created_at": 100,
+        "request": {"stream": True, "messages": [{"role": "user", "content": "one two three"}]},
+        "response": [
+            {"choices": [{"delta": {"content": "four "}}]},
+            {"choices": [{"delta": {"content": "five six"}}]},
+        ],
+    }
+    path = write(tmp_path / "stream.jsonl", json.dumps(line) + "\n")
+    recs, skips = records(path)
+    assert recs == [] and skips.counts == {"no token counts (give --tokenizer)": 1}
+    recs, skips = records(path, counter=WordCounter())
+    assert [(r.prompt_tokens, r.output_tokens) for r in recs] == [(3, 3)] and skips.total == 0
+
+
+# --- vLLM server logs ---------------------------------------------------------------------------------
+
+
+def test_vllm_request_log_excerpt(tmp_path: Path) -> None:
+    path = REFERENCE / "vllm-request-log-excerpt.txt"
+    assert detect_format(LogSource(path)) == "vllm-log"
+    recs, skips = records(path)
+    expected_ids = ["cmpl-8c971f50e7493605-0", "cmpl-89bc1474671a34d9-0", "cmpl-b1df89cb85fc9ca1-0"]
+    assert [r.id for r in recs] == [*expected_ids, "chatcmpl-9483992d85e4b3b5"]
+    assert [r.max_tokens for r in recs] == [300, 149, 93, 181]
+    assert [r.output_tokens for r in recs] == [300, 149, 93, 181]
+    text = path.read_text()
+    for record in recs:
+        details = next(line for line in text.splitlines() if f"Request {record.id} details" in line)
+        ids = details.split("prompt_token_ids: [")[1].split("]")[0]
+        assert record.prompt_tokens == len(ids.split(","))
+    assert skips.total == 0 and any("max_tokens" in note for note in skips.notes)
+
+
+def test_vllm_old_single_line_format_and_aborted_requests(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "v0.log",
+        "INFO 12-20 20:25:46 api_server.py:1] vLLM API server version 0.6.6\n"
+        "INFO 12-20 20:25:50 engine.py:267] Received request cmpl-a: prompt: 'hello there', "
+        "params: SamplingParams(n=1, max_tokens=16, min_tokens=0), prompt_token_ids: [1, 2, 3, 4], "
+        "lora_request: None, prompt_adapter_request: None.\n"
+        "INFO 12-20 20:25:52 engine.py:267] Received request cmpl-b: prompt: 'a b c', "
+        "params: SamplingParams(n=1, max_tokens=8), prompt_token_ids: None, lora_request: None.\n"
+        "INFO 12-20 20:25:53 async_llm_engine.py:1] Aborted request cmpl-a.\n"
+        'INFO:     127.0.0.1:1 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error\n',
+    )
+    recs, skips = records(path, counter=WordCounter())
+    assert [(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.ok) for r in recs] == [
+        ("cmpl-a", 0.0, 4, 16, False),
+        ("cmpl-b", 2.0, 3, 8, True),  # prompt text counted with the named tokenizer
+    ]
+    assert any("1 non-2xx" in note for note in skips.notes)
+
+
+def test_vllm_info_only_log_is_skipped_with_the_fix(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "info.log",
+        "(APIServer pid=1) INFO 11-30 03:04:04 [request_logger.py:65] Received request cmpl-x: "
+        "params: SamplingParams(n=1, max_tokens=300), lora_request: None.\n",
+    )
+    recs, skips = records(path)
+    assert recs == [] and "VLLM_LOGGING_LEVEL=DEBUG" in next(iter(skips.counts))
+
+
+# --- generic mapping ----------------------------------------------------------------------------------
+
+
+def test_mapped_csv_with_datetime_time_and_ids(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "any.csv",
+        "when,rid,in,out,cap\n2024-01-01T00:00:00,a,10,2,64\n2024-01-01T00:00:03,b,20,4,\n",
+    )
+    mapping = parse_mapping("input=in,output=out,time=when,id=rid,max_tokens=cap")
+    recs, _ = records(path, mapping=mapping)
+    assert [(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.max_tokens) for r in recs] == [
+        ("a", 0.0, 10, 2, 64),
+        ("b", 3.0, 20, 4, None),
+    ]
+
+
+def test_mapped_jsonl_with_dotted_paths_and_ms(tmp_path: Path) -> None:
+    lines = [{"t": 1000, "u": {"p": 5, "c": 1}, "ok": 200}, {"t": 3500, "u": {"p": 6, "c": 0}, "ok": 503}]
+    path = write(tmp_path / "any.jsonl", "".join(json.dumps(o) + "\n" for o in lines))
+    mapping = parse_mapping("input=u.p,output=u.c,time=t:ms,ok=ok")
+    recs, _ = records(path, mapping=mapping)
+    assert [(r.arrival_s, r.prompt_tokens, r.ok) for r in recs] == [(0.0, 5, True), (2.5, 6, False)]
+
+
+def test_mapping_naming_a_missing_column_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path / "any.csv", "a,b\n1,2\n")
+    with pytest.raises(TraceFormatError, match="'tokens_in', but the file's columns are: a, b"):
+        list(iter_records([path], mapping=parse_mapping("input=tokens_in,output=b")))
+    with pytest.raises(ConfigError, match="needs output"):
+        parse_mapping("input=a")
+
+
+# --- compression, merging, ordering, detection --------------------------------------------------------
+
+MOONCAKE = '{"timestamp": %d, "input_length": %d, "output_length": 1, "hash_ids": []}\n'
+
+
+def test_gzip_and_zstd_inputs(tmp_path: Path) -> None:
+    import zstandard
+
+    text = (MOONCAKE % (0, 5) + MOONCAKE % (1000, 6)).encode()
+    gz = write(tmp_path / "t.jsonl.gz", gzip.compress(text))
+    zst = write(tmp_path / "t.jsonl.zst", zstandard.ZstdCompressor().compress(text))
+    for path in (gz, zst):
+        recs, _ = records(path)
+        assert [(r.arrival_s, r.prompt_tokens) for r in recs] == [(0.0, 5), (1.0, 6)]
+
+
+def test_zstd_without_the_library_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import zstandard
+
+    zst = write(tmp_path / "t.zst", zstandard.ZstdCompressor().compress((MOONCAKE % (0, 5)).encode()))
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    with pytest.raises(TraceFormatError, match="pip install zstandard"):
+        list(iter_records([zst]))
+
+
+def test_several_inputs_merge_in_time_order(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.jsonl", MOONCAKE % (0, 1) + MOONCAKE % (2000, 3))
+    b = write(tmp_path / "b.jsonl", MOONCAKE % (1000, 2) + MOONCAKE % (3000, 4))
+    out = tmp_path / "out.jsonl"
+    result = build_trace([a, b], out)
+    assert result.records_written == 4 and not result.reordered
+    assert [(r.id, r.arrival_s, r.prompt_tokens) for r in read_trace(out)] == [
+        ("r0", 0.0, 1),
+        ("r1", 1.0, 2),
+        ("r2", 2.0, 3),
+        ("r3", 3.0, 4),
+    ]
+    assert read_trace_header(out).source == (str(a), str(b))
+
+
+def test_unsorted_input_is_reordered_and_rebased(tmp_path: Path) -> None:
+    path = write(tmp_path / "u.jsonl", MOONCAKE % (5000, 1) + MOONCAKE % (2000, 2) + MOONCAKE % (9000, 3))
+    out = tmp_path / "out.jsonl"
+    result = build_trace([path], out)
+    assert result.reordered
+    assert [(r.arrival_s, r.prompt_tokens) for r in read_trace(out)] == [(0.0, 2), (3.0, 1), (7.0, 3)]
+    assert read_trace_header(out).extra["reordered"] is True
+
+
+def test_oomload_trace_as_input_round_trips(tmp_path: Path) -> None:
+    first = tmp_path / "first.jsonl"
+    build_trace([write(tmp_path / "m.jsonl", MOONCAKE % (0, 7) + MOONCAKE % (500, 8))], first)
+    assert detect_format(LogSource(first)) == "oomload"
+    second = tmp_path / "second.jsonl"
+    build_trace([first], second)
+    assert read_trace(second) == read_trace(first)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "empty file"),
+        (b"\n\n  \n", "empty file"),
+        (b"hello world\nthis is prose\n", "cannot tell the log format"),
+        (b"a,b,c\n1,2,3\n", "a CSV with columns a, b, c"),
+        (b'{"foo": 1}\n', "keys foo match no known format"),
+        (b"[1, 2]\n", "not an object"),
+    ],
+)
+def test_undetectable_inputs_fail_with_a_sentence(tmp_path: Path, content: bytes, message: str) -> None:
+    path = write(tmp_path / "x.log", content)
+    with pytest.raises(TraceFormatError, match=message):
+        build_trace([path], tmp_path / "out.jsonl")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_unreadable_inputs(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match="no such file"):
+        build_trace([tmp_path / "missing.csv"], tmp_path / "out.jsonl")
+    with pytest.raises(TraceFormatError, match="is a directory"):
+        build_trace([tmp_path], tmp_path / "out.jsonl")
+    broken = write(tmp_path / "broken.jsonl.gz", gzip.compress(((MOONCAKE % (0, 5)) * 2000).encode())[:300])
+    with pytest.raises(TraceFormatError, match="damaged or truncated"):
+        build_trace([broken], tmp_path / "out.jsonl")
+
+
+def test_strict_stops_at_the_first_bad_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "m.jsonl", MOONCAKE % (0, 5) + "oops\n" + MOONCAKE % (1, 6))
+    with pytest.raises(TraceFormatError) as info:
+        build_trace([path], tmp_path / "out.jsonl", strict=True)
+    assert info.value.path == str(path) and info.value.line == 2
+
+
+def test_nothing_usable_is_an_error_naming_the_reasons(tmp_path: Path) -> None:
+    path = write(tmp_path / "m.jsonl", MOONCAKE % (0, 5) + "oops\n")
+    path.write_text('{"timestamp": 0, "input_length": -1, "output_length": 1}\n')
+    with pytest.raises(TraceFormatError, match="no usable requests.*input_length"):
+        build_trace([path], tmp_path / "out.jsonl")
+
+
+def test_load_columns_from_logs_equals_from_the_built_trace(tmp_path: Path) -> None:
+    path = write(tmp_path / "m.jsonl", MOONCAKE % (4000, 5) + MOONCAKE % (5000, 6) + MOONCAKE % (7500, 9))
+    out = tmp_path / "out.jsonl"
+    build_trace([path], out)
+    from_log, from_trace = load_columns([path]), load_columns([out])
+    assert from_log.arrival_s.tolist() == from_trace.arrival_s.tolist() == [0.0, 1.0, 3.5]
+    assert from_log.prompt_tokens.tolist() == from_trace.prompt_tokens.tolist() == [5, 6, 9]

@@ -1,0 +1,79 @@
+"""Synthetic traces: spec parsing, reproducibility, and distributions that hit their targets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from oomload.errors import ConfigError
+from oomload.synth import (
+    FixedLength,
+    LogNormalLength,
+    describe_spec,
+    parse_length_spec,
+    poisson_arrivals,
+    sample_lengths,
+    synthesize,
+)
+
+
+def test_parse_specs_round_trip() -> None:
+    for spec in ("fixed:256", "uniform:10:20", "lognormal:600:6000", "lognormal:600:6000:16384",
+                 "lognormal:600:6000@0.9+fixed:16000@0.1"):
+        assert describe_spec(parse_length_spec(spec)) == spec
+    mix = parse_length_spec("fixed:1@3+fixed:2@1")
+    assert mix.parts == (FixedLength(1), FixedLength(2)) and mix.weights == (3.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["", "gamma:1:2", "fixed", "fixed:x", "lognormal:600", "lognormal:6000:600", "uniform:5:1",
+     "fixed:1+fixed:2", "fixed:1@0+fixed:2@1", "fixed:-3"],
+)
+def test_bad_specs_are_config_errors(spec: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_length_spec(spec)
+
+
+def test_lognormal_hits_its_quantiles_at_scale() -> None:
+    rng = np.random.default_rng(0)
+    values = sample_lengths(parse_length_spec("lognormal:600:6000"), 200_000, rng)
+    assert np.percentile(values, 50, method="inverted_cdf") == pytest.approx(600, rel=0.02)
+    assert np.percentile(values, 99, method="inverted_cdf") == pytest.approx(6000, rel=0.03)
+    capped = sample_lengths(parse_length_spec("lognormal:600:6000:2000"), 10_000, rng)
+    assert capped.max() == 2000 and capped.min() >= 1
+
+
+def test_mix_weights_are_respected() -> None:
+    values = sample_lengths(parse_length_spec("fixed:1@0.8+fixed:2@0.2"), 50_000, np.random.default_rng(1))
+    assert np.mean(values == 2) == pytest.approx(0.2, abs=0.01)
+
+
+def test_poisson_arrivals_have_the_asked_rate() -> None:
+    arrivals = poisson_arrivals(50_000, 4.0, np.random.default_rng(2))
+    assert arrivals[0] == 0.0 and np.all(np.diff(arrivals) >= 0)
+    assert (len(arrivals) - 1) / arrivals[-1] == pytest.approx(4.0, rel=0.03)
+    assert poisson_arrivals(3, None, np.random.default_rng(0)).tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(ConfigError):
+        poisson_arrivals(3, -1.0, np.random.default_rng(0))
+
+
+@given(st.integers(1, 50), st.integers(0, 2**32 - 1))
+def test_synthesize_is_deterministic_and_valid(count: int, seed: int) -> None:
+    prompt, output = parse_length_spec("lognormal:100:1000"), parse_length_spec("uniform:1:50")
+    first = synthesize(count, prompt, output, rate_rps=2.0, seed=seed)
+    assert first == synthesize(count, prompt, output, rate_rps=2.0, seed=seed)
+    assert [r.id for r in first] == [f"r{i}" for i in range(count)]
+    assert all(r.prompt_tokens >= 1 and 1 <= r.output_tokens <= 50 for r in first)
+    arrivals = [r.arrival_s for r in first]
+    assert arrivals[0] == 0.0 and arrivals == sorted(arrivals)
+
+
+def test_lognormal_parameters() -> None:
+    part = LogNormalLength(600, 6000)
+    assert np.exp(part.mu) == pytest.approx(600)
+    assert np.exp(part.mu + 2.3263478740408408 * part.sigma) == pytest.approx(6000)
+    with pytest.raises(ConfigError):
+        synthesize(0, parse_length_spec("fixed:1"), parse_length_spec("fixed:1"))

@@ -14,6 +14,7 @@ CORE_MODULES = [
     "oomload.rundir",
     "oomload.cli",
     "oomload.stats",
+    "oomload.synth",
     "oomload.schedule",
     "oomload.capacity",
     "oomload.verdict",

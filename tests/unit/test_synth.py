@@ -20,8 +20,13 @@ from oomload.synth import (
 
 
 def test_parse_specs_round_trip() -> None:
-    for spec in ("fixed:256", "uniform:10:20", "lognormal:600:6000", "lognormal:600:6000:16384",
-                 "lognormal:600:6000@0.9+fixed:16000@0.1"):
+    for spec in (
+        "fixed:256",
+        "uniform:10:20",
+        "lognormal:600:6000",
+        "lognormal:600:6000:16384",
+        "lognormal:600:6000@0.9+fixed:16000@0.1",
+    ):
         assert describe_spec(parse_length_spec(spec)) == spec
     mix = parse_length_spec("fixed:1@3+fixed:2@1")
     assert mix.parts == (FixedLength(1), FixedLength(2)) and mix.weights == (3.0, 1.0)
@@ -29,8 +34,18 @@ def test_parse_specs_round_trip() -> None:
 
 @pytest.mark.parametrize(
     "spec",
-    ["", "gamma:1:2", "fixed", "fixed:x", "lognormal:600", "lognormal:6000:600", "uniform:5:1",
-     "fixed:1+fixed:2", "fixed:1@0+fixed:2@1", "fixed:-3"],
+    [
+        "",
+        "gamma:1:2",
+        "fixed",
+        "fixed:x",
+        "lognormal:600",
+        "lognormal:6000:600",
+        "uniform:5:1",
+        "fixed:1+fixed:2",
+        "fixed:1@0+fixed:2@1",
+        "fixed:-3",
+    ],
 )
 def test_bad_specs_are_config_errors(spec: str) -> None:
     with pytest.raises(ConfigError):

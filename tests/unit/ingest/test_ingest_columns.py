@@ -55,7 +55,9 @@ def test_records_round_trip_through_a_batch() -> None:
         TraceRecord("", 6.5, 0, 0),
     ]
     back = list(records_from_batch(batch_from_records(recs), origin_s=5.0))
-    assert back[0] == TraceRecord("a", 0.0, 10, 2, max_tokens=4, ok=False, model="m", hash_ids=(1, 2), session="s", turn=3)
+    assert back[0] == TraceRecord(
+        "a", 0.0, 10, 2, max_tokens=4, ok=False, model="m", hash_ids=(1, 2), session="s", turn=3
+    )
     assert back[1] == TraceRecord("", 1.5, 0, 0)
 
 

@@ -84,7 +84,10 @@ def test_azure_bad_rows_are_skipped_with_their_line_numbers(tmp_path: Path) -> N
         "not a non-negative integer in column 'ContextTokens'": 2,
         "not a timestamp in column 'TIMESTAMP'": 1,
     }
-    assert skips.examples["not a non-negative integer in column 'ContextTokens'"] == [f"{path}:3", f"{path}:4"]
+    assert skips.examples["not a non-negative integer in column 'ContextTokens'"] == [
+        f"{path}:3",
+        f"{path}:4",
+    ]
     assert skips.examples["not a timestamp in column 'TIMESTAMP'"] == [f"{path}:5"]
 
 
@@ -197,7 +200,9 @@ def test_openai_request_response_log(tmp_path: Path) -> None:
     assert detect_format(LogSource(path)) == "openai"
     recs, skips = records(path)
     assert skips.total == 0
-    assert [(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.max_tokens, r.ok, r.model) for r in recs] == [
+    assert [
+        (r.id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.max_tokens, r.ok, r.model) for r in recs
+    ] == [
         ("chatcmpl-1", 0.0, 12, 30, 256, True, "m1"),
         ("cmpl-2", 1.5, 3, 0, 64, False, "m1"),  # token-id prompt counted exactly; failed: output 0
     ]
@@ -210,15 +215,24 @@ def test_openai_batch_output_shape(tmp_path: Path) -> None:
         "response": {
             "status_code": 200,
             "request_id": "req_1",
-            "body": {"id": "chatcmpl-9", "created": 1711652795, "model": "gpt-4o", "usage": {
-                "prompt_tokens": 22, "completion_tokens": 2, "total_tokens": 24}},
+            "body": {
+                "id": "chatcmpl-9",
+                "created": 1711652795,
+                "model": "gpt-4o",
+                "usage": {"prompt_tokens": 22, "completion_tokens": 2, "total_tokens": 24},
+            },
         },
         "error": None,
     }
     failed = {**line, "custom_id": "request-8", "response": {"status_code": 400, "body": {"error": {}}}}
     path = write(tmp_path / "batch.jsonl", json.dumps(line) + "\n" + json.dumps(failed) + "\n")
     recs, skips = records(path, counter=WordCounter())
-    assert (recs[0].id, recs[0].prompt_tokens, recs[0].output_tokens, recs[0].model) == ("request-7", 22, 2, "gpt-4o")
+    assert (recs[0].id, recs[0].prompt_tokens, recs[0].output_tokens, recs[0].model) == (
+        "request-7",
+        22,
+        2,
+        "gpt-4o",
+    )
     # The failed Batch line has no usage and no request text: nothing to count, so it is skipped.
     assert len(recs) == 1 and skips.counts == {"no token counts (give --tokenizer)": 1}
 
@@ -414,9 +428,8 @@ def test_strict_stops_at_the_first_bad_line(tmp_path: Path) -> None:
 
 
 def test_nothing_usable_is_an_error_naming_the_reasons(tmp_path: Path) -> None:
-    path = write(tmp_path / "m.jsonl", MOONCAKE % (0, 5) + "oops\n")
-    path.write_text('{"timestamp": 0, "input_length": -1, "output_length": 1}\n')
-    with pytest.raises(TraceFormatError, match="no usable requests.*input_length"):
+    path = write(tmp_path / "m.jsonl", '{"timestamp": 0, "input_length": -1, "output_length": 1}\n')
+    with pytest.raises(TraceFormatError, match=r"no usable requests.*input_length"):
         build_trace([path], tmp_path / "out.jsonl")
 
 

@@ -19,15 +19,21 @@ def _azure_reference(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     times = np.array([datetime.fromisoformat(r["TIMESTAMP"]).timestamp() for r in rows])
-    return times - times[0], np.array([int(r["ContextTokens"]) for r in rows]), np.array(
-        [int(r["GeneratedTokens"]) for r in rows]
+    return (
+        times - times[0],
+        np.array([int(r["ContextTokens"]) for r in rows]),
+        np.array([int(r["GeneratedTokens"]) for r in rows]),
     )
 
 
 def _mooncake_reference(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     times = np.array([r["timestamp"] / 1000 for r in rows])
-    return times - times[0], np.array([r["input_length"] for r in rows]), np.array([r["output_length"] for r in rows])
+    return (
+        times - times[0],
+        np.array([r["input_length"] for r in rows]),
+        np.array([r["output_length"] for r in rows]),
+    )
 
 
 CASES = [
@@ -64,7 +70,12 @@ def test_published_reference_figures(shared_dir: Path) -> None:
     """The nearest-rank values the traces' README lists (in brackets where they differ from linear)."""
     azure = load_columns([shared_dir / "traces" / "azure_code_2023.csv"])
     stats = summarize_trace(azure.arrival_s, azure.prompt_tokens, azure.output_tokens)
-    assert (stats.prompt.p50, stats.prompt.p90, stats.prompt.p99, stats.prompt.max) == (1469, 5194, 7436, 7437)
+    assert (stats.prompt.p50, stats.prompt.p90, stats.prompt.p99, stats.prompt.max) == (
+        1469,
+        5194,
+        7436,
+        7437,
+    )
     assert (stats.output.p99, stats.total.p90, stats.total.p99, stats.total.max) == (252, 5223, 7462, 7841)
     mooncake = load_columns([shared_dir / "traces" / "mooncake_conversation_first10min.jsonl"])
     stats = summarize_trace(mooncake.arrival_s, mooncake.prompt_tokens, mooncake.output_tokens)
@@ -76,7 +87,9 @@ def test_published_reference_figures(shared_dir: Path) -> None:
 def test_merging_the_two_real_traces_keeps_every_request(shared_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "both.jsonl"
     traces = shared_dir / "traces"
-    result = build_trace([traces / "mooncake_conversation_first10min.jsonl", traces / "azure_code_2023.csv"], out)
+    result = build_trace(
+        [traces / "mooncake_conversation_first10min.jsonl", traces / "azure_code_2023.csv"], out
+    )
     assert result.records_written == 8819 + 1750
     arrivals = [r.arrival_s for r in read_trace(out)]
     assert arrivals == sorted(arrivals) and arrivals[0] == 0.0

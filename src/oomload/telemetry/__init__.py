@@ -6,7 +6,9 @@
   (counter deltas, server restarts, scrape failures) plus ``cache_config.json`` to a run directory.
 * ``gpu_sample`` (pure): the ``GpuSample`` value every GPU source produces (one ``gpu.jsonl`` line).
 * ``nvml``: the NVML sampler behind a small ``NvmlLibrary`` protocol (``pynvml`` or a fake).
+* ``fake_nvml``: a fake NVML with ``pynvml``'s interface and real ``NVMLError``s (tests, benchmark).
 * ``dcgm``: GPU memory read from a DCGM exporter or from ``oomload sample --serve``.
+* ``scrape``: one HTTP GET of a Prometheus text endpoint, failures as one ``EndpointError`` sentence.
 * ``gpu``: ``GpuSamplerProcess`` runs ``oomload sample`` as a child process (NVML calls block, so
   they stay out of Locust's gevent loop) and streams ``gpu.jsonl``.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -58,13 +59,29 @@ def render_terminal(
     console.print(step_table(verdict))
 
 
+# The terminal shows a narrower table than report.md (column name in STEP_COLUMNS → short header).
+TERMINAL_COLUMNS = {
+    "step": "step", "conc": "conc", "req": "req", "err": "err", "req/s": "req/s", "TTFT p99": "ttft99",
+    "e2e p99": "e2e99", "KV max": "KV", "preempt": "pre", "run/wait": "run/wait", "achieved": "held",
+    "dev used": "dev",
+}  # fmt: skip
+
+
 def step_table(verdict: Verdict) -> Table:
-    table = Table(title="Per step (* = cut short)", header_style="bold", show_lines=False)
-    for column in STEP_COLUMNS:
-        table.add_column(column, justify="left" if column == "phase" else "right", no_wrap=True)
+    table = Table(
+        title="Per step (* = cut short; held = achieved concurrency)",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0, 0, 1),
+        show_edge=False,
+    )
+    picks = [STEP_COLUMNS.index(name) for name in TERMINAL_COLUMNS]
+    for name in TERMINAL_COLUMNS.values():
+        table.add_column(name, justify="right", no_wrap=True)
     onset = None if verdict.preemption_onset is None else verdict.preemption_onset.step
     death = None if verdict.engine_death is None else verdict.engine_death.step
     for s in verdict.steps:
         style = "dim" if s.warmup else ("red" if s.index in (onset, death) else None)
-        table.add_row(*step_row(s), style=style)
+        row = step_row(s)
+        table.add_row(*(row[i] for i in picks), style=style)
     return table

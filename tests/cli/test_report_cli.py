@@ -1,0 +1,113 @@
+"""``oomload report RUN_DIR``: renders a saved run, gates map to exit codes, bad input is one sentence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oomload.cli import main
+from oomload.outcome import Outcome, RequestResult
+from oomload.rundir import RunWriter
+
+T0 = 1_700_000_000.0
+
+
+def make_run(
+    path: Path, *, preempt_at: int = 4, gates: list[str] | None = None, finished: bool = True
+) -> Path:
+    """Three steps (1, 2, 4), preemption in the step at ``preempt_at``."""
+    with RunWriter(path) as w:
+        w.write_json(
+            "config.json", {"schema": 1, "model": "m", "url": "http://127.0.0.1:1", "gates": gates or []}
+        )
+        counter = 0
+        for i, c in enumerate((1, 2, 4)):
+            start = T0 + 10 * i
+            w.append(
+                "steps", {"event": "start", "step": i, "concurrency": c, "phase": "ramp", "t_unix_s": start}
+            )
+            for k in range(3 * c):
+                s = start + k * 10 / (3 * c)
+                w.request(
+                    RequestResult(f"{i}-{k}", i, c, s, s + 1.0, Outcome.OK, 256, 256, 256, 256, 40.0, 9.0)
+                )
+            delta = 2 if c == preempt_at else 0
+            counter += delta
+            w.append(
+                "metrics",
+                {"t_unix_s": start + 5, "ok": True, "kv_cache_usage": 0.3 * c, "num_requests_running": c,
+                 "num_requests_waiting": 0, "num_preemptions_total": counter, "preemptions_delta": delta},
+            )  # fmt: skip
+            w.append(
+                "steps",
+                {"event": "end", "step": i, "concurrency": c, "phase": "ramp", "t_unix_s": start + 10},
+            )
+        if finished:
+            w.write_json(
+                "status.json", {"finished": True, "end_reason": "completed", "ended_unix_s": T0 + 30}
+            )
+    return path
+
+
+def test_report_renders_every_file_and_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_run(tmp_path / "run")
+    assert main(["report", str(run), "--format", "terminal,json,md,junit"]) == 0
+    out = capsys.readouterr().out
+    assert "Preemption onset" in out and "concurrency 4" in out
+    assert {p.name for p in run.iterdir()} >= {"summary.json", "report.md", "junit.xml"}
+    assert not (run / "report.html").exists()
+
+
+def test_json_flag_prints_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_run(tmp_path / "run")
+    assert main(["report", str(run), "--json", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "oomload.summary/1"
+    assert doc["verdict"]["last_safe_concurrency"] == 2
+
+
+def test_gates_map_to_exit_codes(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run")
+    assert main(["report", str(run), "--format", "json", "--gate", "no-preemption-below:3"]) == 0
+    assert main(["report", str(run), "--format", "json", "--gate", "no-preemption-below:5"]) == 1
+    assert main(["report", str(run), "--format", "json", "--gate", "no-oom-up-to:64"]) == 4
+    gate_file = tmp_path / "scenario.toml"
+    gate_file.write_text('[gate]\nrules = ["no-preemption-up-to:4"]\n')
+    assert main(["report", str(run), "--format", "json", "--gate-file", str(gate_file)]) == 1
+
+
+def test_gates_from_the_run_config_apply_by_default(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", gates=["no-preemption-below:8"])
+    assert main(["report", str(run), "--format", "json"]) == 1
+    assert json.loads((run / "summary.json").read_text())["gates"][0]["rule"] == "no-preemption-below:8"
+
+
+def test_partial_run_is_rendered(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_run(tmp_path / "run", finished=False)
+    assert main(["report", str(run), "--format", "terminal,md"]) == 0
+    assert "CUT SHORT" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["report", "{missing}"], "is not a run directory (no such directory)"),
+        (["report", "{empty}"], "is not a run directory (no config.json)"),
+        (["report", "{run}", "--gate", "ttft<2"], "gate 'ttft<2'"),
+        (["report", "{run}", "--format", "pdf"], "--format 'pdf'"),
+        (["report", "{run}", "--gate-file", "{missing}"], "cannot read gate file"),
+    ],
+)
+def test_bad_input_is_one_sentence_and_exit_two(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], says: str
+) -> None:
+    (tmp_path / "empty").mkdir()
+    run = make_run(tmp_path / "run")
+    paths = {"missing": tmp_path / "nope", "empty": tmp_path / "empty", "run": run}
+    argv = [a.format(**{k: str(v) for k, v in paths.items()}) for a in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("oomload: error: ") and says in err
+    assert "Traceback" not in err

@@ -1,0 +1,104 @@
+"""End to end: a replay against the simulated vLLM whose KV pool is known gives the arithmetic onset.
+
+Pool: 97 blocks of 16 tokens (96 usable); every request is 256 + 256 tokens = 32 blocks, so 3 fit
+and the first preemption is expected at floor(96 / 32) + 1 = 4 concurrent requests. The replay runs
+in a subprocess (it imports Locust, which monkey-patches the process with gevent).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oomload.cli import main
+from oomload.trace import TraceHeader, TraceRecord, write_trace
+
+ARITHMETIC_ONSET = 4
+LEVELS = (2, 3, 4, 5)
+SIM = "--num-gpu-blocks 97 --block-size 16 --max-model-len 1024 --time-scale 0.1"
+
+
+def oomload(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "oomload", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    tmp = tmp_path_factory.mktemp("verdict-sim")
+    trace = tmp / "fixed.jsonl"
+    records = [
+        TraceRecord(id=f"r{i}", arrival_s=0.1 * i, prompt_tokens=256, output_tokens=256) for i in range(40)
+    ]
+    write_trace(trace, records, TraceHeader(source=("fixed-256+256",)))
+    run = tmp / "run"
+    proc = oomload(
+        "replay", str(trace),
+        "--sim", SIM,
+        "--concurrency", ",".join(map(str, LEVELS)),
+        "--hold-s", "1.2",
+        "--stop-on", "never",
+        "--no-refine",
+        "--gpu", "none",
+        "--no-live",
+        "--run-dir", str(run),
+        "--gate", "no-oom-up-to:5",
+    )  # fmt: skip
+    return run, proc
+
+
+def summary(run: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((run / "summary.json").read_text())
+    return doc
+
+
+def test_replay_onset_matches_the_arithmetic(replayed: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    run, proc = replayed
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    verdict = summary(run)["verdict"]
+    assert verdict["run"]["finished"] is True and verdict["run"]["cut_short"] is False
+    assert verdict["prediction"]["onset_mean"] == ARITHMETIC_ONSET
+    onset = verdict["onsets"]["preemption"]
+    assert onset is not None, "no preemption observed against a pool that holds only 3 requests"
+    levels = list(LEVELS)
+    assert abs(levels.index(onset["concurrency"]) - levels.index(ARITHMETIC_ONSET)) <= 1
+    assert onset["requests_in_step"] > 0 and onset["preemptions_in_step"] > 0
+    assert verdict["last_safe_concurrency"] == levels[levels.index(onset["concurrency"]) - 1]
+    assert verdict["onsets"]["engine_death"] is None
+    assert verdict["prediction"]["disagrees"] is False
+    assert summary(run)["gates"][0]["status"] == "pass"
+    rec = summary(run)["recommendation"]
+    assert rec["flag_line"].endswith(f"--max-num-seqs {verdict['last_safe_concurrency']}")
+    # 512 tokens P99 + 10 % → 768 (a multiple of 256 and of the 16-token block), below the 1024 limit
+    assert rec["max_model_len"]["max_model_len"] == 768
+
+
+def test_every_report_renders(replayed: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    run, _ = replayed
+    assert summary(run)["schema"] == "oomload.summary/1"
+    assert "| step | conc |" in (run / "report.md").read_text()
+    assert (run / "report.html").read_text().count("data:image/png;base64,") == 3
+    assert ET.parse(run / "junit.xml").getroot().find(".//testcase[@name='no-oom-up-to:5']") is not None
+
+
+def test_gates_pass_and_fail_where_they_should(
+    replayed: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    run, _ = replayed
+    onset = summary(run)["verdict"]["onsets"]["preemption"]["concurrency"]
+    assert main(["report", str(run), "--format", "json", "--gate", f"no-preemption-below:{onset}"]) == 0
+    assert main(["report", str(run), "--format", "json", "--gate", f"no-preemption-below:{onset + 1}"]) == 1
+    assert summary(run)["gates"][0]["reason"] == f"preemption at concurrency {onset}"
+    assert main(["report", str(run), "--format", "json", "--gate", "no-oom-up-to:64"]) == 4
+    assert "did not reach concurrency 64" in summary(run)["gates"][0]["reason"]

@@ -1,0 +1,126 @@
+"""Every renderer writes valid output: summary.json loads, junit.xml parses, report.md holds the table."""
+
+from __future__ import annotations
+
+import io
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
+
+from oomload.errors import ConfigError, ExitCode
+from oomload.report import SUMMARY_SCHEMA, finalize_run
+
+FILES = ("json", "md", "junit")
+
+
+def run_report(run: Path, **kwargs: object) -> tuple[ExitCode, str]:
+    out = io.StringIO()
+    console = Console(file=out, width=100, color_system=None)
+    code = finalize_run(run, console=console, **kwargs)  # type: ignore[arg-type]
+    return code, out.getvalue()
+
+
+def test_finalize_writes_summary_md_junit_and_prints_one_screen(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", cpu_knee_steps(), cache_config=CPU_CACHE)
+    code, screen = run_report(run, formats=FILES)
+    assert code is ExitCode.OK
+    doc = json.loads((run / "summary.json").read_text())
+    assert doc["schema"] == SUMMARY_SCHEMA == "oomload.summary/1"
+    assert doc["verdict"]["onsets"]["preemption"]["concurrency"] == 6
+    assert doc["verdict"]["last_safe_concurrency"] == 5
+    assert doc["recommendation"]["flag_line"].startswith("vllm serve tiny-model --max-model-len 768")
+    assert doc["gates"] == [] and doc["exit_code"] == 0
+    md = (run / "report.md").read_text()
+    assert "| step | conc | phase | req |" in md
+    assert md.count("\n| 4 | 6 | ramp | 18 |") == 1
+    assert "```sh\nvllm serve tiny-model" in md
+    cases = ET.parse(run / "junit.xml").getroot().findall(".//testcase")
+    assert {c.get("name") for c in cases} >= {
+        "preemption_onset",
+        "engine_death",
+        "last_safe",
+        "context_overflow",
+    }
+    assert not (run / "report.html").exists()
+    assert "Preemption onset" in screen and "concurrency 6" in screen
+    assert "Last safe concurrency" in screen
+    assert "vllm serve tiny-model" in screen
+    head = screen.split("Per step")[0]
+    assert head.count("\n") <= 40  # the summary fits one screen
+
+
+def test_gates_go_to_junit_summary_and_exit_code(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", cpu_knee_steps(), cache_config=CPU_CACHE)
+    rules = ["no-preemption-below:6", "no-preemption-below:8", "max-kv-usage@32<0.95"]
+    code, screen = run_report(run, gates=rules, formats=FILES)
+    assert code is ExitCode.GATE_FAILED
+    root = ET.parse(run / "junit.xml").getroot()
+    suite = root.find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("3", "1", "1")
+    by_name = {c.get("name"): c for c in root.iter("testcase")}
+    assert by_name["no-preemption-below:8"].find("failure") is not None
+    assert by_name["max-kv-usage@32<0.95"].find("error") is not None
+    doc = json.loads((run / "summary.json").read_text())
+    assert [g["status"] for g in doc["gates"]] == ["pass", "fail", "not_evaluated"]
+    assert doc["exit_code"] == 1
+    assert "FAIL  no-preemption-below:8" in screen
+    assert "| `no-preemption-below:8` | ❌ fail |" in (run / "report.md").read_text()
+
+
+def test_not_evaluated_gate_gives_exit_four(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [StepSpec(1), StepSpec(2)])
+    code, _ = run_report(run, gates=["no-oom-up-to:64"], formats=("json",))
+    assert code is ExitCode.GATE_NOT_EVALUATED
+
+
+def test_partial_run_renders_and_says_where_it_was_cut(tmp_path: Path) -> None:
+    steps = [StepSpec(1), StepSpec(2, preemptions=1), StepSpec(4, cut_short=True, requests=16)]
+    run = write_run(tmp_path / "run", steps, no_status=True)
+    code, screen = run_report(run, formats=FILES)
+    assert code is ExitCode.OK
+    assert "CUT SHORT" in screen
+    assert "step 2 (concurrency 4) started but never ended" in screen
+    md = (run / "report.md").read_text()
+    assert "This run was cut short" in md and "never ended" in md
+    assert "| 2* | 4 |" in md
+    doc = json.loads((run / "summary.json").read_text())
+    assert doc["verdict"]["run"]["cut_short"] is True
+    assert doc["verdict"]["steps"][2]["cut_short"] is True
+
+
+def test_interrupted_run_exit_code_unless_only_reporting(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [StepSpec(1)], status={"finished": False, "end_reason": "interrupted"})
+    assert run_report(run, formats=())[0] is ExitCode.INTERRUPTED
+    assert run_report(run, formats=(), reporting_only=True)[0] is ExitCode.OK
+
+
+def test_run_without_any_step_is_unreachable(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [], status={"finished": False, "end_reason": "error"})
+    code, _ = run_report(run, formats=FILES)
+    assert code is ExitCode.UNREACHABLE
+    assert json.loads((run / "summary.json").read_text())["verdict"]["steps"] == []
+    assert "no measured" in (run / "report.md").read_text()
+
+
+def test_bad_gate_or_format_is_a_config_error_before_writing(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [StepSpec(1)])
+    with pytest.raises(ConfigError, match="'p99-ttft@1<=2'"):
+        finalize_run(run, gates=["p99-ttft@1<=2"], terminal=False)
+    with pytest.raises(ConfigError, match="unknown report format"):
+        finalize_run(run, formats=("pdf",), terminal=False)
+    assert not (run / "summary.json").exists()
+
+
+def test_html_is_self_contained_with_three_plots(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", cpu_knee_steps(), cache_config=CPU_CACHE, no_status=True)
+    finalize_run(run, formats=("html",), terminal=False)
+    page = (run / "report.html").read_text()
+    assert page.count('<img class="plot"') == 3
+    assert page.count("data:image/png;base64,") == 3
+    assert "http://" not in page.replace("http://127.0.0.1:8000", "")  # nothing fetched from the network
+    assert "This run was cut short" in page

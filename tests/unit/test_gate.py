@@ -1,0 +1,185 @@
+"""Gate rules: parsing with clear errors, pass / fail / not evaluated, and never a pass without evidence."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from report.runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
+
+from oomload.errors import ConfigError, ExitCode
+from oomload.gate import (
+    GateStatus,
+    evaluate_gate,
+    evaluate_gates,
+    gate_exit_code,
+    load_gate_file,
+    parse_gate,
+    parse_gate_toml,
+)
+from oomload.outcome import Outcome
+from oomload.runview import load_run
+from oomload.verdict import Verdict, build_verdict
+
+
+@pytest.fixture(scope="module")
+def knee(tmp_path_factory: pytest.TempPathFactory) -> Verdict:
+    run = write_run(tmp_path_factory.mktemp("knee") / "run", cpu_knee_steps(), cache_config=CPU_CACHE)
+    return build_verdict(load_run(run))
+
+
+def status(rule: str, verdict: Verdict) -> GateStatus:
+    return evaluate_gate(parse_gate(rule), verdict).status
+
+
+def test_parse_absence_and_threshold_rules() -> None:
+    g = parse_gate("no-preemption-below:64")
+    assert (g.kind, g.event, g.bound, g.concurrency, g.highest_covered) == (
+        "absence",
+        "preemption",
+        "below",
+        64,
+        63,
+    )
+    g = parse_gate("No-OOM-up-to: 128")
+    assert (g.event, g.bound, g.highest_covered) == ("engine_death", "up-to", 128)
+    g = parse_gate("p99-ttft-s@64 <= 2")
+    assert (g.kind, g.metric, g.concurrency, g.op, g.threshold) == ("threshold", "p99-ttft-s", 64, "<=", 2.0)
+    g = parse_gate("error-rate<=0.1%")
+    assert g.threshold == pytest.approx(0.001) and g.concurrency is None
+    assert parse_gate("max-kv-usage@32<0.95").op == "<"
+    assert parse_gate("last-safe-concurrency>=64").metric == "last-safe-concurrency"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("", "empty gate rule"),
+        ("no-preemption-below:abc", "'abc' is not a whole number"),
+        ("no-preemption-below:0", "must be ≥ 1"),
+        ("no-preemption-below:1", "covers no concurrency"),
+        ("no-swap-below:8", "unknown event 'swap'"),
+        ("no-preemption-above:8", "no-EVENT-below:N"),
+        ("p95-ttft-s@64<=2", "unknown metric 'p95-ttft-s'"),
+        ("p99-ttft-s<=2", "name the level, e.g. 'p99-ttft-s@64'"),
+        ("p99-ttft-s@64<=fast", "'fast' is not a number"),
+        ("p99-ttft-s@64<=2%", "'%' is allowed only for"),
+        ("last-safe-concurrency@8>=4", "one number per run"),
+        ("ttft under 2s", "is not a rule"),
+    ],
+)
+def test_bad_rules_raise_config_error_naming_the_text(text: str, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_gate(text)
+    assert says in str(err.value)
+    if text:
+        assert text.strip() in str(err.value)
+
+
+def test_absence_rules_on_the_cpu_knee(knee: Verdict) -> None:
+    assert status("no-preemption-below:6", knee) is GateStatus.PASS  # 5 measured clean
+    assert status("no-preemption-below:7", knee) is GateStatus.FAIL
+    assert status("no-preemption-up-to:5", knee) is GateStatus.PASS
+    assert status("no-oom-up-to:16", knee) is GateStatus.PASS
+    result = evaluate_gate(parse_gate("no-oom-up-to:64"), knee)
+    assert result.status is GateStatus.NOT_EVALUATED
+    assert "did not reach concurrency 64" in result.reason
+    assert status("no-queueing-below:6", knee) is GateStatus.PASS
+    assert status("no-kv-saturation-up-to:6", knee) is GateStatus.FAIL
+
+
+def test_gap_between_clean_and_preempting_levels_is_not_evaluated(tmp_path: Path) -> None:
+    steps = [StepSpec(c, preemptions=int(c == 64), requests=3) for c in (8, 16, 32, 64)]
+    v = build_verdict(load_run(write_run(tmp_path / "r", steps)))
+    result = evaluate_gate(parse_gate("no-preemption-below:48"), v)
+    assert result.status is GateStatus.NOT_EVALUATED
+    assert "add a step at 47" in result.reason
+    assert status("no-preemption-below:34", v) is GateStatus.NOT_EVALUATED
+    assert status("no-preemption-below:33", v) is GateStatus.PASS  # 32 measured clean
+
+
+def test_threshold_rules(knee: Verdict) -> None:
+    assert status("p99-ttft-s@4<=2", knee) is GateStatus.PASS
+    assert status("p99-ttft-ms@4<100", knee) is GateStatus.FAIL
+    assert status("error-rate<=0.1%", knee) is GateStatus.PASS
+    assert status("max-kv-usage@4<0.95", knee) is GateStatus.PASS
+    assert status("max-kv-usage@6<0.95", knee) is GateStatus.FAIL
+    assert status("max-kv-usage<=1", knee) is GateStatus.PASS
+    assert status("preemptions@5==0", knee) is GateStatus.PASS
+    assert status("last-safe-concurrency>=5", knee) is GateStatus.PASS
+    assert status("last-safe-concurrency>=8", knee) is GateStatus.FAIL
+    result = evaluate_gate(parse_gate("max-kv-usage@32<0.95"), knee)
+    assert result.status is GateStatus.NOT_EVALUATED
+    assert "no step at concurrency 32" in result.reason
+
+
+def test_missing_metrics_are_not_evaluated(tmp_path: Path) -> None:
+    steps = [StepSpec(1, scrapes=0), StepSpec(8, scrapes=0, failures={Outcome.SERVER_ERROR: 1})]
+    v = build_verdict(load_run(write_run(tmp_path / "r", steps)))
+    assert status("no-preemption-below:8", v) is GateStatus.NOT_EVALUATED
+    assert status("max-kv-usage@8<0.9", v) is GateStatus.NOT_EVALUATED
+    assert status("max-kv-usage<0.9", v) is GateStatus.NOT_EVALUATED
+    assert status("no-oom-up-to:8", v) is GateStatus.PASS  # request outcomes are evidence enough
+    assert status("error-rate@8<=0.01", v) is GateStatus.FAIL
+
+
+def test_cut_short_step_is_not_evidence(tmp_path: Path) -> None:
+    steps = [StepSpec(1), StepSpec(8, cut_short=True, requests=16)]
+    v = build_verdict(load_run(write_run(tmp_path / "r", steps, no_status=True)))
+    assert status("p99-ttft-s@8<=10", v) is GateStatus.NOT_EVALUATED
+    assert status("no-preemption-up-to:8", v) is GateStatus.NOT_EVALUATED
+
+
+def test_exit_code_fail_beats_not_evaluated(knee: Verdict) -> None:
+    gates = [parse_gate(r) for r in ("no-preemption-below:6", "max-kv-usage@32<0.95")]
+    assert gate_exit_code(evaluate_gates(gates, knee)) is ExitCode.GATE_NOT_EVALUATED
+    gates.append(parse_gate("no-preemption-below:8"))
+    assert gate_exit_code(evaluate_gates(gates, knee)) is ExitCode.GATE_FAILED
+    assert gate_exit_code(evaluate_gates(gates[:1], knee)) is ExitCode.OK
+
+
+def test_gate_file_toml(tmp_path: Path) -> None:
+    path = tmp_path / "scenario.toml"
+    path.write_text('[gate]\nrules = ["no-preemption-below:64", "p99-ttft-s@64<=2"]\n')
+    assert [g.text for g in load_gate_file(path)] == ["no-preemption-below:64", "p99-ttft-s@64<=2"]
+    with pytest.raises(ConfigError, match="no \\[gate\\] table"):
+        parse_gate_toml("[other]\n", source="s.toml")
+    with pytest.raises(ConfigError, match=r"s\.toml: gate 'bogus'"):
+        parse_gate_toml('[gate]\nrules = ["bogus"]\n', source="s.toml")
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_gate_toml("[gate]\nrules = []\nthreshold = 1\n", source="s.toml")
+    with pytest.raises(ConfigError, match="cannot read gate file"):
+        load_gate_file(tmp_path / "missing.toml")
+
+
+rules = st.sampled_from(
+    [
+        "no-preemption-below:{n}",
+        "no-preemption-up-to:{n}",
+        "no-oom-up-to:{n}",
+        "no-queueing-below:{n}",
+        "p99-ttft-s@{n}<=1000",
+        "max-kv-usage@{n}<=1",
+        "error-rate@{n}<=1",
+        "preemptions@{n}>=0",
+    ]
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rule=rules,
+    levels=st.lists(st.integers(min_value=1, max_value=32), min_size=1, max_size=5, unique=True),
+    scraped=st.booleans(),
+)
+def test_gate_never_passes_without_evidence(rule: str, levels: list[int], scraped: bool) -> None:
+    """Rules aimed above everything the run measured, or at unscraped metrics, never pass."""
+    n = max(levels) + 2
+    specs = [StepSpec(c, scrapes=3 if scraped else 0, requests=3) for c in sorted(levels)]
+    with tempfile.TemporaryDirectory() as tmp:
+        v = build_verdict(load_run(write_run(Path(tmp) / "r", specs)))
+    result = evaluate_gate(parse_gate(rule.format(n=n)), v)
+    assert result.status is not GateStatus.PASS, result.reason

@@ -1,0 +1,141 @@
+"""Recommendations from hand-built verdicts, and the P99 floor as a property."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from report.runbuilder import CPU_CACHE, GIB, StepSpec, cpu_knee_steps, write_run
+
+from oomload.outcome import Outcome
+from oomload.recommend import recommend
+from oomload.runview import load_run
+from oomload.stats import percentile
+from oomload.verdict import Verdict, build_verdict
+
+
+def verdict_of(path: Path) -> Verdict:
+    return build_verdict(load_run(path))
+
+
+def test_preemption_run_caps_max_num_seqs_and_max_model_len(tmp_path: Path) -> None:
+    lengths = [(200 + 10 * i, 100) for i in range(100)]  # totals 300..1290, P99 = 1280
+    rec = recommend(
+        verdict_of(write_run(tmp_path / "r", cpu_knee_steps(), cache_config=CPU_CACHE, lengths=lengths))
+    )
+    assert rec.max_num_seqs.value == 5
+    # ceil(1280 * 1.1) = 1409 → lcm(256, 32) = 256 → 1536
+    assert rec.max_model_len.value == 1536
+    advice = rec.max_model_len_advice
+    assert advice is not None and advice.basis_tokens == 1280 and advice.refused_count == 0
+    assert advice.current_max_model_len == 4096
+    assert advice.max_concurrency == 3072 / 1536 and advice.freed_concurrency == 2.0 - 0.75
+    assert rec.gpu_memory_utilization.value is None  # preemption is not an OOM
+    assert rec.max_num_batched_tokens.value is None
+    assert rec.flag_line == "vllm serve tiny-model --max-model-len 1536 --max-num-seqs 5"
+    assert "preemption began at concurrency 6" in rec.reasoning
+
+
+def test_real_oom_advises_gpu_memory_utilization_and_batched_tokens(tmp_path: Path) -> None:
+    oom = "CUDA out of memory. Tried to allocate 1.00 GiB"
+    steps = [StepSpec(1), StepSpec(2), StepSpec(4, failures={Outcome.ENGINE_DEAD: 4}, error_text=oom)]
+    cache = {**CPU_CACHE, "gpu_memory_utilization": 0.92, "max_num_batched_tokens": 8192}
+    rec = recommend(verdict_of(write_run(tmp_path / "r", steps, cache_config=cache)))
+    assert rec.gpu_memory_utilization.value == 0.87
+    assert rec.max_num_batched_tokens.value == 4096
+    assert rec.max_num_seqs.value == 2
+    assert "--gpu-memory-utilization 0.87" in rec.flag_line
+    assert "--max-num-batched-tokens 4096" in rec.flag_line
+    assert "CUDA OOM at concurrency 4" in rec.reasoning
+
+
+def test_engine_death_without_oom_text_gets_no_memory_advice(tmp_path: Path) -> None:
+    steps = [StepSpec(1), StepSpec(2, failures={Outcome.ENGINE_DEAD: 2}, error_text="connection refused")]
+    rec = recommend(verdict_of(write_run(tmp_path / "r", steps, cache_config=CPU_CACHE)))
+    assert rec.gpu_memory_utilization.value is None
+    assert "without CUDA OOM evidence" in rec.gpu_memory_utilization.reason
+
+
+def test_rising_device_memory_implicates_transient_spikes(tmp_path: Path) -> None:
+    steps = [
+        StepSpec(1, used_bytes=60 * GIB),
+        StepSpec(2, used_bytes=60 * GIB),
+        StepSpec(4, used_bytes=66 * GIB),
+    ]
+    rec = recommend(verdict_of(write_run(tmp_path / "r", steps)))
+    assert rec.max_num_batched_tokens.value == 2048
+    assert rec.gpu_memory_utilization.value is None
+
+
+def test_clean_run_advises_no_cap(tmp_path: Path) -> None:
+    rec = recommend(verdict_of(write_run(tmp_path / "r", [StepSpec(1), StepSpec(2), StepSpec(4)])))
+    assert rec.max_num_seqs.value is None
+    assert "up to the highest level tested (4)" in rec.max_num_seqs.reason
+
+
+def test_trace_needing_the_full_window_keeps_the_limit(tmp_path: Path) -> None:
+    lengths = [(3900, 190)] * 50
+    rec = recommend(verdict_of(write_run(tmp_path / "r", [StepSpec(1)], lengths=lengths)))
+    assert rec.max_model_len.value is None
+    assert rec.max_model_len_advice is not None and rec.max_model_len_advice.capped_by_model_limit
+    assert "--max-model-len" not in rec.flag_line
+
+
+lengths_strategy = st.lists(
+    st.tuples(st.integers(min_value=1, max_value=20_000), st.integers(min_value=0, max_value=4_000)),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=lengths_strategy,
+    block_size=st.sampled_from([16, 32, 64]),
+    limit=st.one_of(st.none(), st.integers(min_value=512, max_value=65_536)),
+)
+def test_recommended_max_model_len_is_never_below_the_p99_it_came_from(
+    lengths: list[tuple[int, int]], block_size: int, limit: int | None
+) -> None:
+    cache = {"num_gpu_blocks": 500, "block_size": block_size}
+    with tempfile.TemporaryDirectory() as tmp:
+        v = build_verdict(
+            load_run(
+                write_run(
+                    Path(tmp) / "r",
+                    [StepSpec(1)],
+                    lengths=lengths,
+                    cache_config=cache,
+                    config={"max_model_len": limit},
+                )
+            )
+        )
+    rec = recommend(v)
+    advice = rec.max_model_len_advice
+    assert advice is not None
+    p99 = percentile([p + o for p, o in lengths], 99)
+    assert advice.basis_tokens == p99
+    if not advice.capped_by_model_limit:
+        assert advice.max_model_len >= p99
+        assert advice.max_model_len % block_size == 0 and advice.max_model_len % 256 == 0
+    if limit is not None:
+        assert advice.max_model_len <= limit
+    if rec.max_model_len.value is not None:
+        assert rec.max_model_len.value >= p99
+        assert f"--max-model-len {rec.max_model_len.value}" in rec.flag_line
+
+
+def test_recommendation_json_is_plain(tmp_path: Path) -> None:
+    rec = recommend(verdict_of(write_run(tmp_path / "r", cpu_knee_steps(), cache_config=CPU_CACHE)))
+    doc = rec.to_json()
+    assert [s["flag"] for s in doc["settings"]] == [
+        "--max-model-len",
+        "--max-num-seqs",
+        "--gpu-memory-utilization",
+        "--max-num-batched-tokens",
+    ]
+    assert doc["max_model_len"]["freed_concurrency"] is not None
+    assert dataclasses.is_dataclass(rec)

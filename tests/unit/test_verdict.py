@@ -1,0 +1,210 @@
+"""Onsets, last safe concurrency and confidence on hand-built run directories (clean, noisy, partial)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from report.runbuilder import CPU_CACHE, GIB, StepSpec, cpu_knee_steps, write_run
+
+from oomload.outcome import Outcome
+from oomload.runview import load_run
+from oomload.verdict import Verdict, build_verdict
+
+
+def verdict_of(path: Path) -> Verdict:
+    return build_verdict(load_run(path))
+
+
+def kinds(v: Verdict) -> set[str]:
+    return {n.kind for n in v.notes}
+
+
+def test_cpu_knee_gives_onset_six_as_measured_on_real_vllm(tmp_path: Path) -> None:
+    v = verdict_of(write_run(tmp_path / "run", cpu_knee_steps(), cache_config=CPU_CACHE))
+    assert v.preemption_onset is not None
+    assert v.preemption_onset.concurrency == 6
+    assert v.preemption_onset.requests_in_step == 18
+    assert v.preemption_onset.preemptions_in_step == 2
+    assert v.preemption_onset.kv_usage_at_onset == 1.0
+    assert v.kv_saturation is not None and v.kv_saturation.concurrency == 6
+    assert v.queueing is not None and v.queueing.concurrency == 6
+    assert v.last_safe_concurrency == 5
+    assert v.max_tested_concurrency == 16
+    assert v.engine_death is None
+    assert [s.preemptions for s in v.steps] == [0, 0, 0, 0, 2, 4, 3, 25, 32]
+    # 96 blocks x 32 tokens, 512-token requests need 16 blocks: 95 // 16 + 1 = 6
+    assert v.prediction is not None
+    assert (v.prediction.onset_mean, v.prediction.levels_apart, v.prediction.disagrees) == (6, 0, False)
+    assert v.confidence == "high"
+    assert not v.run.cut_short
+
+
+def test_step_facts_count_outcomes_rates_and_device_memory(tmp_path: Path) -> None:
+    spec = StepSpec(4, requests=12, failures={Outcome.SERVER_ERROR: 2, Outcome.TRANSPORT_ERROR: 1})
+    v = verdict_of(write_run(tmp_path / "run", [spec], cache_config=CPU_CACHE))
+    s = v.steps[0]
+    assert s.requests == 12
+    assert dict(s.outcomes) == {"server_error": 2, "transport_error": 1, "ok": 9}
+    assert s.error_requests == 3
+    assert s.req_per_s == 12 / 10.0
+    assert s.output_tokens_per_s == 9 * 256 / 10.0
+    assert s.ttft.count == 9 and s.ttft.p50_ms == 150.0 and s.ttft.p99_ms == 250.0
+    assert s.device_used_max_bytes == 70 * GIB
+    assert s.device_free_min_bytes == 10 * GIB
+    assert s.server_process_used_max_bytes == 70 * GIB
+    assert s.achieved_concurrency is not None and 3.5 < s.achieved_concurrency <= 4.0
+    # server errors make the level unsafe; transport errors are the client's, noted but not counted
+    assert v.last_safe_concurrency is None
+    assert "transport_errors" in kinds(v)
+
+
+def test_requests_without_step_are_placed_by_start_time(tmp_path: Path) -> None:
+    steps = [StepSpec(1, requests=3, unknown_step=True), StepSpec(2, requests=6, unknown_step=True)]
+    view = load_run(write_run(tmp_path / "run", steps))
+    assert [len(s.requests) for s in view.steps] == [3, 6]
+    assert view.unassigned_requests == 0
+
+
+def test_noisy_knee_is_called_out_and_onset_is_the_lowest_preempting_level(tmp_path: Path) -> None:
+    steps = [StepSpec(c, preemptions=p, requests=3 * c) for c, p in [(2, 0), (4, 0), (6, 3), (7, 0), (8, 5)]]
+    v = verdict_of(write_run(tmp_path / "run", steps, cache_config=CPU_CACHE))
+    assert v.preemption_onset is not None and v.preemption_onset.concurrency == 6
+    assert v.last_safe_concurrency == 4
+    assert "non_monotone" in kinds(v)
+    assert v.confidence == "low"
+
+
+def test_refinement_step_below_the_ramp_onset_moves_the_onset_down(tmp_path: Path) -> None:
+    steps = [StepSpec(c, preemptions=p, requests=3 * c) for c, p in [(2, 0), (4, 0), (8, 9)]]
+    steps.append(StepSpec(6, preemptions=1, requests=18, phase="refine"))
+    steps.append(StepSpec(5, preemptions=0, requests=15, phase="refine"))
+    v = verdict_of(write_run(tmp_path / "run", steps))
+    assert v.preemption_onset is not None and v.preemption_onset.concurrency == 6
+    assert v.last_safe_concurrency == 5
+    assert v.levels == (2, 4, 5, 6, 8)
+
+
+def test_warmup_preemption_is_not_an_onset(tmp_path: Path) -> None:
+    steps = [StepSpec(8, preemptions=4, phase="warmup"), StepSpec(1), StepSpec(2)]
+    v = verdict_of(write_run(tmp_path / "run", steps))
+    assert v.preemption_onset is None
+    assert v.last_safe_concurrency == 2
+    assert [s.warmup for s in v.steps] == [True, False, False]
+
+
+def test_partial_run_without_status_names_the_open_step(tmp_path: Path) -> None:
+    steps = [StepSpec(1), StepSpec(2), StepSpec(4, cut_short=True, requests=16)]
+    v = verdict_of(write_run(tmp_path / "run", steps, no_status=True))
+    assert v.run.cut_short and not v.run.finished
+    assert v.run.cut_short_detail is not None
+    assert "no status.json" in v.run.cut_short_detail
+    assert "step 2 (concurrency 4) started but never ended" in v.run.cut_short_detail
+    assert v.steps[-1].cut_short
+    assert v.last_safe_concurrency == 2  # the open step vouches for nothing
+    assert v.max_tested_concurrency == 2
+    assert "cut_short" in kinds(v)
+
+
+def test_interrupted_run_is_cut_short_with_its_reason(tmp_path: Path) -> None:
+    status = {"finished": False, "end_reason": "interrupted"}
+    v = verdict_of(
+        write_run(tmp_path / "run", [StepSpec(1), StepSpec(2, end_reason="interrupted")], status=status)
+    )
+    assert v.run.cut_short and v.run.end_reason == "interrupted"
+    assert "interrupted" in (v.run.cut_short_detail or "")
+
+
+def test_cuda_oom_engine_death_with_evidence(tmp_path: Path) -> None:
+    oom = "EngineDeadError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    steps = [
+        StepSpec(1),
+        StepSpec(2),
+        StepSpec(4, failures={Outcome.ENGINE_DEAD: 5}, end_reason="server_dead", error_text=oom),
+    ]
+    status = {"finished": True, "end_reason": "server_dead"}
+    events = [{"kind": "server_dead", "step": 2, "evidence": "connection refused"}]
+    run = write_run(tmp_path / "run", steps, status=status, events=events, server_pid_vanishes_after=1)
+    v = verdict_of(run)
+    death = v.engine_death
+    assert death is not None
+    assert death.concurrency == 4 and death.step == 2
+    assert death.real_oom
+    assert any("CUDA out of memory" in e for e in death.evidence)
+    assert any("vanished from the GPU samples" in e for e in death.evidence)
+    assert v.last_safe_concurrency == 2
+
+
+def test_engine_death_without_oom_text_is_not_a_real_oom(tmp_path: Path) -> None:
+    steps = [StepSpec(1), StepSpec(2, failures={Outcome.ENGINE_DEAD: 2}, error_text="connection refused")]
+    v = verdict_of(write_run(tmp_path / "run", steps))
+    assert v.engine_death is not None and not v.engine_death.real_oom
+    assert v.engine_death.concurrency == 2
+
+
+def test_missing_metrics_leave_preemption_unobserved(tmp_path: Path) -> None:
+    v = verdict_of(write_run(tmp_path / "run", [StepSpec(1, scrapes=0), StepSpec(2, scrapes=0)]))
+    assert all(s.preemptions is None for s in v.steps)
+    assert v.preemption_onset is None
+    assert "metrics_missing" in kinds(v)
+    assert v.confidence == "low"
+
+
+def test_few_requests_and_unheld_concurrency_are_called_out(tmp_path: Path) -> None:
+    steps = [StepSpec(2, requests=2), StepSpec(16, requests=32, in_flight=4)]
+    v = verdict_of(write_run(tmp_path / "run", steps))
+    notes = {(n.kind, n.step) for n in v.notes}
+    assert ("few_requests", 0) in notes
+    assert ("concurrency_not_held", 1) in notes
+    assert v.steps[1].achieved_concurrency is not None and v.steps[1].achieved_concurrency < 5
+
+
+def test_context_overflow_counts_and_lengths(tmp_path: Path) -> None:
+    steps = [StepSpec(2, failures={Outcome.CONTEXT_OVERFLOW: 3, Outcome.TRUNCATED: 1})]
+    lengths = [(256, 256)] * 18 + [(4000, 512), (5000, 100)]
+    v = verdict_of(write_run(tmp_path / "run", steps, lengths=lengths))
+    ctx = v.context_overflow
+    assert (ctx.refused, ctx.clamped) == (3, 1)
+    assert ctx.refused_total_tokens_min == 512
+    assert ctx.model_limit == 4096
+    assert (ctx.trace_over_limit, ctx.trace_count) == (2, 20)
+    assert v.last_safe_concurrency == 2  # overflow is a length problem, not a concurrency one
+
+
+def test_prediction_far_from_observation_is_flagged(tmp_path: Path) -> None:
+    big_pool = {"num_gpu_blocks": 10_000, "block_size": 16}
+    steps = [StepSpec(c, preemptions=int(c >= 4), requests=3 * c) for c in (1, 2, 4, 8, 16)]
+    v = verdict_of(write_run(tmp_path / "run", steps, cache_config=big_pool))
+    assert v.prediction is not None
+    assert v.prediction.onset_mean == 313  # 9999 // 32 + 1
+    assert v.prediction.disagrees and v.prediction.levels_apart == 3
+    assert "prediction_disagrees" in kinds(v)
+
+
+def test_counter_and_delta_disagreement_uses_the_larger(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [StepSpec(1), StepSpec(2, preemptions=3)])
+    # a lost scrape: the counter jumps by 5 more than the deltas say
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    last["num_preemptions_total"] += 5
+    lines[-1] = json.dumps(last)
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    v = verdict_of(run)
+    assert v.steps[1].preemptions == 8
+    assert "preemption_counter_mismatch" in kinds(v)
+
+
+def test_steps_rebuilt_from_requests_when_steps_file_is_missing(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [StepSpec(1), StepSpec(2, preemptions=1)])
+    (run / "steps.jsonl").unlink()
+    v = verdict_of(run)
+    assert [s.concurrency for s in v.steps] == [1, 2]
+    assert v.preemption_onset is not None and v.preemption_onset.concurrency == 2
+
+
+def test_verdict_json_round_trips(tmp_path: Path) -> None:
+    v = verdict_of(write_run(tmp_path / "run", cpu_knee_steps(), cache_config=CPU_CACHE))
+    doc = json.loads(json.dumps(v.to_json(), allow_nan=False))
+    assert doc["onsets"]["preemption"]["concurrency"] == 6
+    assert doc["last_safe_concurrency"] == 5
+    assert doc["steps"][4]["outcomes"] == {"ok": 18}

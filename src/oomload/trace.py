@@ -139,9 +139,9 @@ def write_trace(path: str | Path | IO[str], records: Iterable[TraceRecord], head
     """Write a trace file (header then one line per record); return the number of records written."""
     if isinstance(path, (str, Path)):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as fh:
-            return write_trace(fh, records, header)
-    fh = path
+        with open(path, "w", encoding="utf-8") as out:
+            return write_trace(out, records, header)
+    fh: IO[str] = path
     fh.write(json.dumps(header.to_json(), separators=(",", ":")) + "\n")
     count = 0
     for record in records:

@@ -714,7 +714,8 @@ def _confidence_notes(
     if measured and not with_metrics:
         notes.append(
             ConfidenceNote(
-                "metrics_missing", "no /metrics scrape succeeded: preemption and KV usage are unobserved"
+                "metrics_missing",
+                "no /metrics scrape reported preemptions: preemption and KV usage are unobserved",
             )
         )
     else:

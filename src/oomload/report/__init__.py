@@ -6,7 +6,7 @@ recommendation, evaluates the gate rules, writes the requested files into the ru
 the one-screen summary and returns the exit code.
 
 Exit code: with gate rules, ``gate_exit_code`` (0 pass, 1 failed, 4 not evaluated); without, 0 —
-except ``UNREACHABLE`` (3) when the run measured no step at all (nothing to judge), and
+except ``UNREACHABLE`` (3) when no measured step finished a request (nothing to judge), and
 ``INTERRUPTED`` (130) for a run that ended by Ctrl-C, unless ``reporting_only`` (re-rendering a saved
 run is not itself interrupted).
 """
@@ -79,7 +79,7 @@ def run_exit_code(
 ) -> ExitCode:
     if results:
         return gate_exit_code(results)
-    if not verdict.measured_steps:
+    if not any(s.requests for s in verdict.measured_steps):
         return ExitCode.UNREACHABLE
     if verdict.run.end_reason == "interrupted" and not reporting_only:
         return ExitCode.INTERRUPTED

@@ -97,14 +97,16 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
         out.append(Finding("context_overflow", "Context overflow", f"none{limit}", "ok"))
 
     safe = verdict.last_safe_concurrency
-    out.append(
-        Finding(
-            "last_safe",
-            "Last safe concurrency",
-            "none (the lowest level already broke)" if safe is None else str(safe),
-            "bad" if safe is None else "ok",
+    if safe is not None:
+        out.append(Finding("last_safe", "Last safe concurrency", str(safe), "ok"))
+    elif any(s.requests and not s.cut_short for s in verdict.measured_steps):
+        out.append(
+            Finding("last_safe", "Last safe concurrency", "none (the lowest level already broke)", "bad")
         )
-    )
+    else:
+        out.append(
+            Finding("last_safe", "Last safe concurrency", "unknown (no completed step with requests)", "warn")
+        )
 
     p = verdict.prediction
     if p is not None:

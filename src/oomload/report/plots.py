@@ -101,7 +101,13 @@ def plot_by_concurrency(verdict: Verdict) -> bytes:
             ax.set_xscale("log", base=2)
         _mark_onsets(ax, verdict)
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", fontsize=8)
+    for ax, extra in ((ax_lat, None), (ax_thr, ax_tok)):
+        handles, labels = ax.get_legend_handles_labels()
+        if extra is not None:
+            more_handles, more_labels = extra.get_legend_handles_labels()
+            handles, labels = handles + more_handles, labels + more_labels
+        if handles:
+            ax.legend(handles, labels, loc="upper left", fontsize=8)
     fig.tight_layout()
     return _png(fig)
 

@@ -101,8 +101,10 @@ def test_interrupted_run_exit_code_unless_only_reporting(tmp_path: Path) -> None
 
 def test_run_without_any_step_is_unreachable(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", [], status={"finished": False, "end_reason": "error"})
-    code, _ = run_report(run, formats=FILES)
+    code, screen = run_report(run, formats=(*FILES, "html"))
     assert code is ExitCode.UNREACHABLE
+    assert "unknown (no completed step with requests)" in screen
+    assert (run / "report.html").read_text().count("data:image/png;base64,") == 3
     assert json.loads((run / "summary.json").read_text())["verdict"]["steps"] == []
     assert "no measured" in (run / "report.md").read_text()
 

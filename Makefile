@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-e2e lint typecheck bench gpu-check clean
+.PHONY: help install browser demo test test-e2e lint typecheck bench gpu-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -20,9 +20,9 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## Create .venv and install oomload with its dev tools
 
 demo: $(STAMP) ## The main job on built-in defaults: replay a sample trace against the simulated vLLM
-	$(BIN)/oomload replay traces/sample-chat.jsonl --max-duration 90
+	$(BIN)/oomload replay traces/sample-chat.jsonl --max-duration-s 90
 
-test: $(STAMP) ## Run the default test suite (fast; simulated server, real Locust)
+test: $(STAMP) browser ## Run the default test suite (fast; simulated server, real Locust, headless Chromium)
 	$(BIN)/python -m pytest -q
 
 .e2e/.installed: | $(STAMP)
@@ -30,6 +30,10 @@ test: $(STAMP) ## Run the default test suite (fast; simulated server, real Locus
 
 test-e2e: $(STAMP) .e2e/.installed ## End-to-end tests against a real vLLM (CPU build, tiny local model); installs it into .e2e/
 	$(BIN)/python -m pytest -q -m e2e tests/e2e
+
+browser: ## Install Debian's chromium (report.html browser test) when it is missing; needs root
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 lint: $(STAMP) ## ruff + mypy
 	$(BIN)/ruff check src tests bench

@@ -52,7 +52,9 @@ def register(subparsers: Any) -> None:
     levels.add_argument(
         "--ramp", metavar="SPEC", help="linear:START:STOP:STEP or geometric:START:STOP:FACTOR"
     )
-    shape.add_argument("--hold-s", type=float, default=30.0, help="seconds per step (default 30)")
+    shape.add_argument(
+        "--hold-s", type=float, help="seconds per step (default 30; 4 against the simulated demo server)"
+    )
     shape.add_argument("--min-requests", type=int, default=0, help="completed requests per step (default 0)")
     shape.add_argument(
         "--warmup-s", type=float, default=0.0, help="warm-up step at the first level (default 0)"
@@ -107,7 +109,7 @@ def register(subparsers: Any) -> None:
 def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any:
     """Validate every flag and return a ``ReplayConfig``; raises ``ConfigError`` naming the bad value."""
     from oomload.load.payload import parse_token_id_range
-    from oomload.load.runner import DEMO_LEVELS, ReplayConfig
+    from oomload.load.runner import DEMO_HOLD_S, DEMO_LEVELS, ReplayConfig
     from oomload.schedule import Hold, parse_levels, parse_stop_condition
     from oomload.trace import read_trace_header
 
@@ -121,7 +123,8 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
     stop_on = tuple(parse_stop_condition(s) for s in (args.stop_on or ["first-preemption"]))
     if len(stop_on) > 1 and any(c.name == "never" for c in stop_on):
         raise ConfigError("--stop-on never cannot be combined with other stop conditions")
-    Hold(args.hold_s, args.min_requests)
+    hold_s = args.hold_s if args.hold_s is not None else (DEMO_HOLD_S if args.url is None else 30.0)
+    Hold(hold_s, args.min_requests)
     _positive("--max-duration-s", args.max_duration_s)
     _positive("--request-timeout-s", args.request_timeout_s)
     _positive("--metrics-interval-s", args.metrics_interval_s)
@@ -164,7 +167,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         api=args.api,
         stream=not args.no_stream,
         levels=levels,
-        hold_s=args.hold_s,
+        hold_s=hold_s,
         min_requests=args.min_requests,
         warmup_s=args.warmup_s,
         refine=not args.no_refine,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import http.client
 import socket
 import ssl
 import time
@@ -35,6 +36,8 @@ from oomload.load.sse import SseStream, error_message, parse_json_body
 from oomload.outcome import Outcome
 
 MAX_ERROR_BODY_BYTES = 1 << 20
+# socket errors, and geventhttpclient's parse errors (http.client.HTTPException subclasses)
+_WIRE_ERRORS = (OSError, ValueError, http.client.HTTPException)
 BLOCK_BYTES = 64 * 1024
 
 
@@ -127,7 +130,7 @@ def send(
         try:
             sock.sendall(head + request.body)
             resp = HTTPSocketResponse(sock, block_size=BLOCK_BYTES, method="POST")
-        except (OSError, ValueError) as err:  # geventhttpclient's parse errors are ValueErrors/IOErrors
+        except _WIRE_ERRORS as err:
             transport = f"closed before an answer ({_errname(err)})"
             raise _Done() from None
         status = resp.status_code
@@ -156,7 +159,7 @@ def send(
                         body_ok = sse.events > 0
                 else:
                     err_text = error_message(body)
-        except (OSError, ValueError) as err:
+        except _WIRE_ERRORS as err:
             complete = False
             transport = f"stream cut ({_errname(err)})"
     except gevent.Timeout as timeout:

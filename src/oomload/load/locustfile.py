@@ -26,13 +26,12 @@ from locust import events
 
 from oomload.load.scenario import ScenarioUser, configure, make_env_shape, scenario_options
 
-__all__ = ["ScenarioUser"]
+__all__ = ["ScenarioUser", "StepShape"]
 
 _WORKER = os.environ.get("OOMLOAD_WORKER_JSON")
 _OPTIONS: dict[str, Any] = json.loads(_WORKER) if _WORKER else scenario_options(os.environ)
 
-if not _WORKER and _OPTIONS.get("ramp"):
-    StepShape = make_env_shape(_OPTIONS)
+StepShape: Any = make_env_shape(_OPTIONS) if not _WORKER and _OPTIONS.get("ramp") else None
 
 
 def _on_init(environment: Any, **_kw: Any) -> None:

@@ -64,6 +64,7 @@ DEMO_SIM_ARGS: tuple[str, ...] = (
     "0.1",
 )
 DEMO_LEVELS = (1, 2, 4, 8, 16, 32)
+DEMO_HOLD_S = 4.0
 HEALTH_INTERVAL_S = 1.0
 
 
@@ -568,7 +569,9 @@ class _Session:
                 "--loglevel",
                 "WARNING",
             ]
-            self.workers.append(subprocess.Popen(cmd, env=env_k, stdin=subprocess.DEVNULL))
+            self.workers.append(
+                subprocess.Popen(cmd, env=env_k, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+            )
         deadline = time.time() + 60.0
         while len(self.runner.clients.ready) < self.config.processes:
             if time.time() > deadline or any(w.poll() is not None for w in self.workers):
@@ -640,6 +643,16 @@ class _MasterMeter:
         )
 
 
+def _die_with_parent() -> None:
+    """In a worker process (Linux): get SIGTERM when oomload dies, even by SIGKILL — no orphans."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -677,7 +690,9 @@ def build_user_class(
     from oomload.load.scenario import bind_user
     from oomload.load.user import ReplayUser
 
-    user_class = type("OomloadReplayUser", (ReplayUser,), {"abstract": False})
+    # the name must match the worker processes' class (``scenario.ScenarioUser``): Locust's master
+    # tells its workers which user class to spawn by name
+    user_class = type("ScenarioUser", (ReplayUser,), {"abstract": False})
     context = bind_user(
         user_class, options, records=records, api_key=api_key, sink=sink, worker=worker, workers=workers
     )
@@ -730,4 +745,12 @@ def write_repro(run_dir: Path) -> list[Path]:
     return written
 
 
-__all__ = ["DEMO_LEVELS", "DEMO_SIM_ARGS", "ReplayConfig", "build_user_class", "run_replay", "write_repro"]
+__all__ = [
+    "DEMO_HOLD_S",
+    "DEMO_LEVELS",
+    "DEMO_SIM_ARGS",
+    "ReplayConfig",
+    "build_user_class",
+    "run_replay",
+    "write_repro",
+]

@@ -164,6 +164,10 @@ def configure(environment: Any, options: dict[str, Any], here: Path) -> None:
     sink = None
     if options.get("run_dir"):
         sink = RunWriter(options["run_dir"], worker=str(worker) if "worker" in options else None)
+        if (
+            "worker" not in options
+        ):  # a plain `locust -f` run: make the directory readable by `oomload report`
+            _write_scenario_config(sink, options, records)
     context = bind_user(
         ScenarioUser, options, records=records, api_key=api_key, sink=sink, worker=worker, workers=workers
     )
@@ -176,6 +180,50 @@ def configure(environment: Any, options: dict[str, Any], here: Path) -> None:
 
         runner.register_message("oomload_step", on_step)
     environment.oomload_context = context
+
+
+def _write_scenario_config(
+    writer: RunWriter, options: Mapping[str, Any], records: Sequence[TraceRecord]
+) -> None:
+    import time
+
+    from oomload import __version__
+    from oomload.trace import TraceHeader, write_trace
+
+    levels = [int(x) for x in parse_levels(str(options["ramp"]))] if options.get("ramp") else []
+    writer.write_json(
+        "config.json",
+        {
+            "schema": 1,
+            "oomload_version": __version__,
+            "started_unix_s": time.time(),
+            "argv": [],
+            "trace_path": str(options["trace"]),
+            "trace_count": len(records),
+            "url": options["url"],
+            "simulated": False,
+            "model": options["model"],
+            "api": options["payload"]["api"],
+            "stream": options["payload"]["stream"],
+            "schedule": {
+                "levels": levels,
+                "hold_s": options.get("hold_s"),
+                "min_requests": 0,
+                "warmup_s": 0,
+                "refine": False,
+            },
+            "stop_on": [str(options.get("stop_on", "never"))],
+            "max_duration_s": None,
+            "max_model_len": None,
+            "gates": [],
+            "processes": 1,
+            "scenario": True,
+            "api_key_env": options.get("api_key_env"),
+        },
+    )
+    write_trace(
+        writer.path / "trace.jsonl", records, TraceHeader(source=(str(options["trace"]),), format="oomload")
+    )
 
 
 def make_env_shape(options: Mapping[str, Any]) -> type:

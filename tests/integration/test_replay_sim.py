@@ -1,0 +1,326 @@
+"""Real Locust (in the ``oomload replay`` process, and with ``--processes 2``) against the simulated vLLM.
+
+Each replay runs as a subprocess (Locust monkey-patches the process it runs in); the simulated server
+is a ``SimServer`` owned by the test. Assertions are on counts, lengths and files, never on timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from oomload.rundir import RunReader
+from oomload.sim.process import SimServer
+from oomload.trace import TraceHeader, TraceRecord, write_trace
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = "sk-oomload-test-secret-4711"
+SIM_FAST = (
+    "--num-gpu-blocks",
+    "400",
+    "--block-size",
+    "16",
+    "--max-model-len",
+    "2048",
+    "--time-scale",
+    "0.05",
+)
+
+
+def _trace(path: Path, lengths: list[tuple[int, int]]) -> Path:
+    records = [TraceRecord(f"r{i}", i * 0.05, p, o) for i, (p, o) in enumerate(lengths)]
+    write_trace(path, records, TraceHeader(format="test"))
+    return path
+
+
+def _replay(args: list[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OPENAI_API_KEY": SECRET}
+    cmd = [sys.executable, "-m", "oomload", "replay", *args, "--no-live", "--gpu", "none"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimServer]:
+    with SimServer(SIM_FAST) as server:
+        yield server
+
+
+def _assert_exact(run_dir: Path) -> list[object]:
+    results = RunReader(run_dir).requests()
+    assert results, "no request was recorded"
+    for r in results:
+        assert r.outcome.value == "ok", r
+        assert r.usage_prompt_tokens == r.prompt_tokens_asked
+        assert r.usage_completion_tokens == r.output_tokens_asked
+    return list(results)
+
+
+def test_replay_in_process_follows_the_schedule_with_exact_lengths(sim: SimServer, tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl", [(40 + 7 * i, 5 + i % 9) for i in range(30)])
+    run_dir = tmp_path / "run"
+    proc = _replay(
+        [
+            str(trace),
+            "--url",
+            sim.url,
+            "--concurrency",
+            "1,2,4",
+            "--hold-s",
+            "1",
+            "--min-requests",
+            "3",
+            "--stop-on",
+            "never",
+            "--no-refine",
+            "--run-dir",
+            str(run_dir),
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    reader = RunReader(run_dir)
+    config = reader.config()
+    assert config["schedule"]["levels"] == [1, 2, 4] and config["url"] == sim.url
+    assert config["api_key_env"] == "OPENAI_API_KEY" and config["simulated"] is False
+    steps = list(reader.stream("steps"))
+    assert [s["concurrency"] for s in steps if s["event"] == "start"] == [1, 2, 4]
+    ends = [s for s in steps if s["event"] == "end"]
+    assert [s["reason"] for s in ends] == ["hold_done"] * 3
+    assert all(s["completed"] >= 3 for s in ends)
+    assert all(s["achieved_concurrency_max"] <= s["concurrency"] for s in ends)
+    results = _assert_exact(run_dir)
+    assert {r.step for r in results} == {0, 1, 2}  # type: ignore[attr-defined]
+    assert reader.status() is not None and reader.status()["finished"] is True  # type: ignore[index]
+    assert reader.status()["end_reason"] == "completed"  # type: ignore[index]
+    assert sum(1 for _ in reader.stream("metrics")) >= 2
+    copied = [json.loads(line) for line in (run_dir / "trace.jsonl").read_text().splitlines()[1:]]
+    assert len(copied) == 30
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert SECRET not in path.read_text(errors="replace"), path
+
+
+def test_replay_with_two_worker_processes(sim: SimServer, tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl", [(30 + 11 * i, 4 + i % 5) for i in range(20)])
+    run_dir = tmp_path / "run"
+    proc = _replay(
+        [
+            str(trace),
+            "--url",
+            sim.url,
+            "--concurrency",
+            "2,4",
+            "--hold-s",
+            "1",
+            "--min-requests",
+            "4",
+            "--stop-on",
+            "never",
+            "--processes",
+            "2",
+            "--run-dir",
+            str(run_dir),
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    files = sorted(p.name for p in run_dir.glob("requests*.jsonl"))
+    assert files == ["requests.0.jsonl", "requests.1.jsonl"]
+    results = _assert_exact(run_dir)
+    assert len({r.request_id for r in results}) == len(results)  # type: ignore[attr-defined]
+    assert {r.step for r in results} <= {-1, 0, 1}  # type: ignore[attr-defined]
+    steps = [s for s in RunReader(run_dir).stream("steps") if s["event"] == "start"]
+    assert [s["concurrency"] for s in steps] == [2, 4]
+
+
+def test_outcome_classes_from_the_simulator(tmp_path: Path) -> None:
+    # max_model_len 256: prompt 300 → 400 overflow; 200 + 100 → clamped (truncated); tiny queue → 503s
+    lengths = [(300, 5), (200, 100)] + [(60, 30)] * 30
+    trace = _trace(tmp_path / "t.jsonl", lengths)
+    run_dir = tmp_path / "run"
+    sim_args = (
+        "--num-gpu-blocks",
+        "24",
+        "--block-size",
+        "16",
+        "--max-model-len",
+        "256",
+        "--time-scale",
+        "0.5",
+        "--max-num-queued-reqs",
+        "1",
+        "--stream-reject-every",
+        "2",
+    )
+    with SimServer(sim_args) as server:
+        proc = _replay(
+            [
+                str(trace),
+                "--url",
+                server.url,
+                "--concurrency",
+                "8",
+                "--hold-s",
+                "2",
+                "--min-requests",
+                "30",
+                "--stop-on",
+                "never",
+                "--run-dir",
+                str(run_dir),
+                "--max-duration-s",
+                "30",
+            ]
+        )
+    assert proc.returncode in (0, 1, 4), proc.stderr + proc.stdout
+    results = RunReader(run_dir).requests()
+    outcomes = Counter(r.outcome.value for r in results)
+    assert outcomes["context_overflow"] >= 1 and outcomes["truncated"] >= 1 and outcomes["ok"] >= 1, outcomes
+    rejected = [r for r in results if r.outcome.value == "admission_rejected"]
+    assert any(r.http_status == 503 for r in rejected), outcomes
+    assert any(r.http_status == 200 for r in rejected), outcomes  # 503 inside a 200 stream
+    overflow = [r for r in results if r.outcome.value == "context_overflow"]
+    assert all(r.prompt_tokens_asked == 300 and r.http_status == 400 for r in overflow)
+    clamped = [r for r in results if r.outcome.value == "truncated"]
+    assert all(r.usage_completion_tokens is not None and r.usage_completion_tokens < 100 for r in clamped)
+
+
+def _wait_lines(path: Path, count: int, timeout_s: float) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if path.exists() and len(path.read_text().splitlines()) >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{path} did not reach {count} lines")
+
+
+def test_server_death_is_detected_and_recorded(tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl", [(100, 200)] * 10)
+    run_dir = tmp_path / "run"
+    server = SimServer(
+        ("--num-gpu-blocks", "400", "--block-size", "16", "--max-model-len", "2048", "--time-scale", "0.2")
+    ).start()
+    env = {**os.environ}
+    cmd = [
+        sys.executable,
+        "-m",
+        "oomload",
+        "replay",
+        str(trace),
+        "--url",
+        server.url,
+        "--concurrency",
+        "4",
+        "--hold-s",
+        "60",
+        "--stop-on",
+        "never",
+        "--run-dir",
+        str(run_dir),
+        "--no-live",
+        "--gpu",
+        "none",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        _wait_lines(run_dir / "requests.jsonl", 2, 30)
+        assert server.pid is not None
+        os.killpg(server.pid, signal.SIGKILL)
+        _out, err = proc.communicate(timeout=40)
+    finally:
+        server.stop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader = RunReader(run_dir)
+    assert reader.status()["end_reason"] == "server_dead", err  # type: ignore[index]
+    kinds = [e["kind"] for e in reader.stream("events")]
+    assert "server_dead" in kinds
+    outcomes = Counter(r.outcome.value for r in reader.requests())
+    assert outcomes["engine_dead"] + outcomes["transport_error"] + outcomes["truncated"] >= 1, outcomes
+    ends = [s for s in reader.stream("steps") if s["event"] == "end"]
+    assert ends[-1]["reason"] == "server_dead"
+    assert (run_dir / "repro" / "server_death.jsonl").exists()
+
+
+def test_ctrl_c_stops_cleanly_with_a_partial_report(tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl", [(50, 20)] * 10)
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "oomload",
+        "replay",
+        str(trace),
+        "--concurrency",
+        "2",
+        "--hold-s",
+        "60",
+        "--run-dir",
+        str(run_dir),
+        "--no-live",
+        "--gpu",
+        "none",
+        "--sim",
+        "--time-scale 0.2",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        _wait_lines(run_dir / "requests.jsonl", 2, 40)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "SIMULATED" in out
+    reader = RunReader(run_dir)
+    assert reader.status() == {**reader.status(), "finished": False, "end_reason": "interrupted"}  # type: ignore[dict-item]
+    assert any(e["kind"] == "interrupted" for e in reader.stream("events"))
+    assert (run_dir / "summary.json").exists()
+    port = int(reader.config()["url"].rsplit(":", 1)[1])
+    with socket.socket() as sock:  # the simulated server is gone: no orphan
+        assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_plain_locust_runs_the_scenario_file(sim: SimServer, tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl", [(20 + i, 3 + i % 4) for i in range(12)])
+    run_dir = tmp_path / "run"
+    env = {
+        **os.environ,
+        "OOMLOAD_TRACE": str(trace),
+        "OOMLOAD_RUN_DIR": str(run_dir),
+        "OOMLOAD_ORDER": "sample",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        "scenarios/oomload_replay.py",
+        "--host",
+        sim.url,
+        "--headless",
+        "-u",
+        "3",
+        "-r",
+        "3",
+        "-t",
+        "3s",
+        "--loglevel",
+        "WARNING",
+        "--only-summary",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "TTFT" in proc.stdout + proc.stderr and "/v1/completions" in proc.stdout + proc.stderr
+    assert len(_assert_exact(run_dir)) >= 3

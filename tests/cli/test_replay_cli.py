@@ -1,0 +1,112 @@
+"""``oomload replay`` validates every flag before any load is sent: one sentence, exit 2 (or 3)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oomload.cli import main
+from oomload.trace import TraceHeader, TraceRecord, write_trace
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Path:
+    path = tmp_path / "t.jsonl"
+    write_trace(path, [TraceRecord("r0", 0.0, 10, 5)], TraceHeader())
+    return path
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--concurrency", "4,2"], "strictly increasing"),
+        (["--ramp", "geometric:1:64:1"], "FACTOR"),
+        (["--stop-on", "bogus"], "unknown stop condition"),
+        (["--stop-on", "never", "--stop-on", "oom"], "cannot be combined"),
+        (["--hold-s", "0"], "hold time"),
+        (["--tail-percentile", "100"], "--tail-percentile"),
+        (["--gpu", "cuda"], "--gpu"),
+        (["--url", "localhost:8000"], "http://"),
+        (["--processes", "0"], "--processes"),
+        (["--token-id-range", "9:3"], "token id range"),
+        (["--gate", "this is not a gate"], "gate"),
+        (["--url", "http://127.0.0.1:1", "--sim", "--time-scale 0"], "--sim"),
+    ],
+)
+def test_bad_flags_are_one_sentence_and_exit_2(
+    trace: Path, flags: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["replay", str(trace), *flags])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("oomload: error: ") and needle in err, err
+    assert "Traceback" not in err
+
+
+def test_missing_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_validation_does_not_import_locust() -> None:
+    code = "import sys; import oomload.cli.replay, oomload.load.runner; print('locust' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_unreachable_endpoint_exits_3_with_a_sentence(trace: Path, tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [
+        sys.executable,
+        "-m",
+        "oomload",
+        "replay",
+        str(trace),
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert "cannot reach" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_help_lists_the_contract_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    out = capsys.readouterr().out
+    for flag in (
+        "--concurrency",
+        "--ramp",
+        "--hold-s",
+        "--min-requests",
+        "--warmup-s",
+        "--no-refine",
+        "--stop-on",
+        "--max-duration-s",
+        "--order",
+        "--tail-percentile",
+        "--open-loop",
+        "--arrival-scale",
+        "--prefix-sharing",
+        "--no-exact-output",
+        "--api-key-env",
+        "--run-dir",
+        "--gate",
+        "--web",
+        "--processes",
+        "--request-timeout-s",
+        "--metrics-interval-s",
+        "--gpu",
+        "--require-gpu",
+        "--sim",
+    ):
+        assert flag in out, flag

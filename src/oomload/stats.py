@@ -12,6 +12,11 @@ the KV block size when given, so no block is left partly unusable), capped at th
 It also reports the share of the trace the setting would refuse, and — given the KV-cache size in
 tokens — how many worst-case full-length sequences fit at once (vLLM's "Maximum concurrency for N
 tokens per request"), compared with the current setting.
+
+``summarize_trace`` adds what ``oomload trace stats`` reports about arrivals — the mean rate
+((count − 1) / span), the peak rate in the busiest 1 s and 60 s windows, and burstiness (coefficient
+of variation of inter-arrival gaps: 1 for Poisson) — and the share of requests above common context
+limits.
 """
 
 from __future__ import annotations

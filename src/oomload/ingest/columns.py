@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
@@ -52,7 +52,7 @@ TRACE_SCHEMA = pa.schema(
 )
 
 
-def make_batch(length: int, **columns: pa.Array | npt.NDArray[np.generic] | list[object]) -> pa.Table:
+def make_batch(length: int, **columns: Any) -> pa.Table:
     """A batch of ``length`` rows from the given columns; missing columns are all-null (``ok`` all true)."""
     arrays = []
     for schema_field in BATCH_SCHEMA:
@@ -71,20 +71,23 @@ def make_batch(length: int, **columns: pa.Array | npt.NDArray[np.generic] | list
 
 def batch_from_records(records: list[TraceRecord]) -> pa.Table:
     """Pack reader records (``arrival_s`` on the log's clock, ``id`` ``""`` = none) into a batch."""
-    return make_batch(
-        len(records),
-        id=[r.id or None for r in records],
-        time_s=[r.arrival_s for r in records],
-        prompt_tokens=[r.prompt_tokens for r in records],
-        output_tokens=[r.output_tokens for r in records],
-        max_tokens=[r.max_tokens for r in records],
-        ok=[r.ok for r in records],
-        model=[r.model for r in records],
-        hash_ids=[list(r.hash_ids) for r in records],
-        session=[r.session for r in records],
-        parent=[r.parent for r in records],
-        turn=[r.turn for r in records],
-    )
+    columns: dict[str, list[Any]] = {
+        "time_s": [r.arrival_s for r in records],
+        "prompt_tokens": [r.prompt_tokens for r in records],
+        "output_tokens": [r.output_tokens for r in records],
+    }
+    # Optional columns are built only when some record has a value (most logs fill few of them).
+    if any(r.id for r in records):
+        columns["id"] = [r.id or None for r in records]
+    if not all(r.ok for r in records):
+        columns["ok"] = [r.ok for r in records]
+    if any(r.hash_ids for r in records):
+        columns["hash_ids"] = [list(r.hash_ids) for r in records]
+    for name in ("max_tokens", "model", "session", "parent", "turn"):
+        values = [getattr(r, name) for r in records]
+        if any(v is not None for v in values):
+            columns[name] = values
+    return make_batch(len(records), **columns)
 
 
 def batches_from_records(records: Iterable[TraceRecord], size: int = RECORDS_PER_BATCH) -> Iterator[pa.Table]:
@@ -122,14 +125,17 @@ def records_from_batch(batch: pa.Table, *, origin_s: float = 0.0) -> Iterator[Tr
 def format_lines(batch: pa.Table, *, origin_s: float, first_index: int) -> pa.Array:
     """Trace lines (each ending in ``\\n``) for the rows of ``batch``, as one pyarrow string array."""
     n = batch.num_rows
-    generated = pc.binary_join_element_wise(
-        "r", pc.cast(pa.array(np.arange(first_index, first_index + n, dtype=np.int64)), pa.string()), ""
-    )
-    ids = pc.if_else(pc.is_null(batch.column("id")), generated, batch.column("id"))
+    numbers = pc.cast(pa.array(np.arange(first_index, first_index + n, dtype=np.int64)), pa.string())
+    id_column = batch.column("id")
+    if id_column.null_count == n:  # all generated: r<N> needs no escaping
+        ids = pc.binary_join_element_wise('"r', numbers, '"', "")
+    else:
+        generated = pc.binary_join_element_wise("r", numbers, "")
+        ids = _json_strings(pc.if_else(pc.is_null(id_column), generated, id_column))
     arrival = pc.round(pc.subtract(batch.column("time_s"), origin_s), 6)
     pieces: list[pa.Array | pa.ChunkedArray | str] = [
         '{"id":',
-        _json_strings(ids),
+        ids,
         ',"arrival_s":',
         pc.cast(arrival, pa.string()),
         ',"prompt_tokens":',

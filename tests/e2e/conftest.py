@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import TIMINGS, ServerPool
+from harness import FIGURES, TIMINGS, ServerPool
 
 from oomload.realvllm.install import ensure_venv
 from oomload.realvllm.server import VllmServerConfig
@@ -63,3 +63,5 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_sep("-", "real vLLM harness timings")
         for name, seconds in TIMINGS:
             terminalreporter.write_line(f"{name:<24} {seconds:7.1f} s")
+    for line in FIGURES:
+        terminalreporter.write_line(line)

@@ -1,15 +1,23 @@
-"""The e2e session's server pool: at most one real vLLM at a time, reused per configuration."""
+"""E2E harness: the server pool (one real vLLM at a time), running the CLI, reading a run directory."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
 
 from oomload.realvllm.server import RealVllmServer, VllmServerConfig
+from oomload.trace import TraceHeader, TraceRecord, write_trace
 
 TIMINGS: list[tuple[str, float]] = []
+FIGURES: list[str] = []  # measured figures printed at the end of the session
 
 
 class ServerPool:
@@ -42,3 +50,73 @@ class ServerPool:
             self.current.stop()
             TIMINGS.append(("server stop", time.monotonic() - started))
             self.current = None
+
+
+def oomload(*args: str, timeout_s: float = 300.0, env: dict[str, str] | None = None) -> CompletedProcess[str]:
+    """Run the oomload CLI of this checkout as a user would (a subprocess)."""
+    return subprocess.run(
+        [sys.executable, "-m", "oomload", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def write_trace_file(
+    path: Path, lengths: Sequence[tuple[int, int]], arrivals_s: Sequence[float] = ()
+) -> Path:
+    """A trace with the given (prompt, output) lengths (arrivals 0 unless given)."""
+    records = [
+        TraceRecord(f"r{i}", arrivals_s[i] if arrivals_s else 0.0, prompt, output)
+        for i, (prompt, output) in enumerate(lengths)
+    ]
+    write_trace(path, records, TraceHeader(source=("e2e",), format="synthetic"))
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What one replay left in its run directory."""
+
+    path: Path
+    requests: list[dict[str, Any]]
+    steps: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    status: dict[str, Any] | None
+    summary: dict[str, Any] | None
+
+    @classmethod
+    def read(cls, path: Path) -> Run:
+        def jsonl(p: Path) -> list[dict[str, Any]]:
+            if not p.exists():
+                return []
+            return [json.loads(x) for x in p.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+        def doc(name: str) -> dict[str, Any] | None:
+            p = path / name
+            return json.loads(p.read_text(encoding="utf-8")) if p.exists() else None
+
+        return cls(
+            path=path,
+            requests=[r for f in sorted(path.glob("requests*.jsonl")) for r in jsonl(f)],
+            steps=jsonl(path / "steps.jsonl"),
+            events=jsonl(path / "events.jsonl"),
+            status=doc("status.json"),
+            summary=doc("summary.json"),
+        )
+
+    def step_windows(self) -> dict[int, tuple[int, float, float]]:
+        """step index → (concurrency, start, end) of the non-warmup steps (end = last event if cut)."""
+        windows: dict[int, tuple[int, float, float]] = {}
+        for s in self.steps:
+            if s.get("phase") == "warmup":
+                continue
+            c, start, end = windows.get(s["step"], (s["concurrency"], s["t_unix_s"], float("inf")))
+            if s["event"] == "start":
+                start = s["t_unix_s"]
+            else:
+                end = s["t_unix_s"]
+            windows[s["step"]] = (c, start, end)
+        return windows

@@ -6,6 +6,7 @@ keep-alive), so these helpers never suffer the keep-alive race they help to test
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import threading
@@ -142,9 +143,7 @@ class CounterWatch:
         if not self.samples:
             return None
         baseline = self.samples[0][2]
-        for (prev_sent, _prev_recv, _), (_sent, recv, value) in zip(
-            self.samples, self.samples[1:], strict=False
-        ):
+        for (prev_sent, _prev_recv, _), (_sent, recv, value) in itertools.pairwise(self.samples):
             if value > baseline:
                 return (prev_sent, recv)
         return None

@@ -1,0 +1,69 @@
+"""Context overflow on the real vLLM: prompts longer than ``max_model_len`` come back as HTTP 400, are
+counted as overflow with their lengths, and ``max_model_len`` is recommended from the trace's P99."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from harness import Run, ServerPool, oomload, write_trace_file
+
+from oomload.stats import percentile
+
+pytestmark = pytest.mark.e2e
+
+MAX_MODEL_LEN = 2048
+OVERFLOW_PROMPT = 2300
+OUTPUT_TOKENS = 8
+
+
+def _lengths() -> list[tuple[int, int]]:
+    """300 requests; three (at positions 1, 3 and 5, so an ordered replay reaches them) overflow."""
+    rng = random.Random(5)
+    lengths = [(rng.randint(32, 700), OUTPUT_TOKENS) for _ in range(300)]
+    for i in (1, 3, 5):
+        lengths[i] = (OVERFLOW_PROMPT, OUTPUT_TOKENS)
+    return lengths
+
+
+def test_overflow_is_counted_with_lengths_and_max_model_len_covers_p99(
+    vllm_servers: ServerPool, tmp_path: Path
+) -> None:
+    server = vllm_servers.get()
+    lengths = _lengths()
+    trace = write_trace_file(tmp_path / "t.jsonl", lengths)
+    run_dir = tmp_path / "run"
+    proc = oomload(
+        *("replay", str(trace), "--url", server.url, "--run-dir", str(run_dir), "--gpu", "none"),
+        *("--concurrency", "4", "--hold-s", "4", "--warmup-s", "0", "--no-refine", "--order", "trace"),
+        *("--stop-on", "never"),
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    run = Run.read(run_dir)
+    too_long = [r for r in run.requests if r["prompt_tokens_asked"] > MAX_MODEL_LEN]
+    fitting = [r for r in run.requests if r["prompt_tokens_asked"] <= MAX_MODEL_LEN]
+    assert len(too_long) >= 3
+    assert {(r["outcome"], r.get("http_status")) for r in too_long} == {("context_overflow", 400)}
+    assert {r["outcome"] for r in fitting} == {"ok"}
+    assert all(
+        (r["usage_prompt_tokens"], r["usage_completion_tokens"]) == (r["prompt_tokens_asked"], OUTPUT_TOKENS)
+        for r in fitting
+    )
+
+    assert run.summary is not None
+    overflow = run.summary["verdict"]["context_overflow"]
+    assert overflow["refused"] == len(too_long)
+    total = OVERFLOW_PROMPT + OUTPUT_TOKENS
+    assert (overflow["refused_total_tokens_min"], overflow["refused_total_tokens_max"]) == (total, total)
+    assert (overflow["model_limit"], overflow["trace_over_limit"], overflow["trace_count"]) == (
+        MAX_MODEL_LEN,
+        3,
+        300,
+    )
+    p99 = percentile([p + o for p, o in lengths], 99)
+    advice = run.summary["recommendation"]["max_model_len"]
+    assert advice is not None
+    assert p99 <= advice["max_model_len"] < MAX_MODEL_LEN
+    setting = next(s for s in run.summary["recommendation"]["settings"] if s["flag"] == "--max-model-len")
+    assert setting["value"] == advice["max_model_len"]

@@ -1,0 +1,109 @@
+"""Server death: the real vLLM is SIGKILLed (API server, EngineCore and Worker at once) in the middle of
+a step. oomload must record the step and the time, classify the failed requests, stop, exit with the
+documented code (a ``no-oom-up-to`` gate fails → 1) and ``oomload report`` must render the partial run.
+
+This test kills its server, so it runs last (files run in name order) and the pool starts a fresh one
+should anything run after it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from harness import FIGURES, Run, ServerPool, oomload, write_trace_file
+
+from oomload.errors import ExitCode
+
+pytestmark = pytest.mark.e2e
+
+GATE = "no-oom-up-to:8"
+
+
+def test_killing_vllm_mid_step_is_recorded_and_reported(vllm_servers: ServerPool, tmp_path: Path) -> None:
+    server = vllm_servers.get()
+    trace = write_trace_file(tmp_path / "t.jsonl", [(256, 256)] * 200)
+    run_dir = tmp_path / "run"
+    argv = [
+        *(sys.executable, "-m", "oomload", "replay", str(trace), "--url", server.url),
+        *("--run-dir", str(run_dir), "--gpu", "none", "--gate", GATE),
+        *("--concurrency", "2,4,8", "--hold-s", "30", "--warmup-s", "0", "--no-refine", "--stop-on", "never"),
+    ]
+    with open(tmp_path / "stdout.txt", "w") as out, open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, start_new_session=True)
+        try:
+            step = _wait_for_requests_in_step(run_dir, concurrency=4, proc=proc, timeout_s=90.0)
+            killed_at = time.time()
+            server.kill()
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert "Traceback" not in stderr, stderr
+    assert code == ExitCode.GATE_FAILED, stderr
+
+    run = Run.read(run_dir)
+    assert run.status is not None
+    assert run.status["end_reason"] == "server_dead"
+    ends = [s for s in run.steps if s["event"] == "end"]
+    assert (ends[-1]["step"], ends[-1]["reason"]) == (step, "server_dead")
+    deaths = [e for e in run.events if e["kind"] == "server_dead"]
+    assert deaths and deaths[0]["step"] == step and deaths[0]["t_unix_s"] >= killed_at
+
+    before = [r for r in run.requests if r["end_unix_s"] < killed_at]
+    after = [r for r in run.requests if r["end_unix_s"] >= killed_at]
+    assert before and {r["outcome"] for r in before} == {"ok"}
+    assert {(r["usage_prompt_tokens"], r["usage_completion_tokens"]) for r in before} == {(256, 256)}
+    assert after, "the requests in flight at the kill must be recorded"
+    in_flight = [r for r in after if r["start_unix_s"] < killed_at]
+    sent_to_the_dead = [r for r in after if r["start_unix_s"] >= killed_at]
+    # A stream cut in the middle is "truncated" (outcome.py: a stream that ended without its usage),
+    # a connection closed before any answer "transport_error"; nothing after the kill is ok.
+    assert {r["outcome"] for r in in_flight} <= {"truncated", "transport_error", "engine_dead"}
+    assert all((r.get("usage_completion_tokens") or 0) < 256 for r in in_flight)
+    assert {r["outcome"] for r in sent_to_the_dead} <= {"engine_dead", "transport_error"}
+    assert "engine_dead" in {r["outcome"] for r in sent_to_the_dead}
+    assert (run_dir / "repro" / "server_death.jsonl").exists()
+
+    report = oomload("report", str(run_dir), "--gate", GATE, timeout_s=120)
+    assert "Traceback" not in report.stderr + report.stdout
+    assert report.returncode == ExitCode.GATE_FAILED
+    summary = Run.read(run_dir).summary
+    assert summary is not None
+    death = summary["verdict"]["onsets"]["engine_death"]
+    assert (death["step"], death["concurrency"]) == (step, 4)
+    assert summary["verdict"]["requests"]["total"] == len(run.requests)
+    assert summary["verdict"]["requests"]["ok"] == len(before)
+    FIGURES.append(
+        f"server death: step {step} (concurrency 4); {len(before)} ok before the kill, {len(in_flight)} in "
+        f"flight ({sorted({r['outcome'] for r in in_flight})}), {len(sent_to_the_dead)} sent after it"
+    )
+    assert (run_dir / "report.md").read_text().strip()
+
+
+def _wait_for_requests_in_step(
+    run_dir: Path, concurrency: int, proc: subprocess.Popen[bytes], timeout_s: float
+) -> int:
+    """Wait until the step at ``concurrency`` has finished a request; returns its index."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"replay exited early with {proc.returncode}"
+        run = _try_read(run_dir)
+        if run is not None:
+            starts = [s for s in run.steps if s["event"] == "start" and s["concurrency"] == concurrency]
+            if starts and any(r["step"] == starts[0]["step"] for r in run.requests):
+                return int(starts[0]["step"])
+        time.sleep(0.2)
+    raise AssertionError(f"no request finished at concurrency {concurrency} in time")
+
+
+def _try_read(run_dir: Path) -> Run | None:
+    try:
+        return Run.read(run_dir)
+    except ValueError:  # a line caught mid-write
+        return None

@@ -9,7 +9,7 @@
 3. **Write** (``write_trace_file``): batches are rendered to trace lines by vectorized kernels and
    appended to a temporary body file; the first record's time is the origin (``arrival_s = 0``).
    If the merged stream turns out not to be in time order (e.g. a gateway that logs at completion),
-   the body is read back (columnar, ~50 bytes per request), sorted by time (stable) and rebased on
+   the body is read back (columnar, a few hundred bytes per request), sorted by time (stable) and rebased on
    the earliest request. The header — which needs the skip counts known only at the end — is
    written first into the final file, then the body is copied after it, and the file is renamed
    into place, so a failed build never leaves a half-written trace.

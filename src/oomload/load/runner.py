@@ -321,6 +321,7 @@ class _Session:
         self._health_failures = 0
         self._health_refused = 0
         self.progress: Any = None
+        self._saved_argv = sys.argv
 
     # -- telemetry -------------------------------------------------------------------------------
     def _start_telemetry(self) -> None:
@@ -425,6 +426,9 @@ class _Session:
         else:
             self.runner = self.env.create_local_runner()
         if config.web:
+            # Locust's web UI re-parses sys.argv with its own parser on every page load
+            self._saved_argv = sys.argv
+            sys.argv = [sys.argv[0]]
             self.web_ui = self.env.create_web_ui(config.web_host, config.web_port)
             self.console.print(f"Locust web UI: http://{config.web_host}:{config.web_port}")
         self._install_signals()
@@ -589,6 +593,7 @@ class _Session:
                 self.runner.quit()
         if self.web_ui is not None:
             self.web_ui.stop()
+            sys.argv = self._saved_argv
         for proc in self.workers:
             try:
                 proc.wait(timeout=10)

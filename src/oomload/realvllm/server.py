@@ -16,23 +16,32 @@ Stop: vLLM runs as three processes (API server, EngineCore, Worker) in the new s
 group. ``stop()`` sends SIGTERM to the whole group, waits until no live member is left, then SIGKILLs
 whatever remains; it is idempotent and runs on context exit whatever happened. ``kill()`` SIGKILLs the
 group at once (an abrupt engine death for tests).
+
+``python -m oomload.realvllm.server [--port 8000]`` does all of it for a user: installs the
+environment if needed, builds the tiny model and serves it until Ctrl-C.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from oomload.errors import EndpointError
+from oomload.errors import EndpointError, ExitCode, OomloadError
+from oomload.realvllm.install import DEFAULT_ROOT, ensure_venv
+from oomload.realvllm.tinymodel import ensure_tiny_model
 
 LAUNCHER = Path(__file__).with_name("launcher.py")
 KV_BYTES_PER_TOKEN_TINY = 1024  # the tiny model: 2 (K, V) × 2 layers × 4 heads × 32 × 2 bytes
@@ -289,3 +298,62 @@ def group_members(pgid: int) -> list[int]:
         if len(fields) >= 3 and fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(entry.name))
     return members
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m oomload.realvllm.server``: install if needed, build the tiny model, serve until Ctrl-C."""
+    parser = argparse.ArgumentParser(
+        prog="python -m oomload.realvllm.server",
+        description="Serve the tiny local model with the real vLLM (CPU build) on loopback, until Ctrl-C.",
+    )
+    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="venv + model folder (default .e2e)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--block-size", type=int, default=256, help="tokens per KV block (multiple of 32)")
+    parser.add_argument("--num-gpu-blocks", type=int, default=12, help="KV blocks (one is vLLM's null block)")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-queued-reqs", type=int, default=None)
+    parser.add_argument("--startup-timeout-s", type=float, default=180.0)
+    args = parser.parse_args(argv)
+    root = args.root.absolute()
+    try:
+        python = ensure_venv(root)
+        model = ensure_tiny_model(python, root / "tiny-model")
+        config = VllmServerConfig(
+            python=python.absolute(),
+            model_dir=model.absolute(),
+            block_size=args.block_size,
+            num_gpu_blocks=args.num_gpu_blocks,
+            kv_cache_memory_bytes=max(
+                16 << 20, args.num_gpu_blocks * args.block_size * KV_BYTES_PER_TOKEN_TINY
+            ),
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            max_num_queued_reqs=args.max_num_queued_reqs,
+        )
+        server = RealVllmServer(
+            config, root / "logs", port=args.port, startup_timeout_s=args.startup_timeout_s
+        )
+        print(f"starting vLLM (log: {server.log_path}) ...", flush=True)
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        with server:
+            print(
+                f"ready after {server.startup_s:.1f} s: {server.url}  (model tiny-model; Ctrl-C stops)",
+                flush=True,
+            )
+            while not stop.wait(1.0):
+                if not server.is_running():
+                    print(
+                        f"vLLM exited; last lines of {server.log_path}:\n{server.log_tail()}", file=sys.stderr
+                    )
+                    return int(ExitCode.UNREACHABLE)
+    except OomloadError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return int(err.exit_code)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

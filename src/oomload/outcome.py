@@ -11,18 +11,18 @@ ended without its usage chunk).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """The one way a request ended."""
 
     OK = "ok"
     CONTEXT_OVERFLOW = "context_overflow"  # HTTP 400 "maximum context length"
     ADMISSION_REJECTED = "admission_rejected"  # HTTP 503, or an error event inside a 200 SSE stream
     SERVER_ERROR = "server_error"  # HTTP 5xx other than 503 while the engine lives
-    ENGINE_DEAD = "engine_dead"  # CUDA OOM text, EngineDeadError, connection refused after the server answered
+    ENGINE_DEAD = "engine_dead"  # CUDA OOM text, EngineDeadError, refused after the server had answered
     TRANSPORT_ERROR = "transport_error"  # connection reset/closed before an answer (keep-alive race, …)
     TIMEOUT = "timeout"  # no answer within the request timeout
     TRUNCATED = "truncated"  # 200 with fewer tokens than asked (clamped max_tokens, stream cut short)

@@ -83,7 +83,7 @@ class RunWriter:
     def _file(self, name: str) -> IO[str]:
         fh = self._files.get(name)
         if fh is None:
-            fh = open(self.path / f"{name}.jsonl", "a", encoding="utf-8")
+            fh = open(self.path / f"{name}.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (kept open)
             self._files[name] = fh
         return fh
 
@@ -96,10 +96,13 @@ class RunWriter:
             fh.flush()
 
     def request(self, result: RequestResult) -> None:
-        self.append("requests" if self._worker is None else f"requests.{self._worker}", result.to_json())
+        stream = "requests" if self._worker is None else f"requests.{self._worker}"
+        self.append(stream, result.to_json())
 
     def event(self, kind: str, t_unix_s: float | None = None, **detail: Any) -> None:
-        self.append("events", {"t_unix_s": time.time() if t_unix_s is None else t_unix_s, "kind": kind, **detail})
+        self.append(
+            "events", {"t_unix_s": time.time() if t_unix_s is None else t_unix_s, "kind": kind, **detail}
+        )
 
     def write_json(self, name: str, obj: dict[str, Any]) -> None:
         """Write a whole JSON document atomically (``config.json``, ``status.json`` …)."""

@@ -90,7 +90,7 @@ class TraceRecord:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> TraceRecord:
-        """Build a record from one trace line; raises ``ValueError``/``KeyError``/``TypeError`` on bad shape."""
+        """Build a record from one trace line; ``ValueError``/``KeyError``/``TypeError`` on a bad shape."""
         prompt_tokens = _nonneg_int(obj["prompt_tokens"], "prompt_tokens")
         output_tokens = _nonneg_int(obj["output_tokens"], "output_tokens")
         max_tokens = obj.get("max_tokens")

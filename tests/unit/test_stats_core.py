@@ -47,8 +47,9 @@ def test_recommendation_never_below_its_basis(values: list[int], margin: float) 
 def test_recommendation_rounds_to_block_and_caps() -> None:
     advice = recommend_max_model_len([1000] * 100, block_size=96, model_limit=4096)
     assert advice.max_model_len == 1536  # 1100 → lcm(256, 96)=768 → 1536
-    capped = recommend_max_model_len([10_000] * 100, model_limit=8192, kv_cache_tokens=65536,
-                                     current_max_model_len=32768)
+    capped = recommend_max_model_len(
+        [10_000] * 100, model_limit=8192, kv_cache_tokens=65536, current_max_model_len=32768
+    )
     assert capped.max_model_len == 8192 and capped.capped_by_model_limit and capped.refused_share == 1.0
     assert capped.freed_concurrency == 8 - 2
 

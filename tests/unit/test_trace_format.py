@@ -12,8 +12,19 @@ from oomload.trace import TraceHeader, TraceRecord, is_trace_file, read_trace, w
 def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
     records = [
         TraceRecord("a", 0.0, 10, 5),
-        TraceRecord("b", 1.5, 7000, 0, max_tokens=256, ok=False, model="m", hash_ids=(1, 2), session="s",
-                    parent="a", turn=2),
+        TraceRecord(
+            "b",
+            1.5,
+            7000,
+            0,
+            max_tokens=256,
+            ok=False,
+            model="m",
+            hash_ids=(1, 2),
+            session="s",
+            parent="a",
+            turn=2,
+        ),
     ]
     path = tmp_path / "t.jsonl"
     assert write_trace(path, records, TraceHeader(source=("x.csv",), format="azure-csv")) == 2
@@ -24,8 +35,12 @@ def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
 
 
 def test_plain_record_omits_optional_keys() -> None:
-    assert TraceRecord("a", 0.0, 1, 2).to_json() == {"id": "a", "arrival_s": 0.0, "prompt_tokens": 1,
-                                                     "output_tokens": 2}
+    assert TraceRecord("a", 0.0, 1, 2).to_json() == {
+        "id": "a",
+        "arrival_s": 0.0,
+        "prompt_tokens": 1,
+        "output_tokens": 2,
+    }
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,10 @@ apply to one request: engine dead > context overflow > admission rejected > serv
 transport error > truncated output > ok. "Truncated" means the server answered 200 but produced fewer
 tokens than asked (e.g. vLLM silently clamping ``max_tokens`` near ``max_model_len``, or a stream that
 ended without its usage chunk).
+
+``cancelled`` is not the server's doing: oomload itself abandoned the request (a user stopped at the end
+of the run or by Ctrl-C while the request was in flight). It is recorded so that nothing sent is lost,
+and it is neither a success nor an error: the verdict leaves it out of error rates.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ class Outcome(StrEnum):
     TRANSPORT_ERROR = "transport_error"  # connection reset/closed before an answer (keep-alive race, …)
     TIMEOUT = "timeout"  # no answer within the request timeout
     TRUNCATED = "truncated"  # 200 with fewer tokens than asked (clamped max_tokens, stream cut short)
+    CANCELLED = "cancelled"  # oomload abandoned it in flight (end of run, Ctrl-C); neither ok nor error
 
     @property
     def is_error(self) -> bool:
-        return self is not Outcome.OK
+        return self not in (Outcome.OK, Outcome.CANCELLED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -183,3 +183,29 @@ def test_subprocess_bad_log_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.startswith("oomload: error: ") and "Traceback" not in done.stderr
     assert "cannot tell the log format" in done.stderr
+
+
+def test_build_says_in_one_line_that_mixed_clocks_were_rebased(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    azure = tmp_path / "azure.csv"
+    azure.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.0,5,1\n2023-11-16 18:00:09.0,6,1\n"
+    )
+    mooncake = tmp_path / "m.jsonl"
+    mooncake.write_text(MOONCAKE % (0, 7) + MOONCAKE % (4000, 8))
+    out = tmp_path / "both.jsonl"
+    code, stdout, _ = run(["trace", "build", str(azure), str(mooncake), "-o", str(out)], capsys)
+    assert code == 0
+    notes = [line for line in stdout.splitlines() if "rebased" in line]
+    assert notes == [
+        "note: inputs mix wall-clock and relative (since-start) timestamps: "
+        "each input rebased to its own start"
+    ]
+    code, stdout, _ = run(["trace", "stats", str(out), "--json"], capsys)
+    assert json.loads(stdout)["arrivals"]["span_s"] == 9.0
+    code, stdout, _ = run(["trace", "stats", str(azure), str(mooncake), "--json"], capsys)
+    document = json.loads(stdout)
+    assert (
+        document["arrivals"]["span_s"] == 9.0 and document["aligned"] == "each input rebased to its own start"
+    )

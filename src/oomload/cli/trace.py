@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from oomload.errors import ConfigError, ExitCode
 
 if TYPE_CHECKING:
+    from oomload.ingest import TraceColumns
     from oomload.stats import TraceStats
 
 
@@ -123,17 +124,18 @@ def run_build(args: argparse.Namespace) -> int:
         + ("" if result.tokenizer is None else f", tokens counted with {result.tokenizer}")
         + ")"
     )
-    skipped = sum(result.skipped.values())
-    if skipped:
-        print(f"skipped {skipped} lines:")
-        for reason, count in result.skipped.items():
-            shown = ", ".join(result.skipped_examples.get(reason, []))
-            print(f"  {count:>8}  {reason}  (first: {shown})")
+    skips = result.skips
+    if skips.total:
+        print(f"skipped {skips.total} lines:")
+        for reason, count in skips.as_dict().items():
+            print(f"  {count:>8}  {reason}  (first: {', '.join(skips.examples.get(reason, []))})")
     else:
         print("skipped 0 lines")
+    if result.alignment is not None and not result.alignment.shared:
+        print(f"note: {result.alignment.reason}: {result.alignment.description}")
     if result.reordered:
         print("note: the input was not in time order; the trace was sorted by arrival time")
-    for note in result.notes:
+    for note in skips.notes:
         print(f"note: {note}")
     return int(ExitCode.OK)
 
@@ -161,7 +163,7 @@ def run_stats(args: argparse.Namespace) -> int:
         kv_cache_tokens=args.kv_cache_tokens,
         current_max_model_len=args.current_max_model_len,
     )
-    document = stats_document(stats, args.inputs, columns.formats, columns.tokenizer, columns.skips.as_dict())
+    document = stats_document(stats, args.inputs, columns)
     if args.plot:
         plot_lengths(args.plot, columns.prompt_tokens, columns.output_tokens)
     if args.json:
@@ -173,20 +175,17 @@ def run_stats(args: argparse.Namespace) -> int:
     return int(ExitCode.OK)
 
 
-def stats_document(
-    stats: TraceStats,
-    inputs: list[str],
-    formats: tuple[str, ...],
-    tokenizer: str | None,
-    skipped: dict[str, int],
-) -> dict[str, Any]:
+def stats_document(stats: TraceStats, inputs: list[str], columns: TraceColumns) -> dict[str, Any]:
     """The ``--json`` shape of ``trace stats`` (documented in docs/trace.md)."""
     advice = stats.advice
+    alignment = columns.alignment
     return {
         "inputs": list(inputs),
-        "formats": list(formats),
-        "tokenizer": tokenizer,
-        "skipped": skipped,
+        "formats": list(columns.formats),
+        "tokenizer": columns.tokenizer,
+        "skipped": columns.skips.as_dict(),
+        "aligned": None if alignment is None else alignment.description,
+        "aligned_reason": None if alignment is None else alignment.reason,
         "percentile_method": stats.method,
         "count": stats.arrivals.count,
         "failed": stats.failed_count,
@@ -229,6 +228,8 @@ def _print_stats(doc: dict[str, Any]) -> None:
     )
     cv = arrivals["burstiness_cv"]
     head.add_row("burstiness (CV of gaps; Poisson = 1)", "-" if cv is None else f"{cv:.2f}")
+    if doc["aligned_reason"]:
+        head.add_row("inputs aligned", f"{doc['aligned']} ({doc['aligned_reason']})")
     if doc["skipped"]:
         head.add_row("lines skipped", ", ".join(f"{n} {reason}" for reason, n in doc["skipped"].items()))
     console.print(head)

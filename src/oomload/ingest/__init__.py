@@ -4,8 +4,10 @@ Formats (auto-detected from content, see ``oomload.ingest.detect``): OpenAI-styl
 JSONL and Batch output (``openai_log``), vLLM server logs (``vllm_log``), Azure and BurstGPT CSV and
 mapped CSV (``tabular``), Mooncake/Bailian JSONL (``mooncake``), mapped JSONL (``mapping``), and
 oomload traces themselves. Inputs may be gzip- or zstd-compressed (``source``). Every reader turns
-its input into columnar batches (``columns``); ``build`` merges, orders and writes them, or
-gathers the arrays ``trace stats`` needs. Unusable lines are counted by reason (``skips``).
+its input into columnar batches (``columns``); ``build`` merges them on one timeline (``clocks``
+decides whether several inputs share a clock) and writes them (``writer``), or gathers the arrays
+``trace stats`` needs. Unusable lines are counted by reason (``skips``). Text is counted only with a
+tokenizer the user names (``tokens``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from oomload.ingest.build import (
     load_columns,
     plan_inputs,
 )
+from oomload.ingest.clocks import ClockAlignment, ClockRange, align_clocks
 from oomload.ingest.detect import FORMATS, detect_format
 from oomload.ingest.mapping import ColumnMapping, parse_mapping
 from oomload.ingest.skips import SkipLog
@@ -28,12 +31,15 @@ from oomload.ingest.tokens import TokenCounter, load_token_counter
 __all__ = [
     "FORMATS",
     "BuildResult",
+    "ClockAlignment",
+    "ClockRange",
     "ColumnMapping",
     "InputPlan",
     "LogSource",
     "SkipLog",
     "TokenCounter",
     "TraceColumns",
+    "align_clocks",
     "build_trace",
     "detect_format",
     "iter_records",

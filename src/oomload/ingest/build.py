@@ -1,25 +1,24 @@
-"""From log files to a trace: plan the inputs, stream their batches in time order, write or summarize.
+"""From log files to a trace: plan the inputs, stream their batches on one timeline, write or summarize.
 
 1. **Plan** (``plan_inputs``): every input is opened, its format detected (or forced) and its
    columns checked *before* anything is written, so an unknown format, an empty or unreadable file
    or a mapping naming a missing column fails fast with one sentence.
 2. **Stream** (``iter_batches``): one input streams its batches as they are parsed; several inputs
-   are merged by absolute time with ``heapq.merge`` (each log is assumed to be in time order,
-   which the writer checks).
-3. **Write** (``write_trace_file``): batches are rendered to trace lines by vectorized kernels and
-   appended to a temporary body file; the first record's time is the origin (``arrival_s = 0``).
-   If the merged stream turns out not to be in time order (e.g. a gateway that logs at completion),
-   the body is read back (columnar, a few hundred bytes per request), sorted by time (stable) and rebased on
-   the earliest request. The header — which needs the skip counts known only at the end — is
-   written first into the final file, then the body is copied after it, and the file is renamed
-   into place, so a failed build never leaves a half-written trace.
+   are merged by time with ``heapq.merge`` (each log is assumed to be in time order, which the
+   writer checks), after adding each input's clock offset.
+3. **Align** (``oomload.ingest.clocks``): several inputs share one clock only when their clocks are
+   of one kind (all wall-clock or all since-start) and their time ranges overlap or follow each
+   other; otherwise each input is rebased to its own start. ``build_trace`` learns the ranges
+   while it writes (one pass on the shared clock) and, when they turn out not to share one, writes
+   again with the offsets — so only such builds read their inputs twice. ``load_columns`` holds the
+   columns anyway and shifts them in place; ``iter_records`` measures the ranges in a first pass.
+4. **Write** (``oomload.ingest.writer``): streamed body, header at the end, atomic rename.
 """
 
 from __future__ import annotations
 
 import heapq
-import os
-import shutil
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,21 +26,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pa_json
 
 from oomload.errors import TraceFormatError
-from oomload.ingest.columns import (
-    TRACE_SCHEMA,
-    batches_from_records,
-    format_lines,
-    lines_bytes,
-    make_batch,
-    read_trace_columns,
-    records_from_batch,
-)
+from oomload.ingest.clocks import ClockAlignment, ClockRange, align_clocks
+from oomload.ingest.columns import batches_from_records, read_trace_columns, records_from_batch
 from oomload.ingest.detect import detect_format
 from oomload.ingest.mapping import ColumnMapping, check_jsonl_mapping, csv_layout, read_mapped_jsonl_records
 from oomload.ingest.mooncake import read_mooncake_batches
@@ -51,7 +41,8 @@ from oomload.ingest.source import LogSource
 from oomload.ingest.tabular import AZURE, BURSTGPT, CsvLayout, check_layout, read_csv_batches
 from oomload.ingest.tokens import TokenCounter
 from oomload.ingest.vllm_log import read_vllm_records
-from oomload.trace import TraceHeader, TraceRecord, iter_trace
+from oomload.ingest.writer import TraceScratch, finish_trace, write_body
+from oomload.trace import TraceHeader, TraceRecord, is_trace_file, iter_trace, read_trace_header
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,16 +57,15 @@ class InputPlan:
 
 @dataclass(frozen=True, slots=True)
 class BuildResult:
-    """What ``build_trace`` wrote, and what it could not use."""
+    """What ``build_trace`` wrote, what it could not use, and how it aligned several inputs."""
 
     out_path: Path
     records_written: int
     formats: tuple[str, ...]
-    skipped: dict[str, int]
-    skipped_examples: dict[str, list[str]]
-    notes: tuple[str, ...]
+    skips: SkipLog
     reordered: bool
     tokenizer: str | None = None
+    alignment: ClockAlignment | None = None  # None for a single input
 
 
 @dataclass(slots=True)
@@ -89,6 +79,7 @@ class TraceColumns:
     formats: tuple[str, ...]
     tokenizer: str | None = None
     skips: SkipLog = field(default_factory=SkipLog)
+    alignment: ClockAlignment | None = None  # None for a single input
 
 
 def plan_inputs(
@@ -138,16 +129,64 @@ def iter_source_batches(plan: InputPlan, skips: SkipLog, counter: TokenCounter |
         raise TraceFormatError(f"no reader for format {plan.format!r}", source.path)
 
 
+@dataclass(slots=True)
+class ClockMeter:
+    """The time range of the batches that pass through ``observe`` (raw times, before any offset)."""
+
+    start_s: float = math.inf
+    end_s: float = -math.inf
+
+    def observe(self, batches: Iterable[pa.Table]) -> Iterator[pa.Table]:
+        for batch in batches:
+            if batch.num_rows:
+                extremes = pc.min_max(batch.column("time_s"))
+                self.start_s = min(self.start_s, extremes["min"].as_py())
+                self.end_s = max(self.end_s, extremes["max"].as_py())
+            yield batch
+
+    @property
+    def empty(self) -> bool:
+        return self.start_s > self.end_s
+
+
 def iter_batches(
-    plans: Sequence[InputPlan], skips: SkipLog, counter: TokenCounter | None
+    plans: Sequence[InputPlan],
+    skips: SkipLog,
+    counter: TokenCounter | None,
+    *,
+    offsets_s: Sequence[float] | None = None,
+    meters: Sequence[ClockMeter] | None = None,
 ) -> Iterator[pa.Table]:
-    """All inputs' batches; several inputs are merged by absolute time (record by record)."""
-    if len(plans) == 1:
-        yield from iter_source_batches(plans[0], skips, counter)
+    """All inputs' batches, each input's times plus its offset; several inputs merged record by record."""
+    streams: list[Iterator[pa.Table]] = []
+    for index, plan in enumerate(plans):
+        batches = iter_source_batches(plan, skips, counter)
+        if meters is not None:
+            batches = meters[index].observe(batches)
+        if offsets_s is not None and offsets_s[index] != 0.0:
+            batches = _shifted(batches, offsets_s[index])
+        streams.append(batches)
+    if len(streams) == 1:
+        yield from streams[0]
         return
-    streams = [_records(iter_source_batches(plan, skips, counter)) for plan in plans]
-    merged = heapq.merge(*streams, key=lambda record: record.arrival_s)
-    yield from batches_from_records(merged)
+    records = [(record for batch in stream for record in records_from_batch(batch)) for stream in streams]
+    yield from batches_from_records(heapq.merge(*records, key=lambda record: record.arrival_s))
+
+
+def _shifted(batches: Iterable[pa.Table], offset_s: float) -> Iterator[pa.Table]:
+    for batch in batches:
+        index = batch.schema.get_field_index("time_s")
+        yield batch.set_column(index, "time_s", pc.add(batch.column("time_s"), offset_s))
+
+
+def align_inputs(meters: Sequence[ClockMeter]) -> ClockAlignment:
+    """``align_clocks`` over the inputs that held requests (an empty input keeps offset 0)."""
+    used = [index for index, meter in enumerate(meters) if not meter.empty]
+    alignment = align_clocks([ClockRange(meters[i].start_s, meters[i].end_s) for i in used])
+    offsets_s = [0.0] * len(meters)
+    for index, offset_s in zip(used, alignment.offsets_s, strict=True):
+        offsets_s[index] = offset_s
+    return ClockAlignment(tuple(offsets_s), alignment.shared, alignment.reason)
 
 
 def iter_records(
@@ -158,18 +197,20 @@ def iter_records(
     counter: TokenCounter | None = None,
     skips: SkipLog | None = None,
 ) -> Iterator[TraceRecord]:
-    """Records from logs, ``arrival_s`` relative to the first one (logs assumed in time order)."""
+    """Records from logs, ``arrival_s`` relative to the first one (several inputs are read twice)."""
     skips = SkipLog() if skips is None else skips
-    origin: float | None = None
-    for batch in iter_batches(plan_inputs(paths, format=format, mapping=mapping), skips, counter):
-        if origin is None:
-            origin = float(batch.column("time_s")[0].as_py())
-        yield from records_from_batch(batch, origin_s=origin)
-
-
-def _records(batches: Iterable[pa.Table]) -> Iterator[TraceRecord]:
-    for batch in batches:
-        yield from records_from_batch(batch)
+    plans = plan_inputs(paths, format=format, mapping=mapping)
+    offsets_s = None
+    if len(plans) > 1:
+        meters = [ClockMeter() for _ in plans]
+        for _ in iter_batches(plans, SkipLog(), counter, meters=meters):
+            pass
+        offsets_s = align_inputs(meters).offsets_s
+    origin_s: float | None = None
+    for batch in iter_batches(plans, skips, counter, offsets_s=offsets_s):
+        if origin_s is None:
+            origin_s = float(batch.column("time_s")[0].as_py())
+        yield from records_from_batch(batch, origin_s=origin_s)
 
 
 def build_trace(
@@ -183,36 +224,50 @@ def build_trace(
 ) -> BuildResult:
     """Read the logs, write a trace to ``out``; raises ``TraceFormatError`` when nothing usable was found."""
     plans = plan_inputs(paths, format=format, mapping=mapping)
-    skips = SkipLog(strict=strict)
-    out_path = Path(out)
     formats = tuple(dict.fromkeys(plan.format for plan in plans))
-
-    def header(reordered: bool) -> TraceHeader:
-        extra: dict[str, Any] = {"skipped": skips.as_dict()}
-        if skips.notes:
-            extra["notes"] = list(skips.notes)
-        if reordered:
-            extra["reordered"] = True
-        return TraceHeader(
+    tokenizer = None if counter is None else counter.name
+    meters = [ClockMeter() for _ in plans]
+    alignment = None
+    with TraceScratch(Path(out)) as scratch:
+        skips = SkipLog(strict=strict)
+        written = write_body(scratch.body, iter_batches(plans, skips, counter, meters=meters))
+        if len(plans) > 1:
+            alignment = align_inputs(meters)
+            if not alignment.shared:  # second pass: each input on its own start
+                skips = SkipLog(strict=strict)
+                batches = iter_batches(plans, skips, counter, offsets_s=alignment.offsets_s)
+                written = write_body(scratch.body, batches)
+        if written.count == 0:
+            raise TraceFormatError(_nothing_usable(skips), ", ".join(str(p) for p in paths))
+        header = TraceHeader(
             source=tuple(str(plan.source.path) for plan in plans),
             format="+".join(formats),
-            tokenizer=None if counter is None else counter.name,
-            extra=extra,
+            tokenizer=tokenizer,
+            extra=_header_extra(skips, alignment, reordered=not written.in_order),
         )
-
-    count, reordered = write_trace_file(out_path, iter_batches(plans, skips, counter), header)
-    if count == 0:
-        raise TraceFormatError(_nothing_usable(skips), ", ".join(str(p) for p in paths))
+        finish_trace(scratch, header, written)
     return BuildResult(
-        out_path=out_path,
-        records_written=count,
+        out_path=scratch.out,
+        records_written=written.count,
         formats=formats,
-        skipped=skips.as_dict(),
-        skipped_examples=dict(skips.examples),
-        notes=tuple(skips.notes),
-        reordered=reordered,
-        tokenizer=None if counter is None else counter.name,
+        skips=skips,
+        reordered=not written.in_order,
+        tokenizer=tokenizer,
+        alignment=alignment,
     )
+
+
+def _header_extra(skips: SkipLog, alignment: ClockAlignment | None, *, reordered: bool) -> dict[str, Any]:
+    extra: dict[str, Any] = {"skipped": skips.as_dict()}
+    if skips.notes:
+        extra["notes"] = list(skips.notes)
+    if reordered:
+        extra["reordered"] = True
+    if alignment is not None:
+        extra["aligned"] = alignment.description
+        if alignment.reason is not None:
+            extra["aligned_reason"] = alignment.reason
+    return extra
 
 
 def _nothing_usable(skips: SkipLog) -> str:
@@ -222,55 +277,20 @@ def _nothing_usable(skips: SkipLog) -> str:
     return f"no usable requests in the input ({skips.total} lines skipped — {reasons})"
 
 
-def write_trace_file(out: Path, batches: Iterable[pa.Table], header: Any) -> tuple[int, bool]:
-    """Write ``batches`` as a trace at ``out``; ``header(reordered)`` gives the header at the end.
+@dataclass(slots=True)
+class _InputColumns:
+    """One input's columns, as numpy arrays (``time_s`` on its own clock)."""
 
-    Returns ``(records written, whether the input had to be re-sorted)``; writes nothing when empty.
-    """
-    out.parent.mkdir(parents=True, exist_ok=True)
-    body_path = out.with_name(out.name + ".body.tmp")
-    final_path = out.with_name(out.name + ".tmp")
-    count = 0
-    origin: float | None = None
-    last_time = -np.inf
-    in_order = True
-    try:
-        with open(body_path, "wb") as body:
-            for batch in batches:
-                times = np.asarray(batch.column("time_s"), dtype=np.float64)
-                if origin is None:
-                    origin = float(times[0])
-                if in_order and (
-                    times[0] < last_time or (len(times) > 1 and bool((np.diff(times) < 0).any()))
-                ):
-                    in_order = False
-                last_time = max(last_time, float(times.max()))
-                body.write(lines_bytes(format_lines(batch, origin_s=origin, first_index=count)))
-                count += batch.num_rows
-        if count == 0:
-            return 0, False
-        with open(final_path, "wb") as final:
-            final.write(orjson.dumps(header(not in_order).to_json()) + b"\n")
-            if in_order:
-                with open(body_path, "rb") as body_in:
-                    shutil.copyfileobj(body_in, final, 4 * 1024 * 1024)
-            else:
-                _write_sorted(body_path, final)
-        os.replace(final_path, out)
-        return count, not in_order
-    finally:
-        for temp in (body_path, final_path):
-            temp.unlink(missing_ok=True)
+    time_s: list[npt.NDArray[np.float64]] = field(default_factory=list)
+    prompt_tokens: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    output_tokens: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    ok: list[npt.NDArray[np.bool_]] = field(default_factory=list)
 
-
-def _write_sorted(body_path: Path, final: Any) -> None:
-    options = pa_json.ParseOptions(explicit_schema=TRACE_SCHEMA, unexpected_field_behavior="ignore")
-    table = pa_json.read_json(str(body_path), parse_options=options)
-    table = table.take(pc.sort_indices(table, sort_keys=[("arrival_s", "ascending")]))
-    columns = {name: table.column(name) for name in table.column_names if name != "arrival_s"}
-    batch = make_batch(table.num_rows, time_s=table.column("arrival_s"), **columns)
-    origin = float(pc.min(table.column("arrival_s")).as_py())
-    final.write(lines_bytes(format_lines(batch, origin_s=origin, first_index=0)))
+    def add(self, table: pa.Table, time_column: str) -> None:
+        self.time_s.append(np.asarray(table.column(time_column), dtype=np.float64))
+        self.prompt_tokens.append(np.asarray(table.column("prompt_tokens"), dtype=np.int64))
+        self.output_tokens.append(np.asarray(table.column("output_tokens"), dtype=np.int64))
+        self.ok.append(np.asarray(pc.fill_null(table.column("ok"), True), dtype=bool))
 
 
 def load_columns(
@@ -280,41 +300,39 @@ def load_columns(
     mapping: ColumnMapping | None = None,
     counter: TokenCounter | None = None,
 ) -> TraceColumns:
-    """Arrival times (relative to the earliest), lengths and status of a trace or of logs."""
-    from oomload.trace import is_trace_file, read_trace_header
-
-    arrival: list[npt.NDArray[np.float64]] = []
-    prompt: list[npt.NDArray[np.int64]] = []
-    output: list[npt.NDArray[np.int64]] = []
-    ok: list[npt.NDArray[np.bool_]] = []
+    """Arrival times (relative to the earliest, inputs aligned), lengths and status of a trace or logs."""
     skips = SkipLog()
+    inputs: list[_InputColumns] = []
     if len(paths) == 1 and format in (None, "oomload") and mapping is None and is_trace_file(paths[0]):
-        trace_header = read_trace_header(paths[0])
+        inputs.append(_InputColumns())
         for table in read_trace_columns(paths[0]):
-            arrival.append(np.asarray(table.column("arrival_s"), dtype=np.float64))
-            prompt.append(np.asarray(table.column("prompt_tokens"), dtype=np.int64))
-            output.append(np.asarray(table.column("output_tokens"), dtype=np.int64))
-            ok.append(np.asarray(pc.fill_null(table.column("ok"), True), dtype=bool))
+            inputs[0].add(table, "arrival_s")
         formats: tuple[str, ...] = ("oomload",)
-        tokenizer = trace_header.tokenizer
+        tokenizer = read_trace_header(paths[0]).tokenizer
     else:
         plans = plan_inputs(paths, format=format, mapping=mapping)
-        for batch in iter_batches(plans, skips, counter):
-            arrival.append(np.asarray(batch.column("time_s"), dtype=np.float64))
-            prompt.append(np.asarray(batch.column("prompt_tokens"), dtype=np.int64))
-            output.append(np.asarray(batch.column("output_tokens"), dtype=np.int64))
-            ok.append(np.asarray(pc.fill_null(batch.column("ok"), True), dtype=bool))
+        for plan in plans:
+            inputs.append(_InputColumns())
+            for batch in iter_source_batches(plan, skips, counter):
+                inputs[-1].add(batch, "time_s")
         formats = tuple(dict.fromkeys(plan.format for plan in plans))
         tokenizer = None if counter is None else counter.name
-    if not arrival:
+    times = [np.concatenate(one.time_s) if one.time_s else np.empty(0) for one in inputs]
+    if not any(t.size for t in times):
         raise TraceFormatError(_nothing_usable(skips), ", ".join(str(p) for p in paths))
-    times = np.concatenate(arrival)
+    alignment = None
+    if len(inputs) > 1:
+        meters = [ClockMeter(float(t.min()), float(t.max())) if t.size else ClockMeter() for t in times]
+        alignment = align_inputs(meters)
+        times = [t + offset_s for t, offset_s in zip(times, alignment.offsets_s, strict=True)]
+    arrival_s = np.concatenate(times)
     return TraceColumns(
-        arrival_s=times - times.min(),
-        prompt_tokens=np.concatenate(prompt),
-        output_tokens=np.concatenate(output),
-        ok=np.concatenate(ok),
+        arrival_s=arrival_s - arrival_s.min(),
+        prompt_tokens=np.concatenate([a for one in inputs for a in one.prompt_tokens]),
+        output_tokens=np.concatenate([a for one in inputs for a in one.output_tokens]),
+        ok=np.concatenate([a for one in inputs for a in one.ok]),
         formats=formats,
         tokenizer=tokenizer,
         skips=skips,
+        alignment=alignment,
     )

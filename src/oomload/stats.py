@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 import numpy as np
 import numpy.typing as npt
@@ -251,6 +252,18 @@ def context_limit_shares(
     return {int(limit): share_above(arr, limit) for limit in limits}
 
 
+class SizingOptions(TypedDict, total=False):
+    """The keyword options of ``recommend_max_model_len`` that ``summarize_trace`` passes on."""
+
+    percentile_p: float
+    margin: float
+    round_to: int
+    block_size: int | None
+    model_limit: int | None
+    kv_cache_tokens: int | None
+    current_max_model_len: int | None
+
+
 @dataclass(frozen=True, slots=True)
 class TraceStats:
     """Everything ``oomload trace stats`` reports about one trace."""
@@ -270,15 +283,12 @@ def summarize_trace(
     prompt_tokens: Sequence[int] | IntArray,
     output_tokens: Sequence[int] | IntArray,
     ok: Sequence[bool] | npt.NDArray[np.bool_] | None = None,
-    *,
-    margin: float = 0.10,
-    round_to: int = 256,
-    block_size: int | None = None,
-    model_limit: int | None = None,
-    kv_cache_tokens: int | None = None,
-    current_max_model_len: int | None = None,
+    **sizing: Unpack[SizingOptions],
 ) -> TraceStats:
-    """Arrival statistics, length percentiles, context-limit shares and the implied ``max_model_len``."""
+    """Arrival statistics, length percentiles, context-limit shares and the implied ``max_model_len``.
+
+    ``sizing`` goes to ``recommend_max_model_len`` as is.
+    """
     prompt = np.asarray(prompt_tokens, dtype=np.int64)
     output = np.asarray(output_tokens, dtype=np.int64)
     if prompt.shape != output.shape or prompt.size != np.asarray(arrival_s).size:
@@ -291,13 +301,5 @@ def summarize_trace(
         output=summarize_lengths(output),
         total=summarize_lengths(total),
         above_limits=context_limit_shares(total),
-        advice=recommend_max_model_len(
-            total,
-            margin=margin,
-            round_to=round_to,
-            block_size=block_size,
-            model_limit=model_limit,
-            kv_cache_tokens=kv_cache_tokens,
-            current_max_model_len=current_max_model_len,
-        ),
+        advice=recommend_max_model_len(total, **sizing),
     )

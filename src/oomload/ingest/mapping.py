@@ -18,7 +18,7 @@ import orjson
 
 from oomload.errors import ConfigError, TraceFormatError
 from oomload.ingest.skips import SkipLog
-from oomload.ingest.source import LogSource
+from oomload.ingest.source import LogSource, iter_json_objects
 from oomload.ingest.tabular import TIME_UNITS_S, CsvLayout, check_layout, csv_header, parse_datetime_s
 from oomload.trace import TraceRecord
 
@@ -124,17 +124,7 @@ def read_mapped_jsonl_records(
 ) -> Iterator[TraceRecord]:
     """Records from a JSONL log through ``mapping`` (``arrival_s`` on the log's clock)."""
     scale = TIME_UNITS_S.get(mapping.time_unit or "s", 1.0)
-    for number, line in source.iter_lines():
-        if not line.strip():
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            skips.skip("not a JSON object", source.name, number)
-            continue
-        if not isinstance(obj, dict):
-            skips.skip("not a JSON object", source.name, number)
-            continue
+    for number, obj in iter_json_objects(source, skips):
         prompt = _count(_lookup(obj, mapping.input))
         output = _count(_lookup(obj, mapping.output))
         if prompt is None or output is None:

@@ -22,7 +22,7 @@ import pyarrow.json as pa_json
 
 from oomload.ingest.columns import make_batch
 from oomload.ingest.skips import SkipLog
-from oomload.ingest.source import LogSource
+from oomload.ingest.source import NOT_JSON_OBJECT, LogSource
 
 MOONCAKE_SCHEMA = pa.schema(
     [
@@ -88,7 +88,7 @@ def _batch_from_lines(chunk: bytes, first_line: int, source: LogSource, skips: S
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError:
-            skips.skip("not a JSON object", source.name, number)
+            skips.skip(NOT_JSON_OBJECT, source.name, number)
             continue
         reason = _invalid_reason(obj)
         if reason is not None:
@@ -108,7 +108,7 @@ def _batch_from_lines(chunk: bytes, first_line: int, source: LogSource, skips: S
 
 def _invalid_reason(obj: Any) -> str | None:
     if not isinstance(obj, dict):
-        return "not a JSON object"
+        return NOT_JSON_OBJECT
     for key in ("timestamp", "input_length", "output_length"):
         value = obj.get(key)
         if value is None:

@@ -23,12 +23,11 @@ counted with the ``--tokenizer`` the user named; without one the line is skipped
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
-import orjson
-
 from oomload.ingest.skips import NO_TOKEN_COUNTS, SkipLog
-from oomload.ingest.source import LogSource
+from oomload.ingest.source import LogSource, iter_json_objects
 from oomload.ingest.tabular import parse_datetime_s
 from oomload.ingest.tokens import TokenCounter
 from oomload.trace import TraceRecord
@@ -44,17 +43,7 @@ def read_openai_records(
     """Records (``arrival_s`` on the log's clock, ``id`` ``""`` when absent) from an OpenAI-style log."""
     last_time = 0.0
     untimed = 0
-    for number, line in source.iter_lines():
-        if not line.strip():
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            skips.skip("not a JSON object", source.name, number)
-            continue
-        if not isinstance(obj, dict):
-            skips.skip("not a JSON object", source.name, number)
-            continue
+    for number, obj in iter_json_objects(source, skips):
         try:
             record, reason = parse_openai_line(obj, counter)
         except (TypeError, ValueError, AttributeError):
@@ -64,7 +53,7 @@ def read_openai_records(
             continue
         if record.arrival_s < 0:
             untimed += 1
-            record = _with_time(record, last_time)
+            record = replace(record, arrival_s=last_time)
         last_time = record.arrival_s
         yield record
     if untimed:
@@ -121,18 +110,6 @@ def parse_openai_line(
             model=_first_str(request, ("model",)) or _first_str(response, ("model",)),
         ),
         None,
-    )
-
-
-def _with_time(record: TraceRecord, time_s: float) -> TraceRecord:
-    return TraceRecord(
-        id=record.id,
-        arrival_s=time_s,
-        prompt_tokens=record.prompt_tokens,
-        output_tokens=record.output_tokens,
-        max_tokens=record.max_tokens,
-        ok=record.ok,
-        model=record.model,
     )
 
 

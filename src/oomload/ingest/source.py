@@ -4,6 +4,8 @@ Compression is chosen by the file's magic bytes, not its name (``.gz`` = ``1f 8b
 ``28 b5 2f fd``), so a renamed file still reads. zstd needs the optional ``zstandard`` package; without
 it a ``.zst`` input is refused with a sentence saying what to install. Every ``OSError`` on open
 becomes a ``TraceFormatError`` naming the path, so the CLI prints a sentence, never a traceback.
+``iter_json_objects`` is the line loop of the JSONL readers: it yields each line's object and
+counts every other non-blank line as "not a JSON object".
 """
 
 from __future__ import annotations
@@ -14,14 +16,19 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Any, cast
+
+import orjson
 
 from oomload.errors import TraceFormatError
+from oomload.ingest.skips import SkipLog
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 SNIFF_BYTES = 256 * 1024
 CHUNK_BYTES = 8 * 1024 * 1024
+
+NOT_JSON_OBJECT = "not a JSON object"
 
 # Errors a decompressing or plain stream raises on a damaged file while being read.
 READ_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, UnicodeDecodeError)
@@ -118,6 +125,21 @@ class LogSource:
             raise TraceFormatError("cannot read: permission denied", self.path) from err
         except OSError as err:
             raise TraceFormatError(f"cannot open ({err.strerror or err})", self.path) from err
+
+
+def iter_json_objects(source: LogSource, skips: SkipLog) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for each JSON-object line; other non-blank lines go to ``skips``."""
+    for number, line in source.iter_lines():
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            yield number, obj
+        else:
+            skips.skip(NOT_JSON_OBJECT, source.name, number)
 
 
 def _describe(err: BaseException) -> str:

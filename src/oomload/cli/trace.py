@@ -91,7 +91,9 @@ def _add_input_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tokenizer",
-        help="count tokens of logs that carry text only: tiktoken:ENCODING, tiktoken:FILE, or hf:DIR",
+        help="count tokens of logs that carry text only: hf:DIR (a local tokenizer.json, needs the "
+        "tokenizers package), tiktoken:FILE.tiktoken, or tiktoken:ENCODING (e.g. cl100k_base: downloaded "
+        "on first use, so offline it fails unless TIKTOKEN_CACHE_DIR holds it; then use a FILE or DIR)",
     )
 
 

@@ -5,22 +5,15 @@ JSONL and Batch output (``openai_log``), vLLM server logs (``vllm_log``), Azure 
 mapped CSV (``tabular``), Mooncake/Bailian JSONL (``mooncake``), mapped JSONL (``mapping``), and
 oomload traces themselves. Inputs may be gzip- or zstd-compressed (``source``). Every reader turns
 its input into columnar batches (``columns``); ``build`` merges them on one timeline (``clocks``
-decides whether several inputs share a clock) and writes them (``writer``), or gathers the arrays
-``trace stats`` needs. Unusable lines are counted by reason (``skips``). Text is counted only with a
+decides whether several inputs share a clock) and writes them (``writer``); ``arrays`` gathers the numpy
+columns ``trace stats`` needs. Unusable lines are counted by reason (``skips``). Text is counted only with a
 tokenizer the user names (``tokens``).
 """
 
 from __future__ import annotations
 
-from oomload.ingest.build import (
-    BuildResult,
-    InputPlan,
-    TraceColumns,
-    build_trace,
-    iter_records,
-    load_columns,
-    plan_inputs,
-)
+from oomload.ingest.arrays import TraceColumns, load_columns
+from oomload.ingest.build import BuildResult, InputPlan, build_trace, iter_records, plan_inputs
 from oomload.ingest.clocks import ClockAlignment, ClockRange, align_clocks
 from oomload.ingest.detect import FORMATS, detect_format
 from oomload.ingest.mapping import ColumnMapping, parse_mapping

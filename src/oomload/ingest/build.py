@@ -10,8 +10,8 @@
    of one kind (all wall-clock or all since-start) and their time ranges overlap or follow each
    other; otherwise each input is rebased to its own start. ``build_trace`` learns the ranges
    while it writes (one pass on the shared clock) and, when they turn out not to share one, writes
-   again with the offsets — so only such builds read their inputs twice. ``load_columns`` holds the
-   columns anyway and shifts them in place; ``iter_records`` measures the ranges in a first pass.
+   again with the offsets — so only such builds read their inputs twice; ``iter_records`` measures
+   the ranges in a first pass (``oomload.ingest.arrays`` holds the columns and shifts them).
 4. **Write** (``oomload.ingest.writer``): streamed body, header at the end, atomic rename.
 """
 
@@ -20,29 +20,27 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from oomload.errors import TraceFormatError
 from oomload.ingest.clocks import ClockAlignment, ClockRange, align_clocks
-from oomload.ingest.columns import batches_from_records, read_trace_columns, records_from_batch
+from oomload.ingest.columns import batches_from_records, records_from_batch
 from oomload.ingest.detect import detect_format
 from oomload.ingest.mapping import ColumnMapping, check_jsonl_mapping, csv_layout, read_mapped_jsonl_records
 from oomload.ingest.mooncake import read_mooncake_batches
 from oomload.ingest.openai_log import read_openai_records
-from oomload.ingest.skips import SkipLog
+from oomload.ingest.skips import SkipLog, nothing_usable
 from oomload.ingest.source import LogSource
 from oomload.ingest.tabular import AZURE, BURSTGPT, CsvLayout, check_layout, read_csv_batches
 from oomload.ingest.tokens import TokenCounter
 from oomload.ingest.vllm_log import read_vllm_records
 from oomload.ingest.writer import TraceScratch, finish_trace, write_body
-from oomload.trace import TraceHeader, TraceRecord, is_trace_file, iter_trace, read_trace_header
+from oomload.trace import TraceHeader, TraceRecord, iter_trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,20 +63,6 @@ class BuildResult:
     skips: SkipLog
     reordered: bool
     tokenizer: str | None = None
-    alignment: ClockAlignment | None = None  # None for a single input
-
-
-@dataclass(slots=True)
-class TraceColumns:
-    """The columns ``trace stats`` needs, from a trace or straight from logs (numpy, not objects)."""
-
-    arrival_s: npt.NDArray[np.float64]
-    prompt_tokens: npt.NDArray[np.int64]
-    output_tokens: npt.NDArray[np.int64]
-    ok: npt.NDArray[np.bool_]
-    formats: tuple[str, ...]
-    tokenizer: str | None = None
-    skips: SkipLog = field(default_factory=SkipLog)
     alignment: ClockAlignment | None = None  # None for a single input
 
 
@@ -238,7 +222,7 @@ def build_trace(
                 batches = iter_batches(plans, skips, counter, offsets_s=alignment.offsets_s)
                 written = write_body(scratch.body, batches)
         if written.count == 0:
-            raise TraceFormatError(_nothing_usable(skips), ", ".join(str(p) for p in paths))
+            raise TraceFormatError(nothing_usable(skips), ", ".join(str(p) for p in paths))
         header = TraceHeader(
             source=tuple(str(plan.source.path) for plan in plans),
             format="+".join(formats),
@@ -268,71 +252,3 @@ def _header_extra(skips: SkipLog, alignment: ClockAlignment | None, *, reordered
         if alignment.reason is not None:
             extra["aligned_reason"] = alignment.reason
     return extra
-
-
-def _nothing_usable(skips: SkipLog) -> str:
-    if not skips.counts:
-        return "no requests found in the input"
-    reasons = "; ".join(f"{reason}: {n}" for reason, n in skips.as_dict().items())
-    return f"no usable requests in the input ({skips.total} lines skipped — {reasons})"
-
-
-@dataclass(slots=True)
-class _InputColumns:
-    """One input's columns, as numpy arrays (``time_s`` on its own clock)."""
-
-    time_s: list[npt.NDArray[np.float64]] = field(default_factory=list)
-    prompt_tokens: list[npt.NDArray[np.int64]] = field(default_factory=list)
-    output_tokens: list[npt.NDArray[np.int64]] = field(default_factory=list)
-    ok: list[npt.NDArray[np.bool_]] = field(default_factory=list)
-
-    def add(self, table: pa.Table, time_column: str) -> None:
-        self.time_s.append(np.asarray(table.column(time_column), dtype=np.float64))
-        self.prompt_tokens.append(np.asarray(table.column("prompt_tokens"), dtype=np.int64))
-        self.output_tokens.append(np.asarray(table.column("output_tokens"), dtype=np.int64))
-        self.ok.append(np.asarray(pc.fill_null(table.column("ok"), True), dtype=bool))
-
-
-def load_columns(
-    paths: Sequence[str | Path],
-    *,
-    format: str | None = None,
-    mapping: ColumnMapping | None = None,
-    counter: TokenCounter | None = None,
-) -> TraceColumns:
-    """Arrival times (relative to the earliest, inputs aligned), lengths and status of a trace or logs."""
-    skips = SkipLog()
-    inputs: list[_InputColumns] = []
-    if len(paths) == 1 and format in (None, "oomload") and mapping is None and is_trace_file(paths[0]):
-        inputs.append(_InputColumns())
-        for table in read_trace_columns(paths[0]):
-            inputs[0].add(table, "arrival_s")
-        formats: tuple[str, ...] = ("oomload",)
-        tokenizer = read_trace_header(paths[0]).tokenizer
-    else:
-        plans = plan_inputs(paths, format=format, mapping=mapping)
-        for plan in plans:
-            inputs.append(_InputColumns())
-            for batch in iter_source_batches(plan, skips, counter):
-                inputs[-1].add(batch, "time_s")
-        formats = tuple(dict.fromkeys(plan.format for plan in plans))
-        tokenizer = None if counter is None else counter.name
-    times = [np.concatenate(one.time_s) if one.time_s else np.empty(0) for one in inputs]
-    if not any(t.size for t in times):
-        raise TraceFormatError(_nothing_usable(skips), ", ".join(str(p) for p in paths))
-    alignment = None
-    if len(inputs) > 1:
-        meters = [ClockMeter(float(t.min()), float(t.max())) if t.size else ClockMeter() for t in times]
-        alignment = align_inputs(meters)
-        times = [t + offset_s for t, offset_s in zip(times, alignment.offsets_s, strict=True)]
-    arrival_s = np.concatenate(times)
-    return TraceColumns(
-        arrival_s=arrival_s - arrival_s.min(),
-        prompt_tokens=np.concatenate([a for one in inputs for a in one.prompt_tokens]),
-        output_tokens=np.concatenate([a for one in inputs for a in one.output_tokens]),
-        ok=np.concatenate([a for one in inputs for a in one.ok]),
-        formats=formats,
-        tokenizer=tokenizer,
-        skips=skips,
-        alignment=alignment,
-    )

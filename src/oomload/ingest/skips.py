@@ -44,3 +44,11 @@ class SkipLog:
 
     def as_dict(self) -> dict[str, int]:
         return dict(sorted(self.counts.items(), key=lambda item: -item[1]))
+
+
+def nothing_usable(skips: SkipLog) -> str:
+    """The sentence for inputs that yielded no request: why, by reason."""
+    if not skips.counts:
+        return "no requests found in the input"
+    reasons = "; ".join(f"{reason}: {n}" for reason, n in skips.as_dict().items())
+    return f"no usable requests in the input ({skips.total} lines skipped — {reasons})"

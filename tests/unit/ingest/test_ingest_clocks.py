@@ -133,3 +133,13 @@ def test_real_azure_and_mooncake_traces_are_replayed_side_by_side(shared_dir: Pa
     assert columns.alignment is not None and not columns.alignment.shared
     assert columns.arrival_s.size == 8819 + 1750
     assert columns.arrival_s.max() == pytest.approx(3435.95, abs=0.01)  # Azure's own span (57 min)
+
+
+def test_an_input_without_usable_requests_does_not_disturb_the_others(tmp_path: Path) -> None:
+    bad = write(tmp_path / "bad.jsonl", '{"timestamp": 0, "input_length": -1, "output_length": 1}\n')
+    good = write(tmp_path / "good.jsonl", OPENAI % (EPOCH_2023_S, 1) + OPENAI % (EPOCH_2023_S + 4, 2))
+    out = tmp_path / "out.jsonl"
+    result = build_trace([bad, good], out)
+    assert result.alignment is not None and result.alignment.shared and result.skips.total == 1
+    assert [r.arrival_s for r in read_trace(out)] == [0.0, 4.0]
+    assert load_columns([bad, good]).arrival_s.tolist() == [0.0, 4.0]

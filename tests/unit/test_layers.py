@@ -15,6 +15,7 @@ CORE_MODULES = [
     "oomload.cli",
     "oomload.stats",
     "oomload.synth",
+    "oomload.ingest.clocks",
     "oomload.schedule",
     "oomload.capacity",
     "oomload.verdict",

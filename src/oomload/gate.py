@@ -20,7 +20,9 @@ Evidence. A rule passes only on evidence, never on its absence:
   vouched for; the event is assumed monotone in concurrency — the refinement pass tests the levels in
   between). ``up-to:N`` likewise with N. Otherwise it fails (the event was seen) or is *not evaluated*.
 * ``METRIC@C`` needs a completed, non-warmup step at exactly C carrying the metric; with several
-  (repeats) the worst one is judged. No step, a cut-short step or a missing metric → not evaluated.
+  (repeats) the worst one is judged. No step, a cut-short step, a step in which no request was
+  decided (all cancelled) or a missing metric → not evaluated. Steps after an engine death measured
+  a dead server and are no evidence either way (``Verdict.measured_steps`` leaves them out).
 
 ``gate_exit_code``: any failure → ``GATE_FAILED`` (1); else any rule not evaluated →
 ``GATE_NOT_EVALUATED`` (4); else ``OK``. A missing-evidence rule never turns into a pass.
@@ -40,7 +42,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from oomload.errors import ConfigError, ExitCode
-from oomload.verdict import StepFacts, Verdict
+from oomload.outcome import Outcome
+from oomload.verdict import KV_SATURATED, StepFacts, Verdict
 
 EVENTS: dict[str, str] = {
     "preemption": "preemption",
@@ -291,16 +294,16 @@ def _step_shows(event: str, s: StepFacts, verdict: Verdict) -> bool:
         return (s.preemptions or 0) > 0
     if event == "engine_death":
         death = verdict.engine_death
-        return (death is not None and death.step == s.index) or s.outcomes.get("engine_dead", 0) > 0
+        return (death is not None and death.step == s.index) or s.charged(Outcome.ENGINE_DEAD) > 0
     if event == "queueing":
         return (s.waiting_max or 0) > 0
     if event == "kv_saturation":
-        return (s.kv_usage_max or 0.0) >= 0.99
+        return (s.kv_usage_max or 0.0) >= KV_SATURATED
     return s.error_requests > 0
 
 
 def _observable(event: str, s: StepFacts) -> bool:
-    if s.requests == 0:
+    if s.decided_requests == 0:
         return False
     if event == "preemption":
         return s.preemptions is not None
@@ -328,12 +331,12 @@ def _evaluate_threshold(gate: Gate, verdict: Verdict) -> GateResult:
                 GateStatus.NOT_EVALUATED,
                 f"no step at concurrency {gate.concurrency} (measured: {levels})",
             )
-        complete = [s for s in steps if not s.cut_short and s.requests > 0]
+        complete = [s for s in steps if not s.cut_short and s.decided_requests > 0]
         if not complete:
             return GateResult(
                 gate,
                 GateStatus.NOT_EVALUATED,
-                f"the step at concurrency {gate.concurrency} was cut short or empty",
+                f"the step at concurrency {gate.concurrency} was cut short or no request in it was answered",
             )
         values = [_step_metric(gate.metric, s) for s in complete]
         if any(v is None for v in values):
@@ -367,7 +370,7 @@ def _run_metric(metric: str, verdict: Verdict) -> float | None:
         return verdict.error_rate
     if metric == "last-safe-concurrency":
         return None if verdict.last_safe_concurrency is None else float(verdict.last_safe_concurrency)
-    measured = [s for s in verdict.measured_steps if s.requests > 0]
+    measured = [s for s in verdict.measured_steps if s.decided_requests > 0]
     if metric == "max-kv-usage":
         known = [s.kv_usage_max for s in measured if s.kv_usage_max is not None]
         return max(known) if known and len(known) == len(measured) else None

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from oomload.runview import as_float, as_int
 from oomload.stats import MaxModelLenAdvice, recommend_max_model_len
 from oomload.verdict import Verdict
 
@@ -80,10 +81,10 @@ class Recommendation:
 def recommend(verdict: Verdict, *, margin: float = DEFAULT_MARGIN) -> Recommendation:
     """Recommend ``vllm serve`` settings for the run behind ``verdict`` (module docstring)."""
     cache = verdict.run.cache_config or {}
-    block_size = _int(cache.get("block_size"))
+    block_size = as_int(cache.get("block_size"))
     limit = verdict.run.max_model_len
-    kv_tokens = _int(cache.get("kv_cache_size_tokens"))
-    if kv_tokens is None and _int(cache.get("num_gpu_blocks")) and block_size:
+    kv_tokens = as_int(cache.get("kv_cache_size_tokens"))
+    if kv_tokens is None and as_int(cache.get("num_gpu_blocks")) and block_size:
         kv_tokens = int(cache["num_gpu_blocks"]) * block_size
 
     mml, advice = _max_model_len(
@@ -177,50 +178,33 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
 
 
 def _gpu_memory_utilization(verdict: Verdict, cache: Mapping[str, Any]) -> Setting:
-    current = _float(cache.get("gpu_memory_utilization"))
+    flag, current = "--gpu-memory-utilization", as_float(cache.get("gpu_memory_utilization"))
     death = verdict.engine_death
     if death is None:
-        return Setting("--gpu-memory-utilization", None, current, "no engine death: memory headroom held")
+        return Setting(flag, None, current, "no engine death: memory headroom held")
     if not death.real_oom:
-        return Setting(
-            "--gpu-memory-utilization",
-            None,
-            current,
-            "the engine died without CUDA OOM evidence, so more headroom is not indicated",
-        )
+        why = "the engine died without CUDA OOM evidence, so more headroom is not indicated"
+        return Setting(flag, None, current, why)
     base = current if current is not None else DEFAULT_GPU_MEMORY_UTILIZATION
     value = max(round(base - GPU_MEMORY_UTILIZATION_STEP, 2), GPU_MEMORY_UTILIZATION_FLOOR)
     where = "" if death.concurrency is None else f" at concurrency {death.concurrency}"
-    return Setting(
-        "--gpu-memory-utilization",
-        value,
-        current,
-        f"a real CUDA OOM{where}: leave activations and CUDA graphs more headroom ({base:g} → {value:g})",
-    )
+    why = f"a real CUDA OOM{where}: leave activations and CUDA graphs more headroom ({base:g} → {value:g})"
+    return Setting(flag, value, current, why)
 
 
 def _max_num_batched_tokens(verdict: Verdict, cache: Mapping[str, Any]) -> Setting:
-    current = _int(cache.get("max_num_batched_tokens"))
+    flag, current = "--max-num-batched-tokens", as_int(cache.get("max_num_batched_tokens"))
     spike = _memory_rise_share(verdict)
     oom = verdict.engine_death is not None and verdict.engine_death.real_oom
     if not oom and (spike is None or spike <= SPIKE_SHARE):
-        return Setting("--max-num-batched-tokens", None, current, "no transient memory spike was seen")
+        return Setting(flag, None, current, "no transient memory spike was seen")
     value = max(MIN_BATCHED_TOKENS, (current or 2 * MIN_BATCHED_TOKENS) // 2)
     value = int(math.ceil(value / 256) * 256)
     if current is not None and value >= current:
-        return Setting(
-            "--max-num-batched-tokens",
-            None,
-            current,
-            f"already at {current}; shrink prefill chunks no further",
-        )
+        return Setting(flag, None, current, f"already at {current}; shrink prefill chunks no further")
     cause = "a CUDA OOM" if oom else f"device memory rising {spike:.1%} of the device during the run"
-    return Setting(
-        "--max-num-batched-tokens",
-        value,
-        current,
-        f"{cause} points at transient prefill activations; smaller prefill chunks lower that peak",
-    )
+    why = f"{cause} points at transient prefill activations; smaller prefill chunks lower that peak"
+    return Setting(flag, value, current, why)
 
 
 def _memory_rise_share(verdict: Verdict) -> float | None:
@@ -282,15 +266,3 @@ def _reasoning(
 
 def _capitalize(text: str) -> str:
     return text[:1].upper() + text[1:]
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return int(value)
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)

@@ -14,6 +14,9 @@ scrape taken after the load stopped), or everything after its start when it neve
 * Metrics scrapes, GPU samples: by ``t_unix_s`` within the windows.
 * A run whose ``steps.jsonl`` is missing or empty gets its steps rebuilt from the requests' own
   ``step`` / ``concurrency`` fields (phase ``ramp``, start/end from the first start and last end).
+
+Values read from JSON are loose (a field may be absent, ``null``, a bool or a string); ``as_int``,
+``as_float``, ``max_int``, … read them as numbers or ``None`` for every consumer of a ``RunView``.
 """
 
 from __future__ import annotations
@@ -215,7 +218,7 @@ def parse_step_records(records: Iterable[Mapping[str, Any]]) -> list[StepBoundar
                 phase=str(start.get("phase", "ramp")),
                 start_unix_s=float(start["t_unix_s"]),
                 end_unix_s=None if end is None else float(end["t_unix_s"]),
-                end_reason=None if end is None else _opt_str(end.get("reason")),
+                end_reason=None if end is None else as_str(end.get("reason")),
             )
         )
     boundaries.sort(key=lambda b: (b.start_unix_s, b.index))
@@ -269,13 +272,43 @@ def _span(times: list[float], lo: float, hi: float) -> tuple[int, int]:
     return bisect.bisect_right(times, lo), bisect.bisect_right(times, hi)
 
 
+def as_int(value: Any) -> int | None:
+    """A finite JSON number as ``int`` (truncated); ``None`` for anything else (bools included)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return int(value)
+
+
+def as_float(value: Any) -> float | None:
+    """A JSON number as ``float``; ``None`` for anything else (bools included)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def as_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def max_int(values: Iterable[Any]) -> int | None:
+    """The largest of the values that are numbers, or ``None`` when none is."""
+    known = [v for v in map(as_int, values) if v is not None]
+    return max(known) if known else None
+
+
+def min_int(values: Iterable[Any]) -> int | None:
+    known = [v for v in map(as_int, values) if v is not None]
+    return min(known) if known else None
+
+
+def max_float(values: Iterable[Any]) -> float | None:
+    known = [v for v in map(as_float, values) if v is not None]
+    return max(known) if known else None
+
+
 def _t(obj: Mapping[str, Any]) -> float:
     return float(obj["t_unix_s"])
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _opt_str(value: Any) -> str | None:
-    return None if value is None else str(value)

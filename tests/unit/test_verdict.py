@@ -35,7 +35,7 @@ def test_cpu_knee_gives_onset_six_as_measured_on_real_vllm(tmp_path: Path) -> No
     assert [s.preemptions for s in v.steps] == [0, 0, 0, 0, 2, 4, 3, 25, 32]
     # 96 blocks x 32 tokens, 512-token requests need 16 blocks: 95 // 16 + 1 = 6
     assert v.prediction is not None
-    assert (v.prediction.onset_mean, v.prediction.levels_apart, v.prediction.disagrees) == (6, 0, False)
+    assert (v.prediction.arithmetic.onset_mean, v.prediction.levels_apart, v.prediction.disagrees) == (6, 0, False)
     assert v.confidence == "high"
     assert not v.run.cut_short
 
@@ -176,7 +176,7 @@ def test_prediction_far_from_observation_is_flagged(tmp_path: Path) -> None:
     steps = [StepSpec(c, preemptions=int(c >= 4), requests=3 * c) for c in (1, 2, 4, 8, 16)]
     v = verdict_of(write_run(tmp_path / "run", steps, cache_config=big_pool))
     assert v.prediction is not None
-    assert v.prediction.onset_mean == 313  # 9999 // 32 + 1
+    assert v.prediction.arithmetic.onset_mean == 313  # 9999 // 32 + 1
     assert v.prediction.disagrees and v.prediction.levels_apart == 3
     assert "prediction_disagrees" in kinds(v)
 

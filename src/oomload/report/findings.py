@@ -57,9 +57,10 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
     if death is not None:
         where = "at an unknown step" if death.concurrency is None else f"at concurrency {death.concurrency}"
         kind = "CUDA OOM / engine death" if death.real_oom else "engine death"
-        out.append(
-            Finding("engine_death", "OOM / engine death", f"{kind} {where} — {death.evidence[0]}", "bad")
-        )
+        text = f"{kind} {where} — {death.evidence[0]}"
+        if death.casualty_text is not None:
+            text += f"; {death.casualty_text}"
+        out.append(Finding("engine_death", "OOM / engine death", text, "bad"))
     else:
         out.append(Finding("engine_death", "OOM / engine death", f"none{upto}", "ok"))
 
@@ -113,12 +114,13 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
         observed = "no onset" if p.observed_onset is None else f"observed {p.observed_onset}"
         agree = "disagrees" if p.disagrees else "agrees"
         apart = "" if p.levels_apart is None else f", {p.levels_apart} level(s) apart"
+        a = p.arithmetic
         out.append(
             Finding(
                 "prediction",
                 "Arithmetic",
-                f"{p.num_gpu_blocks} blocks × {p.block_size} tokens → onset {p.band_low}–{p.band_high} "
-                f"(mean-length {p.onset_mean}); {observed}: {agree}{apart}",
+                f"{a.num_gpu_blocks} blocks × {a.block_size} tokens → onset {p.band_low}–{p.band_high} "
+                f"(mean-length {a.onset_mean}); {observed}: {agree}{apart}",
                 "warn" if p.disagrees else "info",
             )
         )
@@ -134,9 +136,16 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
 
 
 def fmt_ms(value: float | None) -> str:
+    """Milliseconds for a table cell: ``1.25s``, ``250ms``, ``4.2ms``, ``0.35ms`` — never a bare 0."""
     if value is None:
         return "–"
-    return f"{value / 1000:.2f}s" if value >= 1000 else f"{value:.0f}ms"
+    if value >= 1000:
+        return f"{value / 1000:.2f}s"
+    if value >= 10:
+        return f"{value:.0f}ms"
+    if value >= 1:
+        return f"{value:.1f}ms"
+    return f"{value:.2f}ms" if value >= 0.01 else f"{value * 1000:.0f}µs"
 
 
 def fmt_num(value: float | int | None, spec: str = ".1f") -> str:
@@ -148,9 +157,16 @@ def fmt_bytes(value: int | None) -> str:
 
 
 STEP_COLUMNS = (
-    "step", "conc", "phase", "req", "ok", "err", "req/s", "out tok/s", "TTFT p50", "TTFT p99",
+    "step", "conc", "phase", "req", "ok", "err", "cancel", "req/s", "out tok/s", "TTFT p50", "TTFT p99",
     "TPOT p50", "e2e p99", "KV max", "preempt", "run/wait", "achieved", "dev used",
 )  # fmt: skip
+
+
+STEP_LEGEND = (
+    "* = step cut short · † = started after the engine died (left out of the verdict) · "
+    "err (+N at death) = N more requests of this step died with the engine in a later step, "
+    "charged to that step"
+)
 
 
 def step_row(s: StepFacts) -> list[str]:
@@ -160,13 +176,16 @@ def step_row(s: StepFacts) -> list[str]:
         if s.running_max is None
         else f"{s.running_max}/{s.waiting_max if s.waiting_max is not None else '–'}"
     )
+    casualties = sum(s.casualties.values())
+    excused = "" if not casualties or s.died_here else f" (+{casualties} at death)"
     return [
-        str(s.index) + ("*" if s.cut_short else ""),
+        str(s.index) + ("*" if s.cut_short else "") + ("†" if s.after_death else ""),
         str(s.concurrency),
         s.phase,
         str(s.requests),
-        str(s.requests - s.error_requests),
-        str(s.error_requests),
+        str(s.ok_requests),
+        f"{s.error_requests}{excused}",
+        str(s.cancelled_requests),
         fmt_num(s.req_per_s, ".2f"),
         fmt_num(s.output_tokens_per_s, ".0f"),
         fmt_ms(s.ttft.p50_ms),

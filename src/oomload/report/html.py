@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from oomload.gate import GateResult, GateStatus
 from oomload.recommend import Recommendation
-from oomload.report.findings import STEP_COLUMNS, describe, step_row
+from oomload.report.findings import STEP_COLUMNS, STEP_LEGEND, describe, step_row
 from oomload.report.plots import plot_by_concurrency, plot_lengths, plot_timeline
 from oomload.runview import RunView
 from oomload.verdict import Verdict
@@ -123,6 +123,6 @@ def render_html(
     for s in verdict.steps:
         cells = "".join(f"<td{' class=l' if i == 2 else ''}>{e(c)}</td>" for i, c in enumerate(step_row(s)))
         out.append(f"<tr>{cells}</tr>")
-    out.append("</table><p><small>* = step cut short</small></p>")
+    out.append(f"</table><p><small>{e(STEP_LEGEND)}</small></p>")
     out.append(f"<script>{DECODE_SCRIPT}</script></body></html>")
     return "\n".join(out) + "\n"

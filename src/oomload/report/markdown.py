@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from oomload.gate import GateResult, GateStatus
 from oomload.recommend import Recommendation
-from oomload.report.findings import STEP_COLUMNS, describe, step_row
+from oomload.report.findings import STEP_COLUMNS, STEP_LEGEND, describe, step_row
 from oomload.verdict import Verdict
 
 ICONS = {"ok": "✅", "info": "ℹ️", "warn": "⚠️", "bad": "❌"}
@@ -61,7 +61,7 @@ def render_markdown(
     ]
     for s in verdict.steps:
         lines.append("| " + " | ".join(_esc(c) for c in step_row(s)) + " |")
-    lines += ["", f"<sub>run directory `{_esc(verdict.run.path)}` · `*` = step cut short</sub>", ""]
+    lines += ["", f"<sub>run directory `{_esc(verdict.run.path)}` · {_esc(STEP_LEGEND)}</sub>", ""]
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedFormatter, FixedLocator, NullLocator
 
 from oomload.recommend import Recommendation
 from oomload.runview import RunView
@@ -99,6 +100,7 @@ def plot_by_concurrency(verdict: Verdict) -> bytes:
         ax.set_xlabel("concurrency")
         if c and min(c) > 0 and max(c) / min(c) >= 8:
             ax.set_xscale("log", base=2)
+        _level_ticks(ax, sorted(set(c)))
         _mark_onsets(ax, verdict)
         ax.grid(alpha=0.3)
     for ax, extra in ((ax_lat, None), (ax_thr, ax_tok)):
@@ -169,6 +171,16 @@ def _shade_steps(ax: Axes, view: RunView, verdict: Verdict, t0: float, *, label:
     onset = verdict.preemption_onset
     if onset is not None and onset.t_unix_s is not None:
         ax.axvline(onset.t_unix_s - t0, color="#d62728", lw=1, ls="-.")
+
+
+def _level_ticks(ax: Axes, levels: Sequence[int]) -> None:
+    """Plain integer ticks at the measured levels (not 2^k, no minor ticks)."""
+    if not levels:
+        return
+    ax.xaxis.set_major_locator(FixedLocator([float(c) for c in levels]))
+    ax.xaxis.set_major_formatter(FixedFormatter([str(c) for c in levels]))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.tick_params(axis="x", labelsize=8)
 
 
 def _mark_onsets(ax: Axes, verdict: Verdict) -> None:

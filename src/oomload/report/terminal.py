@@ -61,7 +61,8 @@ def render_terminal(
 
 # The terminal shows a narrower table than report.md (column name in STEP_COLUMNS → short header).
 TERMINAL_COLUMNS = {
-    "step": "step", "conc": "conc", "req": "req", "err": "err", "req/s": "req/s", "TTFT p99": "ttft99",
+    "step": "step", "conc": "conc", "req": "req", "err": "err", "cancel": "cncl", "req/s": "req/s",
+    "TTFT p99": "ttft99",
     "e2e p99": "e2e99", "KV max": "KV", "preempt": "pre", "run/wait": "run/wait", "achieved": "held",
     "dev used": "dev",
 }  # fmt: skip
@@ -69,7 +70,7 @@ TERMINAL_COLUMNS = {
 
 def step_table(verdict: Verdict) -> Table:
     table = Table(
-        title="Per step (* = cut short; held = achieved concurrency)",
+        title="Per step (* = cut short; † = after the engine died; cncl = cancelled; held = achieved)",
         header_style="bold",
         box=box.SIMPLE_HEAD,
         padding=(0, 0, 0, 1),
@@ -81,7 +82,7 @@ def step_table(verdict: Verdict) -> Table:
     onset = None if verdict.preemption_onset is None else verdict.preemption_onset.step
     death = None if verdict.engine_death is None else verdict.engine_death.step
     for s in verdict.steps:
-        style = "dim" if s.warmup else ("red" if s.index in (onset, death) else None)
+        style = "dim" if s.warmup or s.after_death else ("red" if s.index in (onset, death) else None)
         row = step_row(s)
         table.add_row(*(row[i] for i in picks), style=style)
     return table

@@ -1,0 +1,161 @@
+"""How far to trust a verdict: notes on weak evidence, and one confidence level (pure).
+
+Warnings (they lower the level):
+
+* ``no_steps`` — no measured step; ``cut_short`` — the run was cut short;
+* ``few_requests`` — a step decided fewer requests than the schedule's ``min_requests``;
+* ``concurrency_not_held`` — achieved concurrency below 80 % of the target;
+* ``metrics_missing`` — a step (or the whole run) without a successful ``/metrics`` scrape;
+* ``non_monotone`` — a clean level above the onset; ``noisy_repeat`` — repeats at one level disagree;
+* ``prediction_disagrees`` — the onset is more than one grid level from the arithmetic band.
+
+Information (no effect on the level): ``transport_errors`` (client-side, not casualties of an engine
+death), ``preemption_counter_mismatch``, ``after_death`` (a step that measured a dead server),
+``cancelled`` (requests oomload abandoned), ``no_cache_config``, ``no_trace``, ``unassigned_requests``.
+
+Level: **high** without warnings; **low** with a critical warning (``no_steps``, ``non_monotone``,
+``noisy_repeat``, ``prediction_disagrees``, run-wide ``metrics_missing``) or any warning on a step at
+the onset or last-safe level; **medium** otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from oomload.outcome import Outcome
+from oomload.prediction import Prediction
+from oomload.runview import RunView
+from oomload.stepfacts import StepFacts
+
+ACHIEVED_CONCURRENCY_MIN_SHARE = 0.8
+CRITICAL = frozenset({"no_steps", "non_monotone", "noisy_repeat", "prediction_disagrees"})
+
+
+@dataclass(frozen=True, slots=True)
+class ConfidenceNote:
+    kind: str
+    message: str
+    step: int | None = None
+    severity: str = "warning"  # "warning" or "info"
+
+
+def step_notes(steps: Sequence[StepFacts], min_requests: int) -> list[ConfidenceNote]:
+    """Per-step caveats of every step (measured or not: a step after the death is named too)."""
+    notes: list[ConfidenceNote] = []
+    for s in steps:
+        where = f"step {s.index} (concurrency {s.concurrency})"
+        if s.counter_mismatch is not None:
+            deltas, counter = s.counter_mismatch
+            text = f"preemption deltas sum to {deltas} but the counter rose by {counter}"
+            notes.append(_info("preemption_counter_mismatch", f"{where}: {text}; using {s.preemptions}", s))
+        if s.after_death:
+            text = "started after the engine died; its results are left out"
+            notes.append(_info("after_death", f"{where} {text}", s))
+        if s.warmup or s.after_death:
+            continue
+        if s.decided_requests < min_requests:
+            text = f"finished only {s.decided_requests} request(s) (< {min_requests})"
+            notes.append(_warn("few_requests", f"{where} {text}; its numbers are anecdotal", s))
+        held = s.achieved_concurrency
+        if held is not None and held < ACHIEVED_CONCURRENCY_MIN_SHARE * s.concurrency:
+            text = f"the load generator held {held:.1f} requests in flight on average"
+            notes.append(_warn("concurrency_not_held", f"{where}: {text}, far below the target", s))
+        transport = s.independent(Outcome.TRANSPORT_ERROR)
+        if transport:
+            text = f"{transport} client-side transport error(s) (connection reset before an answer)"
+            notes.append(_info("transport_errors", f"{where}: {text} — not counted against the server", s))
+        if s.cancelled_requests:
+            text = f"{s.cancelled_requests} request(s) abandoned by oomload in flight (end of run, Ctrl-C)"
+            notes.append(_info("cancelled", f"{where}: {text} — neither ok nor error", s))
+    return notes
+
+
+def evidence_notes(
+    measured: Sequence[StepFacts],
+    *,
+    onset_concurrency: int | None,
+    prediction: Prediction | None,
+    cut_short_detail: str | None,
+) -> list[ConfidenceNote]:
+    """Run-wide caveats about the onset and its evidence (``measured``: non-warmup, before death)."""
+    notes: list[ConfidenceNote] = []
+    if not measured:
+        notes.append(ConfidenceNote("no_steps", "no measured (non-warmup) step: there is nothing to judge"))
+    if cut_short_detail is not None:
+        notes.append(ConfidenceNote("cut_short", f"the run was cut short: {cut_short_detail}"))
+    with_metrics = [s for s in measured if s.preemptions is not None]
+    if measured and not with_metrics:
+        text = "no /metrics scrape reported preemptions: preemption and KV usage are unobserved"
+        notes.append(ConfidenceNote("metrics_missing", text))
+    else:
+        for s in measured:
+            if s.preemptions is None:
+                text = f"step {s.index} (concurrency {s.concurrency}) has no successful /metrics scrape"
+                notes.append(_warn("metrics_missing", text, s))
+    if onset_concurrency is not None:
+        above = {s.concurrency for s in with_metrics if s.concurrency > onset_concurrency}
+        clean_above = sorted(above - {s.concurrency for s in with_metrics if s.preemptions})
+        if clean_above:
+            text = (
+                f"preemption appeared at concurrency {onset_concurrency} but not at "
+                f"{', '.join(map(str, clean_above))}: the knee is noisy (real vLLM moves it 1–2 levels "
+                "between repeats)"
+            )
+            notes.append(ConfidenceNote("non_monotone", text))
+    by_level: dict[int, set[bool]] = {}
+    for s in with_metrics:
+        by_level.setdefault(s.concurrency, set()).add((s.preemptions or 0) > 0)
+    for level, seen in sorted(by_level.items()):
+        if len(seen) > 1:
+            text = f"repeats at concurrency {level} disagree on whether it preempts"
+            notes.append(ConfidenceNote("noisy_repeat", text))
+    if prediction is not None and prediction.disagrees:
+        p = prediction
+        observed = "no onset" if p.observed_onset is None else f"onset {p.observed_onset}"
+        pool = f"{p.arithmetic.num_gpu_blocks} blocks × {p.arithmetic.block_size} tokens"
+        text = (
+            f"observed {observed} is {p.levels_apart} levels from the arithmetic band "
+            f"{p.band_low}–{p.band_high} ({pool}): lengths replayed differently, or the server is not "
+            "what cache_config_info says"
+        )
+        notes.append(ConfidenceNote("prediction_disagrees", text))
+    return notes
+
+
+def data_notes(view: RunView) -> list[ConfidenceNote]:
+    """Information about what the run directory lacks."""
+    notes: list[ConfidenceNote] = []
+    if not view.cache_config:
+        text = "vllm:cache_config_info was not read: no arithmetic prediction to check the onset against"
+        notes.append(ConfidenceNote("no_cache_config", text, severity="info"))
+    if view.unassigned_requests:
+        text = f"{view.unassigned_requests} request(s) could not be placed in any step"
+        notes.append(ConfidenceNote("unassigned_requests", text, severity="info"))
+    if view.trace_note and not view.trace_total_tokens:
+        text = f"{view.trace_note}; lengths come from the requests"
+        notes.append(ConfidenceNote("no_trace", text, severity="info"))
+    return notes
+
+
+def confidence_level(
+    notes: Sequence[ConfidenceNote], key_levels: set[int], measured: Sequence[StepFacts]
+) -> str:
+    """``high`` / ``medium`` / ``low`` (module docstring); ``key_levels``: onset and last safe."""
+    warnings = [n for n in notes if n.severity == "warning"]
+    if not warnings:
+        return "high"
+    if any(n.kind in CRITICAL or (n.kind == "metrics_missing" and n.step is None) for n in warnings):
+        return "low"
+    key_steps = {s.index for s in measured if s.concurrency in key_levels}
+    if any(n.step in key_steps for n in warnings):
+        return "low"
+    return "medium"
+
+
+def _info(kind: str, message: str, step: StepFacts) -> ConfidenceNote:
+    return ConfidenceNote(kind, message, step=step.index, severity="info")
+
+
+def _warn(kind: str, message: str, step: StepFacts) -> ConfidenceNote:
+    return ConfidenceNote(kind, message, step=step.index)

@@ -1,0 +1,199 @@
+"""Engine death: when the server died, the evidence, and which requests died with it (pure).
+
+Evidence that the engine died (any one is enough):
+
+* ``engine_dead`` request outcomes, or CUDA OOM text in a request's error;
+* ``server_dead`` events, a step or the run (``status.json``) ending with reason ``server_dead``;
+* the server's process (the largest GPU process) vanishing from the GPU samples.
+
+``health_failed`` events alone are not enough (the runner writes one for every failed probe, a busy
+server fails one now and then); once a death is established they are listed as supporting evidence.
+``real_oom`` is true only when OOM text was seen (then ``gpu_memory_utilization`` advice applies).
+
+Casualties. When the server dies, the requests in flight at that moment end as ``transport_error``
+(reset / closed), ``truncated`` (the stream broke), ``engine_dead`` or, when nothing ever answers,
+``timeout``. They failed because of the death, not independently. Let ``T_e`` be the time of the
+earliest evidence above and ``T_ok`` the end of the last ``ok`` request that ended at or before
+``T_e`` (−∞ when there is none). A request is a casualty when
+
+    outcome ∈ {engine_dead, transport_error, truncated, timeout}  and  start ≤ T_e  and  end ≥ T_ok
+
+— it was sent before the death was evident and failed after the server last answered. The death
+*moment* ``T_d`` is the earliest of ``T_e``, the first casualty's end and the first ``health_failed``
+event at or after ``T_ok``: in-flight requests break a little before a health probe notices. The death
+step is the step whose window holds ``T_d`` (latest start ≤ ``T_d``); steps that start after ``T_d``
+measured a dead server.
+
+The verdict charges casualties to the death step only: one that started in an earlier step does not
+count against that step's error rate or safety (``oomload.stepfacts``), and a casualty's
+``transport_error`` is not reported as a client transport problem. The death finding says how many
+requests in flight failed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from oomload.outcome import Outcome, RequestResult
+from oomload.runview import RunView, StepBoundary
+
+OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda oom", "cuda error: out of memory")
+CASUALTY_OUTCOMES = frozenset(
+    {Outcome.ENGINE_DEAD, Outcome.TRANSPORT_ERROR, Outcome.TRUNCATED, Outcome.TIMEOUT}
+)
+MAX_EVIDENCE = 12
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDeath:
+    step: int | None
+    concurrency: int | None
+    t_unix_s: float | None  # the death moment T_d (module docstring); None when only the run's end says so
+    real_oom: bool
+    evidence: tuple[str, ...]
+    casualties: int = 0  # requests in flight that failed because of the death
+    casualty_outcomes: Mapping[str, int] = field(default_factory=dict)
+    casualty_ids: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "concurrency": self.concurrency,
+            "t_unix_s": self.t_unix_s,
+            "real_oom": self.real_oom,
+            "evidence": list(self.evidence),
+            "casualties": self.casualties,
+            "casualty_outcomes": dict(self.casualty_outcomes),
+        }
+
+    @property
+    def casualty_text(self) -> str | None:
+        return casualty_text(self.casualties, self.casualty_outcomes)
+
+
+def detect_engine_death(view: RunView) -> EngineDeath | None:
+    """The engine death of a run with its evidence and casualties, or ``None`` (module docstring)."""
+    found, real_oom = _primary_evidence(view)
+    if not found:
+        return None
+    t_evident = min(t for t, _ in found)
+    t_last_ok = max(
+        (r.end_unix_s for r in view.requests if r.outcome is Outcome.OK and r.end_unix_s <= t_evident),
+        default=-math.inf,
+    )
+    casualties = [
+        r
+        for r in view.requests
+        if r.outcome in CASUALTY_OUTCOMES and r.start_unix_s <= t_evident and r.end_unix_s >= t_last_ok
+    ]
+    health = [
+        (float(e["t_unix_s"]), f"health_failed event{_detail(e)}")
+        for e in view.events
+        if e.get("kind") == "health_failed" and float(e["t_unix_s"]) >= t_last_ok
+    ]
+    moment = min([t_evident, *(r.end_unix_s for r in casualties), *(t for t, _ in health)])
+    outcomes = dict(Counter(r.outcome.value for r in casualties))
+    lines = sorted([*found, *health[:3]], key=lambda item: item[0])
+    evidence = tuple(dict.fromkeys(text for _, text in lines))
+    summary = casualty_text(len(casualties), outcomes)
+    if summary is not None:
+        evidence = (*evidence, summary)
+    if len(evidence) > MAX_EVIDENCE:
+        evidence = (*evidence[: MAX_EVIDENCE - 1], f"… and {len(evidence) - MAX_EVIDENCE + 1} more")
+    boundary = step_at([s.boundary for s in view.steps], moment)
+    return EngineDeath(
+        step=None if boundary is None else boundary.index,
+        concurrency=None if boundary is None else boundary.concurrency,
+        t_unix_s=None if math.isinf(moment) else moment,
+        real_oom=real_oom,
+        evidence=evidence,
+        casualties=len(casualties),
+        casualty_outcomes=outcomes,
+        casualty_ids=frozenset(r.request_id for r in casualties),
+    )
+
+
+def casualty_text(count: int, outcomes: Mapping[str, int]) -> str | None:
+    """ "N request(s) in flight failed with it (transport_error 3, …)"; ``None`` for none."""
+    if not count:
+        return None
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
+    return f"{count} request(s) in flight failed with it ({parts})"
+
+
+def step_at(boundaries: Sequence[StepBoundary], t: float) -> StepBoundary | None:
+    """The step whose window holds ``t`` (latest start ≤ t; the first step for earlier times)."""
+    if not boundaries:
+        return None
+    if math.isinf(t):
+        return max(boundaries, key=lambda b: b.start_unix_s)
+    started = [b for b in boundaries if b.start_unix_s <= t]
+    return max(started, key=lambda b: b.start_unix_s) if started else boundaries[0]
+
+
+def _primary_evidence(view: RunView) -> tuple[list[tuple[float, str]], bool]:
+    """(time, sentence) of every sufficient piece of evidence, and whether OOM text was seen."""
+    found: list[tuple[float, str]] = []
+    groups: dict[str, list[RequestResult]] = {}
+    real_oom = False
+    for r in view.requests:
+        is_oom = _is_oom(r.error or "")
+        real_oom = real_oom or is_oom
+        if r.outcome is Outcome.ENGINE_DEAD or is_oom:
+            http = f" (HTTP {r.http_status})" if r.http_status else ""
+            groups.setdefault(f"{r.outcome.value}{http}{': ' + r.error if r.error else ''}", []).append(r)
+    for what, rs in groups.items():
+        first = min(rs, key=lambda r: r.end_unix_s)
+        found.append((first.end_unix_s, f"{len(rs)} request(s) ended {what} (first: {first.request_id})"))
+    for e in view.events:
+        real_oom = real_oom or _is_oom(_detail(e))
+        if e.get("kind") == "server_dead":
+            found.append((float(e["t_unix_s"]), f"server_dead event{_detail(e)}"))
+    for step in view.steps:
+        b = step.boundary
+        if b.end_reason == "server_dead" and b.end_unix_s is not None:
+            found.append((b.end_unix_s, f"step {b.index} ended with reason server_dead"))
+    status = view.status or {}
+    if status.get("end_reason") == "server_dead":
+        t = status.get("ended_unix_s")
+        found.append(
+            (float(t) if isinstance(t, (int, float)) else math.inf, "run ended with reason server_dead")
+        )
+    vanished = _vanished_process(view.gpu)
+    if vanished is not None:
+        found.append(vanished)
+    return found, real_oom
+
+
+def _vanished_process(gpu: Sequence[Mapping[str, Any]]) -> tuple[float, str] | None:
+    """The biggest GPU process (the server) disappearing from later samples."""
+    biggest: dict[int, int] = {}
+    for g in gpu:
+        for p in g.get("processes") or []:
+            if isinstance(p, Mapping) and isinstance(p.get("pid"), int):
+                biggest[p["pid"]] = max(biggest.get(p["pid"], 0), int(p.get("used_bytes") or 0))
+    if not biggest:
+        return None
+    server_pid = max(biggest, key=lambda pid: biggest[pid])
+    seen = False
+    for g in gpu:
+        pids = {p.get("pid") for p in g.get("processes") or [] if isinstance(p, Mapping)}
+        if server_pid in pids:
+            seen = True
+        elif seen and "processes" in g:
+            return float(g["t_unix_s"]), f"server process {server_pid} vanished from the GPU samples"
+    return None
+
+
+def _detail(event: Mapping[str, Any]) -> str:
+    text = " ".join(str(event[k]) for k in ("evidence", "detail", "reason", "error") if event.get(k)).strip()
+    return f": {text}" if text else ""
+
+
+def _is_oom(text: str) -> bool:
+    lowered = text.lower()
+    return any(m in lowered for m in OOM_MARKERS)

@@ -1,0 +1,95 @@
+"""The observed preemption onset beside the arithmetic one from the KV pool (pure).
+
+``capacity.predict_preemption_onset`` on the trace's total lengths (or, without a trace, the replayed
+requests' lengths) and the pool from ``cache_config.json`` gives a band of plausible onsets — a
+P90-length mix preempts first, a P50-length mix last. Each end of the band is placed on the measured
+grid (the lowest measured level ≥ it) and the observed onset's distance from the band is counted in
+grid levels. With no onset observed, the distance is the number of measured, completed levels above
+the band that stayed clean. More than one level apart is flagged (``disagrees``): the measured knee
+moves 1–2 levels between repeats on real vLLM, so one level is noise, more is a finding in itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from oomload.capacity import OnsetPrediction, predict_preemption_onset
+from oomload.runview import as_int
+
+DISAGREE_LEVELS = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """The arithmetic onset (``arithmetic``) beside the observed one."""
+
+    arithmetic: OnsetPrediction
+    observed_onset: int | None
+    levels_apart: int | None
+    basis: str  # "trace" or "requests"
+
+    @property
+    def band_low(self) -> int:
+        return self.arithmetic.band[0]
+
+    @property
+    def band_high(self) -> int:
+        return self.arithmetic.band[1]
+
+    @property
+    def disagrees(self) -> bool:
+        return self.levels_apart is not None and self.levels_apart > DISAGREE_LEVELS
+
+    def to_json(self) -> dict[str, Any]:
+        """Flat: the ``OnsetPrediction`` fields, the band, the observation (docs/report.md)."""
+        return {
+            **asdict(self.arithmetic),
+            "band_low": self.band_low,
+            "band_high": self.band_high,
+            "observed_onset": self.observed_onset,
+            "levels_apart": self.levels_apart,
+            "disagrees": self.disagrees,
+            "basis": self.basis,
+        }
+
+
+def compare_prediction(
+    cache_config: Mapping[str, Any] | None,
+    totals: Sequence[int],
+    *,
+    basis: str,
+    observed_onset: int | None,
+    levels: Sequence[int],
+    clean_levels: Sequence[int],
+) -> Prediction | None:
+    """The prediction beside ``observed_onset`` on the measured ``levels`` (module docstring).
+
+    ``clean_levels`` are the completed levels measured with metrics and no preemption; they count
+    when no onset was observed. ``None`` without a pool size or lengths.
+    """
+    if not cache_config or not totals:
+        return None
+    blocks = as_int(cache_config.get("num_gpu_blocks"))
+    block_size = as_int(cache_config.get("block_size"))
+    if not blocks or not block_size or block_size < 0:
+        return None
+    arithmetic = predict_preemption_onset(blocks, block_size, list(totals))
+    low, high = arithmetic.band
+    apart: int | None = None
+    if levels and observed_onset is not None and observed_onset in levels:
+        lo_i, hi_i = _grid_index(levels, low), _grid_index(levels, high)
+        i = list(levels).index(observed_onset)
+        apart = 0 if lo_i <= i <= hi_i else min(abs(i - lo_i), abs(i - hi_i))
+    elif observed_onset is None and clean_levels:
+        apart = sum(1 for c in set(clean_levels) if c > high)
+    return Prediction(arithmetic=arithmetic, observed_onset=observed_onset, levels_apart=apart, basis=basis)
+
+
+def _grid_index(levels: Sequence[int], value: int) -> int:
+    """Index of the lowest measured level ≥ value (one past the end when none is)."""
+    for i, level in enumerate(levels):
+        if level >= value:
+            return i
+    return len(levels)

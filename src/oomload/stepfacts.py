@@ -1,0 +1,238 @@
+"""What one concurrency step measured, aggregated from its requests, scrapes and GPU samples (pure).
+
+``summarize_step`` turns one ``runview.StepData`` into a frozen ``StepFacts``:
+
+* requests by outcome, as recorded (``cancelled`` included: oomload abandoned those itself);
+* ``casualties``: this step's requests that failed because the engine died under them
+  (``oomload.death`` defines the window), by outcome;
+* the *charged* failures: every error outcome (``Outcome.is_error``; ``cancelled`` is neither ok nor
+  error) except casualties when the engine died in a *later* step — a request that started here but
+  was in flight when the server died there failed because of the death, not because of this level.
+  In the step the engine died in (``died_here``) casualties are charged like any failure.
+  ``error_requests`` / ``unsafe_requests`` / ``error_rate`` count charged failures only;
+* req/s (requests that ended by the server's doing, i.e. not cancelled) and output tokens/s (ok and
+  truncated answers) over the step's duration;
+* nearest-rank P50/P99 (``stats.percentile``) of TTFT, TPOT (mean inter-token latency) and end-to-end
+  latency over the ok requests;
+* from the ``/metrics`` scrapes in the step's window: max KV usage, max running / waiting, and the
+  preemptions — the sum of the scrapes' ``preemptions_delta``, cross-checked against the counter
+  (``num_preemptions_total`` of the step's last scrape minus the last scrape before the step); when
+  they disagree (a lost scrape, a restart) the larger is used and ``counter_mismatch`` says so;
+* from the GPU samples: device total, max used, min free, and the largest process (the server);
+* the *achieved* concurrency: the time-weighted mean number of requests in flight during the step
+  (from every request's own start/end times), to compare with the target.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from oomload.outcome import Outcome, RequestResult
+from oomload.runview import StepData, max_float, max_int, min_int
+from oomload.stats import percentile
+
+UNSAFE_OUTCOMES = frozenset(
+    {Outcome.ENGINE_DEAD, Outcome.ADMISSION_REJECTED, Outcome.SERVER_ERROR, Outcome.TIMEOUT}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyStats:
+    """Nearest-rank P50 / P99 of one latency in one step (``None`` when no request carried it)."""
+
+    count: int = 0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepFacts:
+    """What one step measured (module docstring)."""
+
+    index: int
+    concurrency: int
+    phase: str
+    start_unix_s: float
+    end_unix_s: float | None
+    end_reason: str | None
+    duration_s: float | None
+    cut_short: bool
+    requests: int
+    outcomes: Mapping[str, int]
+    error_requests: int  # charged failures (casualties of a later death excused)
+    unsafe_requests: int  # charged failures with an outcome in UNSAFE_OUTCOMES
+    req_per_s: float | None
+    output_tokens_per_s: float | None
+    ttft: LatencyStats
+    tpot: LatencyStats
+    e2e: LatencyStats
+    achieved_concurrency: float | None
+    scrapes_ok: int
+    scrapes_failed: int
+    kv_usage_max: float | None
+    preemptions: int | None  # None: no metrics covered the step
+    preemptions_counter: int | None  # counter(last in step) - counter(before step)
+    running_max: int | None
+    waiting_max: int | None
+    device_total_bytes: int | None
+    device_used_max_bytes: int | None
+    device_free_min_bytes: int | None
+    server_process_used_max_bytes: int | None
+    casualties: Mapping[str, int] = field(default_factory=dict)  # failed because the engine died
+    died_here: bool = False  # the engine died in this step (its casualties are charged here)
+    after_death: bool = False  # started after the engine died: measures a dead server
+    counter_mismatch: tuple[int, int] | None = None  # (delta sum, counter rise) when they disagree
+
+    @property
+    def warmup(self) -> bool:
+        return self.phase == "warmup"
+
+    def count(self, outcome: Outcome) -> int:
+        return int(self.outcomes.get(outcome.value, 0))
+
+    @property
+    def ok_requests(self) -> int:
+        return self.count(Outcome.OK)
+
+    @property
+    def cancelled_requests(self) -> int:
+        return self.count(Outcome.CANCELLED)
+
+    @property
+    def decided_requests(self) -> int:
+        """Requests the server decided (everything but ``cancelled``): the error-rate denominator."""
+        return self.requests - self.cancelled_requests
+
+    @property
+    def error_rate(self) -> float | None:
+        decided = self.decided_requests
+        return None if decided == 0 else self.error_requests / decided
+
+    def charged(self, outcome: Outcome) -> int:
+        """Requests of ``outcome`` held against this step (casualties of a later death excused)."""
+        return self.count(outcome) - (0 if self.died_here else self.casualties_of(outcome))
+
+    def independent(self, outcome: Outcome) -> int:
+        """Requests of ``outcome`` that were not casualties of an engine death."""
+        return self.count(outcome) - self.casualties_of(outcome)
+
+    def casualties_of(self, outcome: Outcome) -> int:
+        return int(self.casualties.get(outcome.value, 0))
+
+
+def summarize_step(
+    step: StepData,
+    all_requests: Sequence[RequestResult],
+    *,
+    casualty_ids: Collection[str] = frozenset(),
+    died_here: bool = False,
+    after_death: bool = False,
+) -> StepFacts:
+    """Facts of one step; requests in ``casualty_ids`` failed because the engine died (module doc)."""
+    b = step.boundary
+    requests = step.requests
+    outcomes: dict[str, int] = {}
+    casualties: dict[str, int] = {}
+    for r in requests:
+        outcomes[r.outcome.value] = outcomes.get(r.outcome.value, 0) + 1
+        if r.request_id in casualty_ids and r.outcome.is_error:
+            casualties[r.outcome.value] = casualties.get(r.outcome.value, 0) + 1
+    charged = [r for r in requests if r.outcome.is_error and (died_here or r.request_id not in casualty_ids)]
+    decided = sum(1 for r in requests if r.outcome is not Outcome.CANCELLED)
+    end = b.end_unix_s
+    window_end = end if end is not None else max((r.end_unix_s for r in requests), default=b.start_unix_s)
+    duration = None if end is None and not requests else window_end - b.start_unix_s
+    span = duration if duration is not None and duration > 0 else None
+    answered = (Outcome.OK, Outcome.TRUNCATED)
+    output_tokens = sum(_output_tokens(r) for r in requests if r.outcome in answered)
+    ok_metrics = [m for m in step.metrics if m.get("ok")]
+    delta_sum, counter = _preemptions(step, ok_metrics)
+    known = [v for v in (delta_sum, counter) if v is not None]
+    preemptions = max(known) if known else None
+    mismatch = None
+    if delta_sum is not None and counter is not None and delta_sum != counter:
+        mismatch = (delta_sum, counter)
+    ok = [r for r in requests if r.outcome is Outcome.OK]
+    return StepFacts(
+        index=b.index,
+        concurrency=b.concurrency,
+        phase=b.phase,
+        start_unix_s=b.start_unix_s,
+        end_unix_s=b.end_unix_s,
+        end_reason=b.end_reason,
+        duration_s=duration,
+        cut_short=b.cut_short,
+        requests=len(requests),
+        outcomes=outcomes,
+        error_requests=len(charged),
+        unsafe_requests=sum(1 for r in charged if r.outcome in UNSAFE_OUTCOMES),
+        req_per_s=None if span is None else decided / span,
+        output_tokens_per_s=None if span is None else output_tokens / span,
+        ttft=_latency(r.ttft_ms for r in ok),
+        tpot=_latency(r.tpot_ms for r in ok),
+        e2e=_latency(r.e2e_ms for r in ok),
+        achieved_concurrency=achieved_concurrency(all_requests, b.start_unix_s, window_end),
+        scrapes_ok=len(ok_metrics),
+        scrapes_failed=len(step.metrics) - len(ok_metrics),
+        kv_usage_max=max_float(m.get("kv_cache_usage") for m in ok_metrics),
+        preemptions=preemptions,
+        preemptions_counter=counter,
+        running_max=max_int(m.get("num_requests_running") for m in ok_metrics),
+        waiting_max=max_int(m.get("num_requests_waiting") for m in ok_metrics),
+        device_total_bytes=max_int(g.get("total_bytes") for g in step.gpu),
+        device_used_max_bytes=max_int(g.get("used_bytes") for g in step.gpu),
+        device_free_min_bytes=min_int(g.get("free_bytes") for g in step.gpu),
+        server_process_used_max_bytes=max_int(
+            max_int(p.get("used_bytes") for p in (g.get("processes") or []) if isinstance(p, Mapping))
+            for g in step.gpu
+        ),
+        casualties=casualties,
+        died_here=died_here,
+        after_death=after_death,
+        counter_mismatch=mismatch,
+    )
+
+
+def achieved_concurrency(
+    requests: Sequence[RequestResult], start_unix_s: float, end_unix_s: float
+) -> float | None:
+    """Time-weighted mean number of requests in flight within ``[start, end]`` (None for an empty window)."""
+    span = end_unix_s - start_unix_s
+    if not span > 0 or math.isinf(span):
+        return None
+    busy = 0.0
+    for r in requests:
+        lo = max(r.start_unix_s, start_unix_s)
+        hi = min(r.end_unix_s, end_unix_s)
+        if hi > lo:
+            busy += hi - lo
+    return busy / span
+
+
+def _preemptions(step: StepData, ok_metrics: Sequence[Mapping[str, object]]) -> tuple[int | None, int | None]:
+    """(sum of the scrapes' deltas, rise of the counter over the step) — each ``None`` when unknown."""
+    known = [int(d) for d in (m.get("preemptions_delta") for m in ok_metrics) if isinstance(d, (int, float))]
+    delta_sum = sum(known) if known else None
+    counters = [
+        float(c) for c in (m.get("num_preemptions_total") for m in ok_metrics) if isinstance(c, (int, float))
+    ]
+    restarted = any(m.get("restarted") for m in ok_metrics)
+    base = step.baseline_metric.get("num_preemptions_total") if step.baseline_metric else None
+    counter: int | None = None
+    if counters and not restarted:
+        start = float(base) if isinstance(base, (int, float)) else counters[0]
+        counter = max(int(counters[-1] - start), 0)
+    return delta_sum, counter
+
+
+def _latency(values: Iterable[float | None]) -> LatencyStats:
+    known = [float(v) for v in values if v is not None]
+    if not known:
+        return LatencyStats()
+    return LatencyStats(count=len(known), p50_ms=percentile(known, 50), p99_ms=percentile(known, 99))
+
+
+def _output_tokens(r: RequestResult) -> int:
+    return r.usage_completion_tokens if r.usage_completion_tokens is not None else r.output_tokens_asked

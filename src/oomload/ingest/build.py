@@ -210,12 +210,12 @@ def build_trace(
     plans = plan_inputs(paths, format=format, mapping=mapping)
     formats = tuple(dict.fromkeys(plan.format for plan in plans))
     tokenizer = None if counter is None else counter.name
-    meters = [ClockMeter() for _ in plans]
+    meters = [ClockMeter() for _ in plans] if len(plans) > 1 else None
     alignment = None
     with TraceScratch(Path(out)) as scratch:
         skips = SkipLog(strict=strict)
         written = write_body(scratch.body, iter_batches(plans, skips, counter, meters=meters))
-        if len(plans) > 1:
+        if meters is not None:
             alignment = align_inputs(meters)
             if not alignment.shared:  # second pass: each input on its own start
                 skips = SkipLog(strict=strict)

@@ -182,4 +182,38 @@ def test_gate_never_passes_without_evidence(rule: str, levels: list[int], scrape
     with tempfile.TemporaryDirectory() as tmp:
         v = build_verdict(load_run(write_run(Path(tmp) / "r", specs)))
     result = evaluate_gate(parse_gate(rule.format(n=n)), v)
-    assert result.status is not GateStatus.PASS, result.reason
+    assert result.status is GateStatus.NOT_EVALUATED, result.reason  # a clean run cannot fail it
+    assert gate_exit_code([result]) is ExitCode.GATE_NOT_EVALUATED
+
+
+weak_steps = st.sampled_from(["cut_short", "cancelled_only", "unscraped", "warmup", "after_death"])
+
+
+@settings(max_examples=30, deadline=None)
+@given(rule=rules, weakness=weak_steps, below=st.lists(st.integers(3, 14), max_size=3, unique=True))
+def test_weak_evidence_at_the_gate_level_never_passes(rule: str, weakness: str, below: list[int]) -> None:
+    """The only step at or above the rule's level carries no usable evidence: never a pass.
+
+    ``below`` stops at 14, so no clean step at 15 vouches for ``no-EVENT-below:16``.
+    """
+    n = 16
+    specs = [StepSpec(c, requests=3) for c in sorted(below)]
+    weak = StepSpec(n, requests=8)
+    if weakness == "cut_short":
+        weak.cut_short = True
+    elif weakness == "cancelled_only":
+        weak.failures = {Outcome.CANCELLED: 8}
+    elif weakness == "unscraped":
+        weak.scrapes, weak.ttft_ms = 0, 50.0
+    elif weakness == "warmup":
+        weak.phase = "warmup"
+    else:  # the engine died (at 2) before this step started
+        specs.append(StepSpec(2, requests=4, failures={Outcome.ENGINE_DEAD: 4}))
+    specs.append(weak)
+    with tempfile.TemporaryDirectory() as tmp:
+        v = build_verdict(load_run(write_run(Path(tmp) / "r", specs, no_status=weakness == "cut_short")))
+    result = evaluate_gate(parse_gate(rule.format(n=n)), v)
+    if weakness == "unscraped" and not any(k in rule for k in ("preemption", "queueing", "kv-usage")):
+        return  # request outcomes and latencies are still evidence without /metrics
+    assert result.status is not GateStatus.PASS, (weakness, result.reason)
+    assert gate_exit_code([result]) is not ExitCode.OK

@@ -35,7 +35,11 @@ def test_cpu_knee_gives_onset_six_as_measured_on_real_vllm(tmp_path: Path) -> No
     assert [s.preemptions for s in v.steps] == [0, 0, 0, 0, 2, 4, 3, 25, 32]
     # 96 blocks x 32 tokens, 512-token requests need 16 blocks: 95 // 16 + 1 = 6
     assert v.prediction is not None
-    assert (v.prediction.arithmetic.onset_mean, v.prediction.levels_apart, v.prediction.disagrees) == (6, 0, False)
+    assert (v.prediction.arithmetic.onset_mean, v.prediction.levels_apart, v.prediction.disagrees) == (
+        6,
+        0,
+        False,
+    )
     assert v.confidence == "high"
     assert not v.run.cut_short
 
@@ -208,3 +212,66 @@ def test_verdict_json_round_trips(tmp_path: Path) -> None:
     assert doc["onsets"]["preemption"]["concurrency"] == 6
     assert doc["last_safe_concurrency"] == 5
     assert doc["steps"][4]["outcomes"] == {"ok": 18}
+
+
+def test_cancelled_requests_are_counted_but_are_neither_ok_nor_errors(tmp_path: Path) -> None:
+    """Requests oomload abandoned at the end of the run (or on Ctrl-C)."""
+    steps = [
+        StepSpec(2, requests=12),
+        StepSpec(4, requests=12, failures={Outcome.CANCELLED: 4, Outcome.SERVER_ERROR: 1}),
+    ]
+    v = verdict_of(write_run(tmp_path / "run", steps))
+    s = v.steps[1]
+    assert dict(s.outcomes) == {"cancelled": 4, "server_error": 1, "ok": 7}
+    assert (s.requests, s.ok_requests, s.cancelled_requests, s.decided_requests) == (12, 7, 4, 8)
+    assert s.error_requests == 1 and s.error_rate == 1 / 8
+    assert s.req_per_s == 8 / 10.0
+    assert (v.requests_total, v.requests_ok, v.requests_cancelled, v.requests_failed) == (24, 19, 4, 1)
+    assert v.error_rate == 1 / 20
+    assert v.last_safe_concurrency == 2  # the server error makes 4 unsafe, the cancellations do not
+    assert ("cancelled", 1) in {(n.kind, n.step) for n in v.notes}
+    doc = json.loads(json.dumps(v.to_json(), allow_nan=False))
+    assert doc["requests"]["cancelled"] == 4 and doc["steps"][1]["outcomes"]["cancelled"] == 4
+
+
+def test_only_cancelled_requests_make_no_safe_level(tmp_path: Path) -> None:
+    steps = [StepSpec(2, requests=6, failures={Outcome.CANCELLED: 6})]
+    v = verdict_of(write_run(tmp_path / "run", steps))
+    assert v.steps[0].error_rate is None and v.error_rate is None
+    assert v.last_safe_concurrency is None  # nothing was answered: no evidence of safety
+
+
+def test_run_through_preemption_to_death_then_bisected(tmp_path: Path) -> None:
+    """Default ``--stop-on oom``: ramp on past the first preemption until the server dies, then refine."""
+    oom = "EngineDeadError: CUDA out of memory. Tried to allocate 1.00 GiB"
+    steps = [
+        StepSpec(1, kv_max=0.1, requests=6),
+        StepSpec(2, kv_max=0.2, requests=6),
+        StepSpec(4, kv_max=0.5, requests=12),
+        StepSpec(8, preemptions=3, kv_max=1.0, waiting_max=0, requests=24),
+        StepSpec(16, preemptions=20, kv_max=1.0, waiting_max=6, requests=48),
+        StepSpec(32, preemptions=9, kv_max=1.0, waiting_max=20, requests=32,
+                 failures={Outcome.ENGINE_DEAD: 32}, error_text=oom, end_reason="server_dead"),
+    ]  # fmt: skip
+    status = {"finished": True, "end_reason": "server_dead"}
+    v = verdict_of(write_run(tmp_path / "run", steps, cache_config=CPU_CACHE, status=status))
+    assert v.preemption_onset is not None and v.preemption_onset.concurrency == 8
+    assert v.kv_saturation is not None and v.kv_saturation.concurrency == 8
+    assert v.queueing is not None and v.queueing.concurrency == 16
+    assert v.engine_death is not None and v.engine_death.concurrency == 32 and v.engine_death.real_oom
+    assert v.last_safe_concurrency == 4
+    assert not v.run.cut_short
+    # the server survives the last level instead: the refinement bisects 4..8, 6 preempts, 5 does not
+    steps[5] = StepSpec(32, preemptions=40, kv_max=1.0, waiting_max=20, requests=64)
+    steps += [
+        StepSpec(6, preemptions=1, kv_max=1.0, requests=18, phase="refine"),
+        StepSpec(5, kv_max=0.9, requests=15, phase="refine"),
+    ]
+    v = verdict_of(write_run(tmp_path / "run2", steps, cache_config=CPU_CACHE))
+    assert v.preemption_onset is not None and v.preemption_onset.concurrency == 6
+    assert v.preemption_onset.step == 6  # the refine step, run after the ramp
+    assert v.kv_saturation is not None and v.kv_saturation.concurrency == 6
+    assert v.queueing is not None and v.queueing.concurrency == 16
+    assert v.last_safe_concurrency == 5
+    assert v.levels == (1, 2, 4, 5, 6, 8, 16, 32)
+    assert v.engine_death is None and v.max_tested_concurrency == 32

@@ -21,7 +21,7 @@ CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#222;max-width:1200px}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;padding:3px 7px;text-align:right}
-th{background:#f3f3f3}td.l,th.l{text-align:left}
+th{background:#f3f3f3}td.l,th.l{text-align:left}th.l,td code{white-space:nowrap}
 .ok{color:#1a7f37}.info{color:#0969da}.warn{color:#9a6700}.bad{color:#cf222e;font-weight:bold}
 .cut{background:#fff8c5;border:1px solid #d4a72c;padding:8px 12px;margin:12px 0}
 pre.flags{background:#f6f8fa;padding:10px;border:1px solid #ddd;white-space:pre-wrap}

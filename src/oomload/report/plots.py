@@ -75,6 +75,11 @@ def plot_timeline(view: RunView, verdict: Verdict) -> bytes:
 
 
 def plot_by_concurrency(verdict: Verdict) -> bytes:
+    return _png(figure_by_concurrency(verdict))
+
+
+def figure_by_concurrency(verdict: Verdict) -> Figure:
+    """Latency and throughput against concurrency, ticks at the measured levels, onsets marked."""
     fig = Figure(figsize=(11, 4.2), dpi=DPI)
     ax_lat, ax_thr = fig.subplots(1, 2)
     steps = sorted((s for s in verdict.measured_steps if s.requests), key=lambda s: s.concurrency)
@@ -111,7 +116,7 @@ def plot_by_concurrency(verdict: Verdict) -> bytes:
         if handles:
             ax.legend(handles, labels, loc="upper left", fontsize=8)
     fig.tight_layout()
-    return _png(fig)
+    return fig
 
 
 def plot_lengths(view: RunView, verdict: Verdict, recommendation: Recommendation) -> bytes:

@@ -47,8 +47,13 @@ def write_run(
     gpu: bool = True,
     events: Sequence[Mapping[str, Any]] = (),
     server_pid_vanishes_after: int | None = None,
+    extra_requests: Sequence[RequestResult] = (),
 ) -> Path:
-    """Write a complete run directory; returns ``path``."""
+    """Write a complete run directory; returns ``path``.
+
+    Steps run back to back from ``T0`` (step *i* from ``T0 + sum of earlier durations``);
+    ``extra_requests`` are written as given, for hand-placed scenarios (deaths, cancellations).
+    """
     path.mkdir(parents=True, exist_ok=True)
     cfg: dict[str, Any] = {
         "schema": 1,
@@ -134,6 +139,8 @@ def write_run(
                     "reason": spec.end_reason,
                 },
             )
+        for request in extra_requests:
+            w.request(request)
         for event in events:
             w.event(str(event["kind"]), **{k: v for k, v in event.items() if k != "kind"})
         if not no_status:
@@ -172,10 +179,39 @@ def _write_requests(w: RunWriter, index: int, spec: StepSpec, start: float) -> N
                 ttft_ms=spec.ttft_ms * (1 + i % 5) if ok else None,
                 tpot_ms=10.0 if ok else None,
                 e2e_ms=(e - s) * 1000 if ok else None,
-                http_status=200 if ok else (500 if outcome is Outcome.ENGINE_DEAD else 400),
+                http_status=200 if ok else _http_status(outcome),
                 error=None if ok else (spec.error_text or outcome.value),
             )
         )
+
+
+def _http_status(outcome: Outcome) -> int | None:
+    if outcome in (Outcome.CANCELLED, Outcome.TRANSPORT_ERROR, Outcome.TIMEOUT):
+        return None
+    return 500 if outcome is Outcome.ENGINE_DEAD else 400
+
+
+def request(
+    rid: str, step: int, concurrency: int, start_s: float, end_s: float, outcome: Outcome = Outcome.OK
+) -> RequestResult:
+    """One hand-placed request, times in seconds after ``T0``."""
+    ok = outcome is Outcome.OK
+    return RequestResult(
+        request_id=rid,
+        step=step,
+        concurrency=concurrency,
+        start_unix_s=T0 + start_s,
+        end_unix_s=T0 + end_s,
+        outcome=outcome,
+        prompt_tokens_asked=256,
+        output_tokens_asked=256,
+        usage_completion_tokens=256 if ok else None,
+        ttft_ms=40.0 if ok else None,
+        tpot_ms=0.4 if ok else None,
+        e2e_ms=(end_s - start_s) * 1000 if ok else None,
+        http_status=200 if ok else _http_status(outcome),
+        error=None if ok else outcome.value,
+    )
 
 
 def _scrape(t: float, counter: int, delta: int, kv: float, running: int, waiting: int) -> dict[str, Any]:

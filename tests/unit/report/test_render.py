@@ -13,6 +13,10 @@ from runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
 
 from oomload.errors import ConfigError, ExitCode
 from oomload.report import SUMMARY_SCHEMA, finalize_run
+from oomload.report.findings import fmt_ms
+from oomload.report.plots import figure_by_concurrency
+from oomload.runview import load_run
+from oomload.verdict import build_verdict
 
 FILES = ("json", "md", "junit")
 
@@ -126,3 +130,22 @@ def test_html_is_self_contained_with_three_plots(tmp_path: Path) -> None:
     assert page.count("data:image/png;base64,") == 3
     assert "http://" not in page.replace("http://127.0.0.1:8000", "")  # nothing fetched from the network
     assert "This run was cut short" in page
+
+
+@pytest.mark.parametrize(
+    ("ms", "shown"),
+    [(None, "–"), (1250.0, "1.25s"), (250.4, "250ms"), (10.0, "10ms"), (4.24, "4.2ms"), (0.35, "0.35ms"),
+     (0.004, "4µs"), (0.0, "0µs")],
+)  # fmt: skip
+def test_latency_cells_never_round_small_values_to_zero_ms(ms: float | None, shown: str) -> None:
+    assert fmt_ms(ms) == shown
+
+
+def test_concurrency_axes_are_labelled_with_the_measured_levels(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", cpu_knee_steps(), cache_config=CPU_CACHE)
+    fig = figure_by_concurrency(build_verdict(load_run(run)))
+    for ax in fig.axes[:2]:
+        assert ax.get_xscale() == "log"
+        labels = [t.get_text() for t in ax.get_xticklabels()]
+        assert labels == ["1", "2", "4", "5", "6", "7", "8", "12", "16"]
+        assert len(ax.xaxis.get_minor_locator().tick_values(1, 16)) == 0

@@ -1,0 +1,114 @@
+"""Engine death: the moment, the casualties in flight, and what they must not be charged to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from report.runbuilder import T0, StepSpec, request, write_run
+
+from oomload.gate import GateStatus, evaluate_gate, parse_gate
+from oomload.outcome import Outcome
+from oomload.recommend import recommend
+from oomload.report.findings import describe, step_row
+from oomload.runview import load_run
+from oomload.verdict import Verdict, build_verdict
+
+DEAD = Outcome.ENGINE_DEAD
+RESET = Outcome.TRANSPORT_ERROR
+
+
+@pytest.fixture(scope="module")
+def died(tmp_path_factory: pytest.TempPathFactory) -> Verdict:
+    """Steps 1, 2, 4 (0–10 s, 10–20 s, 20–30 s), a refine step at 3 (30–40 s); the server dies at 27 s.
+
+    In flight at the death: one request from step 1 (started 19 s), two from step 2. A new request
+    at 27.5 s is refused. An earlier, unrelated reset at 3 s is a real client transport error.
+    """
+    steps = [
+        StepSpec(1),
+        StepSpec(2),
+        StepSpec(4, requests=0),
+        StepSpec(3, requests=0, phase="refine"),
+    ]
+    extra = [
+        request("early-reset", 0, 1, 3.0, 3.5, RESET),
+        request("from-step-1", 1, 2, 19.0, 27.0, RESET),
+        request("ok-a", 2, 4, 20.0, 24.0),
+        request("ok-b", 2, 4, 20.5, 24.5),
+        request("stream-cut", 2, 4, 22.0, 27.0, Outcome.TRUNCATED),
+        request("reset-4", 2, 4, 23.0, 27.05, RESET),
+        request("refused", 2, 4, 27.5, 27.6, DEAD),
+        request("after", 3, 3, 31.0, 31.1, DEAD),
+    ]
+    events = [{"kind": "server_dead", "t_unix_s": T0 + 28.0, "evidence": "/health connection refused (2x)"}]
+    run = write_run(tmp_path_factory.mktemp("died") / "run", steps, extra_requests=extra, events=events)
+    return build_verdict(load_run(run))
+
+
+def test_death_moment_is_the_first_break_and_lands_in_its_step(died: Verdict) -> None:
+    death = died.engine_death
+    assert death is not None
+    assert death.t_unix_s == T0 + 27.0  # the streams broke before the refused request and /health
+    assert (death.step, death.concurrency) == (2, 4)
+    assert not death.real_oom
+
+
+def test_requests_in_flight_at_the_death_are_its_casualties(died: Verdict) -> None:
+    death = died.engine_death
+    assert death is not None
+    assert death.casualty_ids == {"from-step-1", "stream-cut", "reset-4", "refused"}
+    assert death.casualties == 4
+    assert dict(death.casualty_outcomes) == {"transport_error": 2, "truncated": 1, "engine_dead": 1}
+    assert death.evidence[-1] == (
+        "4 request(s) in flight failed with it (engine_dead 1, transport_error 2, truncated 1)"
+    )
+    text = next(f.text for f in describe(died, recommend(died)) if f.key == "engine_death")
+    assert "4 request(s) in flight failed with it" in text
+
+
+def test_a_casualty_is_not_charged_to_the_step_it_started_in(died: Verdict) -> None:
+    step1 = died.steps[1]
+    assert step1.count(RESET) == 1 and dict(step1.casualties) == {"transport_error": 1}
+    assert (step1.error_requests, step1.unsafe_requests, step1.error_rate) == (0, 0, 0.0)
+    assert step_row(step1)[5] == "0 (+1 at death)"
+    assert evaluate_gate(parse_gate("error-rate@2<=0"), died).status is GateStatus.PASS
+    assert died.last_safe_concurrency == 2
+    # the death step is charged: its error rate fails a gate at its level
+    step2 = died.steps[2]
+    assert step2.died_here and step2.error_requests == 3
+    assert evaluate_gate(parse_gate("error-rate@4<=0.5"), died).status is GateStatus.FAIL
+    assert evaluate_gate(parse_gate("no-oom-up-to:4"), died).status is GateStatus.FAIL
+    assert evaluate_gate(parse_gate("no-oom-up-to:2"), died).status is GateStatus.PASS
+
+
+def test_only_independent_transport_errors_are_noted(died: Verdict) -> None:
+    noted = {n.step for n in died.notes if n.kind == "transport_errors"}
+    assert noted == {0}
+
+
+def test_a_step_after_the_death_is_left_out(died: Verdict) -> None:
+    refine = died.steps[3]
+    assert refine.after_death and refine.count(DEAD) == 1
+    assert died.levels == (1, 2, 4)
+    assert all(s.index != 3 for s in died.measured_steps)
+    assert ("after_death", 3) in {(n.kind, n.step) for n in died.notes}
+    assert step_row(refine)[0] == "3†"
+
+
+def test_a_reset_long_before_the_death_is_not_a_casualty(tmp_path: Path) -> None:
+    """Ok answers after the reset show the server lived on: the reset is the client's."""
+    steps = [StepSpec(1), StepSpec(2, failures={RESET: 1}), StepSpec(4, failures={DEAD: 2})]
+    v = build_verdict(load_run(write_run(tmp_path / "run", steps)))
+    assert v.engine_death is not None and v.engine_death.concurrency == 4
+    assert v.steps[1].casualties == {} and v.steps[1].error_requests == 1
+    assert "s1-r0" not in v.engine_death.casualty_ids
+    assert v.engine_death.casualty_ids == {"s2-r0", "s2-r1"}
+    assert v.last_safe_concurrency == 2  # a client transport error does not make a level unsafe
+
+
+def test_health_failures_alone_are_no_death(tmp_path: Path) -> None:
+    events = [{"kind": "health_failed", "t_unix_s": T0 + 5.0, "detail": "HTTP 500"}]
+    v = build_verdict(load_run(write_run(tmp_path / "run", [StepSpec(1), StepSpec(2)], events=events)))
+    assert v.engine_death is None
+    assert v.last_safe_concurrency == 2

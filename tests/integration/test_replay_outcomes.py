@@ -161,7 +161,7 @@ def test_ok_stream_with_exact_usage(serve: Callable[[Handler], RawServer]) -> No
         ),
         (_answer("500 Internal Server Error", "application/json", b""), Outcome.ENGINE_DEAD),
         (_sse([_chunk("a"), _usage(5, 1), b"[DONE]"]), Outcome.TRUNCATED),  # clamped: 1 < 3
-        (_sse([_chunk("a"), _chunk("b")], cut=True), Outcome.TRUNCATED),  # stream cut, no [DONE]
+        (_sse([_chunk("a"), _chunk("b")], cut=True), Outcome.TRANSPORT_ERROR),  # stream broke: no [DONE]
         (
             _sse([b'{"error":{"message":"busy","type":"Service Unavailable","code":503}}', b"[DONE]"]),
             Outcome.ADMISSION_REJECTED,
@@ -182,7 +182,7 @@ def test_misbehaving_servers(
 
 def test_never_answering_server_times_out(serve: Callable[[Handler], RawServer]) -> None:
     stop = threading.Event()
-    server = serve(lambda conn: stop.wait(5))
+    server = serve(lambda conn: None if stop.wait(5) else None)
     outcome, ex = _send(server.url, timeout_s=0.5)
     stop.set()
     assert outcome is Outcome.TIMEOUT and ex.http_status is None  # type: ignore[attr-defined]
@@ -202,3 +202,38 @@ def test_reset_before_answer_is_a_transport_error(serve: Callable[[Handler], Raw
 
     server = serve(reset)
     assert _send(server.url)[0] is Outcome.TRANSPORT_ERROR
+
+
+def test_an_exchange_abandoned_in_flight_becomes_a_cancelled_result(
+    serve: Callable[[Handler], RawServer],
+) -> None:
+    import gevent
+
+    from oomload.load.http import ExchangeProgress, cancelled_exchange
+
+    release = threading.Event()
+
+    def slow(conn: socket.socket) -> None:
+        _sse([_chunk("a"), _chunk("b")], cut=True)(conn)
+        release.wait(5)  # the stream stays open: the client is mid-request when it is killed
+
+    server = serve(slow)
+    payloads = CompletionPayloads(PayloadOptions(model="m"))
+    request = payloads.build(TraceRecord("r", 0.0, 5, 50), 0)
+    progress = ExchangeProgress()
+    kw = {"timeout_s": 5.0, "stream": True, "exact_output": True, "server_answered_before": False}
+    greenlet = gevent.spawn(send, Endpoint.from_url(server.url), request, progress=progress, **kw)
+    deadline = gevent.Timeout(5)
+    deadline.start()
+    try:
+        while progress.sse.token_events < 2:
+            gevent.sleep(0.01)
+    finally:
+        deadline.close()
+    greenlet.kill(block=True)  # what Locust does to a user it stops
+    release.set()
+    ex = cancelled_exchange(progress)
+    assert ex.outcome is Outcome.CANCELLED and not ex.outcome.is_error
+    assert ex.http_status == 200 and ex.ttft_ms is not None and ex.ttft_ms <= ex.e2e_ms
+    assert (ex.reason, ex.detail) == ("abandoned by oomload", "after 2 token events")
+    assert ex.start_unix_s == progress.start_unix_s

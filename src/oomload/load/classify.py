@@ -22,18 +22,25 @@ any other HTTP status ≥ 400, an other SSE error,   server_error
 a 200 that is neither JSON nor an event stream
 the request timeout elapsed                        timeout
 connect failed / reset / closed before an answer   transport_error
-200 stream cut before ``[DONE]`` or without usage  truncated
-``usage.completion_tokens`` < what was asked       truncated (e.g. max_tokens clamped
-(exact output only)                                silently near max_model_len)
+a 200 whose stream (or body) broke — EOF or reset  transport_error, reason "stream broke"
+before ``[DONE]`` and without a usage chunk        (a dying server cuts its streams)
+a complete 200 (``[DONE]`` seen or usage present)  truncated
+without usage, or with ``usage.completion_tokens``  (e.g. max_tokens clamped silently
+< what was asked (exact output only)               near max_model_len)
 everything else                                    ok
 =================================================  =======================================
 
 The ``reason`` returned is short and stable (no numbers) so Locust's error table groups well; the
-``detail`` adds the numbers for the run directory. Neither ever contains prompt or completion text.
+``detail`` adds what is safe to keep: the matched marker, the token counts of the server's message
+(``maximum context length (2048, 3000)``), the server's error *type* when it is an error class name
+(``BadRequestError``).
+Neither ever contains prompt, completion or free server text: an error message may echo the input
+(pydantic validation errors do), so it is never copied.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +62,11 @@ CONTEXT_MARKS = (
     "cannot be greater than max_model_len",
 )
 ADMISSION_MARKS = ("engine is currently busy", "service unavailable")
+MAX_DETAIL_NUMBERS = 4
+# token counts only ("2048 tokens", "200 input tokens"): other numbers may be a token-id prompt echoed
+_NUMBER = re.compile(r"(?<![\w.])(\d{1,9})(?=\s+(?:input\s+|prompt\s+|output\s+)?tokens?\b)")
+# an error class name (BadRequestError, invalid_request_error, …), never free text
+_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_.]{0,59}(?:Error|_error|Exception)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +76,7 @@ class Observation:
     http_status: int | None = None  # None: no HTTP answer at all
     error_text: str | None = None  # error message from the body or from an SSE error event
     error_code: int | None = None  # "code" of an SSE error event
+    error_type: str | None = None  # "type" of the error object (e.g. BadRequestError)
     stream_error: bool = False  # the error came as an event inside a 200 stream
     timed_out: bool = False
     transport_error: str | None = None  # e.g. "connection refused", "connection reset"
@@ -81,19 +94,22 @@ def classify(obs: Observation) -> tuple[Outcome, str | None, str | None]:
     """``(outcome, reason, detail)``; reason and detail are ``None`` for ok."""
     text = (obs.error_text or "").lower()
     status = obs.http_status
-    if any(mark in text for mark in ENGINE_DEAD_MARKS) or (status == 500 and not text.strip()):
-        return Outcome.ENGINE_DEAD, "engine dead", _detail(obs)
+    dead_mark = next((m for m in ENGINE_DEAD_MARKS if m in text), None)
+    if dead_mark is not None or (status == 500 and not text.strip()):
+        return Outcome.ENGINE_DEAD, "engine dead", _detail(obs, dead_mark)
     if obs.refused and obs.server_answered_before:
         return Outcome.ENGINE_DEAD, "connection refused after the server had answered", None
-    if any(mark in text for mark in CONTEXT_MARKS):
-        return Outcome.CONTEXT_OVERFLOW, "maximum context length", _detail(obs)
-    if status == 503 or obs.error_code == 503 or any(mark in text for mark in ADMISSION_MARKS):
+    context_mark = next((m for m in CONTEXT_MARKS if m in text), None)
+    if context_mark is not None:
+        return Outcome.CONTEXT_OVERFLOW, "maximum context length", _detail(obs, context_mark)
+    admission_mark = next((m for m in ADMISSION_MARKS if m in text), None)
+    if status == 503 or obs.error_code == 503 or admission_mark is not None:
         where = "503 inside a 200 stream" if obs.stream_error else "http 503"
-        return Outcome.ADMISSION_REJECTED, where, _detail(obs)
+        return Outcome.ADMISSION_REJECTED, where, _detail(obs, admission_mark)
     if status is not None and status >= 400:
-        return Outcome.SERVER_ERROR, f"http {status}", _detail(obs)
+        return Outcome.SERVER_ERROR, f"http {status}", _detail(obs, None)
     if obs.stream_error:
-        return Outcome.SERVER_ERROR, "error event in stream", _detail(obs)
+        return Outcome.SERVER_ERROR, "error event in stream", _detail(obs, None)
     if status is not None and not obs.body_ok:
         return Outcome.SERVER_ERROR, "not json or an event stream", None
     if obs.timed_out:
@@ -101,8 +117,8 @@ def classify(obs: Observation) -> tuple[Outcome, str | None, str | None]:
     if status is None:
         reason = obs.transport_error or "no answer"
         return Outcome.TRANSPORT_ERROR, reason, None
-    if not obs.stream_complete:
-        return Outcome.TRUNCATED, "stream cut", obs.transport_error
+    if not obs.stream_complete and obs.usage_completion_tokens is None:
+        return Outcome.TRANSPORT_ERROR, "stream broke", obs.transport_error or "EOF before [DONE]"
     if obs.usage_completion_tokens is None:
         return Outcome.TRUNCATED, "no usage", None
     if obs.exact_output and obs.usage_completion_tokens < obs.output_tokens_asked:
@@ -111,18 +127,31 @@ def classify(obs: Observation) -> tuple[Outcome, str | None, str | None]:
     return Outcome.OK, None, None
 
 
-def _detail(obs: Observation) -> str | None:
-    if not obs.error_text:
-        return None
-    text = " ".join(obs.error_text.split())
-    return text[:200]
+def _detail(obs: Observation, mark: str | None) -> str | None:
+    """What is safe to keep of a server's error: the marker, its numbers, a short error type."""
+    parts: list[str] = []
+    if mark is not None:
+        numbers = _NUMBER.findall(obs.error_text or "")[:MAX_DETAIL_NUMBERS]
+        parts.append(f"{mark} ({', '.join(numbers)})" if numbers else mark)
+    kind = obs.error_type
+    if kind is not None and _IDENTIFIER.fullmatch(kind) and kind.lower() != (mark or ""):
+        parts.append(kind)
+    return "; ".join(parts) or None
 
 
-def error_fields(error: Any) -> tuple[str | None, int | None]:
-    """``(message, code)`` of an error object from an SSE event or a JSON body."""
+def error_fields(error: Any) -> tuple[str | None, int | None, str | None]:
+    """``(message, code, type)`` of an error object from an SSE event or a JSON body.
+
+    The message is only ever matched against markers (never stored); the type is kept when short.
+    """
     if not isinstance(error, dict):
-        return (None if error is None else str(error)), None
+        return (None if error is None else str(error)), None, None
     message = error.get("message")
     code = error.get("code")
-    parts = [str(message) if message is not None else "", str(error.get("type") or "")]
-    return " ".join(p for p in parts if p) or None, code if isinstance(code, int) else None
+    kind = error.get("type")
+    parts = [str(message) if message is not None else "", str(kind or "")]
+    return (
+        " ".join(p for p in parts if p) or None,
+        code if isinstance(code, int) else None,
+        kind if isinstance(kind, str) else None,
+    )

@@ -7,7 +7,12 @@ it, and because the request may or may not have reached the server, it cannot sa
 requests this way; a fresh connection per request lost none. A loopback connect costs tens of µs,
 small next to one request. So nothing is ever retried: a refused connect provably never reached
 the server (and after the server had answered, it means the server died); every other failure is a
-transport error, a timeout or a truncated stream.
+transport error (a stream that broke before ``[DONE]`` without usage is one: a dying server), a
+timeout or a truncated answer.
+
+``send`` keeps what it has seen so far in an ``ExchangeProgress`` the caller may pass: when the user's
+greenlet is killed mid-request (oomload abandoning it), ``cancelled_exchange`` turns that progress
+into a ``cancelled`` result with the start time, the TTFT and the tokens streamed until then.
 
 The response head is parsed by ``geventhttpclient``'s C parser (``HTTPSocketResponse``); the body is
 read line by line (``readline``) and fed to ``SseStream`` as it arrives, so TTFT is the time of the
@@ -32,7 +37,7 @@ from geventhttpclient.response import HTTPSocketResponse
 from oomload.errors import ConfigError
 from oomload.load.classify import Observation, classify, error_fields
 from oomload.load.payload import PreparedRequest
-from oomload.load.sse import SseStream, error_message, parse_json_body
+from oomload.load.sse import SseStream, error_message, error_type, parse_json_body
 from oomload.outcome import Outcome
 
 MAX_ERROR_BODY_BYTES = 1 << 20
@@ -84,6 +89,41 @@ class Exchange:
     e2e_ms: float
 
 
+class ExchangeProgress:
+    """What one exchange has seen so far (filled by ``send`` as it goes)."""
+
+    __slots__ = ("http_status", "sse", "start_unix_s", "t0")
+
+    def __init__(self) -> None:
+        self.start_unix_s = time.time()
+        self.t0 = time.perf_counter()
+        self.sse = SseStream()
+        self.http_status: int | None = None
+
+
+def cancelled_exchange(progress: ExchangeProgress, reason: str = "abandoned by oomload") -> Exchange:
+    """The ``cancelled`` result of an exchange abandoned in flight (no classification: not the server's)."""
+    t_end = time.perf_counter()
+    sse = progress.sse
+    ttft_ms = None if sse.first_token_s is None else (sse.first_token_s - progress.t0) * 1000.0
+    e2e_ms = (t_end - progress.t0) * 1000.0
+    detail = f"after {sse.token_events} token events" if sse.token_events else None
+    return Exchange(
+        outcome=Outcome.CANCELLED,
+        reason=reason,
+        detail=detail,
+        start_unix_s=progress.start_unix_s,
+        end_unix_s=progress.start_unix_s + e2e_ms / 1000.0,
+        http_status=progress.http_status,
+        usage_prompt_tokens=sse.usage_prompt_tokens,
+        usage_completion_tokens=sse.usage_completion_tokens,
+        ttft_ms=ttft_ms,
+        tpot_ms=None,
+        itl_max_ms=None,
+        e2e_ms=e2e_ms,
+    )
+
+
 def send(
     endpoint: Endpoint,
     request: PreparedRequest,
@@ -92,6 +132,7 @@ def send(
     stream: bool,
     exact_output: bool,
     server_answered_before: bool,
+    progress: ExchangeProgress | None = None,
 ) -> Exchange:
     """Send one request on a fresh connection and classify how it ended."""
     head = (
@@ -100,9 +141,10 @@ def send(
         + b"Content-Type: application/json\r\nAccept: text/event-stream, application/json\r\n"
         + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(request.body)
     )
-    start_unix_s = time.time()
-    t0 = time.perf_counter()
-    sse = SseStream()
+    progress = progress if progress is not None else ExchangeProgress()
+    start_unix_s = progress.start_unix_s = time.time()
+    t0 = progress.t0 = time.perf_counter()
+    sse = progress.sse
     status: int | None = None
     timed_out = refused = False
     transport: str | None = None
@@ -110,6 +152,7 @@ def send(
     complete = True
     err_text: str | None = None
     err_code: int | None = None
+    err_type: str | None = None
     stream_error = False
     usage_prompt = usage_completion = None
     sock: socket.socket | None = None
@@ -133,7 +176,7 @@ def send(
         except _WIRE_ERRORS as err:
             transport = f"closed before an answer ({_errname(err)})"
             raise _Done() from None
-        status = resp.status_code
+        status = progress.http_status = resp.status_code
         ctype = str(resp.get("content-type") or "")
         try:
             if status == 200 and stream and ctype.startswith("text/event-stream"):
@@ -150,7 +193,7 @@ def send(
                 if status == 200:
                     usage_prompt, usage_completion, body_error, has_choices = parse_json_body(body)
                     if body_error is not None:
-                        err_text, err_code = error_fields(body_error)
+                        err_text, err_code, err_type = error_fields(body_error)
                         stream_error = True
                     body_ok = has_choices or body_error is not None
                     if ctype.startswith("text/event-stream"):  # streamed although not asked
@@ -158,10 +201,10 @@ def send(
                         sse.close(time.perf_counter())
                         body_ok = sse.events > 0
                 else:
-                    err_text = error_message(body)
+                    err_text, err_type = error_message(body), error_type(body)
         except _WIRE_ERRORS as err:
             complete = False
-            transport = f"stream cut ({_errname(err)})"
+            transport = f"{_errname(err)} before the end"
     except gevent.Timeout as timeout:
         if timeout is not timer:
             raise
@@ -176,7 +219,7 @@ def send(
                 sock.close()
     t_end = time.perf_counter()
     if sse.error is not None:
-        err_text, err_code = error_fields(sse.error)
+        err_text, err_code, err_type = error_fields(sse.error)
         stream_error = True
     if sse.events:
         usage_prompt, usage_completion = sse.usage_prompt_tokens, sse.usage_completion_tokens
@@ -184,6 +227,7 @@ def send(
         http_status=status,
         error_text=err_text,
         error_code=err_code,
+        error_type=err_type,
         stream_error=stream_error,
         timed_out=timed_out,
         transport_error=transport,

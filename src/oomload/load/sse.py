@@ -154,6 +154,14 @@ def error_message(body: bytes) -> str:
     return body[:300].decode("utf-8", errors="replace")
 
 
+def error_type(body: bytes) -> str | None:
+    """The ``type`` of an OpenAI/vLLM error body (``BadRequestError``, …), or ``None``."""
+    obj = _loads(body)
+    err = obj.get("error") if obj is not None else None
+    kind = err.get("type") if isinstance(err, dict) else (obj or {}).get("type")
+    return kind if isinstance(kind, str) else None
+
+
 def _loads(payload: bytes) -> dict[str, Any] | None:
     try:
         obj = json.loads(payload)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -57,7 +58,8 @@ def test_error_event_inside_a_200_stream() -> None:
     stream = SseStream()
     err = {"error": {"message": "The engine is currently busy", "type": "Service Unavailable", "code": 503}}
     stream.feed(b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n", 0.0)
-    message, code = error_fields(stream.error)
+    message, code, kind = error_fields(stream.error)
+    assert kind == "Service Unavailable"
     obs = Observation(http_status=200, error_text=message, error_code=code, stream_error=True)
     assert classify(obs)[0] is Outcome.ADMISSION_REJECTED
     assert stream.token_events == 0
@@ -109,8 +111,15 @@ def test_each_outcome_class() -> None:
     assert _outcome(transport_error="connection reset") is Outcome.TRANSPORT_ERROR
     assert _outcome(refused=True, transport_error="connection refused") is Outcome.TRANSPORT_ERROR
     assert _outcome(refused=True, server_answered_before=True) is Outcome.ENGINE_DEAD
-    assert _outcome(http_status=200, stream_complete=False, usage_completion_tokens=3) is Outcome.TRUNCATED
+    # a complete answer (usage present, or [DONE] seen) with fewer tokens than asked is truncated …
+    cut = {"http_status": 200, "stream_complete": False, "output_tokens_asked": 8}
+    assert _outcome(**cut, usage_completion_tokens=3) is Outcome.TRUNCATED
     assert _outcome(http_status=200, usage_completion_tokens=None) is Outcome.TRUNCATED
+    # … a stream that broke (EOF/reset before [DONE], no usage) is a transport error: a dying server
+    broke = classify(Observation(http_status=200, stream_complete=False, output_tokens_asked=8))
+    assert broke[:2] == (Outcome.TRANSPORT_ERROR, "stream broke")
+    reset = Observation(http_status=200, stream_complete=False, transport_error="ECONNRESET before the end")
+    assert classify(reset) == (Outcome.TRANSPORT_ERROR, "stream broke", "ECONNRESET before the end")
     clamped = {"http_status": 200, "usage_completion_tokens": 8, "output_tokens_asked": 100}
     assert _outcome(**clamped) is Outcome.TRUNCATED
     assert _outcome(**clamped, exact_output=False) is Outcome.OK
@@ -121,3 +130,41 @@ def test_precedence_engine_dead_beats_everything() -> None:
     assert classify(obs)[0] is Outcome.ENGINE_DEAD
     obs = Observation(http_status=400, error_text="maximum context length; service unavailable")
     assert classify(obs)[0] is Outcome.CONTEXT_OVERFLOW
+
+
+ECHOING_ERRORS = [
+    # a pydantic validation error echoes the input; a proxy answers with its own page
+    (400, "1 validation error: prompt Input should be a valid string [input_value='SECRET PROMPT 4711']"),
+    (
+        400,
+        "This model's maximum context length is 2048 tokens. However, you requested 3000 tokens "
+        "(SECRET PROMPT 4711 …). Please reduce the length of the messages or completion.",
+    ),
+    (500, "CUDA out of memory while processing 'SECRET PROMPT 4711'"),
+    (503, "Service Unavailable: SECRET PROMPT 4711"),
+    (502, "<html><body>SECRET PROMPT 4711</body></html>"),
+    (200, "error event: SECRET PROMPT 4711"),
+]
+
+
+@pytest.mark.parametrize(("status", "text"), ECHOING_ERRORS)
+def test_error_details_never_copy_server_text(status: int, text: str) -> None:
+    obs = Observation(http_status=status, error_text=text, error_type="BadRequestError", stream_error=True)
+    outcome, reason, detail = classify(obs)
+    assert outcome is not Outcome.OK
+    for part in (reason or "", detail or ""):
+        assert "SECRET" not in part and "4711" not in part and "<html>" not in part
+
+
+def test_error_details_keep_the_numbers_of_a_context_overflow() -> None:
+    text = "This model's maximum context length is 2048 tokens. However, you requested 3000 tokens."
+    outcome, reason, detail = classify(Observation(http_status=400, error_text=text))
+    assert (outcome, reason) == (Outcome.CONTEXT_OVERFLOW, "maximum context length")
+    assert detail == "maximum context length (2048, 3000)"
+
+
+@given(st.text(max_size=300))
+def test_no_observation_leaks_its_error_text(text: str) -> None:
+    marker = "zq" + text + "qz"  # free text never appears in what is stored
+    _, reason, detail = classify(Observation(http_status=400, error_text=marker, error_type=marker))
+    assert marker not in (reason or "") and marker not in (detail or "")

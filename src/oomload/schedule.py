@@ -26,10 +26,13 @@ Bad step
     error rate exceeded an ``error-rate:F`` stop condition.
 
 Stop conditions (``--stop-on``)
-    ``first-preemption`` (stop ramping at the first step with preemptions), ``oom`` (at the first
-    engine death: CUDA OOM text, EngineDeadError, the server gone), ``error-rate:F`` (a step whose
-    share of failed requests exceeds F, 0 < F ≤ 1), ``never`` (ramp through every level). A dead
-    server always ends the run, whatever the conditions.
+    ``oom`` (the default: at the first engine death — CUDA OOM text, EngineDeadError, the server
+    gone — so a default run ramps past the first preemption and finds both onsets),
+    ``first-preemption`` (stop ramping at the first step with preemptions), ``error-rate:F`` (a step
+    whose share of failed requests exceeds F, 0 < F ≤ 1), ``never`` (ramp through every level: no
+    stop on preemption or errors). A dead server always ends the run, whatever the conditions: later
+    steps would measure nothing. Without a dead server, the refinement still bisects the first bad
+    (preempted) level after the ramp.
 """
 
 from __future__ import annotations
@@ -185,7 +188,7 @@ class SchedulePlan:
     levels: tuple[int, ...]
     warmup: bool = False
     refine: bool = True
-    stop_on: tuple[StopCondition, ...] = (StopCondition("first-preemption"),)
+    stop_on: tuple[StopCondition, ...] = (StopCondition("oom"),)
 
     def __post_init__(self) -> None:
         if not self.levels:

@@ -366,8 +366,11 @@ def test_sse_that_breaks_mid_stream_is_classified_and_nothing_is_lost(tmp_path: 
     no_traceback(proc)
     run_dir = tmp_path / "run"
     requests = [r for f in sorted(run_dir.glob("requests*.jsonl")) for r in lines(f)]
+    # nothing sent is lost: the run drains what is in flight at its end (a broken stream ends at once)
     assert len(requests) == BrokenStreamHandler.posts > 0
-    assert {r["outcome"] for r in requests} <= {"truncated", "transport_error"}
+    # a stream cut before [DONE] without usage is the transport breaking, not a short answer
+    outcomes = {(r["outcome"], r["error"].split(":")[0]) for r in requests}
+    assert outcomes == {("transport_error", "stream broke")}
     assert all((r.get("usage_completion_tokens") or 0) < r["output_tokens_asked"] for r in requests)
     report = oomload("report", str(run_dir), timeout_s=60)
     no_traceback(report)

@@ -56,7 +56,12 @@ def sim() -> Iterator[SimServer]:
 
 
 def _assert_exact(run_dir: Path) -> list[object]:
-    results = RunReader(run_dir).requests()
+    """Every request that ended on its own is ok with exact lengths; only the last step's may be cancelled."""
+    everything = RunReader(run_dir).requests()
+    last_step = max(r.step for r in everything)
+    cancelled = [r for r in everything if r.outcome.value == "cancelled"]
+    assert all(r.step in (last_step, -1) for r in cancelled), cancelled
+    results = [r for r in everything if r.outcome.value != "cancelled"]
     assert results, "no request was recorded"
     for r in results:
         assert r.outcome.value == "ok", r
@@ -244,8 +249,13 @@ def test_server_death_is_detected_and_recorded(tmp_path: Path) -> None:
     assert reader.status()["end_reason"] == "server_dead", err  # type: ignore[index]
     kinds = [e["kind"] for e in reader.stream("events")]
     assert "server_dead" in kinds
-    outcomes = Counter(r.outcome.value for r in reader.requests())
-    assert outcomes["engine_dead"] + outcomes["transport_error"] + outcomes["truncated"] >= 1, outcomes
+    results = reader.requests()
+    outcomes = Counter(r.outcome.value for r in results)
+    # the streams the kill cut are transport errors (not "truncated"); the next requests are refused
+    assert outcomes["transport_error"] >= 1 and outcomes["truncated"] == 0, outcomes
+    # a dead server is not hammered: after the first failure each of the 4 users sends a handful at most
+    first_failure = min(r.end_unix_s for r in results if r.outcome.value != "ok")
+    assert sum(1 for r in results if r.start_unix_s > first_failure) <= 4 * 3, outcomes
     ends = [s for s in reader.stream("steps") if s["event"] == "end"]
     assert ends[-1]["reason"] == "server_dead"
     assert (run_dir / "repro" / "server_death.jsonl").exists()

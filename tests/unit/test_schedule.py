@@ -71,7 +71,7 @@ def _run(plan: SchedulePlan, onset: int, dead_at: int | None = None) -> tuple[li
 
 
 def test_ramp_then_bisection_finds_the_onset() -> None:
-    plan = SchedulePlan(levels=(1, 2, 4, 8, 16), warmup=True)
+    plan = SchedulePlan(levels=(1, 2, 4, 8, 16), warmup=True, stop_on=FIRST_PREEMPTION)
     history, reason = _run(plan, onset=6)
     assert [(f.step.phase, f.step.concurrency) for f in history] == [
         ("warmup", 1),
@@ -84,6 +84,34 @@ def test_ramp_then_bisection_finds_the_onset() -> None:
     ]
     assert [f.step.index for f in history] == list(range(7))
     assert reason == "stop_condition:first-preemption"
+
+
+def test_default_oom_ramps_past_the_first_preemption_then_bisects_it() -> None:
+    plan = SchedulePlan(levels=(1, 2, 4, 8, 16))
+    assert plan.stop_on == (StopCondition("oom"),)
+    history, reason = _run(plan, onset=6)
+    assert [(f.step.phase, f.step.concurrency) for f in history] == [
+        ("ramp", 1),
+        ("ramp", 2),
+        ("ramp", 4),
+        ("ramp", 8),
+        ("ramp", 16),
+        ("refine", 6),
+        ("refine", 5),
+    ]
+    assert reason == "completed"
+
+
+def test_default_oom_stops_at_the_death_after_passing_the_preemption_onset() -> None:
+    history, reason = _run(SchedulePlan(levels=(1, 2, 4, 8, 16, 32)), onset=3, dead_at=16)
+    assert [(f.step.concurrency, f.preemptions > 0, f.server_dead) for f in history] == [
+        (1, False, False),
+        (2, False, False),
+        (4, True, False),
+        (8, True, False),
+        (16, True, True),
+    ]
+    assert reason == "server_dead"
 
 
 def test_never_ramps_through_every_level_and_no_refine_skips_bisection() -> None:
@@ -120,7 +148,7 @@ def test_max_duration() -> None:
     warmup=st.booleans(),
 )
 def test_bisection_lands_on_the_exact_onset(levels: list[int], onset: int, warmup: bool) -> None:
-    plan = SchedulePlan(levels=tuple(levels), warmup=warmup)
+    plan = SchedulePlan(levels=tuple(levels), warmup=warmup, stop_on=FIRST_PREEMPTION)
     history, _ = _run(plan, onset=onset)
     measured = [f for f in history if f.step.phase != "warmup"]
     bad = [f.step.concurrency for f in measured if f.preemptions]

@@ -43,6 +43,13 @@ def register(subparsers: Any) -> None:
         help="environment variable holding the API key (default OPENAI_API_KEY; never stored)",
     )
     target.add_argument("--request-timeout-s", type=float, default=600.0, help="per request (default 600)")
+    target.add_argument(
+        "--ramp-down-grace-s",
+        type=float,
+        default=10.0,
+        help="how long users stopped by a lower step or the run's end may finish their request before "
+        "it is abandoned as cancelled (default 10, at most the request timeout)",
+    )
     target.add_argument("--sim", default="", metavar="ARGS", help="extra `oomload sim serve` flags, quoted")
     shape = p.add_argument_group("load shape")
     levels = shape.add_mutually_exclusive_group()
@@ -66,7 +73,8 @@ def register(subparsers: Any) -> None:
         "--stop-on",
         action="append",
         metavar="COND",
-        help="first-preemption (default), oom, error-rate:F, never; repeatable",
+        help="oom (default: stop when the server dies), first-preemption, error-rate:F, never; "
+        "repeatable. A dead server always ends the ramp",
     )
     shape.add_argument("--max-duration-s", type=float, default=1800.0, help="whole run (default 1800)")
     shape.add_argument("--open-loop", action="store_true", help="replay the trace's own arrival times")
@@ -120,13 +128,15 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         levels = parse_levels(args.concurrency)
     else:
         levels = DEMO_LEVELS if args.url is None else parse_levels(DEFAULT_LEVELS)
-    stop_on = tuple(parse_stop_condition(s) for s in (args.stop_on or ["first-preemption"]))
+    stop_on = tuple(parse_stop_condition(s) for s in (args.stop_on or ["oom"]))
     if len(stop_on) > 1 and any(c.name == "never" for c in stop_on):
         raise ConfigError("--stop-on never cannot be combined with other stop conditions")
     hold_s = args.hold_s if args.hold_s is not None else (DEMO_HOLD_S if args.url is None else 30.0)
     Hold(hold_s, args.min_requests)
     _positive("--max-duration-s", args.max_duration_s)
     _positive("--request-timeout-s", args.request_timeout_s)
+    if not args.ramp_down_grace_s >= 0:
+        raise ConfigError(f"--ramp-down-grace-s must be ≥ 0, got {args.ramp_down_grace_s}")
     _positive("--metrics-interval-s", args.metrics_interval_s)
     _positive("--arrival-scale", args.arrival_scale)
     if args.warmup_s < 0:
@@ -189,6 +199,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         web_port=args.web_port,
         processes=args.processes,
         request_timeout_s=args.request_timeout_s,
+        ramp_down_grace_s=args.ramp_down_grace_s,
         metrics_interval_s=args.metrics_interval_s,
         gpu=gpu,
         require_gpu=args.require_gpu,

@@ -82,7 +82,8 @@ class ReplayContext:
         self.completion_tokens = 0
         self.counters = StepCounters(started_unix_s=clock())
         self._last_change_s = self.counters.started_unix_s
-        self.stopping = False
+        self.stopping = False  # no new requests: the run is ending or the server is dead
+        self.death_suspected = False  # a user saw engine_dead / a refused connect: check /health now
         self.open_loop_start_s: float | None = None  # open loop: when arrival 0 happens
         self.arrival_scale = 1.0
         self.exhausted = False
@@ -121,6 +122,15 @@ class ReplayContext:
         elapsed = now - self.counters.started_unix_s
         return self.counters.in_flight_area / elapsed if elapsed > 0 else float(len(self.in_flight))
 
+    def step_report(self) -> dict[str, float | int]:
+        """This process's view of the current step, for the master (``--processes``)."""
+        return {
+            "step": self.step,
+            "mean": round(self.achieved_concurrency(), 4),
+            "max": self.counters.in_flight_max,
+            "in_flight": len(self.in_flight),
+        }
+
     def started(self, request: PreparedRequest, start_unix_s: float) -> None:
         self._integrate(start_unix_s)
         self.in_flight[request.request_id] = InFlight(
@@ -128,27 +138,25 @@ class ReplayContext:
         )
         self.counters.in_flight_max = max(self.counters.in_flight_max, len(self.in_flight))
 
-    def cancelled(self, request: PreparedRequest) -> None:
-        """The request was abandoned by oomload itself (users stopped mid-request): no result."""
-        self._integrate(self.clock())
-        if self.in_flight.pop(request.request_id, None) is not None:
-            self.counters.cancelled += 1
-
     def finished(self, result: RequestResult) -> None:
+        """A request ended (``cancelled`` included: counted apart, written like every other)."""
         self._integrate(result.end_unix_s)
         self.in_flight.pop(result.request_id, None)
         self.outcomes[result.outcome] += 1
+        if self.sink is not None:
+            self.sink.request(result)
+        c = self.counters
+        if result.outcome is Outcome.CANCELLED:
+            c.cancelled += 1
+            return
         tokens = result.usage_completion_tokens or 0
         self.completion_tokens += tokens
-        c = self.counters
         c.completed += 1
         c.completion_tokens += tokens
         if result.outcome is not Outcome.OK:
             c.errors += 1
         if result.outcome is Outcome.ENGINE_DEAD:
             c.engine_dead += 1
-        if self.sink is not None:
-            self.sink.request(result)
 
     def _integrate(self, now: float) -> None:
         if now > self._last_change_s:

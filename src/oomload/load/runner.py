@@ -10,14 +10,31 @@
    copy the trace (``trace.jsonl``);
 4. start the ``/metrics`` poller and the GPU sampler (each optional: a missing sampler is an event);
 5. run Locust in this process (``Environment`` + local runner, or a master with ``--processes N``
-   local worker processes, or the web UI) with ``StepShape`` driving the schedule, while a monitor
-   greenlet checks ``/health``, detects the first preemption (the ``num_preemptions_total`` delta)
-   and server death (refused/failed health checks, connections refused after answers), and feeds the
-   live view;
+   local worker processes, or the web UI, which gains an "oomload" tab with the server's telemetry)
+   with ``StepShape`` driving the schedule, while a monitor greenlet checks ``/health``, detects the
+   first preemption (the ``num_preemptions_total`` delta) and server death, and feeds the live view;
 6. on the way out — the schedule's end, a dead server, the maximum duration, Ctrl-C or SIGTERM —
-   stop Locust, the samplers and the simulated server, write the repro traces (the requests in flight
-   at the first preemption and at the server's death), ``status.json``, and hand the run directory to
-   ``oomload.report.finalize_run`` for the verdict and the exit code (130 when interrupted).
+   let the requests in flight finish (at most ``ramp_down_grace_s``; none for Ctrl-C), abandon the
+   rest (written as ``cancelled``), stop Locust, the samplers and the simulated server, write the repro
+   traces (the requests in flight at the first preemption and at the server's death),
+   ``status.json``, and hand the run directory to ``oomload.report.finalize_run`` for the verdict and
+   the exit code (130 when interrupted).
+
+Server death is decided by the monitor, within a fraction of a second of the first sign: a user that
+sees ``engine_dead`` or a refused connection flags it (and backs off), the monitor checks ``/health``
+at once, and the server is dead when ``/health`` is refused twice, or refused / failing (5xx) while
+requests died or the ``/metrics`` scrapes fail, or failing three times in a row. A dead server ends
+the ramp whatever ``--stop-on`` says: later steps would measure nothing.
+
+A step that lowers the user count (a refinement step below the previous one) stops users gracefully:
+Locust's ``stop_timeout`` lets each finish its request, capped at ``ramp_down_grace_s``, after which
+the rest are abandoned (``cancelled``). The new step starts at once; the finishing requests belong to
+the step they started in.
+
+With ``--processes N`` the workers (``oomload.load.locustfile``) announce themselves when bound
+(``oomload_ready``), follow the steps (``oomload_step``), report their achieved concurrency with every
+statistics report (``report_to_master``, once a second), and drain on ``oomload_stop``. Their output
+goes to ``worker.K.log`` in the run directory; a worker that fails ends the run with one sentence.
 
 Importing Locust monkey-patches the process with gevent; it happens inside ``run_replay`` only.
 """
@@ -45,6 +62,7 @@ from oomload import __version__
 from oomload.errors import ConfigError, ExitCode, RunAbortedError
 from oomload.load.payload import Api, PayloadOptions
 from oomload.load.preflight import count_unfit, preflight
+from oomload.outcome import Outcome
 from oomload.rundir import RunReader, RunWriter, new_run_dir
 from oomload.schedule import Hold, SchedulePlan, StopCondition
 from oomload.trace import TraceHeader, TraceRecord, read_trace, read_trace_header, write_trace
@@ -66,6 +84,9 @@ DEMO_SIM_ARGS: tuple[str, ...] = (
 DEMO_LEVELS = (1, 2, 4, 8, 16, 32)
 DEMO_HOLD_S = 4.0
 HEALTH_INTERVAL_S = 1.0
+MONITOR_TICK_S = 0.2
+RAMP_DOWN_GRACE_S = 10.0
+WORKER_NAME_PREFIX = "worker"
 
 
 @dataclass(frozen=True)
@@ -82,7 +103,7 @@ class ReplayConfig:
     min_requests: int = 0
     warmup_s: float = 0.0
     refine: bool = True
-    stop_on: tuple[StopCondition, ...] = (StopCondition("first-preemption"),)
+    stop_on: tuple[StopCondition, ...] = (StopCondition("oom"),)
     max_duration_s: float | None = 1800.0
     order: str = "trace"
     seed: int = 0
@@ -101,6 +122,7 @@ class ReplayConfig:
     web_port: int = 8089
     processes: int = 1
     request_timeout_s: float = 600.0
+    ramp_down_grace_s: float = RAMP_DOWN_GRACE_S
     metrics_interval_s: float = 1.0
     gpu: str = "auto"
     require_gpu: bool = False
@@ -116,6 +138,10 @@ class ReplayConfig:
 
     def hold(self) -> Hold:
         return Hold(self.hold_s, self.min_requests)
+
+    def grace_s(self) -> float:
+        """How long stopped users may take to finish their request (ramp-down, end of run)."""
+        return min(self.ramp_down_grace_s, self.request_timeout_s)
 
     def payload_options(self, model: str) -> PayloadOptions:
         return PayloadOptions(
@@ -277,6 +303,7 @@ def _config_json(
         "exact_output": config.exact_output,
         "token_id_range": list(config.token_id_range),
         "request_timeout_s": config.request_timeout_s,
+        "ramp_down_grace_s": config.ramp_down_grace_s,
         "api_key_env": config.api_key_env,  # the variable's name, never its value
         "web": config.web,
     }
@@ -312,6 +339,10 @@ class _Session:
         self.runner: Any = None
         self.web_ui: Any = None
         self.workers: list[subprocess.Popen[bytes]] = []
+        self.worker_logs: list[Path] = []
+        self.workers_ready: set[int] = set()
+        self.workers_drained: set[int] = set()
+        self._stop_seq = 0
         self.context: Any = None
         self.driver: Any = None
         self.interrupted = False
@@ -320,6 +351,7 @@ class _Session:
         self._baseline_preemptions: int | None = None
         self._health_failures = 0
         self._health_refused = 0
+        self._last_health_s = 0.0
         self.progress: Any = None
         self._saved_argv = sys.argv
 
@@ -419,18 +451,30 @@ class _Session:
             on_step=on_step,
             step_done=step_done,
         )
-        self.env = Environment(user_classes=[user_class], shape_class=make_shape(self.driver), host=self.url)
+        self.env = Environment(
+            user_classes=[user_class], shape_class=make_shape(self.driver, keep_open=True), host=self.url
+        )
+        # a step that lowers the user count lets the stopped users finish their request (capped)
+        self.env.stop_timeout = config.grace_s()
         if config.processes > 1:
             self.runner = self.env.create_master_runner("127.0.0.1", _free_port())
+            meter.listen(self.env)
+            self.runner.register_message("oomload_ready", self._on_worker_ready)
+            self.runner.register_message("oomload_drained", self._on_worker_drained)
             self._spawn_workers()
         else:
             self.runner = self.env.create_local_runner()
         if config.web:
+            from oomload.load.webui import extend_web_ui
+
             # Locust's web UI re-parses sys.argv with its own parser on every page load
             self._saved_argv = sys.argv
             sys.argv = [sys.argv[0]]
             self.web_ui = self.env.create_web_ui(config.web_host, config.web_port)
-            self.console.print(f"Locust web UI: http://{config.web_host}:{config.web_port}")
+            extend_web_ui(self.web_ui, self.telemetry_snapshot)
+            self.console.print(
+                f"Locust web UI: http://{config.web_host}:{config.web_port} (telemetry: the oomload tab)"
+            )
         self._install_signals()
         self._start_progress()
         self.runner.start_shape()
@@ -439,8 +483,11 @@ class _Session:
         try:
             while not self.driver.finished and not self.interrupted:
                 gevent.sleep(0.2)
+                self._check_workers()
                 if deadline is not None and time.time() > deadline:
                     self.driver.interrupt("max_duration")
+            if not self.interrupted:
+                self._drain(config.grace_s())
         finally:
             monitor.kill()
         if self.interrupted:
@@ -451,6 +498,74 @@ class _Session:
         if reason.startswith("stop_condition:"):
             self.writer.event("stop_condition", reason=reason.partition(":")[2])
         return str(reason)
+
+    def _drain(self, grace_s: float) -> None:
+        """No new requests; wait (at most ``grace_s``) for those in flight to end on their own."""
+        import gevent
+
+        if self.context is not None:
+            self.context.stopping = True
+        deadline = time.time() + grace_s
+        if self.config.processes > 1:
+            seq = self._send_stop(grace_s)
+            while len(self.workers_drained) < len(self.workers) and time.time() < deadline + 2.0:
+                if self._stop_seq != seq or any(w.poll() is not None for w in self.workers):
+                    break
+                gevent.sleep(0.05)
+            return
+        while self.context is not None and self.context.in_flight and time.time() < deadline:
+            gevent.sleep(0.05)
+
+    def _send_stop(self, grace_s: float) -> int:
+        self._stop_seq += 1
+        self.workers_drained = set()
+        if self.runner is not None:
+            self.runner.send_message("oomload_stop", {"grace_s": grace_s, "seq": self._stop_seq})
+        return self._stop_seq
+
+    def _on_worker_ready(self, environment: Any = None, msg: Any = None, **_kw: Any) -> None:
+        del environment
+        self.workers_ready.add(int(msg.data["worker"]))
+
+    def _on_worker_drained(self, environment: Any = None, msg: Any = None, **_kw: Any) -> None:
+        del environment
+        if int(msg.data.get("seq", -1)) == self._stop_seq:
+            self.workers_drained.add(int(msg.data["worker"]))
+
+    def _check_workers(self) -> None:
+        for k, proc in enumerate(self.workers):
+            code = proc.poll()
+            if code is not None:
+                raise RunAbortedError(self._worker_failure(k, f"exited with code {code} during the run"))
+
+    def _worker_failure(self, k: int, what: str) -> str:
+        last = _last_error_line(self.worker_logs[k]) if k < len(self.worker_logs) else None
+        because = f" ({last})" if last else ""
+        where = f"; its output is in {self.worker_logs[k]}" if k < len(self.worker_logs) else ""
+        return f"Locust worker process {k} {what}{because}{where}"
+
+    def telemetry_snapshot(self) -> dict[str, Any]:
+        """What the web UI's oomload tab shows: the step, the server's /metrics, GPU memory, outcomes."""
+        step = self.driver.current if self.driver is not None else None
+        ctx = self.context
+        latest = self.poller.latest if self.poller is not None else None
+        gpu = self.gpu.latest() if self.gpu is not None else None
+        pre = latest.get("num_preemptions_total") if latest else None
+        base = self._baseline_preemptions or 0
+        return {
+            "t_unix_s": time.time(),
+            "step": None
+            if step is None
+            else {"index": step.index, "concurrency": step.concurrency, "phase": step.phase},
+            "achieved_concurrency": None
+            if ctx is None or self.config.processes > 1
+            else round(ctx.achieved_concurrency(), 3),
+            "metrics": latest,
+            "preemptions_since_start": None if not isinstance(pre, int) else pre - base,
+            "gpu": gpu,
+            "outcomes": {} if ctx is None else {o.value: n for o, n in ctx.outcomes.items()},
+            "server_dead": self.dead_evidence,
+        }
 
     def _on_step(self, step: Any) -> None:
         if self.config.processes > 1 and self.runner is not None:
@@ -467,6 +582,8 @@ class _Session:
             self.interrupted = True
             if self.context is not None:
                 self.context.stopping = True
+            if self.env is not None:
+                self.env.stop_timeout = 0.0  # abandon what is in flight (written as cancelled)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             gevent.signal_handler(sig, interrupt)
@@ -483,12 +600,21 @@ class _Session:
     def _monitor(self) -> None:
         import gevent
 
+        last_refresh = 0.0
         while True:
-            gevent.sleep(HEALTH_INTERVAL_S)
-            self._check_preemption()
-            self._check_health()
-            if self.progress is not None:
-                self.progress.refresh()
+            gevent.sleep(MONITOR_TICK_S)
+            now = time.time()
+            suspected = self.context is not None and self.context.death_suspected
+            if suspected or now - self._last_health_s >= HEALTH_INTERVAL_S:
+                if self.context is not None:
+                    self.context.death_suspected = False
+                self._last_health_s = now
+                self._check_health(suspected)
+            if now - last_refresh >= HEALTH_INTERVAL_S:
+                last_refresh = now
+                self._check_preemption()
+                if self.progress is not None:
+                    self.progress.refresh()
 
     def _check_preemption(self) -> None:
         if self.first_preemption_seen or self.poller is None:
@@ -512,7 +638,7 @@ class _Session:
                 concurrency=None if step is None else step.concurrency,
             )
 
-    def _check_health(self) -> None:
+    def _check_health(self, suspected: bool = False) -> None:
         if self.dead_evidence is not None:
             return
         try:
@@ -536,15 +662,26 @@ class _Session:
         self._health_failures += 1
         self._health_refused = self._health_refused + 1 if refused else 0
         self.writer.event("health_failed", detail=failure)
-        engine_dead = self.context is not None and self.context.counters.engine_dead > 0
-        if self._health_refused >= 2 or self._health_failures >= 3 or (refused and engine_dead):
-            step = self.driver.current if self.driver is not None else None
-            evidence = f"/health {failure} ({self._health_failures}x)"
-            if engine_dead:
-                evidence += "; engine_dead outcomes"
-            self.dead_evidence = evidence
-            self.writer.event("server_dead", step=None if step is None else step.index, evidence=evidence)
-            self.console.print(f"[bold red]server dead:[/] {evidence}")
+        engine_dead = self.context is not None and self.context.outcomes[Outcome.ENGINE_DEAD] > 0
+        scrapes_failing = self.poller is not None and int(self.poller.consecutive_failures or 0) >= 2
+        corroborated = suspected or engine_dead or scrapes_failing
+        if self._health_refused >= 2 or self._health_failures >= 3 or corroborated:
+            self._declare_dead(failure, engine_dead, scrapes_failing)
+
+    def _declare_dead(self, failure: str, engine_dead: bool, scrapes_failing: bool) -> None:
+        step = self.driver.current if self.driver is not None else None
+        evidence = f"/health {failure} ({self._health_failures}x)"
+        if engine_dead:
+            evidence += "; engine_dead outcomes"
+        if scrapes_failing:
+            evidence += "; /metrics scrapes failing"
+        self.dead_evidence = evidence
+        if self.context is not None:
+            self.context.stopping = True  # nothing more to measure: the users go idle at once
+        if self.config.processes > 1:
+            self._send_stop(0.0)
+        self.writer.event("server_dead", step=None if step is None else step.index, evidence=evidence)
+        self.console.print(f"[bold red]server dead:[/] {evidence}")
 
     # -- workers (--processes N) -----------------------------------------------------------------
     def _spawn_workers(self) -> None:
@@ -555,6 +692,7 @@ class _Session:
         options = config_to_worker_options(self.config, self.url, self.model)
         options["run_dir"] = str(self.writer.path)
         options["workers"] = self.config.processes
+        options["user_class"] = self.env.user_classes[0].__name__
         for k in range(self.config.processes):
             env_k = {**env, "OOMLOAD_WORKER_JSON": json.dumps({**options, "worker": k})}
             cmd = [
@@ -573,14 +711,37 @@ class _Session:
                 "--loglevel",
                 "WARNING",
             ]
-            self.workers.append(
-                subprocess.Popen(cmd, env=env_k, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-            )
+            log = self.writer.path / f"{WORKER_NAME_PREFIX}.{k}.log"
+            self.worker_logs.append(log)
+            with open(log, "ab") as out:  # the child keeps its own descriptor
+                self.workers.append(
+                    subprocess.Popen(
+                        cmd,
+                        env=env_k,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        preexec_fn=_die_with_parent,
+                    )
+                )
         deadline = time.time() + 60.0
-        while len(self.runner.clients.ready) < self.config.processes:
-            if time.time() > deadline or any(w.poll() is not None for w in self.workers):
-                raise RunAbortedError(f"the {self.config.processes} Locust worker processes did not connect")
-            gevent.sleep(0.2)
+        # ready = connected to the master AND the user class bound (the worker says so itself), so
+        # the first spawn message can never reach a worker that cannot run it
+        while (
+            len(self.runner.clients.ready) < self.config.processes
+            or len(self.workers_ready) < self.config.processes
+        ):
+            for k, proc in enumerate(self.workers):
+                if proc.poll() is not None:
+                    raise RunAbortedError(
+                        self._worker_failure(k, f"exited with code {proc.returncode} at start")
+                    )
+            if time.time() > deadline:
+                raise RunAbortedError(
+                    f"the {self.config.processes} Locust worker processes did not connect within 60 s; "
+                    f"their output is in {self.writer.path}/{WORKER_NAME_PREFIX}.*.log"
+                )
+            gevent.sleep(0.1)
 
     # -- teardown --------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -588,7 +749,12 @@ class _Session:
             self.context.stopping = True
         if self.progress is not None:
             self.progress.stop()
+        if self.env is not None:
+            self.env.stop_timeout = 0.0  # what is still in flight now is abandoned (cancelled)
         if self.runner is not None:
+            if self.config.processes > 1:
+                with contextlib.suppress(Exception):
+                    self._send_stop(0.0)
             with contextlib.suppress(Exception):
                 self.runner.quit()
         if self.web_ui is not None:
@@ -611,12 +777,34 @@ class _Session:
 
 
 class _MasterMeter:
-    """``StepMeter`` from Locust's aggregated statistics (master of worker processes)."""
+    """``StepMeter`` from Locust's aggregated statistics (master of worker processes).
+
+    Achieved concurrency comes from the workers' own reports (``report_to_master`` → ``worker_report``,
+    once a second): each worker sends its time-weighted mean and maximum in-flight count for the step
+    it is in; the step's mean is the sum of the workers' means, its maximum the sum of their maxima
+    (an upper bound: the workers' peaks need not coincide). A step shorter than one report has none.
+    """
 
     def __init__(self, session: _Session, user_class: Any) -> None:
         self.session = session
         self.path = user_class.replay_path
         self._base = (0, 0, 0, 0)
+        self._step: int | None = None
+        self.reports: dict[str, dict[str, Any]] = {}
+
+    def listen(self, env: Any) -> None:
+        def on_worker_report(client_id: str, data: dict[str, Any], **_kw: Any) -> None:
+            report = data.get("oomload")
+            if isinstance(report, dict):
+                self.reports[client_id] = report
+
+        env.events.worker_report.add_listener(on_worker_report)
+
+    def achieved(self) -> tuple[float | None, int | None]:
+        mine = [r for r in self.reports.values() if r.get("step") == self._step]
+        if not mine:
+            return None, None
+        return sum(float(r["mean"]) for r in mine), sum(int(r["max"]) for r in mine)
 
     def _totals(self) -> tuple[int, int, int, int]:
         env = self.session.env
@@ -628,6 +816,7 @@ class _MasterMeter:
 
     def begin(self, step: Any) -> None:
         self._base = self._totals()
+        self._step = step.index
 
     def completed(self) -> int:
         return self._totals()[0] - self._base[0]
@@ -637,14 +826,14 @@ class _MasterMeter:
 
         now = self._totals()
         diff = [a - b for a, b in zip(now, self._base, strict=True)]
-        users = self.session.runner.user_count if self.session.runner is not None else None
+        mean, peak = self.achieved()
         return StepCount(
             completed=diff[0],
             errors=diff[1],
             engine_dead=diff[2],
             completion_tokens=diff[3],
-            achieved_mean=None,
-            achieved_max=users,
+            achieved_mean=mean,
+            achieved_max=peak,
         )
 
 
@@ -656,6 +845,22 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def _last_error_line(log: Path) -> str | None:
+    """The last line of a worker's log that names an error (``KeyError: 'X'``), shortened."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 16384))
+            tail = fh.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(tail):
+        text = line.strip()
+        if text and not text.startswith(("File ", "Traceback", "^", "~")) and not line.startswith(" "):
+            return text[:200]
+    return None
 
 
 def _free_port() -> int:
@@ -692,12 +897,11 @@ def build_user_class(
     workers: int = 1,
 ) -> tuple[Any, Any]:
     """A concrete ``ReplayUser`` subclass bound to a fresh ``ReplayContext`` (imports Locust)."""
-    from oomload.load.scenario import bind_user
-    from oomload.load.user import ReplayUser
+    from oomload.load.scenario import ScenarioUser, bind_user
 
-    # the name must match the worker processes' class (``scenario.ScenarioUser``): Locust's master
-    # tells its workers which user class to spawn by name
-    user_class = type("ScenarioUser", (ReplayUser,), {"abstract": False})
+    # the very class the worker processes run: Locust's master tells its workers which user class to
+    # spawn by name, so one class (one name) serves the master, the in-process runner and the workers
+    user_class = ScenarioUser
     context = bind_user(
         user_class, options, records=records, api_key=api_key, sink=sink, worker=worker, workers=workers
     )

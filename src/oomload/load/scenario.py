@@ -29,6 +29,7 @@ from oomload.schedule import Hold, SchedulePlan, parse_levels, parse_stop_condit
 from oomload.trace import TraceRecord, read_trace
 
 ENV_PREFIX = "OOMLOAD_"
+WORKER_REPORT_INTERVAL_S = 1.0
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -173,13 +174,53 @@ def configure(environment: Any, options: dict[str, Any], here: Path) -> None:
     )
     runner = getattr(environment, "runner", None)
     if runner is not None and type(runner).__name__ == "WorkerRunner":
-
-        def on_step(msg: Any, **_kw: Any) -> None:
-            data = msg.data
-            context.begin_step(int(data["step"]), int(data["concurrency"]), str(data["phase"]))
-
-        runner.register_message("oomload_step", on_step)
+        _serve_master(runner, environment, context, options, worker)
     environment.oomload_context = context
+
+
+def _serve_master(runner: Any, environment: Any, context: ReplayContext, options: Any, worker: int) -> None:
+    """A worker of ``oomload replay --processes N``: follow the master's steps, report, drain, announce.
+
+    The user class the master asks for must be this one (by name); anything else ends the worker with
+    one sentence before any load is sent.
+    """
+    import gevent
+    import locust.runners
+
+    wanted = str(options.get("user_class") or ScenarioUser.__name__)
+    if wanted != ScenarioUser.__name__:
+        raise ConfigError(f"the master runs user class {wanted!r}; this worker has {ScenarioUser.__name__!r}")
+    # the master's step meter and hold counting read these reports: once a second, not every 3 s
+    locust.runners.WORKER_REPORT_INTERVAL = WORKER_REPORT_INTERVAL_S
+
+    def on_step(msg: Any, **_kw: Any) -> None:
+        data = msg.data
+        context.begin_step(int(data["step"]), int(data["concurrency"]), str(data["phase"]))
+
+    def on_stop(msg: Any, **_kw: Any) -> None:
+        grace_s, seq = float(msg.data.get("grace_s", 0.0)), int(msg.data.get("seq", 0))
+        context.stopping = True
+        if grace_s <= 0:
+            environment.stop_timeout = 0.0  # a later stop abandons what is in flight (cancelled)
+
+        def drain() -> None:
+            deadline = context.clock() + grace_s
+            while context.in_flight and context.clock() < deadline:
+                gevent.sleep(0.05)
+            if grace_s > 0:
+                environment.stop_timeout = 0.0
+            runner.send_message("oomload_drained", {"worker": worker, "seq": seq})
+
+        gevent.spawn(drain)
+
+    def on_report(client_id: str, data: dict[str, Any], **_kw: Any) -> None:
+        del client_id
+        data["oomload"] = context.step_report()
+
+    runner.register_message("oomload_step", on_step)
+    runner.register_message("oomload_stop", on_stop)
+    environment.events.report_to_master.add_listener(on_report)
+    runner.send_message("oomload_ready", {"worker": worker})
 
 
 def _write_scenario_config(

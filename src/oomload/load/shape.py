@@ -197,12 +197,23 @@ class StepDriver:
         self.sink.append("steps", line)
 
 
-def make_shape(driver: StepDriver) -> Any:
-    """A ``locust.LoadTestShape`` instance whose ``tick`` is the driver's (imports Locust)."""
+def make_shape(driver: StepDriver, *, keep_open: bool = False) -> Any:
+    """A ``locust.LoadTestShape`` instance whose ``tick`` is the driver's (imports Locust).
+
+    ``keep_open``: once the schedule is done, keep returning the last ``(users, spawn_rate)`` instead of
+    ``None`` — the runner then drains the requests in flight and quits Locust itself (Locust's own stop
+    would make each worker process sleep ``stop_timeout`` before it reads another message).
+    """
     from locust import LoadTestShape
 
     class StepShape(LoadTestShape):
+        last: tuple[int, float] | None = None
+
         def tick(self) -> tuple[int, float] | None:
-            return driver.tick()
+            now = driver.tick()
+            if now is not None:
+                self.last = now
+                return now
+            return self.last if keep_open else None
 
     return StepShape()  # type: ignore[no-untyped-call]

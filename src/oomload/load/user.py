@@ -9,8 +9,14 @@ show the run:
   (from ``usage``), failure = ``"<outcome>: <reason>"`` for any outcome but ok;
 * ``TTFT <endpoint path>``: response time = time to first token, for every request that got one.
 
-A user stopped by Locust mid-request (ramp-down, end of run) abandons the request: it is counted as
-cancelled, never written as a result, because it did not end on its own.
+Nothing sent is lost. A user stopped by Locust mid-request is written as a ``cancelled`` result (its
+start time, lengths, and the TTFT and token events seen so far). The runner makes that rare: a step
+that lowers the user count lets the stopped users finish their request (Locust's ``stop_timeout``,
+capped), and only the end of the run or Ctrl-C abandons what is still in flight.
+
+A dead server is not hammered: after a refused connection or an ``engine_dead`` outcome the user
+sleeps ``DEAD_BACKOFF_S`` before its next request, so a killed server sees a handful of requests per
+user before the monitor declares it dead and the users go idle (``ReplayContext.stopping``).
 
 Open loop: when the context carries an ``ArrivalClock``, a user first waits until its request's
 scheduled arrival (the trace's ``arrival_s`` × scale) and only then sends it; the users are then a
@@ -22,11 +28,16 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import gevent
+from gevent import GreenletExit
 from locust import User, constant, task
 
 from oomload.load.context import ReplayContext
-from oomload.load.http import Endpoint, send
-from oomload.outcome import RequestResult
+from oomload.load.http import Endpoint, Exchange, ExchangeProgress, cancelled_exchange, send
+from oomload.load.payload import PreparedRequest
+from oomload.outcome import Outcome, RequestResult
+
+DEAD_BACKOFF_S = 0.5  # pause after a refused connection / engine_dead outcome
+IDLE_S = 0.1  # how often an idle user (stopping, open loop done) looks again
 
 
 class OutcomeError(Exception):
@@ -50,11 +61,11 @@ class ReplayUser(User):
         if ctx is None or endpoint is None:
             raise RuntimeError("ReplayUser needs a context and an endpoint (see oomload.load.runner)")
         if ctx.stopping:
-            gevent.sleep(0.1)
+            gevent.sleep(IDLE_S)
             return
         picked = ctx.next_request()
         if picked is None:  # open loop: the trace has been sent once
-            gevent.sleep(0.2)
+            gevent.sleep(IDLE_S)
             return
         request, delay_s = picked
         if delay_s > 0:
@@ -62,7 +73,7 @@ class ReplayUser(User):
         step, concurrency = ctx.step, ctx.concurrency
         start = ctx.clock()
         ctx.started(request, start)
-        finished = False
+        progress = ExchangeProgress()
         try:
             ex = send(
                 endpoint,
@@ -71,33 +82,24 @@ class ReplayUser(User):
                 stream=self.stream,
                 exact_output=self.exact_output,
                 server_answered_before=ctx.server_answered,
+                progress=progress,
             )
-            finished = True
-        finally:
-            if not finished:
-                ctx.cancelled(request)
+        except GreenletExit:
+            ctx.finished(_result(request, step, concurrency, cancelled_exchange(progress)))
+            raise
+        except BaseException as err:  # a bug or an interrupt: still recorded, then re-raised
+            reason = f"client error ({type(err).__name__})"
+            ctx.finished(_result(request, step, concurrency, cancelled_exchange(progress, reason)))
+            raise
         if ex.http_status is not None:
             ctx.server_answered = True
-        error = ex.reason if ex.detail is None else f"{ex.reason}: {ex.detail}"
-        result = RequestResult(
-            request_id=request.request_id,
-            step=step,
-            concurrency=concurrency,
-            start_unix_s=ex.start_unix_s,
-            end_unix_s=ex.end_unix_s,
-            outcome=ex.outcome,
-            prompt_tokens_asked=request.prompt_tokens,
-            output_tokens_asked=request.output_tokens,
-            usage_prompt_tokens=ex.usage_prompt_tokens,
-            usage_completion_tokens=ex.usage_completion_tokens,
-            ttft_ms=_round(ex.ttft_ms),
-            tpot_ms=_round(ex.tpot_ms),
-            itl_max_ms=_round(ex.itl_max_ms),
-            e2e_ms=_round(ex.e2e_ms),
-            http_status=ex.http_status,
-            error=error,
-        )
-        ctx.finished(result)
+        ctx.finished(_result(request, step, concurrency, ex))
+        self._report(request, ex)
+        if needs_backoff(ex):
+            ctx.death_suspected = True
+            gevent.sleep(DEAD_BACKOFF_S)
+
+    def _report(self, request: PreparedRequest, ex: Exchange) -> None:
         fire = self.environment.events.request.fire
         failure: Any = None if ex.reason is None else OutcomeError(f"{ex.outcome.value}: {ex.reason}")
         fire(
@@ -117,6 +119,34 @@ class ReplayUser(User):
                 exception=None,
                 context={},
             )
+
+
+def needs_backoff(ex: Exchange) -> bool:
+    """A dead or dying server: engine_dead, or no HTTP answer at all (refused, connect failed)."""
+    if ex.outcome is Outcome.ENGINE_DEAD:
+        return True
+    return ex.outcome is Outcome.TRANSPORT_ERROR and ex.http_status is None
+
+
+def _result(request: PreparedRequest, step: int, concurrency: int, ex: Exchange) -> RequestResult:
+    return RequestResult(
+        request_id=request.request_id,
+        step=step,
+        concurrency=concurrency,
+        start_unix_s=ex.start_unix_s,
+        end_unix_s=ex.end_unix_s,
+        outcome=ex.outcome,
+        prompt_tokens_asked=request.prompt_tokens,
+        output_tokens_asked=request.output_tokens,
+        usage_prompt_tokens=ex.usage_prompt_tokens,
+        usage_completion_tokens=ex.usage_completion_tokens,
+        ttft_ms=_round(ex.ttft_ms),
+        tpot_ms=_round(ex.tpot_ms),
+        itl_max_ms=_round(ex.itl_max_ms),
+        e2e_ms=_round(ex.e2e_ms),
+        http_status=ex.http_status,
+        error=ex.reason if ex.detail is None else f"{ex.reason}: {ex.detail}",
+    )
 
 
 def _round(value: float | None) -> float | None:

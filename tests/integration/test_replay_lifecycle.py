@@ -1,0 +1,153 @@
+"""How a replay's users start, step down, stop and fail — real Locust against the simulated vLLM.
+
+* a refinement step that lowers the user count lets the stopped users finish their request (nothing
+  is cancelled before the run's end);
+* ``--web``: the Locust web UI carries the server's telemetry (the oomload tab, ``/oomload/telemetry``);
+* a worker process that fails at start ends the run with one sentence, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oomload.rundir import RunReader
+from oomload.sim.process import SimServer
+from oomload.trace import TraceHeader, TraceRecord, write_trace
+
+REPO = Path(__file__).resolve().parents[2]
+# 150 blocks of 16 tokens; requests of 32 + 600 tokens grow to 40 blocks: 3 fit, 4 and more preempt
+SIM_PREEMPTING = ("--num-gpu-blocks", "150", "--block-size", "16", "--max-model-len", "2048")
+
+
+def _trace(path: Path, count: int, prompt: int, output: int) -> Path:
+    records = [TraceRecord(f"r{i}", 0.0, prompt, output) for i in range(count)]
+    write_trace(path, records, TraceHeader(format="test"))
+    return path
+
+
+def _cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "oomload", "replay", *args, "--no-live"]
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimServer]:
+    with SimServer((*SIM_PREEMPTING, "--time-scale", "0.05")) as server:
+        yield server
+
+
+def test_a_lower_step_lets_the_stopped_users_finish_their_request(sim: SimServer, tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl", 40, 32, 600)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        _cmd(str(trace), "--url", sim.url, "--concurrency", "2,8", "--hold-s", "1", "--gpu", "none",
+             "--stop-on", "first-preemption", "--run-dir", str(run_dir)),
+        capture_output=True, text=True, timeout=90, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stderr + proc.stdout
+    reader = RunReader(run_dir)
+    starts = [s for s in reader.stream("steps") if s["event"] == "start"]
+    levels = [s["concurrency"] for s in starts]
+    assert levels[:2] == [2, 8] and levels[2] < 8, levels  # the refinement stepped down
+    results = reader.requests()
+    last = starts[-1]["step"]
+    by_step = Counter((r.step, r.outcome.value) for r in results)
+    # users stopped by a lower step finished their request: no cancelled result before the last step
+    assert [r for r in results if r.outcome.value == "cancelled" and r.step != last] == [], by_step
+    assert all(by_step[(s["step"], "ok")] >= 1 for s in starts), by_step
+    ends = [s for s in reader.stream("steps") if s["event"] == "end"]
+    # the next step starts when the previous one ends: a ramp-down never delays the boundary
+    assert [e["t_unix_s"] for e in ends[:-1]] == [s["t_unix_s"] for s in starts[1:]]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def test_the_web_ui_shows_the_servers_telemetry(sim: SimServer, tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl", 20, 32, 200)
+    port = _free_port()
+    web = f"http://127.0.0.1:{port}"
+    argv = _cmd(str(trace), "--url", sim.url, "--concurrency", "4", "--hold-s", "6", "--no-refine",
+                "--web", "--web-port", str(port), "--gpu", f"dcgm:{sim.url}/dcgm/metrics",
+                "--metrics-interval-s", "0.5", "--run-dir", str(tmp_path / "run"))  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    snapshot: dict[str, Any] = {}
+    rows: list[dict[str, str]] = []
+    try:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                snapshot = _get_json(web + "/oomload/telemetry")
+                stats = _get_json(web + "/stats/requests")
+            except (urllib.error.URLError, OSError, ValueError):
+                time.sleep(0.3)
+                continue
+            rows = next((e["data"] for e in stats.get("extended_stats", []) if e["key"] == "oomload"), [])
+            metrics = snapshot.get("metrics") or {}
+            if (metrics.get("num_requests_running") or 0) > 0 and snapshot.get("gpu"):
+                break
+            time.sleep(0.3)
+        with urllib.request.urlopen(web + "/oomload", timeout=5) as resp:
+            page = resp.read().decode()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    metrics = snapshot["metrics"]
+    assert metrics["ok"] is True and 0 < metrics["kv_cache_usage"] <= 1
+    assert metrics["num_requests_running"] > 0 and "num_requests_waiting" in metrics
+    assert snapshot["step"]["concurrency"] == 4
+    assert snapshot["preemptions_since_start"] is not None
+    assert snapshot["gpu"]["used_bytes"] > 0 and snapshot["gpu"]["total_bytes"] > 0
+    what = {r["what"]: r["value"] for r in rows}
+    assert what["KV cache usage"].endswith("%") and what["GPU memory"].endswith("(dcgm)"), what
+    assert {"running requests", "waiting requests", "preemptions since start"} <= set(what)
+    assert "KV cache usage" in page
+
+
+def test_a_failing_worker_is_one_sentence(sim: SimServer, tmp_path: Path) -> None:
+    # every worker process dies at start as the integration review saw it (a KeyError in Locust)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, traceback\n"
+        "if os.environ.get('OOMLOAD_WORKER_JSON'):\n"
+        "    try:\n"
+        "        raise KeyError('OomloadReplayUser')\n"
+        "    except KeyError:\n"
+        "        traceback.print_exc()\n"
+        "    os._exit(1)\n"
+    )
+    trace = _trace(tmp_path / "t.jsonl", 10, 32, 8)
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run(
+        _cmd(str(trace), "--url", sim.url, "--concurrency", "2", "--hold-s", "1", "--processes", "2",
+             "--gpu", "none", "--run-dir", str(run_dir)),
+        capture_output=True, text=True, timeout=90, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    error_lines = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(error_lines) == 1, proc.stderr
+    assert "worker process" in error_lines[0] and "KeyError: 'OomloadReplayUser'" in error_lines[0]
+    assert "Traceback" in (run_dir / "worker.0.log").read_text()  # the details stay in the run dir

@@ -8,7 +8,11 @@ interpolation can land between two observations and cover slightly less than P %
 
 ``recommend_max_model_len`` turns a total-length distribution (prompt + output per request) into a
 setting: ``ceil(P99 × (1 + margin))`` rounded up to a multiple of ``round_to`` (256 by default, and of
-the KV block size when given, so no block is left partly unusable), capped at the model's own limit.
+the KV block size when given, so no block is left partly unusable), then limited three ways, each
+flagged in the advice: by the model's own limit; by the KV cache (vLLM refuses to start when one
+``max_model_len`` request does not fit the pool, so the setting becomes the pool's size in whole
+blocks); and by the current setting when that already covers the P99 (raising it would only shrink the
+worst-case concurrency the pool guarantees, so the advice is to keep it).
 It also reports the share of the trace the setting would refuse, and — given the KV-cache size in
 tokens — how many worst-case full-length sequences fit at once (vLLM's "Maximum concurrency for N
 tokens per request"), compared with the current setting.
@@ -111,6 +115,8 @@ class MaxModelLenAdvice:
     max_concurrency: float | None = None  # full-length sequences the KV cache holds at once
     current_max_model_len: int | None = None
     current_max_concurrency: float | None = None
+    capped_by_kv_cache: bool = False  # the KV pool cannot hold one request of the P99 length
+    kept_current: bool = False  # the current setting already covers the basis percentile
 
     @property
     def freed_concurrency(self) -> float | None:
@@ -141,7 +147,8 @@ def recommend_max_model_len(
     """The ``max_model_len`` a trace implies: P99 of total tokens plus a margin, rounded up.
 
     Never below the basis percentile itself (a recommendation that refuses more than the trace's
-    tail is wrong by construction) unless the model's limit forces it, which is then flagged.
+    tail is wrong by construction) unless the model's limit or the KV cache forces it, which is then
+    flagged; never above the current setting when that already covers the basis percentile.
     """
     arr = np.asarray(total_tokens, dtype=np.int64)
     if arr.size == 0:
@@ -151,9 +158,14 @@ def recommend_max_model_len(
     basis = percentile(arr, percentile_p)
     multiple = round_to if block_size is None else math.lcm(round_to, block_size)
     value = round_up(max(basis * (1.0 + margin), 1.0), multiple)
-    capped = False
+    capped = kv_capped = kept = False
     if model_limit is not None and value > model_limit:
         value, capped = model_limit, True
+    if kv_cache_tokens is not None and value > kv_cache_tokens:
+        kv_limit = kv_cache_tokens if block_size is None else (kv_cache_tokens // block_size) * block_size
+        value, kv_capped = max(kv_limit, 1), True
+    if current_max_model_len is not None and basis <= current_max_model_len < value:
+        value, kept = current_max_model_len, True
     refused = int(np.count_nonzero(arr > value))
     return MaxModelLenAdvice(
         max_model_len=value,
@@ -171,6 +183,8 @@ def recommend_max_model_len(
             if kv_cache_tokens is None or current_max_model_len is None
             else kv_cache_tokens / current_max_model_len
         ),
+        capped_by_kv_cache=kv_capped,
+        kept_current=kept,
     )
 
 

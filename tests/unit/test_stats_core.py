@@ -59,3 +59,26 @@ def test_onset_matches_the_measured_cpu_vllm_table() -> None:
     prediction = predict_preemption_onset(96, 32, [512] * 10)
     assert prediction.onset_mean == prediction.onset_p50 == prediction.onset_p90 == 6
     assert concurrent_fit(96, 32, 512) == 5
+
+
+def test_recommendation_keeps_a_current_setting_that_already_covers_p99() -> None:
+    # Azure code trace shape: P99 7462 → 8448 would *raise* a current 8192 that fits everything.
+    advice = recommend_max_model_len([7462] * 100, current_max_model_len=8192)
+    assert advice.max_model_len == 8192 and advice.kept_current
+    lower = recommend_max_model_len([1000] * 100, current_max_model_len=32768)
+    assert lower.max_model_len == 1280 and not lower.kept_current
+
+
+def test_recommendation_never_exceeds_what_the_kv_pool_holds() -> None:
+    # vLLM refuses to start when one max_model_len request does not fit the KV cache.
+    advice = recommend_max_model_len([100_000] * 100, kv_cache_tokens=33_392, block_size=16)
+    assert advice.max_model_len == 33_392 and advice.capped_by_kv_cache
+    assert advice.refused_share == 1.0
+
+
+@given(lengths, st.integers(min_value=1, max_value=300_000), st.integers(min_value=1, max_value=300_000))
+def test_recommendation_respects_every_limit(values: list[int], kv_tokens: int, current: int) -> None:
+    advice = recommend_max_model_len(values, kv_cache_tokens=kv_tokens, current_max_model_len=current)
+    assert advice.max_model_len <= kv_tokens
+    if advice.kept_current:
+        assert advice.max_model_len == current >= advice.basis_tokens

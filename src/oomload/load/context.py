@@ -176,6 +176,9 @@ class ContextMeter:
     def completed(self) -> int:
         return self.context.counters.completed
 
+    def in_flight(self) -> int:
+        return len(self.context.in_flight)
+
     def count(self) -> StepCountLike:
         from oomload.load.shape import StepCount
 

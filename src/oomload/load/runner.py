@@ -28,8 +28,9 @@ the ramp whatever ``--stop-on`` says: later steps would measure nothing.
 
 A step that lowers the user count (a refinement step below the previous one) stops users gracefully:
 Locust's ``stop_timeout`` lets each finish its request, capped at ``ramp_down_grace_s``, after which
-the rest are abandoned (``cancelled``). The new step starts at once; the finishing requests belong to
-the step they started in.
+the rest are abandoned (``cancelled``). The new step starts when the requests in flight are down to
+its level (``StepDriver`` settles; at most the same grace), so the higher step's pressure never
+counts against the lower one.
 
 With ``--processes N`` the workers (``oomload.load.locustfile``) announce themselves when bound
 (``oomload_ready``), follow the steps (``oomload_step``), report their achieved concurrency with every
@@ -450,6 +451,7 @@ class _Session:
             max_duration_s=config.max_duration_s,
             on_step=on_step,
             step_done=step_done,
+            settle_s=config.grace_s(),
         )
         self.env = Environment(
             user_classes=[user_class], shape_class=make_shape(self.driver, keep_open=True), host=self.url
@@ -820,6 +822,12 @@ class _MasterMeter:
 
     def completed(self) -> int:
         return self._totals()[0] - self._base[0]
+
+    def in_flight(self) -> int | None:
+        """The workers' in-flight requests as last reported (at most a second old)."""
+        if len(self.reports) < len(self.session.workers):
+            return None
+        return sum(int(r.get("in_flight", 0)) for r in self.reports.values())
 
     def count(self) -> Any:
         from oomload.load.shape import StepCount

@@ -9,6 +9,12 @@ On every tick the driver ends the current step when the server is dead, the run'
 is spent, or the step's hold is done; it then writes the step's ``end`` line to ``steps.jsonl``
 (with the counts that step produced, its preemption delta and its achieved concurrency), asks
 ``oomload.schedule.next_step`` what comes next, and writes the next ``start`` line.
+
+A step *below* the previous one settles first: Locust stops the surplus users gracefully (they finish
+their request), and the new step starts — its ``start`` line, its preemption baseline, its counters —
+only once the requests in flight are down to its level, or ``settle_s`` has passed (the runner passes
+the ramp-down grace; what is still in flight then is abandoned by Locust as ``cancelled``). So the
+previous step's pressure never counts against the lower level, and the wait is bounded.
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ class StepMeter(Protocol):
 
     def count(self) -> StepCount: ...
 
+    def in_flight(self) -> int | None: ...
+
 
 class StepSink(Protocol):
     def append(self, stream: str, obj: dict[str, Any]) -> None: ...
@@ -75,6 +83,7 @@ class StepDriver:
         clock: Callable[[], float] = time.time,
         on_step: Callable[[StepPlan], None] | None = None,
         step_done: Callable[[float, int], bool] | None = None,
+        settle_s: float = 0.0,
     ) -> None:
         self.plan = plan
         self.hold = hold
@@ -87,6 +96,8 @@ class StepDriver:
         self.clock = clock
         self.on_step = on_step
         self.step_done = step_done
+        self.settle_s = settle_s
+        self._settling: tuple[StepPlan, float] | None = None  # (the next step, deadline)
         self.history: list[StepFacts] = []
         self.current: StepPlan | None = None
         self.end_reason: str | None = None
@@ -106,6 +117,8 @@ class StepDriver:
         if self.current is None:
             self.started_unix_s = now
             return self._follow(next_step(self.plan, []), now)
+        if self._settling is not None:
+            return self._settle(now)
         reason = self._step_end_reason(now)
         if reason is None:
             return self.current.concurrency, SPAWN_RATE
@@ -119,9 +132,23 @@ class StepDriver:
         """End the current step and the run now (Ctrl-C, SIGTERM, an error elsewhere)."""
         if self.finished:
             return
-        if self.current is not None:
+        if self.current is not None and self._settling is None:
             self._end_step(reason, self.clock())
+        self._settling = None
         self.end_reason = reason
+
+    def _settle(self, now: float) -> tuple[int, float] | None:
+        assert self._settling is not None and self.started_unix_s is not None
+        step, deadline = self._settling
+        if self.server_dead() or max_duration_exceeded(now - self.started_unix_s, self.max_duration_s):
+            self._settling = None
+            self.end_reason = "server_dead" if self.server_dead() else "max_duration"
+            return None
+        in_flight = self.meter.in_flight()
+        if now < deadline and (in_flight is None or in_flight > step.concurrency):
+            return step.concurrency, SPAWN_RATE
+        self._settling = None
+        return self._begin(step, now)
 
     def _step_end_reason(self, now: float) -> str | None:
         assert self.current is not None and self.started_unix_s is not None
@@ -141,6 +168,13 @@ class StepDriver:
             self.end_reason = decision.end_reason or "completed"
             return None
         step = decision.step
+        previous = self.current
+        if previous is not None and step.concurrency < previous.concurrency and self.settle_s > 0:
+            self._settling = (step, now + self.settle_s)
+            return step.concurrency, SPAWN_RATE
+        return self._begin(step, now)
+
+    def _begin(self, step: StepPlan, now: float) -> tuple[int, float]:
         self.current = step
         self._step_start_s = now
         self._preemptions_at_start = self.preemptions_total()

@@ -1,0 +1,91 @@
+"""The step driver (no Locust): a lower step settles before it starts, bounded by ``settle_s``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from oomload.load.shape import StepCount, StepDriver
+from oomload.schedule import Hold, SchedulePlan, StepPlan, StopCondition
+
+
+class FakeMeter:
+    def __init__(self) -> None:
+        self.in_flight_now = 0
+        self.begun: list[int] = []
+
+    def begin(self, step: StepPlan) -> None:
+        self.begun.append(step.concurrency)
+
+    def completed(self) -> int:
+        return 10
+
+    def count(self) -> StepCount:
+        return StepCount(completed=10, errors=0, engine_dead=0)
+
+    def in_flight(self) -> int | None:
+        return self.in_flight_now
+
+
+class Lines:
+    def __init__(self) -> None:
+        self.lines: list[dict[str, Any]] = []
+
+    def append(self, stream: str, obj: dict[str, Any]) -> None:
+        assert stream == "steps"
+        self.lines.append(obj)
+
+
+def _driver(meter: FakeMeter, sink: Lines, clock: list[float], preempt_at: int) -> StepDriver:
+    plan = SchedulePlan(levels=(2, 8), stop_on=(StopCondition("first-preemption"),))
+    current: dict[str, int] = {"total": 0}
+
+    def preemptions() -> int:  # the server preempts while a step at or above preempt_at runs
+        return current["total"]
+
+    driver = StepDriver(plan, Hold(1.0), meter, sink, preemptions_total=preemptions,
+                        clock=lambda: clock[0], settle_s=5.0)  # fmt: skip
+
+    def on_step(step: StepPlan) -> None:
+        current["total"] += int(step.concurrency >= preempt_at)
+
+    driver.on_step = on_step
+    return driver
+
+
+def test_a_lower_step_starts_once_the_surplus_has_drained() -> None:
+    meter, sink, clock = FakeMeter(), Lines(), [100.0]
+    driver = _driver(meter, sink, clock, preempt_at=8)
+    assert driver.tick() == (2, 100.0)
+    clock[0] += 1.0
+    assert driver.tick() == (8, 100.0)  # step 1 at 8 (preempts)
+    clock[0] += 1.0
+    meter.in_flight_now = 8
+    assert driver.tick() == (5, 100.0)  # the refinement asks for 5 users …
+    assert [line["event"] for line in sink.lines] == ["start", "end", "start", "end"]  # … not started yet
+    clock[0] += 1.0
+    assert driver.tick() == (5, 100.0)  # still 8 in flight: settling
+    assert meter.begun == [2, 8]
+    meter.in_flight_now = 5
+    clock[0] += 0.5
+    assert driver.tick() == (5, 100.0)
+    assert meter.begun == [2, 8, 5]
+    start = sink.lines[-1]
+    assert (start["event"], start["concurrency"], start["t_unix_s"]) == ("start", 5, 103.5)
+
+
+def test_settling_is_bounded() -> None:
+    meter, sink, clock = FakeMeter(), Lines(), [0.0]
+    driver = _driver(meter, sink, clock, preempt_at=8)
+    driver.tick()
+    clock[0] += 1.0
+    driver.tick()
+    clock[0] += 1.0
+    meter.in_flight_now = 8  # never drains (requests longer than the grace)
+    driver.tick()
+    for _ in range(4):
+        clock[0] += 1.0
+        driver.tick()
+        assert meter.begun == [2, 8]
+    clock[0] += 1.0  # settle_s = 5 s after the decision
+    driver.tick()
+    assert meter.begun == [2, 8, 5] and sink.lines[-1]["t_unix_s"] == 7.0

@@ -70,13 +70,18 @@ class BuiltEngine:
 
 def build_engine(opts: EngineOptions) -> BuiltEngine:
     """Resolve presets, apply vLLM's defaults and size the pool (raises ``ConfigError`` like vLLM)."""
+    _check_positive_flags(opts)
     model = resolve_model(opts.model)
     gpu = resolve_gpu(opts.gpu, opts.gpu_memory_gib)
     if gpu is None and opts.num_gpu_blocks is None and opts.kv_cache_memory_bytes is None:
         gpu = resolve_gpu(DEFAULT_GPU)
     default_tokens, default_seqs = default_batch_limits(gpu)
-    max_model_len = opts.max_model_len or min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-    block_size = opts.block_size or (16 if gpu is not None else 128)
+    max_model_len = opts.max_model_len
+    if max_model_len is None:
+        max_model_len = min(model.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+    block_size = opts.block_size
+    if block_size is None:
+        block_size = 16 if gpu is not None else 128
     if opts.oom not in ("auto", "on", "off"):
         raise ConfigError(f"--oom must be auto, on or off, got {opts.oom!r}")
     if not opts.activation_scale > 0:
@@ -84,8 +89,10 @@ def build_engine(opts: EngineOptions) -> BuiltEngine:
     config = EngineConfig(
         max_model_len=max_model_len,
         block_size=block_size,
-        max_num_seqs=opts.max_num_seqs or default_seqs,
-        max_num_batched_tokens=opts.max_num_batched_tokens or default_tokens,
+        max_num_seqs=default_seqs if opts.max_num_seqs is None else opts.max_num_seqs,
+        max_num_batched_tokens=(
+            default_tokens if opts.max_num_batched_tokens is None else opts.max_num_batched_tokens
+        ),
         gpu_memory_utilization=opts.gpu_memory_utilization,
         tensor_parallel_size=opts.tensor_parallel_size,
         num_gpu_blocks_override=opts.num_gpu_blocks,
@@ -94,3 +101,21 @@ def build_engine(opts: EngineOptions) -> BuiltEngine:
     )
     layout = plan_kv_cache(model, gpu, config)
     return BuiltEngine(model, gpu, config, layout)
+
+
+POSITIVE_FLAGS: tuple[tuple[str, str], ...] = (
+    ("max_model_len", "--max-model-len"),
+    ("block_size", "--block-size"),
+    ("max_num_seqs", "--max-num-seqs"),
+    ("max_num_batched_tokens", "--max-num-batched-tokens"),
+    ("tensor_parallel_size", "--tensor-parallel-size"),
+    ("kv_cache_memory_bytes", "--kv-cache-memory-bytes"),
+)
+
+
+def _check_positive_flags(opts: EngineOptions) -> None:
+    """A given count must be a positive integer: 0 never means "use the default"."""
+    for name, flag in POSITIVE_FLAGS:
+        value = getattr(opts, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag} must be a positive integer, got {value}")

@@ -48,6 +48,8 @@ NON_TORCH_BYTES = int(0.4 * GIB)
 NCCL_BYTES_PER_EXTRA_RANK = int(0.25 * GIB)
 CUDA_GRAPH_BYTES = int(0.5 * GIB)
 DOCS_URL = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
+# vLLM 0.10.2 CacheConfig's choices (reference vllm-facts.md §3.3); CUDA backends take ≤ 32 except some.
+ALLOWED_BLOCK_SIZES: tuple[int, ...] = (1, 8, 16, 32, 64, 128)
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1, "float8": 1}
 
 
@@ -443,6 +445,10 @@ def _check_config(model: ModelSpec, config: EngineConfig) -> None:
         value = getattr(config, name)
         if not isinstance(value, int) or value <= 0:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if config.block_size not in ALLOWED_BLOCK_SIZES:
+        allowed = ", ".join(str(b) for b in ALLOWED_BLOCK_SIZES)
+        raise ConfigError(f"--block-size must be one of {allowed} (vLLM's choices), got {config.block_size}")
+    _check_tensor_parallel(model, config.tensor_parallel_size)
     if not 0 < config.gpu_memory_utilization <= 1:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {config.gpu_memory_utilization}")
     if config.num_gpu_blocks_override is not None and config.num_gpu_blocks_override < 2:
@@ -462,6 +468,24 @@ def _check_config(model: ModelSpec, config: EngineConfig) -> None:
             f"{config.max_model_len}); vLLM's hybrid KV allocator is not modelled. Use "
             f"--max-model-len {window} "
             "or a config without sliding_window."
+        )
+
+
+def _check_tensor_parallel(model: ModelSpec, tp: int) -> None:
+    """vLLM's sharding rules: attention heads split evenly; KV heads split, or replicated when fewer."""
+    heads = model.num_attention_heads
+    if heads % tp:
+        # vLLM ModelConfig.verify_with_parallel_config raises this text.
+        raise ConfigError(
+            f"Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp})."
+        )
+    kv_heads = model.num_kv_heads
+    if model.is_mla or tp == 1:
+        return
+    if (kv_heads >= tp and kv_heads % tp) or (kv_heads < tp and tp % kv_heads):
+        raise ConfigError(
+            f"the {kv_heads} KV heads of {model.name!r} cannot be sharded over tensor parallel size {tp}: "
+            "vLLM needs KV heads divisible by TP, or TP divisible by KV heads (then they are replicated)"
         )
 
 

@@ -54,3 +54,46 @@ def test_plan_refuses_bad_levels_and_missing_trace(
     write_trace(trace, [TraceRecord(id="a", arrival_s=0.0, prompt_tokens=5, output_tokens=5)], TraceHeader())
     assert main(["plan", str(trace), "--gpu", "h100", "--concurrency", "0,x"]) == 2
     assert "--concurrency" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--block-size", "0"], "--block-size must be a positive integer, got 0"),
+        (["--max-num-seqs", "0"], "--max-num-seqs must be a positive integer, got 0"),
+        (["--max-model-len", "0"], "--max-model-len must be a positive integer, got 0"),
+        (["--block-size", "7"], "--block-size must be one of 1, 8, 16, 32, 64, 128"),
+        (["--tp", "3"], "attention heads (32) must be divisible by tensor parallel size (3)"),
+        (
+            ["--model", "qwen2.5-7b", "--tp", "7"],
+            "4 KV heads of 'Qwen/Qwen2.5-7B-Instruct' cannot be sharded",
+        ),
+    ],
+)
+def test_invalid_engine_flags_are_refused_in_one_sentence(
+    fixed_trace: Path, args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", str(fixed_trace), *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_plan_text_keeps_a_covering_max_model_len_and_shows_refusals_per_level(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "mixed.jsonl"
+    lengths = [(1500, 100)] * 30 + [(3000, 10)] * 10  # a quarter of the prompts exceed 2,048
+    records = [
+        TraceRecord(id=f"r{i}", arrival_s=0.0, prompt_tokens=p, output_tokens=o)
+        for i, (p, o) in enumerate(lengths)
+    ]
+    write_trace(path, records, TraceHeader(format="synthetic"))
+    base = ["plan", str(path), "--model", "tiny", "--num-gpu-blocks", "200", "--block-size", "32"]
+    assert main([*base, "--max-model-len", "3072", "--concurrency", "1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "keep 3,072 (already covers the P99" in out
+    assert main([*base, "--max-model-len", "2048", "--concurrency", "1,2", "--requests-per-level", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "refuses 10 of the 40 trace requests (25.0%" in out
+    assert "10 25%" in out  # the refused column of each level: count and share
+    assert "Arithmetic band" in out and "Checked with --max-model-len" in out

@@ -94,69 +94,129 @@ def run(args: argparse.Namespace) -> int:
 
 def _print(result: Any, startup: list[str], trace_count: int) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    console = Console()
+    console = Console(highlight=False)
     gpu = result.gpu or "no GPU (CPU backend)"
     console.print(
-        f"[bold]{result.model}[/] on [bold]{gpu}[/] × {result.tensor_parallel_size}, {trace_count} requests"
+        f"[bold]{result.model}[/] on [bold]{gpu}[/] × {result.tensor_parallel_size}, {trace_count:,} requests"
     )
     for line in startup:
         console.print(f"  {line}")
     console.print(
-        f"  pool: {result.num_gpu_blocks} blocks × {result.block_size} tokens; max_model_len "
-        f"{result.max_model_len}, "
-        f"max_num_seqs {result.max_num_seqs}, max_num_batched_tokens {result.max_num_batched_tokens}"
+        f"  pool: {result.num_gpu_blocks:,} blocks × {result.block_size} tokens; "
+        f"max_model_len {result.max_model_len:,}, max_num_seqs {result.max_num_seqs}, "
+        f"max_num_batched_tokens {result.max_num_batched_tokens:,}"
     )
-    table = Table(title="closed-loop levels (virtual clock)")
-    for col in (
-        "conc",
-        "done",
-        "preempt",
-        "1st s",
-        "max KV",
-        "sat. s",
-        "run/wait",
-        "OOM",
-        "tok/s",
-        "TTFT p50/p99",
-    ):
-        table.add_column(col, justify="right")
-    refused = clamped = 0
-    for lv in result.levels:
-        refused += lv.requests_refused
-        clamped += lv.requests_clamped
-        table.add_row(
-            str(lv.concurrency),
-            str(lv.requests_finished),
-            str(lv.preemptions),
-            _num(lv.first_preemption_s),
-            f"{lv.max_kv_usage:.0%}",
-            _num(lv.saturation_s),
-            f"{lv.max_running}/{lv.max_waiting}",
-            "[red]OOM[/]" if lv.oom else "",
-            f"{lv.output_tokens_per_s:,.0f}",
-            f"{_num(lv.ttft_p50_s)}/{_num(lv.ttft_p99_s)}",
+    if result.trace_refused or result.trace_clamped:
+        share = _share(result.trace_refused, result.trace_requests)
+        console.print(
+            f"  [yellow]max_model_len {result.max_model_len:,} refuses {result.trace_refused:,} of the "
+            f"{result.trace_requests:,} trace requests ({share}; prompt ≥ max_model_len, HTTP 400)[/] "
+            f"and clamps the output of {result.trace_clamped:,}"
         )
-    console.print(table)
+    console.print(_level_table(result.levels, "closed-loop levels (virtual clock)"))
     a = result.arithmetic
     console.print(
-        f"Preemption onset: [bold]{result.onset_concurrency or 'none'}[/] (arithmetic band "
-        f"{a.band[0]}–{a.band[1]}); "
-        f"last safe concurrency: {result.last_safe_concurrency}; KV saturated from: "
+        f"Preemption onset: [bold]{result.onset_concurrency or 'none'}[/]; last safe concurrency: "
+        f"{result.last_safe_concurrency}; KV pool full (≥ 99 %) from: "
         f"{result.saturation_concurrency or 'never'}; modelled OOM: {result.oom_concurrency or 'none'}"
     )
-    adv = result.max_model_len_advice
     console.print(
-        f"Recommended max_model_len {adv.max_model_len} (P{adv.basis_percentile:g} of prompt+output "
-        f"{adv.basis_tokens:.0f} + {adv.margin:.0%}; refuses {adv.refused_share:.2%} of the trace)"
+        f"Arithmetic band {a.band[0]}–{a.band[1]}: the onset from block counts alone (usable blocks ÷ "
+        "blocks per request, for P90- to P50-length requests), no simulation."
     )
-    if refused or clamped:
-        console.print(f"Requests refused (prompt ≥ max_model_len): {refused}; outputs clamped: {clamped}")
+    _print_advice(console, result)
     for note in result.notes:
         console.print(f"Note: {note}")
     console.print(f"\n  {result.serve_command}\n", soft_wrap=True)
 
 
-def _num(value: float | None) -> str:
-    return "" if value is None else f"{value:.2f}"
+def _level_table(levels: list[Any], title: str) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    oom = any(lv.oom for lv in levels)
+    headers = ["conc", "done", "refused", "preempt", "1st\npreempt s", "peak\nKV %", "run/\nwait", "tok/s"]
+    headers += ["TTFT\np50 s", *(["OOM"] if oom else [])]
+    for col in headers:
+        table.add_column(col, justify="right", no_wrap=True)
+    for lv in levels:
+        row = [
+            str(lv.concurrency),
+            f"{lv.requests_finished:,}",
+            f"{lv.requests_refused:,} {lv.refused_share:.0%}" if lv.requests_refused else "0",
+            str(lv.preemptions),
+            _secs(lv.first_preemption_s),
+            f"{lv.max_kv_usage * 100:.0f}",
+            f"{lv.max_running}/{lv.max_waiting}",
+            f"{lv.output_tokens_per_s:,.0f}",
+            _secs(lv.ttft_p50_s),
+        ]
+        if oom:
+            row.append("[red]OOM[/]" if lv.oom else "")
+        table.add_row(*row)
+    return table
+
+
+def _print_advice(console: Any, result: Any) -> None:
+    adv = result.max_model_len_advice
+    p99 = f"P{adv.basis_percentile:g} of prompt+output = {adv.basis_tokens:,.0f} tokens"
+    if adv.kept_current:
+        console.print(f"max_model_len: [bold]keep {adv.max_model_len:,}[/] (already covers the {p99})")
+    elif adv.capped_by_kv_cache:
+        console.print(
+            f"max_model_len: [bold red]this GPU/config cannot serve the trace's {p99}[/]: the KV pool holds "
+            f"one request of at most {adv.max_model_len:,} tokens (vLLM refuses to start above that); "
+            f"recommended {adv.max_model_len:,}; {adv.refused_count:,} requests ({adv.refused_share:.1%}) "
+            "are longer (refused or clamped)"
+        )
+    else:
+        verb = "lower" if adv.max_model_len < result.max_model_len else "raise"
+        capped = " (the model's limit)" if adv.capped_by_model_limit else ""
+        console.print(
+            f"max_model_len: {verb} {result.max_model_len:,} → [bold]{adv.max_model_len:,}[/]{capped} "
+            f"({p99} + {adv.margin:.0%}; {adv.refused_count:,} requests, {adv.refused_share:.1%}, are longer)"
+        )
+    short = result.kv_shortfall
+    if short is not None:
+        console.print(
+            f"  KV needed for {short.target_max_model_len:,}-token requests: "
+            f"{_gib(short.bytes_for_one)} GiB for one, {_gib(short.bytes_for_concurrency)} GiB for "
+            f"{short.concurrency} at once (this config has {_gib(short.available_bytes)} GiB per GPU)"
+        )
+        for option in short.options:
+            console.print(
+                f"  · {option.change}: {_gib(option.kv_cache_bytes)} GiB KV per GPU, holds "
+                f"{option.max_concurrency:.2f} such requests at once"
+            )
+        if not short.options:
+            console.print("  · no GPU preset, utilization ≤ 0.95 or TP ≤ 8 holds one; shorten the contexts")
+    check = result.check
+    if check is not None:
+        console.print(
+            f"Checked with --max-model-len {check.max_model_len:,} (every level again): preemption "
+            f"onset {check.onset_concurrency or 'none'}, last safe concurrency "
+            f"{check.last_safe_concurrency}, modelled OOM {check.oom_concurrency or 'none'}; refuses "
+            f"{check.trace_refused:,} of the {result.trace_requests:,} trace requests "
+            f"({_share(check.trace_refused, result.trace_requests)})"
+        )
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{part / whole:.1%}" if whole else "0%"
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 1024**3:.2f}"
+
+
+def _secs(value: float | None) -> str:
+    """Seconds in at most 4 characters where possible: 0.123, 1.27, 30.9, 875."""
+    if value is None:
+        return ""
+    if value < 10:
+        return f"{value:.2f}"
+    if value < 100:
+        return f"{value:.1f}"
+    return f"{value:,.0f}"

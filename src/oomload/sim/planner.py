@@ -15,22 +15,37 @@ CUDA OOM, throughput and TTFT / end-to-end percentiles. The plan then reports th
 (``capacity.predict_preemption_onset``) and recommendations: ``max_model_len`` from the trace's P99
 (``stats.recommend_max_model_len``), ``max_num_seqs`` = the last level without preemption, and
 ``gpu_memory_utilization`` lowered by 0.05 when a level hit the modelled OOM.
+
+The ``max_model_len`` advice is limited by what the KV pool holds (vLLM refuses to start when one
+``max_model_len`` request needs more than the usable blocks, ``(num_gpu_blocks − 1) × block_size``
+tokens) and keeps the current setting when that already covers the P99. When the advice differs from
+the setting the levels ran with, the levels run again with the advised setting (a *check* sweep, up
+to the first level that preempts or dies) and ``max_num_seqs`` comes from that sweep, so the
+``vllm serve`` line is one configuration that was simulated as a whole. When the pool cannot hold
+even one request of the trace's P99 length (plus margin), the plan says so and sizes the KV memory
+that would (``KvShortfall``): bytes for one such request and for the safe concurrency, and which
+changes reach it (``gpu_memory_utilization`` up to 0.95, tensor parallelism, a bigger GPU preset),
+each sized by the same start-up budget.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from oomload.capacity import OnsetPrediction, predict_preemption_onset
-from oomload.sim.build import BuiltEngine, EngineOptions
+from oomload.capacity import OnsetPrediction, blocks_for_tokens, predict_preemption_onset
+from oomload.errors import ConfigError
+from oomload.sim.build import BuiltEngine, EngineOptions, build_engine
+from oomload.sim.geometry import GPU_PRESETS
 from oomload.sim.scheduler import SimRequest
 from oomload.stats import MaxModelLenAdvice, percentile, recommend_max_model_len
 
 SATURATED_USAGE = 0.99
+SAFE_GPU_MEMORY_UTILIZATION = 0.95  # the highest utilization the plan suggests (headroom for spikes)
+TP_CHOICES = (2, 4, 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +53,7 @@ class LevelResult:
     """What one closed-loop concurrency level did on the virtual clock."""
 
     concurrency: int
+    requests_issued: int  # trace requests taken by the level (finished + refused + cut by an OOM)
     requests_finished: int
     requests_refused: int  # prompt does not fit max_model_len (HTTP 400)
     requests_clamped: int  # output clamped to max_model_len − prompt
@@ -56,8 +72,58 @@ class LevelResult:
     ttft_p99_s: float | None
     e2e_p50_s: float | None
 
+    @property
+    def refused_share(self) -> float:
+        return self.requests_refused / self.requests_issued if self.requests_issued else 0.0
+
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True, slots=True)
+class KvOption:
+    """One change that gives a pool able to start with the target ``max_model_len``."""
+
+    change: str  # the flags that differ, e.g. "--tensor-parallel-size 2 (2 × NVIDIA L4)"
+    kv_cache_bytes: int  # per GPU
+    max_concurrency: float  # target-length requests the pool holds at once
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True, slots=True)
+class KvShortfall:
+    """The pool cannot hold one request of the trace's P99 length: what KV memory would."""
+
+    target_max_model_len: int  # P99 of prompt + output, plus margin, rounded (the uncapped advice)
+    concurrency: int  # requests of that length to hold at once (the safe level, at least 1)
+    bytes_for_one: int  # KV (per GPU, null block included) for one request of that length
+    bytes_for_concurrency: int
+    available_bytes: int  # the current pool
+    options: list[KvOption]
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out["options"] = [o.as_dict() for o in self.options]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSweep:
+    """The levels run again with the advised ``max_model_len`` (when it differs from the current one)."""
+
+    max_model_len: int
+    levels: list[LevelResult]
+    onset_concurrency: int | None
+    last_safe_concurrency: int | None
+    oom_concurrency: int | None
+    trace_refused: int  # trace requests whose prompt ≥ this max_model_len
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out["levels"] = [lv.as_dict() for lv in self.levels]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +152,18 @@ class PlanResult:
     recommended_max_num_seqs: int | None
     recommended_gpu_memory_utilization: float
     serve_command: str
+    trace_requests: int = 0
+    trace_refused: int = 0  # trace requests whose prompt ≥ max_model_len (each counted once)
+    trace_clamped: int = 0  # trace requests whose prompt fits but prompt + output does not
+    check: CheckSweep | None = None
+    kv_shortfall: KvShortfall | None = None
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
         out["levels"] = [lv.as_dict() for lv in self.levels]
+        out["check"] = None if self.check is None else self.check.as_dict()
+        out["kv_shortfall"] = None if self.kv_shortfall is None else self.kv_shortfall.as_dict()
         a = self.arithmetic
         out["arithmetic"] = {
             "onset_mean": a.onset_mean,
@@ -106,6 +179,9 @@ class PlanResult:
             "refused_share": adv.refused_share,
             "refused_count": adv.refused_count,
             "capped_by_model_limit": adv.capped_by_model_limit,
+            "capped_by_kv_cache": adv.capped_by_kv_cache,
+            "kept_current": adv.kept_current,
+            "current_max_model_len": adv.current_max_model_len,
         }
         return out
 
@@ -182,6 +258,7 @@ def run_level(
             issue()
     return LevelResult(
         concurrency=concurrency,
+        requests_issued=issued,
         requests_finished=len(e2e),
         requests_refused=refused,
         requests_clamped=clamped,
@@ -210,6 +287,38 @@ def default_levels(max_num_seqs: int) -> list[int]:
     return levels
 
 
+def sweep(
+    built: BuiltEngine,
+    options: EngineOptions,
+    prompts: Sequence[int],
+    outputs: Sequence[int],
+    levels: Sequence[int],
+    *,
+    requests_per_level: int | None = None,
+    stop_after_oom: bool = True,
+    stop_after_preemption: bool = False,
+) -> list[LevelResult]:
+    """Run every level in order (stopping after a modelled OOM, or a preemption, when told)."""
+    results: list[LevelResult] = []
+    for c in sorted(set(levels)):
+        count = requests_per_level or min(max(1000, 16 * c), len(prompts))
+        level = run_level(built, options, prompts, outputs, c, max(count, c))
+        results.append(level)
+        if (level.oom and stop_after_oom) or (level.preemptions and stop_after_preemption):
+            break
+    return results
+
+
+def onsets(results: Sequence[LevelResult]) -> tuple[int | None, int | None, int | None]:
+    """(first level with a preemption, last level below it and below any OOM, first OOM level)."""
+    onset = next((lv.concurrency for lv in results if lv.preemptions > 0), None)
+    oom_at = next((lv.concurrency for lv in results if lv.oom), None)
+    bad = [c for c in (onset, oom_at) if c is not None]
+    first_bad = min(bad) if bad else None
+    safe = [lv.concurrency for lv in results if first_bad is None or lv.concurrency < first_bad]
+    return onset, (max(safe) if safe else None), oom_at
+
+
 def plan(
     built: BuiltEngine,
     options: EngineOptions,
@@ -228,25 +337,19 @@ def plan(
     totals = prompts + outputs
     cfg = built.config
     layout = built.layout
-    results: list[LevelResult] = []
-    for c in sorted(set(levels)):
-        count = requests_per_level or min(max(1000, 16 * c), len(prompts))
-        level = run_level(built, options, prompts.tolist(), outputs.tolist(), c, max(count, c))
-        results.append(level)
-        if level.oom and stop_after_oom:
-            break
-    onset = next((lv.concurrency for lv in results if lv.preemptions > 0), None)
-    oom_at = next((lv.concurrency for lv in results if lv.oom), None)
+    prompt_list, output_list = prompts.tolist(), outputs.tolist()
+    results = sweep(
+        built, options, prompt_list, output_list, levels,
+        requests_per_level=requests_per_level, stop_after_oom=stop_after_oom,
+    )  # fmt: skip
+    onset, last_safe, oom_at = onsets(results)
     saturated = next((lv.concurrency for lv in results if lv.saturation_s is not None), None)
-    bad = [c for c in (onset, oom_at) if c is not None]
-    first_bad = min(bad) if bad else None
-    safe = [lv.concurrency for lv in results if first_bad is None or lv.concurrency < first_bad]
-    last_safe = max(safe) if safe else None
+    usable_tokens = layout.usable_blocks * layout.block_size  # what vLLM's start-up check allows
     advice = recommend_max_model_len(
         totals,
         block_size=cfg.block_size,
         model_limit=built.model.max_position_embeddings,
-        kv_cache_tokens=layout.kv_cache_size_tokens,
+        kv_cache_tokens=usable_tokens,
         current_max_model_len=cfg.max_model_len,
     )
     fitting = totals[prompts < cfg.max_model_len]
@@ -255,23 +358,41 @@ def plan(
         layout.block_size,
         np.minimum(fitting if fitting.size else totals, cfg.max_model_len),
     )
+    check: CheckSweep | None = None
+    rec_onset, rec_safe, rec_oom = onset, last_safe, oom_at
+    if advice.max_model_len != cfg.max_model_len:
+        check_opts = replace(options, max_model_len=advice.max_model_len)
+        check_built = build_engine(check_opts)
+        check_levels = sweep(
+            check_built, check_opts, prompt_list, output_list, levels,
+            requests_per_level=requests_per_level, stop_after_oom=True, stop_after_preemption=True,
+        )  # fmt: skip
+        rec_onset, rec_safe, rec_oom = onsets(check_levels)
+        check_refused = int(np.count_nonzero(prompts >= advice.max_model_len))
+        check = CheckSweep(advice.max_model_len, check_levels, rec_onset, rec_safe, rec_oom, check_refused)
+    shortfall = None
+    if advice.capped_by_kv_cache:
+        shortfall = kv_shortfall(built, options, totals, concurrency=max(last_safe or 1, 1))
     util = cfg.gpu_memory_utilization
     notes: list[str] = []
     rec_util = util
-    if oom_at is not None:
+    if oom_at is not None or rec_oom is not None:
         rec_util = round(max(util - 0.05, 0.5), 2)
         notes.append(
-            f"modelled CUDA OOM at concurrency {oom_at}: lower gpu_memory_utilization or drop overrides"
+            f"modelled CUDA OOM at concurrency {oom_at or rec_oom}: lower gpu_memory_utilization or "
+            "drop overrides"
         )
-    if first_bad is None:
+    if rec_onset is None and rec_oom is None:
         notes.append("no preemption at any level: the KV pool holds the highest concurrency tried")
-    rec_seqs = last_safe if first_bad is not None else None
+    rec_seqs = rec_safe if (rec_onset is not None or rec_oom is not None) else None
     flags = [f"vllm serve {built.model.name}", f"--max-model-len {advice.max_model_len}"]
     if rec_seqs is not None:
         flags.append(f"--max-num-seqs {rec_seqs}")
     flags.append(f"--gpu-memory-utilization {rec_util:g}")
     if cfg.tensor_parallel_size > 1:
         flags.append(f"--tensor-parallel-size {cfg.tensor_parallel_size}")
+    refused = prompts >= cfg.max_model_len
+    clamped = ~refused & (totals > cfg.max_model_len)
     return PlanResult(
         model=built.model.name,
         gpu=built.gpu.name if built.gpu else None,
@@ -295,5 +416,74 @@ def plan(
         recommended_max_num_seqs=rec_seqs,
         recommended_gpu_memory_utilization=rec_util,
         serve_command=" ".join(flags),
+        trace_requests=int(prompts.size),
+        trace_refused=int(np.count_nonzero(refused)),
+        trace_clamped=int(np.count_nonzero(clamped)),
+        check=check,
+        kv_shortfall=shortfall,
         notes=notes,
     )
+
+
+def kv_shortfall(
+    built: BuiltEngine, options: EngineOptions, total_tokens: Sequence[int] | np.ndarray, *, concurrency: int
+) -> KvShortfall:
+    """Size the KV memory that holds the trace's P99 request, and the changes that provide it."""
+    uncapped = recommend_max_model_len(
+        total_tokens, block_size=built.config.block_size, model_limit=built.model.max_position_embeddings
+    )
+    target = uncapped.max_model_len
+    layout = built.layout
+    blocks_one = blocks_for_tokens(target, layout.block_size)
+    options_found: list[KvOption] = []
+    cfg = built.config
+    base = replace(options, max_model_len=target, num_gpu_blocks=None, kv_cache_memory_bytes=None)
+    gpu_key = _gpu_key(built)
+    candidates: list[tuple[str, EngineOptions]] = []
+    if built.gpu is not None and cfg.gpu_memory_utilization < SAFE_GPU_MEMORY_UTILIZATION:
+        candidates.append((
+            f"--gpu-memory-utilization {SAFE_GPU_MEMORY_UTILIZATION:g}",
+            replace(base, gpu_memory_utilization=SAFE_GPU_MEMORY_UTILIZATION),
+        ))  # fmt: skip
+    if built.gpu is not None:
+        for tp in TP_CHOICES:
+            if tp > cfg.tensor_parallel_size:
+                gpus = f"{tp} × {built.gpu.name}"
+                candidates.append(
+                    (f"--tensor-parallel-size {tp} ({gpus})", replace(base, tensor_parallel_size=tp))
+                )
+        bigger = sorted(
+            (g for g in GPU_PRESETS.items() if g[1].memory_bytes > built.gpu.memory_bytes),
+            key=lambda item: item[1].memory_bytes,
+        )
+        for key, gpu in bigger:
+            if key != gpu_key:
+                candidates.append((f"--gpu {key} ({gpu.name})", replace(base, gpu=key, gpu_memory_gib=None)))
+    seen_kinds: set[str] = set()
+    for change, opts in candidates:
+        kind = change.split(" ", 1)[0]
+        if kind in seen_kinds:
+            continue  # the smallest step of each kind that works is enough
+        try:
+            fitted = build_engine(opts)
+        except ConfigError:
+            continue
+        seen_kinds.add(kind)
+        options_found.append(
+            KvOption(change, fitted.layout.kv_cache_bytes, round(fitted.layout.max_concurrency, 2))
+        )
+    return KvShortfall(
+        target_max_model_len=target,
+        concurrency=concurrency,
+        bytes_for_one=(blocks_one + 1) * layout.block_bytes,
+        bytes_for_concurrency=(blocks_one * concurrency + 1) * layout.block_bytes,
+        available_bytes=layout.kv_cache_bytes,
+        options=options_found,
+    )
+
+
+def _gpu_key(built: BuiltEngine) -> str | None:
+    for key, gpu in GPU_PRESETS.items():
+        if built.gpu is not None and gpu.name == built.gpu.name:
+            return key
+    return None

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from oomload.errors import ConfigError, ExitCode
 
+STATS_SCHEMA = "oomload.trace-stats/1"
+
 if TYPE_CHECKING:
     from oomload.ingest import TraceColumns
     from oomload.stats import TraceStats
@@ -33,7 +35,9 @@ def register(subparsers: Any) -> None:
         description="Turn production logs into a normalized trace: lengths, timing and ids only, never text.",
     )
     build.add_argument("logs", nargs="+", metavar="LOG", help="log files (.gz/.zst allowed), merged by time")
-    build.add_argument("-o", "--out", required=True, help="trace file to write (JSONL)")
+    build.add_argument(
+        "-o", "--out", required=True, help="trace file to write (JSONL; replaced only once complete)"
+    )
     _add_input_flags(build)
     build.add_argument("--strict", action="store_true", help="stop at the first unusable line")
     build.set_defaults(func=run_build)
@@ -49,15 +53,43 @@ def register(subparsers: Any) -> None:
     stats.add_argument("--json", action="store_true", help="print JSON instead of tables")
     stats.add_argument("--plot", metavar="PNG", help="write a histogram picture with the percentiles marked")
     stats.add_argument(
-        "--margin", type=float, default=0.10, help="margin over P99 of total tokens (default 0.1)"
+        "--margin",
+        default="0.1",
+        metavar="FRACTION",
+        help='margin over the P99 of total tokens, a fraction: 0.1 = 10%% ("10%%" is accepted too; '
+        "default 0.1)",
     )
-    stats.add_argument("--round-to", type=int, default=256, help="round max_model_len up to a multiple (256)")
-    stats.add_argument("--block-size", type=int, help="KV block size: also round to a multiple of it")
-    stats.add_argument("--current-max-model-len", type=int, help="today's max_model_len, to compare with")
     stats.add_argument(
-        "--kv-cache-tokens", type=int, help="KV cache size in tokens (vLLM 'GPU KV cache size')"
+        "--round-to",
+        type=int,
+        default=256,
+        metavar="TOKENS",
+        help="round max_model_len up to a multiple of this many tokens (default 256)",
     )
-    stats.add_argument("--model-limit", type=int, help="the model's own context window (caps the advice)")
+    stats.add_argument(
+        "--block-size",
+        type=int,
+        metavar="TOKENS",
+        help="KV block size in tokens: also round to a multiple of it",
+    )
+    stats.add_argument(
+        "--current-max-model-len",
+        type=int,
+        metavar="TOKENS",
+        help="today's max_model_len in tokens, to compare with",
+    )
+    stats.add_argument(
+        "--kv-cache-tokens",
+        type=int,
+        metavar="TOKENS",
+        help="KV cache size in tokens (vLLM's 'GPU KV cache size: N tokens'; caps the advice)",
+    )
+    stats.add_argument(
+        "--model-limit",
+        type=int,
+        metavar="TOKENS",
+        help="the model's own context window in tokens (caps the advice)",
+    )
     stats.set_defaults(func=run_stats)
 
     synth = actions.add_parser(
@@ -65,19 +97,33 @@ def register(subparsers: Any) -> None:
         help="generate a trace from length distributions",
         description="Generate a trace from length distributions (log-normal from P50/P99, fixed, mixes).",
     )
-    synth.add_argument("-o", "--out", required=True, help="trace file to write")
-    synth.add_argument("--count", type=int, required=True, help="number of requests")
+    synth.add_argument(
+        "-o", "--out", required=True, help="trace file to write (JSONL; replaced only once complete)"
+    )
+    synth.add_argument("--count", type=int, required=True, metavar="REQUESTS", help="number of requests")
     synth.add_argument(
         "--input",
         default="lognormal:600:6000",
-        help="prompt length spec: fixed:N | uniform:LO:HI | lognormal:P50:P99[:MAX] | A@W+B@W "
-        "(default lognormal:600:6000)",
+        metavar="SPEC",
+        help="prompt length spec in tokens (each ≥ 1): fixed:N | uniform:LO:HI | lognormal:P50:P99[:MAX] | "
+        "A@W+B@W (default lognormal:600:6000)",
     )
     synth.add_argument(
-        "--output", default="lognormal:200:1000", help="output length spec (default lognormal:200:1000)"
+        "--output",
+        default="lognormal:200:1000",
+        metavar="SPEC",
+        help="output length spec in tokens (each ≥ 1), same forms (default lognormal:200:1000)",
     )
-    synth.add_argument("--rate", type=float, default=None, help="Poisson arrival rate, requests/s")
-    synth.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    synth.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        metavar="RPS",
+        help="Poisson arrival rate in requests/s (default: none, every request arrives at 0 s)",
+    )
+    synth.add_argument(
+        "--seed", type=int, default=0, help="random seed, an integer: same seed, same trace (default 0)"
+    )
     synth.set_defaults(func=run_synth)
 
 
@@ -87,7 +133,9 @@ def _add_input_flags(parser: argparse.ArgumentParser) -> None:
         "--map",
         dest="mapping",
         metavar="KEY=COL,...",
-        help="generic CSV/JSONL: input=COL,output=COL[,time=COL[:s|ms|us|datetime]][,id=,max_tokens=,model=]",
+        help="generic CSV/JSONL: input=COL,output=COL[,time=COL[:s|ms|us|ns|datetime|iso]]"
+        "[,id=,max_tokens=,model=]; input and output hold token counts, time is in seconds unless a "
+        "unit is given",
     )
     parser.add_argument(
         "--tokenizer",
@@ -106,6 +154,24 @@ def _missing_action(parser: argparse.ArgumentParser) -> Any:
     return run
 
 
+def parse_fraction(text: str, flag: str) -> float:
+    """``"0.1"`` or ``"10%"`` → 0.1; ``ConfigError`` for anything else, or outside [0, 1]."""
+    raw = text.strip()
+    percent = raw.endswith("%")
+    try:
+        value = float(raw[:-1] if percent else raw) / (100.0 if percent else 1.0)
+    except ValueError as err:
+        raise ConfigError(
+            f"{flag} must be a fraction such as 0.1 or a percentage such as 10%, got {text!r}"
+        ) from err
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(
+            f"{flag} must be between 0 and 1 (a fraction: 0.1 = 10%), got {text!r}"
+            + (f"; for {value:g}% write {value / 100:g} or {value:g}%" if 1 < value <= 100 else "")
+        )
+    return value
+
+
 def _input_options(args: argparse.Namespace) -> dict[str, Any]:
     from oomload.ingest import load_token_counter, parse_mapping
 
@@ -117,8 +183,9 @@ def _input_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from oomload.ingest import build_trace
+    from oomload.ingest import build_trace, check_output_path
 
+    check_output_path(args.out)  # before the tokenizer is loaded or any input is read
     result = build_trace(args.logs, args.out, strict=args.strict, **_input_options(args))
     print(
         f"wrote {result.records_written} requests to {result.out_path} "
@@ -143,29 +210,32 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from oomload.ingest import load_columns
+    from oomload.ingest import check_output_path, load_columns
     from oomload.stats import summarize_trace
 
     for name in ("round_to", "block_size", "current_max_model_len", "kv_cache_tokens", "model_limit"):
         value = getattr(args, name)
         if value is not None and value <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-    if args.margin < 0:
-        raise ConfigError(f"--margin must be ≥ 0, got {args.margin}")
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of tokens, got {value}")
+    margin = parse_fraction(args.margin, "--margin")
+    if args.plot:
+        check_output_path(args.plot, example="lengths.png")
     columns = load_columns(args.inputs, **_input_options(args))
     stats = summarize_trace(
         columns.arrival_s,
         columns.prompt_tokens,
         columns.output_tokens,
         columns.ok,
-        margin=args.margin,
+        margin=margin,
         round_to=args.round_to,
         block_size=args.block_size,
         model_limit=args.model_limit,
         kv_cache_tokens=args.kv_cache_tokens,
         current_max_model_len=args.current_max_model_len,
     )
-    document = stats_document(stats, args.inputs, columns)
+    document = stats_document(
+        stats, args.inputs, columns, model_limit=args.model_limit, kv_cache_tokens=args.kv_cache_tokens
+    )
     if args.plot:
         plot_lengths(args.plot, columns.prompt_tokens, columns.output_tokens)
     if args.json:
@@ -177,11 +247,25 @@ def run_stats(args: argparse.Namespace) -> int:
     return int(ExitCode.OK)
 
 
-def stats_document(stats: TraceStats, inputs: list[str], columns: TraceColumns) -> dict[str, Any]:
-    """The ``--json`` shape of ``trace stats`` (documented in docs/trace.md)."""
+def stats_document(
+    stats: TraceStats,
+    inputs: list[str],
+    columns: TraceColumns,
+    *,
+    model_limit: int | None = None,
+    kv_cache_tokens: int | None = None,
+) -> dict[str, Any]:
+    """The ``--json`` shape of ``trace stats`` (schema ``STATS_SCHEMA``, documented in docs/trace.md).
+
+    Shares are fractions (0.25 = 25 %) and their keys end in ``_fraction``.
+    """
+    from oomload.stats import round_up
+
     advice = stats.advice
     alignment = columns.alignment
+    implied = round_up(max(advice.basis_tokens * (1.0 + advice.margin), 1.0), advice.round_to)
     return {
+        "schema": STATS_SCHEMA,
         "inputs": list(inputs),
         "formats": list(columns.formats),
         "tokenizer": columns.tokenizer,
@@ -195,15 +279,20 @@ def stats_document(stats: TraceStats, inputs: list[str], columns: TraceColumns) 
         "prompt_tokens": stats.prompt.as_dict(),
         "output_tokens": stats.output.as_dict(),
         "total_tokens": stats.total.as_dict(),
-        "share_above": {str(limit): share for limit, share in stats.above_limits.items()},
+        "share_above_fraction": {str(limit): share for limit, share in stats.above_limits.items()},
         "max_model_len": {
             "recommended": advice.max_model_len,
+            "implied_by_trace": implied,
             "basis": f"P{advice.basis_percentile:g} of total tokens",
             "basis_tokens": advice.basis_tokens,
-            "margin": advice.margin,
+            "margin_fraction": advice.margin,
             "round_to": advice.round_to,
             "capped_by_model_limit": advice.capped_by_model_limit,
-            "refused_share": advice.refused_share,
+            "model_limit": model_limit,
+            "capped_by_kv_cache": advice.capped_by_kv_cache,
+            "kv_cache_tokens": kv_cache_tokens,
+            "kept_current": advice.kept_current,
+            "refused_fraction": advice.refused_share,
             "refused_count": advice.refused_count,
             "max_concurrency": advice.max_concurrency,
             "current_max_model_len": advice.current_max_model_len,
@@ -249,17 +338,46 @@ def _print_stats(doc: dict[str, Any]) -> None:
         )
     console.print(lengths)
 
-    shares = ", ".join(f">{int(limit) // 1024}K: {share:.2%}" for limit, share in doc["share_above"].items())
+    shares = ", ".join(
+        f">{int(limit) // 1024}K: {share:.2%}" for limit, share in doc["share_above_fraction"].items()
+    )
     console.print(f"Share of requests above context limits (total tokens): {shares}")
-    advice = doc["max_model_len"]
-    lines = [
-        f"max_model_len the trace implies: [bold]{advice['recommended']:,}[/bold] "
-        f"({advice['basis']} = {advice['basis_tokens']:,.0f} + {advice['margin']:.0%} margin, "
-        f"rounded up to a multiple of {advice['round_to']})",
-        f"  would refuse {advice['refused_count']:,} requests ({advice['refused_share']:.2%} of the trace)",
-    ]
+    for line in advice_lines(doc["max_model_len"]):
+        console.print(line, highlight=False)
+
+
+def advice_lines(advice: dict[str, Any]) -> list[str]:
+    """Terminal lines of the ``max_model_len`` advice: the arithmetic, then what limited it, if anything."""
+    implied, recommended = advice["implied_by_trace"], advice["recommended"]
+    arithmetic = (
+        f"{advice['basis']} = {advice['basis_tokens']:,.0f} + {advice['margin_fraction']:.0%} margin, "
+        f"rounded up to a multiple of {advice['round_to']}"
+    )
+    if recommended == implied:
+        lines = [f"max_model_len the trace implies: [bold]{recommended:,}[/bold] ({arithmetic})"]
+    else:
+        lines = [
+            f"max_model_len to use: [bold]{recommended:,}[/bold]; "
+            f"the trace alone implies {implied:,} ({arithmetic})"
+        ]
     if advice["capped_by_model_limit"]:
-        lines.append("  capped by the model's context limit (--model-limit)")
+        lines.append(
+            f"  capped at the model's context limit {advice['model_limit']:,} tokens (--model-limit)"
+        )
+    if advice["capped_by_kv_cache"]:
+        lines.append(
+            f"  capped at {recommended:,}: the KV cache holds {advice['kv_cache_tokens']:,} tokens, and vLLM "
+            "refuses to start when one max_model_len request does not fit (--kv-cache-tokens)"
+        )
+    if advice["kept_current"]:
+        lines.append(
+            f"  kept at the current {advice['current_max_model_len']:,}: it already covers the "
+            f"{advice['basis']} ({advice['basis_tokens']:,.0f}); raising it would only lower the "
+            "worst-case concurrency"
+        )
+    lines.append(
+        f"  would refuse {advice['refused_count']:,} requests ({advice['refused_fraction']:.2%} of the trace)"
+    )
     if advice["max_concurrency"] is not None:
         lines.append(f"  full-length sequences that fit in the KV cache: {advice['max_concurrency']:,.2f}")
     if advice["freed_concurrency"] is not None:
@@ -268,8 +386,7 @@ def _print_stats(doc: dict[str, Any]) -> None:
             f"{advice['current_max_concurrency']:,.2f} → {advice['max_concurrency']:,.2f} "
             f"({advice['freed_concurrency']:+,.2f} concurrent sequences)"
         )
-    for line in lines:
-        console.print(line)
+    return lines
 
 
 def plot_lengths(path: str, prompt_tokens: Any, output_tokens: Any) -> None:
@@ -280,6 +397,7 @@ def plot_lengths(path: str, prompt_tokens: Any, output_tokens: Any) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from oomload.ingest import TraceScratch, check_output_path
     from oomload.stats import PERCENTILE_METHOD, PERCENTILES
 
     prompt = np.asarray(prompt_tokens)
@@ -302,19 +420,24 @@ def plot_lengths(path: str, prompt_tokens: Any, output_tokens: Any) -> None:
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle(f"Request lengths ({len(prompt):,} requests; {PERCENTILE_METHOD})")
     try:
-        fig.savefig(path, dpi=110)
-    except OSError as err:
-        raise ConfigError(f"cannot write the plot to {path} ({err.strerror or err})") from err
+        with TraceScratch(check_output_path(path, example="lengths.png")) as scratch:
+            try:
+                fig.savefig(scratch.final, dpi=110, format="png")
+            except OSError as err:
+                raise ConfigError(f"cannot write the plot to {path} ({err.strerror or err})") from err
+            scratch.commit()
     finally:
         plt.close(fig)
 
 
 def run_synth(args: argparse.Namespace) -> int:
+    from oomload.ingest import check_output_path, write_trace_file
     from oomload.synth import describe_spec, parse_length_spec, synthesize
-    from oomload.trace import TraceHeader, write_trace
+    from oomload.trace import TraceHeader
 
-    prompt = parse_length_spec(args.input)
-    output = parse_length_spec(args.output)
+    check_output_path(args.out)
+    prompt = parse_length_spec(args.input, name="--input")
+    output = parse_length_spec(args.output, name="--output")
     records = synthesize(args.count, prompt, output, rate_rps=args.rate, seed=args.seed)
     header = TraceHeader(
         source=(),
@@ -329,6 +452,6 @@ def run_synth(args: argparse.Namespace) -> int:
             }
         },
     )
-    written = write_trace(args.out, records, header)
+    written = write_trace_file(args.out, records, header)
     print(f"wrote {written} synthetic requests to {args.out}")
     return int(ExitCode.OK)

@@ -20,6 +20,7 @@ from oomload.ingest.mapping import ColumnMapping, parse_mapping
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource
 from oomload.ingest.tokens import TokenCounter, load_token_counter
+from oomload.ingest.writer import TraceScratch, check_output_path, write_trace_file
 
 __all__ = [
     "FORMATS",
@@ -32,12 +33,15 @@ __all__ = [
     "SkipLog",
     "TokenCounter",
     "TraceColumns",
+    "TraceScratch",
     "align_clocks",
     "build_trace",
+    "check_output_path",
     "detect_format",
     "iter_records",
     "load_columns",
     "load_token_counter",
     "parse_mapping",
     "plan_inputs",
+    "write_trace_file",
 ]

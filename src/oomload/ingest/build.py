@@ -39,7 +39,7 @@ from oomload.ingest.source import LogSource
 from oomload.ingest.tabular import AZURE, BURSTGPT, CsvLayout, check_layout, read_csv_batches
 from oomload.ingest.tokens import TokenCounter
 from oomload.ingest.vllm_log import read_vllm_records
-from oomload.ingest.writer import TraceScratch, finish_trace, write_body
+from oomload.ingest.writer import TraceScratch, check_output_path, finish_trace, write_body
 from oomload.trace import TraceHeader, TraceRecord, iter_trace
 
 
@@ -206,21 +206,26 @@ def build_trace(
     counter: TokenCounter | None = None,
     strict: bool = False,
 ) -> BuildResult:
-    """Read the logs, write a trace to ``out``; raises ``TraceFormatError`` when nothing usable was found."""
+    """Read the logs, write a trace to ``out``; raises ``TraceFormatError`` when nothing usable was found.
+
+    A bad output path (a directory, a device, an uncreatable parent) is refused before any input is
+    read (``ConfigError``); ``out`` is replaced only once the whole trace is written.
+    """
+    out = check_output_path(out)
     plans = plan_inputs(paths, format=format, mapping=mapping)
     formats = tuple(dict.fromkeys(plan.format for plan in plans))
     tokenizer = None if counter is None else counter.name
     meters = [ClockMeter() for _ in plans] if len(plans) > 1 else None
     alignment = None
-    with TraceScratch(Path(out)) as scratch:
+    with TraceScratch(out) as scratch:
         skips = SkipLog(strict=strict)
-        written = write_body(scratch.body, iter_batches(plans, skips, counter, meters=meters))
+        written = write_body(scratch, iter_batches(plans, skips, counter, meters=meters))
         if meters is not None:
             alignment = align_inputs(meters)
             if not alignment.shared:  # second pass: each input on its own start
                 skips = SkipLog(strict=strict)
                 batches = iter_batches(plans, skips, counter, offsets_s=alignment.offsets_s)
-                written = write_body(scratch.body, batches)
+                written = write_body(scratch, batches)
         if written.count == 0:
             raise TraceFormatError(nothing_usable(skips), ", ".join(str(p) for p in paths))
         header = TraceHeader(

@@ -7,15 +7,20 @@
    after the last batch — into the final scratch file, then appends the body: copied as is when it
    was in time order, otherwise read back in columns (a few hundred bytes per request), sorted by
    time (stable) and rebased on the earliest request. The scratch file is then renamed into place,
-   so a failed build never leaves a half-written trace.
+   so a failed build never leaves a half-written trace and never damages an older file at that path.
 
-``TraceScratch`` names the two scratch files next to the output and removes them whatever happens.
+``check_output_path`` refuses an output path that cannot be a trace file (a directory, a device, a
+parent that cannot be created) before any input is read. ``TraceScratch`` creates the two scratch
+files with unique hidden names in the output's own directory (so the rename is atomic), renames the
+final one into place on ``commit`` and removes both whatever happens. Every ``OSError`` while writing
+becomes a ``ConfigError`` naming the output path (``output_error``): one sentence, exit 2.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +33,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
+from oomload.errors import ConfigError
 from oomload.ingest.columns import TRACE_SCHEMA, format_lines, lines_bytes, make_batch
-from oomload.trace import TraceHeader
+from oomload.trace import TraceHeader, TraceRecord, write_trace
 
 COPY_BYTES = 4 * 1024 * 1024
 
@@ -42,38 +48,105 @@ class BodyWritten:
     in_order: bool
 
 
-@dataclass(frozen=True, slots=True)
-class TraceScratch:
-    """The scratch files of one build (``with`` removes them, whether the build succeeded or not)."""
+def output_error(out: Path, err: OSError) -> ConfigError:
+    """One sentence for an ``OSError`` met while writing ``out``."""
+    if isinstance(err, IsADirectoryError):
+        return ConfigError(f"cannot write to {out}: it is a directory; name a file")
+    reason = err.strerror or str(err) or type(err).__name__
+    return ConfigError(f"cannot write to {out}: {reason}")
 
-    out: Path
+
+def check_output_path(out: str | Path, example: str = "trace.jsonl") -> Path:
+    """``out`` as a ``Path`` once it can be an output file: not a directory or device; parents created.
+
+    ``example`` is the file name suggested when ``out`` is a directory.
+    """
+    if not str(out).strip():
+        raise ConfigError(f"the output path is empty; name a file, e.g. {example}")
+    path = Path(out)
+    if path.is_dir():
+        raise ConfigError(f"cannot write to {path}: it is a directory; name a file, e.g. {path / example}")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"cannot write to {path}: it exists and is not a regular file (a device or a pipe)")
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as err:
+        raise ConfigError(f"cannot write to {path}: {parent} exists and is not a directory") from err
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise ConfigError(f"cannot write to {path}: cannot create the directory {parent} ({reason})") from err
+    if not parent.is_dir():
+        raise ConfigError(f"cannot write to {path}: {parent} is not a directory")
+    return path
+
+
+class TraceScratch:
+    """The scratch files of one output (``with`` removes them, whether the write succeeded or not)."""
+
+    __slots__ = ("_body", "_final", "out")
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self._body: Path | None = None
+        self._final: Path | None = None
 
     @property
     def body(self) -> Path:
-        return self.out.with_name(self.out.name + ".body.tmp")
+        if self._body is None:
+            raise RuntimeError("TraceScratch used outside its with block")
+        return self._body
 
     @property
     def final(self) -> Path:
-        return self.out.with_name(self.out.name + ".tmp")
+        if self._final is None:
+            raise RuntimeError("TraceScratch used outside its with block")
+        return self._final
 
     def __enter__(self) -> TraceScratch:
-        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.out = check_output_path(self.out)
+        try:
+            self._body = self._create(".body.tmp")
+            self._final = self._create(".tmp")
+        except OSError as err:
+            self._remove()
+            raise output_error(self.out, err) from err
         return self
+
+    def commit(self) -> None:
+        """Rename the final scratch file onto the output (readable as a normal new file would be)."""
+        try:
+            if self.out.is_file():
+                shutil.copymode(self.out, self.final)
+            else:
+                os.chmod(self.final, 0o644)
+            os.replace(self.final, self.out)
+        except OSError as err:
+            raise output_error(self.out, err) from err
 
     def __exit__(
         self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
     ) -> None:
-        for temp in (self.body, self.final):
-            temp.unlink(missing_ok=True)
+        self._remove()
+
+    def _create(self, suffix: str) -> Path:
+        fd, name = tempfile.mkstemp(prefix=f".{self.out.name}.", suffix=suffix, dir=self.out.parent)
+        os.close(fd)
+        return Path(name)
+
+    def _remove(self) -> None:
+        for temp in (self._body, self._final):
+            if temp is not None:
+                temp.unlink(missing_ok=True)
 
 
-def write_body(body_path: Path, batches: Iterable[pa.Table]) -> BodyWritten:
-    """Render ``batches`` as trace lines into ``body_path`` (overwritten), origin = the first request."""
+def write_body(scratch: TraceScratch, batches: Iterable[pa.Table]) -> BodyWritten:
+    """Render ``batches`` as trace lines into ``scratch.body`` (overwritten), origin = the first request."""
     count = 0
     origin_s: float | None = None
     last_s = -np.inf
     in_order = True
-    with open(body_path, "wb") as body:
+    with _open_scratch(scratch.body, scratch.out) as body:
         for batch in batches:
             times = np.asarray(batch.column("time_s"), dtype=np.float64)
             if origin_s is None:
@@ -81,21 +154,35 @@ def write_body(body_path: Path, batches: Iterable[pa.Table]) -> BodyWritten:
             if in_order and (times[0] < last_s or (len(times) > 1 and bool((np.diff(times) < 0).any()))):
                 in_order = False
             last_s = max(last_s, float(times.max()))
-            body.write(lines_bytes(format_lines(batch, origin_s=origin_s, first_index=count)))
+            lines = lines_bytes(format_lines(batch, origin_s=origin_s, first_index=count))
+            try:
+                body.write(lines)
+            except OSError as err:
+                raise output_error(scratch.out, err) from err
             count += batch.num_rows
     return BodyWritten(count, in_order)
 
 
+def _open_scratch(path: Path, out: Path) -> IO[bytes]:
+    try:
+        return open(path, "wb")
+    except OSError as err:
+        raise output_error(out, err) from err
+
+
 def finish_trace(scratch: TraceScratch, header: TraceHeader, written: BodyWritten) -> None:
     """Header + body (sorted when it was not in time order) into ``scratch.out``, atomically."""
-    with open(scratch.final, "wb") as final:
-        final.write(orjson.dumps(header.to_json()) + b"\n")
-        if written.in_order:
-            with open(scratch.body, "rb") as body_in:
-                shutil.copyfileobj(body_in, final, COPY_BYTES)
-        else:
-            _write_sorted(scratch.body, final)
-    os.replace(scratch.final, scratch.out)
+    try:
+        with open(scratch.final, "wb") as final:
+            final.write(orjson.dumps(header.to_json()) + b"\n")
+            if written.in_order:
+                with open(scratch.body, "rb") as body_in:
+                    shutil.copyfileobj(body_in, final, COPY_BYTES)
+            else:
+                _write_sorted(scratch.body, final)
+    except OSError as err:
+        raise output_error(scratch.out, err) from err
+    scratch.commit()
 
 
 def _write_sorted(body_path: Path, final: IO[bytes]) -> None:
@@ -106,3 +193,15 @@ def _write_sorted(body_path: Path, final: IO[bytes]) -> None:
     batch = make_batch(table.num_rows, time_s=table.column("arrival_s"), **columns)
     origin_s = float(pc.min(table.column("arrival_s")).as_py())
     final.write(lines_bytes(format_lines(batch, origin_s=origin_s, first_index=0)))
+
+
+def write_trace_file(out: str | Path, records: Iterable[TraceRecord], header: TraceHeader) -> int:
+    """``oomload.trace.write_trace`` into ``out`` through a scratch file renamed into place."""
+    with TraceScratch(check_output_path(out)) as scratch:
+        try:
+            with open(scratch.final, "w", encoding="utf-8") as final:
+                count = write_trace(final, records, header)
+        except OSError as err:
+            raise output_error(scratch.out, err) from err
+        scratch.commit()
+    return count

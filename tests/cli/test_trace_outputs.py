@@ -1,0 +1,159 @@
+"""``oomload trace``: output-path problems, flag parsing and the stated limits of the max_model_len advice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oomload.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "traces" / "sample-fixed.jsonl"  # 64 requests of 256 + 256 tokens
+MOONCAKE = '{"timestamp": %d, "input_length": %d, "output_length": 3}\n'
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(MOONCAKE % (i * 1000, 7000 + i) for i in range(100)))
+    return path
+
+
+def one_error_line(err: str) -> str:
+    assert err.startswith("oomload: error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("command", ["build", "synth"])
+def test_output_paths_that_cannot_be_files_exit_2_with_one_sentence(
+    command: str, log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    cases = {
+        str(tmp_path): "is a directory; name a file",
+        str(blocker / "y.jsonl"): "exists and is not a directory",
+        "/dev/null": "is not a regular file",
+        "": "output path is empty",
+    }
+    for out, message in cases.items():
+        argv = ["trace", "build", str(log)] if command == "build" else ["trace", "synth", "--count", "3"]
+        code, _, err = run([*argv, "-o", out], capsys)
+        assert code == 2 and message in one_error_line(err), (out, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "log.jsonl"]  # no scratch file left
+
+
+def test_a_failed_build_keeps_the_old_trace_and_leaves_no_scratch(
+    log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out" / "trace.jsonl"
+    assert run(["trace", "build", str(log), "-o", str(out)], capsys)[0] == 0
+    good = out.read_bytes()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("garbage\n")
+    code, _, err = run(["trace", "build", str(bad), "-o", str(out)], capsys)
+    assert code == 2 and "cannot tell the log format" in one_error_line(err)
+    assert out.read_bytes() == good and [p.name for p in out.parent.iterdir()] == ["trace.jsonl"]
+    code, _, err = run(["trace", "synth", "-o", str(out), "--count", "3", "--input", "fixed:0"], capsys)
+    assert code == 2 and out.read_bytes() == good
+
+
+def test_plot_to_a_directory_is_refused_before_reading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, stdout, err = run(["trace", "stats", str(SAMPLE), "--plot", str(tmp_path)], capsys)
+    assert code == 2 and "is a directory" in one_error_line(err) and stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("margin", "recommended"), [("0.5", 768), ("50%", 768), (" 0 ", 512), ("100%", 1024)]
+)
+def test_margin_is_a_fraction_or_a_percentage(
+    margin: str, recommended: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, stdout, _ = run(["trace", "stats", str(SAMPLE), "--json", "--margin", margin], capsys)
+    assert code == 0 and json.loads(stdout)["max_model_len"]["recommended"] == recommended
+
+
+@pytest.mark.parametrize(
+    ("margin", "message"), [("10", "write 0.1 or 10%"), ("ten", "a fraction such as 0.1")]
+)
+def test_bad_margins_are_one_sentence(margin: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["trace", "stats", str(SAMPLE), "--margin", margin], capsys)
+    assert code == 2 and message in one_error_line(err)
+
+
+def test_unknown_time_unit_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "any.csv"
+    path.write_text("c,a,b\n1,2,3\n")
+    code, _, err = run(["trace", "stats", str(path), "--map", "input=a,output=b,time=c:fortnights"], capsys)
+    assert code == 2 and "unknown time unit 'fortnights'" in one_error_line(err)
+
+
+def test_a_damaged_gz_is_called_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "log.jsonl.gz"
+    path.write_bytes(bytes(range(156, 256)))  # 100 bytes, no gzip signature, not text
+    code, _, err = run(["trace", "build", str(path), "-o", str(tmp_path / "t.jsonl")], capsys)
+    assert code == 2 and "is a damaged gzip file" in one_error_line(err)
+
+
+def advice(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, object], str]:
+    code, stdout, _ = run(["trace", "stats", *argv, "--json"], capsys)
+    assert code == 0
+    doc = json.loads(stdout)
+    code, table, _ = run(["trace", "stats", *argv], capsys)
+    assert code == 0
+    return doc["max_model_len"], " ".join(table.split())
+
+
+def test_capped_and_kept_advice_says_so(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # totals 7003..7102: P99 = 7101, × 1.1 = 7811.1 → 7936 (31 × 256)
+    plain, text = advice([str(log)], capsys)
+    assert plain["recommended"] == plain["implied_by_trace"] == 7936
+    assert (
+        "max_model_len the trace implies: 7,936" in text and "capped at" not in text and "kept at" not in text
+    )
+
+    capped, text = advice([str(log), "--model-limit", "4096"], capsys)
+    assert capped["recommended"] == 4096 and capped["implied_by_trace"] == 7936
+    assert capped["capped_by_model_limit"] and capped["model_limit"] == 4096
+    assert capped["refused_count"] == 100 and capped["refused_fraction"] == 1.0
+    assert "max_model_len to use: 4,096; the trace alone implies 7,936" in text
+    assert "capped at the model's context limit 4,096 tokens" in text
+
+    kv, text = advice([str(log), "--kv-cache-tokens", "7500", "--block-size", "16"], capsys)
+    assert kv["recommended"] == 7488 and kv["capped_by_kv_cache"] and kv["kv_cache_tokens"] == 7500
+    assert "capped at 7,488: the KV cache holds 7,500 tokens" in text
+
+    kept, text = advice([str(log), "--current-max-model-len", "7200"], capsys)
+    assert kept["recommended"] == 7200 and kept["kept_current"] and kept["implied_by_trace"] == 7936
+    assert "kept at the current 7,200: it already covers the P99" in text
+
+
+def test_every_numeric_trace_flag_states_its_unit(capsys: pytest.CaptureFixture[str]) -> None:
+    for action in ("stats", "synth"):
+        with pytest.raises(SystemExit):
+            main(["trace", action, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        if action == "stats":
+            assert "a fraction: 0.1 = 10%" in text
+            for flag in (
+                "--round-to",
+                "--block-size",
+                "--current-max-model-len",
+                "--kv-cache-tokens",
+                "--model-limit",
+            ):
+                assert f"{flag} TOKENS" in text
+        else:
+            assert "--rate RPS Poisson arrival rate in requests/s (default: none" in text
+            assert "--count REQUESTS" in text and "length spec in tokens" in text

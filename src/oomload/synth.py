@@ -12,6 +12,9 @@ spec                                  meaning
 ``A@W1+B@W2+…``                       a mix: each request draws from part ``A`` with weight ``W1``, …
 ====================================  =====================================================================
 
+Every length is at least 1 token: a request needs a prompt token (vLLM rejects an empty prompt) and an
+output of 0 tokens generates nothing, so ``fixed:0`` and ``uniform:0:HI`` are refused.
+
 Log-normal from two quantiles: if ``ln X ~ N(μ, σ²)`` then ``P50 = e^μ`` and ``P99 = e^(μ + z·σ)`` with
 ``z = Φ⁻¹(0.99) ≈ 2.3263``, so ``μ = ln P50`` and ``σ = (ln P99 − ln P50) / z``. The sample's own
 nearest-rank percentiles converge to the targets as the count grows (for a few hundred requests the
@@ -82,8 +85,17 @@ SPEC_HELP = (
 )
 
 
-def parse_length_spec(text: str) -> LengthMix:
-    """Parse a length spec (see the module docstring); raises ``ConfigError`` naming the bad part."""
+ZERO_LENGTH_REASONS = {
+    "--input": "a request needs at least one prompt token; vLLM rejects empty prompts",
+    "--output": "a request that generates 0 tokens puts no decode load on the server",
+}
+
+
+def parse_length_spec(text: str, *, name: str = "length spec") -> LengthMix:
+    """Parse a length spec (see the module docstring); raises ``ConfigError`` naming the bad part.
+
+    ``name`` (e.g. ``"--input"``) starts the message about a length below 1 token.
+    """
     parts: list[LengthPart] = []
     weights: list[float] = []
     pieces = [p.strip() for p in text.split("+")]
@@ -100,7 +112,13 @@ def parse_length_spec(text: str) -> LengthMix:
             raise ConfigError(f"every part of a mix needs a weight (PART@WEIGHT), {piece!r} has none")
         else:
             weight = 1.0
-        parts.append(_parse_part(spec, text))
+        part = _parse_part(spec, text)
+        if _min_tokens(part) < 1:
+            why = ZERO_LENGTH_REASONS.get(name, " and ".join(ZERO_LENGTH_REASONS.values()))
+            raise ConfigError(
+                f"{name} {text!r}: {spec!r} allows 0-token requests; lengths must be ≥ 1 ({why})"
+            )
+        parts.append(part)
         weights.append(weight)
     return LengthMix(tuple(parts), tuple(weights))
 
@@ -129,6 +147,14 @@ def _parse_part(spec: str, text: str) -> LengthPart:
             raise ConfigError(f"lognormal MAX must be ≥ 1, got {spec!r}")
         return LogNormalLength(p50, p99, cap)
     raise ConfigError(f"unknown length spec {spec!r}; use {SPEC_HELP}")
+
+
+def _min_tokens(part: LengthPart) -> float:
+    if isinstance(part, FixedLength):
+        return part.tokens
+    if isinstance(part, UniformLength):
+        return part.low_tokens
+    return 1  # log-normal draws are rounded to integers ≥ 1
 
 
 def sample_lengths(mix: LengthMix, count: int, rng: np.random.Generator) -> IntArray:

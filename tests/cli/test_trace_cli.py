@@ -67,8 +67,11 @@ def test_stats_json_and_plot(log: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert doc["percentile_method"].startswith("nearest-rank")
     assert doc["total_tokens"]["p50"] == 23 and doc["total_tokens"]["max"] == 9003
     assert doc["arrivals"]["span_s"] == 4.0 and doc["arrivals"]["mean_rps"] == 0.5
-    assert doc["share_above"]["8192"] == pytest.approx(1 / 3)
+    assert doc["schema"] == "oomload.trace-stats/1"
+    assert doc["share_above_fraction"]["8192"] == pytest.approx(1 / 3)
     advice = doc["max_model_len"]
+    assert advice["implied_by_trace"] == advice["recommended"] and advice["margin_fraction"] == 0.1
+    assert not (advice["capped_by_model_limit"] or advice["capped_by_kv_cache"] or advice["kept_current"])
     assert (
         advice["recommended"] == 9984 and advice["round_to"] == 768
     )  # 9003 × 1.1 = 9903 → 13 × lcm(256, 96)

@@ -11,6 +11,7 @@ from oomload.errors import ConfigError
 from oomload.synth import (
     FixedLength,
     LogNormalLength,
+    UniformLength,
     describe_spec,
     parse_length_spec,
     poisson_arrivals,
@@ -50,6 +51,20 @@ def test_parse_specs_round_trip() -> None:
 def test_bad_specs_are_config_errors(spec: str) -> None:
     with pytest.raises(ConfigError):
         parse_length_spec(spec)
+
+
+@pytest.mark.parametrize(
+    ("name", "spec", "why"),
+    [
+        ("--input", "fixed:0", "vLLM rejects empty prompts"),
+        ("--input", "lognormal:600:6000@0.9+uniform:0:4@0.1", "vLLM rejects empty prompts"),
+        ("--output", "fixed:0", "no decode load"),
+    ],
+)
+def test_zero_token_lengths_are_refused(name: str, spec: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{name} .*allows 0-token requests; lengths must be ≥ 1 .*{why}"):
+        parse_length_spec(spec, name=name)
+    assert parse_length_spec("uniform:1:4").parts == (UniformLength(1, 4),)
 
 
 def test_lognormal_hits_its_quantiles_at_scale() -> None:

@@ -1,10 +1,11 @@
 """Any CSV or JSONL log through an explicit column mapping: ``--map input=COL,output=COL,time=COL``.
 
 Keys: ``input`` and ``output`` (token counts, required), ``time`` (optional; seconds by default,
-``time=COL:ms`` / ``:us`` / ``:ns`` for other units, ``:datetime`` for ISO-8601 text — detected
-from the first value when no unit is given), and optional ``id``, ``max_tokens``, ``model``, ``ok``
-(a boolean or an HTTP status column). In JSONL a column may be a dotted path into nested objects
-(``usage.prompt_tokens``). A mapping that names a column the file lacks is refused before anything
+``time=COL:ms`` / ``:us`` / ``:ns`` for other units, ``:datetime`` (or ``:iso``) for ISO-8601 text —
+detected from the first value when no unit is given; the text after the last ``:`` must be a unit,
+so a time column whose name holds ``:`` is written with its unit, ``time=a:b:s``), and optional
+``id``, ``max_tokens``, ``model``, ``ok`` (a boolean or an HTTP status column). In JSONL a column
+may be a dotted path into nested objects (``usage.prompt_tokens``). A mapping that names a column the file lacks is refused before anything
 is read, with the file's actual columns listed.
 """
 
@@ -23,6 +24,8 @@ from oomload.ingest.tabular import TIME_UNITS_S, CsvLayout, check_layout, csv_he
 from oomload.trace import TraceRecord
 
 MAP_KEYS = ("input", "output", "time", "id", "max_tokens", "model", "ok")
+TIME_UNIT_ALIASES = {"iso": "datetime"}
+ALLOWED_TIME_UNITS = (*TIME_UNITS_S, "datetime", *TIME_UNIT_ALIASES)
 MAP_HELP = "--map input=COL,output=COL[,time=COL[:s|ms|us|ns|datetime]][,id=COL][,max_tokens=COL][,model=COL]"
 
 
@@ -61,8 +64,16 @@ def parse_mapping(text: str) -> ColumnMapping:
     time_unit = None
     if "time" in fields and ":" in fields["time"]:
         column, _, unit = fields["time"].rpartition(":")
-        if unit in TIME_UNITS_S or unit == "datetime":
-            fields["time"], time_unit = column, unit
+        unit = unit.strip()
+        if unit not in ALLOWED_TIME_UNITS:
+            raise ConfigError(
+                f"unknown time unit {unit!r} in --map time={fields['time']} (allowed: "
+                f"{', '.join(ALLOWED_TIME_UNITS)}; a column whose name holds ':' needs its unit, "
+                "e.g. time=a:b:s)"
+            )
+        if not column.strip():
+            raise ConfigError(f"--map time={fields['time']} names no column before the unit")
+        fields["time"], time_unit = column.strip(), TIME_UNIT_ALIASES.get(unit, unit)
     return ColumnMapping(
         input=fields["input"],
         output=fields["output"],

@@ -4,6 +4,8 @@ Compression is chosen by the file's magic bytes, not its name (``.gz`` = ``1f 8b
 ``28 b5 2f fd``), so a renamed file still reads. zstd needs the optional ``zstandard`` package; without
 it a ``.zst`` input is refused with a sentence saying what to install. Every ``OSError`` on open
 becomes a ``TraceFormatError`` naming the path, so the CLI prints a sentence, never a traceback.
+A compressed stream that fails to decompress is "a damaged gzip/zstd file"; so is a file named
+``.gz`` / ``.zst`` that lacks the signature and does not read as text either (``misnamed``).
 ``iter_json_objects`` is the line loop of the JSONL readers: it yields each line's object and
 counts every other non-blank line as "not a JSON object".
 """
@@ -32,6 +34,16 @@ NOT_JSON_OBJECT = "not a JSON object"
 
 # Errors a decompressing or plain stream raises on a damaged file while being read.
 READ_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, UnicodeDecodeError)
+COMPRESSED_SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """``READ_ERRORS`` plus zstandard's own error class when the package is installed."""
+    try:
+        from zstandard import ZstdError
+    except ImportError:
+        return READ_ERRORS
+    return (*READ_ERRORS, ZstdError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,20 +81,29 @@ class LogSource:
                 "(pip install zstandard, or decompress it first with `zstd -d`)",
                 self.path,
             ) from err
-        raw = self._open_raw()
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
-        return cast(IO[bytes], io.BufferedReader(reader))
+        return cast(IO[bytes], io.BufferedReader(ZstdStream(self._open_raw(), zstandard), 1024 * 1024))
 
     def head(self, max_bytes: int = SNIFF_BYTES) -> bytes:
         """Up to ``max_bytes`` of decompressed content; raises ``TraceFormatError`` when empty or damaged."""
         try:
             with self.open_binary() as fh:
                 data = fh.read(max_bytes)
-        except READ_ERRORS as err:
-            raise TraceFormatError(f"cannot read ({_describe(err)})", self.path) from err
+        except _read_errors() as err:
+            raise self._damaged(err, "cannot read") from err
         if not data.strip():
             raise TraceFormatError("empty file: it holds no requests", self.path)
+        if (named := self.misnamed()) is not None and not _looks_like_text(data):
+            raise TraceFormatError(
+                f"is a damaged {named} file: its name ends in {self.path.suffix} but it does not start "
+                f"with the {named} signature, and it is not text either",
+                self.path,
+            )
         return data
+
+    def misnamed(self) -> str | None:
+        """The compression the file's name promises when its first bytes lack that signature."""
+        named = COMPRESSED_SUFFIXES.get(self.path.suffix.lower())
+        return None if named is None or self.compression() == named else named
 
     def head_lines(self, count: int = 20) -> list[bytes]:
         """The first ``count`` non-blank lines (the last one may be cut if the line is very long)."""
@@ -95,8 +116,8 @@ class LogSource:
             try:
                 for number, line in enumerate(fh, start=1):
                     yield number, line.rstrip(b"\r\n")
-            except READ_ERRORS as err:
-                raise TraceFormatError(f"cannot read to the end ({_describe(err)})", self.path) from err
+            except _read_errors() as err:
+                raise self._damaged(err, "cannot read to the end") from err
 
     def iter_chunks(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, bytes]]:
         """``(number of the chunk's first line, chunk)`` — chunks of whole lines of about ``chunk_bytes``."""
@@ -111,8 +132,17 @@ class LogSource:
                         chunk += fh.readline()
                     yield first_line, chunk
                     first_line += chunk.count(b"\n")
-            except READ_ERRORS as err:
-                raise TraceFormatError(f"cannot read to the end ({_describe(err)})", self.path) from err
+            except _read_errors() as err:
+                raise self._damaged(err, "cannot read to the end") from err
+
+    def _damaged(self, err: BaseException, what: str) -> TraceFormatError:
+        plain = isinstance(err, UnicodeDecodeError) or (
+            isinstance(err, OSError) and not isinstance(err, gzip.BadGzipFile)
+        )
+        kind = None if plain else self.compression()
+        if kind is not None:
+            return TraceFormatError(f"is a damaged {kind} file ({_describe(err)})", self.path)
+        return TraceFormatError(f"{what} ({_describe(err)})", self.path)
 
     def _open_raw(self) -> IO[bytes]:
         try:
@@ -125,6 +155,54 @@ class LogSource:
             raise TraceFormatError("cannot read: permission denied", self.path) from err
         except OSError as err:
             raise TraceFormatError(f"cannot open ({err.strerror or err})", self.path) from err
+
+
+class ZstdStream(io.RawIOBase):
+    """Decompressed zstd frames (one after another) that raise ``EOFError`` when the file stops mid-frame.
+
+    ``zstandard``'s own stream reader returns a truncated file's data without a word; a replay of
+    half a log would then look like a whole one.
+    """
+
+    def __init__(self, raw: IO[bytes], zstandard: Any, chunk_bytes: int = 64 * 1024) -> None:
+        super().__init__()
+        self._raw = raw
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._frame = self._new()
+        self._in_frame = False
+        self._pending = memoryview(b"")
+        self._chunk_bytes = chunk_bytes
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            compressed = self._raw.read(self._chunk_bytes)
+            if not compressed:
+                if self._in_frame:
+                    raise EOFError("the data ends inside a zstd frame")
+                return 0
+            self._pending = memoryview(self._decompress(compressed))
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def _decompress(self, compressed: bytes) -> bytes:
+        parts = []
+        while compressed:
+            parts.append(self._frame.decompress(compressed))
+            self._in_frame = not self._frame.eof
+            if self._in_frame:
+                break
+            compressed = self._frame.unused_data
+            self._frame = self._new()
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def iter_json_objects(source: LogSource, skips: SkipLog) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -142,8 +220,20 @@ def iter_json_objects(source: LogSource, skips: SkipLog) -> Iterator[tuple[int, 
             skips.skip(NOT_JSON_OBJECT, source.name, number)
 
 
+def _looks_like_text(data: bytes) -> bool:
+    if b"\x00" in data:
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return err.start >= len(data) - 4  # a character cut at the end of the sniffed block
+    return True
+
+
 def _describe(err: BaseException) -> str:
-    if isinstance(err, gzip.BadGzipFile | EOFError | zlib.error):
+    if isinstance(err, EOFError):
+        return f"truncated: {err}"
+    if isinstance(err, gzip.BadGzipFile | zlib.error):
         return f"damaged or truncated compressed data: {err}"
     if isinstance(err, UnicodeDecodeError):
         return "not UTF-8 text"

@@ -334,6 +334,19 @@ def test_mapping_naming_a_missing_column_is_refused(tmp_path: Path) -> None:
         parse_mapping("input=a")
 
 
+def test_mapping_time_units() -> None:
+    assert parse_mapping("input=a,output=b,time=t:ms").time_unit == "ms"
+    assert parse_mapping("input=a,output=b,time=t:iso").time_unit == "datetime"
+    both = parse_mapping("input=a,output=b,time=when:utc:s")
+    assert (both.time, both.time_unit) == ("when:utc", "s")
+    with pytest.raises(
+        ConfigError, match=r"unknown time unit 'fortnights' .*allowed: s, ms, us, ns, datetime"
+    ):
+        parse_mapping("input=a,output=b,time=c:fortnights")
+    with pytest.raises(ConfigError, match="names no column"):
+        parse_mapping("input=a,output=b,time=:ms")
+
+
 # --- compression, merging, ordering, detection --------------------------------------------------------
 
 MOONCAKE = '{"timestamp": %d, "input_length": %d, "output_length": 1, "hash_ids": []}\n'
@@ -416,8 +429,44 @@ def test_unreadable_inputs(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError, match="is a directory"):
         build_trace([tmp_path], tmp_path / "out.jsonl")
     broken = write(tmp_path / "broken.jsonl.gz", gzip.compress(((MOONCAKE % (0, 5)) * 2000).encode())[:300])
-    with pytest.raises(TraceFormatError, match="damaged or truncated"):
+    with pytest.raises(TraceFormatError, match=r"is a damaged gzip file \(truncated"):
         build_trace([broken], tmp_path / "out.jsonl")
+
+
+def test_damaged_compressed_inputs_are_named_as_such(tmp_path: Path) -> None:
+    import random
+
+    import zstandard
+
+    noise = random.Random(7).randbytes(100)
+    text = ((MOONCAKE % (0, 5)) * 50_000).encode()
+    cases = {
+        "noise.gz": (noise, "is a damaged gzip file: its name ends in .gz but it does not start"),
+        "noise.zst": (noise, "is a damaged zstd file: its name ends in .zst"),
+        "badframe.gz": (b"\x1f\x8b" + noise, "is a damaged gzip file"),
+        "badframe.zst": (b"\x28\xb5\x2f\xfd" + noise, "is a damaged zstd file"),
+        "cut.zst": (zstandard.ZstdCompressor().compress(text)[:400], r"is a damaged zstd file \(truncated"),
+    }
+    for name, (content, message) in cases.items():
+        with pytest.raises(TraceFormatError, match=message):
+            build_trace([write(tmp_path / name, content)], tmp_path / "out.jsonl")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_zstd_frames_one_after_another_are_all_read(tmp_path: Path) -> None:
+    import zstandard
+
+    one, two = zstandard.ZstdCompressor(), zstandard.ZstdCompressor()
+    frames = one.compress((MOONCAKE % (0, 5)).encode() * 30_000) + two.compress(
+        (MOONCAKE % (1000, 6)).encode()
+    )
+    recs, _ = records(write(tmp_path / "two.zst", frames))
+    assert len(recs) == 30_001 and recs[-1].prompt_tokens == 6
+
+
+def test_a_text_log_named_gz_still_reads(tmp_path: Path) -> None:
+    recs, _ = records(write(tmp_path / "plain.jsonl.gz", MOONCAKE % (0, 5)))
+    assert [r.prompt_tokens for r in recs] == [5]
 
 
 def test_strict_stops_at_the_first_bad_line(tmp_path: Path) -> None:

@@ -5,8 +5,8 @@ Keys: ``input`` and ``output`` (token counts, required), ``time`` (optional; sec
 detected from the first value when no unit is given; the text after the last ``:`` must be a unit,
 so a time column whose name holds ``:`` is written with its unit, ``time=a:b:s``), and optional
 ``id``, ``max_tokens``, ``model``, ``ok`` (a boolean or an HTTP status column). In JSONL a column
-may be a dotted path into nested objects (``usage.prompt_tokens``). A mapping that names a column the file lacks is refused before anything
-is read, with the file's actual columns listed.
+may be a dotted path into nested objects (``usage.prompt_tokens``). A mapping that names a column
+the file lacks is refused before anything is read, with the file's actual columns listed.
 """
 
 from __future__ import annotations

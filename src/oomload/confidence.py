@@ -7,7 +7,8 @@ Warnings (they lower the level):
 * ``concurrency_not_held`` — achieved concurrency below 80 % of the target;
 * ``metrics_missing`` — a step (or the whole run) without a successful ``/metrics`` scrape;
 * ``non_monotone`` — a clean level above the onset; ``noisy_repeat`` — repeats at one level disagree;
-* ``prediction_disagrees`` — the onset is more than one grid level from the arithmetic band.
+* ``prediction_disagrees`` — the onset is more than one grid level from the arithmetic band;
+* ``config_unreadable`` — ``config.json`` is not a readable JSON object.
 
 Information (no effect on the level): ``transport_errors`` (client-side, not casualties of an engine
 death), ``preemption_counter_mismatch``, ``after_death`` (a step that measured a dead server),
@@ -26,9 +27,8 @@ from dataclasses import dataclass
 from oomload.outcome import Outcome
 from oomload.prediction import Prediction
 from oomload.runview import RunView
-from oomload.stepfacts import StepFacts
+from oomload.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, StepFacts
 
-ACHIEVED_CONCURRENCY_MIN_SHARE = 0.8
 CRITICAL = frozenset({"no_steps", "non_monotone", "noisy_repeat", "prediction_disagrees"})
 
 
@@ -57,10 +57,12 @@ def step_notes(steps: Sequence[StepFacts], min_requests: int) -> list[Confidence
         if s.decided_requests < min_requests:
             text = f"finished only {s.decided_requests} request(s) (< {min_requests})"
             notes.append(_warn("few_requests", f"{where} {text}; its numbers are anecdotal", s))
-        held = s.achieved_concurrency
-        if held is not None and held < ACHIEVED_CONCURRENCY_MIN_SHARE * s.concurrency:
-            text = f"the load generator held {held:.1f} requests in flight on average"
-            notes.append(_warn("concurrency_not_held", f"{where}: {text}, far below the target", s))
+        if s.concurrency_held is False:
+            text = f"the load generator held {s.achieved_concurrency:.1f} requests in flight on average"
+            share = f"{ACHIEVED_CONCURRENCY_MIN_SHARE:.0%}"
+            notes.append(
+                _warn("concurrency_not_held", f"{where}: {text}, below {share} of the target: not trusted", s)
+            )
         transport = s.independent(Outcome.TRANSPORT_ERROR)
         if transport:
             text = f"{transport} client-side transport error(s) (connection reset before an answer)"
@@ -126,6 +128,9 @@ def evidence_notes(
 def data_notes(view: RunView) -> list[ConfidenceNote]:
     """Information about what the run directory lacks."""
     notes: list[ConfidenceNote] = []
+    if view.config_note:
+        text = f"{view.config_note}: model, URL, limits and the replay's order are unknown"
+        notes.append(ConfidenceNote("config_unreadable", text))
     if not view.cache_config:
         text = "vllm:cache_config_info was not read: no arithmetic prediction to check the onset against"
         notes.append(ConfidenceNote("no_cache_config", text, severity="info"))

@@ -15,14 +15,26 @@ rules ``METRIC[@CONCURRENCY] OP VALUE`` with OP one of ``<= < >= > ==``, METRIC 
 
 Evidence. A rule passes only on evidence, never on its absence:
 
-* ``no-EVENT-below:N`` passes when no measured level < N shows the event *and* a completed step at
-  concurrency ≥ N-1 was measured with the signal observable (so the highest level the rule covers is
-  vouched for; the event is assumed monotone in concurrency — the refinement pass tests the levels in
-  between). ``up-to:N`` likewise with N. Otherwise it fails (the event was seen) or is *not evaluated*.
-* ``METRIC@C`` needs a completed, non-warmup step at exactly C carrying the metric; with several
-  (repeats) the worst one is judged. No step, a cut-short step, a step in which no request was
-  decided (all cancelled) or a missing metric → not evaluated. Steps after an engine death measured
-  a dead server and are no evidence either way (``Verdict.measured_steps`` leaves them out).
+* ``no-EVENT-below:N`` fails when any measured level < N shows the event — in any step, also one cut
+  short: a failure seen is a failure. It passes only when a *trusted* step (completed, not cut short,
+  and holding ≥ 80 % of its concurrency: ``StepFacts.trusted``) at concurrency ≥ N-1 was measured
+  with the signal observable (so the highest level the rule covers is vouched for; the event is
+  assumed monotone in concurrency — the refinement pass tests the levels in between). ``up-to:N``
+  likewise with N. Otherwise it is *not evaluated*, naming the untrusted steps.
+* ``METRIC@C`` needs a trusted, non-warmup step at exactly C carrying the metric; with several
+  (repeats) the worst one is judged. No step, only cut-short or under-held steps, a step in which no
+  request was decided (all cancelled) or a missing metric → not evaluated — except that a count or
+  peak (``preemptions``, ``max-kv-usage``, ``max-waiting``) that an untrusted step already shows above
+  an upper bound fails (it can only grow with more time), and so does the error rate of the step the
+  engine died in (the death is a failure at that level). Steps after an engine death measured a
+  dead server and are no evidence either way (``Verdict.measured_steps`` leaves them out).
+* A run-wide threshold (``error-rate<=0.1%``, ``max-kv-usage<0.95``, ``preemptions==0``) on a run
+  that was cut short is judged on the part measured: a violation fails, a pass is *not evaluated*
+  (the levels never reached could change it). ``last-safe-concurrency`` is built from trusted steps
+  only and is judged as is.
+
+Values are shown in the rule's own unit (``error-rate<=0.1%`` prints ``0.54 %``); ``observed`` in
+``GateResult.to_json`` is in the metric's base unit, named by ``unit``.
 
 ``gate_exit_code``: any failure → ``GATE_FAILED`` (1); else any rule not evaluated →
 ``GATE_NOT_EVALUATED`` (4); else ``OK``. A missing-evidence rule never turns into a pass.
@@ -67,6 +79,17 @@ PER_STEP_METRICS = (
 )
 RUN_METRICS = ("error-rate", "last-safe-concurrency", "max-kv-usage", "preemptions")
 SHARE_METRICS = ("error-rate", "max-kv-usage")
+MONOTONE_METRICS = ("preemptions", "max-kv-usage", "max-waiting")  # only grow as a step goes on
+UNITS = {
+    "error-rate": "share",
+    "max-kv-usage": "share",
+    "preemptions": "count",
+    "max-waiting": "requests",
+    "req-per-s": "req/s",
+    "output-tokens-per-s": "tokens/s",
+    "achieved-concurrency": "requests",
+    "last-safe-concurrency": "concurrency",
+}
 METRICS: tuple[str, ...] = (
     *(f"{s}-{lat}-{unit}" for s in STATS for lat in LATENCIES for unit in ("ms", "s")),
     *PER_STEP_METRICS,
@@ -110,6 +133,20 @@ class Gate:
     metric: str | None = None  # threshold: a name from METRICS
     op: str | None = None
     threshold: float | None = None
+    percent: bool = False  # the threshold was written in % (values are shown in %)
+
+    @property
+    def unit(self) -> str | None:
+        """The base unit of a threshold rule's metric (``observed`` is in it)."""
+        if self.metric is None:
+            return None
+        return UNITS.get(self.metric, self.metric.rsplit("-", 1)[-1])
+
+    def show(self, value: float) -> str:
+        """A value in the rule's own unit: ``0.54 %`` for a rule written in %, else the number."""
+        if self.percent:
+            return f"{value * 100:.3g} %"
+        return f"{value:.6g}"
 
     @property
     def highest_covered(self) -> int | None:
@@ -132,6 +169,7 @@ class GateResult:
             "status": self.status.value,
             "reason": self.reason,
             "observed": self.observed,
+            "unit": self.gate.unit,
         }
 
 
@@ -178,6 +216,7 @@ def parse_gate(text: str) -> Gate:
         op=threshold["op"],
         threshold=value,
         concurrency=concurrency,
+        percent=threshold["value"].endswith("%"),
     )
 
 
@@ -244,11 +283,8 @@ def _evaluate_absence(gate: Gate, verdict: Verdict) -> GateResult:
     if seen is not None:
         level, detail = seen
         return GateResult(gate, GateStatus.FAIL, f"{detail} at concurrency {level}", observed=float(level))
-    vouching = [
-        s
-        for s in verdict.measured_steps
-        if s.concurrency >= top and not s.cut_short and _observable(gate.event, s)
-    ]
+    above = [s for s in verdict.measured_steps if s.concurrency >= top and _observable(gate.event, s)]
+    vouching = [s for s in above if s.trusted]
     if vouching:
         level = min(s.concurrency for s in vouching)
         clean = not any(_step_shows(gate.event, s, verdict) for s in vouching if s.concurrency == level)
@@ -260,12 +296,19 @@ def _evaluate_absence(gate: Gate, verdict: Verdict) -> GateResult:
             f"clean up to the levels measured below {top}, but the next measured level {level} shows it; "
             f"the onset lies in between — add a step at {top} (refinement pass)",
         )
-    tested = [s.concurrency for s in verdict.measured_steps if not s.cut_short and _observable(gate.event, s)]
+    tested = [s.concurrency for s in verdict.measured_steps if s.trusted and _observable(gate.event, s)]
     reached = (
-        f"the highest completed level with evidence was {max(tested)}"
+        f"the highest trusted level with evidence was {max(tested)}"
         if tested
-        else "no completed step had evidence"
+        else "no trusted step had evidence"
     )
+    untrusted = [d for s in above if (d := s.distrust) is not None]
+    if untrusted:
+        return GateResult(
+            gate,
+            GateStatus.NOT_EVALUATED,
+            f"no trusted evidence at concurrency {top}: {'; '.join(untrusted[:2])}; {reached}",
+        )
     why = "the run did not reach" if not tested or max(tested) < top else "no evidence at"
     return GateResult(gate, GateStatus.NOT_EVALUATED, f"{why} concurrency {top}: {reached}")
 
@@ -322,6 +365,15 @@ def _evaluate_threshold(gate: Gate, verdict: Verdict) -> GateResult:
         where = "over the run"
         if observed is None:
             return GateResult(gate, GateStatus.NOT_EVALUATED, f"{gate.metric} is not available {where}")
+        partial = verdict.run.cut_short and gate.metric != "last-safe-concurrency"
+        if partial and compare(observed, gate.threshold):
+            return GateResult(
+                gate,
+                GateStatus.NOT_EVALUATED,
+                f"{gate.metric} = {gate.show(observed)} over the part measured, but the run was cut short "
+                f"({verdict.run.cut_short_detail}): the levels it never reached could change it",
+                observed=observed,
+            )
     else:
         steps = verdict.steps_at(gate.concurrency)
         if not steps:
@@ -331,20 +383,28 @@ def _evaluate_threshold(gate: Gate, verdict: Verdict) -> GateResult:
                 GateStatus.NOT_EVALUATED,
                 f"no step at concurrency {gate.concurrency} (measured: {levels})",
             )
-        complete = [s for s in steps if not s.cut_short and s.decided_requests > 0]
+        where = f"at concurrency {gate.concurrency}"
+        complete = [s for s in steps if s.trusted and s.decided_requests > 0]
         if not complete:
-            return GateResult(
-                gate,
-                GateStatus.NOT_EVALUATED,
-                f"the step at concurrency {gate.concurrency} was cut short or no request in it was answered",
+            seen = _partial_violation(gate, steps)
+            if seen is not None:
+                return GateResult(
+                    gate,
+                    GateStatus.FAIL,
+                    f"{gate.metric} = {gate.show(seen)} {where} already in an untrusted step, "
+                    f"not {gate.op} {gate.show(gate.threshold)}",
+                    observed=seen,
+                )
+            why = "; ".join(d for s in steps if (d := s.distrust) is not None) or (
+                f"no request at concurrency {gate.concurrency} was answered"
             )
+            return GateResult(gate, GateStatus.NOT_EVALUATED, f"no trusted step {where}: {why}")
         values = [_step_metric(gate.metric, s) for s in complete]
         if any(v is None for v in values):
             return GateResult(
                 gate,
                 GateStatus.NOT_EVALUATED,
-                f"{gate.metric} was not measured at concurrency {gate.concurrency} "
-                "(no data: metrics or streaming off?)",
+                f"{gate.metric} was not measured {where} (no data: metrics or streaming off?)",
             )
         known = [v for v in values if v is not None]
         upper = gate.op in ("<", "<=", "==")
@@ -352,17 +412,33 @@ def _evaluate_threshold(gate: Gate, verdict: Verdict) -> GateResult:
         if gate.op == "==":
             bad = [v for v in known if not compare(v, gate.threshold)]
             observed = bad[0] if bad else known[0]
-        where = f"at concurrency {gate.concurrency}"
     passed = compare(observed, gate.threshold)
-    shown = _fmt(observed)
+    shown = gate.show(observed)
     if passed:
         return GateResult(gate, GateStatus.PASS, f"{gate.metric} = {shown} {where}", observed=observed)
     return GateResult(
         gate,
         GateStatus.FAIL,
-        f"{gate.metric} = {shown} {where}, not {gate.op} {_fmt(gate.threshold)}",
+        f"{gate.metric} = {shown} {where}, not {gate.op} {gate.show(gate.threshold)}",
         observed=observed,
     )
+
+
+def _partial_violation(gate: Gate, steps: Sequence[StepFacts]) -> float | None:
+    """A count or peak that untrusted steps already show above an upper bound (it can only grow), or
+    the error rate of the step the engine died in (the death is a failure at that level)."""
+    assert gate.metric is not None and gate.op is not None and gate.threshold is not None
+    if gate.op not in ("<", "<=", "=="):
+        return None
+    eligible = [
+        s for s in steps if gate.metric in MONOTONE_METRICS or (gate.metric == "error-rate" and s.died_here)
+    ]
+    known = [v for s in eligible if (v := _step_metric(gate.metric, s)) is not None]
+    worst = max(known, default=None)
+    if worst is None:
+        return None
+    violated = worst > gate.threshold if gate.op == "==" else not OPERATORS[gate.op](worst, gate.threshold)
+    return worst if violated else None
 
 
 def _run_metric(metric: str, verdict: Verdict) -> float | None:
@@ -427,7 +503,3 @@ def _number(text: str, rule: str, *, percent_ok: bool) -> float:
     if not math.isfinite(value):
         raise ConfigError(f"gate {rule!r}: threshold {text!r} must be finite")
     return value
-
-
-def _fmt(value: float) -> str:
-    return f"{value:.6g}"

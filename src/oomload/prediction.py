@@ -1,12 +1,14 @@
 """The observed preemption onset beside the arithmetic one from the KV pool (pure).
 
-``capacity.predict_preemption_onset`` on the trace's total lengths (or, without a trace, the replayed
-requests' lengths) and the pool from ``cache_config.json`` gives a band of plausible onsets — a
-P90-length mix preempts first, a P50-length mix last. Each end of the band is placed on the measured
-grid (the lowest measured level ≥ it) and the observed onset's distance from the band is counted in
-grid levels. With no onset observed, the distance is the number of measured, completed levels above
-the band that stayed clean. More than one level apart is flagged (``disagrees``): the measured knee
-moves 1–2 levels between repeats on real vLLM, so one level is noise, more is a finding in itself.
+``capacity.predict_preemption_onset`` on the total lengths of the requests actually sent (or, when
+none was sent, the trace's) and the pool from ``cache_config.json`` gives a band of plausible
+onsets — a P90-length mix preempts first, a P50-length mix last. Each end of the band is placed on
+the measured grid (the lowest measured level ≥ it) and the observed onset's distance from the band
+is counted in grid levels. With no onset observed, the distance is the number of trusted clean
+levels above the band; when the highest of them is still below the band, the run never reached the
+prediction and there is nothing to compare (``reached`` false, ``levels_apart`` None). More than one
+level apart is flagged (``disagrees``): the measured knee moves 1–2 levels between repeats on real
+vLLM, so one level is noise, more is a finding in itself.
 """
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ class Prediction:
     arithmetic: OnsetPrediction
     observed_onset: int | None
     levels_apart: int | None
-    basis: str  # "trace" or "requests"
+    basis: str  # "requests" (the lengths sent) or "trace"
+    highest_clean: int | None = None  # highest trusted level measured without preemption
+
+    @property
+    def reached(self) -> bool:
+        """An onset was observed, or a clean level at or above the band's low end was measured."""
+        return self.observed_onset is not None or (
+            self.highest_clean is not None and self.highest_clean >= self.band_low
+        )
 
     @property
     def band_low(self) -> int:
@@ -52,6 +62,8 @@ class Prediction:
             "levels_apart": self.levels_apart,
             "disagrees": self.disagrees,
             "basis": self.basis,
+            "highest_clean": self.highest_clean,
+            "reached": self.reached,
         }
 
 
@@ -66,7 +78,7 @@ def compare_prediction(
 ) -> Prediction | None:
     """The prediction beside ``observed_onset`` on the measured ``levels`` (module docstring).
 
-    ``clean_levels`` are the completed levels measured with metrics and no preemption; they count
+    ``clean_levels`` are the trusted levels measured with metrics and no preemption; they count
     when no onset was observed. ``None`` without a pool size or lengths.
     """
     if not cache_config or not totals:
@@ -82,9 +94,15 @@ def compare_prediction(
         lo_i, hi_i = _grid_index(levels, low), _grid_index(levels, high)
         i = list(levels).index(observed_onset)
         apart = 0 if lo_i <= i <= hi_i else min(abs(i - lo_i), abs(i - hi_i))
-    elif observed_onset is None and clean_levels:
+    elif observed_onset is None and clean_levels and max(clean_levels) >= low:
         apart = sum(1 for c in set(clean_levels) if c > high)
-    return Prediction(arithmetic=arithmetic, observed_onset=observed_onset, levels_apart=apart, basis=basis)
+    return Prediction(
+        arithmetic=arithmetic,
+        observed_onset=observed_onset,
+        levels_apart=apart,
+        basis=basis,
+        highest_clean=max(clean_levels, default=None),
+    )
 
 
 def _grid_index(levels: Sequence[int], value: int) -> int:

@@ -5,10 +5,16 @@
   the model's limit (``config.json`` ``max_model_len`` from ``/v1/models``, else ``cache_config``). It
   reports the share of the trace the setting refuses and the worst-case full-length sequences the KV
   pool holds at once with it, against the current limit. Only recommended when it *lowers* the limit
-  (or no limit is known); a trace that needs the full window is told so.
+  (or no limit is known); a trace that needs the full window is told so. Two cases change nothing:
+  the current setting already covers the P99 (``kept_current``: raising it would only shrink KV
+  concurrency, so keep it), and a KV pool too small to hold one P99-length request
+  (``capped_by_kv_cache``: vLLM refuses to start with a longer limit) — then the advice is more KV
+  memory (``--gpu-memory-utilization``, a bigger GPU, tensor parallelism), not a shorter window.
 * ``max_num_seqs`` — the last safe concurrency, when something broke above it (preemption, engine
   death, admission rejections): capping running sequences there keeps the KV pool from preempting at
-  the replayed lengths. Nothing broke → no cap is advised, and the highest clean level is named.
+  the replayed lengths. Nothing broke → no cap is advised, and the highest clean level is named. A run
+  that replayed only the trace's tail (``tail_percentile`` in ``config.json``) or its arrival times
+  (``open_loop``) measured no production concurrency: no cap is advised, and the reason says why.
 * ``gpu_memory_utilization`` — only for a real CUDA OOM (OOM text seen): five points below the
   current value (default 0.9) to give activations / CUDA graphs the headroom they lacked. An engine
   death without OOM text gets no memory advice: the cause is elsewhere.
@@ -27,7 +33,7 @@ from typing import Any
 
 from oomload.runview import as_float, as_int
 from oomload.stats import MaxModelLenAdvice, recommend_max_model_len
-from oomload.verdict import Verdict
+from oomload.verdict import Verdict, kv_peak_text
 
 DEFAULT_MARGIN = 0.10
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -122,6 +128,20 @@ def _max_model_len(
         current_max_model_len=limit,
     )
     p99 = int(advice.basis_tokens)
+    if advice.capped_by_kv_cache:
+        why = (
+            f"the KV pool ({kv_tokens} tokens) cannot hold one request of the trace's P99 total length "
+            f"({p99} tokens), so vLLM would refuse a limit that covers it; give the KV cache more memory "
+            "(a higher --gpu-memory-utilization, a bigger GPU or tensor parallelism) — at the pool size "
+            f"{advice.refused_share:.2%} of the trace would be refused"
+        )
+        return Setting("--max-model-len", None, limit, why), advice
+    if advice.kept_current:
+        why = (
+            f"the current {limit} already covers the trace's P99 total length ({p99} tokens); "
+            "raising it would only shrink the KV concurrency — keep it"
+        )
+        return Setting("--max-model-len", None, limit, why), advice
     if limit is not None and advice.max_model_len >= limit:
         why = (
             f"the trace's P99 total length ({p99} tokens) plus {margin:.0%} needs the model's "
@@ -143,6 +163,9 @@ def _max_model_len(
 
 
 def _max_num_seqs(verdict: Verdict) -> Setting:
+    unrepresentative = _unrepresentative_mix(verdict)
+    if unrepresentative is not None:
+        return Setting("--max-num-seqs", None, None, unrepresentative)
     safe = verdict.last_safe_concurrency
     broke = (
         verdict.preemption_onset is not None
@@ -175,6 +198,23 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
         None,
         f"the last safe concurrency was {safe}; {what} began at {first_bad}",
     )
+
+
+def _unrepresentative_mix(verdict: Verdict) -> str | None:
+    """Why this run's safe concurrency is not production's (tail-only or open-loop replay), or None."""
+    run = verdict.run
+    if run.tail_percentile is not None:
+        return (
+            "the run replayed only the trace's longest requests "
+            f"(--tail-percentile {run.tail_percentile:g}): its safe concurrency is a worst case, "
+            "not production's, so no max_num_seqs is derived from it"
+        )
+    if run.open_loop:
+        return (
+            "the run replayed the trace's arrival times (--open-loop): requests in flight followed the "
+            "arrivals, not the concurrency levels, so no max_num_seqs is derived from it"
+        )
+    return None
 
 
 def _gpu_memory_utilization(verdict: Verdict, cache: Mapping[str, Any]) -> Setting:
@@ -240,11 +280,13 @@ def _reasoning(
         kind = "a CUDA OOM" if death.real_oom else "an engine death"
         sentences.append(f"The server hit {kind} at concurrency {death.concurrency}.")
     if onset is not None:
-        kv = "" if onset.kv_usage_max is None else f" with KV usage at {onset.kv_usage_max:.0%}"
+        kv = "" if onset.kv_usage_max is None else f" ({kv_peak_text(onset.kv_usage_max)})"
         sentences.append(f"KV-cache preemption began at concurrency {onset.concurrency}{kv}.")
     elif death is None and verdict.max_tested_concurrency is not None:
         sentences.append(f"No preemption or failure up to concurrency {verdict.max_tested_concurrency}.")
-    if mml.value is not None and advice is not None:
+    if advice is not None and advice.capped_by_kv_cache:
+        sentences.append(_capitalize(mml.reason) + ".")
+    elif mml.value is not None and advice is not None:
         freed = ""
         if advice.freed_concurrency is not None:
             freed = (
@@ -256,6 +298,9 @@ def _reasoning(
             f"({int(advice.basis_tokens)} tokens) "
             f"while refusing {advice.refused_share:.2%} of requests{freed}."
         )
+    unrepresentative = _unrepresentative_mix(verdict)
+    if unrepresentative is not None:
+        sentences.append(f"No max_num_seqs advice: {unrepresentative}.")
     if seqs.value is not None:
         sentences.append(f"Limit max_num_seqs to the last safe concurrency, {seqs.value}.")
     if util.value is not None or batched.value is not None:

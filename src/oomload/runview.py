@@ -4,6 +4,9 @@
 grouping on values already in memory (tests and the verdict call it directly).
 
 Step windows. ``steps.jsonl`` gives each step a start and (unless the run was cut short) an end.
+A step is *cut short* when it has no end line, or when its end ``reason`` is one of
+``CUT_SHORT_REASONS`` (``interrupted``, ``max_duration``, ``server_dead``, ``error``): the step ended,
+but not because its hold was done, so it measured less than the schedule asked for.
 Steps are ordered by start time; step *i* owns the time window ``(start_i, start_{i+1}]`` — the drain
 between one step's end and the next step's start still belongs to the step whose requests are
 finishing — and the last step owns ``(start, end + tail_s]`` (``tail_s`` catches the final metrics
@@ -22,6 +25,7 @@ Values read from JSON are loose (a field may be absent, ``null``, a bool or a st
 from __future__ import annotations
 
 import bisect
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,11 +38,12 @@ from oomload.rundir import RunReader
 from oomload.trace import read_trace
 
 LAST_STEP_TAIL_S = 5.0
+CUT_SHORT_REASONS = frozenset({"interrupted", "max_duration", "server_dead", "error"})
 
 
 @dataclass(frozen=True, slots=True)
 class StepBoundary:
-    """One step as ``steps.jsonl`` records it; ``end_unix_s is None`` means it was cut short."""
+    """One step as ``steps.jsonl`` records it (``cut_short``: no end, or an end in ``CUT_SHORT_REASONS``)."""
 
     index: int
     concurrency: int
@@ -49,7 +54,7 @@ class StepBoundary:
 
     @property
     def cut_short(self) -> bool:
-        return self.end_unix_s is None
+        return self.end_unix_s is None or self.end_reason in CUT_SHORT_REASONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +87,7 @@ class RunView:
     trace_output_tokens: tuple[int, ...]
     unassigned_requests: int
     trace_note: str | None = None  # why the trace's lengths are missing, when they are
+    config_note: str | None = None  # why config.json could not be read, when it could not
 
     @property
     def trace_total_tokens(self) -> tuple[int, ...]:
@@ -92,6 +98,7 @@ def load_run(path: str | Path) -> RunView:
     """Read a run directory (``ConfigError`` when it is not one) into a ``RunView``."""
     reader = RunReader(path)
     config = reader.config()
+    config_note = config_problem(reader.path)
     prompt_tokens: tuple[int, ...] = ()
     output_tokens: tuple[int, ...] = ()
     trace_note: str | None = None
@@ -119,6 +126,7 @@ def load_run(path: str | Path) -> RunView:
             trace_prompt_tokens=prompt_tokens,
             trace_output_tokens=output_tokens,
             trace_note=trace_note,
+            config_note=config_note,
         )
     except (TypeError, ValueError, KeyError) as err:
         raise ConfigError(f"{reader.path} holds malformed run data ({err})") from err
@@ -138,6 +146,7 @@ def assemble_run(
     trace_prompt_tokens: Sequence[int] = (),
     trace_output_tokens: Sequence[int] = (),
     trace_note: str | None = None,
+    config_note: str | None = None,
 ) -> RunView:
     """Group already-read run data by step (see the module docstring)."""
     metrics_sorted = sorted((m for m in metrics if _is_number(m.get("t_unix_s"))), key=_t)
@@ -194,7 +203,22 @@ def assemble_run(
         trace_output_tokens=tuple(int(v) for v in trace_output_tokens),
         unassigned_requests=unassigned,
         trace_note=trace_note,
+        config_note=config_note,
     )
+
+
+def config_problem(run_dir: Path) -> str | None:
+    """Why ``config.json`` of a run directory cannot be read as a JSON object; ``None`` when it can."""
+    target = run_dir / "config.json"
+    try:
+        obj = json.loads(target.read_text(encoding="utf-8"))
+    except OSError as err:
+        return f"{target} is unreadable ({err.strerror or err})"
+    except ValueError as err:
+        return f"{target} is unreadable (not valid JSON: {err})"
+    if not isinstance(obj, dict):
+        return f"{target} is unreadable (a JSON {type(obj).__name__}, not an object)"
+    return None
 
 
 def parse_step_records(records: Iterable[Mapping[str, Any]]) -> list[StepBoundary]:

@@ -20,7 +20,12 @@
   they disagree (a lost scrape, a restart) the larger is used and ``counter_mismatch`` says so;
 * from the GPU samples: device total, max used, min free, and the largest process (the server);
 * the *achieved* concurrency: the time-weighted mean number of requests in flight during the step
-  (from every request's own start/end times), to compare with the target.
+  (from every request's own start/end times), to compare with the target. Below
+  ``ACHIEVED_CONCURRENCY_MIN_SHARE`` (80 %) of the target the step did not hold its level.
+
+A step is *trusted* — evidence that its level is safe, or that a gate passes there — only when it
+completed (not cut short: ``runview.CUT_SHORT_REASONS``) and held its concurrency. A failure seen in
+an untrusted step is still a failure.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from oomload.outcome import Outcome, RequestResult
 from oomload.runview import StepData, max_float, max_int, min_int
 from oomload.stats import percentile
 
+ACHIEVED_CONCURRENCY_MIN_SHARE = 0.8
 UNSAFE_OUTCOMES = frozenset(
     {Outcome.ENGINE_DEAD, Outcome.ADMISSION_REJECTED, Outcome.SERVER_ERROR, Outcome.TIMEOUT}
 )
@@ -120,6 +126,33 @@ class StepFacts:
 
     def casualties_of(self, outcome: Outcome) -> int:
         return int(self.casualties.get(outcome.value, 0))
+
+    @property
+    def concurrency_held(self) -> bool | None:
+        """Achieved ≥ 80 % of the target; ``None`` when the achieved concurrency is unknown."""
+        if self.achieved_concurrency is None:
+            return None
+        return self.achieved_concurrency >= ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency
+
+    @property
+    def trusted(self) -> bool:
+        """Completed and held its concurrency: its absence of failures counts as evidence."""
+        return not self.cut_short and self.concurrency_held is not False
+
+    @property
+    def distrust(self) -> str | None:
+        """Why the step is not trusted, in words (``None`` for a trusted step)."""
+        where = f"step {self.index} (concurrency {self.concurrency})"
+        if self.cut_short:
+            how = "never ended" if self.end_reason is None else f"ended {self.end_reason}"
+            after = "" if self.duration_s is None else f" after {self.duration_s:.1f} s"
+            return f"{where} was cut short ({how}{after}, {self.requests} request(s))"
+        if self.concurrency_held is False:
+            return (
+                f"{where} held only {self.achieved_concurrency:.1f} requests in flight on average "
+                f"(< {ACHIEVED_CONCURRENCY_MIN_SHARE:.0%} of {self.concurrency})"
+            )
+        return None
 
 
 def summarize_step(

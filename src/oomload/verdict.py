@@ -19,11 +19,25 @@ bisects the preemption onset afterwards, so "first in time" and "first in concur
 * KV saturation — a step whose max KV usage ≥ 0.99; queueing — a step whose max waiting > 0;
 * engine death — ``oomload.death``.
 
-Last safe concurrency: the highest level ``c`` below the first unsafe level, with a completed
-measured step at ``c`` that answered at least one request ok. A level is unsafe when a step at it
+Last safe concurrency: the highest level ``c`` below the first unsafe level, with a *trusted*
+measured step at ``c`` (completed — not cut short — and holding ≥ 80 % of its target concurrency,
+``StepFacts.trusted``) that answered at least one request ok. A level is unsafe when a step at it
 preempted or had a charged engine death, admission rejection, server error or timeout, or when the
-engine died in it. Context overflow, truncation, client transport errors and cancelled requests do
-not make a level unsafe; they are reported separately.
+engine died in it — in any step, cut short or not: a failure seen is a failure. Context overflow,
+truncation, client transport errors and cancelled requests do not make a level unsafe; they are
+reported separately.
+
+Cut short. The run was cut short when ``status.json`` is missing, says ``finished: false`` or ends
+with a reason in ``runview.CUT_SHORT_REASONS``, when a step was cut short, or when the engine died;
+``RunInfo.cut_short_detail`` says where (step, concurrency, seconds since the run started).
+
+Context overflow: ``context_overflow`` outcomes are refusals; a ``truncated`` answer counts as
+*clamped* only when its prompt + asked output exceeds ``max_model_len`` (that is what clamping is);
+other truncated answers that were not casualties of an engine death are *short responses*.
+
+The arithmetic prediction uses the lengths of the requests actually sent (``requests*.jsonl``),
+falling back to ``trace.jsonl`` when no request was sent: a ``--tail-percentile`` run replays only the
+trace's longest requests.
 """
 
 from __future__ import annotations
@@ -37,7 +51,7 @@ from oomload.confidence import ConfidenceNote, confidence_level, data_notes, evi
 from oomload.death import EngineDeath, detect_engine_death
 from oomload.outcome import Outcome, RequestResult
 from oomload.prediction import Prediction, compare_prediction
-from oomload.runview import RunView, as_float, as_int, as_str
+from oomload.runview import CUT_SHORT_REASONS, RunView, as_float, as_int, as_str
 from oomload.stats import LengthSummary, summarize_lengths
 from oomload.stepfacts import UNSAFE_OUTCOMES, LatencyStats, StepFacts, summarize_step
 
@@ -59,12 +73,18 @@ __all__ = [
     "StepFacts",
     "Verdict",
     "build_verdict",
+    "first_unsafe_concurrency",
+    "kv_peak_text",
     "last_safe_concurrency",
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class PreemptionOnset:
+    """The lowest preempting level. The KV figure shown everywhere is ``kv_usage_max`` (the step's
+    highest scraped KV usage); ``kv_usage_at_onset`` (the scrape that first showed a preemption,
+    often lower: preemption frees blocks) is kept in the JSON only."""
+
     step: int
     concurrency: int
     t_unix_s: float | None
@@ -86,7 +106,7 @@ class LevelOnset:
 @dataclass(frozen=True, slots=True)
 class ContextOverflow:
     refused: int
-    clamped: int
+    clamped: int  # truncated answers whose prompt + asked output exceeds max_model_len
     refused_total_tokens_min: int | None
     refused_total_tokens_max: int | None
     clamped_total_tokens_min: int | None
@@ -94,6 +114,7 @@ class ContextOverflow:
     model_limit: int | None
     trace_over_limit: int  # trace requests whose total length exceeds the model limit
     trace_count: int
+    short_responses: int = 0  # other truncated answers (not clamped, not casualties of a death)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +131,9 @@ class RunInfo:
     cut_short_detail: str | None
     cache_config: Mapping[str, Any] | None
     max_model_len: int | None
+    tail_percentile: float | None = None  # the order replayed only the trace's tail (config.json)
+    open_loop: bool = False  # the trace's arrival times were replayed, not fixed concurrency levels
+    config_note: str | None = None  # why config.json could not be read
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +147,7 @@ class Verdict:
     engine_death: EngineDeath | None
     context_overflow: ContextOverflow
     last_safe_concurrency: int | None
-    max_tested_concurrency: int | None
+    max_tested_concurrency: int | None  # highest trusted (completed, held) measured level
     prediction: Prediction | None
     confidence: str  # "high" | "medium" | "low"
     notes: tuple[ConfidenceNote, ...]
@@ -136,6 +160,7 @@ class Verdict:
 
     requests_cancelled: int = 0
     requests_failed: int = 0  # every error outcome over the measured steps, casualties included
+    first_unsafe_concurrency: int | None = None  # lowest level that preempted or failed
 
     @property
     def measured_steps(self) -> tuple[StepFacts, ...]:
@@ -160,19 +185,36 @@ class Verdict:
             obj["casualties"] = dict(s.casualties)
             obj["warmup"] = s.warmup
             obj["error_rate"] = s.error_rate
+            obj["trusted"] = s.trusted
+            obj["concurrency_held"] = s.concurrency_held
+            obj["kv_usage_max_share"] = s.kv_usage_max
             steps.append(obj)
         return {
             "run": {**asdict(self.run), "cache_config": _plain(self.run.cache_config)},
             "levels": list(self.levels),
             "steps": steps,
             "onsets": {
-                "preemption": _opt_asdict(self.preemption_onset),
-                "kv_saturation": _opt_asdict(self.kv_saturation),
-                "queueing": _opt_asdict(self.queueing),
+                "preemption": None
+                if self.preemption_onset is None
+                else {
+                    **asdict(self.preemption_onset),
+                    "kv_usage_at_onset_share": self.preemption_onset.kv_usage_at_onset,
+                    "kv_usage_max_share": self.preemption_onset.kv_usage_max,
+                },
+                "kv_saturation": None
+                if self.kv_saturation is None
+                else {**asdict(self.kv_saturation), "kv_usage_share": self.kv_saturation.value},
+                "queueing": None
+                if self.queueing is None
+                else {**asdict(self.queueing), "waiting_requests": int(self.queueing.value)},
                 "engine_death": None if self.engine_death is None else self.engine_death.to_json(),
             },
-            "context_overflow": asdict(self.context_overflow),
+            "context_overflow": {
+                **asdict(self.context_overflow),
+                "model_limit_tokens": self.context_overflow.model_limit,
+            },
             "last_safe_concurrency": self.last_safe_concurrency,
+            "first_unsafe_concurrency": self.first_unsafe_concurrency,
             "max_tested_concurrency": self.max_tested_concurrency,
             "prediction": None if self.prediction is None else self.prediction.to_json(),
             "confidence": {"level": self.confidence, "notes": [asdict(n) for n in self.notes]},
@@ -220,22 +262,21 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     kv_sat = _level_onset(measured, lambda s: s.kv_usage_max, lambda v: v >= KV_SATURATED)
     queueing = _level_onset(measured, lambda s: s.waiting_max, lambda v: v > 0)
     last_safe = last_safe_concurrency(measured, death)
-    completed = [s.concurrency for s in measured if not s.cut_short]
-    max_tested = max(completed) if completed else None
+    trusted = [s.concurrency for s in measured if s.trusted]
+    max_tested = max(trusted) if trusted else None
 
-    totals, basis = view.trace_total_tokens, "trace"
+    totals, basis = tuple(r.prompt_tokens_asked + r.output_tokens_asked for r in view.requests), "requests"
     if not totals:
-        totals = tuple(r.prompt_tokens_asked + r.output_tokens_asked for r in view.requests)
-        basis = "requests"
+        totals, basis = view.trace_total_tokens, "trace"
     prediction = compare_prediction(
         view.cache_config,
         totals,
         basis=basis,
         observed_onset=None if onset is None else onset.concurrency,
         levels=levels,
-        clean_levels=[s.concurrency for s in measured if not s.cut_short and s.preemptions == 0],
+        clean_levels=[s.concurrency for s in measured if s.trusted and s.preemptions == 0],
     )
-    run = _run_info(view, steps)
+    run = _run_info(view, steps, death)
     notes = [
         *step_notes(steps, min_requests),
         *evidence_notes(
@@ -257,7 +298,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         kv_saturation=kv_sat,
         queueing=queueing,
         engine_death=death,
-        context_overflow=_context_overflow(view, run.max_model_len),
+        context_overflow=_context_overflow(view, run.max_model_len, death),
         last_safe_concurrency=last_safe,
         max_tested_concurrency=max_tested,
         prediction=prediction,
@@ -271,19 +312,24 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         requests_ok=sum(1 for r in requests if r.outcome is Outcome.OK),
         requests_cancelled=sum(1 for r in requests if r.outcome is Outcome.CANCELLED),
         requests_failed=sum(1 for r in requests if r.outcome.is_error),
+        first_unsafe_concurrency=first_unsafe_concurrency(measured, death),
     )
 
 
-def last_safe_concurrency(measured: Sequence[StepFacts], death: EngineDeath | None) -> int | None:
-    """Highest level below the first unsafe one, backed by a completed step with ok answers."""
+def first_unsafe_concurrency(measured: Sequence[StepFacts], death: EngineDeath | None) -> int | None:
+    """The lowest level at which a step (cut short or not) preempted or failed, or the engine died."""
     unsafe_levels = {s.concurrency for s in measured if _unsafe(s)}
     if death is not None and death.concurrency is not None:
         unsafe_levels.add(death.concurrency)
-    first_unsafe = min(unsafe_levels) if unsafe_levels else math.inf
+    return min(unsafe_levels) if unsafe_levels else None
+
+
+def last_safe_concurrency(measured: Sequence[StepFacts], death: EngineDeath | None) -> int | None:
+    """Highest level below the first unsafe one, backed by a trusted step with ok answers."""
+    first = first_unsafe_concurrency(measured, death)
+    first_unsafe = math.inf if first is None else first
     safe = [
-        s.concurrency
-        for s in measured
-        if not s.cut_short and s.concurrency < first_unsafe and s.ok_requests > 0
+        s.concurrency for s in measured if s.trusted and s.concurrency < first_unsafe and s.ok_requests > 0
     ]
     return max(safe) if safe else None
 
@@ -322,27 +368,20 @@ def _level_onset(
     return LevelOnset(step=step.index, concurrency=step.concurrency, value=float(value))
 
 
-def _run_info(view: RunView, steps: Sequence[StepFacts]) -> RunInfo:
+def _run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | None) -> RunInfo:
     config = view.config
     status = view.status
     finished = bool(status and status.get("finished"))
     end_reason = None if status is None else as_str(status.get("end_reason"))
-    open_steps = [s for s in steps if s.cut_short]
-    cut_short = status is None or not finished or bool(open_steps)
-    detail: str | None = None
-    if cut_short:
-        parts = []
-        if status is None:
-            parts.append("no status.json (oomload itself stopped before writing it)")
-        elif not finished:
-            parts.append(f"the run ended with reason {end_reason or 'unknown'}")
-        if open_steps:
-            s = open_steps[0]
-            parts.append(f"step {s.index} (concurrency {s.concurrency}) started but never ended")
-        elif steps:
-            last = max(steps, key=lambda s: s.start_unix_s)
-            parts.append(f"last step {last.index} (concurrency {last.concurrency}) ended: {last.end_reason}")
-        detail = "; ".join(parts)
+    cut_steps = [s for s in steps if s.cut_short]
+    cut_short = (
+        status is None
+        or not finished
+        or end_reason in CUT_SHORT_REASONS
+        or bool(cut_steps)
+        or death is not None
+    )
+    detail = _cut_short_detail(view, steps, death, status, end_reason) if cut_short else None
     limit = as_int(config.get("max_model_len"))
     if limit is None and view.cache_config is not None:
         limit = as_int(view.cache_config.get("max_model_len"))
@@ -360,12 +399,64 @@ def _run_info(view: RunView, steps: Sequence[StepFacts]) -> RunInfo:
         cut_short_detail=detail,
         cache_config=view.cache_config,
         max_model_len=limit,
+        tail_percentile=as_float(config.get("tail_percentile")),
+        open_loop=config.get("open_loop") is True,
+        config_note=view.config_note,
     )
 
 
-def _context_overflow(view: RunView, limit: int | None) -> ContextOverflow:
+_CUT_BY = {
+    "interrupted": "interrupted (Ctrl-C or SIGTERM)",
+    "max_duration": "--max-duration-s was reached",
+    "error": "oomload stopped on an error",
+    "server_dead": "the server died",
+}
+
+
+def _cut_short_detail(
+    view: RunView,
+    steps: Sequence[StepFacts],
+    death: EngineDeath | None,
+    status: Mapping[str, Any] | None,
+    end_reason: str | None,
+) -> str:
+    """Where and why the run was cut short: the step, its concurrency, seconds since the run started."""
+    starts = [s.start_unix_s for s in steps]
+    t0 = as_float(view.config.get("started_unix_s"))
+    if t0 is None and starts:
+        t0 = min(starts)
+
+    def at(t: float | None) -> str:
+        return "" if t is None or t0 is None else f" at {max(t - t0, 0.0):.1f} s"
+
+    parts = []
+    if status is None:
+        parts.append("no status.json (oomload itself stopped before writing it)")
+    first_cut = min((s for s in steps if s.cut_short), key=lambda s: s.start_unix_s, default=None)
+    if death is not None:
+        where = "" if death.step is None else f" in step {death.step} (concurrency {death.concurrency})"
+        parts.append(f"the server died{where}{at(death.t_unix_s)}")
+    elif first_cut is not None:
+        where = f"step {first_cut.index} (concurrency {first_cut.concurrency})"
+        if first_cut.end_reason is None:
+            parts.append(f"{where} started but never ended")
+        else:
+            cause = _CUT_BY.get(first_cut.end_reason, f"the step ended with reason {first_cut.end_reason}")
+            parts.append(f"{cause} in {where}{at(first_cut.end_unix_s)}")
+    elif status is not None:
+        last = max(steps, key=lambda s: s.start_unix_s, default=None)
+        after = "" if last is None else f" after step {last.index} (concurrency {last.concurrency})"
+        parts.append(f"the run ended with reason {end_reason or 'unknown'}{after}")
+    return "; ".join(parts) or "the run ended early"
+
+
+def _context_overflow(view: RunView, limit: int | None, death: EngineDeath | None) -> ContextOverflow:
     refused = [_total(r) for r in view.requests if r.outcome is Outcome.CONTEXT_OVERFLOW]
-    clamped = [_total(r) for r in view.requests if r.outcome is Outcome.TRUNCATED]
+    casualties = frozenset() if death is None else death.casualty_ids
+    truncated = [
+        r for r in view.requests if r.outcome is Outcome.TRUNCATED and r.request_id not in casualties
+    ]
+    clamped = [_total(r) for r in truncated if limit is not None and _total(r) > limit]
     totals = view.trace_total_tokens
     return ContextOverflow(
         refused=len(refused),
@@ -377,11 +468,17 @@ def _context_overflow(view: RunView, limit: int | None) -> ContextOverflow:
         model_limit=limit,
         trace_over_limit=0 if limit is None else sum(1 for t in totals if t > limit),
         trace_count=len(totals),
+        short_responses=len(truncated) - len(clamped),
     )
 
 
 def _total(r: RequestResult) -> int:
     return r.prompt_tokens_asked + r.output_tokens_asked
+
+
+def kv_peak_text(kv_usage_max: float) -> str:
+    """The one way every report states the KV usage at the preemption onset (``PreemptionOnset``)."""
+    return f"KV usage peaked at {kv_usage_max:.0%} in that step"
 
 
 def _summary(values: Sequence[int]) -> LengthSummary | None:

@@ -28,10 +28,10 @@ def make_run(
             w.append(
                 "steps", {"event": "start", "step": i, "concurrency": c, "phase": "ramp", "t_unix_s": start}
             )
-            for k in range(3 * c):
-                s = start + k * 10 / (3 * c)
+            for k in range(3 * c):  # c requests in flight all the time, three rounds of 10/3 s
+                s = start + (k // c) * 10 / 3 + 0.001 * (k % c)
                 w.request(
-                    RequestResult(f"{i}-{k}", i, c, s, s + 1.0, Outcome.OK, 256, 256, 256, 256, 40.0, 9.0)
+                    RequestResult(f"{i}-{k}", i, c, s, s + 3.3, Outcome.OK, 256, 256, 256, 256, 40.0, 9.0)
                 )
             delta = 2 if c == preempt_at else 0
             counter += delta

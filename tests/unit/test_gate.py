@@ -92,7 +92,7 @@ def test_absence_rules_on_the_cpu_knee(knee: Verdict) -> None:
 
 
 def test_gap_between_clean_and_preempting_levels_is_not_evaluated(tmp_path: Path) -> None:
-    steps = [StepSpec(c, preemptions=int(c == 64), requests=3) for c in (8, 16, 32, 64)]
+    steps = [StepSpec(c, preemptions=int(c == 64), requests=c) for c in (8, 16, 32, 64)]
     v = build_verdict(load_run(write_run(tmp_path / "r", steps)))
     result = evaluate_gate(parse_gate("no-preemption-below:48"), v)
     assert result.status is GateStatus.NOT_EVALUATED
@@ -117,7 +117,7 @@ def test_threshold_rules(knee: Verdict) -> None:
 
 
 def test_missing_metrics_are_not_evaluated(tmp_path: Path) -> None:
-    steps = [StepSpec(1, scrapes=0), StepSpec(8, scrapes=0, failures={Outcome.SERVER_ERROR: 1})]
+    steps = [StepSpec(1, scrapes=0), StepSpec(8, scrapes=0, requests=16, failures={Outcome.SERVER_ERROR: 1})]
     v = build_verdict(load_run(write_run(tmp_path / "r", steps)))
     assert status("no-preemption-below:8", v) is GateStatus.NOT_EVALUATED
     assert status("max-kv-usage@8<0.9", v) is GateStatus.NOT_EVALUATED

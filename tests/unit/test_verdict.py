@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from report.runbuilder import CPU_CACHE, GIB, StepSpec, cpu_knee_steps, write_run
+from report.runbuilder import CPU_CACHE, GIB, StepSpec, cpu_knee_steps, request, write_run
 
 from oomload.outcome import Outcome
 from oomload.runview import load_run
@@ -166,9 +166,13 @@ def test_few_requests_and_unheld_concurrency_are_called_out(tmp_path: Path) -> N
 def test_context_overflow_counts_and_lengths(tmp_path: Path) -> None:
     steps = [StepSpec(2, failures={Outcome.CONTEXT_OVERFLOW: 3, Outcome.TRUNCATED: 1})]
     lengths = [(256, 256)] * 18 + [(4000, 512), (5000, 100)]
-    v = verdict_of(write_run(tmp_path / "run", steps, lengths=lengths))
+    # asked 4000 + 512 > max_model_len 4096: the server clamped the output
+    clamped = request("clamp", 0, 2, 1.0, 2.0, Outcome.TRUNCATED, prompt_tokens=4000, output_tokens=512)
+    v = verdict_of(write_run(tmp_path / "run", steps, lengths=lengths, extra_requests=[clamped]))
     ctx = v.context_overflow
-    assert (ctx.refused, ctx.clamped) == (3, 1)
+    # the truncated 256 + 256 answer fits max_model_len: a short response, not a clamp
+    assert (ctx.refused, ctx.clamped, ctx.short_responses) == (3, 1, 1)
+    assert ctx.clamped_total_tokens_min == ctx.clamped_total_tokens_max == 4512
     assert ctx.refused_total_tokens_min == 512
     assert ctx.model_limit == 4096
     assert (ctx.trace_over_limit, ctx.trace_count) == (2, 20)
@@ -260,7 +264,9 @@ def test_run_through_preemption_to_death_then_bisected(tmp_path: Path) -> None:
     assert v.queueing is not None and v.queueing.concurrency == 16
     assert v.engine_death is not None and v.engine_death.concurrency == 32 and v.engine_death.real_oom
     assert v.last_safe_concurrency == 4
-    assert not v.run.cut_short
+    # the death ends the run: cut short, and the report says where
+    assert v.run.cut_short and v.steps[5].cut_short
+    assert v.run.cut_short_detail == "the server died in step 5 (concurrency 32) at 60.0 s"
     # the server survives the last level instead: the refinement bisects 4..8, 6 preempts, 5 does not
     steps[5] = StepSpec(32, preemptions=40, kv_max=1.0, waiting_max=20, requests=64)
     steps += [

@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from oomload.gate import load_gate_file, parse_gate
     from oomload.report import FILE_NAMES, FORMATS, finalize_run
     from oomload.rundir import RunReader
+    from oomload.runview import config_problem
 
     formats = [f.strip() for f in str(args.format).split(",") if f.strip()]
     unknown = [f for f in formats if f not in FORMATS]
@@ -60,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
             f"--format {args.format!r}: allowed values are {', '.join(FORMATS)} (comma-separated)"
         )
     reader = RunReader(args.run_dir)  # ConfigError with a clear sentence for a bad run dir
+    problem = config_problem(reader.path)
+    if problem is not None:
+        print(f"oomload: warning: {problem}; rendering what the run directory holds", file=sys.stderr)
     gates: list[Any] = [parse_gate(g) for g in args.gate]
     if args.gate_file is not None:
         gates.extend(load_gate_file(args.gate_file))
@@ -80,4 +84,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.json:
         sys.stdout.write((args.run_dir / FILE_NAMES["json"]).read_text(encoding="utf-8"))
+    elif files and "terminal" not in formats:
+        names = ", ".join(FILE_NAMES[f] for f in files)
+        print(f"oomload: wrote {names} in {args.run_dir} (exit code {int(code)})")
     return int(code)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oomload.recommend import Recommendation
-from oomload.verdict import StepFacts, Verdict
+from oomload.verdict import StepFacts, Verdict, kv_peak_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,7 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
     out: list[Finding] = []
     run = verdict.run
     if run.cut_short:
-        out.append(Finding("run_status", "Run", f"CUT SHORT — {run.cut_short_detail}", "warn"))
+        out.append(Finding("run_status", "Run", f"CUT SHORT: {run.cut_short_detail}", "warn"))
     else:
         out.append(Finding("run_status", "Run", f"complete ({run.end_reason or 'finished'})", "ok"))
     top = verdict.max_tested_concurrency
@@ -33,18 +33,13 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
 
     onset = verdict.preemption_onset
     if onset is not None:
-        kv = (
-            ""
-            if onset.kv_usage_at_onset is None
-            else f", KV usage {onset.kv_usage_at_onset:.0%} at that moment"
-        )
-        kv_max = "" if onset.kv_usage_max is None else f" (step max {onset.kv_usage_max:.0%})"
+        kv = "" if onset.kv_usage_max is None else f", {kv_peak_text(onset.kv_usage_max)}"
         out.append(
             Finding(
                 "preemption_onset",
                 "Preemption onset",
                 f"concurrency {onset.concurrency} — step {onset.step}, {onset.requests_in_step} requests, "
-                f"{onset.preemptions_in_step} preemptions{kv}{kv_max}",
+                f"{onset.preemptions_in_step} preemptions{kv}",
                 "bad",
             )
         )
@@ -78,14 +73,12 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
     if ctx.refused or ctx.clamped or ctx.trace_over_limit:
         parts = []
         if ctx.refused:
-            parts.append(
-                f"{ctx.refused} refused "
-                f"({ctx.refused_total_tokens_min}–{ctx.refused_total_tokens_max} tokens)"
-            )
+            lengths = _token_range(ctx.refused_total_tokens_min, ctx.refused_total_tokens_max)
+            parts.append(f"{ctx.refused} refused at {lengths} total tokens (prompt + output)")
         if ctx.clamped:
+            lengths = _token_range(ctx.clamped_total_tokens_min, ctx.clamped_total_tokens_max)
             parts.append(
-                f"{ctx.clamped} clamped "
-                f"({ctx.clamped_total_tokens_min}–{ctx.clamped_total_tokens_max} tokens)"
+                f"{ctx.clamped} clamped (asked {lengths} total tokens, over max_model_len {ctx.model_limit})"
             )
         if ctx.trace_over_limit:
             parts.append(
@@ -96,11 +89,35 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
     else:
         limit = "" if ctx.model_limit is None else f" (max_model_len {ctx.model_limit})"
         out.append(Finding("context_overflow", "Context overflow", f"none{limit}", "ok"))
+    if ctx.short_responses:
+        out.append(
+            Finding(
+                "short_responses",
+                "Short responses",
+                f"{ctx.short_responses} response(s) ended with fewer tokens than asked "
+                "(within max_model_len, not casualties of an engine death)",
+                "warn",
+            )
+        )
 
     safe = verdict.last_safe_concurrency
+    first_unsafe = verdict.first_unsafe_concurrency
+    below = [
+        s
+        for s in verdict.measured_steps
+        if s.requests and (first_unsafe is None or s.concurrency < first_unsafe)
+    ]
+    untrusted = [d for s in below if (d := s.distrust) is not None]
     if safe is not None:
         out.append(Finding("last_safe", "Last safe concurrency", str(safe), "ok"))
-    elif any(s.requests and not s.cut_short for s in verdict.measured_steps):
+    elif untrusted:
+        text = (
+            "unknown: "
+            + "; ".join(untrusted[:2])
+            + (f" (+{len(untrusted) - 2} more)" if len(untrusted) > 2 else "")
+        )
+        out.append(Finding("last_safe", "Last safe concurrency", text, "warn"))
+    elif any(s.requests and s.trusted for s in verdict.measured_steps):
         out.append(
             Finding("last_safe", "Last safe concurrency", "none (the lowest level already broke)", "bad")
         )
@@ -111,16 +128,28 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
 
     p = verdict.prediction
     if p is not None:
-        observed = "no onset" if p.observed_onset is None else f"observed {p.observed_onset}"
-        agree = "disagrees" if p.disagrees else "agrees"
-        apart = "" if p.levels_apart is None else f", {p.levels_apart} level(s) apart"
         a = p.arithmetic
+        band = f"{p.band_low}–{p.band_high}"
+        apart = "" if p.levels_apart is None else f", {p.levels_apart} level(s) apart"
+        agree = "disagrees" if p.disagrees else "agrees"
+        if p.observed_onset is not None:
+            compared = f"observed {p.observed_onset}: {agree}{apart}"
+        elif p.highest_clean is None:
+            compared = "no trusted level without preemption to compare"
+        elif not p.reached:
+            compared = (
+                f"not reached: the run completed levels up to concurrency {p.highest_clean}, below the "
+                f"predicted onset band {band} (no comparison possible)"
+            )
+        else:
+            compared = f"no onset up to {p.highest_clean}: {agree}{apart}"
+        basis = "the requests sent" if p.basis == "requests" else "the trace"
         out.append(
             Finding(
                 "prediction",
                 "Arithmetic",
-                f"{a.num_gpu_blocks} blocks × {a.block_size} tokens → onset {p.band_low}–{p.band_high} "
-                f"(mean-length {a.onset_mean}); {observed}: {agree}{apart}",
+                f"{a.num_gpu_blocks} blocks × {a.block_size} tokens, lengths of {basis} → onset {band} "
+                f"(mean-length {a.onset_mean}); {compared}",
                 "warn" if p.disagrees else "info",
             )
         )
@@ -153,7 +182,13 @@ def fmt_num(value: float | int | None, spec: str = ".1f") -> str:
 
 
 def fmt_bytes(value: int | None) -> str:
-    return "–" if value is None else f"{value / 2**30:.1f}G"
+    """Bytes as GiB with two decimals (``1.25 GiB``)."""
+    return "–" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+def _token_range(low: int | None, high: int | None) -> str:
+    """``16536`` when both ends agree, else ``524–1325``."""
+    return str(low) if low == high else f"{low}–{high}"
 
 
 STEP_COLUMNS = (
@@ -163,7 +198,8 @@ STEP_COLUMNS = (
 
 
 STEP_LEGEND = (
-    "* = step cut short · † = started after the engine died (left out of the verdict) · "
+    "* = step cut short (no end, or ended by Ctrl-C, --max-duration-s, an error or the server's death; "
+    "not trusted as safe) · † = started after the engine died (left out of the verdict) · "
     "err (+N at death) = N more requests of this step died with the engine in a later step, "
     "charged to that step"
 )

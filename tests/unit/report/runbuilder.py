@@ -33,6 +33,8 @@ class StepSpec:
     in_flight: int | None = None  # requests overlapping at once (default: the concurrency)
     used_bytes: int = 70 * GIB
     error_text: str | None = None
+    prompt_tokens: int = 256  # asked by every request of the step
+    output_tokens: int = 256
 
 
 def write_run(
@@ -172,10 +174,12 @@ def _write_requests(w: RunWriter, index: int, spec: StepSpec, start: float) -> N
                 start_unix_s=s,
                 end_unix_s=e,
                 outcome=outcome,
-                prompt_tokens_asked=256,
-                output_tokens_asked=256,
-                usage_prompt_tokens=256 if ok else None,
-                usage_completion_tokens=256 if ok else (200 if outcome is Outcome.TRUNCATED else None),
+                prompt_tokens_asked=spec.prompt_tokens,
+                output_tokens_asked=spec.output_tokens,
+                usage_prompt_tokens=spec.prompt_tokens if ok else None,
+                usage_completion_tokens=spec.output_tokens
+                if ok
+                else (spec.output_tokens // 2 if outcome is Outcome.TRUNCATED else None),
                 ttft_ms=spec.ttft_ms * (1 + i % 5) if ok else None,
                 tpot_ms=10.0 if ok else None,
                 e2e_ms=(e - s) * 1000 if ok else None,
@@ -192,7 +196,15 @@ def _http_status(outcome: Outcome) -> int | None:
 
 
 def request(
-    rid: str, step: int, concurrency: int, start_s: float, end_s: float, outcome: Outcome = Outcome.OK
+    rid: str,
+    step: int,
+    concurrency: int,
+    start_s: float,
+    end_s: float,
+    outcome: Outcome = Outcome.OK,
+    *,
+    prompt_tokens: int = 256,
+    output_tokens: int = 256,
 ) -> RequestResult:
     """One hand-placed request, times in seconds after ``T0``."""
     ok = outcome is Outcome.OK
@@ -203,8 +215,8 @@ def request(
         start_unix_s=T0 + start_s,
         end_unix_s=T0 + end_s,
         outcome=outcome,
-        prompt_tokens_asked=256,
-        output_tokens_asked=256,
+        prompt_tokens_asked=prompt_tokens,
+        output_tokens_asked=output_tokens,
         usage_completion_tokens=256 if ok else None,
         ttft_ms=40.0 if ok else None,
         tpot_ms=0.4 if ok else None,

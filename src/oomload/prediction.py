@@ -62,6 +62,7 @@ class Prediction:
             "levels_apart": self.levels_apart,
             "disagrees": self.disagrees,
             "basis": self.basis,
+            "block_size_tokens": self.arithmetic.block_size,
             "highest_clean": self.highest_clean,
             "reached": self.reached,
         }

@@ -2,7 +2,8 @@
 
 * ``max_model_len`` — ``stats.recommend_max_model_len`` on the trace's total lengths (prompt + output):
   nearest-rank P99 plus a margin (10 %), rounded up to a multiple of lcm(256, block size), never above
-  the model's limit (``config.json`` ``max_model_len`` from ``/v1/models``, else ``cache_config``). It
+  the served limit (``config.json`` ``max_model_len`` from ``/v1/models``, else ``cache_config``: the
+  current setting, and the only model limit oomload knows). It
   reports the share of the trace the setting refuses and the worst-case full-length sequences the KV
   pool holds at once with it, against the current limit. Only recommended when it *lowers* the limit
   (or no limit is known); a trace that needs the full window is told so. Two cases change nothing:
@@ -78,7 +79,12 @@ class Recommendation:
             "settings": [asdict(s) for s in self.settings],
             "max_model_len": None
             if advice is None
-            else {**asdict(advice), "freed_concurrency": advice.freed_concurrency},
+            else {
+                **asdict(advice),
+                "freed_concurrency": advice.freed_concurrency,
+                "round_to_tokens": advice.round_to,
+                "margin_share": advice.margin,
+            },
             "flag_line": self.flag_line,
             "reasoning": self.reasoning,
         }
@@ -136,7 +142,8 @@ def _max_model_len(
             f"{advice.refused_share:.2%} of the trace would be refused"
         )
         return Setting("--max-model-len", None, limit, why), advice
-    if advice.kept_current:
+    covered = limit is not None and advice.basis_tokens <= limit
+    if advice.kept_current or (covered and advice.max_model_len >= (limit or 0)):
         why = (
             f"the current {limit} already covers the trace's P99 total length ({p99} tokens); "
             "raising it would only shrink the KV concurrency — keep it"
@@ -144,9 +151,9 @@ def _max_model_len(
         return Setting("--max-model-len", None, limit, why), advice
     if limit is not None and advice.max_model_len >= limit:
         why = (
-            f"the trace's P99 total length ({p99} tokens) plus {margin:.0%} needs the model's "
-            f"full limit of {limit}"
-            + (f" ({advice.refused_count} requests are longer still)" if advice.refused_count else "")
+            f"the trace's P99 total length ({p99} tokens) exceeds the current max_model_len {limit}: "
+            f"{advice.refused_count} requests ({advice.refused_share:.2%}) are refused at it; a longer "
+            "window needs a model that allows it and leaves fewer full-length sequences in the KV pool"
         )
         return Setting("--max-model-len", None, limit, why), advice
     share = f"{advice.refused_share:.2%}"

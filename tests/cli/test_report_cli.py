@@ -111,3 +111,24 @@ def test_bad_input_is_one_sentence_and_exit_two(
     err = capsys.readouterr().err
     assert err.startswith("oomload: error: ") and says in err
     assert "Traceback" not in err
+
+
+def test_file_only_formats_print_what_was_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_run(tmp_path / "run")
+    assert main(["report", str(run), "--format", "md,junit,json"]) == 0
+    out = capsys.readouterr().out
+    assert out == f"oomload: wrote report.md, junit.xml, summary.json in {run} (exit code 0)\n"
+
+
+def test_a_corrupt_config_is_warned_about_and_the_rest_rendered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = make_run(tmp_path / "run")
+    (run / "config.json").write_text('{"model": "m", "url":')
+    assert main(["report", str(run), "--format", "md,json"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("oomload: warning: ")
+    assert "config.json is unreadable (not valid JSON" in err
+    notes = json.loads((run / "summary.json").read_text())["verdict"]["confidence"]["notes"]
+    assert "config_unreadable" in {n["kind"] for n in notes}
+    assert "| 2 | 4 |" in (run / "report.md").read_text()  # the steps are still there

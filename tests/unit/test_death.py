@@ -82,6 +82,13 @@ def test_a_casualty_is_not_charged_to_the_step_it_started_in(died: Verdict) -> N
     assert evaluate_gate(parse_gate("no-oom-up-to:2"), died).status is GateStatus.PASS
 
 
+def test_a_stream_the_death_broke_is_neither_clamped_nor_short(died: Verdict) -> None:
+    ctx = died.context_overflow
+    assert (ctx.clamped, ctx.short_responses) == (0, 0)
+    assert "context_overflow" in {f.key for f in describe(died, recommend(died))}
+    assert "short_responses" not in {f.key for f in describe(died, recommend(died))}
+
+
 def test_only_independent_transport_errors_are_noted(died: Verdict) -> None:
     noted = {n.step for n in died.notes if n.kind == "transport_errors"}
     assert noted == {0}

@@ -82,6 +82,17 @@ def test_trace_needing_the_full_window_keeps_the_limit(tmp_path: Path) -> None:
     assert rec.max_model_len.value is None
     assert rec.max_model_len_advice is not None and rec.max_model_len_advice.capped_by_model_limit
     assert "--max-model-len" not in rec.flag_line
+    assert rec.max_model_len.reason.startswith("the current 4096 already covers the trace's P99")
+
+
+def test_a_trace_longer_than_the_current_limit_is_told_what_is_refused(tmp_path: Path) -> None:
+    lengths = [(3900, 190)] * 90 + [(5000, 100)] * 10
+    rec = recommend(verdict_of(write_run(tmp_path / "r", [StepSpec(1)], lengths=lengths)))
+    assert rec.max_model_len.value is None and "--max-model-len" not in rec.flag_line
+    assert rec.max_model_len.reason.startswith(
+        "the trace's P99 total length (5100 tokens) exceeds the current max_model_len 4096: "
+        "10 requests (10.00%) are refused at it"
+    )
 
 
 lengths_strategy = st.lists(
@@ -139,3 +150,35 @@ def test_recommendation_json_is_plain(tmp_path: Path) -> None:
     ]
     assert doc["max_model_len"]["freed_concurrency"] is not None
     assert dataclasses.is_dataclass(rec)
+
+
+def test_kv_pool_too_small_for_the_p99_advises_more_kv_memory_not_a_limit(tmp_path: Path) -> None:
+    """The QA case: P99 8001 tokens, a pool of 8000 — no max_model_len both starts and covers it."""
+    lengths = [(7000, 1001)] * 50
+    cache = {"num_gpu_blocks": 250, "block_size": 32, "kv_cache_size_tokens": 8000}
+    config = {"max_model_len": None}  # a server that does not say its limit
+    rec = recommend(
+        verdict_of(
+            write_run(tmp_path / "r", [StepSpec(1)], lengths=lengths, cache_config=cache, config=config)
+        )
+    )
+    advice = rec.max_model_len_advice
+    assert advice is not None and advice.capped_by_kv_cache and advice.max_model_len == 8000
+    assert rec.max_model_len.value is None and "--max-model-len" not in rec.flag_line
+    assert rec.max_model_len.reason.startswith(
+        "the KV pool (8000 tokens) cannot hold one request of the trace's P99 total length (8001 tokens)"
+    )
+    assert "--gpu-memory-utilization, a bigger GPU or tensor parallelism" in rec.reasoning
+    assert "Capping max_model_len" not in rec.reasoning and "covers the trace's P99" not in rec.reasoning
+
+
+def test_a_current_limit_that_covers_the_p99_is_kept(tmp_path: Path) -> None:
+    lengths = [(2500, 500)] * 50  # P99 3000 + 10 % → 3328 would exceed the current 3072
+    v = verdict_of(write_run(tmp_path / "r", [StepSpec(1)], lengths=lengths, config={"max_model_len": 3072}))
+    rec = recommend(v)
+    assert rec.max_model_len_advice is not None and rec.max_model_len_advice.max_model_len == 3072
+    assert rec.max_model_len.value is None and "--max-model-len" not in rec.flag_line
+    assert rec.max_model_len.reason == (
+        "the current 3072 already covers the trace's P99 total length (3000 tokens); "
+        "raising it would only shrink the KV concurrency — keep it"
+    )

@@ -18,6 +18,7 @@ step_specs = st.lists(
         st.integers(min_value=0, max_value=20),  # preemptions
         st.booleans(),  # metrics scraped
         st.sampled_from(["ramp", "ramp", "refine", "warmup"]),
+        st.booleans(),  # the load generator held the concurrency
     ),
     min_size=1,
     max_size=7,
@@ -27,11 +28,18 @@ step_specs = st.lists(
 @settings(max_examples=40, deadline=None)
 @given(series=step_specs, cut_last=st.booleans())
 def test_onset_and_last_safe_lie_inside_the_measured_range(
-    series: list[tuple[int, int, bool, str]], cut_last: bool
+    series: list[tuple[int, int, bool, str, bool]], cut_last: bool
 ) -> None:
     specs = [
-        StepSpec(c, preemptions=p if scraped else 0, scrapes=3 if scraped else 0, phase=phase, requests=4)
-        for c, p, scraped, phase in series
+        StepSpec(
+            c,
+            preemptions=p if scraped else 0,
+            scrapes=3 if scraped else 0,
+            phase=phase,
+            requests=max(c, 4),
+            in_flight=None if held else max(c // 4, 1),
+        )
+        for c, p, scraped, phase, held in series
     ]
     specs[-1].cut_short = cut_last
     with tempfile.TemporaryDirectory() as tmp:
@@ -48,7 +56,8 @@ def test_onset_and_last_safe_lie_inside_the_measured_range(
         assert v.preemption_onset.preemptions_in_step > 0
     if v.last_safe_concurrency is not None:
         assert v.last_safe_concurrency in levels
-        assert any(s.concurrency == v.last_safe_concurrency and not s.cut_short for s in measured)
+        # a level is called safe only on a trusted step: completed and holding its concurrency
+        assert any(s.concurrency == v.last_safe_concurrency and s.trusted for s in measured)
         if v.preemption_onset is not None:
             assert v.last_safe_concurrency < v.preemption_onset.concurrency
     if cut_last:

@@ -12,8 +12,10 @@ from rich.console import Console
 from runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
 
 from oomload.errors import ConfigError, ExitCode
+from oomload.outcome import Outcome
+from oomload.recommend import recommend
 from oomload.report import SUMMARY_SCHEMA, finalize_run
-from oomload.report.findings import fmt_ms
+from oomload.report.findings import describe, fmt_bytes, fmt_ms
 from oomload.report.plots import figure_by_concurrency
 from oomload.runview import load_run
 from oomload.verdict import build_verdict
@@ -149,3 +151,27 @@ def test_concurrency_axes_are_labelled_with_the_measured_levels(tmp_path: Path) 
         labels = [t.get_text() for t in ax.get_xticklabels()]
         assert labels == ["1", "2", "4", "5", "6", "7", "8", "12", "16"]
         assert len(ax.xaxis.get_minor_locator().tick_values(1, 16)) == 0
+
+
+def test_units_and_single_values_in_words(tmp_path: Path) -> None:
+    assert fmt_bytes(int(1.25 * 2**30)) == "1.25 GiB"
+    steps = [StepSpec(2, failures={Outcome.CONTEXT_OVERFLOW: 2})]
+    v = build_verdict(load_run(write_run(tmp_path / "run", steps)))
+    text = next(f.text for f in describe(v, recommend(v)) if f.key == "context_overflow")
+    assert text == "2 refused at 512 total tokens (prompt + output)"
+
+
+def test_summary_json_quantities_carry_units(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", cpu_knee_steps(), cache_config=CPU_CACHE)
+    run_report(run, gates=["error-rate<=0.1%"], formats=("json",))
+    doc = json.loads((run / "summary.json").read_text())
+    verdict = doc["verdict"]
+    assert verdict["onsets"]["preemption"]["kv_usage_max_share"] == 1.0
+    assert verdict["onsets"]["kv_saturation"]["kv_usage_share"] == 1.0
+    assert verdict["onsets"]["queueing"]["waiting_requests"] == 1
+    assert verdict["steps"][0]["kv_usage_max_share"] == 0.17 and verdict["steps"][0]["trusted"] is True
+    assert verdict["context_overflow"]["model_limit_tokens"] == 4096
+    assert verdict["prediction"]["block_size_tokens"] == 32
+    advice = doc["recommendation"]["max_model_len"]
+    assert (advice["round_to_tokens"], advice["margin_share"]) == (256, 0.1)
+    assert doc["gates"][0]["unit"] == "share"

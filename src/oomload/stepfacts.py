@@ -39,6 +39,12 @@ from oomload.runview import StepData, max_float, max_int, min_int
 from oomload.stats import percentile
 
 ACHIEVED_CONCURRENCY_MIN_SHARE = 0.8
+END_REASON_WORDS = {  # why a step or run ended early, as a phrase (runview.CUT_SHORT_REASONS)
+    "interrupted": "interrupted (Ctrl-C or SIGTERM)",
+    "max_duration": "--max-duration-s was reached",
+    "error": "oomload stopped on an error",
+    "server_dead": "the server died",
+}
 UNSAFE_OUTCOMES = frozenset(
     {Outcome.ENGINE_DEAD, Outcome.ADMISSION_REJECTED, Outcome.SERVER_ERROR, Outcome.TIMEOUT}
 )
@@ -144,7 +150,11 @@ class StepFacts:
         """Why the step is not trusted, in words (``None`` for a trusted step)."""
         where = f"step {self.index} (concurrency {self.concurrency})"
         if self.cut_short:
-            how = "never ended" if self.end_reason is None else f"ended {self.end_reason}"
+            how = (
+                "never ended"
+                if self.end_reason is None
+                else END_REASON_WORDS.get(self.end_reason, f"ended {self.end_reason}")
+            )
             after = "" if self.duration_s is None else f" after {self.duration_s:.1f} s"
             return f"{where} was cut short ({how}{after}, {self.requests} request(s))"
         if self.concurrency_held is False:

@@ -53,7 +53,7 @@ from oomload.outcome import Outcome, RequestResult
 from oomload.prediction import Prediction, compare_prediction
 from oomload.runview import CUT_SHORT_REASONS, RunView, as_float, as_int, as_str
 from oomload.stats import LengthSummary, summarize_lengths
-from oomload.stepfacts import UNSAFE_OUTCOMES, LatencyStats, StepFacts, summarize_step
+from oomload.stepfacts import END_REASON_WORDS, UNSAFE_OUTCOMES, LatencyStats, StepFacts, summarize_step
 
 KV_SATURATED = 0.99
 DEFAULT_MIN_REQUESTS = 3
@@ -405,14 +405,6 @@ def _run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | No
     )
 
 
-_CUT_BY = {
-    "interrupted": "interrupted (Ctrl-C or SIGTERM)",
-    "max_duration": "--max-duration-s was reached",
-    "error": "oomload stopped on an error",
-    "server_dead": "the server died",
-}
-
-
 def _cut_short_detail(
     view: RunView,
     steps: Sequence[StepFacts],
@@ -441,7 +433,9 @@ def _cut_short_detail(
         if first_cut.end_reason is None:
             parts.append(f"{where} started but never ended")
         else:
-            cause = _CUT_BY.get(first_cut.end_reason, f"the step ended with reason {first_cut.end_reason}")
+            cause = END_REASON_WORDS.get(
+                first_cut.end_reason, f"the step ended with reason {first_cut.end_reason}"
+            )
             parts.append(f"{cause} in {where}{at(first_cut.end_unix_s)}")
     elif status is not None:
         last = max(steps, key=lambda s: s.start_unix_s, default=None)

@@ -136,21 +136,17 @@ def plot_lengths(view: RunView, verdict: Verdict, recommendation: Recommendation
             ax.axvline(summary.p99, color="orange", ls="--", lw=1.2, label=f"P99 {summary.p99:.0f}")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    if advice is not None:
+    recommended = recommendation.max_model_len.value
+    if recommended is not None:  # a kept or KV-capped limit is no recommendation (recommend.py)
+        axes[2].axvline(recommended, color="red", lw=1.5, label=f"recommended max_model_len {recommended}")
+    if advice is not None and advice.current_max_model_len is not None:
         axes[2].axvline(
-            advice.max_model_len,
-            color="red",
-            lw=1.5,
-            label=f"recommended max_model_len {advice.max_model_len}",
+            advice.current_max_model_len,
+            color="grey",
+            ls=":",
+            lw=1.2,
+            label=f"current {advice.current_max_model_len}",
         )
-        if advice.current_max_model_len is not None:
-            axes[2].axvline(
-                advice.current_max_model_len,
-                color="grey",
-                ls=":",
-                lw=1.2,
-                label=f"current {advice.current_max_model_len}",
-            )
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper right")

@@ -2,7 +2,9 @@
 
 Warnings (they lower the level):
 
-* ``no_steps`` — no measured step; ``cut_short`` — the run was cut short;
+* ``no_steps`` — no measured step; ``cut_short`` — the run was cut short (by Ctrl-C, the time limit,
+  an error: levels the schedule asked for are missing. A run ended by the engine's death is
+  information instead: the death is the finding, and the steps before it stand);
 * ``few_requests`` — a step decided fewer requests than the schedule's ``min_requests``;
 * ``concurrency_not_held`` — achieved concurrency below 80 % of the target;
 * ``metrics_missing`` — a step (or the whole run) without a successful ``/metrics`` scrape;
@@ -79,13 +81,15 @@ def evidence_notes(
     onset_concurrency: int | None,
     prediction: Prediction | None,
     cut_short_detail: str | None,
+    died: bool = False,
 ) -> list[ConfidenceNote]:
     """Run-wide caveats about the onset and its evidence (``measured``: non-warmup, before death)."""
     notes: list[ConfidenceNote] = []
     if not measured:
         notes.append(ConfidenceNote("no_steps", "no measured (non-warmup) step: there is nothing to judge"))
     if cut_short_detail is not None:
-        notes.append(ConfidenceNote("cut_short", f"the run was cut short: {cut_short_detail}"))
+        text = f"the run was cut short: {cut_short_detail}"
+        notes.append(ConfidenceNote("cut_short", text, severity="info" if died else "warning"))
     with_metrics = [s for s in measured if s.preemptions is not None]
     if measured and not with_metrics:
         text = "no /metrics scrape reported preemptions: preemption and KV usage are unobserved"

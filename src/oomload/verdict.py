@@ -284,6 +284,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
             onset_concurrency=None if onset is None else onset.concurrency,
             prediction=prediction,
             cut_short_detail=run.cut_short_detail if run.cut_short else None,
+            died=_cut_only_by_death(run, steps, death),
         ),
         *data_notes(view),
     ]
@@ -403,6 +404,13 @@ def _run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | No
         open_loop=config.get("open_loop") is True,
         config_note=view.config_note,
     )
+
+
+def _cut_only_by_death(run: RunInfo, steps: Sequence[StepFacts], death: EngineDeath | None) -> bool:
+    """The run finished its own way and nothing but the engine's death cut it short."""
+    if death is None or not run.finished:
+        return False
+    return all(s.after_death or s.index == death.step for s in steps if s.cut_short)
 
 
 def _cut_short_detail(

@@ -54,6 +54,7 @@ def test_a_step_ended_by_ctrl_c_is_cut_short_and_not_trusted(interrupted: Verdic
         "interrupted (Ctrl-C or SIGTERM) in step 1 (concurrency 2) at 10.6 s"
     )
     assert finding(interrupted, "last_safe") == "1"
+    assert [n.severity for n in interrupted.notes if n.kind == "cut_short"] == ["warning"]
 
 
 def test_gates_on_an_interrupted_step_are_not_evaluated(interrupted: Verdict) -> None:
@@ -152,6 +153,9 @@ def test_a_server_death_is_a_cut_short_run_with_its_place(tmp_path: Path) -> Non
     assert "This run was cut short:** the server died in step 2 (concurrency 4)" in md
     assert "| ✅ | **Run** |" not in md and "| 2* | 4 |" in md
     assert "engine death" in finding(v, "engine_death")  # still a finding of its own
+    # the death is the answer, not missing evidence: the note informs, the steps before it stand
+    assert [n.severity for n in v.notes if n.kind == "cut_short"] == ["info"]
+    assert v.last_safe_concurrency == 2
 
 
 def test_prediction_uses_the_requests_sent_and_tail_runs_advise_no_max_num_seqs(tmp_path: Path) -> None:

@@ -87,16 +87,25 @@ def _get_json(url: str) -> Any:
         return json.loads(resp.read())
 
 
-def test_the_web_ui_shows_the_servers_telemetry(sim: SimServer, tmp_path: Path) -> None:
-    trace = _trace(tmp_path / "t.jsonl", 20, 32, 200)
+@pytest.fixture(scope="module")
+def sim_with_gpu() -> Iterator[SimServer]:
+    """A simulated server that models a GPU, so its ``/dcgm/metrics`` reports device memory."""
+    with SimServer(("--model", "tiny", "--gpu-memory-gib", "2", "--time-scale", "0.05")) as server:
+        yield server
+
+
+def test_the_web_ui_shows_the_servers_telemetry(sim_with_gpu: SimServer, tmp_path: Path) -> None:
+    sim = sim_with_gpu
+    trace = _trace(tmp_path / "t.jsonl", 20, 32, 400)
     port = _free_port()
     web = f"http://127.0.0.1:{port}"
-    argv = _cmd(str(trace), "--url", sim.url, "--concurrency", "4", "--hold-s", "6", "--no-refine",
+    argv = _cmd(str(trace), "--url", sim.url, "--concurrency", "4", "--hold-s", "40", "--no-refine",
                 "--web", "--web-port", str(port), "--gpu", f"dcgm:{sim.url}/dcgm/metrics",
                 "--metrics-interval-s", "0.5", "--run-dir", str(tmp_path / "run"))  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     snapshot: dict[str, Any] = {}
     rows: list[dict[str, str]] = []
+    page = ""
     try:
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and proc.poll() is None:
@@ -109,10 +118,10 @@ def test_the_web_ui_shows_the_servers_telemetry(sim: SimServer, tmp_path: Path) 
             rows = next((e["data"] for e in stats.get("extended_stats", []) if e["key"] == "oomload"), [])
             metrics = snapshot.get("metrics") or {}
             if (metrics.get("num_requests_running") or 0) > 0 and snapshot.get("gpu"):
+                with urllib.request.urlopen(web + "/oomload", timeout=5) as resp:
+                    page = resp.read().decode()
                 break
             time.sleep(0.3)
-        with urllib.request.urlopen(web + "/oomload", timeout=5) as resp:
-            page = resp.read().decode()
     finally:
         proc.terminate()
         proc.communicate(timeout=30)

@@ -182,7 +182,11 @@ def test_misbehaving_servers(
 
 def test_never_answering_server_times_out(serve: Callable[[Handler], RawServer]) -> None:
     stop = threading.Event()
-    server = serve(lambda conn: None if stop.wait(5) else None)
+
+    def never_answer(conn: socket.socket) -> None:
+        stop.wait(5)
+
+    server = serve(never_answer)
     outcome, ex = _send(server.url, timeout_s=0.5)
     stop.set()
     assert outcome is Outcome.TIMEOUT and ex.http_status is None  # type: ignore[attr-defined]

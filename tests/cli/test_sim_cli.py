@@ -41,6 +41,11 @@ def test_kv_pool_smaller_than_one_request_is_refused_like_vllm(capsys: pytest.Ca
         (["--gpu", "l4", "--gpu-memory-utilization", "0.5"], "No available memory for the cache blocks"),
         (["--time-scale", "-1"], "--time-scale"),
         (["--num-gpu-blocks", "1"], "at least 2"),
+        (["--max-model-len", "0"], "--max-model-len must be a positive integer, got 0"),
+        (
+            ["--port-file", "/nonexistent/dir/p"],
+            "cannot write the port file /nonexistent/dir/p: the directory",
+        ),
     ],
 )
 def test_bad_flags_are_one_line_errors(

@@ -142,6 +142,26 @@ def test_errors_have_vllms_status_and_json_shape(tiny: SimServer) -> None:
         assert set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
     assert call(tiny, "POST", "/v1/chat/completions", {"messages": "hi"})[0] == 400
     assert call(tiny, "GET", "/no/such/path")[0] == 404
+    for empty in ("", []):
+        status, body = call(tiny, "POST", "/v1/completions", {"model": "tiny-model", "prompt": empty})
+        error = {
+            "message": "The decoder prompt cannot be empty",
+            "type": "BadRequestError",
+            "param": "prompt",
+        }
+        assert (status, json.loads(body)) == (400, {"error": {**error, "code": 400}})
+    messages = [{"role": "user", "content": "hi"}]
+    for path, req in (
+        ("/v1/completions", {"prompt": [1, 2]}),
+        ("/v1/chat/completions", {"messages": messages}),
+    ):
+        status, body = call(tiny, "POST", path, {"model": "gpt-4o", **req})
+        not_found = {
+            "message": "The model `gpt-4o` does not exist.",
+            "type": "NotFoundError",
+            "param": "model",
+        }
+        assert (status, json.loads(body)) == (404, {"error": {**not_found, "code": 404}})
     assert call(tiny, "GET", "/health")[0] == 200  # still alive
 
 
@@ -211,6 +231,13 @@ def test_dcgm_endpoint_reports_framebuffer_mib() -> None:
         free = fams["DCGM_FI_DEV_FB_FREE"].samples[0].value
         assert used + free == 81559  # MiB of an H100 80GB
         assert 0.85 * 81559 < used < 0.93 * 81559  # vLLM preallocates ~util × total
+
+
+def test_dcgm_endpoint_is_404_when_no_gpu_is_modelled(tiny: SimServer) -> None:
+    status, body = call(tiny, "GET", "/dcgm/metrics")
+    error = json.loads(body)["error"]
+    assert status == 404 and error["type"] == "NotFoundError"
+    assert error["message"].startswith("No GPU is modelled")
 
 
 def test_admission_rejections_503_and_in_band_stream_errors_and_keepalive_close() -> None:

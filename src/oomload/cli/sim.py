@@ -164,9 +164,11 @@ def check_bind_host(host: str, allow_remote: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from oomload.sim.build import build_engine
-    from oomload.sim.server import ServerOptions, SimService, serve
+    from oomload.sim.server import ServerOptions, SimService, check_port_file, serve
 
     check_bind_host(args.host, args.allow_remote)
+    if args.port_file is not None:
+        check_port_file(args.port_file)
     for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
         value = getattr(args, name)
         if value is not None and value < 0:
@@ -202,7 +204,4 @@ def run(args: argparse.Namespace) -> int:
         service = SimService(built.engine(opts), options)
         return await serve(service, args.host, args.port, args.port_file)
 
-    try:
-        return asyncio.run(main())
-    except OSError as err:
-        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from err
+    return asyncio.run(main())

@@ -18,6 +18,10 @@ Behaviour copied from vLLM (reference ``vllm-facts.md`` §4.3, §5, §6 and ``vl
 - A modelled CUDA OOM kills the engine: in-flight requests get 500 (streams an SSE error event),
   later ones 500, ``/health`` 503, and after ``--exit-delay-s`` the process exits with status 1.
 - Idle keep-alive connections are closed after ``--keepalive-timeout-s`` (5 s, uvicorn's default).
+- A request naming another model than the served one gets vLLM's 404 ``NotFoundError``
+  ("The model `x` does not exist."); an empty prompt gets 400 "The decoder prompt cannot be empty".
+- ``/dcgm/metrics`` answers 404 when no GPU is modelled (only blocks or KV bytes were given): there is
+  no device memory to report, and made-up figures would mislead.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import socket
 import sys
@@ -38,6 +43,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from oomload.errors import ConfigError
 from oomload.sim.metrics import EngineCollector, build_registry, cache_config_labels, dcgm_text
 from oomload.sim.model import EngineModel
 from oomload.sim.scheduler import SimRequest
@@ -48,6 +54,15 @@ BUSY_MESSAGE = (
     "Please try again later or on a different instance."
 )
 DEAD_MESSAGE = "The server had an error while processing your request."
+NO_GPU_MESSAGE = (
+    "No GPU is modelled: this simulated server was started without --gpu (only --num-gpu-blocks or "
+    "--kv-cache-memory-bytes), so it has no device memory to report. Start it with --gpu to get "
+    "DCGM framebuffer metrics."
+)
+# vLLM's V1 input processor rejects an empty prompt with ValueError(f"The {prompt_type} prompt cannot
+# be empty"), prompt_type "decoder" (vllm/v1/engine/processor.py; vLLM's tests match 'decoder prompt
+# cannot be empty' in tests/entrypoints/llm/test_prompt_validation.py); the server answers 400.
+EMPTY_PROMPT_MESSAGE = "The decoder prompt cannot be empty"
 PIECE_TABLE_SIZE = 1024
 BATCH_S = 0.005  # tokens are delivered in batches of at most this much modelled time
 
@@ -321,6 +336,8 @@ class SimService:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def dcgm(self, request: web.Request) -> web.Response:
+        if not self.engine.layout.gpu_total_bytes:
+            raise RequestError(404, NO_GPU_MESSAGE, "NotFoundError")
         text = dcgm_text(self.engine, gpu_name=self.opts.gpu_name, num_gpus=self.opts.num_gpus)
         return web.Response(text=text, content_type="text/plain")
 
@@ -347,8 +364,18 @@ class SimService:
         return web.json_response({"prompt": self.tokenizer.decode(tokens)})
 
     # -- generation ----------------------------------------------------------------------------
+    def _check_model(self, body: dict[str, Any]) -> None:
+        """404 for a model the server does not serve, as vLLM's ``OpenAIServing._check_model``."""
+        model = body.get("model")
+        if model is None or model == self.opts.served_model_name:
+            return
+        if not isinstance(model, str):
+            raise RequestError(400, f"'model' must be a string, got {model!r}", param="model")
+        raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError", param="model")
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
+        self._check_model(body)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]
@@ -363,11 +390,14 @@ class SimService:
             raise RequestError(
                 400, "'prompt' must be a string or a list of token ids (one prompt)", param="prompt"
             )
+        if prompt_tokens == 0:
+            raise RequestError(400, EMPTY_PROMPT_MESSAGE, param="prompt")
         max_tokens = _opt_int(body, "max_tokens", 16)
         return await self._generate(request, body, prompt_tokens, prompt_ids, max_tokens, chat=False)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
+        self._check_model(body)
         ids = self._chat_ids(body.get("messages"), True)
         max_tokens = _opt_int(body, "max_completion_tokens", None)
         if max_tokens is None:
@@ -652,7 +682,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 async def serve(service: SimService, host: str, port: int, port_file: Path | None = None) -> int:
     """Run the server until SIGTERM/SIGINT (exit 0) or a modelled engine death (exit 1)."""
-    sock = bind_socket(host, port)
+    try:
+        sock = bind_socket(host, port)
+    except OSError as err:
+        raise ConfigError(f"cannot listen on {host}:{port}: {err.strerror or err}") from err
     bound_port = sock.getsockname()[1]
     runner = web.AppRunner(
         service.build_app(),
@@ -671,12 +704,29 @@ async def serve(service: SimService, host: str, port: int, port_file: Path | Non
         service._log(f"INFO [sim] {line}")
     shown = f"[{host}]" if ":" in host else host
     service._log(f"INFO:     Uvicorn running on http://{shown}:{bound_port} (Press CTRL+C to quit)")
-    if port_file is not None:
-        tmp = port_file.with_name(port_file.name + ".tmp")
-        tmp.write_text(f"{bound_port}\n", encoding="utf-8")
-        tmp.replace(port_file)
     try:
+        if port_file is not None:
+            write_port_file(port_file, bound_port)
         await service.stop_event.wait()
     finally:
         await runner.cleanup()
     return service.exit_code
+
+
+def check_port_file(path: Path) -> None:
+    """Refuse, before anything starts, a port file whose directory is missing or not writable."""
+    folder = path.parent
+    if not folder.is_dir():
+        raise ConfigError(f"cannot write the port file {path}: the directory {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"cannot write the port file {path}: the directory {folder} is not writable")
+
+
+def write_port_file(path: Path, port: int) -> None:
+    """Write the bound port atomically (a reader never sees a partial file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(f"{port}\n", encoding="utf-8")
+        tmp.replace(path)
+    except OSError as err:
+        raise ConfigError(f"cannot write the port file {path}: {err.strerror or err}") from err

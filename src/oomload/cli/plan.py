@@ -145,7 +145,7 @@ def _level_table(levels: list[Any], title: str) -> Any:
         row = [
             str(lv.concurrency),
             f"{lv.requests_finished:,}",
-            f"{lv.requests_refused:,} {lv.refused_share:.0%}" if lv.requests_refused else "0",
+            _refused(lv.requests_refused, lv.refused_share),
             str(lv.preemptions),
             _secs(lv.first_preemption_s),
             f"{lv.max_kv_usage * 100:.0f}",
@@ -201,6 +201,12 @@ def _print_advice(console: Any, result: Any) -> None:
             f"{check.trace_refused:,} of the {result.trace_requests:,} trace requests "
             f"({_share(check.trace_refused, result.trace_requests)})"
         )
+
+
+def _refused(count: int, share: float) -> str:
+    if not count:
+        return "0"
+    return f"{count:,} {'<1%' if share < 0.01 else format(share, '.0%')}"
 
 
 def _share(part: int, whole: int) -> str:

@@ -365,7 +365,7 @@ class EngineModel:
         )
         end_s = now_s + duration * time_scale
         for req in result.sampled:
-            if req.first_token_s == now_s:
+            if req.num_output_tokens == 1 and req.first_token_s == now_s:  # sampled first in this step
                 req.first_token_s = end_s
             if req.finished_s == now_s:
                 req.finished_s = end_s

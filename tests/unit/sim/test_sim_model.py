@@ -96,3 +96,16 @@ def test_toy_tokenizer_counts_four_characters_per_token_and_chat_overhead() -> N
     assert tok.out_of_vocab([1, 2047, 2048]) == 2048
     with pytest.raises(TypeError):
         tok.encode_chat([{"role": "user", "content": 5}])
+
+
+def test_first_token_time_is_the_end_of_the_prefill_step_not_of_a_later_one() -> None:
+    opts = EngineOptions(gpu="l4")
+    engine = build_engine(opts).engine(opts)
+    req = SimRequest("a", 615, 5)
+    engine.add(req)
+    prefill_s = engine.step(0.0).duration_s
+    now = prefill_s
+    while engine.scheduler.has_work:
+        now += engine.step(now).duration_s
+    assert req.first_token_s == prefill_s
+    assert req.finished_s == now > prefill_s

@@ -343,12 +343,57 @@ def test_a_url_that_refuses_connections_is_a_clear_unreachable_error(tmp_path: P
     assert url in proc.stderr + proc.stdout
 
 
-def test_a_url_that_never_answers_is_bounded_and_clear(tmp_path: Path) -> None:
+def test_a_url_that_never_answers_is_bounded_by_the_runs_duration_and_clear(tmp_path: Path) -> None:
     with silent_server() as url:
-        proc = _replay_against(url, tmp_path, timeout_s=45.0)
+        proc = _replay_against(url, tmp_path, "--max-duration-s", "2", timeout_s=45.0)
     no_traceback(proc)
     assert proc.returncode == ExitCode.UNREACHABLE
-    assert url in proc.stderr + proc.stdout
+    # the preflight never waits longer than the whole run may last, and says how long it waited
+    assert f"{url}/v1/models did not answer within 2 s" in proc.stderr + proc.stdout
+
+
+@contextlib.contextmanager
+def banner_server(banner: bytes) -> Iterator[str]:
+    """Writes ``banner`` to every connection and closes it (an SSH daemon on the wrong port)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError, OSError):
+                conn = sock.accept()[0]
+                with contextlib.suppress(OSError):
+                    conn.sendall(banner)
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        sock.close()
+
+
+def test_a_port_that_answers_a_non_http_banner_is_one_sentence(tmp_path: Path) -> None:
+    with banner_server(b"SSH-2.0-OpenSSH_9.6\r\n") as url:
+        proc = _replay_against(url, tmp_path)
+    no_traceback(proc)
+    assert proc.returncode == ExitCode.UNREACHABLE
+    assert f"{url}/v1/models did not answer HTTP" in proc.stderr + proc.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_base_url_ending_in_v1_is_used_without_it(sim: SimServer, tmp_path: Path) -> None:
+    proc = _replay_against(sim.url + "/v1", tmp_path, "--concurrency", "1", "--min-requests", "1")
+    no_traceback(proc)
+    assert f"--url ends in /v1: using {sim.url}" in proc.stdout
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["url"] == sim.url
+    assert lines(tmp_path / "run" / "requests.jsonl")
 
 
 def test_a_server_that_answers_html_is_not_mistaken_for_vllm(tmp_path: Path) -> None:

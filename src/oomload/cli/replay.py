@@ -117,6 +117,7 @@ def register(subparsers: Any) -> None:
 def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any:
     """Validate every flag and return a ``ReplayConfig``; raises ``ConfigError`` naming the bad value."""
     from oomload.load.payload import parse_token_id_range
+    from oomload.load.preflight import split_base_url
     from oomload.load.runner import DEMO_HOLD_S, DEMO_LEVELS, ReplayConfig
     from oomload.schedule import Hold, parse_levels, parse_stop_condition
     from oomload.trace import read_trace_header
@@ -152,8 +153,8 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
     gpu = args.gpu
     if gpu not in ("auto", "nvml", "none") and not gpu.startswith(("dcgm:", "remote:")):
         raise ConfigError(f"--gpu {gpu!r} is not one of auto, nvml, dcgm:URL, remote:URL, none")
-    if args.url is not None and not args.url.startswith(("http://", "https://")):
-        raise ConfigError(f"--url {args.url!r} must start with http:// or https://")
+    if args.url is not None:
+        split_base_url(args.url)  # ConfigError for a URL that cannot be parsed
     if not args.api_key_env.replace("_", "").isalnum():
         raise ConfigError(f"--api-key-env {args.api_key_env!r} is not an environment variable name")
     try:

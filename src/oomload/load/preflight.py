@@ -1,20 +1,30 @@
 """Before the first request: is the endpoint there, which model does it serve, how long a context?
 
-Plain HTTP (``urllib``): ``GET /v1/models`` gives the model id and vLLM's ``max_model_len``; a
-missing endpoint, a refused connection or a non-OpenAI answer becomes an ``EndpointError`` with one
-clear sentence. ``count_unfit`` says how many trace requests cannot fit ``max_model_len``.
+Plain HTTP (``urllib``): ``GET /v1/models`` gives the model id and vLLM's ``max_model_len``. Whatever
+goes wrong on the way — a refused connection, an unknown host name, a TLS failure, no answer within the
+timeout, an answer that is not HTTP at all (an SSH banner), an HTTP error, a body that is not JSON —
+becomes an ``EndpointError`` with one clear sentence (exit 3), never a traceback.
+
+``split_base_url`` checks a base URL before anything is sent (``ConfigError``, exit 2, for one that
+cannot be parsed) and drops a trailing ``/v1`` — the OpenAI SDK's habit (``base_url=…/v1``) — since
+oomload appends ``/v1/…`` itself. ``count_unfit`` says how many trace requests cannot fit
+``max_model_len``.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oomload.errors import EndpointError
+from oomload.errors import ConfigError, EndpointError
 from oomload.trace import TraceRecord
 
 
@@ -25,6 +35,33 @@ class Preflight:
     model: str
     max_model_len: int | None
     models: tuple[str, ...]
+
+
+def split_base_url(url: str) -> tuple[str, str | None]:
+    """The base URL oomload appends ``/v1/…`` to, and a note when a trailing ``/v1`` was dropped.
+
+    Raises ``ConfigError`` for a URL that is not ``http(s)://host[:port][/path]``.
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # ValueError for a port that is not a number or out of range
+        host = parts.hostname
+        if host:
+            host.encode("idna")  # UnicodeError for an empty or overlong label ("a..b")
+    except ValueError as err:  # UnicodeError is a ValueError
+        raise ConfigError(f"--url {url!r} is not a valid URL ({err})") from err
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(f"--url {url!r} must start with http:// or https://")
+    if not host:
+        raise ConfigError(f"--url {url!r} names no host (expected http://HOST[:PORT])")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"--url {url!r}: give the server's base URL, without ?query or #fragment")
+    del port
+    base = url.rstrip("/")
+    if base.endswith("/v1"):
+        stripped = base[: -len("/v1")]
+        return stripped, f"--url ends in /v1: using {stripped} (oomload adds /v1/… itself)"
+    return base, None
 
 
 def get_json(url: str, *, timeout_s: float, api_key: str | None = None) -> Any:
@@ -38,15 +75,36 @@ def get_json(url: str, *, timeout_s: float, api_key: str | None = None) -> Any:
     except urllib.error.HTTPError as err:
         hint = " (check the API key: --api-key-env)" if err.code in (401, 403) else ""
         raise EndpointError(f"{url} answered HTTP {err.code}{hint}") from err
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        raise EndpointError(
-            f"cannot reach {url} ({reason}); is the server running and the URL right?"
-        ) from err
+    except Exception as err:  # every way a GET can fail becomes one sentence
+        raise EndpointError(describe_failure(url, err, timeout_s)) from err
     try:
         return json.loads(body)
     except ValueError as err:
         raise EndpointError(f"{url} did not answer JSON; is this an OpenAI-compatible server?") from err
+
+
+def describe_failure(url: str, err: BaseException, timeout_s: float) -> str:
+    """One sentence for a GET that failed before an HTTP status came back."""
+    reason: object = err.reason if isinstance(err, urllib.error.URLError) else err
+    if isinstance(reason, (TimeoutError, socket.timeout)):
+        return f"{url} did not answer within {timeout_s:g} s; is the server running and the URL right?"
+    if isinstance(reason, http.client.RemoteDisconnected):
+        return f"{url} closed the connection without an answer; is this an HTTP server?"
+    if isinstance(reason, http.client.HTTPException):
+        return (
+            f"{url} did not answer HTTP ({type(reason).__name__}); is this the server's HTTP port "
+            "(not SSH, a database, or HTTPS spoken as http://)?"
+        )
+    if isinstance(reason, ssl.SSLError):
+        return f"TLS with {url} failed ({reason}); is it an https:// server, and is its certificate trusted?"
+    if isinstance(reason, socket.gaierror):
+        host = urllib.parse.urlsplit(url).hostname
+        return f"cannot resolve the host name {host!r} of {url} ({reason.strerror or reason})"
+    if isinstance(reason, ConnectionRefusedError):
+        return f"cannot reach {url} (connection refused); is the server running and the URL right?"
+    if isinstance(reason, (OSError, ValueError)):  # UnicodeError is a ValueError
+        return f"cannot reach {url} ({reason}); is the server running and the URL right?"
+    return f"cannot reach {url} ({type(reason).__name__}: {reason})"
 
 
 def preflight(base_url: str, *, model: str | None, api_key: str | None, timeout_s: float = 10.0) -> Preflight:

@@ -43,6 +43,7 @@ Importing Locust monkey-patches the process with gevent; it happens inside ``run
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -62,7 +63,7 @@ from rich.console import Console
 from oomload import __version__
 from oomload.errors import ConfigError, ExitCode, RunAbortedError
 from oomload.load.payload import Api, PayloadOptions
-from oomload.load.preflight import count_unfit, preflight
+from oomload.load.preflight import count_unfit, preflight, split_base_url
 from oomload.outcome import Outcome
 from oomload.rundir import RunReader, RunWriter, new_run_dir
 from oomload.schedule import Hold, SchedulePlan, StopCondition
@@ -84,6 +85,7 @@ DEMO_SIM_ARGS: tuple[str, ...] = (
 )
 DEMO_LEVELS = (1, 2, 4, 8, 16, 32)
 DEMO_HOLD_S = 4.0
+PREFLIGHT_TIMEOUT_S = 30.0
 HEALTH_INTERVAL_S = 1.0
 MONITOR_TICK_S = 0.2
 RAMP_DOWN_GRACE_S = 10.0
@@ -167,7 +169,11 @@ def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
 
     sim = None
     url = config.url
-    if url is None:
+    if url is not None:
+        url, note = split_base_url(url)
+        if note:
+            console.print(f"[yellow]note:[/] {note}")
+    else:
         sim = _start_sim(config, console)
         url = sim.url
     try:
@@ -175,6 +181,15 @@ def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
     finally:
         if sim is not None:
             sim.stop()
+
+
+def preflight_timeout_s(config: ReplayConfig) -> float:
+    """How long the preflight waits for ``/v1/models``: 30 s, never more than a request's timeout or
+    the run's whole maximum duration."""
+    limits = [PREFLIGHT_TIMEOUT_S, config.request_timeout_s]
+    if config.max_duration_s is not None:
+        limits.append(config.max_duration_s)
+    return min(limits)
 
 
 def _start_sim(config: ReplayConfig, console: Console) -> Any:
@@ -200,7 +215,7 @@ def _run_with_server(
     *,
     simulated: bool,
 ) -> int:
-    info = preflight(url, model=config.model, api_key=api_key, timeout_s=min(30.0, config.request_timeout_s))
+    info = preflight(url, model=config.model, api_key=api_key, timeout_s=preflight_timeout_s(config))
     unfit = count_unfit(records, info.max_model_len)
     if unfit:
         console.print(
@@ -661,6 +676,8 @@ class _Session:
             failure, refused = type(err).__name__, isinstance(err, ConnectionRefusedError)
         except (TimeoutError, OSError):
             return
+        except (http.client.HTTPException, ValueError) as err:  # not HTTP any more: failing
+            failure, refused = type(err).__name__, False
         self._health_failures += 1
         self._health_refused = self._health_refused + 1 if refused else 0
         self.writer.event("health_failed", detail=failure)

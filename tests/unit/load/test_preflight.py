@@ -1,0 +1,134 @@
+"""The preflight turns every way ``GET /v1/models`` can fail into one ``EndpointError`` sentence.
+
+Tiny loopback servers in a thread: one that writes an SSH banner, one that accepts and never answers,
+one that closes at once, one that speaks plain HTTP to an ``https://`` URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from oomload.errors import ConfigError, EndpointError
+from oomload.load.preflight import preflight, split_base_url
+
+
+@contextlib.contextmanager
+def raw_server(answer: bytes | None, *, close: bool = True) -> Iterator[str]:
+    """Accepts connections; writes ``answer`` (None: nothing) and closes, or keeps them open."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.1)
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if answer is not None:
+                with contextlib.suppress(OSError):
+                    conn.recv(4096)
+                    conn.sendall(answer)
+            if close:
+                conn.close()
+            else:
+                held.append(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+def _message(url: str, timeout_s: float = 5.0) -> str:
+    with pytest.raises(EndpointError) as info:
+        preflight(url, model=None, api_key=None, timeout_s=timeout_s)
+    return str(info.value)
+
+
+def test_an_ssh_banner_is_not_http() -> None:
+    with raw_server(b"SSH-2.0-OpenSSH_9.6\r\n") as url:
+        message = _message(url)
+    assert message.startswith(f"{url}/v1/models did not answer HTTP (BadStatusLine)")
+
+
+def test_a_connection_closed_without_an_answer() -> None:
+    with raw_server(b"") as url:
+        message = _message(url)
+    assert "closed the connection without an answer" in message
+
+
+def test_a_server_that_never_answers_is_waited_on_for_the_stated_timeout() -> None:
+    with raw_server(None, close=False) as url:
+        message = _message(url, timeout_s=0.3)
+    assert message == f"{url}/v1/models did not answer within 0.3 s; is the server running and the URL right?"
+
+
+def test_https_spoken_to_a_plain_http_port_is_a_tls_failure() -> None:
+    with raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}") as url:
+        message = _message(url.replace("http://", "https://"))
+    assert message.startswith("TLS with https://127.0.0.1:")
+
+
+def test_an_unknown_host_name_is_named() -> None:
+    message = _message("http://oomload-no-such-host.invalid:8000")
+    assert "cannot resolve the host name 'oomload-no-such-host.invalid'" in message
+
+
+def test_a_refused_connection() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, not listening: refused
+        message = _message(f"http://127.0.0.1:{port}")
+    assert "(connection refused)" in message
+
+
+V1_NOTE = "--url ends in /v1: using http://h:8000 (oomload adds /v1/… itself)"
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://h:8000", ("http://h:8000", None)),
+        ("http://h:8000/", ("http://h:8000", None)),
+        ("https://h/proxy/", ("https://h/proxy", None)),
+        ("http://h:8000/v1", ("http://h:8000", V1_NOTE)),
+        ("http://h:8000/v1/", ("http://h:8000", V1_NOTE)),
+    ],
+)
+def test_a_base_url_ending_in_v1_is_accepted_and_said(url: str, expected: tuple[str, str | None]) -> None:
+    assert split_base_url(url) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("http://[::1", "is not a valid URL (Invalid IPv6 URL)"),
+        ("http://a..b:8000", "is not a valid URL"),
+        ("http://h:port", "is not a valid URL"),
+        ("http://h:70000", "is not a valid URL"),
+        ("ftp://h", "must start with http:// or https://"),
+        ("http:///v1", "names no host"),
+        ("http://h:8000/?x=1", "without ?query"),
+    ],
+)
+def test_a_malformed_url_is_a_config_error(url: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=r".*") as info:
+        split_base_url(url)
+    assert words in str(info.value) and repr(url) in str(info.value)

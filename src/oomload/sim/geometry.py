@@ -50,6 +50,9 @@ CUDA_GRAPH_BYTES = int(0.5 * GIB)
 DOCS_URL = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
 # vLLM 0.10.2 CacheConfig's choices (reference vllm-facts.md §3.3); CUDA backends take ≤ 32 except some.
 ALLOWED_BLOCK_SIZES: tuple[int, ...] = (1, 8, 16, 32, 64, 128)
+# vLLM's CPU attention backend takes any multiple of 32, 256 included (the real CPU vLLM 0.32 served
+# 12 blocks of 256 in the end-to-end tests; reference vllm-cpu.md "later observations").
+CPU_BLOCK_MULTIPLE = 32
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1, "float8": 1}
 
 
@@ -445,9 +448,12 @@ def _check_config(model: ModelSpec, config: EngineConfig) -> None:
         value = getattr(config, name)
         if not isinstance(value, int) or value <= 0:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    if config.block_size not in ALLOWED_BLOCK_SIZES:
+    if config.block_size not in ALLOWED_BLOCK_SIZES and config.block_size % CPU_BLOCK_MULTIPLE:
         allowed = ", ".join(str(b) for b in ALLOWED_BLOCK_SIZES)
-        raise ConfigError(f"--block-size must be one of {allowed} (vLLM's choices), got {config.block_size}")
+        raise ConfigError(
+            f"--block-size must be one of {allowed} or a multiple of {CPU_BLOCK_MULTIPLE} (vLLM's choices "
+            f"on GPUs and on the CPU backend), got {config.block_size}"
+        )
     _check_tensor_parallel(model, config.tensor_parallel_size)
     if not 0 < config.gpu_memory_utilization <= 1:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {config.gpu_memory_utilization}")

@@ -133,3 +133,15 @@ def test_presets_resolve_and_unknown_names_are_config_errors() -> None:
         resolve_model("no-such-model")
     assert default_batch_limits(resolve_gpu("h200")) == (8192, 1024)
     assert default_batch_limits(resolve_gpu("a100-80g")) == (2048, 256)
+
+
+def test_block_sizes_the_cpu_backend_takes_are_accepted() -> None:
+    # The real CPU vLLM served 12 blocks of 256 tokens (tests/e2e); 7 is nobody's choice.
+    layout = plan_kv_cache(
+        resolve_model("tiny"),
+        None,
+        EngineConfig(max_model_len=2048, block_size=256, num_gpu_blocks_override=12),
+    )
+    assert layout.num_gpu_blocks == 12 and layout.kv_cache_size_tokens == 3072
+    with pytest.raises(ConfigError, match="multiple of 32"):
+        plan_kv_cache(resolve_model("tiny"), None, EngineConfig(max_model_len=2048, block_size=7))

@@ -100,9 +100,20 @@ def test_replay_in_process_follows_the_schedule_with_exact_lengths(sim: SimServe
     assert [s["concurrency"] for s in steps if s["event"] == "start"] == [1, 2, 4]
     ends = [s for s in steps if s["event"] == "end"]
     assert [s["reason"] for s in ends] == ["hold_done"] * 3
-    assert all(s["completed"] >= 3 for s in ends)
+    assert all(s["ended"] >= 3 for s in ends)
     assert all(s["achieved_concurrency_max"] <= s["concurrency"] for s in ends)
     results = _assert_exact(run_dir)
+    # "started" is the step's own request lines (how the verdict counts a step), whatever they became
+    by_step = Counter(r.step for r in RunReader(run_dir).requests())
+    assert [s["started"] for s in ends] == [by_step[0], by_step[1], by_step[2]]
+    assert all(s["ended"] == s["ended_ok"] + s["ended_errors"] for s in ends)
+    assert all(sum(s["ended_outcomes"].values()) == s["ended"] + s["ended_cancelled"] for s in ends)
+    # --no-live: one line per step, printed when it ends, with that step's own counts
+    step_lines = [line for line in proc.stdout.splitlines() if " · ended: " in line]
+    assert len(step_lines) == 3, proc.stdout
+    for line, end in zip(step_lines, ends, strict=True):
+        assert f"step {end['step']} " in line and f"sent {end['started']} " in line
+        assert f"ended: ok {end['ended_outcomes']['ok']} " in line
     assert {r.step for r in results} == {0, 1, 2}  # type: ignore[attr-defined]
     assert reader.status() is not None and reader.status()["finished"] is True  # type: ignore[index]
     assert reader.status()["end_reason"] == "completed"  # type: ignore[index]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from oomload.load.payload import PreparedRequest, RequestOrder
@@ -46,9 +46,12 @@ class InFlight:
 
 @dataclass(slots=True)
 class StepCounters:
-    """Outcomes and tokens of the requests that finished during the current step."""
+    """The current step's requests: how many it started, and the outcomes and tokens of those that
+    ended during it (whichever step started them)."""
 
-    completed: int = 0
+    started: int = 0
+    outcomes: Counter[Outcome] = field(default_factory=Counter)  # ended, cancelled included
+    completed: int = 0  # ended, cancelled excluded
     errors: int = 0
     engine_dead: int = 0
     completion_tokens: int = 0
@@ -83,6 +86,7 @@ class ReplayContext:
         self.counters = StepCounters(started_unix_s=clock())
         self._last_change_s = self.counters.started_unix_s
         self.stopping = False  # no new requests: the run is ending or the server is dead
+        self.between_steps = False  # no new requests: a step ended and the next has not begun
         self.death_suspected = False  # a user saw engine_dead / a refused connect: check /health now
         self.open_loop_start_s: float | None = None  # open loop: when arrival 0 happens
         self.arrival_scale = 1.0
@@ -112,8 +116,14 @@ class ReplayContext:
         self._integrate(now)
         ended = self.counters
         self.step, self.concurrency, self.phase = index, concurrency, phase
+        self.between_steps = False
         self.counters = StepCounters(started_unix_s=now, in_flight_max=len(self.in_flight))
         return ended
+
+    def end_step(self) -> None:
+        """The step ended: no new request until the next one begins (``begin_step``), so every request
+        belongs to the step that sent it and a step's ``started`` count is final at its end."""
+        self.between_steps = True
 
     def achieved_concurrency(self, now_unix_s: float | None = None) -> float:
         """Time-weighted mean in-flight count over the current step so far."""
@@ -122,13 +132,15 @@ class ReplayContext:
         elapsed = now - self.counters.started_unix_s
         return self.counters.in_flight_area / elapsed if elapsed > 0 else float(len(self.in_flight))
 
-    def step_report(self) -> dict[str, float | int]:
+    def step_report(self) -> dict[str, float | int | dict[str, int]]:
         """This process's view of the current step, for the master (``--processes``)."""
         return {
             "step": self.step,
             "mean": round(self.achieved_concurrency(), 4),
             "max": self.counters.in_flight_max,
             "in_flight": len(self.in_flight),
+            "started": self.counters.started,
+            "outcomes": {o.value: n for o, n in self.counters.outcomes.items()},
         }
 
     def started(self, request: PreparedRequest, start_unix_s: float) -> None:
@@ -137,6 +149,7 @@ class ReplayContext:
             request.request_id, start_unix_s, request.prompt_tokens, request.output_tokens
         )
         self.counters.in_flight_max = max(self.counters.in_flight_max, len(self.in_flight))
+        self.counters.started += 1
 
     def finished(self, result: RequestResult) -> None:
         """A request ended (``cancelled`` included: counted apart, written like every other)."""
@@ -146,6 +159,7 @@ class ReplayContext:
         if self.sink is not None:
             self.sink.request(result)
         c = self.counters
+        c.outcomes[result.outcome] += 1
         if result.outcome is Outcome.CANCELLED:
             c.cancelled += 1
             return
@@ -173,6 +187,9 @@ class ContextMeter:
     def begin(self, step: StepPlanLike) -> None:
         self.context.begin_step(step.index, step.concurrency, step.phase)
 
+    def end(self) -> None:
+        self.context.end_step()
+
     def completed(self) -> int:
         return self.context.counters.completed
 
@@ -192,4 +209,6 @@ class ContextMeter:
             achieved_mean=mean,
             achieved_max=c.in_flight_max,
             cancelled=c.cancelled,
+            started=c.started,
+            outcomes={o.value: n for o, n in c.outcomes.items()},
         )

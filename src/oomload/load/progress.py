@@ -1,14 +1,20 @@
-"""The live view of a replay (rich): one panel refreshed every second on a terminal, one line per
-step otherwise (logs, CI).
+"""The live view of a replay (rich): one line per step, and on a terminal a panel refreshed every
+second.
 
-Shows the step (index, phase), target and achieved concurrency, requests/s and tokens/s since the
-last refresh, outcomes so far, and the server's side: KV-cache usage, preemptions since the start,
-running/waiting requests, GPU memory.
+When a step ends — with or without the panel (``--no-live``, logs, CI) — one plain line gives that
+step's own results (``step_line``, from the step's ``steps.jsonl`` end line): step, phase, target and
+achieved concurrency, the requests that ended in the step by outcome, req/s over the step, its
+preemptions and the highest KV-cache usage the ``/metrics`` poller saw during it.
+
+The panel shows the step, target and achieved concurrency, requests/s and tokens/s since the last
+refresh, outcomes since the start of the run, and the server's side: KV-cache usage, preemptions since
+the start, running/waiting requests, GPU memory.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
@@ -19,15 +25,17 @@ from rich.table import Table
 class ProgressView:
     """Reads the session's context, poller and GPU sampler; never blocks the load."""
 
-    def __init__(self, session: Any, console: Console) -> None:
+    def __init__(self, session: Any, console: Console, *, live: bool = True) -> None:
         self.session = session
         self.console = console
+        self.want_live = live
         self.live: Live | None = None
         self._last = (time.time(), 0, 0)
         self._started = time.time()
+        self._kv_max: float | None = None
 
     def start(self) -> None:
-        if self.console.is_terminal:
+        if self.want_live and self.console.is_terminal:
             self.live = Live(self._render(), console=self.console, refresh_per_second=2, transient=True)
             self.live.start()
 
@@ -37,11 +45,21 @@ class ProgressView:
             self.live = None
 
     def step(self, step: Any) -> None:
-        if self.live is None:
-            self.console.print(
-                f"[dim]{time.time() - self._started:6.1f}s[/] step {step.index} {step.phase:<6} "
-                f"concurrency {step.concurrency:>4}  {self._summary()}"
-            )
+        """A step starts: its KV maximum starts afresh."""
+        del step
+        self._kv_max = None
+
+    def sample(self) -> None:
+        """Note the server's KV-cache usage (called by the monitor several times a second)."""
+        latest = self.session.poller.latest if self.session.poller is not None else None
+        kv = latest.get("kv_cache_usage") if latest else None
+        if isinstance(kv, (int, float)):
+            self._kv_max = kv if self._kv_max is None else max(self._kv_max, kv)
+
+    def step_ended(self, line: Mapping[str, Any]) -> None:
+        """Print the step's own results (its ``steps.jsonl`` end line) as one plain line."""
+        self.sample()
+        self.console.print(step_line(line, time.time() - self._started, self._kv_max), highlight=False)
 
     def refresh(self) -> None:
         if self.live is not None:
@@ -82,7 +100,7 @@ class ProgressView:
             table.add_row("step", f"{step.index} ({step.phase})")
             table.add_row("concurrency", f"target {step.concurrency} · achieved {achieved:.1f}")
         table.add_row("throughput", f"{req_s:.1f} req/s · {tok_s:.0f} tokens/s")
-        table.add_row("outcomes", self._summary())
+        table.add_row("outcomes (run)", self._summary())
         latest = s.poller.latest if s.poller is not None else None
         if latest:
             kv = latest.get("kv_cache_usage")
@@ -102,3 +120,23 @@ class ProgressView:
         if s.dead_evidence:
             table.add_row("server dead", s.dead_evidence)
         return table
+
+
+def step_line(line: Mapping[str, Any], elapsed_s: float, kv_max: float | None) -> str:
+    """``  12.0s step 3 ramp   concurrency 8 (achieved 7.9) · ok 12, context_overflow 1 · 3.00 req/s ·
+    preemptions 0 · KV max 81% · hold_done``: one step's own results."""
+    outcomes = line.get("ended_outcomes") or {}
+    ended = ", ".join(f"{name} {n}" for name, n in sorted(outcomes.items())) or "none ended"
+    duration_s = float(line.get("duration_s") or 0.0)
+    rate = f"{int(line.get('ended') or 0) / duration_s:.2f} req/s" if duration_s > 0 else "? req/s"
+    achieved = line.get("achieved_concurrency_mean")
+    held = "" if achieved is None else f" (achieved {float(achieved):.1f})"
+    preemptions = line.get("preemptions")
+    kv = "?" if kv_max is None else f"{kv_max * 100:.0f}%"
+    started = line.get("started")
+    sent = "" if started is None else f" · sent {started}"
+    return (
+        f"{elapsed_s:7.1f}s step {line.get('step')} {line.get('phase', ''):<6} concurrency "
+        f"{line.get('concurrency')}{held}{sent} · ended: {ended} · {rate} · preemptions "
+        f"{'?' if preemptions is None else preemptions} · KV max {kv} · {line.get('reason')}"
+    )

@@ -53,6 +53,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -69,13 +70,18 @@ from oomload.rundir import RunReader, RunWriter, new_run_dir
 from oomload.schedule import Hold, SchedulePlan, StopCondition
 from oomload.trace import TraceHeader, TraceRecord, read_trace, read_trace_header, write_trace
 
-# The demo target: a small simulated GPU whose KV cache preempts on traces/sample-chat.jsonl within
-# the first few steps, fast enough for the whole demo to finish in about a minute.
+# The demo target: a simulated Llama-3.1-8B on an L4 (device memory as vLLM would use it, served on the
+# simulator's /dcgm/metrics) whose KV cache preempts on traces/sample-chat.jsonl within the first few
+# steps, fast enough (time scale 0.1) for the whole demo to finish in about a minute.
+DEMO_MODEL = "llama-3.1-8b"
+DEMO_GPU = "l4"
 DEMO_SIM_ARGS: tuple[str, ...] = (
-    "--num-gpu-blocks",
-    "640",
-    "--block-size",
-    "16",
+    "--model",
+    DEMO_MODEL,
+    "--gpu",
+    DEMO_GPU,
+    "--gpu-memory-utilization",
+    "0.8",
     "--max-model-len",
     "8192",
     "--max-num-seqs",
@@ -198,11 +204,23 @@ def _start_sim(config: ReplayConfig, console: Console) -> Any:
     except ImportError as err:
         raise ConfigError("no --url given and the simulated server is not available; pass --url URL") from err
     args = (*DEMO_SIM_ARGS, *config.sim_args)
+    model, gpu = sim_flag(args, "--model"), sim_flag(args, "--gpu")
     console.print(
-        "[bold yellow]No --url: replaying against a SIMULATED vLLM server[/] "
-        f"(oomload sim serve {' '.join(args)})"
+        f"[bold yellow]No --url: replaying against a SIMULATED vLLM server[/] — model {model}, "
+        f"simulated GPU {gpu} (oomload sim serve {' '.join(args)})"
     )
     return SimServer(args).start()
+
+
+def sim_flag(args: Sequence[str], flag: str) -> str | None:
+    """The value the simulator will use for ``flag`` (the last one given, as argparse does)."""
+    value = None
+    for k, arg in enumerate(args):
+        if arg == flag and k + 1 < len(args):
+            value = args[k + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.partition("=")[2]
+    return value
 
 
 def _run_with_server(
@@ -266,12 +284,13 @@ def _print_step_table(run_dir: Path, console: Console) -> None:
     from rich.table import Table
 
     table = Table(title=f"steps ({run_dir})")
-    for col in ("step", "phase", "concurrency", "completed", "errors", "preemptions", "achieved"):
+    for col in ("step", "phase", "concurrency", "started", "ended", "errors", "preemptions", "achieved"):
         table.add_column(col)
     for line in RunReader(run_dir).stream("steps"):
         if line.get("event") == "end":
+            keys = ("step", "phase", "concurrency", "started", "ended", "ended_errors")
             table.add_row(
-                *(str(line.get(k, "")) for k in ("step", "phase", "concurrency", "completed", "errors")),
+                *(str(line.get(k, "")) for k in keys),
                 str(line.get("preemptions")),
                 str(line.get("achieved_concurrency_mean", "")),
             )
@@ -465,6 +484,7 @@ class _Session:
             server_dead=lambda: self.dead_evidence is not None,
             max_duration_s=config.max_duration_s,
             on_step=on_step,
+            on_step_end=self._on_step_end,
             step_done=step_done,
             settle_s=config.grace_s(),
         )
@@ -592,6 +612,10 @@ class _Session:
         if self.progress is not None:
             self.progress.step(step)
 
+    def _on_step_end(self, line: dict[str, Any]) -> None:
+        if self.progress is not None:
+            self.progress.step_ended(line)
+
     def _install_signals(self) -> None:
         import gevent
 
@@ -606,11 +630,9 @@ class _Session:
             gevent.signal_handler(sig, interrupt)
 
     def _start_progress(self) -> None:
-        if not self.config.live:
-            return
         from oomload.load.progress import ProgressView
 
-        self.progress = ProgressView(self, self.console)
+        self.progress = ProgressView(self, self.console, live=self.config.live)
         self.progress.start()
 
     # -- the monitor: health, first preemption, live view ----------------------------------------
@@ -621,6 +643,8 @@ class _Session:
         while True:
             gevent.sleep(MONITOR_TICK_S)
             now = time.time()
+            if self.progress is not None:
+                self.progress.sample()
             suspected = self.context is not None and self.context.death_suspected
             if suspected or now - self._last_health_s >= HEALTH_INTERVAL_S:
                 if self.context is not None:
@@ -798,10 +822,11 @@ class _Session:
 class _MasterMeter:
     """``StepMeter`` from Locust's aggregated statistics (master of worker processes).
 
-    Achieved concurrency comes from the workers' own reports (``report_to_master`` → ``worker_report``,
-    once a second): each worker sends its time-weighted mean and maximum in-flight count for the step
-    it is in; the step's mean is the sum of the workers' means, its maximum the sum of their maxima
-    (an upper bound: the workers' peaks need not coincide). A step shorter than one report has none.
+    Achieved concurrency, requests started and requests ended by outcome come from the workers' own
+    reports (``report_to_master`` → ``worker_report``, once a second, so at most a second old): each
+    worker sends its time-weighted mean and maximum in-flight count for the step it is in; the step's
+    mean is the sum of the workers' means, its maximum the sum of their maxima (an upper bound: the
+    workers' peaks need not coincide). A step shorter than one report has none.
     """
 
     def __init__(self, session: _Session, user_class: Any) -> None:
@@ -837,6 +862,10 @@ class _MasterMeter:
         self._base = self._totals()
         self._step = step.index
 
+    def end(self) -> None:
+        if self.session.runner is not None:
+            self.session.runner.send_message("oomload_step_end", {"step": self._step})
+
     def completed(self) -> int:
         return self._totals()[0] - self._base[0]
 
@@ -852,6 +881,10 @@ class _MasterMeter:
         now = self._totals()
         diff = [a - b for a, b in zip(now, self._base, strict=True)]
         mean, peak = self.achieved()
+        mine = [r for r in self.reports.values() if r.get("step") == self._step]
+        outcomes: Counter[str] = Counter()
+        for report in mine:
+            outcomes.update({str(k): int(v) for k, v in (report.get("outcomes") or {}).items()})
         return StepCount(
             completed=diff[0],
             errors=diff[1],
@@ -859,6 +892,9 @@ class _MasterMeter:
             completion_tokens=diff[3],
             achieved_mean=mean,
             achieved_max=peak,
+            started=sum(int(r.get("started", 0)) for r in mine) if mine else None,
+            cancelled=outcomes["cancelled"],
+            outcomes=dict(outcomes),
         )
 
 

@@ -197,6 +197,10 @@ def _serve_master(runner: Any, environment: Any, context: ReplayContext, options
         data = msg.data
         context.begin_step(int(data["step"]), int(data["concurrency"]), str(data["phase"]))
 
+    def on_step_end(msg: Any, **_kw: Any) -> None:
+        del msg
+        context.end_step()
+
     def on_stop(msg: Any, **_kw: Any) -> None:
         grace_s, seq = float(msg.data.get("grace_s", 0.0)), int(msg.data.get("seq", 0))
         context.stopping = True
@@ -218,6 +222,7 @@ def _serve_master(runner: Any, environment: Any, context: ReplayContext, options
         data["oomload"] = context.step_report()
 
     runner.register_message("oomload_step", on_step)
+    runner.register_message("oomload_step_end", on_step_end)
     runner.register_message("oomload_stop", on_stop)
     environment.events.report_to_master.add_listener(on_report)
     runner.send_message("oomload_ready", {"worker": worker})

@@ -7,10 +7,18 @@ once — or ``None`` to end the test.
 
 On every tick the driver ends the current step when the server is dead, the run's maximum duration
 is spent, or the step's hold is done; it then writes the step's ``end`` line to ``steps.jsonl``
-(with the counts that step produced, its preemption delta and its achieved concurrency), asks
+(``step_end_line``: the counts that step produced, its preemption delta and its achieved
+concurrency), hands that line to ``on_step_end`` (the progress view), asks
 ``oomload.schedule.next_step`` what comes next, and writes the next ``start`` line.
 
-A step *below* the previous one settles first: Locust stops the surplus users gracefully (they finish
+Two counts, never to be confused: ``started`` — the requests the step sent; each has exactly one line
+with ``"step": i`` in ``requests*.jsonl`` (whatever its outcome, cancelled included), which is how
+the verdict counts a step — and ``ended_*`` — the requests that ended while the step ran, whichever
+step started them (``ended`` excludes cancelled ones; it is what ``--min-requests`` counts).
+
+Between a step's end and the next step's start the users send nothing new (``StepMeter.end``): every
+request belongs to the step that sent it, so a step's ``started`` is final when its end line is
+written. A step *below* the previous one settles first: Locust stops the surplus users gracefully (they finish
 their request), and the new step starts — its ``start`` line, its preemption baseline, its counters —
 only once the requests in flight are down to its level, or ``settle_s`` has passed (the runner passes
 the ramp-down grace; what is still in flight then is abandoned by Locust as ``cancelled``). So the
@@ -21,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from oomload.schedule import (
@@ -39,21 +47,26 @@ SPAWN_RATE = 100.0  # users per second (Locust warns above 100); a step of c use
 
 @dataclass(frozen=True, slots=True)
 class StepCount:
-    """What a meter saw during one step."""
+    """What a meter saw during one step: requests started, and requests that ended (by outcome)."""
 
-    completed: int
-    errors: int
+    completed: int  # ended during the step, cancelled excluded
+    errors: int  # of those, not ok
     engine_dead: int
     completion_tokens: int = 0
     achieved_mean: float | None = None
     achieved_max: int | None = None
-    cancelled: int = 0
+    cancelled: int = 0  # ended during the step as cancelled
+    started: int | None = None  # sent by the step (None: unknown)
+    outcomes: dict[str, int] = field(default_factory=dict)  # ended during the step, by outcome
 
 
 class StepMeter(Protocol):
     """Counts the requests of the current step (in-process context, or Locust's master stats)."""
 
     def begin(self, step: StepPlan) -> None: ...
+
+    def end(self) -> None:
+        """The step ended: the users send no new request until the next ``begin``."""
 
     def completed(self) -> int: ...
 
@@ -82,6 +95,7 @@ class StepDriver:
         max_duration_s: float | None = None,
         clock: Callable[[], float] = time.time,
         on_step: Callable[[StepPlan], None] | None = None,
+        on_step_end: Callable[[dict[str, Any]], None] | None = None,
         step_done: Callable[[float, int], bool] | None = None,
         settle_s: float = 0.0,
     ) -> None:
@@ -95,6 +109,7 @@ class StepDriver:
         self.max_duration_s = max_duration_s
         self.clock = clock
         self.on_step = on_step
+        self.on_step_end = on_step_end
         self.step_done = step_done
         self.settle_s = settle_s
         self._settling: tuple[StepPlan, float] | None = None  # (the next step, deadline)
@@ -196,6 +211,7 @@ class StepDriver:
     def _end_step(self, reason: str, now: float) -> None:
         step = self.current
         assert step is not None
+        self.meter.end()  # nothing more is sent in this step: its counts are final from here on
         count = self.meter.count()
         after = self.preemptions_total()
         before = self._preemptions_at_start
@@ -211,24 +227,37 @@ class StepDriver:
                 server_dead=dead,
             )
         )
-        line: dict[str, Any] = {
-            "event": "end",
-            "step": step.index,
-            "concurrency": step.concurrency,
-            "phase": step.phase,
-            "t_unix_s": now,
-            "reason": reason,
-            "completed": count.completed,
-            "errors": count.errors,
-            "completion_tokens": count.completion_tokens,
-            "preemptions": preemptions,
-        }
-        if count.achieved_mean is not None:
-            line["achieved_concurrency_mean"] = round(count.achieved_mean, 3)
-            line["achieved_concurrency_max"] = count.achieved_max
-        if count.cancelled:
-            line["cancelled"] = count.cancelled
+        line = step_end_line(step, count, reason, now, now - self._step_start_s, preemptions)
         self.sink.append("steps", line)
+        if self.on_step_end is not None:
+            self.on_step_end(line)
+
+
+def step_end_line(
+    step: StepPlan, count: StepCount, reason: str, now: float, duration_s: float, preemptions: int | None
+) -> dict[str, Any]:
+    """The ``end`` line of ``steps.jsonl`` (docs/replay.md, "The run directory")."""
+    line: dict[str, Any] = {
+        "event": "end",
+        "step": step.index,
+        "concurrency": step.concurrency,
+        "phase": step.phase,
+        "t_unix_s": now,
+        "duration_s": round(duration_s, 3),
+        "reason": reason,
+        "started": count.started,
+        "ended": count.completed,
+        "ended_ok": count.completed - count.errors,
+        "ended_errors": count.errors,
+        "ended_cancelled": count.cancelled,
+        "ended_outcomes": dict(sorted(count.outcomes.items())),
+        "completion_tokens": count.completion_tokens,
+        "preemptions": preemptions,
+    }
+    if count.achieved_mean is not None:
+        line["achieved_concurrency_mean"] = round(count.achieved_mean, 3)
+        line["achieved_concurrency_max"] = count.achieved_max
+    return line
 
 
 def make_shape(driver: StepDriver, *, keep_open: bool = False) -> Any:

@@ -37,7 +37,7 @@ from oomload.load.payload import PreparedRequest
 from oomload.outcome import Outcome, RequestResult
 
 DEAD_BACKOFF_S = 0.5  # pause after a refused connection / engine_dead outcome
-IDLE_S = 0.1  # how often an idle user (stopping, open loop done) looks again
+IDLE_S = 0.1  # how often an idle user (between steps, stopping, open loop done) looks again
 
 
 class OutcomeError(Exception):
@@ -60,7 +60,7 @@ class ReplayUser(User):
         ctx, endpoint = self.replay, self.endpoint
         if ctx is None or endpoint is None:
             raise RuntimeError("ReplayUser needs a context and an endpoint (see oomload.load.runner)")
-        if ctx.stopping:
+        if ctx.stopping or ctx.between_steps:
             gevent.sleep(IDLE_S)
             return
         picked = ctx.next_request()

@@ -12,9 +12,13 @@ class FakeMeter:
     def __init__(self) -> None:
         self.in_flight_now = 0
         self.begun: list[int] = []
+        self.ended = 0
 
     def begin(self, step: StepPlan) -> None:
         self.begun.append(step.concurrency)
+
+    def end(self) -> None:
+        self.ended += 1
 
     def completed(self) -> int:
         return 10
@@ -89,3 +93,34 @@ def test_settling_is_bounded() -> None:
     clock[0] += 1.0  # settle_s = 5 s after the decision
     driver.tick()
     assert meter.begun == [2, 8, 5] and sink.lines[-1]["t_unix_s"] == 7.0
+
+
+def test_a_step_is_closed_before_it_is_counted_and_its_end_line_is_handed_on() -> None:
+    meter, sink, clock = FakeMeter(), Lines(), [0.0]
+    closed_when_counted: list[int] = []
+    count = meter.count
+
+    def counting() -> StepCount:
+        closed_when_counted.append(meter.ended)
+        return StepCount(completed=7, errors=1, engine_dead=0, started=9, outcomes={"ok": 6, "timeout": 1})
+
+    meter.count = counting  # type: ignore[method-assign]
+    del count
+    ended: list[dict[str, Any]] = []
+    plan = SchedulePlan(levels=(2, 4), refine=False, stop_on=(StopCondition("never"),))
+    driver = StepDriver(plan, Hold(1.0), meter, sink, clock=lambda: clock[0], on_step_end=ended.append)
+    driver.tick()
+    clock[0] = 1.5
+    driver.tick()
+    assert closed_when_counted == [1]  # step 0 was closed (no new request) before its counts were read
+    assert ended == [sink.lines[1]]
+    line = ended[0]
+    assert {k: line[k] for k in ("step", "duration_s", "started", "ended", "ended_ok", "ended_errors")} == {
+        "step": 0,
+        "duration_s": 1.5,
+        "started": 9,
+        "ended": 7,
+        "ended_ok": 6,
+        "ended_errors": 1,
+    }
+    assert line["ended_outcomes"] == {"ok": 6, "timeout": 1} and "completed" not in line

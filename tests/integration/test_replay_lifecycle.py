@@ -74,6 +74,15 @@ def test_a_lower_step_lets_the_stopped_users_finish_their_request(sim: SimServer
             assert start["t_unix_s"] == end["t_unix_s"]  # a step up starts at once
         else:  # a step down settles first (the surplus users finish), never longer than the grace
             assert 0 <= start["t_unix_s"] - end["t_unix_s"] <= GRACE_S + 1.5
+    # a lower step begins once the surplus users are gone: it never has more in flight than its level
+    assert [
+        (e["step"], e["achieved_concurrency_max"])
+        for e in ends
+        if e["achieved_concurrency_max"] > e["concurrency"]
+    ] == []
+    # no request is sent between steps: each step's own request lines are counted when it ends
+    sent = Counter(r.step for r in results)
+    assert [e["started"] for e in ends] == [sent[e["step"]] for e in ends]
 
 
 def _free_port() -> int:

@@ -91,6 +91,7 @@ class ReplayContext:
         self.open_loop_start_s: float | None = None  # open loop: when arrival 0 happens
         self.arrival_scale = 1.0
         self.exhausted = False
+        self.live_users: Callable[[], int] | None = None  # Locust's running users, stopping ones too
 
     def start_open_loop(self, start_unix_s: float, arrival_scale: float) -> None:
         """Replay arrival times from now on: request ``i`` is sent at ``start + arrival_s × scale``."""
@@ -132,13 +133,20 @@ class ReplayContext:
         elapsed = now - self.counters.started_unix_s
         return self.counters.in_flight_area / elapsed if elapsed > 0 else float(len(self.in_flight))
 
+    def busy(self) -> int:
+        """What a lower step waits for before it begins: the requests in flight, or the users still
+        alive when more (a user Locust is stopping may be finishing a request, and one that is not may
+        be idle between steps; the lower step begins once the surplus users are gone)."""
+        users = self.live_users() if self.live_users is not None else 0
+        return max(len(self.in_flight), users)
+
     def step_report(self) -> dict[str, float | int | dict[str, int]]:
         """This process's view of the current step, for the master (``--processes``)."""
         return {
             "step": self.step,
             "mean": round(self.achieved_concurrency(), 4),
             "max": self.counters.in_flight_max,
-            "in_flight": len(self.in_flight),
+            "in_flight": self.busy(),
             "started": self.counters.started,
             "outcomes": {o.value: n for o, n in self.counters.outcomes.items()},
         }
@@ -194,7 +202,7 @@ class ContextMeter:
         return self.context.counters.completed
 
     def in_flight(self) -> int:
-        return len(self.context.in_flight)
+        return self.context.busy()
 
     def count(self) -> StepCountLike:
         from oomload.load.shape import StepCount

@@ -89,7 +89,7 @@ DEMO_SIM_ARGS: tuple[str, ...] = (
     "--time-scale",
     "0.1",
 )
-DEMO_LEVELS = (1, 2, 4, 8, 16, 32)
+DEMO_LEVELS = (1, 2, 4, 8, 16)  # the demo preempts at about 10: the refinement finds it
 DEMO_HOLD_S = 4.0
 PREFLIGHT_TIMEOUT_S = 30.0
 HEALTH_INTERVAL_S = 1.0
@@ -501,6 +501,7 @@ class _Session:
             self._spawn_workers()
         else:
             self.runner = self.env.create_local_runner()
+            self.context.live_users = lambda: int(self.runner.user_count)
         if config.web:
             from oomload.load.webui import extend_web_ui
 

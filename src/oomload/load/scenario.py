@@ -193,6 +193,8 @@ def _serve_master(runner: Any, environment: Any, context: ReplayContext, options
     # the master's step meter and hold counting read these reports: once a second, not every 3 s
     locust.runners.WORKER_REPORT_INTERVAL = WORKER_REPORT_INTERVAL_S
 
+    context.live_users = lambda: int(runner.user_count)
+
     def on_step(msg: Any, **_kw: Any) -> None:
         data = msg.data
         context.begin_step(int(data["step"]), int(data["concurrency"]), str(data["phase"]))

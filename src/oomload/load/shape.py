@@ -18,10 +18,11 @@ step started them (``ended`` excludes cancelled ones; it is what ``--min-request
 
 Between a step's end and the next step's start the users send nothing new (``StepMeter.end``): every
 request belongs to the step that sent it, so a step's ``started`` is final when its end line is
-written. A step *below* the previous one settles first: Locust stops the surplus users gracefully (they finish
-their request), and the new step starts — its ``start`` line, its preemption baseline, its counters —
-only once the requests in flight are down to its level, or ``settle_s`` has passed (the runner passes
-the ramp-down grace; what is still in flight then is abandoned by Locust as ``cancelled``). So the
+written. A step *below* the previous one settles first: Locust stops the surplus users gracefully
+(they finish their request), and the new step starts — its ``start`` line, its preemption baseline,
+its counters — only once the surplus users are gone and the requests in flight are down to its level
+(``StepMeter.in_flight``), or ``settle_s`` has passed (the runner passes the ramp-down grace; what is
+still in flight then is abandoned by Locust as ``cancelled``). So the
 previous step's pressure never counts against the lower level, and the wait is bounded.
 """
 
@@ -72,7 +73,8 @@ class StepMeter(Protocol):
 
     def count(self) -> StepCount: ...
 
-    def in_flight(self) -> int | None: ...
+    def in_flight(self) -> int | None:
+        """Requests in flight, or the users still alive when more (``ReplayContext.busy``)."""
 
 
 class StepSink(Protocol):

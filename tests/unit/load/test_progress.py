@@ -114,3 +114,17 @@ def test_between_steps_nothing_new_is_sent() -> None:
     assert ctx.between_steps
     ctx.begin_step(1, 4, "ramp")
     assert not ctx.between_steps
+
+
+def test_a_lower_step_waits_for_the_surplus_users_not_only_for_the_requests_in_flight() -> None:
+    from oomload.load.context import ContextMeter
+
+    ctx = ReplayContext(order=None, payloads=None, sink=None, clock=lambda: 0.0)  # type: ignore[arg-type]
+    users = [16]
+    ctx.live_users = lambda: users[0]
+    for i in range(8):
+        ctx.started(_request(i), 0.0)
+    meter = ContextMeter(ctx)
+    assert meter.in_flight() == 16  # 4 users Locust is stopping are still alive: not settled at 12
+    users[0] = 12
+    assert meter.in_flight() == 8

@@ -224,7 +224,8 @@ def documented_rules(text: str) -> list[str]:
     """Every gate rule a document shows: ``--gate '…'`` / ``--gate X``, TOML ``rules = [...]`` and
     rule-shaped code spans (``N`` placeholders become 8; ``{a,b}`` patterns are left out)."""
     found = re.findall(r"--gate\s+'([^']+)'", text)
-    found += [r for r in re.findall(r"--gate\s+([^\s'`\\]+)", text) if r != "EXPR"]
+    found += re.findall(r'--gate\s+"([^"]+)"', text)
+    found += [r for r in re.findall(r"--gate\s+([^\s'\"`\\]+)", text) if r != "EXPR"]
     for line in re.findall(r"^rules\s*=\s*\[(.*)\]", text, flags=re.M):
         found += re.findall(r'"([^"]+)"', line)
     spans = re.findall(r"`([^`\n]+)`", text)
@@ -239,7 +240,9 @@ def documented_rules(text: str) -> list[str]:
 def test_every_gate_example_in_the_docs_parses() -> None:
     root = Path(__file__).resolve().parents[2]
     examples = [
-        r for doc in ("docs/report.md", "README.md") for r in documented_rules((root / doc).read_text())
+        r
+        for doc in ("docs/report.md", "docs/replay.md", "README.md")
+        for r in documented_rules((root / doc).read_text())
     ]
     assert len(set(examples)) >= 15, examples  # the extraction itself still finds the examples
     for rule in examples:

@@ -209,12 +209,14 @@ def test_outcome_classes_from_the_simulator(tmp_path: Path) -> None:
     assert all(r.usage_completion_tokens is not None and r.usage_completion_tokens < 100 for r in clamped)
 
 
-def _wait_lines(path: Path, count: int, timeout_s: float) -> None:
+def _wait_lines(path: Path, count: int, timeout_s: float, proc: subprocess.Popen[str] | None = None) -> None:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if path.exists() and len(path.read_text().splitlines()) >= count:
             return
-        time.sleep(0.1)
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the replay exited ({proc.returncode}) before {path} had {count} lines")
+        time.sleep(0.02)
     raise AssertionError(f"{path} did not reach {count} lines")
 
 
@@ -272,7 +274,14 @@ def test_server_death_is_detected_and_recorded(tmp_path: Path) -> None:
     assert (run_dir / "repro" / "server_death.jsonl").exists()
 
 
-def test_ctrl_c_stops_cleanly_with_a_partial_report(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("moment", "lines"),
+    [("requests.jsonl", 2), ("config.json", 0)],
+    ids=["mid-step", "during-set-up"],
+)
+def test_ctrl_c_stops_cleanly_with_a_partial_report(tmp_path: Path, moment: str, lines: int) -> None:
+    """Ctrl-C mid-step, and as soon as the run directory exists (before the session's own signal
+    handlers are installed: that window once lost status.json and the report)."""
     trace = _trace(tmp_path / "t.jsonl", [(50, 20)] * 10)
     run_dir = tmp_path / "run"
     cmd = [
@@ -293,21 +302,27 @@ def test_ctrl_c_stops_cleanly_with_a_partial_report(tmp_path: Path) -> None:
         "--sim",
         "--time-scale 0.2",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        _wait_lines(run_dir / "requests.jsonl", 2, 40)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err
+    out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(out_path, "w") as out_file, open(err_path, "w") as err_file:
+        proc = subprocess.Popen(cmd, stdout=out_file, stderr=err_file, text=True, cwd=REPO)
+        try:
+            _wait_lines(run_dir / moment, lines, 90, proc)
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=90)  # a liveness bound for a loaded machine, not a timing assertion
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    out, err = out_path.read_text(), err_path.read_text()
+    assert proc.returncode == 130, f"rc {proc.returncode}\n{out}\n{err}"
     assert "SIMULATED" in out
     reader = RunReader(run_dir)
-    assert reader.status() == {**reader.status(), "finished": False, "end_reason": "interrupted"}  # type: ignore[dict-item]
-    assert any(e["kind"] == "interrupted" for e in reader.stream("events"))
-    assert (run_dir / "summary.json").exists()
+    status = reader.status()
+    assert status is not None and (status["finished"], status["end_reason"]) == (False, "interrupted"), (
+        out + err
+    )
+    assert any(e["kind"] == "interrupted" for e in reader.stream("events")), out + err
+    assert (run_dir / "summary.json").exists(), out + err
     port = int(reader.config()["url"].rsplit(":", 1)[1])
     with socket.socket() as sock:  # the simulated server is gone: no orphan
         assert sock.connect_ex(("127.0.0.1", port)) != 0

@@ -243,20 +243,25 @@ def _run_with_server(
     run_dir = config.run_dir if config.run_dir is not None else new_run_dir(config.runs_parent)
     run_dir.mkdir(parents=True, exist_ok=True)
     writer = RunWriter(run_dir)
-    writer.write_json(
-        "config.json", _config_json(config, url, info.model, info.max_model_len, simulated, records)
-    )
-    write_trace(run_dir / "trace.jsonl", records, header)
-    console.print(
-        f"run directory [bold]{run_dir}[/] · model {info.model} · max_model_len {info.max_model_len} · "
-        f"{len(records)} trace requests · levels {','.join(map(str, config.levels))}"
-    )
     session = _Session(
         config, console, writer, records, url, api_key, info.model, info.max_model_len, simulated
     )
     end_reason = "error"
+    # from here on a Ctrl-C or SIGTERM, whenever it comes, ends in status.json and a (partial) report:
+    # the session's handlers take over once it runs; until then Python's KeyboardInterrupt does
     try:
+        writer.write_json(
+            "config.json", _config_json(config, url, info.model, info.max_model_len, simulated, records)
+        )
+        write_trace(run_dir / "trace.jsonl", records, header)
+        console.print(
+            f"run directory [bold]{run_dir}[/] · model {info.model} · max_model_len {info.max_model_len} · "
+            f"{len(records)} trace requests · levels {','.join(map(str, config.levels))}"
+        )
         end_reason = session.run()
+    except KeyboardInterrupt:
+        end_reason = "interrupted"
+        writer.event("interrupted")
     finally:
         session.shutdown()
         finished = end_reason not in ("interrupted", "error")
@@ -452,6 +457,7 @@ class _Session:
         from oomload.load.context import ContextMeter
         from oomload.load.shape import StepDriver, make_shape
 
+        self._install_signals()  # first: a Ctrl-C during the set-up below ends the run the same way
         self._start_telemetry()
         config = self.config
         user_class, self.context = build_user_class(
@@ -513,7 +519,9 @@ class _Session:
             self.console.print(
                 f"Locust web UI: http://{config.web_host}:{config.web_port} (telemetry: the oomload tab)"
             )
-        self._install_signals()
+        if self.interrupted:
+            self.writer.event("interrupted")
+            return "interrupted"
         self._start_progress()
         self.runner.start_shape()
         monitor = gevent.spawn(self._monitor)
@@ -775,6 +783,8 @@ class _Session:
             len(self.runner.clients.ready) < self.config.processes
             or len(self.workers_ready) < self.config.processes
         ):
+            if self.interrupted:
+                return
             for k, proc in enumerate(self.workers):
                 if proc.poll() is not None:
                     raise RunAbortedError(

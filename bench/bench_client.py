@@ -92,7 +92,7 @@ def serve(port_file: str, ttft_s: float, tpot_s: float) -> None:
                 if left == 0:
                     usage = b'{"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d}}' % (
                         PROMPT_TOKENS,
-                        asked,
+                        asked,  # type: ignore[str-format]
                     )
                     w.write(chunk(usage) + chunk(b"[DONE]") + b"0\r\n\r\n")  # type: ignore[attr-defined]
                     active.remove(entry)

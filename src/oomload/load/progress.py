@@ -104,7 +104,7 @@ class ProgressView:
         latest = s.poller.latest if s.poller is not None else None
         if latest:
             kv = latest.get("kv_cache_usage")
-            base = s._baseline_preemptions or 0
+            base = s.baseline_preemptions or 0
             pre = latest.get("num_preemptions_total")
             table.add_row(
                 "server",

@@ -1,0 +1,137 @@
+"""The watch over the server during a run: its death and its first preemption.
+
+Server death is decided within a fraction of a second of the first sign: a user that sees
+``engine_dead`` or a refused connection flags it (``ReplayContext.death_suspected``) and backs off,
+the watch checks ``/health`` at once, and the server is dead when ``/health`` is refused twice, or
+refused / failing (5xx, or no longer HTTP) while requests died or the ``/metrics`` scrapes fail, or
+failing three times in a row. A slow ``/health`` is not death. A dead server ends the ramp whatever
+``--stop-on`` says: the users go idle at once (``ReplayContext.stopping``) and the worker processes
+are told to stop.
+
+The first preemption is the first ``num_preemptions_total`` above the baseline (the first scrape);
+it is written as a ``first_preemption`` event with the step it happened in. The watch runs as one
+greenlet (``run``), ticking every ``MONITOR_TICK_S``; it also feeds the progress view.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from oomload.outcome import Outcome
+
+HEALTH_INTERVAL_S = 1.0
+MONITOR_TICK_S = 0.2
+
+
+class DeathWatch:
+    """Health checks, server death and the first preemption for one session (``oomload.load.session``)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.dead_evidence: str | None = None
+        self.first_preemption_seen = False
+        self.baseline_preemptions: int | None = None
+        self._health_failures = 0
+        self._health_refused = 0
+        self._last_health_s = 0.0
+
+    def run(self) -> None:
+        """The watch's greenlet: every tick, the progress view; every second (at once when a user
+        suspects death), ``/health`` and the first preemption."""
+        import gevent
+
+        s = self.session
+        last_refresh = 0.0
+        while True:
+            gevent.sleep(MONITOR_TICK_S)
+            now = time.time()
+            if s.progress is not None:
+                s.progress.sample()
+            suspected = s.context is not None and s.context.death_suspected
+            if suspected or now - self._last_health_s >= HEALTH_INTERVAL_S:
+                if s.context is not None:
+                    s.context.death_suspected = False
+                self._last_health_s = now
+                self.check_health(suspected)
+            if now - last_refresh >= HEALTH_INTERVAL_S:
+                last_refresh = now
+                self.check_preemption()
+                if s.progress is not None:
+                    s.progress.refresh()
+
+    def check_preemption(self) -> None:
+        s = self.session
+        if self.first_preemption_seen or s.poller is None:
+            return
+        latest = s.poller.latest
+        if not latest:
+            return
+        total = latest.get("num_preemptions_total")
+        if not isinstance(total, int):
+            return
+        if self.baseline_preemptions is None:
+            self.baseline_preemptions = total
+            return
+        if total > self.baseline_preemptions:
+            self.first_preemption_seen = True
+            step = s.driver.current if s.driver is not None else None
+            s.writer.event(
+                "first_preemption",
+                t_unix_s=float(latest.get("t_unix_s", time.time())),
+                step=None if step is None else step.index,
+                concurrency=None if step is None else step.concurrency,
+            )
+
+    def check_health(self, suspected: bool = False) -> None:
+        s = self.session
+        if self.dead_evidence is not None:
+            return
+        try:
+            with urllib.request.urlopen(s.url + "/health", timeout=5.0) as resp:
+                resp.read()
+            self._health_failures = self._health_refused = 0
+            return
+        except urllib.error.HTTPError as err:
+            failure, refused = f"HTTP {err.code}", False
+            if err.code < 500:
+                return
+        except urllib.error.URLError as err:
+            refused = isinstance(err.reason, ConnectionRefusedError)
+            if not refused and isinstance(err.reason, (TimeoutError, socket.timeout)):
+                return  # a busy server answers /health slowly; that is not death
+            failure = f"{err.reason}"
+        except (ConnectionRefusedError, ConnectionResetError) as err:
+            failure, refused = type(err).__name__, isinstance(err, ConnectionRefusedError)
+        except (TimeoutError, OSError):
+            return
+        except (http.client.HTTPException, ValueError) as err:  # not HTTP any more: failing
+            failure, refused = type(err).__name__, False
+        self._health_failures += 1
+        self._health_refused = self._health_refused + 1 if refused else 0
+        s.writer.event("health_failed", detail=failure)
+        engine_dead = s.context is not None and s.context.outcomes[Outcome.ENGINE_DEAD] > 0
+        scrapes_failing = s.poller is not None and int(s.poller.consecutive_failures or 0) >= 2
+        corroborated = suspected or engine_dead or scrapes_failing
+        if self._health_refused >= 2 or self._health_failures >= 3 or corroborated:
+            self.declare_dead(failure, engine_dead, scrapes_failing)
+
+    def declare_dead(self, failure: str, engine_dead: bool, scrapes_failing: bool) -> None:
+        s = self.session
+        step = s.driver.current if s.driver is not None else None
+        evidence = f"/health {failure} ({self._health_failures}x)"
+        if engine_dead:
+            evidence += "; engine_dead outcomes"
+        if scrapes_failing:
+            evidence += "; /metrics scrapes failing"
+        self.dead_evidence = evidence
+        if s.context is not None:
+            s.context.stopping = True  # nothing more to measure: the users go idle at once
+        if s.config.processes > 1:
+            s.pool.send_stop(0.0)
+        s.writer.event("server_dead", step=None if step is None else step.index, evidence=evidence)
+        s.console.print(f"[bold red]server dead:[/] {evidence}")

@@ -1,0 +1,347 @@
+"""The live part of one replay: telemetry, Locust, the death watch, the worker processes, the signal
+handlers and the progress view, from start to teardown.
+
+``Session.run()`` installs the Ctrl-C/SIGTERM handlers first, starts the ``/metrics`` poller and the
+GPU sampler (each optional: a missing sampler is an event), builds the Locust user bound to a fresh
+``ReplayContext``, and runs Locust in this process (``Environment`` + local runner, or a master with
+``--processes N`` local worker processes, or the web UI, which gains an "oomload" tab with the
+server's telemetry) with ``StepShape`` driving the schedule, while the ``DeathWatch`` greenlet checks
+``/health``, detects the first preemption and server death, and feeds the live view. It returns the
+end reason.
+
+On the way out — the schedule's end, a dead server, the maximum duration, Ctrl-C or SIGTERM — the
+requests in flight may finish (at most ``ramp_down_grace_s``; none for Ctrl-C), the rest are
+abandoned (written as ``cancelled``), and ``shutdown()`` stops Locust, the workers and the samplers.
+
+A step that lowers the user count stops users gracefully: Locust's ``stop_timeout`` lets each finish
+its request, capped at ``ramp_down_grace_s``, after which the rest are abandoned (``cancelled``). The
+new step starts when the surplus users are gone and the requests in flight are down to its level
+(``StepDriver`` settles; at most the same grace), so the higher step's pressure never counts against
+the lower one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console
+
+from oomload.load.config import ReplayConfig, config_to_worker_options
+from oomload.load.deathwatch import DeathWatch
+from oomload.load.workers import MasterMeter, WorkerPool, free_port
+from oomload.rundir import RunWriter
+from oomload.schedule import Hold, SchedulePlan, StopCondition
+from oomload.trace import TraceRecord
+
+
+class Session:
+    """The live part of a run: telemetry, Locust, the monitor and the signal handlers."""
+
+    def __init__(
+        self,
+        config: ReplayConfig,
+        console: Console,
+        writer: RunWriter,
+        records: list[TraceRecord],
+        url: str,
+        api_key: str | None,
+        model: str,
+        max_model_len: int | None,
+        simulated: bool,
+    ) -> None:
+        self.config = config
+        self.console = console
+        self.writer = writer
+        self.records = records
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.model = model
+        self.max_model_len = max_model_len
+        self.simulated = simulated
+        self.poller: Any = None
+        self.gpu: Any = None
+        self.env: Any = None
+        self.runner: Any = None
+        self.web_ui: Any = None
+        self.pool = WorkerPool(self)
+        self.watch = DeathWatch(self)
+        self.context: Any = None
+        self.driver: Any = None
+        self.interrupted = False
+        self.progress: Any = None
+        self._saved_argv = sys.argv
+
+    @property
+    def dead_evidence(self) -> str | None:
+        """Why the server counts as dead (``DeathWatch``), or None while it lives."""
+        return self.watch.dead_evidence
+
+    @property
+    def baseline_preemptions(self) -> int | None:
+        return self.watch.baseline_preemptions
+
+    # -- telemetry -------------------------------------------------------------------------------
+    def _start_telemetry(self) -> None:
+        try:
+            from oomload.telemetry.poller import MetricsPoller
+        except ImportError:
+            self.writer.event("scrape_failed", error="telemetry module not available")
+        else:
+            self.poller = MetricsPoller(
+                self.url,
+                self.writer,
+                interval_s=self.config.metrics_interval_s,
+                model_name=self.model,
+                max_model_len=self.max_model_len,
+            )
+            first = self.poller.poll_once()
+            if first.get("ok"):
+                self.watch.baseline_preemptions = first.get("num_preemptions_total")
+            self.poller.start()
+        self._start_gpu()
+
+    def _start_gpu(self) -> None:
+        spec = self.config.gpu
+        if spec == "none":
+            return
+        source, url = "nvml", None
+        if spec.startswith(("dcgm:", "remote:")):
+            source, _, url = spec.partition(":")
+        elif spec == "auto" and self.simulated:
+            source, url = "dcgm", f"{self.url}/dcgm/metrics"
+        try:
+            from oomload.telemetry.gpu import GpuSamplerProcess
+        except ImportError:
+            self.writer.event("sampler_unavailable", detail="the GPU sampler module is not available")
+            return
+        self.gpu = GpuSamplerProcess(
+            self.writer.path / "gpu.jsonl",
+            interval_s=0.5,
+            source=source,
+            url=url,
+            required=self.config.require_gpu,
+        )
+        if not self.gpu.start():
+            reason = getattr(self.gpu, "unavailable_reason", None) or f"{source} sampler unavailable"
+            self.writer.event("sampler_unavailable", detail=str(reason))
+            self.console.print(f"[dim]GPU memory not sampled: {reason}[/]")
+            self.gpu = None
+
+    def preemptions_total(self) -> int | None:
+        if self.poller is None:
+            return None
+        record = self.poller.poll_once()
+        value = record.get("num_preemptions_total") if record.get("ok") else None
+        return value if isinstance(value, int) else None
+
+    # -- the run ---------------------------------------------------------------------------------
+    def run(self) -> str:
+        import gevent
+        from locust.env import Environment
+
+        from oomload.load.context import ContextMeter
+        from oomload.load.shape import StepDriver, make_shape
+
+        self._install_signals()  # first: a Ctrl-C during the set-up below ends the run the same way
+        self._start_telemetry()
+        config = self.config
+        user_class, self.context = build_user_class(
+            config_to_worker_options(config, self.url, self.model),
+            records=self.records,
+            api_key=self.api_key,
+            sink=self.writer,
+        )
+        meter: Any = ContextMeter(self.context)
+        on_step: Callable[[Any], None] | None = self._on_step
+        step_done = None
+        plan, hold = config.schedule(), config.hold()
+        if config.open_loop:
+            cap = max(config.levels)
+            plan = SchedulePlan(levels=(cap,), warmup=False, refine=False, stop_on=(StopCondition("never"),))
+            self.context.start_open_loop(time.time() + 1.0, config.arrival_scale)
+
+            def step_done(_elapsed: float, _completed: int) -> bool:
+                return bool(self.context.exhausted and not self.context.in_flight)
+
+        if config.processes > 1:
+            meter = MasterMeter(self, user_class)
+        self.driver = StepDriver(
+            plan,
+            hold,
+            meter,
+            self.writer,
+            warmup_hold=Hold(config.warmup_s, 0) if config.warmup_s > 0 else None,
+            preemptions_total=self.preemptions_total,
+            server_dead=lambda: self.dead_evidence is not None,
+            max_duration_s=config.max_duration_s,
+            on_step=on_step,
+            on_step_end=self._on_step_end,
+            step_done=step_done,
+            settle_s=config.grace_s(),
+        )
+        self.env = Environment(
+            user_classes=[user_class], shape_class=make_shape(self.driver, keep_open=True), host=self.url
+        )
+        # a step that lowers the user count lets the stopped users finish their request (capped)
+        self.env.stop_timeout = config.grace_s()
+        if config.processes > 1:
+            self.runner = self.env.create_master_runner("127.0.0.1", free_port())
+            meter.listen(self.env)
+            self.runner.register_message("oomload_ready", self.pool.on_ready)
+            self.runner.register_message("oomload_drained", self.pool.on_drained)
+            self.pool.spawn()
+        else:
+            self.runner = self.env.create_local_runner()
+            self.context.live_users = lambda: int(self.runner.user_count)
+        if config.web:
+            from oomload.load.webui import extend_web_ui
+
+            # Locust's web UI re-parses sys.argv with its own parser on every page load
+            self._saved_argv = sys.argv
+            sys.argv = [sys.argv[0]]
+            self.web_ui = self.env.create_web_ui(config.web_host, config.web_port)
+            extend_web_ui(self.web_ui, self.telemetry_snapshot)
+            self.console.print(
+                f"Locust web UI: http://{config.web_host}:{config.web_port} (telemetry: the oomload tab)"
+            )
+        if self.interrupted:
+            self.writer.event("interrupted")
+            return "interrupted"
+        self._start_progress()
+        self.runner.start_shape()
+        monitor = gevent.spawn(self.watch.run)
+        deadline = None if config.max_duration_s is None else time.time() + config.max_duration_s + 30.0
+        try:
+            while not self.driver.finished and not self.interrupted:
+                gevent.sleep(0.2)
+                self.pool.check()
+                if deadline is not None and time.time() > deadline:
+                    self.driver.interrupt("max_duration")
+            if not self.interrupted:
+                self._drain(config.grace_s())
+        finally:
+            monitor.kill()
+        if self.interrupted:
+            self.driver.interrupt("interrupted")
+            self.writer.event("interrupted")
+            return "interrupted"
+        reason = self.driver.end_reason or "completed"
+        if reason.startswith("stop_condition:"):
+            self.writer.event("stop_condition", reason=reason.partition(":")[2])
+        return str(reason)
+
+    def _drain(self, grace_s: float) -> None:
+        """No new requests; wait (at most ``grace_s``) for those in flight to end on their own."""
+        import gevent
+
+        if self.context is not None:
+            self.context.stopping = True
+        if self.config.processes > 1:
+            self.pool.drain(grace_s)
+            return
+        deadline = time.time() + grace_s
+        while self.context is not None and self.context.in_flight and time.time() < deadline:
+            gevent.sleep(0.05)
+
+    def telemetry_snapshot(self) -> dict[str, Any]:
+        """What the web UI's oomload tab shows: the step, the server's /metrics, GPU memory, outcomes."""
+        step = self.driver.current if self.driver is not None else None
+        ctx = self.context
+        latest = self.poller.latest if self.poller is not None else None
+        gpu = self.gpu.latest() if self.gpu is not None else None
+        pre = latest.get("num_preemptions_total") if latest else None
+        base = self.watch.baseline_preemptions or 0
+        return {
+            "t_unix_s": time.time(),
+            "step": None
+            if step is None
+            else {"index": step.index, "concurrency": step.concurrency, "phase": step.phase},
+            "achieved_concurrency": None
+            if ctx is None or self.config.processes > 1
+            else round(ctx.achieved_concurrency(), 3),
+            "metrics": latest,
+            "preemptions_since_start": None if not isinstance(pre, int) else pre - base,
+            "gpu": gpu,
+            "outcomes": {} if ctx is None else {o.value: n for o, n in ctx.outcomes.items()},
+            "server_dead": self.dead_evidence,
+        }
+
+    def _on_step(self, step: Any) -> None:
+        if self.config.processes > 1 and self.runner is not None:
+            self.runner.send_message(
+                "oomload_step", {"step": step.index, "concurrency": step.concurrency, "phase": step.phase}
+            )
+        if self.progress is not None:
+            self.progress.step(step)
+
+    def _on_step_end(self, line: dict[str, Any]) -> None:
+        if self.progress is not None:
+            self.progress.step_ended(line)
+
+    def _install_signals(self) -> None:
+        import gevent
+
+        def interrupt() -> None:
+            self.interrupted = True
+            if self.context is not None:
+                self.context.stopping = True
+            if self.env is not None:
+                self.env.stop_timeout = 0.0  # abandon what is in flight (written as cancelled)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            gevent.signal_handler(sig, interrupt)
+
+    def _start_progress(self) -> None:
+        from oomload.load.progress import ProgressView
+
+        self.progress = ProgressView(self, self.console, live=self.config.live)
+        self.progress.start()
+
+    # -- teardown --------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if self.context is not None:
+            self.context.stopping = True
+        if self.progress is not None:
+            self.progress.stop()
+        if self.env is not None:
+            self.env.stop_timeout = 0.0  # what is still in flight now is abandoned (cancelled)
+        if self.runner is not None:
+            if self.config.processes > 1:
+                with contextlib.suppress(Exception):
+                    self.pool.send_stop(0.0)
+            with contextlib.suppress(Exception):
+                self.runner.quit()
+        if self.web_ui is not None:
+            self.web_ui.stop()
+            sys.argv = self._saved_argv
+        self.pool.wait()
+        if self.poller is not None:
+            self.poller.stop()
+        if self.gpu is not None:
+            self.gpu.stop()
+
+
+def build_user_class(
+    options: dict[str, Any],
+    *,
+    records: Sequence[TraceRecord],
+    api_key: str | None,
+    sink: Any,
+    worker: int = 0,
+    workers: int = 1,
+) -> tuple[Any, Any]:
+    """A concrete ``ReplayUser`` subclass bound to a fresh ``ReplayContext`` (imports Locust)."""
+    from oomload.load.scenario import ScenarioUser, bind_user
+
+    # the very class the worker processes run: Locust's master tells its workers which user class to
+    # spawn by name, so one class (one name) serves the master, the in-process runner and the workers
+    user_class = ScenarioUser
+    context = bind_user(
+        user_class, options, records=records, api_key=api_key, sink=sink, worker=worker, workers=workers
+    )
+    return user_class, context

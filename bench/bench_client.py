@@ -17,6 +17,7 @@ shared 2-core machine the numbers wobble, the ratios are what matter.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -26,7 +27,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from oomload.load.payload import PayloadOptions
 
 PROMPT_TOKENS = 256
 OUTPUT_TOKENS = 128
@@ -35,12 +41,29 @@ WARMUP_S = 2.0
 
 
 # -- the stub server (child process) ----------------------------------------------------------------
-def serve(port_file: str, ttft_s: float, tpot_s: float) -> None:
-    import asyncio
+@dataclass(slots=True)
+class _Stream:
+    """One streamed answer in the stub's batch."""
 
+    writer: asyncio.StreamWriter
+    tokens_left: int
+    tokens_asked: int
+    due_s: float  # time.monotonic() of its next token
+    done: asyncio.Future[None]
+
+
+def _header_int(pattern: re.Pattern[bytes], data: bytes) -> int:
+    match = pattern.search(data)
+    if match is None:
+        raise ValueError(f"stub server: no {pattern.pattern!r} in {data[:200]!r}")
+    return int(match.group(1))
+
+
+def serve(port_file: str, ttft_s: float, tpot_s: float) -> None:
+    content_length_re = re.compile(rb"(?i)content-length:\s*(\d+)")
     max_tokens_re = re.compile(rb'"max_tokens":\s*(\d+)')
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-    active: list[list[object]] = []  # [writer, tokens_left, asked, next_due]
+    active: list[_Stream] = []
 
     def chunk(payload: bytes) -> bytes:
         data = b"data: " + payload + b"\n\n"
@@ -58,13 +81,12 @@ def serve(port_file: str, ttft_s: float, tpot_s: float) -> None:
                     raw = await reader.readuntil(b"\r\n\r\n")
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
-                length = int(re.search(rb"(?i)content-length:\s*(\d+)", raw).group(1))  # type: ignore[union-attr]
-                body = await reader.readexactly(length)
+                body = await reader.readexactly(_header_int(content_length_re, raw))
                 close = b"connection: close" in raw.lower()
-                asked = int(max_tokens_re.search(body).group(1))  # type: ignore[union-attr]
+                asked = _header_int(max_tokens_re, body)
                 writer.write(head + (b"Connection: close\r\n\r\n" if close else b"\r\n"))
-                done = asyncio.get_running_loop().create_future()
-                active.append([writer, asked, asked, time.monotonic() + ttft_s, done])
+                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                active.append(_Stream(writer, asked, asked, time.monotonic() + ttft_s, done))
                 await done
                 if close:
                     writer.close()
@@ -76,29 +98,27 @@ def serve(port_file: str, ttft_s: float, tpot_s: float) -> None:
         while True:
             now = time.monotonic()
             for entry in list(active):
-                w, left, asked, due, done = entry
-                if w.is_closing():  # type: ignore[attr-defined]  # the client went away (end of a run)
+                w = entry.writer
+                if w.is_closing():  # the client went away (end of a run)
                     active.remove(entry)
-                    done.set_result(None)  # type: ignore[attr-defined]
+                    entry.done.set_result(None)
                     continue
-                if now < due:  # type: ignore[operator]
+                if now < entry.due_s:
                     continue
                 if tpot_s == 0:
-                    w.write(token * left)  # type: ignore[attr-defined, operator]
-                    left = 0
+                    w.write(token * entry.tokens_left)
+                    entry.tokens_left = 0
                 else:
-                    w.write(token)  # type: ignore[attr-defined]
-                    left -= 1  # type: ignore[operator]
-                if left == 0:
+                    w.write(token)
+                    entry.tokens_left -= 1
+                if entry.tokens_left == 0:
                     usage = b'{"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d}}' % (
                         PROMPT_TOKENS,
-                        asked,  # type: ignore[str-format]
+                        entry.tokens_asked,
                     )
-                    w.write(chunk(usage) + chunk(b"[DONE]") + b"0\r\n\r\n")  # type: ignore[attr-defined]
+                    w.write(chunk(usage) + chunk(b"[DONE]") + b"0\r\n\r\n")
                     active.remove(entry)
-                    done.set_result(None)  # type: ignore[attr-defined]
-                else:
-                    entry[1] = left
+                    entry.done.set_result(None)
             await asyncio.sleep(tpot_s if tpot_s else 0.001)
 
     async def main() -> None:
@@ -229,10 +249,10 @@ def client(kind: str, url: str, users: int, out_path: str) -> None:
     Path(out_path).write_text(json.dumps(result))
 
 
-def _payload_dict(options: object) -> dict[str, object]:
+def _payload_dict(options: PayloadOptions) -> dict[str, object]:
     from dataclasses import asdict
 
-    return asdict(options)  # type: ignore[call-overload, no-any-return]
+    return asdict(options)
 
 
 # -- orchestration ----------------------------------------------------------------------------------
@@ -254,7 +274,8 @@ def _start_server(ttft_s: float, tpot_s: float) -> tuple[subprocess.Popen[bytes]
 def _run_client(kind: str, url: str, users: int) -> dict[str, float]:
     out = tempfile.mktemp(prefix="oomload-bench-out-")
     subprocess.run([sys.executable, __file__, "client", kind, url, str(users), out], check=True, timeout=120)
-    return json.loads(Path(out).read_text())  # type: ignore[no-any-return]
+    result: dict[str, float] = json.loads(Path(out).read_text())
+    return result
 
 
 def main() -> None:

@@ -5,10 +5,16 @@ sockets after 5 s; a pooled client that writes a request onto a socket the serve
 it, and because the request may or may not have reached the server, it cannot safely be retried
 (POST is not idempotent). On the real vLLM at concurrency ≥ 16, pooled clients lost 6–23 of 32–128
 requests this way; a fresh connection per request lost none. A loopback connect costs tens of µs,
-small next to one request. So nothing is ever retried: a refused connect provably never reached
-the server (and after the server had answered, it means the server died); every other failure is a
-transport error (a stream that broke before ``[DONE]`` without usage is one: a dying server), a
-timeout or a truncated answer.
+small next to one request, as long as nothing else rides along: the host's addresses are resolved
+once (an IP literal never; a name every ``ADDRESS_TTL_S`` and after a failed connect) because
+gevent's default resolver runs ``getaddrinfo`` on a thread, a hub round trip that cost a median
+9 ms per request at 128 users; and the connect is tried twice before waiting, because on loopback the
+handshake has already completed when the first non-blocking ``connect`` returns ``EINPROGRESS``.
+The TLS context is built once per endpoint.
+
+Nothing is ever retried: a refused connect provably never reached the server (and after the server
+had answered, it means the server died); every other failure is a transport error (a stream that
+broke before ``[DONE]`` without usage is one: a dying server), a timeout or a truncated answer.
 
 ``send`` keeps what it has seen so far in an ``ExchangeProgress`` the caller may pass: when the user's
 greenlet is killed mid-request (oomload abandoning it), ``cancelled_exchange`` turns that progress
@@ -24,10 +30,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import http.client
+import ipaddress
+import math
 import socket
 import ssl
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import gevent
@@ -44,17 +54,65 @@ MAX_ERROR_BODY_BYTES = 1 << 20
 # socket errors, and geventhttpclient's parse errors (http.client.HTTPException subclasses)
 _WIRE_ERRORS = (OSError, ValueError, http.client.HTTPException)
 BLOCK_BYTES = 64 * 1024
+ADDRESS_TTL_S = 30.0  # a host name is resolved again after this long (an IP literal never)
+
+SocketAddress = tuple[int, Any]  # (address family, sockaddr as ``socket.connect`` takes it)
+
+
+class AddressCache:
+    """The socket addresses of one host and port, resolved at most every ``ttl_s``.
+
+    An IP literal is never resolved. A name is resolved through gevent (``getaddrinfo``) on first use,
+    again once ``ttl_s`` has passed, and again after ``forget`` (called when a connect fails).
+    """
+
+    __slots__ = ("_addresses", "_clock", "_expires_s", "_literal", "host", "port", "ttl_s")
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        ttl_s: float = ADDRESS_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.host, self.port, self.ttl_s, self._clock = host, port, ttl_s, clock
+        literal = _literal_address(host, port)
+        self._literal = literal is not None
+        self._addresses: list[SocketAddress] = [] if literal is None else [literal]
+        self._expires_s = math.inf if literal is not None else -math.inf
+
+    def addresses(self) -> list[SocketAddress]:
+        """The addresses to try, in ``getaddrinfo`` order (``OSError`` if the name does not resolve)."""
+        now = self._clock()
+        if now >= self._expires_s:
+            infos = gevent.socket.getaddrinfo(self.host, self.port, 0, socket.SOCK_STREAM)
+            self._addresses = [(family, sockaddr) for family, _, _, _, sockaddr in infos]
+            self._expires_s = now + self.ttl_s
+        return self._addresses
+
+    def forget(self) -> None:
+        """Resolve a name again on the next use (an IP literal stays)."""
+        if not self._literal:
+            self._expires_s = -math.inf
 
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """Where requests go: host, port, TLS, path prefix and the extra header lines (API key)."""
+    """Where requests go: host, port, TLS, path prefix and the extra header lines (API key).
+
+    ``cache`` holds what this process derives once per endpoint: the resolved addresses and the TLS
+    context (built on first use).
+    """
 
     host: str
     port: int
     tls: bool
     base_path: str
     header_lines: bytes
+    cache: _EndpointCache = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cache", _EndpointCache(AddressCache(self.host, self.port)))
 
     @classmethod
     def from_url(cls, url: str, api_key: str | None = None) -> Endpoint:
@@ -69,6 +127,14 @@ class Endpoint:
         if api_key:
             lines += f"Authorization: Bearer {api_key}\r\n"
         return cls(parts.hostname, port, tls, parts.path.rstrip("/"), lines.encode("latin-1"))
+
+
+class _EndpointCache:
+    __slots__ = ("addresses", "tls_context")
+
+    def __init__(self, addresses: AddressCache) -> None:
+        self.addresses = addresses
+        self.tls_context: ssl.SSLContext | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,17 +225,21 @@ def send(
     timer = gevent.Timeout(timeout_s)
     timer.start()
     try:
+        cache = endpoint.cache
         try:
-            sock = gevent.socket.create_connection((endpoint.host, endpoint.port))
+            sock = connect(cache.addresses.addresses())
         except ConnectionRefusedError:
+            cache.addresses.forget()
             refused, transport = True, "connection refused"
             raise _Done() from None
         except OSError as err:
+            cache.addresses.forget()
             transport = f"connect failed ({_errname(err)})"
             raise _Done() from None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if endpoint.tls:
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=endpoint.host)
+            if cache.tls_context is None:
+                cache.tls_context = ssl.create_default_context()
+            sock = cache.tls_context.wrap_socket(sock, server_hostname=endpoint.host)
         try:
             sock.sendall(head + request.body)
             resp = HTTPSocketResponse(sock, block_size=BLOCK_BYTES, method="POST")
@@ -270,6 +340,52 @@ def send(
 
 class _Done(Exception):
     """Internal: the exchange ended early (connect or send failed)."""
+
+
+def connect(addresses: list[SocketAddress]) -> gevent.socket.socket:
+    """A connected TCP socket (``TCP_NODELAY``) to the first address that accepts; else the last error.
+
+    The first ``connect`` is non-blocking; one that is still in progress is completed by gevent's
+    ``connect``, which tries once more before it waits for the socket to become writable (on loopback
+    the handshake is done by then, so the request goes out without a hub round trip).
+    """
+    if not addresses:
+        raise OSError(errno.EADDRNOTAVAIL, "getaddrinfo returned no address")
+    last: OSError | None = None
+    for family, sockaddr in addresses:
+        sock = gevent.socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(0.0)
+            try:
+                sock.connect(sockaddr)
+            except BlockingIOError:
+                sock.settimeout(None)
+                sock.connect(sockaddr)
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as err:
+            sock.close()
+            last = err
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    assert last is not None
+    raise last
+
+
+def _literal_address(host: str, port: int) -> SocketAddress | None:
+    """``(family, sockaddr)`` of an IP literal without a scope id; ``None`` for a name."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if ip.version == 4:
+        return socket.AF_INET, (host, port)
+    if "%" in host:
+        return None  # a scoped IPv6 address: getaddrinfo fills in the scope id
+    return socket.AF_INET6, (host, port, 0, 0)
 
 
 def _read_capped(resp: HTTPSocketResponse) -> bytes:

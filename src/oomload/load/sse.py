@@ -109,7 +109,7 @@ class SseStream:
                 self.usage_completion_tokens = _int_or_none(usage.get("completion_tokens"))
         if _NO_CHOICES in payload or b'"choices"' not in payload:
             return
-        if any(mark in payload for mark in _EMPTY_TEXT) and (
+        if (_EMPTY_TEXT[0] in payload or _EMPTY_TEXT[1] in payload) and (
             _ROLE_ONLY_MARK in payload or b'"finish_reason":null' in payload
         ):
             return  # a role-only or empty delta carries no token

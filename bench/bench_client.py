@@ -11,6 +11,12 @@ its median TTFT, and its in-flight count.
 * paced (ttft 50 ms, tpot 5 ms): the median TTFT the client sees minus the server's true 50 ms — the
   goal is ≤ +5 ms at concurrency 128; and the achieved concurrency must equal the target.
 
+The stub's own lateness is part of that figure: its engine ticks every ``tpot``, so a first token
+goes out at the first tick after its due time (on average half a tick late, more when the 2 cores
+are busy). The stub measures that lag (first token written − request parsed − ttft) and hands the
+median over the window to the client (``GET /stats``); the line shows it and what is left once it
+is taken off: what the client and the transport (connect, send, wake-up) add.
+
 Prompts are 256 token ids, outputs 128 tokens, streaming. ``python -m bench client`` runs it; on a
 shared 2-core machine the numbers wobble, the ratios are what matter.
 """
@@ -50,6 +56,8 @@ class _Stream:
     tokens_asked: int
     due_s: float  # time.monotonic() of its next token
     done: asyncio.Future[None]
+    parsed_s: float  # time.monotonic() when its request was parsed
+    first: bool = True  # no token written yet
 
 
 def _header_int(pattern: re.Pattern[bytes], data: bytes) -> int:
@@ -64,6 +72,12 @@ def serve(port_file: str, ttft_s: float, tpot_s: float) -> None:
     max_tokens_re = re.compile(rb'"max_tokens":\s*(\d+)')
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
     active: list[_Stream] = []
+    lags_ms: list[float] = []  # per request: first token written − parsed − ttft
+
+    def stats() -> bytes:
+        body = json.dumps({"lag_ms_p50": statistics.median(lags_ms) if lags_ms else None}).encode()
+        lags_ms.clear()
+        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
 
     def chunk(payload: bytes) -> bytes:
         data = b"data: " + payload + b"\n\n"
@@ -81,12 +95,16 @@ def serve(port_file: str, ttft_s: float, tpot_s: float) -> None:
                     raw = await reader.readuntil(b"\r\n\r\n")
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
+                if raw.startswith(b"GET /stats"):
+                    writer.write(stats())
+                    continue
                 body = await reader.readexactly(_header_int(content_length_re, raw))
                 close = b"connection: close" in raw.lower()
                 asked = _header_int(max_tokens_re, body)
                 writer.write(head + (b"Connection: close\r\n\r\n" if close else b"\r\n"))
                 done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                active.append(_Stream(writer, asked, asked, time.monotonic() + ttft_s, done))
+                now = time.monotonic()
+                active.append(_Stream(writer, asked, asked, now + ttft_s, done, now))
                 await done
                 if close:
                     writer.close()
@@ -105,6 +123,9 @@ def serve(port_file: str, ttft_s: float, tpot_s: float) -> None:
                     continue
                 if now < entry.due_s:
                     continue
+                if entry.first:
+                    entry.first = False
+                    lags_ms.append((time.monotonic() - entry.parsed_s - ttft_s) * 1000.0)
                 if tpot_s == 0:
                     w.write(token * entry.tokens_left)
                     entry.tokens_left = 0
@@ -222,12 +243,14 @@ def client(kind: str, url: str, users: int, out_path: str) -> None:
             gevent.sleep(0.05)
 
     sampler = gevent.spawn(sample)
+    _stub_stats(url)  # forget the lags of the warm-up
     c0, k0, n0, t0 = cpu(), count_tokens(), count_requests(), time.perf_counter()
     w0 = time.time()
     first_ttft = len(ttfts)
     gevent.sleep(WINDOW_S)
     c1, k1, n1, t1 = cpu(), count_tokens(), count_requests(), time.perf_counter()
     w1 = time.time()
+    stub_lag_ms = _stub_stats(url)
     sampler.kill()
     runner.quit()
     if context is not None:
@@ -245,8 +268,24 @@ def client(kind: str, url: str, users: int, out_path: str) -> None:
         "wall_s": t1 - t0,
         "ttft_median_ms": statistics.median(window_ttfts) if window_ttfts else None,
         "in_flight_mean": statistics.fmean(samples) if samples else 0.0,
+        "stub_lag_ms_p50": stub_lag_ms,
     }
     Path(out_path).write_text(json.dumps(result))
+
+
+def _stub_stats(url: str) -> float | None:
+    """The stub's median first-token lag since the last call (and reset it)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=10)
+    try:
+        conn.request("GET", "/stats")
+        lag: float | None = json.loads(conn.getresponse().read())["lag_ms_p50"]
+    finally:
+        conn.close()
+    return lag
 
 
 def _payload_dict(options: PayloadOptions) -> dict[str, object]:
@@ -272,10 +311,11 @@ def _start_server(ttft_s: float, tpot_s: float) -> tuple[subprocess.Popen[bytes]
 
 
 def _run_client(kind: str, url: str, users: int) -> dict[str, float]:
+    """The client's figures; one it could not measure is NaN."""
     out = tempfile.mktemp(prefix="oomload-bench-out-")
     subprocess.run([sys.executable, __file__, "client", kind, url, str(users), out], check=True, timeout=120)
-    result: dict[str, float] = json.loads(Path(out).read_text())
-    return result
+    raw: dict[str, float | None] = json.loads(Path(out).read_text())
+    return {key: float("nan") if value is None else float(value) for key, value in raw.items()}
 
 
 def main() -> None:
@@ -300,8 +340,13 @@ def main() -> None:
                     f" | in flight {base['in_flight_mean']:5.1f} vs {ours['in_flight_mean']:5.1f}"
                 )
                 if ttft_s:
-                    added = [(r["ttft_median_ms"] or float("nan")) - ttft_s * 1000 for r in (base, ours)]
-                    line += f" | TTFT p50 added ms: {added[0]:+5.1f} vs {added[1]:+5.1f}"
+                    added = [r["ttft_median_ms"] - ttft_s * 1000 for r in (base, ours)]
+                    lag = [r["stub_lag_ms_p50"] for r in (base, ours)]
+                    line += (
+                        f" | TTFT p50 added ms: {added[0]:+5.1f} vs {added[1]:+5.1f}"
+                        f" (stub's own lag {lag[0]:.1f} / {lag[1]:.1f};"
+                        f" client side {added[0] - lag[0]:+5.1f} vs {added[1] - lag[1]:+5.1f})"
+                    )
                 print(line, flush=True)
         finally:
             server.terminate()

@@ -59,7 +59,9 @@ class ProgressView:
     def step_ended(self, line: Mapping[str, Any]) -> None:
         """Print the step's own results (its ``steps.jsonl`` end line) as one plain line."""
         self.sample()
-        self.console.print(step_line(line, time.time() - self._started, self._kv_max), highlight=False)
+        self.console.print(
+            step_line(line, time.time() - self._started, self._kv_max), highlight=False, soft_wrap=True
+        )
 
     def refresh(self) -> None:
         if self.live is not None:

@@ -24,6 +24,12 @@ its counters — only once the surplus users are gone and the requests in flight
 (``StepMeter.in_flight``), or ``settle_s`` has passed (the runner passes the ramp-down grace; what is
 still in flight then is abandoned by Locust as ``cancelled``). So the
 previous step's pressure never counts against the lower level, and the wait is bounded.
+
+Preemption counter at a boundary: read **once**, and **while the users keep sending** (the read is a
+``/metrics`` scrape that a loaded vLLM can take 1–3 s to answer; gevent lets the users run meanwhile).
+The boundary's time is taken after the read, and the same value closes the ended step and opens the
+next one. Reading it after the users were paused — and again for the next step — left every step of a
+real server without load for two scrapes (seen: 1.6 s of a 4-user step with nothing sent).
 """
 
 from __future__ import annotations
@@ -139,18 +145,20 @@ class StepDriver:
         reason = self._step_end_reason(now)
         if reason is None:
             return self.current.concurrency, SPAWN_RATE
-        self._end_step(reason, now)
+        boundary_preemptions = self.preemptions_total()  # users keep sending while this scrape runs
+        now = self.clock()
+        self._end_step(reason, now, boundary_preemptions)
         if reason in ("server_dead", "max_duration"):
             self.end_reason = reason
             return None
-        return self._follow(next_step(self.plan, self.history), now)
+        return self._follow(next_step(self.plan, self.history), now, boundary_preemptions)
 
     def interrupt(self, reason: str = "interrupted") -> None:
         """End the current step and the run now (Ctrl-C, SIGTERM, an error elsewhere)."""
         if self.finished:
             return
         if self.current is not None and self._settling is None:
-            self._end_step(reason, self.clock())
+            self._end_step(reason, self.clock(), self.preemptions_total())
         self._settling = None
         self.end_reason = reason
 
@@ -165,7 +173,8 @@ class StepDriver:
         if now < deadline and (in_flight is None or in_flight > step.concurrency):
             return step.concurrency, SPAWN_RATE
         self._settling = None
-        return self._begin(step, now)
+        baseline = self.preemptions_total()  # the users are idle while settling: a fresh baseline
+        return self._begin(step, self.clock(), baseline)
 
     def _step_end_reason(self, now: float) -> str | None:
         assert self.current is not None and self.started_unix_s is not None
@@ -180,7 +189,9 @@ class StepDriver:
         hold = self.warmup_hold if self.current.phase == "warmup" else self.hold
         return "hold_done" if hold.done(elapsed, completed) else None
 
-    def _follow(self, decision: Decision, now: float) -> tuple[int, float] | None:
+    def _follow(
+        self, decision: Decision, now: float, boundary_preemptions: int | None = None
+    ) -> tuple[int, float] | None:
         if decision.step is None:
             self.end_reason = decision.end_reason or "completed"
             return None
@@ -189,12 +200,15 @@ class StepDriver:
         if previous is not None and step.concurrency < previous.concurrency and self.settle_s > 0:
             self._settling = (step, now + self.settle_s)
             return step.concurrency, SPAWN_RATE
-        return self._begin(step, now)
+        if previous is None:  # the first step: its baseline is read now, before any load
+            boundary_preemptions = self.preemptions_total()
+        return self._begin(step, now, boundary_preemptions)
 
-    def _begin(self, step: StepPlan, now: float) -> tuple[int, float]:
+    def _begin(self, step: StepPlan, now: float, preemptions_at_start: int | None) -> tuple[int, float]:
+        """Open ``step`` at ``now`` with the counter value read at this boundary."""
         self.current = step
         self._step_start_s = now
-        self._preemptions_at_start = self.preemptions_total()
+        self._preemptions_at_start = preemptions_at_start
         self.meter.begin(step)
         self.sink.append(
             "steps",
@@ -210,12 +224,12 @@ class StepDriver:
             self.on_step(step)
         return step.concurrency, SPAWN_RATE
 
-    def _end_step(self, reason: str, now: float) -> None:
+    def _end_step(self, reason: str, now: float, after: int | None) -> None:
+        """Close the current step at ``now``; ``after`` is the counter read at this boundary."""
         step = self.current
         assert step is not None
         self.meter.end()  # nothing more is sent in this step: its counts are final from here on
         count = self.meter.count()
-        after = self.preemptions_total()
         before = self._preemptions_at_start
         preemptions = max(0, after - before) if after is not None and before is not None else None
         dead = reason == "server_dead" or self.server_dead()

@@ -124,3 +124,27 @@ def test_a_step_is_closed_before_it_is_counted_and_its_end_line_is_handed_on() -
         "ended_errors": 1,
     }
     assert line["ended_outcomes"] == {"ok": 6, "timeout": 1} and "completed" not in line
+
+
+def test_the_boundary_counter_is_read_once_while_the_users_still_send() -> None:
+    """A loaded vLLM takes seconds to answer /metrics: the read must not leave a step without load."""
+    meter, sink, clock = FakeMeter(), Lines(), [100.0]
+    reads: list[int] = []  # meter.ended at each read: 0 before the first step ends, …
+
+    def preemptions() -> int:
+        reads.append(meter.ended)
+        clock[0] += 2.0  # the scrape takes 2 s
+        return 3 * len(reads)
+
+    plan = SchedulePlan(levels=(2, 4, 8), stop_on=())
+    driver = StepDriver(plan, Hold(1.0), meter, sink, preemptions_total=preemptions, clock=lambda: clock[0])
+    driver.tick()  # step 0 begins: baseline read before any load
+    for _ in range(2):
+        clock[0] += 1.0
+        driver.tick()  # a boundary: one read, taken while the ended step's users were still sending
+    assert reads == [0, 0, 1]  # one read per boundary, each before that boundary's meter.end()
+    starts = [line for line in sink.lines if line["event"] == "start"]
+    ends = [line for line in sink.lines if line["event"] == "end"]
+    # the boundary time is taken after the read, and the next step starts at that same moment
+    assert [e["t_unix_s"] for e in ends] == [s["t_unix_s"] for s in starts[1:]]
+    assert [e["preemptions"] for e in ends] == [3, 3]

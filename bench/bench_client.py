@@ -179,7 +179,8 @@ def client(kind: str, url: str, users: int, out_path: str) -> None:
             "stream_options": {"include_usage": True},
         }
     )
-    tmp = tempfile.mkdtemp(prefix="oomload-bench-")
+    run_dir = tempfile.TemporaryDirectory(prefix="oomload-bench-")  # removed when this process exits
+    tmp = run_dir.name
     context = None
     if kind == "oomload":
         options = {"url": url, "payload": _payload_dict(PayloadOptions(model="stub"))}
@@ -295,8 +296,8 @@ def _payload_dict(options: PayloadOptions) -> dict[str, object]:
 
 
 # -- orchestration ----------------------------------------------------------------------------------
-def _start_server(ttft_s: float, tpot_s: float) -> tuple[subprocess.Popen[bytes], str]:
-    port_file = tempfile.mktemp(prefix="oomload-bench-port-")
+def _start_server(ttft_s: float, tpot_s: float, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port_file = str(workdir / f"port-{ttft_s}-{tpot_s}")
     proc = subprocess.Popen([sys.executable, __file__, "serve", port_file, str(ttft_s), str(tpot_s)])
     deadline = time.time() + 15
     while not os.path.exists(port_file) or not Path(port_file).read_text():
@@ -310,9 +311,9 @@ def _start_server(ttft_s: float, tpot_s: float) -> tuple[subprocess.Popen[bytes]
     return proc, f"http://127.0.0.1:{port}"
 
 
-def _run_client(kind: str, url: str, users: int) -> dict[str, float]:
+def _run_client(kind: str, url: str, users: int, workdir: Path) -> dict[str, float]:
     """The client's figures; one it could not measure is NaN."""
-    out = tempfile.mktemp(prefix="oomload-bench-out-")
+    out = str(workdir / f"out-{kind}-{users}-{time.monotonic_ns()}.json")
     subprocess.run([sys.executable, __file__, "client", kind, url, str(users), out], check=True, timeout=120)
     raw: dict[str, float | None] = json.loads(Path(out).read_text())
     return {key: float("nan") if value is None else float(value) for key, value in raw.items()}
@@ -323,34 +324,40 @@ def main() -> None:
         f"prompt {PROMPT_TOKENS}, output {OUTPUT_TOKENS} tokens, streaming; "
         f"window {WINDOW_S:.0f} s per client"
     )
-    for mode, ttft_s, tpot_s in (("full speed", 0.0, 0.0), ("paced 50 ms + 5 ms/token", 0.05, 0.005)):
-        server, url = _start_server(ttft_s, tpot_s)
-        try:
-            for users in (32, 128):
-                base = _run_client("minimal", url, users)
-                ours = _run_client("oomload", url, users)
-                per_tok = [r["cpu_s"] / max(1, r["tokens"]) * 1e6 for r in (base, ours)]
-                per_req = [r["cpu_s"] / max(1, r["requests"]) * 1e3 for r in (base, ours)]
-                line = (
-                    f"{mode:>26} c={users:<4} CPU/token µs: minimal {per_tok[0]:6.1f}"
-                    f"  oomload {per_tok[1]:6.1f}  ratio {per_tok[1] / per_tok[0]:4.2f}"
-                    f" | CPU/request ms: {per_req[0]:5.2f} vs {per_req[1]:5.2f}"
-                    f" | tokens/s {base['tokens'] / base['wall_s']:7.0f}"
-                    f" vs {ours['tokens'] / ours['wall_s']:7.0f}"
-                    f" | in flight {base['in_flight_mean']:5.1f} vs {ours['in_flight_mean']:5.1f}"
+    with tempfile.TemporaryDirectory(prefix="oomload-bench-client-") as workdir:
+        for mode, ttft_s, tpot_s in (("full speed", 0.0, 0.0), ("paced 50 ms + 5 ms/token", 0.05, 0.005)):
+            _bench_mode(mode, ttft_s, tpot_s, Path(workdir))
+
+
+def _bench_mode(mode: str, ttft_s: float, tpot_s: float, workdir: Path) -> None:
+    """Both clients at 32 and 128 users against one stub server paced as given."""
+    server, url = _start_server(ttft_s, tpot_s, workdir)
+    try:
+        for users in (32, 128):
+            base = _run_client("minimal", url, users, workdir)
+            ours = _run_client("oomload", url, users, workdir)
+            per_tok = [r["cpu_s"] / max(1, r["tokens"]) * 1e6 for r in (base, ours)]
+            per_req = [r["cpu_s"] / max(1, r["requests"]) * 1e3 for r in (base, ours)]
+            line = (
+                f"{mode:>26} c={users:<4} CPU/token µs: minimal {per_tok[0]:6.1f}"
+                f"  oomload {per_tok[1]:6.1f}  ratio {per_tok[1] / per_tok[0]:4.2f}"
+                f" | CPU/request ms: {per_req[0]:5.2f} vs {per_req[1]:5.2f}"
+                f" | tokens/s {base['tokens'] / base['wall_s']:7.0f}"
+                f" vs {ours['tokens'] / ours['wall_s']:7.0f}"
+                f" | in flight {base['in_flight_mean']:5.1f} vs {ours['in_flight_mean']:5.1f}"
+            )
+            if ttft_s:
+                added = [r["ttft_median_ms"] - ttft_s * 1000 for r in (base, ours)]
+                lag = [r["stub_lag_ms_p50"] for r in (base, ours)]
+                line += (
+                    f" | TTFT p50 added ms: {added[0]:+5.1f} vs {added[1]:+5.1f}"
+                    f" (stub's own lag {lag[0]:.1f} / {lag[1]:.1f};"
+                    f" client side {added[0] - lag[0]:+5.1f} vs {added[1] - lag[1]:+5.1f})"
                 )
-                if ttft_s:
-                    added = [r["ttft_median_ms"] - ttft_s * 1000 for r in (base, ours)]
-                    lag = [r["stub_lag_ms_p50"] for r in (base, ours)]
-                    line += (
-                        f" | TTFT p50 added ms: {added[0]:+5.1f} vs {added[1]:+5.1f}"
-                        f" (stub's own lag {lag[0]:.1f} / {lag[1]:.1f};"
-                        f" client side {added[0] - lag[0]:+5.1f} vs {added[1] - lag[1]:+5.1f})"
-                    )
-                print(line, flush=True)
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
+            print(line, flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
 
 
 if __name__ == "__main__":

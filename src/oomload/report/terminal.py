@@ -69,6 +69,11 @@ TERMINAL_COLUMNS = {
 
 
 def step_table(verdict: Verdict) -> Table:
+    """The per-step table, narrow enough for an 80-column CI log.
+
+    Columns that say nothing in this run are left out (no request cancelled, no device memory
+    sampled), and device memory is shown in GiB with the unit in the header instead of every cell.
+    """
     table = Table(
         title="Per step (* = cut short; † = after the engine died; cncl = cancelled; held = achieved)",
         header_style="bold",
@@ -76,13 +81,23 @@ def step_table(verdict: Verdict) -> Table:
         padding=(0, 0, 0, 1),
         show_edge=False,
     )
-    picks = [STEP_COLUMNS.index(name) for name in TERMINAL_COLUMNS]
-    for name in TERMINAL_COLUMNS.values():
-        table.add_column(name, justify="right", no_wrap=True)
+    rows = [step_row(s) for s in verdict.steps]
+    columns = [
+        (STEP_COLUMNS.index(name), short)
+        for name, short in TERMINAL_COLUMNS.items()
+        if name not in ("cancel", "dev used") or _says_something(rows, STEP_COLUMNS.index(name))
+    ]
+    for _index, short in columns:
+        table.add_column("dev GiB" if short == "dev" else short, justify="right", no_wrap=True)
     onset = None if verdict.preemption_onset is None else verdict.preemption_onset.step
     death = None if verdict.engine_death is None else verdict.engine_death.step
-    for s in verdict.steps:
+    for s, row in zip(verdict.steps, rows, strict=True):
         style = "dim" if s.warmup or s.after_death else ("red" if s.index in (onset, death) else None)
-        row = step_row(s)
-        table.add_row(*(row[i] for i in picks), style=style)
+        cells = [row[i].removesuffix(" GiB") if short == "dev" else row[i] for i, short in columns]
+        table.add_row(*cells, style=style)
     return table
+
+
+def _says_something(rows: list[list[str]], index: int) -> bool:
+    """True when some row has a value other than zero or empty in that column."""
+    return any(row[index].strip() not in ("", "0", "–", "—", "-") for row in rows)

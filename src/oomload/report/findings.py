@@ -38,8 +38,9 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
             Finding(
                 "preemption_onset",
                 "Preemption onset",
-                f"concurrency {onset.concurrency} — step {onset.step}, {onset.requests_in_step} requests, "
-                f"{onset.preemptions_in_step} preemptions{kv}",
+                f"concurrency {onset.concurrency} — step {onset.step}, "
+                f"{_count(onset.requests_in_step, 'request')}, "
+                f"{_count(onset.preemptions_in_step, 'preemption')}{kv}",
                 "bad",
             )
         )
@@ -234,3 +235,8 @@ def step_row(s: StepFacts) -> list[str]:
         fmt_num(s.achieved_concurrency, ".1f"),
         fmt_bytes(s.device_used_max_bytes),
     ]
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 preemption``, ``3 preemptions``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

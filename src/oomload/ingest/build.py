@@ -217,19 +217,23 @@ def build_trace(
     tokenizer = None if counter is None else counter.name
     meters = [ClockMeter() for _ in plans] if len(plans) > 1 else None
     alignment = None
+    sources = tuple(str(plan.source.path) for plan in plans)
+    guess = TraceHeader(  # the header of a clean build; finish_trace rewrites the file when it is not
+        sources, "+".join(formats), tokenizer, _header_extra(SkipLog(), None, reordered=False)
+    )
     with TraceScratch(out) as scratch:
         skips = SkipLog(strict=strict)
-        written = write_body(scratch, iter_batches(plans, skips, counter, meters=meters))
+        written = write_body(scratch, iter_batches(plans, skips, counter, meters=meters), guess)
         if meters is not None:
             alignment = align_inputs(meters)
             if not alignment.shared:  # second pass: each input on its own start
                 skips = SkipLog(strict=strict)
                 batches = iter_batches(plans, skips, counter, offsets_s=alignment.offsets_s)
-                written = write_body(scratch, batches)
+                written = write_body(scratch, batches, guess)
         if written.count == 0:
             raise TraceFormatError(nothing_usable(skips), ", ".join(str(p) for p in paths))
         header = TraceHeader(
-            source=tuple(str(plan.source.path) for plan in plans),
+            source=sources,
             format="+".join(formats),
             tokenizer=tokenizer,
             extra=_header_extra(skips, alignment, reordered=not written.in_order),

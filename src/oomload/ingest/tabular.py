@@ -154,6 +154,11 @@ def _convert(
             values = pc.if_else(valid, text, "0")
         if bad.any():
             reasons.append((bad, f"not a non-negative integer in column {column!r}"))
+        elif not optional:  # fast path: plain digits cast straight to int64 (same values up to 2**53)
+            try:
+                return pc.cast(text, pa.int64())
+            except pa.ArrowInvalid:  # spaces, "12.0" or too large: the general route below
+                pass
         return pc.cast(pc.cast(pc.utf8_trim_whitespace(values), pa.float64()), pa.int64())
 
     prompt = integers(layout.prompt)
@@ -193,11 +198,10 @@ def _times(text: pa.ChunkedArray, layout: CsvLayout, reasons: list[tuple[np.ndar
             reasons.append((bad, f"not a number in time column {layout.time!r}"))
         seconds = pc.cast(pc.utf8_trim_whitespace(pc.if_else(valid, text, "0")), pa.float64())
         return np.asarray(seconds, dtype=np.float64) * TIME_UNITS_S[layout.time_unit]
-    for unit in (pa.timestamp("ns"), pa.timestamp("ns", tz="UTC")):
-        try:
-            stamps = pc.cast(pc.utf8_trim_whitespace(text), unit)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            continue
+    stamps = _cast_stamps(text)  # trimmed only when the text as read does not parse (rarely needed)
+    if stamps is None:
+        stamps = _cast_stamps(pc.utf8_trim_whitespace(text))
+    if stamps is not None:
         return np.asarray(pc.cast(stamps, pa.int64()), dtype=np.int64) / 1e9
     # Mixed or bad values: parse one by one to find the rows to skip.
     values = np.zeros(len(text), dtype=np.float64)
@@ -210,6 +214,16 @@ def _times(text: pa.ChunkedArray, layout: CsvLayout, reasons: list[tuple[np.ndar
             values[index] = parsed
     reasons.append((bad, f"not a timestamp in column {layout.time!r}"))
     return values
+
+
+def _cast_stamps(text: pa.ChunkedArray) -> pa.ChunkedArray | None:
+    """``text`` as nanosecond timestamps (naive, else with a zone); ``None`` when a value does not parse."""
+    for unit in (pa.timestamp("ns"), pa.timestamp("ns", tz="UTC")):
+        try:
+            return pc.cast(text, unit)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+    return None
 
 
 def parse_datetime_s(text: str | None) -> float | None:

@@ -1,13 +1,16 @@
 """Writing a trace file from batches: a streamed body, a header known only at the end, an atomic rename.
 
-1. ``write_body`` renders each batch to trace lines with vectorized kernels (``columns.format_lines``)
-   and appends them to a scratch body file; the first request's time is the origin
-   (``arrival_s = 0``). It notes whether the times ever went backwards.
-2. ``finish_trace`` writes the header — which needs the skip counts and clock alignment, known only
-   after the last batch — into the final scratch file, then appends the body: copied as is when it
-   was in time order, otherwise read back in columns (a few hundred bytes per request), sorted by
-   time (stable) and rebased on the earliest request. The scratch file is then renamed into place,
-   so a failed build never leaves a half-written trace and never damages an older file at that path.
+1. ``write_body`` writes a guessed header line — the header of a clean build: nothing skipped, in
+   time order — then renders each batch to trace lines with vectorized kernels
+   (``columns.format_lines``), one large write per batch, into the final scratch file; the first
+   request's time is the origin (``arrival_s = 0``). It notes whether the times ever went backwards.
+2. ``finish_trace`` knows the real header — it needs the skip counts and clock alignment, known only
+   after the last batch. When it is the guessed one and the body was in time order (the usual
+   case), the file is already complete. Otherwise the header is written into the other scratch file
+   followed by the body: copied as is when it was in time order, otherwise read back in columns (a
+   few hundred bytes per request), sorted by time (stable) and rebased on the earliest request. The
+   complete scratch file is then renamed into place, so a failed build never leaves a half-written
+   trace and never damages an older file at that path.
 
 ``check_output_path`` refuses an output path that cannot be a trace file (a directory, a device, a
 parent that cannot be created) before any input is read. ``TraceScratch`` creates the two scratch
@@ -46,6 +49,7 @@ class BodyWritten:
 
     count: int
     in_order: bool
+    header_line: bytes = b""  # the guessed header line written before the body
 
 
 def output_error(out: Path, err: OSError) -> ConfigError:
@@ -103,6 +107,10 @@ class TraceScratch:
             raise RuntimeError("TraceScratch used outside its with block")
         return self._final
 
+    def swap(self) -> None:
+        """Exchange the two scratch files: ``commit`` then renames the one that was ``body``."""
+        self._body, self._final = self._final, self._body
+
     def __enter__(self) -> TraceScratch:
         self.out = check_output_path(self.out)
         try:
@@ -140,13 +148,26 @@ class TraceScratch:
                 temp.unlink(missing_ok=True)
 
 
-def write_body(scratch: TraceScratch, batches: Iterable[pa.Table]) -> BodyWritten:
-    """Render ``batches`` as trace lines into ``scratch.body`` (overwritten), origin = the first request."""
+def header_line(header: TraceHeader) -> bytes:
+    """The first line of a trace file for ``header``."""
+    return orjson.dumps(header.to_json()) + b"\n"
+
+
+def write_body(scratch: TraceScratch, batches: Iterable[pa.Table], guess: TraceHeader) -> BodyWritten:
+    """``guess``'s line then ``batches`` as trace lines into ``scratch.final`` (overwritten).
+
+    The origin is the first request.
+    """
+    first_line = header_line(guess)
     count = 0
     origin_s: float | None = None
     last_s = -np.inf
     in_order = True
-    with _open_scratch(scratch.body, scratch.out) as body:
+    with _open_scratch(scratch.final, scratch.out) as body:
+        try:
+            body.write(first_line)
+        except OSError as err:
+            raise output_error(scratch.out, err) from err
         for batch in batches:
             times = np.asarray(batch.column("time_s"), dtype=np.float64)
             if origin_s is None:
@@ -160,7 +181,7 @@ def write_body(scratch: TraceScratch, batches: Iterable[pa.Table]) -> BodyWritte
             except OSError as err:
                 raise output_error(scratch.out, err) from err
             count += batch.num_rows
-    return BodyWritten(count, in_order)
+    return BodyWritten(count, in_order, first_line)
 
 
 def _open_scratch(path: Path, out: Path) -> IO[bytes]:
@@ -172,22 +193,28 @@ def _open_scratch(path: Path, out: Path) -> IO[bytes]:
 
 def finish_trace(scratch: TraceScratch, header: TraceHeader, written: BodyWritten) -> None:
     """Header + body (sorted when it was not in time order) into ``scratch.out``, atomically."""
-    try:
-        with open(scratch.final, "wb") as final:
-            final.write(orjson.dumps(header.to_json()) + b"\n")
-            if written.in_order:
-                with open(scratch.body, "rb") as body_in:
-                    shutil.copyfileobj(body_in, final, COPY_BYTES)
-            else:
-                _write_sorted(scratch.body, final)
-    except OSError as err:
-        raise output_error(scratch.out, err) from err
+    first_line = header_line(header)
+    if not (written.in_order and first_line == written.header_line):
+        scratch.swap()  # the written file becomes the body; the header goes into the other one
+        try:
+            with open(scratch.final, "wb") as final:
+                final.write(first_line)
+                if written.in_order:
+                    with open(scratch.body, "rb") as body_in:
+                        body_in.seek(len(written.header_line))
+                        shutil.copyfileobj(body_in, final, COPY_BYTES)
+                else:
+                    _write_sorted(scratch.body, len(written.header_line), final)
+        except OSError as err:
+            raise output_error(scratch.out, err) from err
     scratch.commit()
 
 
-def _write_sorted(body_path: Path, final: IO[bytes]) -> None:
+def _write_sorted(body_path: Path, skip_bytes: int, final: IO[bytes]) -> None:
     options = pa_json.ParseOptions(explicit_schema=TRACE_SCHEMA, unexpected_field_behavior="ignore")
-    table = pa_json.read_json(str(body_path), parse_options=options)
+    with pa.OSFile(str(body_path)) as body_in:
+        body_in.seek(skip_bytes)
+        table = pa_json.read_json(body_in, parse_options=options)
     table = table.take(pc.sort_indices(table, sort_keys=[("arrival_s", "ascending")]))
     columns = {name: table.column(name) for name in table.column_names if name != "arrival_s"}
     batch = make_batch(table.num_rows, time_s=table.column("arrival_s"), **columns)

@@ -489,3 +489,23 @@ def test_load_columns_from_logs_equals_from_the_built_trace(tmp_path: Path) -> N
     from_log, from_trace = load_columns([path]), load_columns([out])
     assert from_log.arrival_s.tolist() == from_trace.arrival_s.tolist() == [0.0, 1.0, 3.5]
     assert from_log.prompt_tokens.tolist() == from_trace.prompt_tokens.tolist() == [5, 6, 9]
+
+
+def test_a_skipped_row_rewrites_the_guessed_header(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "a.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:47.0000000,x,1\n"
+        "2023-11-16 18:15:48.6805900,10,2\n",
+    )
+    out = tmp_path / "out.jsonl"
+    build_trace([path], out)
+    assert read_trace_header(out).extra["skipped"] == {
+        "not a non-negative integer in column 'ContextTokens'": 1
+    }
+    assert [(r.id, r.arrival_s, r.prompt_tokens) for r in read_trace(out)] == [
+        ("r0", 0.0, 374),
+        ("r1", 2.0, 10),
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "out.jsonl"]  # no scratch file left

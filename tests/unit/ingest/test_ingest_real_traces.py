@@ -95,3 +95,22 @@ def test_merging_the_two_real_traces_keeps_every_request(shared_dir: Path, tmp_p
     assert arrivals == sorted(arrivals) and arrivals[0] == 0.0
     assert arrivals[-1] == pytest.approx(3435.95, abs=0.01)  # Azure's own span, not 2023 − 1970
     assert read_trace_header(out).extra["aligned"] == "each input rebased to its own start"
+
+
+@pytest.mark.parametrize(("name", "rows", "reference", "fmt"), CASES)
+def test_built_trace_equals_the_record_path(
+    shared_dir: Path, tmp_path: Path, name: str, rows: int, reference: object, fmt: str
+) -> None:
+    """The vectorized writer's lines read back as the records ``TraceRecord.to_json`` would write."""
+    from dataclasses import replace
+
+    from oomload.ingest import iter_records
+
+    out = tmp_path / "out.jsonl"
+    build_trace([shared_dir / "traces" / name], out)
+    expected = [
+        replace(r, id=f"r{i}", arrival_s=round(r.arrival_s, 6))
+        for i, r in enumerate(iter_records([shared_dir / "traces" / name]))
+    ]
+    assert read_trace(out) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]  # no scratch file left

@@ -2,7 +2,8 @@
 
 1. ``write_body`` writes a guessed header line — the header of a clean build: nothing skipped, in
    time order — then renders each batch to trace lines with vectorized kernels
-   (``columns.format_lines``), one large write per batch, into the final scratch file; the first
+   (``columns.format_lines``) and writes them, one large write per batch, into the final scratch file
+   — a worker thread renders and writes each batch while the next one is parsed; the first
    request's time is the origin (``arrival_s = 0``). It notes whether the times ever went backwards.
 2. ``finish_trace`` knows the real header — it needs the skip counts and clock alignment, known only
    after the last batch. When it is the guessed one and the body was in time order (the usual
@@ -25,6 +26,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -163,25 +165,32 @@ def write_body(scratch: TraceScratch, batches: Iterable[pa.Table], guess: TraceH
     origin_s: float | None = None
     last_s = -np.inf
     in_order = True
-    with _open_scratch(scratch.final, scratch.out) as body:
+    pending: Future[None] | None = None
+    with _open_scratch(scratch.final, scratch.out) as body, ThreadPoolExecutor(max_workers=1) as renderer:
         try:
             body.write(first_line)
+            for batch in batches:
+                times = np.asarray(batch.column("time_s"), dtype=np.float64)
+                if origin_s is None:
+                    origin_s = float(times[0])
+                if in_order and (times[0] < last_s or (len(times) > 1 and bool((np.diff(times) < 0).any()))):
+                    in_order = False
+                last_s = max(last_s, float(times.max()))
+                # Rendered and written by one worker, in order, while the next batch is parsed.
+                rendered = renderer.submit(_render, body, batch, origin_s, count)
+                if pending is not None:
+                    pending.result()
+                pending = rendered
+                count += batch.num_rows
+            if pending is not None:
+                pending.result()
         except OSError as err:
             raise output_error(scratch.out, err) from err
-        for batch in batches:
-            times = np.asarray(batch.column("time_s"), dtype=np.float64)
-            if origin_s is None:
-                origin_s = float(times[0])
-            if in_order and (times[0] < last_s or (len(times) > 1 and bool((np.diff(times) < 0).any()))):
-                in_order = False
-            last_s = max(last_s, float(times.max()))
-            lines = lines_bytes(format_lines(batch, origin_s=origin_s, first_index=count))
-            try:
-                body.write(lines)
-            except OSError as err:
-                raise output_error(scratch.out, err) from err
-            count += batch.num_rows
     return BodyWritten(count, in_order, first_line)
+
+
+def _render(body: IO[bytes], batch: pa.Table, origin_s: float, first_index: int) -> None:
+    body.write(lines_bytes(format_lines(batch, origin_s=origin_s, first_index=first_index)))
 
 
 def _open_scratch(path: Path, out: Path) -> IO[bytes]:

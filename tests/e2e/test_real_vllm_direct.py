@@ -2,8 +2,11 @@
 
 256 prompt + 256 output tokens hold 2 blocks of 256 tokens; 11 of the 12 blocks are usable (one is
 vLLM's null block), so 5 requests fit (10 blocks) and 6 do not (12 > 11). A burst of 5 can never
-preempt. A burst of 6 preempts when its requests reach their last block within 256 decode steps of
-each other, which a stall on the 2 busy cores occasionally prevents: up to four bursts are allowed.
+preempt. A burst of 6 preempts only when all six hold their second block at once; on the 2 busy cores
+the server sometimes admits them far enough apart that the first finishes before the last needs its
+block (CI once saw 0 preemptions in 4 bursts of 6). So the test asks what the product promises and
+the oomload-driven tests check too: no preemption below the arithmetic onset, and the counter rises at
+the onset or one level above it (a burst of 7 needs 14 blocks). Which level it was is printed.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from harness import ServerPool
+from harness import FIGURES, ServerPool
 from probe import PREEMPTIONS, burst, cache_config, complete, get_json, scrape, token_prompt
 
 from oomload.capacity import predict_preemption_onset
@@ -45,7 +48,9 @@ def test_exact_lengths_come_back_in_usage(vllm_servers: ServerPool) -> None:
         )
 
 
-def test_preemption_counter_rises_exactly_at_the_predicted_concurrency(vllm_servers: ServerPool) -> None:
+def test_preemption_counter_never_rises_below_the_predicted_onset_and_rises_within_one_level(
+    vllm_servers: ServerPool,
+) -> None:
     server = vllm_servers.get()
     labels = cache_config(server.url)
     predicted = predict_preemption_onset(
@@ -54,11 +59,17 @@ def test_preemption_counter_rises_exactly_at_the_predicted_concurrency(vllm_serv
     assert predicted.onset_mean == 6
     rng = random.Random(11)
     below = [_burst_preemptions(server.url, predicted.onset_mean - 1, rng) for _ in range(2)]
-    at_onset = []
-    while len(at_onset) < 4 and sum(at_onset) == 0:
-        at_onset.append(_burst_preemptions(server.url, predicted.onset_mean, rng))
     assert below == [0, 0]
-    assert sum(at_onset) > 0, f"no preemption in {len(at_onset)} bursts of {predicted.onset_mean}"
+    tried: list[tuple[int, float]] = []
+    for level in (predicted.onset_mean, predicted.onset_mean + 1):
+        for _ in range(3):
+            tried.append((level, _burst_preemptions(server.url, level, rng)))
+            if tried[-1][1] > 0:
+                break
+        if tried[-1][1] > 0:
+            break
+    assert tried[-1][1] > 0, f"no preemption in bursts (concurrency, preemptions) {tried}"
+    FIGURES.append(f"direct bursts: first preemption at concurrency {tried[-1][0]} after {tried}")
 
 
 def _burst_preemptions(url: str, concurrency: int, rng: random.Random) -> float:

@@ -13,11 +13,11 @@ from oomload.errors import ConfigError
 
 def register(subparsers: Any) -> None:
     """Add ``sim serve``."""
-    sim = subparsers.add_parser("sim", help="Simulated vLLM server (memory-faithful, no GPU needed)")
+    sim = subparsers.add_parser("sim", help="the simulated vLLM server (memory-faithful, no GPU needed)")
     sim_sub = sim.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
     serve = sim_sub.add_parser(
         "serve",
-        help="Serve the OpenAI API + vLLM /metrics from the simulated engine",
+        help="serve the OpenAI API + vLLM /metrics from the simulated engine",
         description="Serve an OpenAI-compatible API whose memory behaviour follows vLLM's V1 scheduler.",
     )
     add_engine_arguments(serve)

@@ -35,6 +35,13 @@ def usable_blocks(num_gpu_blocks: int) -> int:
     return max(num_gpu_blocks - 1, 0)
 
 
+def single_request_limit_tokens(num_gpu_blocks: int, block_size: int) -> int:
+    """The longest request (in KV tokens) the pool can hold: vLLM 0.33's start-up check compares
+    ``max_model_len`` with the usable blocks (the null block excluded); older versions with all blocks,
+    so this is the conservative bound for every version. ``oomload plan`` and ``recommend`` both use it."""
+    return usable_blocks(num_gpu_blocks) * block_size
+
+
 def concurrent_fit(num_gpu_blocks: int, block_size: int, tokens_per_request: float) -> int:
     """How many requests of ``tokens_per_request`` KV tokens fit at once in the pool."""
     per_request = max(blocks_for_tokens(math.ceil(tokens_per_request), block_size), 1)

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from oomload.capacity import single_request_limit_tokens
 from oomload.runview import as_float, as_int
 from oomload.stats import MaxModelLenAdvice, recommend_max_model_len
 from oomload.verdict import Verdict, kv_peak_text
@@ -95,9 +96,12 @@ def recommend(verdict: Verdict, *, margin: float = DEFAULT_MARGIN) -> Recommenda
     cache = verdict.run.cache_config or {}
     block_size = as_int(cache.get("block_size"))
     limit = verdict.run.max_model_len
+    num_blocks = as_int(cache.get("num_gpu_blocks"))
+    # the longest request the pool holds, as in `oomload plan`; kv_cache_size_tokens (vLLM ≥ 0.11,
+    # int(max_concurrency × max_model_len)) only when the block count is not reported
     kv_tokens = as_int(cache.get("kv_cache_size_tokens"))
-    if kv_tokens is None and as_int(cache.get("num_gpu_blocks")) and block_size:
-        kv_tokens = int(cache["num_gpu_blocks"]) * block_size
+    if num_blocks and block_size:
+        kv_tokens = single_request_limit_tokens(num_blocks, block_size)
 
     mml, advice = _max_model_len(
         verdict, margin=margin, block_size=block_size, limit=limit, kv_tokens=kv_tokens
@@ -136,7 +140,7 @@ def _max_model_len(
     p99 = int(advice.basis_tokens)
     if advice.capped_by_kv_cache:
         why = (
-            f"the KV pool ({kv_tokens} tokens) cannot hold one request of the trace's P99 total length "
+            f"the usable KV pool ({kv_tokens} tokens) cannot hold one request of the trace's P99 total length "
             f"({p99} tokens), so vLLM would refuse a limit that covers it; give the KV cache more memory "
             "(a higher --gpu-memory-utilization, a bigger GPU or tensor parallelism) — at the pool size "
             f"{advice.refused_share:.2%} of the trace would be refused"

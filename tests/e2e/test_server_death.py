@@ -37,7 +37,8 @@ def test_killing_vllm_mid_step_is_recorded_and_reported(vllm_servers: ServerPool
         try:
             step = _wait_for_requests_in_step(run_dir, concurrency=4, proc=proc, timeout_s=90.0)
             killed_at = time.time()
-            server.kill()
+            server.kill()  # returns once every process of the server has exited
+            gone_at = time.time()
             code = proc.wait(timeout=120)
         finally:
             if proc.poll() is None:
@@ -64,7 +65,7 @@ def test_killing_vllm_mid_step_is_recorded_and_reported(vllm_servers: ServerPool
     sent_to_the_dead = [r for r in after if r["start_unix_s"] >= killed_at]
     # A response whose last bytes left the server just before SIGKILL landed may still be read (ok, and
     # then complete) a moment after `killed_at`; every other request in flight failed: a stream cut in the
-    # middle is "transport_error" ("stream broke"), a connection refused "engine_dead".
+    # middle is "transport_error" ("stream broke").
     completed = [r for r in in_flight if r["outcome"] == "ok"]
     assert all((r["usage_prompt_tokens"], r["usage_completion_tokens"]) == (256, 256) for r in completed)
     assert all(r["end_unix_s"] < killed_at + 1.0 for r in completed)
@@ -72,8 +73,19 @@ def test_killing_vllm_mid_step_is_recorded_and_reported(vllm_servers: ServerPool
     assert failed, "the kill must cut requests in flight"
     assert {r["outcome"] for r in failed} <= {"truncated", "transport_error", "engine_dead"}
     assert all((r.get("usage_completion_tokens") or 0) < 256 for r in failed)
-    assert {r["outcome"] for r in sent_to_the_dead} <= {"engine_dead", "transport_error"}
-    assert "engine_dead" in {r["outcome"] for r in sent_to_the_dead}
+    # Sent while the processes were dying (SIGKILL sent, listening socket not yet closed by the kernel),
+    # a request is accepted and then reset: "transport_error", "closed before an answer" (CI saw four).
+    # Sent once every process had exited, it is refused: "engine_dead" (refused after answers). The
+    # watch usually declares the death before a backed-off user sends again, so the second group may
+    # be empty; when it is not, every one of them must be engine_dead.
+    dying = [r for r in sent_to_the_dead if r["start_unix_s"] < gone_at]
+    gone = [r for r in sent_to_the_dead if r["start_unix_s"] >= gone_at]
+    assert all(
+        r["outcome"] == "engine_dead"
+        or (r["outcome"] == "transport_error" and r["error"].startswith(("closed before an answer", "connect failed")))
+        for r in dying
+    ), dying
+    assert {r["outcome"] for r in gone} <= {"engine_dead"}, gone
     assert (run_dir / "repro" / "server_death.jsonl").exists()
 
     report = oomload("report", str(run_dir), "--gate", GATE, timeout_s=120)
@@ -87,7 +99,8 @@ def test_killing_vllm_mid_step_is_recorded_and_reported(vllm_servers: ServerPool
     assert summary["verdict"]["requests"]["ok"] == len(before) + len(completed)
     FIGURES.append(
         f"server death: step {step} (concurrency 4); {len(before)} ok before the kill, {len(in_flight)} in "
-        f"flight ({sorted({r['outcome'] for r in in_flight})}), {len(sent_to_the_dead)} sent after it"
+        f"flight ({sorted({r['outcome'] for r in in_flight})}), {len(dying)} sent while it died "
+        f"({sorted({r['outcome'] for r in dying})}), {len(gone)} after ({sorted({r['outcome'] for r in gone})})"
     )
     assert (run_dir / "report.md").read_text().strip()
 

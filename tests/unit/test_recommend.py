@@ -6,6 +6,7 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from report.runbuilder import CPU_CACHE, GIB, StepSpec, cpu_knee_steps, write_run
@@ -32,7 +33,9 @@ def test_preemption_run_caps_max_num_seqs_and_max_model_len(tmp_path: Path) -> N
     advice = rec.max_model_len_advice
     assert advice is not None and advice.basis_tokens == 1280 and advice.refused_count == 0
     assert advice.current_max_model_len == 4096
-    assert advice.max_concurrency == 3072 / 1536 and advice.freed_concurrency == 2.0 - 0.75
+    # the usable pool: (96 blocks − the null block) × 32 tokens = 3040, as `oomload plan` counts it
+    assert advice.max_concurrency == 3040 / 1536 and advice.current_max_concurrency == 3040 / 4096
+    assert advice.freed_concurrency == pytest.approx(3040 / 1536 - 3040 / 4096)
     assert rec.gpu_memory_utilization.value is None  # preemption is not an OOM
     assert rec.max_num_batched_tokens.value is None
     assert rec.flag_line == "vllm serve tiny-model --max-model-len 1536 --max-num-seqs 5"
@@ -153,7 +156,8 @@ def test_recommendation_json_is_plain(tmp_path: Path) -> None:
 
 
 def test_kv_pool_too_small_for_the_p99_advises_more_kv_memory_not_a_limit(tmp_path: Path) -> None:
-    """The QA case: P99 8001 tokens, a pool of 8000 — no max_model_len both starts and covers it."""
+    """The QA case: P99 8001 tokens, a pool of 8000 — no max_model_len both starts and covers it.
+    The limit is the usable pool, as in `oomload plan`: (250 − the null block) × 32 = 7968 tokens."""
     lengths = [(7000, 1001)] * 50
     cache = {"num_gpu_blocks": 250, "block_size": 32, "kv_cache_size_tokens": 8000}
     config = {"max_model_len": None}  # a server that does not say its limit
@@ -163,10 +167,10 @@ def test_kv_pool_too_small_for_the_p99_advises_more_kv_memory_not_a_limit(tmp_pa
         )
     )
     advice = rec.max_model_len_advice
-    assert advice is not None and advice.capped_by_kv_cache and advice.max_model_len == 8000
+    assert advice is not None and advice.capped_by_kv_cache and advice.max_model_len == 7968
     assert rec.max_model_len.value is None and "--max-model-len" not in rec.flag_line
     assert rec.max_model_len.reason.startswith(
-        "the KV pool (8000 tokens) cannot hold one request of the trace's P99 total length (8001 tokens)"
+        "the usable KV pool (7968 tokens) cannot hold one request of the trace's P99 total length (8001 tokens)"
     )
     assert "--gpu-memory-utilization, a bigger GPU or tensor parallelism" in rec.reasoning
     assert "Capping max_model_len" not in rec.reasoning and "covers the trace's P99" not in rec.reasoning

@@ -36,7 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from oomload.capacity import OnsetPrediction, blocks_for_tokens, predict_preemption_onset
+from oomload.capacity import (
+    OnsetPrediction,
+    blocks_for_tokens,
+    predict_preemption_onset,
+    single_request_limit_tokens,
+)
 from oomload.errors import ConfigError
 from oomload.sim.build import BuiltEngine, EngineOptions, build_engine
 from oomload.sim.geometry import GPU_PRESETS
@@ -344,12 +349,11 @@ def plan(
     )  # fmt: skip
     onset, last_safe, oom_at = onsets(results)
     saturated = next((lv.concurrency for lv in results if lv.saturation_s is not None), None)
-    usable_tokens = layout.usable_blocks * layout.block_size  # what vLLM's start-up check allows
     advice = recommend_max_model_len(
         totals,
         block_size=cfg.block_size,
         model_limit=built.model.max_position_embeddings,
-        kv_cache_tokens=usable_tokens,
+        kv_cache_tokens=single_request_limit_tokens(layout.num_gpu_blocks, layout.block_size),
         current_max_model_len=cfg.max_model_len,
     )
     fitting = totals[prompts < cfg.max_model_len]

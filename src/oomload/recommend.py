@@ -21,8 +21,11 @@
   death without OOM text gets no memory advice: the cause is elsewhere.
 * ``max_num_batched_tokens`` — when transient spikes are implicated: a real OOM, or device memory that
   rose during the run by more than ``SPIKE_SHARE`` of the device beyond its first sample (vLLM
-  preallocates the KV cache, so used memory should stay flat). Advice: half the current value (known
-  from the config) or 2048, never below 2048 — the prefill chunk, not the KV pool, sizes the spike.
+  preallocates the KV cache, so used memory should stay flat). Advice: half the current value, never
+  below 2048 — the prefill chunk, not the KV pool, sizes the spike. vLLM exports no current value
+  (it is a scheduler setting; ``cache_config_info`` lacks it), so unless the cache config names one the
+  flag gets no number — a guessed default might *raise* the server's value — and the reason says to
+  halve it, giving vLLM's defaults per GPU class.
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ GPU_MEMORY_UTILIZATION_STEP = 0.05
 GPU_MEMORY_UTILIZATION_FLOOR = 0.5
 SPIKE_SHARE = 0.02
 MIN_BATCHED_TOKENS = 2048
+BATCHED_TOKENS_UNKNOWN = (
+    "halve the server's --max-num-batched-tokens, not below 2048 (vLLM does not export its value; the "
+    "API server's default is 2048 on most GPUs, 8192 on H100/H200-class ones, 16384 on ≥ 160 GiB ones)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,10 +147,10 @@ def _max_model_len(
     p99 = int(advice.basis_tokens)
     if advice.capped_by_kv_cache:
         why = (
-            f"the usable KV pool ({kv_tokens} tokens) cannot hold one request of the trace's P99 total length "
-            f"({p99} tokens), so vLLM would refuse a limit that covers it; give the KV cache more memory "
-            "(a higher --gpu-memory-utilization, a bigger GPU or tensor parallelism) — at the pool size "
-            f"{advice.refused_share:.2%} of the trace would be refused"
+            f"the usable KV pool ({kv_tokens} tokens) cannot hold one request of the trace's P99 total "
+            f"length ({p99} tokens), so vLLM would refuse a limit that covers it; give the KV cache more "
+            "memory (a higher --gpu-memory-utilization, a bigger GPU or tensor parallelism) — at the pool "
+            f"size {advice.refused_share:.2%} of the trace would be refused"
         )
         return Setting("--max-model-len", None, limit, why), advice
     covered = limit is not None and advice.basis_tokens <= limit
@@ -249,12 +256,13 @@ def _max_num_batched_tokens(verdict: Verdict, cache: Mapping[str, Any]) -> Setti
     oom = verdict.engine_death is not None and verdict.engine_death.real_oom
     if not oom and (spike is None or spike <= SPIKE_SHARE):
         return Setting(flag, None, current, "no transient memory spike was seen")
-    value = max(MIN_BATCHED_TOKENS, (current or 2 * MIN_BATCHED_TOKENS) // 2)
-    value = int(math.ceil(value / 256) * 256)
-    if current is not None and value >= current:
-        return Setting(flag, None, current, f"already at {current}; shrink prefill chunks no further")
     cause = "a CUDA OOM" if oom else f"device memory rising {spike:.1%} of the device during the run"
     why = f"{cause} points at transient prefill activations; smaller prefill chunks lower that peak"
+    if current is None:  # vLLM does not export it: no number that might raise the server's value
+        return Setting(flag, None, None, f"{why}: {BATCHED_TOKENS_UNKNOWN}")
+    value = int(math.ceil(max(MIN_BATCHED_TOKENS, current // 2) / 256) * 256)
+    if value >= current:
+        return Setting(flag, None, current, f"already at {current}; shrink prefill chunks no further")
     return Setting(flag, value, current, why)
 
 

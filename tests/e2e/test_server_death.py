@@ -80,9 +80,9 @@ def test_killing_vllm_mid_step_is_recorded_and_reported(vllm_servers: ServerPool
     # be empty; when it is not, every one of them must be engine_dead.
     dying = [r for r in sent_to_the_dead if r["start_unix_s"] < gone_at]
     gone = [r for r in sent_to_the_dead if r["start_unix_s"] >= gone_at]
+    reset = ("closed before an answer", "connect failed")
     assert all(
-        r["outcome"] == "engine_dead"
-        or (r["outcome"] == "transport_error" and r["error"].startswith(("closed before an answer", "connect failed")))
+        r["outcome"] == "engine_dead" or (r["outcome"] == "transport_error" and r["error"].startswith(reset))
         for r in dying
     ), dying
     assert {r["outcome"] for r in gone} <= {"engine_dead"}, gone
@@ -100,7 +100,8 @@ def test_killing_vllm_mid_step_is_recorded_and_reported(vllm_servers: ServerPool
     FIGURES.append(
         f"server death: step {step} (concurrency 4); {len(before)} ok before the kill, {len(in_flight)} in "
         f"flight ({sorted({r['outcome'] for r in in_flight})}), {len(dying)} sent while it died "
-        f"({sorted({r['outcome'] for r in dying})}), {len(gone)} after ({sorted({r['outcome'] for r in gone})})"
+        f"({sorted({r['outcome'] for r in dying})}), {len(gone)} after "
+        f"({sorted({r['outcome'] for r in gone})})"
     )
     assert (run_dir / "report.md").read_text().strip()
 

@@ -69,8 +69,14 @@ def test_rising_device_memory_implicates_transient_spikes(tmp_path: Path) -> Non
         StepSpec(4, used_bytes=66 * GIB),
     ]
     rec = recommend(verdict_of(write_run(tmp_path / "r", steps)))
-    assert rec.max_num_batched_tokens.value == 2048
+    # vLLM does not export the current value: no number (a guess might raise it), the reason says what to do
+    assert rec.max_num_batched_tokens.value is None and "--max-num-batched-tokens" not in rec.flag_line
+    assert rec.max_num_batched_tokens.reason.startswith("device memory rising 7.5% of the device")
+    assert "halve the server's --max-num-batched-tokens, not below 2048" in rec.max_num_batched_tokens.reason
     assert rec.gpu_memory_utilization.value is None
+    known = {**CPU_CACHE, "max_num_batched_tokens": 2048}
+    floor = recommend(verdict_of(write_run(tmp_path / "k", steps, cache_config=known))).max_num_batched_tokens
+    assert floor.value is None and floor.reason == "already at 2048; shrink prefill chunks no further"
 
 
 def test_clean_run_advises_no_cap(tmp_path: Path) -> None:
@@ -170,7 +176,8 @@ def test_kv_pool_too_small_for_the_p99_advises_more_kv_memory_not_a_limit(tmp_pa
     assert advice is not None and advice.capped_by_kv_cache and advice.max_model_len == 7968
     assert rec.max_model_len.value is None and "--max-model-len" not in rec.flag_line
     assert rec.max_model_len.reason.startswith(
-        "the usable KV pool (7968 tokens) cannot hold one request of the trace's P99 total length (8001 tokens)"
+        "the usable KV pool (7968 tokens) cannot hold one request of the trace's P99 total length "
+        "(8001 tokens)"
     )
     assert "--gpu-memory-utilization, a bigger GPU or tensor parallelism" in rec.reasoning
     assert "Capping max_model_len" not in rec.reasoning and "covers the trace's P99" not in rec.reasoning

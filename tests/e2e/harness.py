@@ -37,7 +37,8 @@ class ServerPool:
                 return self.current
             self.stop()
         self._count += 1
-        server = RealVllmServer(config, self.log_root / f"server-{self._count}")
+        # vLLM starts in 21–36 s here; 300 s is a hang detector that a noisy machine does not trip
+        server = RealVllmServer(config, self.log_root / f"server-{self._count}", startup_timeout_s=300.0)
         server.start()
         assert server.startup_s is not None
         TIMINGS.append((f"server start #{self._count}", server.startup_s))

@@ -95,14 +95,14 @@ def test_signal_mid_step_leaves_a_complete_run_dir_and_no_orphans(
     with open(out_path, "w") as out, open(err_path, "w") as err:
         proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True, start_new_session=True)
         try:
-            _wait_until_mid_step(run_dir, proc, timeout_s=30.0)
+            _wait_until_mid_step(run_dir, proc, timeout_s=90.0)
             descendants = psutil.Process(proc.pid).children(recursive=True)
             measured_before = sum(len(_safe_lines(f)) for f in run_dir.glob("requests*.jsonl"))
             if to_group:
                 os.killpg(proc.pid, sig)
             else:
                 proc.send_signal(sig)
-            proc.wait(timeout=30)
+            proc.wait(timeout=90)  # a liveness bound for a loaded machine
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)

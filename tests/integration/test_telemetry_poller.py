@@ -37,15 +37,17 @@ class MetricsServer:
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 try:
                     time.sleep(server.delay_s)
-                    body = server.text.encode()
-                    self.send_response(server.status)
-                    self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
                 finally:
+                    # before the answer goes out: once the client has it, it may scrape again before
+                    # this thread runs on, and that must not read as two scrapes at once
                     with server._lock:
                         server.in_flight -= 1
+                body = server.text.encode()
+                self.send_response(server.status)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def log_message(self, format: str, *args: object) -> None:
                 del format, args

@@ -229,6 +229,14 @@ class RealVllmServer:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
+    def pause(self) -> None:
+        """SIGSTOP every process of the server: nothing more is computed or sent (a hung server)."""
+        self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after ``pause``."""
+        self._signal_group(signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL every process of the server at once (an abrupt death), then reap it."""
         self._signal_group(signal.SIGKILL)

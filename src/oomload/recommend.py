@@ -104,7 +104,7 @@ def recommend(verdict: Verdict, *, margin: float = DEFAULT_MARGIN) -> Recommenda
     block_size = as_int(cache.get("block_size"))
     limit = verdict.run.max_model_len
     num_blocks = as_int(cache.get("num_gpu_blocks"))
-    # the longest request the pool holds, as in `oomload plan`; kv_cache_size_tokens (vLLM ≥ 0.11,
+    # the longest request the pool holds, as in `oomload plan`; kv_cache_size_tokens (recent vLLM:
     # int(max_concurrency × max_model_len)) only when the block count is not reported
     kv_tokens = as_int(cache.get("kv_cache_size_tokens"))
     if num_blocks and block_size:

@@ -4,14 +4,14 @@ documented code (a ``no-oom-up-to`` gate fails → 1) and ``oomload report`` mus
 
 The kill must find requests that cannot have finished, and timing cannot promise that here: on 2 cores
 the engine's busy loop starves the API server, oomload and this test alike, so the test tends to wake
-just as the engine goes idle — when every running request has produced its last token (kills timed
-from the test's clock found nothing to cut 4 times in 14 runs; waiting for vLLM's gauges to show a
-request waiting outlasted the step 2 times in 3). So the server is
-frozen first (SIGSTOP to its process group): it can compute and send nothing more, the CPU is free,
-and oomload reads whatever was already sent. Half a second later every connection oomload still holds
-to the server is a request that cannot complete (a fresh connection per request) or one of oomload's
-own /metrics and /health checks (at most one of each at a time); with more than those two, SIGKILL
-lands; otherwise the server is resumed and frozen again a moment later.
+just as the engine goes idle — when every running request has produced its last token (kills timed from
+the test's clock found nothing to cut 4 times in 14 runs; waiting for vLLM's gauges to show a request
+waiting outlasted the step 2 times in 3). So the server is frozen first (SIGSTOP to its process group):
+it can compute and send nothing more, the CPU is free, and oomload reads whatever was already sent. Half
+a second later every connection oomload still holds to the server is a request that cannot complete (a
+fresh connection per request) or one of oomload's own /metrics and /health checks (at most one of each
+at a time); with more than those two, SIGKILL lands; otherwise the server is resumed and frozen again a
+moment later.
 Requests are 256 + 1024 tokens (5 blocks of the 12-block pool): at concurrency 4 some queue.
 
 This test kills its server, so it runs last (files run in name order) and the pool starts a fresh one

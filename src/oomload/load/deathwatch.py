@@ -123,7 +123,8 @@ class DeathWatch:
     def declare_dead(self, failure: str, engine_dead: bool, scrapes_failing: bool) -> None:
         s = self.session
         step = s.driver.current if s.driver is not None else None
-        evidence = f"/health {failure} ({self._health_failures}x)"
+        n = self._health_failures
+        evidence = f"/health failed {n}x in a row (last: {failure})" if n > 1 else f"/health {failure}"
         if engine_dead:
             evidence += "; engine_dead outcomes"
         if scrapes_failing:

@@ -1,0 +1,61 @@
+"""DeathWatch.check_health against a port nobody listens on: refused twice → dead, with evidence."""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+from oomload.load.deathwatch import DeathWatch
+
+
+class Events:
+    def __init__(self) -> None:
+        self.lines: list[dict[str, Any]] = []
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self.lines.append({"kind": kind, **fields})
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _session(url: str) -> SimpleNamespace:
+    context = SimpleNamespace(death_suspected=False, outcomes=Counter(), stopping=False)
+    return SimpleNamespace(
+        url=url,
+        writer=Events(),
+        context=context,
+        poller=None,
+        config=SimpleNamespace(processes=1),
+        pool=None,
+        driver=SimpleNamespace(current=SimpleNamespace(index=3, concurrency=8)),
+        console=SimpleNamespace(print=lambda *a, **k: None),
+    )
+
+
+def test_refused_twice_is_death_with_both_failures_in_the_evidence() -> None:
+    session = _session(f"http://127.0.0.1:{_closed_port()}")
+    watch = DeathWatch(session)
+    watch.check_health()
+    assert watch.dead_evidence is None and not session.context.stopping  # one refusal is not death
+    watch.check_health()
+    assert watch.dead_evidence is not None
+    assert watch.dead_evidence.startswith("/health failed 2x in a row (last: ")
+    assert "Connection refused" in watch.dead_evidence
+    assert session.context.stopping
+    kinds = [e["kind"] for e in session.writer.lines]
+    assert kinds == ["health_failed", "health_failed", "server_dead"]
+    assert session.writer.lines[-1]["step"] == 3
+
+
+def test_a_suspecting_user_makes_one_refusal_enough() -> None:
+    session = _session(f"http://127.0.0.1:{_closed_port()}")
+    watch = DeathWatch(session)
+    watch.check_health(suspected=True)
+    assert watch.dead_evidence is not None and "Connection refused" in watch.dead_evidence
+    assert " in a row" not in watch.dead_evidence  # one failure: no count

@@ -36,7 +36,7 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO, cast
 
 from oomload.errors import TraceFormatError
 
@@ -153,7 +153,9 @@ def write_trace(path: str | Path | IO[str], records: Iterable[TraceRecord], head
 def read_trace_header(path: str | Path) -> TraceHeader:
     """Read and validate only the header line of a trace file."""
     with _open_trace(path) as fh:
-        return _parse_header(fh.readline(), path)
+        for _lineno, line in _lines(fh, path):
+            return _parse_header(line, path)
+        return _parse_header("", path)
 
 
 def iter_trace(path: str | Path) -> Iterator[TraceRecord]:
@@ -163,8 +165,9 @@ def iter_trace(path: str | Path) -> Iterator[TraceRecord]:
     malformed record line; a trace is our own format, so unlike raw logs nothing is skipped silently.
     """
     with _open_trace(path) as fh:
-        _parse_header(fh.readline(), path)
-        for lineno, line in enumerate(fh, start=2):
+        lines = _lines(fh, path)
+        _parse_header(next(lines, (1, ""))[1], path)
+        for lineno, line in lines:
             if not line.strip():
                 continue
             try:
@@ -185,19 +188,39 @@ def is_trace_file(path: str | Path) -> bool:
     """True when the file starts with an oomload trace header (cheap sniff, never raises)."""
     try:
         with _open_trace(path) as fh:
-            obj = json.loads(fh.readline())
+            obj = json.loads(next(_lines(fh, path), (1, ""))[1])
         return isinstance(obj, dict) and "oomload_trace" in obj
     except (OSError, ValueError, UnicodeDecodeError, TraceFormatError):
         return False
 
 
-def _open_trace(path: str | Path) -> IO[str]:
+def _lines(fh: BinaryIO, path: str | Path) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of an open trace, decoded line by line so that undecodable text names its
+    own line; that, or a damaged gzip stream, is a ``TraceFormatError``."""
+    import zlib
+
+    lineno = 0
+    while True:
+        try:
+            raw = fh.readline()
+        except (EOFError, zlib.error, OSError) as err:  # gzip.BadGzipFile is an OSError
+            raise TraceFormatError(f"damaged or not a gzip file ({err})", path, lineno + 1) from err
+        if not raw:
+            return
+        lineno += 1
+        try:
+            yield lineno, raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise TraceFormatError("not UTF-8 text (is it an oomload trace?)", path, lineno) from err
+
+
+def _open_trace(path: str | Path) -> BinaryIO:
     try:
         if str(path).endswith(".gz"):
             import gzip
 
-            return gzip.open(path, "rt", encoding="utf-8")
-        return open(path, encoding="utf-8")
+            return cast(BinaryIO, gzip.open(path, "rb"))
+        return open(path, "rb")
     except FileNotFoundError as err:
         raise TraceFormatError("no such file", path) from err
     except IsADirectoryError as err:

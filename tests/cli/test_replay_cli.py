@@ -114,3 +114,19 @@ def test_help_lists_the_contract_flags(capsys: pytest.CaptureFixture[str]) -> No
         "--sim",
     ):
         assert flag in out, flag
+
+
+def test_a_run_dir_that_holds_an_earlier_run_is_refused_before_any_load(
+    trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = tmp_path / "old-run"
+    old.mkdir()
+    (old / "requests.jsonl").write_text('{"request_id": "r0"}\n')
+    assert main(["replay", str(trace), "--run-dir", str(old)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("oomload: error: --run-dir") and "already holds files" in err, err
+    assert (old / "requests.jsonl").read_text() == '{"request_id": "r0"}\n'  # untouched
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    assert main(["replay", str(trace), "--run-dir", str(a_file)]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err

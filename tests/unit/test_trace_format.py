@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -63,3 +64,32 @@ def test_bad_traces_give_clear_errors(tmp_path: Path, content: str, message: str
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError, match="no such file"):
         read_trace(tmp_path / "nope.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("bytes.jsonl", b"\x8f\xff\x00 random bytes\n", r"bytes\.jsonl:1: not UTF-8 text"),
+        ("late.jsonl", b'{"oomload_trace": 1}\n\xff\xfe bad\n', r"late\.jsonl:2: not UTF-8 text"),
+        ("plain.jsonl.gz", b"not gzip at all\n", r"plain\.jsonl\.gz:1: damaged or not a gzip file"),
+    ],
+)
+def test_undecodable_traces_are_trace_errors_naming_the_line(
+    tmp_path: Path, name: str, content: bytes, message: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(TraceFormatError, match=message):
+        read_trace(path)
+    assert is_trace_file(path) == (name == "late.jsonl")  # the sniff reads the header line only
+
+
+def test_a_cut_gzip_trace_names_where_reading_stopped(tmp_path: Path) -> None:
+    whole = tmp_path / "t.jsonl.gz"
+    with gzip.open(whole, "wt", encoding="utf-8") as out:
+        write_trace(out, [TraceRecord(f"r{i}", 0.0, i + 1, 1) for i in range(5000)], TraceHeader())
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole.read_bytes()[:4000])
+    assert len(read_trace(whole)) == 5000
+    with pytest.raises(TraceFormatError, match=r"cut\.jsonl\.gz:\d+: damaged or not a gzip file"):
+        read_trace(cut)

@@ -163,6 +163,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         raise ConfigError(f"--sim {args.sim!r}: {err}") from err
     if sim_args and args.url is not None:
         raise ConfigError("--sim only applies without --url (to the simulated server)")
+    _check_new_run_dir(args.run_dir)
     gates = tuple(args.gate)
     try:
         from oomload.gate import parse_gate
@@ -208,6 +209,19 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         argv=tuple(argv if argv is not None else sys.argv[1:]),
         live=not args.no_live,
     )
+
+
+def _check_new_run_dir(run_dir: Path | None) -> None:
+    """A run directory is written by one run only: appending a second run to an old one's request and
+    step logs would mix their evidence. It may exist if it is an empty directory."""
+    if run_dir is None or not run_dir.exists():
+        return
+    if not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} exists and is not a directory")
+    if any(run_dir.iterdir()):
+        raise ConfigError(
+            f"--run-dir {run_dir} already holds files (an earlier run?); name a new or empty directory"
+        )
 
 
 def _positive(flag: str, value: float) -> None:

@@ -301,8 +301,17 @@ def _reasoning(
     if onset is not None:
         kv = "" if onset.kv_usage_max is None else f" ({kv_peak_text(onset.kv_usage_max)})"
         sentences.append(f"KV-cache preemption began at concurrency {onset.concurrency}{kv}.")
+    elif death is None and verdict.requests_total and not verdict.requests_ok:
+        sentences.append("No request succeeded, so nothing about KV memory was measured.")
     elif death is None and verdict.max_tested_concurrency is not None:
-        sentences.append(f"No preemption or failure up to concurrency {verdict.max_tested_concurrency}.")
+        top, unsafe = verdict.max_tested_concurrency, verdict.first_unsafe_concurrency
+        observed = any(s.preemptions is not None for s in verdict.measured_steps)
+        if unsafe is not None:
+            sentences.append(f"No preemption, but requests failed from concurrency {unsafe}.")
+        elif not observed:
+            sentences.append(f"No failed request up to concurrency {top}; preemption was not observable.")
+        else:
+            sentences.append(f"No preemption or failure up to concurrency {top}.")
     if advice is not None and advice.capped_by_kv_cache:
         sentences.append(_capitalize(mml.reason) + ".")
     elif mml.value is not None and advice is not None:

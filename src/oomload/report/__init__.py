@@ -83,6 +83,8 @@ def run_exit_code(
         return ExitCode.UNREACHABLE
     if verdict.run.end_reason == "interrupted" and not reporting_only:
         return ExitCode.INTERRUPTED
+    if verdict.engine_death is None and verdict.requests_failed and not verdict.requests_ok:
+        return ExitCode.UNREACHABLE  # every request failed: nothing about memory to judge
     return ExitCode.OK
 
 

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from oomload.outcome import Outcome
 from oomload.recommend import Recommendation
 from oomload.verdict import StepFacts, Verdict, kv_peak_text
+
+# outcomes that are not failures, or that a finding of their own already tells
+NOT_FAILURES = frozenset(
+    o.value for o in (Outcome.OK, Outcome.CANCELLED, Outcome.CONTEXT_OVERFLOW, Outcome.TRUNCATED)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +107,24 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
             )
         )
 
+    failed = failed_requests(verdict)
+    if failed:
+        first_at = min(c for c, _ in failed.values())
+        by_outcome = ", ".join(
+            f"{name} {n}" for name, (_, n) in sorted(failed.items(), key=lambda kv: -kv[1][1])
+        )
+        total = sum(n for _, n in failed.values())
+        none_ok = " — no request succeeded" if verdict.requests_ok == 0 else ""
+        out.append(
+            Finding(
+                "failed_requests",
+                "Failed requests",
+                f"{total} of {verdict.requests_total}: {by_outcome}; first at concurrency {first_at}"
+                f"{none_ok} (reasons per request in requests.jsonl)",
+                "bad",
+            )
+        )
+
     safe = verdict.last_safe_concurrency
     first_unsafe = verdict.first_unsafe_concurrency
     below = [
@@ -163,6 +187,21 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
         )
     )
     return out
+
+
+def failed_requests(verdict: Verdict) -> dict[str, tuple[int, int]]:
+    """Failures over the measured steps that no other finding explains, by outcome: (lowest level seen
+    at, count). Context overflow and short answers have findings of their own; casualties of an engine
+    death are told with the death."""
+    failed: dict[str, tuple[int, int]] = {}
+    for s in verdict.measured_steps:
+        for name, n in s.outcomes.items():
+            charged = n - int(s.casualties.get(name, 0))
+            if name in NOT_FAILURES or charged <= 0:
+                continue
+            first, count = failed.get(name, (s.concurrency, 0))
+            failed[name] = (min(first, s.concurrency), count + charged)
+    return failed
 
 
 def fmt_ms(value: float | None) -> str:

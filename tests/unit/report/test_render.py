@@ -13,12 +13,12 @@ from runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
 
 from oomload.errors import ConfigError, ExitCode
 from oomload.outcome import Outcome
-from oomload.recommend import recommend
+from oomload.recommend import Recommendation, recommend
 from oomload.report import SUMMARY_SCHEMA, finalize_run
 from oomload.report.findings import describe, fmt_bytes, fmt_ms
 from oomload.report.plots import figure_by_concurrency
 from oomload.runview import load_run
-from oomload.verdict import build_verdict
+from oomload.verdict import Verdict, build_verdict
 
 FILES = ("json", "md", "junit")
 
@@ -113,6 +113,40 @@ def test_run_without_any_step_is_unreachable(tmp_path: Path) -> None:
     assert (run / "report.html").read_text().count("data:image/png;base64,") == 3
     assert json.loads((run / "summary.json").read_text())["verdict"]["steps"] == []
     assert "no measured" in (run / "report.md").read_text()
+
+
+def test_a_run_where_every_request_failed_says_so_and_is_nothing_to_judge(tmp_path: Path) -> None:
+    """The QA case: a server answering 401 to everything once ended "complete", exit 0, "No preemption or
+    failure up to concurrency 2", and no finding named the failures."""
+    steps = [StepSpec(c, requests=12, failures={Outcome.SERVER_ERROR: 12}) for c in (1, 2)]
+    run = write_run(tmp_path / "run", steps)
+    code, screen = run_report(run, formats=("md",))
+    assert code is ExitCode.UNREACHABLE
+    findings = {f.key: f.text for f in describe(*_verdict_and_rec(run))}
+    assert findings["failed_requests"].startswith("24 of 24: server_error 24; first at concurrency 1")
+    assert "no request succeeded" in findings["failed_requests"]
+    assert "No request succeeded, so nothing about KV memory was measured." in screen
+    assert "No preemption or failure" not in screen
+    assert "Failed requests" in (run / "report.md").read_text()
+
+
+def test_failures_without_preemption_are_not_called_no_failure(tmp_path: Path) -> None:
+    steps = [StepSpec(1), StepSpec(2), StepSpec(4, failures={Outcome.ADMISSION_REJECTED: 3})]
+    run = write_run(tmp_path / "run", steps)
+    verdict, rec = _verdict_and_rec(run)
+    findings = {f.key: f.text for f in describe(verdict, rec)}
+    assert findings["failed_requests"].startswith("3 of 36: admission_rejected 3; first at concurrency 4")
+    assert "No preemption, but requests failed from concurrency 4." in rec.reasoning
+    clean = write_run(tmp_path / "clean", [StepSpec(1), StepSpec(2)])
+    verdict, rec = _verdict_and_rec(clean)
+    assert "failed_requests" not in {f.key for f in describe(verdict, rec)}
+    assert "No preemption or failure up to concurrency 2." in rec.reasoning
+    assert run_report(clean, formats=())[0] is ExitCode.OK
+
+
+def _verdict_and_rec(run: Path) -> tuple[Verdict, Recommendation]:
+    verdict = build_verdict(load_run(run))
+    return verdict, recommend(verdict)
 
 
 def test_bad_gate_or_format_is_a_config_error_before_writing(tmp_path: Path) -> None:

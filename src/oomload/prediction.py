@@ -1,14 +1,15 @@
 """The observed preemption onset beside the arithmetic one from the KV pool (pure).
 
-``capacity.predict_preemption_onset`` on the total lengths of the requests actually sent (or, when
-none was sent, the trace's) and the pool from ``cache_config.json`` gives a band of plausible
-onsets — a P90-length mix preempts first, a P50-length mix last. Each end of the band is placed on
-the measured grid (the lowest measured level ≥ it) and the observed onset's distance from the band
-is counted in grid levels. With no onset observed, the distance is the number of trusted clean
-levels above the band; when the highest of them is still below the band, the run never reached the
-prediction and there is nothing to compare (``reached`` false, ``levels_apart`` None). More than one
-level apart is flagged (``disagrees``): the measured knee moves 1–2 levels between repeats on real
-vLLM, so one level is noise, more is a finding in itself.
+``capacity.predict_preemption_onset`` on the total lengths of the requests actually sent, less those the
+server refused (context overflow) and clamped at ``max_model_len`` (or, when none was sent, the trace's)
+and the pool from ``cache_config.json`` gives a band of plausible onsets — a P90-length mix preempts
+first, a P50-length mix last. Each end of the band is placed on the measured grid (the lowest measured
+level ≥ it) and the observed onset's distance from the band is counted in grid levels. With no onset
+observed, the distance is the number of trusted clean levels at or above the band's top (clean at the
+top puts the onset above the band); when the highest of them is still below the band, the run never
+reached the prediction and there is nothing to compare (``reached`` false, ``levels_apart`` None). More
+than one level apart is flagged (``disagrees``): the measured knee moves 1–2 levels between repeats on
+real vLLM, so one level is noise, more is a finding in itself.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def compare_prediction(
         i = list(levels).index(observed_onset)
         apart = 0 if lo_i <= i <= hi_i else min(abs(i - lo_i), abs(i - hi_i))
     elif observed_onset is None and clean_levels and max(clean_levels) >= low:
-        apart = sum(1 for c in set(clean_levels) if c > high)
+        apart = sum(1 for c in set(clean_levels) if c >= high)  # clean at the band's top: onset above it
     return Prediction(
         arithmetic=arithmetic,
         observed_onset=observed_onset,

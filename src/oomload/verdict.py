@@ -265,9 +265,10 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     trusted = [s.concurrency for s in measured if s.trusted]
     max_tested = max(trusted) if trusted else None
 
-    totals, basis = tuple(r.prompt_tokens_asked + r.output_tokens_asked for r in view.requests), "requests"
+    limit = _model_limit(view)
+    totals, basis = _kv_totals(view, limit), "requests"
     if not totals:
-        totals, basis = view.trace_total_tokens, "trace"
+        totals, basis = _kv_totals(view, limit, of_trace=True), "trace"
     prediction = compare_prediction(
         view.cache_config,
         totals,
@@ -315,6 +316,20 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         requests_failed=sum(1 for r in requests if r.outcome.is_error),
         first_unsafe_concurrency=first_unsafe_concurrency(measured, death),
     )
+
+
+def _kv_totals(view: RunView, limit: int | None, *, of_trace: bool = False) -> tuple[int, ...]:
+    """The KV tokens each request could hold at most: the ones sent without those the server refused
+    (context overflow: they never held a block), or the trace's; clamped at ``max_model_len``."""
+    if of_trace:
+        totals = list(view.trace_total_tokens)
+    else:
+        totals = [
+            r.prompt_tokens_asked + r.output_tokens_asked
+            for r in view.requests
+            if r.outcome is not Outcome.CONTEXT_OVERFLOW
+        ]
+    return tuple(totals if limit is None else (min(t, limit) for t in totals))
 
 
 def first_unsafe_concurrency(measured: Sequence[StepFacts], death: EngineDeath | None) -> int | None:
@@ -369,6 +384,14 @@ def _level_onset(
     return LevelOnset(step=step.index, concurrency=step.concurrency, value=float(value))
 
 
+def _model_limit(view: RunView) -> int | None:
+    """The served ``max_model_len``: ``config.json`` (from /v1/models), else ``cache_config``."""
+    limit = as_int(view.config.get("max_model_len"))
+    if limit is None and view.cache_config is not None:
+        limit = as_int(view.cache_config.get("max_model_len"))
+    return limit
+
+
 def _run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | None) -> RunInfo:
     config = view.config
     status = view.status
@@ -383,9 +406,7 @@ def _run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | No
         or death is not None
     )
     detail = _cut_short_detail(view, steps, death, status, end_reason) if cut_short else None
-    limit = as_int(config.get("max_model_len"))
-    if limit is None and view.cache_config is not None:
-        limit = as_int(view.cache_config.get("max_model_len"))
+    limit = _model_limit(view)
     simulated = config.get("simulated")
     return RunInfo(
         path=str(view.path),

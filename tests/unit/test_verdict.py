@@ -189,6 +189,34 @@ def test_prediction_far_from_observation_is_flagged(tmp_path: Path) -> None:
     assert "prediction_disagrees" in kinds(v)
 
 
+def test_prediction_ignores_refused_requests_and_clamps_at_the_model_limit(tmp_path: Path) -> None:
+    """The QA case: four refused 10k–16k-token requests dragged the band down to 1–2 and a run clean at
+    1 and 2 read "agrees". Refused requests never hold a block; clamped ones hold max_model_len."""
+    pool = {"num_gpu_blocks": 97, "block_size": 16}  # 96 usable; 256 + 256 = 32 blocks → onset 4
+    refused = [
+        request(f"big{i}", 0, 1, 1.0, 1.1, Outcome.CONTEXT_OVERFLOW, prompt_tokens=16_000, output_tokens=500)
+        for i in range(4)
+    ]
+    clamped = request("clamp", 0, 1, 1.0, 2.0, Outcome.TRUNCATED, prompt_tokens=4000, output_tokens=512)
+    steps = [StepSpec(1), StepSpec(2)]
+    v = verdict_of(write_run(tmp_path / "run", steps, cache_config=pool, extra_requests=[*refused, clamped]))
+    assert v.prediction is not None and v.run.max_model_len == 4096
+    # 24 requests of 32 blocks and the clamped one at 4096 tokens (256 blocks): mean 41 blocks → 3, P50 → 4;
+    # counted with the refused 16,500-token ones (1032 blocks each) the band was 1–4
+    assert (v.prediction.band_low, v.prediction.band_high) == (3, 4)
+    assert not v.prediction.reached and v.prediction.levels_apart is None  # clean up to 2: below the band
+
+
+def test_clean_at_the_top_of_the_band_counts_one_level_apart(tmp_path: Path) -> None:
+    pool = {"num_gpu_blocks": 97, "block_size": 16}  # onset 4 for 256 + 256
+    v = verdict_of(write_run(tmp_path / "run", [StepSpec(c) for c in (2, 4)], cache_config=pool))
+    assert v.prediction is not None and v.prediction.reached
+    assert (v.prediction.levels_apart, v.prediction.disagrees) == (1, False)
+    steps = [StepSpec(c, requests=3 * c) for c in (2, 4, 8, 16)]
+    v = verdict_of(write_run(tmp_path / "run8", steps, cache_config=pool))
+    assert v.prediction is not None and (v.prediction.levels_apart, v.prediction.disagrees) == (3, True)
+
+
 def test_counter_and_delta_disagreement_uses_the_larger(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", [StepSpec(1), StepSpec(2, preemptions=3)])
     # a lost scrape: the counter jumps by 5 more than the deltas say

@@ -75,7 +75,9 @@ def test_stats_json_and_plot(log: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert (
         advice["recommended"] == 9984 and advice["round_to"] == 768
     )  # 9003 × 1.1 = 9903 → 13 × lcm(256, 96)
-    assert advice["freed_concurrency"] == pytest.approx(100_000 / 9984 - 100_000 / 32_768)
+    # concurrency in the usable pool: 100,000 // 96 = 1041 blocks, less the null block = 99,840 tokens
+    assert advice["usable_kv_cache_tokens"] == 99_840
+    assert advice["freed_concurrency"] == pytest.approx(99_840 / 9984 - 99_840 / 32_768)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -131,8 +131,10 @@ def test_capped_and_kept_advice_says_so(log: Path, capsys: pytest.CaptureFixture
     assert "capped at the model's context limit 4,096 tokens" in text
 
     kv, text = advice([str(log), "--kv-cache-tokens", "7500", "--block-size", "16"], capsys)
-    assert kv["recommended"] == 7488 and kv["capped_by_kv_cache"] and kv["kv_cache_tokens"] == 7500
-    assert "capped at 7,488: the KV cache holds 7,500 tokens" in text
+    # 7500 tokens = 468 whole blocks of 16; one is vLLM's null block: 467 × 16 = 7472 usable
+    assert kv["recommended"] == 7472 and kv["capped_by_kv_cache"] and kv["kv_cache_tokens"] == 7500
+    assert kv["usable_kv_cache_tokens"] == 7472
+    assert "capped at 7,472: the KV cache holds 7,500 tokens (7,472 usable: one block is vLLM's null" in text
 
     kept, text = advice([str(log), "--current-max-model-len", "7200"], capsys)
     assert kept["recommended"] == 7200 and kept["kept_current"] and kept["implied_by_trace"] == 7936

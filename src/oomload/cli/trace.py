@@ -10,9 +10,11 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
+from oomload.capacity import single_request_limit_tokens
 from oomload.errors import ConfigError, ExitCode
 
 STATS_SCHEMA = "oomload.trace-stats/1"
+DEFAULT_BLOCK_SIZE = 16  # vLLM's block size on GPUs when --block-size is not given
 
 if TYPE_CHECKING:
     from oomload.ingest import TraceColumns
@@ -82,7 +84,8 @@ def register(subparsers: Any) -> None:
         "--kv-cache-tokens",
         type=int,
         metavar="TOKENS",
-        help="KV cache size in tokens (vLLM's 'GPU KV cache size: N tokens'; caps the advice)",
+        help="KV cache size in tokens (vLLM's 'GPU KV cache size: N tokens'; caps the advice at its usable "
+        "part, one block less — give --block-size, else 16 is assumed)",
     )
     stats.add_argument(
         "--model-limit",
@@ -221,6 +224,7 @@ def run_stats(args: argparse.Namespace) -> int:
     if args.plot:
         check_output_path(args.plot, example="lengths.png")
     columns = load_columns(args.inputs, **_input_options(args))
+    usable = _usable_kv_tokens(args.kv_cache_tokens, args.block_size)
     stats = summarize_trace(
         columns.arrival_s,
         columns.prompt_tokens,
@@ -230,11 +234,16 @@ def run_stats(args: argparse.Namespace) -> int:
         round_to=args.round_to,
         block_size=args.block_size,
         model_limit=args.model_limit,
-        kv_cache_tokens=args.kv_cache_tokens,
+        kv_cache_tokens=usable,
         current_max_model_len=args.current_max_model_len,
     )
     document = stats_document(
-        stats, args.inputs, columns, model_limit=args.model_limit, kv_cache_tokens=args.kv_cache_tokens
+        stats,
+        args.inputs,
+        columns,
+        model_limit=args.model_limit,
+        kv_cache_tokens=args.kv_cache_tokens,
+        usable_kv_cache_tokens=usable,
     )
     if args.plot:
         plot_lengths(args.plot, columns.prompt_tokens, columns.output_tokens)
@@ -247,6 +256,16 @@ def run_stats(args: argparse.Namespace) -> int:
     return int(ExitCode.OK)
 
 
+def _usable_kv_tokens(kv_cache_tokens: int | None, block_size: int | None) -> int | None:
+    """The longest request a pool of ``kv_cache_tokens`` holds (vLLM's "GPU KV cache size" counts every
+    block; one is the null block): the same bound as ``oomload plan`` and the run's recommendation. Without
+    ``--block-size``, vLLM's GPU default of 16 tokens is assumed."""
+    if kv_cache_tokens is None:
+        return None
+    block = block_size or DEFAULT_BLOCK_SIZE
+    return single_request_limit_tokens(kv_cache_tokens // block, block)
+
+
 def stats_document(
     stats: TraceStats,
     inputs: list[str],
@@ -254,6 +273,7 @@ def stats_document(
     *,
     model_limit: int | None = None,
     kv_cache_tokens: int | None = None,
+    usable_kv_cache_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The ``--json`` shape of ``trace stats`` (schema ``STATS_SCHEMA``, documented in docs/trace.md).
 
@@ -291,6 +311,7 @@ def stats_document(
             "model_limit": model_limit,
             "capped_by_kv_cache": advice.capped_by_kv_cache,
             "kv_cache_tokens": kv_cache_tokens,
+            "usable_kv_cache_tokens": usable_kv_cache_tokens,
             "kept_current": advice.kept_current,
             "refused_fraction": advice.refused_share,
             "refused_count": advice.refused_count,
@@ -366,7 +387,8 @@ def advice_lines(advice: dict[str, Any]) -> list[str]:
         )
     if advice["capped_by_kv_cache"]:
         lines.append(
-            f"  capped at {recommended:,}: the KV cache holds {advice['kv_cache_tokens']:,} tokens, and vLLM "
+            f"  capped at {recommended:,}: the KV cache holds {advice['kv_cache_tokens']:,} tokens "
+            f"({advice['usable_kv_cache_tokens']:,} usable: one block is vLLM's null block), and vLLM "
             "refuses to start when one max_model_len request does not fit (--kv-cache-tokens)"
         )
     if advice["kept_current"]:

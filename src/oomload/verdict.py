@@ -499,9 +499,15 @@ def _total(r: RequestResult) -> int:
     return r.prompt_tokens_asked + r.output_tokens_asked
 
 
+def kv_percent(share: float) -> str:
+    """A KV usage share in whole percent, rounded *down*: 0.986 reads 98 %, never the 99 % of the
+    saturation threshold (``KV_SATURATED``) that it did not reach."""
+    return f"{math.floor(share * 100 + 1e-9)}%"
+
+
 def kv_peak_text(kv_usage_max: float) -> str:
     """The one way every report states the KV usage at the preemption onset (``PreemptionOnset``)."""
-    return f"KV usage peaked at {kv_usage_max:.0%} in that step"
+    return f"KV usage peaked at {kv_percent(kv_usage_max)} in that step"
 
 
 def _summary(values: Sequence[int]) -> LengthSummary | None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from report.runbuilder import CPU_CACHE, GIB, StepSpec, cpu_knee_steps, request, write_run
 
 from oomload.outcome import Outcome
 from oomload.runview import load_run
-from oomload.verdict import Verdict, build_verdict
+from oomload.verdict import Verdict, build_verdict, kv_peak_text, kv_percent
 
 
 def verdict_of(path: Path) -> Verdict:
@@ -309,3 +310,13 @@ def test_run_through_preemption_to_death_then_bisected(tmp_path: Path) -> None:
     assert v.last_safe_concurrency == 5
     assert v.levels == (1, 2, 4, 5, 6, 8, 16, 32)
     assert v.engine_death is None and v.max_tested_concurrency == 32
+
+
+@pytest.mark.parametrize(
+    ("share", "shown"), [(0.986, "98%"), (0.99, "99%"), (0.5, "50%"), (1.0, "100%"), (0.0, "0%")]
+)
+def test_kv_usage_is_shown_rounded_down_so_it_never_claims_the_saturation_threshold(
+    share: float, shown: str
+) -> None:
+    assert kv_percent(share) == shown
+    assert kv_peak_text(share) == f"KV usage peaked at {shown} in that step"

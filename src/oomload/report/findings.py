@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from oomload.outcome import Outcome
 from oomload.recommend import Recommendation
-from oomload.verdict import StepFacts, Verdict, kv_peak_text
+from oomload.verdict import StepFacts, Verdict, kv_peak_text, kv_percent
 
 # outcomes that are not failures, or that a finding of their own already tells
 NOT_FAILURES = frozenset(
@@ -71,7 +71,7 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
         ("queueing", "Queueing (waiting > 0)", verdict.queueing),
     ):
         if level is not None:
-            shown = f"{level.value:.0%}" if key == "kv_saturation" else f"{level.value:.0f} waiting"
+            shown = kv_percent(level.value) if key == "kv_saturation" else f"{level.value:.0f} waiting"
             out.append(Finding(key, label, f"concurrency {level.concurrency} ({shown})", "warn"))
         else:
             out.append(Finding(key, label, "not seen", "ok"))
@@ -268,7 +268,7 @@ def step_row(s: StepFacts) -> list[str]:
         fmt_ms(s.ttft.p99_ms),
         fmt_ms(s.tpot.p50_ms),
         fmt_ms(s.e2e.p99_ms),
-        "–" if s.kv_usage_max is None else f"{s.kv_usage_max:.0%}",
+        "–" if s.kv_usage_max is None else kv_percent(s.kv_usage_max),
         fmt_num(s.preemptions, "d"),
         run_wait,
         fmt_num(s.achieved_concurrency, ".1f"),

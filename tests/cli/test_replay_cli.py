@@ -130,3 +130,13 @@ def test_a_run_dir_that_holds_an_earlier_run_is_refused_before_any_load(
     a_file.write_text("x")
     assert main(["replay", str(trace), "--run-dir", str(a_file)]) == 2
     assert "exists and is not a directory" in capsys.readouterr().err
+
+
+def test_a_bad_sim_flag_is_a_usage_error(
+    trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    assert main(["replay", str(trace), "--sim=--bogus-flag", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --bogus-flag" in err and "Traceback" not in err
+    assert not run_dir.exists()

@@ -50,7 +50,12 @@ def register(subparsers: Any) -> None:
         help="how long users stopped by a lower step or the run's end may finish their request before "
         "it is abandoned as cancelled (default 10, at most the request timeout)",
     )
-    target.add_argument("--sim", default="", metavar="ARGS", help="extra `oomload sim serve` flags, quoted")
+    target.add_argument(
+        "--sim",
+        default="",
+        metavar="ARGS",
+        help='extra `oomload sim serve` flags, quoted after an = (--sim="--gpu h100")',
+    )
     shape = p.add_argument_group("load shape")
     levels = shape.add_mutually_exclusive_group()
     levels.add_argument(

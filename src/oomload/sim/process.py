@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from oomload.errors import EndpointError
+from oomload.errors import ConfigError, EndpointError, ExitCode
 
 
 class SimServer:
@@ -79,9 +79,8 @@ class SimServer:
         while time.monotonic() < deadline:
             code = self._proc.poll()
             if code is not None:
-                raise EndpointError(
-                    f"oomload sim serve exited with status {code} at start-up: {self.stderr_tail()}"
-                )
+                error = ConfigError if code == ExitCode.USAGE else EndpointError  # a bad flag: usage
+                raise error(f"oomload sim serve exited with status {code} at start-up: {self.stderr_tail()}")
             if self.port is None and port_file.is_file():
                 text = port_file.read_text(encoding="utf-8").strip()
                 if text.isdigit():

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from oomload.cli import main
-from oomload.errors import EndpointError
+from oomload.errors import ConfigError
 from oomload.sim.process import SimServer
 
 
@@ -63,7 +63,7 @@ def test_sim_without_action_prints_help(capsys: pytest.CaptureFixture[str]) -> N
 
 def test_simserver_surfaces_a_startup_failure_and_leaves_no_process() -> None:
     server = SimServer(["--model", "nope"], startup_timeout_s=20)
-    with pytest.raises(EndpointError, match="unknown model"):
+    with pytest.raises(ConfigError, match="unknown model"):  # the simulator's usage error (exit 2)
         server.start()
     assert server.returncode is None  # stopped and reaped
 

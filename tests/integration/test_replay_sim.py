@@ -360,3 +360,6 @@ def test_plain_locust_runs_the_scenario_file(sim: SimServer, tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr
     assert "TTFT" in proc.stdout + proc.stderr and "/v1/completions" in proc.stdout + proc.stderr
     assert len(_assert_exact(run_dir)) >= 3
+    # Locust's own end (-t) is an end, not a crash: the report must not call the run cut short
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["finished"], status["end_reason"]) == (True, "locust_quit")

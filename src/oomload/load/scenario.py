@@ -169,6 +169,7 @@ def configure(environment: Any, options: dict[str, Any], here: Path) -> None:
             "worker" not in options
         ):  # a plain `locust -f` run: make the directory readable by `oomload report`
             _write_scenario_config(sink, options, records)
+            _write_status_on_quit(environment, sink)
     context = bind_user(
         ScenarioUser, options, records=records, api_key=api_key, sink=sink, worker=worker, workers=workers
     )
@@ -228,6 +229,19 @@ def _serve_master(runner: Any, environment: Any, context: ReplayContext, options
     runner.register_message("oomload_stop", on_stop)
     environment.events.report_to_master.add_listener(on_report)
     runner.send_message("oomload_ready", {"worker": worker})
+
+
+def _write_status_on_quit(environment: Any, writer: RunWriter) -> None:
+    """When Locust quits, ``status.json`` says the run ended (Locust's run time, Ctrl-C or the shape's
+    end are its own ways to finish); without it ``oomload report`` would call the run cut short."""
+    import time
+
+    def on_quitting(**_kw: Any) -> None:
+        writer.write_json(
+            "status.json", {"finished": True, "end_reason": "locust_quit", "ended_unix_s": time.time()}
+        )
+
+    environment.events.quitting.add_listener(on_quitting)
 
 
 def _write_scenario_config(

@@ -131,7 +131,8 @@ class RunReader:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         if not self.path.is_dir():
-            raise ConfigError(f"{self.path} is not a run directory (no such directory)")
+            why = "a file, not a directory" if self.path.exists() else "no such directory"
+            raise ConfigError(f"{self.path} is not a run directory ({why})")
         if not (self.path / "config.json").exists():
             raise ConfigError(f"{self.path} is not a run directory (no config.json)")
 

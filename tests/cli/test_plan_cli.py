@@ -54,6 +54,10 @@ def test_plan_refuses_bad_levels_and_missing_trace(
     write_trace(trace, [TraceRecord(id="a", arrival_s=0.0, prompt_tokens=5, output_tokens=5)], TraceHeader())
     assert main(["plan", str(trace), "--gpu", "h100", "--concurrency", "0,x"]) == 2
     assert "--concurrency" in capsys.readouterr().err
+    assert main(["plan", str(trace), "--gpu", "h100", "--concurrency", "4,2"]) == 2  # as replay refuses it
+    assert "must be strictly increasing" in capsys.readouterr().err
+    assert main(["plan", str(tmp_path), "--gpu", "h100"]) == 2
+    assert "is not a file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -34,33 +34,14 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def parse_levels(text: str) -> list[int]:
-    """``1,2,4`` | ``linear:START:STOP:STEP`` | ``geometric:START:STOP:FACTOR`` → sorted levels."""
+def _levels(spec: str) -> list[int]:
+    """``--concurrency``, parsed as ``oomload replay`` parses it (``schedule.parse_levels``)."""
+    from oomload.schedule import parse_levels
+
     try:
-        if text.startswith(("linear:", "geometric:")):
-            kind, *nums = text.split(":")
-            if len(nums) != 3:
-                raise ValueError
-            start, stop = int(nums[0]), int(nums[1])
-            step = float(nums[2])
-            levels: list[int] = []
-            value = float(start)
-            while value <= stop and len(levels) < 1000:
-                if not levels or int(value) != levels[-1]:
-                    levels.append(int(value))
-                value = value + step if kind == "linear" else value * step
-            if (kind == "linear" and step <= 0) or (kind == "geometric" and step <= 1):
-                raise ValueError
-        else:
-            levels = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as err:
-        raise ConfigError(
-            f"--concurrency {text!r}: expected '1,2,4', 'linear:START:STOP:STEP' or "
-            "'geometric:START:STOP:FACTOR'"
-        ) from err
-    if not levels or min(levels) < 1:
-        raise ConfigError(f"--concurrency {text!r}: levels must be positive integers")
-    return sorted(set(levels))
+        return list(parse_levels(spec))
+    except ConfigError as err:
+        raise ConfigError(f"--concurrency {err}") from err
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
 
     opts = engine_options(args)
     built = build_engine(opts)
-    if not args.trace.is_file():
+    if not args.trace.exists():
         raise ConfigError(f"trace {args.trace} does not exist")
+    if not args.trace.is_file():
+        raise ConfigError(f"trace {args.trace} is not a file")
     prompts: list[int] = []
     outputs: list[int] = []
     for record in iter_trace(args.trace):
@@ -81,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if not prompts:
         raise ConfigError(f"trace {args.trace} has no requests")
-    levels = parse_levels(args.concurrency) if args.concurrency else default_levels(built.config.max_num_seqs)
+    levels = _levels(args.concurrency) if args.concurrency else default_levels(built.config.max_num_seqs)
     if args.requests_per_level is not None and args.requests_per_level < 1:
         raise ConfigError(f"--requests-per-level must be positive, got {args.requests_per_level}")
     result = plan(built, opts, prompts, outputs, levels, requests_per_level=args.requests_per_level)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -224,30 +224,40 @@ def stdlib_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def silent_server() -> Iterator[str]:
-    """Accepts connections and never answers (bounded: closes everything on exit)."""
+def raw_server(on_connect: Callable[[socket.socket], bool]) -> Iterator[str]:
+    """A loopback listener that hands every connection to ``on_connect``; connections it returns True
+    for are held open until exit (bounded: everything is closed on exit)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    accepted: list[socket.socket] = []
+    sock.settimeout(0.2)
+    held: list[socket.socket] = []
     stop = threading.Event()
 
-    def accept() -> None:
-        sock.settimeout(0.2)
+    def serve() -> None:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError, OSError):
-                accepted.append(sock.accept()[0])
+                conn = sock.accept()[0]
+                if on_connect(conn):
+                    held.append(conn)
+                else:
+                    conn.close()
 
-    thread = threading.Thread(target=accept, daemon=True)
+    thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         stop.set()
         thread.join(timeout=5)
-        for conn in accepted:
+        for conn in held:
             conn.close()
         sock.close()
+
+
+def silent_server() -> contextlib.AbstractContextManager[str]:
+    """Accepts connections and never answers."""
+    return raw_server(lambda conn: True)
 
 
 class HtmlHandler(BaseHTTPRequestHandler):
@@ -352,31 +362,15 @@ def test_a_url_that_never_answers_is_bounded_by_the_runs_duration_and_clear(tmp_
     assert f"{url}/v1/models did not answer within 2 s" in proc.stderr + proc.stdout
 
 
-@contextlib.contextmanager
-def banner_server(banner: bytes) -> Iterator[str]:
+def banner_server(banner: bytes) -> contextlib.AbstractContextManager[str]:
     """Writes ``banner`` to every connection and closes it (an SSH daemon on the wrong port)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    sock.settimeout(0.2)
-    stop = threading.Event()
 
-    def serve() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError, OSError):
-                conn = sock.accept()[0]
-                with contextlib.suppress(OSError):
-                    conn.sendall(banner)
-                conn.close()
+    def send(conn: socket.socket) -> bool:
+        with contextlib.suppress(OSError):
+            conn.sendall(banner)
+        return False
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        sock.close()
+    return raw_server(send)
 
 
 def test_a_port_that_answers_a_non_http_banner_is_one_sentence(tmp_path: Path) -> None:

@@ -305,10 +305,9 @@ def _reasoning(
         sentences.append("No request succeeded, so nothing about KV memory was measured.")
     elif death is None and verdict.max_tested_concurrency is not None:
         top, unsafe = verdict.max_tested_concurrency, verdict.first_unsafe_concurrency
-        observed = any(s.preemptions is not None for s in verdict.measured_steps)
         if unsafe is not None:
             sentences.append(f"No preemption, but requests failed from concurrency {unsafe}.")
-        elif not observed:
+        elif not verdict.preemptions_observed:
             sentences.append(f"No failed request up to concurrency {top}; preemption was not observable.")
         else:
             sentences.append(f"No preemption or failure up to concurrency {top}.")

@@ -168,6 +168,11 @@ class Verdict:
         return tuple(s for s in self.steps if not s.warmup and not s.after_death)
 
     @property
+    def preemptions_observed(self) -> bool:
+        """Some measured step had a /metrics scrape that could show preemptions."""
+        return any(s.preemptions is not None for s in self.measured_steps)
+
+    @property
     def error_rate(self) -> float | None:
         """Failed / decided requests over the measured steps (cancelled ones are neither)."""
         decided = self.requests_total - self.requests_cancelled

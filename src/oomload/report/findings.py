@@ -50,7 +50,7 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
                 "bad",
             )
         )
-    elif any(s.preemptions is not None for s in verdict.measured_steps):
+    elif verdict.preemptions_observed:
         out.append(Finding("preemption_onset", "Preemption onset", f"none{upto}", "ok"))
     else:
         out.append(Finding("preemption_onset", "Preemption onset", "unobserved (no /metrics scrape)", "warn"))

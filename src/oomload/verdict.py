@@ -270,10 +270,10 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     trusted = [s.concurrency for s in measured if s.trusted]
     max_tested = max(trusted) if trusted else None
 
-    limit = _model_limit(view)
-    totals, basis = _kv_totals(view, limit), "requests"
+    run = _run_info(view, steps, death)
+    totals, basis = _kv_totals(view, run.max_model_len), "requests"
     if not totals:
-        totals, basis = _kv_totals(view, limit, of_trace=True), "trace"
+        totals, basis = _kv_totals(view, run.max_model_len, of_trace=True), "trace"
     prediction = compare_prediction(
         view.cache_config,
         totals,
@@ -282,7 +282,6 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         levels=levels,
         clean_levels=[s.concurrency for s in measured if s.trusted and s.preemptions == 0],
     )
-    run = _run_info(view, steps, death)
     notes = [
         *step_notes(steps, min_requests),
         *evidence_notes(
@@ -389,14 +388,6 @@ def _level_onset(
     return LevelOnset(step=step.index, concurrency=step.concurrency, value=float(value))
 
 
-def _model_limit(view: RunView) -> int | None:
-    """The served ``max_model_len``: ``config.json`` (from /v1/models), else ``cache_config``."""
-    limit = as_int(view.config.get("max_model_len"))
-    if limit is None and view.cache_config is not None:
-        limit = as_int(view.cache_config.get("max_model_len"))
-    return limit
-
-
 def _run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | None) -> RunInfo:
     config = view.config
     status = view.status
@@ -411,7 +402,9 @@ def _run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | No
         or death is not None
     )
     detail = _cut_short_detail(view, steps, death, status, end_reason) if cut_short else None
-    limit = _model_limit(view)
+    limit = as_int(config.get("max_model_len"))  # from /v1/models, else the cache config
+    if limit is None and view.cache_config is not None:
+        limit = as_int(view.cache_config.get("max_model_len"))
     simulated = config.get("simulated")
     return RunInfo(
         path=str(view.path),

@@ -112,6 +112,12 @@ class RunWriter:
         tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
         os.replace(tmp, target)
 
+    def write_status(self, *, finished: bool, end_reason: str) -> None:
+        """``status.json``, written last: how the run ended (its absence means it was cut short)."""
+        self.write_json(
+            "status.json", {"finished": finished, "end_reason": end_reason, "ended_unix_s": time.time()}
+        )
+
     def close(self) -> None:
         with self._lock:
             for fh in self._files.values():

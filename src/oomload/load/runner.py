@@ -25,7 +25,6 @@ from here (their homes: ``config``, ``repro``, ``session``).
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -130,9 +129,7 @@ def _run_with_server(
     finally:
         session.shutdown()
         finished = end_reason not in ("interrupted", "error")
-        writer.write_json(
-            "status.json", {"finished": finished, "end_reason": end_reason, "ended_unix_s": time.time()}
-        )
+        writer.write_status(finished=finished, end_reason=end_reason)
         writer.close()
     write_repro(run_dir)
     code = _finalize(run_dir, config.gates, console)

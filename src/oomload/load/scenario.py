@@ -234,12 +234,9 @@ def _serve_master(runner: Any, environment: Any, context: ReplayContext, options
 def _write_status_on_quit(environment: Any, writer: RunWriter) -> None:
     """When Locust quits, ``status.json`` says the run ended (Locust's run time, Ctrl-C or the shape's
     end are its own ways to finish); without it ``oomload report`` would call the run cut short."""
-    import time
 
     def on_quitting(**_kw: Any) -> None:
-        writer.write_json(
-            "status.json", {"finished": True, "end_reason": "locust_quit", "ended_unix_s": time.time()}
-        )
+        writer.write_status(finished=True, end_reason="locust_quit")
 
     environment.events.quitting.add_listener(on_quitting)
 

@@ -91,7 +91,6 @@ def test_killing_vllm_mid_step_is_recorded_and_reported(vllm_servers: ServerPool
         (r["usage_prompt_tokens"], r["usage_completion_tokens"]) == (PROMPT_TOKENS, OUTPUT_TOKENS)
         for r in completed
     )
-    assert all(r["end_unix_s"] < gone_at + 1.0 for r in completed)  # no bytes come after the exit
     failed = [r for r in in_flight if r["outcome"] != "ok"]
     assert len(failed) >= unanswered >= 1, (unanswered, in_flight)
     assert {r["outcome"] for r in failed} <= {"truncated", "transport_error", "engine_dead"}

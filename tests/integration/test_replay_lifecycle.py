@@ -30,10 +30,10 @@ from oomload.trace import TraceHeader, TraceRecord, write_trace
 REPO = Path(__file__).resolve().parents[2]
 # 150 blocks of 16 tokens; requests of 32 + 600 tokens grow to 40 blocks: 3 fit, 4 and more preempt
 # A generous grace: on a starved 2-core box the surplus 632-token requests may take over 3 s to drain,
-# and a grace that runs out cancels them (what this test must not see). A settle that waits longer
-# than needed is caught from the request intervals below, not by a tight grace.
+# and a grace that runs out cancels them (what this test must not see). How long a settle may take —
+# never past the grace, never longer than the drain — is pinned on a fake clock in
+# tests/unit/load/test_shape.py; here only the order of events is checked (no wall-clock bound).
 GRACE_S = 10.0
-SETTLE_TICK_S = 1.0  # the settle is checked on Locust's shape tick, then one /metrics scrape
 SIM_PREEMPTING = ("--num-gpu-blocks", "150", "--block-size", "16", "--max-model-len", "2048")
 
 
@@ -76,11 +76,10 @@ def test_a_lower_step_lets_the_stopped_users_finish_their_request(sim: SimServer
     for end, start in zip(ends, starts[1:], strict=False):
         if start["concurrency"] > end["concurrency"]:
             assert start["t_unix_s"] == end["t_unix_s"]  # a step up starts at once
-        else:  # a step down settles first (the surplus users finish), never longer than the grace
-            assert 0 <= start["t_unix_s"] - end["t_unix_s"] <= GRACE_S + 2 * SETTLE_TICK_S
-            # … and no longer than it takes the requests in flight to drop to the new level
+        else:  # a step down settles first: it starts once the requests in flight fell to its level
+            assert start["t_unix_s"] >= end["t_unix_s"]
             settled = _first_time_at_most(results, end["t_unix_s"], start["concurrency"])
-            assert start["t_unix_s"] <= settled + 2 * SETTLE_TICK_S, (start, end, settled)
+            assert start["t_unix_s"] >= settled, (start, end, settled)
     # a lower step begins once the surplus users are gone: it never has more in flight than its level
     assert [
         (e["step"], e["achieved_concurrency_max"])

@@ -60,11 +60,14 @@ class ServerConcurrency:
         return self.end_unix_s - self.start_unix_s
 
     def to_json(self) -> dict[str, float | None]:
+        """Means rounded to 0.001; ``from_unix_s``/``to_unix_s`` are the two scrapes' times."""
         return {
             "in_server": round(self.in_server, 3),
             "in_engine": None if self.in_engine is None else round(self.in_engine, 3),
             "queued": None if self.queued is None else round(self.queued, 3),
             "window_s": round(self.window_s, 3),
+            "from_unix_s": self.start_unix_s,
+            "to_unix_s": self.end_unix_s,
         }
 
 

@@ -291,7 +291,9 @@ def _server_side(
     client_s = sum(
         r.e2e_ms / 1000.0
         for r in all_requests
-        if r.outcome in answered and r.e2e_ms is not None and server.start_unix_s < r.end_unix_s <= server.end_unix_s
+        if r.outcome in answered
+        and r.e2e_ms is not None
+        and server.start_unix_s < r.end_unix_s <= server.end_unix_s
     )
     return server, server_share(server, client_s)
 

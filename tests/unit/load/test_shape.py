@@ -148,3 +148,23 @@ def test_the_boundary_counter_is_read_once_while_the_users_still_send() -> None:
     # the boundary time is taken after the read, and the next step starts at that same moment
     assert [e["t_unix_s"] for e in ends] == [s["t_unix_s"] for s in starts[1:]]
     assert [e["preemptions"] for e in ends] == [3, 3]
+
+
+def test_the_end_line_says_what_the_server_held_between_the_boundary_scrapes() -> None:
+    """Little's law on vLLM's latency sums read at the two boundaries of the step."""
+    meter, sink, clock = FakeMeter(), Lines(), [100.0]
+    sums = iter([0.0, 30.0, 45.0])  # e2e latency sum at each boundary: 30 s of requests in step 0
+
+    def scrape() -> dict[str, Any]:
+        e2e = next(sums)
+        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": 0,
+                "e2e_latency_seconds_sum": e2e, "inference_seconds_sum": e2e / 2, "queue_seconds_sum": 0.0}  # fmt: skip
+
+    plan = SchedulePlan(levels=(4, 8), stop_on=())
+    driver = StepDriver(plan, Hold(10.0), meter, sink, boundary_scrape=scrape, clock=lambda: clock[0])
+    driver.tick()
+    clock[0] += 10.0
+    driver.tick()
+    end = next(line for line in sink.lines if line["event"] == "end")
+    assert end["server_concurrency"] == {"in_server": 3.0, "in_engine": 1.5, "queued": 0.0, "window_s": 10.0,
+                                         "from_unix_s": 100.0, "to_unix_s": 110.0}  # fmt: skip

@@ -157,8 +157,8 @@ def test_the_end_line_says_what_the_server_held_between_the_boundary_scrapes() -
 
     def scrape() -> dict[str, Any]:
         e2e = next(sums)
-        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": 0,
-                "e2e_latency_seconds_sum": e2e, "inference_seconds_sum": e2e / 2, "queue_seconds_sum": 0.0}  # fmt: skip
+        sums_now = {"e2e_latency_seconds_sum": e2e, "inference_seconds_sum": e2e / 2, "queue_seconds_sum": 0}
+        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": 0, **sums_now}
 
     plan = SchedulePlan(levels=(4, 8), stop_on=())
     driver = StepDriver(plan, Hold(10.0), meter, sink, boundary_scrape=scrape, clock=lambda: clock[0])

@@ -2,7 +2,9 @@
 
 Algorithm
 ---------
-1. Parse the text with ``prometheus_client.parser`` (never by hand). Malformed text raises
+1. Keep the sample lines of the series read below (``WANTED_NAMES``; most of vLLM's text is
+   histogram buckets no field needs) and parse them with ``prometheus_client.parser`` (never by
+   hand); when no such line is there, parse the whole text instead. Malformed text raises
    ``EndpointError``; text with no ``vllm:`` series at all (a server started with
    ``--disable-log-stats``, or something that is not vLLM) raises ``EndpointError`` saying so.
 2. Keep the ``vllm:`` samples, keyed by their exposed *sample* name (``vllm:num_preemptions_total``;
@@ -72,6 +74,10 @@ NAME_CANDIDATES: dict[str, tuple[str, ...]] = {
 # A counter's ``_created`` series: when it moves forward, the server's counters were re-created.
 CREATED_NAME = "vllm:num_preemptions_created"
 CACHE_CONFIG_NAME = "vllm:cache_config_info"
+# Every exposed sample name a field, the restart check or the cache config is read from.
+WANTED_NAMES = frozenset(
+    {name for names in NAME_CANDIDATES.values() for name in names} | {CREATED_NAME, CACHE_CONFIG_NAME}
+)
 # Fields combined with max() across engines instead of sum().
 FRACTION_FIELDS = frozenset({"kv_cache_usage", "cpu_cache_usage"})
 # Fields summed across engines as floats (seconds), never rounded to an integer count.
@@ -194,9 +200,30 @@ def parse_label_value(text: str) -> Any:
     return number if math.isfinite(number) else text
 
 
+def _wanted_lines(text: str) -> str:
+    """The sample lines of the series this module reads (``WANTED_NAMES``), comments dropped.
+
+    A real vLLM's ``/metrics`` is about 600 lines (54 KB), most of them histogram buckets that no
+    field needs; parsing all of it took 8.5 ms of the load generator's CPU per scrape, in the
+    process whose users read the streams. Empty when no such line is there: the caller then parses
+    the whole text, so that malformed text and a server without vLLM's metrics are told as before.
+    """
+    kept = []
+    for line in text.splitlines():
+        if line.startswith(VLLM_PREFIX):
+            end = len(line)
+            for stop in ("{", " "):
+                at = line.find(stop)
+                if at != -1 and at < end:
+                    end = at
+            if line[:end] in WANTED_NAMES:
+                kept.append(line)
+    return "\n".join(kept) + "\n" if kept else ""
+
+
 def _vllm_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     try:
-        families = list(text_string_to_metric_families(text))
+        families = list(text_string_to_metric_families(_wanted_lines(text) or text))
     except (ValueError, TypeError, IndexError) as err:
         snippet = text.strip().splitlines()[0][:80] if text.strip() else ""
         raise EndpointError(

@@ -21,6 +21,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from oomload.verdict import kv_percent
+
 TAB_KEY = "oomload"
 TELEMETRY_PATH = "/oomload/telemetry"
 PAGE_PATH = "/oomload"
@@ -44,7 +46,7 @@ def telemetry_rows(snapshot: dict[str, Any]) -> list[dict[str, str]]:
         )
     metrics = snapshot.get("metrics") or {}
     kv = metrics.get("kv_cache_usage")
-    rows.append(("KV cache usage", "?" if kv is None else f"{float(kv) * 100:.1f} %"))
+    rows.append(("KV cache usage", "?" if kv is None else kv_percent(float(kv))))
     pre = snapshot.get("preemptions_since_start")
     rows.append(("preemptions since start", "?" if pre is None else str(pre)))
     rows.append(("running requests", _text(metrics.get("num_requests_running"))))

@@ -35,6 +35,7 @@ class StepSpec:
     error_text: str | None = None
     prompt_tokens: int = 256  # asked by every request of the step
     output_tokens: int = 256
+    end_extra: Mapping[str, Any] = field(default_factory=dict)  # more fields for the step's end line
 
 
 def write_run(
@@ -139,6 +140,7 @@ def write_run(
                     "phase": spec.phase,
                     "t_unix_s": t,
                     "reason": spec.end_reason,
+                    **spec.end_extra,
                 },
             )
         for request in extra_requests:

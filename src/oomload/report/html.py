@@ -67,7 +67,7 @@ def render_html(
     for setting in recommendation.settings:
         out.append(
             f'<tr><td class="l"><code>{e(setting.flag)}</code></td>'
-            f"<td>{'—' if setting.value is None else e(str(setting.value))}</td>"
+            f"<td>{e(setting.shown)}</td>"
             f"<td>{'—' if setting.current is None else e(str(setting.current))}</td>"
             f'<td class="l">{e(setting.reason)}</td></tr>'
         )

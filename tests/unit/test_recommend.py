@@ -74,7 +74,8 @@ def test_rising_device_memory_implicates_transient_spikes(tmp_path: Path) -> Non
     assert rec.max_num_batched_tokens.reason.startswith("device memory rising 7.5% of the device")
     # said in one place: the recommended cell reads the action, the reason does not repeat it
     assert rec.max_num_batched_tokens.shown == "half the server's value, not below 2048"
-    assert "halve" not in rec.max_num_batched_tokens.reason and "8192 on H100" in rec.max_num_batched_tokens.reason
+    reason = rec.max_num_batched_tokens.reason
+    assert "halve" not in reason and "8192 on H100" in reason
     assert rec.gpu_memory_utilization.value is None
     known = {**CPU_CACHE, "max_num_batched_tokens": 2048}
     floor = recommend(verdict_of(write_run(tmp_path / "k", steps, cache_config=known))).max_num_batched_tokens

@@ -43,7 +43,7 @@ from oomload.load.config import (
     preflight_timeout_s,
     sim_flag,
 )
-from oomload.load.preflight import count_unfit, preflight, split_base_url
+from oomload.load.preflight import count_unfit, preflight, server_version, split_base_url
 from oomload.load.repro import write_repro
 from oomload.load.session import Session, build_user_class
 from oomload.rundir import RunReader, RunWriter, new_run_dir
@@ -115,9 +115,12 @@ def _run_with_server(
     # from here on a Ctrl-C or SIGTERM, whenever it comes, ends in status.json and a (partial) report:
     # the session's handlers take over once it runs; until then Python's KeyboardInterrupt does
     try:
-        writer.write_json(
-            "config.json", config_json(config, url, info.model, info.max_model_len, simulated, records)
-        )
+        document = config_json(config, url, info.model, info.max_model_len, simulated, records)
+        # what the report's run block shows of the server: its version, and the simulator's flags
+        document["vllm_version"] = server_version(url, api_key=api_key)
+        if simulated:
+            document["sim_args"] = [*DEMO_SIM_ARGS, *config.sim_args]
+        writer.write_json("config.json", document)
         write_trace(run_dir / "trace.jsonl", records, header)
         console.print(
             f"run directory [bold]{run_dir}[/] · model {info.model} · max_model_len {info.max_model_len} · "

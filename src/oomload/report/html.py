@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from oomload.gate import GateResult, GateStatus
 from oomload.recommend import Recommendation
 from oomload.report.findings import STEP_COLUMNS, STEP_LEGEND, describe, step_row
+from oomload.report.metadata import run_metadata
 from oomload.report.plots import plot_by_concurrency, plot_lengths, plot_timeline
 from oomload.runview import RunView
 from oomload.verdict import Verdict
@@ -96,6 +97,10 @@ def render_html(
         )
     else:
         out.append("<p>No caveats.</p>")
+    out.append('<h2>Run</h2><table class="meta" id="run-metadata">')
+    for label, text in run_metadata(view, verdict):
+        out.append(f'<tr><th class="l">{e(label)}</th><td class="l">{e(text)}</td></tr>')
+    out.append("</table>")
     plots = (
         (
             "timeline",

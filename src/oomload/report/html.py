@@ -58,9 +58,13 @@ def render_html(
     out.append("<table>")
     for f in describe(verdict, recommendation):
         if f.key != "recommendation":
-            out.append(f'<tr><th class="l">{e(f.label)}</th><td class="l {f.severity}">{e(f.text)}</td></tr>')
+            out.append(
+                f'<tr><th class="l">{e(f.label)}</th>'
+                f'<td class="l {f.severity}" data-key="{e(f.key)}">{e(f.text)}</td></tr>'
+            )
     out.append("</table>")
-    out += ["<h2>Recommendation</h2>", f'<pre class="flags">{e(recommendation.flag_line)}</pre>']
+    flag_line = e(recommendation.flag_line)
+    out += ["<h2>Recommendation</h2>", f'<pre class="flags" id="flag-line">{flag_line}</pre>']
     out.append(f"<p>{e(recommendation.reasoning)}</p><table><tr>")
     out.append(
         "".join(f'<th class="l">{h}</th>' for h in ("flag", "recommended", "current", "why")) + "</tr>"
@@ -124,7 +128,11 @@ def render_html(
         out.append(
             f'<img class="plot" id="plot-{key}" alt="{e(caption)}" src="data:image/png;base64,{data}">'
         )
-    out.append("<h2>Per step</h2><table><tr>" + "".join(f"<th>{e(c)}</th>" for c in STEP_COLUMNS) + "</tr>")
+    out.append(
+        '<h2>Per step</h2><table id="per-step"><tr>'
+        + "".join(f"<th>{e(c)}</th>" for c in STEP_COLUMNS)
+        + "</tr>"
+    )
     for s in verdict.steps:
         cells = "".join(f"<td{' class=l' if i == 2 else ''}>{e(c)}</td>" for i, c in enumerate(step_row(s)))
         out.append(f"<tr>{cells}</tr>")

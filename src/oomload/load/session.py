@@ -12,6 +12,8 @@ end reason.
 On the way out — the schedule's end, a dead server, the maximum duration, Ctrl-C or SIGTERM — the
 requests in flight may finish (at most ``ramp_down_grace_s``; none for Ctrl-C), the rest are
 abandoned (written as ``cancelled``), and ``shutdown()`` stops Locust, the workers and the samplers.
+With ``--web`` the web UI outlives them: once the report is written, ``serve_verdict`` keeps it
+serving the verdict until Ctrl-C / SIGTERM (or ``--web-keep-s``), then ``close_web`` stops it.
 
 A step that lowers the user count stops users gracefully: Locust's ``stop_timeout`` lets each finish
 its request, capped at ``ramp_down_grace_s``, after which the rest are abandoned (``cancelled``). The
@@ -364,7 +366,7 @@ class Session:
         if self.web_ui is None:
             return
         self.final = final
-        if keep_s is not None and keep_s <= 0:
+        if self.interrupted or (keep_s is not None and keep_s <= 0):  # Ctrl-C came while reporting
             return
         self.lingering = True
         web = f"http://{self.config.web_host}:{self.config.web_port}/?tab=oomload"

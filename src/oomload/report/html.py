@@ -27,6 +27,7 @@ th{background:#f3f3f3}td.l,th.l{text-align:left}th.l,td code{white-space:nowrap}
 .cut{background:#fff8c5;border:1px solid #d4a72c;padding:8px 12px;margin:12px 0}
 pre.flags{background:#f6f8fa;padding:10px;border:1px solid #ddd;white-space:pre-wrap}
 img{max-width:100%;border:1px solid #eee;margin:6px 0}
+p.note{font-size:.85em;color:#555;margin:4px 0}
 """
 DECODE_SCRIPT = """
 window.addEventListener('load',function(){document.querySelectorAll('img.plot').forEach(function(i){
@@ -110,21 +111,30 @@ def render_html(
             "timeline",
             "KV usage, preemptions, running/waiting and device memory over time",
             plot_timeline(view, verdict),
+            "Steps are shaded by phase (ramp blue, refinement orange) and labelled with their concurrency "
+            "(12r: a refinement step at 12). A hatched gap is the drain before a lower step: no step "
+            "runs while the higher step's requests finish, until the requests in flight fall to the "
+            "lower level; what is measured then belongs to the step before it.",
         ),
         (
             "by-concurrency",
             "Latency and throughput against concurrency, onsets marked",
             plot_by_concurrency(verdict),
+            "P50 solid, P99 dashed; n = the ok requests behind each point. Throughput is what each "
+            "step completed while it held its level, as in the per-step table.",
         ),
         (
             "lengths",
             "Trace length histograms with the recommended max_model_len",
             plot_lengths(view, verdict, recommendation),
+            "",
         ),
     )
-    for key, caption, png in plots:
+    for key, caption, png, note in plots:
         data = base64.b64encode(png).decode("ascii")
         out.append(f"<h2>{e(caption)}</h2>")
+        if note:
+            out.append(f'<p class="note">{e(note)}</p>')
         out.append(
             f'<img class="plot" id="plot-{key}" alt="{e(caption)}" src="data:image/png;base64,{data}">'
         )

@@ -52,7 +52,12 @@ def run_metadata(view: RunView, verdict: Verdict) -> list[tuple[str, str]]:
     recorded = cfg.get("oomload_version")
     versions = f"oomload {recorded or NOT_RECORDED} (this report: {__version__})"
     vllm = cfg.get("vllm_version")
-    versions += f" · vLLM {vllm}" if vllm else " · vLLM version not reported (no GET /version)"
+    if vllm and verdict.run.simulated:
+        versions += f" · vLLM {vllm} (as the simulator reports it)"
+    elif vllm:
+        versions += f" · vLLM {vllm}"
+    else:
+        versions += " · vLLM version not reported (no GET /version)"
     rows.append(("versions", versions))
     target = f"{verdict.run.model or '?'} at {verdict.run.url or '?'}"
     if verdict.run.simulated:

@@ -43,10 +43,10 @@ def _driver(meter: FakeMeter, sink: Lines, clock: list[float], preempt_at: int) 
     plan = SchedulePlan(levels=(2, 8), stop_on=(StopCondition("first-preemption"),))
     current: dict[str, int] = {"total": 0}
 
-    def preemptions() -> int:  # the server preempts while a step at or above preempt_at runs
-        return current["total"]
+    def scrape() -> dict[str, Any]:  # the server preempts while a step at or above preempt_at runs
+        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": current["total"]}
 
-    driver = StepDriver(plan, Hold(1.0), meter, sink, preemptions_total=preemptions,
+    driver = StepDriver(plan, Hold(1.0), meter, sink, boundary_scrape=scrape,
                         clock=lambda: clock[0], settle_s=5.0)  # fmt: skip
 
     def on_step(step: StepPlan) -> None:
@@ -134,13 +134,13 @@ def test_the_boundary_counter_is_read_once_while_the_users_still_send() -> None:
     meter, sink, clock = FakeMeter(), Lines(), [100.0]
     reads: list[int] = []  # meter.ended at each read: 0 before the first step ends, …
 
-    def preemptions() -> int:
+    def scrape() -> dict[str, Any]:
         reads.append(meter.ended)
         clock[0] += 2.0  # the scrape takes 2 s
-        return 3 * len(reads)
+        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": 3 * len(reads)}
 
     plan = SchedulePlan(levels=(2, 4, 8), stop_on=())
-    driver = StepDriver(plan, Hold(1.0), meter, sink, preemptions_total=preemptions, clock=lambda: clock[0])
+    driver = StepDriver(plan, Hold(1.0), meter, sink, boundary_scrape=scrape, clock=lambda: clock[0])
     driver.tick()  # step 0 begins: baseline read before any load
     for _ in range(2):
         clock[0] += 1.0

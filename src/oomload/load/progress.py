@@ -102,7 +102,9 @@ class ProgressView:
         table.add_column("value")
         if step is not None:
             achieved = ctx.achieved_concurrency() if ctx is not None else float("nan")
-            table.add_row("step", f"{step.index} ({step.phase})")
+            draining = getattr(driver, "draining_to", None)
+            after = "" if draining is None else f" · draining to concurrency {draining.concurrency}"
+            table.add_row("step", f"{step.index} ({step.phase}){after}")
             table.add_row("concurrency", f"target {step.concurrency} · achieved {achieved:.1f}")
         table.add_row("throughput", f"{req_s:.1f} req/s · {tok_s:.0f} tokens/s")
         table.add_row("outcomes (run)", self._summary())

@@ -11,6 +11,7 @@ process with the run's own exit code. Every wait is bounded; nothing is timed.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -62,9 +63,11 @@ def test_the_tab_draws_live_charts_and_serves_the_verdict_after_the_run(
     try:
         _wait_for_web(web, proc, 90)
         page.goto(web + "/?tab=oomload")
-        page.wait_for_selector("#oomload-cockpit", timeout=30_000)
-        frame = next(f for f in page.frames if f.url.endswith("/oomload"))
-        frame.wait_for_selector("body[data-state=over]", timeout=180_000)
+        cockpit = page.frame_locator("#oomload-cockpit")
+        cockpit.locator("svg[data-key=kv]").wait_for(timeout=60_000)  # drawn while the run goes
+        cockpit.locator("body[data-state=over]").wait_for(state="attached", timeout=180_000)
+        frame = page.frame(url=re.compile(r"/oomload$"))
+        assert frame is not None
         summary = json.loads((run_dir / "summary.json").read_text())
 
         assert frame.is_visible("#sim"), "the SIMULATED badge is hidden for the built-in simulator"

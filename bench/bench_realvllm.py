@@ -78,7 +78,8 @@ def run_oomload(url: str, trace: Path, level: int, tmp: Path, tag: str) -> tuple
     deadline = time.monotonic() + 120
     while not (steps.exists() and steps.read_text()) and time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"oomload exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+            err = proc.stderr.read() if proc.stderr else ""
+            raise RuntimeError(f"oomload exited {proc.returncode}: {err}")
         time.sleep(0.1)
     time.sleep(SETTLE_S)
     seen = window(url)
@@ -126,13 +127,16 @@ def main() -> None:
             url = server.url
             run_reference(url, 2)  # warm the server up (first requests compile kernels, fill caches)
             print(f"real vLLM {url}, fixed {PROMPT}+{OUTPUT}, hold {HOLD_S:.0f} s, window {WINDOW_S:.0f} s")
-            print("level pair first      oomload: server engine queued held | reference: server engine queued held")
+            print(
+                "level pair first      oomload: server engine queued held"
+                " | reference: server engine queued held"
+            )
             for level in LEVELS:
                 ratios = []
                 for pair in range(PAIRS):
                     first = "oomload" if pair % 2 == 0 else "reference"
                     results = {}
-                    for who in ([first, "reference" if first == "oomload" else "oomload"]):
+                    for who in [first, "reference" if first == "oomload" else "oomload"]:
                         if who == "oomload":
                             results[who] = run_oomload(url, trace, level, tmp, f"{level}-{pair}")
                         else:
@@ -147,7 +151,8 @@ def main() -> None:
                     )
                 print(
                     f"level {level}: oomload / reference, server-side in-flight, median of {PAIRS} pairs: "
-                    f"{statistics.median(ratios):.2f}x (each: {', '.join(f'{x:.2f}' for x in ratios)}; goal >= 0.90)",
+                    f"{statistics.median(ratios):.2f}x "
+                    f"(each: {', '.join(f'{x:.2f}' for x in ratios)}; goal >= 0.90)",
                     flush=True,
                 )
 

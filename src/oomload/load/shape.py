@@ -189,8 +189,8 @@ class StepDriver:
         in_flight = self.meter.in_flight()
         if now < deadline and (in_flight is None or in_flight > step.concurrency):
             return step.concurrency, SPAWN_RATE
-        self._settling = None
         baseline = self.boundary_scrape()  # the users are idle while settling: a fresh baseline
+        self._settling = None  # after the scrape: until the step begins, the run still reads "draining"
         return self._begin(step, self.clock(), baseline)
 
     def _step_end_reason(self, now: float) -> str | None:

@@ -57,14 +57,13 @@ def telemetry_rows(snapshot: dict[str, Any]) -> list[dict[str, str]]:
         rows.append(("last step", f"{step['index']} ({step['phase']}, concurrency {step['concurrency']})"))
     elif step:
         achieved = snapshot.get("achieved_concurrency")
-        rows.append(("step", f"{step['index']} ({step['phase']})"))
-        rows.append(
-            (
-                "concurrency",
-                f"target {step['concurrency']}"
-                + ("" if achieved is None else f" · achieved {float(achieved):.1f}"),
-            )
-        )
+        held = "" if achieved is None else f" · achieved {float(achieved):.1f}"
+        if plan.get("state") == "draining":  # the step is over; the next waits for the drain
+            rows.append(("step", f"{step['index']} ({step['phase']}) ended · draining"))
+            rows.append(("concurrency", f"next target {plan.get('draining_to')}{held}"))
+        else:
+            rows.append(("step", f"{step['index']} ({step['phase']})"))
+            rows.append(("concurrency", f"target {step['concurrency']}{held}"))
     metrics = snapshot.get("metrics") or {}
     kv = metrics.get("kv_cache_usage")
     rows.append(("KV cache usage", "?" if kv is None else kv_percent(float(kv))))

@@ -34,3 +34,11 @@ def test_rows_once_the_run_is_over_show_no_stale_now() -> None:
     assert rows["TTFT (run)"] == "p50 120 ms · p99 1.25 s · n=3"
     assert rows["recommendation"] == "vllm serve m --max-num-seqs 7"
     assert ttft_text(None) == "no ok request yet"
+
+
+def test_while_draining_the_rows_do_not_show_the_old_step_as_running() -> None:
+    plan = {**PLAN, "state": "draining", "draining_to": 5}
+    snap = {"plan": plan, "step": STEP, "achieved_concurrency": 6.4}
+    rows = {r["what"]: r["value"] for r in telemetry_rows(snap)}
+    assert rows["step"] == "3 (ramp) ended · draining"
+    assert rows["concurrency"] == "next target 5 · achieved 6.4"

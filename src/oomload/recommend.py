@@ -24,8 +24,8 @@
   preallocates the KV cache, so used memory should stay flat). Advice: half the current value, never
   below 2048 — the prefill chunk, not the KV pool, sizes the spike. vLLM exports no current value
   (it is a scheduler setting; ``cache_config_info`` lacks it), so unless the cache config names one the
-  flag gets no number — a guessed default might *raise* the server's value — and the reason says to
-  halve it, giving vLLM's defaults per GPU class.
+  flag gets no number — a guessed default might *raise* the server's value — and its ``action`` says
+  in words what to do (halve the server's value); the reason gives vLLM's defaults per GPU class.
 """
 
 from __future__ import annotations
@@ -46,20 +46,30 @@ GPU_MEMORY_UTILIZATION_STEP = 0.05
 GPU_MEMORY_UTILIZATION_FLOOR = 0.5
 SPIKE_SHARE = 0.02
 MIN_BATCHED_TOKENS = 2048
+BATCHED_TOKENS_ACTION = "half the server's value, not below 2048"
 BATCHED_TOKENS_UNKNOWN = (
-    "halve the server's --max-num-batched-tokens, not below 2048 (vLLM does not export its value; the "
-    "API server's default is 2048 on most GPUs, 8192 on H100/H200-class ones, 16384 on ≥ 160 GiB ones)"
+    "vLLM does not export the server's value; its API server's default is 2048 on most GPUs, 8192 on "
+    "H100/H200-class ones, 16384 on ≥ 160 GiB ones"
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Setting:
-    """One recommended flag: its value (``None``: leave as is) and the one-sentence why."""
+    """One recommended flag: its value (``None``: no number), the one-sentence why, and — when a change
+    is advised but no number can be given — the change in words (``action``)."""
 
     flag: str
     value: int | float | None
     current: int | float | None
     reason: str
+    action: str | None = None
+
+    @property
+    def shown(self) -> str:
+        """The "recommended" cell of every report: the value, else the action, else ``—`` (keep)."""
+        if self.value is not None:
+            return f"{self.value:g}" if isinstance(self.value, float) else str(self.value)
+        return self.action or "—"
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +269,7 @@ def _max_num_batched_tokens(verdict: Verdict, cache: Mapping[str, Any]) -> Setti
     cause = "a CUDA OOM" if oom else f"device memory rising {spike:.1%} of the device during the run"
     why = f"{cause} points at transient prefill activations; smaller prefill chunks lower that peak"
     if current is None:  # vLLM does not export it: no number that might raise the server's value
-        return Setting(flag, None, None, f"{why}: {BATCHED_TOKENS_UNKNOWN}")
+        return Setting(flag, None, None, f"{why}; {BATCHED_TOKENS_UNKNOWN}", action=BATCHED_TOKENS_ACTION)
     value = int(math.ceil(max(MIN_BATCHED_TOKENS, current // 2) / 256) * 256)
     if value >= current:
         return Setting(flag, None, current, f"already at {current}; shrink prefill chunks no further")

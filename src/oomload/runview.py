@@ -51,6 +51,11 @@ class StepBoundary:
     start_unix_s: float
     end_unix_s: float | None = None
     end_reason: str | None = None
+    # from the end line: requests that ended (not cancelled) while the step held, their completion
+    # tokens, and how long it held (``None`` without an end line, or from an older run directory)
+    ended: int | None = None
+    completion_tokens: int | None = None
+    duration_s: float | None = None
 
     @property
     def cut_short(self) -> bool:
@@ -243,6 +248,9 @@ def parse_step_records(records: Iterable[Mapping[str, Any]]) -> list[StepBoundar
                 start_unix_s=float(start["t_unix_s"]),
                 end_unix_s=None if end is None else float(end["t_unix_s"]),
                 end_reason=None if end is None else as_str(end.get("reason")),
+                ended=None if end is None else as_int(end.get("ended")),
+                completion_tokens=None if end is None else as_int(end.get("completion_tokens")),
+                duration_s=None if end is None else as_float(end.get("duration_s")),
             )
         )
     boundaries.sort(key=lambda b: (b.start_unix_s, b.index))

@@ -10,8 +10,11 @@
   was in flight when the server died there failed because of the death, not because of this level.
   In the step the engine died in (``died_here``) casualties are charged like any failure.
   ``error_requests`` / ``unsafe_requests`` / ``error_rate`` count charged failures only;
-* req/s (requests that ended by the server's doing, i.e. not cancelled) and output tokens/s (ok and
-  truncated answers) over the step's duration;
+* req/s and output tokens/s: the step's *throughput while it held its level* — the requests that
+  ended (not cancelled, whichever step sent them) and their completion tokens, per second of the
+  hold, as the step's ``steps.jsonl`` end line counted them (``per_second``). The live progress line
+  prints the same figure from the same line, and it is Locust's RPS sense. A step without an end line
+  (cut short by a crash) falls back to its own decided requests and answered tokens over its window;
 * nearest-rank P50/P99 (``stats.percentile``) of TTFT, TPOT (mean inter-token latency) and end-to-end
   latency over the ok requests;
 * from the ``/metrics`` scrapes in the step's window: max KV usage, max running / waiting, and the
@@ -247,8 +250,12 @@ def summarize_step(
         outcomes=outcomes,
         error_requests=len(charged),
         unsafe_requests=sum(1 for r in charged if r.outcome in UNSAFE_OUTCOMES),
-        req_per_s=None if span is None else decided / span,
-        output_tokens_per_s=None if span is None else output_tokens / span,
+        req_per_s=per_second(b.ended, b.duration_s)
+        if b.ended is not None
+        else (None if span is None else decided / span),
+        output_tokens_per_s=per_second(b.completion_tokens, b.duration_s)
+        if b.completion_tokens is not None
+        else (None if span is None else output_tokens / span),
         ttft=_latency(r.ttft_ms for r in ok),
         tpot=_latency(r.tpot_ms for r in ok),
         e2e=_latency(r.e2e_ms for r in ok),
@@ -274,6 +281,14 @@ def summarize_step(
         server=server,
         server_share=share,
     )
+
+
+def per_second(count: int | None, duration_s: float | None) -> float | None:
+    """A step's rate: ``count`` over ``duration_s`` (``None`` when either is unknown or the step had
+    no duration). The one definition behind req/s and tok/s in the live line and every report."""
+    if count is None or duration_s is None or duration_s <= 0:
+        return None
+    return count / duration_s
 
 
 def _server_side(

@@ -39,6 +39,8 @@ def trace(tmp_path: Path) -> Path:
         (["--token-id-range", "9:3"], "token id range"),
         (["--gate", "this is not a gate"], "gate"),
         (["--url", "http://127.0.0.1:1", "--sim", "--time-scale 0"], "--sim"),
+        (["--web", "--web-keep-s", "-1"], "--web-keep-s"),
+        (["--web", "--web-keep-s", "nan"], "--web-keep-s"),
     ],
 )
 def test_bad_flags_are_one_sentence_and_exit_2(

@@ -2,7 +2,8 @@
 
 * a refinement step that lowers the user count lets the stopped users finish their request (nothing
   is cancelled before the run's end);
-* ``--web``: the Locust web UI carries the server's telemetry (the oomload tab, ``/oomload/telemetry``);
+* ``--web``: the Locust web UI carries the server's telemetry (the oomload tab, ``/oomload/telemetry``;
+  the browser's view of it is tests/integration/test_webui_browser.py);
 * a worker process that fails at start ends the run with one sentence, never a traceback.
 """
 
@@ -157,7 +158,8 @@ def test_the_web_ui_shows_the_servers_telemetry(sim_with_gpu: SimServer, tmp_pat
     what = {r["what"]: r["value"] for r in rows}
     assert what["KV cache usage"].endswith("%") and what["GPU memory"].endswith("(dcgm)"), what
     assert {"running requests", "waiting requests", "preemptions since start"} <= set(what)
-    assert "KV cache usage" in page
+    # /oomload is the cockpit page: it draws what /oomload/telemetry and /oomload/timeline answer
+    assert "<title>oomload cockpit</title>" in page and "/oomload/telemetry" in page
 
 
 def test_a_failing_worker_is_one_sentence(sim: SimServer, tmp_path: Path) -> None:

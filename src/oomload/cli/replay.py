@@ -7,6 +7,7 @@ load is sent; a bad value ends with one sentence and exit 2. Locust is imported 
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -108,6 +109,13 @@ def register(subparsers: Any) -> None:
     out.add_argument("--web-host", default="127.0.0.1", help="web UI address (default 127.0.0.1)")
     out.add_argument("--web-port", type=int, default=8089, help="web UI port (default 8089)")
     out.add_argument(
+        "--web-keep-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --web: after the run, keep serving the verdict S seconds (default: until Ctrl-C)",
+    )
+    out.add_argument(
         "--processes", type=int, default=1, help="Locust worker processes (default 1: in-process)"
     )
     out.add_argument(
@@ -155,6 +163,8 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         raise ConfigError("--open-loop runs in one process; drop --processes")
     if not 1 <= args.web_port <= 65535:
         raise ConfigError(f"--web-port must be a TCP port, got {args.web_port}")
+    if args.web_keep_s is not None and not (args.web_keep_s >= 0 and math.isfinite(args.web_keep_s)):
+        raise ConfigError(f"--web-keep-s must be a number of seconds >= 0, got {args.web_keep_s}")
     gpu = args.gpu
     if gpu not in ("auto", "nvml", "none") and not gpu.startswith(("dcgm:", "remote:")):
         raise ConfigError(f"--gpu {gpu!r} is not one of auto, nvml, dcgm:URL, remote:URL, none")
@@ -204,6 +214,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         web=args.web,
         web_host=args.web_host,
         web_port=args.web_port,
+        web_keep_s=args.web_keep_s,
         processes=args.processes,
         request_timeout_s=args.request_timeout_s,
         ramp_down_grace_s=args.ramp_down_grace_s,

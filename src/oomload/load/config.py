@@ -72,6 +72,7 @@ class ReplayConfig:
     web: bool = False
     web_host: str = "127.0.0.1"
     web_port: int = 8089
+    web_keep_s: float | None = None  # after the run, the web UI keeps serving: None = until Ctrl-C
     processes: int = 1
     request_timeout_s: float = 600.0
     ramp_down_grace_s: float = RAMP_DOWN_GRACE_S

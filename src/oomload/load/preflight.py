@@ -135,6 +135,17 @@ def preflight(base_url: str, *, model: str | None, api_key: str | None, timeout_
     )
 
 
+def server_version(base_url: str, *, api_key: str | None, timeout_s: float = 5.0) -> str | None:
+    """The server's version from vLLM's ``GET /version`` (``{"version": "0.11.0"}``); ``None`` when the
+    server has no such route or does not answer (the report then says "not reported")."""
+    try:
+        obj = get_json(base_url.rstrip("/") + "/version", timeout_s=timeout_s, api_key=api_key)
+    except EndpointError:
+        return None
+    version = obj.get("version") if isinstance(obj, dict) else None
+    return version if isinstance(version, str) and version else None
+
+
 def count_unfit(records: Sequence[TraceRecord], max_model_len: int | None) -> int:
     """How many requests need more than ``max_model_len`` tokens (prompt + output)."""
     if max_model_len is None:

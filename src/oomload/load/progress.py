@@ -21,6 +21,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from oomload.stepfacts import per_second
+from oomload.verdict import kv_percent
+
 
 class ProgressView:
     """Reads the session's context, poller and GPU sampler; never blocks the load."""
@@ -99,7 +102,9 @@ class ProgressView:
         table.add_column("value")
         if step is not None:
             achieved = ctx.achieved_concurrency() if ctx is not None else float("nan")
-            table.add_row("step", f"{step.index} ({step.phase})")
+            draining = getattr(driver, "draining_to", None)
+            after = "" if draining is None else f" · draining to concurrency {draining.concurrency}"
+            table.add_row("step", f"{step.index} ({step.phase}){after}")
             table.add_row("concurrency", f"target {step.concurrency} · achieved {achieved:.1f}")
         table.add_row("throughput", f"{req_s:.1f} req/s · {tok_s:.0f} tokens/s")
         table.add_row("outcomes (run)", self._summary())
@@ -110,7 +115,7 @@ class ProgressView:
             pre = latest.get("num_preemptions_total")
             table.add_row(
                 "server",
-                f"KV {'?' if kv is None else f'{kv * 100:.0f}%'} · preemptions "
+                f"KV {'?' if kv is None else kv_percent(kv)} · preemptions "
                 f"{'?' if pre is None else pre - base} · running {latest.get('num_requests_running')} · "
                 f"waiting {latest.get('num_requests_waiting')}",
             )
@@ -129,12 +134,12 @@ def step_line(line: Mapping[str, Any], elapsed_s: float, kv_max: float | None) -
     preemptions 0 · KV max 81% · hold_done``: one step's own results."""
     outcomes = line.get("ended_outcomes") or {}
     ended = ", ".join(f"{name} {n}" for name, n in sorted(outcomes.items())) or "none ended"
-    duration_s = float(line.get("duration_s") or 0.0)
-    rate = f"{int(line.get('ended') or 0) / duration_s:.2f} req/s" if duration_s > 0 else "? req/s"
+    per_s = per_second(int(line.get("ended") or 0), float(line.get("duration_s") or 0.0))
+    rate = "? req/s" if per_s is None else f"{per_s:.2f} req/s"
     achieved = line.get("achieved_concurrency_mean")
     held = "" if achieved is None else f" (achieved {float(achieved):.1f})"
     preemptions = line.get("preemptions")
-    kv = "?" if kv_max is None else f"{kv_max * 100:.0f}%"
+    kv = "?" if kv_max is None else kv_percent(kv_max)
     started = line.get("started")
     sent = "" if started is None else f" · sent {started}"
     return (

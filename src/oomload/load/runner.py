@@ -10,9 +10,10 @@
 3. create the run directory, write ``config.json`` (no secrets: only the API key's variable name) and
    copy the trace (``trace.jsonl``);
 4. run the ``oomload.load.session.Session`` (telemetry, Locust, the death watch, the workers);
-5. write ``status.json``, the repro traces (``oomload.load.repro``), stop the simulated server, and
-   hand the run directory to ``oomload.report.finalize_run`` for the verdict and the exit code (130
-   when interrupted).
+5. write ``status.json``, the repro traces (``oomload.load.repro``), hand the run directory to
+   ``oomload.report.finalize_run`` for the verdict and the exit code (130 when interrupted); with
+   ``--web`` (and a run that ended on its own, not by Ctrl-C) the web UI then keeps serving the
+   verdict until Ctrl-C or ``--web-keep-s``; last, stop the simulated server.
 
 From the moment the run directory exists, a Ctrl-C or SIGTERM — whenever it comes — ends in
 ``status.json`` (``interrupted``) and a partial report. Importing Locust monkey-patches the process
@@ -42,7 +43,7 @@ from oomload.load.config import (
     preflight_timeout_s,
     sim_flag,
 )
-from oomload.load.preflight import count_unfit, preflight, split_base_url
+from oomload.load.preflight import count_unfit, preflight, server_version, split_base_url
 from oomload.load.repro import write_repro
 from oomload.load.session import Session, build_user_class
 from oomload.rundir import RunReader, RunWriter, new_run_dir
@@ -114,9 +115,12 @@ def _run_with_server(
     # from here on a Ctrl-C or SIGTERM, whenever it comes, ends in status.json and a (partial) report:
     # the session's handlers take over once it runs; until then Python's KeyboardInterrupt does
     try:
-        writer.write_json(
-            "config.json", config_json(config, url, info.model, info.max_model_len, simulated, records)
-        )
+        document = config_json(config, url, info.model, info.max_model_len, simulated, records)
+        # what the report's run block shows of the server: its version, and the simulator's flags
+        document["vllm_version"] = server_version(url, api_key=api_key)
+        if simulated:
+            document["sim_args"] = [*DEMO_SIM_ARGS, *config.sim_args]
+        writer.write_json("config.json", document)
         write_trace(run_dir / "trace.jsonl", records, header)
         console.print(
             f"run directory [bold]{run_dir}[/] · model {info.model} · max_model_len {info.max_model_len} · "
@@ -127,12 +131,20 @@ def _run_with_server(
         end_reason = "interrupted"
         writer.event("interrupted")
     finally:
-        session.shutdown()
+        # with --web the web UI outlives the load: it serves the verdict once the report exists
+        session.shutdown(keep_web=end_reason not in ("interrupted", "error"))
         finished = end_reason not in ("interrupted", "error")
         writer.write_status(finished=finished, end_reason=end_reason)
         writer.close()
-    write_repro(run_dir)
-    code = _finalize(run_dir, config.gates, console)
+    try:
+        write_repro(run_dir)
+        code = _finalize(run_dir, config.gates, console)
+        if session.web_ui is not None:
+            from oomload.load.webui import final_state
+
+            session.serve_verdict(final_state(run_dir, code), config.web_keep_s)
+    finally:
+        session.close_web()
     if end_reason == "interrupted":
         return int(ExitCode.INTERRUPTED)
     return code

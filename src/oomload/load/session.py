@@ -12,6 +12,8 @@ end reason.
 On the way out — the schedule's end, a dead server, the maximum duration, Ctrl-C or SIGTERM — the
 requests in flight may finish (at most ``ramp_down_grace_s``; none for Ctrl-C), the rest are
 abandoned (written as ``cancelled``), and ``shutdown()`` stops Locust, the workers and the samplers.
+With ``--web`` the web UI outlives them: once the report is written, ``serve_verdict`` keeps it
+serving the verdict until Ctrl-C / SIGTERM (or ``--web-keep-s``), then ``close_web`` stops it.
 
 A step that lowers the user count stops users gracefully: Locust's ``stop_timeout`` lets each finish
 its request, capped at ``ramp_down_grace_s``, after which the rest are abandoned (``cancelled``). The
@@ -75,6 +77,10 @@ class Session:
         self.interrupted = False
         self.progress: Any = None
         self._saved_argv = sys.argv
+        self.final: dict[str, Any] | None = None  # the verdict, once the run is over (web UI)
+        self.lingering = False  # the run is over and the web UI serves its verdict until Ctrl-C
+        self._linger_over = False
+        self.feed: Any = None  # the web UI's LiveFeed over the run directory
 
     @property
     def dead_evidence(self) -> str | None:
@@ -202,7 +208,10 @@ class Session:
             self._saved_argv = sys.argv
             sys.argv = [sys.argv[0]]
             self.web_ui = self.env.create_web_ui(config.web_host, config.web_port)
-            extend_web_ui(self.web_ui, self.telemetry_snapshot)
+            from oomload.load.livefeed import LiveFeed
+
+            self.feed = LiveFeed(self.writer.path)
+            extend_web_ui(self.web_ui, self.telemetry_snapshot, self.feed, self.writer.path)
             self.console.print(
                 f"Locust web UI: http://{config.web_host}:{config.web_port} (telemetry: the oomload tab)"
             )
@@ -255,6 +264,11 @@ class Session:
         base = self.watch.baseline_preemptions or 0
         return {
             "t_unix_s": time.time(),
+            "url": self.url,
+            "model": self.model,
+            "simulated": self.simulated,
+            "plan": self._plan_snapshot(),
+            "final": self.final,
             "step": None
             if step is None
             else {"index": step.index, "concurrency": step.concurrency, "phase": step.phase},
@@ -267,6 +281,43 @@ class Session:
             "outcomes": {} if ctx is None else {o.value: n for o, n in ctx.outcomes.items()},
             "server_dead": self.dead_evidence,
         }
+
+    def _plan_snapshot(self) -> dict[str, Any]:
+        """The schedule and where the run is in it: ``state`` is ``starting``, ``running``,
+        ``draining`` (a lower step waits for the requests in flight to fall to its level),
+        ``finishing`` (the schedule is done, the last requests drain) or ``over``."""
+        config, driver = self.config, self.driver
+        plan: dict[str, Any] = {
+            "levels": list(config.levels),
+            "hold_s": config.hold_s,
+            "min_requests": config.min_requests,
+            "warmup": config.warmup_s > 0,
+            "refine": config.refine and not config.open_loop,
+            "planned_steps": len(config.levels) + (1 if config.warmup_s > 0 else 0),
+            "open_loop": config.open_loop,
+            "step_number": None,
+            "step_left_s": None,
+            "draining_to": None,
+        }
+        step = driver.current if driver is not None else None
+        if self.final is not None or self.lingering:
+            plan["state"] = "over"
+        elif driver is None or step is None:
+            plan["state"] = "starting"
+        elif driver.finished:
+            plan["state"] = "finishing"
+        elif driver.draining_to is not None:
+            plan["state"] = "draining"
+            plan["draining_to"] = driver.draining_to.concurrency
+        else:
+            plan["state"] = "running"
+        if step is not None and driver is not None:
+            plan["step_number"] = step.index + 1
+            started = driver.step_started_unix_s
+            if plan["state"] == "running" and started is not None and not config.open_loop:
+                hold = driver.hold_for(step)
+                plan["step_left_s"] = round(max(0.0, hold.hold_s - (time.time() - started)), 1)
+        return plan
 
     def _on_step(self, step: Any) -> None:
         if self.config.processes > 1 and self.runner is not None:
@@ -284,6 +335,9 @@ class Session:
         import gevent
 
         def interrupt() -> None:
+            if self.lingering:  # the run is over: Ctrl-C only stops the web UI serving its verdict
+                self._linger_over = True
+                return
             self.interrupted = True
             if self.context is not None:
                 self.context.stopping = True
@@ -299,8 +353,40 @@ class Session:
         self.progress = ProgressView(self, self.console, live=self.config.live)
         self.progress.start()
 
+    # -- after the run: the web UI serves the verdict --------------------------------------------
+    def serve_verdict(self, final: dict[str, Any], keep_s: float | None) -> None:
+        """With ``--web``: keep the web UI up with the run's verdict until Ctrl-C / SIGTERM, or for
+        ``keep_s`` seconds when given (0: not at all). Locust is already stopped; only its web
+        server and the oomload tab still answer."""
+        import gevent
+
+        if self.web_ui is None:
+            return
+        self.final = final
+        if self.interrupted or (keep_s is not None and keep_s <= 0):  # Ctrl-C came while reporting
+            return
+        self.lingering = True
+        web = f"http://{self.config.web_host}:{self.config.web_port}/?tab=oomload"
+        until = "until Ctrl-C" if keep_s is None else f"for {keep_s:g} s (or until Ctrl-C)"
+        self.console.print(
+            f"[bold]The run is over.[/] The web UI keeps serving its verdict at {web} {until}.",
+            highlight=False,
+        )
+        deadline = None if keep_s is None else time.time() + keep_s
+        while not self._linger_over and (deadline is None or time.time() < deadline):
+            gevent.sleep(0.2)
+        self.lingering = False
+
+    def close_web(self) -> None:
+        if self.web_ui is not None:
+            self.web_ui.stop()
+            self.web_ui = None
+            sys.argv = self._saved_argv
+
     # -- teardown --------------------------------------------------------------------------------
-    def shutdown(self) -> None:
+    def shutdown(self, *, keep_web: bool = False) -> None:
+        """Stop Locust, the workers and the samplers; the web UI too unless ``keep_web`` (the runner
+        then serves the verdict with it and closes it, ``serve_verdict`` and ``close_web``)."""
         if self.context is not None:
             self.context.stopping = True
         if self.progress is not None:
@@ -313,9 +399,8 @@ class Session:
                     self.pool.send_stop(0.0)
             with contextlib.suppress(Exception):
                 self.runner.quit()
-        if self.web_ui is not None:
-            self.web_ui.stop()
-            sys.argv = self._saved_argv
+        if not keep_web:
+            self.close_web()
         self.pool.wait()
         if self.poller is not None:
             self.poller.stop()

@@ -135,6 +135,20 @@ class StepDriver:
     def finished(self) -> bool:
         return self.end_reason is not None
 
+    @property
+    def draining_to(self) -> StepPlan | None:
+        """The lower step waiting for the requests in flight to drain to its level (else ``None``)."""
+        return None if self._settling is None else self._settling[0]
+
+    @property
+    def step_started_unix_s(self) -> float | None:
+        """When the current step began (``None`` before the first)."""
+        return None if self.current is None else self._step_start_s
+
+    def hold_for(self, step: StepPlan) -> Hold:
+        """The hold a step runs for (warmup steps have their own)."""
+        return self.warmup_hold if step.phase == "warmup" else self.hold
+
     def tick(self) -> tuple[int, float] | None:
         """Locust's shape contract: ``(users, spawn_rate)`` for now, or ``None`` to stop."""
         if self.finished:
@@ -175,8 +189,8 @@ class StepDriver:
         in_flight = self.meter.in_flight()
         if now < deadline and (in_flight is None or in_flight > step.concurrency):
             return step.concurrency, SPAWN_RATE
-        self._settling = None
         baseline = self.boundary_scrape()  # the users are idle while settling: a fresh baseline
+        self._settling = None  # after the scrape: until the step begins, the run still reads "draining"
         return self._begin(step, self.clock(), baseline)
 
     def _step_end_reason(self, now: float) -> str | None:
@@ -189,8 +203,7 @@ class StepDriver:
         completed = self.meter.completed()
         if self.step_done is not None:
             return "hold_done" if self.step_done(elapsed, completed) else None
-        hold = self.warmup_hold if self.current.phase == "warmup" else self.hold
-        return "hold_done" if hold.done(elapsed, completed) else None
+        return "hold_done" if self.hold_for(self.current).done(elapsed, completed) else None
 
     def _follow(
         self, decision: Decision, now: float, boundary: Mapping[str, Any] | None = None

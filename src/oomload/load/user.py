@@ -2,12 +2,12 @@
 
 Each user takes the next request from the process's ``ReplayContext``, sends it with
 ``oomload.load.http.send`` (a fresh connection per request; see that module for why), writes the
-``RequestResult`` to the run directory and reports to Locust's statistics so its UI, CSV and HTML
-show the run:
-
-* ``POST <endpoint path>``: response time = end-to-end ms, response length = completion tokens
-  (from ``usage``), failure = ``"<outcome>: <reason>"`` for any outcome but ok;
-* ``TTFT <endpoint path>``: response time = time to first token, for every request that got one.
+``RequestResult`` to the run directory and reports it to Locust's statistics so its UI, CSV and HTML
+show the run: one entry per request, ``POST <endpoint path>`` — response time = end-to-end ms,
+response length = completion tokens (from ``usage``), failure = ``"<outcome>: <reason>"`` for any
+outcome but ok. TTFT is not a request, so it stays out of Locust's statistics (a second entry doubled
+the header's RPS and mixed TTFT into the Response Times chart): it is in the ``RequestResult``, and
+the web UI's oomload tab and the report show it as its own metric.
 
 Nothing sent is lost. A user stopped by Locust mid-request is written as a ``cancelled`` result (its
 start time, lengths, and the TTFT and token events seen so far). The runner makes that rare: a step
@@ -110,15 +110,6 @@ class ReplayUser(User):
             exception=failure,
             context={},
         )
-        if ex.ttft_ms is not None:
-            fire(
-                request_type="TTFT",
-                name=request.path,
-                response_time=ex.ttft_ms,
-                response_length=0,
-                exception=None,
-                context={},
-            )
 
 
 def needs_backoff(ex: Exchange) -> bool:

@@ -1,29 +1,47 @@
 """The server's side of the run in Locust's web UI (``oomload replay --web``).
 
 Locust's UI shows what the client sees; this extension adds what the server and the GPU show, as the
-run goes, in three places (following Locust's ``examples/extend_web_ui``):
+run goes and after it ends (following Locust's ``examples/extend_web_ui``):
 
-* an **oomload** tab next to Statistics/Charts: a table of rows (step, target and achieved
-  concurrency, KV-cache usage, preemptions since the start, running/waiting requests, GPU memory,
-  outcomes, server death) that refreshes with Locust's own statistics poll — the rows ride along in
-  the ``extended_stats`` of ``/stats/requests``;
-* ``GET /oomload/telemetry``: the same snapshot as JSON (the latest ``/metrics`` record, the latest
-  GPU sample, the step), for scripts and dashboards;
-* ``GET /oomload``: a small self-refreshing HTML page of the snapshot.
+* an **oomload** tab next to Statistics/Charts. Locust renders an extended tab as a table of rows
+  (step, target and achieved concurrency, KV-cache usage, preemptions, running/waiting requests, GPU
+  memory, TTFT, outcomes, server death), which ride along in the ``extended_stats`` of
+  ``/stats/requests``; a small script added to Locust's page (``/oomload/tab.js``) lays the cockpit
+  page over that tab;
+* ``GET /oomload``: the cockpit page (``static/cockpit.html``, no network, no library): the plan
+  ("step 4 of 5 · levels 1,2,4,8,16 · 2.1 s left", a *draining* state while a lower step waits for
+  the requests in flight), a SIMULATED badge against the simulator, live charts of KV usage,
+  preemptions, running/waiting and GPU memory with the steps shaded and the first preemption marked,
+  and, once the run is over, the verdict, the ``vllm serve`` line and a link to ``report.html``;
+* ``GET /oomload/telemetry``: the snapshot as JSON (the latest ``/metrics`` record, the latest GPU
+  sample, the step and the plan, TTFT, the verdict when the run is over), for scripts and dashboards;
+* ``GET /oomload/timeline``: the charts' series (``oomload.load.livefeed``), read from the run
+  directory as it grows — the same files the report draws;
+* ``GET /oomload/report``: the run's ``report.html`` once written.
+
+When the run is over Locust is stopped but its web server keeps answering (``Session.serve_verdict``):
+its NEW button cannot start anything, so ``POST /swarm`` answers that the run is over and the page
+script hides the button.
 
 ``snapshot`` is the runner's ``telemetry_snapshot``: it only reads the latest samples, never scrapes.
 """
 
 from __future__ import annotations
 
-import html
 import json
 from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
+from oomload.verdict import kv_percent
+
 TAB_KEY = "oomload"
-TELEMETRY_PATH = "/oomload/telemetry"
 PAGE_PATH = "/oomload"
+TELEMETRY_PATH = "/oomload/telemetry"
+TIMELINE_PATH = "/oomload/timeline"
+REPORT_PATH = "/oomload/report"
+TAB_SCRIPT_PATH = "/oomload/tab.js"
 _STATS_PATH = "/stats/requests"
 GIB = 2**30
 
@@ -31,20 +49,24 @@ GIB = 2**30
 def telemetry_rows(snapshot: dict[str, Any]) -> list[dict[str, str]]:
     """The tab's rows (``{"what", "value"}``) from a snapshot; unknown values read ``?``."""
     rows: list[tuple[str, str]] = []
+    plan = snapshot.get("plan") or {}
+    if plan.get("state"):
+        rows.append(("run", plan_text(plan, snapshot.get("step"))))
     step = snapshot.get("step")
-    if step:
+    if step and plan.get("state") == "over":  # the load has stopped: no "now" to show for it
+        rows.append(("last step", f"{step['index']} ({step['phase']}, concurrency {step['concurrency']})"))
+    elif step:
         achieved = snapshot.get("achieved_concurrency")
-        rows.append(("step", f"{step['index']} ({step['phase']})"))
-        rows.append(
-            (
-                "concurrency",
-                f"target {step['concurrency']}"
-                + ("" if achieved is None else f" · achieved {float(achieved):.1f}"),
-            )
-        )
+        held = "" if achieved is None else f" · achieved {float(achieved):.1f}"
+        if plan.get("state") == "draining":  # the step is over; the next waits for the drain
+            rows.append(("step", f"{step['index']} ({step['phase']}) ended · draining"))
+            rows.append(("concurrency", f"next target {plan.get('draining_to')}{held}"))
+        else:
+            rows.append(("step", f"{step['index']} ({step['phase']})"))
+            rows.append(("concurrency", f"target {step['concurrency']}{held}"))
     metrics = snapshot.get("metrics") or {}
     kv = metrics.get("kv_cache_usage")
-    rows.append(("KV cache usage", "?" if kv is None else f"{float(kv) * 100:.1f} %"))
+    rows.append(("KV cache usage", "?" if kv is None else kv_percent(float(kv))))
     pre = snapshot.get("preemptions_since_start")
     rows.append(("preemptions since start", "?" if pre is None else str(pre)))
     rows.append(("running requests", _text(metrics.get("num_requests_running"))))
@@ -55,20 +77,111 @@ def telemetry_rows(snapshot: dict[str, Any]) -> list[dict[str, str]]:
         rows.append(("GPU memory", f"{used / GIB:.2f} / {total / GIB:.2f} GiB ({gpu.get('source', '?')})"))
     else:
         rows.append(("GPU memory", "not sampled"))
+    ttft = snapshot.get("ttft") or {}
+    if ttft:
+        rows.append(("TTFT (this step)", ttft_text(ttft.get("step"))))
+        rows.append(("TTFT (run)", ttft_text(ttft.get("run"))))
     outcomes = snapshot.get("outcomes") or {}
     rows.append(("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "none yet"))
     if snapshot.get("server_dead"):
         rows.append(("server dead", str(snapshot["server_dead"])))
+    final = snapshot.get("final")
+    if final and final.get("flag_line"):
+        rows.append(("recommendation", str(final["flag_line"])))
     return [{"what": what, "value": value} for what, value in rows]
+
+
+def plan_text(plan: dict[str, Any], step: dict[str, Any] | None) -> str:
+    """``step 3 (ramp, concurrency 8) · 4 of 5 planned · levels 1,2,4,8,16 · 2.1 s left``; while a lower
+    step waits, ``… · draining to concurrency 12``; ``over`` once the run is over. Step numbers are
+    the run directory's (from 0), as in the report."""
+    levels = ",".join(str(level) for level in plan.get("levels") or [])
+    state = plan.get("state")
+    if state == "over":
+        return f"over · levels {levels}"
+    if state == "starting" or step is None:
+        return f"starting · levels {levels}"
+    number, planned = plan.get("step_number"), plan.get("planned_steps")
+    where = f"step {step['index']} ({step['phase']}, concurrency {step['concurrency']})"
+    if number is not None and planned and number <= planned:
+        where += f" · {number} of {planned} planned"
+    parts = [where, f"levels {levels}" + (" + refinement" if plan.get("refine") else "")]
+    if state == "draining":
+        parts.append(f"draining to concurrency {plan.get('draining_to')}")
+    elif state == "finishing":
+        parts.append("schedule done, draining the last requests")
+    elif plan.get("step_left_s") is not None:
+        parts.append(f"{float(plan['step_left_s']):.1f} s left")
+    return " · ".join(parts)
+
+
+def ttft_text(latency: dict[str, Any] | None) -> str:
+    """``p50 120 ms · p99 1.25 s · n=37`` (ok requests)."""
+    if not latency or not latency.get("n"):
+        return "no ok request yet"
+    return f"p50 {_ms(latency['p50_ms'])} · p99 {_ms(latency['p99_ms'])} · n={latency['n']}"
+
+
+def _ms(value: float) -> str:
+    return f"{value / 1000:.2f} s" if value >= 1000 else f"{value:.0f} ms"
 
 
 def _text(value: object) -> str:
     return "?" if value is None else str(value)
 
 
-def extend_web_ui(web_ui: Any, snapshot: Callable[[], dict[str, Any]]) -> None:
-    """Add the oomload tab, ``/oomload/telemetry`` and ``/oomload`` to a Locust ``WebUI``."""
-    from flask import Response, request
+def final_state(run_dir: Path, exit_code: int) -> dict[str, Any]:
+    """What the web UI shows once the run is over: the findings, the ``vllm serve`` line, the settings,
+    the onset and death times (for the charts) and whether ``report.html`` exists."""
+    from oomload.recommend import recommend
+    from oomload.report.findings import describe
+    from oomload.runview import load_run
+    from oomload.verdict import build_verdict
+
+    state: dict[str, Any] = {
+        "exit_code": int(exit_code),
+        "run_dir": str(run_dir),
+        "report": (run_dir / "report.html").exists(),
+    }
+    try:
+        verdict = build_verdict(load_run(run_dir))
+    except Exception as err:  # the terminal already said why; the page says it could not judge
+        state["error"] = f"no verdict: {err}"
+        return state
+    recommendation = recommend(verdict)
+    onset, death = verdict.preemption_onset, verdict.engine_death
+    state.update(
+        findings=[
+            {"key": f.key, "label": f.label, "text": f.text, "severity": f.severity}
+            for f in describe(verdict, recommendation)
+            if f.key != "recommendation"
+        ],
+        flag_line=recommendation.flag_line,
+        reasoning=recommendation.reasoning,
+        settings=[
+            {"flag": s.flag, "recommended": s.shown, "reason": s.reason} for s in recommendation.settings
+        ],
+        onset=None
+        if onset is None
+        else {"concurrency": onset.concurrency, "t_unix_s": onset.t_unix_s, "step": onset.step},
+        death=None if death is None else {"concurrency": death.concurrency, "t_unix_s": death.t_unix_s},
+    )
+    return state
+
+
+def _static(name: str) -> str:
+    return resources.files("oomload.load").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def extend_web_ui(
+    web_ui: Any, snapshot: Callable[[], dict[str, Any]], feed: Any = None, run_dir: Path | None = None
+) -> None:
+    """Add the oomload tab and the ``/oomload…`` routes to a Locust ``WebUI`` (module docstring).
+
+    ``feed`` is a ``LiveFeed`` over the run directory (the charts and TTFT); ``run_dir`` holds
+    ``report.html`` once the run is over.
+    """
+    from flask import Response, jsonify, request
 
     app = web_ui.app
     web_ui.template_args["extended_tabs"] = [{"title": "oomload", "key": TAB_KEY}]
@@ -76,24 +189,48 @@ def extend_web_ui(web_ui: Any, snapshot: Callable[[], dict[str, Any]]) -> None:
         {"key": TAB_KEY, "structure": [{"key": "what", "title": "What"}, {"key": "value", "title": "Now"}]}
     ]
 
+    def full_snapshot() -> dict[str, Any]:
+        snap = snapshot()
+        if feed is not None:
+            feed.poll()
+            step = snap.get("step")
+            snap["ttft"] = feed.ttft(None if not step else int(step["index"]))
+        snap["rows"] = telemetry_rows(snap)
+        return snap
+
     def oomload_telemetry() -> Response:
-        return Response(json.dumps(snapshot(), default=str), mimetype="application/json")
+        return Response(json.dumps(full_snapshot(), default=str), mimetype="application/json")
+
+    def oomload_timeline() -> Response:
+        if feed is None:
+            return Response(json.dumps({"t0_unix_s": None}), mimetype="application/json")
+        feed.poll()
+        return Response(json.dumps(feed.timeline(), default=str), mimetype="application/json")
 
     def oomload_page() -> Response:
-        rows = "".join(
-            f"<tr><th>{html.escape(r['what'])}</th><td>{html.escape(r['value'])}</td></tr>"
-            for r in telemetry_rows(snapshot())
-        )
-        page = (
-            '<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="1">'
-            "<title>oomload telemetry</title><style>body{font-family:sans-serif}th{text-align:left;"
-            "padding-right:1em}</style></head><body><h1>oomload: the server's side</h1>"
-            f'<table>{rows}</table><p><a href="./">Locust</a> · <a href=".{TELEMETRY_PATH}">JSON</a></p>'
-            "</body></html>"
-        )
-        return Response(page, mimetype="text/html")
+        return Response(_static("cockpit.html"), mimetype="text/html")
 
-    def add_oomload_rows(response: Response) -> Response:
+    def oomload_tab_script() -> Response:
+        return Response(_static("tab.js"), mimetype="application/javascript")
+
+    def oomload_report() -> Response:
+        page = None if run_dir is None else run_dir / "report.html"
+        if page is None or not page.exists():
+            return Response("report.html is written when the run is over", status=404, mimetype="text/plain")
+        return Response(page.read_text(encoding="utf-8"), mimetype="text/html")
+
+    def refuse_new_run() -> Any:
+        swarm = request.path.rstrip("/").endswith("/swarm") and request.method == "POST"
+        if swarm and snapshot().get("final") is not None:
+            return jsonify(
+                {"success": False, "message": "this oomload run is over; start another with oomload replay"}
+            )
+        return None
+
+    def after(response: Response) -> Response:
+        if request.path == "/" and response.mimetype == "text/html":
+            _add_tab_script(response)
+            return response
         if request.path != _STATS_PATH or response.mimetype != "application/json":
             return response
         try:
@@ -101,11 +238,23 @@ def extend_web_ui(web_ui: Any, snapshot: Callable[[], dict[str, Any]]) -> None:
         except ValueError:
             return response
         extended = [e for e in body.get("extended_stats") or [] if e.get("key") != TAB_KEY]
-        extended.append({"key": TAB_KEY, "data": telemetry_rows(snapshot())})
+        extended.append({"key": TAB_KEY, "data": full_snapshot()["rows"]})
         body["extended_stats"] = extended
         response.set_data(json.dumps(body))
         return response
 
     app.add_url_rule(TELEMETRY_PATH, "oomload_telemetry", oomload_telemetry)
+    app.add_url_rule(TIMELINE_PATH, "oomload_timeline", oomload_timeline)
     app.add_url_rule(PAGE_PATH, "oomload_page", oomload_page)
-    app.after_request(add_oomload_rows)
+    app.add_url_rule(TAB_SCRIPT_PATH, "oomload_tab_script", oomload_tab_script)
+    app.add_url_rule(REPORT_PATH, "oomload_report", oomload_report)
+    app.before_request(refuse_new_run)
+    app.after_request(after)
+
+
+def _add_tab_script(response: Any) -> None:
+    """Locust's page gains ``<script src="./oomload/tab.js">`` (the cockpit over the oomload tab)."""
+    page = response.get_data(as_text=True)
+    tag = f'<script src=".{TAB_SCRIPT_PATH}"></script>'
+    if tag not in page and "</body>" in page:
+        response.set_data(page.replace("</body>", f"{tag}</body>", 1))

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from oomload.gate import GateResult, GateStatus
 from oomload.recommend import Recommendation
 from oomload.report.findings import STEP_COLUMNS, STEP_LEGEND, describe, step_row
+from oomload.report.metadata import run_metadata
 from oomload.report.plots import plot_by_concurrency, plot_lengths, plot_timeline
 from oomload.runview import RunView
 from oomload.verdict import Verdict
@@ -26,6 +27,7 @@ th{background:#f3f3f3}td.l,th.l{text-align:left}th.l,td code{white-space:nowrap}
 .cut{background:#fff8c5;border:1px solid #d4a72c;padding:8px 12px;margin:12px 0}
 pre.flags{background:#f6f8fa;padding:10px;border:1px solid #ddd;white-space:pre-wrap}
 img{max-width:100%;border:1px solid #eee;margin:6px 0}
+p.note{font-size:.85em;color:#555;margin:4px 0}
 """
 DECODE_SCRIPT = """
 window.addEventListener('load',function(){document.querySelectorAll('img.plot').forEach(function(i){
@@ -57,9 +59,13 @@ def render_html(
     out.append("<table>")
     for f in describe(verdict, recommendation):
         if f.key != "recommendation":
-            out.append(f'<tr><th class="l">{e(f.label)}</th><td class="l {f.severity}">{e(f.text)}</td></tr>')
+            out.append(
+                f'<tr><th class="l">{e(f.label)}</th>'
+                f'<td class="l {f.severity}" data-key="{e(f.key)}">{e(f.text)}</td></tr>'
+            )
     out.append("</table>")
-    out += ["<h2>Recommendation</h2>", f'<pre class="flags">{e(recommendation.flag_line)}</pre>']
+    flag_line = e(recommendation.flag_line)
+    out += ["<h2>Recommendation</h2>", f'<pre class="flags" id="flag-line">{flag_line}</pre>']
     out.append(f"<p>{e(recommendation.reasoning)}</p><table><tr>")
     out.append(
         "".join(f'<th class="l">{h}</th>' for h in ("flag", "recommended", "current", "why")) + "</tr>"
@@ -67,7 +73,7 @@ def render_html(
     for setting in recommendation.settings:
         out.append(
             f'<tr><td class="l"><code>{e(setting.flag)}</code></td>'
-            f"<td>{'—' if setting.value is None else e(str(setting.value))}</td>"
+            f"<td>{e(setting.shown)}</td>"
             f"<td>{'—' if setting.current is None else e(str(setting.current))}</td>"
             f'<td class="l">{e(setting.reason)}</td></tr>'
         )
@@ -96,30 +102,47 @@ def render_html(
         )
     else:
         out.append("<p>No caveats.</p>")
+    out.append('<h2>Run</h2><table class="meta" id="run-metadata">')
+    for label, text in run_metadata(view, verdict):
+        out.append(f'<tr><th class="l">{e(label)}</th><td class="l">{e(text)}</td></tr>')
+    out.append("</table>")
     plots = (
         (
             "timeline",
             "KV usage, preemptions, running/waiting and device memory over time",
             plot_timeline(view, verdict),
+            "Steps are shaded by phase (ramp blue, refinement orange) and labelled with their concurrency "
+            "(12r: a refinement step at 12). A hatched gap is the drain before a lower step: no step "
+            "runs while the higher step's requests finish, until the requests in flight fall to the "
+            "lower level; what is measured then belongs to the step before it.",
         ),
         (
             "by-concurrency",
             "Latency and throughput against concurrency, onsets marked",
             plot_by_concurrency(verdict),
+            "P50 solid, P99 dashed; n = the ok requests behind each point. Throughput is what each "
+            "step completed while it held its level, as in the per-step table.",
         ),
         (
             "lengths",
             "Trace length histograms with the recommended max_model_len",
             plot_lengths(view, verdict, recommendation),
+            "",
         ),
     )
-    for key, caption, png in plots:
+    for key, caption, png, note in plots:
         data = base64.b64encode(png).decode("ascii")
         out.append(f"<h2>{e(caption)}</h2>")
+        if note:
+            out.append(f'<p class="note">{e(note)}</p>')
         out.append(
             f'<img class="plot" id="plot-{key}" alt="{e(caption)}" src="data:image/png;base64,{data}">'
         )
-    out.append("<h2>Per step</h2><table><tr>" + "".join(f"<th>{e(c)}</th>" for c in STEP_COLUMNS) + "</tr>")
+    out.append(
+        '<h2>Per step</h2><table id="per-step"><tr>'
+        + "".join(f"<th>{e(c)}</th>" for c in STEP_COLUMNS)
+        + "</tr>"
+    )
     for s in verdict.steps:
         cells = "".join(f"<td{' class=l' if i == 2 else ''}>{e(c)}</td>" for i, c in enumerate(step_row(s)))
         out.append(f"<tr>{cells}</tr>")

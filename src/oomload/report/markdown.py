@@ -42,7 +42,7 @@ def render_markdown(
     settings = [s for s in recommendation.settings]
     lines += ["| flag | recommended | current | why |", "|---|---|---|---|"]
     for setting in settings:
-        value = "—" if setting.value is None else setting.value
+        value = _esc(setting.shown)
         current = "—" if setting.current is None else setting.current
         lines.append(f"| `{setting.flag}` | {value} | {current} | {_esc(setting.reason)} |")
     if gate_results:

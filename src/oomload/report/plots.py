@@ -1,10 +1,17 @@
 """The report's plots, drawn with matplotlib's object API (no pyplot, no global state) into PNG bytes.
 
-* ``plot_timeline`` — KV usage, preemptions per scrape, running / waiting, device memory used, over
-  seconds since the run started, with each step shaded and labelled by its concurrency;
-* ``plot_by_concurrency`` — TTFT / e2e latency and throughput against concurrency, onsets marked;
-* ``plot_lengths`` — the trace's prompt / output / total length histograms with the P99 and the
-  recommended ``max_model_len``.
+* ``plot_timeline`` — KV usage (with the 99 % saturation line), preemptions per scrape, running /
+  waiting, device memory used, over seconds since the run started. Steps are shaded by phase (ramp
+  blue, refinement orange, warmup grey) and labelled with their concurrency; the drain before a lower
+  step (its requests in flight falling to the lower level; no step runs) is hatched; the preemption
+  onset and the engine's death are vertical lines; one legend names every line and shade;
+* ``plot_by_concurrency`` — TTFT, TPOT and end-to-end latency, each on its own axes at P50 and P99
+  with the ok requests behind each point (``n=``), and throughput (req/s and output tok/s on two
+  axes in two colours) against concurrency, onsets marked and named in the legends;
+* ``plot_lengths`` — the trace's prompt / output / total length histograms (requests per bin) with
+  the P99 and the recommended ``max_model_len``.
+
+Counts (preemptions, requests) get whole-number ticks.
 """
 
 from __future__ import annotations
@@ -12,22 +19,31 @@ from __future__ import annotations
 import io
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FixedFormatter, FixedLocator, NullLocator
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FixedFormatter, FixedLocator, MaxNLocator, NullLocator
 
 from oomload.recommend import Recommendation
 from oomload.runview import RunView
-from oomload.verdict import Verdict
+from oomload.stepfacts import LatencyStats
+from oomload.verdict import KV_SATURATED, Verdict
 
 DPI = 96
-SHADES = ("#e8eef7", "#f7f0e8")
+SHADES = {"ramp": ("#e8eef7", "#d9e3f2"), "refine": ("#f7eadb", "#f0dcc3"), "warmup": ("#eeeeee", "#e4e4e4")}
+LABEL_COLORS = {"ramp": "#1f4e89", "refine": "#a35200", "warmup": "#555555"}
+DRAIN_HATCH = "////"
+ONSET_COLOR, DEATH_COLOR, SAFE_COLOR = "#d62728", "black", "#2ca02c"
+REQ_COLOR, TOK_COLOR = "#1f77b4", "#ff7f0e"
 
 
 def plot_timeline(view: RunView, verdict: Verdict) -> bytes:
-    fig = Figure(figsize=(11, 8.5), dpi=DPI)
+    fig = Figure(figsize=(11, 9), dpi=DPI)
     axes = fig.subplots(4, 1, sharex=True)
     t0 = _t0(view)
     ok = [m for m in view.metrics if m.get("ok")]
@@ -38,40 +54,81 @@ def plot_timeline(view: RunView, verdict: Verdict) -> bytes:
 
     ax_kv, ax_pre, ax_q, ax_mem = axes
     ax_kv.plot(t, [v * 100 for v in series("kv_cache_usage")], color="#1f77b4", marker=".", lw=1)
-    ax_kv.axhline(99, color="red", ls=":", lw=1)
+    ax_kv.axhline(KV_SATURATED * 100, color="red", ls=":", lw=1)
     ax_kv.set_ylabel("KV usage %")
     ax_kv.set_ylim(0, 105)
     ax_pre.bar(t, series("preemptions_delta"), width=max(_spacing(t) * 0.8, 0.05), color="#d62728")
-    ax_pre.set_ylabel("preemptions\n/scrape")
-    ax_q.plot(t, series("num_requests_running"), label="running", color="#2ca02c", lw=1)
-    ax_q.plot(t, series("num_requests_waiting"), label="waiting", color="#ff7f0e", lw=1)
+    ax_pre.set_ylabel("preemptions\nper scrape")
+    ax_pre.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_pre.set_ylim(bottom=0)
+    ax_q.plot(t, series("num_requests_running"), color="#2ca02c", lw=1)
+    ax_q.plot(t, series("num_requests_waiting"), color="#ff7f0e", lw=1)
     ax_q.set_ylabel("requests")
-    ax_q.legend(loc="upper left", fontsize=8)
+    ax_q.yaxis.set_major_locator(MaxNLocator(integer=True))
+    has_total = False
     if view.gpu:
         tg = [float(g["t_unix_s"]) - t0 for g in view.gpu]
         used = [float(g.get("used_bytes") or 0) / 2**30 for g in view.gpu]
-        ax_mem.plot(tg, used, color="#9467bd", lw=1, label="used")
+        ax_mem.plot(tg, used, color="#9467bd", lw=1)
         totals = [
             float(g["total_bytes"]) / 2**30
             for g in view.gpu
             if isinstance(g.get("total_bytes"), (int, float))
         ]
         if totals:
-            ax_mem.axhline(max(totals), color="grey", ls="--", lw=1, label="total")
-        ax_mem.legend(loc="upper left", fontsize=8)
+            ax_mem.axhline(max(totals), color="grey", ls="--", lw=1)
+            has_total = True
     else:
         ax_mem.text(0.5, 0.5, "no GPU samples", ha="center", va="center", transform=ax_mem.transAxes)
     ax_mem.set_ylabel("device GiB")
     ax_mem.set_xlabel("seconds since the run started")
+    phases: set[str] = set()
+    drained = False
     for ax in axes:
-        _shade_steps(ax, view, verdict, t0, label=ax is ax_kv)
+        phases, drained = _shade_steps(ax, view, t0, label=ax is ax_kv)
         ax.grid(alpha=0.3)
-    if verdict.engine_death is not None and verdict.engine_death.t_unix_s is not None:
-        for ax in axes:
-            ax.axvline(verdict.engine_death.t_unix_s - t0, color="black", lw=1.5, ls="--")
-    fig.suptitle("Memory pressure over time (steps shaded, labelled with their concurrency)")
-    fig.tight_layout()
+    marks = _time_marks(verdict, t0)
+    for ax in axes:
+        for x, style in marks:
+            ax.axvline(x, **style)
+    handles: list[Artist] = [
+        Line2D([], [], color="#1f77b4", marker=".", lw=1, label="KV usage"),
+        Line2D([], [], color="red", ls=":", lw=1, label=f"{KV_SATURATED:.0%} KV (saturation)"),
+        Patch(color="#d62728", label="preemptions"),
+        Line2D([], [], color="#2ca02c", lw=1, label="running"),
+        Line2D([], [], color="#ff7f0e", lw=1, label="waiting"),
+    ]
+    if view.gpu:
+        handles.append(Line2D([], [], color="#9467bd", lw=1, label="device memory used"))
+    if has_total:
+        handles.append(Line2D([], [], color="grey", ls="--", lw=1, label="device total"))
+    handles += [Line2D([], [], **style) for _, style in marks]
+    for phase, name in (("ramp", "ramp step"), ("refine", "refinement step"), ("warmup", "warmup")):
+        if phase in phases:
+            handles.append(Patch(facecolor=SHADES[phase][0], edgecolor="#bbb", label=f"{name} (concurrency)"))
+    if drained:
+        handles.append(
+            Patch(facecolor="white", edgecolor="#aaa", hatch=DRAIN_HATCH, label="drain before a lower step")
+        )
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.suptitle("Memory pressure over time (steps shaded and labelled with their concurrency)")
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     return _png(fig)
+
+
+def _time_marks(verdict: Verdict, t0: float) -> list[tuple[float, dict[str, Any]]]:
+    """The onset and the death as (seconds since t0, line style with its legend label)."""
+    marks: list[tuple[float, dict[str, Any]]] = []
+    onset = verdict.preemption_onset
+    if onset is not None and onset.t_unix_s is not None:
+        label = f"preemption onset (concurrency {onset.concurrency})"
+        marks.append((onset.t_unix_s - t0, {"color": ONSET_COLOR, "lw": 1.2, "ls": "-.", "label": label}))
+    death = verdict.engine_death
+    if death is not None and death.t_unix_s is not None:
+        marks.append(
+            (death.t_unix_s - t0, {"color": DEATH_COLOR, "lw": 1.5, "ls": "--", "label": "engine death"})
+        )
+    return marks
 
 
 def plot_by_concurrency(verdict: Verdict) -> bytes:
@@ -79,44 +136,75 @@ def plot_by_concurrency(verdict: Verdict) -> bytes:
 
 
 def figure_by_concurrency(verdict: Verdict) -> Figure:
-    """Latency and throughput against concurrency, ticks at the measured levels, onsets marked."""
-    fig = Figure(figsize=(11, 4.2), dpi=DPI)
-    ax_lat, ax_thr = fig.subplots(1, 2)
+    """TTFT, TPOT, e2e latency (each its own axes, P50 and P99, ``n=`` per point) and throughput
+    against concurrency; ticks at the measured levels, onsets marked."""
+    fig = Figure(figsize=(11, 7.6), dpi=DPI)
+    (ax_ttft, ax_tpot), (ax_e2e, ax_thr) = fig.subplots(2, 2)
     steps = sorted((s for s in verdict.measured_steps if s.requests), key=lambda s: s.concurrency)
     c = [s.concurrency for s in steps]
-
-    def plot(ax: Axes, values: Sequence[float | None], label: str, style: str) -> None:
-        pts = [(x, v) for x, v in zip(c, values, strict=True) if v is not None]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
-
-    plot(ax_lat, [None if s.ttft.p50_ms is None else s.ttft.p50_ms / 1000 for s in steps], "TTFT P50", "o-")
-    plot(ax_lat, [None if s.ttft.p99_ms is None else s.ttft.p99_ms / 1000 for s in steps], "TTFT P99", "o--")
-    plot(ax_lat, [None if s.e2e.p99_ms is None else s.e2e.p99_ms / 1000 for s in steps], "e2e P99", "s:")
-    ax_lat.set_ylabel("seconds")
-    ax_lat.set_title("Latency vs concurrency")
-    plot(ax_thr, [s.req_per_s for s in steps], "req/s", "o-")
+    latencies = (
+        (ax_ttft, "TTFT (time to first token)", [s.ttft for s in steps], "#1f77b4"),
+        (ax_tpot, "TPOT (mean inter-token latency)", [s.tpot for s in steps], "#9467bd"),
+        (ax_e2e, "End-to-end latency", [s.e2e for s in steps], "#8c564b"),
+    )
+    for ax, title, stats, color in latencies:
+        _plot_latency(ax, c, stats, color)
+        ax.set_title(title, fontsize=10)
+    req = [(x, s.req_per_s) for x, s in zip(c, steps, strict=True) if s.req_per_s is not None]
+    tok = [
+        (x, s.output_tokens_per_s) for x, s in zip(c, steps, strict=True) if s.output_tokens_per_s is not None
+    ]
+    if req:
+        ax_thr.plot([p[0] for p in req], [p[1] for p in req], "o-", color=REQ_COLOR, label="req/s")
     ax_tok = ax_thr.twinx()
-    plot(ax_tok, [s.output_tokens_per_s for s in steps], "output tok/s", "s--")
-    ax_tok.set_ylabel("output tokens/s")
-    ax_thr.set_ylabel("requests/s")
-    ax_thr.set_title("Throughput vs concurrency")
-    for ax in (ax_lat, ax_thr):
+    if tok:
+        ax_tok.plot([p[0] for p in tok], [p[1] for p in tok], "s--", color=TOK_COLOR, label="output tok/s")
+    ax_thr.set_ylabel("requests/s", color=REQ_COLOR)
+    ax_thr.tick_params(axis="y", colors=REQ_COLOR)
+    ax_tok.set_ylabel("output tokens/s", color=TOK_COLOR)
+    ax_tok.tick_params(axis="y", colors=TOK_COLOR)
+    ax_thr.set_ylim(bottom=0)
+    ax_tok.set_ylim(bottom=0)
+    ax_thr.set_title("Throughput while each step held (the steps.jsonl end line)", fontsize=10)
+    for ax in (ax_ttft, ax_tpot, ax_e2e, ax_thr):
         ax.set_xlabel("concurrency")
         if c and min(c) > 0 and max(c) / min(c) >= 8:
             ax.set_xscale("log", base=2)
         _level_ticks(ax, sorted(set(c)))
         _mark_onsets(ax, verdict)
         ax.grid(alpha=0.3)
-    for ax, extra in ((ax_lat, None), (ax_thr, ax_tok)):
+    for ax, extra in ((ax_ttft, None), (ax_tpot, None), (ax_e2e, None), (ax_thr, ax_tok)):
         handles, labels = ax.get_legend_handles_labels()
         if extra is not None:
             more_handles, more_labels = extra.get_legend_handles_labels()
             handles, labels = handles + more_handles, labels + more_labels
         if handles:
-            ax.legend(handles, labels, loc="upper left", fontsize=8)
+            ax.legend(handles, labels, loc="upper left", fontsize=7)
+    fig.suptitle("Latency and throughput against concurrency (n = ok requests behind each point)")
     fig.tight_layout()
     return fig
+
+
+def _plot_latency(ax: Axes, levels: Sequence[int], stats: Sequence[LatencyStats], color: str) -> None:
+    """P50 (solid) and P99 (dashed) of one latency, in ms or s by its size, ``n=`` over each P99."""
+    known = [
+        (x, s) for x, s in zip(levels, stats, strict=True) if s.p50_ms is not None and s.p99_ms is not None
+    ]
+    top = max((s.p99_ms or 0.0 for _, s in known), default=0.0)
+    scale, unit = (1000.0, "s") if top >= 1000 else (1.0, "ms")
+    xs = [x for x, _ in known]
+    p50 = [(s.p50_ms or 0.0) / scale for _, s in known]
+    p99 = [(s.p99_ms or 0.0) / scale for _, s in known]
+    if known:
+        ax.plot(xs, p50, "o-", color=color, label="P50")
+        ax.plot(xs, p99, "s--", color=color, alpha=0.7, label="P99")
+        for x, y, (_, s) in zip(xs, p99, known, strict=True):
+            ax.annotate(f"n={s.count}", (x, y), textcoords="offset points", xytext=(0, 5),
+                        ha="center", fontsize=7, color="#444")  # fmt: skip
+    else:
+        ax.text(0.5, 0.5, "no ok request", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel(unit)
+    ax.set_ylim(bottom=0, top=(max(p99) * 1.18) if p99 and max(p99) > 0 else None)
 
 
 def plot_lengths(view: RunView, verdict: Verdict, recommendation: Recommendation) -> bytes:
@@ -135,6 +223,9 @@ def plot_lengths(view: RunView, verdict: Verdict, recommendation: Recommendation
         if summary is not None:
             ax.axvline(summary.p99, color="orange", ls="--", lw=1.2, label=f"P99 {summary.p99:.0f}")
         ax.set_title(title)
+        ax.set_xlabel("tokens per request")
+        ax.set_ylabel("requests")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     recommended = recommendation.max_model_len.value
     if recommended is not None:  # a kept or KV-capped limit is no recommendation (recommend.py)
@@ -154,24 +245,46 @@ def plot_lengths(view: RunView, verdict: Verdict, recommendation: Recommendation
     return _png(fig)
 
 
-def _shade_steps(ax: Axes, view: RunView, verdict: Verdict, t0: float, *, label: bool) -> None:
-    for i, step in enumerate(view.steps):
+def _shade_steps(ax: Axes, view: RunView, t0: float, *, label: bool) -> tuple[set[str], bool]:
+    """Shade each step by phase, hatch the drain before the next step, label the concurrency.
+    Returns the phases drawn and whether a drain was."""
+    phases: set[str] = set()
+    drained = False
+    steps = view.steps
+    last_text_x, level = None, 0
+    span = max(1e-9, _t_end(view) - t0)
+    for i, step in enumerate(steps):
         b = step.boundary
         end = (
             b.end_unix_s
             if b.end_unix_s is not None
             else (view.metrics[-1]["t_unix_s"] if view.metrics else b.start_unix_s)
         )
-        color = "#eeeeee" if b.phase == "warmup" else SHADES[i % 2]
-        ax.axvspan(b.start_unix_s - t0, float(end) - t0, color=color, alpha=0.9, lw=0, zorder=0)
+        phase = b.phase if b.phase in SHADES else "ramp"
+        phases.add(phase)
+        ax.axvspan(
+            b.start_unix_s - t0, float(end) - t0, color=SHADES[phase][i % 2], alpha=0.9, lw=0, zorder=0
+        )
+        following = steps[i + 1].boundary.start_unix_s if i + 1 < len(steps) else None
+        if following is not None and following - float(end) > 1e-3:
+            drained = True
+            ax.axvspan(float(end) - t0, following - t0, facecolor="white", edgecolor="#bbbbbb",
+                       hatch=DRAIN_HATCH, lw=0, zorder=0)  # fmt: skip
         if label:
-            ax.text(
-                (b.start_unix_s + float(end)) / 2 - t0, 1.0, str(b.concurrency),
-                transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=7,
-            )  # fmt: skip
-    onset = verdict.preemption_onset
-    if onset is not None and onset.t_unix_s is not None:
-        ax.axvline(onset.t_unix_s - t0, color="#d62728", lw=1, ls="-.")
+            x = (b.start_unix_s + float(end)) / 2 - t0
+            # neighbouring labels closer than 3 % of the time axis take turns on two heights
+            level = 1 - level if last_text_x is not None and (x - last_text_x) / span < 0.03 else 0
+            last_text_x = x
+            text = str(b.concurrency) + ("r" if phase == "refine" else "w" if phase == "warmup" else "")
+            ax.text(x, 1.0 + 0.09 * level, text, transform=ax.get_xaxis_transform(), ha="center",
+                    va="bottom", fontsize=7, color=LABEL_COLORS[phase])  # fmt: skip
+    return phases, drained
+
+
+def _t_end(view: RunView) -> float:
+    ends = [s.boundary.end_unix_s or s.boundary.start_unix_s for s in view.steps]
+    ends += [float(m["t_unix_s"]) for m in view.metrics[-1:]]
+    return max(ends) if ends else 0.0
 
 
 def _level_ticks(ax: Axes, levels: Sequence[int]) -> None:
@@ -185,14 +298,16 @@ def _level_ticks(ax: Axes, levels: Sequence[int]) -> None:
 
 
 def _mark_onsets(ax: Axes, verdict: Verdict) -> None:
-    if verdict.preemption_onset is not None:
+    onset, death, safe = verdict.preemption_onset, verdict.engine_death, verdict.last_safe_concurrency
+    if onset is not None:
+        ax.axvline(onset.concurrency, color=ONSET_COLOR, ls="-.", lw=1.2,
+                   label=f"preemption onset ({onset.concurrency})")  # fmt: skip
+    if death is not None and death.concurrency is not None:
         ax.axvline(
-            verdict.preemption_onset.concurrency, color="#d62728", ls="-.", lw=1.2, label="preemption onset"
+            death.concurrency, color=DEATH_COLOR, ls="--", lw=1.2, label=f"engine death ({death.concurrency})"
         )
-    if verdict.engine_death is not None and verdict.engine_death.concurrency is not None:
-        ax.axvline(verdict.engine_death.concurrency, color="black", ls="--", lw=1.2, label="engine death")
-    if verdict.last_safe_concurrency is not None:
-        ax.axvline(verdict.last_safe_concurrency, color="#2ca02c", ls=":", lw=1.2, label="last safe")
+    if safe is not None:
+        ax.axvline(safe, color=SAFE_COLOR, ls=":", lw=1.2, label=f"last safe ({safe})")
 
 
 def _t0(view: RunView) -> float:

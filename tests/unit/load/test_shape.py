@@ -69,10 +69,13 @@ def test_a_lower_step_starts_once_the_surplus_has_drained() -> None:
     clock[0] += 1.0
     assert driver.tick() == (5, 100.0)  # still 8 in flight: settling
     assert meter.begun == [2, 8]
+    # the web UI says "draining to concurrency 5" meanwhile, not the old step as if it still ran
+    assert driver.draining_to is not None and driver.draining_to.concurrency == 5
     meter.in_flight_now = 5
     clock[0] += 0.5
     assert driver.tick() == (5, 100.0)
     assert meter.begun == [2, 8, 5]
+    assert driver.draining_to is None and driver.step_started_unix_s == 103.5
     start = sink.lines[-1]
     assert (start["event"], start["concurrency"], start["t_unix_s"]) == ("start", 5, 103.5)
 

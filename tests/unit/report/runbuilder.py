@@ -38,6 +38,7 @@ class StepSpec:
     # vLLM's share of the client's seconds for the requests that end in this step: when set (in any
     # step), every scrape carries the latency sums (``e2e_latency_seconds_sum`` …) accordingly
     server_share: float | None = None
+    end_extra: Mapping[str, Any] = field(default_factory=dict)  # more fields for the step's end line
 
 
 def write_run(
@@ -150,6 +151,7 @@ def write_run(
                     "phase": spec.phase,
                     "t_unix_s": t,
                     "reason": spec.end_reason,
+                    **spec.end_extra,
                 },
             )
         for request in extra_requests:

@@ -1,0 +1,67 @@
+"""The web UI's live charts read the run directory as it grows: only complete lines, once each, and a
+long run's preemptions are summed into buckets, never dropped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oomload.load import livefeed
+from oomload.load.livefeed import LiveFeed
+
+
+def _line(obj: dict[str, object]) -> str:
+    return json.dumps(obj) + "\n"
+
+
+def test_lines_are_read_once_and_a_torn_line_waits_for_its_end(tmp_path: Path) -> None:
+    feed = LiveFeed(tmp_path)
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text(
+        _line({"event": "start", "step": 0, "concurrency": 2, "phase": "ramp", "t_unix_s": 100.0})
+    )
+    metric = {"t_unix_s": 101.0, "ok": True, "kv_cache_usage": 0.5, "preemptions_delta": 0}
+    text = _line(metric)
+    (tmp_path / "metrics.jsonl").write_text(text[:10])  # torn mid-write
+    feed.poll()
+    assert feed.metrics == []
+    with open(tmp_path / "metrics.jsonl", "a") as fh:
+        fh.write(text[10:])
+    feed.poll()
+    feed.poll()
+    assert len(feed.metrics) == 1
+    with open(steps, "a") as fh:
+        fh.write(_line({"event": "end", "step": 0, "t_unix_s": 104.0, "reason": "hold_done"}))
+    (tmp_path / "requests.jsonl").write_text(
+        _line({"step": 0, "outcome": "ok", "ttft_ms": 10.0})
+        + _line({"step": 0, "outcome": "ok", "ttft_ms": 30.0})
+        + _line({"step": 0, "outcome": "server_error", "ttft_ms": 1.0})
+    )
+    feed.poll()
+    tl = feed.timeline()
+    assert tl["t0_unix_s"] == 100.0
+    assert tl["steps"] == [{"index": 0, "concurrency": 2, "phase": "ramp", "start_s": 0.0, "end_s": 4.0}]
+    assert tl["metrics"]["t_s"] == [1.0] and tl["metrics"]["kv_percent"] == [50.0]
+    assert feed.ttft(0) == {
+        "step": {"n": 2, "p50_ms": 10.0, "p99_ms": 30.0},
+        "run": {"n": 2, "p50_ms": 10.0, "p99_ms": 30.0},
+    }
+
+
+def test_a_long_run_is_bucketed_without_losing_a_preemption(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(livefeed, "MAX_POINTS", 10)
+    lines = "".join(
+        _line({"t_unix_s": 100.0 + i, "ok": True, "kv_cache_usage": i / 100, "preemptions_delta": 1})
+        for i in range(95)
+    )
+    (tmp_path / "metrics.jsonl").write_text(lines)
+    feed = LiveFeed(tmp_path)
+    feed.poll()
+    series = feed.timeline()["metrics"]
+    assert len(series["t_s"]) <= 10
+    assert sum(series["preemptions"]) == 95  # summed per bucket, none dropped
+    assert max(series["kv_percent"]) == 94.0  # the peak survives

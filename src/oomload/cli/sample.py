@@ -89,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
         with _output(args.out, default_stdout=not args.serve) as out, _signals_stop(stop):
             server = _serve(args.host, args.port, latest, latest_lock) if args.serve else None
             try:
+                if server is not None:  # the address is announced once /metrics has a sample to serve
+                    with contextlib.suppress(SamplerUnavailableError):
+                        latest[:] = source.sample()
                 _announce(args, source, out, server)
                 _loop(args, source, out, stop, latest, latest_lock)
             finally:

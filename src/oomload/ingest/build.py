@@ -33,7 +33,7 @@ from oomload.ingest.columns import batches_from_records, records_from_batch
 from oomload.ingest.detect import detect_format
 from oomload.ingest.mapping import ColumnMapping, check_jsonl_mapping, csv_layout, read_mapped_jsonl_records
 from oomload.ingest.mooncake import read_mooncake_batches
-from oomload.ingest.openai_log import read_openai_records
+from oomload.ingest.openai_fast import read_openai_batches
 from oomload.ingest.skips import SkipLog, nothing_usable
 from oomload.ingest.source import LogSource
 from oomload.ingest.tabular import AZURE, BURSTGPT, CsvLayout, check_layout, read_csv_batches
@@ -101,7 +101,7 @@ def iter_source_batches(plan: InputPlan, skips: SkipLog, counter: TokenCounter |
     elif plan.format == "mooncake":
         yield from read_mooncake_batches(source, skips)
     elif plan.format == "openai":
-        yield from batches_from_records(read_openai_records(source, skips, counter))
+        yield from read_openai_batches(source, skips, counter)
     elif plan.format == "vllm-log":
         yield from batches_from_records(read_vllm_records(source, skips, counter))
     elif plan.format == "jsonl":

@@ -12,7 +12,7 @@ tokenizer the user names (``tokens``).
 
 from __future__ import annotations
 
-from oomload.ingest.arrays import TraceColumns, load_columns
+from oomload.ingest.arrays import TraceColumns, TraceCounts, count_trace, load_columns
 from oomload.ingest.build import BuildResult, InputPlan, build_trace, iter_records, plan_inputs
 from oomload.ingest.clocks import ClockAlignment, ClockRange, align_clocks
 from oomload.ingest.detect import FORMATS, detect_format
@@ -33,10 +33,12 @@ __all__ = [
     "SkipLog",
     "TokenCounter",
     "TraceColumns",
+    "TraceCounts",
     "TraceScratch",
     "align_clocks",
     "build_trace",
     "check_output_path",
+    "count_trace",
     "detect_format",
     "iter_records",
     "load_columns",

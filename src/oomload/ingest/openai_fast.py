@@ -18,7 +18,7 @@ field no longer makes the line unusable — that text is never read.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 import msgspec
@@ -304,7 +304,11 @@ def _batch(columns: dict[str, list[Any]]) -> pa.Table:
 
 
 def read_openai_batches(
-    source: LogSource, skips: SkipLog, counter: TokenCounter | None, *, untimed_note: bool = True
+    source: LogSource,
+    skips: SkipLog,
+    counter: TokenCounter | None,
+    *,
+    on_untimed: Callable[[int], None] | None = None,
 ) -> Iterator[pa.Table]:
     """Batches (``time_s`` on the log's clock) from an OpenAI-style log, one per chunk of lines.
 
@@ -357,7 +361,9 @@ def read_openai_batches(
         if leading:
             batch = batch.replace_schema_metadata({b"leading_untimed": str(leading).encode()})
         yield batch
-    if untimed and untimed_note:
+    if untimed and on_untimed is not None:
+        on_untimed(untimed)  # a span of the file: its caller notes the file's total
+    elif untimed:
         skips.note(untimed_note_text(source.name, untimed))
 
 

@@ -23,7 +23,7 @@ import io
 import mmap
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -59,6 +59,7 @@ class LogSource:
 
     path: Path
     span: tuple[int, int] | None = None
+    meter: ReadMeter | None = field(default=None, compare=False, repr=False)  # bytes read, for progress
 
     @property
     def name(self) -> str:
@@ -84,7 +85,10 @@ class LogSource:
         if kind is None:
             return self._open_raw()
         if kind == "gzip":
-            return cast(IO[bytes], gzip.open(self.path, "rb"))
+            raw = self._open_raw()
+            stream = gzip.GzipFile(fileobj=raw, mode="rb")
+            stream.myfileobj = raw  # type: ignore[assignment]  # closed with the stream, as gzip.open does
+            return cast(IO[bytes], stream)
         try:
             import zstandard
         except ImportError as err:
@@ -170,6 +174,8 @@ class LogSource:
         while start < end:
             stop = data.find(b"\n", min(start + chunk_bytes, end) - 1, end)
             stop = end if stop < 0 else stop + 1
+            if self.meter is not None:
+                self.meter.bytes += stop - start
             yield Chunk(data, start, stop, lines)
             start = stop
 
@@ -184,7 +190,8 @@ class LogSource:
 
     def _open_raw(self) -> IO[bytes]:
         try:
-            return open(self.path, "rb")
+            raw = open(self.path, "rb")
+            return raw if self.meter is None else cast(IO[bytes], _MeteredFile(raw, self.meter))
         except FileNotFoundError as err:
             raise TraceFormatError("no such file", self.path) from err
         except IsADirectoryError as err:
@@ -193,6 +200,45 @@ class LogSource:
             raise TraceFormatError("cannot read: permission denied", self.path) from err
         except OSError as err:
             raise TraceFormatError(f"cannot open ({err.strerror or err})", self.path) from err
+
+
+@dataclass(slots=True)
+class ReadMeter:
+    """Bytes of the file read so far (the compressed bytes of a compressed file)."""
+
+    bytes: int = 0
+
+
+class _MeteredFile(io.RawIOBase):
+    """A raw file that adds the bytes read from it to a ``ReadMeter``."""
+
+    def __init__(self, raw: IO[bytes], meter: ReadMeter) -> None:
+        super().__init__()
+        self._raw, self._meter = raw, meter
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def readinto(self, buffer: Any) -> int:
+        count = self._raw.readinto(buffer)  # type: ignore[attr-defined]
+        self._meter.bytes += count or 0
+        return int(count or 0)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 class _ChunkLines:

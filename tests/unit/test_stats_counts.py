@@ -25,7 +25,9 @@ from oomload.stats import (
 )
 
 lengths = st.lists(
-    st.one_of(st.integers(0, 300), st.integers(0, 200_000), st.integers(DENSE_LENGTHS - 2, DENSE_LENGTHS + 2)),
+    st.one_of(
+        st.integers(0, 300), st.integers(0, 200_000), st.integers(DENSE_LENGTHS - 2, DENSE_LENGTHS + 2)
+    ),
     min_size=1,
     max_size=400,
 )
@@ -57,7 +59,10 @@ def test_rank_index_is_numpys(count: int, p: float) -> None:
 @given(values=lengths, halves=st.integers(0, 400))
 def test_summary_and_advice_from_counts_match_the_arrays(values: list[int], halves: int) -> None:
     arr = np.array(values, dtype=np.int64)
-    left, right = LengthCounts.of(arr[: halves % (len(values) + 1)]), LengthCounts.of(arr[halves % (len(values) + 1) :])
+    left, right = (
+        LengthCounts.of(arr[: halves % (len(values) + 1)]),
+        LengthCounts.of(arr[halves % (len(values) + 1) :]),
+    )
     left.merge(right)
     assert summarize_counts(left) == summarize_lengths(arr)
     assert left.count_above(4096) == int(np.count_nonzero(arr > 4096))

@@ -17,6 +17,7 @@ STATS_SCHEMA = "oomload.trace-stats/1"
 DEFAULT_BLOCK_SIZE = 16  # vLLM's block size on GPUs when --block-size is not given
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import TracebackType
 
     from rich.progress import Progress
@@ -442,8 +443,10 @@ def advice_lines(advice: dict[str, Any]) -> list[str]:
     return lines
 
 
-def plot_lengths(path: str, prompt_tokens: LengthCounts, output_tokens: LengthCounts, total: LengthCounts) -> None:
-    """Histograms of input, output and total tokens (log-spaced bins) from counts per length, percentiles marked."""
+def plot_lengths(
+    path: str, prompt_tokens: LengthCounts, output_tokens: LengthCounts, total: LengthCounts
+) -> None:
+    """Histograms of input, output and total tokens (log-spaced bins) from counts, percentiles marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -490,28 +493,37 @@ class ReadProgress:
     and requests read since the last call (``oomload.ingest.parallel.Progress``).
     """
 
-    def __init__(self, total_bytes: int, label: str, *, delay_s: float = 2.0, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        total_bytes: int,
+        label: str,
+        *,
+        delay_s: float = 2.0,
+        enabled: bool = True,
+        clock: Callable[[], float] | None = None,
+        console: Any = None,
+    ) -> None:
         import time
 
         self.total_bytes, self.label, self.delay_s, self.enabled = total_bytes, label, delay_s, enabled
         self.done_bytes = 0
         self.requests = 0
-        self._clock = time.monotonic
+        self._clock = time.monotonic if clock is None else clock
+        self._console = console
         self._start = self._clock()
         self._bar: Progress | None = None
         self._task: Any = None
 
     @classmethod
     def for_inputs(cls, paths: list[str], label: str) -> ReadProgress:
+        import contextlib
         import os
         import sys
 
         total = 0
         for path in paths:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.stat(path).st_size
-            except OSError:
-                pass
         return cls(total, label, enabled=sys.stderr.isatty())
 
     def __call__(self, read_bytes: int, requests: int) -> None:
@@ -549,11 +561,16 @@ class ReadProgress:
             TransferSpeedColumn(),
             TextColumn("{task.fields[requests]}"),
             TimeRemainingColumn(),
-            console=Console(stderr=True),
+            console=self._console or Console(stderr=True),
             transient=True,
         )
         self._bar.start()
         self._task = self._bar.add_task(self.label, total=self.total_bytes or None, requests="")
+
+    @property
+    def shown(self) -> bool:
+        """Whether the bar is on screen."""
+        return self._bar is not None
 
     def __enter__(self) -> ReadProgress:
         return self

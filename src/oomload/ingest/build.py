@@ -189,7 +189,7 @@ def merge_batches(streams: Sequence[Iterator[pa.Table]]) -> Iterator[pa.Table]:
         live = [i for i, head in enumerate(heads) if head is not None]
         if not live:
             return
-        ends = {i: _running_max(heads[i])[-1] for i in live}  # type: ignore[arg-type]
+        ends = {i: _running_max(heads[i])[-1] for i in live}
         bound = min(ends.values())
         first = min(i for i in live if ends[i] == bound)
         parts: list[pa.Table] = []
@@ -287,9 +287,10 @@ def build_trace(
         sources, "+".join(formats), tokenizer, _header_extra(SkipLog(), None, reordered=False)
     )
     workers = default_workers() if workers is None else workers
-    with TraceScratch(out) as scratch, ReadPool(
-        workers, len(plans) > 1, parallel_min_bytes, span_bytes
-    ) as pool:
+    with (
+        TraceScratch(out) as scratch,
+        ReadPool(workers, len(plans) > 1, parallel_min_bytes, span_bytes) as pool,
+    ):
         skips = SkipLog(strict=strict)
         batches = iter_batches(plans, skips, counter, meters=meters, pool=pool, progress=progress)
         written = write_body(scratch, batches, guess)

@@ -189,7 +189,8 @@ def _json_strings(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedAr
     # whether another string of its batch held a control character (the parallel build relies on it).
     if pc.any(pc.match_substring_regex(column, r"[\x00-\x1f]")).as_py():
         return pa.array(
-            [None if v is None else json.dumps(v, ensure_ascii=False) for v in column.to_pylist()], pa.string()
+            [None if v is None else json.dumps(v, ensure_ascii=False) for v in column.to_pylist()],
+            pa.string(),
         )
     escaped = pc.replace_substring(pc.replace_substring(column, "\\", "\\\\"), '"', '\\"')
     return pc.binary_join_element_wise('"', escaped, '"', "")

@@ -54,13 +54,13 @@ class _Body(msgspec.Struct, gc=False):
 
     id: Key = UNSET
     model: Key = UNSET
-    usage: _Usage | None | Unset = UNSET
+    usage: _Usage | Unset | None = UNSET
     created: Time = UNSET
-    error: None | Unset = UNSET
+    error: Unset | None = UNSET
 
 
 class _Response(_Body):
-    body: _Body | None | Unset = UNSET
+    body: _Body | Unset | None = UNSET
     status_code: IntLike = UNSET
 
 
@@ -76,13 +76,13 @@ class _Request(_RequestBody):
 
 
 class _Line(msgspec.Struct, gc=False):
-    request: _Request | None | Unset = UNSET
-    response: _Response | None | Unset = UNSET
+    request: _Request | Unset | None = UNSET
+    response: _Response | Unset | None = UNSET
     status_code: IntLike = UNSET
     status: IntLike = UNSET
-    chunks: None | Unset = UNSET
-    error: None | Unset = UNSET
-    usage: _Usage | None | Unset = UNSET
+    chunks: Unset | None = UNSET
+    error: Unset | None = UNSET
+    usage: _Usage | Unset | None = UNSET
     timestamp: Time = UNSET
     created_at: Time = UNSET
     start_time: Time = UNSET
@@ -203,17 +203,17 @@ class _PlainUsage(msgspec.Struct, gc=False):
 
 class _PlainResponse(msgspec.Struct, gc=False):
     usage: _PlainUsage
-    id: str | None | Unset = UNSET
-    model: str | None | Unset = UNSET
-    error: None | Unset = UNSET
+    id: str | Unset | None = UNSET
+    model: str | Unset | None = UNSET
+    error: Unset | None = UNSET
     body: Unset = UNSET
 
 
 class _PlainRequest(msgspec.Struct, gc=False):
-    model: str | None | Unset = UNSET
-    max_tokens: Count | None | Unset = UNSET
-    max_completion_tokens: Count | None | Unset = UNSET
-    max_output_tokens: Count | None | Unset = UNSET
+    model: str | Unset | None = UNSET
+    max_tokens: Count | Unset | None = UNSET
+    max_completion_tokens: Count | Unset | None = UNSET
+    max_output_tokens: Count | Unset | None = UNSET
     body: Unset = UNSET
 
 
@@ -228,18 +228,18 @@ class _Plain(msgspec.Struct, gc=False):
     response: _PlainResponse
     status_code: Success | Unset = UNSET
     status: Success | Unset = UNSET
-    error: None | Unset = UNSET
-    chunks: None | Unset = UNSET
-    custom_id: str | None | Unset = UNSET
-    request_id: str | None | Unset = UNSET
-    id: str | None | Unset = UNSET
+    error: Unset | None = UNSET
+    chunks: Unset | None = UNSET
+    custom_id: str | Unset | None = UNSET
+    request_id: str | Unset | None = UNSET
+    id: str | Unset | None = UNSET
 
 
 _PLAIN_DECODER = msgspec.json.Decoder(_Plain)
 
 
 def _plain_columns(lines: list[_Plain], columns: dict[str, list[Any]]) -> None:
-    """Append the columns of ``_Plain`` lines: what ``parse_openai_line`` gives them, a comprehension a field."""
+    """Append the columns of ``_Plain`` lines (what ``parse_openai_line`` gives), a comprehension a field."""
     requests = [line.request for line in lines]
     responses = [line.response for line in lines]
     usages = [response.usage for response in responses]

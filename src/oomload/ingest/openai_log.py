@@ -223,8 +223,6 @@ def _int_or_none(value: Any) -> int | None:
     number = None
     if isinstance(value, int):
         number = value
-    elif isinstance(value, float) and value.is_integer():
-        number = int(value)
-    elif isinstance(value, str) and value.isdigit():
+    elif (isinstance(value, float) and value.is_integer()) or (isinstance(value, str) and value.isdigit()):
         number = int(value)
     return number if number is not None and -INT64_LIMIT <= number < INT64_LIMIT else None

@@ -92,7 +92,9 @@ def _span_task(plan: Any, span: tuple[int, int]) -> _SpanResult:
             batches = list(iter_source_batches(InputPlan(source, plan.format), skips, None))
     except OomloadError as err:
         return _SpanResult([], {}, {}, [], error=str(err))
-    return _SpanResult(batches, skips.counts, skips.lines, list(skips.notes), sum(untimed), _count_lines(source))
+    return _SpanResult(
+        batches, skips.counts, skips.lines, list(skips.notes), sum(untimed), _count_lines(source)
+    )
 
 
 def _count_lines(source: LogSource) -> int:
@@ -234,7 +236,9 @@ def input_batches(
         yield from _counted(plan, skips, counter, progress)
 
 
-def _counted(plan: Any, skips: SkipLog, counter: TokenCounter | None, progress: Progress | None) -> Iterator[pa.Table]:
+def _counted(
+    plan: Any, skips: SkipLog, counter: TokenCounter | None, progress: Progress | None
+) -> Iterator[pa.Table]:
     """The input read in this process; ``progress`` told the bytes read after each batch."""
     from oomload.ingest.build import iter_source_batches
 
@@ -308,12 +312,16 @@ def _span_batches(
         skips.note(untimed_note_text(source.name, untimed))
 
 
-def _replay(skips: SkipLog, name: str, counts: dict[str, int], examples: dict[str, list[int]], offset: int) -> None:
+def _replay(
+    skips: SkipLog, name: str, counts: dict[str, int], examples: dict[str, list[int]], offset: int
+) -> None:
     """Add a span's skips to ``skips``, its example lines moved by the ``offset`` lines before the span."""
     if not counts:
         return
     if skips.strict:
-        reason, line = min(((r, lines[0]) for r, lines in examples.items() if lines), key=lambda item: item[1])
+        reason, line = min(
+            ((r, lines[0]) for r, lines in examples.items() if lines), key=lambda item: item[1]
+        )
         skips.skip(reason, name, line + offset)  # raises
     for reason, count in counts.items():
         shown = examples.get(reason, [])
@@ -326,7 +334,9 @@ def _file_batches(plan: Any, skips: SkipLog, pool: ReadPool, progress: Progress 
     result = pool.file_future(plan).result()
     try:
         if result.error is not None:
-            raise TraceFormatError(result.error) if result.error_kind == "trace" else OomloadError(result.error)
+            raise (
+                TraceFormatError(result.error) if result.error_kind == "trace" else OomloadError(result.error)
+            )
         for reason, count in result.counts.items():
             skips.counts[reason] = skips.counts.get(reason, 0) + count
             shown = skips.examples.setdefault(reason, [])

@@ -190,7 +190,7 @@ class LogSource:
 
     def _open_raw(self) -> IO[bytes]:
         try:
-            raw = open(self.path, "rb")
+            raw = open(self.path, "rb")  # noqa: SIM115  # the caller closes it
             return raw if self.meter is None else cast(IO[bytes], _MeteredFile(raw, self.meter))
         except FileNotFoundError as err:
             raise TraceFormatError("no such file", self.path) from err

@@ -16,17 +16,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oomload.ingest import LogSource, SkipLog
-from oomload.ingest import openai_fast
+from oomload.ingest import LogSource, SkipLog, openai_fast
 from oomload.ingest.columns import batches_from_records
 from oomload.ingest.openai_fast import read_openai_batches
 from oomload.ingest.openai_log import read_openai_records
 
 ABSENT = object()
-small_text = st.text(alphabet="ab\"\\é\n", max_size=6)
+small_text = st.text(alphabet='ab"\\é\n', max_size=6)
 integer_like = st.one_of(
-    st.integers(-5, 10**6), st.integers(2**62, 2**64 - 1), st.floats(0, 1e6, allow_nan=False),
-    st.just(12.0), st.sampled_from(["17", "x", ""]), st.none(), st.booleans(),
+    st.integers(-5, 10**6),
+    st.integers(2**62, 2**64 - 1),
+    st.floats(0, 1e6, allow_nan=False),
+    st.just(12.0),
+    st.sampled_from(["17", "x", ""]),
+    st.none(),
+    st.booleans(),
 )
 count = st.one_of(st.integers(0, 10**6), st.just(-1), st.none(), st.just("12"), st.just(5.0))
 time_value = st.one_of(
@@ -35,8 +39,10 @@ time_value = st.one_of(
     st.integers(1_600_000_000_000, 1_800_000_000_000),
     st.integers(1_600_000_000_000_000, 1_800_000_000_000_000),
     st.integers(1_600_000_000_000_000_000, 1_800_000_000_000_000_000),
-    st.just(-3.0), st.sampled_from(["2024-05-01T12:00:00.25Z", "2024-05-01 12:00:01", "soon"]),
-    st.none(), st.booleans(),
+    st.just(-3.0),
+    st.sampled_from(["2024-05-01T12:00:00.25Z", "2024-05-01 12:00:01", "soon"]),
+    st.none(),
+    st.booleans(),
 )
 key_value = st.one_of(small_text, st.integers(0, 9), st.none(), st.booleans())
 
@@ -52,46 +58,74 @@ def _object(**fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any
 
 
 usage = _object(
-    prompt_tokens=count, completion_tokens=count, input_tokens=count, output_tokens=count,
+    prompt_tokens=count,
+    completion_tokens=count,
+    input_tokens=count,
+    output_tokens=count,
     total_tokens=st.integers(0, 9),
 )
 body = _object(
-    id=key_value, model=key_value, usage=st.one_of(usage, st.none()), created=time_value,
+    id=key_value,
+    model=key_value,
+    usage=st.one_of(usage, st.none()),
+    created=time_value,
     error=st.one_of(st.none(), small_text, st.just({})),
     choices=st.just([{"message": {"content": "some text"}}]),
 )
 response = st.one_of(
     body,
     _object(status_code=st.one_of(st.integers(200, 503), st.none()), body=st.one_of(body, st.none())),
-    st.just([{"choices": [{"delta": {"content": "x"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}]),
-    st.none(), st.just("oops"),
+    st.just(
+        [{"choices": [{"delta": {"content": "x"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}]
+    ),
+    st.none(),
+    st.just("oops"),
 )
 request_body = _object(
-    model=key_value, max_tokens=integer_like, max_completion_tokens=integer_like,
-    max_output_tokens=integer_like, messages=st.just([{"role": "user", "content": "hello \"there\""}]),
+    model=key_value,
+    max_tokens=integer_like,
+    max_completion_tokens=integer_like,
+    max_output_tokens=integer_like,
+    messages=st.just([{"role": "user", "content": 'hello "there"'}]),
     prompt=st.one_of(st.just([1, 2, 3]), st.just("text")),
 )
 request = st.one_of(request_body, _object(body=st.one_of(request_body, st.just("raw"))), st.none())
 line = _object(
-    request=request, response=response, usage=st.one_of(usage, st.none()),
+    request=request,
+    response=response,
+    usage=st.one_of(usage, st.none()),
     status_code=st.one_of(st.integers(100, 600), st.none(), st.just("200")),
     status=st.one_of(st.integers(200, 500), st.just("ok")),
     error=st.one_of(st.none(), small_text, st.just({"message": "bad"})),
-    timestamp=time_value, created_at=time_value, time=time_value,
-    custom_id=key_value, request_id=key_value, id=key_value,
-    messages=st.just([{"role": "user", "content": "hi"}]), prompt=st.just([5, 6]),
-    model=key_value, max_tokens=integer_like, chunks=st.one_of(st.none(), st.just([])),
+    timestamp=time_value,
+    created_at=time_value,
+    time=time_value,
+    custom_id=key_value,
+    request_id=key_value,
+    id=key_value,
+    messages=st.just([{"role": "user", "content": "hi"}]),
+    prompt=st.just([5, 6]),
+    model=key_value,
+    max_tokens=integer_like,
+    chunks=st.one_of(st.none(), st.just([])),
 )
 plain_line = st.builds(
     lambda t, p, o, i, m, mt: {
-        "timestamp": t, "request": {"model": m, "max_tokens": mt, "messages": [{"content": "x" * 50}]},
+        "timestamp": t,
+        "request": {"model": m, "max_tokens": mt, "messages": [{"content": "x" * 50}]},
         "response": {"id": i, "choices": [], "usage": {"prompt_tokens": p, "completion_tokens": o}},
         "status_code": 200,
     },
-    st.floats(1.6e9, 1.8e9), st.integers(0, 10**5), st.integers(0, 10**4), small_text, key_value, integer_like,
+    st.floats(1.6e9, 1.8e9),
+    st.integers(0, 10**5),
+    st.integers(0, 10**4),
+    small_text,
+    key_value,
+    integer_like,
 )
 raw_line = st.one_of(
-    line.map(orjson.dumps), plain_line.map(orjson.dumps),
+    line.map(orjson.dumps),
+    plain_line.map(orjson.dumps),
     st.sampled_from([b"", b"   ", b"[1, 2]", b"{not json", b'"text"', b"{}\r"]),
 )
 
@@ -129,9 +163,13 @@ def test_column_reader_matches_line_parser(
 def test_usual_gateway_lines_take_the_column_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The bench's shape decodes as ``_Plain`` lines: no line goes to the per-line parsers."""
     line = {
-        "timestamp": 1717000000.5, "request": {"model": "m", "max_tokens": 64, "messages": [{"content": "t" * 900}]},
-        "response": {"id": "c-1", "choices": [{"message": {"content": "u" * 300}}],
-                     "usage": {"prompt_tokens": 7, "completion_tokens": 3}},
+        "timestamp": 1717000000.5,
+        "request": {"model": "m", "max_tokens": 64, "messages": [{"content": "t" * 900}]},
+        "response": {
+            "id": "c-1",
+            "choices": [{"message": {"content": "u" * 300}}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3},
+        },
         "status_code": 200,
     }
     path = tmp_path / "log.jsonl"

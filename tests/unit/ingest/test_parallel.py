@@ -28,7 +28,10 @@ def _openai_log(path: Path, count: int, *, start_s: float = 1_717_000_000.0, bad
             continue
         line: dict[str, object] = {
             "request": {"model": "m", "max_tokens": 64, "messages": [{"content": "x" * (i % 50)}]},
-            "response": {"id": f"c-{i}" if i % 5 else None, "usage": {"prompt_tokens": i, "completion_tokens": 2}},
+            "response": {
+                "id": f"c-{i}" if i % 5 else None,
+                "usage": {"prompt_tokens": i, "completion_tokens": 2},
+            },
         }
         if i % 11 != 0:  # some requests have no time: they take the one before them
             line["timestamp"] = start_s + i * 0.5
@@ -53,7 +56,12 @@ def _mooncake_log(path: Path, count: int) -> Path:
 def _build_both(inputs: list[Path], tmp_path: Path, **options: object) -> tuple[bytes, bytes, object, object]:
     single = build_trace(inputs, tmp_path / "single.jsonl", workers=1, **options)  # type: ignore[arg-type]
     parallel = build_trace(
-        inputs, tmp_path / "parallel.jsonl", workers=2, parallel_min_bytes=0, span_bytes=700, **options  # type: ignore[arg-type]
+        inputs,
+        tmp_path / "parallel.jsonl",
+        workers=2,
+        parallel_min_bytes=0,
+        span_bytes=700,
+        **options,  # type: ignore[arg-type]
     )
     return (
         (tmp_path / "single.jsonl").read_bytes(),
@@ -90,7 +98,9 @@ def test_spans_of_a_mooncake_log_build_the_same_bytes(tmp_path: Path) -> None:
 def test_several_inputs_read_by_workers_build_the_same_bytes(tmp_path: Path) -> None:
     first = _openai_log(tmp_path / "a.jsonl", 120)
     second = tmp_path / "b.jsonl.gz"  # overlapping in time: merged, not appended
-    second.write_bytes(gzip.compress(_openai_log(tmp_path / "b.jsonl", 90, start_s=1_717_000_020.0).read_bytes()))
+    second.write_bytes(
+        gzip.compress(_openai_log(tmp_path / "b.jsonl", 90, start_s=1_717_000_020.0).read_bytes())
+    )
     third = _openai_log(tmp_path / "c.jsonl", 60, start_s=1_717_000_500.0, bad_every=5)
     single_bytes, parallel_bytes, single, parallel = _build_both([first, second, third], tmp_path)
     assert parallel_bytes == single_bytes
@@ -103,14 +113,21 @@ def test_strict_stops_at_the_first_bad_line_of_the_file(tmp_path: Path) -> None:
     for workers in (1, 2):
         with pytest.raises(TraceFormatError) as caught:
             build_trace(
-                [log], tmp_path / "out.jsonl", strict=True, workers=workers, parallel_min_bytes=0, span_bytes=700
+                [log],
+                tmp_path / "out.jsonl",
+                strict=True,
+                workers=workers,
+                parallel_min_bytes=0,
+                span_bytes=700,
             )
         messages.append(str(caught.value))
     assert messages[0] == messages[1]
     assert messages[0].startswith(f"{log}:4: not a JSON object")
 
 
-def test_stats_straight_from_spans_match_the_single_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stats_straight_from_spans_match_the_single_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from oomload.ingest import parallel
 
     log = _openai_log(tmp_path / "gw.jsonl", 300)
@@ -120,7 +137,11 @@ def test_stats_straight_from_spans_match_the_single_process(tmp_path: Path, monk
     spread = count_trace([log], workers=2)
     assert spread.arrivals == single.arrivals
     assert spread.prompt_tokens.distinct()[0].tolist() == single.prompt_tokens.distinct()[0].tolist()
-    assert (spread.failed, spread.skips.counts, spread.skips.notes) == (single.failed, single.skips.counts, single.skips.notes)
+    assert (spread.failed, spread.skips.counts, spread.skips.notes) == (
+        single.failed,
+        single.skips.counts,
+        single.skips.notes,
+    )
 
 
 def test_merge_keeps_heapq_order_for_ties() -> None:
@@ -128,10 +149,21 @@ def test_merge_keeps_heapq_order_for_ties() -> None:
 
     streams_times = [[0.0, 1.0, 1.0, 3.0], [1.0, 1.0, 2.0], [1.0, 5.0]]
     batches = [
-        [make_batch(len(t), time_s=t, prompt_tokens=[s * 10 + i for i in range(len(t))], output_tokens=[0] * len(t))]
+        [
+            make_batch(
+                len(t),
+                time_s=t,
+                prompt_tokens=[s * 10 + i for i in range(len(t))],
+                output_tokens=[0] * len(t),
+            )
+        ]
         for s, t in enumerate(streams_times)
     ]
-    merged = [row for batch in merge_batches([iter(b) for b in batches]) for row in batch.column("prompt_tokens").to_pylist()]
+    merged = [
+        row
+        for batch in merge_batches([iter(b) for b in batches])
+        for row in batch.column("prompt_tokens").to_pylist()
+    ]
     expected = [
         row
         for _, row in heapq.merge(

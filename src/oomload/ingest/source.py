@@ -171,12 +171,18 @@ class LogSource:
             except (OSError, ValueError) as err:
                 raise TraceFormatError(f"cannot read ({_describe(err)})", self.path) from err
         lines = _ChunkLines(data, start, 1)
+        data.madvise(mmap.MADV_SEQUENTIAL)
+        page = mmap.PAGESIZE
         while start < end:
             stop = data.find(b"\n", min(start + chunk_bytes, end) - 1, end)
             stop = end if stop < 0 else stop + 1
             if self.meter is not None:
                 self.meter.bytes += stop - start
             yield Chunk(data, start, stop, lines)
+            # Read pages leave this process's resident set (they stay in the page cache).
+            first, last = start - start % page, stop - stop % page
+            if last > first:
+                data.madvise(mmap.MADV_DONTNEED, first, last - first)
             start = stop
 
     def _damaged(self, err: BaseException, what: str) -> TraceFormatError:

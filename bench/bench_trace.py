@@ -209,7 +209,7 @@ def main() -> None:
         out = root / "trace.jsonl"
 
         # 1. OpenAI-style JSONL with text: build on 1, 2, all cores; stats from the log.
-        n = 1_000_000
+        n = 500_000
         path = root / "openai.jsonl"
         generate_openai(path, n, rng)
         mb = path.stat().st_size / 1e6
@@ -220,7 +220,7 @@ def main() -> None:
             print(_row(f"openai-jsonl {kind}", n, mb, r[kind], base, "orjson"), flush=True)
         one = r["build:1"]
         summary.append(
-            f"openai-jsonl 1M ({mb:.0f} MB): build {one['wall_s'] / base:.2f}× the orjson.loads loop "
+            f"openai-jsonl {n:,} requests ({mb:.0f} MB): build {one['wall_s'] / base:.2f}× the orjson.loads loop "
             f"({mb / one['wall_s']:.0f} MB/s on 1 core, orjson {mb / base:.0f} MB/s); "
             + ", ".join(f"{c} cores {mb / r[f'build:{c}']['wall_s']:.0f} MB/s" for c in cores[1:])
             + f"; stats from the log {r[f'stats:{CORES}']['wall_s'] / r[f'build:{CORES}']['wall_s']:.2f}× "
@@ -239,6 +239,7 @@ def main() -> None:
         path.unlink()
 
         # 2. Mooncake JSONL: build on 1 and all cores.
+        n = 1_000_000
         path = root / "mooncake.jsonl"
         generate_mooncake(path, n, rng)
         mb = path.stat().st_size / 1e6

@@ -1,9 +1,10 @@
 """A trace, or logs, as what ``trace stats`` needs: counts per length and arrival statistics.
 
 ``count_trace`` (what ``trace stats`` uses) keeps **constant memory**: each batch's lengths go
-into ``LengthCounts`` and its times into an ``ArrivalCounter``, then the batch is dropped. Only
-when the arrival times are not in order (an unsorted log) or come from several inputs (which
-interleave on one timeline) are the times gathered whole, 8 bytes per request, in a second pass.
+into ``LengthCounts`` and its times into an ``ArrivalCounter``, then the batch is dropped. Several
+inputs are read twice: once for the lengths and their time ranges (which decide the alignment), then
+merged in time order (``build.merge_batches``) for the arrivals. Only when an input is not in time
+order are the times gathered whole, 8 bytes per request, in one more pass.
 
 ``load_columns`` reads an oomload trace with pyarrow's JSON reader, or each log input with its
 reader, keeping four columns per input: time, prompt and output tokens, success. Several inputs are
@@ -24,7 +25,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from oomload.errors import TraceFormatError
-from oomload.ingest.build import ClockMeter, align_inputs, iter_source_batches, plan_inputs
+from oomload.ingest.build import (
+    ClockMeter,
+    shifted,
+    align_inputs,
+    iter_source_batches,
+    merge_batches,
+    plan_inputs,
+)
 from oomload.ingest.clocks import ClockAlignment
 from oomload.ingest.columns import read_trace_columns
 from oomload.ingest.mapping import ColumnMapping
@@ -182,10 +190,20 @@ def _count_trace(
     if prompt.count == 0:
         raise TraceFormatError(nothing_usable(skips), ", ".join(str(p) for p in paths))
     alignment = align_inputs(meters) if len(inputs) > 1 else None
-    if len(inputs) == 1 and arrivals.in_order:
+    offsets_s = (0.0,) if alignment is None else alignment.offsets_s
+    if len(inputs) > 1:  # a second pass: the inputs merged in time order, shifted onto one timeline
+        pool.close()
+        pool.files = True
+        timelines = [
+            shifted(batches, offset_s)
+            for batches, offset_s in zip(streams(SkipLog()), offsets_s, strict=True)
+        ]
+        for batch in merge_batches(timelines):
+            if not arrivals.add(np.asarray(batch.column("time_s"), dtype=np.float64)):
+                break
+    if arrivals.in_order:
         stats = arrivals.result()
-    else:  # a second pass: the times whole (each input shifted onto the shared timeline)
-        offsets_s = (0.0,) if alignment is None else alignment.offsets_s
+    else:  # an input out of time order: its times whole (8 bytes a request), in one more pass
         pool.close()
         pool.files = len(paths) > 1
         times = [

@@ -166,7 +166,7 @@ def iter_batches(
         if meters is not None:
             batches = meters[index].observe(batches)
         if offsets_s is not None and offsets_s[index] != 0.0:
-            batches = _shifted(batches, offsets_s[index])
+            batches = shifted(batches, offsets_s[index])
         streams.append(batches)
     if len(streams) == 1:
         yield from streams[0]
@@ -218,7 +218,7 @@ def _next_rows(stream: Iterator[pa.Table]) -> pa.Table | None:
     return None
 
 
-def _shifted(batches: Iterable[pa.Table], offset_s: float) -> Iterator[pa.Table]:
+def shifted(batches: Iterable[pa.Table], offset_s: float) -> Iterator[pa.Table]:
     for batch in batches:
         index = batch.schema.get_field_index("time_s")
         yield batch.set_column(index, "time_s", pc.add(batch.column("time_s"), offset_s))
@@ -289,7 +289,13 @@ def build_trace(
     workers = default_workers() if workers is None else workers
     with (
         TraceScratch(out) as scratch,
-        ReadPool(workers, len(plans) > 1, parallel_min_bytes, span_bytes) as pool,
+        ReadPool(
+            workers,
+            files=len(plans) > 1,
+            render=len(plans) == 1,
+            min_bytes=parallel_min_bytes,
+            span_bytes=span_bytes,
+        ) as pool,
     ):
         skips = SkipLog(strict=strict)
         batches = iter_batches(plans, skips, counter, meters=meters, pool=pool, progress=progress)

@@ -44,6 +44,7 @@ from oomload.errors import OomloadError, TraceFormatError
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, ReadMeter
 from oomload.ingest.tokens import TokenCounter
+from oomload.ingest.writer import RenderedLines
 
 SPAN_FORMATS = ("openai", "mooncake")
 PARALLEL_MIN_BYTES = 64 * 1024 * 1024
@@ -58,7 +59,7 @@ def default_workers() -> int:
 
 @dataclass(slots=True)
 class _SpanResult:
-    batches: list[pa.Table]
+    batches: list[pa.Table | RenderedLines]
     counts: dict[str, int]
     examples: dict[str, list[int]]
     notes: list[str]
@@ -77,7 +78,7 @@ class _FileResult:
     error_kind: str = "trace"
 
 
-def _span_task(plan: Any, span: tuple[int, int]) -> _SpanResult:
+def _span_task(plan: Any, span: tuple[int, int], origin_s: float | None = None) -> _SpanResult:
     from oomload.ingest.build import InputPlan, iter_source_batches
     from oomload.ingest.openai_fast import read_openai_batches
 
@@ -92,9 +93,15 @@ def _span_task(plan: Any, span: tuple[int, int]) -> _SpanResult:
             batches = list(iter_source_batches(InputPlan(source, plan.format), skips, None))
     except OomloadError as err:
         return _SpanResult([], {}, {}, [], error=str(err))
-    return _SpanResult(
-        batches, skips.counts, skips.lines, list(skips.notes), sum(untimed), _count_lines(source)
-    )
+    if origin_s is not None:  # render here what needs nothing from the spans before
+        batches = [
+            RenderedLines.of(b, origin_s)
+            if b.column("id").null_count == 0 and not (b.schema.metadata or {}).get(b"leading_untimed")
+            else b
+            for b in batches
+        ]
+    lines = _count_lines(source)
+    return _SpanResult(batches, skips.counts, skips.lines, list(skips.notes), sum(untimed), lines)
 
 
 def _count_lines(source: LogSource) -> int:
@@ -148,6 +155,7 @@ class ReadPool:
 
     workers: int
     files: bool = False  # read whole inputs in workers too (several inputs: they are read at once)
+    render: bool = False  # workers render trace lines (a build of one input: nothing merges them)
     min_bytes: int = PARALLEL_MIN_BYTES  # smaller inputs (all together, for files) stay in this process
     span_bytes: int = SPAN_BYTES
     _pool: ProcessPoolExecutor | None = None
@@ -224,8 +232,14 @@ def input_batches(
     *,
     pool: ReadPool | None = None,
     progress: Progress | None = None,
-) -> Iterator[pa.Table]:
-    """One input's batches — through ``pool`` when it is big enough (see the module docstring)."""
+) -> Iterator[pa.Table | RenderedLines]:
+    """One input's batches — through ``pool`` when it is big enough (see the module docstring).
+
+    With ``pool.render`` (a build of a single input), a worker renders the trace lines of its
+    batches that need nothing from the spans before it (every id present, no request waiting for
+    the previous one's time) and sends ``RenderedLines``; the first span is read alone, since its
+    first request is the origin the others render with.
+    """
     if pool is None or counter is not None or pool.workers < 2:
         yield from _counted(plan, skips, counter, progress)
     elif uses_spans(plan, pool.workers, pool.min_bytes):
@@ -264,7 +278,7 @@ def _size(source: LogSource) -> int:
 
 def _span_batches(
     plan: Any, skips: SkipLog, pool: ReadPool, progress: Progress | None, span_bytes: int
-) -> Iterator[pa.Table]:
+) -> Iterator[pa.Table | RenderedLines]:
     source: LogSource = plan.source
     spans = plan_spans(source.path, source.path.stat().st_size, span_bytes)
     pending: deque[tuple[tuple[int, int], Future[_SpanResult]]] = deque()
@@ -273,18 +287,20 @@ def _span_batches(
     last_time = 0.0
     untimed = 0
     notes: list[str] = []
+    origin_s: float | None = None  # the first request's time: workers render once it is known
 
-    def submit() -> None:
+    def submit() -> bool:
         span = next(todo, None)
         if span is not None:
-            pending.append((span, pool.pool.submit(_span_task, plan, span)))
+            pending.append(
+                (span, pool.pool.submit(_span_task, plan, span, origin_s if pool.render else None))
+            )
+        return span is not None
 
-    for _ in range(2 * pool.workers):
-        submit()
+    submit()
     while pending:
         span, future = pending.popleft()
         result = future.result()
-        submit()
         if result.error is not None:
             raise TraceFormatError(result.error)
         _replay(skips, source.name, result.counts, result.examples, lines_before)
@@ -292,18 +308,30 @@ def _span_batches(
         lines_before += result.lines
         untimed += result.untimed
         for batch in result.batches:
+            if isinstance(batch, RenderedLines):
+                last_time = batch.last_s
+                if progress is not None:
+                    progress(0, batch.rows)
+                yield batch
+                continue
             leading = int((batch.schema.metadata or {}).get(b"leading_untimed", b"0"))
             if leading:
                 times = np.asarray(batch.column("time_s"), dtype=np.float64).copy()
                 times[:leading] = last_time
                 batch = batch.set_column(batch.schema.get_field_index("time_s"), "time_s", pa.array(times))
             batch = batch.replace_schema_metadata(None)
+            if origin_s is None and batch.num_rows:
+                origin_s = float(batch.column("time_s")[0].as_py())
             last_time = float(batch.column("time_s")[-1].as_py())
             if progress is not None:
                 progress(0, batch.num_rows)
             yield batch
         if progress is not None:
             progress(span[1] - span[0], 0)
+        # One span at a time until the origin is known (when workers render), then 2 per worker.
+        while len(pending) < (2 * pool.workers if origin_s is not None or not pool.render else 1):
+            if not submit():
+                break
     for note in notes:
         skips.note(note)
     if untimed:

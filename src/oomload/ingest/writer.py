@@ -161,10 +161,37 @@ def header_line(header: TraceHeader) -> bytes:
     return orjson.dumps(header.to_json()) + b"\n"
 
 
-def write_body(scratch: TraceScratch, batches: Iterable[pa.Table], guess: TraceHeader) -> BodyWritten:
+@dataclass(frozen=True, slots=True)
+class RenderedLines:
+    """Trace lines a worker process rendered already (its batch had every id and knew the origin)."""
+
+    data: bytes
+    rows: int
+    first_s: float
+    last_s: float
+    max_s: float
+    in_order: bool
+
+    @classmethod
+    def of(cls, batch: pa.Table, origin_s: float) -> RenderedLines:
+        times = np.asarray(batch.column("time_s"), dtype=np.float64)
+        return cls(
+            bytes(lines_bytes(format_lines(batch, origin_s=origin_s, first_index=0))),
+            batch.num_rows,
+            float(times[0]),
+            float(times[-1]),
+            float(times.max()),
+            not (len(times) > 1 and bool((np.diff(times) < 0).any())),
+        )
+
+
+def write_body(
+    scratch: TraceScratch, batches: Iterable[pa.Table | RenderedLines], guess: TraceHeader
+) -> BodyWritten:
     """``guess``'s line then ``batches`` as trace lines into ``scratch.final`` (overwritten).
 
-    The origin is the first request.
+    The origin is the first request (a ``RenderedLines`` item never comes first: its worker was
+    given the origin of the batches before it).
     """
     first_line = header_line(guess)
     count = 0
@@ -178,6 +205,18 @@ def write_body(scratch: TraceScratch, batches: Iterable[pa.Table], guess: TraceH
         try:
             body.write(first_line)
             for batch in batches:
+                if isinstance(batch, RenderedLines):
+                    if origin_s is None:
+                        raise RuntimeError("rendered lines came before the first batch")
+                    if in_order and (batch.first_s < last_s or not batch.in_order):
+                        in_order = False
+                    last_s = max(last_s, batch.max_s)
+                    written = renderer.submit(body.write, batch.data)
+                    if pending is not None:
+                        pending.result()
+                    pending = written  # type: ignore[assignment]
+                    count += batch.rows
+                    continue
                 times = np.asarray(batch.column("time_s"), dtype=np.float64)
                 if origin_s is None:
                     origin_s = float(times[0])

@@ -20,7 +20,9 @@ from oomload.ingest.columns import make_batch
 from oomload.ingest.parallel import plan_spans
 
 
-def _openai_log(path: Path, count: int, *, start_s: float = 1_717_000_000.0, bad_every: int = 7) -> Path:
+def _openai_log(
+    path: Path, count: int, *, start_s: float = 1_717_000_000.0, bad_every: int = 7, ids_every: int = 5
+) -> Path:
     lines = []
     for i in range(count):
         if i % bad_every == 3:
@@ -29,7 +31,7 @@ def _openai_log(path: Path, count: int, *, start_s: float = 1_717_000_000.0, bad
         line: dict[str, object] = {
             "request": {"model": "m", "max_tokens": 64, "messages": [{"content": "x" * (i % 50)}]},
             "response": {
-                "id": f"c-{i}" if i % 5 else None,
+                "id": f"c-{i}" if i % ids_every else None,
                 "usage": {"prompt_tokens": i, "completion_tokens": 2},
             },
         }
@@ -86,6 +88,14 @@ def test_spans_of_an_openai_log_build_the_same_bytes(tmp_path: Path) -> None:
     _same_result(single, parallel)
     assert single.skips.counts == {"not a JSON object": 43}  # type: ignore[attr-defined]
     assert any("no timestamp" in note for note in single.skips.notes)  # type: ignore[attr-defined]
+
+
+def test_lines_rendered_by_workers_are_the_same_bytes(tmp_path: Path) -> None:
+    """Every id present: workers render most batches themselves, with the origin of the first span."""
+    log = _openai_log(tmp_path / "gw.jsonl", 400, ids_every=10**9, start_s=1_717_000_000.123456)
+    single_bytes, parallel_bytes, single, parallel = _build_both([log], tmp_path)
+    assert parallel_bytes == single_bytes
+    _same_result(single, parallel)
 
 
 def test_spans_of_a_mooncake_log_build_the_same_bytes(tmp_path: Path) -> None:

@@ -27,11 +27,11 @@ import pyarrow.compute as pc
 from oomload.errors import TraceFormatError
 from oomload.ingest.build import (
     ClockMeter,
-    shifted,
     align_inputs,
     iter_source_batches,
     merge_batches,
     plan_inputs,
+    shifted,
 )
 from oomload.ingest.clocks import ClockAlignment
 from oomload.ingest.columns import read_trace_columns

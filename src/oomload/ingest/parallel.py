@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -106,6 +107,11 @@ def _span_task(plan: Any, span: tuple[int, int], origin_s: float | None = None) 
     return _SpanResult(batches, skips.counts, skips.lines, list(skips.notes), sum(untimed), lines)
 
 
+def _ignore_interrupts() -> None:
+    """Workers leave Ctrl-C to the main process, which stops the pool (no traceback per worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _count_lines(source: LogSource) -> int:
     assert source.span is not None
     with open(source.path, "rb") as fh:
@@ -167,7 +173,9 @@ class ReadPool:
     @property
     def pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(
+                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_interrupts
+            )
         return self._pool
 
     @property

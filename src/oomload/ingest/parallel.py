@@ -5,17 +5,20 @@ same order, with the same skip counts, examples, line numbers and notes — so a
 writes the same trace, byte for byte, as a single-process one (``tests/unit/ingest/test_parallel.py``
 forces many small spans to check it). How:
 
-- **Spans** (uncompressed OpenAI-style JSONL of at least ``PARALLEL_MIN_BYTES``; ``_span_task``
-  reads Mooncake spans too, but a Mooncake build spread so was 1.9× slower on 2 cores, its
-  generated ids leaving all the rendering to the main process): the
-  file is cut into about ``SPAN_BYTES`` spans at line starts; each worker reads its span with the
-  ordinary reader (``LogSource(path, span=…)``) and sends back its batches, skip counts with the
-  first examples (line numbers counted from the span's start) and the number of requests it gave
-  no time. The main process takes the spans in file order: it adds the lines of the spans before
-  to the examples, replays them into the caller's ``SkipLog`` (so ``--strict`` stops at the first
-  bad line of the file, as it would single-process), gives a span's leading requests without a time
+- **Spans** (uncompressed OpenAI-style JSONL of at least ``PARALLEL_MIN_BYTES``): the file is cut
+  into about ``SPAN_BYTES`` spans at line starts; each worker reads its span with the ordinary
+  reader (``LogSource(path, span=…)``) and sends back its batches, skip counts with the first
+  examples (line numbers counted from the span's start) and the number of requests it gave no
+  time. The main process takes the spans in file order: it adds the lines of the spans before to
+  the examples, replays them into the caller's ``SkipLog`` (so ``--strict`` stops at the first bad
+  line of the file, as it would single-process), gives a span's leading requests without a time
   the time of the request before them, and notes the untimed total once, at the end, as the
-  reader does.
+  reader does. In a build of one input the first span is read alone; its first request is the
+  trace's origin, and with it the workers render the lines of every batch that needs nothing
+  from the spans before (all ids present, no leading untimed request) — the main process only
+  writes them. ``_span_task`` reads Mooncake spans too, but a Mooncake build spread so measured
+  1.9× slower on 2 cores (its generated ids ``r<N>`` leave all the rendering to the main
+  process), so Mooncake logs are read in-process.
 - **Whole files** (compressed inputs, CSV, vLLM logs, mapped inputs — any reader): one worker
   reads the file and streams its batches into an Arrow IPC file in a scratch directory, which the
   main process reads back batch by batch (bounded memory) when the merge reaches that input;

@@ -26,8 +26,10 @@ forces many small spans to check it). How:
 
 At most ``2 × workers`` spans are in flight, so memory stays bounded whatever the file's size.
 Inputs below ``PARALLEL_MIN_BYTES`` stay single-process (starting workers costs more than it
-saves; the bench measures the crossover). Workers are started with ``spawn`` (the writer's render
-thread is already running when the pool starts, and forking a threaded process is unsafe).
+saves; the bench measures the crossover), and so does everything in a process that gevent has
+monkey-patched (Locust's), where the pool would block forever. Workers are started with ``spawn``
+(the writer's render thread is already running when the pool starts, and forking a threaded
+process is unsafe).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -61,6 +64,12 @@ Progress = Callable[[int, int], None]  # (bytes read, requests read) since the l
 
 def default_workers() -> int:
     return os.cpu_count() or 1
+
+
+def pool_usable() -> bool:
+    """False in a process gevent has patched (Locust's): its pool of processes would block forever."""
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey is None or not monkey.is_module_patched("threading")
 
 
 @dataclass(slots=True)
@@ -253,7 +262,7 @@ def input_batches(
     the previous one's time) and sends ``RenderedLines``; the first span is read alone, since its
     first request is the origin the others render with.
     """
-    if pool is None or counter is not None or pool.workers < 2:
+    if pool is None or counter is not None or pool.workers < 2 or not pool_usable():
         yield from _counted(plan, skips, counter, progress)
     elif uses_spans(plan, pool.workers, pool.min_bytes):
         yield from _span_batches(plan, skips, pool, progress, pool.span_bytes)
@@ -403,6 +412,9 @@ def prefetch(plans: Sequence[Any], pool: ReadPool | None) -> None:
     turned off and every input is read in this process (or in spans).
     """
     if pool is None or not pool.files:
+        return
+    if not pool_usable():
+        pool.files = False
         return
     if len(plans) < 2 or sum(_size(plan.source) for plan in plans) < pool.min_bytes or pool.workers < 2:
         pool.files = False

@@ -160,8 +160,8 @@ def _add_workers_flag(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         metavar="N",
-        help="processes that read big logs (default: one per CPU core; 1 = this process only; logs "
-        "under 64 MB are always read in this process)",
+        help="processes that read big logs (default: one per CPU core with 3 cores or more, else 1; "
+        "1 = this process only; logs under 64 MB are always read in this process)",
     )
 
 

@@ -17,6 +17,17 @@ It also reports the share of the trace the setting would refuse, and — given t
 tokens — how many worst-case full-length sequences fit at once (vLLM's "Maximum concurrency for N
 tokens per request"), compared with the current setting.
 
+**Constant memory** (``LengthCounts``, ``ArrivalCounter``): token lengths are integers bounded by
+the model's window, so a trace of any length is summarized from *counts per length* (a dense
+array up to the longest length seen, ~8 bytes per distinct length below ``DENSE_LENGTHS``; a dict
+above it) instead of one array element per request. The nearest-rank percentile is then the value
+at sorted index ``max(0, ceil(n · p/100 − 1))`` — numpy's ``inverted_cdf`` index, computed with
+the same floating-point steps — found by a search in the cumulative counts; the mean is the exact
+integer sum over the count. Arrivals in time order are summarized on the fly: the busiest
+window ``[t, t + W)`` is counted over the requests of the last ``W`` seconds only, and the gaps'
+mean and variance are combined batch by batch (Chan et al.), so memory is bounded by the busiest
+minute, not the length of the log.
+
 ``summarize_trace`` adds what ``oomload trace stats`` reports about arrivals — the mean rate
 ((count − 1) / span), the peak rate in the busiest 1 s and 60 s windows, and burstiness (coefficient
 of variation of inter-arrival gaps: 1 for Poisson) — and the share of requests above common context
@@ -38,6 +49,7 @@ PERCENTILE_METHOD = "nearest-rank (numpy method='inverted_cdf')"
 COMMON_CONTEXT_LIMITS: tuple[int, ...] = (4096, 8192, 16384, 32768, 131072)
 
 IntArray = npt.NDArray[np.int64]
+DENSE_LENGTHS = 1 << 22  # lengths below this are counted in an array (32 MiB at most), above in a dict
 
 
 def percentile(values: Sequence[float] | npt.NDArray[np.generic], p: float) -> float:
@@ -134,7 +146,7 @@ def round_up(value: float, multiple: int) -> int:
 
 
 def recommend_max_model_len(
-    total_tokens: Sequence[int] | IntArray,
+    total_tokens: Sequence[int] | IntArray | LengthCounts,
     *,
     percentile_p: float = 99.0,
     margin: float = 0.10,
@@ -150,12 +162,12 @@ def recommend_max_model_len(
     tail is wrong by construction) unless the model's limit or the KV cache forces it, which is then
     flagged; never above the current setting when that already covers the basis percentile.
     """
-    arr = np.asarray(total_tokens, dtype=np.int64)
-    if arr.size == 0:
+    counts = total_tokens if isinstance(total_tokens, LengthCounts) else LengthCounts.of(total_tokens)
+    if counts.count == 0:
         raise ValueError("cannot recommend max_model_len from an empty trace")
     if margin < 0:
         raise ValueError(f"margin must be ≥ 0, got {margin}")
-    basis = percentile(arr, percentile_p)
+    basis = counts.percentiles([percentile_p])[0]
     multiple = round_to if block_size is None else math.lcm(round_to, block_size)
     value = round_up(max(basis * (1.0 + margin), 1.0), multiple)
     capped = kv_capped = kept = False
@@ -166,7 +178,7 @@ def recommend_max_model_len(
         value, kv_capped = max(kv_limit, 1), True
     if current_max_model_len is not None and basis <= current_max_model_len < value:
         value, kept = current_max_model_len, True
-    refused = int(np.count_nonzero(arr > value))
+    refused = counts.count_above(value)
     return MaxModelLenAdvice(
         max_model_len=value,
         basis_percentile=percentile_p,
@@ -174,7 +186,7 @@ def recommend_max_model_len(
         margin=margin,
         round_to=multiple,
         capped_by_model_limit=capped,
-        refused_share=refused / arr.size,
+        refused_share=refused / counts.count,
         refused_count=refused,
         max_concurrency=None if kv_cache_tokens is None else kv_cache_tokens / value,
         current_max_model_len=current_max_model_len,
@@ -185,6 +197,112 @@ def recommend_max_model_len(
         ),
         capped_by_kv_cache=kv_capped,
         kept_current=kept,
+    )
+
+
+def nearest_rank_index(count: int, p: float) -> int:
+    """The 0-based sorted index numpy's ``inverted_cdf`` picks for the ``p``-th percentile of ``count``."""
+    if not 0.0 <= p <= 100.0:
+        raise ValueError(f"percentile must be within [0, 100], got {p}")
+    virtual = float(np.float64(count) * np.true_divide(np.float64(p), 100) - 1)
+    return int(min(max(math.ceil(virtual), 0), count - 1))
+
+
+class LengthCounts:
+    """How many requests had each length (tokens): exact percentiles in memory bounded by the lengths."""
+
+    __slots__ = ("_dense", "_sparse", "count", "total")
+
+    def __init__(self) -> None:
+        self._dense = np.zeros(0, dtype=np.int64)
+        self._sparse: dict[int, int] = {}
+        self.count = 0
+        self.total = 0  # the exact sum of all lengths (a Python int)
+
+    @classmethod
+    def of(cls, values: Sequence[int] | npt.NDArray[np.generic]) -> LengthCounts:
+        counts = cls()
+        counts.add(values)
+        return counts
+
+    def add(self, values: Sequence[int] | npt.NDArray[np.generic]) -> None:
+        arr = np.asarray(values, dtype=np.int64)
+        if arr.size == 0:
+            return
+        self.count += int(arr.size)
+        self.total += int(arr.sum(dtype=np.int64))
+        dense = (arr >= 0) & (arr < DENSE_LENGTHS)
+        inside = arr if bool(dense.all()) else arr[dense]
+        if inside.size:
+            counts = np.bincount(inside)
+            if counts.size > self._dense.size:
+                grown = np.zeros(counts.size, dtype=np.int64)
+                grown[: self._dense.size] = self._dense
+                self._dense = grown
+            self._dense[: counts.size] += counts
+        if inside.size < arr.size:
+            values_out, counts_out = np.unique(arr[~dense], return_counts=True)
+            for value, n in zip(values_out.tolist(), counts_out.tolist(), strict=True):
+                self._sparse[value] = self._sparse.get(value, 0) + n
+
+    def merge(self, other: LengthCounts) -> None:
+        """Add ``other``'s counts to these."""
+        if other._dense.size > self._dense.size:
+            grown = np.zeros(other._dense.size, dtype=np.int64)
+            grown[: self._dense.size] = self._dense
+            self._dense = grown
+        self._dense[: other._dense.size] += other._dense
+        for value, n in other._sparse.items():
+            self._sparse[value] = self._sparse.get(value, 0) + n
+        self.count += other.count
+        self.total += other.total
+
+    def distinct(self) -> tuple[IntArray, IntArray]:
+        """The lengths that occurred, ascending, and how many requests had each."""
+        values = np.flatnonzero(self._dense).astype(np.int64)
+        counts = self._dense[values]
+        if self._sparse:
+            keys = np.array(sorted(self._sparse), dtype=np.int64)
+            extra = np.array([self._sparse[k] for k in keys.tolist()], dtype=np.int64)
+            low = keys < 0
+            values = np.concatenate([keys[low], values, keys[~low]])
+            counts = np.concatenate([extra[low], counts, extra[~low]])
+        return values, counts
+
+    def percentiles(self, ps: Sequence[float]) -> list[float]:
+        """Nearest-rank percentiles (numpy ``inverted_cdf``), as floats like ``np.percentile`` gives."""
+        if self.count == 0:
+            raise ValueError("percentile of an empty sample")
+        values, counts = self.distinct()
+        cumulative = np.cumsum(counts)
+        ranks = [nearest_rank_index(self.count, p) for p in ps]
+        return [float(values[int(np.searchsorted(cumulative, rank, side="right"))]) for rank in ranks]
+
+    def count_above(self, limit: float) -> int:
+        """How many lengths are strictly above ``limit``."""
+        values, counts = self.distinct()
+        return int(counts[values > limit].sum())
+
+    @property
+    def max(self) -> int:
+        values, _ = self.distinct()
+        return int(values[-1])
+
+
+def summarize_counts(counts: LengthCounts) -> LengthSummary:
+    """``summarize_lengths`` of the lengths ``counts`` holds (the same numbers, from the counts)."""
+    if counts.count == 0:
+        raise ValueError("cannot summarize an empty sample")
+    p50, p90, p95, p99, p999 = counts.percentiles(PERCENTILES)
+    return LengthSummary(
+        count=counts.count,
+        mean=counts.total / counts.count,
+        p50=p50,
+        p90=p90,
+        p95=p95,
+        p99=p99,
+        p999=p999,
+        max=float(counts.max),
     )
 
 
@@ -307,13 +425,105 @@ def summarize_trace(
     output = np.asarray(output_tokens, dtype=np.int64)
     if prompt.shape != output.shape or prompt.size != np.asarray(arrival_s).size:
         raise ValueError("arrival, prompt and output columns must have the same length")
-    total = prompt + output
+    return summarize_trace_counts(
+        summarize_arrivals(arrival_s),
+        0 if ok is None else int(np.count_nonzero(~np.asarray(ok, dtype=bool))),
+        LengthCounts.of(prompt),
+        LengthCounts.of(output),
+        LengthCounts.of(prompt + output),
+        **sizing,
+    )
+
+
+def summarize_trace_counts(
+    arrivals: ArrivalStats,
+    failed_count: int,
+    prompt: LengthCounts,
+    output: LengthCounts,
+    total: LengthCounts,
+    **sizing: Unpack[SizingOptions],
+) -> TraceStats:
+    """``summarize_trace`` from arrival statistics and counts per length (constant memory)."""
     return TraceStats(
-        arrivals=summarize_arrivals(arrival_s),
-        failed_count=0 if ok is None else int(np.count_nonzero(~np.asarray(ok, dtype=bool))),
-        prompt=summarize_lengths(prompt),
-        output=summarize_lengths(output),
-        total=summarize_lengths(total),
-        above_limits=context_limit_shares(total),
+        arrivals=arrivals,
+        failed_count=failed_count,
+        prompt=summarize_counts(prompt),
+        output=summarize_counts(output),
+        total=summarize_counts(total),
+        above_limits={int(limit): total.count_above(limit) / total.count for limit in COMMON_CONTEXT_LIMITS},
         advice=recommend_max_model_len(total, **sizing),
     )
+
+
+class ArrivalCounter:
+    """``summarize_arrivals`` of arrival times fed in time order, batch by batch, in bounded memory.
+
+    ``add`` returns False (and the counter is of no further use) as soon as a time goes backwards:
+    the caller then needs every time at once (``summarize_arrivals``).
+    """
+
+    def __init__(self, windows_s: Sequence[float] = RATE_WINDOWS_S) -> None:
+        self.windows_s = tuple(windows_s)
+        self.count = 0
+        self.in_order = True
+        self._first = math.nan
+        self._last = -math.inf
+        self._carry = [np.empty(0, dtype=np.float64) for _ in self.windows_s]
+        self._peak = [0 for _ in self.windows_s]
+        self._gaps = 0
+        self._gap_mean = 0.0
+        self._gap_m2 = 0.0
+
+    def add(self, arrival_s: Sequence[float] | npt.NDArray[np.generic]) -> bool:
+        times = np.asarray(arrival_s, dtype=np.float64)
+        if not self.in_order or times.size == 0:
+            return self.in_order
+        if times[0] < self._last or (times.size > 1 and bool((np.diff(times) < 0).any())):
+            self.in_order = False
+            return False
+        gaps = np.diff(times) if self.count == 0 else np.diff(np.concatenate([[self._last], times]))
+        if self.count == 0:
+            self._first = float(times[0])
+        self.count += int(times.size)
+        self._last = float(times[-1])
+        if gaps.size:
+            mean = float(gaps.mean())
+            m2 = float(((gaps - mean) ** 2).sum())
+            total = self._gaps + gaps.size
+            delta = mean - self._gap_mean
+            self._gap_mean += delta * gaps.size / total
+            self._gap_m2 += m2 + delta * delta * self._gaps * gaps.size / total
+            self._gaps = total
+        for index, window_s in enumerate(self.windows_s):
+            buffer = np.concatenate([self._carry[index], times])
+            closed = int(np.count_nonzero(buffer + window_s <= buffer[-1]))  # their windows are complete
+            if closed:
+                ends = np.searchsorted(buffer, buffer[:closed] + window_s, side="left")
+                self._peak[index] = max(self._peak[index], int((ends - np.arange(closed)).max()))
+            self._carry[index] = buffer[closed:]
+        return True
+
+    def result(self) -> ArrivalStats:
+        if not self.in_order:
+            raise ValueError("the arrival times went backwards; summarize them with summarize_arrivals")
+        if self.count == 0:
+            raise ValueError("cannot summarize the arrivals of an empty trace")
+        peaks = []
+        for index, window_s in enumerate(self.windows_s):
+            carry = self._carry[index]
+            ends = np.searchsorted(carry, carry + window_s, side="left")
+            peak = max(self._peak[index], int((ends - np.arange(carry.size)).max()) if carry.size else 0)
+            peaks.append(peak / window_s)
+        span = self._last - self._first
+        cv = None
+        if self.count >= 3 and self._gap_mean > 0:
+            cv = math.sqrt(self._gap_m2 / self._gaps) / self._gap_mean
+        by_window = dict(zip(self.windows_s, peaks, strict=True))
+        return ArrivalStats(
+            count=self.count,
+            span_s=span,
+            mean_rps=None if span <= 0 else (self.count - 1) / span,
+            peak_rps_1s=by_window.get(1.0, 0.0),
+            peak_rps_60s=by_window.get(60.0, 0.0),
+            burstiness_cv=cv,
+        )

@@ -17,8 +17,13 @@ STATS_SCHEMA = "oomload.trace-stats/1"
 DEFAULT_BLOCK_SIZE = 16  # vLLM's block size on GPUs when --block-size is not given
 
 if TYPE_CHECKING:
-    from oomload.ingest import TraceColumns
-    from oomload.stats import TraceStats
+    from collections.abc import Callable
+    from types import TracebackType
+
+    from rich.progress import Progress
+
+    from oomload.ingest import TraceCounts
+    from oomload.stats import LengthCounts, TraceStats
 
 
 def register(subparsers: Any) -> None:
@@ -42,6 +47,7 @@ def register(subparsers: Any) -> None:
     )
     _add_input_flags(build)
     build.add_argument("--strict", action="store_true", help="stop at the first unusable line")
+    _add_workers_flag(build)
     build.set_defaults(func=run_build)
 
     stats = actions.add_parser(
@@ -52,6 +58,7 @@ def register(subparsers: Any) -> None:
     )
     stats.add_argument("inputs", nargs="+", metavar="TRACE_OR_LOG", help="an oomload trace, or logs")
     _add_input_flags(stats)
+    _add_workers_flag(stats)
     stats.add_argument("--json", action="store_true", help="print JSON instead of tables")
     stats.add_argument("--plot", metavar="PNG", help="write a histogram picture with the percentiles marked")
     stats.add_argument(
@@ -148,6 +155,22 @@ def _add_input_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_workers_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="processes that read big logs (default: one per CPU core with 3 cores or more, else 1; "
+        "1 = this process only; logs under 64 MB are always read in this process)",
+    )
+
+
+def _workers(args: argparse.Namespace) -> int | None:
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers must be a positive number of processes, got {args.workers}")
+    return int(args.workers) if args.workers is not None else None
+
+
 def _missing_action(parser: argparse.ArgumentParser) -> Any:
     def run(args: argparse.Namespace) -> int:
         del args
@@ -189,7 +212,12 @@ def run_build(args: argparse.Namespace) -> int:
     from oomload.ingest import build_trace, check_output_path
 
     check_output_path(args.out)  # before the tokenizer is loaded or any input is read
-    result = build_trace(args.logs, args.out, strict=args.strict, **_input_options(args))
+    workers = _workers(args)
+    options = _input_options(args)
+    with ReadProgress.for_inputs(args.logs, "building") as progress:
+        result = build_trace(
+            args.logs, args.out, strict=args.strict, workers=workers, progress=progress, **options
+        )
     print(
         f"wrote {result.records_written} requests to {result.out_path} "
         f"(format {'+'.join(result.formats)}"
@@ -213,8 +241,8 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from oomload.ingest import check_output_path, load_columns
-    from oomload.stats import summarize_trace
+    from oomload.ingest import check_output_path, count_trace
+    from oomload.stats import summarize_trace_counts
 
     for name in ("round_to", "block_size", "current_max_model_len", "kv_cache_tokens", "model_limit"):
         value = getattr(args, name)
@@ -223,13 +251,17 @@ def run_stats(args: argparse.Namespace) -> int:
     margin = parse_fraction(args.margin, "--margin")
     if args.plot:
         check_output_path(args.plot, example="lengths.png")
-    columns = load_columns(args.inputs, **_input_options(args))
+    workers = _workers(args)
+    options = _input_options(args)
+    with ReadProgress.for_inputs(args.inputs, "reading") as progress:
+        columns = count_trace(args.inputs, workers=workers, progress=progress, **options)
     usable = _usable_kv_tokens(args.kv_cache_tokens, args.block_size)
-    stats = summarize_trace(
-        columns.arrival_s,
+    stats = summarize_trace_counts(
+        columns.arrivals,
+        columns.failed,
         columns.prompt_tokens,
         columns.output_tokens,
-        columns.ok,
+        columns.total_tokens,
         margin=margin,
         round_to=args.round_to,
         block_size=args.block_size,
@@ -246,7 +278,7 @@ def run_stats(args: argparse.Namespace) -> int:
         usable_kv_cache_tokens=usable,
     )
     if args.plot:
-        plot_lengths(args.plot, columns.prompt_tokens, columns.output_tokens)
+        plot_lengths(args.plot, columns.prompt_tokens, columns.output_tokens, columns.total_tokens)
     if args.json:
         print(json.dumps(document, indent=2))
     else:
@@ -269,7 +301,7 @@ def _usable_kv_tokens(kv_cache_tokens: int | None, block_size: int | None) -> in
 def stats_document(
     stats: TraceStats,
     inputs: list[str],
-    columns: TraceColumns,
+    columns: TraceCounts,
     *,
     model_limit: int | None = None,
     kv_cache_tokens: int | None = None,
@@ -411,8 +443,10 @@ def advice_lines(advice: dict[str, Any]) -> list[str]:
     return lines
 
 
-def plot_lengths(path: str, prompt_tokens: Any, output_tokens: Any) -> None:
-    """Histograms of input, output and total tokens (log-spaced bins), percentiles marked."""
+def plot_lengths(
+    path: str, prompt_tokens: LengthCounts, output_tokens: LengthCounts, total: LengthCounts
+) -> None:
+    """Histograms of input, output and total tokens (log-spaced bins) from counts, percentiles marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -422,25 +456,24 @@ def plot_lengths(path: str, prompt_tokens: Any, output_tokens: Any) -> None:
     from oomload.ingest import TraceScratch, check_output_path
     from oomload.stats import PERCENTILE_METHOD, PERCENTILES
 
-    prompt = np.asarray(prompt_tokens)
-    output = np.asarray(output_tokens)
-    series = (("input tokens", prompt), ("output tokens", output), ("total tokens", prompt + output))
+    series = (("input tokens", prompt_tokens), ("output tokens", output_tokens), ("total tokens", total))
     fig, axes = plt.subplots(3, 1, figsize=(9, 9), constrained_layout=True)
-    for ax, (label, values) in zip(axes, series, strict=True):
+    for ax, (label, counts) in zip(axes, series, strict=True):
+        values, weights = counts.distinct()
         top = max(int(values.max()), 1)
         bins = np.unique(np.geomspace(1, top + 1, 60).astype(int))
-        ax.hist(np.maximum(values, 1), bins=bins, color="#4c78a8")
+        ax.hist(np.maximum(values, 1), bins=bins, weights=weights, color="#4c78a8")
         ax.set_xscale("log")
         ax.set_xlabel(label)
         ax.set_ylabel("requests")
-        marks = np.percentile(values, PERCENTILES, method="inverted_cdf")
+        marks = counts.percentiles(PERCENTILES)
         colors = ("#54a24b", "#f58518", "#b279a2", "#e45756", "#000000")
         for p, mark, color in zip(PERCENTILES, marks, colors, strict=True):
             ax.axvline(
                 max(float(mark), 1), color=color, linestyle="--", linewidth=1, label=f"P{p:g} = {mark:,.0f}"
             )
         ax.legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"Request lengths ({len(prompt):,} requests; {PERCENTILE_METHOD})")
+    fig.suptitle(f"Request lengths ({prompt_tokens.count:,} requests; {PERCENTILE_METHOD})")
     try:
         with TraceScratch(check_output_path(path, example="lengths.png")) as scratch:
             try:
@@ -450,6 +483,104 @@ def plot_lengths(path: str, prompt_tokens: Any, output_tokens: Any) -> None:
             scratch.commit()
     finally:
         plt.close(fig)
+
+
+class ReadProgress:
+    """A progress bar on stderr for reads that take more than ``delay_s``: bytes, requests/s, ETA.
+
+    Shown only when stderr is a terminal, and only once the read has run ``delay_s`` (short
+    reads print nothing more than before); it disappears when the read ends. Called with the bytes
+    and requests read since the last call (``oomload.ingest.parallel.Progress``).
+    """
+
+    def __init__(
+        self,
+        total_bytes: int,
+        label: str,
+        *,
+        delay_s: float = 2.0,
+        enabled: bool = True,
+        clock: Callable[[], float] | None = None,
+        console: Any = None,
+    ) -> None:
+        import time
+
+        self.total_bytes, self.label, self.delay_s, self.enabled = total_bytes, label, delay_s, enabled
+        self.done_bytes = 0
+        self.requests = 0
+        self._clock = time.monotonic if clock is None else clock
+        self._console = console
+        self._start = self._clock()
+        self._bar: Progress | None = None
+        self._task: Any = None
+
+    @classmethod
+    def for_inputs(cls, paths: list[str], label: str) -> ReadProgress:
+        import contextlib
+        import os
+        import sys
+
+        total = 0
+        for path in paths:
+            with contextlib.suppress(OSError):
+                total += os.stat(path).st_size
+        return cls(total, label, enabled=sys.stderr.isatty())
+
+    def __call__(self, read_bytes: int, requests: int) -> None:
+        self.done_bytes += read_bytes
+        self.requests += requests
+        if not self.enabled:
+            return
+        if self._bar is None:
+            if self._clock() - self._start < self.delay_s:
+                return
+            self._open()
+        assert self._bar is not None
+        elapsed = max(self._clock() - self._start, 1e-9)
+        self._bar.update(
+            self._task,
+            completed=min(self.done_bytes, self.total_bytes),
+            requests=f"{self.requests:,} requests, {self.requests / elapsed:,.0f}/s",
+        )
+
+    def _open(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TextColumn("{task.fields[requests]}"),
+            TimeRemainingColumn(),
+            console=self._console or Console(stderr=True),
+            transient=True,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task(self.label, total=self.total_bytes or None, requests="")
+
+    @property
+    def shown(self) -> bool:
+        """Whether the bar is on screen."""
+        return self._bar is not None
+
+    def __enter__(self) -> ReadProgress:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
 
 
 def run_synth(args: argparse.Namespace) -> int:

@@ -1,4 +1,10 @@
-"""A trace, or logs, as the numpy columns ``trace stats`` needs (not one Python object per request).
+"""A trace, or logs, as what ``trace stats`` needs: counts per length and arrival statistics.
+
+``count_trace`` (what ``trace stats`` uses) keeps **constant memory**: each batch's lengths go
+into ``LengthCounts`` and its times into an ``ArrivalCounter``, then the batch is dropped. Several
+inputs are read twice: once for the lengths and their time ranges (which decide the alignment), then
+merged in time order (``build.merge_batches``) for the arrivals. Only when an input is not in time
+order are the times gathered whole, 8 bytes per request, in one more pass.
 
 ``load_columns`` reads an oomload trace with pyarrow's JSON reader, or each log input with its
 reader, keeping four columns per input: time, prompt and output tokens, success. Several inputs are
@@ -9,7 +15,7 @@ are then made relative to the earliest request.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,12 +25,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from oomload.errors import TraceFormatError
-from oomload.ingest.build import ClockMeter, align_inputs, iter_source_batches, plan_inputs
+from oomload.ingest.build import (
+    ClockMeter,
+    align_inputs,
+    iter_source_batches,
+    merge_batches,
+    plan_inputs,
+    shifted,
+)
 from oomload.ingest.clocks import ClockAlignment
 from oomload.ingest.columns import read_trace_columns
 from oomload.ingest.mapping import ColumnMapping
+from oomload.ingest.parallel import Progress, ReadPool, default_workers, input_batches, prefetch
 from oomload.ingest.skips import SkipLog, nothing_usable
 from oomload.ingest.tokens import TokenCounter
+from oomload.stats import ArrivalCounter, ArrivalStats, LengthCounts, summarize_arrivals
 from oomload.trace import is_trace_file, read_trace_header
 
 
@@ -101,3 +116,117 @@ def load_columns(
         skips=skips,
         alignment=alignment,
     )
+
+
+@dataclass(slots=True)
+class TraceCounts:
+    """What ``trace stats`` reports, gathered in constant memory (see the module docstring)."""
+
+    arrivals: ArrivalStats
+    failed: int
+    prompt_tokens: LengthCounts
+    output_tokens: LengthCounts
+    total_tokens: LengthCounts
+    formats: tuple[str, ...]
+    tokenizer: str | None = None
+    skips: SkipLog = field(default_factory=SkipLog)
+    alignment: ClockAlignment | None = None  # None for a single input
+
+
+def count_trace(
+    paths: Sequence[str | Path],
+    *,
+    format: str | None = None,
+    mapping: ColumnMapping | None = None,
+    counter: TokenCounter | None = None,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> TraceCounts:
+    """Counts per length, failures and arrival statistics of a trace or logs (inputs aligned)."""
+    with ReadPool(default_workers() if workers is None else workers, files=len(paths) > 1) as pool:
+        return _count_trace(paths, format, mapping, counter, pool, progress)
+
+
+def _count_trace(
+    paths: Sequence[str | Path],
+    format: str | None,
+    mapping: ColumnMapping | None,
+    counter: TokenCounter | None,
+    pool: ReadPool,
+    progress: Progress | None,
+) -> TraceCounts:
+    if len(paths) == 1 and format in (None, "oomload") and mapping is None and is_trace_file(paths[0]):
+        formats: tuple[str, ...] = ("oomload",)
+        tokenizer = read_trace_header(paths[0]).tokenizer
+
+        def streams(skips: SkipLog) -> list[Iterator[pa.Table]]:
+            return [_renamed(read_trace_columns(paths[0]))]
+
+    else:
+        plans = plan_inputs(paths, format=format, mapping=mapping)
+        formats = tuple(dict.fromkeys(plan.format for plan in plans))
+        tokenizer = None if counter is None else counter.name
+
+        def streams(skips: SkipLog) -> list[Iterator[pa.Table]]:
+            prefetch(plans, pool)
+            return [input_batches(plan, skips, counter, pool=pool, progress=progress) for plan in plans]
+
+    skips = SkipLog()
+    prompt, output, total = LengthCounts(), LengthCounts(), LengthCounts()
+    failed = 0
+    arrivals = ArrivalCounter()
+    inputs = streams(skips)
+    meters = [ClockMeter() for _ in inputs]
+    for index, batches in enumerate(inputs):
+        for batch in meters[index].observe(batches):
+            p = np.asarray(batch.column("prompt_tokens"), dtype=np.int64)
+            o = np.asarray(batch.column("output_tokens"), dtype=np.int64)
+            prompt.add(p)
+            output.add(o)
+            total.add(p + o)
+            failed += int(np.count_nonzero(~np.asarray(pc.fill_null(batch.column("ok"), True), dtype=bool)))
+            if len(inputs) == 1:
+                arrivals.add(np.asarray(batch.column("time_s"), dtype=np.float64))
+    if prompt.count == 0:
+        raise TraceFormatError(nothing_usable(skips), ", ".join(str(p) for p in paths))
+    alignment = align_inputs(meters) if len(inputs) > 1 else None
+    offsets_s = (0.0,) if alignment is None else alignment.offsets_s
+    if len(inputs) > 1:  # a second pass: the inputs merged in time order, shifted onto one timeline
+        pool.close()
+        pool.files = True
+        timelines = [
+            shifted(batches, offset_s)
+            for batches, offset_s in zip(streams(SkipLog()), offsets_s, strict=True)
+        ]
+        for batch in merge_batches(timelines):
+            if not arrivals.add(np.asarray(batch.column("time_s"), dtype=np.float64)):
+                break
+    if arrivals.in_order:
+        stats = arrivals.result()
+    else:  # an input out of time order: its times whole (8 bytes a request), in one more pass
+        pool.close()
+        pool.files = len(paths) > 1
+        times = [
+            np.asarray(batch.column("time_s"), dtype=np.float64) + offset_s
+            for batches, offset_s in zip(streams(SkipLog()), offsets_s, strict=True)
+            for batch in batches
+        ]
+        pool.close()
+        stats = summarize_arrivals(np.concatenate(times))
+    return TraceCounts(
+        arrivals=stats,
+        failed=failed,
+        prompt_tokens=prompt,
+        output_tokens=output,
+        total_tokens=total,
+        formats=formats,
+        tokenizer=tokenizer,
+        skips=skips,
+        alignment=alignment,
+    )
+
+
+def _renamed(tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """Trace tables with ``arrival_s`` named ``time_s``, like the log readers' batches."""
+    for table in tables:
+        yield table.rename_columns(["time_s" if n == "arrival_s" else n for n in table.column_names])

@@ -17,13 +17,14 @@
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -33,7 +34,16 @@ from oomload.ingest.columns import batches_from_records, records_from_batch
 from oomload.ingest.detect import detect_format
 from oomload.ingest.mapping import ColumnMapping, check_jsonl_mapping, csv_layout, read_mapped_jsonl_records
 from oomload.ingest.mooncake import read_mooncake_batches
-from oomload.ingest.openai_log import read_openai_records
+from oomload.ingest.openai_fast import read_openai_batches
+from oomload.ingest.parallel import (
+    PARALLEL_MIN_BYTES,
+    SPAN_BYTES,
+    Progress,
+    ReadPool,
+    default_workers,
+    input_batches,
+    prefetch,
+)
 from oomload.ingest.skips import SkipLog, nothing_usable
 from oomload.ingest.source import LogSource
 from oomload.ingest.tabular import AZURE, BURSTGPT, CsvLayout, check_layout, read_csv_batches
@@ -101,7 +111,7 @@ def iter_source_batches(plan: InputPlan, skips: SkipLog, counter: TokenCounter |
     elif plan.format == "mooncake":
         yield from read_mooncake_batches(source, skips)
     elif plan.format == "openai":
-        yield from batches_from_records(read_openai_records(source, skips, counter))
+        yield from read_openai_batches(source, skips, counter)
     elif plan.format == "vllm-log":
         yield from batches_from_records(read_vllm_records(source, skips, counter))
     elif plan.format == "jsonl":
@@ -140,24 +150,75 @@ def iter_batches(
     *,
     offsets_s: Sequence[float] | None = None,
     meters: Sequence[ClockMeter] | None = None,
+    pool: ReadPool | None = None,
+    progress: Progress | None = None,
 ) -> Iterator[pa.Table]:
-    """All inputs' batches, each input's times plus its offset; several inputs merged record by record."""
+    """All inputs' batches, each input's times plus its offset; several inputs merged by time.
+
+    Each input has its own skip log while it is read; they are added to ``skips`` in input order
+    at the end, so the counts, examples and notes do not depend on how the reads interleave.
+    """
     streams: list[Iterator[pa.Table]] = []
+    logs = [skips] if len(plans) == 1 else [SkipLog(strict=skips.strict, keep=skips.keep) for _ in plans]
+    prefetch(plans, pool)
     for index, plan in enumerate(plans):
-        batches = iter_source_batches(plan, skips, counter)
+        batches = input_batches(plan, logs[index], counter, pool=pool, progress=progress)
         if meters is not None:
             batches = meters[index].observe(batches)
         if offsets_s is not None and offsets_s[index] != 0.0:
-            batches = _shifted(batches, offsets_s[index])
+            batches = shifted(batches, offsets_s[index])
         streams.append(batches)
     if len(streams) == 1:
         yield from streams[0]
         return
-    records = [(record for batch in stream for record in records_from_batch(batch)) for stream in streams]
-    yield from batches_from_records(heapq.merge(*records, key=lambda record: record.arrival_s))
+    yield from merge_batches(streams)
+    for log in logs:
+        skips.absorb(log)
 
 
-def _shifted(batches: Iterable[pa.Table], offset_s: float) -> Iterator[pa.Table]:
+def merge_batches(streams: Sequence[Iterator[pa.Table]]) -> Iterator[pa.Table]:
+    """Batches of several time-ordered streams merged by time, ties in stream order (``heapq.merge``'s order).
+
+    Each round takes, from every stream's current batch, the rows up to the smallest batch end
+    ``bound`` among them (the stream that ends there, and those before it, up to and including
+    ``bound``; those after it, below ``bound`` — a later batch of the bound stream may still hold
+    ``bound``), and sorts them stably by time.
+    """
+    heads: list[pa.Table | None] = [_next_rows(stream) for stream in streams]
+    while True:
+        live = [i for i, head in enumerate(heads) if head is not None]
+        if not live:
+            return
+        ends = {i: _running_max(heads[i])[-1] for i in live}
+        bound = min(ends.values())
+        first = min(i for i in live if ends[i] == bound)
+        parts: list[pa.Table] = []
+        for i in live:
+            head = heads[i]
+            assert head is not None
+            peak = _running_max(head)
+            take = int(np.count_nonzero(peak <= bound if i <= first else peak < bound))
+            if take:
+                parts.append(head.slice(0, take))
+            rest = head.slice(take)
+            heads[i] = rest if rest.num_rows else _next_rows(streams[i])
+        merged = pa.concat_tables(parts)
+        order = np.argsort(np.asarray(merged.column("time_s"), dtype=np.float64), kind="stable")
+        yield merged.take(pa.array(order))
+
+
+def _running_max(batch: pa.Table) -> npt.NDArray[np.float64]:
+    return np.maximum.accumulate(np.asarray(batch.column("time_s"), dtype=np.float64))
+
+
+def _next_rows(stream: Iterator[pa.Table]) -> pa.Table | None:
+    for batch in stream:
+        if batch.num_rows:
+            return batch.replace_schema_metadata(None)
+    return None
+
+
+def shifted(batches: Iterable[pa.Table], offset_s: float) -> Iterator[pa.Table]:
     for batch in batches:
         index = batch.schema.get_field_index("time_s")
         yield batch.set_column(index, "time_s", pc.add(batch.column("time_s"), offset_s))
@@ -205,6 +266,10 @@ def build_trace(
     mapping: ColumnMapping | None = None,
     counter: TokenCounter | None = None,
     strict: bool = False,
+    workers: int | None = None,
+    progress: Progress | None = None,
+    parallel_min_bytes: int = PARALLEL_MIN_BYTES,
+    span_bytes: int = SPAN_BYTES,
 ) -> BuildResult:
     """Read the logs, write a trace to ``out``; raises ``TraceFormatError`` when nothing usable was found.
 
@@ -221,14 +286,27 @@ def build_trace(
     guess = TraceHeader(  # the header of a clean build; finish_trace rewrites the file when it is not
         sources, "+".join(formats), tokenizer, _header_extra(SkipLog(), None, reordered=False)
     )
-    with TraceScratch(out) as scratch:
+    workers = default_workers() if workers is None else workers
+    with (
+        TraceScratch(out) as scratch,
+        ReadPool(
+            workers,
+            files=len(plans) > 1,
+            render=len(plans) == 1,
+            min_bytes=parallel_min_bytes,
+            span_bytes=span_bytes,
+        ) as pool,
+    ):
         skips = SkipLog(strict=strict)
-        written = write_body(scratch, iter_batches(plans, skips, counter, meters=meters), guess)
+        batches = iter_batches(plans, skips, counter, meters=meters, pool=pool, progress=progress)
+        written = write_body(scratch, batches, guess)
         if meters is not None:
             alignment = align_inputs(meters)
             if not alignment.shared:  # second pass: each input on its own start
+                pool.close()
+                pool.files = len(plans) > 1
                 skips = SkipLog(strict=strict)
-                batches = iter_batches(plans, skips, counter, offsets_s=alignment.offsets_s)
+                batches = iter_batches(plans, skips, counter, offsets_s=alignment.offsets_s, pool=pool)
                 written = write_body(scratch, batches, guess)
         if written.count == 0:
             raise TraceFormatError(nothing_usable(skips), ", ".join(str(p) for p in paths))

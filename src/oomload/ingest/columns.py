@@ -185,8 +185,13 @@ def _optional_string(pieces: list[pa.Array | pa.ChunkedArray | str], batch: pa.T
 
 def _json_strings(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     """JSON string literals (quoted, escaped) for a string column; nulls stay null."""
+    # ensure_ascii=False: the same text as the kernels below give, so a line does not depend on
+    # whether another string of its batch held a control character (the parallel build relies on it).
     if pc.any(pc.match_substring_regex(column, r"[\x00-\x1f]")).as_py():
-        return pa.array([None if v is None else json.dumps(v) for v in column.to_pylist()], pa.string())
+        return pa.array(
+            [None if v is None else json.dumps(v, ensure_ascii=False) for v in column.to_pylist()],
+            pa.string(),
+        )
     escaped = pc.replace_substring(pc.replace_substring(column, "\\", "\\\\"), '"', '\\"')
     return pc.binary_join_element_wise('"', escaped, '"', "")
 

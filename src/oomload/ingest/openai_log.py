@@ -35,6 +35,7 @@ from oomload.trace import TraceRecord
 TIME_KEYS = ("timestamp", "created_at", "start_time", "request_time", "time")
 ID_KEYS = ("custom_id", "request_id", "id")
 MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+INT64_LIMIT = 2**63
 
 
 def read_openai_records(
@@ -216,12 +217,12 @@ def _first_int(obj: dict[str, Any], keys: tuple[str, ...]) -> int | None:
 
 
 def _int_or_none(value: Any) -> int | None:
+    """An integer, or ``None`` for anything else (also past int64: a column cannot hold it)."""
     if isinstance(value, bool) or value is None:
         return None
+    number = None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value == int(value):
-        return int(value)
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return None
+        number = value
+    elif (isinstance(value, float) and value.is_integer()) or (isinstance(value, str) and value.isdigit()):
+        number = int(value)
+    return number if number is not None and -INT64_LIMIT <= number < INT64_LIMIT else None

@@ -38,6 +38,15 @@ class SkipLog:
         if text not in self.notes:
             self.notes.append(text)
 
+    def absorb(self, other: SkipLog) -> None:
+        """Add ``other``'s counts, examples (up to ``keep``) and notes after these."""
+        for reason, count in other.counts.items():
+            self.counts[reason] = self.counts.get(reason, 0) + count
+            shown = self.examples.setdefault(reason, [])
+            shown += other.examples.get(reason, [])[: max(self.keep - len(shown), 0)]
+        for text in other.notes:
+            self.note(text)
+
     @property
     def total(self) -> int:
         return sum(self.counts.values())

@@ -8,15 +8,22 @@ A compressed stream that fails to decompress is "a damaged gzip/zstd file"; so i
 ``.gz`` / ``.zst`` that lacks the signature and does not read as text either (``misnamed``).
 ``iter_json_objects`` is the line loop of the JSONL readers: it yields each line's object and
 counts every other non-blank line as "not a JSON object".
+
+A source may be a byte **span** of an uncompressed file (``LogSource(path, span=(start, end))``,
+both at line starts): the parallel build hands each worker one (``oomload.ingest.parallel``). Its
+line numbers count from the span's first line (1); the caller adds the lines before it.
+``iter_views`` reads an uncompressed file through ``mmap`` without copying it (the OpenAI reader
+decodes straight from the page cache); a compressed one in chunks.
 """
 
 from __future__ import annotations
 
 import gzip
 import io
+import mmap
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -48,9 +55,11 @@ def _read_errors() -> tuple[type[BaseException], ...]:
 
 @dataclass(frozen=True, slots=True)
 class LogSource:
-    """A log or trace file named by the user."""
+    """A log or trace file named by the user (or the ``span`` ``[start, end)`` of its bytes)."""
 
     path: Path
+    span: tuple[int, int] | None = None
+    meter: ReadMeter | None = field(default=None, compare=False, repr=False)  # bytes read, for progress
 
     @property
     def name(self) -> str:
@@ -67,12 +76,19 @@ class LogSource:
         return None
 
     def open_binary(self) -> IO[bytes]:
-        """The decompressed content as a binary stream."""
+        """The decompressed content as a binary stream (only the span's bytes for a span)."""
+        if self.span is not None:
+            raw = self._open_raw()
+            raw.seek(self.span[0])
+            return cast(IO[bytes], io.BufferedReader(_SpanStream(raw, self.span[1] - self.span[0])))
         kind = self.compression()
         if kind is None:
             return self._open_raw()
         if kind == "gzip":
-            return cast(IO[bytes], gzip.open(self.path, "rb"))
+            raw = self._open_raw()
+            stream = gzip.GzipFile(fileobj=raw, mode="rb")
+            stream.myfileobj = raw  # type: ignore[assignment]  # closed with the stream, as gzip.open does
+            return cast(IO[bytes], stream)
         try:
             import zstandard
         except ImportError as err:
@@ -135,6 +151,40 @@ class LogSource:
             except _read_errors() as err:
                 raise self._damaged(err, "cannot read to the end") from err
 
+    def iter_views(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Chunk]:
+        """Chunks of whole lines, without copying the file when it is not compressed.
+
+        An uncompressed file (or span) is mapped into memory and each ``Chunk`` is a stretch of
+        the map; line numbers are counted only when ``Chunk.line_at`` is called (in increasing order).
+        """
+        if self.span is None and self.compression() is not None:
+            for first_line, chunk in self.iter_chunks(chunk_bytes):
+                yield Chunk(chunk, 0, len(chunk), _ChunkLines(chunk, 0, first_line))
+            return
+        with self._open_raw() as raw:
+            size = raw.seek(0, io.SEEK_END)
+            start, end = (0, size) if self.span is None else self.span
+            if end <= start:
+                return
+            try:
+                data = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as err:
+                raise TraceFormatError(f"cannot read ({_describe(err)})", self.path) from err
+        lines = _ChunkLines(data, start, 1)
+        data.madvise(mmap.MADV_SEQUENTIAL)
+        page = mmap.PAGESIZE
+        while start < end:
+            stop = data.find(b"\n", min(start + chunk_bytes, end) - 1, end)
+            stop = end if stop < 0 else stop + 1
+            if self.meter is not None:
+                self.meter.bytes += stop - start
+            yield Chunk(data, start, stop, lines)
+            # Read pages leave this process's resident set (they stay in the page cache).
+            first, last = start - start % page, stop - stop % page
+            if last > first:
+                data.madvise(mmap.MADV_DONTNEED, first, last - first)
+            start = stop
+
     def _damaged(self, err: BaseException, what: str) -> TraceFormatError:
         plain = isinstance(err, UnicodeDecodeError) or (
             isinstance(err, OSError) and not isinstance(err, gzip.BadGzipFile)
@@ -146,7 +196,8 @@ class LogSource:
 
     def _open_raw(self) -> IO[bytes]:
         try:
-            return open(self.path, "rb")
+            raw = open(self.path, "rb")  # noqa: SIM115  # the caller closes it
+            return raw if self.meter is None else cast(IO[bytes], _MeteredFile(raw, self.meter))
         except FileNotFoundError as err:
             raise TraceFormatError("no such file", self.path) from err
         except IsADirectoryError as err:
@@ -155,6 +206,98 @@ class LogSource:
             raise TraceFormatError("cannot read: permission denied", self.path) from err
         except OSError as err:
             raise TraceFormatError(f"cannot open ({err.strerror or err})", self.path) from err
+
+
+@dataclass(slots=True)
+class ReadMeter:
+    """Bytes of the file read so far (the compressed bytes of a compressed file)."""
+
+    bytes: int = 0
+
+
+class _MeteredFile(io.RawIOBase):
+    """A raw file that adds the bytes read from it to a ``ReadMeter``."""
+
+    def __init__(self, raw: IO[bytes], meter: ReadMeter) -> None:
+        super().__init__()
+        self._raw, self._meter = raw, meter
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def readinto(self, buffer: Any) -> int:
+        count = self._raw.readinto(buffer)  # type: ignore[attr-defined]
+        self._meter.bytes += count or 0
+        return int(count or 0)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _ChunkLines:
+    """Line numbers of offsets in ``data``, counted lazily from ``start`` (line ``first_line``)."""
+
+    __slots__ = ("_data", "_line", "_offset")
+
+    def __init__(self, data: bytes | mmap.mmap, start: int, first_line: int) -> None:
+        self._data, self._offset, self._line = data, start, first_line
+
+    def at(self, offset: int) -> int:
+        if offset > self._offset:
+            self._line += self._data[self._offset : offset].count(b"\n")
+            self._offset = offset
+        return self._line
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """``data[start:stop]``: whole lines of a source (``data`` is the file's map, or a read chunk)."""
+
+    data: bytes | mmap.mmap
+    start: int
+    stop: int
+    lines: _ChunkLines
+
+    def line_at(self, offset: int) -> int:
+        """The line number of the line that starts at ``offset`` (an offset into ``data``)."""
+        return self.lines.at(offset)
+
+
+class _SpanStream(io.RawIOBase):
+    """At most ``size`` bytes of ``raw`` from where it stands."""
+
+    def __init__(self, raw: IO[bytes], size: int) -> None:
+        super().__init__()
+        self._raw = raw
+        self._left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._left <= 0:
+            return 0
+        view = memoryview(buffer)[: self._left]
+        count = self._raw.readinto(view)  # type: ignore[attr-defined]
+        self._left -= count or 0
+        return count or 0
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 class ZstdStream(io.RawIOBase):

@@ -144,6 +144,11 @@ def _convert(
 
     def integers(column: str, *, optional: bool = False) -> pa.Array:
         text = table.column(column)
+        if not optional and _plain_digits(text):  # the usual column: no regex needed to know it is valid
+            try:
+                return pc.cast(text, pa.int64())
+            except pa.ArrowInvalid:  # too large for int64: the general route below
+                pass
         valid = pc.match_substring_regex(text, INT_PATTERN)
         if optional:
             empty = pc.equal(pc.utf8_trim_whitespace(text), "")
@@ -188,6 +193,24 @@ def _convert(
         columns["ok"] = pc.greater(output, 0)
     batch = make_batch(n, **columns)
     return batch if good.all() else batch.filter(pa.array(good))
+
+
+def _plain_digits(text: pa.ChunkedArray) -> bool:
+    """Whether every value is one or more ASCII digits and nothing else (checked on the raw bytes)."""
+    for chunk in text.chunks:
+        if chunk.null_count or not pa.types.is_string(chunk.type):
+            return False
+        offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int32)[
+            chunk.offset : chunk.offset + len(chunk) + 1
+        ]
+        if len(chunk) and (np.diff(offsets) <= 0).any():
+            return False
+        data = chunk.buffers()[2]
+        if data is not None and len(chunk):
+            raw = np.frombuffer(data, dtype=np.uint8)[int(offsets[0]) : int(offsets[-1])]
+            if ((raw < 48) | (raw > 57)).any():
+                return False
+    return True
 
 
 def _times(text: pa.ChunkedArray, layout: CsvLayout, reasons: list[tuple[np.ndarray, str]]) -> np.ndarray:

@@ -5,6 +5,10 @@
    (``columns.format_lines``) and writes them, one large write per batch, into the final scratch file
    — a worker thread renders and writes each batch while the next one is parsed; the first
    request's time is the origin (``arrival_s = 0``). It notes whether the times ever went backwards.
+   While it runs, the interpreter's thread switch interval is ``RENDER_SWITCH_S`` (1 ms, not
+   5 ms): the render thread needs the GIL back between its kernels and waited on the parsing
+   thread. Best of 3 interleaved builds on 2 busy cores, 5 / 0.2 / 1 ms: OpenAI log 2.89 / 2.50 /
+   1.94 s, Mooncake 7.88 / 6.44 / 4.16 s, Azure 2.87 / 3.47 / 1.98 s.
 2. ``finish_trace`` knows the real header — it needs the skip counts and clock alignment, known only
    after the last batch. When it is the guessed one and the body was in time order (the usual
    case), the file is already complete. Otherwise the header is written into the other scratch file
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,6 +48,7 @@ from oomload.ingest.columns import TRACE_SCHEMA, format_lines, lines_bytes, make
 from oomload.trace import TraceHeader, TraceRecord, write_trace
 
 COPY_BYTES = 4 * 1024 * 1024
+RENDER_SWITCH_S = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,10 +161,37 @@ def header_line(header: TraceHeader) -> bytes:
     return orjson.dumps(header.to_json()) + b"\n"
 
 
-def write_body(scratch: TraceScratch, batches: Iterable[pa.Table], guess: TraceHeader) -> BodyWritten:
+@dataclass(frozen=True, slots=True)
+class RenderedLines:
+    """Trace lines a worker process rendered already (its batch had every id and knew the origin)."""
+
+    data: bytes
+    rows: int
+    first_s: float
+    last_s: float
+    max_s: float
+    in_order: bool
+
+    @classmethod
+    def of(cls, batch: pa.Table, origin_s: float) -> RenderedLines:
+        times = np.asarray(batch.column("time_s"), dtype=np.float64)
+        return cls(
+            bytes(lines_bytes(format_lines(batch, origin_s=origin_s, first_index=0))),
+            batch.num_rows,
+            float(times[0]),
+            float(times[-1]),
+            float(times.max()),
+            not (len(times) > 1 and bool((np.diff(times) < 0).any())),
+        )
+
+
+def write_body(
+    scratch: TraceScratch, batches: Iterable[pa.Table | RenderedLines], guess: TraceHeader
+) -> BodyWritten:
     """``guess``'s line then ``batches`` as trace lines into ``scratch.final`` (overwritten).
 
-    The origin is the first request.
+    The origin is the first request (a ``RenderedLines`` item never comes first: its worker was
+    given the origin of the batches before it).
     """
     first_line = header_line(guess)
     count = 0
@@ -166,10 +199,24 @@ def write_body(scratch: TraceScratch, batches: Iterable[pa.Table], guess: TraceH
     last_s = -np.inf
     in_order = True
     pending: Future[None] | None = None
+    switch_s = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch_s, RENDER_SWITCH_S))
     with _open_scratch(scratch.final, scratch.out) as body, ThreadPoolExecutor(max_workers=1) as renderer:
         try:
             body.write(first_line)
             for batch in batches:
+                if isinstance(batch, RenderedLines):
+                    if origin_s is None:
+                        raise RuntimeError("rendered lines came before the first batch")
+                    if in_order and (batch.first_s < last_s or not batch.in_order):
+                        in_order = False
+                    last_s = max(last_s, batch.max_s)
+                    written = renderer.submit(body.write, batch.data)
+                    if pending is not None:
+                        pending.result()
+                    pending = written  # type: ignore[assignment]
+                    count += batch.rows
+                    continue
                 times = np.asarray(batch.column("time_s"), dtype=np.float64)
                 if origin_s is None:
                     origin_s = float(times[0])
@@ -186,6 +233,8 @@ def write_body(scratch: TraceScratch, batches: Iterable[pa.Table], guess: TraceH
                 pending.result()
         except OSError as err:
             raise output_error(scratch.out, err) from err
+        finally:
+            sys.setswitchinterval(switch_s)
     return BodyWritten(count, in_order, first_line)
 
 

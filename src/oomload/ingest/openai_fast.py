@@ -1,0 +1,371 @@
+"""OpenAI-style logs straight to columns, without paying for the prompt and completion text.
+
+A gateway log line is mostly text (messages, choices) around a few small fields that matter: the
+``usage`` counts, a time, an id, the model, ``max_tokens`` and the status. ``read_openai_batches``
+decodes each line with msgspec against ``_Line``, a schema that declares *only* those fields with
+their usual types: every other key (the text) is skipped while the line is scanned — no Python
+string is built for it — and the values land in columns, no ``TraceRecord`` per request.
+
+Exactness: the schema is a filter. A line whose declared fields hold anything else (a string
+count, a list-shaped response of streamed chunks, an ``error`` that is not null, counts to be
+taken from the text with a tokenizer, a token count past 2**53, …) fails to decode, or
+``_fast_row`` declines it, and that one line goes through ``openai_log.parse_openai_line`` on the
+full object, exactly as before. For every line the fast path takes, it computes what
+``parse_openai_line`` computes (``tests/unit/ingest/test_openai_fast.py`` checks this on
+generated lines). One difference is deliberate: text that is not valid UTF-8 inside a skipped
+field no longer makes the line unusable — that text is never read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
+
+import msgspec
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from oomload.ingest.columns import make_batch
+from oomload.ingest.openai_log import _int_or_none, _to_seconds, parse_openai_line
+from oomload.ingest.skips import SkipLog
+from oomload.ingest.source import NOT_JSON_OBJECT, LogSource
+from oomload.ingest.tokens import TokenCounter
+
+UNSET = msgspec.UNSET
+Unset = msgspec.UnsetType
+INT64_MAX = 2**63 - 1
+Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]  # negative or past int64: the exact path decides
+Number = Annotated[int, msgspec.Meta(ge=-INT64_MAX, le=INT64_MAX)] | float
+Time = Number | str | None | Unset
+Key = str | Number | None | Unset  # an id-like value; only a non-empty string is used
+IntLike = Number | str | None | Unset  # what ``_int_or_none`` may turn into an int
+
+
+class _Usage(msgspec.Struct, gc=False):
+    prompt_tokens: Count | Unset = UNSET
+    completion_tokens: Count | Unset = UNSET
+    input_tokens: Count | Unset = UNSET
+    output_tokens: Count | Unset = UNSET
+
+
+class _Body(msgspec.Struct, gc=False):
+    """A response body (chat/completions response, or the Batch output's ``body``)."""
+
+    id: Key = UNSET
+    model: Key = UNSET
+    usage: _Usage | Unset | None = UNSET
+    created: Time = UNSET
+    error: Unset | None = UNSET
+
+
+class _Response(_Body):
+    body: _Body | Unset | None = UNSET
+    status_code: IntLike = UNSET
+
+
+class _RequestBody(msgspec.Struct, gc=False):
+    model: Key = UNSET
+    max_tokens: IntLike = UNSET
+    max_completion_tokens: IntLike = UNSET
+    max_output_tokens: IntLike = UNSET
+
+
+class _Request(_RequestBody):
+    body: _RequestBody | Unset = UNSET
+
+
+class _Line(msgspec.Struct, gc=False):
+    request: _Request | Unset | None = UNSET
+    response: _Response | Unset | None = UNSET
+    status_code: IntLike = UNSET
+    status: IntLike = UNSET
+    chunks: Unset | None = UNSET
+    error: Unset | None = UNSET
+    usage: _Usage | Unset | None = UNSET
+    timestamp: Time = UNSET
+    created_at: Time = UNSET
+    start_time: Time = UNSET
+    request_time: Time = UNSET
+    time: Time = UNSET
+    custom_id: Key = UNSET
+    request_id: Key = UNSET
+    id: Key = UNSET
+    messages: msgspec.Raw | Unset = UNSET
+    prompt: msgspec.Raw | Unset = UNSET
+    model: Key = UNSET
+    max_tokens: IntLike = UNSET
+    max_completion_tokens: IntLike = UNSET
+    max_output_tokens: IntLike = UNSET
+
+
+_DECODER = msgspec.json.Decoder(_Line)
+_Row = tuple[str | None, float, int, int, int | None, bool, str | None]
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _seconds(value: Any) -> float | None:
+    return None if value is UNSET else _to_seconds(value)
+
+
+def _first_int(*values: Any) -> int | None:
+    for value in values:
+        if value is not UNSET:
+            number = _int_or_none(value)
+            if number is not None:
+                return number
+    return None
+
+
+def _counts(usage: _Usage) -> tuple[int, int] | None:
+    prompt = usage.prompt_tokens if usage.prompt_tokens is not UNSET else usage.input_tokens
+    output = usage.completion_tokens if usage.completion_tokens is not UNSET else usage.output_tokens
+    if prompt is UNSET or output is UNSET:
+        return None
+    return prompt, output
+
+
+def _fast_row(line: _Line) -> _Row | None:
+    """``parse_openai_line``'s record for a decoded line, or ``None`` when the exact path must decide."""
+    request: Any = line.request if isinstance(line.request, _Request) else None
+    if request is not None and request.body is not UNSET:
+        request = request.body
+    if request is None and (line.messages is not UNSET or line.prompt is not UNSET):
+        request = line  # a line that is itself the request body
+    status = line.status_code if line.status_code is not UNSET else line.status
+    status_code = None if status is UNSET else _int_or_none(status)
+    response: Any = line.response if isinstance(line.response, _Response) else None
+    if response is not None and response.body is not UNSET and response.status_code is not UNSET:
+        status_code = _int_or_none(response.status_code)  # the Batch API's output shape
+        response = response.body
+    failed = status_code is not None and not 200 <= status_code < 300
+    usage = response.usage if response is not None and response.usage is not UNSET else None
+    if usage is None:
+        usage = line.usage if isinstance(line.usage, _Usage) else None
+    counts = None if usage is None else _counts(usage)
+    if counts is None:
+        return None  # counted from the text, or 0 for a failed request: the exact path
+    arrival_s = None
+    for value in (line.timestamp, line.created_at, line.start_time, line.request_time, line.time):
+        arrival_s = _seconds(value)
+        if arrival_s is not None:
+            break
+    if arrival_s is None:
+        arrival_s = -1.0 if response is None else _seconds(response.created)
+        if arrival_s is None:
+            arrival_s = -1.0
+    record_id = _str(line.custom_id) or _str(line.request_id) or _str(line.id)
+    if record_id is None and response is not None:
+        record_id = _str(response.id)
+    model = None
+    max_tokens = None
+    if request is not None:
+        model = _str(request.model)
+        max_tokens = _first_int(request.max_tokens, request.max_completion_tokens, request.max_output_tokens)
+    if model is None and response is not None:
+        model = _str(response.model)
+    return record_id, arrival_s, counts[0], counts[1], max_tokens, not failed, model
+
+
+def _exact_row(line: bytes, counter: TokenCounter | None) -> tuple[_Row | None, str]:
+    """``parse_openai_line`` on the whole object (the reason when the line is unusable)."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None, NOT_JSON_OBJECT
+    if not isinstance(obj, dict):
+        return None, NOT_JSON_OBJECT
+    try:
+        record, reason = parse_openai_line(obj, counter)
+    except (TypeError, ValueError, AttributeError):
+        record, reason = None, "unexpected shape of request/response"
+    if record is None:
+        return None, reason or "unexpected shape of request/response"
+    row = (
+        record.id or None,
+        record.arrival_s,
+        record.prompt_tokens,
+        record.output_tokens,
+        record.max_tokens,
+        record.ok,
+        record.model,
+    )
+    return row, ""
+
+
+class _PlainUsage(msgspec.Struct, gc=False):
+    prompt_tokens: Count
+    completion_tokens: Count
+
+
+class _PlainResponse(msgspec.Struct, gc=False):
+    usage: _PlainUsage
+    id: str | Unset | None = UNSET
+    model: str | Unset | None = UNSET
+    error: Unset | None = UNSET
+    body: Unset = UNSET
+
+
+class _PlainRequest(msgspec.Struct, gc=False):
+    model: str | Unset | None = UNSET
+    max_tokens: Count | Unset | None = UNSET
+    max_completion_tokens: Count | Unset | None = UNSET
+    max_output_tokens: Count | Unset | None = UNSET
+    body: Unset = UNSET
+
+
+Success = Annotated[int, msgspec.Meta(ge=200, le=299)]
+
+
+class _Plain(msgspec.Struct, gc=False):
+    """The usual gateway line, every field of one type: read in columns (``_plain_columns``)."""
+
+    timestamp: Annotated[float, msgspec.Meta(ge=0)]
+    request: _PlainRequest
+    response: _PlainResponse
+    status_code: Success | Unset = UNSET
+    status: Success | Unset = UNSET
+    error: Unset | None = UNSET
+    chunks: Unset | None = UNSET
+    custom_id: str | Unset | None = UNSET
+    request_id: str | Unset | None = UNSET
+    id: str | Unset | None = UNSET
+
+
+_PLAIN_DECODER = msgspec.json.Decoder(_Plain)
+
+
+def _plain_columns(lines: list[_Plain], columns: dict[str, list[Any]]) -> None:
+    """Append the columns of ``_Plain`` lines (what ``parse_openai_line`` gives), a comprehension a field."""
+    requests = [line.request for line in lines]
+    responses = [line.response for line in lines]
+    usages = [response.usage for response in responses]
+    columns["time_s"] += [t if (t := line.timestamp) <= 1e11 else _to_seconds(t) for line in lines]
+    columns["prompt_tokens"] += [usage.prompt_tokens for usage in usages]
+    columns["output_tokens"] += [usage.completion_tokens for usage in usages]
+    columns["id"] += [
+        line.custom_id or line.request_id or line.id or response.id or None
+        for line, response in zip(lines, responses, strict=True)
+    ]
+    columns["model"] += [
+        request.model or response.model or None for request, response in zip(requests, responses, strict=True)
+    ]
+    columns["max_tokens"] += [
+        first
+        if (first := request.max_tokens).__class__ is int
+        else (
+            second
+            if (second := request.max_completion_tokens).__class__ is int
+            else (third if (third := request.max_output_tokens).__class__ is int else None)
+        )
+        for request in requests
+    ]
+    columns["ok"] += [True] * len(lines)
+
+
+_COLUMNS = ("id", "time_s", "prompt_tokens", "output_tokens", "max_tokens", "ok", "model")
+PIECE_BYTES = 256 * 1024  # decoded at once: small enough to stay in the CPU cache
+
+
+def _line_rows(
+    piece: bytes, first_line: int, source: LogSource, skips: SkipLog, counter: TokenCounter | None
+) -> Iterator[_Row]:
+    """The rows of a piece that does not decode as ``_Plain`` lines only, line by line."""
+    decode = _DECODER.decode
+    for offset, raw in enumerate(piece.split(b"\n")):
+        try:
+            row = _fast_row(decode(raw))
+        except msgspec.DecodeError:
+            row = None
+        if row is None:
+            line = raw.rstrip(b"\r")
+            if not line.strip():
+                continue
+            row, reason = _exact_row(line, counter)
+            if row is None:
+                skips.skip(reason, source.name, first_line + offset)
+                continue
+        yield row
+
+
+def _batch(columns: dict[str, list[Any]]) -> pa.Table:
+    """A batch with the optional columns left out (all null) when no row has a value."""
+    kept: dict[str, Any] = {}
+    for name, values in columns.items():
+        if name in ("id", "max_tokens", "model") and all(v is None for v in values):
+            continue
+        if name == "ok" and all(values):
+            continue
+        kept[name] = values
+    return make_batch(len(columns["time_s"]), **kept)
+
+
+def read_openai_batches(
+    source: LogSource,
+    skips: SkipLog,
+    counter: TokenCounter | None,
+    *,
+    on_untimed: Callable[[int], None] | None = None,
+) -> Iterator[pa.Table]:
+    """Batches (``time_s`` on the log's clock) from an OpenAI-style log, one per chunk of lines.
+
+    Each piece of ``PIECE_BYTES`` is decoded at once as ``_Plain`` lines and read in columns; a
+    piece holding another line goes line by line through ``_fast_row`` on the wider ``_Line``
+    schema and, failing that, ``parse_openai_line``. A request without a time gets the previous
+    request's time (0 at the start of ``source``); the batch's metadata ``leading_untimed`` counts
+    the rows at its start that had none before any timed row of ``source`` (the caller of a
+    byte-range reader patches those from the range before).
+    """
+    decode_lines = _PLAIN_DECODER.decode_lines
+    last_time = 0.0
+    untimed = 0
+    seen_timed = False
+    for chunk in source.iter_views():
+        columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
+        data, start = chunk.data, chunk.start
+        view = memoryview(data)
+        while start < chunk.stop:
+            end = data.find(b"\n", min(start + PIECE_BYTES, chunk.stop) - 1, chunk.stop)
+            end = chunk.stop if end < 0 else end + 1
+            piece = view[start:end]
+            try:
+                _plain_columns(decode_lines(piece), columns)
+            except msgspec.DecodeError:
+                line = chunk.line_at(start)
+                rows = list(_line_rows(bytes(piece), line, source, skips, counter))
+                if rows:
+                    for name, values in zip(_COLUMNS, zip(*rows, strict=True), strict=True):
+                        columns[name] += values
+            start = end
+        view.release()
+        if not columns["time_s"]:
+            continue
+        batch = _batch(columns)
+        times = np.asarray(batch.column("time_s"), dtype=np.float64)
+        missing = times < 0
+        leading = 0
+        if missing.any():
+            untimed += int(missing.sum())
+            timed_at = np.where(missing, -1, np.arange(len(times)))
+            np.maximum.accumulate(timed_at, out=timed_at)
+            times = np.where(timed_at >= 0, times[np.maximum(timed_at, 0)], last_time)
+            if not seen_timed:
+                leading = int(np.count_nonzero(timed_at < 0))
+            batch = batch.set_column(batch.schema.get_field_index("time_s"), "time_s", pa.array(times))
+        if not missing.all():
+            seen_timed = True
+        last_time = float(times[-1])
+        if leading:
+            batch = batch.replace_schema_metadata({b"leading_untimed": str(leading).encode()})
+        yield batch
+    if untimed and on_untimed is not None:
+        on_untimed(untimed)  # a span of the file: its caller notes the file's total
+    elif untimed:
+        skips.note(untimed_note_text(source.name, untimed))
+
+
+def untimed_note_text(name: str, untimed: int) -> str:
+    return f"{name}: {untimed} requests had no timestamp (each given the previous one's time)"

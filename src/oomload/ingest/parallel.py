@@ -1,0 +1,428 @@
+"""Reading big inputs on every core: a process pool over byte spans of one file, and over files.
+
+``input_batches`` gives one input's batches exactly as ``build.iter_source_batches`` does, in the
+same order, with the same skip counts, examples, line numbers and notes — so a parallel build
+writes the same trace, byte for byte, as a single-process one (``tests/unit/ingest/test_parallel.py``
+forces many small spans to check it). How:
+
+- **Spans** (uncompressed OpenAI-style JSONL of at least ``PARALLEL_MIN_BYTES``): the file is cut
+  into about ``SPAN_BYTES`` spans at line starts; each worker reads its span with the ordinary
+  reader (``LogSource(path, span=…)``) and sends back its batches, skip counts with the first
+  examples (line numbers counted from the span's start) and the number of requests it gave no
+  time. The main process takes the spans in file order: it adds the lines of the spans before to
+  the examples, replays them into the caller's ``SkipLog`` (so ``--strict`` stops at the first bad
+  line of the file, as it would single-process), gives a span's leading requests without a time
+  the time of the request before them, and notes the untimed total once, at the end, as the
+  reader does. In a build of one input the first span is read alone; its first request is the
+  trace's origin, and with it the workers render the lines of every batch that needs nothing
+  from the spans before (all ids present, no leading untimed request) — the main process only
+  writes them. ``_span_task`` reads Mooncake spans too, but a Mooncake build spread so measured
+  1.9× slower on 2 cores (its generated ids ``r<N>`` leave all the rendering to the main
+  process), so Mooncake logs are read in-process.
+- **Whole files** (compressed inputs, CSV, vLLM logs, mapped inputs — any reader): one worker
+  reads the file and streams its batches into an Arrow IPC file in a scratch directory, which the
+  main process reads back batch by batch (bounded memory) when the merge reaches that input;
+  several inputs are thus read at once.
+
+At most ``2 × workers`` spans are in flight, so memory stays bounded whatever the file's size.
+Inputs below ``PARALLEL_MIN_BYTES`` stay single-process (starting workers costs more than it
+saves; the bench measures the crossover), and so does everything in a process that gevent has
+monkey-patched (Locust's), where the pool would block forever. Workers are started with ``spawn``
+(the writer's render thread is already running when the pool starts, and forking a threaded
+process is unsafe).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+import tempfile
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from oomload.errors import OomloadError, TraceFormatError
+from oomload.ingest.skips import SkipLog
+from oomload.ingest.source import LogSource, ReadMeter
+from oomload.ingest.tokens import TokenCounter
+from oomload.ingest.writer import RenderedLines
+
+SPAN_FORMATS = ("openai",)  # Mooncake spans measured slower: the main process renders all (no ids)
+PARALLEL_MIN_BYTES = 64 * 1024 * 1024
+SPAN_BYTES = 32 * 1024 * 1024
+
+Progress = Callable[[int, int], None]  # (bytes read, requests read) since the last call
+
+
+def default_workers() -> int:
+    """One per CPU core — on 3 cores or more. On 2, the in-process build already keeps both busy (it
+    parses while its writer thread renders) and the bench measured 2 workers 1.17-1.94x slower on
+    64-256 MB OpenAI logs, so the default there is this process only (``--workers 2`` still spreads)."""
+    cores = os.cpu_count() or 1
+    return cores if cores > 2 else 1
+
+
+def pool_usable() -> bool:
+    """False in a process gevent has patched (Locust's): its pool of processes would block forever."""
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey is None or not monkey.is_module_patched("threading")
+
+
+@dataclass(slots=True)
+class _SpanResult:
+    batches: list[pa.Table | RenderedLines]
+    counts: dict[str, int]
+    examples: dict[str, list[int]]
+    notes: list[str]
+    untimed: int = 0
+    lines: int = 0
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class _FileResult:
+    ipc_path: str
+    counts: dict[str, int]
+    examples: dict[str, list[str]]
+    notes: list[str]
+    error: str | None = None
+    error_kind: str = "trace"
+
+
+def _span_task(plan: Any, span: tuple[int, int], origin_s: float | None = None) -> _SpanResult:
+    from oomload.ingest.build import InputPlan, iter_source_batches
+    from oomload.ingest.openai_fast import read_openai_batches
+
+    assert isinstance(plan, InputPlan)
+    source = LogSource(plan.source.path, span=span)
+    skips = _LineSkips()
+    untimed: list[int] = [0]
+    try:
+        if plan.format == "openai":
+            batches = list(read_openai_batches(source, skips, None, on_untimed=untimed.append))
+        else:
+            batches = list(iter_source_batches(InputPlan(source, plan.format), skips, None))
+    except OomloadError as err:
+        return _SpanResult([], {}, {}, [], error=str(err))
+    if origin_s is not None:  # render here what needs nothing from the spans before
+        batches = [
+            RenderedLines.of(b, origin_s)
+            if b.column("id").null_count == 0 and not (b.schema.metadata or {}).get(b"leading_untimed")
+            else b
+            for b in batches
+        ]
+    lines = _count_lines(source)
+    return _SpanResult(batches, skips.counts, skips.lines, list(skips.notes), sum(untimed), lines)
+
+
+def _ignore_interrupts() -> None:
+    """Workers leave Ctrl-C to the main process, which stops the pool (no traceback per worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _count_lines(source: LogSource) -> int:
+    assert source.span is not None
+    with open(source.path, "rb") as fh:
+        fh.seek(source.span[0])
+        left, lines = source.span[1] - source.span[0], 0
+        while left > 0:
+            block = fh.read(min(left, 16 * 1024 * 1024))
+            if not block:
+                break
+            lines += block.count(b"\n")
+            left -= len(block)
+    return lines
+
+
+def _file_task(plan: Any, directory: str) -> _FileResult:
+    from oomload.ingest.build import iter_source_batches
+    from oomload.ingest.columns import BATCH_SCHEMA
+
+    fd, name = tempfile.mkstemp(suffix=".arrow", dir=directory)
+    os.close(fd)
+    skips = SkipLog()
+    try:
+        with pa.OSFile(name, "wb") as sink, pa.ipc.new_stream(sink, BATCH_SCHEMA) as writer:
+            for batch in iter_source_batches(plan, skips, None):
+                writer.write_table(batch.replace_schema_metadata(None))
+    except OomloadError as err:
+        kind = "trace" if isinstance(err, TraceFormatError) else type(err).__name__
+        return _FileResult(name, {}, {}, [], error=str(err), error_kind=kind)
+    return _FileResult(name, skips.counts, skips.examples, list(skips.notes))
+
+
+class _LineSkips(SkipLog):
+    """A worker's skip log: the first examples kept as line numbers, to be moved to the file's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: dict[str, list[int]] = {}
+
+    def skip(self, reason: str, path: str, line: int | None) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        shown = self.lines.setdefault(reason, [])
+        if len(shown) < self.keep and line is not None:
+            shown.append(line)
+
+
+@dataclass(slots=True)
+class ReadPool:
+    """One process pool for every input of a build (spans of big files, and whole files)."""
+
+    workers: int
+    files: bool = False  # read whole inputs in workers too (several inputs: they are read at once)
+    render: bool = False  # workers render trace lines (a build of one input: nothing merges them)
+    min_bytes: int = PARALLEL_MIN_BYTES  # smaller inputs (all together, for files) stay in this process
+    span_bytes: int = SPAN_BYTES
+    _pool: ProcessPoolExecutor | None = None
+    _scratch: tempfile.TemporaryDirectory[str] | None = None
+    _files: dict[Path, Future[_FileResult]] = field(default_factory=dict)
+
+    @property
+    def pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_interrupts
+            )
+        return self._pool
+
+    @property
+    def scratch(self) -> str:
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="oomload-read-")
+        return self._scratch.name
+
+    def file_future(self, plan: Any) -> Future[_FileResult]:
+        path = plan.source.path
+        if path not in self._files:
+            self._files[path] = self.pool.submit(_file_task, plan, self.scratch)
+        return self._files[path]
+
+    def close(self) -> None:
+        for future in self._files.values():
+            if future.done() and future.exception() is None:
+                Path(future.result().ipc_path).unlink(missing_ok=True)
+        self._files.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
+
+    def __enter__(self) -> ReadPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def plan_spans(path: Path, size: int, span_bytes: int) -> list[tuple[int, int]]:
+    """``[start, end)`` spans of about ``span_bytes``, each starting at a line start."""
+    count = max(1, -(-size // span_bytes))
+    starts = [0]
+    with open(path, "rb") as fh:
+        for index in range(1, count):
+            fh.seek(max(size * index // count, starts[-1]))
+            fh.readline()
+            position = fh.tell()
+            if position >= size:
+                break
+            if position > starts[-1]:
+                starts.append(position)
+    return [(start, end) for start, end in zip(starts, [*starts[1:], size], strict=True)]
+
+
+def uses_spans(plan: Any, workers: int, min_bytes: int) -> bool:
+    source: LogSource = plan.source
+    if workers < 2 or plan.format not in SPAN_FORMATS or source.compression() is not None:
+        return False
+    try:
+        return source.path.stat().st_size >= min_bytes
+    except OSError:
+        return False
+
+
+def input_batches(
+    plan: Any,
+    skips: SkipLog,
+    counter: TokenCounter | None,
+    *,
+    pool: ReadPool | None = None,
+    progress: Progress | None = None,
+) -> Iterator[pa.Table | RenderedLines]:
+    """One input's batches — through ``pool`` when it is big enough (see the module docstring).
+
+    With ``pool.render`` (a build of a single input), a worker renders the trace lines of its
+    batches that need nothing from the spans before it (every id present, no request waiting for
+    the previous one's time) and sends ``RenderedLines``; the first span is read alone, since its
+    first request is the origin the others render with.
+    """
+    if pool is None or counter is not None or pool.workers < 2 or not pool_usable():
+        yield from _counted(plan, skips, counter, progress)
+    elif uses_spans(plan, pool.workers, pool.min_bytes):
+        yield from _span_batches(plan, skips, pool, progress, pool.span_bytes)
+    elif pool.files:
+        yield from _file_batches(plan, skips, pool, progress)
+    else:
+        yield from _counted(plan, skips, counter, progress)
+
+
+def _counted(
+    plan: Any, skips: SkipLog, counter: TokenCounter | None, progress: Progress | None
+) -> Iterator[pa.Table]:
+    """The input read in this process; ``progress`` told the bytes read after each batch."""
+    from oomload.ingest.build import iter_source_batches
+
+    if progress is None:
+        yield from iter_source_batches(plan, skips, counter)
+        return
+    meter = ReadMeter()
+    metered = replace(plan, source=replace(plan.source, meter=meter))
+    told = 0
+    for batch in iter_source_batches(metered, skips, counter):
+        progress(meter.bytes - told, batch.num_rows)
+        told = meter.bytes
+        yield batch
+    progress(max(_size(plan.source) - told, 0), 0)
+
+
+def _size(source: LogSource) -> int:
+    try:
+        return source.path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _span_batches(
+    plan: Any, skips: SkipLog, pool: ReadPool, progress: Progress | None, span_bytes: int
+) -> Iterator[pa.Table | RenderedLines]:
+    source: LogSource = plan.source
+    spans = plan_spans(source.path, source.path.stat().st_size, span_bytes)
+    pending: deque[tuple[tuple[int, int], Future[_SpanResult]]] = deque()
+    todo = iter(spans)
+    lines_before = 0
+    last_time = 0.0
+    untimed = 0
+    notes: list[str] = []
+    origin_s: float | None = None  # the first request's time: workers render once it is known
+
+    def submit() -> bool:
+        span = next(todo, None)
+        if span is not None:
+            pending.append(
+                (span, pool.pool.submit(_span_task, plan, span, origin_s if pool.render else None))
+            )
+        return span is not None
+
+    submit()
+    while pending:
+        span, future = pending.popleft()
+        result = future.result()
+        if result.error is not None:
+            raise TraceFormatError(result.error)
+        _replay(skips, source.name, result.counts, result.examples, lines_before)
+        notes += [n for n in result.notes if n not in notes]
+        lines_before += result.lines
+        untimed += result.untimed
+        for batch in result.batches:
+            if isinstance(batch, RenderedLines):
+                last_time = batch.last_s
+                if progress is not None:
+                    progress(0, batch.rows)
+                yield batch
+                continue
+            leading = int((batch.schema.metadata or {}).get(b"leading_untimed", b"0"))
+            if leading:
+                times = np.asarray(batch.column("time_s"), dtype=np.float64).copy()
+                times[:leading] = last_time
+                batch = batch.set_column(batch.schema.get_field_index("time_s"), "time_s", pa.array(times))
+            batch = batch.replace_schema_metadata(None)
+            if origin_s is None and batch.num_rows:
+                origin_s = float(batch.column("time_s")[0].as_py())
+            last_time = float(batch.column("time_s")[-1].as_py())
+            if progress is not None:
+                progress(0, batch.num_rows)
+            yield batch
+        if progress is not None:
+            progress(span[1] - span[0], 0)
+        # One span at a time until the origin is known (when workers render), then 2 per worker.
+        while len(pending) < (2 * pool.workers if origin_s is not None or not pool.render else 1):
+            if not submit():
+                break
+    for note in notes:
+        skips.note(note)
+    if untimed:
+        from oomload.ingest.openai_fast import untimed_note_text
+
+        skips.note(untimed_note_text(source.name, untimed))
+
+
+def _replay(
+    skips: SkipLog, name: str, counts: dict[str, int], examples: dict[str, list[int]], offset: int
+) -> None:
+    """Add a span's skips to ``skips``, its example lines moved by the ``offset`` lines before the span."""
+    if not counts:
+        return
+    if skips.strict:
+        reason, line = min(
+            ((r, lines[0]) for r, lines in examples.items() if lines), key=lambda item: item[1]
+        )
+        skips.skip(reason, name, line + offset)  # raises
+    for reason, count in counts.items():
+        shown = examples.get(reason, [])
+        for line in shown:
+            skips.skip(reason, name, line + offset)
+        skips.counts[reason] = skips.counts.get(reason, 0) + count - len(shown)
+
+
+def _file_batches(plan: Any, skips: SkipLog, pool: ReadPool, progress: Progress | None) -> Iterator[pa.Table]:
+    result = pool.file_future(plan).result()
+    try:
+        if result.error is not None:
+            raise (
+                TraceFormatError(result.error) if result.error_kind == "trace" else OomloadError(result.error)
+            )
+        for reason, count in result.counts.items():
+            skips.counts[reason] = skips.counts.get(reason, 0) + count
+            shown = skips.examples.setdefault(reason, [])
+            shown += result.examples.get(reason, [])[: skips.keep - len(shown)]
+        for note in result.notes:
+            skips.note(note)
+        with pa.memory_map(result.ipc_path) as stream:
+            for batch in pa.ipc.open_stream(stream):
+                table = pa.Table.from_batches([batch])
+                if progress is not None:
+                    progress(0, table.num_rows)
+                yield table
+        if progress is not None:
+            progress(_size(plan.source), 0)
+    finally:
+        Path(result.ipc_path).unlink(missing_ok=True)
+
+
+def prefetch(plans: Sequence[Any], pool: ReadPool | None) -> None:
+    """Start reading every whole-file input of ``plans`` at once (spans start when their input is read).
+
+    Only for several inputs of at least ``pool.min_bytes`` together; otherwise ``pool.files`` is
+    turned off and every input is read in this process (or in spans).
+    """
+    if pool is None or not pool.files:
+        return
+    if not pool_usable():
+        pool.files = False
+        return
+    if len(plans) < 2 or sum(_size(plan.source) for plan in plans) < pool.min_bytes or pool.workers < 2:
+        pool.files = False
+        return
+    for plan in plans:
+        if not uses_spans(plan, pool.workers, pool.min_bytes):
+            pool.file_future(plan)

@@ -1,0 +1,210 @@
+"""The parallel build writes the same trace, byte for byte, as the single-process build.
+
+Small logs are cut into many byte spans (``parallel_min_bytes=0``, spans of a few hundred bytes)
+so every boundary case is met: bad lines and requests without a time at span starts, skips in
+several spans (their line numbers), several inputs read whole by workers and merged by time.
+Both builds run in a fresh interpreter (``RUNNER``): the test process may have been patched by
+gevent (Locust), where the library reads in-process only.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oomload.ingest.build import merge_batches
+from oomload.ingest.columns import make_batch
+from oomload.ingest.parallel import plan_spans
+
+
+def _openai_log(
+    path: Path, count: int, *, start_s: float = 1_717_000_000.0, bad_every: int = 7, ids_every: int = 5
+) -> Path:
+    lines = []
+    for i in range(count):
+        if i % bad_every == 3:
+            lines.append("{not json")
+            continue
+        line: dict[str, object] = {
+            "request": {"model": "m", "max_tokens": 64, "messages": [{"content": "x" * (i % 50)}]},
+            "response": {
+                "id": f"c-{i}" if i % ids_every else None,
+                "usage": {"prompt_tokens": i, "completion_tokens": 2},
+            },
+        }
+        if i % 11 != 0:  # some requests have no time: they take the one before them
+            line["timestamp"] = start_s + i * 0.5
+        if i % 13 == 0:
+            line["error"] = {"message": "overloaded"}
+        lines.append(json.dumps(line))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _mooncake_log(path: Path, count: int) -> Path:
+    lines = [
+        json.dumps({"timestamp": i * 10, "input_length": 100 + i, "output_length": 5, "hash_ids": [i, i + 1]})
+        if i % 9 != 4
+        else '{"timestamp": 5, "input_length": -1, "output_length": 1}'
+        for i in range(count)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+RUNNER = r"""
+import json, sys
+from oomload.ingest import build_trace, parallel
+spec = json.loads(sys.argv[1])
+parallel.SPAN_FORMATS = tuple(spec["span_formats"])
+results = []
+for workers in (1, 2):
+    out = f"{spec['out']}.{workers}"
+    try:
+        r = build_trace(
+            spec["inputs"], out, workers=workers, parallel_min_bytes=0, span_bytes=700, strict=spec["strict"]
+        )
+    except Exception as err:
+        results.append({"error": f"{type(err).__name__}: {err}"})
+        continue
+    results.append({
+        "bytes": open(out, encoding="utf-8").read(), "count": r.records_written, "reordered": r.reordered,
+        "counts": r.skips.counts, "examples": r.skips.examples, "notes": r.skips.notes,
+    })
+print(json.dumps(results))
+"""
+
+
+def _build_both(
+    inputs: list[Path], tmp_path: Path, *, strict: bool = False, span_formats: tuple[str, ...] = ("openai",)
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    spec = {
+        "inputs": [str(p) for p in inputs],
+        "out": str(tmp_path / "trace.jsonl"),
+        "strict": strict,
+        "span_formats": list(span_formats),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", RUNNER, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    single, spread = json.loads(done.stdout.strip().splitlines()[-1])
+    return single, spread
+
+
+def test_spans_of_an_openai_log_build_the_same_bytes(tmp_path: Path) -> None:
+    log = _openai_log(tmp_path / "gw.jsonl", 300)
+    assert len(plan_spans(log, log.stat().st_size, 700)) > 20
+    single, spread = _build_both([log], tmp_path)
+    assert spread == single
+    assert single["counts"] == {"not a JSON object": 43}
+    assert any("no timestamp" in note for note in single["notes"])
+
+
+def test_lines_rendered_by_workers_are_the_same_bytes(tmp_path: Path) -> None:
+    """Every id present: workers render most batches themselves, with the origin of the first span."""
+    log = _openai_log(tmp_path / "gw.jsonl", 400, ids_every=10**9, start_s=1_717_000_000.123456)
+    single, spread = _build_both([log], tmp_path)
+    assert spread == single and single["count"] > 300
+
+
+def test_spans_of_a_mooncake_log_build_the_same_bytes(tmp_path: Path) -> None:
+    """Mooncake logs are not spread by default (slower on few cores), but the spans read them right."""
+    log = _mooncake_log(tmp_path / "mc.jsonl", 400)
+    single, spread = _build_both([log], tmp_path, span_formats=("openai", "mooncake"))
+    assert spread == single and single["counts"]
+
+
+def test_several_inputs_read_by_workers_build_the_same_bytes(tmp_path: Path) -> None:
+    first = _openai_log(tmp_path / "a.jsonl", 120)
+    second = tmp_path / "b.jsonl.gz"  # overlapping in time: merged, not appended
+    second.write_bytes(
+        gzip.compress(_openai_log(tmp_path / "b.jsonl", 90, start_s=1_717_000_020.0).read_bytes())
+    )
+    third = _openai_log(tmp_path / "c.jsonl", 60, start_s=1_717_000_500.0, bad_every=5)
+    single, spread = _build_both([first, second, third], tmp_path)
+    assert spread == single and single["count"] > 200
+
+
+def test_strict_stops_at_the_first_bad_line_of_the_file(tmp_path: Path) -> None:
+    log = _openai_log(tmp_path / "gw.jsonl", 200, bad_every=150)
+    single, spread = _build_both([log], tmp_path, strict=True)
+    assert spread == single
+    assert single["error"].startswith(f"TraceFormatError: {log}:4: not a JSON object")
+
+
+STATS_RUNNER = r"""
+import json, sys
+from oomload.ingest import count_trace, parallel
+results = []
+for workers in (1, 2):
+    parallel.PARALLEL_MIN_BYTES, parallel.SPAN_BYTES = (0, 700) if workers == 2 else (64 << 20, 32 << 20)
+    c = count_trace([sys.argv[1]], workers=workers)
+    lengths = c.prompt_tokens.distinct()[1].tolist()
+    results.append([repr(c.arrivals), lengths, c.failed, c.skips.counts, c.skips.notes])
+print(json.dumps(results))
+"""
+
+
+def test_stats_straight_from_spans_match_the_single_process(tmp_path: Path) -> None:
+    log = _openai_log(tmp_path / "gw.jsonl", 300)
+    done = subprocess.run(
+        [sys.executable, "-c", STATS_RUNNER, str(log)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    single, spread = json.loads(done.stdout.strip().splitlines()[-1])
+    assert spread == single and single[2] > 0
+
+
+def test_a_gevent_patched_process_reads_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    from oomload.ingest import parallel
+
+    class Patched:
+        @staticmethod
+        def is_module_patched(name: str) -> bool:
+            return name == "threading"
+
+    monkeypatch.setitem(sys.modules, "gevent.monkey", Patched)
+    assert not parallel.pool_usable()
+
+
+def test_merge_keeps_heapq_order_for_ties() -> None:
+    import heapq
+
+    streams_times = [[0.0, 1.0, 1.0, 3.0], [1.0, 1.0, 2.0], [1.0, 5.0]]
+    batches = [
+        [
+            make_batch(
+                len(t),
+                time_s=t,
+                prompt_tokens=[s * 10 + i for i in range(len(t))],
+                output_tokens=[0] * len(t),
+            )
+        ]
+        for s, t in enumerate(streams_times)
+    ]
+    merged = [
+        row
+        for batch in merge_batches([iter(b) for b in batches])
+        for row in batch.column("prompt_tokens").to_pylist()
+    ]
+    expected = [
+        row
+        for _, row in heapq.merge(
+            *[[(t, s * 10 + i) for i, t in enumerate(times)] for s, times in enumerate(streams_times)],
+            key=lambda item: item[0],
+        )
+    ]
+    assert merged == expected

@@ -280,6 +280,34 @@ def test_vllm_request_log_excerpt() -> None:
     text = path.read_text()
     assert all(r.prompt_tokens == _logged_ids(text, r.id) for r in recs)
     assert skips.total == 0 and any("max_tokens" in note for note in skips.notes)
+    assert not any("max-log-len" in note for note in skips.notes)
+
+
+def test_vllm_log_written_with_max_log_len_never_records_a_cut_length() -> None:
+    """Real log of a vLLM started with --max-log-len 64: prompts of 900, 40, 64, 200 and a chat of 72
+    tokens. The 900, 64, 200 and 72 ones are logged with 64 ids: skipped with the reason; 40 is kept."""
+    path = FIXTURES / "vllm-request-log-max-log-len.txt"
+    cut = MANIFEST["max_log_len"]["max_log_len"]
+    sent = MANIFEST["max_log_len"]["requests"]
+    recs, skips = records(path)
+    assert [r.prompt_tokens for r in recs] == [q["prompt_tokens"] for q in sent if q["prompt_tokens"] < cut]
+    assert all(r.prompt_tokens < cut for r in recs)
+    assert skips.counts == {
+        f"prompt ids cut at --max-log-len {cut}": sum(q["prompt_tokens"] >= cut for q in sent)
+    }
+    assert any("without --max-log-len" in note for note in skips.notes)
+
+
+def test_vllm_log_without_the_banner_warns_when_many_prompts_sit_at_one_maximum(tmp_path: Path) -> None:
+    """The same real log with its start-up line cut off: nothing says --max-log-len, so a note warns."""
+    lines = (FIXTURES / "vllm-request-log-max-log-len.txt").read_text().splitlines(keepends=True)
+    path = write(tmp_path / "no-banner.log", "".join(x for x in lines if "non-default args" not in x))
+    recs, skips = records(path)
+    assert sorted(r.prompt_tokens for r in recs) == [40, 64, 64, 64, 64]
+    assert any("4 of 5 prompts have exactly 64 token ids" in note for note in skips.notes), skips.notes
+    # the full log (banner present, no cut) has varied lengths: no such warning
+    _, clean = records(FIXTURES / "vllm-request-log.txt")
+    assert not any("--max-log-len" in note for note in clean.notes)
 
 
 def test_vllm_old_single_line_format_and_aborted_requests(tmp_path: Path) -> None:

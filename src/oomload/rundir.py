@@ -68,6 +68,18 @@ def new_run_dir(parent: str | Path = "runs", now_unix_s: float | None = None) ->
     raise ConfigError(f"cannot create a new run directory under {base}")
 
 
+SERVER_DEAD_MARKER = ".server-dead"  # made when the server is declared dead: every process stops sending
+
+
+def mark_server_dead(run_dir: Path) -> None:
+    """Tell every process writing ``run_dir`` that the server was declared dead (before anything else)."""
+    (run_dir / SERVER_DEAD_MARKER).touch()
+
+
+def server_marked_dead(run_dir: Path) -> bool:
+    return (run_dir / SERVER_DEAD_MARKER).exists()
+
+
 def run_dir_error(path: Path, err: OSError) -> ConfigError:
     """One sentence for a run directory that cannot be created (exit 2)."""
     blocker = next((p for p in (path, *path.parents) if p.exists()), None)

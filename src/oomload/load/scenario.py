@@ -9,6 +9,7 @@ import os
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from oomload.load.payload import (
 )
 from oomload.load.preflight import preflight, split_base_url
 from oomload.load.user import ReplayUser
-from oomload.rundir import RunWriter
+from oomload.rundir import RunWriter, server_marked_dead
 from oomload.schedule import Hold, SchedulePlan, parse_levels, parse_stop_condition
 from oomload.trace import TraceRecord, read_trace
 
@@ -175,6 +176,8 @@ def configure(environment: Any, options: dict[str, Any], here: Path) -> None:
     context = bind_user(
         ScenarioUser, options, records=records, api_key=api_key, sink=sink, worker=worker, workers=workers
     )
+    if options.get("run_dir"):
+        context.declared_dead = partial(server_marked_dead, Path(options["run_dir"]))
     runner = getattr(environment, "runner", None)
     if runner is not None and type(runner).__name__ == "WorkerRunner":
         _serve_master(runner, environment, context, options, worker)

@@ -109,6 +109,16 @@ def test_credentials_in_the_url_are_refused_and_never_echoed(
     assert not (tmp_path / "run").exists()
 
 
+def test_credentials_in_a_gpu_sampler_url_are_refused_too(
+    trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["replay", str(trace), "--url", "http://127.0.0.1:1", "--gpu", "remote:http://u:hunter2pw@gpu:9400"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "--gpu" in err and "credentials" in err and "hunter2pw" not in err
+
+
 def test_redact_and_scrub() -> None:
     assert redact_url("http://u:p@h:1/x?q@r") == "http://***@h:1/x?q@r"
     assert redact_url("http://h:1/a@b") == "http://h:1/a@b"  # an @ in the path is not user information

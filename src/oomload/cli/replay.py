@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from oomload.cli.crash import save_internal_error
-from oomload.credentials import read_api_key
+from oomload.credentials import read_api_key, url_credentials_error, url_has_credentials
 from oomload.errors import ConfigError, OomloadError
 from oomload.rundir import check_run_dir_creatable, new_run_dir
 
@@ -170,6 +170,8 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
     gpu = args.gpu
     if gpu not in ("auto", "nvml", "none") and not gpu.startswith(("dcgm:", "remote:")):
         raise ConfigError(f"--gpu {gpu!r} is not one of auto, nvml, dcgm:URL, remote:URL, none")
+    if url_has_credentials(gpu.partition(":")[2]):  # the sampler's URL lands in events and config.json
+        raise url_credentials_error("--gpu", gpu.partition(":")[2])
     if args.url is not None:
         split_base_url(args.url)  # ConfigError for a URL that cannot be parsed
     if not args.api_key_env.replace("_", "").isalnum():

@@ -15,31 +15,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from sharedtraces import FIXTURES, SHARED, shared_traces_missing
+
 # Hypothesis' per-example deadline is a timed assertion: on this shared 2-core machine (and beside a
 # real vLLM in CI) an example can take over 200 ms for no reason of ours. Performance lives in bench/.
 settings.register_profile("oomload", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("oomload")
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-FIXTURES = REPO / "tests" / "fixtures"
-REQUIRE_SHARED_ENV = "OOMLOAD_REQUIRE_SHARED"
-TRACES_MISSING = (
-    "the real public traces are not beside this clone ({where}): azure_code_2023.csv is "
-    "data/AzureLLMInferenceTrace_code.csv from github.com/Azure/AzurePublicDataset, "
-    "mooncake_conversation_first10min.jsonl the first 10 minutes of "
-    "FAST25-release/traces/conversation_trace.jsonl from github.com/kvcache-ai/Mooncake"
-)
-
-
-def shared_traces_missing(shared: Path, environ: dict[str, str] | os._Environ[str]) -> str | None:
-    """Why the real traces cannot be used (None when they can); ``pytest.fail`` when CI requires them."""
-    if (shared / "traces").is_dir():
-        return None
-    reason = TRACES_MISSING.format(where=shared / "traces")
-    if environ.get(REQUIRE_SHARED_ENV, "") not in ("", "0"):
-        pytest.fail(f"{REQUIRE_SHARED_ENV} is set and {reason}", pytrace=False)
-    return reason
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, REQUIRE_SHARED_ENV, shared_traces_missing
+from sharedtraces import FIXTURES, REQUIRE_SHARED_ENV, shared_traces_missing
 
 
 def test_missing_traces_are_a_skip_that_names_the_data_and_where_it_is_published(tmp_path: Path) -> None:

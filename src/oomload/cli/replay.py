@@ -271,7 +271,11 @@ def run(args: argparse.Namespace) -> int:
         if made_here:  # nothing was run (e.g. the endpoint was unreachable): no empty folder left
             _remove_if_empty(config.run_dir)
         raise
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, BrokenPipeError):
         raise
+    except OSError as err:
+        if err.filename is not None:  # a file that cannot be written (a full disk): exit 2 in cli.main
+            raise
+        raise save_internal_error(err, config.run_dir, secrets=(api_key_value(args),)) from err
     except Exception as err:
         raise save_internal_error(err, config.run_dir, secrets=(api_key_value(args),)) from err

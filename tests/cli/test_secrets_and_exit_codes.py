@@ -17,7 +17,7 @@ from test_report_cli import make_run
 
 from oomload.cli import main
 from oomload.credentials import api_key_problem, read_api_key, redact_url, scrub
-from oomload.errors import ConfigError
+from oomload.errors import ConfigError, EndpointError
 from oomload.trace import TraceHeader, TraceRecord, write_trace
 
 SECRET = "sk-SECRET123abc"
@@ -170,3 +170,35 @@ def test_a_report_that_cannot_be_written_is_exit_2_with_the_path(
     assert main(["report", str(run), "--format", "md"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("oomload: error: ") and "report.md" in err and "Traceback" not in err
+
+
+def test_an_error_text_that_holds_the_key_is_scrubbed_everywhere(
+    trace: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Last line of defence: a message or a crash report built from an exception's text that holds
+    the key (as http.client's 'Invalid header value b'Bearer …'' did) shows ``***`` instead."""
+    import oomload.cli.replay as replay_cli
+
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+
+    def endpoint_error(args: object) -> int:
+        raise EndpointError(f"cannot reach http://h/v1/models (Invalid header value b'Bearer {SECRET}')")
+
+    monkeypatch.setattr(replay_cli, "run", endpoint_error)
+    assert main(["replay", str(trace)]) == 3
+    err = capsys.readouterr().err
+    assert SECRET not in err and "Bearer ***" in err
+
+    def crash(args: object) -> int:
+        raise RuntimeError(f"header Bearer {SECRET}")
+
+    monkeypatch.setattr(replay_cli, "run", crash)
+    assert main(["replay", str(trace)]) == 70
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and SECRET not in line and "internal error (RuntimeError)" in line
+    saved = Path(line.rsplit("traceback saved in ", 1)[1])
+    try:
+        text = saved.read_text()
+        assert SECRET not in text and "Bearer ***" in text and "Traceback" in text
+    finally:
+        saved.unlink()

@@ -61,6 +61,8 @@ def step_notes(steps: Sequence[StepFacts], min_requests: int) -> list[Confidence
             notes.append(_warn("few_requests", f"{where} {text}; its numbers are anecdotal", s))
         if s.concurrency_held is False:
             text = f"the load generator held {s.achieved_concurrency:.1f} requests in flight on average"
+            if s.server_bottleneck:
+                text += f", the server only {s.delivered_concurrency:.1f} (its own counters)"
             share = f"{ACHIEVED_CONCURRENCY_MIN_SHARE:.0%}"
             notes.append(
                 _warn("concurrency_not_held", f"{where}: {text}, below {share} of the target: not trusted", s)

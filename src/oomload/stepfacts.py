@@ -21,7 +21,11 @@
   they disagree (a lost scrape, a restart) the larger is used and ``counter_mismatch`` says so;
 * from the GPU samples: device total, max used, min free, and the largest process (the server);
 * the *achieved* concurrency: the time-weighted mean number of requests in flight during the step
-  (from every request's own start/end times), to compare with the target. Below
+  (from every request's own start/end times), to compare with the target;
+* the *server's* side (``oomload.serverside``): the mean requests in vLLM, in its engine and queued,
+  by Little's law on its latency-sum counters between the scrape that opened the step and the last
+  one in it, and the server's share of the client's time for the requests that ended in between.
+  The *delivered* concurrency is the achieved one scaled by that share (capped at 1); below
   ``ACHIEVED_CONCURRENCY_MIN_SHARE`` (80 %) of the target the step did not hold its level.
 
 A step is *trusted* — evidence that its level is safe, or that a gate passes there — only when it
@@ -38,6 +42,13 @@ from dataclasses import dataclass, field
 from oomload.gauges import sustained_level
 from oomload.outcome import Outcome, RequestResult
 from oomload.runview import StepData, max_float, max_int, min_int
+from oomload.serverside import (
+    SERVER_SHARE_MIN,
+    ServerConcurrency,
+    delivered_concurrency,
+    server_concurrency,
+    server_share,
+)
 from oomload.stats import percentile
 
 ACHIEVED_CONCURRENCY_MIN_SHARE = 0.8
@@ -100,6 +111,18 @@ class StepFacts:
     counter_mismatch: tuple[int, int] | None = None  # (delta sum, counter rise) when they disagree
     waiting_sustained: int | None = None  # waiting reached in consecutive scrapes (oomload.gauges)
     kv_usage_sustained: float | None = None  # KV usage reached in consecutive scrapes
+    server: ServerConcurrency | None = None  # what vLLM's counters say it held (None: unknown)
+    server_share: float | None = None  # server seconds / client seconds, same requests
+
+    @property
+    def delivered_concurrency(self) -> float | None:
+        """The load the server held: achieved × min(1, server share) (achieved when the share is unknown)."""
+        return delivered_concurrency(self.achieved_concurrency, self.server_share)
+
+    @property
+    def server_bottleneck(self) -> bool:
+        """The server saw markedly less of the requests' time than the client held them."""
+        return self.server_share is not None and self.server_share < SERVER_SHARE_MIN
 
     @property
     def warmup(self) -> bool:
@@ -139,10 +162,19 @@ class StepFacts:
 
     @property
     def concurrency_held(self) -> bool | None:
-        """Achieved ≥ 80 % of the target; ``None`` when the achieved concurrency is unknown."""
-        if self.achieved_concurrency is None:
+        """Delivered ≥ 80 % of the target; ``None`` when the achieved concurrency is unknown."""
+        delivered = self.delivered_concurrency
+        if delivered is None:
             return None
-        return self.achieved_concurrency >= ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency
+        return delivered >= ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency
+
+    @property
+    def held_text(self) -> str | None:
+        """``"held 1.6"`` for a step that did not hold its level (what the server held when it told)."""
+        if self.concurrency_held is not False:
+            return None
+        assert self.delivered_concurrency is not None
+        return f"held {self.delivered_concurrency:.1f}"
 
     @property
     def trusted(self) -> bool:
@@ -162,10 +194,13 @@ class StepFacts:
             after = "" if self.duration_s is None else f" after {self.duration_s:.1f} s"
             return f"{where} was cut short ({how}{after}, {self.requests} request(s))"
         if self.concurrency_held is False:
-            return (
-                f"{where} held only {self.achieved_concurrency:.1f} requests in flight on average "
-                f"(< {ACHIEVED_CONCURRENCY_MIN_SHARE:.0%} of {self.concurrency})"
-            )
+            limit = f"(< {ACHIEVED_CONCURRENCY_MIN_SHARE:.0%} of {self.concurrency})"
+            if self.server_bottleneck and self.server is not None:
+                return (
+                    f"{where}: the client held {self.achieved_concurrency:.1f} requests in flight on "
+                    f"average but the server only {self.delivered_concurrency:.1f} {limit}"
+                )
+            return f"{where} held only {self.achieved_concurrency:.1f} requests in flight on average {limit}"
         return None
 
 
@@ -202,6 +237,7 @@ def summarize_step(
     if delta_sum is not None and counter is not None and delta_sum != counter:
         mismatch = (delta_sum, counter)
     ok = [r for r in requests if r.outcome is Outcome.OK]
+    server, share = _server_side(step, ok_metrics, all_requests)
     return StepFacts(
         index=b.index,
         concurrency=b.concurrency,
@@ -243,7 +279,36 @@ def summarize_step(
             sustained_level([_num(m.get("num_requests_waiting")) for m in ok_metrics])
         ),
         kv_usage_sustained=sustained_level([_num(m.get("kv_cache_usage")) for m in ok_metrics]),
+        server=server,
+        server_share=share,
     )
+
+
+def _server_side(
+    step: StepData, ok_metrics: Sequence[Mapping[str, object]], all_requests: Sequence[RequestResult]
+) -> tuple[ServerConcurrency | None, float | None]:
+    """Little's law from the scrape that opened the step to its last one, and the server's share."""
+    end = step.boundary.end_unix_s
+    inside = [m for m in ok_metrics if end is None or _time(m) <= end]
+    if not inside:
+        return None, None
+    server = server_concurrency(step.baseline_metric, inside[-1], inside[:-1])
+    if server is None:
+        return None, None
+    answered = (Outcome.OK, Outcome.TRUNCATED)
+    client_s = sum(
+        r.e2e_ms / 1000.0
+        for r in all_requests
+        if r.outcome in answered
+        and r.e2e_ms is not None
+        and server.start_unix_s < r.end_unix_s <= server.end_unix_s
+    )
+    return server, server_share(server, client_s)
+
+
+def _time(m: Mapping[str, object]) -> float:
+    t = m.get("t_unix_s")
+    return float(t) if isinstance(t, (int, float)) else math.inf
 
 
 def _num(value: object) -> float | None:

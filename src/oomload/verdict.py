@@ -194,6 +194,11 @@ class Verdict:
             obj["error_rate"] = s.error_rate
             obj["trusted"] = s.trusted
             obj["concurrency_held"] = s.concurrency_held
+            obj["server"] = None if s.server is None else s.server.to_json()
+            obj["server_share"] = None if s.server_share is None else round(s.server_share, 3)
+            obj["delivered_concurrency"] = (
+                None if s.delivered_concurrency is None else round(s.delivered_concurrency, 3)
+            )
             obj["kv_usage_max_share"] = s.kv_usage_max
             steps.append(obj)
         return {

@@ -138,6 +138,17 @@ class CounterWatch:
                 self.samples.append((sent, time.time(), value))
             self._stop.wait(self.interval_s)
 
+    def bounds(self, sent_unix_s: float, received_unix_s: float) -> tuple[float, float]:
+        """(low, high) for the counter as another scrape, sent and received at these times, read it.
+
+        Low: the highest value among this watch's scrapes received before that one was sent; high:
+        the lowest among those sent after it was received (the counter only grows).
+        """
+        before = [v for _sent, recv, v in self.samples if recv <= sent_unix_s]
+        after = [v for sent, _recv, v in self.samples if sent >= received_unix_s]
+        assert before and after, f"the watch has no scrape on both sides of {sent_unix_s}–{received_unix_s}"
+        return max(before), min(after)
+
     def first_rise_window(self) -> tuple[float, float] | None:
         """(earliest, latest) Unix time of the first rise above the first sample, or None."""
         if not self.samples:

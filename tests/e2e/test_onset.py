@@ -93,6 +93,16 @@ def test_replay_onset_matches_the_counter_and_the_arithmetic(real_sweep: RealSwe
     assert (prediction["num_gpu_blocks"], prediction["block_size"], prediction["onset_mean"]) == (12, 256, 6)
     assert prediction["levels_apart"] is not None and prediction["levels_apart"] <= 1
 
+    # What the onset step held, at the client and in vLLM by its own counters (printed, not asserted:
+    # how much load a 2-core machine delivers drifts; test_load_delivered checks the figures).
+    at_onset = next(s for s in summary["verdict"]["steps"] if s["index"] == onset["step"])
+    server = at_onset["server"] or {}
+    FIGURES.append(
+        f"onset step {onset['step']} (concurrency {onset['concurrency']}): client held "
+        f"{at_onset['achieved_concurrency']:.2f}, server {at_onset['delivered_concurrency']:.2f} "
+        f"(Little's law in vLLM {server.get('in_server')}), concurrency held: {at_onset['concurrency_held']}"
+    )
+
     # Exact lengths, from usage, on every request that completed.
     ok = [r for r in run.requests if r["outcome"] == "ok"]
     assert len(ok) >= sum(c for c in LEVELS if c < onset["concurrency"])

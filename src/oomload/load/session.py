@@ -132,12 +132,9 @@ class Session:
             self.console.print(f"[dim]GPU memory not sampled: {reason}[/]")
             self.gpu = None
 
-    def preemptions_total(self) -> int | None:
-        if self.poller is None:
-            return None
-        record = self.poller.poll_once()
-        value = record.get("num_preemptions_total") if record.get("ok") else None
-        return value if isinstance(value, int) else None
+    def boundary_scrape(self) -> dict[str, Any] | None:
+        """One ``/metrics`` scrape at a step boundary (also written to ``metrics.jsonl``)."""
+        return None if self.poller is None else self.poller.poll_once()
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> str:
@@ -176,7 +173,7 @@ class Session:
             meter,
             self.writer,
             warmup_hold=Hold(config.warmup_s, 0) if config.warmup_s > 0 else None,
-            preemptions_total=self.preemptions_total,
+            boundary_scrape=self.boundary_scrape,
             server_dead=lambda: self.dead_evidence is not None,
             max_duration_s=config.max_duration_s,
             on_step=on_step,

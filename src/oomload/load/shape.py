@@ -25,7 +25,9 @@ its counters — only once the surplus users are gone and the requests in flight
 still in flight then is abandoned by Locust as ``cancelled``). So the
 previous step's pressure never counts against the lower level, and the wait is bounded.
 
-Preemption counter at a boundary: read **once**, and **while the users keep sending** (the read is a
+The boundary scrape (``/metrics``) gives the preemption counter and the server's latency sums, from
+which the end line's ``server_concurrency`` comes (``oomload.serverside``: what vLLM itself held over
+the step, by Little's law). It is read **once**, and **while the users keep sending** (the read is a
 ``/metrics`` scrape that a loaded vLLM can take 1–3 s to answer; gevent lets the users run meanwhile).
 The boundary's time is taken after the read, and the same value closes the ended step and opens the
 next one. Reading it after the users were paused — and again for the next step — left every step of a
@@ -35,7 +37,7 @@ real server without load for two scrapes (seen: 1.6 s of a 4-user step with noth
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -48,6 +50,7 @@ from oomload.schedule import (
     max_duration_exceeded,
     next_step,
 )
+from oomload.serverside import ServerConcurrency, server_concurrency
 
 SPAWN_RATE = 100.0  # users per second (Locust warns above 100); a step of c users starts within c/100 s
 
@@ -98,7 +101,7 @@ class StepDriver:
         sink: StepSink,
         *,
         warmup_hold: Hold | None = None,
-        preemptions_total: Callable[[], int | None] = lambda: None,
+        boundary_scrape: Callable[[], Mapping[str, Any] | None] = lambda: None,
         server_dead: Callable[[], bool] = lambda: False,
         max_duration_s: float | None = None,
         clock: Callable[[], float] = time.time,
@@ -112,7 +115,7 @@ class StepDriver:
         self.warmup_hold = warmup_hold or hold
         self.meter = meter
         self.sink = sink
-        self.preemptions_total = preemptions_total
+        self.boundary_scrape = boundary_scrape
         self.server_dead = server_dead
         self.max_duration_s = max_duration_s
         self.clock = clock
@@ -126,7 +129,7 @@ class StepDriver:
         self.end_reason: str | None = None
         self.started_unix_s: float | None = None
         self._step_start_s = 0.0
-        self._preemptions_at_start: int | None = None
+        self._scrape_at_start: Mapping[str, Any] | None = None
 
     @property
     def finished(self) -> bool:
@@ -145,20 +148,20 @@ class StepDriver:
         reason = self._step_end_reason(now)
         if reason is None:
             return self.current.concurrency, SPAWN_RATE
-        boundary_preemptions = self.preemptions_total()  # users keep sending while this scrape runs
+        boundary = self.boundary_scrape()  # users keep sending while this scrape runs
         now = self.clock()
-        self._end_step(reason, now, boundary_preemptions)
+        self._end_step(reason, now, boundary)
         if reason in ("server_dead", "max_duration"):
             self.end_reason = reason
             return None
-        return self._follow(next_step(self.plan, self.history), now, boundary_preemptions)
+        return self._follow(next_step(self.plan, self.history), now, boundary)
 
     def interrupt(self, reason: str = "interrupted") -> None:
         """End the current step and the run now (Ctrl-C, SIGTERM, an error elsewhere)."""
         if self.finished:
             return
         if self.current is not None and self._settling is None:
-            self._end_step(reason, self.clock(), self.preemptions_total())
+            self._end_step(reason, self.clock(), self.boundary_scrape())
         self._settling = None
         self.end_reason = reason
 
@@ -173,7 +176,7 @@ class StepDriver:
         if now < deadline and (in_flight is None or in_flight > step.concurrency):
             return step.concurrency, SPAWN_RATE
         self._settling = None
-        baseline = self.preemptions_total()  # the users are idle while settling: a fresh baseline
+        baseline = self.boundary_scrape()  # the users are idle while settling: a fresh baseline
         return self._begin(step, self.clock(), baseline)
 
     def _step_end_reason(self, now: float) -> str | None:
@@ -190,7 +193,7 @@ class StepDriver:
         return "hold_done" if hold.done(elapsed, completed) else None
 
     def _follow(
-        self, decision: Decision, now: float, boundary_preemptions: int | None = None
+        self, decision: Decision, now: float, boundary: Mapping[str, Any] | None = None
     ) -> tuple[int, float] | None:
         if decision.step is None:
             self.end_reason = decision.end_reason or "completed"
@@ -201,14 +204,14 @@ class StepDriver:
             self._settling = (step, now + self.settle_s)
             return step.concurrency, SPAWN_RATE
         if previous is None:  # the first step: its baseline is read now, before any load
-            boundary_preemptions = self.preemptions_total()
-        return self._begin(step, now, boundary_preemptions)
+            boundary = self.boundary_scrape()
+        return self._begin(step, now, boundary)
 
-    def _begin(self, step: StepPlan, now: float, preemptions_at_start: int | None) -> tuple[int, float]:
-        """Open ``step`` at ``now`` with the counter value read at this boundary."""
+    def _begin(self, step: StepPlan, now: float, scrape: Mapping[str, Any] | None) -> tuple[int, float]:
+        """Open ``step`` at ``now`` with the scrape read at this boundary."""
         self.current = step
         self._step_start_s = now
-        self._preemptions_at_start = preemptions_at_start
+        self._scrape_at_start = scrape
         self.meter.begin(step)
         self.sink.append(
             "steps",
@@ -224,13 +227,13 @@ class StepDriver:
             self.on_step(step)
         return step.concurrency, SPAWN_RATE
 
-    def _end_step(self, reason: str, now: float, after: int | None) -> None:
-        """Close the current step at ``now``; ``after`` is the counter read at this boundary."""
+    def _end_step(self, reason: str, now: float, scrape: Mapping[str, Any] | None) -> None:
+        """Close the current step at ``now``; ``scrape`` is the one read at this boundary."""
         step = self.current
         assert step is not None
         self.meter.end()  # nothing more is sent in this step: its counts are final from here on
         count = self.meter.count()
-        before = self._preemptions_at_start
+        before, after = _preemptions(self._scrape_at_start), _preemptions(scrape)
         preemptions = max(0, after - before) if after is not None and before is not None else None
         dead = reason == "server_dead" or self.server_dead()
         self.history.append(
@@ -243,14 +246,21 @@ class StepDriver:
                 server_dead=dead,
             )
         )
-        line = step_end_line(step, count, reason, now, now - self._step_start_s, preemptions)
+        server = server_concurrency(self._scrape_at_start, scrape)
+        line = step_end_line(step, count, reason, now, now - self._step_start_s, preemptions, server)
         self.sink.append("steps", line)
         if self.on_step_end is not None:
             self.on_step_end(line)
 
 
 def step_end_line(
-    step: StepPlan, count: StepCount, reason: str, now: float, duration_s: float, preemptions: int | None
+    step: StepPlan,
+    count: StepCount,
+    reason: str,
+    now: float,
+    duration_s: float,
+    preemptions: int | None,
+    server: ServerConcurrency | None = None,
 ) -> dict[str, Any]:
     """The ``end`` line of ``steps.jsonl`` (docs/replay.md, "The run directory")."""
     line: dict[str, Any] = {
@@ -273,7 +283,14 @@ def step_end_line(
     if count.achieved_mean is not None:
         line["achieved_concurrency_mean"] = round(count.achieved_mean, 3)
         line["achieved_concurrency_max"] = count.achieved_max
+    if server is not None:
+        line["server_concurrency"] = server.to_json()
     return line
+
+
+def _preemptions(scrape: Mapping[str, Any] | None) -> int | None:
+    value = None if scrape is None or not scrape.get("ok") else scrape.get("num_preemptions_total")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def make_shape(driver: StepDriver, *, keep_open: bool = False) -> Any:

@@ -44,7 +44,7 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
             Finding(
                 "preemption_onset",
                 "Preemption onset",
-                f"concurrency {onset.concurrency} — step {onset.step}, "
+                f"concurrency {onset.concurrency}{_held(verdict, onset.step)} — step {onset.step}, "
                 f"{_count(onset.requests_in_step, 'request')}, "
                 f"{_count(onset.preemptions_in_step, 'preemption')}{kv}",
                 "bad",
@@ -125,6 +125,8 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
             )
         )
 
+    out.append(load_delivered(verdict))
+
     safe = verdict.last_safe_concurrency
     first_unsafe = verdict.first_unsafe_concurrency
     below = [
@@ -189,6 +191,54 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
     return out
 
 
+def load_delivered(verdict: Verdict) -> Finding:
+    """Whether the server held the load each level asked for, by its own counters (``serverside``)."""
+    label = "Load delivered"
+    steps = [s for s in verdict.measured_steps if s.requests]
+    short = [s for s in steps if s.concurrency_held is False]
+    if short:
+        worst = min(short, key=lambda s: (s.delivered_concurrency or 0.0) / s.concurrency)
+        bottleneck = [s for s in short if s.server_bottleneck]
+        text = f"{len(short)} of {len(steps)} level(s) not held: " + "; ".join(
+            _delivery(s)
+            for s in sorted({s.index: s for s in (worst, *short[:2])}.values(), key=lambda s: s.index)
+        )
+        if bottleneck:
+            text += (
+                " — the server saw less than the client sent: the API server or the client host is the "
+                "bottleneck, so these levels say little about the engine's KV cache"
+            )
+        return Finding("load_delivered", label, text, "warn")
+    measured = [s for s in steps if s.server is not None]
+    if not measured:
+        return Finding(
+            "load_delivered",
+            label,
+            "held at the client; the server's side unknown (no latency sums in /metrics)",
+            "info",
+        )
+    low = min(measured, key=lambda s: (s.delivered_concurrency or 0.0) / s.concurrency)
+    return Finding(
+        "load_delivered",
+        label,
+        f"every level held, by vLLM's own counters (lowest: {_delivery(low)})",
+        "ok",
+    )
+
+
+def _delivery(s: StepFacts) -> str:
+    """``concurrency 4: client 3.9, server 2.1`` (server: vLLM's counters, when known)."""
+    server = "" if s.server is None else f", server {fmt_num(s.delivered_concurrency)}"
+    return f"concurrency {s.concurrency} (step {s.index}): client {fmt_num(s.achieved_concurrency)}{server}"
+
+
+def _held(verdict: Verdict, step_index: int) -> str:
+    """``", held 1.6"`` when the step did not hold its level, else nothing."""
+    step = next((s for s in verdict.steps if s.index == step_index), None)
+    text = None if step is None else step.held_text
+    return "" if text is None else f", {text}"
+
+
 def failed_requests(verdict: Verdict) -> dict[str, tuple[int, int]]:
     """Failures over the measured steps that no other finding explains, by outcome: (lowest level seen
     at, count). Context overflow and short answers have findings of their own; casualties of an engine
@@ -233,7 +283,7 @@ def _token_range(low: int | None, high: int | None) -> str:
 
 STEP_COLUMNS = (
     "step", "conc", "phase", "req", "ok", "err", "cancel", "req/s", "out tok/s", "TTFT p50", "TTFT p99",
-    "TPOT p50", "e2e p99", "KV max", "preempt", "run/wait", "achieved", "dev used",
+    "TPOT p50", "e2e p99", "KV max", "preempt", "run/wait", "achieved", "server", "dev used",
 )  # fmt: skip
 
 
@@ -241,7 +291,9 @@ STEP_LEGEND = (
     "* = step cut short (no end, or ended by Ctrl-C, --max-duration-s, an error or the server's death; "
     "not trusted as safe) · † = started after the engine died (left out of the verdict) · "
     "err (+N at death) = N more requests of this step died with the engine in a later step, "
-    "charged to that step"
+    "charged to that step · achieved = requests in flight at the client (time-weighted mean) · "
+    "server = requests in vLLM during the step, by its own latency counters (the client's figure "
+    "× vLLM's share of the same requests' time; docs/report.md)"
 )
 
 
@@ -272,6 +324,7 @@ def step_row(s: StepFacts) -> list[str]:
         fmt_num(s.preemptions, "d"),
         run_wait,
         fmt_num(s.achieved_concurrency, ".1f"),
+        "–" if s.server is None else fmt_num(s.delivered_concurrency, ".1f"),
         fmt_bytes(s.device_used_max_bytes),
     ]
 

@@ -64,6 +64,7 @@ TERMINAL_COLUMNS = {
     "step": "step", "conc": "conc", "req": "req", "err": "err", "cancel": "cncl", "req/s": "req/s",
     "TTFT p99": "ttft99",
     "e2e p99": "e2e99", "KV max": "KV", "preempt": "pre", "run/wait": "run/wait", "achieved": "held",
+    "server": "srv",
     "dev used": "dev",
 }  # fmt: skip
 
@@ -75,7 +76,10 @@ def step_table(verdict: Verdict) -> Table:
     sampled), and device memory is shown in GiB with the unit in the header instead of every cell.
     """
     table = Table(
-        title="Per step (* = cut short; † = after the engine died; cncl = cancelled; held = achieved)",
+        title=(
+            "Per step (* = cut short; † = after the engine died; cncl = cancelled; held = in flight at "
+            "the client; srv = in vLLM, by its counters)"
+        ),
         header_style="bold",
         box=box.SIMPLE_HEAD,
         padding=(0, 0, 0, 1),
@@ -85,7 +89,7 @@ def step_table(verdict: Verdict) -> Table:
     columns = [
         (STEP_COLUMNS.index(name), short)
         for name, short in TERMINAL_COLUMNS.items()
-        if name not in ("cancel", "dev used") or _says_something(rows, STEP_COLUMNS.index(name))
+        if name not in ("cancel", "server", "dev used") or _says_something(rows, STEP_COLUMNS.index(name))
     ]
     for _index, short in columns:
         table.add_column("dev GiB" if short == "dev" else short, justify="right", no_wrap=True)

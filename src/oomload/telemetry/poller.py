@@ -6,7 +6,10 @@ patching its socket I/O is cooperative), parses it with ``parse_vllm_metrics`` a
 * ok: ``{"t_unix_s", "ok": true, "kv_cache_usage", "num_requests_running", "num_requests_waiting",
   "num_preemptions_total", "preemptions_delta", "prompt_tokens_total", "prompt_tokens_delta",
   "generation_tokens_total", "generation_tokens_delta", "admission_rejections_total",
-  "prefix_cache_queries_total", "prefix_cache_hits_total", "restarted", "scrape_ms"}``
+  "prefix_cache_queries_total", "prefix_cache_hits_total", "e2e_latency_seconds_sum",
+  "inference_seconds_sum", "queue_seconds_sum", "restarted", "scrape_ms"}`` — the three ``*_sum``
+  fields are vLLM's latency histogram sums in seconds, from which ``oomload.serverside`` derives how
+  many requests the server itself held (Little's law)
 * failed: ``{"t_unix_s", "ok": false, "error": "<one sentence>", "scrape_ms"}``
 
 Counters become per-interval deltas against the previous *ok* scrape (the first scrape's deltas
@@ -120,6 +123,9 @@ class MetricsPoller:
             "admission_rejections_total": snapshot.admission_rejections_total,
             "prefix_cache_queries_total": snapshot.prefix_cache_queries_total,
             "prefix_cache_hits_total": snapshot.prefix_cache_hits_total,
+            "e2e_latency_seconds_sum": _seconds(snapshot.e2e_latency_seconds_sum),
+            "inference_seconds_sum": _seconds(snapshot.inference_seconds_sum),
+            "queue_seconds_sum": _seconds(snapshot.queue_seconds_sum),
             "restarted": restarted,
             "scrape_ms": round((time.monotonic() - started) * 1000.0, 1),
         }
@@ -247,3 +253,7 @@ def _delta(previous: VllmSnapshot | None, current: VllmSnapshot, field: str, res
     if old is None:
         return 0
     return max(0, int(new) - int(old))
+
+
+def _seconds(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)

@@ -15,7 +15,8 @@ Algorithm
    first, then older ones — ``kv_cache_usage_perc`` then the pre-0.11 ``gpu_cache_usage_perc``;
    counters with and without ``_total``; ``prefix_cache_*`` then the 0.8-era ``gpu_prefix_cache_*``).
 5. Combine the series of that name: counters and request counts are *summed* over every label
-   combination (data-parallel ``engine`` labels, ``reason`` labels of admission rejections); the KV
+   combination (data-parallel ``engine`` labels, ``reason`` labels of admission rejections) — the
+   latency histograms' ``_sum`` series (seconds) as floats, the counts as integers; the KV
    usage fraction takes the *maximum* over engines — each engine has its own pool of the same size
    and the fullest one is the one that preempts first.
 6. ``vllm:cache_config_info`` labels become ``cache_config`` with numbers as numbers (``"96"`` → 96,
@@ -62,12 +63,19 @@ NAME_CANDIDATES: dict[str, tuple[str, ...]] = {
         "vllm:gpu_prefix_cache_hits_total",
         "vllm:gpu_prefix_cache_hits",
     ),
+    # histogram sums in seconds: Little's law over two scrapes gives the mean requests in the server
+    # (``oomload.serverside``); the queue and inference phases exist in V1 only
+    "e2e_latency_seconds_sum": ("vllm:e2e_request_latency_seconds_sum",),
+    "inference_seconds_sum": ("vllm:request_inference_time_seconds_sum",),
+    "queue_seconds_sum": ("vllm:request_queue_time_seconds_sum",),
 }
 # A counter's ``_created`` series: when it moves forward, the server's counters were re-created.
 CREATED_NAME = "vllm:num_preemptions_created"
 CACHE_CONFIG_NAME = "vllm:cache_config_info"
 # Fields combined with max() across engines instead of sum().
 FRACTION_FIELDS = frozenset({"kv_cache_usage", "cpu_cache_usage"})
+# Fields summed across engines as floats (seconds), never rounded to an integer count.
+SECONDS_FIELDS = frozenset({"e2e_latency_seconds_sum", "inference_seconds_sum", "queue_seconds_sum"})
 # Fields that are monotonically increasing counters (deltas and restart detection use them).
 COUNTER_FIELDS = (
     "num_preemptions_total",
@@ -95,6 +103,9 @@ class VllmSnapshot:
     prefix_cache_hits_total: int | None = None
     cpu_cache_usage: float | None = None
     num_requests_swapped: int | None = None
+    e2e_latency_seconds_sum: float | None = None
+    inference_seconds_sum: float | None = None
+    queue_seconds_sum: float | None = None
     cache_config: dict[str, Any] | None = None
     model_names: tuple[str, ...] = ()
     engine_count: int = 0
@@ -144,6 +155,8 @@ def parse_vllm_metrics(text: str, *, t_unix_s: float, model_name: str | None = N
                 sources[field] = candidate
                 if field in FRACTION_FIELDS:
                     fields[field] = max(values)
+                elif field in SECONDS_FIELDS:
+                    fields[field] = sum(values)
                 else:
                     fields[field] = _as_int(sum(values))
                 break

@@ -43,10 +43,10 @@ def _driver(meter: FakeMeter, sink: Lines, clock: list[float], preempt_at: int) 
     plan = SchedulePlan(levels=(2, 8), stop_on=(StopCondition("first-preemption"),))
     current: dict[str, int] = {"total": 0}
 
-    def preemptions() -> int:  # the server preempts while a step at or above preempt_at runs
-        return current["total"]
+    def scrape() -> dict[str, Any]:  # the server preempts while a step at or above preempt_at runs
+        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": current["total"]}
 
-    driver = StepDriver(plan, Hold(1.0), meter, sink, preemptions_total=preemptions,
+    driver = StepDriver(plan, Hold(1.0), meter, sink, boundary_scrape=scrape,
                         clock=lambda: clock[0], settle_s=5.0)  # fmt: skip
 
     def on_step(step: StepPlan) -> None:
@@ -131,13 +131,13 @@ def test_the_boundary_counter_is_read_once_while_the_users_still_send() -> None:
     meter, sink, clock = FakeMeter(), Lines(), [100.0]
     reads: list[int] = []  # meter.ended at each read: 0 before the first step ends, …
 
-    def preemptions() -> int:
+    def scrape() -> dict[str, Any]:
         reads.append(meter.ended)
         clock[0] += 2.0  # the scrape takes 2 s
-        return 3 * len(reads)
+        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": 3 * len(reads)}
 
     plan = SchedulePlan(levels=(2, 4, 8), stop_on=())
-    driver = StepDriver(plan, Hold(1.0), meter, sink, preemptions_total=preemptions, clock=lambda: clock[0])
+    driver = StepDriver(plan, Hold(1.0), meter, sink, boundary_scrape=scrape, clock=lambda: clock[0])
     driver.tick()  # step 0 begins: baseline read before any load
     for _ in range(2):
         clock[0] += 1.0
@@ -148,3 +148,23 @@ def test_the_boundary_counter_is_read_once_while_the_users_still_send() -> None:
     # the boundary time is taken after the read, and the next step starts at that same moment
     assert [e["t_unix_s"] for e in ends] == [s["t_unix_s"] for s in starts[1:]]
     assert [e["preemptions"] for e in ends] == [3, 3]
+
+
+def test_the_end_line_says_what_the_server_held_between_the_boundary_scrapes() -> None:
+    """Little's law on vLLM's latency sums read at the two boundaries of the step."""
+    meter, sink, clock = FakeMeter(), Lines(), [100.0]
+    sums = iter([0.0, 30.0, 45.0])  # e2e latency sum at each boundary: 30 s of requests in step 0
+
+    def scrape() -> dict[str, Any]:
+        e2e = next(sums)
+        sums_now = {"e2e_latency_seconds_sum": e2e, "inference_seconds_sum": e2e / 2, "queue_seconds_sum": 0}
+        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": 0, **sums_now}
+
+    plan = SchedulePlan(levels=(4, 8), stop_on=())
+    driver = StepDriver(plan, Hold(10.0), meter, sink, boundary_scrape=scrape, clock=lambda: clock[0])
+    driver.tick()
+    clock[0] += 10.0
+    driver.tick()
+    end = next(line for line in sink.lines if line["event"] == "end")
+    assert end["server_concurrency"] == {"in_server": 3.0, "in_engine": 1.5, "queued": 0.0, "window_s": 10.0,
+                                         "from_unix_s": 100.0, "to_unix_s": 110.0}  # fmt: skip

@@ -36,6 +36,9 @@ class StepSpec:
     error_text: str | None = None
     prompt_tokens: int = 256  # asked by every request of the step
     output_tokens: int = 256
+    # vLLM's share of the client's seconds for the requests that end in this step: when set (in any
+    # step), every scrape carries the latency sums (``e2e_latency_seconds_sum`` …) accordingly
+    server_share: float | None = None
 
 
 def write_run(
@@ -77,6 +80,8 @@ def write_run(
     cfg.update(config or {})
     t = T0
     counter = 0
+    sums = any(spec.server_share is not None for spec in steps)
+    server_s: list[tuple[float, float]] = []  # (end, server seconds) of every answered request so far
     with RunWriter(path) as w:
         w.write_json("config.json", cfg)
         if cache_config is not None:
@@ -89,9 +94,12 @@ def write_run(
             ],
             TraceHeader(source=("test",)),
         )
-        w.append("metrics", _scrape(t - 0.5, counter, 0, 0.0, 0, 0))
+        w.append("metrics", _scrape(t - 0.5, counter, 0, 0.0, 0, 0, 0.0 if sums else None))
         for index, spec in enumerate(steps):
             start = t
+            if sums and index > 0:  # the boundary scrape that closes one step and opens the next
+                seconds = sum(x for end, x in server_s if end <= start)
+                w.append("metrics", _scrape(start - 1e-6, counter, 0, 0.0, 0, 0, seconds))
             w.append(
                 "steps",
                 {
@@ -102,7 +110,8 @@ def write_run(
                     "t_unix_s": start,
                 },
             )
-            _write_requests(w, index, spec, start)
+            share = 1.0 if spec.server_share is None else spec.server_share
+            server_s += [(end, e2e_s * share) for end, e2e_s in _write_requests(w, index, spec, start)]
             for k in range(spec.scrapes):
                 ts = start + spec.duration_s * (k + 1) / (spec.scrapes + 1)
                 delta = spec.preemptions if k == spec.scrapes // 2 else 0
@@ -110,7 +119,9 @@ def write_run(
                 at_peak = spec.scrapes // 2 <= k < spec.scrapes // 2 + spec.peak_scrapes
                 kv = spec.kv_max if at_peak else spec.kv_max * 0.8
                 waiting = spec.waiting_max if at_peak else 0
-                w.append("metrics", _scrape(ts, counter, delta, kv, min(spec.concurrency, 8), waiting))
+                seconds = sum(x for end, x in server_s if end <= ts) if sums else None
+                running = min(spec.concurrency, 8)
+                w.append("metrics", _scrape(ts, counter, delta, kv, running, waiting, seconds))
             if spec.scrapes == 0:
                 w.append("metrics", {"t_unix_s": start + 1, "ok": False, "error": "timeout"})
             if gpu:
@@ -155,7 +166,9 @@ def write_run(
     return path
 
 
-def _write_requests(w: RunWriter, index: int, spec: StepSpec, start: float) -> None:
+def _write_requests(w: RunWriter, index: int, spec: StepSpec, start: float) -> list[tuple[float, float]]:
+    """Write the step's requests; returns (end, e2e seconds) of the answered ones."""
+    answered: list[tuple[float, float]] = []
     failures = [o for o, n in spec.failures.items() for _ in range(n)]
     in_flight = spec.in_flight or spec.concurrency
     per_slot = max(-(-spec.requests // in_flight), 1)
@@ -168,6 +181,8 @@ def _write_requests(w: RunWriter, index: int, spec: StepSpec, start: float) -> N
             continue
         outcome = failures[i] if i < len(failures) else Outcome.OK
         ok = outcome is Outcome.OK
+        if ok:
+            answered.append((e, e - s))
         w.request(
             RequestResult(
                 request_id=f"s{index}-r{i}",
@@ -189,6 +204,7 @@ def _write_requests(w: RunWriter, index: int, spec: StepSpec, start: float) -> N
                 error=None if ok else (spec.error_text or outcome.value),
             )
         )
+    return answered
 
 
 def _http_status(outcome: Outcome) -> int | None:
@@ -228,8 +244,16 @@ def request(
     )
 
 
-def _scrape(t: float, counter: int, delta: int, kv: float, running: int, waiting: int) -> dict[str, Any]:
+def _scrape(
+    t: float, counter: int, delta: int, kv: float, running: int, waiting: int, server_s: float | None = None
+) -> dict[str, Any]:
+    sums = {} if server_s is None else {
+        "e2e_latency_seconds_sum": server_s,
+        "inference_seconds_sum": server_s * 0.9,
+        "queue_seconds_sum": server_s * 0.1,
+    }  # fmt: skip
     return {
+        **sums,
         "t_unix_s": t,
         "ok": True,
         "kv_cache_usage": kv,

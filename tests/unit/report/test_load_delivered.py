@@ -1,0 +1,59 @@
+"""The verdict on load delivered: a level the server did not see is not held, and the report says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runbuilder import CPU_CACHE, StepSpec, write_run
+
+from oomload.recommend import recommend
+from oomload.report.findings import STEP_COLUMNS, describe, load_delivered, step_row
+from oomload.runview import load_run
+from oomload.verdict import build_verdict
+
+
+def _verdict(tmp_path: Path, steps: list[StepSpec]) -> Any:
+    view = load_run(write_run(tmp_path / "run", steps, cache_config=CPU_CACHE))
+    return build_verdict(view)
+
+
+def test_a_step_the_server_did_not_see_is_not_held(tmp_path: Path) -> None:
+    """The client held 4 but vLLM saw 40 % of the time: the level is a label, not evidence."""
+    steps = [StepSpec(2, server_share=0.95), StepSpec(4, server_share=0.4), StepSpec(8, preemptions=3)]
+    verdict = _verdict(tmp_path, steps)
+    s2, s4 = verdict.steps[0], verdict.steps[1]
+    assert s2.concurrency_held is True and s2.server_share == pytest.approx(0.95, abs=0.01)
+    assert s4.achieved_concurrency == pytest.approx(4.0, abs=0.1)
+    assert s4.server_share == pytest.approx(0.4, abs=0.01)
+    assert s4.delivered_concurrency == pytest.approx(1.6, abs=0.1)
+    assert s4.concurrency_held is False and not s4.trusted
+    assert s4.server is not None and s4.server.in_server > 0
+    assert verdict.last_safe_concurrency == 2  # not 4: that level was never put on the server
+    finding = load_delivered(verdict)
+    assert finding.severity == "warn"
+    assert "concurrency 4 (step 1): client 4.0, server 1.6" in finding.text
+    assert "bottleneck" in finding.text
+    row = dict(zip(STEP_COLUMNS, step_row(s4), strict=True))
+    assert (row["achieved"], row["server"]) == ("4.0", "1.6")
+    assert verdict.to_json()["steps"][1]["delivered_concurrency"] == pytest.approx(1.6, abs=0.1)
+
+
+def test_the_onset_line_says_what_its_step_held(tmp_path: Path) -> None:
+    steps = [StepSpec(2, server_share=0.95), StepSpec(4, preemptions=2, server_share=0.4)]
+    verdict = _verdict(tmp_path, steps)
+    text = {f.key: f.text for f in describe(verdict, recommend(verdict))}
+    assert text["preemption_onset"].startswith("concurrency 4, held 1.6 — step 1")
+
+
+def test_held_levels_say_so_and_unknown_without_sums(tmp_path: Path) -> None:
+    held = _verdict(tmp_path / "a", [StepSpec(2, server_share=0.97), StepSpec(4, server_share=0.9)])
+    finding = load_delivered(held)
+    assert finding.severity == "ok" and "every level held" in finding.text
+    text = {f.key: f.text for f in describe(held, recommend(held))}
+    assert ", held" not in text["preemption_onset"]
+    unknown = _verdict(tmp_path / "b", [StepSpec(2), StepSpec(4)])
+    assert all(s.server is None and s.server_share is None for s in unknown.steps)
+    assert "unknown" in load_delivered(unknown).text
+    assert unknown.steps[1].concurrency_held is True  # the client's figure alone, as before

@@ -7,7 +7,7 @@ the kind of work a load generator does per request). It runs alternately:
 * telemetry: the loop while ``GpuSamplerProcess`` runs ``oomload sample`` at 10 Hz in its child
   process (NVML replaced by the fake through ``OOMLOAD_FAKE_NVML``: no GPU here, but the real
   subprocess, file streaming and JSON path) and ``MetricsPoller`` scrapes, at 1 Hz, a loopback
-  server answering the real vLLM capture (``../shared/reference/vllm-cpu-metrics.txt``, 614 lines)
+  server answering the real vLLM capture (``tests/fixtures/vllm-metrics.txt``, 629 lines)
   from its own process, as vLLM would.
 
 Both are measured in the same run, interleaved, and the ratio of the medians is printed (1.00 =
@@ -30,7 +30,7 @@ from oomload.telemetry.gpu import GpuSamplerProcess
 from oomload.telemetry.poller import MetricsPoller
 
 REPO = Path(__file__).resolve().parents[1]
-CAPTURE = REPO.parent / "shared" / "reference" / "vllm-cpu-metrics.txt"
+CAPTURE = REPO / "tests" / "fixtures" / "vllm-metrics.txt"
 ROUNDS = 6
 TARGET_ROUND_S = 1.0
 LINE = json.dumps(

@@ -7,10 +7,13 @@
     ├── TraceFormatError             unreadable / malformed trace or log, with path and line (exit 2)
     ├── SamplerUnavailableError      NVML / DCGM / remote sampler cannot be used            (exit 2)
     ├── EndpointError                the target endpoint is unreachable or not vLLM-shaped   (exit 3)
-    └── RunAbortedError              a run stopped before it could produce a verdict         (exit 3)
+    ├── RunAbortedError              a run stopped before it could produce a verdict         (exit 3)
+    └── InternalError                a bug in oomload: one line, the traceback in a file     (exit 70)
 
 Only the CLI turns these into messages and exit codes (``oomload.cli.main``); library code raises
-them with ``raise … from err`` and a message that names the bad value and what is allowed.
+them with ``raise … from err`` and a message that names the bad value and what is allowed. Any other
+exception is a bug: the CLI saves its traceback (in the run directory when there is one) and exits 70,
+a code no verdict or gate result uses, so a crash never reads as a pass, a failed gate or bad input.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad flags, config, trace or input file
     UNREACHABLE = 3  # the target could not be reached, or the run aborted before a verdict
     GATE_NOT_EVALUATED = 4  # a gate could not be evaluated: missing evidence never passes
+    INTERNAL = 70  # a bug in oomload (sysexits' EX_SOFTWARE); the traceback is saved to a file
     INTERRUPTED = 130  # Ctrl-C / SIGTERM; the run directory holds everything up to that moment
 
 
@@ -72,3 +76,14 @@ class RunAbortedError(OomloadError):
     """A run stopped before it could produce a verdict (the run directory keeps what was measured)."""
 
     exit_code = ExitCode.UNREACHABLE
+
+
+class InternalError(OomloadError):
+    """An unexpected exception inside oomload; ``report_path`` holds its traceback."""
+
+    exit_code = ExitCode.INTERNAL
+
+    def __init__(self, kind: str, report_path: Path | None) -> None:
+        self.report_path = report_path
+        where = f"traceback saved in {report_path}" if report_path is not None else "no traceback saved"
+        super().__init__(f"internal error ({kind}), a bug in oomload; {where}")

@@ -338,10 +338,10 @@ def _step_shows(event: str, s: StepFacts, verdict: Verdict) -> bool:
     if event == "engine_death":
         death = verdict.engine_death
         return (death is not None and death.step == s.index) or s.charged(Outcome.ENGINE_DEAD) > 0
-    if event == "queueing":
-        return (s.waiting_max or 0) > 0
+    if event == "queueing":  # sustained: two consecutive scrapes (oomload.gauges)
+        return (s.waiting_sustained or 0) > 0
     if event == "kv_saturation":
-        return (s.kv_usage_max or 0.0) >= KV_SATURATED
+        return (s.kv_usage_sustained or 0.0) >= KV_SATURATED
     return s.error_requests > 0
 
 
@@ -351,9 +351,9 @@ def _observable(event: str, s: StepFacts) -> bool:
     if event == "preemption":
         return s.preemptions is not None
     if event == "queueing":
-        return s.waiting_max is not None
+        return s.waiting_sustained is not None
     if event == "kv_saturation":
-        return s.kv_usage_max is not None
+        return s.kv_usage_sustained is not None
     return True
 
 

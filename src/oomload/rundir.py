@@ -63,7 +63,40 @@ def new_run_dir(parent: str | Path = "runs", now_unix_s: float | None = None) ->
             return candidate
         except FileExistsError:
             continue
+        except OSError as err:
+            raise run_dir_error(candidate, err) from err
     raise ConfigError(f"cannot create a new run directory under {base}")
+
+
+SERVER_DEAD_MARKER = ".server-dead"  # made when the server is declared dead: every process stops sending
+
+
+def mark_server_dead(run_dir: Path) -> None:
+    """Tell every process writing ``run_dir`` that the server was declared dead (before anything else)."""
+    (run_dir / SERVER_DEAD_MARKER).touch()
+
+
+def server_marked_dead(run_dir: Path) -> bool:
+    return (run_dir / SERVER_DEAD_MARKER).exists()
+
+
+def run_dir_error(path: Path, err: OSError) -> ConfigError:
+    """One sentence for a run directory that cannot be created (exit 2)."""
+    blocker = next((p for p in (path, *path.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        return ConfigError(f"cannot create the run directory {path}: {blocker} is a file, not a directory")
+    return ConfigError(f"cannot create the run directory {path}: {err.strerror or type(err).__name__}")
+
+
+def check_run_dir_creatable(path: Path) -> None:
+    """``ConfigError`` unless ``path`` is, or can be made, a directory: checked before any load is sent."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None:
+        return
+    if not existing.is_dir():
+        raise ConfigError(f"cannot create the run directory {path}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot create the run directory {path}: {existing} is not writable")
 
 
 class RunWriter:
@@ -75,7 +108,10 @@ class RunWriter:
 
     def __init__(self, path: str | Path, worker: str | None = None) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise run_dir_error(self.path, err) from err
         self._worker = worker
         self._files: dict[str, IO[str]] = {}
         self._lock = threading.Lock()

@@ -17,7 +17,8 @@
   (cut short by a crash) falls back to its own decided requests and answered tokens over its window;
 * nearest-rank P50/P99 (``stats.percentile``) of TTFT, TPOT (mean inter-token latency) and end-to-end
   latency over the ok requests;
-* from the ``/metrics`` scrapes in the step's window: max KV usage, max running / waiting, and the
+* from the ``/metrics`` scrapes in the step's window: max KV usage, max running / waiting, their
+  *sustained* levels (``oomload.gauges``: reached in two consecutive scrapes), and the
   preemptions — the sum of the scrapes' ``preemptions_delta``, cross-checked against the counter
   (``num_preemptions_total`` of the step's last scrape minus the last scrape before the step); when
   they disagree (a lost scrape, a restart) the larger is used and ``counter_mismatch`` says so;
@@ -41,6 +42,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from oomload.gauges import sustained_level
 from oomload.outcome import Outcome, RequestResult
 from oomload.runview import StepData, max_float, max_int, min_int
 from oomload.serverside import (
@@ -110,6 +112,8 @@ class StepFacts:
     died_here: bool = False  # the engine died in this step (its casualties are charged here)
     after_death: bool = False  # started after the engine died: measures a dead server
     counter_mismatch: tuple[int, int] | None = None  # (delta sum, counter rise) when they disagree
+    waiting_sustained: int | None = None  # waiting reached in consecutive scrapes (oomload.gauges)
+    kv_usage_sustained: float | None = None  # KV usage reached in consecutive scrapes
     server: ServerConcurrency | None = None  # what vLLM's counters say it held (None: unknown)
     server_share: float | None = None  # server seconds / client seconds, same requests
 
@@ -278,6 +282,10 @@ def summarize_step(
         died_here=died_here,
         after_death=after_death,
         counter_mismatch=mismatch,
+        waiting_sustained=_int_or_none(
+            sustained_level([_num(m.get("num_requests_waiting")) for m in ok_metrics])
+        ),
+        kv_usage_sustained=sustained_level([_num(m.get("kv_cache_usage")) for m in ok_metrics]),
         server=server,
         server_share=share,
     )
@@ -316,6 +324,14 @@ def _server_side(
 def _time(m: Mapping[str, object]) -> float:
     t = m.get("t_unix_s")
     return float(t) if isinstance(t, (int, float)) else math.inf
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _int_or_none(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def achieved_concurrency(

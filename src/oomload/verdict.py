@@ -16,7 +16,9 @@ bisects the preemption onset afterwards, so "first in time" and "first in concur
 
 * preemption onset — a measured step whose preemptions > 0, with that step's request count and the
   KV usage of the scrape that first showed the preemption;
-* KV saturation — a step whose max KV usage ≥ 0.99; queueing — a step whose max waiting > 0;
+* KV saturation — a step whose KV usage was ≥ 0.99, and queueing — a step whose waiting was > 0, each
+  *sustained*: in at least two consecutive scrapes of the step (``oomload.gauges``; one momentary
+  reading, such as a request caught between arrival and admission, is not a finding);
 * engine death — ``oomload.death``.
 
 Last safe concurrency: the highest level ``c`` below the first unsafe level, with a *trusted*
@@ -269,8 +271,8 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     levels = tuple(sorted({s.concurrency for s in measured}))
 
     onset = _preemption_onset(view, measured)
-    kv_sat = _level_onset(measured, lambda s: s.kv_usage_max, lambda v: v >= KV_SATURATED)
-    queueing = _level_onset(measured, lambda s: s.waiting_max, lambda v: v > 0)
+    kv_sat = _level_onset(measured, lambda s: s.kv_usage_sustained, lambda v: v >= KV_SATURATED)
+    queueing = _level_onset(measured, lambda s: s.waiting_sustained, lambda v: v > 0)
     last_safe = last_safe_concurrency(measured, death)
     trusted = [s.concurrency for s in measured if s.trusted]
     max_tested = max(trusted) if trusted else None

@@ -62,7 +62,7 @@ def test_a_lower_step_lets_the_stopped_users_finish_their_request(sim: SimServer
              "--stop-on", "first-preemption", "--ramp-down-grace-s", str(GRACE_S), "--run-dir", str(run_dir)),
         capture_output=True, text=True, timeout=90, cwd=REPO,
     )  # fmt: skip
-    assert proc.returncode in (0, 1), proc.stderr + proc.stdout
+    assert proc.returncode == 0, proc.stderr + proc.stdout  # no gate: 0, whatever the verdict
     reader = RunReader(run_dir)
     starts = [s for s in reader.stream("steps") if s["event"] == "start"]
     levels = [s["concurrency"] for s in starts]

@@ -196,7 +196,7 @@ def test_outcome_classes_from_the_simulator(tmp_path: Path) -> None:
                 "30",
             ]
         )
-    assert proc.returncode in (0, 1, 4), proc.stderr + proc.stdout
+    assert proc.returncode == 0, proc.stderr + proc.stdout  # no gate: 0, whatever the verdict
     results = RunReader(run_dir).requests()
     outcomes = Counter(r.outcome.value for r in results)
     assert outcomes["context_overflow"] >= 1 and outcomes["truncated"] >= 1 and outcomes["ok"] >= 1, outcomes

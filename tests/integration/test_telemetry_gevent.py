@@ -56,8 +56,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_poller_and_sampler_under_gevent(tmp_path: Path, shared_dir: Path) -> None:
-    capture = shared_dir / "reference" / "vllm-cpu-metrics.txt"
+def test_poller_and_sampler_under_gevent(tmp_path: Path, fixtures_dir: Path) -> None:
+    capture = fixtures_dir / "vllm-metrics.txt"
+    manifest = json.loads((fixtures_dir / "manifest.json").read_text())["full"]
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path), str(capture)],
         capture_output=True,
@@ -68,7 +69,9 @@ def test_poller_and_sampler_under_gevent(tmp_path: Path, shared_dir: Path) -> No
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["started"] is True
     assert report["scrapes"] >= 3 and report["failures"] == 0
-    assert report["latest"]["num_preemptions_total"] == 514
+    assert (
+        report["latest"]["num_preemptions_total"] == manifest["idle_counters"]["vllm:num_preemptions_total"]
+    )
     assert report["rc"] == 0
     assert report["ticks"] >= 1
     gpu_lines = (tmp_path / "gpu.jsonl").read_text().splitlines()

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import socket
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from oomload.load.deathwatch import DeathWatch
+from oomload.rundir import server_marked_dead
 
 
 class Events:
-    def __init__(self) -> None:
+    def __init__(self, path: Path) -> None:
+        self.path = path  # the run directory: the server-dead marker goes there
         self.lines: list[dict[str, Any]] = []
 
     def event(self, kind: str, **fields: Any) -> None:
@@ -24,11 +27,11 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _session(url: str) -> SimpleNamespace:
+def _session(url: str, run_dir: Path) -> SimpleNamespace:
     context = SimpleNamespace(death_suspected=False, outcomes=Counter(), stopping=False)
     return SimpleNamespace(
         url=url,
-        writer=Events(),
+        writer=Events(run_dir),
         context=context,
         poller=None,
         config=SimpleNamespace(processes=1),
@@ -38,8 +41,8 @@ def _session(url: str) -> SimpleNamespace:
     )
 
 
-def test_refused_twice_is_death_with_both_failures_in_the_evidence() -> None:
-    session = _session(f"http://127.0.0.1:{_closed_port()}")
+def test_refused_twice_is_death_with_both_failures_in_the_evidence(tmp_path: Path) -> None:
+    session = _session(f"http://127.0.0.1:{_closed_port()}", tmp_path)
     watch = DeathWatch(session)
     watch.check_health()
     assert watch.dead_evidence is None and not session.context.stopping  # one refusal is not death
@@ -51,10 +54,11 @@ def test_refused_twice_is_death_with_both_failures_in_the_evidence() -> None:
     kinds = [e["kind"] for e in session.writer.lines]
     assert kinds == ["health_failed", "health_failed", "server_dead"]
     assert session.writer.lines[-1]["step"] == 3
+    assert server_marked_dead(tmp_path)  # the other processes stop sending too
 
 
-def test_a_suspecting_user_makes_one_refusal_enough() -> None:
-    session = _session(f"http://127.0.0.1:{_closed_port()}")
+def test_a_suspecting_user_makes_one_refusal_enough(tmp_path: Path) -> None:
+    session = _session(f"http://127.0.0.1:{_closed_port()}", tmp_path)
     watch = DeathWatch(session)
     watch.check_health(suspected=True)
     assert watch.dead_evidence is not None and "Connection refused" in watch.dead_evidence

@@ -6,7 +6,11 @@ parsed ``argparse.Namespace`` and returns an exit code. Heavy imports (Locust, p
 inside the handlers, so ``oomload --help`` is fast and importing the CLI patches nothing.
 
 Errors: every ``OomloadError`` becomes one line on stderr (``oomload: error: …``) and its exit code
-(``oomload.errors.ExitCode``); Ctrl-C becomes exit 130 with no traceback.
+(``oomload.errors.ExitCode``); Ctrl-C becomes exit 130 with no traceback. An ``OSError`` that names a
+file (a path under a regular file, a full disk, no permission) is a problem with an input or output
+path: one sentence, exit 2. Anything else is a bug: one line, the traceback saved to a file
+(``oomload.cli.crash``), exit 70 — never 0, 1 or 4, the codes of a verdict or gate result. Every
+message has the API key (the variable ``--api-key-env`` names) replaced by ``***``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from collections.abc import Sequence
 
 from oomload import __version__
 from oomload.cli import plan, replay, report, sample, sim, trace
+from oomload.cli.crash import save_internal_error
+from oomload.credentials import scrub
 from oomload.errors import ExitCode, OomloadError
 
 SUBCOMMANDS = (trace, replay, report, plan, sim, sample)
@@ -41,13 +47,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return int(ExitCode.USAGE)
+    secrets = (replay.api_key_value(args),)
     try:
         return int(func(args))
     except OomloadError as err:
-        print(f"oomload: error: {err}", file=sys.stderr)
+        print(f"oomload: error: {scrub(str(err), secrets)}", file=sys.stderr)
         return int(err.exit_code)
     except KeyboardInterrupt:
         print("oomload: interrupted", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
     except BrokenPipeError:
         return int(ExitCode.OK)
+    except OSError as err:
+        if err.filename is None:
+            return _internal(err, secrets)
+        name = err.filename if err.filename2 is None else f"{err.filename} -> {err.filename2}"
+        reason = err.strerror or type(err).__name__
+        print(f"oomload: error: cannot use {scrub(str(name), secrets)}: {reason}", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    except Exception as err:
+        return _internal(err, secrets)
+
+
+def _internal(err: Exception, secrets: tuple[str | None, ...]) -> int:
+    internal = save_internal_error(err, None, secrets)
+    print(f"oomload: error: {internal}", file=sys.stderr)
+    return int(internal.exit_code)

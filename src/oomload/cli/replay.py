@@ -7,13 +7,24 @@ load is sent; a bad value ends with one sentence and exit 2. Locust is imported 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
-from oomload.errors import ConfigError
+from oomload.cli.crash import save_internal_error
+from oomload.credentials import read_api_key, url_credentials_error, url_has_credentials
+from oomload.errors import ConfigError, OomloadError
+from oomload.rundir import check_run_dir_creatable, new_run_dir
+
+
+def api_key_value(args: argparse.Namespace) -> str | None:
+    """The raw API key the run would send (to scrub it from crash reports); never shown."""
+    return os.environ.get(getattr(args, "api_key_env", None) or "OPENAI_API_KEY") or None
+
 
 DEFAULT_LEVELS = "1,2,4,8,16,32,64"
 
@@ -129,6 +140,7 @@ def register(subparsers: Any) -> None:
 
 def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any:
     """Validate every flag and return a ``ReplayConfig``; raises ``ConfigError`` naming the bad value."""
+    from oomload.gate import parse_gate
     from oomload.load.payload import parse_token_id_range
     from oomload.load.preflight import split_base_url
     from oomload.load.runner import DEMO_HOLD_S, DEMO_LEVELS, ReplayConfig
@@ -168,10 +180,13 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
     gpu = args.gpu
     if gpu not in ("auto", "nvml", "none") and not gpu.startswith(("dcgm:", "remote:")):
         raise ConfigError(f"--gpu {gpu!r} is not one of auto, nvml, dcgm:URL, remote:URL, none")
+    if url_has_credentials(gpu.partition(":")[2]):  # the sampler's URL lands in events and config.json
+        raise url_credentials_error("--gpu", gpu.partition(":")[2])
     if args.url is not None:
         split_base_url(args.url)  # ConfigError for a URL that cannot be parsed
     if not args.api_key_env.replace("_", "").isalnum():
         raise ConfigError(f"--api-key-env {args.api_key_env!r} is not an environment variable name")
+    read_api_key(args.api_key_env, os.environ)  # ConfigError naming the variable, never its value
     try:
         sim_args = tuple(shlex.split(args.sim))
     except ValueError as err:
@@ -180,13 +195,8 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         raise ConfigError("--sim only applies without --url (to the simulated server)")
     _check_new_run_dir(args.run_dir)
     gates = tuple(args.gate)
-    try:
-        from oomload.gate import parse_gate
-    except ImportError:
-        pass
-    else:
-        for gate in gates:
-            parse_gate(gate)
+    for gate in gates:
+        parse_gate(gate)
     return ReplayConfig(
         trace_path=args.trace,
         url=args.url,
@@ -230,7 +240,10 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
 def _check_new_run_dir(run_dir: Path | None) -> None:
     """A run directory is written by one run only: appending a second run to an old one's request and
     step logs would mix their evidence. It may exist if it is an empty directory."""
-    if run_dir is None or not run_dir.exists():
+    if run_dir is None:
+        return
+    if not run_dir.exists():
+        check_run_dir_creatable(run_dir)  # e.g. a path under a regular file: exit 2 before any load
         return
     if not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir} exists and is not a directory")
@@ -240,14 +253,40 @@ def _check_new_run_dir(run_dir: Path | None) -> None:
         )
 
 
+def _remove_if_empty(run_dir: Path | None) -> None:
+    if run_dir is not None and run_dir.is_dir() and not any(run_dir.iterdir()):
+        run_dir.rmdir()
+
+
 def _positive(flag: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(f"{flag} must be > 0, got {value}")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate, then run the replay (``oomload.load.runner``); returns the exit code."""
+    """Validate, then run the replay (``oomload.load.runner``); returns the exit code.
+
+    The run directory is fixed here, so that an unexpected exception (a bug) leaves its traceback in
+    it (``crash.txt``) and ends in exit 70, never in a code a verdict or gate uses.
+    """
     config = build_config(args)
     from oomload.load.runner import run_replay
 
-    return run_replay(config)
+    made_here = config.run_dir is None
+    if config.run_dir is None:
+        check_run_dir_creatable(config.runs_parent)
+        config = dataclasses.replace(config, run_dir=new_run_dir(config.runs_parent))
+    try:
+        return run_replay(config)
+    except OomloadError:
+        if made_here:  # nothing was run (e.g. the endpoint was unreachable): no empty folder left
+            _remove_if_empty(config.run_dir)
+        raise
+    except (KeyboardInterrupt, BrokenPipeError):
+        raise
+    except OSError as err:
+        if err.filename is not None:  # a file that cannot be written (a full disk): exit 2 in cli.main
+            raise
+        raise save_internal_error(err, config.run_dir, secrets=(api_key_value(args),)) from err
+    except Exception as err:
+        raise save_internal_error(err, config.run_dir, secrets=(api_key_value(args),)) from err

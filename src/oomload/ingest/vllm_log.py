@@ -17,6 +17,16 @@ vLLM writes no per-request completion count, so **the output length is the reque
 header says so. A request without ``max_tokens`` (or without its prompt ids and no ``--tokenizer``
 for its prompt text) is skipped with the reason. The log's timestamps have no year and 1 s
 resolution; arrival times are therefore to the second.
+
+**Prompts cut by ``--max-log-len N``.** vLLM cuts ``prompt_token_ids`` (and a prompt's text) in its
+request log to ``N`` ids (characters), with no marker on the line; only the start-up line
+``non-default args: {… 'max_log_len': N …}`` names the setting. A cut length is never recorded as a
+prompt length: after such a banner (each server start in the file sets it anew), a prompt logged with
+exactly ``N`` ids — a 900-token prompt, or one of exactly ``N`` tokens: the two look the same — is
+skipped with the reason ``prompt ids cut at --max-log-len N``, and a note says how to log full
+lengths. Without the banner (a log that starts after it), when at least ``SUSPECT_MIN_PROMPTS``
+prompts and ``SUSPECT_MIN_SHARE`` of them sit at one identical maximum length, a note warns that the
+log was probably written with ``--max-log-len`` at that length.
 """
 
 from __future__ import annotations
@@ -40,6 +50,9 @@ _RECEIVED = re.compile(r"Received request (\S+?): ")
 _ABORTED = re.compile(rb"Aborted request (\S+?)\.?$")
 _MAX_TOKENS = re.compile(r"\bmax_tokens=(\d+|None)")
 _ACCESS = re.compile(rb'"(?:POST|GET) [^"]*" (\d{3})')
+_MAX_LOG_LEN = re.compile(r"'max_log_len': (\d+)")
+SUSPECT_MIN_PROMPTS = 5
+SUSPECT_MIN_SHARE = 0.05
 OUTPUT_NOTE = (
     "vLLM logs carry no completion counts: output_tokens is each request's max_tokens "
     "(exact for ignore_eos/min_tokens replays, an upper bound otherwise)"
@@ -49,6 +62,19 @@ NO_IDS_REASON = (
 )
 
 
+def cut_reason(max_log_len: int) -> str:
+    """The skip reason for a prompt whose logged ids may have been cut."""
+    return f"prompt ids cut at --max-log-len {max_log_len}"
+
+
+def full_length_note(max_log_len: int) -> str:
+    return (
+        f"vLLM was started with --max-log-len {max_log_len}: its request log cuts prompts to "
+        f"{max_log_len} ids, so prompts logged with exactly {max_log_len} ids were skipped; to log full "
+        "lengths, restart vLLM without --max-log-len (or with one above the longest prompt)"
+    )
+
+
 def read_vllm_records(
     source: LogSource, skips: SkipLog, counter: TokenCounter | None
 ) -> Iterator[TraceRecord]:
@@ -56,7 +82,13 @@ def read_vllm_records(
     aborted, access_failures = _first_pass(source)
     prompts: dict[str, int | str | None] = {}  # details seen, Received not yet: id → count or text
     emitted = 0
+    max_log_len: int | None = None  # from the last start-up banner
+    id_lengths: dict[int, int] = {}  # prompt length (counted from ids) → how many
     for number, raw in source.iter_lines():
+        if b"non-default args" in raw:
+            banner = _MAX_LOG_LEN.search(raw.decode("utf-8", errors="replace"))
+            max_log_len = None if banner is None else int(banner.group(1))
+            continue
         if b"equest " not in raw:
             continue
         line = raw.decode("utf-8", errors="replace")
@@ -83,11 +115,17 @@ def read_vllm_records(
         if prompt is None:
             skips.skip(NO_IDS_REASON, source.name, number)
             continue
+        if max_log_len is not None and _cut(prompt, max_log_len):
+            skips.skip(cut_reason(max_log_len), source.name, number)
+            skips.note(full_length_note(max_log_len))
+            continue
         if isinstance(prompt, str):
             if counter is None:
                 skips.skip(NO_TOKEN_COUNTS, source.name, number)
                 continue
             prompt = counter.count(prompt)
+        elif max_log_len is None:
+            id_lengths[prompt] = id_lengths.get(prompt, 0) + 1
         max_tokens = int(max_match.group(1))
         emitted += 1
         yield TraceRecord(
@@ -100,11 +138,36 @@ def read_vllm_records(
         )
     if emitted:
         skips.note(OUTPUT_NOTE)
+    suspect = suspected_max_log_len(id_lengths)
+    if suspect is not None:
+        skips.note(
+            f"{source.name}: {id_lengths[suspect]} of {sum(id_lengths.values())} prompts have exactly "
+            f"{suspect} token ids, the longest in the log: was vLLM started with --max-log-len {suspect}? "
+            "(the log holds no start-up 'non-default args' line to say) Cut prompts would be recorded "
+            "too short; log full lengths by restarting vLLM without --max-log-len"
+        )
     if access_failures:
         skips.note(
             f"{source.name}: the access log shows {access_failures} non-2xx responses "
             "(access lines carry no request id, so they are not matched to requests)"
         )
+
+
+def _cut(prompt: int | str, max_log_len: int) -> bool:
+    """True when the logged prompt (id count or text) is as long as vLLM's cut: it may be cut."""
+    return (prompt if isinstance(prompt, int) else len(prompt)) >= max_log_len
+
+
+def suspected_max_log_len(id_lengths: dict[int, int]) -> int | None:
+    """The longest prompt length when suspiciously many prompts share it (a cut without a banner)."""
+    total = sum(id_lengths.values())
+    if not id_lengths or total < SUSPECT_MIN_PROMPTS:
+        return None
+    longest = max(id_lengths)
+    at_max = id_lengths[longest]
+    if at_max >= max(3, SUSPECT_MIN_SHARE * total):
+        return longest
+    return None
 
 
 def _first_pass(source: LogSource) -> tuple[set[str], int]:

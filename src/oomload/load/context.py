@@ -92,6 +92,20 @@ class ReplayContext:
         self.arrival_scale = 1.0
         self.exhausted = False
         self.live_users: Callable[[], int] | None = None  # Locust's running users, stopping ones too
+        # another process declared the server dead (a worker asks the run directory's marker)
+        self.declared_dead: Callable[[], bool] | None = None
+
+    def may_send(self) -> bool:
+        """False once no request may be sent: the run is ending, or the server was declared dead — in
+        this process (``stopping``) or by the master of ``--processes N`` (``declared_dead``), whose
+        stop message reaches the workers a little later. Called after the request's start time is
+        taken, so no request recorded as started after the declaration is ever sent."""
+        if self.stopping:
+            return False
+        if self.declared_dead is not None and self.declared_dead():
+            self.stopping = True
+            return False
+        return True
 
     def start_open_loop(self, start_unix_s: float, arrival_scale: float) -> None:
         """Replay arrival times from now on: request ``i`` is sent at ``start + arrival_s × scale``."""

@@ -5,8 +5,10 @@ Server death is decided within a fraction of a second of the first sign: a user 
 the watch checks ``/health`` at once, and the server is dead when ``/health`` is refused twice, or
 refused / failing (5xx, or no longer HTTP) while requests died or the ``/metrics`` scrapes fail, or
 failing three times in a row. A slow ``/health`` is not death. A dead server ends the ramp whatever
-``--stop-on`` says: the users go idle at once (``ReplayContext.stopping``) and the worker processes
-are told to stop.
+``--stop-on`` says: the users go idle at once (``ReplayContext.stopping``), the worker processes
+are told to stop, and — first of all — the run directory gets the marker ``.server-dead``, which a
+worker's users check before each request (``ReplayContext.may_send``): no request is sent after the
+declaration, in any process.
 
 The first preemption is the first ``num_preemptions_total`` above the baseline (the first scrape);
 it is written as a ``first_preemption`` event with the step it happened in. The watch runs as one
@@ -23,6 +25,7 @@ import urllib.request
 from typing import Any
 
 from oomload.outcome import Outcome
+from oomload.rundir import mark_server_dead
 
 HEALTH_INTERVAL_S = 1.0
 MONITOR_TICK_S = 0.2
@@ -130,6 +133,7 @@ class DeathWatch:
         if scrapes_failing:
             evidence += "; /metrics scrapes failing"
         self.dead_evidence = evidence
+        mark_server_dead(s.writer.path)  # first: the workers stop sending before the message arrives
         if s.context is not None:
             s.context.stopping = True  # nothing more to measure: the users go idle at once
         if s.config.processes > 1:

@@ -6,8 +6,10 @@ timeout, an answer that is not HTTP at all (an SSH banner), an HTTP error, a bod
 becomes an ``EndpointError`` with one clear sentence (exit 3), never a traceback.
 
 ``split_base_url`` checks a base URL before anything is sent (``ConfigError``, exit 2, for one that
-cannot be parsed) and drops a trailing ``/v1`` — the OpenAI SDK's habit (``base_url=…/v1``) — since
-oomload appends ``/v1/…`` itself. ``count_unfit`` says how many trace requests cannot fit
+cannot be parsed, one with ``user:password@`` in it — refused, and never repeated — and one that names
+an endpoint such as ``/v1/completions`` instead of the server's base) and drops a trailing ``/v1`` —
+the OpenAI SDK's habit (``base_url=…/v1``) — since oomload appends ``/v1/…`` itself. A 404 on
+``/v1/models`` says to give the base URL. ``count_unfit`` says how many trace requests cannot fit
 ``max_model_len``.
 """
 
@@ -24,8 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from oomload.credentials import redact_url, url_credentials_error, url_has_credentials
 from oomload.errors import ConfigError, EndpointError
 from oomload.trace import TraceRecord
+
+ENDPOINT_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/embeddings", "/metrics")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +45,12 @@ class Preflight:
 def split_base_url(url: str) -> tuple[str, str | None]:
     """The base URL oomload appends ``/v1/…`` to, and a note when a trailing ``/v1`` was dropped.
 
-    Raises ``ConfigError`` for a URL that is not ``http(s)://host[:port][/path]``.
+    Raises ``ConfigError`` for a URL that is not ``http(s)://host[:port][/path]``, holds credentials,
+    or names an OpenAI endpoint rather than the base it hangs from.
     """
+    if url_has_credentials(url):
+        raise url_credentials_error("--url", url)
+    shown = redact_url(url)
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port  # ValueError for a port that is not a number or out of range
@@ -49,15 +58,21 @@ def split_base_url(url: str) -> tuple[str, str | None]:
         if host:
             host.encode("idna")  # UnicodeError for an empty or overlong label ("a..b")
     except ValueError as err:  # UnicodeError is a ValueError
-        raise ConfigError(f"--url {url!r} is not a valid URL ({err})") from err
+        raise ConfigError(f"--url {shown!r} is not a valid URL ({err})") from err
     if parts.scheme not in ("http", "https"):
-        raise ConfigError(f"--url {url!r} must start with http:// or https://")
+        raise ConfigError(f"--url {shown!r} must start with http:// or https://")
     if not host:
-        raise ConfigError(f"--url {url!r} names no host (expected http://HOST[:PORT])")
+        raise ConfigError(f"--url {shown!r} names no host (expected http://HOST[:PORT])")
     if parts.query or parts.fragment:
-        raise ConfigError(f"--url {url!r}: give the server's base URL, without ?query or #fragment")
+        raise ConfigError(f"--url {shown!r}: give the server's base URL, without ?query or #fragment")
     del port
     base = url.rstrip("/")
+    endpoint = next((e for e in ENDPOINT_PATHS if base.endswith(e)), None)
+    if endpoint is not None:
+        raise ConfigError(
+            f"--url {shown!r} names the endpoint {endpoint}; give the server's base URL "
+            f"({base[: -len(endpoint)] or 'http://HOST:PORT'}): oomload adds /v1/… itself"
+        )
     if base.endswith("/v1"):
         stripped = base[: -len("/v1")]
         return stripped, f"--url ends in /v1: using {stripped} (oomload adds /v1/… itself)"
@@ -74,6 +89,8 @@ def get_json(url: str, *, timeout_s: float, api_key: str | None = None) -> Any:
             body = resp.read(4 << 20)
     except urllib.error.HTTPError as err:
         hint = " (check the API key: --api-key-env)" if err.code in (401, 403) else ""
+        if err.code == 404:
+            hint = " (is --url the server's base URL, e.g. http://host:8000, with nothing after the port?)"
         raise EndpointError(f"{url} answered HTTP {err.code}{hint}") from err
     except Exception as err:  # every way a GET can fail becomes one sentence
         raise EndpointError(describe_failure(url, err, timeout_s)) from err

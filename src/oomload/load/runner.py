@@ -32,7 +32,8 @@ from typing import Any
 
 from rich.console import Console
 
-from oomload.errors import ConfigError, ExitCode
+from oomload.credentials import read_api_key
+from oomload.errors import ExitCode
 from oomload.load.config import (
     DEMO_HOLD_S,
     DEMO_LEVELS,
@@ -46,7 +47,7 @@ from oomload.load.config import (
 from oomload.load.preflight import count_unfit, preflight, server_version, split_base_url
 from oomload.load.repro import write_repro
 from oomload.load.session import Session, build_user_class
-from oomload.rundir import RunReader, RunWriter, new_run_dir
+from oomload.rundir import RunWriter, new_run_dir
 from oomload.trace import TraceHeader, TraceRecord, read_trace, read_trace_header, write_trace
 
 
@@ -55,7 +56,7 @@ def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
     console = console or Console(stderr=False)
     records = read_trace(config.trace_path)
     header = read_trace_header(config.trace_path)
-    api_key = os.environ.get(config.api_key_env) or None
+    api_key = read_api_key(config.api_key_env, os.environ)
     import locust  # noqa: F401  (monkey-patches the process with gevent: before any socket is made)
 
     sim = None
@@ -75,10 +76,8 @@ def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
 
 
 def _start_sim(config: ReplayConfig, console: Console) -> Any:
-    try:
-        from oomload.sim.process import SimServer
-    except ImportError as err:
-        raise ConfigError("no --url given and the simulated server is not available; pass --url URL") from err
+    from oomload.sim.process import SimServer
+
     args = (*DEMO_SIM_ARGS, *config.sim_args)
     model, gpu = sim_flag(args, "--model"), sim_flag(args, "--gpu")
     console.print(
@@ -151,29 +150,9 @@ def _run_with_server(
 
 
 def _finalize(run_dir: Path, gates: Sequence[str], console: Console) -> int:
-    try:
-        from oomload.report import finalize_run
-    except ImportError:
-        _print_step_table(run_dir, console)
-        return int(ExitCode.OK)
+    from oomload.report import finalize_run
+
     return int(finalize_run(run_dir, gates=gates, console=console))
-
-
-def _print_step_table(run_dir: Path, console: Console) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"steps ({run_dir})")
-    for col in ("step", "phase", "concurrency", "started", "ended", "errors", "preemptions", "achieved"):
-        table.add_column(col)
-    for line in RunReader(run_dir).stream("steps"):
-        if line.get("event") == "end":
-            keys = ("step", "phase", "concurrency", "started", "ended", "ended_errors")
-            table.add_row(
-                *(str(line.get(k, "")) for k in keys),
-                str(line.get("preemptions")),
-                str(line.get("achieved_concurrency_mean", "")),
-            )
-    console.print(table)
 
 
 __all__ = [

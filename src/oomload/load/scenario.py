@@ -9,9 +9,11 @@ import os
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from oomload.credentials import read_api_key
 from oomload.errors import ConfigError, EndpointError
 from oomload.load.context import ContextMeter, ReplayContext
 from oomload.load.http import Endpoint
@@ -22,9 +24,9 @@ from oomload.load.payload import (
     RequestOrder,
     parse_token_id_range,
 )
-from oomload.load.preflight import preflight
+from oomload.load.preflight import preflight, split_base_url
 from oomload.load.user import ReplayUser
-from oomload.rundir import RunWriter
+from oomload.rundir import RunWriter, server_marked_dead
 from oomload.schedule import Hold, SchedulePlan, parse_levels, parse_stop_condition
 from oomload.trace import TraceRecord, read_trace
 
@@ -142,11 +144,12 @@ def _flag(value: Any) -> bool:
 def configure(environment: Any, options: dict[str, Any], here: Path) -> None:
     """Bind ``ScenarioUser`` for this process (a worker of ``oomload replay``, or plain ``locust -f``)."""
     del here
-    api_key = os.environ.get(str(options.get("api_key_env") or "OPENAI_API_KEY")) or None
+    api_key = read_api_key(str(options.get("api_key_env") or "OPENAI_API_KEY"), os.environ)
     if "payload" not in options:  # a plain scenario: resolve the endpoint and the model now
         url = options.get("url") or environment.host
         if not url:
             raise ConfigError("give the endpoint with --host URL (or OOMLOAD_URL)")
+        url, _note = split_base_url(url)  # no credentials in it, not an endpoint's path
         model = options.get("model") or preflight(url, model=None, api_key=api_key).model
         low, high = options["token_id_range"]
         payload = PayloadOptions(
@@ -173,6 +176,8 @@ def configure(environment: Any, options: dict[str, Any], here: Path) -> None:
     context = bind_user(
         ScenarioUser, options, records=records, api_key=api_key, sink=sink, worker=worker, workers=workers
     )
+    if options.get("run_dir"):
+        context.declared_dead = partial(server_marked_dead, Path(options["run_dir"]))
     runner = getattr(environment, "runner", None)
     if runner is not None and type(runner).__name__ == "WorkerRunner":
         _serve_master(runner, environment, context, options, worker)

@@ -16,7 +16,10 @@ capped), and only the end of the run or Ctrl-C abandons what is still in flight.
 
 A dead server is not hammered: after a refused connection or an ``engine_dead`` outcome the user
 sleeps ``DEAD_BACKOFF_S`` before its next request, so a killed server sees a handful of requests per
-user before the monitor declares it dead and the users go idle (``ReplayContext.stopping``).
+user before the monitor declares it dead and the users go idle (``ReplayContext.stopping``). Once
+it is declared dead no request is sent, in any process: a user takes its start time, then asks
+``ReplayContext.may_send`` (the workers of ``--processes N`` see the master's marker file in the run
+directory before its stop message arrives).
 
 Open loop: when the context carries an ``ArrivalClock``, a user first waits until its request's
 scheduled arrival (the trace's ``arrival_s`` × scale) and only then sends it; the users are then a
@@ -72,6 +75,8 @@ class ReplayUser(User):
             gevent.sleep(delay_s)
         step, concurrency = ctx.step, ctx.concurrency
         start = ctx.clock()
+        if not ctx.may_send():  # declared dead (here or by the master) since the check above
+            return
         ctx.started(request, start)
         progress = ExchangeProgress()
         try:

@@ -14,7 +14,8 @@ from oomload.ingest import SkipLog, build_trace, detect_format, iter_records, lo
 from oomload.ingest.source import LogSource
 from oomload.trace import TraceRecord, read_trace, read_trace_header
 
-REFERENCE = Path(__file__).resolve().parents[3].parent / "shared" / "reference"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"  # real vLLM logs (tests/fixtures/regenerate.py)
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 
 
 class WordCounter:
@@ -256,20 +257,57 @@ def test_openai_streaming_log_without_usage_needs_a_tokenizer(tmp_path: Path) ->
 # --- vLLM server logs ---------------------------------------------------------------------------------
 
 
-def test_vllm_request_log_excerpt(tmp_path: Path) -> None:
-    path = REFERENCE / "vllm-request-log-excerpt.txt"
+def _logged_ids(text: str, request_id: str) -> int:
+    details = next(line for line in text.splitlines() if f"Request {request_id} details" in line)
+    return len(details.split("prompt_token_ids: [")[1].split("]")[0].split(","))
+
+
+def test_vllm_request_log_excerpt() -> None:
+    """The real vLLM 0.32 log (DEBUG, --enable-log-requests): every request, its exact lengths."""
+    path = FIXTURES / "vllm-request-log.txt"
+    sent = MANIFEST["full"]["requests"]
     assert detect_format(LogSource(path)) == "vllm-log"
     recs, skips = records(path)
-    expected_ids = ["cmpl-8c971f50e7493605-0", "cmpl-89bc1474671a34d9-0", "cmpl-b1df89cb85fc9ca1-0"]
-    assert [r.id for r in recs] == [*expected_ids, "chatcmpl-9483992d85e4b3b5"]
-    assert [r.max_tokens for r in recs] == [300, 149, 93, 181]
-    assert [r.output_tokens for r in recs] == [300, 149, 93, 181]
+    assert len(recs) == len(sent)
+    # the first four were sent one after the other (3 completions, 1 chat): in order, exact
+    assert [(r.prompt_tokens, r.max_tokens) for r in recs[:4]] == [
+        (q["usage"]["prompt_tokens"], q["max_tokens"]) for q in sent[:4]
+    ]
+    assert recs[3].id.startswith("chatcmpl-")
+    assert sorted((r.prompt_tokens, r.output_tokens) for r in recs) == sorted(
+        (q["usage"]["prompt_tokens"], q["max_tokens"]) for q in sent
+    )
     text = path.read_text()
-    for record in recs:
-        details = next(line for line in text.splitlines() if f"Request {record.id} details" in line)
-        ids = details.split("prompt_token_ids: [")[1].split("]")[0]
-        assert record.prompt_tokens == len(ids.split(","))
+    assert all(r.prompt_tokens == _logged_ids(text, r.id) for r in recs)
     assert skips.total == 0 and any("max_tokens" in note for note in skips.notes)
+    assert not any("max-log-len" in note for note in skips.notes)
+
+
+def test_vllm_log_written_with_max_log_len_never_records_a_cut_length() -> None:
+    """Real log of a vLLM started with --max-log-len 64: prompts of 900, 40, 64, 200 and a chat of 72
+    tokens. The 900, 64, 200 and 72 ones are logged with 64 ids: skipped with the reason; 40 is kept."""
+    path = FIXTURES / "vllm-request-log-max-log-len.txt"
+    cut = MANIFEST["max_log_len"]["max_log_len"]
+    sent = MANIFEST["max_log_len"]["requests"]
+    recs, skips = records(path)
+    assert [r.prompt_tokens for r in recs] == [q["prompt_tokens"] for q in sent if q["prompt_tokens"] < cut]
+    assert all(r.prompt_tokens < cut for r in recs)
+    assert skips.counts == {
+        f"prompt ids cut at --max-log-len {cut}": sum(q["prompt_tokens"] >= cut for q in sent)
+    }
+    assert any("without --max-log-len" in note for note in skips.notes)
+
+
+def test_vllm_log_without_the_banner_warns_when_many_prompts_sit_at_one_maximum(tmp_path: Path) -> None:
+    """The same real log with its start-up line cut off: nothing says --max-log-len, so a note warns."""
+    lines = (FIXTURES / "vllm-request-log-max-log-len.txt").read_text().splitlines(keepends=True)
+    path = write(tmp_path / "no-banner.log", "".join(x for x in lines if "non-default args" not in x))
+    recs, skips = records(path)
+    assert sorted(r.prompt_tokens for r in recs) == [40, 64, 64, 64, 64]
+    assert any("4 of 5 prompts have exactly 64 token ids" in note for note in skips.notes), skips.notes
+    # the full log (banner present, no cut) has varied lengths: no such warning
+    _, clean = records(FIXTURES / "vllm-request-log.txt")
+    assert not any("--max-log-len" in note for note in clean.notes)
 
 
 def test_vllm_old_single_line_format_and_aborted_requests(tmp_path: Path) -> None:

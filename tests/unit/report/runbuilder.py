@@ -28,6 +28,7 @@ class StepSpec:
     end_reason: str = "hold_done"
     duration_s: float = 10.0
     scrapes: int = 5  # 0: no successful /metrics scrape in this step
+    peak_scrapes: int = 2  # consecutive scrapes showing kv_max / waiting_max (sustained from 2 on)
     ttft_ms: float = 50.0
     unknown_step: bool = False  # write requests with step = -1
     in_flight: int | None = None  # requests overlapping at once (default: the concurrency)
@@ -116,8 +117,9 @@ def write_run(
                 ts = start + spec.duration_s * (k + 1) / (spec.scrapes + 1)
                 delta = spec.preemptions if k == spec.scrapes // 2 else 0
                 counter += delta
-                kv = spec.kv_max if k == spec.scrapes // 2 else spec.kv_max * 0.8
-                waiting = spec.waiting_max if k == spec.scrapes // 2 else 0
+                at_peak = spec.scrapes // 2 <= k < spec.scrapes // 2 + spec.peak_scrapes
+                kv = spec.kv_max if at_peak else spec.kv_max * 0.8
+                waiting = spec.waiting_max if at_peak else 0
                 seconds = sum(x for end, x in server_s if end <= ts) if sums else None
                 running = min(spec.concurrency, 8)
                 w.append("metrics", _scrape(ts, counter, delta, kv, running, waiting, seconds))

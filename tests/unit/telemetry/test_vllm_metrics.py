@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -12,49 +14,61 @@ from oomload.telemetry.vllm_metrics import parse_label_value, parse_vllm_metrics
 from .metrics_text import vllm_text
 
 
-def test_real_cpu_capture(shared_dir: Path) -> None:
-    text = (shared_dir / "reference" / "vllm-cpu-metrics.txt").read_text()
+def _manifest(fixtures_dir: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((fixtures_dir / "manifest.json").read_text())
+    return doc["full"]
+
+
+def test_real_cpu_capture(fixtures_dir: Path) -> None:
+    """``/metrics`` of the real vLLM after the requests the regeneration script sent (idle again)."""
+    manifest = _manifest(fixtures_dir)
+    text = (fixtures_dir / "vllm-metrics.txt").read_text()
     snap = parse_vllm_metrics(text, t_unix_s=12.5)
     assert snap.t_unix_s == 12.5
-    assert snap.num_preemptions_total == 514
-    assert snap.prompt_tokens_total == 312832
-    assert snap.generation_tokens_total == 312832
+    counters = manifest["idle_counters"]
+    assert snap.num_preemptions_total == counters["vllm:num_preemptions_total"] >= 1
+    sent = manifest["requests"]
+    assert snap.prompt_tokens_total == sum(r["usage"]["prompt_tokens"] for r in sent)
+    assert snap.generation_tokens_total == sum(r["usage"]["completion_tokens"] for r in sent)
     assert snap.kv_cache_usage == 0.0
     assert snap.num_requests_running == 0
     assert snap.num_requests_waiting == 0
     assert snap.admission_rejections_total == 0
-    assert snap.prefix_cache_queries_total == 312832
-    assert snap.prefix_cache_hits_total == 2304
+    assert snap.prefix_cache_queries_total == snap.prompt_tokens_total
     assert snap.model_names == ("tiny-model",)
     assert snap.engine_count == 1
-    assert snap.counters_created_unix_s == pytest.approx(1796003608.8534083)
+    assert snap.counters_created_unix_s is not None
+    assert snap.counters_created_unix_s > manifest_time(fixtures_dir)  # the server started after
     config = snap.cache_config
     assert config is not None
-    assert config["num_gpu_blocks"] == 32
-    assert config["block_size"] == 128
-    assert config["kv_cache_size_tokens"] == 4096
-    assert config["kv_cache_max_concurrency"] == 2.0
-    assert config["kv_cache_memory_bytes"] == 4194304
+    assert config["num_gpu_blocks"] == manifest["server"]["num_gpu_blocks"] == 12
+    assert config["block_size"] == manifest["server"]["block_size"] == 256
+    assert config["kv_cache_size_tokens"] == 12 * 256
+    assert config["kv_cache_max_concurrency"] == 1.5
+    assert config["kv_cache_memory_bytes"] == 16 * 1024 * 1024
     assert config["gpu_memory_utilization"] == 0.92
     assert config["enable_prefix_caching"] is True
-    assert config["num_gpu_blocks_override"] is None
+    assert config["num_gpu_blocks_override"] == 12
     assert config["cache_dtype"] == "auto"
     assert config["kv_cache_dtype_skip_layers"] == "[]"
     assert config["engine_count"] == 1
     assert "engine" not in config
 
 
-def test_reconstructed_example(shared_dir: Path) -> None:
-    text = (shared_dir / "reference" / "vllm-metrics-example.txt").read_text()
-    snap = parse_vllm_metrics(text, t_unix_s=0.0, model_name="meta-llama/Llama-3.1-8B-Instruct")
-    assert snap.kv_cache_usage == pytest.approx(0.9871)
-    assert (snap.num_requests_running, snap.num_requests_waiting) == (24, 103)
-    assert snap.num_preemptions_total == 17
-    assert snap.prompt_tokens_total == 1_871_104
-    assert snap.cache_config is not None
-    assert snap.cache_config["num_gpu_blocks"] == 7063
-    assert snap.cache_config["kv_cache_size_tokens"] == 113008
-    assert snap.cache_config["kv_cache_max_concurrency"] == pytest.approx(13.794921875)
+def manifest_time(fixtures_dir: Path) -> float:
+    return float(json.loads((fixtures_dir / "manifest.json").read_text())["generated_unix_s"])
+
+
+def test_real_cpu_capture_under_load(fixtures_dir: Path) -> None:
+    """The scrape taken while a burst above the arithmetic onset ran: gauges as the script read them."""
+    gauges = _manifest(fixtures_dir)["loaded_gauges"]
+    text = (fixtures_dir / "vllm-metrics-loaded.txt").read_text()
+    snap = parse_vllm_metrics(text, t_unix_s=0.0, model_name="tiny-model")
+    assert snap.kv_cache_usage == pytest.approx(gauges["vllm:kv_cache_usage_perc"])
+    assert snap.kv_cache_usage is not None and snap.kv_cache_usage > 0.5
+    assert snap.num_requests_running == gauges["vllm:num_requests_running"] >= 1
+    assert snap.num_requests_waiting == gauges["vllm:num_requests_waiting"]
+    assert snap.cache_config is not None and snap.cache_config["num_gpu_blocks"] == 12
 
 
 def test_legacy_gpu_cache_usage_name() -> None:

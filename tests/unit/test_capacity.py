@@ -1,0 +1,74 @@
+"""One rule for the blocks a request holds, ``ceil((P + O − 1) / block_size)``, used by every prediction.
+
+vLLM V1 never writes the KV of the last sampled token. Measured on the real vLLM 0.32 (reference
+vllm-cpu.md, "Later observations"): 129 + 128 tokens with 12 blocks of 256 (11 usable) did not preempt
+at 6, 8, 10 or 12 concurrent requests: one block each.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from oomload.capacity import blocks_held, concurrent_fit, kv_tokens_held, predict_preemption_onset
+from oomload.prediction import compare_prediction
+from oomload.sim.scheduler import Scheduler, SchedulerConfig, SimRequest
+
+
+def test_a_request_one_token_over_a_block_boundary_still_holds_one_block() -> None:
+    assert kv_tokens_held(129 + 128) == 256
+    assert blocks_held(129 + 128, 256) == 1
+    assert blocks_held(256 + 256, 256) == 2  # the e2e onset trace: unchanged
+    assert blocks_held(256 + 258, 256) == 3
+    assert blocks_held(1, 16) == 1 and blocks_held(0, 16) == 0
+
+
+def test_the_measured_boundary_case_predicts_no_preemption_below_12() -> None:
+    prediction = predict_preemption_onset(12, 256, [129 + 128] * 50)
+    assert prediction.onset_mean == prediction.onset_p50 == prediction.onset_p90 == 12
+    assert concurrent_fit(12, 256, 129 + 128) == 11
+    # the verdict's prediction (same function) on the same lengths
+    verdict_side = compare_prediction(
+        {"num_gpu_blocks": 12, "block_size": 256},
+        [129 + 128] * 50,
+        basis="test",
+        observed_onset=None,
+        levels=(6, 8, 10),
+        clean_levels=(6, 8, 10),
+    )
+    assert verdict_side is not None and verdict_side.arithmetic.band == (12, 12)
+
+
+@given(
+    st.integers(min_value=1, max_value=5000),
+    st.integers(min_value=1, max_value=5000),
+    st.sampled_from([16, 32, 128, 256]),
+)
+def test_blocks_held_is_ceil_of_prompt_plus_output_minus_one(
+    prompt: int, output: int, block_size: int
+) -> None:
+    assert blocks_held(prompt + output, block_size) == math.ceil((prompt + output - 1) / block_size)
+
+
+def _burst_preemptions(prompt: int, output: int, concurrency: int) -> int:
+    """One burst of ``concurrency`` requests on the simulator's V1 scheduler (12 blocks of 256)."""
+    sched = Scheduler(
+        SchedulerConfig(12, 256, max_num_seqs=64, max_num_batched_tokens=4096, max_model_len=2048)
+    )
+    for i in range(concurrency):
+        sched.add(SimRequest(str(i), prompt, output))
+    for _ in range(100_000):
+        if not sched.has_work:
+            break
+        sched.step()
+    assert not sched.has_work
+    return sched.num_preemptions
+
+
+def test_the_simulated_scheduler_agrees_at_the_boundary() -> None:
+    """The simulator's scheduler (allocating as it computes) reaches the same rule on its own."""
+    assert _burst_preemptions(129, 128, 11) == 0  # 256 KV tokens: one block each, 11 fit
+    assert _burst_preemptions(130, 128, 6) > 0  # 257 KV tokens: two blocks each, onset 6
+    assert predict_preemption_onset(12, 256, [130 + 128]).onset_mean == 6

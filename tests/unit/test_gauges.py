@@ -1,0 +1,65 @@
+"""Gauge findings are sustained: one momentary reading never trips queueing or KV saturation.
+
+The case from a real run: one scrape showed ``waiting 1`` (a request that had just arrived, KV 9 %)
+at concurrency 2; the verdict reported "Queueing: concurrency 2" and ``--gate no-queueing-below:4``
+failed. The rule (``oomload.gauges``): at least two consecutive scrapes of the step.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from report.runbuilder import StepSpec, write_run
+
+from oomload.gate import GateStatus, evaluate_gate, parse_gate
+from oomload.gauges import SUSTAINED_SCRAPES, sustained_level
+from oomload.runview import load_run
+from oomload.verdict import build_verdict
+
+
+def test_sustained_level_boundary() -> None:
+    assert SUSTAINED_SCRAPES == 2
+    assert sustained_level([0, 1, 0, 0]) == 0  # one reading: not sustained
+    assert sustained_level([0, 1, 1, 0]) == 1  # two in a row: sustained
+    assert sustained_level([0, 3, 1, 0]) == 1  # the level both reached
+    assert sustained_level([1, None, 1]) == 0  # a scrape without the gauge breaks the run
+    assert sustained_level([5]) == 0 and sustained_level([]) is None and sustained_level([None]) is None
+
+
+@given(st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=30))
+def test_sustained_never_exceeds_the_peak_and_is_seen_twice(values: list[int]) -> None:
+    level = sustained_level(values)
+    assert level is not None and 0 <= level <= max(values)
+    if level > 0:
+        assert any(min(a, b) >= level for a, b in itertools.pairwise(values))
+
+
+@pytest.mark.parametrize(("peak_scrapes", "queueing_at"), [(1, None), (2, 2)])
+def test_one_scrape_with_a_waiting_request_is_not_queueing(
+    tmp_path: Path, peak_scrapes: int, queueing_at: int | None
+) -> None:
+    steps = [
+        StepSpec(1, kv_max=0.05),
+        StepSpec(2, kv_max=0.09, waiting_max=1, peak_scrapes=peak_scrapes),
+        StepSpec(4, kv_max=0.2),
+        StepSpec(8, kv_max=0.4),
+    ]
+    verdict = build_verdict(load_run(write_run(tmp_path / "run", steps)))
+    at_two = next(s for s in verdict.steps if s.concurrency == 2)
+    assert at_two.waiting_max == 1  # the peak is still reported as measured
+    assert (verdict.queueing.concurrency if verdict.queueing else None) == queueing_at
+    result = evaluate_gate(parse_gate("no-queueing-below:4"), verdict)
+    assert result.status is (GateStatus.PASS if queueing_at is None else GateStatus.FAIL)
+
+
+@pytest.mark.parametrize(("peak_scrapes", "saturated"), [(1, False), (2, True)])
+def test_one_scrape_at_full_kv_is_not_saturation(tmp_path: Path, peak_scrapes: int, saturated: bool) -> None:
+    steps = [StepSpec(2, kv_max=0.5), StepSpec(4, kv_max=0.995, peak_scrapes=peak_scrapes)]
+    verdict = build_verdict(load_run(write_run(tmp_path / "run", steps)))
+    assert (verdict.kv_saturation is not None) is saturated
+    status = evaluate_gate(parse_gate("no-kv-saturation-up-to:4"), verdict).status
+    assert status is (GateStatus.FAIL if saturated else GateStatus.PASS)

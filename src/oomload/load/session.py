@@ -93,22 +93,19 @@ class Session:
 
     # -- telemetry -------------------------------------------------------------------------------
     def _start_telemetry(self) -> None:
-        try:
-            from oomload.telemetry.poller import MetricsPoller
-        except ImportError:
-            self.writer.event("scrape_failed", error="telemetry module not available")
-        else:
-            self.poller = MetricsPoller(
-                self.url,
-                self.writer,
-                interval_s=self.config.metrics_interval_s,
-                model_name=self.model,
-                max_model_len=self.max_model_len,
-            )
-            first = self.poller.poll_once()
-            if first.get("ok"):
-                self.watch.baseline_preemptions = first.get("num_preemptions_total")
-            self.poller.start()
+        from oomload.telemetry.poller import MetricsPoller
+
+        self.poller = MetricsPoller(
+            self.url,
+            self.writer,
+            interval_s=self.config.metrics_interval_s,
+            model_name=self.model,
+            max_model_len=self.max_model_len,
+        )
+        first = self.poller.poll_once()
+        if first.get("ok"):
+            self.watch.baseline_preemptions = first.get("num_preemptions_total")
+        self.poller.start()
         self._start_gpu()
 
     def _start_gpu(self) -> None:
@@ -120,11 +117,8 @@ class Session:
             source, _, url = spec.partition(":")
         elif spec == "auto" and self.simulated:
             source, url = "dcgm", f"{self.url}/dcgm/metrics"
-        try:
-            from oomload.telemetry.gpu import GpuSamplerProcess
-        except ImportError:
-            self.writer.event("sampler_unavailable", detail="the GPU sampler module is not available")
-            return
+        from oomload.telemetry.gpu import GpuSamplerProcess
+
         self.gpu = GpuSamplerProcess(
             self.writer.path / "gpu.jsonl",
             interval_s=0.5,

@@ -27,7 +27,8 @@
   (from every request's own start/end times), to compare with the target;
 * the *server's* side (``oomload.serverside``): the mean requests in vLLM, in its engine and queued,
   by Little's law on its latency-sum counters between the scrape that opened the step and the last
-  one in it, and the server's share of the client's time for the requests that ended in between.
+  one in it, and the server's share of the client's time for the requests that ended in between
+  (only when at least ``SHARE_MIN_ROUNDS`` rounds of the level's requests ended there).
   The *delivered* concurrency is the achieved one scaled by that share (capped at 1); below
   ``ACHIEVED_CONCURRENCY_MIN_SHARE`` (80 %) of the target the step did not hold its level.
 
@@ -55,6 +56,11 @@ from oomload.serverside import (
 from oomload.stats import percentile
 
 ACHIEVED_CONCURRENCY_MIN_SHARE = 0.8
+# The server's share is judged only over a window in which this many rounds of the level's requests
+# ended (concurrency × rounds answers): with fewer, a batch that vLLM finished just before a boundary
+# scrape but the client read just after it moves the share by a third or more (seen: 0.75 and 1.11
+# in 5 s steps of 2.5 s requests on the real vLLM).
+SHARE_MIN_ROUNDS = 3
 END_REASON_WORDS = {  # why a step or run ended early, as a phrase (runview.CUT_SHORT_REASONS)
     "interrupted": "interrupted (Ctrl-C or SIGTERM)",
     "max_duration": "--max-duration-s was reached",
@@ -311,14 +317,16 @@ def _server_side(
     if server is None:
         return None, None
     answered = (Outcome.OK, Outcome.TRUNCATED)
-    client_s = sum(
+    ended = [
         r.e2e_ms / 1000.0
         for r in all_requests
         if r.outcome in answered
         and r.e2e_ms is not None
         and server.start_unix_s < r.end_unix_s <= server.end_unix_s
-    )
-    return server, server_share(server, client_s)
+    ]
+    if len(ended) < SHARE_MIN_ROUNDS * step.boundary.concurrency:
+        return server, None  # too few rounds ended: one batch on either side of a boundary moves it
+    return server, server_share(server, sum(ended))
 
 
 def _time(m: Mapping[str, object]) -> float:

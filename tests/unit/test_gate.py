@@ -251,14 +251,17 @@ def test_every_gate_example_in_the_docs_parses() -> None:
 
 def test_a_level_the_server_did_not_hold_gives_no_evidence(tmp_path: Path) -> None:
     """The client held 4, vLLM's counters say the server saw 40 % of it: rules at 4 are not evaluated."""
-    steps = [StepSpec(2, server_share=0.95), StepSpec(4, server_share=0.4)]
+    steps = [StepSpec(2, requests=24, server_share=0.95), StepSpec(4, requests=24, server_share=0.4)]
     verdict = build_verdict(load_run(write_run(tmp_path / "run", steps, cache_config=CPU_CACHE)))
     assert status("p99-ttft-s@4<=10", verdict) is GateStatus.NOT_EVALUATED
     assert status("no-preemption-below:5", verdict) is GateStatus.NOT_EVALUATED
     assert status("p99-ttft-s@2<=10", verdict) is GateStatus.PASS
     held = build_verdict(
         load_run(
-            write_run(tmp_path / "held", [StepSpec(2, server_share=0.95), StepSpec(4, server_share=0.9)])
+            write_run(
+                tmp_path / "held",
+                [StepSpec(2, requests=24, server_share=0.95), StepSpec(4, requests=24, server_share=0.9)],
+            )
         )
     )
     assert status("p99-ttft-s@4<=10", held) is GateStatus.PASS

@@ -209,12 +209,13 @@ def load_delivered(verdict: Verdict) -> Finding:
                 "bottleneck, so these levels say little about the engine's KV cache"
             )
         return Finding("load_delivered", label, text, "warn")
-    measured = [s for s in steps if s.server is not None]
+    measured = [s for s in steps if s.server_share is not None]
     if not measured:
         return Finding(
             "load_delivered",
             label,
-            "held at the client; the server's side unknown (no latency sums in /metrics)",
+            "held at the client; the server's side unknown (no latency sums in /metrics, or steps too "
+            "short: fewer than 3 rounds of requests ended in each)",
             "info",
         )
     low = min(measured, key=lambda s: (s.delivered_concurrency or 0.0) / s.concurrency)
@@ -228,7 +229,7 @@ def load_delivered(verdict: Verdict) -> Finding:
 
 def _delivery(s: StepFacts) -> str:
     """``concurrency 4: client 3.9, server 2.1`` (server: vLLM's counters, when known)."""
-    server = "" if s.server is None else f", server {fmt_num(s.delivered_concurrency)}"
+    server = "" if s.server_share is None else f", server {fmt_num(s.delivered_concurrency)}"
     return f"concurrency {s.concurrency} (step {s.index}): client {fmt_num(s.achieved_concurrency)}{server}"
 
 
@@ -324,7 +325,7 @@ def step_row(s: StepFacts) -> list[str]:
         fmt_num(s.preemptions, "d"),
         run_wait,
         fmt_num(s.achieved_concurrency, ".1f"),
-        "–" if s.server is None else fmt_num(s.delivered_concurrency, ".1f"),
+        "–" if s.server_share is None else fmt_num(s.delivered_concurrency, ".1f"),
         fmt_bytes(s.device_used_max_bytes),
     ]
 

@@ -40,7 +40,7 @@ def test_server_side_concurrency_matches_the_counters(vllm_servers: ServerPool, 
     try:
         proc = oomload(
             *("replay", str(trace), "--url", server.url, "--run-dir", str(run_dir), "--gpu", "none"),
-            *("--concurrency", ",".join(map(str, LEVELS)), "--hold-s", "10", "--no-refine"),
+            *("--concurrency", ",".join(map(str, LEVELS)), "--hold-s", "14", "--no-refine"),
             *("--stop-on", "never"),
         )
     finally:
@@ -69,6 +69,7 @@ def test_server_side_concurrency_matches_the_counters(vllm_servers: ServerPool, 
         assert rise == pytest.approx(recorded, abs=0.01)
         return lo_last - hi_first, hi_last - lo_first, server["window_s"]
 
+    judged_steps: list[int] = []
     for index, end in ends.items():
         check(end["server_concurrency"])  # steps.jsonl, from the two boundary scrapes
         step = judged[index]
@@ -81,6 +82,9 @@ def test_server_side_concurrency_matches_the_counters(vllm_servers: ServerPool, 
             for r in run.requests
             if r["outcome"] in ("ok", "truncated") and r["e2e_ms"] is not None and t0 < r["end_unix_s"] <= t1
         )
+        if step["server_share"] is None:  # fewer than 3 rounds ended in the window: not judged
+            continue
+        judged_steps.append(index)
         # what the server held by the test's own bounds on the rise: a range, since the counter moves
         # in jumps (a batch finishing) between the test's scrapes around each boundary
         achieved = step["achieved_concurrency"]
@@ -96,3 +100,4 @@ def test_server_side_concurrency_matches_the_counters(vllm_servers: ServerPool, 
             f"{server['in_server']:.2f} in vLLM, {server['in_engine']:.2f} running, {server['queued']:.2f} "
             f"waiting over {server['window_s']:.1f} s), held: {step['concurrency_held']}"
         )
+    assert judged_steps, "no step ran 3 rounds of requests: the server's share was never judged"

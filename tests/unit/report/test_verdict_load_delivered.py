@@ -45,19 +45,33 @@ def test_a_step_the_server_did_not_see_is_not_held(tmp_path: Path) -> None:
 
 
 def test_the_onset_line_says_what_its_step_held(tmp_path: Path) -> None:
+    """The client held 2 of 4 in the step that preempted: the onset line says so."""
     steps = [
         StepSpec(2, requests=24, server_share=0.95),
-        StepSpec(4, preemptions=2, requests=24, server_share=0.4),
+        StepSpec(4, preemptions=2, requests=24, in_flight=2),
     ]
     verdict = _verdict(tmp_path, steps)
     text = {f.key: f.text for f in describe(verdict, recommend(verdict))}
     step = verdict.steps[1]
     assert step.delivered_concurrency is not None and step.delivered_concurrency == pytest.approx(
-        1.6, abs=0.15
+        2.0, abs=0.15
     )
     assert text["preemption_onset"].startswith(
         f"concurrency 4, held {step.delivered_concurrency:.1f} — step 1"
     )
+
+
+def test_a_preempting_step_is_not_judged_by_the_share(tmp_path: Path) -> None:
+    """vLLM counts less of a preempted request's time: the share is left out where the step preempted."""
+    steps = [
+        StepSpec(2, requests=24, server_share=0.95),
+        StepSpec(4, preemptions=2, requests=24, server_share=0.7),
+    ]
+    verdict = _verdict(tmp_path, steps)
+    step = verdict.steps[1]
+    assert step.server is not None and step.server_share is None and step.concurrency_held is True
+    text = {f.key: f.text for f in describe(verdict, recommend(verdict))}
+    assert text["preemption_onset"].startswith("concurrency 4 — step 1")
 
 
 def test_held_levels_say_so_and_unknown_without_sums(tmp_path: Path) -> None:

@@ -202,11 +202,8 @@ class RunReader:
             return
         with open(target, encoding="utf-8", errors="replace") as fh:
             for line in fh:
-                try:
-                    obj = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(obj, dict):
+                obj = json_object(line)
+                if obj is not None:
                     yield obj
 
     def requests(self) -> list[RequestResult]:
@@ -220,3 +217,12 @@ class RunReader:
                     continue
         results.sort(key=lambda r: r.start_unix_s)
         return results
+
+
+def json_object(line: str | bytes) -> dict[str, Any] | None:
+    """One JSON Lines line as an object; ``None`` for a torn or garbled line (a crash mid-write)."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None

@@ -18,12 +18,12 @@ requests of the current step and of the run, with the sample counts.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from oomload.rundir import json_object
 from oomload.stats import percentile
 
 MAX_POINTS = 1500
@@ -50,15 +50,7 @@ class _Tail:
         data = self.partial + chunk
         lines = data.split(b"\n")
         self.partial = lines.pop()  # b"" after a complete last line
-        out = []
-        for line in lines:
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                out.append(obj)
-        return out
+        return [obj for line in lines if (obj := json_object(line)) is not None]
 
 
 class LiveFeed:

@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## Create .venv and install oomload with its dev tools
 
 demo: $(STAMP) ## The main job on built-in defaults: replay a sample trace against the simulated vLLM
-	$(BIN)/oomload replay traces/sample-chat.jsonl --max-duration-s 75
+	$(BIN)/oomload replay traces/sample-chat.jsonl --max-duration-s 180
 
 test: $(STAMP) browser ## Run the default test suite (fast; simulated server, real Locust, headless Chromium)
 	$(BIN)/python -m pytest -q

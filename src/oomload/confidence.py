@@ -8,7 +8,12 @@ Warnings (they lower the level):
 * ``few_requests`` — a step decided fewer requests than the schedule's ``min_requests``;
 * ``concurrency_not_held`` — achieved concurrency below 80 % of the target;
 * ``metrics_missing`` — a step (or the whole run) without a successful ``/metrics`` scrape;
-* ``non_monotone`` — a clean level above the onset; ``noisy_repeat`` — repeats at one level disagree;
+* ``non_monotone`` — a clean level above the onset; ``noisy_repeat`` — repeats at one level disagree
+  (one step at a level is one draw of the trace: the onset is what most repeats saw, ``oomload.verdict``);
+* ``sporadic_preemption`` — a level below the onset preempted in fewer than half of its steps;
+* ``thin_evidence`` — a clean level sent fewer requests than the trace's odds need to trust it;
+* ``odds_disagree_level`` — a level's observation was < 1 % likely by the trace's odds;
+  ``odds_disagree`` — the observed onset is more than one measured level from the odds' onset;
 * ``prediction_disagrees`` — the onset is more than one grid level from the arithmetic band;
 * ``config_unreadable`` — ``config.json`` is not a readable JSON object.
 
@@ -17,8 +22,9 @@ death), ``preemption_counter_mismatch``, ``after_death`` (a step that measured a
 ``cancelled`` (requests oomload abandoned), ``no_cache_config``, ``no_trace``, ``unassigned_requests``.
 
 Level: **high** without warnings; **low** with a critical warning (``no_steps``, ``non_monotone``,
-``noisy_repeat``, ``prediction_disagrees``, run-wide ``metrics_missing``) or any warning on a step at
-the onset or last-safe level; **medium** otherwise.
+``prediction_disagrees``, ``odds_disagree``, run-wide ``metrics_missing``) or any warning on a step at
+the onset or last-safe level; **medium** otherwise — so repeats that disagree, sporadic preemption,
+thin evidence at the boundary or one level against the odds each lower a verdict to medium.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from oomload.prediction import Prediction
 from oomload.runview import RunView
 from oomload.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, StepFacts
 
-CRITICAL = frozenset({"no_steps", "non_monotone", "noisy_repeat", "prediction_disagrees"})
+CRITICAL = frozenset({"no_steps", "non_monotone", "prediction_disagrees", "odds_disagree"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,8 @@ file                        content
                             ``server_dead``, ``first_preemption``, ``interrupted``,
                             ``sampler_unavailable``, ``stop_condition``
 ``cache_config.json``       the server's ``vllm:cache_config_info`` labels, read once
+``odds.jsonl``              the trace's odds per level on that pool (``oomload.odds.LevelOdds``),
+                            one line per level when the run first measures it
 ``repro/*.jsonl``           oomload traces of the requests in flight at the first preemption
                             and at a server death: minimal reproductions for ``oomload replay``
 ``status.json``             written last: ``{"finished": true, "end_reason": …,
@@ -49,7 +51,7 @@ from oomload.errors import ConfigError
 from oomload.outcome import RequestResult
 
 RUN_SCHEMA_VERSION = 1
-STREAMS = ("steps", "metrics", "gpu", "events")
+STREAMS = ("steps", "metrics", "gpu", "events", "odds")
 
 
 def new_run_dir(parent: str | Path = "runs", now_unix_s: float | None = None) -> Path:

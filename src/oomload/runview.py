@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from oomload.errors import ConfigError, TraceFormatError
+from oomload.odds import LevelOdds
 from oomload.outcome import RequestResult
 from oomload.rundir import RunReader
 from oomload.trace import read_trace
@@ -56,6 +57,8 @@ class StepBoundary:
     ended: int | None = None
     completion_tokens: int | None = None
     duration_s: float | None = None
+    evidence_requests: int | None = None  # requests the trace's odds asked a clean step to send
+    extended_s: float | None = None  # how long the step ran past its hold for that evidence
 
     @property
     def cut_short(self) -> bool:
@@ -93,6 +96,10 @@ class RunView:
     unassigned_requests: int
     trace_note: str | None = None  # why the trace's lengths are missing, when they are
     config_note: str | None = None  # why config.json could not be read, when it could not
+    odds: tuple[LevelOdds, ...] = ()  # the trace's odds per level (odds.jsonl), ascending
+
+    def odds_at(self, concurrency: int) -> LevelOdds | None:
+        return next((o for o in self.odds if o.concurrency == concurrency), None)
 
     @property
     def trace_total_tokens(self) -> tuple[int, ...]:
@@ -132,6 +139,7 @@ def load_run(path: str | Path) -> RunView:
             trace_output_tokens=output_tokens,
             trace_note=trace_note,
             config_note=config_note,
+            odds=reader.stream("odds"),
         )
     except (TypeError, ValueError, KeyError) as err:
         raise ConfigError(f"{reader.path} holds malformed run data ({err})") from err
@@ -152,6 +160,7 @@ def assemble_run(
     trace_output_tokens: Sequence[int] = (),
     trace_note: str | None = None,
     config_note: str | None = None,
+    odds: Iterable[Mapping[str, Any]] = (),
 ) -> RunView:
     """Group already-read run data by step (see the module docstring)."""
     metrics_sorted = sorted((m for m in metrics if _is_number(m.get("t_unix_s"))), key=_t)
@@ -209,7 +218,14 @@ def assemble_run(
         unassigned_requests=unassigned,
         trace_note=trace_note,
         config_note=config_note,
+        odds=_odds(odds),
     )
+
+
+def _odds(lines: Iterable[Mapping[str, Any]]) -> tuple[LevelOdds, ...]:
+    """One ``LevelOdds`` per level (the last line for a level wins; malformed lines are skipped)."""
+    by_level = {o.concurrency: o for o in (LevelOdds.from_json(line) for line in lines) if o is not None}
+    return tuple(by_level[c] for c in sorted(by_level))
 
 
 def config_problem(run_dir: Path) -> str | None:
@@ -251,6 +267,8 @@ def parse_step_records(records: Iterable[Mapping[str, Any]]) -> list[StepBoundar
                 ended=None if end is None else as_int(end.get("ended")),
                 completion_tokens=None if end is None else as_int(end.get("completion_tokens")),
                 duration_s=None if end is None else as_float(end.get("duration_s")),
+                evidence_requests=None if end is None else as_int(end.get("evidence_requests")),
+                extended_s=None if end is None else as_float(end.get("extended_s")),
             )
         )
     boundaries.sort(key=lambda b: (b.start_unix_s, b.index))

@@ -15,10 +15,16 @@ Hold
 Order of steps (``next_step``)
     1. an optional warm-up step at the first level (phase ``warmup``; the verdict ignores it);
     2. the ramp: each level in turn (phase ``ramp``) until a stop condition fires or the levels run out;
-    3. the refinement (phase ``refine``): once some step was *bad*, bisect between the highest good
+    3. the refinement (phase ``refine``): once some level was *bad*, bisect between the highest good
        level below the lowest bad level and that bad level — ``mid = (good + bad) // 2`` — until the
        two are adjacent. Each refinement step tightens the bracket by its own result, so with levels
-       1, 2, 4, 8, 16 and an onset at 6 the steps are …, 8 (bad) → 6 (bad) → 5 (good): onset 6.
+       1, 2, 4, 8, 16 and an onset at 6 the steps are …, 8 (bad) → 6 (bad) → 5 (good): onset 6;
+    4. the repeats (phase ``refine``): once the bracket is adjacent, its two levels are measured again,
+       in turn (the bad one first), until each has ``repeats`` measurements. A level is bad when at least half
+       of its measurements were bad (``level_is_bad``), so a repeat can move the bracket — 6 seen bad
+       in 1 of 3 is good — and the bisection resumes from the new bracket. Every level is measured
+       at most ``repeats`` times, so the refinement ends. With a real trace one step is one draw
+       (``oomload.odds``): repeating the two levels that decide the onset is what makes it repeatable.
     A dead server ends the run at once (nothing more can be measured).
 
 Bad step
@@ -49,6 +55,8 @@ Phase = Literal["warmup", "ramp", "refine"]
 MAX_LEVELS = 1000
 MAX_CONCURRENCY = 100_000
 STOP_NAMES = ("first-preemption", "oom", "error-rate", "never")
+MAX_REPEATS = 9
+DEFAULT_REPEATS = 3  # oomload replay's --repeats
 
 
 def parse_levels(spec: str) -> tuple[int, ...]:
@@ -189,10 +197,13 @@ class SchedulePlan:
     warmup: bool = False
     refine: bool = True
     stop_on: tuple[StopCondition, ...] = (StopCondition("oom"),)
+    repeats: int = 1  # measurements of each of the two levels bracketing the onset (refinement)
 
     def __post_init__(self) -> None:
         if not self.levels:
             raise ConfigError("a schedule needs at least one concurrency level")
+        if not 1 <= self.repeats <= MAX_REPEATS:
+            raise ConfigError(f"--repeats must be within 1..{MAX_REPEATS}, got {self.repeats}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,26 +234,48 @@ def is_bad(stop_on: Sequence[StopCondition], facts: StepFacts) -> bool:
     return any(facts.error_rate > limit for limit in limits)
 
 
+def level_is_bad(stop_on: Sequence[StopCondition], measurements: Sequence[StepFacts]) -> bool:
+    """Bad in at least half of its measurements (one measurement: that one decides)."""
+    bad = sum(1 for f in measurements if is_bad(stop_on, f))
+    return bool(measurements) and 2 * bad >= len(measurements)
+
+
+def _by_level(history: Sequence[StepFacts]) -> dict[int, list[StepFacts]]:
+    levels: dict[int, list[StepFacts]] = {}
+    for f in history:
+        if f.step.phase != "warmup":
+            levels.setdefault(f.step.concurrency, []).append(f)
+    return levels
+
+
 def refine_bracket(stop_on: Sequence[StopCondition], history: Sequence[StepFacts]) -> tuple[int, int] | None:
-    """``(last good, first bad)`` over the non-warm-up steps, or ``None`` when no bracket exists."""
-    measured = [f for f in history if f.step.phase != "warmup"]
-    bad = [f.step.concurrency for f in measured if is_bad(stop_on, f)]
+    """``(last good, first bad)`` levels over the non-warm-up steps, or ``None`` when no bracket exists."""
+    levels = _by_level(history)
+    bad = [c for c, facts in levels.items() if level_is_bad(stop_on, facts)]
     if not bad:
         return None
     first_bad = min(bad)
-    good = [f.step.concurrency for f in measured if not is_bad(stop_on, f) and f.step.concurrency < first_bad]
+    good = [c for c, facts in levels.items() if c < first_bad and not level_is_bad(stop_on, facts)]
     if not good:
         return None
     return max(good), first_bad
 
 
-def next_refine_level(stop_on: Sequence[StopCondition], history: Sequence[StepFacts]) -> int | None:
-    """The bisection level between the last good and the first bad level, or ``None`` when adjacent."""
+def next_refine_level(
+    stop_on: Sequence[StopCondition], history: Sequence[StepFacts], repeats: int = 1
+) -> int | None:
+    """The bisection level between the last good and the first bad level; once they are adjacent, the
+    one of the two with fewer measurements (the bad one on a tie) while short of ``repeats``; else
+    ``None``."""
     bracket = refine_bracket(stop_on, history)
     if bracket is None:
         return None
     good, bad = bracket
-    return None if bad - good <= 1 else (good + bad) // 2
+    if bad - good > 1:
+        return (good + bad) // 2
+    levels = _by_level(history)
+    short = [c for c in (bad, good) if len(levels.get(c, [])) < repeats]
+    return min(short, key=lambda c: (len(levels.get(c, [])), c != bad), default=None)
 
 
 def next_step(plan: SchedulePlan, history: Sequence[StepFacts]) -> Decision:
@@ -260,7 +293,7 @@ def next_step(plan: SchedulePlan, history: Sequence[StepFacts]) -> Decision:
         return Decision(StepPlan(index, plan.levels[len(ramp)], "ramp"))
     end_reason = "completed" if stopped is None else f"stop_condition:{stopped}"
     if plan.refine:
-        level = next_refine_level(plan.stop_on, history)
+        level = next_refine_level(plan.stop_on, history, plan.repeats)
         if level is not None:
             return Decision(StepPlan(index, level, "refine"))
     return Decision(None, end_reason)

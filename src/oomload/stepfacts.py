@@ -22,6 +22,12 @@
   preemptions — the sum of the scrapes' ``preemptions_delta``, cross-checked against the counter
   (``num_preemptions_total`` of the step's last scrape minus the last scrape before the step); when
   they disagree (a lost scrape, a restart) the larger is used and ``counter_mismatch`` says so;
+* rates, so levels compare whatever their length: ``preemptions_per_100`` (preemptions per 100 requests
+  the step sent), ``waiting_share`` (the share of its scrapes with requests waiting) and
+  ``kv_saturated_share`` (the share with KV usage ≥ ``KV_SATURATED``);
+* the trace's odds at the step's level (``oomload.odds``, from ``odds.jsonl``) and the evidence they
+  asked for: a clean step that sent fewer requests than ``LevelOdds.requests_for()`` is *thin*
+  (``evidence_thin``) — by the odds it could have missed a preemption more than 5 % of the time;
 * from the GPU samples: device total, max used, min free, and the largest process (the server);
 * the *achieved* concurrency: the time-weighted mean number of requests in flight during the step
   (from every request's own start/end times), to compare with the target;
@@ -42,10 +48,11 @@ an untrusted step is still a failure.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from oomload.gauges import sustained_level
+from oomload.odds import LevelOdds
 from oomload.outcome import Outcome, RequestResult
 from oomload.runview import StepData, max_float, max_int, min_int
 from oomload.serverside import (
@@ -58,6 +65,7 @@ from oomload.serverside import (
 from oomload.stats import percentile
 
 ACHIEVED_CONCURRENCY_MIN_SHARE = 0.8
+KV_SATURATED = 0.99  # KV usage at or above this is a saturated pool
 # The server's share is judged only over a window in which this many rounds of the level's requests
 # ended (concurrency × rounds answers): with fewer, a batch that vLLM finished just before a boundary
 # scrape but the client read just after it moves the share by a third or more (seen: 0.75 and 1.11
@@ -124,6 +132,29 @@ class StepFacts:
     kv_usage_sustained: float | None = None  # KV usage reached in consecutive scrapes
     server: ServerConcurrency | None = None  # what vLLM's counters say it held (None: unknown)
     server_share: float | None = None  # server seconds / client seconds, same requests
+    waiting_share: float | None = None  # share of the step's scrapes with requests waiting
+    kv_saturated_share: float | None = None  # share of the step's scrapes with KV usage ≥ KV_SATURATED
+    odds: LevelOdds | None = None  # the trace's odds at this level (None: no pool or no trace)
+    evidence_requests: int | None = None  # requests the odds asked the step to send (steps.jsonl)
+    extended_s: float | None = None  # how long the step ran past its hold for that evidence
+
+    @property
+    def preemptions_per_100(self) -> float | None:
+        """Preemptions per 100 requests the step sent (``None``: no metrics or no request)."""
+        if self.preemptions is None or not self.requests:
+            return None
+        return 100.0 * self.preemptions / self.requests
+
+    @property
+    def evidence_needed(self) -> int | None:
+        """Requests a clean step at this level must send to count as safe (``None``: no demand)."""
+        return None if self.odds is None else self.odds.requests_for()
+
+    @property
+    def evidence_thin(self) -> bool:
+        """Clean, but it sent fewer requests than the trace's odds need to trust that it is."""
+        needed = self.evidence_needed
+        return self.preemptions == 0 and needed is not None and self.requests < needed
 
     @property
     def delivered_concurrency(self) -> float | None:
@@ -222,6 +253,7 @@ def summarize_step(
     casualty_ids: Collection[str] = frozenset(),
     died_here: bool = False,
     after_death: bool = False,
+    odds: LevelOdds | None = None,
 ) -> StepFacts:
     """Facts of one step; requests in ``casualty_ids`` failed because the engine died (module doc)."""
     b = step.boundary
@@ -298,7 +330,20 @@ def summarize_step(
         kv_usage_sustained=sustained_level([_num(m.get("kv_cache_usage")) for m in ok_metrics]),
         server=server,
         server_share=share,
+        waiting_share=_share(ok_metrics, "num_requests_waiting", lambda v: v > 0),
+        kv_saturated_share=_share(ok_metrics, "kv_cache_usage", lambda v: v >= KV_SATURATED),
+        odds=odds,
+        evidence_requests=b.evidence_requests,
+        extended_s=b.extended_s,
     )
+
+
+def _share(
+    metrics: Sequence[Mapping[str, object]], key: str, crossed: Callable[[float], bool]
+) -> float | None:
+    """The share of scrapes reporting ``key`` whose value crossed the line (``None``: none reported)."""
+    values = [v for v in (_num(m.get(key)) for m in metrics) if v is not None]
+    return None if not values else sum(1 for v in values if crossed(v)) / len(values)
 
 
 def per_second(count: int | None, duration_s: float | None) -> float | None:

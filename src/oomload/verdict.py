@@ -14,20 +14,41 @@ Onsets, each reported as the *lowest concurrency* at which it was seen (a refine
 lower levels after higher ones, and a run that ramps through preemption to the server's death
 bisects the preemption onset afterwards, so "first in time" and "first in concurrency" differ):
 
-* preemption onset — a measured step whose preemptions > 0, with that step's request count and the
-  KV usage of the scrape that first showed the preemption;
+* preemption onset — the lowest level at which at least half of its measured steps (with metrics)
+  preempted: one step at a level is one draw of the trace's lengths, and the refinement repeats the
+  two levels around the onset (``--repeats``), so the onset is what most repeats saw ("seen at 7 in
+  3 of 3"). The onset names the level's first preempting step, its request count and the KV usage of
+  the scrape that first showed the preemption. A lower level that preempted in fewer than half of its
+  steps is *sporadic*: named in the notes, and never safe;
 * KV saturation — a step whose KV usage was ≥ 0.99, and queueing — a step whose waiting was > 0, each
   *sustained*: in at least two consecutive scrapes of the step (``oomload.gauges``; one momentary
   reading, such as a request caught between arrival and admission, is not a finding);
 * engine death — ``oomload.death``.
 
-Last safe concurrency: the highest level ``c`` below the first unsafe level, with a *trusted*
-measured step at ``c`` (completed — not cut short — and holding ≥ 80 % of its target concurrency,
-``StepFacts.trusted``) that answered at least one request ok. A level is unsafe when a step at it
-preempted or had a charged engine death, admission rejection, server error or timeout, or when the
-engine died in it — in any step, cut short or not: a failure seen is a failure. Context overflow,
-truncation, client transport errors and cancelled requests do not make a level unsafe; they are
-reported separately.
+Last safe concurrency: the highest level ``c`` below the first unsafe level and below the queueing
+onset, with a *trusted* measured step at ``c`` (completed — not cut short — and holding ≥ 80 % of its
+target concurrency, ``StepFacts.trusted``) that answered at least one request ok, and with enough
+evidence: its steps together sent at least the requests the trace's odds ask for
+(``LevelOdds.requests_for``: enough to see a preemption with 95 % probability if the level preempted
+as the odds say); a clean level short of that is reported as "not enough evidence". A level is
+unsafe when a step at it preempted (in any of its repeats) or had a charged engine death, admission
+rejection, server error or timeout, or when the engine died in it — in any step, cut short or not:
+a failure seen is a failure. Context overflow, truncation, client transport errors and cancelled
+requests do not make a level unsafe; they are reported separately.
+
+Queueing wins over last safe: a level where requests waited in the server's queue (sustained) did
+not run its concurrency in the engine — vLLM held some requests back, for want of KV blocks or of
+``max_num_seqs`` — so it cannot vouch that the engine survives that many requests at once, and the
+last safe level is below it. (Before, "Queueing at concurrency 7" could stand beside "Last safe
+concurrency 7".)
+
+Per level (``LevelSummary``): the steps and how many preempted, the requests, preemptions per 100
+requests, the share of scrapes with requests waiting and with KV ≥ 99 %, and the trace's odds beside
+them: the odds' preemptions per 100 requests and the chance that this many requests see a
+preemption. The observation *disagrees* with the odds when the odds made the observation less than
+1 % likely: no preemption where the odds gave ≥ 99 % to see one, or one where they gave ≤ 1 %. The
+odds' onset is the lowest measured level at which the requests the run sent there see a preemption
+with ≥ 50 % probability; more than one measured level from the observed onset is a disagreement.
 
 Cut short. The run was cut short when ``status.json`` is missing, says ``finished: false`` or ends
 with a reason in ``runview.CUT_SHORT_REASONS``, when a step was cut short, or when the engine died;
@@ -45,20 +66,29 @@ trace's longest requests.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from oomload.confidence import ConfidenceNote, confidence_level, data_notes, evidence_notes, step_notes
 from oomload.death import EngineDeath, detect_engine_death
+from oomload.odds import LevelOdds
 from oomload.outcome import Outcome, RequestResult
 from oomload.prediction import Prediction, compare_prediction
 from oomload.runview import CUT_SHORT_REASONS, RunView, as_float, as_int, as_str
 from oomload.stats import LengthSummary, summarize_lengths
-from oomload.stepfacts import END_REASON_WORDS, UNSAFE_OUTCOMES, LatencyStats, StepFacts, summarize_step
+from oomload.stepfacts import (
+    END_REASON_WORDS,
+    KV_SATURATED,
+    UNSAFE_OUTCOMES,
+    LatencyStats,
+    StepFacts,
+    summarize_step,
+)
 
-KV_SATURATED = 0.99
 DEFAULT_MIN_REQUESTS = 3
+ODDS_UNLIKELY = 0.01  # an observation the odds gave less than this chance is a disagreement
+ODDS_ONSET_P = 0.5  # the odds' onset: the lowest level where a preemption is more likely than not
 
 __all__ = [
     "DEFAULT_MIN_REQUESTS",
@@ -69,6 +99,7 @@ __all__ = [
     "EngineDeath",
     "LatencyStats",
     "LevelOnset",
+    "LevelSummary",
     "Prediction",
     "PreemptionOnset",
     "RunInfo",
@@ -94,6 +125,79 @@ class PreemptionOnset:
     preemptions_in_step: int
     kv_usage_at_onset: float | None
     kv_usage_max: float | None
+    seen_in: int = 1  # steps at this level that preempted …
+    measurements: int = 1  # … of the steps measured at it (with metrics)
+
+    @property
+    def seen_text(self) -> str:
+        """``"seen at 7 in 3 of 3"``."""
+        return f"seen at {self.concurrency} in {self.seen_in} of {self.measurements}"
+
+
+@dataclass(frozen=True, slots=True)
+class LevelSummary:
+    """One concurrency level over all of its measured steps, beside the trace's odds (module doc)."""
+
+    concurrency: int
+    steps: int
+    steps_preempted: int
+    steps_with_metrics: int
+    requests: int
+    preemptions: int | None
+    waiting_share: float | None
+    kv_saturated_share: float | None
+    odds: LevelOdds | None
+    evidence_needed: int | None  # requests the odds ask a clean level to send (None: no demand)
+
+    @property
+    def preemptions_per_100(self) -> float | None:
+        if self.preemptions is None or not self.requests:
+            return None
+        return 100.0 * self.preemptions / self.requests
+
+    @property
+    def odds_p_seen(self) -> float | None:
+        """The odds' chance that the requests sent here see at least one preemption."""
+        return None if self.odds is None else self.odds.p_seen(self.requests)
+
+    @property
+    def evidence_thin(self) -> bool:
+        """Clean over all its steps but short of the requests the odds ask for."""
+        return (
+            self.steps_with_metrics > 0
+            and self.steps_preempted == 0
+            and self.evidence_needed is not None
+            and self.requests < self.evidence_needed
+        )
+
+    @property
+    def agreement(self) -> str | None:
+        """``"agrees"``, ``"fewer than the odds"``, ``"more than the odds"``; ``None`` without odds."""
+        p = self.odds_p_seen
+        if p is None or self.steps_with_metrics == 0:
+            return None
+        if self.steps_preempted == 0 and p >= 1.0 - ODDS_UNLIKELY:
+            return "fewer than the odds"
+        if self.steps_preempted > 0 and p <= ODDS_UNLIKELY:
+            return "more than the odds"
+        return "agrees"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.concurrency,
+            "steps": self.steps,
+            "steps_preempted": self.steps_preempted,
+            "requests": self.requests,
+            "preemptions": self.preemptions,
+            "preemptions_per_100_requests": _round(self.preemptions_per_100),
+            "waiting_share": _round(self.waiting_share),
+            "kv_saturated_share": _round(self.kv_saturated_share),
+            "odds": None if self.odds is None else self.odds.to_json(),
+            "odds_p_seen": _round(self.odds_p_seen),
+            "evidence_needed_requests": self.evidence_needed,
+            "evidence_thin": self.evidence_thin,
+            "agreement": self.agreement,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +267,22 @@ class Verdict:
     requests_cancelled: int = 0
     requests_failed: int = 0  # every error outcome over the measured steps, casualties included
     first_unsafe_concurrency: int | None = None  # lowest level that preempted or failed
+    level_summaries: tuple[LevelSummary, ...] = ()
+    odds_onset: int | None = None  # the odds' onset on this run's levels and request counts
+
+    @property
+    def odds_levels_apart(self) -> int | None:
+        """Measured levels between the observed onset and the odds' onset (``None``: one is missing)."""
+        observed = None if self.preemption_onset is None else self.preemption_onset.concurrency
+        if observed is None or self.odds_onset is None:
+            return None
+        grid = list(self.levels)
+        if observed not in grid or self.odds_onset not in grid:
+            return None
+        return abs(grid.index(observed) - grid.index(self.odds_onset))
+
+    def level(self, concurrency: int) -> LevelSummary | None:
+        return next((lv for lv in self.level_summaries if lv.concurrency == concurrency), None)
 
     @property
     def measured_steps(self) -> tuple[StepFacts, ...]:
@@ -200,6 +320,11 @@ class Verdict:
                 None if s.delivered_concurrency is None else round(s.delivered_concurrency, 3)
             )
             obj["kv_usage_max_share"] = s.kv_usage_max
+            obj["odds"] = None if s.odds is None else s.odds.to_json()
+            obj["preemptions_per_100_requests"] = _round(s.preemptions_per_100)
+            obj["waiting_share"] = _round(s.waiting_share)
+            obj["kv_saturated_share"] = _round(s.kv_saturated_share)
+            obj["evidence_thin"] = s.evidence_thin
             steps.append(obj)
         return {
             "run": {**asdict(self.run), "cache_config": _plain(self.run.cache_config)},
@@ -212,6 +337,7 @@ class Verdict:
                     **asdict(self.preemption_onset),
                     "kv_usage_at_onset_share": self.preemption_onset.kv_usage_at_onset,
                     "kv_usage_max_share": self.preemption_onset.kv_usage_max,
+                    "seen": self.preemption_onset.seen_text,
                 },
                 "kv_saturation": None
                 if self.kv_saturation is None
@@ -225,6 +351,9 @@ class Verdict:
                 **asdict(self.context_overflow),
                 "model_limit_tokens": self.context_overflow.model_limit,
             },
+            "level_summaries": [lv.to_json() for lv in self.level_summaries],
+            "odds_onset": self.odds_onset,
+            "odds_levels_apart": self.odds_levels_apart,
             "last_safe_concurrency": self.last_safe_concurrency,
             "first_unsafe_concurrency": self.first_unsafe_concurrency,
             "max_tested_concurrency": self.max_tested_concurrency,
@@ -264,16 +393,24 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
             casualty_ids=casualty_ids,
             died_here=step.boundary.index == died_at,
             after_death=step.boundary.index != died_at and step.boundary.start_unix_s > died_t,
+            odds=view.odds_at(step.boundary.concurrency),
         )
         for step in view.steps
     )
     measured = [s for s in steps if not s.warmup and not s.after_death]
     levels = tuple(sorted({s.concurrency for s in measured}))
 
+    summaries = level_summaries(measured)
     onset = _preemption_onset(view, measured)
     kv_sat = _level_onset(measured, lambda s: s.kv_usage_sustained, lambda v: v >= KV_SATURATED)
     queueing = _level_onset(measured, lambda s: s.waiting_sustained, lambda v: v > 0)
-    last_safe = last_safe_concurrency(measured, death)
+    last_safe = last_safe_concurrency(
+        measured,
+        death,
+        queueing=None if queueing is None else queueing.concurrency,
+        thin={lv.concurrency for lv in summaries if lv.evidence_thin},
+    )
+    odds_onset = _odds_onset(summaries)
     trusted = [s.concurrency for s in measured if s.trusted]
     max_tested = max(trusted) if trusted else None
 
@@ -299,6 +436,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
             died=_cut_only_by_death(run, steps, death),
         ),
         *data_notes(view),
+        *_level_notes(summaries, onset, odds_onset, levels, last_safe),
     ]
     key_levels = {c for c in (last_safe, None if onset is None else onset.concurrency) if c is not None}
     measured_ids = {s.index for s in measured}
@@ -326,6 +464,8 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         requests_cancelled=sum(1 for r in requests if r.outcome is Outcome.CANCELLED),
         requests_failed=sum(1 for r in requests if r.outcome.is_error),
         first_unsafe_concurrency=first_unsafe_concurrency(measured, death),
+        level_summaries=summaries,
+        odds_onset=odds_onset,
     )
 
 
@@ -351,14 +491,109 @@ def first_unsafe_concurrency(measured: Sequence[StepFacts], death: EngineDeath |
     return min(unsafe_levels) if unsafe_levels else None
 
 
-def last_safe_concurrency(measured: Sequence[StepFacts], death: EngineDeath | None) -> int | None:
-    """Highest level below the first unsafe one, backed by a trusted step with ok answers."""
+def last_safe_concurrency(
+    measured: Sequence[StepFacts],
+    death: EngineDeath | None,
+    *,
+    queueing: int | None = None,
+    thin: Collection[int] = (),
+) -> int | None:
+    """Highest level below the first unsafe one and below ``queueing``, backed by a trusted step with
+    ok answers, and not in ``thin`` (levels short of the evidence the trace's odds ask for)."""
     first = first_unsafe_concurrency(measured, death)
-    first_unsafe = math.inf if first is None else first
+    ceiling = min(math.inf if first is None else first, math.inf if queueing is None else queueing)
     safe = [
-        s.concurrency for s in measured if s.trusted and s.concurrency < first_unsafe and s.ok_requests > 0
+        s.concurrency
+        for s in measured
+        if s.trusted and s.concurrency < ceiling and s.ok_requests > 0 and s.concurrency not in thin
     ]
     return max(safe) if safe else None
+
+
+def level_summaries(measured: Sequence[StepFacts]) -> tuple[LevelSummary, ...]:
+    """One ``LevelSummary`` per measured level, ascending."""
+    by_level: dict[int, list[StepFacts]] = {}
+    for s in measured:
+        by_level.setdefault(s.concurrency, []).append(s)
+    out = []
+    for c in sorted(by_level):
+        steps = by_level[c]
+        with_metrics = [s for s in steps if s.preemptions is not None]
+        odds = next((s.odds for s in steps if s.odds is not None), None)
+        out.append(
+            LevelSummary(
+                concurrency=c,
+                steps=len(steps),
+                steps_preempted=sum(1 for s in with_metrics if (s.preemptions or 0) > 0),
+                steps_with_metrics=len(with_metrics),
+                requests=sum(s.requests for s in steps),
+                preemptions=sum(s.preemptions or 0 for s in with_metrics) if with_metrics else None,
+                waiting_share=_weighted(steps, lambda s: s.waiting_share),
+                kv_saturated_share=_weighted(steps, lambda s: s.kv_saturated_share),
+                odds=odds,
+                evidence_needed=None if odds is None else odds.requests_for(),
+            )
+        )
+    return tuple(out)
+
+
+def _weighted(steps: Sequence[StepFacts], share_of: Callable[[StepFacts], float | None]) -> float | None:
+    """A per-step share averaged over the steps' scrapes."""
+    pairs = [(v, s.scrapes_ok) for s in steps if (v := share_of(s)) is not None and s.scrapes_ok]
+    total = sum(n for _v, n in pairs)
+    return None if not total else sum(v * n for v, n in pairs) / total
+
+
+def _odds_onset(summaries: Sequence[LevelSummary]) -> int | None:
+    """The lowest measured level where the odds give the requests sent there ≥ 50 % to see a preemption."""
+    return next(
+        (lv.concurrency for lv in summaries if lv.odds_p_seen is not None and lv.odds_p_seen >= ODDS_ONSET_P),
+        None,
+    )
+
+
+def _level_notes(
+    summaries: Sequence[LevelSummary],
+    onset: PreemptionOnset | None,
+    odds_onset: int | None,
+    levels: Sequence[int],
+    last_safe: int | None,
+) -> list[ConfidenceNote]:
+    """Caveats from the per-level view: sporadic preemption below the onset, thin evidence, the odds."""
+    notes: list[ConfidenceNote] = []
+    onset_c = None if onset is None else onset.concurrency
+    for lv in summaries:
+        where = f"concurrency {lv.concurrency}"
+        if onset_c is not None and lv.concurrency < onset_c and lv.steps_preempted:
+            text = (
+                f"preemption at {where} in {lv.steps_preempted} of {lv.steps_with_metrics} step(s), fewer "
+                f"than half: sporadic below the onset {onset_c}, and not safe"
+            )
+            notes.append(ConfidenceNote("sporadic_preemption", text))
+        if lv.evidence_thin and lv.odds is not None:
+            text = (
+                f"not enough evidence at {where}: {lv.requests} request(s) without a preemption, but the "
+                f"trace's odds ({lv.odds.per_100:.1f} preemptions per 100 requests) need "
+                f"{lv.evidence_needed} to see one with 95 % probability; not counted as safe"
+            )
+            notes.append(ConfidenceNote("thin_evidence", text))
+        if lv.agreement not in (None, "agrees") and lv.odds is not None:
+            text = (
+                f"{where}: {lv.preemptions or 0} preemption(s) in {lv.requests} request(s), "
+                f"{lv.agreement}: they expected {lv.odds.per_100:.1f} per 100 requests and gave "
+                f"{lv.odds_p_seen:.0%} to see at least one"
+            )
+            notes.append(ConfidenceNote("odds_disagree_level", text))
+    if onset_c is not None and odds_onset is not None and onset_c in levels and odds_onset in levels:
+        apart = abs(list(levels).index(onset_c) - list(levels).index(odds_onset))
+        if apart > 1:
+            text = (
+                f"the observed onset {onset_c} is {apart} measured levels from the trace's odds "
+                f"({odds_onset}): the server is not the pool cache_config_info describes, or the lengths "
+                "were not replayed as the trace has them"
+            )
+            notes.append(ConfidenceNote("odds_disagree", text))
+    return notes
 
 
 def _unsafe(s: StepFacts) -> bool:
@@ -366,10 +601,24 @@ def _unsafe(s: StepFacts) -> bool:
 
 
 def _preemption_onset(view: RunView, measured: Sequence[StepFacts]) -> PreemptionOnset | None:
-    preempting = [s for s in measured if (s.preemptions or 0) > 0]
-    if not preempting:
+    """The lowest level preempting in at least half of its steps with metrics (module docstring)."""
+    by_level: dict[int, list[StepFacts]] = {}
+    for s in measured:
+        if s.preemptions is not None:
+            by_level.setdefault(s.concurrency, []).append(s)
+    onset_level = next(
+        (
+            c
+            for c in sorted(by_level)
+            if 2 * sum(1 for s in by_level[c] if (s.preemptions or 0) > 0) >= len(by_level[c])
+        ),
+        None,
+    )
+    if onset_level is None:
         return None
-    first = min(preempting, key=lambda s: (s.concurrency, s.start_unix_s))
+    at_level = by_level[onset_level]
+    preempting = [s for s in at_level if (s.preemptions or 0) > 0]
+    first = min(preempting, key=lambda s: s.start_unix_s)
     data = next(d for d in view.steps if d.boundary.index == first.index)
     hit = next((m for m in data.metrics if m.get("ok") and (m.get("preemptions_delta") or 0) > 0), None)
     return PreemptionOnset(
@@ -380,6 +629,8 @@ def _preemption_onset(view: RunView, measured: Sequence[StepFacts]) -> Preemptio
         preemptions_in_step=first.preemptions or 0,
         kv_usage_at_onset=None if hit is None else as_float(hit.get("kv_cache_usage")),
         kv_usage_max=first.kv_usage_max,
+        seen_in=len(preempting),
+        measurements=len(at_level),
     )
 
 
@@ -519,8 +770,8 @@ def _summary(values: Sequence[int]) -> LengthSummary | None:
     return summarize_lengths(values) if values else None
 
 
-def _opt_asdict(obj: Any) -> dict[str, Any] | None:
-    return None if obj is None else asdict(obj)
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def _plain(obj: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from oomload.schedule import (
     next_step,
     parse_levels,
     parse_stop_condition,
+    refine_bracket,
 )
 
 FIRST_PREEMPTION = (StopCondition("first-preemption"),)
@@ -162,3 +163,37 @@ def test_bisection_lands_on_the_exact_onset(levels: list[int], onset: int, warmu
     assert next_refine_level(FIRST_PREEMPTION, history) is None
     indices = [f.step.index for f in history]
     assert indices == list(range(len(history)))
+
+
+def test_repeats_measure_both_bracketing_levels_bad_one_first() -> None:
+    plan = SchedulePlan(levels=(1, 2, 4, 8, 16), stop_on=FIRST_PREEMPTION, repeats=3)
+    history, _ = _run(plan, onset=6)
+    refine = [f.step.concurrency for f in history if f.step.phase == "refine"]
+    assert refine == [6, 5, 6, 5, 6, 5]  # bisect 8 → 6 (bad), 5 (good); then 6 and 5 twice more each
+    counts = {c: sum(1 for f in history if f.step.concurrency == c) for c in (5, 6)}
+    assert counts == {5: 3, 6: 3}
+
+
+def test_a_repeat_that_flips_a_level_moves_the_bracket() -> None:
+    """7 bad once, then good twice: 7 is good by majority, and the onset moves up to 8."""
+    plan = SchedulePlan(levels=(4, 8), stop_on=FIRST_PREEMPTION, repeats=3)
+    seen = {7: iter([1, 0, 0])}
+    history: list[StepFacts] = []
+    for _ in range(50):
+        decision = next_step(plan, history)
+        if decision.step is None:
+            break
+        c = decision.step.concurrency
+        preempted = next(seen[c]) if c in seen else int(c >= 8)
+        history.append(StepFacts(decision.step, completed=10, preemptions=preempted))
+    order = [f.step.concurrency for f in history]
+    assert order[:2] == [4, 8]
+    assert order.count(7) == 3 and order.count(8) == 3
+    assert refine_bracket(plan.stop_on, history) == (7, 8)
+
+
+def test_repeats_are_bounded() -> None:
+    with pytest.raises(ConfigError):
+        SchedulePlan(levels=(1, 2), repeats=0)
+    with pytest.raises(ConfigError):
+        SchedulePlan(levels=(1, 2), repeats=100)

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oomload.cli.sim import add_engine_arguments, engine_options
 from oomload.errors import ConfigError, ExitCode
+
+if TYPE_CHECKING:
+    from oomload.odds import LevelOdds
 
 
 def register(subparsers: Any) -> None:
@@ -45,6 +49,7 @@ def _levels(spec: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from oomload.odds import Pool, trace_odds
     from oomload.sim.build import build_engine
     from oomload.sim.planner import default_levels, plan
     from oomload.trace import iter_trace
@@ -68,11 +73,44 @@ def run(args: argparse.Namespace) -> int:
     if args.requests_per_level is not None and args.requests_per_level < 1:
         raise ConfigError(f"--requests-per-level must be positive, got {args.requests_per_level}")
     result = plan(built, opts, prompts, outputs, levels, requests_per_level=args.requests_per_level)
+    pool = Pool(
+        num_gpu_blocks=result.num_gpu_blocks,
+        block_size=result.block_size,
+        max_model_len=result.max_model_len,
+        max_num_seqs=result.max_num_seqs,
+        max_num_batched_tokens=result.max_num_batched_tokens,
+    )
+    odds = trace_odds(prompts, outputs, pool, levels)
     if args.json:
-        print(json.dumps(result.as_dict(), indent=2))
+        print(json.dumps({**result.as_dict(), "odds": [o.to_json() for o in odds]}, indent=2))
     else:
         _print(result, built.layout.startup_lines(), len(prompts))
+        _print_odds(odds)
     return int(ExitCode.OK)
+
+
+def _print_odds(odds: Sequence[LevelOdds]) -> None:
+    """The trace's odds per level, as ``oomload replay`` computes and judges them (``oomload.odds``)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title="The trace's odds (requests drawn at random from the trace, 1000 per level)",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for col in ("conc", "preemptions\nper 100 req", "requests to see one\n(95 %)", "seen in\n50 req"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for o in odds:
+        needed = o.requests_for()
+        table.add_row(
+            str(o.concurrency),
+            f"{o.per_100:.1f}",
+            "– (negligible)" if needed is None else f"{needed:,}",
+            f"{o.p_seen(50):.0%}",
+        )
+    Console(highlight=False).print(table)
 
 
 def _print(result: Any, startup: list[str], trace_count: int) -> None:

@@ -19,6 +19,7 @@ from oomload.cli.crash import save_internal_error
 from oomload.credentials import read_api_key, url_credentials_error, url_has_credentials
 from oomload.errors import ConfigError, OomloadError
 from oomload.rundir import check_run_dir_creatable, new_run_dir
+from oomload.schedule import DEFAULT_REPEATS, MAX_REPEATS
 
 
 def api_key_value(args: argparse.Namespace) -> str | None:
@@ -85,6 +86,20 @@ def register(subparsers: Any) -> None:
     )
     shape.add_argument(
         "--no-refine", action="store_true", help="no bisection between last good and first bad"
+    )
+    shape.add_argument(
+        "--repeats",
+        type=int,
+        default=DEFAULT_REPEATS,
+        metavar="N",
+        help=f"measure each of the two levels bracketing the onset N times; the onset is what most "
+        f"repeats saw (default {DEFAULT_REPEATS}; 1: no repeats)",
+    )
+    shape.add_argument(
+        "--no-evidence",
+        action="store_true",
+        help="do not extend a clean step until the trace's odds say it sent enough requests to see a "
+        "preemption (95 %%)",
     )
     shape.add_argument(
         "--stop-on",
@@ -171,6 +186,8 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         raise ConfigError(f"--tail-percentile must be within [0, 100), got {args.tail_percentile}")
     if not 1 <= args.processes <= 64:
         raise ConfigError(f"--processes must be within 1..64, got {args.processes}")
+    if not 1 <= args.repeats <= MAX_REPEATS:
+        raise ConfigError(f"--repeats must be within 1..{MAX_REPEATS}, got {args.repeats}")
     if args.open_loop and args.processes > 1:
         raise ConfigError("--open-loop runs in one process; drop --processes")
     if not 1 <= args.web_port <= 65535:
@@ -208,6 +225,8 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         min_requests=args.min_requests,
         warmup_s=args.warmup_s,
         refine=not args.no_refine,
+        repeats=args.repeats,
+        evidence=not args.no_evidence,
         stop_on=stop_on,
         max_duration_s=args.max_duration_s,
         order=args.order,

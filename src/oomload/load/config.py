@@ -13,7 +13,7 @@ from typing import Any
 
 from oomload import __version__
 from oomload.load.payload import Api, PayloadOptions
-from oomload.schedule import Hold, SchedulePlan, StopCondition
+from oomload.schedule import DEFAULT_REPEATS, Hold, SchedulePlan, StopCondition
 from oomload.trace import TraceRecord
 
 # The demo target: a simulated Llama-3.1-8B on an L4 (device memory as vLLM would use it, served on the
@@ -55,6 +55,8 @@ class ReplayConfig:
     min_requests: int = 0
     warmup_s: float = 0.0
     refine: bool = True
+    repeats: int = DEFAULT_REPEATS  # measurements of each of the two levels bracketing the onset
+    evidence: bool = True  # extend a clean step until the trace's odds say it sent enough requests
     stop_on: tuple[StopCondition, ...] = (StopCondition("oom"),)
     max_duration_s: float | None = 1800.0
     order: str = "trace"
@@ -86,7 +88,11 @@ class ReplayConfig:
 
     def schedule(self) -> SchedulePlan:
         return SchedulePlan(
-            levels=self.levels, warmup=self.warmup_s > 0, refine=self.refine, stop_on=self.stop_on
+            levels=self.levels,
+            warmup=self.warmup_s > 0,
+            refine=self.refine,
+            stop_on=self.stop_on,
+            repeats=self.repeats,
         )
 
     def hold(self) -> Hold:
@@ -155,6 +161,8 @@ def config_json(
             "min_requests": config.min_requests,
             "warmup_s": config.warmup_s,
             "refine": config.refine,
+            "repeats": config.repeats,
+            "evidence": config.evidence,
         },
         "stop_on": [str(c) for c in config.stop_on],
         "max_duration_s": config.max_duration_s,

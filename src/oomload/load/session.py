@@ -36,7 +36,7 @@ from rich.console import Console
 from oomload.load.config import ReplayConfig, config_to_worker_options
 from oomload.load.deathwatch import DeathWatch
 from oomload.load.workers import MasterMeter, WorkerPool, free_port
-from oomload.rundir import RunWriter
+from oomload.rundir import RunReader, RunWriter
 from oomload.schedule import Hold, SchedulePlan, StopCondition
 from oomload.trace import TraceRecord
 
@@ -180,6 +180,7 @@ class Session:
             on_step_end=self._on_step_end,
             step_done=step_done,
             settle_s=config.grace_s(),
+            evidence=self._evidence(),
         )
         self.env = Environment(
             user_classes=[user_class], shape_class=make_shape(self.driver, keep_open=True), host=self.url
@@ -234,6 +235,30 @@ class Session:
         if reason.startswith("stop_condition:"):
             self.writer.event("stop_condition", reason=reason.partition(":")[2])
         return str(reason)
+
+    def _evidence(self) -> Callable[[Any], int | None]:
+        """Requests a clean step must send, by the trace's odds on the server's pool (``oomload.odds``;
+        each level's odds are written to ``odds.jsonl``); nothing asked without a pool or when off."""
+        from oomload.odds import OddsBook, Pool
+
+        cache_config = RunReader(self.writer.path).json("cache_config.json")
+        pool = Pool.from_cache_config(cache_config, self.max_model_len)
+        if pool is None or not self.records:
+            return lambda _step: None
+        book = OddsBook(
+            [r.prompt_tokens for r in self.records],
+            [r.output_tokens for r in self.records],
+            pool,
+            seed=self.config.seed,
+            on_new=lambda odds: self.writer.append("odds", odds.to_json()),
+        )
+        asks = self.config.evidence and not self.config.open_loop
+
+        def evidence(step: Any) -> int | None:
+            odds = book.at(step.concurrency)  # recorded even when nothing is asked
+            return odds.requests_for() if asks else None
+
+        return evidence
 
     def _drain(self, grace_s: float) -> None:
         """No new requests; wait (at most ``grace_s``) for those in flight to end on their own."""

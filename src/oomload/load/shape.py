@@ -25,6 +25,15 @@ its counters — only once the surplus users are gone and the requests in flight
 still in flight then is abandoned by Locust as ``cancelled``). So the
 previous step's pressure never counts against the lower level, and the wait is bounded.
 
+Enough evidence (``evidence``): a step that has held its hold but sent fewer requests than the level
+needs to see a preemption with 95 % probability by the trace's odds (``oomload.odds``) — and has seen
+none yet — is *extended*: the driver reads the boundary scrape, and while the preemption counter has
+not risen since the step began it keeps the level running, reading again every ``EXTEND_CHECK_S``,
+until the step has sent enough requests, ``EXTEND_MAX_FACTOR`` × the hold has passed, or the run's
+maximum duration is spent. The scrape that shows a preemption (or ends the extension) is the step's
+boundary. The end line says how long the step was extended and how many requests the odds asked for.
+A step that already preempted needs no more evidence: it is unsafe.
+
 The boundary scrape (``/metrics``) gives the preemption counter and the server's latency sums, from
 which the end line's ``server_concurrency`` comes (``oomload.serverside``: what vLLM itself held over
 the step, by Little's law). It is read **once**, and **while the users keep sending** (the read is a
@@ -53,6 +62,8 @@ from oomload.schedule import (
 from oomload.serverside import ServerConcurrency, server_concurrency
 
 SPAWN_RATE = 100.0  # users per second (Locust warns above 100); a step of c users starts within c/100 s
+EXTEND_CHECK_S = 2.0  # while a step is extended for evidence, read the preemption counter this often
+EXTEND_MAX_FACTOR = 8.0  # a step is extended to at most this many times its hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +120,7 @@ class StepDriver:
         on_step_end: Callable[[dict[str, Any]], None] | None = None,
         step_done: Callable[[float, int], bool] | None = None,
         settle_s: float = 0.0,
+        evidence: Callable[[StepPlan], int | None] = lambda _step: None,
     ) -> None:
         self.plan = plan
         self.hold = hold
@@ -123,6 +135,10 @@ class StepDriver:
         self.on_step_end = on_step_end
         self.step_done = step_done
         self.settle_s = settle_s
+        self.evidence = evidence
+        self._needed: int | None = None  # requests the current step must send (the odds), if any
+        self._extended_from_s: float | None = None  # when the hold was done and the extension began
+        self._next_check_s = 0.0
         self._settling: tuple[StepPlan, float] | None = None  # (the next step, deadline)
         self.history: list[StepFacts] = []
         self.current: StepPlan | None = None
@@ -164,6 +180,8 @@ class StepDriver:
             return self.current.concurrency, SPAWN_RATE
         boundary = self.boundary_scrape()  # users keep sending while this scrape runs
         now = self.clock()
+        if reason == "hold_done" and self._extend(now, boundary):
+            return self.current.concurrency, SPAWN_RATE
         self._end_step(reason, now, boundary)
         if reason in ("server_dead", "max_duration"):
             self.end_reason = reason
@@ -201,9 +219,31 @@ class StepDriver:
             return "max_duration"
         elapsed = now - self._step_start_s
         completed = self.meter.completed()
+        if self._extended_from_s is not None and now < self._next_check_s:
+            return None
         if self.step_done is not None:
             return "hold_done" if self.step_done(elapsed, completed) else None
         return "hold_done" if self.hold_for(self.current).done(elapsed, completed) else None
+
+    def _extend(self, now: float, boundary: Mapping[str, Any] | None) -> bool:
+        """Keep the step running for evidence (module docstring)? Starts or continues an extension."""
+        assert self.current is not None
+        needed = self._needed
+        if needed is None or self.current.phase == "warmup":
+            return False
+        before, after = _preemptions(self._scrape_at_start), _preemptions(boundary)
+        if before is None or after is None or after > before:
+            return False  # preempted (unsafe: no more evidence needed), or the counter is unreadable
+        sent = self.meter.count().started
+        if sent is not None and sent >= needed:
+            return False
+        hold_s = self.hold_for(self.current).hold_s
+        if now - self._step_start_s >= max(hold_s, EXTEND_CHECK_S) * EXTEND_MAX_FACTOR:
+            return False
+        if self._extended_from_s is None:
+            self._extended_from_s = now
+        self._next_check_s = now + EXTEND_CHECK_S
+        return True
 
     def _follow(
         self, decision: Decision, now: float, boundary: Mapping[str, Any] | None = None
@@ -225,6 +265,8 @@ class StepDriver:
         self.current = step
         self._step_start_s = now
         self._scrape_at_start = scrape
+        self._needed = None if step.phase == "warmup" else self.evidence(step)
+        self._extended_from_s = None
         self.meter.begin(step)
         self.sink.append(
             "steps",
@@ -261,6 +303,10 @@ class StepDriver:
         )
         server = server_concurrency(self._scrape_at_start, scrape)
         line = step_end_line(step, count, reason, now, now - self._step_start_s, preemptions, server)
+        if self._needed is not None:
+            line["evidence_requests"] = self._needed
+        if self._extended_from_s is not None:
+            line["extended_s"] = round(now - self._extended_from_s, 3)
         self.sink.append("steps", line)
         if self.on_step_end is not None:
             self.on_step_end(line)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from oomload.outcome import Outcome
 from oomload.recommend import Recommendation
-from oomload.verdict import StepFacts, Verdict, kv_peak_text, kv_percent
+from oomload.verdict import PreemptionOnset, StepFacts, Verdict, kv_peak_text, kv_percent
 
 # outcomes that are not failures, or that a finding of their own already tells
 NOT_FAILURES = frozenset(
@@ -44,8 +44,8 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
             Finding(
                 "preemption_onset",
                 "Preemption onset",
-                f"concurrency {onset.concurrency}{_held(verdict, onset.step)} — step {onset.step}, "
-                f"{_count(onset.requests_in_step, 'request')}, "
+                f"concurrency {onset.concurrency}{_held(verdict, onset.step)}{_seen(onset)} — step "
+                f"{onset.step}, {_count(onset.requests_in_step, 'request')}, "
                 f"{_count(onset.preemptions_in_step, 'preemption')}{kv}",
                 "bad",
             )
@@ -136,7 +136,7 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
     ]
     untrusted = [d for s in below if (d := s.distrust) is not None]
     if safe is not None:
-        out.append(Finding("last_safe", "Last safe concurrency", str(safe), "ok"))
+        out.append(Finding("last_safe", "Last safe concurrency", f"{safe}{_why_not_higher(verdict)}", "ok"))
     elif untrusted:
         text = (
             "unknown: "
@@ -152,6 +152,10 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
         out.append(
             Finding("last_safe", "Last safe concurrency", "unknown (no completed step with requests)", "warn")
         )
+
+    odds = trace_odds(verdict)
+    if odds is not None:
+        out.append(odds)
 
     p = verdict.prediction
     if p is not None:
@@ -282,9 +286,61 @@ def _token_range(low: int | None, high: int | None) -> str:
     return str(low) if low == high else f"{low}–{high}"
 
 
+def _seen(onset: PreemptionOnset) -> str:
+    """``" (seen at 7 in 3 of 3)"`` when the level was measured more than once."""
+    return "" if onset.measurements <= 1 else f" ({onset.seen_text})"
+
+
+def _why_not_higher(verdict: Verdict) -> str:
+    """Why the last safe level is not the one below the onset: queueing, thin evidence, sporadic."""
+    safe = verdict.last_safe_concurrency
+    if safe is None:
+        return ""
+    reasons = []
+    if verdict.queueing is not None and verdict.queueing.concurrency == min(
+        (lv.concurrency for lv in verdict.level_summaries if lv.concurrency > safe), default=None
+    ):
+        reasons.append(f"queueing began at {verdict.queueing.concurrency}")
+    thin = [lv.concurrency for lv in verdict.level_summaries if lv.concurrency > safe and lv.evidence_thin]
+    first_unsafe = verdict.first_unsafe_concurrency
+    thin = [c for c in thin if first_unsafe is None or c < first_unsafe]
+    if thin:
+        reasons.append(f"not enough evidence at {', '.join(map(str, thin))}")
+    onset = verdict.preemption_onset
+    if first_unsafe is not None and onset is not None and first_unsafe < onset.concurrency:
+        reasons.append(f"sporadic preemption at {first_unsafe}")
+    return "" if not reasons else f" ({'; '.join(reasons)})"
+
+
+def trace_odds(verdict: Verdict) -> Finding | None:
+    """The trace's odds on the server's pool beside what the run saw (``oomload.odds``)."""
+    with_odds = [lv for lv in verdict.level_summaries if lv.odds is not None]
+    if not with_odds:
+        return None
+    parts = [  # the levels where either side saw preemption at all
+        f"{lv.concurrency}: {lv.odds.per_100:.1f} vs {fmt_num(lv.preemptions_per_100, '.1f')}"
+        for lv in with_odds
+        if lv.odds is not None and (lv.odds.per_100 >= 0.05 or lv.steps_preempted)
+    ]
+    onset = verdict.preemption_onset
+    observed = "none" if onset is None else str(onset.concurrency)
+    odds_onset = "none" if verdict.odds_onset is None else str(verdict.odds_onset)
+    apart = verdict.odds_levels_apart
+    disagree = [lv for lv in with_odds if lv.agreement not in (None, "agrees")]
+    if (apart is not None and apart > 1) or disagree:
+        verdict_word, status = "DISAGREES", "warn"
+    else:
+        verdict_word, status = "agrees", "ok"
+    text = f"onset {odds_onset} for the requests sent, observed {observed}: {verdict_word}" + (
+        "" if not parts else f"; preemptions per 100 requests, odds vs seen — {', '.join(parts)}"
+    )
+    return Finding("trace_odds", "The trace's odds", text, status)
+
+
 STEP_COLUMNS = (
     "step", "conc", "phase", "req", "ok", "err", "cancel", "req/s", "out tok/s", "TTFT p50", "TTFT p99",
-    "TPOT p50", "e2e p99", "KV max", "preempt", "run/wait", "achieved", "server", "dev used",
+    "TPOT p50", "e2e p99", "KV max", "preempt", "pre/100", "odds/100", "wait %", "run/wait", "achieved",
+    "server", "dev used",
 )  # fmt: skip
 
 
@@ -323,6 +379,9 @@ def step_row(s: StepFacts) -> list[str]:
         fmt_ms(s.e2e.p99_ms),
         "–" if s.kv_usage_max is None else kv_percent(s.kv_usage_max),
         fmt_num(s.preemptions, "d"),
+        fmt_num(s.preemptions_per_100, ".1f"),
+        "–" if s.odds is None else f"{s.odds.per_100:.1f}",
+        "–" if s.waiting_share is None else f"{100 * s.waiting_share:.0f}",
         run_wait,
         fmt_num(s.achieved_concurrency, ".1f"),
         "–" if s.server_share is None else fmt_num(s.delivered_concurrency, ".1f"),

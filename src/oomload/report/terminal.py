@@ -61,9 +61,10 @@ def render_terminal(
 
 # The terminal shows a narrower table than report.md (column name in STEP_COLUMNS → short header).
 TERMINAL_COLUMNS = {
-    "step": "step", "conc": "conc", "req": "req", "err": "err", "cancel": "cncl", "req/s": "req/s",
+    "step": "step", "conc": "conc", "req": "req", "err": "err", "cancel": "cncl",
     "TTFT p99": "ttft99",
-    "e2e p99": "e2e99", "KV max": "KV", "preempt": "pre", "run/wait": "run/wait", "achieved": "held",
+    "e2e p99": "e2e99", "KV max": "KV", "preempt": "pre", "pre/100": "/100", "run/wait": "run/wait",
+    "achieved": "held",
     "server": "srv",
     "dev used": "dev",
 }  # fmt: skip
@@ -78,7 +79,7 @@ def step_table(verdict: Verdict) -> Table:
     table = Table(
         title=(
             "Per step (* = cut short; † = after the engine died; cncl = cancelled; held = in flight at "
-            "the client; srv = in vLLM, by its counters)"
+            "the client; srv = in vLLM, by its counters; /100 = preemptions per 100 requests)"
         ),
         header_style="bold",
         box=box.SIMPLE_HEAD,

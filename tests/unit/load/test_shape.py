@@ -171,3 +171,63 @@ def test_the_end_line_says_what_the_server_held_between_the_boundary_scrapes() -
     end = next(line for line in sink.lines if line["event"] == "end")
     assert end["server_concurrency"] == {"in_server": 3.0, "in_engine": 1.5, "queued": 0.0, "window_s": 10.0,
                                          "from_unix_s": 100.0, "to_unix_s": 110.0}  # fmt: skip
+
+
+class SendingMeter(FakeMeter):
+    """Counts the requests a step sent: ``rate`` per second of the fake clock since it began."""
+
+    def __init__(self, clock: list[float], rate: float) -> None:
+        super().__init__()
+        self.clock, self.rate, self.began_at = clock, rate, 0.0
+
+    def begin(self, step: StepPlan) -> None:
+        super().begin(step)
+        self.began_at = self.clock[0]
+
+    def count(self) -> StepCount:
+        sent = int((self.clock[0] - self.began_at) * self.rate)
+        return StepCount(completed=sent, errors=0, engine_dead=0, started=sent)
+
+
+def _evidence_run(
+    preempt_after_s: float | None, needed: int = 40
+) -> tuple[list[dict[str, Any]], list[float]]:
+    """One 4-user step held 2 s at 5 requests/s; the odds ask for ``needed`` requests."""
+    clock = [100.0]
+    meter, sink = SendingMeter(clock, rate=5.0), Lines()
+    scrapes: list[float] = []
+
+    def scrape() -> dict[str, Any]:
+        scrapes.append(clock[0])
+        elapsed = clock[0] - 100.0
+        total = int(preempt_after_s is not None and elapsed >= preempt_after_s)
+        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": total}
+
+    plan = SchedulePlan(levels=(4,), refine=False, stop_on=())
+    driver = StepDriver(plan, Hold(2.0), meter, sink, boundary_scrape=scrape, clock=lambda: clock[0],
+                        evidence=lambda _step: needed)  # fmt: skip
+    for _ in range(200):
+        if driver.tick() is None:
+            break
+        clock[0] += 0.5
+    return sink.lines, scrapes
+
+
+def test_a_clean_step_is_extended_until_it_sent_what_the_odds_ask() -> None:
+    lines, scrapes = _evidence_run(preempt_after_s=None)
+    end = next(line for line in lines if line["event"] == "end")
+    assert end["duration_s"] >= 8.0  # 40 requests at 5/s
+    assert end["evidence_requests"] == 40 and end["extended_s"] >= 5.5
+    assert len(scrapes) <= 2 + 8 / 2.0 + 1  # a baseline, then about one read per EXTEND_CHECK_S
+
+
+def test_an_extension_ends_at_the_first_preemption() -> None:
+    lines, _ = _evidence_run(preempt_after_s=4.0)
+    end = next(line for line in lines if line["event"] == "end")
+    assert 4.0 <= end["duration_s"] < 8.0 and end["preemptions"] == 1
+
+
+def test_an_extension_is_bounded() -> None:
+    lines, _ = _evidence_run(preempt_after_s=None, needed=10_000)
+    end = next(line for line in lines if line["event"] == "end")
+    assert end["duration_s"] <= 2.0 * 8 + 2.5  # EXTEND_MAX_FACTOR × the hold, plus one check interval

@@ -55,6 +55,7 @@ def write_run(
     events: Sequence[Mapping[str, Any]] = (),
     server_pid_vanishes_after: int | None = None,
     extra_requests: Sequence[RequestResult] = (),
+    odds: Sequence[Mapping[str, Any]] = (),
 ) -> Path:
     """Write a complete run directory; returns ``path``.
 
@@ -158,6 +159,8 @@ def write_run(
             )
         for request in extra_requests:
             w.request(request)
+        for line in odds:
+            w.append("odds", dict(line))
         for event in events:
             w.event(str(event["kind"]), **{k: v for k, v in event.items() if k != "kind"})
         if not no_status:

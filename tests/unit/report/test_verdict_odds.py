@@ -1,0 +1,124 @@
+"""The verdict with repeats and the trace's odds: the onset by majority, rates per level, thin evidence,
+queueing over last safe, and disagreements with the odds called what they are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from runbuilder import CPU_CACHE, StepSpec, write_run
+
+from oomload.recommend import recommend
+from oomload.report.findings import describe, trace_odds
+from oomload.runview import load_run
+from oomload.verdict import build_verdict
+
+
+def _odds(concurrency: int, per_1000: int) -> dict[str, Any]:
+    return {"concurrency": concurrency, "requests": 1000, "preemptions": per_1000, "episodes": per_1000}
+
+
+def _verdict(tmp_path: Path, steps: list[StepSpec], odds: list[dict[str, Any]] | None = None) -> Any:
+    view = load_run(write_run(tmp_path / "run", steps, cache_config=CPU_CACHE, odds=odds or []))
+    return build_verdict(view)
+
+
+def _texts(v: Any) -> dict[str, str]:
+    return {f.key: f.text for f in describe(v, recommend(v))}
+
+
+def test_the_onset_is_what_most_repeats_saw(tmp_path: Path) -> None:
+    steps = [
+        StepSpec(4),
+        StepSpec(8, preemptions=2),
+        StepSpec(6, phase="refine"),
+        StepSpec(7, preemptions=1, phase="refine"),
+        StepSpec(6, preemptions=1, phase="refine"),  # 6 sporadic: 1 of 3
+        StepSpec(7, phase="refine"),
+        StepSpec(6, phase="refine"),
+        StepSpec(7, preemptions=3, phase="refine"),
+    ]
+    v = _verdict(tmp_path, steps)
+    assert v.preemption_onset is not None
+    assert (v.preemption_onset.concurrency, v.preemption_onset.seen_in, v.preemption_onset.measurements) == (
+        7,
+        2,
+        3,
+    )
+    assert v.preemption_onset.seen_text == "seen at 7 in 2 of 3"
+    assert v.first_unsafe_concurrency == 6  # sporadic at 6: never safe
+    assert v.last_safe_concurrency == 4
+    kinds = {n.kind for n in v.notes}
+    assert {"noisy_repeat", "sporadic_preemption"} <= kinds
+    assert v.confidence == "medium"
+    texts = _texts(v)
+    assert "concurrency 7 (seen at 7 in 2 of 3)" in texts["preemption_onset"]
+    assert "sporadic preemption at 6" in texts["last_safe"]
+    level7 = v.level(7)
+    assert level7 is not None and (level7.steps, level7.steps_preempted, level7.requests) == (3, 2, 36)
+    assert level7.preemptions_per_100 == 100 * 4 / 36
+
+
+def test_rates_per_step_and_level(tmp_path: Path) -> None:
+    steps = [StepSpec(2, scrapes=4, peak_scrapes=2, waiting_max=1, kv_max=0.995, requests=20)]
+    v = _verdict(tmp_path, steps)
+    s = v.steps[0]
+    assert s.preemptions_per_100 == 0.0
+    assert s.waiting_share == 0.5 and s.kv_saturated_share == 0.5
+    out = v.to_json()
+    assert out["steps"][0]["waiting_share"] == 0.5
+    assert out["level_summaries"][0]["kv_saturated_share"] == 0.5
+
+
+def test_queueing_caps_last_safe(tmp_path: Path) -> None:
+    """Queueing at 4 and no preemption until 8: 4 did not run its concurrency in the engine."""
+    v = _verdict(tmp_path, [StepSpec(2), StepSpec(4, waiting_max=2), StepSpec(8, preemptions=1)])
+    assert v.queueing is not None and v.queueing.concurrency == 4
+    assert v.last_safe_concurrency == 2
+    assert "queueing began at 4" in _texts(v)["last_safe"]
+
+
+def test_a_clean_level_short_of_the_odds_evidence_is_not_safe(tmp_path: Path) -> None:
+    """The odds expect 4 per 100 at 6 (75 requests for 95 %); 12 requests without one prove little."""
+    odds = [_odds(4, 0), _odds(6, 40), _odds(8, 200)]
+    v = _verdict(tmp_path, [StepSpec(4), StepSpec(6), StepSpec(8, preemptions=5)], odds)
+    level6 = v.level(6)
+    assert level6 is not None and level6.evidence_needed == 75 and level6.evidence_thin
+    assert v.last_safe_concurrency == 4
+    assert any(n.kind == "thin_evidence" for n in v.notes)
+    assert "not enough evidence at 6" in _texts(v)["last_safe"]
+    # the same level with enough requests counts
+    v2 = _verdict(tmp_path / "2", [StepSpec(4), StepSpec(6, requests=80), StepSpec(8, preemptions=5)], odds)
+    assert v2.last_safe_concurrency == 6
+
+
+def test_observation_against_the_odds(tmp_path: Path) -> None:
+    """The odds give 8 ≥ 99 % to preempt in 120 requests but none was seen; 4's odds are nil and it did."""
+    odds = [_odds(4, 0), _odds(8, 200), _odds(16, 400)]
+    steps = [StepSpec(4, preemptions=1), StepSpec(8, requests=120), StepSpec(16, preemptions=9)]
+    v = _verdict(tmp_path, steps, odds)
+    assert v.level(8) is not None and v.level(8).agreement == "fewer than the odds"
+    assert v.level(4) is not None and v.level(4).agreement == "more than the odds"
+    assert sum(1 for n in v.notes if n.kind == "odds_disagree_level") == 2
+    finding = trace_odds(v)
+    assert finding is not None and finding.severity == "warn" and "DISAGREES" in finding.text
+
+
+def test_the_odds_onset_agrees_within_one_level(tmp_path: Path) -> None:
+    odds = [_odds(2, 0), _odds(4, 0), _odds(8, 100), _odds(16, 300)]
+    steps = [StepSpec(2), StepSpec(4), StepSpec(8, preemptions=2), StepSpec(16, preemptions=8)]
+    v = _verdict(tmp_path, steps, odds)
+    assert v.odds_onset == 8 and v.odds_levels_apart == 0
+    finding = trace_odds(v)
+    assert finding is not None and finding.severity == "ok"
+    assert finding.text.startswith("onset 8 for the requests sent, observed 8: agrees")
+    assert v.to_json()["odds_onset"] == 8
+
+
+def test_an_onset_far_from_the_odds_lowers_confidence(tmp_path: Path) -> None:
+    odds = [_odds(1, 300), _odds(2, 400), _odds(4, 500), _odds(8, 600)]
+    steps = [StepSpec(1), StepSpec(2), StepSpec(4), StepSpec(8, preemptions=3)]
+    v = _verdict(tmp_path, steps, odds)
+    assert v.odds_onset == 1 and v.odds_levels_apart == 3
+    assert any(n.kind == "odds_disagree" for n in v.notes)
+    assert v.confidence == "low"

@@ -136,10 +136,12 @@ def plot_by_concurrency(verdict: Verdict) -> bytes:
 
 
 def figure_by_concurrency(verdict: Verdict) -> Figure:
-    """TTFT, TPOT, e2e latency (each its own axes, P50 and P99, ``n=`` per point) and throughput
-    against concurrency; ticks at the measured levels, onsets marked."""
-    fig = Figure(figsize=(11, 7.6), dpi=DPI)
-    (ax_ttft, ax_tpot), (ax_e2e, ax_thr) = fig.subplots(2, 2)
+    """TTFT, TPOT, e2e latency (each its own axes, P50 and P99, ``n=`` per point), throughput, and the
+    rates per level — preemptions per 100 requests beside the trace's odds, the share of scrapes with
+    requests waiting and with a saturated KV pool — against concurrency; ticks at the measured
+    levels, onsets marked."""
+    fig = Figure(figsize=(11, 11), dpi=DPI)
+    (ax_ttft, ax_tpot), (ax_e2e, ax_thr), (ax_pre, ax_share) = fig.subplots(3, 2)
     steps = sorted((s for s in verdict.measured_steps if s.requests), key=lambda s: s.concurrency)
     c = [s.concurrency for s in steps]
     latencies = (
@@ -166,23 +168,54 @@ def figure_by_concurrency(verdict: Verdict) -> Figure:
     ax_thr.set_ylim(bottom=0)
     ax_tok.set_ylim(bottom=0)
     ax_thr.set_title("Throughput while each step held (the steps.jsonl end line)", fontsize=10)
-    for ax in (ax_ttft, ax_tpot, ax_e2e, ax_thr):
+    _plot_rates(ax_pre, ax_share, verdict)
+    for ax in (ax_ttft, ax_tpot, ax_e2e, ax_thr, ax_pre, ax_share):
         ax.set_xlabel("concurrency")
         if c and min(c) > 0 and max(c) / min(c) >= 8:
             ax.set_xscale("log", base=2)
         _level_ticks(ax, sorted(set(c)))
         _mark_onsets(ax, verdict)
         ax.grid(alpha=0.3)
-    for ax, extra in ((ax_ttft, None), (ax_tpot, None), (ax_e2e, None), (ax_thr, ax_tok)):
+    axes_and_twins = ((ax_ttft, None), (ax_tpot, None), (ax_e2e, None), (ax_thr, ax_tok), (ax_pre, None))
+    for ax, extra in (*axes_and_twins, (ax_share, None)):
         handles, labels = ax.get_legend_handles_labels()
         if extra is not None:
             more_handles, more_labels = extra.get_legend_handles_labels()
             handles, labels = handles + more_handles, labels + more_labels
         if handles:
             ax.legend(handles, labels, loc="upper left", fontsize=7)
-    fig.suptitle("Latency and throughput against concurrency (n = ok requests behind each point)")
+    fig.suptitle("Latency, throughput and preemption against concurrency (n = ok requests behind each point)")
     fig.tight_layout()
     return fig
+
+
+def _plot_rates(ax_pre: Axes, ax_share: Axes, verdict: Verdict) -> None:
+    """Per level: preemptions per 100 requests seen and by the trace's odds; waiting and KV ≥ 99 %."""
+    levels = verdict.level_summaries
+    seen = [(lv.concurrency, lv.preemptions_per_100) for lv in levels if lv.preemptions_per_100 is not None]
+    odds = [(lv.concurrency, lv.odds.per_100) for lv in levels if lv.odds is not None]
+    if seen:
+        ax_pre.plot([x for x, _ in seen], [y for _, y in seen], "o-", color=ONSET_COLOR, label="seen")
+        for lv in levels:
+            if lv.preemptions_per_100 is not None and lv.steps > 1:
+                ax_pre.annotate(f"{lv.steps_preempted}/{lv.steps_with_metrics}",
+                                (lv.concurrency, lv.preemptions_per_100), textcoords="offset points",
+                                xytext=(0, 5), ha="center", fontsize=7, color="#444")  # fmt: skip
+    if odds:
+        ax_pre.plot([x for x, _ in odds], [y for _, y in odds], "s--", color="#7f7f7f", label="trace's odds")
+    ax_pre.set_ylabel("preemptions per 100 requests")
+    ax_pre.set_ylim(bottom=0)
+    ax_pre.set_title("Preemption rate (k/n: steps that preempted of those measured)", fontsize=10)
+    for key, label, color in (
+        ("waiting_share", "requests waiting", "#ff7f0e"),
+        ("kv_saturated_share", "KV ≥ 99 %", "#2ca02c"),
+    ):
+        points = [(lv.concurrency, 100 * v) for lv in levels if (v := getattr(lv, key)) is not None]
+        if points:
+            ax_share.plot([x for x, _ in points], [y for _, y in points], "o-", color=color, label=label)
+    ax_share.set_ylabel("% of scrapes")
+    ax_share.set_ylim(0, 105)
+    ax_share.set_title("Share of /metrics scrapes with requests waiting, and with KV ≥ 99 %", fontsize=10)
 
 
 def _plot_latency(ax: Axes, levels: Sequence[int], stats: Sequence[LatencyStats], color: str) -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from oomload.load.payload import PayloadOptions
+    pass
 
 PROMPT_TOKENS = 256
 OUTPUT_TOKENS = 128
@@ -160,7 +160,7 @@ def client(kind: str, url: str, users: int, out_path: str) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from oomload.load.payload import PayloadOptions
-    from oomload.load.runner import build_user_class
+    from oomload.load.runner import LoadOptions, build_user_class
     from oomload.rundir import RunWriter
     from oomload.trace import TraceRecord
 
@@ -183,7 +183,7 @@ def client(kind: str, url: str, users: int, out_path: str) -> None:
     tmp = run_dir.name
     context = None
     if kind == "oomload":
-        options = {"url": url, "payload": _payload_dict(PayloadOptions(model="stub"))}
+        options = LoadOptions(url=url, payload=PayloadOptions(model="stub"))
         records = [TraceRecord(f"r{i}", 0.0, PROMPT_TOKENS, OUTPUT_TOKENS) for i in range(64)]
         user_class, context = build_user_class(options, records=records, api_key=None, sink=RunWriter(tmp))
     else:
@@ -287,12 +287,6 @@ def _stub_stats(url: str) -> float | None:
     finally:
         conn.close()
     return lag
-
-
-def _payload_dict(options: PayloadOptions) -> dict[str, object]:
-    from dataclasses import asdict
-
-    return asdict(options)
 
 
 # -- orchestration ----------------------------------------------------------------------------------

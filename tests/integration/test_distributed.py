@@ -187,6 +187,9 @@ def test_a_worker_killed_mid_step_loses_nothing_it_had_sent(tmp_path: Path, sig:
     status = RunReader(run_dir).status()
     assert status is not None and status["end_reason"] == "completed"  # the other worker carried on
     assert _verdict(run_dir)["run"]["finished"] is True
+    html = (run_dir / "report.html").read_text()
+    lost_worker = f"worker {events[0]['worker']} ({events[0]['host']}, pid {events[0]['pid']}) lost"
+    assert lost_worker in html  # the report names the lost worker
 
 
 def test_workers_that_never_arrive_are_one_sentence(tmp_path: Path) -> None:

@@ -98,6 +98,12 @@ def serve(port_file: str, ttft_s: float, tpot_s: float) -> None:
                 if raw.startswith(b"GET /stats"):
                     writer.write(stats())
                     continue
+                if raw.startswith(b"GET "):  # what a whole `oomload replay` asks besides completions
+                    writer.write(_get_answer(raw))
+                    if b"connection: close" in raw.lower():
+                        writer.close()
+                        return
+                    continue
                 body = await reader.readexactly(_header_int(content_length_re, raw))
                 close = b"connection: close" in raw.lower()
                 asked = _header_int(max_tokens_re, body)
@@ -272,6 +278,19 @@ def client(kind: str, url: str, users: int, out_path: str) -> None:
         "stub_lag_ms_p50": stub_lag_ms,
     }
     Path(out_path).write_text(json.dumps(result))
+
+
+def _get_answer(raw: bytes) -> bytes:
+    """The stub's answer to a GET: a model list (for a replay's preflight), ``/health``, else 404."""
+    if raw.startswith(b"GET /v1/models"):
+        body = b'{"object":"list","data":[{"id":"stub","object":"model","max_model_len":4096}]}'
+        return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+            len(body),
+            body,
+        )
+    if raw.startswith(b"GET /health"):
+        return b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    return b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
 
 
 def _stub_stats(url: str) -> float | None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from oomload.load.payload import PayloadOptions
+    pass
 
 PROMPT_TOKENS = 256
 OUTPUT_TOKENS = 128
@@ -97,6 +97,12 @@ def serve(port_file: str, ttft_s: float, tpot_s: float) -> None:
                     return
                 if raw.startswith(b"GET /stats"):
                     writer.write(stats())
+                    continue
+                if raw.startswith(b"GET "):  # what a whole `oomload replay` asks besides completions
+                    writer.write(_get_answer(raw))
+                    if b"connection: close" in raw.lower():
+                        writer.close()
+                        return
                     continue
                 body = await reader.readexactly(_header_int(content_length_re, raw))
                 close = b"connection: close" in raw.lower()
@@ -160,7 +166,7 @@ def client(kind: str, url: str, users: int, out_path: str) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from oomload.load.payload import PayloadOptions
-    from oomload.load.runner import build_user_class
+    from oomload.load.runner import LoadOptions, build_user_class
     from oomload.rundir import RunWriter
     from oomload.trace import TraceRecord
 
@@ -183,7 +189,7 @@ def client(kind: str, url: str, users: int, out_path: str) -> None:
     tmp = run_dir.name
     context = None
     if kind == "oomload":
-        options = {"url": url, "payload": _payload_dict(PayloadOptions(model="stub"))}
+        options = LoadOptions(url=url, payload=PayloadOptions(model="stub"))
         records = [TraceRecord(f"r{i}", 0.0, PROMPT_TOKENS, OUTPUT_TOKENS) for i in range(64)]
         user_class, context = build_user_class(options, records=records, api_key=None, sink=RunWriter(tmp))
     else:
@@ -274,6 +280,19 @@ def client(kind: str, url: str, users: int, out_path: str) -> None:
     Path(out_path).write_text(json.dumps(result))
 
 
+def _get_answer(raw: bytes) -> bytes:
+    """The stub's answer to a GET: a model list (for a replay's preflight), ``/health``, else 404."""
+    if raw.startswith(b"GET /v1/models"):
+        body = b'{"object":"list","data":[{"id":"stub","object":"model","max_model_len":4096}]}'
+        return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+            len(body),
+            body,
+        )
+    if raw.startswith(b"GET /health"):
+        return b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    return b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+
+
 def _stub_stats(url: str) -> float | None:
     """The stub's median first-token lag since the last call (and reset it)."""
     import http.client
@@ -287,12 +306,6 @@ def _stub_stats(url: str) -> float | None:
     finally:
         conn.close()
     return lag
-
-
-def _payload_dict(options: PayloadOptions) -> dict[str, object]:
-    from dataclasses import asdict
-
-    return asdict(options)
 
 
 # -- orchestration ----------------------------------------------------------------------------------

@@ -168,7 +168,7 @@ def test_a_failing_worker_is_one_sentence(sim: SimServer, tmp_path: Path) -> Non
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
         "import os, traceback\n"
-        "if os.environ.get('OOMLOAD_WORKER_JSON'):\n"
+        "if os.environ.get('OOMLOAD_LOCAL_WORKER'):\n"
         "    try:\n"
         "        raise KeyError('OomloadReplayUser')\n"
         "    except KeyError:\n"

@@ -148,8 +148,10 @@ def test_replay_with_two_worker_processes(sim: SimServer, tmp_path: Path) -> Non
         ]
     )
     assert proc.returncode == 0, proc.stderr + proc.stdout
+    # the workers stream their results to the master: one requests.jsonl, as in a single-process run
     files = sorted(p.name for p in run_dir.glob("requests*.jsonl"))
-    assert files == ["requests.0.jsonl", "requests.1.jsonl"]
+    assert files == ["requests.jsonl"]
+    assert sorted(p.name for p in run_dir.glob("worker.*.log")) == ["worker.0.log", "worker.1.log"]
     results = _assert_exact(run_dir)
     assert len({r.request_id for r in results}) == len(results)  # type: ignore[attr-defined]
     assert {r.step for r in results} <= {-1, 0, 1}  # type: ignore[attr-defined]

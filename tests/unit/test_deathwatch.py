@@ -35,6 +35,7 @@ def _session(url: str, run_dir: Path) -> SimpleNamespace:
         context=context,
         poller=None,
         config=SimpleNamespace(processes=1),
+        distributed=False,
         pool=None,
         driver=SimpleNamespace(current=SimpleNamespace(index=3, concurrency=8)),
         console=SimpleNamespace(print=lambda *a, **k: None),

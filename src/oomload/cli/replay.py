@@ -141,8 +141,41 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="with --web: after the run, keep serving the verdict S seconds (default: until Ctrl-C)",
     )
-    out.add_argument(
-        "--processes", type=int, default=1, help="Locust worker processes (default 1: in-process)"
+    dist = p.add_argument_group("distributed load (Locust master/worker)")
+    dist.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="local Locust worker processes (default 1: Locust runs in this process; 0 with --workers)",
+    )
+    dist.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="K",
+        help="wait for K workers in all: the --processes ones plus remote ones "
+        "(`oomload worker --master HOST:PORT` on each load host)",
+    )
+    dist.add_argument(
+        "--master-bind-host",
+        default="127.0.0.1",
+        metavar="H",
+        help="where the master listens for workers (default 127.0.0.1; the protocol has no authentication: "
+        "a private network only)",
+    )
+    dist.add_argument(
+        "--master-bind-port",
+        type=int,
+        default=None,
+        metavar="P",
+        help="the master's port (default 5557 with --workers, a free one otherwise)",
+    )
+    dist.add_argument(
+        "--worker-timeout-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="how long the master waits for its workers to arrive (default 60)",
     )
     out.add_argument(
         "--metrics-interval-s", type=float, default=1.0, help="/metrics scrape period (default 1)"
@@ -184,12 +217,9 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         raise ConfigError(f"--warmup-s must be ≥ 0, got {args.warmup_s}")
     if args.tail_percentile is not None and not 0 <= args.tail_percentile < 100:
         raise ConfigError(f"--tail-percentile must be within [0, 100), got {args.tail_percentile}")
-    if not 1 <= args.processes <= 64:
-        raise ConfigError(f"--processes must be within 1..64, got {args.processes}")
     if not 1 <= args.repeats <= MAX_REPEATS:
         raise ConfigError(f"--repeats must be within 1..{MAX_REPEATS}, got {args.repeats}")
-    if args.open_loop and args.processes > 1:
-        raise ConfigError("--open-loop runs in one process; drop --processes")
+    processes = _check_workers(args)
     if not 1 <= args.web_port <= 65535:
         raise ConfigError(f"--web-port must be a TCP port, got {args.web_port}")
     if args.web_keep_s is not None and not (args.web_keep_s >= 0 and math.isfinite(args.web_keep_s)):
@@ -244,7 +274,11 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         web_host=args.web_host,
         web_port=args.web_port,
         web_keep_s=args.web_keep_s,
-        processes=args.processes,
+        processes=processes,
+        workers=args.workers,
+        master_bind_host=args.master_bind_host,
+        master_bind_port=args.master_bind_port,
+        worker_timeout_s=args.worker_timeout_s,
         request_timeout_s=args.request_timeout_s,
         ramp_down_grace_s=args.ramp_down_grace_s,
         metrics_interval_s=args.metrics_interval_s,
@@ -254,6 +288,29 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         argv=tuple(argv if argv is not None else sys.argv[1:]),
         live=not args.no_live,
     )
+
+
+def _check_workers(args: argparse.Namespace) -> int:
+    """Validate the distributed-load flags; returns the number of local worker processes."""
+    if not 0 <= args.workers <= 1024:
+        raise ConfigError(f"--workers must be within 0..1024, got {args.workers}")
+    processes = args.processes if args.processes is not None else (0 if args.workers else 1)
+    if not (0 if args.workers else 1) <= processes <= 64:
+        raise ConfigError(f"--processes must be within 1..64 (0..64 with --workers), got {processes}")
+    if args.workers and processes > args.workers:
+        raise ConfigError(
+            f"--processes {processes} is more than --workers {args.workers}; --workers counts them all"
+        )
+    distributed = args.workers > 0 or processes > 1
+    if args.open_loop and distributed:
+        raise ConfigError("--open-loop runs in one process; drop --processes and --workers")
+    if args.master_bind_port is not None and not 1 <= args.master_bind_port <= 65535:
+        raise ConfigError(f"--master-bind-port must be a TCP port, got {args.master_bind_port}")
+    if not (args.worker_timeout_s > 0 and math.isfinite(args.worker_timeout_s)):
+        raise ConfigError(f"--worker-timeout-s must be a number of seconds > 0, got {args.worker_timeout_s}")
+    if not args.master_bind_host.strip() or any(c.isspace() for c in args.master_bind_host):
+        raise ConfigError(f"--master-bind-host {args.master_bind_host!r} is not a host or address")
+    return int(processes)
 
 
 def _check_new_run_dir(run_dir: Path | None) -> None:

@@ -1,13 +1,19 @@
 """What one replay run is told to do: ``ReplayConfig`` (validated flags), the demo's defaults, and the
-JSON forms of a configuration — ``config.json`` in the run directory (no secrets: only the API key's
-variable name) and the options a worker process or scenario needs.
+two forms a configuration leaves the process in.
+
+* ``config.json`` in the run directory (``config_json``; no secrets: only the API key's variable name);
+* ``LoadOptions``: what every load-generating process needs to send the run's requests — the in-process
+  runner, each Locust worker (local or on another host) and the plain ``locust -f`` scenario. It is one
+  frozen dataclass with one serialized form (``to_json`` / ``from_json``), the body of the message the
+  master sends its workers (``oomload.load.wire``). It holds the API key's variable *name*; each
+  process reads the key from its own environment.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +45,47 @@ DEMO_LEVELS = (1, 2, 4, 8, 16)  # the demo preempts at about 10: the refinement 
 DEMO_HOLD_S = 4.0
 PREFLIGHT_TIMEOUT_S = 30.0
 RAMP_DOWN_GRACE_S = 10.0
+REQUEST_TIMEOUT_S = 600.0  # the one default for a request's limit, from connect to the last byte
+DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What a load-generating process needs to send the run's requests, with the run's exact lengths.
+
+    The trace itself is not part of it: the in-process runner and the scenario read it from
+    ``trace_path``; a worker gets the trace's lengths from the master (``oomload.load.wire``).
+    """
+
+    url: str
+    payload: PayloadOptions
+    trace_path: str = ""
+    order: str = "trace"
+    seed: int = 0
+    tail_percentile: float | None = None
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    api_key_env: str = DEFAULT_API_KEY_ENV  # the variable's name, never its value
+    open_loop: bool = False
+    arrival_scale: float = 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The one serialized form (JSON types only)."""
+        obj = asdict(self)
+        obj["payload"] = asdict(self.payload)
+        return obj
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> LoadOptions:
+        """The inverse of ``to_json``; ``ConfigError`` for a shape this version does not know."""
+        from oomload.errors import ConfigError
+
+        known = {f.name for f in fields(cls)}
+        try:
+            payload = PayloadOptions(**obj["payload"])
+            rest = {k: v for k, v in obj.items() if k in known and k != "payload"}
+            return cls(payload=payload, **rest)
+        except (KeyError, TypeError) as err:
+            raise ConfigError(f"load options from the master have an unknown shape ({err})") from err
 
 
 @dataclass(frozen=True)
@@ -67,7 +114,7 @@ class ReplayConfig:
     prefix_sharing: bool = False
     exact_output: bool = True
     token_id_range: tuple[int, int] = (100, 2000)
-    api_key_env: str = "OPENAI_API_KEY"
+    api_key_env: str = DEFAULT_API_KEY_ENV
     run_dir: Path | None = None
     runs_parent: Path = Path("runs")
     gates: tuple[str, ...] = ()
@@ -75,8 +122,12 @@ class ReplayConfig:
     web_host: str = "127.0.0.1"
     web_port: int = 8089
     web_keep_s: float | None = None  # after the run, the web UI keeps serving: None = until Ctrl-C
-    processes: int = 1
-    request_timeout_s: float = 600.0
+    processes: int = 1  # local worker processes (1 and no workers: Locust runs in this process)
+    workers: int = 0  # the workers the master waits for, local and remote (0: none, or --processes)
+    master_bind_host: str = "127.0.0.1"
+    master_bind_port: int | None = None  # None: Locust's 5557 with --workers, a free port otherwise
+    worker_timeout_s: float = 60.0  # how long the master waits for its workers to arrive
+    request_timeout_s: float = REQUEST_TIMEOUT_S
     ramp_down_grace_s: float = RAMP_DOWN_GRACE_S
     metrics_interval_s: float = 1.0
     gpu: str = "auto"
@@ -93,6 +144,30 @@ class ReplayConfig:
             refine=self.refine,
             stop_on=self.stop_on,
             repeats=self.repeats,
+        )
+
+    def expected_workers(self) -> int:
+        """The Locust workers the master waits for; 0 when Locust runs in this process."""
+        if self.workers:
+            return self.workers
+        return self.processes if self.processes > 1 else 0
+
+    def local_workers(self) -> int:
+        """The worker processes oomload starts itself on this host."""
+        return self.processes if self.expected_workers() else 0
+
+    def load_options(self, url: str, model: str) -> LoadOptions:
+        return LoadOptions(
+            url=url,
+            payload=self.payload_options(model),
+            trace_path=str(self.trace_path),
+            order=self.order,
+            seed=self.seed,
+            tail_percentile=self.tail_percentile,
+            request_timeout_s=self.request_timeout_s,
+            api_key_env=self.api_key_env,
+            open_loop=self.open_loop,
+            arrival_scale=self.arrival_scale,
         )
 
     def hold(self) -> Hold:
@@ -169,6 +244,7 @@ def config_json(
         "max_model_len": max_model_len,
         "gates": list(config.gates),
         "processes": config.processes,
+        "workers": config.expected_workers(),
         "order": config.order,
         "seed": config.seed,
         "tail_percentile": config.tail_percentile,
@@ -181,21 +257,4 @@ def config_json(
         "ramp_down_grace_s": config.ramp_down_grace_s,
         "api_key_env": config.api_key_env,  # the variable's name, never its value
         "web": config.web,
-    }
-
-
-def config_to_worker_options(config: ReplayConfig, url: str, model: str) -> dict[str, Any]:
-    """The JSON-able options a worker process needs (no secrets: the key's variable name only)."""
-    return {
-        "trace": str(config.trace_path),
-        "url": url,
-        "model": model,
-        "payload": asdict(config.payload_options(model)),
-        "order": config.order,
-        "seed": config.seed,
-        "tail_percentile": config.tail_percentile,
-        "request_timeout_s": config.request_timeout_s,
-        "api_key_env": config.api_key_env,
-        "open_loop": config.open_loop,
-        "arrival_scale": config.arrival_scale,
     }

@@ -155,10 +155,12 @@ class ReplayContext:
         return max(len(self.in_flight), users)
 
     def step_report(self) -> dict[str, float | int | dict[str, int]]:
-        """This process's view of the current step, for the master (``--processes``)."""
+        """This process's view of the current step, for the master (a Locust worker's report)."""
+        now = self.clock()
         return {
             "step": self.step,
-            "mean": round(self.achieved_concurrency(), 4),
+            "mean": round(self.achieved_concurrency(now), 4),
+            "elapsed_s": round(now - self.counters.started_unix_s, 3),
             "max": self.counters.in_flight_max,
             "in_flight": self.busy(),
             "started": self.counters.started,

@@ -136,7 +136,7 @@ class DeathWatch:
         mark_server_dead(s.writer.path)  # first: the workers stop sending before the message arrives
         if s.context is not None:
             s.context.stopping = True  # nothing more to measure: the users go idle at once
-        if s.config.processes > 1:
+        if s.distributed:
             s.pool.send_stop(0.0)
         s.writer.event("server_dead", step=None if step is None else step.index, evidence=evidence)
         s.console.print(f"[bold red]server dead:[/] {evidence}")

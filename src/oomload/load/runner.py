@@ -19,8 +19,8 @@ From the moment the run directory exists, a Ctrl-C or SIGTERM — whenever it co
 ``status.json`` (``interrupted``) and a partial report. Importing Locust monkey-patches the process
 with gevent; it happens inside ``run_replay`` only.
 
-``ReplayConfig``, ``write_repro``, ``build_user_class`` and ``config_to_worker_options`` are importable
-from here (their homes: ``config``, ``repro``, ``session``).
+``ReplayConfig``, ``LoadOptions``, ``write_repro`` and ``build_user_class`` are importable from here
+(their homes: ``config``, ``repro``, ``session``).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from oomload.load.config import (
     DEMO_HOLD_S,
     DEMO_LEVELS,
     DEMO_SIM_ARGS,
+    LoadOptions,
     ReplayConfig,
     config_json,
-    config_to_worker_options,
     preflight_timeout_s,
     sim_flag,
 )
@@ -159,9 +159,9 @@ __all__ = [
     "DEMO_HOLD_S",
     "DEMO_LEVELS",
     "DEMO_SIM_ARGS",
+    "LoadOptions",
     "ReplayConfig",
     "build_user_class",
-    "config_to_worker_options",
     "preflight_timeout_s",
     "run_replay",
     "write_repro",

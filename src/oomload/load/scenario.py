@@ -1,5 +1,10 @@
-"""Binding the Locust user to a trace and an endpoint — for ``oomload replay``, its worker processes
-and the plain ``locust -f scenarios/…`` files (which are configured by environment variables).
+"""Binding the Locust user to a trace and an endpoint — for ``oomload replay``, its Locust workers
+(``oomload.load.worker``) and the plain ``locust -f scenarios/…`` files (configured by environment
+variables: ``ScenarioSettings``).
+
+Every one of them binds the user the same way, from one ``LoadOptions`` (``oomload.load.config``):
+``bind_user``. A plain scenario first resolves its settings into ``LoadOptions`` (the endpoint from
+``--host``, the model from ``/v1/models``).
 """
 
 from __future__ import annotations
@@ -8,13 +13,13 @@ import json
 import os
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from oomload.credentials import read_api_key
 from oomload.errors import ConfigError, EndpointError
+from oomload.load.config import DEFAULT_API_KEY_ENV, REQUEST_TIMEOUT_S, LoadOptions
 from oomload.load.context import ContextMeter, ReplayContext
 from oomload.load.http import Endpoint
 from oomload.load.payload import (
@@ -26,12 +31,11 @@ from oomload.load.payload import (
 )
 from oomload.load.preflight import preflight, split_base_url
 from oomload.load.user import ReplayUser
-from oomload.rundir import RunWriter, server_marked_dead
+from oomload.rundir import RunWriter
 from oomload.schedule import Hold, SchedulePlan, parse_levels, parse_stop_condition
 from oomload.trace import TraceRecord, read_trace
 
 ENV_PREFIX = "OOMLOAD_"
-WORKER_REPORT_INTERVAL_S = 1.0
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -43,7 +47,7 @@ class ScenarioUser(ReplayUser):
 
 def bind_user(
     user_class: Any,
-    options: Mapping[str, Any],
+    options: LoadOptions,
     *,
     records: Sequence[TraceRecord],
     api_key: str | None,
@@ -51,33 +55,36 @@ def bind_user(
     worker: int = 0,
     workers: int = 1,
 ) -> ReplayContext:
-    """Bind ``user_class`` (a ``ReplayUser`` subclass) to a fresh context; return the context."""
-    payload = PayloadOptions(**options["payload"])
+    """Bind ``user_class`` (a ``ReplayUser`` subclass) to a fresh context; return the context.
+
+    Worker ``worker`` of ``workers`` takes every ``workers``-th request of the trace, from its own
+    offset (``RequestOrder``)."""
+    payload = options.payload
     order = RequestOrder(
         records,
-        mode=options.get("order", "trace"),
-        seed=int(options.get("seed", 0)),
-        tail_percentile=options.get("tail_percentile"),
+        mode=options.order,  # type: ignore[arg-type]  # checked by RequestOrder
+        seed=options.seed,
+        tail_percentile=options.tail_percentile,
         offset=worker,
         stride=workers,
     )
     builder: Any
     if payload.api == "chat":
-        builder = ChatPayloads(payload, tokenize_counter(options["url"], payload.model, api_key))
+        builder = ChatPayloads(payload, tokenize_counter(options.url, payload.model, api_key))
     else:
         builder = CompletionPayloads(payload)
     context = ReplayContext(order=order, payloads=builder, sink=sink)
-    if options.get("open_loop"):
+    if options.open_loop:
         import time
 
-        context.start_open_loop(time.time() + 1.0, float(options.get("arrival_scale", 1.0)))
+        context.start_open_loop(time.time() + 1.0, options.arrival_scale)
     user_class.replay = context
-    user_class.endpoint = Endpoint.from_url(options["url"], api_key)
-    user_class.request_timeout_s = float(options.get("request_timeout_s", 600.0))
+    user_class.endpoint = Endpoint.from_url(options.url, api_key)
+    user_class.request_timeout_s = options.request_timeout_s
     user_class.stream = payload.stream
     user_class.exact_output = payload.exact_output
     user_class.replay_path = payload.path
-    user_class.host = options["url"]
+    user_class.host = options.url
     return context
 
 
@@ -100,8 +107,61 @@ def tokenize_counter(url: str, model: str, api_key: str | None) -> Callable[[str
     return count
 
 
-def scenario_options(environ: Mapping[str, str]) -> dict[str, Any]:
-    """Options for a plain ``locust -f`` run, from ``OOMLOAD_*`` variables or ``OOMLOAD_SCENARIO``."""
+@dataclass(frozen=True)
+class ScenarioSettings:
+    """A plain ``locust -f`` run's settings, from ``OOMLOAD_*`` variables or ``OOMLOAD_SCENARIO``."""
+
+    trace: str
+    url: str | None = None
+    model: str | None = None
+    api: str = "completions"
+    stream: bool = True
+    exact_output: bool = True
+    prefix_sharing: bool = False
+    token_id_range: tuple[int, int] = (100, 2000)
+    order: str = "trace"
+    seed: int = 0
+    tail_percentile: float | None = None
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    api_key_env: str = DEFAULT_API_KEY_ENV
+    run_dir: str | None = None
+    ramp: str | None = None  # a level list or ramp: the file then also defines a step shape
+    hold_s: float = 10.0
+    stop_on: str = "never"
+
+    def resolve(self, host: str | None, api_key: str | None) -> LoadOptions:
+        """The ``LoadOptions`` of this scenario: the endpoint (``OOMLOAD_URL`` or Locust's ``--host``),
+        the model (``OOMLOAD_MODEL`` or the first one ``/v1/models`` lists)."""
+        url = self.url or host
+        if not url:
+            raise ConfigError("give the endpoint with --host URL (or OOMLOAD_URL)")
+        url, _note = split_base_url(url)  # no credentials in it, not an endpoint's path
+        model = self.model or preflight(url, model=None, api_key=api_key).model
+        low, high = self.token_id_range
+        payload = PayloadOptions(
+            api=self.api,  # type: ignore[arg-type]  # checked by PayloadOptions
+            model=model,
+            stream=self.stream,
+            exact_output=self.exact_output,
+            prefix_sharing=self.prefix_sharing,
+            token_id_low=low,
+            token_id_high=high,
+            seed=self.seed,
+        )
+        return LoadOptions(
+            url=url,
+            payload=payload,
+            trace_path=self.trace,
+            order=self.order,
+            seed=self.seed,
+            tail_percentile=self.tail_percentile,
+            request_timeout_s=self.request_timeout_s,
+            api_key_env=self.api_key_env,
+        )
+
+
+def scenario_settings(environ: Mapping[str, str]) -> ScenarioSettings:
+    """Settings for a plain ``locust -f`` run, from ``OOMLOAD_*`` variables or ``OOMLOAD_SCENARIO``."""
     raw: dict[str, Any] = {}
     scenario = environ.get(ENV_PREFIX + "SCENARIO")
     if scenario:
@@ -110,130 +170,49 @@ def scenario_options(environ: Mapping[str, str]) -> dict[str, Any]:
         except (OSError, ValueError) as err:
             raise ConfigError(f"scenario file {scenario}: {err}") from err
     for key, value in environ.items():
-        if key.startswith(ENV_PREFIX) and key not in (ENV_PREFIX + "SCENARIO", ENV_PREFIX + "WORKER_JSON"):
+        if key.startswith(ENV_PREFIX) and key != ENV_PREFIX + "SCENARIO":
             raw[key[len(ENV_PREFIX) :].lower()] = value
     if not raw.get("trace"):
         raise ConfigError("set OOMLOAD_TRACE to the trace to replay (or OOMLOAD_SCENARIO to a scenario file)")
-    low, high = parse_token_id_range(str(raw.get("token_id_range", "100:2000")))
     tail = raw.get("tail_percentile")
-    return {
-        "trace": str(raw["trace"]),
-        "url": raw.get("url"),
-        "model": raw.get("model"),
-        "api": str(raw.get("api", "completions")),
-        "stream": _flag(raw.get("stream", True)),
-        "exact_output": _flag(raw.get("exact_output", True)),
-        "prefix_sharing": _flag(raw.get("prefix_sharing", False)),
-        "token_id_range": (low, high),
-        "order": str(raw.get("order", "trace")),
-        "seed": int(raw.get("seed", 0)),
-        "tail_percentile": None if tail in (None, "") else float(tail),
-        "request_timeout_s": float(raw.get("request_timeout_s", 600.0)),
-        "api_key_env": str(raw.get("api_key_env", "OPENAI_API_KEY")),
-        "run_dir": raw.get("run_dir"),
-        "ramp": raw.get("ramp") or raw.get("concurrency"),
-        "hold_s": float(raw.get("hold_s", 10.0)),
-        "stop_on": str(raw.get("stop_on", "never")),
-    }
+    ramp = raw.get("ramp") or raw.get("concurrency")
+    return ScenarioSettings(
+        trace=str(raw["trace"]),
+        url=raw.get("url"),
+        model=raw.get("model"),
+        api=str(raw.get("api", "completions")),
+        stream=_flag(raw.get("stream", True)),
+        exact_output=_flag(raw.get("exact_output", True)),
+        prefix_sharing=_flag(raw.get("prefix_sharing", False)),
+        token_id_range=parse_token_id_range(str(raw.get("token_id_range", "100:2000"))),
+        order=str(raw.get("order", "trace")),
+        seed=int(raw.get("seed", 0)),
+        tail_percentile=None if tail in (None, "") else float(tail),
+        request_timeout_s=float(raw.get("request_timeout_s", REQUEST_TIMEOUT_S)),
+        api_key_env=str(raw.get("api_key_env", DEFAULT_API_KEY_ENV)),
+        run_dir=raw.get("run_dir") or None,
+        ramp=None if not ramp else str(ramp),
+        hold_s=float(raw.get("hold_s", 10.0)),
+        stop_on=str(raw.get("stop_on", "never")),
+    )
 
 
 def _flag(value: Any) -> bool:
     return value if isinstance(value, bool) else str(value).strip().lower() in _TRUE
 
 
-def configure(environment: Any, options: dict[str, Any], here: Path) -> None:
-    """Bind ``ScenarioUser`` for this process (a worker of ``oomload replay``, or plain ``locust -f``)."""
-    del here
-    api_key = read_api_key(str(options.get("api_key_env") or "OPENAI_API_KEY"), os.environ)
-    if "payload" not in options:  # a plain scenario: resolve the endpoint and the model now
-        url = options.get("url") or environment.host
-        if not url:
-            raise ConfigError("give the endpoint with --host URL (or OOMLOAD_URL)")
-        url, _note = split_base_url(url)  # no credentials in it, not an endpoint's path
-        model = options.get("model") or preflight(url, model=None, api_key=api_key).model
-        low, high = options["token_id_range"]
-        payload = PayloadOptions(
-            api=options["api"],
-            model=model,
-            stream=options["stream"],
-            exact_output=options["exact_output"],
-            prefix_sharing=options["prefix_sharing"],
-            token_id_low=low,
-            token_id_high=high,
-            seed=options["seed"],
-        )
-        options.update(url=url, model=model, payload=asdict(payload))
-    records = read_trace(options["trace"])
-    worker, workers = int(options.get("worker", 0)), int(options.get("workers", 1))
+def configure(environment: Any, settings: ScenarioSettings) -> None:
+    """Bind ``ScenarioUser`` for a plain ``locust -f`` run (``oomload worker`` has its own path)."""
+    api_key = read_api_key(settings.api_key_env, os.environ)
+    options = settings.resolve(environment.host, api_key)
+    records = read_trace(options.trace_path)
     sink = None
-    if options.get("run_dir"):
-        sink = RunWriter(options["run_dir"], worker=str(worker) if "worker" in options else None)
-        if (
-            "worker" not in options
-        ):  # a plain `locust -f` run: make the directory readable by `oomload report`
-            _write_scenario_config(sink, options, records)
-            _write_status_on_quit(environment, sink)
-    context = bind_user(
-        ScenarioUser, options, records=records, api_key=api_key, sink=sink, worker=worker, workers=workers
-    )
-    if options.get("run_dir"):
-        context.declared_dead = partial(server_marked_dead, Path(options["run_dir"]))
-    runner = getattr(environment, "runner", None)
-    if runner is not None and type(runner).__name__ == "WorkerRunner":
-        _serve_master(runner, environment, context, options, worker)
+    if settings.run_dir:
+        sink = RunWriter(settings.run_dir)
+        _write_scenario_config(sink, settings, options, records)  # `oomload report` can read it
+        _write_status_on_quit(environment, sink)
+    context = bind_user(ScenarioUser, options, records=records, api_key=api_key, sink=sink)
     environment.oomload_context = context
-
-
-def _serve_master(runner: Any, environment: Any, context: ReplayContext, options: Any, worker: int) -> None:
-    """A worker of ``oomload replay --processes N``: follow the master's steps, report, drain, announce.
-
-    The user class the master asks for must be this one (by name); anything else ends the worker with
-    one sentence before any load is sent.
-    """
-    import gevent
-    import locust.runners
-
-    wanted = str(options.get("user_class") or ScenarioUser.__name__)
-    if wanted != ScenarioUser.__name__:
-        raise ConfigError(f"the master runs user class {wanted!r}; this worker has {ScenarioUser.__name__!r}")
-    # the master's step meter and hold counting read these reports: once a second, not every 3 s
-    locust.runners.WORKER_REPORT_INTERVAL = WORKER_REPORT_INTERVAL_S
-
-    context.live_users = lambda: int(runner.user_count)
-
-    def on_step(msg: Any, **_kw: Any) -> None:
-        data = msg.data
-        context.begin_step(int(data["step"]), int(data["concurrency"]), str(data["phase"]))
-
-    def on_step_end(msg: Any, **_kw: Any) -> None:
-        del msg
-        context.end_step()
-
-    def on_stop(msg: Any, **_kw: Any) -> None:
-        grace_s, seq = float(msg.data.get("grace_s", 0.0)), int(msg.data.get("seq", 0))
-        context.stopping = True
-        if grace_s <= 0:
-            environment.stop_timeout = 0.0  # a later stop abandons what is in flight (cancelled)
-
-        def drain() -> None:
-            deadline = context.clock() + grace_s
-            while context.in_flight and context.clock() < deadline:
-                gevent.sleep(0.05)
-            if grace_s > 0:
-                environment.stop_timeout = 0.0
-            runner.send_message("oomload_drained", {"worker": worker, "seq": seq})
-
-        gevent.spawn(drain)
-
-    def on_report(client_id: str, data: dict[str, Any], **_kw: Any) -> None:
-        del client_id
-        data["oomload"] = context.step_report()
-
-    runner.register_message("oomload_step", on_step)
-    runner.register_message("oomload_step_end", on_step_end)
-    runner.register_message("oomload_stop", on_stop)
-    environment.events.report_to_master.add_listener(on_report)
-    runner.send_message("oomload_ready", {"worker": worker})
 
 
 def _write_status_on_quit(environment: Any, writer: RunWriter) -> None:
@@ -247,14 +226,14 @@ def _write_status_on_quit(environment: Any, writer: RunWriter) -> None:
 
 
 def _write_scenario_config(
-    writer: RunWriter, options: Mapping[str, Any], records: Sequence[TraceRecord]
+    writer: RunWriter, settings: ScenarioSettings, options: LoadOptions, records: Sequence[TraceRecord]
 ) -> None:
     import time
 
     from oomload import __version__
     from oomload.trace import TraceHeader, write_trace
 
-    levels = [int(x) for x in parse_levels(str(options["ramp"]))] if options.get("ramp") else []
+    levels = [int(x) for x in parse_levels(settings.ramp)] if settings.ramp else []
     writer.write_json(
         "config.json",
         {
@@ -262,47 +241,47 @@ def _write_scenario_config(
             "oomload_version": __version__,
             "started_unix_s": time.time(),
             "argv": [],
-            "trace_path": str(options["trace"]),
+            "trace_path": options.trace_path,
             "trace_count": len(records),
-            "url": options["url"],
+            "url": options.url,
             "simulated": False,
-            "model": options["model"],
-            "api": options["payload"]["api"],
-            "stream": options["payload"]["stream"],
+            "model": options.payload.model,
+            "api": options.payload.api,
+            "stream": options.payload.stream,
             "schedule": {
                 "levels": levels,
-                "hold_s": options.get("hold_s"),
+                "hold_s": settings.hold_s,
                 "min_requests": 0,
                 "warmup_s": 0,
                 "refine": False,
             },
-            "stop_on": [str(options.get("stop_on", "never"))],
+            "stop_on": [settings.stop_on],
             "max_duration_s": None,
             "max_model_len": None,
             "gates": [],
             "processes": 1,
             "scenario": True,
-            "api_key_env": options.get("api_key_env"),
+            "api_key_env": options.api_key_env,
         },
     )
     write_trace(
-        writer.path / "trace.jsonl", records, TraceHeader(source=(str(options["trace"]),), format="oomload")
+        writer.path / "trace.jsonl", records, TraceHeader(source=(options.trace_path,), format="oomload")
     )
 
 
-def make_env_shape(options: Mapping[str, Any]) -> type:
+def make_env_shape(settings: ScenarioSettings) -> type:
     """A ``LoadTestShape`` class for ``locust -f`` runs with ``OOMLOAD_RAMP`` set."""
     from locust import LoadTestShape
 
     from oomload.load.shape import StepDriver
 
-    levels = parse_levels(str(options["ramp"]))
+    levels = parse_levels(str(settings.ramp))
     plan = SchedulePlan(
         levels=levels,
         refine=False,
-        stop_on=tuple(parse_stop_condition(s) for s in str(options["stop_on"]).split(",")),
+        stop_on=tuple(parse_stop_condition(s) for s in settings.stop_on.split(",")),
     )
-    hold = Hold(float(options["hold_s"]))
+    hold = Hold(settings.hold_s)
 
     class _NullSink:
         def append(self, stream: str, obj: dict[str, Any]) -> None:
@@ -316,7 +295,7 @@ def make_env_shape(options: Mapping[str, Any]) -> type:
                 context = ScenarioUser.replay
                 if context is None:
                     return None
-                run_dir = options.get("run_dir")
+                run_dir = settings.run_dir
                 sink: Any = RunWriter(run_dir) if run_dir else _NullSink()
                 self.driver = StepDriver(plan, hold, ContextMeter(context), sink)
             return self.driver.tick()

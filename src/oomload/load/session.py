@@ -3,11 +3,12 @@ handlers and the progress view, from start to teardown.
 
 ``Session.run()`` installs the Ctrl-C/SIGTERM handlers first, starts the ``/metrics`` poller and the
 GPU sampler (each optional: a missing sampler is an event), builds the Locust user bound to a fresh
-``ReplayContext``, and runs Locust in this process (``Environment`` + local runner, or a master with
-``--processes N`` local worker processes, or the web UI, which gains an "oomload" tab with the
-server's telemetry) with ``StepShape`` driving the schedule, while the ``DeathWatch`` greenlet checks
-``/health``, detects the first preemption and server death, and feeds the live view. It returns the
-end reason.
+``ReplayContext``, and runs Locust in this process (``Environment`` + local runner, or a master that
+waits for its K workers — ``--processes N`` local ones, remote ones from ``oomload worker`` — and
+writes the results they stream, ``oomload.load.workers``; with ``--web`` the web UI gains an
+"oomload" tab with the server's telemetry) with ``StepShape`` driving the schedule, while the
+``DeathWatch`` greenlet checks ``/health``, detects the first preemption and server death, and feeds
+the live view. It returns the end reason.
 
 On the way out — the schedule's end, a dead server, the maximum duration, Ctrl-C or SIGTERM — the
 requests in flight may finish (at most ``ramp_down_grace_s``; none for Ctrl-C), the rest are
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -33,8 +35,11 @@ from typing import Any
 
 from rich.console import Console
 
-from oomload.load.config import ReplayConfig, config_to_worker_options
+from oomload.errors import ConfigError
+from oomload.load import wire
+from oomload.load.config import LoadOptions, ReplayConfig
 from oomload.load.deathwatch import DeathWatch
+from oomload.load.wire import DEFAULT_MASTER_PORT
 from oomload.load.workers import MasterMeter, WorkerPool, free_port
 from oomload.rundir import RunReader, RunWriter
 from oomload.schedule import Hold, SchedulePlan, StopCondition
@@ -70,6 +75,7 @@ class Session:
         self.env: Any = None
         self.runner: Any = None
         self.web_ui: Any = None
+        self.distributed = config.expected_workers() > 0  # a Locust master with workers
         self.pool = WorkerPool(self)
         self.watch = DeathWatch(self)
         self.context: Any = None
@@ -148,7 +154,7 @@ class Session:
         self._start_telemetry()
         config = self.config
         user_class, self.context = build_user_class(
-            config_to_worker_options(config, self.url, self.model),
+            config.load_options(self.url, self.model),
             records=self.records,
             api_key=self.api_key,
             sink=self.writer,
@@ -165,7 +171,7 @@ class Session:
             def step_done(_elapsed: float, _completed: int) -> bool:
                 return bool(self.context.exhausted and not self.context.in_flight)
 
-        if config.processes > 1:
+        if self.distributed:
             meter = MasterMeter(self, user_class)
         self.driver = StepDriver(
             plan,
@@ -187,12 +193,8 @@ class Session:
         )
         # a step that lowers the user count lets the stopped users finish their request (capped)
         self.env.stop_timeout = config.grace_s()
-        if config.processes > 1:
-            self.runner = self.env.create_master_runner("127.0.0.1", free_port())
-            meter.listen(self.env)
-            self.runner.register_message("oomload_ready", self.pool.on_ready)
-            self.runner.register_message("oomload_drained", self.pool.on_drained)
-            self.pool.spawn()
+        if self.distributed:
+            self._start_master(meter)
         else:
             self.runner = self.env.create_local_runner()
             self.context.live_users = lambda: int(self.runner.user_count)
@@ -220,7 +222,8 @@ class Session:
         try:
             while not self.driver.finished and not self.interrupted:
                 gevent.sleep(0.2)
-                self.pool.check()
+                if self.distributed:
+                    self.pool.check()
                 if deadline is not None and time.time() > deadline:
                     self.driver.interrupt("max_duration")
             if not self.interrupted:
@@ -260,13 +263,43 @@ class Session:
 
         return evidence
 
+    def _start_master(self, meter: MasterMeter) -> None:
+        """A Locust master: bind, start the local workers, wait for all K to be bound and ready."""
+        from locust.exception import RPCError
+
+        config = self.config
+        host = config.master_bind_host
+        port = config.master_bind_port
+        if port is None:
+            port = DEFAULT_MASTER_PORT if config.workers else free_port()
+        try:
+            self.runner = self.env.create_master_runner(host, port)
+        except RPCError as err:
+            raise ConfigError(
+                f"the Locust master cannot listen on {host}:{port} ({err}); is the port in use? "
+                "Choose another with --master-bind-port"
+            ) from err
+        meter.listen(self.env)
+        self.pool.listen(self.runner)
+        self.pool.spawn_local(port)
+        address = f"{host}:{port}"
+        remote = config.expected_workers() - config.local_workers()
+        if remote:
+            shown = address if host not in ("*", "0.0.0.0", "::") else f"{socket.gethostname()}:{port}"
+            self.console.print(
+                f"Locust master on {address}: waiting for {config.expected_workers()} workers "
+                f"({config.local_workers()} local) at most {config.worker_timeout_s:g} s; "
+                f"on each load host run `oomload worker --master {shown}`"
+            )
+        self.pool.wait_ready(config.worker_timeout_s, address)
+
     def _drain(self, grace_s: float) -> None:
         """No new requests; wait (at most ``grace_s``) for those in flight to end on their own."""
         import gevent
 
         if self.context is not None:
             self.context.stopping = True
-        if self.config.processes > 1:
+        if self.distributed:
             self.pool.drain(grace_s)
             return
         deadline = time.time() + grace_s
@@ -292,7 +325,7 @@ class Session:
             if step is None
             else {"index": step.index, "concurrency": step.concurrency, "phase": step.phase},
             "achieved_concurrency": None
-            if ctx is None or self.config.processes > 1
+            if ctx is None or self.distributed
             else round(ctx.achieved_concurrency(), 3),
             "metrics": latest,
             "preemptions_since_start": None if not isinstance(pre, int) else pre - base,
@@ -339,9 +372,9 @@ class Session:
         return plan
 
     def _on_step(self, step: Any) -> None:
-        if self.config.processes > 1 and self.runner is not None:
+        if self.distributed and self.runner is not None:
             self.runner.send_message(
-                "oomload_step", {"step": step.index, "concurrency": step.concurrency, "phase": step.phase}
+                wire.STEP, {"step": step.index, "concurrency": step.concurrency, "phase": step.phase}
             )
         if self.progress is not None:
             self.progress.step(step)
@@ -413,9 +446,9 @@ class Session:
         if self.env is not None:
             self.env.stop_timeout = 0.0  # what is still in flight now is abandoned (cancelled)
         if self.runner is not None:
-            if self.config.processes > 1:
+            if self.distributed and self.pool.started:
                 with contextlib.suppress(Exception):
-                    self.pool.send_stop(0.0)
+                    self.pool.drain(0.0)  # every worker sends its last rows before it says drained
             with contextlib.suppress(Exception):
                 self.runner.quit()
         if not keep_web:
@@ -428,7 +461,7 @@ class Session:
 
 
 def build_user_class(
-    options: dict[str, Any],
+    options: LoadOptions,
     *,
     records: Sequence[TraceRecord],
     api_key: str | None,

@@ -49,6 +49,8 @@ def run_metadata(view: RunView, verdict: Verdict) -> list[tuple[str, str]]:
         ("order and seed", NOT_RECORDED if order is None and seed is None else f"order {order} · seed {seed}")
     )
     rows.append(("date", _dates(cfg, view.status)))
+    if as_int(cfg.get("workers")):
+        rows.append(("load generators", _workers_text(cfg, view.events)))
     recorded = cfg.get("oomload_version")
     versions = f"oomload {recorded or NOT_RECORDED} (this report: {__version__})"
     vllm = cfg.get("vllm_version")
@@ -67,6 +69,21 @@ def run_metadata(view: RunView, verdict: Verdict) -> list[tuple[str, str]]:
     rows.append(("server flags (as reported)", _server_flags(verdict)))
     rows.append(("GPU", _gpu_text(view.gpu)))
     return rows
+
+
+def _workers_text(cfg: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> str:
+    """A distributed run: the master's workers, and each one lost during the run, by name."""
+    workers, local = as_int(cfg.get("workers")) or 0, as_int(cfg.get("processes")) or 0
+    text = f"Locust master + {workers} workers ({min(local, workers)} local)"
+    for event in events:
+        if event.get("kind") == "worker_lost":
+            host = "local" if event.get("local") else event.get("host", "?")
+            who = f"worker {event.get('worker')} ({host}, pid {event.get('pid')})"
+            text += (
+                f" · {who} lost: {event.get('detail')}; {event.get('rows_received')} results received, "
+                f"{event.get('workers_left')} workers left"
+            )
+    return text
 
 
 def _trace_stats(verdict: Verdict) -> str:

@@ -1,0 +1,218 @@
+"""Distributed load on Locust's master/worker protocol, through the remote path on loopback.
+
+The workers are separate ``oomload worker --master 127.0.0.1:PORT`` processes started by the test (not
+the master's local spawner), exactly as on other hosts; the master is ``oomload replay --workers K``.
+Assertions are on verdicts, rows and events, never on timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oomload.rundir import RunReader
+from oomload.trace import TraceHeader, TraceRecord, write_trace
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = "sk-oomload-distributed-secret-0815"
+# 97 blocks of 16 tokens, requests of 256 + 256 tokens (32 blocks): 3 fit, so level 2 is safe and
+# level 8 preempts by a wide margin (tests/integration/test_verdict_sim.py has the arithmetic)
+SIM = "--num-gpu-blocks 97 --block-size 16 --max-model-len 1024 --time-scale 0.1"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _trace(path: Path, count: int = 40) -> Path:
+    records = [TraceRecord(f"r{i}", 0.1 * i, 256, 256) for i in range(count)]
+    write_trace(path, records, TraceHeader(source=("fixed-256+256",)))
+    return path
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OPENAI_API_KEY": SECRET}
+
+
+def _replay_cmd(trace: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "oomload", "replay", str(trace), "--sim", SIM,
+        "--concurrency", "2,8", "--hold-s", "1.5", "--stop-on", "never", "--no-refine",
+        "--gpu", "none", "--no-live", "--max-duration-s", "60", "--run-dir", str(run_dir), *extra,
+    ]  # fmt: skip
+
+
+@contextmanager
+def _workers(port: int, results: list[Path]) -> Iterator[list[subprocess.Popen[str]]]:
+    master = ("--master", f"127.0.0.1:{port}", "--connect-timeout-s", "60")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "oomload", "worker", *master, "--results", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_env(),
+            cwd=REPO,
+        )
+        for path in results
+    ]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            if proc.stdout is not None and not proc.stdout.closed:
+                proc.communicate(timeout=30)
+
+
+def _verdict(run_dir: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
+    return doc["verdict"]  # type: ignore[no-any-return]
+
+
+def _rows(path: Path) -> dict[str, dict[str, Any]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    by_id = {r["request_id"]: r for r in rows}
+    assert len(by_id) == len(rows), f"duplicate rows in {path}"
+    return by_id
+
+
+def test_two_remote_workers_give_the_verdict_of_one_process(tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl")
+    single = tmp_path / "single"
+    proc = subprocess.run(
+        _replay_cmd(trace, single), capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    port = _free_port()
+    dist = tmp_path / "dist"
+    results = [tmp_path / "w0.jsonl", tmp_path / "w1.jsonl"]
+    with _workers(port, results) as workers:
+        proc = subprocess.run(
+            _replay_cmd(trace, dist, "--workers", "2", "--master-bind-port", str(port)),
+            capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        outs = [w.communicate(timeout=30)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outs
+
+    one, two = _verdict(single), _verdict(dist)
+    assert one["onsets"]["preemption"]["concurrency"] == 8
+    assert two["onsets"]["preemption"]["concurrency"] == one["onsets"]["preemption"]["concurrency"]
+    assert two["last_safe_concurrency"] == one["last_safe_concurrency"] == 2
+    assert two["onsets"]["engine_death"] is None and one["onsets"]["engine_death"] is None
+    # one run directory of a single-process shape: requests.jsonl only, every row of both workers in it
+    assert sorted(p.name for p in dist.glob("requests*.jsonl")) == ["requests.jsonl"]
+    master_rows = _rows(dist / "requests.jsonl")
+    worker_rows = {**_rows(results[0]), **_rows(results[1])}
+    assert master_rows == worker_rows
+    assert _rows(results[0]) and _rows(results[1])  # both took part
+    assert set(_rows(results[0])).isdisjoint(_rows(results[1]))  # each its own share of the trace
+    ok = [r for r in master_rows.values() if r["outcome"] == "ok"]
+    assert ok and all(r["usage_prompt_tokens"] == 256 and r["usage_completion_tokens"] == 256 for r in ok)
+    ends = [s for s in RunReader(dist).stream("steps") if s["event"] == "end"]
+    assert [s["concurrency"] for s in ends] == [2, 8]
+    assert all(s["achieved_concurrency_max"] is not None for s in ends)
+    config = json.loads((dist / "config.json").read_text())
+    assert config["workers"] == 2 and config["processes"] == 0
+    for path in [*dist.rglob("*"), *results]:
+        if path.is_file():
+            assert SECRET not in path.read_text(errors="replace"), path
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_worker_killed_mid_step_loses_nothing_it_had_sent(tmp_path: Path, sig: signal.Signals) -> None:
+    trace = _trace(tmp_path / "t.jsonl", 60)
+    port = _free_port()
+    run_dir = tmp_path / "run"
+    results = [tmp_path / "w0.jsonl", tmp_path / "w1.jsonl"]
+    cmd = [
+        sys.executable, "-m", "oomload", "replay", str(trace), "--sim", SIM,
+        "--concurrency", "4", "--hold-s", "8", "--stop-on", "never", "--gpu", "none", "--no-live",
+        "--max-duration-s", "60", "--run-dir", str(run_dir), "--workers", "2",
+        "--master-bind-port", str(port),
+    ]  # fmt: skip
+    with _workers(port, results) as workers:
+        master = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO
+        )
+        try:
+            deadline = time.monotonic() + 60
+            victim = results[0]
+            # mid-step: the victim has finished a few requests and the step is still running
+            while not (victim.exists() and len(victim.read_text().splitlines()) >= 3):
+                assert master.poll() is None, master.communicate()
+                assert time.monotonic() < deadline, "the worker finished no request within 60 s"
+                time.sleep(0.1)
+            workers[0].send_signal(sig)
+            out, err = master.communicate(timeout=120)
+        finally:
+            if master.poll() is None:
+                master.kill()
+                master.communicate()
+        assert master.returncode == 0, out[-3000:] + err[-3000:]
+        workers[1].communicate(timeout=30)
+        assert workers[1].returncode == 0
+    assert "Traceback" not in err
+    master_rows = _rows(run_dir / "requests.jsonl")
+    lost, kept = _rows(results[0]), _rows(results[1])
+    assert set(kept) <= set(master_rows)
+    if sig == signal.SIGTERM:  # stopped: it sent every row first, cancelled ones included
+        assert set(master_rows) == set(lost) | set(kept)
+        assert {k: master_rows[k] for k in lost} == lost
+    else:  # SIGKILL: what reached the master is written as the worker had it (at most a batch is lost)
+        received = {k: v for k, v in master_rows.items() if k not in kept}
+        assert received and all(lost[k] == v for k, v in received.items())
+    events = [e for e in RunReader(run_dir).stream("events") if e["kind"] == "worker_lost"]
+    assert len(events) == 1, events
+    assert events[0]["worker"] in (0, 1) and events[0]["workers_left"] == 1
+    assert events[0]["rows_received"] == len([k for k in master_rows if k not in kept])
+    assert ("quit" if sig == signal.SIGTERM else "missing") in events[0]["detail"]
+    assert f"worker {events[0]['worker']}" in out  # the run says so as it happens
+    status = RunReader(run_dir).status()
+    assert status is not None and status["end_reason"] == "completed"  # the other worker carried on
+    assert _verdict(run_dir)["run"]["finished"] is True
+    html = (run_dir / "report.html").read_text()
+    lost_worker = f"worker {events[0]['worker']} ({events[0]['host']}, pid {events[0]['pid']}) lost"
+    assert lost_worker in html  # the report names the lost worker
+
+
+def test_workers_that_never_arrive_are_one_sentence(tmp_path: Path) -> None:
+    trace = _trace(tmp_path / "t.jsonl", 4)
+    proc = subprocess.run(
+        _replay_cmd(trace, tmp_path / "run", "--workers", "2", "--master-bind-port", str(_free_port()),
+                    "--worker-timeout-s", "2"),
+        capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    error = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(error) == 1 and "0 of 2 Locust workers arrived within 2 s" in error[0], proc.stderr
+    assert "oomload worker --master 127.0.0.1:" in error[0]
+
+
+def test_a_worker_without_a_master_is_one_sentence() -> None:
+    port = _free_port()  # nothing listens there
+    proc = subprocess.run(
+        [sys.executable, "-m", "oomload", "worker", "--master", f"127.0.0.1:{port}",
+         "--connect-timeout-s", "1"],
+        capture_output=True, text=True, timeout=60, env=_env(), cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert f"no oomload master answered at 127.0.0.1:{port}" in proc.stderr

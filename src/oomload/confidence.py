@@ -119,7 +119,8 @@ def evidence_notes(
             notes.append(ConfidenceNote("non_monotone", text))
     by_level: dict[int, set[bool]] = {}
     for s in with_metrics:
-        by_level.setdefault(s.concurrency, set()).add((s.preemptions or 0) > 0)
+        if not s.evidence_thin:  # a clean step short of the odds' evidence contradicts nothing
+            by_level.setdefault(s.concurrency, set()).add((s.preemptions or 0) > 0)
     for level, seen in sorted(by_level.items()):
         if len(seen) > 1:
             text = f"repeats at concurrency {level} disagree on whether it preempts"

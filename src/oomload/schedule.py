@@ -20,11 +20,13 @@ Order of steps (``next_step``)
        two are adjacent. Each refinement step tightens the bracket by its own result, so with levels
        1, 2, 4, 8, 16 and an onset at 6 the steps are …, 8 (bad) → 6 (bad) → 5 (good): onset 6;
     4. the repeats (phase ``refine``): once the bracket is adjacent, its two levels are measured again,
-       in turn (the bad one first), until each has ``repeats`` measurements. A level is bad when at least half
-       of its measurements were bad (``level_is_bad``), so a repeat can move the bracket — 6 seen bad
-       in 1 of 3 is good — and the bisection resumes from the new bracket. Every level is measured
-       at most ``repeats`` times, so the refinement ends. With a real trace one step is one draw
-       (``oomload.odds``): repeating the two levels that decide the onset is what makes it repeatable.
+       in turn (the bad one first), until each has ``repeats`` measurements. A level is bad when at
+       least half of its conclusive measurements were bad (``level_is_bad``; a clean step that sent
+       fewer requests than the trace's odds asked for is not conclusive), so a repeat can move the
+       bracket — 6 seen bad in 1 of 3 is good — and the bisection resumes from the new bracket.
+       Every level is measured at most ``repeats`` times, so the refinement ends. With a real trace
+       one step is one draw (``oomload.odds``): repeating the two levels that decide the onset is
+       what makes it repeatable.
     A dead server ends the run at once (nothing more can be measured).
 
 Bad step
@@ -183,6 +185,7 @@ class StepFacts:
     preemptions: int = 0
     engine_dead: bool = False  # an engine_dead outcome (CUDA OOM, EngineDeadError, refused after answers)
     server_dead: bool = False  # the server is gone: nothing more can be measured
+    evidence_short: bool = False  # clean, but it sent fewer requests than the trace's odds asked for
 
     @property
     def error_rate(self) -> float:
@@ -235,9 +238,11 @@ def is_bad(stop_on: Sequence[StopCondition], facts: StepFacts) -> bool:
 
 
 def level_is_bad(stop_on: Sequence[StopCondition], measurements: Sequence[StepFacts]) -> bool:
-    """Bad in at least half of its measurements (one measurement: that one decides)."""
+    """Bad in at least half of its conclusive measurements: a clean step short of the evidence the
+    trace's odds asked for (``evidence_short``) is no vote that the level is good."""
     bad = sum(1 for f in measurements if is_bad(stop_on, f))
-    return bool(measurements) and 2 * bad >= len(measurements)
+    conclusive = bad + sum(1 for f in measurements if not is_bad(stop_on, f) and not f.evidence_short)
+    return bad > 0 and 2 * bad >= conclusive
 
 
 def _by_level(history: Sequence[StepFacts]) -> dict[int, list[StepFacts]]:

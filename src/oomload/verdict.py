@@ -14,12 +14,14 @@ Onsets, each reported as the *lowest concurrency* at which it was seen (a refine
 lower levels after higher ones, and a run that ramps through preemption to the server's death
 bisects the preemption onset afterwards, so "first in time" and "first in concurrency" differ):
 
-* preemption onset — the lowest level at which at least half of its measured steps (with metrics)
+* preemption onset — the lowest level at which at least half of its conclusive steps (with metrics)
   preempted: one step at a level is one draw of the trace's lengths, and the refinement repeats the
   two levels around the onset (``--repeats``), so the onset is what most repeats saw ("seen at 7 in
-  3 of 3"). The onset names the level's first preempting step, its request count and the KV usage of
-  the scrape that first showed the preemption. A lower level that preempted in fewer than half of its
-  steps is *sporadic*: named in the notes, and never safe;
+  3 of 3"). A clean step that sent fewer requests than the trace's odds asked for
+  (``StepFacts.evidence_thin``) is not conclusive: it is no vote that the level is clean. The onset
+  names the level's first preempting step, its request count and the KV usage of the scrape that
+  first showed the preemption. A lower level that preempted in fewer than half of its steps is
+  *sporadic*: named in the notes, and never safe;
 * KV saturation — a step whose KV usage was ≥ 0.99, and queueing — a step whose waiting was > 0, each
   *sustained*: in at least two consecutive scrapes of the step (``oomload.gauges``; one momentary
   reading, such as a request caught between arrival and admission, is not a finding);
@@ -126,12 +128,16 @@ class PreemptionOnset:
     kv_usage_at_onset: float | None
     kv_usage_max: float | None
     seen_in: int = 1  # steps at this level that preempted …
-    measurements: int = 1  # … of the steps measured at it (with metrics)
+    measurements: int = 1  # … of its conclusive steps (with metrics, not clean-but-thin)
+    short_of_evidence: int = 0  # clean steps at this level that sent too few requests to count
 
     @property
     def seen_text(self) -> str:
-        """``"seen at 7 in 3 of 3"``."""
-        return f"seen at {self.concurrency} in {self.seen_in} of {self.measurements}"
+        """``"seen at 7 in 3 of 3"`` (``"…, 1 more clean step short of evidence"``)."""
+        text = f"seen at {self.concurrency} in {self.seen_in} of {self.measurements}"
+        if self.short_of_evidence:
+            text += f", {self.short_of_evidence} more clean step(s) short of evidence"
+        return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,10 +607,10 @@ def _unsafe(s: StepFacts) -> bool:
 
 
 def _preemption_onset(view: RunView, measured: Sequence[StepFacts]) -> PreemptionOnset | None:
-    """The lowest level preempting in at least half of its steps with metrics (module docstring)."""
+    """The lowest level preempting in at least half of its conclusive steps (module docstring)."""
     by_level: dict[int, list[StepFacts]] = {}
     for s in measured:
-        if s.preemptions is not None:
+        if s.preemptions is not None and not s.evidence_thin:
             by_level.setdefault(s.concurrency, []).append(s)
     onset_level = next(
         (
@@ -618,6 +624,7 @@ def _preemption_onset(view: RunView, measured: Sequence[StepFacts]) -> Preemptio
         return None
     at_level = by_level[onset_level]
     preempting = [s for s in at_level if (s.preemptions or 0) > 0]
+    thin = sum(1 for s in measured if s.concurrency == onset_level and s.evidence_thin)
     first = min(preempting, key=lambda s: s.start_unix_s)
     data = next(d for d in view.steps if d.boundary.index == first.index)
     hit = next((m for m in data.metrics if m.get("ok") and (m.get("preemptions_delta") or 0) > 0), None)
@@ -631,6 +638,7 @@ def _preemption_onset(view: RunView, measured: Sequence[StepFacts]) -> Preemptio
         kv_usage_max=first.kv_usage_max,
         seen_in=len(preempting),
         measurements=len(at_level),
+        short_of_evidence=thin,
     )
 
 

@@ -11,6 +11,7 @@ from oomload.schedule import (
     Hold,
     SchedulePlan,
     StepFacts,
+    StepPlan,
     StopCondition,
     max_duration_exceeded,
     next_refine_level,
@@ -197,3 +198,17 @@ def test_repeats_are_bounded() -> None:
         SchedulePlan(levels=(1, 2), repeats=0)
     with pytest.raises(ConfigError):
         SchedulePlan(levels=(1, 2), repeats=100)
+
+
+def test_a_clean_step_short_of_evidence_is_no_vote_for_its_level() -> None:
+    from oomload.schedule import level_is_bad
+
+    plan = SchedulePlan(levels=(8,))
+    step = StepPlan(0, 8, "ramp")
+    bad = StepFacts(step, completed=10, preemptions=1)
+    clean = StepFacts(step, completed=10)
+    short = StepFacts(step, completed=10, evidence_short=True)
+    assert level_is_bad(plan.stop_on, [bad, short, short])  # 1 of 1 conclusive
+    assert not level_is_bad(plan.stop_on, [bad, clean, clean])  # 1 of 3
+    assert level_is_bad(plan.stop_on, [bad, clean, short])  # 1 of 2: ties are bad
+    assert not level_is_bad(plan.stop_on, [short, short])  # nothing seen

@@ -299,6 +299,9 @@ class StepDriver:
                 preemptions=preemptions or 0,
                 engine_dead=count.engine_dead > 0,
                 server_dead=dead,
+                evidence_short=not preemptions
+                and self._needed is not None
+                and (count.started or 0) < self._needed,
             )
         )
         server = server_concurrency(self._scrape_at_start, scrape)

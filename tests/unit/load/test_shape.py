@@ -190,7 +190,7 @@ class SendingMeter(FakeMeter):
 
 
 def _evidence_run(
-    preempt_after_s: float | None, needed: int = 40
+    preempt_after_s: float | None, needed: int = 40, history: list[Any] | None = None
 ) -> tuple[list[dict[str, Any]], list[float]]:
     """One 4-user step held 2 s at 5 requests/s; the odds ask for ``needed`` requests."""
     clock = [100.0]
@@ -210,11 +210,15 @@ def _evidence_run(
         if driver.tick() is None:
             break
         clock[0] += 0.5
+    if history is not None:
+        history.extend(driver.history)
     return sink.lines, scrapes
 
 
 def test_a_clean_step_is_extended_until_it_sent_what_the_odds_ask() -> None:
-    lines, scrapes = _evidence_run(preempt_after_s=None)
+    history: list[Any] = []
+    lines, scrapes = _evidence_run(preempt_after_s=None, history=history)
+    assert not history[0].evidence_short
     end = next(line for line in lines if line["event"] == "end")
     assert end["duration_s"] >= 8.0  # 40 requests at 5/s
     assert end["evidence_requests"] == 40 and end["extended_s"] >= 5.5
@@ -228,6 +232,8 @@ def test_an_extension_ends_at_the_first_preemption() -> None:
 
 
 def test_an_extension_is_bounded() -> None:
-    lines, _ = _evidence_run(preempt_after_s=None, needed=10_000)
+    history: list[Any] = []
+    lines, _ = _evidence_run(preempt_after_s=None, needed=10_000, history=history)
+    assert history[0].evidence_short  # the schedule does not count it as a vote for a clean level
     end = next(line for line in lines if line["event"] == "end")
     assert end["duration_s"] <= 2.0 * 8 + 2.5  # EXTEND_MAX_FACTOR × the hold, plus one check interval

@@ -122,3 +122,19 @@ def test_an_onset_far_from_the_odds_lowers_confidence(tmp_path: Path) -> None:
     assert v.odds_onset == 1 and v.odds_levels_apart == 3
     assert any(n.kind == "odds_disagree" for n in v.notes)
     assert v.confidence == "low"
+
+
+def test_a_clean_repeat_short_of_evidence_does_not_outvote_a_sighting(tmp_path: Path) -> None:
+    """8 preempted once; its two clean repeats sent 12 requests each where the odds ask for 111."""
+    odds = [_odds(4, 0), _odds(8, 27), _odds(16, 250)]
+    steps = [
+        StepSpec(4),
+        StepSpec(8, preemptions=1),
+        StepSpec(16, preemptions=6),
+        StepSpec(8, phase="refine"),
+        StepSpec(8, phase="refine"),
+    ]
+    v = _verdict(tmp_path, steps, odds)
+    assert v.preemption_onset is not None and v.preemption_onset.concurrency == 8
+    assert v.preemption_onset.seen_text == "seen at 8 in 1 of 1, 2 more clean step(s) short of evidence"
+    assert not any(n.kind == "noisy_repeat" for n in v.notes)

@@ -118,6 +118,7 @@ ADAPTERS = {
     "oomload.telemetry.nvml",
     "oomload.telemetry.poller",
     "oomload.telemetry.scrape",
+    "oomload.tracereport",
 }
 # Wires one run: its configuration, the Locust scenario and session, worker processes.
 RUNNER = {

@@ -117,6 +117,7 @@ ADAPTERS = {
     "oomload.telemetry.gpu",
     "oomload.telemetry.nvml",
     "oomload.telemetry.poller",
+    "oomload.telemetry.sampler",
     "oomload.telemetry.scrape",
     "oomload.tracereport",
 }

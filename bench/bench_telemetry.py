@@ -5,7 +5,7 @@ the kind of work a load generator does per request). It runs alternately:
 
 * baseline: the loop alone;
 * telemetry: the loop while ``GpuSamplerProcess`` runs ``oomload sample`` at 10 Hz in its child
-  process (NVML replaced by the fake through ``OOMLOAD_FAKE_NVML``: no GPU here, but the real
+  process (NVML replaced by the fake, through ``tests/fakesampler.py``: no GPU here, but the real
   subprocess, file streaming and JSON path) and ``MetricsPoller`` scrapes, at 1 Hz, a loopback
   server answering the real vLLM capture (``tests/fixtures/vllm-metrics.txt``, 629 lines)
   from its own process, as vLLM would.
@@ -31,6 +31,7 @@ from oomload.telemetry.poller import MetricsPoller
 
 REPO = Path(__file__).resolve().parents[1]
 CAPTURE = REPO / "tests" / "fixtures" / "vllm-metrics.txt"
+FAKE_SAMPLER = [sys.executable, str(REPO / "tests" / "fakesampler.py"), "{}"]  # oomload sample, fake NVML
 ROUNDS = 6
 TARGET_ROUND_S = 1.0
 LINE = json.dumps(
@@ -100,7 +101,7 @@ def main() -> None:
         for round_index in range(ROUNDS):
             baseline.append(load_loop(n))
             out = tmp / f"gpu-{round_index}.jsonl"
-            sampler = GpuSamplerProcess(out, interval_s=0.1, env={"OOMLOAD_FAKE_NVML": "{}"})
+            sampler = GpuSamplerProcess(out, interval_s=0.1, program=FAKE_SAMPLER)
             poller = MetricsPoller(f"http://127.0.0.1:{port}", None, interval_s=1.0)
             if not sampler.start():
                 raise RuntimeError(f"the fake GPU sampler did not start: {sampler.unavailable_reason}")

@@ -1,4 +1,7 @@
-"""``oomload sample``: errors are one sentence and exit 2; samples go to a file; signals stop it cleanly."""
+"""``oomload sample``: errors are one sentence and exit 2; samples go to a file; signals stop it cleanly.
+
+NVML is the fake (``fakesampler``): the command's own code with ``FakeNvml`` passed in.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +9,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from fakesampler import fake_sample_program, run_sample
 from oomload.cli import main
 
 NO_GPU = '{"error": "LIBRARY_NOT_FOUND"}'
@@ -26,23 +29,27 @@ def one_error_line(err: str) -> str:
 
 
 def test_no_gpu_is_one_sentence_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["sample", "--fake-nvml", NO_GPU]) == 2
+    assert run_sample(NO_GPU, []) == 2
     assert one_error_line(capsys.readouterr().err) == (
         "oomload: error: no NVIDIA GPU can be sampled here: the NVML library (libnvidia-ml.so) "
         "was not found, so there is no NVIDIA driver on this machine"
     )
 
 
-def test_fake_from_the_environment(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("OOMLOAD_FAKE_NVML", '{"error": "LIB_RM_VERSION_MISMATCH"}')
-    assert main(["sample"]) == 2
+def test_driver_library_mismatch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_sample('{"error": "LIB_RM_VERSION_MISMATCH"}', []) == 2
     assert "driver/library mismatch" in one_error_line(capsys.readouterr().err)
 
 
+def test_the_shipped_command_has_no_fake_nvml_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sample", "--fake-nvml", ONE_GPU])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --fake-nvml" in capsys.readouterr().err
+
+
 def test_device_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["sample", "--fake-nvml", ONE_GPU, "--device", "0", "3"]) == 2
+    assert run_sample(ONE_GPU, ["--device", "0", "3"]) == 2
     assert one_error_line(capsys.readouterr().err) == (
         "oomload: error: GPU index 3 is out of range: this machine has 1 GPU(s) (allowed: 0)"
     )
@@ -57,25 +64,23 @@ def test_device_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
     ],
 )
 def test_bad_flags(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["sample", "--fake-nvml", ONE_GPU, *flags]) == 2
+    assert run_sample(ONE_GPU, [*flags]) == 2
     assert one_error_line(capsys.readouterr().err) == f"oomload: error: {message}"
 
 
 def test_out_file_for_a_duration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "gpu.jsonl"
     assert (
-        main(
+        run_sample(
+            ONE_GPU,
             [
-                "sample",
-                "--fake-nvml",
-                ONE_GPU,
                 "--out",
                 str(out),
                 "--interval-s",
                 "0.01",
                 "--duration-s",
                 "0.5",  # room for two samples on a busy machine
-            ]
+            ],
         )
         == 0
     )
@@ -95,7 +100,7 @@ def test_out_file_for_a_duration(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_stdout_when_no_out_and_no_serve(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["sample", "--fake-nvml", ONE_GPU, "--duration-s", "0.01"]) == 0
+    assert run_sample(ONE_GPU, ["--duration-s", "0.01"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert json.loads(first)["used_bytes"] == 250
 
@@ -107,7 +112,7 @@ def test_serve_on_a_port_in_use_is_one_sentence(capsys: pytest.CaptureFixture[st
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        assert main(["sample", "--fake-nvml", ONE_GPU, "--serve", "--port", str(port)]) == 2
+        assert run_sample(ONE_GPU, ["--serve", "--port", str(port)]) == 2
     assert f"cannot serve on 127.0.0.1:{port}" in one_error_line(capsys.readouterr().err)
 
 
@@ -115,18 +120,7 @@ def test_serve_on_a_port_in_use_is_one_sentence(capsys: pytest.CaptureFixture[st
 def test_signals_stop_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "gpu.jsonl"
     with subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "oomload",
-            "sample",
-            "--out",
-            str(out),
-            "--interval-s",
-            "0.02",
-            "--fake-nvml",
-            ONE_GPU,
-        ],
+        [*fake_sample_program(ONE_GPU), "--out", str(out), "--interval-s", "0.02"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -7,14 +7,13 @@ one sentence on stderr and exit 2; none repeats a secret, even in part.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from test_report_cli import make_run
 
+from clirun import oomload
 from oomload.cli import main
 from oomload.credentials import api_key_problem, read_api_key, redact_url, scrub
 from oomload.errors import ConfigError, EndpointError
@@ -32,15 +31,7 @@ def trace(tmp_path: Path) -> Path:
 
 def _replay(trace: Path, *flags: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """``oomload replay`` as a subprocess (a run that got past validation would import Locust)."""
-    return subprocess.run(
-        [sys.executable, "-m", "oomload", "replay", str(trace), "--no-live", "--gpu", "none", *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **env},
-        cwd=cwd,
-        check=False,
-    )
+    return oomload("replay", str(trace), "--no-live", "--gpu", "none", *flags, env=env, cwd=cwd)
 
 
 @pytest.mark.parametrize(

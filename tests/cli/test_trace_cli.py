@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from oomload.cli import main
+from clirun import oomload, run
 from oomload.trace import read_trace, read_trace_header
 
 REPO = Path(__file__).resolve().parents[2]
 MOONCAKE = '{"timestamp": %d, "input_length": %d, "output_length": 3, "hash_ids": [1]}\n'
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = main(argv)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return code, out, err
 
 
 @pytest.fixture
@@ -178,13 +169,7 @@ def test_bad_flags_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], ar
 def test_subprocess_bad_log_is_one_line_and_exit_2(tmp_path: Path) -> None:
     path = tmp_path / "prose.log"
     path.write_text("nothing here looks like a log\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "oomload", "trace", "build", str(path), "-o", str(tmp_path / "t.jsonl")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = oomload("trace", "build", str(path), "-o", str(tmp_path / "t.jsonl"))
     assert done.returncode == 2
     assert done.stderr.startswith("oomload: error: ") and "Traceback" not in done.stderr
     assert "cannot tell the log format" in done.stderr

@@ -7,18 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from clirun import run
 from oomload.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "traces" / "sample-fixed.jsonl"  # 64 requests of 256 + 256 tokens
 MOONCAKE = '{"timestamp": %d, "input_length": %d, "output_length": 3}\n'
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = main(argv)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return code, out, err
 
 
 @pytest.fixture

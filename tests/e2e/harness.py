@@ -1,18 +1,20 @@
-"""E2E harness: the server pool (one real vLLM at a time), running the CLI, reading a run directory."""
+"""E2E harness: the server pool (one real vLLM at a time), running a replay, reading a run directory.
+
+The CLI as a subprocess is ``clirun.oomload`` (shared with the other suites); ``replay`` is the
+``oomload replay`` every e2e test runs.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from subprocess import CompletedProcess
 from typing import Any
 
+from clirun import HANG_S, oomload
 from oomload.realvllm.server import RealVllmServer, VllmServerConfig
 from oomload.trace import TraceHeader, TraceRecord, write_trace
 
@@ -53,15 +55,14 @@ class ServerPool:
             self.current = None
 
 
-def oomload(*args: str, timeout_s: float = 300.0, env: dict[str, str] | None = None) -> CompletedProcess[str]:
-    """Run the oomload CLI of this checkout as a user would (a subprocess)."""
-    return subprocess.run(
-        [sys.executable, "-m", "oomload", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env={**os.environ, **(env or {})},
-        check=False,
+def replay(
+    url: str, trace: Path, run_dir: Path, *flags: str, timeout_s: float = HANG_S
+) -> CompletedProcess[str]:
+    """``oomload replay TRACE --url URL --run-dir RUN_DIR --gpu none FLAGS``, as a user would run it."""
+    return oomload(
+        *("replay", str(trace), "--url", url, "--run-dir", str(run_dir), "--gpu", "none"),
+        *flags,
+        timeout_s=timeout_s,
     )
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 PREEMPTIONS = "vllm:num_preemptions_total"
 
@@ -27,25 +28,26 @@ def get_json(url: str, timeout_s: float = 30.0) -> Any:
         return json.loads(resp.read())
 
 
-def scrape(base_url: str, timeout_s: float = 30.0) -> dict[str, float]:
-    """``/metrics`` as {sample name: value summed over label sets}."""
+def samples(base_url: str, timeout_s: float = 30.0) -> list[Sample]:
+    """Every sample of ``/metrics``, parsed by ``prometheus_client``."""
     with urllib.request.urlopen(base_url + "/metrics", timeout=timeout_s) as resp:
         text = resp.read().decode("utf-8")
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def scrape(base_url: str, timeout_s: float = 30.0) -> dict[str, float]:
+    """``/metrics`` as {sample name: value summed over label sets}."""
     values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+    for sample in samples(base_url, timeout_s):
+        values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
     return values
 
 
 def cache_config(base_url: str) -> dict[str, str]:
     """The labels of ``vllm:cache_config_info``."""
-    with urllib.request.urlopen(base_url + "/metrics", timeout=30.0) as resp:
-        text = resp.read().decode("utf-8")
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "vllm:cache_config_info":
-                return dict(sample.labels)
+    for sample in samples(base_url):
+        if sample.name == "vllm:cache_config_info":
+            return dict(sample.labels)
     raise AssertionError("the server exports no vllm:cache_config_info")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from harness import FIGURES, Run, ServerPool, oomload, write_trace_file
+from harness import FIGURES, Run, ServerPool, replay, write_trace_file
 from probe import scrape
 
 pytestmark = pytest.mark.e2e
@@ -25,8 +25,10 @@ def test_503s_in_status_and_in_stream_are_rejections(vllm_servers: ServerPool, t
     trace = write_trace_file(tmp_path / "t.jsonl", [(64, 64)] * 200)
     run_dir = tmp_path / "run"
     before = scrape(server.url)
-    proc = oomload(
-        *("replay", str(trace), "--url", server.url, "--run-dir", str(run_dir), "--gpu", "none"),
+    proc = replay(
+        server.url,
+        trace,
+        run_dir,
         *("--concurrency", "12", "--hold-s", "5", "--warmup-s", "0", "--no-refine", "--stop-on", "never"),
     )
     after = scrape(server.url)

@@ -17,7 +17,7 @@ import random
 from pathlib import Path
 
 import pytest
-from harness import FIGURES, Run, ServerPool, oomload, write_trace_file
+from harness import FIGURES, Run, ServerPool, replay, write_trace_file
 from probe import PREEMPTIONS, burst, cache_config, scrape
 
 from oomload.capacity import blocks_held, predict_preemption_onset
@@ -56,8 +56,10 @@ def test_replay_at_the_boundary_predicts_and_sees_no_preemption(
     server = vllm_servers.get()
     trace = write_trace_file(tmp_path / "boundary.jsonl", [(PROMPT_TOKENS, OUTPUT_TOKENS)] * 200)
     run_dir = tmp_path / "run"
-    proc = oomload(
-        *("replay", str(trace), "--url", server.url, "--run-dir", str(run_dir), "--gpu", "none"),
+    proc = replay(
+        server.url,
+        trace,
+        run_dir,
         *("--concurrency", "6,10", "--hold-s", "4", "--warmup-s", "0", "--no-refine", "--no-live"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

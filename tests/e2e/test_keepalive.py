@@ -8,7 +8,7 @@ import itertools
 from pathlib import Path
 
 import pytest
-from harness import Run, ServerPool, oomload, write_trace_file
+from harness import Run, ServerPool, replay, write_trace_file
 from probe import scrape
 
 pytestmark = pytest.mark.e2e
@@ -25,8 +25,10 @@ def test_no_request_is_lost_across_idle_gaps(vllm_servers: ServerPool, tmp_path:
     trace = write_trace_file(tmp_path / "t.jsonl", [(32, 16)] * count, arrivals)
     run_dir = tmp_path / "run"
     before = scrape(server.url)
-    proc = oomload(
-        *("replay", str(trace), "--url", server.url, "--run-dir", str(run_dir), "--gpu", "none"),
+    proc = replay(
+        server.url,
+        trace,
+        run_dir,
         *("--open-loop", "--concurrency", str(PER_BURST), "--hold-s", "30", "--warmup-s", "0"),
         *("--no-refine", "--stop-on", "never"),
     )

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 import pytest
-from harness import FIGURES, Run, ServerPool, oomload, write_trace_file
+from harness import FIGURES, Run, ServerPool, replay, write_trace_file
 from probe import CounterWatch
 
 pytestmark = pytest.mark.e2e
@@ -38,8 +38,10 @@ def test_server_side_concurrency_matches_the_counters(vllm_servers: ServerPool, 
     run_dir = tmp_path / "run"
     watch = CounterWatch(server.url, name=E2E_SUM).start()
     try:
-        proc = oomload(
-            *("replay", str(trace), "--url", server.url, "--run-dir", str(run_dir), "--gpu", "none"),
+        proc = replay(
+            server.url,
+            trace,
+            run_dir,
             *("--concurrency", ",".join(map(str, LEVELS)), "--hold-s", "14", "--no-refine"),
             *("--stop-on", "never"),
         )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from harness import FIGURES, Run, ServerPool, oomload, write_trace_file
+from harness import FIGURES, Run, ServerPool, replay, write_trace_file
 from probe import CounterWatch, cache_config
 
 from oomload.capacity import predict_preemption_onset
@@ -48,8 +48,10 @@ def real_sweep(vllm_servers: ServerPool, trace: Path, tmp_path_factory: pytest.T
     run_dir = tmp_path_factory.mktemp("onset-real") / "run"
     watch = CounterWatch(server.url).start()
     try:
-        proc = oomload(
-            *("replay", str(trace), "--url", server.url, "--run-dir", str(run_dir), "--gpu", "none"),
+        proc = replay(
+            server.url,
+            trace,
+            run_dir,
             *SWEEP,
             *SWEEP_STOP,
         )
@@ -130,8 +132,10 @@ def test_simulator_gives_the_same_onset_on_the_same_trace(
     ]
     run_dir = tmp_path / "run"
     with SimServer(sim_args) as sim:
-        proc = oomload(
-            *("replay", str(trace), "--url", sim.url, "--run-dir", str(run_dir), "--gpu", "none"),
+        proc = replay(
+            sim.url,
+            trace,
+            run_dir,
             *SWEEP,
             *SWEEP_STOP,
         )

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
-from harness import Run, ServerPool, oomload, write_trace_file
+from harness import Run, ServerPool, replay, write_trace_file
 
 from oomload.stats import percentile
 
@@ -34,8 +34,10 @@ def test_overflow_is_counted_with_lengths_and_max_model_len_covers_p99(
     lengths = _lengths()
     trace = write_trace_file(tmp_path / "t.jsonl", lengths)
     run_dir = tmp_path / "run"
-    proc = oomload(
-        *("replay", str(trace), "--url", server.url, "--run-dir", str(run_dir), "--gpu", "none"),
+    proc = replay(
+        server.url,
+        trace,
+        run_dir,
         *("--concurrency", "4", "--hold-s", "4", "--warmup-s", "0", "--no-refine", "--order", "trace"),
         *("--stop-on", "never"),
     )

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from harness import FIGURES, Run, ServerPool, oomload, write_trace_file
+from harness import FIGURES, Run, ServerPool, write_trace_file
 
+from clirun import oomload
 from oomload.errors import ExitCode
 from oomload.realvllm.server import RealVllmServer
 

@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 import pytest
 
+from clirun import oomload
 from oomload.errors import ExitCode
 from oomload.realvllm.server import free_port, group_members
 from oomload.sim.process import SimServer
@@ -41,19 +42,6 @@ def write_fixed_trace(path: Path, count: int, prompt_tokens: int, output_tokens:
     records = [TraceRecord(f"r{i}", 0.0, prompt_tokens, output_tokens) for i in range(count)]
     write_trace(path, records, TraceHeader(source=("fault-drill",), format="synthetic"))
     return path
-
-
-def oomload(
-    *args: str, env: dict[str, str] | None = None, timeout_s: float = 60.0
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "oomload", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
 
 
 def lines(path: Path) -> list[dict[str, Any]]:

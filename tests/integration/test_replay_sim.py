@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from clirun import oomload
 from oomload.rundir import RunReader
 from oomload.sim.process import SimServer
 from oomload.trace import TraceHeader, TraceRecord, write_trace
@@ -44,9 +45,16 @@ def _trace(path: Path, lengths: list[tuple[int, int]]) -> Path:
 
 
 def _replay(args: list[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OPENAI_API_KEY": SECRET}
-    cmd = [sys.executable, "-m", "oomload", "replay", *args, "--no-live", "--gpu", "none"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=REPO)
+    return oomload(
+        "replay",
+        *args,
+        "--no-live",
+        "--gpu",
+        "none",
+        env={"OPENAI_API_KEY": SECRET},
+        cwd=REPO,
+        timeout_s=timeout_s,
+    )
 
 
 @pytest.fixture(scope="module")

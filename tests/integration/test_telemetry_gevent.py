@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from fakesampler import fake_sample_program
+
 SCRIPT = textwrap.dedent(
     """
     from gevent import monkey
@@ -39,7 +41,7 @@ SCRIPT = textwrap.dedent(
     run_dir = Path(sys.argv[1])
     with RunWriter(run_dir) as writer:
         poller = MetricsPoller(f"http://127.0.0.1:{httpd.server_address[1]}", writer, interval_s=0.05)
-        sampler = GpuSamplerProcess(run_dir / "gpu.jsonl", interval_s=0.02, env={"OOMLOAD_FAKE_NVML": "{}"})
+        sampler = GpuSamplerProcess(run_dir / "gpu.jsonl", interval_s=0.02, program=json.loads(sys.argv[3]))
         started = sampler.start()
         poller.start()
         ticks = 0
@@ -60,7 +62,7 @@ def test_poller_and_sampler_under_gevent(tmp_path: Path, fixtures_dir: Path) -> 
     capture = fixtures_dir / "vllm-metrics.txt"
     manifest = json.loads((fixtures_dir / "manifest.json").read_text())["full"]
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path), str(capture)],
+        [sys.executable, "-c", SCRIPT, str(tmp_path), str(capture), json.dumps(fake_sample_program("{}"))],
         capture_output=True,
         text=True,
         timeout=60,

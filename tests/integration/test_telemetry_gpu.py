@@ -1,4 +1,7 @@
-"""GpuSamplerProcess and ``oomload sample`` as real child processes, NVML replaced by the fake (test hook)."""
+"""GpuSamplerProcess and ``oomload sample`` as real child processes, NVML replaced by the fake.
+
+The fake comes in through ``fakesampler`` (the command's own code with ``FakeNvml`` passed in).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import json
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from fakesampler import fake_sample_program
 from oomload.errors import SamplerUnavailableError
 from oomload.rundir import RunWriter
 from oomload.telemetry.dcgm import DcgmReader
@@ -36,7 +39,7 @@ SPEC = json.dumps(
         ]
     }
 )
-FAKE = {"OOMLOAD_FAKE_NVML": SPEC}
+FAKE = fake_sample_program(SPEC)
 DCGM_TEXT = (
     "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
     'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-x",modelName="NVIDIA L4"} 20000\n'
@@ -77,7 +80,7 @@ def dcgm_server() -> Iterator[str]:
 
 def test_streams_samples_and_stops_cleanly(tmp_path: Path) -> None:
     out = tmp_path / "gpu.jsonl"
-    sampler = GpuSamplerProcess(out, interval_s=0.02, env=FAKE)
+    sampler = GpuSamplerProcess(out, interval_s=0.02, program=FAKE)
     assert sampler.start() is True
     assert sampler.unavailable_reason is None
     wait_for(lambda: len(out.read_text().splitlines()) >= 10)
@@ -101,7 +104,9 @@ def test_streams_samples_and_stops_cleanly(tmp_path: Path) -> None:
 def test_unavailable_is_a_reason_and_an_event(tmp_path: Path) -> None:
     with RunWriter(tmp_path) as writer:
         sampler = GpuSamplerProcess(
-            tmp_path / "gpu.jsonl", writer=writer, env={"OOMLOAD_FAKE_NVML": '{"error": "DRIVER_NOT_LOADED"}'}
+            tmp_path / "gpu.jsonl",
+            writer=writer,
+            program=fake_sample_program('{"error": "DRIVER_NOT_LOADED"}'),
         )
         assert sampler.start() is False
     assert sampler.unavailable_reason == (
@@ -113,7 +118,7 @@ def test_unavailable_is_a_reason_and_an_event(tmp_path: Path) -> None:
 
 
 def test_required_raises(tmp_path: Path) -> None:
-    sampler = GpuSamplerProcess(tmp_path / "gpu.jsonl", devices=[4], required=True, env=FAKE)
+    sampler = GpuSamplerProcess(tmp_path / "gpu.jsonl", devices=[4], required=True, program=FAKE)
     with pytest.raises(
         SamplerUnavailableError, match=r"GPU index 4 is out of range: this machine has 2 GPU\(s\)"
     ):
@@ -145,10 +150,8 @@ def test_dcgm_url_that_does_not_answer(tmp_path: Path) -> None:
 
 
 def test_serve_then_read_remotely(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "oomload", "sample", "--serve", "--port", "0", "--interval-s", "0.05"]
-    with subprocess.Popen(
-        [*cmd, "--fake-nvml", SPEC], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    ) as proc:
+    cmd = [*FAKE, "--serve", "--port", "0", "--interval-s", "0.05"]
+    with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
         assert proc.stderr is not None
         try:
             announce = proc.stderr.readline()
@@ -175,20 +178,7 @@ def test_serve_then_read_remotely(tmp_path: Path) -> None:
 def test_sampler_exits_when_its_parent_is_gone(tmp_path: Path) -> None:
     out = tmp_path / "gpu.jsonl"
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "oomload",
-            "sample",
-            "--out",
-            str(out),
-            "--interval-s",
-            "0.05",
-            "--parent-pid",
-            "999999999",
-            "--fake-nvml",
-            SPEC,
-        ],
+        [*FAKE, "--out", str(out), "--interval-s", "0.05", "--parent-pid", "999999999"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -9,29 +9,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from clirun import oomload
 from oomload.cli import main
 from oomload.trace import TraceHeader, TraceRecord, write_trace
 
 ARITHMETIC_ONSET = 4
 LEVELS = (2, 3, 4, 5)
 SIM = "--num-gpu-blocks 97 --block-size 16 --max-model-len 1024 --time-scale 0.1"
-
-
-def oomload(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "oomload", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -43,13 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    func = getattr(args, "func", None)
-    if func is None:
+    if getattr(args, "func", None) is None:
         parser.print_help()
         return int(ExitCode.USAGE)
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command (``args.func``), its errors turned into messages and exit codes (above)."""
     secrets = (replay.api_key_value(args),)
     try:
-        return int(func(args))
+        return int(args.func(args))
     except OomloadError as err:
         print(f"oomload: error: {scrub(str(err), secrets)}", file=sys.stderr)
         return int(err.exit_code)

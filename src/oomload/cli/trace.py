@@ -1,7 +1,8 @@
 """``oomload trace build | stats | synth``: production logs → length-only traces, and what they imply.
 
 The handlers only parse flags, call ``oomload.ingest`` / ``oomload.stats`` / ``oomload.synth`` and
-print; heavy imports (pyarrow, rich, matplotlib) happen inside them so ``oomload --help`` stays fast.
+print (the stats document, its tables and the plot are ``oomload.tracereport``'s); heavy imports
+(pyarrow, rich, matplotlib) happen inside them so ``oomload --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -10,20 +11,13 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
-from oomload.capacity import single_request_limit_tokens
 from oomload.errors import ConfigError, ExitCode
-
-STATS_SCHEMA = "oomload.trace-stats/1"
-DEFAULT_BLOCK_SIZE = 16  # vLLM's block size on GPUs when --block-size is not given
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import TracebackType
 
     from rich.progress import Progress
-
-    from oomload.ingest import TraceCounts
-    from oomload.stats import LengthCounts, TraceStats
 
 
 def register(subparsers: Any) -> None:
@@ -243,6 +237,7 @@ def run_build(args: argparse.Namespace) -> int:
 def run_stats(args: argparse.Namespace) -> int:
     from oomload.ingest import check_output_path, count_trace
     from oomload.stats import summarize_trace_counts
+    from oomload.tracereport import plot_lengths, print_stats, stats_document, usable_kv_tokens
 
     for name in ("round_to", "block_size", "current_max_model_len", "kv_cache_tokens", "model_limit"):
         value = getattr(args, name)
@@ -255,7 +250,7 @@ def run_stats(args: argparse.Namespace) -> int:
     options = _input_options(args)
     with ReadProgress.for_inputs(args.inputs, "reading") as progress:
         columns = count_trace(args.inputs, workers=workers, progress=progress, **options)
-    usable = _usable_kv_tokens(args.kv_cache_tokens, args.block_size)
+    usable = usable_kv_tokens(args.kv_cache_tokens, args.block_size)
     stats = summarize_trace_counts(
         columns.arrivals,
         columns.failed,
@@ -282,207 +277,10 @@ def run_stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(document, indent=2))
     else:
-        _print_stats(document)
+        print_stats(document)
         if args.plot:
             print(f"histogram written to {args.plot}")
     return int(ExitCode.OK)
-
-
-def _usable_kv_tokens(kv_cache_tokens: int | None, block_size: int | None) -> int | None:
-    """The longest request a pool of ``kv_cache_tokens`` holds (vLLM's "GPU KV cache size" counts every
-    block; one is the null block): the same bound as ``oomload plan`` and the run's recommendation. Without
-    ``--block-size``, vLLM's GPU default of 16 tokens is assumed."""
-    if kv_cache_tokens is None:
-        return None
-    block = block_size or DEFAULT_BLOCK_SIZE
-    return single_request_limit_tokens(kv_cache_tokens // block, block)
-
-
-def stats_document(
-    stats: TraceStats,
-    inputs: list[str],
-    columns: TraceCounts,
-    *,
-    model_limit: int | None = None,
-    kv_cache_tokens: int | None = None,
-    usable_kv_cache_tokens: int | None = None,
-) -> dict[str, Any]:
-    """The ``--json`` shape of ``trace stats`` (schema ``STATS_SCHEMA``, documented in docs/trace.md).
-
-    Shares are fractions (0.25 = 25 %) and their keys end in ``_fraction``.
-    """
-    from oomload.stats import round_up
-
-    advice = stats.advice
-    alignment = columns.alignment
-    implied = round_up(max(advice.basis_tokens * (1.0 + advice.margin), 1.0), advice.round_to)
-    return {
-        "schema": STATS_SCHEMA,
-        "inputs": list(inputs),
-        "formats": list(columns.formats),
-        "tokenizer": columns.tokenizer,
-        "skipped": columns.skips.as_dict(),
-        "aligned": None if alignment is None else alignment.description,
-        "aligned_reason": None if alignment is None else alignment.reason,
-        "percentile_method": stats.method,
-        "count": stats.arrivals.count,
-        "failed": stats.failed_count,
-        "arrivals": stats.arrivals.as_dict(),
-        "prompt_tokens": stats.prompt.as_dict(),
-        "output_tokens": stats.output.as_dict(),
-        "total_tokens": stats.total.as_dict(),
-        "share_above_fraction": {str(limit): share for limit, share in stats.above_limits.items()},
-        "max_model_len": {
-            "recommended": advice.max_model_len,
-            "implied_by_trace": implied,
-            "basis": f"P{advice.basis_percentile:g} of total tokens",
-            "basis_tokens": advice.basis_tokens,
-            "margin_fraction": advice.margin,
-            "round_to": advice.round_to,
-            "capped_by_model_limit": advice.capped_by_model_limit,
-            "model_limit": model_limit,
-            "capped_by_kv_cache": advice.capped_by_kv_cache,
-            "kv_cache_tokens": kv_cache_tokens,
-            "usable_kv_cache_tokens": usable_kv_cache_tokens,
-            "kept_current": advice.kept_current,
-            "refused_fraction": advice.refused_share,
-            "refused_count": advice.refused_count,
-            "max_concurrency": advice.max_concurrency,
-            "current_max_model_len": advice.current_max_model_len,
-            "current_max_concurrency": advice.current_max_concurrency,
-            "freed_concurrency": advice.freed_concurrency,
-        },
-    }
-
-
-def _print_stats(doc: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    arrivals = doc["arrivals"]
-    head = Table(title=f"Trace: {', '.join(doc['inputs'])} ({'+'.join(doc['formats'])})", show_header=False)
-    head.add_row("requests", f"{doc['count']:,}" + (f" ({doc['failed']:,} failed)" if doc["failed"] else ""))
-    head.add_row("time span", f"{arrivals['span_s']:,.1f} s")
-    mean = arrivals["mean_rps"]
-    head.add_row("arrival rate, mean", "-" if mean is None else f"{mean:,.2f} req/s")
-    head.add_row(
-        "arrival rate, peak 1 s / 60 s",
-        f"{arrivals['peak_rps_1s']:,.2f} / {arrivals['peak_rps_60s']:,.2f} req/s",
-    )
-    cv = arrivals["burstiness_cv"]
-    head.add_row("burstiness (CV of gaps; Poisson = 1)", "-" if cv is None else f"{cv:.2f}")
-    if doc["aligned_reason"]:
-        head.add_row("inputs aligned", f"{doc['aligned']} ({doc['aligned_reason']})")
-    if doc["skipped"]:
-        head.add_row("lines skipped", ", ".join(f"{n} {reason}" for reason, n in doc["skipped"].items()))
-    console.print(head)
-
-    lengths = Table(title="Lengths (tokens)", caption=f"percentiles: {doc['percentile_method']}")
-    lengths.add_column("")
-    for key in ("mean", "p50", "p90", "p95", "p99", "p99.9", "max"):
-        lengths.add_column(key.upper() if key != "mean" else "mean", justify="right")
-    for label, key in (("input", "prompt_tokens"), ("output", "output_tokens"), ("total", "total_tokens")):
-        row = doc[key]
-        lengths.add_row(
-            label,
-            f"{row['mean']:,.1f}",
-            *(f"{row[k]:,.0f}" for k in ("p50", "p90", "p95", "p99", "p99.9", "max")),
-        )
-    console.print(lengths)
-
-    shares = ", ".join(
-        f">{int(limit) // 1024}K: {share:.2%}" for limit, share in doc["share_above_fraction"].items()
-    )
-    console.print(f"Share of requests above context limits (total tokens): {shares}")
-    for line in advice_lines(doc["max_model_len"]):
-        console.print(line, highlight=False)
-
-
-def advice_lines(advice: dict[str, Any]) -> list[str]:
-    """Terminal lines of the ``max_model_len`` advice: the arithmetic, then what limited it, if anything."""
-    implied, recommended = advice["implied_by_trace"], advice["recommended"]
-    arithmetic = (
-        f"{advice['basis']} = {advice['basis_tokens']:,.0f} + {advice['margin_fraction']:.0%} margin, "
-        f"rounded up to a multiple of {advice['round_to']}"
-    )
-    if recommended == implied:
-        lines = [f"max_model_len the trace implies: [bold]{recommended:,}[/bold] ({arithmetic})"]
-    else:
-        lines = [
-            f"max_model_len to use: [bold]{recommended:,}[/bold]; "
-            f"the trace alone implies {implied:,} ({arithmetic})"
-        ]
-    if advice["capped_by_model_limit"]:
-        lines.append(
-            f"  capped at the model's context limit {advice['model_limit']:,} tokens (--model-limit)"
-        )
-    if advice["capped_by_kv_cache"]:
-        lines.append(
-            f"  capped at {recommended:,}: the KV cache holds {advice['kv_cache_tokens']:,} tokens "
-            f"({advice['usable_kv_cache_tokens']:,} usable: one block is vLLM's null block), and vLLM "
-            "refuses to start when one max_model_len request does not fit (--kv-cache-tokens)"
-        )
-    if advice["kept_current"]:
-        lines.append(
-            f"  kept at the current {advice['current_max_model_len']:,}: it already covers the "
-            f"{advice['basis']} ({advice['basis_tokens']:,.0f}); raising it would only lower the "
-            "worst-case concurrency"
-        )
-    lines.append(
-        f"  would refuse {advice['refused_count']:,} requests ({advice['refused_fraction']:.2%} of the trace)"
-    )
-    if advice["max_concurrency"] is not None:
-        lines.append(f"  full-length sequences that fit in the KV cache: {advice['max_concurrency']:,.2f}")
-    if advice["freed_concurrency"] is not None:
-        lines.append(
-            f"  vs current max_model_len {advice['current_max_model_len']:,}: "
-            f"{advice['current_max_concurrency']:,.2f} → {advice['max_concurrency']:,.2f} "
-            f"({advice['freed_concurrency']:+,.2f} concurrent sequences)"
-        )
-    return lines
-
-
-def plot_lengths(
-    path: str, prompt_tokens: LengthCounts, output_tokens: LengthCounts, total: LengthCounts
-) -> None:
-    """Histograms of input, output and total tokens (log-spaced bins) from counts, percentiles marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from oomload.ingest import TraceScratch, check_output_path
-    from oomload.stats import PERCENTILE_METHOD, PERCENTILES
-
-    series = (("input tokens", prompt_tokens), ("output tokens", output_tokens), ("total tokens", total))
-    fig, axes = plt.subplots(3, 1, figsize=(9, 9), constrained_layout=True)
-    for ax, (label, counts) in zip(axes, series, strict=True):
-        values, weights = counts.distinct()
-        top = max(int(values.max()), 1)
-        bins = np.unique(np.geomspace(1, top + 1, 60).astype(int))
-        ax.hist(np.maximum(values, 1), bins=bins, weights=weights, color="#4c78a8")
-        ax.set_xscale("log")
-        ax.set_xlabel(label)
-        ax.set_ylabel("requests")
-        marks = counts.percentiles(PERCENTILES)
-        colors = ("#54a24b", "#f58518", "#b279a2", "#e45756", "#000000")
-        for p, mark, color in zip(PERCENTILES, marks, colors, strict=True):
-            ax.axvline(
-                max(float(mark), 1), color=color, linestyle="--", linewidth=1, label=f"P{p:g} = {mark:,.0f}"
-            )
-        ax.legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"Request lengths ({prompt_tokens.count:,} requests; {PERCENTILE_METHOD})")
-    try:
-        with TraceScratch(check_output_path(path, example="lengths.png")) as scratch:
-            try:
-                fig.savefig(scratch.final, dpi=110, format="png")
-            except OSError as err:
-                raise ConfigError(f"cannot write the plot to {path} ({err.strerror or err})") from err
-            scratch.commit()
-    finally:
-        plt.close(fig)
 
 
 class ReadProgress:

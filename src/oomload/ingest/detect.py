@@ -21,7 +21,7 @@ import orjson
 
 from oomload.errors import ConfigError, TraceFormatError
 from oomload.ingest.source import LogSource
-from oomload.ingest.vllm_log import LOG_PREFIX
+from oomload.ingest.vllm_log import is_vllm_log
 
 FORMATS: dict[str, str] = {
     "openai": "OpenAI-style request/response JSONL, also the OpenAI Batch API output",
@@ -60,7 +60,7 @@ def detect_format(source: LogSource, *, forced: str | None = None, mapped: bool 
         return "azure"
     if set(header) >= BURSTGPT_COLUMNS:
         return "burstgpt"
-    if any(LOG_PREFIX.match(line) for line in lines):
+    if is_vllm_log(lines):
         return "vllm-log"
     what = f"a CSV with columns {', '.join(header)}" if len(header) > 1 else "not a known log"
     raise TraceFormatError(

@@ -219,5 +219,5 @@ def _time_s(line: str) -> float | None:
 
 
 def is_vllm_log(lines: list[bytes]) -> bool:
-    """True when the first lines look like a vLLM server log."""
-    return sum(1 for line in lines if LOG_PREFIX.match(line)) >= max(1, len(lines) // 3)
+    """True when any of a log's first lines carries vLLM's log prefix (``detect_format``'s rule)."""
+    return any(LOG_PREFIX.match(line) for line in lines)

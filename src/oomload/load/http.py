@@ -23,6 +23,11 @@ into a ``cancelled`` result with the start time, the TTFT and the tokens streame
 The response head is parsed by ``geventhttpclient``'s C parser (``HTTPSocketResponse``); the body is
 read line by line (``readline``) and fed to ``SseStream`` as it arrives, so TTFT is the time of the
 first token event, not of the first buffer full. The whole exchange runs under one ``gevent.Timeout``.
+
+One exchange is four steps: ``_connect`` (a socket, TLS if asked), ``_send`` (the request, then the
+response head), ``_read`` (a stream or a body) and ``classify``. Each step records how the exchange
+ended in a small ``_Wire``, an ``Ending`` (answered, refused, connect failed, no answer, broke, timed
+out) plus what the answer said, and the next step runs only after an answered one.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -200,146 +206,254 @@ def send(
     server_answered_before: bool,
     progress: ExchangeProgress | None = None,
 ) -> Exchange:
-    """Send one request on a fresh connection and classify how it ended."""
+    """Send one request on a fresh connection and classify how it ended.
+
+    ``_exchange`` connects, sends and reads under one timeout and returns a ``_Wire``: how the
+    exchange ended (``Ending``) and what the answer said (``_Answer``); ``_observation`` turns that
+    into ``classify``'s ``Observation``; ``_result`` adds the timings.
+    """
+    message = _request_bytes(endpoint, request)
+    progress = progress if progress is not None else ExchangeProgress()
+    progress.start_unix_s = time.time()
+    progress.t0 = time.perf_counter()
+    wire = _exchange(endpoint, message, stream=stream, timeout_s=timeout_s, progress=progress)
+    t_end = time.perf_counter()
+    obs = _observation(
+        wire,
+        progress.sse,
+        output_tokens_asked=request.output_tokens,
+        exact_output=exact_output,
+        server_answered_before=server_answered_before,
+    )
+    return _result(progress, obs, t_end, stream=stream)
+
+
+class Ending(Enum):
+    """How an exchange ended on the wire, before its answer is judged."""
+
+    ANSWERED = "answered"  # the answer was read to its end (a stream may still lack [DONE])
+    REFUSED = "refused"  # connect refused: the request provably never reached the server
+    CONNECT_FAILED = "connect failed"  # no address, unreachable, reset during the handshake, …
+    NO_ANSWER = "no answer"  # the request could not be sent, or the connection closed before a head
+    BROKE = "broke"  # the answer broke off before its end
+    TIMED_OUT = "timed out"  # the request timeout elapsed (at any point)
+
+
+@dataclass(slots=True)
+class _Answer:
+    """What the server's answer said (filled as it is read)."""
+
+    read_to_end: bool = True  # a stream: [DONE] seen; a body: read whole
+    well_formed: bool = True  # a 200 body was JSON with choices or an error, or an event stream
+    error: tuple[str | None, int | None, str | None] = (None, None, None)  # (text, code, type)
+    error_in_200: bool = False  # the error came inside a 200 (an error event or a JSON error body)
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class _Wire:
+    """One exchange as the socket saw it: how it ended, the HTTP status, the answer."""
+
+    ending: Ending = Ending.ANSWERED
+    socket_error: str | None = None  # errno name or exception type, for the failed endings
+    http_status: int | None = None
+    answer: _Answer = field(default_factory=_Answer)
+
+    @property
+    def transport_error(self) -> str | None:
+        """The short text of a failed connection (``None`` when answered or timed out)."""
+        why = self.socket_error
+        return {
+            Ending.REFUSED: "connection refused",
+            Ending.CONNECT_FAILED: f"connect failed ({why})",
+            Ending.NO_ANSWER: f"closed before an answer ({why})",
+            Ending.BROKE: f"{why} before the end",
+        }.get(self.ending)
+
+    @property
+    def complete(self) -> bool:
+        """The answer was not cut off (vacuously true when there was none)."""
+        return self.ending not in (Ending.BROKE, Ending.TIMED_OUT) and self.answer.read_to_end
+
+
+def _request_bytes(endpoint: Endpoint, request: PreparedRequest) -> bytes:
     head = (
         f"POST {endpoint.base_path}{request.path} HTTP/1.1\r\n".encode("latin-1")
         + endpoint.header_lines
         + b"Content-Type: application/json\r\nAccept: text/event-stream, application/json\r\n"
         + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(request.body)
     )
-    progress = progress if progress is not None else ExchangeProgress()
-    start_unix_s = progress.start_unix_s = time.time()
-    t0 = progress.t0 = time.perf_counter()
-    sse = progress.sse
-    status: int | None = None
-    timed_out = refused = False
-    transport: str | None = None
-    body_ok = True
-    complete = True
-    err_text: str | None = None
-    err_code: int | None = None
-    err_type: str | None = None
-    stream_error = False
-    usage_prompt = usage_completion = None
+    return head + request.body
+
+
+def _exchange(
+    endpoint: Endpoint, message: bytes, *, stream: bool, timeout_s: float, progress: ExchangeProgress
+) -> _Wire:
+    """Connect, send, read, all under one ``gevent.Timeout``; what was seen, however it ended."""
+    wire = _Wire()
     sock: socket.socket | None = None
     timer = gevent.Timeout(timeout_s)
     timer.start()
     try:
-        cache = endpoint.cache
-        try:
-            sock = connect(cache.addresses.addresses())
-        except ConnectionRefusedError:
-            cache.addresses.forget()
-            refused, transport = True, "connection refused"
-            raise _Done() from None
-        except OSError as err:
-            cache.addresses.forget()
-            transport = f"connect failed ({_errname(err)})"
-            raise _Done() from None
-        if endpoint.tls:
-            if cache.tls_context is None:
-                cache.tls_context = ssl.create_default_context()
-            sock = cache.tls_context.wrap_socket(sock, server_hostname=endpoint.host)
-        try:
-            sock.sendall(head + request.body)
-            resp = HTTPSocketResponse(sock, block_size=BLOCK_BYTES, method="POST")
-        except _WIRE_ERRORS as err:
-            transport = f"closed before an answer ({_errname(err)})"
-            raise _Done() from None
-        status = progress.http_status = resp.status_code
-        ctype = str(resp.get("content-type") or "")
-        try:
-            if status == 200 and stream and ctype.startswith("text/event-stream"):
-                complete = False
-                while True:
-                    line = resp.readline(b"\n")
-                    if not line:
-                        break
-                    sse.feed_line(line, time.perf_counter())
-                sse.close(time.perf_counter())
-                complete = sse.done
-            else:
-                body = _read_capped(resp)
-                if status == 200:
-                    usage_prompt, usage_completion, body_error, has_choices = parse_json_body(body)
-                    if body_error is not None:
-                        err_text, err_code, err_type = error_fields(body_error)
-                        stream_error = True
-                    body_ok = has_choices or body_error is not None
-                    if ctype.startswith("text/event-stream"):  # streamed although not asked
-                        sse.feed(body, time.perf_counter())
-                        sse.close(time.perf_counter())
-                        body_ok = sse.events > 0
-                else:
-                    err_text, err_type = error_message(body), error_type(body)
-        except _WIRE_ERRORS as err:
-            complete = False
-            transport = f"{_errname(err)} before the end"
+        sock = _connect(endpoint.cache.addresses, wire)
+        if sock is not None:
+            sock = _wrap_tls(endpoint, sock)
+            response = _send(sock, message, wire)
+            if response is not None:
+                wire.http_status = progress.http_status = response.status_code
+                _read(response, stream, progress.sse, wire)
     except gevent.Timeout as timeout:
         if timeout is not timer:
             raise
-        timed_out = True
-        complete = False
-    except _Done:
-        pass
+        wire.ending = Ending.TIMED_OUT
     finally:
         timer.close()
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
-    t_end = time.perf_counter()
+    return wire
+
+
+def _connect(addresses: AddressCache, wire: _Wire) -> gevent.socket.socket | None:
+    """A connected socket, or ``None`` with the failure in ``wire`` (the name is resolved anew next time)."""
+    try:
+        return connect(addresses.addresses())
+    except ConnectionRefusedError:
+        addresses.forget()
+        wire.ending = Ending.REFUSED
+    except OSError as err:
+        addresses.forget()
+        wire.ending, wire.socket_error = Ending.CONNECT_FAILED, _errname(err)
+    return None
+
+
+def _wrap_tls(endpoint: Endpoint, sock: socket.socket) -> socket.socket:
+    if not endpoint.tls:
+        return sock
+    cache = endpoint.cache
+    if cache.tls_context is None:
+        cache.tls_context = ssl.create_default_context()
+    return cache.tls_context.wrap_socket(sock, server_hostname=endpoint.host)
+
+
+def _send(sock: socket.socket, message: bytes, wire: _Wire) -> HTTPSocketResponse | None:
+    """Write the request and parse the response head; ``None`` with the failure in ``wire``."""
+    try:
+        sock.sendall(message)
+        return HTTPSocketResponse(sock, block_size=BLOCK_BYTES, method="POST")
+    except _WIRE_ERRORS as err:
+        wire.ending, wire.socket_error = Ending.NO_ANSWER, _errname(err)
+        return None
+
+
+def _read(response: HTTPSocketResponse, stream: bool, sse: SseStream, wire: _Wire) -> None:
+    """Read the answer to its end into ``wire.answer`` (stream events go to ``sse`` as they arrive)."""
+    ctype = str(response.get("content-type") or "")
+    try:
+        if wire.http_status == 200 and stream and ctype.startswith("text/event-stream"):
+            _read_stream(response, sse, wire.answer)
+        else:
+            _read_body(response, wire.http_status, ctype, sse, wire.answer)
+    except _WIRE_ERRORS as err:
+        wire.ending, wire.socket_error = Ending.BROKE, _errname(err)
+
+
+def _read_stream(response: HTTPSocketResponse, sse: SseStream, answer: _Answer) -> None:
+    while True:
+        line = response.readline(b"\n")
+        if not line:
+            break
+        sse.feed_line(line, time.perf_counter())
+    sse.close(time.perf_counter())
+    answer.read_to_end = sse.done
+
+
+def _read_body(
+    response: HTTPSocketResponse, status: int | None, ctype: str, sse: SseStream, answer: _Answer
+) -> None:
+    body = _read_capped(response)
+    if status != 200:
+        answer.error = (error_message(body), None, error_type(body))
+        return
+    answer.usage_prompt_tokens, answer.usage_completion_tokens, body_error, has_choices = parse_json_body(
+        body
+    )
+    if body_error is not None:
+        answer.error, answer.error_in_200 = error_fields(body_error), True
+    answer.well_formed = has_choices or body_error is not None
+    if ctype.startswith("text/event-stream"):  # streamed although not asked
+        sse.feed(body, time.perf_counter())
+        sse.close(time.perf_counter())
+        answer.well_formed = sse.events > 0
+
+
+def _observation(
+    wire: _Wire,
+    sse: SseStream,
+    *,
+    output_tokens_asked: int,
+    exact_output: bool,
+    server_answered_before: bool,
+) -> Observation:
+    """What ``classify`` judges: the wire's ending and the answer, an SSE error event and usage first."""
+    answer = wire.answer
+    error, error_in_200 = answer.error, answer.error_in_200
     if sse.error is not None:
-        err_text, err_code, err_type = error_fields(sse.error)
-        stream_error = True
+        error, error_in_200 = error_fields(sse.error), True
+    usage_prompt, usage_completion = answer.usage_prompt_tokens, answer.usage_completion_tokens
     if sse.events:
         usage_prompt, usage_completion = sse.usage_prompt_tokens, sse.usage_completion_tokens
-    obs = Observation(
-        http_status=status,
-        error_text=err_text,
-        error_code=err_code,
-        error_type=err_type,
-        stream_error=stream_error,
-        timed_out=timed_out,
-        transport_error=transport,
-        refused=refused,
+    error_text, error_code, error_type_name = error
+    return Observation(
+        http_status=wire.http_status,
+        error_text=error_text,
+        error_code=error_code,
+        error_type=error_type_name,
+        stream_error=error_in_200,
+        timed_out=wire.ending is Ending.TIMED_OUT,
+        transport_error=wire.transport_error,
+        refused=wire.ending is Ending.REFUSED,
         server_answered_before=server_answered_before,
-        body_ok=body_ok,
-        stream_complete=complete,
+        body_ok=answer.well_formed,
+        stream_complete=wire.complete,
         usage_prompt_tokens=usage_prompt,
         usage_completion_tokens=usage_completion,
-        output_tokens_asked=request.output_tokens,
+        output_tokens_asked=output_tokens_asked,
         exact_output=exact_output,
     )
+
+
+def _result(progress: ExchangeProgress, obs: Observation, t_end: float, *, stream: bool) -> Exchange:
+    """The classified exchange with its timings: TTFT, TPOT and the longest gap from the token events
+    (a non-streamed ok answer's TTFT is its end to end time)."""
     outcome, reason, detail = classify(obs)
+    sse, t0 = progress.sse, progress.t0
     ttft_ms = tpot_ms = itl_max_ms = None
     if sse.first_token_s is not None:
         ttft_ms = (sse.first_token_s - t0) * 1000.0
-        tokens = usage_completion or sse.token_events
+        tokens = obs.usage_completion_tokens or sse.token_events
         if sse.last_token_s is not None and tokens >= 2:
             tpot_ms = (sse.last_token_s - sse.first_token_s) * 1000.0 / (tokens - 1)
         if sse.token_events >= 2:
             itl_max_ms = sse.max_gap_s * 1000.0
-    elif status == 200 and not stream and outcome is Outcome.OK:
+    elif obs.http_status == 200 and not stream and outcome is Outcome.OK:
         ttft_ms = (t_end - t0) * 1000.0
     e2e_ms = (t_end - t0) * 1000.0
     return Exchange(
         outcome=outcome,
         reason=reason,
         detail=detail,
-        start_unix_s=start_unix_s,
-        end_unix_s=start_unix_s + e2e_ms / 1000.0,
-        http_status=status,
-        usage_prompt_tokens=usage_prompt,
-        usage_completion_tokens=usage_completion,
+        start_unix_s=progress.start_unix_s,
+        end_unix_s=progress.start_unix_s + e2e_ms / 1000.0,
+        http_status=obs.http_status,
+        usage_prompt_tokens=obs.usage_prompt_tokens,
+        usage_completion_tokens=obs.usage_completion_tokens,
         ttft_ms=ttft_ms,
         tpot_ms=tpot_ms,
         itl_max_ms=itl_max_ms,
         e2e_ms=e2e_ms,
     )
-
-
-class _Done(Exception):
-    """Internal: the exchange ended early (connect or send failed)."""
 
 
 def connect(addresses: list[SocketAddress]) -> gevent.socket.socket:

@@ -6,5 +6,8 @@
 - ``tokenizer``: the toy 4-characters-per-token tokenizer (pure).
 - ``planner``: ``oomload plan``'s offline closed-loop runs on a virtual clock (pure).
 - ``metrics``: Prometheus / DCGM exposition with vLLM's names.
-- ``server``: the aiohttp front end; ``process``: ``SimServer``, a subprocess context manager.
+- ``openai_request``: vLLM's validation of OpenAI requests and its error bodies (pure).
+- ``engine``: admission, the engine loop that steps the model in time, engine death.
+- ``server``: the aiohttp front end (routing, JSON/SSE answers); ``process``: ``SimServer``, a
+  subprocess context manager.
 """

@@ -1,25 +1,25 @@
-"""``oomload sim serve``: an OpenAI-compatible HTTP server on aiohttp that drives the pure engine.
+"""``oomload sim serve``: the simulated vLLM's HTTP face, an OpenAI-compatible server on aiohttp.
 
-One asyncio task (the engine loop) runs ``EngineModel.step`` whenever there is work, sleeps the
-modelled step time × ``time_scale``, then wakes the handlers of the requests that produced tokens.
+Three parts, as in vLLM: this module routes requests and shapes the answers (JSON or SSE, vLLM's
+field order and error bodies); ``oomload.sim.openai_request`` validates a request the way vLLM does
+and says which ``max_tokens`` the engine will run; ``oomload.sim.engine`` admits it (or answers
+503), steps the pure ``EngineModel`` in time and wakes this module's handlers when their requests
+produced tokens.
+
 A streaming handler writes every token it has not sent yet in one ``write`` (token emission is
 batched per engine step, and naturally coalesces when the writer lags), so one core serves hundreds
-of streams. Handlers never block the loop; a client that goes away aborts its request (blocks freed,
-``finished_reason="abort"``).
+of streams. Handlers never block the loop; a client that goes away aborts its request.
 
-Behaviour copied from vLLM (reference ``vllm-facts.md`` §4.3, §5, §6 and ``vllm-cpu.md`` §4):
+Behaviour of the HTTP face copied from vLLM (reference ``vllm-facts.md`` §4.3, §5, §6 and
+``vllm-cpu.md`` §4):
 
-- 400 ``BadRequestError`` JSON for a prompt longer than ``max_model_len``; ``prompt + max_tokens >
-  max_model_len`` silently clamps ``max_tokens`` (vLLM ≥ 0.33; ``--context-overflow reject`` gives the
-  0.20 error instead). Malformed bodies get 400, never a crash.
-- 503 "The engine is currently busy…" when WAITING already holds ``--max-num-queued-reqs`` requests
-  (or ``--max-num-queued-tokens`` prompt tokens). A rejected *stream* gets, every
-  ``--stream-reject-every``-th time, HTTP 200 followed by ``data: {"error": …}`` and ``data: [DONE]``.
-- A modelled CUDA OOM kills the engine: in-flight requests get 500 (streams an SSE error event),
-  later ones 500, ``/health`` 503, and after ``--exit-delay-s`` the process exits with status 1.
+- Errors are vLLM's JSON bodies (``{"error": {"message", "type", "param", "code"}}``); malformed
+  bodies get 400, never a crash; unknown routes 404 ``NotFoundError``.
+- A rejected *stream* (503) gets, every ``--stream-reject-every``-th time, HTTP 200 followed by
+  ``data: {"error": …}`` and ``data: [DONE]``.
+- After a modelled CUDA OOM, in-flight requests get 500 (streams an SSE error event), later ones
+  500, ``/health`` 503, and after ``--exit-delay-s`` the process exits with status 1.
 - Idle keep-alive connections are closed after ``--keepalive-timeout-s`` (5 s, uvicorn's default).
-- A request naming another model than the served one gets vLLM's 404 ``NotFoundError``
-  ("The model `x` does not exist."); an empty prompt gets 400 "The decoder prompt cannot be empty".
 - ``/dcgm/metrics`` answers 404 when no GPU is modelled (only blocks or KV bytes were given): there is
   no device memory to report, and made-up figures would mislead.
 """
@@ -44,27 +44,19 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from oomload.errors import ConfigError
+from oomload.sim.engine import EngineLoop, Flight
 from oomload.sim.metrics import EngineCollector, build_registry, cache_config_labels, dcgm_text
 from oomload.sim.model import EngineModel
+from oomload.sim.openai_request import Generation, RequestError, RequestRules, decode_body
 from oomload.sim.scheduler import SimRequest
 from oomload.sim.tokenizer import FIRST_ORDINARY_ID, ToyTokenizer
 
-BUSY_MESSAGE = (
-    "The engine is currently busy and cannot accept new requests. "
-    "Please try again later or on a different instance."
-)
-DEAD_MESSAGE = "The server had an error while processing your request."
 NO_GPU_MESSAGE = (
     "No GPU is modelled: this simulated server was started without --gpu (only --num-gpu-blocks or "
     "--kv-cache-memory-bytes), so it has no device memory to report. Start it with --gpu to get "
     "DCGM framebuffer metrics."
 )
-# vLLM's V1 input processor rejects an empty prompt with ValueError(f"The {prompt_type} prompt cannot
-# be empty"), prompt_type "decoder" (vllm/v1/engine/processor.py; vLLM's tests match 'decoder prompt
-# cannot be empty' in tests/entrypoints/llm/test_prompt_validation.py); the server answers 400.
-EMPTY_PROMPT_MESSAGE = "The decoder prompt cannot be empty"
 PIECE_TABLE_SIZE = 1024
-BATCH_S = 0.005  # tokens are delivered in batches of at most this much modelled time
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,41 +82,8 @@ class ServerOptions:
     num_gpus: int = 1
 
 
-class RequestError(Exception):
-    """An OpenAI-style error response (status + vLLM JSON body)."""
-
-    def __init__(
-        self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.err_type = err_type
-        self.param = param
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.err_type,
-                "param": self.param,
-                "code": self.status,
-            }
-        }
-
-
-@dataclass(slots=True, eq=False)
-class _Flight:
-    """A request in flight: the engine's view plus how the handler is woken."""
-
-    req: SimRequest
-    event: asyncio.Event
-    stream: bool
-    error: RequestError | None = None
-
-
 class SimService:
-    """The HTTP front end and the engine loop of one simulated vLLM server."""
+    """The HTTP front end of one simulated vLLM server over its ``EngineLoop``."""
 
     def __init__(
         self, engine: EngineModel, options: ServerOptions, *, log: Callable[[str], None] | None = None
@@ -134,16 +93,23 @@ class SimService:
         self.tokenizer = ToyTokenizer(engine.model.vocab_size)
         self.max_model_len = engine.engine.max_model_len
         self.created = int(time.time())
-        self._log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-        self._wake = asyncio.Event()
-        self._flights: dict[SimRequest, _Flight] = {}
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.rules = RequestRules(
+            self.tokenizer, options.served_model_name, self.max_model_len, options.context_overflow
+        )
+        self.engine_loop = EngineLoop(
+            engine,
+            time_scale=options.time_scale,
+            max_num_queued_reqs=options.max_num_queued_reqs,
+            max_num_queued_tokens=options.max_num_queued_tokens,
+            exit_delay_s=options.exit_delay_s,
+            log=self.log,
+        )
         self._counter = 0
         self._rejected_streams = 0
         self._pieces = [
             self.tokenizer.piece(FIRST_ORDINARY_ID + (i * 7919) % 1000) for i in range(PIECE_TABLE_SIZE)
         ]
-        self.stop_event = asyncio.Event()
-        self.exit_code = 0
         collector = EngineCollector(
             engine,
             model_name=options.served_model_name,
@@ -198,97 +164,23 @@ class SimService:
                 return web.json_response(body, status=err.status)
             raise
 
+    @property
+    def stop_event(self) -> asyncio.Event:
+        """Set when the server should exit (a signal, or ``exit_delay_s`` after the engine died)."""
+        return self.engine_loop.stop_event
+
+    @property
+    def exit_code(self) -> int:
+        return self.engine_loop.exit_code
+
     async def _start_loop(self, app: web.Application) -> None:
-        self._loop_task = asyncio.get_running_loop().create_task(self._engine_loop())
+        self._loop_task = asyncio.get_running_loop().create_task(self.engine_loop.run())
 
     async def _stop_loop(self, app: web.Application) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._loop_task
-
-    # -- engine loop ---------------------------------------------------------------------------
-    async def _engine_loop(self) -> None:
-        """Run engine steps; deliver their tokens in batches of at most ``BATCH_S`` of modelled time.
-
-        Steps whose scaled duration is shorter than ``BATCH_S`` run back to back (at most ``BATCH_S``
-        of real time), then every handler that got tokens is woken once and the loop sleeps for the
-        modelled time not yet spent. Timing stays faithful on average; tokens arrive at most
-        ``BATCH_S`` late, and each wake-up carries several tokens, which is what makes hundreds of
-        streams cheap.
-        """
-        engine = self.engine
-        loop = asyncio.get_running_loop()
-        scale = self.opts.time_scale
-        flights = self._flights
-        while True:
-            if not engine.scheduler.has_work:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            started = loop.time()
-            base = time.monotonic()
-            modelled = 0.0
-            touched: set[SimRequest] = set()
-            oom = None
-            while True:
-                report = engine.step(base + modelled, scale)
-                modelled += report.duration_s * scale
-                touched.update(report.result.sampled)
-                oom = report.oom
-                if oom is not None or not engine.scheduler.has_work:
-                    break
-                if modelled >= BATCH_S or loop.time() - started >= BATCH_S:
-                    break
-            delay = modelled - (loop.time() - started)
-            await asyncio.sleep(delay if delay > 0 else 0)
-            for req in touched:
-                flight = flights.get(req)
-                if flight is not None and (flight.stream or req.finished):
-                    flight.event.set()
-            if oom is not None:
-                self._die(oom.message)
-                return
-
-    def _die(self, message: str) -> None:
-        self._log("ERROR [dump_input.py] Dumping input data for V1 LLM engine")
-        self._log(f"ERROR [core.py] EngineCore encountered a fatal error.\ntorch.OutOfMemoryError: {message}")
-        self._log("ERROR [async_llm.py] AsyncLLM output_handler failed.")
-        err = RequestError(500, DEAD_MESSAGE, "InternalServerError")
-        for flight in list(self._flights.values()):
-            self._log(f"ERROR [async_llm.py] Request {flight.req.request_id} failed (engine dead).")
-            flight.error = err
-            flight.event.set()
-        self.exit_code = 1
-        asyncio.get_running_loop().call_later(self.opts.exit_delay_s, self.stop_event.set)
-
-    def _submit(self, req: SimRequest, stream: bool) -> _Flight:
-        if self.engine.dead is not None:
-            raise RequestError(500, DEAD_MESSAGE, "InternalServerError")
-        self._check_admission(req)
-        req.arrival_s = time.monotonic()
-        flight = _Flight(req, asyncio.Event(), stream)
-        self._flights[req] = flight
-        self.engine.add(req)
-        self._wake.set()
-        return flight
-
-    def _check_admission(self, req: SimRequest) -> None:
-        opts = self.opts
-        stats = self.engine.stats
-        if opts.max_num_queued_reqs is not None and self.engine.num_waiting >= opts.max_num_queued_reqs:
-            stats.admission_rejections["max_num_queued_reqs"] += 1
-            raise RequestError(503, BUSY_MESSAGE, "Service Unavailable")
-        if opts.max_num_queued_tokens is not None and (
-            self.engine.waiting_tokens() + req.prompt_tokens > opts.max_num_queued_tokens
-        ):
-            stats.admission_rejections["max_num_queued_tokens"] += 1
-            raise RequestError(503, BUSY_MESSAGE, "Service Unavailable")
-
-    def _finish(self, flight: _Flight) -> None:
-        self._flights.pop(flight.req, None)
-        if not flight.req.finished and self.engine.dead is None:
-            self.engine.abort(flight.req, time.monotonic())
 
     # -- simple endpoints ----------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -344,7 +236,7 @@ class SimService:
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
         if "messages" in body:
-            ids = self._chat_ids(body["messages"], bool(body.get("add_generation_prompt", True)))
+            ids = self.rules.chat_ids(body["messages"], bool(body.get("add_generation_prompt", True)))
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
@@ -360,150 +252,33 @@ class SimService:
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise RequestError(400, "'tokens' must be a list of integers", param="tokens")
-        self._check_vocab(tokens)
+        self.rules.check_vocab(tokens)
         return web.json_response({"prompt": self.tokenizer.decode(tokens)})
 
     # -- generation ----------------------------------------------------------------------------
-    def _check_model(self, body: dict[str, Any]) -> None:
-        """404 for a model the server does not serve, as vLLM's ``OpenAIServing._check_model``."""
-        model = body.get("model")
-        if model is None or model == self.opts.served_model_name:
-            return
-        if not isinstance(model, str):
-            raise RequestError(400, f"'model' must be a string, got {model!r}", param="model")
-        raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError", param="model")
-
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        body = await _json_body(request)
-        self._check_model(body)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            prompt_ids: list[int] | None = None
-            prompt_tokens = self.tokenizer.count(prompt)
-        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            self._check_vocab(prompt)
-            prompt_ids = prompt
-            prompt_tokens = len(prompt)
-        else:
-            raise RequestError(
-                400, "'prompt' must be a string or a list of token ids (one prompt)", param="prompt"
-            )
-        if prompt_tokens == 0:
-            raise RequestError(400, EMPTY_PROMPT_MESSAGE, param="prompt")
-        max_tokens = _opt_int(body, "max_tokens", 16)
-        return await self._generate(request, body, prompt_tokens, prompt_ids, max_tokens, chat=False)
+        return await self._generate(request, self.rules.completion(await _json_body(request)))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        body = await _json_body(request)
-        self._check_model(body)
-        ids = self._chat_ids(body.get("messages"), True)
-        max_tokens = _opt_int(body, "max_completion_tokens", None)
-        if max_tokens is None:
-            max_tokens = _opt_int(body, "max_tokens", None)
-        return await self._generate(request, body, len(ids), ids, max_tokens, chat=True)
+        return await self._generate(request, self.rules.chat(await _json_body(request)))
 
-    def _chat_ids(self, messages: Any, add_generation_prompt: bool) -> list[int]:
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise RequestError(400, "'messages' must be a list of message objects", param="messages")
-        try:
-            return self.tokenizer.encode_chat(messages, add_generation_prompt=add_generation_prompt)
-        except TypeError as err:
-            raise RequestError(400, str(err), param="messages") from err
-
-    def _check_vocab(self, ids: list[int]) -> None:
-        bad = self.tokenizer.out_of_vocab(ids)
-        if bad is not None:
-            raise RequestError(400, f"Token id {bad} is out of vocabulary", param="prompt")
-
-    def _resolve_max_tokens(self, prompt_tokens: int, max_tokens: int | None) -> int:
-        limit = self.max_model_len
-        if prompt_tokens > limit:
-            raise RequestError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, your prompt contains "
-                f"{prompt_tokens} input tokens, which exceeds this limit even without any output "
-                "tokens. Please "
-                f"reduce the length of the input prompt. (parameter=input_tokens, value={prompt_tokens})",
-                param="input_tokens",
-            )
-        if prompt_tokens == limit:
-            raise RequestError(
-                400,
-                f"The decoder prompt (length {prompt_tokens}) plus the number of requested output "
-                "tokens (at least "
-                f"1) is longer than the maximum model length of {limit}. Make sure that "
-                "`max_model_len` is no "
-                "smaller than the number of text tokens plus `max_tokens`.",
-                param="input_tokens",
-            )
-        if max_tokens is None:
-            return limit - prompt_tokens
-        if max_tokens < 1:
-            raise RequestError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
-        if self.opts.context_overflow == "reject" and prompt_tokens + max_tokens > limit:
-            total = prompt_tokens + max_tokens
-            raise RequestError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{max_tokens} output "
-                f"tokens and your prompt contains {prompt_tokens} input tokens, for a total of "
-                f"{total} tokens. "
-                "Please reduce the length of the input prompt or the number of requested output tokens. "
-                f"(parameter=input_tokens, value={prompt_tokens})",
-                param="input_tokens",
-            )
-        if max_tokens > limit:
-            raise RequestError(
-                400,
-                f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request fewer "
-                "output tokens.",
-                param="max_tokens",
-            )
-        return min(max_tokens, limit - prompt_tokens)
-
-    async def _generate(
-        self,
-        request: web.Request,
-        body: dict[str, Any],
-        prompt_tokens: int,
-        prompt_ids: list[int] | None,
-        max_tokens: int | None,
-        *,
-        chat: bool,
-    ) -> web.StreamResponse:
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise RequestError(400, "'stream' must be a boolean", param="stream")
-        stream_options = body.get("stream_options")
-        if stream_options is not None and not stream:
-            raise RequestError(
-                400, "Stream options can only be defined when `stream=True`.", param="stream_options"
-            )
-        include_usage = bool(isinstance(stream_options, dict) and stream_options.get("include_usage"))
-        min_tokens = _opt_int(body, "min_tokens", 0) or 0
-        limit = self._resolve_max_tokens(prompt_tokens, max_tokens)
-        if min_tokens < 0 or (max_tokens is not None and min_tokens > max_tokens):
-            raise RequestError(
-                400, f"min_tokens must be in [0, max_tokens], got {min_tokens}", param="min_tokens"
-            )
+    async def _generate(self, request: web.Request, gen: Generation) -> web.StreamResponse:
         self._counter += 1
-        prefix = "chatcmpl" if chat else "cmpl"
+        prefix = "chatcmpl" if gen.chat else "cmpl"
         rid = f"{prefix}-{self.opts.seed:04x}{self._counter:012x}"
-        req = SimRequest(rid, prompt_tokens, limit, prompt_ids=prompt_ids)
+        req = SimRequest(rid, gen.prompt_tokens, gen.max_tokens, prompt_ids=gen.prompt_ids)
         try:
-            flight = self._submit(req, stream)
+            flight = self.engine_loop.submit(req, gen.stream)
         except RequestError as err:
-            if stream and err.status == 503 and self._in_band_reject():
+            if gen.stream and err.status == 503 and self._in_band_reject():
                 return await self._stream_error(request, err)
             raise
         try:
-            if stream:
-                return await self._stream(request, flight, chat=chat, include_usage=include_usage)
-            return await self._unary(flight, chat=chat)
+            if gen.stream:
+                return await self._stream(request, flight, chat=gen.chat, include_usage=gen.include_usage)
+            return await self._unary(flight, chat=gen.chat)
         finally:
-            self._finish(flight)
+            self.engine_loop.finish(flight)
 
     def _in_band_reject(self) -> bool:
         every = self.opts.stream_reject_every
@@ -517,7 +292,7 @@ class SimService:
         await resp.write_eof()
         return resp
 
-    async def _unary(self, flight: _Flight, *, chat: bool) -> web.StreamResponse:
+    async def _unary(self, flight: Flight, *, chat: bool) -> web.StreamResponse:
         req = flight.req
         while not req.finished and flight.error is None:
             await flight.event.wait()
@@ -578,7 +353,7 @@ class SimService:
         return "".join(pieces[(base + i) & mask] for i in range(start, end))
 
     async def _stream(
-        self, request: web.Request, flight: _Flight, *, chat: bool, include_usage: bool
+        self, request: web.Request, flight: Flight, *, chat: bool, include_usage: bool
     ) -> web.StreamResponse:
         req = flight.req
         model = json.dumps(self.opts.served_model_name)
@@ -651,22 +426,7 @@ def _sse_response() -> web.StreamResponse:
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.read())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise RequestError(400, f"Invalid JSON body: {err}") from err
-    if not isinstance(body, dict):
-        raise RequestError(400, "The request body must be a JSON object")
-    return body
-
-
-def _opt_int(body: dict[str, Any], key: str, default: int | None) -> int | None:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(400, f"'{key}' must be an integer, got {value!r}", param=key)
-    return value
+    return decode_body(await request.read())
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -701,9 +461,9 @@ async def serve(service: SimService, host: str, port: int, port_file: Path | Non
         with contextlib.suppress(NotImplementedError, RuntimeError):  # non-main thread
             loop.add_signal_handler(sig, service.stop_event.set)
     for line in service.engine.layout.startup_lines():
-        service._log(f"INFO [sim] {line}")
+        service.log(f"INFO [sim] {line}")
     shown = f"[{host}]" if ":" in host else host
-    service._log(f"INFO:     Uvicorn running on http://{shown}:{bound_port} (Press CTRL+C to quit)")
+    service.log(f"INFO:     Uvicorn running on http://{shown}:{bound_port} (Press CTRL+C to quit)")
     try:
         if port_file is not None:
             write_port_file(port_file, bound_port)

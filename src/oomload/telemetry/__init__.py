@@ -9,6 +9,8 @@
 * ``fake_nvml``: a fake NVML with ``pynvml``'s interface and real ``NVMLError``s (tests, benchmark).
 * ``dcgm``: GPU memory read from a DCGM exporter or from ``oomload sample --serve``.
 * ``scrape``: one HTTP GET of a Prometheus text endpoint, failures as one ``EndpointError`` sentence.
+* ``sampler``: the loop behind ``oomload sample``: samples a GPU source on a fixed grid into
+  ``gpu.jsonl`` lines and/or serves the latest ones over HTTP as DCGM text.
 * ``gpu``: ``GpuSamplerProcess`` runs ``oomload sample`` as a child process (NVML calls block, so
   they stay out of Locust's gevent loop) and streams ``gpu.jsonl``.
 

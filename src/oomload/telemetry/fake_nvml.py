@@ -1,11 +1,11 @@
 """A fake NVML with the same interface as ``pynvml`` — a test double, not a user feature.
 
-It drives the NVML sampler's tests, the ``oomload sample`` subprocess in tests and the telemetry
-benchmark on machines without a GPU. Errors are the real ``pynvml.NVMLError`` subclasses
-(``pynvml.NVMLError(code)`` builds them), so the sampler's error mapping is exercised for real.
+It drives the NVML sampler's tests, ``oomload sample`` in tests (passed to
+``oomload.cli.sample.run`` as ``nvml``, see ``tests/fakesampler.py``) and the telemetry benchmark on
+machines without a GPU. Errors are the real ``pynvml.NVMLError`` subclasses (``pynvml.NVMLError(code)``
+builds them), so the sampler's error mapping is exercised for real.
 
-Spec (a JSON object, or the path of a JSON file; ``oomload sample --fake-nvml SPEC`` or the
-``OOMLOAD_FAKE_NVML`` environment variable, both test hooks)::
+Spec (a JSON object, or the path of a JSON file; ``load_fake_spec``)::
 
     {"error": "LIBRARY_NOT_FOUND",          # nvmlInit raises NVML_ERROR_<error>
      "devices": [{"name": "Fake H100", "total_bytes": 85899345920, "used_bytes": 1073741824,

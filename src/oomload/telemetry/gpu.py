@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,6 +32,7 @@ from oomload.rundir import RunWriter
 from oomload.telemetry.gpu_sample import GPU_SOURCES
 
 TAIL_BYTES = 64 * 1024
+SAMPLE_PROGRAM = (sys.executable, "-m", "oomload", "sample")
 
 
 class GpuSamplerProcess:
@@ -49,9 +50,10 @@ class GpuSamplerProcess:
         writer: RunWriter | None = None,
         startup_timeout_s: float = 30.0,
         stop_timeout_s: float = 5.0,
-        env: Mapping[str, str] | None = None,
+        program: Sequence[str] | None = None,
     ) -> None:
-        """``env``: extra environment variables for the child (e.g. ``OOMLOAD_FAKE_NVML`` in tests)."""
+        """``program``: the command that runs ``oomload sample`` and takes its flags (default
+        ``SAMPLE_PROGRAM``; tests give one that samples a fake NVML)."""
         if source not in GPU_SOURCES:
             raise ConfigError(f"GPU source must be one of {', '.join(GPU_SOURCES)}, got {source!r}")
         if source != "nvml" and not url:
@@ -67,7 +69,7 @@ class GpuSamplerProcess:
         self._writer = writer
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s
-        self._env = None if env is None else dict(env)
+        self.program = list(SAMPLE_PROGRAM if program is None else program)
         self.unavailable_reason: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
@@ -75,7 +77,7 @@ class GpuSamplerProcess:
 
     def command(self) -> list[str]:
         """The child's command line."""
-        cmd = [sys.executable, "-m", "oomload", "sample", "--out", str(self.out_path)]
+        cmd = [*self.program, "--out", str(self.out_path)]
         cmd += ["--interval-s", repr(self.interval_s), "--parent-pid", str(os.getpid())]
         if self.devices:
             cmd += ["--device", *(str(d) for d in self.devices)]
@@ -104,11 +106,10 @@ class GpuSamplerProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=self._stderr,
-                env=None if self._env is None else {**os.environ, **self._env},
                 start_new_session=True,  # Ctrl-C reaches the parent, which stops the child itself
             )
         except OSError as err:
-            return self._unavailable(f"cannot start the GPU sampler ({sys.executable}): {err.strerror}")
+            return self._unavailable(f"cannot start the GPU sampler ({self.program[0]}): {err.strerror}")
         self._proc = proc
         self._finalizer = weakref.finalize(self, _terminate, proc, self.stop_timeout_s)
         deadline = time.monotonic() + self.startup_timeout_s

@@ -1,0 +1,39 @@
+"""Running the ``oomload`` CLI from tests: as a user would (``oomload``, a subprocess of this
+checkout's interpreter) or in this process with its output captured (``run``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from oomload.cli import main
+
+HANG_S = 300.0  # a hang detector, not a timing assertion: a replay on the shared 2-core box takes minutes
+
+
+def oomload(
+    *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None, timeout_s: float = HANG_S
+) -> subprocess.CompletedProcess[str]:
+    """``python -m oomload ARGS`` in ``cwd``, with ``env`` added to this environment; output as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "oomload", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        check=False,
+    )
+
+
+def run(argv: Sequence[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``oomload ARGV`` in this process: (exit code, stdout, stderr); never a traceback."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err

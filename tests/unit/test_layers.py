@@ -35,6 +35,7 @@ CORE = {
     "oomload.stats",
     "oomload.synth",
     "oomload.capacity",
+    "oomload.odds",
     "oomload.schedule",
     "oomload.gauges",
     "oomload.serverside",
@@ -88,9 +89,11 @@ ADAPTERS = {
     "oomload.load.preflight",
     "oomload.load.progress",
     "oomload.load.repro",
+    "oomload.load.resultstream",
     "oomload.load.shape",
     "oomload.load.user",
     "oomload.load.webui",
+    "oomload.load.wire",
     "oomload.realvllm",
     "oomload.realvllm.install",
     "oomload.realvllm.launcher",
@@ -128,6 +131,7 @@ RUNNER = {
     "oomload.load.runner",
     "oomload.load.scenario",
     "oomload.load.session",
+    "oomload.load.worker",
     "oomload.load.workers",
 }
 CLI = {
@@ -138,6 +142,7 @@ CLI = {
     "oomload.cli.report",
     "oomload.cli.sample",
     "oomload.cli.sim",
+    "oomload.cli.worker",
     "oomload.cli.trace",
 }
 ENTRY = {"oomload.__main__"}

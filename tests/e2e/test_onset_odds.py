@@ -22,7 +22,7 @@ import random
 from pathlib import Path
 
 import pytest
-from harness import FIGURES, Run, ServerPool, oomload, write_trace_file
+from harness import FIGURES, Run, ServerPool, replay, write_trace_file
 
 pytestmark = pytest.mark.e2e
 
@@ -38,9 +38,11 @@ def test_the_onset_agrees_with_the_trace_odds(vllm_servers: ServerPool, tmp_path
     random.Random(7).shuffle(lengths)
     trace = write_trace_file(tmp_path / "mixed.jsonl", lengths)
     run_dir = tmp_path / "run"
-    proc = oomload(
-        *("replay", str(trace), "--url", server.url, "--run-dir", str(run_dir), "--gpu", "none", "--no-live"),
-        *("--concurrency", ",".join(map(str, LEVELS)), "--hold-s", "10", "--warmup-s", "0"),
+    proc = replay(
+        server.url,
+        trace,
+        run_dir,
+        *("--no-live", "--concurrency", ",".join(map(str, LEVELS)), "--hold-s", "10", "--warmup-s", "0"),
         *("--repeats", str(REPEATS), "--stop-on", "never", "--order", "sample", "--seed", "1"),
         *("--max-duration-s", "420"),
         timeout_s=600.0,

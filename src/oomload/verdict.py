@@ -90,7 +90,6 @@ from oomload.stepfacts import (
 
 DEFAULT_MIN_REQUESTS = 3
 ODDS_UNLIKELY = 0.01  # an observation the odds gave less than this chance is a disagreement
-ODDS_ONSET_P = 0.5  # the odds' onset: the lowest level where a preemption is more likely than not
 
 __all__ = [
     "DEFAULT_MIN_REQUESTS",
@@ -274,18 +273,14 @@ class Verdict:
     requests_failed: int = 0  # every error outcome over the measured steps, casualties included
     first_unsafe_concurrency: int | None = None  # lowest level that preempted or failed
     level_summaries: tuple[LevelSummary, ...] = ()
-    odds_onset: int | None = None  # the odds' onset on this run's levels and request counts
+    odds_onset: int | None = None  # lowest measured level with non-negligible odds (module docstring)
+    odds_onset_low: int | None = None  # one above the highest measured level with negligible odds below it
 
     @property
     def odds_levels_apart(self) -> int | None:
-        """Measured levels between the observed onset and the odds' onset (``None``: one is missing)."""
+        """Levels between the observed onset and the odds' onset range (``None``: one is missing)."""
         observed = None if self.preemption_onset is None else self.preemption_onset.concurrency
-        if observed is None or self.odds_onset is None:
-            return None
-        grid = list(self.levels)
-        if observed not in grid or self.odds_onset not in grid:
-            return None
-        return abs(grid.index(observed) - grid.index(self.odds_onset))
+        return odds_distance(observed, self.odds_onset_low, self.odds_onset, self.levels)
 
     def level(self, concurrency: int) -> LevelSummary | None:
         return next((lv for lv in self.level_summaries if lv.concurrency == concurrency), None)
@@ -359,6 +354,7 @@ class Verdict:
             },
             "level_summaries": [lv.to_json() for lv in self.level_summaries],
             "odds_onset": self.odds_onset,
+            "odds_onset_low": self.odds_onset_low,
             "odds_levels_apart": self.odds_levels_apart,
             "last_safe_concurrency": self.last_safe_concurrency,
             "first_unsafe_concurrency": self.first_unsafe_concurrency,
@@ -416,7 +412,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         queueing=None if queueing is None else queueing.concurrency,
         thin={lv.concurrency for lv in summaries if lv.evidence_thin},
     )
-    odds_onset = _odds_onset(summaries)
+    odds_low, odds_onset = _odds_onset(summaries)
     trusted = [s.concurrency for s in measured if s.trusted]
     max_tested = max(trusted) if trusted else None
 
@@ -442,7 +438,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
             died=_cut_only_by_death(run, steps, death),
         ),
         *data_notes(view),
-        *_level_notes(summaries, onset, odds_onset, levels, last_safe),
+        *_level_notes(summaries, onset, (odds_low, odds_onset), levels),
     ]
     key_levels = {c for c in (last_safe, None if onset is None else onset.concurrency) if c is not None}
     measured_ids = {s.index for s in measured}
@@ -472,6 +468,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         first_unsafe_concurrency=first_unsafe_concurrency(measured, death),
         level_summaries=summaries,
         odds_onset=odds_onset,
+        odds_onset_low=odds_low,
     )
 
 
@@ -550,20 +547,37 @@ def _weighted(steps: Sequence[StepFacts], share_of: Callable[[StepFacts], float 
     return None if not total else sum(v * n for v, n in pairs) / total
 
 
-def _odds_onset(summaries: Sequence[LevelSummary]) -> int | None:
-    """The lowest measured level where the odds give the requests sent there ≥ 50 % to see a preemption."""
-    return next(
-        (lv.concurrency for lv in summaries if lv.odds_p_seen is not None and lv.odds_p_seen >= ODDS_ONSET_P),
-        None,
-    )
+def _odds_onset(summaries: Sequence[LevelSummary]) -> tuple[int | None, int | None]:
+    """``(low, onset)``: the lowest measured level with non-negligible odds, and one above the highest
+    measured level below it whose odds are negligible (``None`` when there is none)."""
+    with_odds = [lv for lv in summaries if lv.odds is not None]
+    onset = next((lv.concurrency for lv in with_odds if lv.odds is not None and not lv.odds.negligible), None)
+    if onset is None:
+        return None, None
+    below = [lv.concurrency for lv in with_odds if lv.concurrency < onset]
+    return (max(below) + 1 if below else None), onset
+
+
+def odds_distance(
+    observed: int | None, low: int | None, onset: int | None, levels: Sequence[int]
+) -> int | None:
+    """Levels from ``observed`` to the odds' range ``[low, onset]``, counted on the measured levels
+    with ``low`` added (0 inside the range; ``None`` when either side is missing)."""
+    if observed is None or onset is None:
+        return None
+    lo = onset if low is None else low
+    if lo <= observed <= onset:
+        return 0
+    grid = sorted({*levels, lo, onset, observed})
+    edge = lo if observed < lo else onset
+    return abs(grid.index(observed) - grid.index(edge))
 
 
 def _level_notes(
     summaries: Sequence[LevelSummary],
     onset: PreemptionOnset | None,
-    odds_onset: int | None,
+    odds_range: tuple[int | None, int | None],
     levels: Sequence[int],
-    last_safe: int | None,
 ) -> list[ConfidenceNote]:
     """Caveats from the per-level view: sporadic preemption below the onset, thin evidence, the odds."""
     notes: list[ConfidenceNote] = []
@@ -590,15 +604,16 @@ def _level_notes(
                 f"{lv.odds_p_seen:.0%} to see at least one"
             )
             notes.append(ConfidenceNote("odds_disagree_level", text))
-    if onset_c is not None and odds_onset is not None and onset_c in levels and odds_onset in levels:
-        apart = abs(list(levels).index(onset_c) - list(levels).index(odds_onset))
-        if apart > 1:
-            text = (
-                f"the observed onset {onset_c} is {apart} measured levels from the trace's odds "
-                f"({odds_onset}): the server is not the pool cache_config_info describes, or the lengths "
-                "were not replayed as the trace has them"
-            )
-            notes.append(ConfidenceNote("odds_disagree", text))
+    apart = odds_distance(onset_c, *odds_range, levels)
+    if apart is not None and apart > 1:
+        low, odds_onset = odds_range
+        where = f"{odds_onset}" if low is None or low == odds_onset else f"{low}–{odds_onset}"
+        text = (
+            f"the observed onset {onset_c} is {apart} levels from the trace's odds ({where}): the server "
+            "is not the pool cache_config_info describes, or the lengths were not replayed as the trace "
+            "has them"
+        )
+        notes.append(ConfidenceNote("odds_disagree", text))
     return notes
 
 

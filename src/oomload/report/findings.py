@@ -324,14 +324,15 @@ def trace_odds(verdict: Verdict) -> Finding | None:
     ]
     onset = verdict.preemption_onset
     observed = "none" if onset is None else str(onset.concurrency)
-    odds_onset = "none" if verdict.odds_onset is None else str(verdict.odds_onset)
+    low, high = verdict.odds_onset_low, verdict.odds_onset
+    odds_onset = "none" if high is None else (str(high) if low in (None, high) else f"{low}–{high}")
     apart = verdict.odds_levels_apart
     disagree = [lv for lv in with_odds if lv.agreement not in (None, "agrees")]
     if (apart is not None and apart > 1) or disagree:
         verdict_word, status = "DISAGREES", "warn"
     else:
         verdict_word, status = "agrees", "ok"
-    text = f"onset {odds_onset} for the requests sent, observed {observed}: {verdict_word}" + (
+    text = f"onset {odds_onset} (≥ 1 preemption per 100 requests), observed {observed}: {verdict_word}" + (
         "" if not parts else f"; preemptions per 100 requests, odds vs seen — {', '.join(parts)}"
     )
     return Finding("trace_odds", "The trace's odds", text, status)

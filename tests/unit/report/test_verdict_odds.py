@@ -108,11 +108,23 @@ def test_the_odds_onset_agrees_within_one_level(tmp_path: Path) -> None:
     odds = [_odds(2, 0), _odds(4, 0), _odds(8, 100), _odds(16, 300)]
     steps = [StepSpec(2), StepSpec(4), StepSpec(8, preemptions=2), StepSpec(16, preemptions=8)]
     v = _verdict(tmp_path, steps, odds)
-    assert v.odds_onset == 8 and v.odds_levels_apart == 0
+    assert (v.odds_onset_low, v.odds_onset, v.odds_levels_apart) == (5, 8, 0)
     finding = trace_odds(v)
     assert finding is not None and finding.severity == "ok"
-    assert finding.text.startswith("onset 8 for the requests sent, observed 8: agrees")
+    assert finding.text.startswith("onset 5–8 (≥ 1 preemption per 100 requests), observed 8: agrees")
     assert v.to_json()["odds_onset"] == 8
+
+
+def test_odds_distance_counts_measured_levels_around_the_range() -> None:
+    from oomload.verdict import odds_distance
+
+    levels = (1, 2, 4, 8, 16)
+    assert odds_distance(6, 5, 8, levels) == 0  # inside 5–8
+    assert odds_distance(4, 5, 8, levels) == 1  # just below the range
+    assert odds_distance(2, 5, 8, levels) == 2
+    assert odds_distance(16, 5, 8, levels) == 1  # the next measured level above
+    assert odds_distance(7, None, 8, (6, 7, 8)) == 1
+    assert odds_distance(None, 5, 8, levels) is None
 
 
 def test_an_onset_far_from_the_odds_lowers_confidence(tmp_path: Path) -> None:

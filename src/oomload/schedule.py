@@ -177,8 +177,9 @@ class StepPlan:
 
 @dataclass(frozen=True, slots=True)
 class StepOutcome:
-    """What the schedule knows of one finished step (from request outcomes and ``/metrics`` deltas): enough
-    to call it bad or good. The verdict's full account of a step is ``oomload.stepfacts.StepFacts``."""
+    """What the schedule knows of one finished step (from request outcomes and ``/metrics`` deltas):
+    enough to call it bad or good. The verdict's full account of a step is
+    ``oomload.verdict.stepfacts.StepFacts``."""
 
     step: StepPlan
     completed: int = 0

@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from report.runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
 
 from oomload.errors import ConfigError, ExitCode
-from oomload.gate import (
+from oomload.outcome import Outcome
+from oomload.verdict import Verdict, build_verdict
+from oomload.verdict.gate import (
     AbsenceRule,
     GateStatus,
     LevelThreshold,
@@ -24,9 +26,7 @@ from oomload.gate import (
     parse_gate,
     parse_gate_toml,
 )
-from oomload.outcome import Outcome
-from oomload.runview import load_run
-from oomload.verdict import Verdict, build_verdict
+from oomload.verdict.runview import load_run
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oomload.outcome import Outcome
-from oomload.recommend import Recommendation
 from oomload.verdict import PreemptionOnset, StepFacts, Verdict, kv_peak_text, kv_percent
+from oomload.verdict.recommend import Recommendation
 
 # outcomes that are not failures, or that a finding of their own already tells
 NOT_FAILURES = frozenset(

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from oomload import __version__
-from oomload.runview import RunView, as_float, as_int
 from oomload.stats import LengthSummary
 from oomload.verdict import Verdict
+from oomload.verdict.runview import RunView, as_float, as_int
 
 NOT_RECORDED = "not recorded"
 # cache_config_info fields worth a reader's eye, in this order (others stay in cache_config.json)

@@ -62,7 +62,7 @@ from typing import Literal, TypeAlias
 
 from oomload.errors import ConfigError, ExitCode
 from oomload.outcome import Outcome
-from oomload.verdict import KV_SATURATED, StepFacts, Verdict
+from oomload.verdict.verdict import KV_SATURATED, StepFacts, Verdict
 
 Bound = Literal["below", "up-to"]
 Op = Literal["<=", ">=", "==", "<", ">"]
@@ -143,7 +143,7 @@ PREEMPTION = Event(
     observable=lambda s: s.preemptions is not None,
 )
 ENGINE_DEATH = Event("engine_death", shows=_death_shown, phrase=_death_phrase, at_death=True)
-QUEUEING = Event(  # sustained: two consecutive scrapes (oomload.gauges)
+QUEUEING = Event(  # sustained: two consecutive scrapes (oomload.verdict.gauges)
     "queueing",
     shows=lambda s, v: (s.waiting_sustained or 0) > 0,
     phrase=lambda v: "queueing",

@@ -25,7 +25,7 @@ step is the step whose window holds ``T_d`` (latest start ≤ ``T_d``); steps th
 measured a dead server.
 
 The verdict charges casualties to the death step only: one that started in an earlier step does not
-count against that step's error rate or safety (``oomload.stepfacts``), and a casualty's
+count against that step's error rate or safety (``oomload.verdict.stepfacts``), and a casualty's
 ``transport_error`` is not reported as a client transport problem. The death finding says how many
 requests in flight failed.
 """
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oomload.outcome import Outcome, RequestResult
-from oomload.runview import RunView, StepBoundary
+from oomload.verdict.runview import RunView, StepBoundary
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda oom", "cuda error: out of memory")
 CASUALTY_OUTCOMES = frozenset(

@@ -39,6 +39,7 @@ CORE = {
     "oomload.schedule",
     "oomload.serverside",
     "oomload.credentials",
+    "oomload.rundir.records",
     "oomload.verdict",
     "oomload.verdict.runview",
     "oomload.verdict.gauges",

@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from oomload.capacity import single_request_limit_tokens
+from oomload.rundir.records import as_float, as_int
 from oomload.stats import MaxModelLenAdvice, recommend_max_model_len
-from oomload.verdict.runview import as_float, as_int
 from oomload.verdict.verdict import Verdict, kv_peak_text
 
 DEFAULT_MARGIN = 0.10

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 
 from oomload.odds import LevelOdds
 from oomload.outcome import Outcome, RequestResult
+from oomload.rundir.records import max_float, max_int, min_int
 from oomload.serverside import (
     SERVER_SHARE_MIN,
     ServerConcurrency,
@@ -62,7 +63,7 @@ from oomload.serverside import (
 )
 from oomload.stats import percentile
 from oomload.verdict.gauges import sustained_level
-from oomload.verdict.runview import StepData, max_float, max_int, min_int
+from oomload.verdict.runview import StepData
 
 ACHIEVED_CONCURRENCY_MIN_SHARE = 0.8
 KV_SATURATED = 0.99  # KV usage at or above this is a saturated pool

@@ -74,6 +74,7 @@ from typing import Any
 
 from oomload.odds import LevelOdds
 from oomload.outcome import Outcome, RequestResult
+from oomload.rundir.records import CUT_SHORT_REASONS, RunStatus, as_float, as_int, as_str
 from oomload.stats import LengthSummary, summarize_lengths
 from oomload.verdict.confidence import (
     ConfidenceNote,
@@ -84,7 +85,7 @@ from oomload.verdict.confidence import (
 )
 from oomload.verdict.death import EngineDeath, detect_engine_death
 from oomload.verdict.prediction import Prediction, compare_prediction
-from oomload.verdict.runview import CUT_SHORT_REASONS, RunView, as_float, as_int, as_str
+from oomload.verdict.runview import RunView
 from oomload.verdict.stepfacts import (
     END_REASON_WORDS,
     KV_SATURATED,
@@ -663,8 +664,8 @@ def _level_onset(
 def _run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | None) -> RunInfo:
     config = view.config
     status = view.status
-    finished = bool(status and status.get("finished"))
-    end_reason = None if status is None else as_str(status.get("end_reason"))
+    finished = status is not None and status.finished
+    end_reason = None if status is None else status.end_reason
     cut_steps = [s for s in steps if s.cut_short]
     cut_short = (
         status is None
@@ -708,7 +709,7 @@ def _cut_short_detail(
     view: RunView,
     steps: Sequence[StepFacts],
     death: EngineDeath | None,
-    status: Mapping[str, Any] | None,
+    status: RunStatus | None,
     end_reason: str | None,
 ) -> str:
     """Where and why the run was cut short: the step, its concurrency, seconds since the run started."""

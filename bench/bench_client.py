@@ -166,7 +166,7 @@ def client(kind: str, url: str, users: int, out_path: str) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from oomload.load.payload import PayloadOptions
-    from oomload.load.runner import LoadOptions, build_user_class
+    from oomload.run.runner import LoadOptions, build_user_class
     from oomload.rundir import RunWriter
     from oomload.trace import TraceRecord
 

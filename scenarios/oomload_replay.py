@@ -9,4 +9,4 @@ OOMLOAD_RAMP + OOMLOAD_HOLD_S (a step shape instead of -u/-r), … or OOMLOAD_SC
 All the logic lives in ``oomload.load``; this file only re-exports its Locust entry points.
 """
 
-from oomload.load.locustfile import *  # noqa: F403  (the user class, the optional shape, the init hook)
+from oomload.run.locustfile import *  # noqa: F403  (the user class, the optional shape, the init hook)

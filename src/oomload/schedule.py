@@ -1,6 +1,6 @@
 """The rising-concurrency step schedule: which level next, when a step is done, when the run stops.
 
-Pure decisions over observed step facts; the Locust shape (``oomload.load.shape``) asks and obeys.
+Pure decisions over the outcomes of finished steps; the Locust shape (``oomload.load.shape``) asks and obeys.
 
 Levels
     ``"1,2,4,8"`` (an explicit list), ``"linear:START:STOP:STEP"`` (START, START+STEP, … ≤ STOP) or
@@ -176,8 +176,10 @@ class StepPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class StepFacts:
-    """What one finished step showed (from request outcomes and ``/metrics`` deltas)."""
+class StepOutcome:
+    """What the schedule knows of one finished step (from request outcomes and ``/metrics`` deltas):
+    enough to call it bad or good. The verdict's full account of a step is
+    ``oomload.verdict.stepfacts.StepFacts``."""
 
     step: StepPlan
     completed: int = 0
@@ -217,7 +219,7 @@ class Decision:
     end_reason: str | None = None
 
 
-def stop_reason(stop_on: Sequence[StopCondition], facts: StepFacts) -> str | None:
+def stop_reason(stop_on: Sequence[StopCondition], facts: StepOutcome) -> str | None:
     """The first stop condition this step fires, as written on the command line, or ``None``."""
     for cond in stop_on:
         if cond.name == "first-preemption" and facts.preemptions > 0:
@@ -229,7 +231,7 @@ def stop_reason(stop_on: Sequence[StopCondition], facts: StepFacts) -> str | Non
     return None
 
 
-def is_bad(stop_on: Sequence[StopCondition], facts: StepFacts) -> bool:
+def is_bad(stop_on: Sequence[StopCondition], facts: StepOutcome) -> bool:
     """Preempted, engine dead, or over an ``error-rate`` limit: the onset lies at or below this level."""
     if facts.preemptions > 0 or facts.engine_dead or facts.server_dead:
         return True
@@ -237,7 +239,7 @@ def is_bad(stop_on: Sequence[StopCondition], facts: StepFacts) -> bool:
     return any(facts.error_rate > limit for limit in limits)
 
 
-def level_is_bad(stop_on: Sequence[StopCondition], measurements: Sequence[StepFacts]) -> bool:
+def level_is_bad(stop_on: Sequence[StopCondition], measurements: Sequence[StepOutcome]) -> bool:
     """Bad in at least half of its conclusive measurements: a clean step short of the evidence the
     trace's odds asked for (``evidence_short``) is no vote that the level is good."""
     bad = sum(1 for f in measurements if is_bad(stop_on, f))
@@ -245,15 +247,17 @@ def level_is_bad(stop_on: Sequence[StopCondition], measurements: Sequence[StepFa
     return bad > 0 and 2 * bad >= conclusive
 
 
-def _by_level(history: Sequence[StepFacts]) -> dict[int, list[StepFacts]]:
-    levels: dict[int, list[StepFacts]] = {}
+def _by_level(history: Sequence[StepOutcome]) -> dict[int, list[StepOutcome]]:
+    levels: dict[int, list[StepOutcome]] = {}
     for f in history:
         if f.step.phase != "warmup":
             levels.setdefault(f.step.concurrency, []).append(f)
     return levels
 
 
-def refine_bracket(stop_on: Sequence[StopCondition], history: Sequence[StepFacts]) -> tuple[int, int] | None:
+def refine_bracket(
+    stop_on: Sequence[StopCondition], history: Sequence[StepOutcome]
+) -> tuple[int, int] | None:
     """``(last good, first bad)`` levels over the non-warm-up steps, or ``None`` when no bracket exists."""
     levels = _by_level(history)
     bad = [c for c, facts in levels.items() if level_is_bad(stop_on, facts)]
@@ -267,7 +271,7 @@ def refine_bracket(stop_on: Sequence[StopCondition], history: Sequence[StepFacts
 
 
 def next_refine_level(
-    stop_on: Sequence[StopCondition], history: Sequence[StepFacts], repeats: int = 1
+    stop_on: Sequence[StopCondition], history: Sequence[StepOutcome], repeats: int = 1
 ) -> int | None:
     """The bisection level between the last good and the first bad level; once they are adjacent, the
     one of the two with fewer measurements (the bad one on a tie) while short of ``repeats``; else
@@ -283,8 +287,8 @@ def next_refine_level(
     return min(short, key=lambda c: (len(levels.get(c, [])), c != bad), default=None)
 
 
-def next_step(plan: SchedulePlan, history: Sequence[StepFacts]) -> Decision:
-    """Decide the step after ``history`` (the facts of every finished step, in order)."""
+def next_step(plan: SchedulePlan, history: Sequence[StepOutcome]) -> Decision:
+    """Decide the step after ``history`` (the outcome of every finished step, in order)."""
     if not history:
         phase: Phase = "warmup" if plan.warmup else "ramp"
         return Decision(StepPlan(0, plan.levels[0], phase))

@@ -30,10 +30,11 @@ engine did not see (the API server, or the client host, is the bottleneck).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from oomload.rundir.records import as_float
 
 MIN_WINDOW_S = 1.0  # a shorter window between two scrapes says nothing about a mean
 SERVER_SHARE_MIN = 0.8  # below this the server held markedly less than the client sent
@@ -86,13 +87,13 @@ def server_concurrency(
         return None
     if last.get("restarted") or any(m.get("restarted") for m in between):
         return None
-    t0, t1 = _number(first.get("t_unix_s")), _number(last.get("t_unix_s"))
+    t0, t1 = as_float(first.get("t_unix_s")), as_float(last.get("t_unix_s"))
     if t0 is None or t1 is None or t1 - t0 < MIN_WINDOW_S:
         return None
     means: dict[str, float | None] = {}
     seconds: dict[str, float | None] = {}
     for field, name in SUM_FIELDS.items():
-        a, b = _number(first.get(field)), _number(last.get(field))
+        a, b = as_float(first.get(field)), as_float(last.get(field))
         if a is None or b is None:
             means[name] = seconds[name] = None
             continue
@@ -120,9 +121,3 @@ def delivered_concurrency(achieved: float | None, share: float | None) -> float 
     if share is None:
         return achieved
     return achieved * min(1.0, share)
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None

@@ -59,7 +59,7 @@ def test_missing_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_validation_does_not_import_locust() -> None:
-    code = "import sys; import oomload.cli.replay, oomload.load.runner; print('locust' in sys.modules)"
+    code = "import sys; import oomload.cli.replay, oomload.run.runner; print('locust' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

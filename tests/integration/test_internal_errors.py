@@ -2,7 +2,7 @@
 
 The runner and the CLI used to fall back when one of oomload's own modules failed to import: without
 ``oomload.report`` a run printed a step table and exited 0 — with ``--gate no-preemption-below:64``
-and preemptions seen — and without ``oomload.gate`` the gate rules were silently dropped. Here the
+and preemptions seen — and without ``oomload.verdict.gate`` the gate rules were silently dropped. Here the
 module is made unimportable in a subprocess (``sys.modules[name] = None``): the run must exit 70
 with one line on stderr, and the traceback must be saved (in the run directory once there is one).
 """
@@ -64,7 +64,7 @@ def test_a_broken_gate_module_is_not_a_run_without_gates(tmp_path: Path) -> None
     trace = tmp_path / "t.jsonl"
     write_trace(trace, [TraceRecord("r0", 0.0, 10, 5)], TraceHeader(format="test"))
     proc = _run(
-        "oomload.gate",
+        "oomload.verdict.gate",
         *("replay", str(trace), "--url", "http://127.0.0.1:1", "--gate", "no-preemption-below:64"),
         cwd=tmp_path,
     )
@@ -73,6 +73,6 @@ def test_a_broken_gate_module_is_not_a_run_without_gates(tmp_path: Path) -> None
     assert len(lines) == 1 and "internal error (ModuleNotFoundError)" in lines[0], proc.stderr
     saved = Path(lines[0].rsplit("traceback saved in ", 1)[1])
     try:
-        assert "oomload.gate" in saved.read_text()
+        assert "oomload.verdict.gate" in saved.read_text()
     finally:
         saved.unlink()

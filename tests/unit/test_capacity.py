@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oomload.capacity import blocks_held, concurrent_fit, kv_tokens_held, predict_preemption_onset
-from oomload.prediction import compare_prediction
 from oomload.sim.scheduler import Scheduler, SchedulerConfig, SimRequest
+from oomload.verdict.prediction import compare_prediction
 
 
 def test_a_request_one_token_over_a_block_boundary_still_holds_one_block() -> None:

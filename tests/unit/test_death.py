@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 from report.runbuilder import T0, StepSpec, request, write_run
 
-from oomload.gate import GateStatus, evaluate_gate, parse_gate
 from oomload.outcome import Outcome
-from oomload.recommend import recommend
 from oomload.report.findings import describe, step_row
-from oomload.runview import load_run
 from oomload.verdict import Verdict, build_verdict
+from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
+from oomload.verdict.recommend import recommend
+from oomload.verdict.runview import load_run
 
 DEAD = Outcome.ENGINE_DEAD
 RESET = Outcome.TRANSPORT_ERROR

@@ -12,8 +12,13 @@ from hypothesis import strategies as st
 from report.runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
 
 from oomload.errors import ConfigError, ExitCode
-from oomload.gate import (
+from oomload.outcome import Outcome
+from oomload.verdict import Verdict, build_verdict
+from oomload.verdict.gate import (
+    AbsenceRule,
     GateStatus,
+    LevelThreshold,
+    RunThreshold,
     evaluate_gate,
     evaluate_gates,
     gate_exit_code,
@@ -21,9 +26,7 @@ from oomload.gate import (
     parse_gate,
     parse_gate_toml,
 )
-from oomload.outcome import Outcome
-from oomload.runview import load_run
-from oomload.verdict import Verdict, build_verdict
+from oomload.verdict.runview import load_run
 
 
 @pytest.fixture(scope="module")
@@ -38,21 +41,21 @@ def status(rule: str, verdict: Verdict) -> GateStatus:
 
 def test_parse_absence_and_threshold_rules() -> None:
     g = parse_gate("no-preemption-below:64")
-    assert (g.kind, g.event, g.bound, g.concurrency, g.highest_covered) == (
-        "absence",
-        "preemption",
-        "below",
-        64,
-        63,
-    )
+    assert isinstance(g, AbsenceRule)
+    assert (g.event.name, g.bound, g.concurrency, g.highest_covered) == ("preemption", "below", 64, 63)
     g = parse_gate("No-OOM-up-to: 128")
-    assert (g.event, g.bound, g.highest_covered) == ("engine_death", "up-to", 128)
+    assert isinstance(g, AbsenceRule)
+    assert (g.event.name, g.bound, g.highest_covered) == ("engine_death", "up-to", 128)
     g = parse_gate("p99-ttft-s@64 <= 2")
-    assert (g.kind, g.metric, g.concurrency, g.op, g.threshold) == ("threshold", "p99-ttft-s", 64, "<=", 2.0)
+    assert isinstance(g, LevelThreshold)
+    assert (g.metric.name, g.concurrency, g.op, g.threshold, g.unit) == ("p99-ttft-s", 64, "<=", 2.0, "s")
     g = parse_gate("error-rate<=0.1%")
-    assert g.threshold == pytest.approx(0.001) and g.concurrency is None
-    assert parse_gate("max-kv-usage@32<0.95").op == "<"
-    assert parse_gate("last-safe-concurrency>=64").metric == "last-safe-concurrency"
+    assert isinstance(g, RunThreshold)
+    assert g.threshold == pytest.approx(0.001) and g.concurrency is None and g.show(0.0054) == "0.54 %"
+    g = parse_gate("max-kv-usage@32<0.95")
+    assert isinstance(g, LevelThreshold) and g.op == "<"
+    g = parse_gate("last-safe-concurrency>=64")
+    assert isinstance(g, RunThreshold) and g.metric.name == "last-safe-concurrency"
 
 
 @pytest.mark.parametrize(

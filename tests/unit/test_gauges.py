@@ -2,7 +2,7 @@
 
 The case from a real run: one scrape showed ``waiting 1`` (a request that had just arrived, KV 9 %)
 at concurrency 2; the verdict reported "Queueing: concurrency 2" and ``--gate no-queueing-below:4``
-failed. The rule (``oomload.gauges``): at least two consecutive scrapes of the step.
+failed. The rule (``oomload.verdict.gauges``): at least two consecutive scrapes of the step.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from report.runbuilder import StepSpec, write_run
 
-from oomload.gate import GateStatus, evaluate_gate, parse_gate
-from oomload.gauges import SUSTAINED_SCRAPES, sustained_level
-from oomload.runview import load_run
 from oomload.verdict import build_verdict
+from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
+from oomload.verdict.gauges import SUSTAINED_SCRAPES, sustained_level
+from oomload.verdict.runview import load_run
 
 
 def test_sustained_level_boundary() -> None:

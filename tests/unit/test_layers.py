@@ -37,17 +37,19 @@ CORE = {
     "oomload.capacity",
     "oomload.odds",
     "oomload.schedule",
-    "oomload.gauges",
     "oomload.serverside",
     "oomload.credentials",
-    "oomload.runview",
-    "oomload.stepfacts",
-    "oomload.death",
-    "oomload.confidence",
-    "oomload.prediction",
+    "oomload.rundir.records",
     "oomload.verdict",
-    "oomload.recommend",
-    "oomload.gate",
+    "oomload.verdict.runview",
+    "oomload.verdict.gauges",
+    "oomload.verdict.stepfacts",
+    "oomload.verdict.death",
+    "oomload.verdict.confidence",
+    "oomload.verdict.prediction",
+    "oomload.verdict.verdict",
+    "oomload.verdict.recommend",
+    "oomload.verdict.gate",
     "oomload.ingest.clocks",
     "oomload.load.classify",
     "oomload.load.payload",
@@ -83,16 +85,10 @@ ADAPTERS = {
     "oomload.ingest.writer",
     "oomload.load",
     "oomload.load.context",
-    "oomload.load.deathwatch",
     "oomload.load.http",
-    "oomload.load.livefeed",
-    "oomload.load.preflight",
-    "oomload.load.progress",
-    "oomload.load.repro",
     "oomload.load.resultstream",
     "oomload.load.shape",
     "oomload.load.user",
-    "oomload.load.webui",
     "oomload.load.wire",
     "oomload.realvllm",
     "oomload.realvllm.install",
@@ -109,6 +105,7 @@ ADAPTERS = {
     "oomload.report.summary",
     "oomload.report.terminal",
     "oomload.rundir",
+    "oomload.rundir.io",
     "oomload.sim",
     "oomload.sim.engine",
     "oomload.sim.metrics",
@@ -124,15 +121,23 @@ ADAPTERS = {
     "oomload.telemetry.scrape",
     "oomload.tracereport",
 }
-# Wires one run: its configuration, the Locust scenario and session, worker processes.
+# Wires one run (``oomload.run``): its configuration, preflight, the Locust scenario and session, the
+# death watch, the live view and web UI, the reproduction, worker processes.
 RUNNER = {
-    "oomload.load.config",
-    "oomload.load.locustfile",
-    "oomload.load.runner",
-    "oomload.load.scenario",
-    "oomload.load.session",
-    "oomload.load.worker",
-    "oomload.load.workers",
+    "oomload.run",
+    "oomload.run.deathwatch",
+    "oomload.run.livefeed",
+    "oomload.run.preflight",
+    "oomload.run.progress",
+    "oomload.run.repro",
+    "oomload.run.webui",
+    "oomload.run.config",
+    "oomload.run.locustfile",
+    "oomload.run.runner",
+    "oomload.run.scenario",
+    "oomload.run.session",
+    "oomload.run.worker",
+    "oomload.run.workers",
 }
 CLI = {
     "oomload.cli",
@@ -159,8 +164,8 @@ MAY_IMPORT = {
 ALLOWED = {
     # ``runview.load_run`` reads a run directory through ``RunReader``; the rest of runview (and every
     # core module that uses it) only sees the parsed records. Moving the reading next to ``rundir``
-    # belongs to the verdict pipeline's work on runview.py.
-    ("oomload.runview", "oomload.rundir"): "load_run reads the run directory",
+    # belongs to the typed run-directory records (#13 item 1).
+    ("oomload.verdict.runview", "oomload.rundir"): "load_run reads the run directory",
 }
 FORBIDDEN = ["locust", "gevent", "pynvml", "geventhttpclient"]
 
@@ -190,11 +195,11 @@ def test_imports_point_down_the_layers() -> None:
 
 
 def test_the_layer_check_sees_function_level_and_relative_imports() -> None:
-    source = "import os\ndef f():\n    from oomload.load import runner\n    from . import sibling\n"
+    source = "import os\ndef f():\n    from oomload.run import runner\n    from . import sibling\n"
     tree = ast.parse(source)
     assert _imports_of(tree, "oomload.x.mod", is_package=False) == {
-        "oomload.load",
-        "oomload.load.runner",
+        "oomload.run",
+        "oomload.run.runner",
         "oomload.x",
         "oomload.x.sibling",
     }

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from report.runbuilder import CPU_CACHE, GIB, StepSpec, cpu_knee_steps, write_run
 
 from oomload.outcome import Outcome
-from oomload.recommend import recommend
-from oomload.runview import load_run
 from oomload.stats import percentile
 from oomload.verdict import Verdict, build_verdict
+from oomload.verdict.recommend import recommend
+from oomload.verdict.runview import load_run
 
 
 def verdict_of(path: Path) -> Verdict:

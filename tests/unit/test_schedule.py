@@ -10,7 +10,7 @@ from oomload.errors import ConfigError
 from oomload.schedule import (
     Hold,
     SchedulePlan,
-    StepFacts,
+    StepOutcome,
     StepPlan,
     StopCondition,
     max_duration_exceeded,
@@ -58,9 +58,9 @@ def test_hold_needs_time_and_count() -> None:
         Hold(hold_s=0.0, min_requests=0)
 
 
-def _run(plan: SchedulePlan, onset: int, dead_at: int | None = None) -> tuple[list[StepFacts], str]:
+def _run(plan: SchedulePlan, onset: int, dead_at: int | None = None) -> tuple[list[StepOutcome], str]:
     """Drive the schedule against a server that preempts from ``onset`` on (and dies at ``dead_at``)."""
-    history: list[StepFacts] = []
+    history: list[StepOutcome] = []
     for _ in range(200):
         decision = next_step(plan, history)
         if decision.step is None:
@@ -68,7 +68,9 @@ def _run(plan: SchedulePlan, onset: int, dead_at: int | None = None) -> tuple[li
             return history, decision.end_reason
         c = decision.step.concurrency
         dead = dead_at is not None and c >= dead_at
-        history.append(StepFacts(decision.step, completed=10, preemptions=int(c >= onset), server_dead=dead))
+        history.append(
+            StepOutcome(decision.step, completed=10, preemptions=int(c >= onset), server_dead=dead)
+        )
     raise AssertionError("the schedule did not terminate")
 
 
@@ -132,7 +134,7 @@ def test_dead_server_ends_the_run_at_once() -> None:
 
 def test_error_rate_condition_marks_steps_bad() -> None:
     plan = SchedulePlan(levels=(1, 2, 4), stop_on=(parse_stop_condition("error-rate:0.1"),))
-    history = [StepFacts(next_step(plan, []).step, completed=10, errors=5)]  # type: ignore[arg-type]
+    history = [StepOutcome(next_step(plan, []).step, completed=10, errors=5)]  # type: ignore[arg-type]
     decision = next_step(plan, history)
     assert decision.step is None
     assert decision.end_reason == "stop_condition:error-rate:0.1"
@@ -179,14 +181,14 @@ def test_a_repeat_that_flips_a_level_moves_the_bracket() -> None:
     """7 bad once, then good twice: 7 is good by majority, and the onset moves up to 8."""
     plan = SchedulePlan(levels=(4, 8), stop_on=FIRST_PREEMPTION, repeats=3)
     seen = {7: iter([1, 0, 0])}
-    history: list[StepFacts] = []
+    history: list[StepOutcome] = []
     for _ in range(50):
         decision = next_step(plan, history)
         if decision.step is None:
             break
         c = decision.step.concurrency
         preempted = next(seen[c]) if c in seen else int(c >= 8)
-        history.append(StepFacts(decision.step, completed=10, preemptions=preempted))
+        history.append(StepOutcome(decision.step, completed=10, preemptions=preempted))
     order = [f.step.concurrency for f in history]
     assert order[:2] == [4, 8]
     assert order.count(7) == 3 and order.count(8) == 3
@@ -205,9 +207,9 @@ def test_a_clean_step_short_of_evidence_is_no_vote_for_its_level() -> None:
 
     plan = SchedulePlan(levels=(8,))
     step = StepPlan(0, 8, "ramp")
-    bad = StepFacts(step, completed=10, preemptions=1)
-    clean = StepFacts(step, completed=10)
-    short = StepFacts(step, completed=10, evidence_short=True)
+    bad = StepOutcome(step, completed=10, preemptions=1)
+    clean = StepOutcome(step, completed=10)
+    short = StepOutcome(step, completed=10, evidence_short=True)
     assert level_is_bad(plan.stop_on, [bad, short, short])  # 1 of 1 conclusive
     assert not level_is_bad(plan.stop_on, [bad, clean, clean])  # 1 of 3
     assert level_is_bad(plan.stop_on, [bad, clean, short])  # 1 of 2: ties are bad

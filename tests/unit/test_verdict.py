@@ -9,8 +9,8 @@ import pytest
 from report.runbuilder import CPU_CACHE, GIB, StepSpec, cpu_knee_steps, request, write_run
 
 from oomload.outcome import Outcome
-from oomload.runview import load_run
 from oomload.verdict import Verdict, build_verdict, kv_peak_text, kv_percent
+from oomload.verdict.runview import load_run
 
 
 def verdict_of(path: Path) -> Verdict:

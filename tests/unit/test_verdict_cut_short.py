@@ -13,13 +13,13 @@ import pytest
 from report.runbuilder import T0, StepSpec, request, write_run
 
 from oomload.errors import ExitCode
-from oomload.gate import GateStatus, evaluate_gate, evaluate_gates, gate_exit_code, parse_gate
 from oomload.outcome import Outcome
-from oomload.recommend import recommend
 from oomload.report.findings import describe, step_row
 from oomload.report.markdown import render_markdown
-from oomload.runview import load_run
 from oomload.verdict import Verdict, build_verdict
+from oomload.verdict.gate import GateStatus, evaluate_gate, evaluate_gates, gate_exit_code, parse_gate
+from oomload.verdict.recommend import recommend
+from oomload.verdict.runview import load_run
 
 
 def verdict_of(path: Path) -> Verdict:

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from report.runbuilder import StepSpec, write_run
 
-from oomload.runview import load_run
 from oomload.verdict import build_verdict
+from oomload.verdict.runview import load_run
 
 step_specs = st.lists(
     st.tuples(

@@ -188,12 +188,12 @@ def register(subparsers: Any) -> None:
 
 def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any:
     """Validate every flag and return a ``ReplayConfig``; raises ``ConfigError`` naming the bad value."""
-    from oomload.gate import parse_gate
     from oomload.load.payload import parse_token_id_range
-    from oomload.load.preflight import split_base_url
-    from oomload.load.runner import DEMO_HOLD_S, DEMO_LEVELS, ReplayConfig
+    from oomload.run.preflight import split_base_url
+    from oomload.run.runner import DEMO_HOLD_S, DEMO_LEVELS, ReplayConfig
     from oomload.schedule import Hold, parse_levels, parse_stop_condition
     from oomload.trace import read_trace_header
+    from oomload.verdict.gate import parse_gate
 
     read_trace_header(args.trace)  # TraceFormatError (exit 2) before anything else
     if args.ramp:
@@ -340,13 +340,13 @@ def _positive(flag: str, value: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate, then run the replay (``oomload.load.runner``); returns the exit code.
+    """Validate, then run the replay (``oomload.run.runner``); returns the exit code.
 
     The run directory is fixed here, so that an unexpected exception (a bug) leaves its traceback in
     it (``crash.txt``) and ends in exit 70, never in a code a verdict or gate uses.
     """
     config = build_config(args)
-    from oomload.load.runner import run_replay
+    from oomload.run.runner import run_replay
 
     made_here = config.run_dir is None
     if config.run_dir is None:

@@ -49,10 +49,10 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from oomload.gate import load_gate_file, parse_gate
     from oomload.report import FILE_NAMES, FORMATS, finalize_run
     from oomload.rundir import RunReader
-    from oomload.runview import config_problem
+    from oomload.verdict.gate import load_gate_file, parse_gate
+    from oomload.verdict.runview import config_problem
 
     formats = [f.strip() for f in str(args.format).split(",") if f.strip()]
     unknown = [f for f in formats if f not in FORMATS]

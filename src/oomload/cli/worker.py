@@ -4,7 +4,7 @@ load host (docs/replay.md, "Distributed load").
 It connects to the master over Locust's own protocol, gets the run's options and the trace's lengths
 from it, reads the API key from *this* host's environment (the variable the master names), runs its
 share of the users, and streams every result to the master's run directory. Locust is imported only
-by ``oomload.load.worker``.
+by ``oomload.run.worker``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.results is not None and args.results.is_dir():
         raise ConfigError(f"--results {args.results} is a directory; name a file")
-    from oomload.load.worker import run_worker
+    from oomload.run.worker import run_worker
 
     return run_worker(
         args.master,

@@ -54,7 +54,7 @@ from oomload.schedule import (
     Decision,
     Hold,
     SchedulePlan,
-    StepFacts,
+    StepOutcome,
     StepPlan,
     max_duration_exceeded,
     next_step,
@@ -140,7 +140,7 @@ class StepDriver:
         self._extended_from_s: float | None = None  # when the hold was done and the extension began
         self._next_check_s = 0.0
         self._settling: tuple[StepPlan, float] | None = None  # (the next step, deadline)
-        self.history: list[StepFacts] = []
+        self.history: list[StepOutcome] = []
         self.current: StepPlan | None = None
         self.end_reason: str | None = None
         self.started_unix_s: float | None = None
@@ -292,7 +292,7 @@ class StepDriver:
         preemptions = max(0, after - before) if after is not None and before is not None else None
         dead = reason == "server_dead" or self.server_dead()
         self.history.append(
-            StepFacts(
+            StepOutcome(
                 step=step,
                 completed=count.completed,
                 errors=count.errors,

@@ -62,7 +62,7 @@ class ReplayUser(User):
     def replay_one(self) -> None:
         ctx, endpoint = self.replay, self.endpoint
         if ctx is None or endpoint is None:
-            raise RuntimeError("ReplayUser needs a context and an endpoint (see oomload.load.runner)")
+            raise RuntimeError("ReplayUser needs a context and an endpoint (see oomload.run.runner)")
         if ctx.stopping or ctx.between_steps:
             gevent.sleep(IDLE_S)
             return

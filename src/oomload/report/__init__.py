@@ -20,14 +20,14 @@ from pathlib import Path
 from rich.console import Console
 
 from oomload.errors import ConfigError, ExitCode
-from oomload.gate import Gate, GateResult, evaluate_gates, gate_exit_code, parse_gate
-from oomload.recommend import Recommendation, recommend
 from oomload.report.junit import render_junit
 from oomload.report.markdown import render_markdown
 from oomload.report.summary import SUMMARY_SCHEMA, build_summary, dump_summary
 from oomload.report.terminal import render_terminal
-from oomload.runview import RunView, load_run
 from oomload.verdict import Verdict, build_verdict
+from oomload.verdict.gate import Gate, GateResult, evaluate_gates, gate_exit_code, parse_gate
+from oomload.verdict.recommend import Recommendation, recommend
+from oomload.verdict.runview import RunView, load_run
 
 FORMATS = ("terminal", "json", "md", "html", "junit")
 FILE_NAMES = {"json": "summary.json", "md": "report.md", "html": "report.html", "junit": "junit.xml"}

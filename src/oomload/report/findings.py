@@ -1,7 +1,8 @@
 """The verdict in words: one labelled line per finding, shared by every renderer.
 
 Each renderer (terminal, Markdown, HTML, JUnit) shows the same findings in the same order, so the
-words a user reads in CI, a PR comment and the terminal never disagree.
+words a user reads in CI, a PR comment and the terminal never disagree. Each finding is one function
+of the verdict (``None`` when it has nothing to say); ``describe`` lists them in their order.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oomload.outcome import Outcome
-from oomload.recommend import Recommendation
 from oomload.verdict import PreemptionOnset, StepFacts, Verdict, kv_peak_text, kv_percent
+from oomload.verdict.recommend import Recommendation
 
 # outcomes that are not failures, or that a finding of their own already tells
 NOT_FAILURES = frozenset(
@@ -28,106 +29,136 @@ class Finding:
 
 def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
     """The findings of a verdict, most important first."""
-    out: list[Finding] = []
+    found = [
+        run_status(verdict),
+        preemption_onset(verdict),
+        engine_death(verdict),
+        kv_saturation(verdict),
+        queueing(verdict),
+        context_overflow(verdict),
+        short_responses(verdict),
+        failed_requests(verdict),
+        load_delivered(verdict),
+        last_safe(verdict),
+        trace_odds(verdict),
+        prediction(verdict),
+        Finding("recommendation", "Recommendation", recommendation.flag_line, "info"),
+        confidence(verdict),
+    ]
+    return [f for f in found if f is not None]
+
+
+def run_status(verdict: Verdict) -> Finding:
     run = verdict.run
     if run.cut_short:
-        out.append(Finding("run_status", "Run", f"CUT SHORT: {run.cut_short_detail}", "warn"))
-    else:
-        out.append(Finding("run_status", "Run", f"complete ({run.end_reason or 'finished'})", "ok"))
-    top = verdict.max_tested_concurrency
-    upto = f" up to concurrency {top}" if top is not None else ""
+        return Finding("run_status", "Run", f"CUT SHORT: {run.cut_short_detail}", "warn")
+    return Finding("run_status", "Run", f"complete ({run.end_reason or 'finished'})", "ok")
 
+
+def preemption_onset(verdict: Verdict) -> Finding:
     onset = verdict.preemption_onset
     if onset is not None:
         kv = "" if onset.kv_usage_max is None else f", {kv_peak_text(onset.kv_usage_max)}"
-        out.append(
-            Finding(
-                "preemption_onset",
-                "Preemption onset",
-                f"concurrency {onset.concurrency}{_held(verdict, onset.step)}{_seen(onset)} — step "
-                f"{onset.step}, {_count(onset.requests_in_step, 'request')}, "
-                f"{_count(onset.preemptions_in_step, 'preemption')}{kv}",
-                "bad",
-            )
+        return Finding(
+            "preemption_onset",
+            "Preemption onset",
+            f"concurrency {onset.concurrency}{_held(verdict, onset.step)}{_seen(onset)} — step "
+            f"{onset.step}, {_count(onset.requests_in_step, 'request')}, "
+            f"{_count(onset.preemptions_in_step, 'preemption')}{kv}",
+            "bad",
         )
-    elif verdict.preemptions_observed:
-        out.append(Finding("preemption_onset", "Preemption onset", f"none{upto}", "ok"))
-    else:
-        out.append(Finding("preemption_onset", "Preemption onset", "unobserved (no /metrics scrape)", "warn"))
+    if verdict.preemptions_observed:
+        return Finding("preemption_onset", "Preemption onset", f"none{_up_to(verdict)}", "ok")
+    return Finding("preemption_onset", "Preemption onset", "unobserved (no /metrics scrape)", "warn")
 
+
+def engine_death(verdict: Verdict) -> Finding:
     death = verdict.engine_death
-    if death is not None:
-        where = "at an unknown step" if death.concurrency is None else f"at concurrency {death.concurrency}"
-        kind = "CUDA OOM / engine death" if death.real_oom else "engine death"
-        text = f"{kind} {where} — {death.evidence[0]}"
-        if death.casualty_text is not None:
-            text += f"; {death.casualty_text}"
-        out.append(Finding("engine_death", "OOM / engine death", text, "bad"))
-    else:
-        out.append(Finding("engine_death", "OOM / engine death", f"none{upto}", "ok"))
+    if death is None:
+        return Finding("engine_death", "OOM / engine death", f"none{_up_to(verdict)}", "ok")
+    where = "at an unknown step" if death.concurrency is None else f"at concurrency {death.concurrency}"
+    kind = "CUDA OOM / engine death" if death.real_oom else "engine death"
+    text = f"{kind} {where} — {death.evidence[0]}"
+    if death.casualty_text is not None:
+        text += f"; {death.casualty_text}"
+    return Finding("engine_death", "OOM / engine death", text, "bad")
 
-    for key, label, level in (
-        ("kv_saturation", "KV saturation (≥99 %)", verdict.kv_saturation),
-        ("queueing", "Queueing (waiting > 0)", verdict.queueing),
-    ):
-        if level is not None:
-            shown = kv_percent(level.value) if key == "kv_saturation" else f"{level.value:.0f} waiting"
-            out.append(Finding(key, label, f"concurrency {level.concurrency} ({shown})", "warn"))
-        else:
-            out.append(Finding(key, label, "not seen", "ok"))
 
+def kv_saturation(verdict: Verdict) -> Finding:
+    level = verdict.kv_saturation
+    label = "KV saturation (≥99 %)"
+    if level is None:
+        return Finding("kv_saturation", label, "not seen", "ok")
+    return Finding(
+        "kv_saturation", label, f"concurrency {level.concurrency} ({kv_percent(level.value)})", "warn"
+    )
+
+
+def queueing(verdict: Verdict) -> Finding:
+    level = verdict.queueing
+    label = "Queueing (waiting > 0)"
+    if level is None:
+        return Finding("queueing", label, "not seen", "ok")
+    return Finding("queueing", label, f"concurrency {level.concurrency} ({level.value:.0f} waiting)", "warn")
+
+
+def context_overflow(verdict: Verdict) -> Finding:
     ctx = verdict.context_overflow
-    if ctx.refused or ctx.clamped or ctx.trace_over_limit:
-        parts = []
-        if ctx.refused:
-            lengths = _token_range(ctx.refused_total_tokens_min, ctx.refused_total_tokens_max)
-            parts.append(f"{ctx.refused} refused at {lengths} total tokens (prompt + output)")
-        if ctx.clamped:
-            lengths = _token_range(ctx.clamped_total_tokens_min, ctx.clamped_total_tokens_max)
-            parts.append(
-                f"{ctx.clamped} clamped (asked {lengths} total tokens, over max_model_len {ctx.model_limit})"
-            )
-        if ctx.trace_over_limit:
-            parts.append(
-                f"{ctx.trace_over_limit} of {ctx.trace_count} trace requests "
-                f"exceed max_model_len {ctx.model_limit}"
-            )
-        out.append(Finding("context_overflow", "Context overflow", "; ".join(parts), "warn"))
-    else:
+    if not (ctx.refused or ctx.clamped or ctx.trace_over_limit):
         limit = "" if ctx.model_limit is None else f" (max_model_len {ctx.model_limit})"
-        out.append(Finding("context_overflow", "Context overflow", f"none{limit}", "ok"))
-    if ctx.short_responses:
-        out.append(
-            Finding(
-                "short_responses",
-                "Short responses",
-                f"{ctx.short_responses} response(s) ended with fewer tokens than asked "
-                "(within max_model_len, not casualties of an engine death)",
-                "warn",
-            )
+        return Finding("context_overflow", "Context overflow", f"none{limit}", "ok")
+    parts = []
+    if ctx.refused:
+        lengths = _token_range(ctx.refused_total_tokens_min, ctx.refused_total_tokens_max)
+        parts.append(f"{ctx.refused} refused at {lengths} total tokens (prompt + output)")
+    if ctx.clamped:
+        lengths = _token_range(ctx.clamped_total_tokens_min, ctx.clamped_total_tokens_max)
+        parts.append(
+            f"{ctx.clamped} clamped (asked {lengths} total tokens, over max_model_len {ctx.model_limit})"
         )
-
-    failed = failed_requests(verdict)
-    if failed:
-        first_at = min(c for c, _ in failed.values())
-        by_outcome = ", ".join(
-            f"{name} {n}" for name, (_, n) in sorted(failed.items(), key=lambda kv: -kv[1][1])
+    if ctx.trace_over_limit:
+        parts.append(
+            f"{ctx.trace_over_limit} of {ctx.trace_count} trace requests "
+            f"exceed max_model_len {ctx.model_limit}"
         )
-        total = sum(n for _, n in failed.values())
-        none_ok = " — no request succeeded" if verdict.requests_ok == 0 else ""
-        out.append(
-            Finding(
-                "failed_requests",
-                "Failed requests",
-                f"{total} of {verdict.requests_total}: {by_outcome}; first at concurrency {first_at}"
-                f"{none_ok} (reasons per request in requests.jsonl)",
-                "bad",
-            )
-        )
+    return Finding("context_overflow", "Context overflow", "; ".join(parts), "warn")
 
-    out.append(load_delivered(verdict))
 
+def short_responses(verdict: Verdict) -> Finding | None:
+    short = verdict.context_overflow.short_responses
+    if not short:
+        return None
+    return Finding(
+        "short_responses",
+        "Short responses",
+        f"{short} response(s) ended with fewer tokens than asked "
+        "(within max_model_len, not casualties of an engine death)",
+        "warn",
+    )
+
+
+def failed_requests(verdict: Verdict) -> Finding | None:
+    failed = _failed_by_outcome(verdict)
+    if not failed:
+        return None
+    first_at = min(c for c, _ in failed.values())
+    by_outcome = ", ".join(f"{name} {n}" for name, (_, n) in sorted(failed.items(), key=lambda kv: -kv[1][1]))
+    total = sum(n for _, n in failed.values())
+    none_ok = " — no request succeeded" if verdict.requests_ok == 0 else ""
+    return Finding(
+        "failed_requests",
+        "Failed requests",
+        f"{total} of {verdict.requests_total}: {by_outcome}; first at concurrency {first_at}"
+        f"{none_ok} (reasons per request in requests.jsonl)",
+        "bad",
+    )
+
+
+def last_safe(verdict: Verdict) -> Finding:
+    label = "Last safe concurrency"
     safe = verdict.last_safe_concurrency
+    if safe is not None:
+        return Finding("last_safe", label, f"{safe}{_why_not_higher(verdict)}", "ok")
     first_unsafe = verdict.first_unsafe_concurrency
     below = [
         s
@@ -135,64 +166,53 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
         if s.requests and (first_unsafe is None or s.concurrency < first_unsafe)
     ]
     untrusted = [d for s in below if (d := s.distrust) is not None]
-    if safe is not None:
-        out.append(Finding("last_safe", "Last safe concurrency", f"{safe}{_why_not_higher(verdict)}", "ok"))
-    elif untrusted:
-        text = (
-            "unknown: "
-            + "; ".join(untrusted[:2])
-            + (f" (+{len(untrusted) - 2} more)" if len(untrusted) > 2 else "")
-        )
-        out.append(Finding("last_safe", "Last safe concurrency", text, "warn"))
-    elif any(s.requests and s.trusted for s in verdict.measured_steps):
-        out.append(
-            Finding("last_safe", "Last safe concurrency", "none (the lowest level already broke)", "bad")
+    if untrusted:
+        more = f" (+{len(untrusted) - 2} more)" if len(untrusted) > 2 else ""
+        return Finding("last_safe", label, "unknown: " + "; ".join(untrusted[:2]) + more, "warn")
+    if any(s.requests and s.trusted for s in verdict.measured_steps):
+        return Finding("last_safe", label, "none (the lowest level already broke)", "bad")
+    return Finding("last_safe", label, "unknown (no completed step with requests)", "warn")
+
+
+def prediction(verdict: Verdict) -> Finding | None:
+    p = verdict.prediction
+    if p is None:
+        return None
+    a = p.arithmetic
+    band = f"{p.band_low}–{p.band_high}"
+    apart = "" if p.levels_apart is None else f", {p.levels_apart} level(s) apart"
+    agree = "disagrees" if p.disagrees else "agrees"
+    if p.observed_onset is not None:
+        compared = f"observed {p.observed_onset}: {agree}{apart}"
+    elif p.highest_clean is None:
+        compared = "no trusted level without preemption to compare"
+    elif not p.reached:
+        compared = (
+            f"not reached: the run completed levels up to concurrency {p.highest_clean}, below the "
+            f"predicted onset band {band} (no comparison possible)"
         )
     else:
-        out.append(
-            Finding("last_safe", "Last safe concurrency", "unknown (no completed step with requests)", "warn")
-        )
+        compared = f"no onset up to {p.highest_clean}: {agree}{apart}"
+    basis = "the requests sent" if p.basis == "requests" else "the trace"
+    return Finding(
+        "prediction",
+        "Arithmetic",
+        f"{a.num_gpu_blocks} blocks × {a.block_size} tokens, lengths of {basis} → onset {band} "
+        f"(mean-length {a.onset_mean}); {compared}",
+        "warn" if p.disagrees else "info",
+    )
 
-    odds = trace_odds(verdict)
-    if odds is not None:
-        out.append(odds)
 
-    p = verdict.prediction
-    if p is not None:
-        a = p.arithmetic
-        band = f"{p.band_low}–{p.band_high}"
-        apart = "" if p.levels_apart is None else f", {p.levels_apart} level(s) apart"
-        agree = "disagrees" if p.disagrees else "agrees"
-        if p.observed_onset is not None:
-            compared = f"observed {p.observed_onset}: {agree}{apart}"
-        elif p.highest_clean is None:
-            compared = "no trusted level without preemption to compare"
-        elif not p.reached:
-            compared = (
-                f"not reached: the run completed levels up to concurrency {p.highest_clean}, below the "
-                f"predicted onset band {band} (no comparison possible)"
-            )
-        else:
-            compared = f"no onset up to {p.highest_clean}: {agree}{apart}"
-        basis = "the requests sent" if p.basis == "requests" else "the trace"
-        out.append(
-            Finding(
-                "prediction",
-                "Arithmetic",
-                f"{a.num_gpu_blocks} blocks × {a.block_size} tokens, lengths of {basis} → onset {band} "
-                f"(mean-length {a.onset_mean}); {compared}",
-                "warn" if p.disagrees else "info",
-            )
-        )
-    out.append(Finding("recommendation", "Recommendation", recommendation.flag_line, "info"))
+def confidence(verdict: Verdict) -> Finding:
     warnings = [n for n in verdict.notes if n.severity == "warning"]
     conf = verdict.confidence + (f" — {len(warnings)} caveat(s)" if warnings else "")
-    out.append(
-        Finding(
-            "confidence", "Confidence", conf, {"high": "ok", "medium": "info"}.get(verdict.confidence, "warn")
-        )
-    )
-    return out
+    severity = {"high": "ok", "medium": "info"}.get(verdict.confidence, "warn")
+    return Finding("confidence", "Confidence", conf, severity)
+
+
+def _up_to(verdict: Verdict) -> str:
+    top = verdict.max_tested_concurrency
+    return f" up to concurrency {top}" if top is not None else ""
 
 
 def load_delivered(verdict: Verdict) -> Finding:
@@ -244,7 +264,7 @@ def _held(verdict: Verdict, step_index: int) -> str:
     return "" if text is None else f", {text}"
 
 
-def failed_requests(verdict: Verdict) -> dict[str, tuple[int, int]]:
+def _failed_by_outcome(verdict: Verdict) -> dict[str, tuple[int, int]]:
     """Failures over the measured steps that no other finding explains, by outcome: (lowest level seen
     at, count). Context overflow and short answers have findings of their own; casualties of an engine
     death are told with the death."""

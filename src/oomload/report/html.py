@@ -10,13 +10,13 @@ import base64
 import html
 from collections.abc import Sequence
 
-from oomload.gate import GateResult, GateStatus
-from oomload.recommend import Recommendation
 from oomload.report.findings import STEP_COLUMNS, STEP_LEGEND, describe, step_row
 from oomload.report.metadata import run_metadata
 from oomload.report.plots import plot_by_concurrency, plot_lengths, plot_timeline
-from oomload.runview import RunView
 from oomload.verdict import Verdict
+from oomload.verdict.gate import GateResult, GateStatus
+from oomload.verdict.recommend import Recommendation
+from oomload.verdict.runview import RunView
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#222;max-width:1200px}

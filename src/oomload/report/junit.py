@@ -10,10 +10,10 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
-from oomload.gate import GateResult, GateStatus
-from oomload.recommend import Recommendation
 from oomload.report.findings import describe
 from oomload.verdict import Verdict
+from oomload.verdict.gate import GateResult, GateStatus
+from oomload.verdict.recommend import Recommendation
 
 SUITE = "oomload"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from oomload.gate import GateResult, GateStatus
-from oomload.recommend import Recommendation
 from oomload.report.findings import STEP_COLUMNS, STEP_LEGEND, describe, step_row
 from oomload.verdict import Verdict
+from oomload.verdict.gate import GateResult, GateStatus
+from oomload.verdict.recommend import Recommendation
 
 ICONS = {"ok": "✅", "info": "ℹ️", "warn": "⚠️", "bad": "❌"}
 GATE_ICONS = {

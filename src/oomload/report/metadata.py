@@ -14,9 +14,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from oomload import __version__
-from oomload.runview import RunView, as_float, as_int
+from oomload.rundir.records import RunStatus, as_float, as_int
 from oomload.stats import LengthSummary
 from oomload.verdict import Verdict
+from oomload.verdict.runview import RunView
 
 NOT_RECORDED = "not recorded"
 # cache_config_info fields worth a reader's eye, in this order (others stay in cache_config.json)
@@ -125,9 +126,9 @@ def _schedule_text(schedule: Mapping[str, Any], cfg: Mapping[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def _dates(cfg: Mapping[str, Any], status: Mapping[str, Any] | None) -> str:
+def _dates(cfg: Mapping[str, Any], status: RunStatus | None) -> str:
     started = as_float(cfg.get("started_unix_s"))
-    ended = as_float((status or {}).get("ended_unix_s"))
+    ended = None if status is None else status.ended_unix_s
     if started is None:
         return NOT_RECORDED
     text = _utc(started)

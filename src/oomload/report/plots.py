@@ -29,10 +29,10 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedFormatter, FixedLocator, MaxNLocator, NullLocator
 
-from oomload.recommend import Recommendation
-from oomload.runview import RunView
-from oomload.stepfacts import LatencyStats
 from oomload.verdict import KV_SATURATED, Verdict
+from oomload.verdict.recommend import Recommendation
+from oomload.verdict.runview import RunView
+from oomload.verdict.stepfacts import LatencyStats
 
 DPI = 96
 SHADES = {"ramp": ("#e8eef7", "#d9e3f2"), "refine": ("#f7eadb", "#f0dcc3"), "warmup": ("#eeeeee", "#e4e4e4")}
@@ -261,7 +261,7 @@ def plot_lengths(view: RunView, verdict: Verdict, recommendation: Recommendation
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     recommended = recommendation.max_model_len.value
-    if recommended is not None:  # a kept or KV-capped limit is no recommendation (recommend.py)
+    if recommended is not None:  # a kept or KV-capped limit is no recommendation (verdict/recommend.py)
         axes[2].axvline(recommended, color="red", lw=1.5, label=f"recommended max_model_len {recommended}")
     if advice is not None and advice.current_max_model_len is not None:
         axes[2].axvline(

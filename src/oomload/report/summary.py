@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import Any, TypedDict
 
 from oomload import __version__
-from oomload.gate import GateResult
-from oomload.recommend import Recommendation
 from oomload.verdict import Verdict
+from oomload.verdict.gate import GateResult
+from oomload.verdict.recommend import Recommendation
 
 SUMMARY_SCHEMA = "oomload.summary/1"
 

@@ -10,10 +10,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from oomload.gate import GateResult, GateStatus
-from oomload.recommend import Recommendation
 from oomload.report.findings import STEP_COLUMNS, describe, step_row
 from oomload.verdict import Verdict
+from oomload.verdict.gate import GateResult, GateStatus
+from oomload.verdict.recommend import Recommendation
 
 STYLES = {"ok": "green", "info": "cyan", "warn": "yellow", "bad": "bold red"}
 GATE_STYLES = {GateStatus.PASS: "green", GateStatus.FAIL: "bold red", GateStatus.NOT_EVALUATED: "yellow"}

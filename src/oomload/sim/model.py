@@ -42,7 +42,7 @@ from oomload.sim.geometry import (
     ModelSpec,
     step_activation_bytes,
 )
-from oomload.sim.scheduler import Scheduler, SchedulerConfig, SimRequest, StepResult
+from oomload.sim.scheduler import EngineStepResult, Scheduler, SchedulerConfig, SimRequest
 
 TTFT_BUCKETS_S = (
     0.001,
@@ -224,7 +224,7 @@ class EngineStats:
 
 
 @dataclass(frozen=True, slots=True)
-class StepTimeModel:
+class EngineStepTimeModel:
     """Seconds one engine step takes (see the module docstring for the formula)."""
 
     weight_bytes: float
@@ -240,7 +240,7 @@ class StepTimeModel:
     @classmethod
     def build(
         cls, model: ModelSpec, gpu: GpuSpec | None, layout: KvCacheLayout, tp: int = 1
-    ) -> StepTimeModel:
+    ) -> EngineStepTimeModel:
         if gpu is None:
             return cls(
                 0,
@@ -281,10 +281,10 @@ class OomEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class StepReport:
+class EngineStepReport:
     """One step of the engine: what the scheduler did, how long it took, and whether it killed it."""
 
-    result: StepResult
+    result: EngineStepResult
     duration_s: float
     oom: OomEvent | None = None
 
@@ -319,7 +319,7 @@ class EngineModel:
                 enable_prefix_caching=enable_prefix_caching,
             )
         )
-        self.timing = StepTimeModel.build(model, gpu, layout, engine.tensor_parallel_size)
+        self.timing = EngineStepTimeModel.build(model, gpu, layout, engine.tensor_parallel_size)
         self.stats = EngineStats(max_model_len=engine.max_model_len)
         self.oom_mode = oom
         self.activation_scale = activation_scale
@@ -351,7 +351,7 @@ class EngineModel:
         return self.layout.static_used_bytes + self.last_activation_bytes
 
     # -- the step ------------------------------------------------------------------------------
-    def step(self, now_s: float, time_scale: float = 1.0) -> StepReport:
+    def step(self, now_s: float, time_scale: float = 1.0) -> EngineStepReport:
         """Run one scheduler step starting at ``now_s``; update counters; model OOM (module docstring).
 
         Tokens sampled in the step are stamped at its end, ``now_s + duration × time_scale``.
@@ -382,9 +382,9 @@ class EngineModel:
             stats.record_finished(req)
         if oom is not None:
             self.dead = oom
-        return StepReport(result, duration, oom)
+        return EngineStepReport(result, duration, oom)
 
-    def _check_oom(self, result: StepResult) -> OomEvent | None:
+    def _check_oom(self, result: EngineStepResult) -> OomEvent | None:
         if self.oom_mode == "off" or self.gpu is None:
             self.last_activation_bytes = 0
             return None

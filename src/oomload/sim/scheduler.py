@@ -102,7 +102,7 @@ class SimRequest:
 
 
 @dataclass(slots=True)
-class StepResult:
+class EngineStepResult:
     """What one engine step did (the engine and the metrics read this)."""
 
     scheduled: list[tuple[SimRequest, int]] = field(default_factory=list)  # (request, new tokens)
@@ -173,11 +173,11 @@ class Scheduler:
         return True
 
     # -- the step ------------------------------------------------------------------------------
-    def step(self, now_s: float = 0.0) -> StepResult:
+    def step(self, now_s: float = 0.0) -> EngineStepResult:
         """Run one engine iteration (see the module docstring)."""
         cfg = self.config
         bs = cfg.block_size
-        result = StepResult()
+        result = EngineStepResult()
         scheduled = result.scheduled
         budget = cfg.max_num_batched_tokens
         running = self.running
@@ -212,7 +212,7 @@ class Scheduler:
         self._execute(result, now_s)
         return result
 
-    def _admit(self, result: StepResult, budget: int, now_s: float) -> None:
+    def _admit(self, result: EngineStepResult, budget: int, now_s: float) -> None:
         cfg = self.config
         bs = cfg.block_size
         waiting = self.waiting
@@ -248,7 +248,7 @@ class Scheduler:
             budget -= num_new
             result.scheduled.append((req, num_new))
 
-    def _execute(self, result: StepResult, now_s: float) -> None:
+    def _execute(self, result: EngineStepResult, now_s: float) -> None:
         cfg = self.config
         any_finished = False
         for req, num_new in result.scheduled:
@@ -306,7 +306,7 @@ class Scheduler:
         req.num_blocks = 0
         req.cached_hashes = []
 
-    def _preempt(self, victim: SimRequest, result: StepResult) -> None:
+    def _preempt(self, victim: SimRequest, result: EngineStepResult) -> None:
         self._free(victim)
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.WAITING

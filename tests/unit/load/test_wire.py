@@ -9,10 +9,10 @@ import pytest
 
 from oomload.errors import ConfigError
 from oomload.load import wire
-from oomload.load.config import LoadOptions, ReplayConfig
 from oomload.load.payload import PayloadOptions
 from oomload.load.resultstream import ResultStream
 from oomload.outcome import Outcome, RequestResult
+from oomload.run.config import LoadOptions, ReplayConfig
 from oomload.trace import TraceRecord
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 from runbuilder import CPU_CACHE, StepSpec, write_run
 
-from oomload.load.progress import step_line
-from oomload.load.webui import telemetry_rows
-from oomload.recommend import recommend
 from oomload.report.findings import STEP_COLUMNS, describe, step_row
+from oomload.run.progress import step_line
+from oomload.run.webui import telemetry_rows
 from oomload.rundir import RunReader
-from oomload.runview import load_run
 from oomload.verdict import build_verdict
+from oomload.verdict.recommend import recommend
+from oomload.verdict.runview import load_run
 
 KV = 0.9887
 

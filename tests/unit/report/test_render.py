@@ -13,12 +13,12 @@ from runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
 
 from oomload.errors import ConfigError, ExitCode
 from oomload.outcome import Outcome
-from oomload.recommend import Recommendation, recommend
 from oomload.report import SUMMARY_SCHEMA, finalize_run
 from oomload.report.findings import describe, fmt_bytes, fmt_ms
 from oomload.report.plots import figure_by_concurrency
-from oomload.runview import load_run
 from oomload.verdict import Verdict, build_verdict
+from oomload.verdict.recommend import Recommendation, recommend
+from oomload.verdict.runview import load_run
 
 FILES = ("json", "md", "junit")
 

@@ -9,8 +9,8 @@ from rich.console import Console
 from runbuilder import CPU_CACHE, cpu_knee_steps, write_run
 
 from oomload.report.terminal import step_table
-from oomload.runview import load_run
 from oomload.verdict import build_verdict
+from oomload.verdict.runview import load_run
 
 
 def _render(run: Path) -> str:

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from runbuilder import CPU_CACHE, StepSpec, write_run
 
-from oomload.recommend import recommend
 from oomload.report.findings import STEP_COLUMNS, describe, load_delivered, step_row
-from oomload.runview import load_run
 from oomload.verdict import build_verdict
+from oomload.verdict.recommend import recommend
+from oomload.verdict.runview import load_run
 
 
 def _verdict(tmp_path: Path, steps: list[StepSpec]) -> Any:

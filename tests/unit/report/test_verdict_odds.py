@@ -8,10 +8,10 @@ from typing import Any
 
 from runbuilder import CPU_CACHE, StepSpec, write_run
 
-from oomload.recommend import recommend
 from oomload.report.findings import describe, trace_odds
-from oomload.runview import load_run
 from oomload.verdict import build_verdict
+from oomload.verdict.recommend import recommend
+from oomload.verdict.runview import load_run
 
 
 def _odds(concurrency: int, per_1000: int) -> dict[str, Any]:

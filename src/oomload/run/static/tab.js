@@ -1,4 +1,4 @@
-// Added to Locust's page by oomload (load/webui.py): the cockpit (/oomload) over the "oomload" tab,
+// Added to Locust's page by oomload (run/webui.py): the cockpit (/oomload) over the "oomload" tab,
 // a notice once the run is over, and no NEW button then (Locust is stopped; nothing can start).
 (function () {
   "use strict";

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from oomload.capacity import OnsetPrediction, predict_preemption_onset
-from oomload.runview import as_int
+from oomload.rundir.records import as_int
 
 DISAGREE_LEVELS = 1
 

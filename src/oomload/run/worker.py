@@ -40,8 +40,8 @@ from oomload import __version__
 from oomload.credentials import read_api_key
 from oomload.errors import ConfigError, EndpointError, OomloadError
 from oomload.load import wire
-from oomload.load.config import LoadOptions
 from oomload.load.resultstream import BATCH_INTERVAL_S, ResultStream
+from oomload.run.config import LoadOptions
 from oomload.rundir import server_marked_dead
 
 WORKER_REPORT_INTERVAL_S = 1.0  # the master's step meter and hold counting read these reports
@@ -65,7 +65,7 @@ def run_worker(
     from locust.env import Environment
     from locust.log import setup_logging
 
-    from oomload.load.scenario import ScenarioUser
+    from oomload.run.scenario import ScenarioUser
 
     setup_logging("WARNING")  # type: ignore[no-untyped-call]
     locust.runners.WORKER_REPORT_INTERVAL = WORKER_REPORT_INTERVAL_S
@@ -172,7 +172,7 @@ class WorkerSession:
         self.runner.send_message(wire.READY, {"worker": index})
 
     def _bind(self, data: dict[str, Any], index: int) -> None:
-        from oomload.load.scenario import ScenarioUser, bind_user
+        from oomload.run.scenario import ScenarioUser, bind_user
 
         wanted = str(data.get("user_class") or ScenarioUser.__name__)
         if wanted != ScenarioUser.__name__:

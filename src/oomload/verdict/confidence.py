@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from oomload.outcome import Outcome
-from oomload.prediction import Prediction
-from oomload.runview import RunView
-from oomload.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, StepFacts
+from oomload.verdict.prediction import Prediction
+from oomload.verdict.runview import RunView
+from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, StepFacts
 
 CRITICAL = frozenset({"no_steps", "non_monotone", "prediction_disagrees", "odds_disagree"})
 

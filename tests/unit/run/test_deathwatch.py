@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from oomload.load.deathwatch import DeathWatch
+from oomload.run.deathwatch import DeathWatch
 from oomload.rundir import server_marked_dead
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oomload.load.webui import plan_text, telemetry_rows, ttft_text
+from oomload.run.webui import plan_text, telemetry_rows, ttft_text
 
 PLAN = {"levels": [1, 2, 4, 8, 16], "planned_steps": 5, "refine": True}
 STEP = {"index": 3, "concurrency": 8, "phase": "ramp"}

@@ -9,7 +9,7 @@ the prefix; with ``OOMLOAD_RAMP`` (a level list or ramp) and ``OOMLOAD_HOLD_S`` 
 a step shape, which Locust then uses instead of ``-u``/``-r``.
 
 The workers of ``oomload replay`` do not use this file: they are ``oomload worker`` processes
-(``oomload.load.worker``), configured by their master.
+(``oomload.run.worker``), configured by their master.
 
 The user class is configured when Locust fires ``init`` (the host is known by then).
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from locust import events
 
-from oomload.load.scenario import ScenarioUser, configure, make_env_shape, scenario_settings
+from oomload.run.scenario import ScenarioUser, configure, make_env_shape, scenario_settings
 
 __all__ = ["ScenarioUser", "StepShape"]
 

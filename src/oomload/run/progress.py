@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from oomload.stepfacts import per_second
 from oomload.verdict import kv_percent
+from oomload.verdict.stepfacts import per_second
 
 
 class ProgressView:

@@ -9,8 +9,8 @@ from rich.console import Console
 
 from oomload.load.context import ReplayContext
 from oomload.load.payload import PreparedRequest
-from oomload.load.progress import ProgressView, step_line
 from oomload.outcome import Outcome, RequestResult
+from oomload.run.progress import ProgressView, step_line
 
 END = {
     "event": "end",

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from oomload.load import livefeed
-from oomload.load.livefeed import LiveFeed
+from oomload.run import livefeed
+from oomload.run.livefeed import LiveFeed
 
 
 def _line(obj: dict[str, object]) -> str:

@@ -1,8 +1,8 @@
 """Binding the Locust user to a trace and an endpoint — for ``oomload replay``, its Locust workers
-(``oomload.load.worker``) and the plain ``locust -f scenarios/…`` files (configured by environment
+(``oomload.run.worker``) and the plain ``locust -f scenarios/…`` files (configured by environment
 variables: ``ScenarioSettings``).
 
-Every one of them binds the user the same way, from one ``LoadOptions`` (``oomload.load.config``):
+Every one of them binds the user the same way, from one ``LoadOptions`` (``oomload.run.config``):
 ``bind_user``. A plain scenario first resolves its settings into ``LoadOptions`` (the endpoint from
 ``--host``, the model from ``/v1/models``).
 """
@@ -19,7 +19,6 @@ from typing import Any
 
 from oomload.credentials import read_api_key
 from oomload.errors import ConfigError, EndpointError
-from oomload.load.config import DEFAULT_API_KEY_ENV, REQUEST_TIMEOUT_S, LoadOptions
 from oomload.load.context import ContextMeter, ReplayContext
 from oomload.load.http import Endpoint
 from oomload.load.payload import (
@@ -29,8 +28,9 @@ from oomload.load.payload import (
     RequestOrder,
     parse_token_id_range,
 )
-from oomload.load.preflight import preflight, split_base_url
 from oomload.load.user import ReplayUser
+from oomload.run.config import DEFAULT_API_KEY_ENV, REQUEST_TIMEOUT_S, LoadOptions
+from oomload.run.preflight import preflight, split_base_url
 from oomload.rundir import RunWriter
 from oomload.schedule import Hold, SchedulePlan, parse_levels, parse_stop_condition
 from oomload.trace import TraceRecord, read_trace

@@ -3,14 +3,14 @@
 ``run_replay(config, console)`` does, in order:
 
 1. read the trace; without a URL start the simulated vLLM (``oomload.sim.process.SimServer``) with
-   the demo's settings (``oomload.load.config.DEMO_SIM_ARGS``) and say so — the model and the GPU it
+   the demo's settings (``oomload.run.config.DEMO_SIM_ARGS``) and say so — the model and the GPU it
    simulates; a URL ending in ``/v1`` is used without it (said in one line);
 2. preflight the endpoint (``/v1/models``: model, ``max_model_len``; warn how many trace requests
    cannot fit), waiting at most ``preflight_timeout_s``;
 3. create the run directory, write ``config.json`` (no secrets: only the API key's variable name) and
    copy the trace (``trace.jsonl``);
-4. run the ``oomload.load.session.Session`` (telemetry, Locust, the death watch, the workers);
-5. write ``status.json``, the repro traces (``oomload.load.repro``), hand the run directory to
+4. run the ``oomload.run.session.Session`` (telemetry, Locust, the death watch, the workers);
+5. write ``status.json``, the repro traces (``oomload.run.repro``), hand the run directory to
    ``oomload.report.finalize_run`` for the verdict and the exit code (130 when interrupted); with
    ``--web`` (and a run that ended on its own, not by Ctrl-C) the web UI then keeps serving the
    verdict until Ctrl-C or ``--web-keep-s``; last, stop the simulated server.
@@ -34,7 +34,7 @@ from rich.console import Console
 
 from oomload.credentials import read_api_key
 from oomload.errors import ExitCode
-from oomload.load.config import (
+from oomload.run.config import (
     DEMO_HOLD_S,
     DEMO_LEVELS,
     DEMO_SIM_ARGS,
@@ -44,9 +44,9 @@ from oomload.load.config import (
     preflight_timeout_s,
     sim_flag,
 )
-from oomload.load.preflight import count_unfit, preflight, server_version, split_base_url
-from oomload.load.repro import write_repro
-from oomload.load.session import Session, build_user_class
+from oomload.run.preflight import count_unfit, preflight, server_version, split_base_url
+from oomload.run.repro import write_repro
+from oomload.run.session import Session, build_user_class
 from oomload.rundir import RunWriter, new_run_dir
 from oomload.trace import TraceHeader, TraceRecord, read_trace, read_trace_header, write_trace
 
@@ -139,7 +139,7 @@ def _run_with_server(
         write_repro(run_dir)
         code = _finalize(run_dir, config.gates, console)
         if session.web_ui is not None:
-            from oomload.load.webui import final_state
+            from oomload.run.webui import final_state
 
             session.serve_verdict(final_state(run_dir, code), config.web_keep_s)
     finally:

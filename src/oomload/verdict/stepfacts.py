@@ -4,7 +4,7 @@
 
 * requests by outcome, as recorded (``cancelled`` included: oomload abandoned those itself);
 * ``casualties``: this step's requests that failed because the engine died under them
-  (``oomload.death`` defines the window), by outcome;
+  (``oomload.verdict.death`` defines the window), by outcome;
 * the *charged* failures: every error outcome (``Outcome.is_error``; ``cancelled`` is neither ok nor
   error) except casualties when the engine died in a *later* step — a request that started here but
   was in flight when the server died there failed because of the death, not because of this level.
@@ -18,7 +18,7 @@
 * nearest-rank P50/P99 (``stats.percentile``) of TTFT, TPOT (mean inter-token latency) and end-to-end
   latency over the ok requests;
 * from the ``/metrics`` scrapes in the step's window: max KV usage, max running / waiting, their
-  *sustained* levels (``oomload.gauges``: reached in two consecutive scrapes), and the
+  *sustained* levels (``oomload.verdict.gauges``: reached in two consecutive scrapes), and the
   preemptions — the sum of the scrapes' ``preemptions_delta``, cross-checked against the counter
   (``num_preemptions_total`` of the step's last scrape minus the last scrape before the step); when
   they disagree (a lost scrape, a restart) the larger is used and ``counter_mismatch`` says so;
@@ -51,10 +51,9 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from oomload.gauges import sustained_level
 from oomload.odds import LevelOdds
 from oomload.outcome import Outcome, RequestResult
-from oomload.runview import StepData, max_float, max_int, min_int
+from oomload.rundir.records import max_float, max_int, min_int
 from oomload.serverside import (
     SERVER_SHARE_MIN,
     ServerConcurrency,
@@ -63,6 +62,8 @@ from oomload.serverside import (
     server_share,
 )
 from oomload.stats import percentile
+from oomload.verdict.gauges import sustained_level
+from oomload.verdict.runview import StepData
 
 ACHIEVED_CONCURRENCY_MIN_SHARE = 0.8
 KV_SATURATED = 0.99  # KV usage at or above this is a saturated pool
@@ -128,7 +129,7 @@ class StepFacts:
     died_here: bool = False  # the engine died in this step (its casualties are charged here)
     after_death: bool = False  # started after the engine died: measures a dead server
     counter_mismatch: tuple[int, int] | None = None  # (delta sum, counter rise) when they disagree
-    waiting_sustained: int | None = None  # waiting reached in consecutive scrapes (oomload.gauges)
+    waiting_sustained: int | None = None  # waiting reached in consecutive scrapes (oomload.verdict.gauges)
     kv_usage_sustained: float | None = None  # KV usage reached in consecutive scrapes
     server: ServerConcurrency | None = None  # what vLLM's counters say it held (None: unknown)
     server_share: float | None = None  # server seconds / client seconds, same requests

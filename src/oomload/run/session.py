@@ -5,7 +5,7 @@ handlers and the progress view, from start to teardown.
 GPU sampler (each optional: a missing sampler is an event), builds the Locust user bound to a fresh
 ``ReplayContext``, and runs Locust in this process (``Environment`` + local runner, or a master that
 waits for its K workers — ``--processes N`` local ones, remote ones from ``oomload worker`` — and
-writes the results they stream, ``oomload.load.workers``; with ``--web`` the web UI gains an
+writes the results they stream, ``oomload.run.workers``; with ``--web`` the web UI gains an
 "oomload" tab with the server's telemetry) with ``StepShape`` driving the schedule, while the
 ``DeathWatch`` greenlet checks ``/health``, detects the first preemption and server death, and feeds
 the live view. It returns the end reason.
@@ -37,10 +37,10 @@ from rich.console import Console
 
 from oomload.errors import ConfigError
 from oomload.load import wire
-from oomload.load.config import LoadOptions, ReplayConfig
-from oomload.load.deathwatch import DeathWatch
 from oomload.load.wire import DEFAULT_MASTER_PORT
-from oomload.load.workers import MasterMeter, WorkerPool, free_port
+from oomload.run.config import LoadOptions, ReplayConfig
+from oomload.run.deathwatch import DeathWatch
+from oomload.run.workers import MasterMeter, WorkerPool, free_port
 from oomload.rundir import RunReader, RunWriter
 from oomload.schedule import Hold, SchedulePlan, StopCondition
 from oomload.trace import TraceRecord
@@ -199,13 +199,13 @@ class Session:
             self.runner = self.env.create_local_runner()
             self.context.live_users = lambda: int(self.runner.user_count)
         if config.web:
-            from oomload.load.webui import extend_web_ui
+            from oomload.run.webui import extend_web_ui
 
             # Locust's web UI re-parses sys.argv with its own parser on every page load
             self._saved_argv = sys.argv
             sys.argv = [sys.argv[0]]
             self.web_ui = self.env.create_web_ui(config.web_host, config.web_port)
-            from oomload.load.livefeed import LiveFeed
+            from oomload.run.livefeed import LiveFeed
 
             self.feed = LiveFeed(self.writer.path)
             extend_web_ui(self.web_ui, self.telemetry_snapshot, self.feed, self.writer.path)
@@ -400,7 +400,7 @@ class Session:
             gevent.signal_handler(sig, interrupt)
 
     def _start_progress(self) -> None:
-        from oomload.load.progress import ProgressView
+        from oomload.run.progress import ProgressView
 
         self.progress = ProgressView(self, self.console, live=self.config.live)
         self.progress.start()
@@ -470,7 +470,7 @@ def build_user_class(
     workers: int = 1,
 ) -> tuple[Any, Any]:
     """A concrete ``ReplayUser`` subclass bound to a fresh ``ReplayContext`` (imports Locust)."""
-    from oomload.load.scenario import ScenarioUser, bind_user
+    from oomload.run.scenario import ScenarioUser, bind_user
 
     # the very class the worker processes run: Locust's master tells its workers which user class to
     # spawn by name, so one class (one name) serves the master, the in-process runner and the workers

@@ -5,7 +5,7 @@ grouping on values already in memory (tests and the verdict call it directly).
 
 Step windows. ``steps.jsonl`` gives each step a start and (unless the run was cut short) an end.
 A step is *cut short* when it has no end line, or when its end ``reason`` is one of
-``CUT_SHORT_REASONS`` (``interrupted``, ``max_duration``, ``server_dead``, ``error``): the step ended,
+``records.CUT_SHORT_REASONS`` (``interrupted``, ``max_duration``, ``server_dead``, ``error``): the step ended,
 but not because its hold was done, so it measured less than the schedule asked for.
 Steps are ordered by start time; step *i* owns the time window ``(start_i, start_{i+1}]`` — the drain
 between one step's end and the next step's start still belongs to the step whose requests are
@@ -18,8 +18,9 @@ scrape taken after the load stopped), or everything after its start when it neve
 * A run whose ``steps.jsonl`` is missing or empty gets its steps rebuilt from the requests' own
   ``step`` / ``concurrency`` fields (phase ``ramp``, start/end from the first start and last end).
 
-Values read from JSON are loose (a field may be absent, ``null``, a bool or a string); ``as_int``,
-``as_float``, ``max_int``, … read them as numbers or ``None`` for every consumer of a ``RunView``.
+Lines are parsed here, once, into the records of ``oomload.rundir.records`` where one exists (step
+boundaries, the status); values read from JSON are loose, and ``records.as_int``, ``as_float``, … read
+them as numbers or ``None``.
 """
 
 from __future__ import annotations
@@ -36,33 +37,10 @@ from oomload.errors import ConfigError, TraceFormatError
 from oomload.odds import LevelOdds
 from oomload.outcome import RequestResult
 from oomload.rundir import RunReader
+from oomload.rundir.records import RunStatus, StepBoundary, parse_status, parse_step_lines
 from oomload.trace import read_trace
 
 LAST_STEP_TAIL_S = 5.0
-CUT_SHORT_REASONS = frozenset({"interrupted", "max_duration", "server_dead", "error"})
-
-
-@dataclass(frozen=True, slots=True)
-class StepBoundary:
-    """One step as ``steps.jsonl`` records it (``cut_short``: no end, or an end in ``CUT_SHORT_REASONS``)."""
-
-    index: int
-    concurrency: int
-    phase: str
-    start_unix_s: float
-    end_unix_s: float | None = None
-    end_reason: str | None = None
-    # from the end line: requests that ended (not cancelled) while the step held, their completion
-    # tokens, and how long it held (``None`` without an end line, or from an older run directory)
-    ended: int | None = None
-    completion_tokens: int | None = None
-    duration_s: float | None = None
-    evidence_requests: int | None = None  # requests the trace's odds asked a clean step to send
-    extended_s: float | None = None  # how long the step ran past its hold for that evidence
-
-    @property
-    def cut_short(self) -> bool:
-        return self.end_unix_s is None or self.end_reason in CUT_SHORT_REASONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +62,7 @@ class RunView:
 
     path: Path
     config: Mapping[str, Any]
-    status: Mapping[str, Any] | None
+    status: RunStatus | None
     cache_config: Mapping[str, Any] | None
     steps: tuple[StepData, ...]
     requests: tuple[RequestResult, ...]
@@ -167,7 +145,7 @@ def assemble_run(
     gpu_sorted = sorted((g for g in gpu if _is_number(g.get("t_unix_s"))), key=_t)
     events_sorted = sorted((e for e in events if _is_number(e.get("t_unix_s"))), key=_t)
     requests_sorted = sorted(requests, key=lambda r: r.start_unix_s)
-    boundaries = parse_step_records(step_records) or _steps_from_requests(requests_sorted)
+    boundaries = parse_step_lines(step_records) or _steps_from_requests(requests_sorted)
 
     windows = _windows(boundaries)
     by_index: dict[int, list[RequestResult]] = {b.index: [] for b in boundaries}
@@ -206,7 +184,7 @@ def assemble_run(
     return RunView(
         path=path,
         config=config,
-        status=status,
+        status=parse_status(status),
         cache_config=cache_config,
         steps=tuple(steps),
         requests=tuple(requests_sorted),
@@ -240,39 +218,6 @@ def config_problem(run_dir: Path) -> str | None:
     if not isinstance(obj, dict):
         return f"{target} is unreadable (a JSON {type(obj).__name__}, not an object)"
     return None
-
-
-def parse_step_records(records: Iterable[Mapping[str, Any]]) -> list[StepBoundary]:
-    """Pair ``start`` / ``end`` records of ``steps.jsonl`` into boundaries, ordered by start time."""
-    starts: dict[int, Mapping[str, Any]] = {}
-    ends: dict[int, Mapping[str, Any]] = {}
-    for record in records:
-        if not isinstance(record.get("step"), int) or not _is_number(record.get("t_unix_s")):
-            continue
-        if record.get("event") == "start":
-            starts.setdefault(record["step"], record)
-        elif record.get("event") == "end":
-            ends[record["step"]] = record
-    boundaries = []
-    for index, start in starts.items():
-        end = ends.get(index)
-        boundaries.append(
-            StepBoundary(
-                index=index,
-                concurrency=int(start.get("concurrency", 0)),
-                phase=str(start.get("phase", "ramp")),
-                start_unix_s=float(start["t_unix_s"]),
-                end_unix_s=None if end is None else float(end["t_unix_s"]),
-                end_reason=None if end is None else as_str(end.get("reason")),
-                ended=None if end is None else as_int(end.get("ended")),
-                completion_tokens=None if end is None else as_int(end.get("completion_tokens")),
-                duration_s=None if end is None else as_float(end.get("duration_s")),
-                evidence_requests=None if end is None else as_int(end.get("evidence_requests")),
-                extended_s=None if end is None else as_float(end.get("extended_s")),
-            )
-        )
-    boundaries.sort(key=lambda b: (b.start_unix_s, b.index))
-    return boundaries
 
 
 def _steps_from_requests(requests: Sequence[RequestResult]) -> list[StepBoundary]:
@@ -320,40 +265,6 @@ def _slot(starts: list[float], windows: list[tuple[float, float]], t: float) -> 
 def _span(times: list[float], lo: float, hi: float) -> tuple[int, int]:
     """Slice bounds of the sorted ``times`` within ``(lo, hi]``."""
     return bisect.bisect_right(times, lo), bisect.bisect_right(times, hi)
-
-
-def as_int(value: Any) -> int | None:
-    """A finite JSON number as ``int`` (truncated); ``None`` for anything else (bools included)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return int(value)
-
-
-def as_float(value: Any) -> float | None:
-    """A JSON number as ``float``; ``None`` for anything else (bools included)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def as_str(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def max_int(values: Iterable[Any]) -> int | None:
-    """The largest of the values that are numbers, or ``None`` when none is."""
-    known = [v for v in map(as_int, values) if v is not None]
-    return max(known) if known else None
-
-
-def min_int(values: Iterable[Any]) -> int | None:
-    known = [v for v in map(as_int, values) if v is not None]
-    return min(known) if known else None
-
-
-def max_float(values: Iterable[Any]) -> float | None:
-    known = [v for v in map(as_float, values) if v is not None]
-    return max(known) if known else None
 
 
 def _t(obj: Mapping[str, Any]) -> float:

@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from oomload.capacity import single_request_limit_tokens
-from oomload.runview import as_float, as_int
+from oomload.rundir.records import as_float, as_int
 from oomload.stats import MaxModelLenAdvice, recommend_max_model_len
-from oomload.verdict import Verdict, kv_peak_text
+from oomload.verdict.verdict import Verdict, kv_peak_text
 
 DEFAULT_MARGIN = 0.10
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9

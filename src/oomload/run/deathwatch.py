@@ -32,7 +32,7 @@ MONITOR_TICK_S = 0.2
 
 
 class DeathWatch:
-    """Health checks, server death and the first preemption for one session (``oomload.load.session``)."""
+    """Health checks, server death and the first preemption for one session (``oomload.run.session``)."""
 
     def __init__(self, session: Any) -> None:
         self.session = session

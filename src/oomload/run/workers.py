@@ -62,7 +62,7 @@ class WorkerInfo:
 
 
 class WorkerPool:
-    """The workers of one session (``oomload.load.session``)."""
+    """The workers of one session (``oomload.run.session``)."""
 
     def __init__(self, session: Any) -> None:
         self.session = session

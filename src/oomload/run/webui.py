@@ -15,7 +15,7 @@ run goes and after it ends (following Locust's ``examples/extend_web_ui``):
   and, once the run is over, the verdict, the ``vllm serve`` line and a link to ``report.html``;
 * ``GET /oomload/telemetry``: the snapshot as JSON (the latest ``/metrics`` record, the latest GPU
   sample, the step and the plan, TTFT, the verdict when the run is over), for scripts and dashboards;
-* ``GET /oomload/timeline``: the charts' series (``oomload.load.livefeed``), read from the run
+* ``GET /oomload/timeline``: the charts' series (``oomload.run.livefeed``), read from the run
   directory as it grows — the same files the report draws;
 * ``GET /oomload/report``: the run's ``report.html`` once written.
 
@@ -133,10 +133,10 @@ def _text(value: object) -> str:
 def final_state(run_dir: Path, exit_code: int) -> dict[str, Any]:
     """What the web UI shows once the run is over: the findings, the ``vllm serve`` line, the settings,
     the onset and death times (for the charts) and whether ``report.html`` exists."""
-    from oomload.recommend import recommend
     from oomload.report.findings import describe
-    from oomload.runview import load_run
     from oomload.verdict import build_verdict
+    from oomload.verdict.recommend import recommend
+    from oomload.verdict.runview import load_run
 
     state: dict[str, Any] = {
         "exit_code": int(exit_code),
@@ -170,7 +170,7 @@ def final_state(run_dir: Path, exit_code: int) -> dict[str, Any]:
 
 
 def _static(name: str) -> str:
-    return resources.files("oomload.load").joinpath("static", name).read_text(encoding="utf-8")
+    return resources.files("oomload.run").joinpath("static", name).read_text(encoding="utf-8")
 
 
 def extend_web_ui(

@@ -25,7 +25,7 @@ step is the step whose window holds ``T_d`` (latest start ≤ ``T_d``); steps th
 measured a dead server.
 
 The verdict charges casualties to the death step only: one that started in an earlier step does not
-count against that step's error rate or safety (``oomload.stepfacts``), and a casualty's
+count against that step's error rate or safety (``oomload.verdict.stepfacts``), and a casualty's
 ``transport_error`` is not reported as a client transport problem. The death finding says how many
 requests in flight failed.
 """
@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oomload.outcome import Outcome, RequestResult
-from oomload.runview import RunView, StepBoundary
+from oomload.rundir.records import StepBoundary
+from oomload.verdict.runview import RunView
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda oom", "cuda error: out of memory")
 CASUALTY_OUTCOMES = frozenset(
@@ -157,12 +158,10 @@ def _primary_evidence(view: RunView) -> tuple[list[tuple[float, str]], bool]:
         b = step.boundary
         if b.end_reason == "server_dead" and b.end_unix_s is not None:
             found.append((b.end_unix_s, f"step {b.index} ended with reason server_dead"))
-    status = view.status or {}
-    if status.get("end_reason") == "server_dead":
-        t = status.get("ended_unix_s")
-        found.append(
-            (float(t) if isinstance(t, (int, float)) else math.inf, "run ended with reason server_dead")
-        )
+    status = view.status
+    if status is not None and status.end_reason == "server_dead":
+        t = status.ended_unix_s
+        found.append((math.inf if t is None else t, "run ended with reason server_dead"))
     vanished = _vanished_process(view.gpu)
     if vanished is not None:
         found.append(vanished)

@@ -1,9 +1,9 @@
 """The verdict: the onsets, the last safe concurrency and how far to trust them (pure).
 
-Input is a ``RunView`` (``oomload.runview``); output a frozen ``Verdict`` tree with ``to_json()``.
-The parts live in their own modules: per-step aggregation in ``oomload.stepfacts``, engine death and
-its casualties in ``oomload.death``, the arithmetic check in ``oomload.prediction``, the caveats and
-the confidence level in ``oomload.confidence``. This module puts them together.
+Input is a ``RunView`` (``runview``); output a frozen ``Verdict`` tree with ``to_json()``. The parts
+live in their own modules of this package: per-step aggregation in ``stepfacts``, engine death and
+its casualties in ``death``, the arithmetic check in ``prediction``, the caveats and the confidence
+level in ``confidence``. This module puts them together.
 
 Order: the engine death is found first (from the raw run), so each step knows whether the engine
 died in it, after it (its casualties are excused) or before it (``after_death``: the step measured a
@@ -23,9 +23,9 @@ bisects the preemption onset afterwards, so "first in time" and "first in concur
   first showed the preemption. A lower level that preempted in fewer than half of its steps is
   *sporadic*: named in the notes, and never safe;
 * KV saturation — a step whose KV usage was ≥ 0.99, and queueing — a step whose waiting was > 0, each
-  *sustained*: in at least two consecutive scrapes of the step (``oomload.gauges``; one momentary
+  *sustained*: in at least two consecutive scrapes of the step (``oomload.verdict.gauges``; one momentary
   reading, such as a request caught between arrival and admission, is not a finding);
-* engine death — ``oomload.death``.
+* engine death — ``oomload.verdict.death``.
 
 Last safe concurrency: the highest level ``c`` below the first unsafe level and below the queueing
 onset, with a *trusted* measured step at ``c`` (completed — not cut short — and holding ≥ 80 % of its
@@ -72,14 +72,21 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from oomload.confidence import ConfidenceNote, confidence_level, data_notes, evidence_notes, step_notes
-from oomload.death import EngineDeath, detect_engine_death
 from oomload.odds import LevelOdds
 from oomload.outcome import Outcome, RequestResult
-from oomload.prediction import Prediction, compare_prediction
-from oomload.runview import CUT_SHORT_REASONS, RunView, as_float, as_int, as_str
+from oomload.rundir.records import CUT_SHORT_REASONS, RunStatus, as_float, as_int, as_str
 from oomload.stats import LengthSummary, summarize_lengths
-from oomload.stepfacts import (
+from oomload.verdict.confidence import (
+    ConfidenceNote,
+    confidence_level,
+    data_notes,
+    evidence_notes,
+    step_notes,
+)
+from oomload.verdict.death import EngineDeath, detect_engine_death
+from oomload.verdict.prediction import Prediction, compare_prediction
+from oomload.verdict.runview import RunView
+from oomload.verdict.stepfacts import (
     END_REASON_WORDS,
     KV_SATURATED,
     UNSAFE_OUTCOMES,
@@ -672,8 +679,8 @@ def _level_onset(
 def _run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | None) -> RunInfo:
     config = view.config
     status = view.status
-    finished = bool(status and status.get("finished"))
-    end_reason = None if status is None else as_str(status.get("end_reason"))
+    finished = status is not None and status.finished
+    end_reason = None if status is None else status.end_reason
     cut_steps = [s for s in steps if s.cut_short]
     cut_short = (
         status is None
@@ -717,7 +724,7 @@ def _cut_short_detail(
     view: RunView,
     steps: Sequence[StepFacts],
     death: EngineDeath | None,
-    status: Mapping[str, Any] | None,
+    status: RunStatus | None,
     end_reason: str | None,
 ) -> str:
     """Where and why the run was cut short: the step, its concurrency, seconds since the run started."""

@@ -1,0 +1,30 @@
+"""The run directory: the contract between the processes that write a run and the verdict that reads
+it. ``io`` writes and reads its files (the table of files is in its docstring)."""
+
+from oomload.rundir.io import (
+    RUN_SCHEMA_VERSION,
+    SERVER_DEAD_MARKER,
+    STREAMS,
+    RunReader,
+    RunWriter,
+    check_run_dir_creatable,
+    json_object,
+    mark_server_dead,
+    new_run_dir,
+    run_dir_error,
+    server_marked_dead,
+)
+
+__all__ = [
+    "RUN_SCHEMA_VERSION",
+    "SERVER_DEAD_MARKER",
+    "STREAMS",
+    "RunReader",
+    "RunWriter",
+    "check_run_dir_creatable",
+    "json_object",
+    "mark_server_dead",
+    "new_run_dir",
+    "run_dir_error",
+    "server_marked_dead",
+]

@@ -1,0 +1,173 @@
+"""The lines of a run directory as types: what writers write and what readers parse, in one place.
+
+Writers build the TypedDicts (``StepStartLine``, ``StepEndLine``, ``StatusLine``); readers parse a line
+once, at the boundary (``oomload.verdict.runview``), into a frozen record (``StepBoundary`` from a
+step's start and end lines, ``RunStatus`` from ``status.json``), so the verdict reads attributes.
+
+JSON values are loose: a field may be absent, ``null``, a bool or a string, and a file written by an
+older oomload may lack newer fields. ``as_int``, ``as_float``, ``as_str`` and the ``max_``/``min_``
+folds read such a value as a number (or text) or ``None``; a bool is never a number, and neither is
+NaN or ±inf (``as_float``: JSON allows them as ``NaN``/``Infinity``, the run directory never means them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, NotRequired, TypedDict
+
+CUT_SHORT_REASONS = frozenset({"interrupted", "max_duration", "server_dead", "error"})
+
+
+class StepStartLine(TypedDict):
+    """``steps.jsonl``: a step began."""
+
+    event: Literal["start"]
+    step: int
+    concurrency: int
+    phase: str
+    t_unix_s: float
+
+
+class StepEndLine(TypedDict):
+    """``steps.jsonl``: a step ended (docs/replay.md, "The run directory")."""
+
+    event: Literal["end"]
+    step: int
+    concurrency: int
+    phase: str
+    t_unix_s: float
+    duration_s: float
+    reason: str
+    started: int | None
+    ended: int
+    ended_ok: int
+    ended_errors: int
+    ended_cancelled: int
+    ended_outcomes: dict[str, int]
+    completion_tokens: int
+    preemptions: int | None
+    achieved_concurrency_mean: NotRequired[float]
+    achieved_concurrency_max: NotRequired[int | None]
+    server_concurrency: NotRequired[dict[str, float | None]]
+    evidence_requests: NotRequired[int]
+    extended_s: NotRequired[float]
+
+
+class StatusLine(TypedDict):
+    """``status.json``, written last."""
+
+    finished: bool
+    end_reason: str
+    ended_unix_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepBoundary:
+    """One step as ``steps.jsonl`` records it (``cut_short``: no end, or an end in ``CUT_SHORT_REASONS``)."""
+
+    index: int
+    concurrency: int
+    phase: str
+    start_unix_s: float
+    end_unix_s: float | None = None
+    end_reason: str | None = None
+    # from the end line: requests that ended (not cancelled) while the step held, their completion
+    # tokens, and how long it held (``None`` without an end line, or from an older run directory)
+    ended: int | None = None
+    completion_tokens: int | None = None
+    duration_s: float | None = None
+    evidence_requests: int | None = None  # requests the trace's odds asked a clean step to send
+    extended_s: float | None = None  # how long the step ran past its hold for that evidence
+
+    @property
+    def cut_short(self) -> bool:
+        return self.end_unix_s is None or self.end_reason in CUT_SHORT_REASONS
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    """``status.json`` as read: how the run ended."""
+
+    finished: bool
+    end_reason: str | None
+    ended_unix_s: float | None
+
+
+def parse_status(obj: Mapping[str, Any] | None) -> RunStatus | None:
+    """``status.json``'s object as a ``RunStatus`` (``None``: no status, the run was cut short)."""
+    if obj is None:
+        return None
+    return RunStatus(
+        finished=bool(obj.get("finished")),
+        end_reason=as_str(obj.get("end_reason")),
+        ended_unix_s=as_float(obj.get("ended_unix_s")),
+    )
+
+
+def parse_step_lines(lines: Iterable[Mapping[str, Any]]) -> list[StepBoundary]:
+    """Pair ``start`` / ``end`` lines of ``steps.jsonl`` into boundaries, ordered by start time (a line
+    without an integer step or a finite time is skipped; the first start and the last end win)."""
+    starts: dict[int, Mapping[str, Any]] = {}
+    ends: dict[int, Mapping[str, Any]] = {}
+    for line in lines:
+        if not isinstance(line.get("step"), int) or as_float(line.get("t_unix_s")) is None:
+            continue
+        if line.get("event") == "start":
+            starts.setdefault(line["step"], line)
+        elif line.get("event") == "end":
+            ends[line["step"]] = line
+    boundaries = []
+    for index, start in starts.items():
+        end = ends.get(index)
+        boundaries.append(
+            StepBoundary(
+                index=index,
+                concurrency=int(start.get("concurrency", 0)),
+                phase=str(start.get("phase", "ramp")),
+                start_unix_s=float(start["t_unix_s"]),
+                end_unix_s=None if end is None else float(end["t_unix_s"]),
+                end_reason=None if end is None else as_str(end.get("reason")),
+                ended=None if end is None else as_int(end.get("ended")),
+                completion_tokens=None if end is None else as_int(end.get("completion_tokens")),
+                duration_s=None if end is None else as_float(end.get("duration_s")),
+                evidence_requests=None if end is None else as_int(end.get("evidence_requests")),
+                extended_s=None if end is None else as_float(end.get("extended_s")),
+            )
+        )
+    boundaries.sort(key=lambda b: (b.start_unix_s, b.index))
+    return boundaries
+
+
+def as_float(value: Any) -> float | None:
+    """A finite JSON number as ``float``; ``None`` for anything else (bools, NaN and ±inf included)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def as_int(value: Any) -> int | None:
+    """A finite JSON number as ``int`` (truncated); ``None`` for anything else (bools included)."""
+    number = as_float(value)
+    return None if number is None else int(value)
+
+
+def as_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def max_int(values: Iterable[Any]) -> int | None:
+    """The largest of the values that are numbers, or ``None`` when none is."""
+    known = [v for v in map(as_int, values) if v is not None]
+    return max(known) if known else None
+
+
+def min_int(values: Iterable[Any]) -> int | None:
+    known = [v for v in map(as_int, values) if v is not None]
+    return min(known) if known else None
+
+
+def max_float(values: Iterable[Any]) -> float | None:
+    known = [v for v in map(as_float, values) if v is not None]
+    return max(known) if known else None

@@ -1,0 +1,62 @@
+"""The judging pipeline: from a run directory to the verdict, its recommendation and the gate (pure).
+
+Read in this order:
+
+1. ``runview`` — the run directory as plain values: its steps with the requests, ``/metrics`` scrapes
+   and GPU samples measured during each (the one module here that reads files);
+2. ``death`` — the engine's death and its casualties, found first from the raw run;
+3. ``stepfacts`` — one ``StepFacts`` per step: counts, latencies, KV and queue peaks (sustained ones
+   from ``gauges``), the server's side (``oomload.serverside``), whether the step can be trusted;
+4. ``prediction`` — the block arithmetic's onset band, compared with the observed onset;
+5. ``confidence`` — the caveats and the confidence level;
+6. ``verdict`` — puts them together: the onsets, the last safe concurrency, the ``Verdict``;
+7. ``recommend`` — the serving flags the verdict supports;
+8. ``gate`` — CI rules judged against the verdict.
+
+The trace's odds (``oomload.odds``) and the statistics (``oomload.stats``) live in the core above:
+the live schedule uses them too. This package re-exports the verdict's public names.
+"""
+
+from oomload.verdict.verdict import (
+    DEFAULT_MIN_REQUESTS,
+    KV_SATURATED,
+    UNSAFE_OUTCOMES,
+    ConfidenceNote,
+    ContextOverflow,
+    EngineDeath,
+    LatencyStats,
+    LevelOnset,
+    LevelSummary,
+    Prediction,
+    PreemptionOnset,
+    RunInfo,
+    StepFacts,
+    Verdict,
+    build_verdict,
+    first_unsafe_concurrency,
+    kv_peak_text,
+    kv_percent,
+    last_safe_concurrency,
+)
+
+__all__ = [
+    "DEFAULT_MIN_REQUESTS",
+    "KV_SATURATED",
+    "UNSAFE_OUTCOMES",
+    "ConfidenceNote",
+    "ContextOverflow",
+    "EngineDeath",
+    "LatencyStats",
+    "LevelOnset",
+    "LevelSummary",
+    "Prediction",
+    "PreemptionOnset",
+    "RunInfo",
+    "StepFacts",
+    "Verdict",
+    "build_verdict",
+    "first_unsafe_concurrency",
+    "kv_peak_text",
+    "kv_percent",
+    "last_safe_concurrency",
+]

@@ -1,0 +1,599 @@
+"""Pre-release gate: readable threshold rules for CI, evaluated against a verdict (pure).
+
+Two shapes of rule (spaces around the operator are allowed; case does not matter)::
+
+    no-preemption-below:64       no preemption at any concurrency < 64
+    no-oom-up-to:128             no engine death / OOM at any concurrency ≤ 128
+    p99-ttft-s@64<=2             P99 time to first token at concurrency 64 is ≤ 2 s
+    error-rate<=0.1%             share of non-ok requests over the run (or ``error-rate@64<=0.001``)
+    max-kv-usage@32<0.95         the highest KV-cache usage seen at concurrency 32 is < 0.95
+    last-safe-concurrency>=64    the verdict's last safe concurrency
+
+Absence rules ``no-EVENT-below:N`` / ``no-EVENT-up-to:N`` with EVENT one of ``EVENTS``. Threshold
+rules ``METRIC[@CONCURRENCY] OP VALUE`` with OP one of ``<= < >= > ==``, METRIC one of ``METRICS``
+(latency metrics ``{p50,p99}-{ttft,tpot,e2e}-{ms,s}``), VALUE a number, ``%`` allowed for shares.
+
+Evidence. A rule passes only on evidence, never on its absence:
+
+* ``no-EVENT-below:N`` fails when any measured level < N shows the event — in any step, also one cut
+  short: a failure seen is a failure. It passes only when a *trusted* step (completed, not cut short,
+  and holding ≥ 80 % of its concurrency: ``StepFacts.trusted``) at concurrency ≥ N-1 was measured
+  with the signal observable (so the highest level the rule covers is vouched for; the event is
+  assumed monotone in concurrency — the refinement pass tests the levels in between). ``up-to:N``
+  likewise with N. Otherwise it is *not evaluated*, naming the untrusted steps.
+* ``METRIC@C`` needs a trusted, non-warmup step at exactly C carrying the metric; with several
+  (repeats) the worst one is judged. No step, only cut-short or under-held steps, a step in which no
+  request was decided (all cancelled) or a missing metric → not evaluated — except that a count or
+  peak (``preemptions``, ``max-kv-usage``, ``max-waiting``) that an untrusted step already shows above
+  an upper bound fails (it can only grow with more time), and so does the error rate of the step the
+  engine died in (the death is a failure at that level). Steps after an engine death measured a
+  dead server and are no evidence either way (``Verdict.measured_steps`` leaves them out).
+* A run-wide threshold (``error-rate<=0.1%``, ``max-kv-usage<0.95``, ``preemptions==0``) on a run
+  that was cut short is judged on the part measured: a violation fails, a pass is *not evaluated*
+  (the levels never reached could change it). ``last-safe-concurrency`` is built from trusted steps
+  only and is judged as is.
+
+Values are shown in the rule's own unit (``error-rate<=0.1%`` prints ``0.54 %``); ``observed`` in
+``GateResult.to_json`` is in the metric's base unit, named by ``unit``.
+
+``gate_exit_code``: any failure → ``GATE_FAILED`` (1); else any rule not evaluated →
+``GATE_NOT_EVALUATED`` (4); else ``OK``. A missing-evidence rule never turns into a pass.
+
+Rules also come from a scenario file (TOML): ``[gate]`` ``rules = ["no-preemption-below:64", …]``.
+
+Types. A parsed rule is one of three frozen values (``Gate`` is their union), each with its own
+``parse`` and ``evaluate``: ``AbsenceRule`` (an ``Event``, a bound and a level), ``RunThreshold``
+(a ``Metric`` over the run) and ``LevelThreshold`` (a ``Metric`` at one level). An ``Event`` knows how
+a step shows it and when a step could have; a ``Metric`` knows its unit and how to read it from a step
+or from the whole run. The tables ``EVENTS`` and ``METRICS`` hold every one the syntax accepts.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Literal, TypeAlias
+
+from oomload.errors import ConfigError, ExitCode
+from oomload.outcome import Outcome
+from oomload.verdict.verdict import KV_SATURATED, StepFacts, Verdict
+
+Bound = Literal["below", "up-to"]
+Op = Literal["<=", ">=", "==", "<", ">"]
+OPERATORS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "<": operator.lt,
+    ">": operator.gt,
+}
+UPPER_BOUNDS = ("<", "<=", "==")  # operators that bound a value from above
+SYNTAX_HELP = (
+    "expected 'no-EVENT-below:N', 'no-EVENT-up-to:N' "
+    "(EVENT: preemption, oom, queueing, kv-saturation, errors) "
+    "or 'METRIC[@CONCURRENCY] OP VALUE' (e.g. 'p99-ttft-s@64<=2', 'error-rate<=0.1%', 'max-kv-usage@32<0.95')"
+)
+
+_ABSENCE = re.compile(r"^no-(?P<event>[a-z-]+?)-(?P<bound>below|up-to):\s*(?P<n>\S+)$")
+_THRESHOLD = re.compile(
+    r"^(?P<metric>[a-z0-9.-]+)\s*(?:@\s*(?P<c>[^\s<>=]+))?\s*(?P<op><=|>=|==|<|>)\s*(?P<value>\S+)$"
+)
+
+
+class GateStatus(StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    NOT_EVALUATED = "not_evaluated"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Events (absence rules)
+
+
+def _any_step(s: StepFacts) -> bool:
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something an absence rule forbids: how a step shows it, and whether a step could have shown it
+    (besides having decided a request: without one a step shows nothing)."""
+
+    name: str  # preemption | engine_death | queueing | kv_saturation | errors
+    shows: Callable[[StepFacts, Verdict], bool]
+    phrase: Callable[[Verdict], str]  # as a failure names it
+    observable: Callable[[StepFacts], bool] = _any_step
+    at_death: bool = False  # the verdict's engine death counts as seen at its level
+
+    def seen(self, verdict: Verdict, covered: Sequence[StepFacts]) -> tuple[int, str] | None:
+        """The lowest covered level that shows the event, and its phrase; ``None`` when none does."""
+        hits = [s.concurrency for s in covered if self.shows(s, verdict)]
+        if self.at_death and verdict.engine_death is not None:
+            c = verdict.engine_death.concurrency
+            if c is not None and covered and c <= max(s.concurrency for s in covered):
+                hits.append(c)
+        if not hits:
+            return None
+        return min(hits), self.phrase(verdict)
+
+    def observed_in(self, s: StepFacts) -> bool:
+        return s.decided_requests > 0 and self.observable(s)
+
+
+def _death_shown(s: StepFacts, verdict: Verdict) -> bool:
+    death = verdict.engine_death
+    return (death is not None and death.step == s.index) or s.charged(Outcome.ENGINE_DEAD) > 0
+
+
+def _death_phrase(verdict: Verdict) -> str:
+    real_oom = verdict.engine_death is not None and verdict.engine_death.real_oom
+    return "engine death" + (" (CUDA OOM)" if real_oom else "")
+
+
+PREEMPTION = Event(
+    "preemption",
+    shows=lambda s, v: (s.preemptions or 0) > 0,
+    phrase=lambda v: "preemption",
+    observable=lambda s: s.preemptions is not None,
+)
+ENGINE_DEATH = Event("engine_death", shows=_death_shown, phrase=_death_phrase, at_death=True)
+QUEUEING = Event(  # sustained: two consecutive scrapes (oomload.verdict.gauges)
+    "queueing",
+    shows=lambda s, v: (s.waiting_sustained or 0) > 0,
+    phrase=lambda v: "queueing",
+    observable=lambda s: s.waiting_sustained is not None,
+)
+KV_SATURATION = Event(
+    "kv_saturation",
+    shows=lambda s, v: (s.kv_usage_sustained or 0.0) >= KV_SATURATED,
+    phrase=lambda v: "KV cache saturation",
+    observable=lambda s: s.kv_usage_sustained is not None,
+)
+ERRORS = Event("errors", shows=lambda s, v: s.error_requests > 0, phrase=lambda v: "failed requests")
+EVENTS: dict[str, Event] = {  # as a rule names them → the event
+    "preemption": PREEMPTION,
+    "preemptions": PREEMPTION,
+    "oom": ENGINE_DEATH,
+    "engine-death": ENGINE_DEATH,
+    "death": ENGINE_DEATH,
+    "queueing": QUEUEING,
+    "kv-saturation": KV_SATURATION,
+    "errors": ERRORS,
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Metrics (threshold rules)
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """A number a threshold rule bounds: its unit, and how to read it from one step or the whole run
+    (``None``: not measured there; an absent reader: the metric has no value there at all)."""
+
+    name: str
+    unit: str  # the base unit of ``observed``
+    of_step: Callable[[StepFacts], float | None] | None = None
+    of_run: Callable[[Verdict], float | None] | None = None
+    share: bool = False  # a share: the threshold may be written in %
+    monotone: bool = False  # only grows as a step goes on: an untrusted step's value already fails
+    fails_where_engine_died: bool = False  # the step the engine died in is judged on it, trusted or not
+    from_trusted_steps: bool = False  # built from trusted steps only: a cut-short run leaves it whole
+
+
+def _as_float(value: int | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _latency(stat: str, latency: str, unit: str) -> Metric:
+    def of_step(s: StepFacts) -> float | None:
+        stats = {"ttft": s.ttft, "tpot": s.tpot, "e2e": s.e2e}[latency]
+        value_ms = stats.p50_ms if stat == "p50" else stats.p99_ms
+        if value_ms is None:
+            return None
+        return value_ms / 1000.0 if unit == "s" else value_ms
+
+    return Metric(f"{stat}-{latency}-{unit}", unit, of_step=of_step)
+
+
+def _decided(verdict: Verdict) -> list[StepFacts]:
+    return [s for s in verdict.measured_steps if s.decided_requests > 0]
+
+
+def _run_kv_usage_max(verdict: Verdict) -> float | None:
+    measured = _decided(verdict)
+    known = [s.kv_usage_max for s in measured if s.kv_usage_max is not None]
+    return max(known) if known and len(known) == len(measured) else None
+
+
+def _run_preemptions(verdict: Verdict) -> float | None:
+    counts = [s.preemptions for s in _decided(verdict)]
+    return float(sum(c for c in counts if c is not None)) if counts and None not in counts else None
+
+
+LATENCIES = ("ttft", "tpot", "e2e")
+STATS = ("p50", "p99")
+_METRICS = (
+    *(_latency(s, lat, unit) for s in STATS for lat in LATENCIES for unit in ("ms", "s")),
+    Metric(
+        "max-kv-usage",
+        "share",
+        of_step=lambda s: s.kv_usage_max,
+        of_run=_run_kv_usage_max,
+        share=True,
+        monotone=True,
+    ),
+    Metric(
+        "preemptions",
+        "count",
+        of_step=lambda s: _as_float(s.preemptions),
+        of_run=_run_preemptions,
+        monotone=True,
+    ),
+    Metric("req-per-s", "req/s", of_step=lambda s: s.req_per_s),
+    Metric("output-tokens-per-s", "tokens/s", of_step=lambda s: s.output_tokens_per_s),
+    Metric("max-waiting", "requests", of_step=lambda s: _as_float(s.waiting_max), monotone=True),
+    Metric("achieved-concurrency", "requests", of_step=lambda s: s.achieved_concurrency),
+    Metric(
+        "error-rate",
+        "share",
+        of_step=lambda s: s.error_rate,
+        of_run=lambda v: v.error_rate,
+        share=True,
+        fails_where_engine_died=True,
+    ),
+    Metric(
+        "last-safe-concurrency",
+        "concurrency",
+        of_run=lambda v: _as_float(v.last_safe_concurrency),
+        from_trusted_steps=True,
+    ),
+)
+METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
+SHARE_METRICS = tuple(sorted(m.name for m in _METRICS if m.share))  # as error messages name them
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rules
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    gate: Gate
+    status: GateStatus
+    reason: str
+    observed: float | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "rule": self.gate.text,
+            "status": self.status.value,
+            "reason": self.reason,
+            "observed": self.observed,
+            "unit": self.gate.unit,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AbsenceRule:
+    """``no-EVENT-below:N`` / ``no-EVENT-up-to:N``: the event at no level the bound covers."""
+
+    text: str
+    event: Event
+    bound: Bound
+    concurrency: int
+
+    unit = None  # no observed value but the level an event was seen at
+
+    @classmethod
+    def parse(cls, text: str, match: re.Match[str]) -> AbsenceRule:
+        event = EVENTS.get(match["event"])
+        if event is None:
+            raise ConfigError(
+                f"gate {text!r}: unknown event {match['event']!r}; allowed: {', '.join(sorted(EVENTS))}"
+            )
+        n = _positive_int(match["n"], text, "concurrency")
+        bound: Bound = "below" if match["bound"] == "below" else "up-to"
+        if bound == "below" and n < 2:
+            raise ConfigError(f"gate {text!r}: 'below:{n}' covers no concurrency; use a value ≥ 2")
+        return cls(text, event, bound, n)
+
+    @property
+    def highest_covered(self) -> int:
+        """The highest concurrency the rule speaks for (N-1 for below:N, N for up-to:N)."""
+        return self.concurrency - 1 if self.bound == "below" else self.concurrency
+
+    def evaluate(self, verdict: Verdict) -> GateResult:
+        top = self.highest_covered
+        event = self.event
+        covered = [s for s in verdict.measured_steps if s.concurrency <= top]
+        seen = event.seen(verdict, covered)
+        if seen is not None:
+            level, detail = seen
+            return GateResult(
+                self, GateStatus.FAIL, f"{detail} at concurrency {level}", observed=float(level)
+            )
+        above = [s for s in verdict.measured_steps if s.concurrency >= top and event.observed_in(s)]
+        vouching = [s for s in above if s.trusted]
+        if vouching:
+            level = min(s.concurrency for s in vouching)
+            clean = not any(event.shows(s, verdict) for s in vouching if s.concurrency == level)
+            if clean:
+                return GateResult(self, GateStatus.PASS, f"none seen up to concurrency {level} (measured)")
+            return GateResult(
+                self,
+                GateStatus.NOT_EVALUATED,
+                f"clean up to the levels measured below {top}, but the next measured level {level} shows "
+                f"it; the onset lies in between — add a step at {top} (refinement pass)",
+            )
+        tested = [s.concurrency for s in verdict.measured_steps if s.trusted and event.observed_in(s)]
+        reached = (
+            f"the highest trusted level with evidence was {max(tested)}"
+            if tested
+            else "no trusted step had evidence"
+        )
+        untrusted = [d for s in above if (d := s.distrust) is not None]
+        if untrusted:
+            return GateResult(
+                self,
+                GateStatus.NOT_EVALUATED,
+                f"no trusted evidence at concurrency {top}: {'; '.join(untrusted[:2])}; {reached}",
+            )
+        why = "the run did not reach" if not tested or max(tested) < top else "no evidence at"
+        return GateResult(self, GateStatus.NOT_EVALUATED, f"{why} concurrency {top}: {reached}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Threshold:
+    """What both threshold rules share: ``METRIC OP VALUE`` and the final comparison."""
+
+    text: str
+    metric: Metric
+    op: Op
+    threshold: float
+    percent: bool  # the threshold was written in % (values are shown in %)
+
+    @property
+    def unit(self) -> str:
+        """The base unit of the metric (``observed`` is in it)."""
+        return self.metric.unit
+
+    def show(self, value: float) -> str:
+        """A value in the rule's own unit: ``0.54 %`` for a rule written in %, else the number."""
+        if self.percent:
+            return f"{value * 100:.3g} %"
+        return f"{value:.6g}"
+
+    def holds(self, value: float) -> bool:
+        return OPERATORS[self.op](value, self.threshold)
+
+    def _judged(self, observed: float, where: str) -> tuple[GateStatus, str]:
+        """Pass or fail on a value measured ``where``, and the reason."""
+        shown = self.show(observed)
+        if self.holds(observed):
+            return GateStatus.PASS, f"{self.metric.name} = {shown} {where}"
+        return (
+            GateStatus.FAIL,
+            f"{self.metric.name} = {shown} {where}, not {self.op} {self.show(self.threshold)}",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunThreshold(_Threshold):
+    """``METRIC OP VALUE`` over the whole run."""
+
+    concurrency = None  # no level: the whole run
+
+    def evaluate(self, verdict: Verdict) -> GateResult:
+        assert self.metric.of_run is not None  # parse_gate accepts run-wide metrics only
+        name = self.metric.name
+        where = "over the run"
+        observed = self.metric.of_run(verdict)
+        if observed is None:
+            return GateResult(self, GateStatus.NOT_EVALUATED, f"{name} is not available {where}")
+        partial = verdict.run.cut_short and not self.metric.from_trusted_steps
+        if partial and self.holds(observed):
+            return GateResult(
+                self,
+                GateStatus.NOT_EVALUATED,
+                f"{name} = {self.show(observed)} over the part measured, but the run was cut short "
+                f"({verdict.run.cut_short_detail}): the levels it never reached could change it",
+                observed=observed,
+            )
+        return GateResult(self, *self._judged(observed, where), observed=observed)
+
+
+@dataclass(frozen=True, slots=True)
+class LevelThreshold(_Threshold):
+    """``METRIC@CONCURRENCY OP VALUE``: judged on the worst trusted step at that level."""
+
+    concurrency: int
+
+    def evaluate(self, verdict: Verdict) -> GateResult:
+        of_step = self.metric.of_step
+        assert of_step is not None  # parse_gate accepts per-step metrics only
+        steps = verdict.steps_at(self.concurrency)
+        if not steps:
+            levels = ", ".join(map(str, verdict.levels)) or "none"
+            return GateResult(
+                self,
+                GateStatus.NOT_EVALUATED,
+                f"no step at concurrency {self.concurrency} (measured: {levels})",
+            )
+        where = f"at concurrency {self.concurrency}"
+        complete = [s for s in steps if s.trusted and s.decided_requests > 0]
+        if not complete:
+            seen = self._partial_violation(steps)
+            if seen is not None:
+                return GateResult(
+                    self,
+                    GateStatus.FAIL,
+                    f"{self.metric.name} = {self.show(seen)} {where} already in an untrusted step, "
+                    f"not {self.op} {self.show(self.threshold)}",
+                    observed=seen,
+                )
+            why = "; ".join(d for s in steps if (d := s.distrust) is not None) or (
+                f"no request at concurrency {self.concurrency} was answered"
+            )
+            return GateResult(self, GateStatus.NOT_EVALUATED, f"no trusted step {where}: {why}")
+        values = [of_step(s) for s in complete]
+        if any(v is None for v in values):
+            return GateResult(
+                self,
+                GateStatus.NOT_EVALUATED,
+                f"{self.metric.name} was not measured {where} (no data: metrics or streaming off?)",
+            )
+        known = [v for v in values if v is not None]
+        observed = max(known) if self.op in UPPER_BOUNDS else min(known)
+        if self.op == "==":
+            bad = [v for v in known if not self.holds(v)]
+            observed = bad[0] if bad else known[0]
+        return GateResult(self, *self._judged(observed, where), observed=observed)
+
+    def _partial_violation(self, steps: Sequence[StepFacts]) -> float | None:
+        """A count or peak that untrusted steps already show above an upper bound (it can only grow),
+        or the error rate of the step the engine died in (the death is a failure at that level)."""
+        of_step = self.metric.of_step
+        if self.op not in UPPER_BOUNDS or of_step is None:
+            return None
+        eligible = [
+            s for s in steps if self.metric.monotone or (self.metric.fails_where_engine_died and s.died_here)
+        ]
+        known = [v for s in eligible if (v := of_step(s)) is not None]
+        worst = max(known, default=None)
+        if worst is None:
+            return None
+        violated = worst > self.threshold if self.op == "==" else not self.holds(worst)
+        return worst if violated else None
+
+
+Gate: TypeAlias = AbsenceRule | RunThreshold | LevelThreshold
+
+
+def parse_threshold(text: str, match: re.Match[str]) -> RunThreshold | LevelThreshold:
+    """A ``METRIC[@CONCURRENCY] OP VALUE`` rule: run-wide without a level, else at that level."""
+    metric = METRICS.get(match["metric"])
+    if metric is None:
+        raise ConfigError(f"gate {text!r}: unknown metric {match['metric']!r}; allowed: {', '.join(METRICS)}")
+    concurrency = None if match["c"] is None else _positive_int(match["c"], text, "concurrency")
+    if concurrency is None and metric.of_run is None:
+        raise ConfigError(
+            f"gate {text!r}: {metric.name} is measured per step; name the level, e.g. '{metric.name}@64'"
+        )
+    if concurrency is not None and metric.of_step is None:
+        raise ConfigError(f"gate {text!r}: {metric.name} is one number per run; drop '@{concurrency}'")
+    value = _number(match["value"], text, percent_ok=metric.share)
+    op = _op(match["op"])
+    percent = match["value"].endswith("%")
+    if concurrency is None:
+        return RunThreshold(text, metric, op, value, percent)
+    return LevelThreshold(text, metric, op, value, percent, concurrency)
+
+
+def parse_gate(text: str) -> Gate:
+    """Parse one rule; ``ConfigError`` names the bad text and what is allowed."""
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"empty gate rule {text!r}: {SYNTAX_HELP}")
+    clean = text.strip()
+    lowered = clean.lower()
+    absence = _ABSENCE.match(lowered)
+    if absence:
+        return AbsenceRule.parse(clean, absence)
+    if lowered.startswith("no-"):
+        raise ConfigError(f"gate {clean!r}: an absence rule reads 'no-EVENT-below:N' or 'no-EVENT-up-to:N'")
+    threshold = _THRESHOLD.match(lowered)
+    if not threshold:
+        raise ConfigError(f"gate {clean!r} is not a rule: {SYNTAX_HELP}")
+    return parse_threshold(clean, threshold)
+
+
+def parse_gates(texts: Iterable[str]) -> tuple[Gate, ...]:
+    return tuple(parse_gate(t) for t in texts)
+
+
+def parse_gate_toml(text: str, *, source: str = "<gate file>") -> tuple[Gate, ...]:
+    """Rules of a scenario file's ``[gate]`` table (``rules = [...]``)."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{source}: not valid TOML ({err})") from err
+    table = doc.get("gate")
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f'{source}: no [gate] table; expected [gate] with rules = ["no-preemption-below:64", …]'
+        )
+    rules = table.get("rules")
+    if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+        raise ConfigError(f"{source}: [gate] rules must be a list of strings, got {rules!r}")
+    unknown = sorted(set(table) - {"rules"})
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) in [gate]: {', '.join(unknown)}; allowed: rules")
+    try:
+        return parse_gates(rules)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from err
+
+
+def load_gate_file(path: str | Path) -> tuple[Gate, ...]:
+    """Read a scenario file's ``[gate]`` rules (``ConfigError`` when unreadable)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot read gate file {path}: {err.strerror or err}") from err
+    return parse_gate_toml(text, source=str(path))
+
+
+def evaluate_gate(gate: Gate, verdict: Verdict) -> GateResult:
+    """Judge one rule against a verdict: pass, fail, or not evaluated (missing evidence)."""
+    return gate.evaluate(verdict)
+
+
+def evaluate_gates(gates: Sequence[Gate], verdict: Verdict) -> tuple[GateResult, ...]:
+    return tuple(evaluate_gate(g, verdict) for g in gates)
+
+
+def gate_exit_code(results: Sequence[GateResult]) -> ExitCode:
+    if any(r.status is GateStatus.FAIL for r in results):
+        return ExitCode.GATE_FAILED
+    if any(r.status is GateStatus.NOT_EVALUATED for r in results):
+        return ExitCode.GATE_NOT_EVALUATED
+    return ExitCode.OK
+
+
+def _positive_int(text: str, rule: str, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise ConfigError(f"gate {rule!r}: {what} {text!r} is not a whole number") from err
+    if value < 1:
+        raise ConfigError(f"gate {rule!r}: {what} must be ≥ 1, got {value}")
+    return value
+
+
+def _number(text: str, rule: str, *, percent_ok: bool) -> float:
+    raw = text
+    scale = 1.0
+    if raw.endswith("%"):
+        if not percent_ok:
+            raise ConfigError(f"gate {rule!r}: '%' is allowed only for {', '.join(SHARE_METRICS)}")
+        raw, scale = raw[:-1], 0.01
+    try:
+        value = float(raw) * scale
+    except ValueError as err:
+        raise ConfigError(f"gate {rule!r}: threshold {text!r} is not a number") from err
+    if not math.isfinite(value):
+        raise ConfigError(f"gate {rule!r}: threshold {text!r} must be finite")
+    return value
+
+
+def _op(text: str) -> Op:
+    for op in ("<=", ">=", "==", "<", ">"):
+        if text == op:
+            return op
+    raise ConfigError(f"unknown operator {text!r}; allowed: {', '.join(OPERATORS)}")

@@ -22,8 +22,8 @@ as vLLM does. The loop runs on engine steps (no clock: only the order of block a
   sent that the step's counter starts rising.
 
 A step of ``n`` requests sees at least one preemption with probability ``1 − exp(−λ n)`` (episodes as
-a Poisson stream over the requests sent), and ``requests_for(0.95) = ceil(ln 20 / λ)`` requests make a
-preemption 95 % certain *if the level preempts as the trace's odds say*. The odds at ``c`` are
+a Poisson stream over the requests sent), and ``requests_for(0.99) = ceil(ln 100 / λ)`` requests make a
+preemption 99 % certain *if the level preempts as the trace's odds say*. The odds at ``c`` are
 deterministic for a given trace, pool and seed; the Monte Carlo's own noise at ``requests`` = 1000 is
 about ±√episodes.
 
@@ -45,9 +45,12 @@ import numpy as np
 
 from oomload.sim.scheduler import Scheduler, SchedulerConfig, SimRequest
 
-EVIDENCE_CONFIDENCE = 0.95  # a clean level must have sent enough requests to see a preemption this surely
+# A clean level must have sent enough requests to see a preemption this surely if it preempted as the odds
+# say. The issue asked for ≥ 95 %; 99 % because the onset is a majority of repeats: at 95 % a level at the
+# odds' threshold came out clean in 2 of 3 repeats often enough to move the demo's onset (bench_onset_repeat).
+EVIDENCE_CONFIDENCE = 0.99
 # Below this many preemption episodes per request the odds call a level safe without asking for more
-# evidence: a rarer burst cannot be confirmed or refuted by a bounded hold (it would need > 300 requests).
+# evidence: a rarer burst cannot be confirmed or refuted by a bounded hold (it would need > 460 requests).
 NEGLIGIBLE_EPISODES_PER_REQUEST = 0.01
 DEFAULT_REQUESTS = 1000
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default; the cache config does not carry the server's setting

@@ -20,7 +20,8 @@ Order of steps (``next_step``)
        two are adjacent. Each refinement step tightens the bracket by its own result, so with levels
        1, 2, 4, 8, 16 and an onset at 6 the steps are …, 8 (bad) → 6 (bad) → 5 (good): onset 6;
     4. the repeats (phase ``refine``): once the bracket is adjacent, its two levels are measured again,
-       in turn (the bad one first), until each has ``repeats`` measurements. A level is bad when at
+       in turn (the bad one first), until each has ``repeats`` measurements or its majority is decided
+       (two bad of three need no third). A level is bad when at
        least half of its conclusive measurements were bad (``level_is_bad``; a clean step that sent
        fewer requests than the trace's odds asked for is not conclusive), so a repeat can move the
        bracket — 6 seen bad in 1 of 3 is good — and the bisection resumes from the new bracket.
@@ -274,8 +275,8 @@ def next_refine_level(
     stop_on: Sequence[StopCondition], history: Sequence[StepOutcome], repeats: int = 1
 ) -> int | None:
     """The bisection level between the last good and the first bad level; once they are adjacent, the
-    one of the two with fewer measurements (the bad one on a tie) while short of ``repeats``; else
-    ``None``."""
+    one of the two with fewer measurements (the bad one on a tie) while its majority is still open
+    (``_undecided``); else ``None``."""
     bracket = refine_bracket(stop_on, history)
     if bracket is None:
         return None
@@ -283,8 +284,21 @@ def next_refine_level(
     if bad - good > 1:
         return (good + bad) // 2
     levels = _by_level(history)
-    short = [c for c in (bad, good) if len(levels.get(c, [])) < repeats]
+    short = [c for c in (bad, good) if _undecided(stop_on, levels.get(c, []), repeats)]
     return min(short, key=lambda c: (len(levels.get(c, [])), c != bad), default=None)
+
+
+def _undecided(stop_on: Sequence[StopCondition], measurements: Sequence[StepOutcome], repeats: int) -> bool:
+    """Fewer than ``repeats`` steps, and the ones still to come could flip ``level_is_bad``: two bad
+    of three need no third, nor do two clean ones."""
+    left = repeats - len(measurements)
+    if left <= 0:
+        return False
+    bad = sum(1 for f in measurements if is_bad(stop_on, f))
+    good = sum(1 for f in measurements if not is_bad(stop_on, f) and not f.evidence_short)
+    if level_is_bad(stop_on, measurements):
+        return bad < good + left  # enough clean votes to come would outnumber the bad ones
+    return bad + left >= good  # enough bad votes to come would reach half
 
 
 def next_step(plan: SchedulePlan, history: Sequence[StepOutcome]) -> Decision:

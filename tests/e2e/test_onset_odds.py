@@ -9,7 +9,7 @@ about 3 preemptions per 100 requests at 4, 17 at 5, 30 at 6.
 
 The test does not fix the onset. It checks what a release gate needs: the onset oomload reports is
 within one level of the odds' onset — the lowest level expecting at least one preemption per 100
-requests, where oomload starts asking a clean step for enough requests to see one with 95 %
+requests, where oomload starts asking a clean step for enough requests to see one with 99 %
 probability and extends it until it has (so a slow machine gets longer steps, not a different
 onset) — it is backed by repeats ("seen at X in k of 3", majority), and a clean level counts as
 safe only with the evidence its odds asked for.
@@ -84,10 +84,11 @@ def test_the_onset_agrees_with_the_trace_odds(vllm_servers: ServerPool, tmp_path
 
     # the onset is what most of its repeats saw, and the level below it was repeated as often
     c = onset["concurrency"]
-    assert by_level[c]["steps"] == REPEATS and 2 * onset["seen_in"] >= onset["measurements"] >= 1
+    # repeated until its majority was decided: two of three agreeing need no third
+    assert by_level[c]["steps"] >= 2 and 2 * onset["seen_in"] >= onset["measurements"] >= 1
     below = max((level for level in measured if level < c), default=None)
     if below is not None and below in by_level and by_level[below]["steps_preempted"] * 2 < REPEATS:
-        assert by_level[below]["steps"] == REPEATS
+        assert by_level[below]["steps"] >= 2
 
     # a clean level counts as safe only with the evidence its odds asked for
     safe = verdict["last_safe_concurrency"]

@@ -46,8 +46,8 @@ def test_evidence_arithmetic() -> None:
     odds = LevelOdds(concurrency=8, requests=1000, preemptions=80, episodes=50)
     assert odds.per_100 == pytest.approx(8.0)
     needed = odds.requests_for()
-    assert needed == math.ceil(math.log(20) / 0.05) == 60
-    assert odds.p_seen(needed) >= 0.95 > odds.p_seen(needed - 1)
+    assert needed == math.ceil(math.log(100) / 0.05) == 93
+    assert odds.p_seen(needed) >= 0.99 > odds.p_seen(needed - 1)
     assert odds.p_seen(0) == 0.0
     rare = LevelOdds(concurrency=4, requests=1000, preemptions=5, episodes=5)
     assert rare.negligible and rare.requests_for() is None
@@ -56,7 +56,7 @@ def test_evidence_arithmetic() -> None:
 def test_json_round_trip_and_malformed_lines() -> None:
     odds = LevelOdds(concurrency=8, requests=1000, preemptions=80, episodes=50)
     assert LevelOdds.from_json(odds.to_json()) == odds
-    assert odds.to_json()["requests_for_evidence"] == 60
+    assert odds.to_json()["requests_for_evidence"] == 93
     text_level = {"concurrency": "8", "requests": 1000, "preemptions": 1, "episodes": 1}
     assert LevelOdds.from_json(text_level) is None
     assert LevelOdds.from_json({"concurrency": 8}) is None

@@ -100,7 +100,7 @@ def _print_odds(odds: Sequence[LevelOdds]) -> None:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    for col in ("conc", "preemptions\nper 100 req", "requests to see one\n(95 %)", "seen in\n50 req"):
+    for col in ("conc", "preemptions\nper 100 req", "requests to see one\n(99 %)", "seen in\n50 req"):
         table.add_column(col, justify="right", no_wrap=True)
     for o in odds:
         needed = o.requests_for()

@@ -99,7 +99,7 @@ def register(subparsers: Any) -> None:
         "--no-evidence",
         action="store_true",
         help="do not extend a clean step until the trace's odds say it sent enough requests to see a "
-        "preemption (95 %%)",
+        "preemption (99 %%)",
     )
     shape.add_argument(
         "--stop-on",

@@ -26,7 +26,7 @@ still in flight then is abandoned by Locust as ``cancelled``). So the
 previous step's pressure never counts against the lower level, and the wait is bounded.
 
 Enough evidence (``evidence``): a step that has held its hold but sent fewer requests than the level
-needs to see a preemption with 95 % probability by the trace's odds (``oomload.odds``) — and has seen
+needs to see a preemption with 99 % probability by the trace's odds (``oomload.odds``) — and has seen
 none yet — is *extended*: the driver reads the boundary scrape, and while the preemption counter has
 not risen since the step began it keeps the level running, reading again every ``EXTEND_CHECK_S``,
 until the step has sent enough requests, ``EXTEND_MAX_FACTOR`` × the hold has passed, or the run's
@@ -63,7 +63,7 @@ from oomload.serverside import ServerConcurrency, server_concurrency
 
 SPAWN_RATE = 100.0  # users per second (Locust warns above 100); a step of c users starts within c/100 s
 EXTEND_CHECK_S = 2.0  # while a step is extended for evidence, read the preemption counter this often
-EXTEND_MAX_FACTOR = 8.0  # a step is extended to at most this many times its hold
+EXTEND_MAX_FACTOR = 12.0  # a step is extended to at most this many times its hold
 
 
 @dataclass(frozen=True, slots=True)

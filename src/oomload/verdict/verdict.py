@@ -31,7 +31,7 @@ Last safe concurrency: the highest level ``c`` below the first unsafe level and 
 onset, with a *trusted* measured step at ``c`` (completed — not cut short — and holding ≥ 80 % of its
 target concurrency, ``StepFacts.trusted``) that answered at least one request ok, and with enough
 evidence: its steps together sent at least the requests the trace's odds ask for
-(``LevelOdds.requests_for``: enough to see a preemption with 95 % probability if the level preempted
+(``LevelOdds.requests_for``: enough to see a preemption with 99 % probability if the level preempted
 as the odds say); a clean level short of that is reported as "not enough evidence". A level is
 unsafe when a step at it preempted (in any of its repeats) or had a charged engine death, admission
 rejection, server error or timeout, or when the engine died in it — in any step, cut short or not:
@@ -601,7 +601,7 @@ def _level_notes(
             text = (
                 f"not enough evidence at {where}: {lv.requests} request(s) without a preemption, but the "
                 f"trace's odds ({lv.odds.per_100:.1f} preemptions per 100 requests) need "
-                f"{lv.evidence_needed} to see one with 95 % probability; not counted as safe"
+                f"{lv.evidence_needed} to see one with 99 % probability; not counted as safe"
             )
             notes.append(ConfidenceNote("thin_evidence", text))
         if lv.agreement not in (None, "agrees") and lv.odds is not None:

@@ -236,4 +236,4 @@ def test_an_extension_is_bounded() -> None:
     lines, _ = _evidence_run(preempt_after_s=None, needed=10_000, history=history)
     assert history[0].evidence_short  # the schedule does not count it as a vote for a clean level
     end = next(line for line in lines if line["event"] == "end")
-    assert end["duration_s"] <= 2.0 * 8 + 2.5  # EXTEND_MAX_FACTOR × the hold, plus one check interval
+    assert end["duration_s"] <= 2.0 * 12 + 2.5  # EXTEND_MAX_FACTOR × the hold, plus one check interval

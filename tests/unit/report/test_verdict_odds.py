@@ -79,16 +79,16 @@ def test_queueing_caps_last_safe(tmp_path: Path) -> None:
 
 
 def test_a_clean_level_short_of_the_odds_evidence_is_not_safe(tmp_path: Path) -> None:
-    """The odds expect 4 per 100 at 6 (75 requests for 95 %); 12 requests without one prove little."""
+    """The odds expect 4 per 100 at 6 (116 requests for 99 %); 12 requests without one prove little."""
     odds = [_odds(4, 0), _odds(6, 40), _odds(8, 200)]
     v = _verdict(tmp_path, [StepSpec(4), StepSpec(6), StepSpec(8, preemptions=5)], odds)
     level6 = v.level(6)
-    assert level6 is not None and level6.evidence_needed == 75 and level6.evidence_thin
+    assert level6 is not None and level6.evidence_needed == 116 and level6.evidence_thin
     assert v.last_safe_concurrency == 4
     assert any(n.kind == "thin_evidence" for n in v.notes)
     assert "not enough evidence at 6" in _texts(v)["last_safe"]
     # the same level with enough requests counts
-    v2 = _verdict(tmp_path / "2", [StepSpec(4), StepSpec(6, requests=80), StepSpec(8, preemptions=5)], odds)
+    v2 = _verdict(tmp_path / "2", [StepSpec(4), StepSpec(6, requests=120), StepSpec(8, preemptions=5)], odds)
     assert v2.last_safe_concurrency == 6
 
 
@@ -137,7 +137,7 @@ def test_an_onset_far_from_the_odds_lowers_confidence(tmp_path: Path) -> None:
 
 
 def test_a_clean_repeat_short_of_evidence_does_not_outvote_a_sighting(tmp_path: Path) -> None:
-    """8 preempted once; its two clean repeats sent 12 requests each where the odds ask for 111."""
+    """8 preempted once; its two clean repeats sent 12 requests each where the odds ask for 171."""
     odds = [_odds(4, 0), _odds(8, 27), _odds(16, 250)]
     steps = [
         StepSpec(4),

@@ -133,6 +133,7 @@ RUNNER = {
     "oomload.run.webui",
     "oomload.run.config",
     "oomload.run.locustfile",
+    "oomload.run.oddsfeed",
     "oomload.run.runner",
     "oomload.run.scenario",
     "oomload.run.session",

@@ -25,13 +25,15 @@ its counters — only once the surplus users are gone and the requests in flight
 still in flight then is abandoned by Locust as ``cancelled``). So the
 previous step's pressure never counts against the lower level, and the wait is bounded.
 
-Enough evidence (``evidence``): a step that has held its hold but sent fewer requests than the level
-needs to see a preemption with 99 % probability by the trace's odds (``oomload.odds``) — and has seen
-none yet — is *extended*: the driver reads the boundary scrape, and while the preemption counter has
-not risen since the step began it keeps the level running, reading again every ``EXTEND_CHECK_S``,
-until the step has sent enough requests, ``EXTEND_MAX_FACTOR`` × the hold has passed, or the run's
-maximum duration is spent. The scrape that shows a preemption (or ends the extension) is the step's
-boundary. The end line says how long the step was extended and how many requests the odds asked for.
+Enough evidence (``evidence``, a lookup that never blocks: asked when the step begins and again when
+its hold is done, as the level's odds may arrive in between): a step that has held its hold but sent
+fewer requests than the level needs to see a preemption with 99 % probability by the trace's odds
+(``oomload.odds``) — and has seen none yet — is *extended*: the driver reads the boundary scrape, and
+while the preemption counter has not risen since the step began it keeps the level running, reading
+again every ``EXTEND_CHECK_S``, until the step has sent enough requests, ``EXTEND_MAX_FACTOR`` × the
+hold has passed, or the run's maximum duration is spent. The scrape that shows a preemption (or ends
+the extension) is the step's boundary. The end line says how long the step was extended and how many
+requests the odds asked for.
 A step that already preempted needs no more evidence: it is unsafe.
 
 The boundary scrape (``/metrics``) gives the preemption counter and the server's latency sums, from
@@ -228,8 +230,12 @@ class StepDriver:
     def _extend(self, now: float, boundary: Mapping[str, Any] | None) -> bool:
         """Keep the step running for evidence (module docstring)? Starts or continues an extension."""
         assert self.current is not None
+        if self.current.phase == "warmup":
+            return False
+        if self._needed is None:  # the level's odds may have arrived since the step began
+            self._needed = self.evidence(self.current)
         needed = self._needed
-        if needed is None or self.current.phase == "warmup":
+        if needed is None:
             return False
         before, after = _preemptions(self._scrape_at_start), _preemptions(boundary)
         if before is None or after is None or after > before:

@@ -80,6 +80,7 @@ class Session:
         self.watch = DeathWatch(self)
         self.context: Any = None
         self.driver: Any = None
+        self.odds: Any = None  # the trace's odds for this run (run.oddsfeed.OddsFeed), when the pool is known
         self.interrupted = False
         self.progress: Any = None
         self._saved_argv = sys.argv
@@ -240,28 +241,28 @@ class Session:
         return str(reason)
 
     def _evidence(self) -> Callable[[Any], int | None]:
-        """Requests a clean step must send, by the trace's odds on the server's pool (``oomload.odds``;
-        each level's odds are written to ``odds.jsonl``); nothing asked without a pool or when off."""
-        from oomload.odds import OddsBook, Pool
+        """Requests a clean step must send, by the trace's odds on the server's pool (``oomload.odds``,
+        computed by ``OddsFeed`` without stalling the load; each level's odds go to ``odds.jsonl``);
+        nothing asked without a pool, when turned off, or while a level's odds are not known yet."""
+        from oomload.odds import Pool
+        from oomload.run.oddsfeed import OddsFeed
 
         cache_config = RunReader(self.writer.path).json("cache_config.json")
         pool = Pool.from_cache_config(cache_config, self.max_model_len)
         if pool is None or not self.records:
             return lambda _step: None
-        book = OddsBook(
-            [r.prompt_tokens for r in self.records],
-            [r.output_tokens for r in self.records],
+        self.odds = OddsFeed(
+            self.records,
             pool,
+            self.config.levels,
+            trace_path=self.writer.path / "trace.jsonl",
             seed=self.config.seed,
-            on_new=lambda odds: self.writer.append("odds", odds.to_json()),
+            record=lambda odds: self.writer.append("odds", odds.to_json()),
         )
-        asks = self.config.evidence and not self.config.open_loop
-
-        def evidence(step: Any) -> int | None:
-            odds = book.at(step.concurrency)  # recorded even when nothing is asked
-            return odds.requests_for() if asks else None
-
-        return evidence
+        if not self.config.evidence or self.config.open_loop:
+            return lambda _step: None
+        feed = self.odds
+        return lambda step: feed.requests_for(step.concurrency)
 
     def _start_master(self, meter: MasterMeter) -> None:
         """A Locust master: bind, start the local workers, wait for all K to be bound and ready."""
@@ -458,6 +459,8 @@ class Session:
             self.poller.stop()
         if self.gpu is not None:
             self.gpu.stop()
+        if self.odds is not None:
+            self.odds.stop()
 
 
 def build_user_class(

@@ -1,0 +1,33 @@
+"""The live run's odds: the bisection order of the levels computed in the background, and the child."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oomload.odds import LevelOdds, Pool, level_odds
+from oomload.run.oddsfeed import bisection_order, main
+from oomload.trace import TraceHeader, TraceRecord, write_trace
+
+
+def test_bisection_order_puts_each_gaps_midpoint_first() -> None:
+    assert bisection_order([1, 2, 4, 8, 16]) == [3, 6, 12, 5, 7, 10, 14, 9, 11, 13, 15]
+    assert sorted(bisection_order([1, 2, 4, 8, 16])) == [3, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15]
+    assert bisection_order([2, 3]) == []
+    assert bisection_order([5]) == []
+
+
+def test_the_child_prints_the_odds_the_parent_would_compute(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    lengths = [(100, 155), (300, 60), (40, 400)]
+    write_trace(trace, [TraceRecord(f"r{i}", 0.0, p, o) for i, (p, o) in enumerate(lengths)], TraceHeader())
+    argv = ["--trace", str(trace), "--num-gpu-blocks", "40", "--block-size", "16", "--levels", "6,3"]
+    assert main([*argv, "--max-model-len", "1024", "--seed", "2"]) == 0
+    lines = [LevelOdds.from_json(json.loads(x)) for x in capsys.readouterr().out.splitlines()]
+    pool = Pool(40, 16, 1024)
+    prompts, outputs = [p for p, _ in lengths], [o for _, o in lengths]
+    assert lines == [level_odds(prompts, outputs, pool, c, seed=2) for c in (6, 3)]

@@ -17,6 +17,7 @@ the file has blank lines or quoted values spanning lines.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 from collections.abc import Iterator
@@ -36,7 +37,8 @@ from oomload.ingest.source import READ_ERRORS, LogSource
 INT_PATTERN = r"^\s*[0-9]+(\.0*)?\s*$"
 FLOAT_PATTERN = r"^\s*-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?\s*$"
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-BLOCK_BYTES = 4 * 1024 * 1024
+BLOCK_BYTES = 512 * 1024  # pyarrow reads up to 32 blocks ahead: 16 MiB in flight, whatever the file's size
+BATCH_BYTES = 4 * 1024 * 1024  # blocks are gathered into batches of about this size before converting
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,20 +87,33 @@ def check_layout(source: LogSource, layout: CsvLayout, what: str) -> None:
             )
 
 
-def read_csv_batches(source: LogSource, layout: CsvLayout, skips: SkipLog) -> Iterator[pa.Table]:
-    """Stream ``source`` as batches (``time_s`` on the log's clock; see the module docstring)."""
-    header = csv_header(source)
+def read_csv_batches(
+    source: LogSource, layout: CsvLayout, skips: SkipLog, *, names: list[str] | None = None
+) -> Iterator[pa.Table]:
+    """Stream ``source`` as batches (``time_s`` on the log's clock; see the module docstring).
+
+    ``names``: the columns of a span of a CSV file (``LogSource.span``, which holds rows only);
+    its line numbers then count the span's first row as line 1. Otherwise the file's first line
+    is its header (line 1).
+    """
     wanted = layout.columns()
     invalid_lines: list[int] = []
+    first_line = 2 if names is None else 1  # the line of the first row
 
     def on_invalid_row(row: pa_csv.InvalidRow) -> str:
-        line = None if row.number is None else int(row.number)
+        line = None if row.number is None else int(row.number)  # the header is row 1
         if line is not None:
             invalid_lines.append(line)
-        skips.skip(f"wrong number of columns (expected {row.expected_columns})", source.name, line)
+        reason = f"wrong number of columns (expected {row.expected_columns})"
+        if skips.strict:  # raised after the batch, at the first bad line (an error raised here is lost)
+            pending.append((line, reason))
+        else:
+            skips.skip(reason, source.name, line)
         return "skip"
 
-    read_options = pa_csv.ReadOptions(block_size=BLOCK_BYTES, use_threads=True)
+    pending: list[tuple[int | None, str]] = []
+    # One thread: pyarrow then numbers the rows it skips (and calls back in file order).
+    read_options = pa_csv.ReadOptions(block_size=BLOCK_BYTES, use_threads=False, column_names=names)
     parse_options = pa_csv.ParseOptions(invalid_row_handler=on_invalid_row)
     convert_options = pa_csv.ConvertOptions(
         include_columns=wanted,
@@ -106,7 +121,6 @@ def read_csv_batches(source: LogSource, layout: CsvLayout, skips: SkipLog) -> It
         strings_can_be_null=False,
         quoted_strings_can_be_null=False,
     )
-    del header
     row_offset = 0
     with source.open_binary() as stream:
         try:
@@ -116,18 +130,48 @@ def read_csv_batches(source: LogSource, layout: CsvLayout, skips: SkipLog) -> It
                 parse_options=parse_options,
                 convert_options=convert_options,
             )
-            for record_batch in reader:
-                if record_batch.num_rows == 0:
-                    continue
-                table = pa.Table.from_batches([record_batch])
-                batch = _convert(table, layout, source, skips, row_offset, invalid_lines)
-                row_offset += record_batch.num_rows
+            for table in _gathered(reader, BATCH_BYTES):
+                rows_before = (row_offset, first_line)
+                batch = _convert(table, layout, source, skips, rows_before, invalid_lines, pending)
+                row_offset += table.num_rows
                 if batch.num_rows:
                     yield batch
+            if pending:
+                _raise_first(pending, skips, source, None)
         except pa.ArrowInvalid as err:
             raise TraceFormatError(f"is not a readable CSV file ({err})", source.path) from err
         except READ_ERRORS as err:
             raise TraceFormatError(f"cannot read to the end ({err})", source.path) from err
+
+
+def _gathered(reader: pa_csv.CSVStreamingReader, batch_bytes: int) -> Iterator[pa.Table]:
+    """The reader's small record batches gathered into tables of about ``batch_bytes``.
+
+    pyarrow's streaming reader keeps up to 32 blocks read ahead, so its blocks are kept small
+    (``BLOCK_BYTES``) to bound memory; the conversion runs on bigger tables to spend less time per row.
+    """
+    parts: list[pa.RecordBatch] = []
+    size = 0
+    for record_batch in reader:
+        if record_batch.num_rows == 0:
+            continue
+        parts.append(record_batch)
+        size += record_batch.nbytes
+        if size >= batch_bytes:
+            yield pa.Table.from_batches(parts).combine_chunks()
+            parts, size = [], 0
+    if parts:
+        yield pa.Table.from_batches(parts).combine_chunks()
+
+
+def _raise_first(
+    found: list[tuple[int | None, str]], skips: SkipLog, source: LogSource, last_line: int | None
+) -> None:
+    """``--strict``: stop at the first bad line (up to ``last_line``) of those ``found``."""
+    known = [(line, reason) for line, reason in found if last_line is None or (line or 0) <= last_line]
+    if known:
+        line, reason = min(known, key=lambda item: -1 if item[0] is None else item[0])
+        skips.skip(reason, source.name, line)  # raises
 
 
 def _convert(
@@ -135,9 +179,11 @@ def _convert(
     layout: CsvLayout,
     source: LogSource,
     skips: SkipLog,
-    row_offset: int,
+    rows_before: tuple[int, int],
     invalid_lines: list[int],
+    pending: list[tuple[int | None, str]],
 ) -> pa.Table:
+    row_offset, first_line = rows_before  # rows before this table, and the line of the input's first row
     n = table.num_rows
     good = np.ones(n, dtype=bool)
     reasons: list[tuple[np.ndarray, str]] = []
@@ -174,9 +220,16 @@ def _convert(
         if layout.time is None
         else _times(table.column(layout.time), layout, reasons)
     )
+    if skips.strict:  # the first bad line of this batch (or a row with the wrong columns before it)
+        found = list(pending)
+        for bad, reason in reasons:
+            if bad.any():
+                line = _line_number(row_offset + int(np.argmax(bad)), invalid_lines, first_line)
+                found.append((line, reason))
+        _raise_first(found, skips, source, _line_number(row_offset + n - 1, invalid_lines, first_line))
     for bad, reason in reasons:
         for index in np.flatnonzero(bad & good):
-            skips.skip(reason, source.name, _line_number(row_offset + int(index), invalid_lines))
+            skips.skip(reason, source.name, _line_number(row_offset + int(index), invalid_lines, first_line))
         good &= ~bad
     columns: dict[str, object] = {
         "time_s": time_s,
@@ -277,9 +330,13 @@ def parse_datetime_s(text: str | None) -> float | None:
     return stamp.timestamp() + extra
 
 
-def _line_number(row_index: int, invalid_lines: list[int]) -> int:
-    line = row_index + 2  # header is line 1
-    for invalid in sorted(invalid_lines):
-        if invalid <= line:
-            line += 1
-    return line
+def _line_number(row_index: int, invalid_lines: list[int], first_line: int = 2) -> int:
+    """The line of the ``row_index``-th row read, counting the rows skipped for their number of columns.
+
+    ``invalid_lines`` (ascending, as pyarrow meets them): lines of rows skipped before.
+    """
+    line = row_index + first_line
+    before = bisect.bisect_right(invalid_lines, line)
+    while (more := bisect.bisect_right(invalid_lines, row_index + first_line + before)) > before:
+        before = more
+    return row_index + first_line + before

@@ -19,7 +19,16 @@ forces many small spans to check it). How:
   writes them. ``_span_task`` reads Mooncake spans too, but a Mooncake build spread so measured
   1.9× slower on 2 cores (its generated ids ``r<N>`` leave all the rendering to the main
   process), so Mooncake logs are read in-process.
-- **Whole files** (compressed inputs, CSV, vLLM logs, mapped inputs — any reader): one worker
+- **CSV spans** (uncompressed Azure, BurstGPT and mapped CSV of at least ``PARALLEL_MIN_BYTES``):
+  the rows after the header line are cut the same way; each worker reads its span with the
+  ordinary reader given the header's column names, and its ``lines`` are its rows (blank lines
+  are not rows), so the line numbers are the single-process reader's. A span is cut at a line
+  start, which is a row start unless a quoted value holds a newline; a worker that finds a line
+  with an odd number of ``"`` in its span (``quoted_newline``: where a quoted value may go on to
+  the next line) reads nothing, and the main process reads the rest of the file from that span's
+  start (a row start: every line before held an even number) itself, noting it in
+  ``ReadPool.notes`` (printed by the CLI, not written into the trace, which is the same either way).
+- **Whole files** (compressed inputs, vLLM logs, mapped JSONL — any reader): one worker
   reads the file and streams its batches into an Arrow IPC file in a scratch directory, which the
   main process reads back batch by batch (bounded memory) when the merge reaches that input;
   several inputs are thus read at once.
@@ -56,6 +65,7 @@ from oomload.ingest.tokens import TokenCounter
 from oomload.ingest.writer import RenderedLines
 
 SPAN_FORMATS = ("openai",)  # Mooncake spans measured slower: the main process renders all (no ids)
+CSV_SPAN_FORMATS = ("azure", "burstgpt", "csv")  # CSV logs: spans of rows after the header line
 PARALLEL_MIN_BYTES = 64 * 1024 * 1024
 SPAN_BYTES = 32 * 1024 * 1024
 
@@ -85,6 +95,7 @@ class _SpanResult:
     untimed: int = 0
     lines: int = 0
     error: str | None = None
+    quoted_newline: bool = False  # a CSV span with a quoted value that may span lines: not read
 
 
 @dataclass(slots=True)
@@ -105,6 +116,8 @@ def _span_task(plan: Any, span: tuple[int, int], origin_s: float | None = None) 
     source = LogSource(plan.source.path, span=span)
     skips = _LineSkips()
     untimed: list[int] = [0]
+    if plan.layout is not None:
+        return _csv_span_task(plan, source, skips)
     try:
         if plan.format == "openai":
             batches = list(read_openai_batches(source, skips, None, on_untimed=untimed.append))
@@ -121,6 +134,38 @@ def _span_task(plan: Any, span: tuple[int, int], origin_s: float | None = None) 
         ]
     lines = _count_lines(source)
     return _SpanResult(batches, skips.counts, skips.lines, list(skips.notes), sum(untimed), lines)
+
+
+def _csv_span_task(plan: Any, source: LogSource, skips: _LineSkips) -> _SpanResult:
+    """A span of a CSV log's rows; its ``lines`` are its rows (the single-process reader's numbering)."""
+    from oomload.ingest.tabular import csv_header, read_csv_batches
+
+    assert source.span is not None
+    if quoted_newline(source.path, source.span):
+        return _SpanResult([], {}, {}, [], quoted_newline=True)
+    try:
+        names = csv_header(LogSource(source.path))
+        batches = list(read_csv_batches(source, plan.layout, skips, names=names))
+    except OomloadError as err:
+        return _SpanResult([], {}, {}, [], error=str(err))
+    rows = sum(batch.num_rows for batch in batches) + sum(skips.counts.values())
+    return _SpanResult(list(batches), skips.counts, skips.lines, list(skips.notes), lines=rows)
+
+
+def quoted_newline(path: Path, span: tuple[int, int]) -> bool:
+    """Whether a line of ``path[span]`` holds an odd number of ``"``: a quoted value may go on to the
+    next line there, where a span could start inside it (in RFC 4180 CSV a quoted value that holds
+    a newline leaves an odd count on its first line; one that holds none leaves every count even)."""
+    with open(path, "rb") as fh:
+        fh.seek(span[0])
+        data = fh.read(span[1] - span[0])
+    if b'"' not in data:
+        return False
+    raw = np.frombuffer(data, dtype=np.uint8)
+    quotes = np.flatnonzero(raw == ord('"'))
+    newlines = np.flatnonzero(raw == ord("\n"))
+    per_line = np.bincount(np.searchsorted(newlines, quotes), minlength=newlines.size + 1)
+    return bool((per_line % 2).any())
 
 
 def _ignore_interrupts() -> None:
@@ -185,6 +230,7 @@ class ReadPool:
     _pool: ProcessPoolExecutor | None = None
     _scratch: tempfile.TemporaryDirectory[str] | None = None
     _files: dict[Path, Future[_FileResult]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # how inputs were read (not part of the trace)
 
     @property
     def pool(self) -> ProcessPoolExecutor:
@@ -225,13 +271,13 @@ class ReadPool:
         self.close()
 
 
-def plan_spans(path: Path, size: int, span_bytes: int) -> list[tuple[int, int]]:
-    """``[start, end)`` spans of about ``span_bytes``, each starting at a line start."""
-    count = max(1, -(-size // span_bytes))
-    starts = [0]
+def plan_spans(path: Path, size: int, span_bytes: int, first: int = 0) -> list[tuple[int, int]]:
+    """``[start, end)`` spans of about ``span_bytes`` from byte ``first``, each starting at a line start."""
+    count = max(1, -(-(size - first) // span_bytes))
+    starts = [first]
     with open(path, "rb") as fh:
         for index in range(1, count):
-            fh.seek(max(size * index // count, starts[-1]))
+            fh.seek(max(first + (size - first) * index // count, starts[-1]))
             fh.readline()
             position = fh.tell()
             if position >= size:
@@ -243,7 +289,8 @@ def plan_spans(path: Path, size: int, span_bytes: int) -> list[tuple[int, int]]:
 
 def uses_spans(plan: Any, workers: int, min_bytes: int) -> bool:
     source: LogSource = plan.source
-    if workers < 2 or plan.format not in SPAN_FORMATS or source.compression() is not None:
+    spreads = plan.format in SPAN_FORMATS or (plan.layout is not None and plan.format in CSV_SPAN_FORMATS)
+    if workers < 2 or not spreads or source.compression() is not None:
         return False
     try:
         return source.path.stat().st_size >= min_bytes
@@ -306,10 +353,12 @@ def _span_batches(
     plan: Any, skips: SkipLog, pool: ReadPool, progress: Progress | None, span_bytes: int
 ) -> Iterator[pa.Table | RenderedLines]:
     source: LogSource = plan.source
-    spans = plan_spans(source.path, source.path.stat().st_size, span_bytes)
+    csv = plan.layout is not None
+    first = _header_end(source.path) if csv else 0  # a CSV's header is line 1, then spans of rows
+    spans = plan_spans(source.path, source.path.stat().st_size, span_bytes, first)
     pending: deque[tuple[tuple[int, int], Future[_SpanResult]]] = deque()
     todo = iter(spans)
-    lines_before = 0
+    lines_before = 1 if csv else 0
     last_time = 0.0
     untimed = 0
     notes: list[str] = []
@@ -327,6 +376,15 @@ def _span_batches(
     while pending:
         span, future = pending.popleft()
         result = future.result()
+        if result.quoted_newline:  # the rest in this process, from this span's start (a row start)
+            for _, rest in pending:
+                rest.cancel()
+            pool.notes.append(
+                f"{source.name}: a quoted value may span lines, so it was read in one process "
+                f"from byte {span[0]:,} on, not in byte ranges"
+            )
+            yield from _rest_in_process(plan, skips, span[0], lines_before, progress)
+            return
         if result.error is not None:
             raise TraceFormatError(result.error)
         _replay(skips, source.name, result.counts, result.examples, lines_before)
@@ -364,6 +422,43 @@ def _span_batches(
         from oomload.ingest.openai_fast import untimed_note_text
 
         skips.note(untimed_note_text(source.name, untimed))
+
+
+def _header_end(path: Path) -> int:
+    with open(path, "rb") as fh:
+        fh.readline()
+        return fh.tell()
+
+
+class _ShiftedSkips(SkipLog):
+    """Skips of a read that starts ``offset`` lines into the file, passed on to ``skips``."""
+
+    def __init__(self, skips: SkipLog, offset: int) -> None:
+        super().__init__(strict=skips.strict, keep=skips.keep)
+        self._skips, self._offset = skips, offset
+
+    def skip(self, reason: str, path: str, line: int | None) -> None:
+        self._skips.skip(reason, path, None if line is None else line + self._offset)
+
+    def note(self, text: str) -> None:
+        self._skips.note(text)
+
+
+def _rest_in_process(
+    plan: Any, skips: SkipLog, start: int, lines_before: int, progress: Progress | None
+) -> Iterator[pa.Table]:
+    """A CSV log from byte ``start`` (a row start, ``lines_before`` lines into it) to its end, here."""
+    from oomload.ingest.tabular import csv_header, read_csv_batches
+
+    source: LogSource = plan.source
+    rest = LogSource(source.path, span=(start, _size(source)))
+    shifted = _ShiftedSkips(skips, lines_before)
+    for batch in read_csv_batches(rest, plan.layout, shifted, names=csv_header(source)):
+        if progress is not None:
+            progress(0, batch.num_rows)
+        yield batch
+    if progress is not None:
+        progress(max(_size(source) - start, 0), 0)
 
 
 def _replay(

@@ -22,7 +22,7 @@ import csv
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +37,7 @@ from oomload.ingest.source import READ_ERRORS, LogSource
 INT_PATTERN = r"^\s*[0-9]+(\.0*)?\s*$"
 FLOAT_PATTERN = r"^\s*-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?\s*$"
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BLOCK_BYTES = 512 * 1024  # pyarrow reads up to 32 blocks ahead: 16 MiB in flight, whatever the file's size
 BATCH_BYTES = 4 * 1024 * 1024  # blocks are gathered into batches of about this size before converting
 
@@ -104,11 +105,8 @@ def read_csv_batches(
         line = None if row.number is None else int(row.number)  # the header is row 1
         if line is not None:
             invalid_lines.append(line)
-        reason = f"wrong number of columns (expected {row.expected_columns})"
-        if skips.strict:  # raised after the batch, at the first bad line (an error raised here is lost)
-            pending.append((line, reason))
-        else:
-            skips.skip(reason, source.name, line)
+        # Reported with the rows of its batch, in line order (an error raised here would be lost).
+        pending.append((line, f"wrong number of columns (expected {row.expected_columns})"))
         return "skip"
 
     pending: list[tuple[int | None, str]] = []
@@ -136,8 +134,7 @@ def read_csv_batches(
                 row_offset += table.num_rows
                 if batch.num_rows:
                     yield batch
-            if pending:
-                _raise_first(pending, skips, source, None)
+            _report(pending, [], skips, source, None)
         except pa.ArrowInvalid as err:
             raise TraceFormatError(f"is not a readable CSV file ({err})", source.path) from err
         except READ_ERRORS as err:
@@ -164,14 +161,21 @@ def _gathered(reader: pa_csv.CSVStreamingReader, batch_bytes: int) -> Iterator[p
         yield pa.Table.from_batches(parts).combine_chunks()
 
 
-def _raise_first(
-    found: list[tuple[int | None, str]], skips: SkipLog, source: LogSource, last_line: int | None
+def _report(
+    pending: list[tuple[int | None, str]],
+    found: list[tuple[int, str]],
+    skips: SkipLog,
+    source: LogSource,
+    last_line: int | None,
 ) -> None:
-    """``--strict``: stop at the first bad line (up to ``last_line``) of those ``found``."""
-    known = [(line, reason) for line, reason in found if last_line is None or (line or 0) <= last_line]
-    if known:
-        line, reason = min(known, key=lambda item: -1 if item[0] is None else item[0])
-        skips.skip(reason, source.name, line)  # raises
+    """Skip the rows ``found`` in a batch and those ``pending`` (wrong columns) up to ``last_line``, in
+    line order — the same order however the file is cut into batches or spans (``--strict`` stops at
+    the first)."""
+    due = [(line, reason) for line, reason in pending if last_line is None or (line or 0) <= last_line]
+    if due:
+        del pending[: len(due)]  # pyarrow meets them in line order
+    for line, reason in sorted([*due, *found], key=lambda item: item[0] or 0):
+        skips.skip(reason, source.name, line)
 
 
 def _convert(
@@ -220,17 +224,12 @@ def _convert(
         if layout.time is None
         else _times(table.column(layout.time), layout, reasons)
     )
-    if skips.strict:  # the first bad line of this batch (or a row with the wrong columns before it)
-        found = list(pending)
-        for bad, reason in reasons:
-            if bad.any():
-                line = _line_number(row_offset + int(np.argmax(bad)), invalid_lines, first_line)
-                found.append((line, reason))
-        _raise_first(found, skips, source, _line_number(row_offset + n - 1, invalid_lines, first_line))
+    found: list[tuple[int, str]] = []
     for bad, reason in reasons:
         for index in np.flatnonzero(bad & good):
-            skips.skip(reason, source.name, _line_number(row_offset + int(index), invalid_lines, first_line))
+            found.append((_line_number(row_offset + int(index), invalid_lines, first_line), reason))
         good &= ~bad
+    _report(pending, found, skips, source, _line_number(row_offset + n - 1, invalid_lines, first_line))
     columns: dict[str, object] = {
         "time_s": time_s,
         "prompt_tokens": prompt,
@@ -283,11 +282,11 @@ def _times(text: pa.ChunkedArray, layout: CsvLayout, reasons: list[tuple[np.ndar
     values = np.zeros(len(text), dtype=np.float64)
     bad = np.zeros(len(text), dtype=bool)
     for index, value in enumerate(text.to_pylist()):
-        parsed = parse_datetime_s(value)
+        parsed = parse_datetime_ns(value)
         if parsed is None:
             bad[index] = True
         else:
-            values[index] = parsed
+            values[index] = parsed / 1e9  # as the vectorized cast gives it, bit for bit
     reasons.append((bad, f"not a timestamp in column {layout.time!r}"))
     return values
 
@@ -300,6 +299,34 @@ def _cast_stamps(text: pa.ChunkedArray) -> pa.ChunkedArray | None:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             continue
     return None
+
+
+def parse_datetime_ns(text: str | None) -> int | None:
+    """``parse_datetime_s`` in whole nanoseconds (fractional digits past 9 are dropped), exactly."""
+    if not text:
+        return None
+    value = text.strip().replace("Z", "+00:00")
+    date_part, dot, rest = value.partition(".")
+    fraction_ns = 0
+    if dot:
+        digits, zone = rest, ""
+        for sign in ("+", "-"):
+            if sign in rest:
+                digits, zone = rest.split(sign, 1)
+                zone = sign + zone
+                break
+        if not digits.isdigit():
+            return None
+        fraction_ns = int((digits + "0" * 9)[:9])
+        value = date_part + zone
+    try:
+        stamp = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    whole_s = (stamp - EPOCH) // timedelta(seconds=1)
+    return whole_s * 1_000_000_000 + (stamp.microsecond * 1000 if not dot else 0) + fraction_ns
 
 
 def parse_datetime_s(text: str | None) -> float | None:

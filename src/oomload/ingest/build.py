@@ -296,6 +296,7 @@ def build_trace(
             render=len(plans) == 1,
             min_bytes=parallel_min_bytes,
             span_bytes=span_bytes,
+            counter=counter,
         ) as pool,
     ):
         skips = SkipLog(strict=strict)

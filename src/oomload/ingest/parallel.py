@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -61,7 +61,7 @@ import pyarrow as pa
 from oomload.errors import OomloadError, TraceFormatError
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, ReadMeter
-from oomload.ingest.tokens import TokenCounter
+from oomload.ingest.tokens import TokenCounter, load_token_counter, reload_spec
 from oomload.ingest.writer import RenderedLines
 
 SPAN_FORMATS = ("openai",)  # Mooncake spans measured slower: the main process renders all (no ids)
@@ -108,7 +108,33 @@ class _FileResult:
     error_kind: str = "trace"
 
 
-def _span_task(plan: Any, span: tuple[int, int], origin_s: float | None = None) -> _SpanResult:
+CounterRecipe = tuple[str, Any] | None  # how a worker gets the build's token counter (``_recipe``)
+_WORKER_COUNTERS: dict[str, TokenCounter] = {}  # in a worker: each tokenizer loaded once
+
+
+def _recipe(counter: TokenCounter | None) -> CounterRecipe:
+    """A token counter as sent to workers: the ``--tokenizer`` value that loads it (loaded once per
+    worker, as tokenizers are big and some cannot be pickled), or else the counter itself."""
+    if counter is None:
+        return None
+    spec = reload_spec(counter)
+    return ("object", counter) if spec is None else ("spec", spec)
+
+
+def _worker_counter(recipe: CounterRecipe) -> TokenCounter | None:
+    if recipe is None:
+        return None
+    kind, value = recipe
+    if kind == "object":
+        return cast(TokenCounter, value)
+    if value not in _WORKER_COUNTERS:
+        _WORKER_COUNTERS[value] = load_token_counter(value)
+    return _WORKER_COUNTERS[value]
+
+
+def _span_task(
+    plan: Any, span: tuple[int, int], origin_s: float | None = None, recipe: CounterRecipe = None
+) -> _SpanResult:
     from oomload.ingest.build import InputPlan, iter_source_batches
     from oomload.ingest.openai_fast import read_openai_batches
 
@@ -119,10 +145,11 @@ def _span_task(plan: Any, span: tuple[int, int], origin_s: float | None = None) 
     if plan.layout is not None:
         return _csv_span_task(plan, source, skips)
     try:
+        counter = _worker_counter(recipe)
         if plan.format == "openai":
-            batches = list(read_openai_batches(source, skips, None, on_untimed=untimed.append))
+            batches = list(read_openai_batches(source, skips, counter, on_untimed=untimed.append))
         else:
-            batches = list(iter_source_batches(InputPlan(source, plan.format), skips, None))
+            batches = list(iter_source_batches(InputPlan(source, plan.format), skips, counter))
     except OomloadError as err:
         return _SpanResult([], {}, {}, [], error=str(err))
     if origin_s is not None:  # render here what needs nothing from the spans before
@@ -187,7 +214,7 @@ def _count_lines(source: LogSource) -> int:
     return lines
 
 
-def _file_task(plan: Any, directory: str) -> _FileResult:
+def _file_task(plan: Any, directory: str, recipe: CounterRecipe = None) -> _FileResult:
     from oomload.ingest.build import iter_source_batches
     from oomload.ingest.columns import BATCH_SCHEMA
 
@@ -195,8 +222,9 @@ def _file_task(plan: Any, directory: str) -> _FileResult:
     os.close(fd)
     skips = SkipLog()
     try:
+        counter = _worker_counter(recipe)
         with pa.OSFile(name, "wb") as sink, pa.ipc.new_stream(sink, BATCH_SCHEMA) as writer:
-            for batch in iter_source_batches(plan, skips, None):
+            for batch in iter_source_batches(plan, skips, counter):
                 writer.write_table(batch.replace_schema_metadata(None))
     except OomloadError as err:
         kind = "trace" if isinstance(err, TraceFormatError) else type(err).__name__
@@ -231,6 +259,7 @@ class ReadPool:
     _scratch: tempfile.TemporaryDirectory[str] | None = None
     _files: dict[Path, Future[_FileResult]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # how inputs were read (not part of the trace)
+    counter: TokenCounter | None = None  # the build's ``--tokenizer``: workers load it once each
 
     @property
     def pool(self) -> ProcessPoolExecutor:
@@ -246,10 +275,14 @@ class ReadPool:
             self._scratch = tempfile.TemporaryDirectory(prefix="oomload-read-")
         return self._scratch.name
 
+    @property
+    def recipe(self) -> CounterRecipe:
+        return _recipe(self.counter)
+
     def file_future(self, plan: Any) -> Future[_FileResult]:
         path = plan.source.path
         if path not in self._files:
-            self._files[path] = self.pool.submit(_file_task, plan, self.scratch)
+            self._files[path] = self.pool.submit(_file_task, plan, self.scratch, self.recipe)
         return self._files[path]
 
     def close(self) -> None:
@@ -313,7 +346,7 @@ def input_batches(
     the previous one's time) and sends ``RenderedLines``; the first span is read alone, since its
     first request is the origin the others render with.
     """
-    if pool is None or counter is not None or pool.workers < 2 or not pool_usable():
+    if pool is None or pool.counter is not counter or pool.workers < 2 or not pool_usable():
         yield from _counted(plan, skips, counter, progress)
     elif uses_spans(plan, pool.workers, pool.min_bytes):
         yield from _span_batches(plan, skips, pool, progress, pool.span_bytes)
@@ -357,6 +390,7 @@ def _span_batches(
     first = _header_end(source.path) if csv else 0  # a CSV's header is line 1, then spans of rows
     spans = plan_spans(source.path, source.path.stat().st_size, span_bytes, first)
     pending: deque[tuple[tuple[int, int], Future[_SpanResult]]] = deque()
+    recipe = pool.recipe
     todo = iter(spans)
     lines_before = 1 if csv else 0
     last_time = 0.0
@@ -368,7 +402,7 @@ def _span_batches(
         span = next(todo, None)
         if span is not None:
             pending.append(
-                (span, pool.pool.submit(_span_task, plan, span, origin_s if pool.render else None))
+                (span, pool.pool.submit(_span_task, plan, span, origin_s if pool.render else None, recipe))
             )
         return span is not None
 

@@ -455,8 +455,25 @@ def summarize_trace_counts(
     )
 
 
+GAP_BLOCK = 1 << 16  # gaps are merged into the running moments in blocks of this many, from the first
+
+
+def _merge_gaps(moments: tuple[int, float, float], gaps: npt.NDArray[np.float64]) -> tuple[int, float, float]:
+    """Chan et al.'s update of (count, mean, sum of squared deviations) with a block of gaps."""
+    count, mean, m2 = moments
+    block_mean = float(gaps.mean())
+    block_m2 = float(((gaps - block_mean) ** 2).sum())
+    total = count + gaps.size
+    delta = block_mean - mean
+    return total, mean + delta * gaps.size / total, m2 + block_m2 + delta * delta * count * gaps.size / total
+
+
 class ArrivalCounter:
     """``summarize_arrivals`` of arrival times fed in time order, batch by batch, in bounded memory.
+
+    The gaps' moments are merged in fixed blocks of ``GAP_BLOCK`` gaps counted from the first, not
+    per batch, so the result is the same to the last bit however the times are batched (one
+    process, byte ranges read by workers, any block size).
 
     ``add`` returns False (and the counter is of no further use) as soon as a time goes backwards:
     the caller then needs every time at once (``summarize_arrivals``).
@@ -470,9 +487,8 @@ class ArrivalCounter:
         self._last = -math.inf
         self._carry = [np.empty(0, dtype=np.float64) for _ in self.windows_s]
         self._peak = [0 for _ in self.windows_s]
-        self._gaps = 0
-        self._gap_mean = 0.0
-        self._gap_m2 = 0.0
+        self._gap_moments = (0, 0.0, 0.0)  # count, mean and sum of squared deviations of the gaps
+        self._pending_gaps = np.empty(0, dtype=np.float64)  # fewer than GAP_BLOCK, not yet merged
 
     def add(self, arrival_s: Sequence[float] | npt.NDArray[np.generic]) -> bool:
         times = np.asarray(arrival_s, dtype=np.float64)
@@ -487,13 +503,11 @@ class ArrivalCounter:
         self.count += int(times.size)
         self._last = float(times[-1])
         if gaps.size:
-            mean = float(gaps.mean())
-            m2 = float(((gaps - mean) ** 2).sum())
-            total = self._gaps + gaps.size
-            delta = mean - self._gap_mean
-            self._gap_mean += delta * gaps.size / total
-            self._gap_m2 += m2 + delta * delta * self._gaps * gaps.size / total
-            self._gaps = total
+            pending = np.concatenate([self._pending_gaps, gaps])
+            full = pending.size - pending.size % GAP_BLOCK
+            for start in range(0, full, GAP_BLOCK):
+                self._gap_moments = _merge_gaps(self._gap_moments, pending[start : start + GAP_BLOCK])
+            self._pending_gaps = pending[full:]
         for index, window_s in enumerate(self.windows_s):
             buffer = np.concatenate([self._carry[index], times])
             closed = int(np.count_nonzero(buffer + window_s <= buffer[-1]))  # their windows are complete
@@ -516,8 +530,11 @@ class ArrivalCounter:
             peaks.append(peak / window_s)
         span = self._last - self._first
         cv = None
-        if self.count >= 3 and self._gap_mean > 0:
-            cv = math.sqrt(self._gap_m2 / self._gaps) / self._gap_mean
+        gaps, gap_mean, gap_m2 = self._gap_moments
+        if self._pending_gaps.size:
+            gaps, gap_mean, gap_m2 = _merge_gaps(self._gap_moments, self._pending_gaps)
+        if self.count >= 3 and gap_mean > 0:
+            cv = math.sqrt(gap_m2 / gaps) / gap_mean
         by_window = dict(zip(self.windows_s, peaks, strict=True))
         return ArrivalStats(
             count=self.count,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import TYPE_CHECKING, Any
 
 from oomload.errors import ConfigError, ExitCode
@@ -231,6 +232,8 @@ def run_build(args: argparse.Namespace) -> int:
         print("note: the input was not in time order; the trace was sorted by arrival time")
     for note in skips.notes:
         print(f"note: {note}")
+    for note in result.read_notes:
+        print(f"note: {note}", file=sys.stderr)
     return int(ExitCode.OK)
 
 
@@ -250,6 +253,8 @@ def run_stats(args: argparse.Namespace) -> int:
     options = _input_options(args)
     with ReadProgress.for_inputs(args.inputs, "reading") as progress:
         columns = count_trace(args.inputs, workers=workers, progress=progress, **options)
+    for note in columns.read_notes:
+        print(f"note: {note}", file=sys.stderr)
     usable = usable_kv_tokens(args.kv_cache_tokens, args.block_size)
     stats = summarize_trace_counts(
         columns.arrivals,

@@ -36,7 +36,15 @@ from oomload.ingest.build import (
 from oomload.ingest.clocks import ClockAlignment
 from oomload.ingest.columns import read_trace_columns
 from oomload.ingest.mapping import ColumnMapping
-from oomload.ingest.parallel import Progress, ReadPool, default_workers, input_batches, prefetch
+from oomload.ingest.parallel import (
+    PARALLEL_MIN_BYTES,
+    SPAN_BYTES,
+    Progress,
+    ReadPool,
+    default_workers,
+    input_batches,
+    prefetch,
+)
 from oomload.ingest.skips import SkipLog, nothing_usable
 from oomload.ingest.tokens import TokenCounter
 from oomload.stats import ArrivalCounter, ArrivalStats, LengthCounts, summarize_arrivals
@@ -131,6 +139,7 @@ class TraceCounts:
     tokenizer: str | None = None
     skips: SkipLog = field(default_factory=SkipLog)
     alignment: ClockAlignment | None = None  # None for a single input
+    read_notes: tuple[str, ...] = ()  # how the inputs were read (e.g. not in byte ranges)
 
 
 def count_trace(
@@ -141,10 +150,17 @@ def count_trace(
     counter: TokenCounter | None = None,
     workers: int | None = None,
     progress: Progress | None = None,
+    parallel_min_bytes: int = PARALLEL_MIN_BYTES,
+    span_bytes: int = SPAN_BYTES,
 ) -> TraceCounts:
     """Counts per length, failures and arrival statistics of a trace or logs (inputs aligned)."""
-    with ReadPool(default_workers() if workers is None else workers, files=len(paths) > 1) as pool:
-        return _count_trace(paths, format, mapping, counter, pool, progress)
+    workers = default_workers() if workers is None else workers
+    pool = ReadPool(workers, files=len(paths) > 1, min_bytes=parallel_min_bytes, span_bytes=span_bytes)
+    pool.counter = counter
+    with pool:
+        counts = _count_trace(paths, format, mapping, counter, pool, progress)
+        counts.read_notes = tuple(dict.fromkeys(pool.notes))
+        return counts
 
 
 def _count_trace(

@@ -74,6 +74,7 @@ class BuildResult:
     reordered: bool
     tokenizer: str | None = None
     alignment: ClockAlignment | None = None  # None for a single input
+    read_notes: tuple[str, ...] = ()  # how the inputs were read (e.g. not in byte ranges), not in the trace
 
 
 def plan_inputs(
@@ -295,6 +296,7 @@ def build_trace(
             render=len(plans) == 1,
             min_bytes=parallel_min_bytes,
             span_bytes=span_bytes,
+            counter=counter,
         ) as pool,
     ):
         skips = SkipLog(strict=strict)
@@ -317,6 +319,7 @@ def build_trace(
             extra=_header_extra(skips, alignment, reordered=not written.in_order),
         )
         finish_trace(scratch, header, written)
+        read_notes = tuple(dict.fromkeys(pool.notes))
     return BuildResult(
         out_path=scratch.out,
         records_written=written.count,
@@ -325,6 +328,7 @@ def build_trace(
         reordered=not written.in_order,
         tokenizer=tokenizer,
         alignment=alignment,
+        read_notes=read_notes,
     )
 
 

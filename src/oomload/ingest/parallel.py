@@ -19,7 +19,16 @@ forces many small spans to check it). How:
   writes them. ``_span_task`` reads Mooncake spans too, but a Mooncake build spread so measured
   1.9× slower on 2 cores (its generated ids ``r<N>`` leave all the rendering to the main
   process), so Mooncake logs are read in-process.
-- **Whole files** (compressed inputs, CSV, vLLM logs, mapped inputs — any reader): one worker
+- **CSV spans** (uncompressed Azure, BurstGPT and mapped CSV of at least ``PARALLEL_MIN_BYTES``):
+  the rows after the header line are cut the same way; each worker reads its span with the
+  ordinary reader given the header's column names, and its ``lines`` are its rows (blank lines
+  are not rows), so the line numbers are the single-process reader's. A span is cut at a line
+  start, which is a row start unless a quoted value holds a newline; a worker that finds a line
+  with an odd number of ``"`` in its span (``quoted_newline``: where a quoted value may go on to
+  the next line) reads nothing, and the main process reads the rest of the file from that span's
+  start (a row start: every line before held an even number) itself, noting it in
+  ``ReadPool.notes`` (printed by the CLI, not written into the trace, which is the same either way).
+- **Whole files** (compressed inputs, vLLM logs, mapped JSONL — any reader): one worker
   reads the file and streams its batches into an Arrow IPC file in a scratch directory, which the
   main process reads back batch by batch (bounded memory) when the merge reaches that input;
   several inputs are thus read at once.
@@ -44,7 +53,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -52,10 +61,11 @@ import pyarrow as pa
 from oomload.errors import OomloadError, TraceFormatError
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, ReadMeter
-from oomload.ingest.tokens import TokenCounter
+from oomload.ingest.tokens import TokenCounter, load_token_counter, reload_spec
 from oomload.ingest.writer import RenderedLines
 
 SPAN_FORMATS = ("openai",)  # Mooncake spans measured slower: the main process renders all (no ids)
+CSV_SPAN_FORMATS = ("azure", "burstgpt", "csv")  # CSV logs: spans of rows after the header line
 PARALLEL_MIN_BYTES = 64 * 1024 * 1024
 SPAN_BYTES = 32 * 1024 * 1024
 
@@ -85,6 +95,7 @@ class _SpanResult:
     untimed: int = 0
     lines: int = 0
     error: str | None = None
+    quoted_newline: bool = False  # a CSV span with a quoted value that may span lines: not read
 
 
 @dataclass(slots=True)
@@ -97,7 +108,33 @@ class _FileResult:
     error_kind: str = "trace"
 
 
-def _span_task(plan: Any, span: tuple[int, int], origin_s: float | None = None) -> _SpanResult:
+CounterRecipe = tuple[str, Any] | None  # how a worker gets the build's token counter (``_recipe``)
+_WORKER_COUNTERS: dict[str, TokenCounter] = {}  # in a worker: each tokenizer loaded once
+
+
+def _recipe(counter: TokenCounter | None) -> CounterRecipe:
+    """A token counter as sent to workers: the ``--tokenizer`` value that loads it (loaded once per
+    worker, as tokenizers are big and some cannot be pickled), or else the counter itself."""
+    if counter is None:
+        return None
+    spec = reload_spec(counter)
+    return ("object", counter) if spec is None else ("spec", spec)
+
+
+def _worker_counter(recipe: CounterRecipe) -> TokenCounter | None:
+    if recipe is None:
+        return None
+    kind, value = recipe
+    if kind == "object":
+        return cast(TokenCounter, value)
+    if value not in _WORKER_COUNTERS:
+        _WORKER_COUNTERS[value] = load_token_counter(value)
+    return _WORKER_COUNTERS[value]
+
+
+def _span_task(
+    plan: Any, span: tuple[int, int], origin_s: float | None = None, recipe: CounterRecipe = None
+) -> _SpanResult:
     from oomload.ingest.build import InputPlan, iter_source_batches
     from oomload.ingest.openai_fast import read_openai_batches
 
@@ -105,11 +142,14 @@ def _span_task(plan: Any, span: tuple[int, int], origin_s: float | None = None) 
     source = LogSource(plan.source.path, span=span)
     skips = _LineSkips()
     untimed: list[int] = [0]
+    if plan.layout is not None:
+        return _csv_span_task(plan, source, skips)
     try:
+        counter = _worker_counter(recipe)
         if plan.format == "openai":
-            batches = list(read_openai_batches(source, skips, None, on_untimed=untimed.append))
+            batches = list(read_openai_batches(source, skips, counter, on_untimed=untimed.append))
         else:
-            batches = list(iter_source_batches(InputPlan(source, plan.format), skips, None))
+            batches = list(iter_source_batches(InputPlan(source, plan.format), skips, counter))
     except OomloadError as err:
         return _SpanResult([], {}, {}, [], error=str(err))
     if origin_s is not None:  # render here what needs nothing from the spans before
@@ -121,6 +161,38 @@ def _span_task(plan: Any, span: tuple[int, int], origin_s: float | None = None) 
         ]
     lines = _count_lines(source)
     return _SpanResult(batches, skips.counts, skips.lines, list(skips.notes), sum(untimed), lines)
+
+
+def _csv_span_task(plan: Any, source: LogSource, skips: _LineSkips) -> _SpanResult:
+    """A span of a CSV log's rows; its ``lines`` are its rows (the single-process reader's numbering)."""
+    from oomload.ingest.tabular import csv_header, read_csv_batches
+
+    assert source.span is not None
+    if quoted_newline(source.path, source.span):
+        return _SpanResult([], {}, {}, [], quoted_newline=True)
+    try:
+        names = csv_header(LogSource(source.path))
+        batches = list(read_csv_batches(source, plan.layout, skips, names=names))
+    except OomloadError as err:
+        return _SpanResult([], {}, {}, [], error=str(err))
+    rows = sum(batch.num_rows for batch in batches) + sum(skips.counts.values())
+    return _SpanResult(list(batches), skips.counts, skips.lines, list(skips.notes), lines=rows)
+
+
+def quoted_newline(path: Path, span: tuple[int, int]) -> bool:
+    """Whether a line of ``path[span]`` holds an odd number of ``"``: a quoted value may go on to the
+    next line there, where a span could start inside it (in RFC 4180 CSV a quoted value that holds
+    a newline leaves an odd count on its first line; one that holds none leaves every count even)."""
+    with open(path, "rb") as fh:
+        fh.seek(span[0])
+        data = fh.read(span[1] - span[0])
+    if b'"' not in data:
+        return False
+    raw = np.frombuffer(data, dtype=np.uint8)
+    quotes = np.flatnonzero(raw == ord('"'))
+    newlines = np.flatnonzero(raw == ord("\n"))
+    per_line = np.bincount(np.searchsorted(newlines, quotes), minlength=newlines.size + 1)
+    return bool((per_line % 2).any())
 
 
 def _ignore_interrupts() -> None:
@@ -142,7 +214,7 @@ def _count_lines(source: LogSource) -> int:
     return lines
 
 
-def _file_task(plan: Any, directory: str) -> _FileResult:
+def _file_task(plan: Any, directory: str, recipe: CounterRecipe = None) -> _FileResult:
     from oomload.ingest.build import iter_source_batches
     from oomload.ingest.columns import BATCH_SCHEMA
 
@@ -150,8 +222,9 @@ def _file_task(plan: Any, directory: str) -> _FileResult:
     os.close(fd)
     skips = SkipLog()
     try:
+        counter = _worker_counter(recipe)
         with pa.OSFile(name, "wb") as sink, pa.ipc.new_stream(sink, BATCH_SCHEMA) as writer:
-            for batch in iter_source_batches(plan, skips, None):
+            for batch in iter_source_batches(plan, skips, counter):
                 writer.write_table(batch.replace_schema_metadata(None))
     except OomloadError as err:
         kind = "trace" if isinstance(err, TraceFormatError) else type(err).__name__
@@ -185,6 +258,8 @@ class ReadPool:
     _pool: ProcessPoolExecutor | None = None
     _scratch: tempfile.TemporaryDirectory[str] | None = None
     _files: dict[Path, Future[_FileResult]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # how inputs were read (not part of the trace)
+    counter: TokenCounter | None = None  # the build's ``--tokenizer``: workers load it once each
 
     @property
     def pool(self) -> ProcessPoolExecutor:
@@ -200,10 +275,14 @@ class ReadPool:
             self._scratch = tempfile.TemporaryDirectory(prefix="oomload-read-")
         return self._scratch.name
 
+    @property
+    def recipe(self) -> CounterRecipe:
+        return _recipe(self.counter)
+
     def file_future(self, plan: Any) -> Future[_FileResult]:
         path = plan.source.path
         if path not in self._files:
-            self._files[path] = self.pool.submit(_file_task, plan, self.scratch)
+            self._files[path] = self.pool.submit(_file_task, plan, self.scratch, self.recipe)
         return self._files[path]
 
     def close(self) -> None:
@@ -225,13 +304,13 @@ class ReadPool:
         self.close()
 
 
-def plan_spans(path: Path, size: int, span_bytes: int) -> list[tuple[int, int]]:
-    """``[start, end)`` spans of about ``span_bytes``, each starting at a line start."""
-    count = max(1, -(-size // span_bytes))
-    starts = [0]
+def plan_spans(path: Path, size: int, span_bytes: int, first: int = 0) -> list[tuple[int, int]]:
+    """``[start, end)`` spans of about ``span_bytes`` from byte ``first``, each starting at a line start."""
+    count = max(1, -(-(size - first) // span_bytes))
+    starts = [first]
     with open(path, "rb") as fh:
         for index in range(1, count):
-            fh.seek(max(size * index // count, starts[-1]))
+            fh.seek(max(first + (size - first) * index // count, starts[-1]))
             fh.readline()
             position = fh.tell()
             if position >= size:
@@ -243,7 +322,8 @@ def plan_spans(path: Path, size: int, span_bytes: int) -> list[tuple[int, int]]:
 
 def uses_spans(plan: Any, workers: int, min_bytes: int) -> bool:
     source: LogSource = plan.source
-    if workers < 2 or plan.format not in SPAN_FORMATS or source.compression() is not None:
+    spreads = plan.format in SPAN_FORMATS or (plan.layout is not None and plan.format in CSV_SPAN_FORMATS)
+    if workers < 2 or not spreads or source.compression() is not None:
         return False
     try:
         return source.path.stat().st_size >= min_bytes
@@ -266,7 +346,7 @@ def input_batches(
     the previous one's time) and sends ``RenderedLines``; the first span is read alone, since its
     first request is the origin the others render with.
     """
-    if pool is None or counter is not None or pool.workers < 2 or not pool_usable():
+    if pool is None or pool.counter is not counter or pool.workers < 2 or not pool_usable():
         yield from _counted(plan, skips, counter, progress)
     elif uses_spans(plan, pool.workers, pool.min_bytes):
         yield from _span_batches(plan, skips, pool, progress, pool.span_bytes)
@@ -306,10 +386,13 @@ def _span_batches(
     plan: Any, skips: SkipLog, pool: ReadPool, progress: Progress | None, span_bytes: int
 ) -> Iterator[pa.Table | RenderedLines]:
     source: LogSource = plan.source
-    spans = plan_spans(source.path, source.path.stat().st_size, span_bytes)
+    csv = plan.layout is not None
+    first = _header_end(source.path) if csv else 0  # a CSV's header is line 1, then spans of rows
+    spans = plan_spans(source.path, source.path.stat().st_size, span_bytes, first)
     pending: deque[tuple[tuple[int, int], Future[_SpanResult]]] = deque()
+    recipe = pool.recipe
     todo = iter(spans)
-    lines_before = 0
+    lines_before = 1 if csv else 0
     last_time = 0.0
     untimed = 0
     notes: list[str] = []
@@ -319,7 +402,7 @@ def _span_batches(
         span = next(todo, None)
         if span is not None:
             pending.append(
-                (span, pool.pool.submit(_span_task, plan, span, origin_s if pool.render else None))
+                (span, pool.pool.submit(_span_task, plan, span, origin_s if pool.render else None, recipe))
             )
         return span is not None
 
@@ -327,6 +410,15 @@ def _span_batches(
     while pending:
         span, future = pending.popleft()
         result = future.result()
+        if result.quoted_newline:  # the rest in this process, from this span's start (a row start)
+            for _, rest in pending:
+                rest.cancel()
+            pool.notes.append(
+                f"{source.name}: a quoted value may span lines, so it was read in one process "
+                f"from byte {span[0]:,} on, not in byte ranges"
+            )
+            yield from _rest_in_process(plan, skips, span[0], lines_before, progress)
+            return
         if result.error is not None:
             raise TraceFormatError(result.error)
         _replay(skips, source.name, result.counts, result.examples, lines_before)
@@ -364,6 +456,43 @@ def _span_batches(
         from oomload.ingest.openai_fast import untimed_note_text
 
         skips.note(untimed_note_text(source.name, untimed))
+
+
+def _header_end(path: Path) -> int:
+    with open(path, "rb") as fh:
+        fh.readline()
+        return fh.tell()
+
+
+class _ShiftedSkips(SkipLog):
+    """Skips of a read that starts ``offset`` lines into the file, passed on to ``skips``."""
+
+    def __init__(self, skips: SkipLog, offset: int) -> None:
+        super().__init__(strict=skips.strict, keep=skips.keep)
+        self._skips, self._offset = skips, offset
+
+    def skip(self, reason: str, path: str, line: int | None) -> None:
+        self._skips.skip(reason, path, None if line is None else line + self._offset)
+
+    def note(self, text: str) -> None:
+        self._skips.note(text)
+
+
+def _rest_in_process(
+    plan: Any, skips: SkipLog, start: int, lines_before: int, progress: Progress | None
+) -> Iterator[pa.Table]:
+    """A CSV log from byte ``start`` (a row start, ``lines_before`` lines into it) to its end, here."""
+    from oomload.ingest.tabular import csv_header, read_csv_batches
+
+    source: LogSource = plan.source
+    rest = LogSource(source.path, span=(start, _size(source)))
+    shifted = _ShiftedSkips(skips, lines_before)
+    for batch in read_csv_batches(rest, plan.layout, shifted, names=csv_header(source)):
+        if progress is not None:
+            progress(0, batch.num_rows)
+        yield batch
+    if progress is not None:
+        progress(max(_size(source) - start, 0), 0)
 
 
 def _replay(

@@ -17,11 +17,12 @@ the file has blank lines or quoted values spanning lines.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +37,9 @@ from oomload.ingest.source import READ_ERRORS, LogSource
 INT_PATTERN = r"^\s*[0-9]+(\.0*)?\s*$"
 FLOAT_PATTERN = r"^\s*-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?\s*$"
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-BLOCK_BYTES = 4 * 1024 * 1024
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+BLOCK_BYTES = 512 * 1024  # pyarrow reads up to 32 blocks ahead: 16 MiB in flight, whatever the file's size
+BATCH_BYTES = 4 * 1024 * 1024  # blocks are gathered into batches of about this size before converting
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,20 +88,30 @@ def check_layout(source: LogSource, layout: CsvLayout, what: str) -> None:
             )
 
 
-def read_csv_batches(source: LogSource, layout: CsvLayout, skips: SkipLog) -> Iterator[pa.Table]:
-    """Stream ``source`` as batches (``time_s`` on the log's clock; see the module docstring)."""
-    header = csv_header(source)
+def read_csv_batches(
+    source: LogSource, layout: CsvLayout, skips: SkipLog, *, names: list[str] | None = None
+) -> Iterator[pa.Table]:
+    """Stream ``source`` as batches (``time_s`` on the log's clock; see the module docstring).
+
+    ``names``: the columns of a span of a CSV file (``LogSource.span``, which holds rows only);
+    its line numbers then count the span's first row as line 1. Otherwise the file's first line
+    is its header (line 1).
+    """
     wanted = layout.columns()
     invalid_lines: list[int] = []
+    first_line = 2 if names is None else 1  # the line of the first row
 
     def on_invalid_row(row: pa_csv.InvalidRow) -> str:
-        line = None if row.number is None else int(row.number)
+        line = None if row.number is None else int(row.number)  # the header is row 1
         if line is not None:
             invalid_lines.append(line)
-        skips.skip(f"wrong number of columns (expected {row.expected_columns})", source.name, line)
+        # Reported with the rows of its batch, in line order (an error raised here would be lost).
+        pending.append((line, f"wrong number of columns (expected {row.expected_columns})"))
         return "skip"
 
-    read_options = pa_csv.ReadOptions(block_size=BLOCK_BYTES, use_threads=True)
+    pending: list[tuple[int | None, str]] = []
+    # One thread: pyarrow then numbers the rows it skips (and calls back in file order).
+    read_options = pa_csv.ReadOptions(block_size=BLOCK_BYTES, use_threads=False, column_names=names)
     parse_options = pa_csv.ParseOptions(invalid_row_handler=on_invalid_row)
     convert_options = pa_csv.ConvertOptions(
         include_columns=wanted,
@@ -106,7 +119,6 @@ def read_csv_batches(source: LogSource, layout: CsvLayout, skips: SkipLog) -> It
         strings_can_be_null=False,
         quoted_strings_can_be_null=False,
     )
-    del header
     row_offset = 0
     with source.open_binary() as stream:
         try:
@@ -116,18 +128,54 @@ def read_csv_batches(source: LogSource, layout: CsvLayout, skips: SkipLog) -> It
                 parse_options=parse_options,
                 convert_options=convert_options,
             )
-            for record_batch in reader:
-                if record_batch.num_rows == 0:
-                    continue
-                table = pa.Table.from_batches([record_batch])
-                batch = _convert(table, layout, source, skips, row_offset, invalid_lines)
-                row_offset += record_batch.num_rows
+            for table in _gathered(reader, BATCH_BYTES):
+                rows_before = (row_offset, first_line)
+                batch = _convert(table, layout, source, skips, rows_before, invalid_lines, pending)
+                row_offset += table.num_rows
                 if batch.num_rows:
                     yield batch
+            _report(pending, [], skips, source, None)
         except pa.ArrowInvalid as err:
             raise TraceFormatError(f"is not a readable CSV file ({err})", source.path) from err
         except READ_ERRORS as err:
             raise TraceFormatError(f"cannot read to the end ({err})", source.path) from err
+
+
+def _gathered(reader: pa_csv.CSVStreamingReader, batch_bytes: int) -> Iterator[pa.Table]:
+    """The reader's small record batches gathered into tables of about ``batch_bytes``.
+
+    pyarrow's streaming reader keeps up to 32 blocks read ahead, so its blocks are kept small
+    (``BLOCK_BYTES``) to bound memory; the conversion runs on bigger tables to spend less time per row.
+    """
+    parts: list[pa.RecordBatch] = []
+    size = 0
+    for record_batch in reader:
+        if record_batch.num_rows == 0:
+            continue
+        parts.append(record_batch)
+        size += record_batch.nbytes
+        if size >= batch_bytes:
+            yield pa.Table.from_batches(parts).combine_chunks()
+            parts, size = [], 0
+    if parts:
+        yield pa.Table.from_batches(parts).combine_chunks()
+
+
+def _report(
+    pending: list[tuple[int | None, str]],
+    found: list[tuple[int, str]],
+    skips: SkipLog,
+    source: LogSource,
+    last_line: int | None,
+) -> None:
+    """Skip the rows ``found`` in a batch and those ``pending`` (wrong columns) up to ``last_line``, in
+    line order — the same order however the file is cut into batches or spans (``--strict`` stops at
+    the first)."""
+    due = [(line, reason) for line, reason in pending if last_line is None or (line or 0) <= last_line]
+    if due:
+        del pending[: len(due)]  # pyarrow meets them in line order
+    for line, reason in sorted([*due, *found], key=lambda item: item[0] or 0):
+        skips.skip(reason, source.name, line)
 
 
 def _convert(
@@ -135,9 +183,11 @@ def _convert(
     layout: CsvLayout,
     source: LogSource,
     skips: SkipLog,
-    row_offset: int,
+    rows_before: tuple[int, int],
     invalid_lines: list[int],
+    pending: list[tuple[int | None, str]],
 ) -> pa.Table:
+    row_offset, first_line = rows_before  # rows before this table, and the line of the input's first row
     n = table.num_rows
     good = np.ones(n, dtype=bool)
     reasons: list[tuple[np.ndarray, str]] = []
@@ -174,10 +224,12 @@ def _convert(
         if layout.time is None
         else _times(table.column(layout.time), layout, reasons)
     )
+    found: list[tuple[int, str]] = []
     for bad, reason in reasons:
         for index in np.flatnonzero(bad & good):
-            skips.skip(reason, source.name, _line_number(row_offset + int(index), invalid_lines))
+            found.append((_line_number(row_offset + int(index), invalid_lines, first_line), reason))
         good &= ~bad
+    _report(pending, found, skips, source, _line_number(row_offset + n - 1, invalid_lines, first_line))
     columns: dict[str, object] = {
         "time_s": time_s,
         "prompt_tokens": prompt,
@@ -230,11 +282,11 @@ def _times(text: pa.ChunkedArray, layout: CsvLayout, reasons: list[tuple[np.ndar
     values = np.zeros(len(text), dtype=np.float64)
     bad = np.zeros(len(text), dtype=bool)
     for index, value in enumerate(text.to_pylist()):
-        parsed = parse_datetime_s(value)
+        parsed = parse_datetime_ns(value)
         if parsed is None:
             bad[index] = True
         else:
-            values[index] = parsed
+            values[index] = parsed / 1e9  # as the vectorized cast gives it, bit for bit
     reasons.append((bad, f"not a timestamp in column {layout.time!r}"))
     return values
 
@@ -247,6 +299,34 @@ def _cast_stamps(text: pa.ChunkedArray) -> pa.ChunkedArray | None:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             continue
     return None
+
+
+def parse_datetime_ns(text: str | None) -> int | None:
+    """``parse_datetime_s`` in whole nanoseconds (fractional digits past 9 are dropped), exactly."""
+    if not text:
+        return None
+    value = text.strip().replace("Z", "+00:00")
+    date_part, dot, rest = value.partition(".")
+    fraction_ns = 0
+    if dot:
+        digits, zone = rest, ""
+        for sign in ("+", "-"):
+            if sign in rest:
+                digits, zone = rest.split(sign, 1)
+                zone = sign + zone
+                break
+        if not digits.isdigit():
+            return None
+        fraction_ns = int((digits + "0" * 9)[:9])
+        value = date_part + zone
+    try:
+        stamp = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    whole_s = (stamp - EPOCH) // timedelta(seconds=1)
+    return whole_s * 1_000_000_000 + (stamp.microsecond * 1000 if not dot else 0) + fraction_ns
 
 
 def parse_datetime_s(text: str | None) -> float | None:
@@ -277,9 +357,13 @@ def parse_datetime_s(text: str | None) -> float | None:
     return stamp.timestamp() + extra
 
 
-def _line_number(row_index: int, invalid_lines: list[int]) -> int:
-    line = row_index + 2  # header is line 1
-    for invalid in sorted(invalid_lines):
-        if invalid <= line:
-            line += 1
-    return line
+def _line_number(row_index: int, invalid_lines: list[int], first_line: int = 2) -> int:
+    """The line of the ``row_index``-th row read, counting the rows skipped for their number of columns.
+
+    ``invalid_lines`` (ascending, as pyarrow meets them): lines of rows skipped before.
+    """
+    line = row_index + first_line
+    before = bisect.bisect_right(invalid_lines, line)
+    while (more := bisect.bisect_right(invalid_lines, row_index + first_line + before)) > before:
+        before = more
+    return row_index + first_line + before

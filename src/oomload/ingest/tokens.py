@@ -117,3 +117,9 @@ def _load_hf(directory: Path, spec: str) -> TokenCounter:
     except Exception as err:  # tokenizers raises its own Exception subclass
         raise ConfigError(f"--tokenizer {spec}: cannot load {file} ({err})") from err
     return _HfCounter(spec, tokenizer)
+
+
+def reload_spec(counter: TokenCounter) -> str | None:
+    """The ``--tokenizer`` value that loads ``counter`` again (in a worker process), or ``None`` for a
+    counter not loaded by ``load_token_counter`` (which must then be picklable to reach a worker)."""
+    return counter.name if isinstance(counter, _EncodeCounter | _HfCounter) else None

@@ -146,11 +146,16 @@ STATS_RUNNER = r"""
 import json, sys
 from oomload.ingest import count_trace, parallel
 results = []
+spans = []
+real = parallel._span_batches
+def counted(*args, **kwargs):
+    spans.append(1)
+    return real(*args, **kwargs)
+parallel._span_batches = counted
 for workers in (1, 2):
-    parallel.PARALLEL_MIN_BYTES, parallel.SPAN_BYTES = (0, 700) if workers == 2 else (64 << 20, 32 << 20)
-    c = count_trace([sys.argv[1]], workers=workers)
+    c = count_trace([sys.argv[1]], workers=workers, parallel_min_bytes=0, span_bytes=700)
     lengths = c.prompt_tokens.distinct()[1].tolist()
-    results.append([repr(c.arrivals), lengths, c.failed, c.skips.counts, c.skips.notes])
+    results.append([repr(c.arrivals), lengths, c.failed, c.skips.counts, c.skips.notes, len(spans)])
 print(json.dumps(results))
 """
 
@@ -165,7 +170,8 @@ def test_stats_straight_from_spans_match_the_single_process(tmp_path: Path) -> N
         check=True,
     )
     single, spread = json.loads(done.stdout.strip().splitlines()[-1])
-    assert spread == single and single[2] > 0
+    assert spread[:5] == single[:5] and single[2] > 0
+    assert (single[5], spread[5]) == (0, 1)  # the second read in byte ranges
 
 
 def test_a_gevent_patched_process_reads_in_process(monkeypatch: pytest.MonkeyPatch) -> None:

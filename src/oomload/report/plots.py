@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import io
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from matplotlib.artist import Artist
@@ -46,23 +46,25 @@ def plot_timeline(view: RunView, verdict: Verdict) -> bytes:
     fig = Figure(figsize=(11, 9), dpi=DPI)
     axes = fig.subplots(4, 1, sharex=True)
     t0 = _t0(view)
-    ok = [m for m in view.metrics if m.get("ok")]
-    t = [float(m["t_unix_s"]) - t0 for m in ok]
+    ok = [m for m in view.metrics if m.ok]
+    t = [m.t_unix_s - t0 for m in ok]
 
-    def series(key: str) -> list[float]:
-        return [float(m[key]) if isinstance(m.get(key), (int, float)) else float("nan") for m in ok]
+    def series(values: Iterable[float | None]) -> list[float]:
+        return [float("nan") if v is None else float(v) for v in values]
 
     ax_kv, ax_pre, ax_q, ax_mem = axes
-    ax_kv.plot(t, [v * 100 for v in series("kv_cache_usage")], color="#1f77b4", marker=".", lw=1)
+    ax_kv.plot(t, [v * 100 for v in series(m.kv_cache_usage for m in ok)], color="#1f77b4", marker=".", lw=1)
     ax_kv.axhline(KV_SATURATED * 100, color="red", ls=":", lw=1)
     ax_kv.set_ylabel("KV usage %")
     ax_kv.set_ylim(0, 105)
-    ax_pre.bar(t, series("preemptions_delta"), width=max(_spacing(t) * 0.8, 0.05), color="#d62728")
+    ax_pre.bar(
+        t, series(m.preemptions_delta for m in ok), width=max(_spacing(t) * 0.8, 0.05), color="#d62728"
+    )
     ax_pre.set_ylabel("preemptions\nper scrape")
     ax_pre.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax_pre.set_ylim(bottom=0)
-    ax_q.plot(t, series("num_requests_running"), color="#2ca02c", lw=1)
-    ax_q.plot(t, series("num_requests_waiting"), color="#ff7f0e", lw=1)
+    ax_q.plot(t, series(m.num_requests_running for m in ok), color="#2ca02c", lw=1)
+    ax_q.plot(t, series(m.num_requests_waiting for m in ok), color="#ff7f0e", lw=1)
     ax_q.set_ylabel("requests")
     ax_q.yaxis.set_major_locator(MaxNLocator(integer=True))
     has_total = False
@@ -291,7 +293,7 @@ def _shade_steps(ax: Axes, view: RunView, t0: float, *, label: bool) -> tuple[se
         end = (
             b.end_unix_s
             if b.end_unix_s is not None
-            else (view.metrics[-1]["t_unix_s"] if view.metrics else b.start_unix_s)
+            else (view.metrics[-1].t_unix_s if view.metrics else b.start_unix_s)
         )
         phase = b.phase if b.phase in SHADES else "ramp"
         phases.add(phase)
@@ -316,7 +318,7 @@ def _shade_steps(ax: Axes, view: RunView, t0: float, *, label: bool) -> tuple[se
 
 def _t_end(view: RunView) -> float:
     ends = [s.boundary.end_unix_s or s.boundary.start_unix_s for s in view.steps]
-    ends += [float(m["t_unix_s"]) for m in view.metrics[-1:]]
+    ends += [m.t_unix_s for m in view.metrics[-1:]]
     return max(ends) if ends else 0.0
 
 
@@ -346,7 +348,7 @@ def _mark_onsets(ax: Axes, verdict: Verdict) -> None:
 def _t0(view: RunView) -> float:
     starts = [s.boundary.start_unix_s for s in view.steps]
     started = view.config.get("started_unix_s")
-    candidates = [*starts, *(float(m["t_unix_s"]) for m in view.metrics[:1])]
+    candidates = [*starts, *(m.t_unix_s for m in view.metrics[:1])]
     if isinstance(started, (int, float)):
         candidates.append(float(started))
     return min(candidates) if candidates else 0.0

@@ -1,8 +1,10 @@
 """The lines of a run directory as types: what writers write and what readers parse, in one place.
 
-Writers build the TypedDicts (``StepStartLine``, ``StepEndLine``, ``StatusLine``); readers parse a line
-once, at the boundary (``oomload.verdict.runview``), into a frozen record (``StepBoundary`` from a
-step's start and end lines, ``RunStatus`` from ``status.json``), so the verdict reads attributes.
+Writers build the TypedDicts (``StepStartLine``, ``StepEndLine``, ``StatusLine``, ``MetricsLine``);
+readers parse a line once, at the boundary (``oomload.verdict.runview``), into a frozen record
+(``StepBoundary`` from a step's start and end lines, ``RunStatus`` from ``status.json``, ``MetricsRow``
+from a ``metrics.jsonl`` line), so the verdict reads attributes. A line that a reader cannot place in
+time (no finite ``t_unix_s``) parses to ``None`` and is dropped there.
 
 JSON values are loose: a field may be absent, ``null``, a bool or a string, and a file written by an
 older oomload may lack newer fields. ``as_int``, ``as_float``, ``as_str`` and the ``max_``/``min_``
@@ -61,6 +63,87 @@ class StatusLine(TypedDict):
     finished: bool
     end_reason: str
     ended_unix_s: float
+
+
+class MetricsLine(TypedDict):
+    """``metrics.jsonl``: one ``/metrics`` scrape (``oomload.telemetry.poller``). A failed scrape has
+    ``error`` and none of the values; an ok one has the values (``None``: not exposed) and no ``error``."""
+
+    t_unix_s: float
+    ok: bool
+    scrape_ms: float
+    error: NotRequired[str]
+    kv_cache_usage: NotRequired[float | None]
+    num_requests_running: NotRequired[int | None]
+    num_requests_waiting: NotRequired[int | None]
+    num_preemptions_total: NotRequired[int | None]
+    preemptions_delta: NotRequired[int | None]
+    prompt_tokens_total: NotRequired[int | None]
+    prompt_tokens_delta: NotRequired[int | None]
+    generation_tokens_total: NotRequired[int | None]
+    generation_tokens_delta: NotRequired[int | None]
+    admission_rejections_total: NotRequired[int | None]
+    prefix_cache_queries_total: NotRequired[int | None]
+    prefix_cache_hits_total: NotRequired[int | None]
+    e2e_latency_seconds_sum: NotRequired[float | None]
+    inference_seconds_sum: NotRequired[float | None]
+    queue_seconds_sum: NotRequired[float | None]
+    restarted: NotRequired[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsRow:
+    """A ``metrics.jsonl`` line as read (``MetricsLine``): ``None`` for a value the line lacks."""
+
+    t_unix_s: float
+    ok: bool
+    error: str | None = None
+    kv_cache_usage: float | None = None
+    num_requests_running: int | None = None
+    num_requests_waiting: int | None = None
+    num_preemptions_total: int | None = None
+    preemptions_delta: int | None = None
+    prompt_tokens_total: int | None = None
+    prompt_tokens_delta: int | None = None
+    generation_tokens_total: int | None = None
+    generation_tokens_delta: int | None = None
+    admission_rejections_total: int | None = None
+    prefix_cache_queries_total: int | None = None
+    prefix_cache_hits_total: int | None = None
+    e2e_latency_seconds_sum: float | None = None
+    inference_seconds_sum: float | None = None
+    queue_seconds_sum: float | None = None
+    restarted: bool = False
+    scrape_ms: float | None = None
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> MetricsRow | None:
+        """One line (or a live scrape's record) as a row; ``None`` without a finite ``t_unix_s``."""
+        t_unix_s = as_float(obj.get("t_unix_s"))
+        if t_unix_s is None:
+            return None
+        return cls(
+            t_unix_s=t_unix_s,
+            ok=bool(obj.get("ok")),
+            error=as_str(obj.get("error")),
+            kv_cache_usage=as_float(obj.get("kv_cache_usage")),
+            num_requests_running=as_int(obj.get("num_requests_running")),
+            num_requests_waiting=as_int(obj.get("num_requests_waiting")),
+            num_preemptions_total=as_int(obj.get("num_preemptions_total")),
+            preemptions_delta=as_int(obj.get("preemptions_delta")),
+            prompt_tokens_total=as_int(obj.get("prompt_tokens_total")),
+            prompt_tokens_delta=as_int(obj.get("prompt_tokens_delta")),
+            generation_tokens_total=as_int(obj.get("generation_tokens_total")),
+            generation_tokens_delta=as_int(obj.get("generation_tokens_delta")),
+            admission_rejections_total=as_int(obj.get("admission_rejections_total")),
+            prefix_cache_queries_total=as_int(obj.get("prefix_cache_queries_total")),
+            prefix_cache_hits_total=as_int(obj.get("prefix_cache_hits_total")),
+            e2e_latency_seconds_sum=as_float(obj.get("e2e_latency_seconds_sum")),
+            inference_seconds_sum=as_float(obj.get("inference_seconds_sum")),
+            queue_seconds_sum=as_float(obj.get("queue_seconds_sum")),
+            restarted=bool(obj.get("restarted")),
+            scrape_ms=as_float(obj.get("scrape_ms")),
+        )
 
 
 @dataclass(frozen=True, slots=True)

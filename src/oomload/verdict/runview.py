@@ -19,8 +19,8 @@ scrape taken after the load stopped), or everything after its start when it neve
   ``step`` / ``concurrency`` fields (phase ``ramp``, start/end from the first start and last end).
 
 Lines are parsed here, once, into the records of ``oomload.rundir.records`` where one exists (step
-boundaries, the status); values read from JSON are loose, and ``records.as_int``, ``as_float``, … read
-them as numbers or ``None``.
+boundaries, the status, the metrics rows); values read from JSON are loose, and ``records.as_int``,
+``as_float``, … read them as numbers or ``None``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from oomload.errors import ConfigError, TraceFormatError
 from oomload.odds import LevelOdds
 from oomload.outcome import RequestResult
 from oomload.rundir import RunReader
-from oomload.rundir.records import RunStatus, StepBoundary, parse_status, parse_step_lines
+from oomload.rundir.records import MetricsRow, RunStatus, StepBoundary, parse_status, parse_step_lines
 from oomload.trace import read_trace
 
 LAST_STEP_TAIL_S = 5.0
@@ -51,9 +51,9 @@ class StepData:
     window_start_unix_s: float
     window_end_unix_s: float  # math.inf for a step that never ended and has no successor
     requests: tuple[RequestResult, ...]
-    metrics: tuple[Mapping[str, Any], ...]
+    metrics: tuple[MetricsRow, ...]
     gpu: tuple[Mapping[str, Any], ...]
-    baseline_metric: Mapping[str, Any] | None  # last ok scrape before the window (counter baseline)
+    baseline_metric: MetricsRow | None  # last ok scrape before the window (counter baseline)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ class RunView:
     cache_config: Mapping[str, Any] | None
     steps: tuple[StepData, ...]
     requests: tuple[RequestResult, ...]
-    metrics: tuple[Mapping[str, Any], ...]
+    metrics: tuple[MetricsRow, ...]
     gpu: tuple[Mapping[str, Any], ...]
     events: tuple[Mapping[str, Any], ...]
     trace_prompt_tokens: tuple[int, ...]
@@ -141,7 +141,8 @@ def assemble_run(
     odds: Iterable[Mapping[str, Any]] = (),
 ) -> RunView:
     """Group already-read run data by step (see the module docstring)."""
-    metrics_sorted = sorted((m for m in metrics if _is_number(m.get("t_unix_s"))), key=_t)
+    rows = (MetricsRow.from_json(m) for m in metrics)
+    metrics_sorted = sorted((m for m in rows if m is not None), key=lambda m: m.t_unix_s)
     gpu_sorted = sorted((g for g in gpu if _is_number(g.get("t_unix_s"))), key=_t)
     events_sorted = sorted((e for e in events if _is_number(e.get("t_unix_s"))), key=_t)
     requests_sorted = sorted(requests, key=lambda r: r.start_unix_s)
@@ -161,13 +162,13 @@ def assemble_run(
         else:
             unassigned += 1
 
-    metric_times = [_t(m) for m in metrics_sorted]
+    metric_times = [m.t_unix_s for m in metrics_sorted]
     gpu_times = [_t(g) for g in gpu_sorted]
     steps = []
     for boundary, (lo, hi) in zip(boundaries, windows, strict=True):
         m_lo, m_hi = _span(metric_times, lo, hi)
         g_lo, g_hi = _span(gpu_times, lo, hi)
-        baseline = next((m for m in reversed(metrics_sorted[:m_lo]) if m.get("ok")), None)
+        baseline = next((m for m in reversed(metrics_sorted[:m_lo]) if m.ok), None)
         steps.append(
             StepData(
                 boundary=boundary,

@@ -649,14 +649,14 @@ def _preemption_onset(view: RunView, measured: Sequence[StepFacts]) -> Preemptio
     thin = sum(1 for s in measured if s.concurrency == onset_level and s.evidence_thin)
     first = min(preempting, key=lambda s: s.start_unix_s)
     data = next(d for d in view.steps if d.boundary.index == first.index)
-    hit = next((m for m in data.metrics if m.get("ok") and (m.get("preemptions_delta") or 0) > 0), None)
+    hit = next((m for m in data.metrics if m.ok and (m.preemptions_delta or 0) > 0), None)
     return PreemptionOnset(
         step=first.index,
         concurrency=first.concurrency,
-        t_unix_s=None if hit is None else float(hit["t_unix_s"]),
+        t_unix_s=None if hit is None else hit.t_unix_s,
         requests_in_step=first.requests,
         preemptions_in_step=first.preemptions or 0,
-        kv_usage_at_onset=None if hit is None else as_float(hit.get("kv_cache_usage")),
+        kv_usage_at_onset=None if hit is None else hit.kv_cache_usage,
         kv_usage_max=first.kv_usage_max,
         seen_in=len(preempting),
         measurements=len(at_level),

@@ -69,14 +69,10 @@ def plot_timeline(view: RunView, verdict: Verdict) -> bytes:
     ax_q.yaxis.set_major_locator(MaxNLocator(integer=True))
     has_total = False
     if view.gpu:
-        tg = [float(g["t_unix_s"]) - t0 for g in view.gpu]
-        used = [float(g.get("used_bytes") or 0) / 2**30 for g in view.gpu]
+        tg = [g.t_unix_s - t0 for g in view.gpu]
+        used = [float(g.used_bytes or 0) / 2**30 for g in view.gpu]
         ax_mem.plot(tg, used, color="#9467bd", lw=1)
-        totals = [
-            float(g["total_bytes"]) / 2**30
-            for g in view.gpu
-            if isinstance(g.get("total_bytes"), (int, float))
-        ]
+        totals = [float(g.total_bytes) / 2**30 for g in view.gpu if g.total_bytes is not None]
         if totals:
             ax_mem.axhline(max(totals), color="grey", ls="--", lw=1)
             has_total = True

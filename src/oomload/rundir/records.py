@@ -1,10 +1,12 @@
 """The lines of a run directory as types: what writers write and what readers parse, in one place.
 
-Writers build the TypedDicts (``StepStartLine``, ``StepEndLine``, ``StatusLine``, ``MetricsLine``);
-readers parse a line once, at the boundary (``oomload.verdict.runview``), into a frozen record
-(``StepBoundary`` from a step's start and end lines, ``RunStatus`` from ``status.json``, ``MetricsRow``
-from a ``metrics.jsonl`` line), so the verdict reads attributes. A line that a reader cannot place in
-time (no finite ``t_unix_s``) parses to ``None`` and is dropped there.
+Writers build the TypedDicts (``StepStartLine``, ``StepEndLine``, ``StatusLine``, ``MetricsLine``;
+a GPU sample's line is ``oomload.telemetry.gpu_sample.GpuSampleJson``); readers parse a line once, at
+the boundary (``oomload.verdict.runview``), into a frozen record (``StepBoundary`` from a step's start
+and end lines, ``RunStatus`` from ``status.json``, ``MetricsRow`` from ``metrics.jsonl``,
+``GpuSampleRow`` from ``gpu.jsonl``, ``EventRow`` from ``events.jsonl``), so the verdict reads
+attributes. A line that a reader cannot place in time (no finite ``t_unix_s``) parses to ``None``
+and is dropped there.
 
 JSON values are loose: a field may be absent, ``null``, a bool or a string, and a file written by an
 older oomload may lack newer fields. ``as_int``, ``as_float``, ``as_str`` and the ``max_``/``min_``
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
 
 CUT_SHORT_REASONS = frozenset({"interrupted", "max_duration", "server_dead", "error"})
@@ -143,6 +145,92 @@ class MetricsRow:
             queue_seconds_sum=as_float(obj.get("queue_seconds_sum")),
             restarted=bool(obj.get("restarted")),
             scrape_ms=as_float(obj.get("scrape_ms")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRow:
+    """One process of a GPU sample as read: its pid and the device memory it holds (``None``: unknown)."""
+
+    pid: int | None
+    used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSampleRow:
+    """A ``gpu.jsonl`` line as read (written as ``oomload.telemetry.gpu_sample.GpuSampleJson``).
+
+    ``processes`` is ``None`` when the source cannot tell (``null``, or no such field), ``()`` when it
+    saw none; ``processes_field`` says whether the line carried the field at all, ``null`` included
+    (the death rule's "vanished from later samples" counts such a sample as one that could have
+    listed the server)."""
+
+    t_unix_s: float
+    source: str | None = None
+    device: int | None = None
+    total_bytes: int | None = None
+    used_bytes: int | None = None
+    free_bytes: int | None = None
+    processes: tuple[ProcessRow, ...] | None = None
+    processes_field: bool = False
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> GpuSampleRow | None:
+        """One line as a sample; ``None`` without a finite ``t_unix_s`` (entries that are not objects
+        are left out of ``processes``)."""
+        t_unix_s = as_float(obj.get("t_unix_s"))
+        if t_unix_s is None:
+            return None
+        listed = obj.get("processes")
+        processes = (
+            tuple(
+                ProcessRow(pid=as_int(p.get("pid")), used_bytes=as_int(p.get("used_bytes")))
+                for p in listed
+                if isinstance(p, Mapping)
+            )
+            if isinstance(listed, list)
+            else None
+        )
+        return cls(
+            t_unix_s=t_unix_s,
+            source=as_str(obj.get("source")),
+            device=as_int(obj.get("device")),
+            total_bytes=as_int(obj.get("total_bytes")),
+            used_bytes=as_int(obj.get("used_bytes")),
+            free_bytes=as_int(obj.get("free_bytes")),
+            processes=processes,
+            processes_field="processes" in obj,
+        )
+
+
+EVENT_TEXT_FIELDS = ("evidence", "detail", "reason", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    """An ``events.jsonl`` line as read: ``{"t_unix_s", "kind", "step"?, …}`` (``RunWriter.event``).
+
+    ``text`` holds the event's explanation fields (``EVENT_TEXT_FIELDS``, in that order) that are
+    set, as text; ``fields`` is the whole line, for the kind-specific extras a report shows."""
+
+    t_unix_s: float
+    kind: str | None
+    step: int | None = None
+    text: tuple[str, ...] = ()
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> EventRow | None:
+        """One line as an event; ``None`` without a finite ``t_unix_s``."""
+        t_unix_s = as_float(obj.get("t_unix_s"))
+        if t_unix_s is None:
+            return None
+        return cls(
+            t_unix_s=t_unix_s,
+            kind=as_str(obj.get("kind")),
+            step=as_int(obj.get("step")),
+            text=tuple(str(obj[k]) for k in EVENT_TEXT_FIELDS if obj.get(k)),
+            fields=dict(obj),
         )
 
 

@@ -18,9 +18,9 @@ scrape taken after the load stopped), or everything after its start when it neve
 * A run whose ``steps.jsonl`` is missing or empty gets its steps rebuilt from the requests' own
   ``step`` / ``concurrency`` fields (phase ``ramp``, start/end from the first start and last end).
 
-Lines are parsed here, once, into the records of ``oomload.rundir.records`` where one exists (step
-boundaries, the status, the metrics rows); values read from JSON are loose, and ``records.as_int``,
-``as_float``, … read them as numbers or ``None``.
+Lines are parsed here, once, into the records of ``oomload.rundir.records`` (step boundaries, the
+status, metrics rows, GPU samples, events); values read from JSON are loose, and ``records.as_int``,
+``as_float``, … read them as numbers or ``None`` there.
 """
 
 from __future__ import annotations
@@ -37,7 +37,15 @@ from oomload.errors import ConfigError, TraceFormatError
 from oomload.odds import LevelOdds
 from oomload.outcome import RequestResult
 from oomload.rundir import RunReader
-from oomload.rundir.records import MetricsRow, RunStatus, StepBoundary, parse_status, parse_step_lines
+from oomload.rundir.records import (
+    EventRow,
+    GpuSampleRow,
+    MetricsRow,
+    RunStatus,
+    StepBoundary,
+    parse_status,
+    parse_step_lines,
+)
 from oomload.trace import read_trace
 
 LAST_STEP_TAIL_S = 5.0
@@ -52,7 +60,7 @@ class StepData:
     window_end_unix_s: float  # math.inf for a step that never ended and has no successor
     requests: tuple[RequestResult, ...]
     metrics: tuple[MetricsRow, ...]
-    gpu: tuple[Mapping[str, Any], ...]
+    gpu: tuple[GpuSampleRow, ...]
     baseline_metric: MetricsRow | None  # last ok scrape before the window (counter baseline)
 
 
@@ -67,8 +75,8 @@ class RunView:
     steps: tuple[StepData, ...]
     requests: tuple[RequestResult, ...]
     metrics: tuple[MetricsRow, ...]
-    gpu: tuple[Mapping[str, Any], ...]
-    events: tuple[Mapping[str, Any], ...]
+    gpu: tuple[GpuSampleRow, ...]
+    events: tuple[EventRow, ...]
     trace_prompt_tokens: tuple[int, ...]
     trace_output_tokens: tuple[int, ...]
     unassigned_requests: int
@@ -143,8 +151,10 @@ def assemble_run(
     """Group already-read run data by step (see the module docstring)."""
     rows = (MetricsRow.from_json(m) for m in metrics)
     metrics_sorted = sorted((m for m in rows if m is not None), key=lambda m: m.t_unix_s)
-    gpu_sorted = sorted((g for g in gpu if _is_number(g.get("t_unix_s"))), key=_t)
-    events_sorted = sorted((e for e in events if _is_number(e.get("t_unix_s"))), key=_t)
+    samples = (GpuSampleRow.from_json(g) for g in gpu)
+    gpu_sorted = sorted((g for g in samples if g is not None), key=lambda g: g.t_unix_s)
+    event_rows = (EventRow.from_json(e) for e in events)
+    events_sorted = sorted((e for e in event_rows if e is not None), key=lambda e: e.t_unix_s)
     requests_sorted = sorted(requests, key=lambda r: r.start_unix_s)
     boundaries = parse_step_lines(step_records) or _steps_from_requests(requests_sorted)
 
@@ -163,7 +173,7 @@ def assemble_run(
             unassigned += 1
 
     metric_times = [m.t_unix_s for m in metrics_sorted]
-    gpu_times = [_t(g) for g in gpu_sorted]
+    gpu_times = [g.t_unix_s for g in gpu_sorted]
     steps = []
     for boundary, (lo, hi) in zip(boundaries, windows, strict=True):
         m_lo, m_hi = _span(metric_times, lo, hi)
@@ -266,11 +276,3 @@ def _slot(starts: list[float], windows: list[tuple[float, float]], t: float) -> 
 def _span(times: list[float], lo: float, hi: float) -> tuple[int, int]:
     """Slice bounds of the sorted ``times`` within ``(lo, hi]``."""
     return bisect.bisect_right(times, lo), bisect.bisect_right(times, hi)
-
-
-def _t(obj: Mapping[str, Any]) -> float:
-    return float(obj["t_unix_s"])
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

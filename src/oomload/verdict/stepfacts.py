@@ -314,12 +314,11 @@ def summarize_step(
         preemptions_counter=counter,
         running_max=max_int(m.num_requests_running for m in ok_metrics),
         waiting_max=max_int(m.num_requests_waiting for m in ok_metrics),
-        device_total_bytes=max_int(g.get("total_bytes") for g in step.gpu),
-        device_used_max_bytes=max_int(g.get("used_bytes") for g in step.gpu),
-        device_free_min_bytes=min_int(g.get("free_bytes") for g in step.gpu),
+        device_total_bytes=max_int(g.total_bytes for g in step.gpu),
+        device_used_max_bytes=max_int(g.used_bytes for g in step.gpu),
+        device_free_min_bytes=min_int(g.free_bytes for g in step.gpu),
         server_process_used_max_bytes=max_int(
-            max_int(p.get("used_bytes") for p in (g.get("processes") or []) if isinstance(p, Mapping))
-            for g in step.gpu
+            max_int(p.used_bytes for p in g.processes or ()) for g in step.gpu
         ),
         casualties=casualties,
         died_here=died_here,

@@ -343,10 +343,10 @@ def _mark_onsets(ax: Axes, verdict: Verdict) -> None:
 
 def _t0(view: RunView) -> float:
     starts = [s.boundary.start_unix_s for s in view.steps]
-    started = view.config.get("started_unix_s")
+    started = view.settings.started_unix_s
     candidates = [*starts, *(m.t_unix_s for m in view.metrics[:1])]
-    if isinstance(started, (int, float)):
-        candidates.append(float(started))
+    if started is not None:
+        candidates.append(started)
     return min(candidates) if candidates else 0.0
 
 

@@ -3,10 +3,10 @@
 Writers build the TypedDicts (``StepStartLine``, ``StepEndLine``, ``StatusLine``, ``MetricsLine``;
 a GPU sample's line is ``oomload.telemetry.gpu_sample.GpuSampleJson``); readers parse a line once, at
 the boundary (``oomload.verdict.runview``), into a frozen record (``StepBoundary`` from a step's start
-and end lines, ``RunStatus`` from ``status.json``, ``MetricsRow`` from ``metrics.jsonl``,
-``GpuSampleRow`` from ``gpu.jsonl``, ``EventRow`` from ``events.jsonl``), so the verdict reads
-attributes. A line that a reader cannot place in time (no finite ``t_unix_s``) parses to ``None``
-and is dropped there.
+and end lines, ``RunStatus`` from ``status.json``, ``RunConfig`` from ``config.json``, ``MetricsRow``
+from ``metrics.jsonl``, ``GpuSampleRow`` from ``gpu.jsonl``, ``EventRow`` from ``events.jsonl``), so
+the verdict reads attributes. A line that a reader cannot place in time (no finite ``t_unix_s``)
+parses to ``None`` and is dropped there.
 
 JSON values are loose: a field may be absent, ``null``, a bool or a string, and a file written by an
 older oomload may lack newer fields. ``as_int``, ``as_float``, ``as_str`` and the ``max_``/``min_``
@@ -255,6 +255,40 @@ class StepBoundary:
     @property
     def cut_short(self) -> bool:
         return self.end_unix_s is None or self.end_reason in CUT_SHORT_REASONS
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """The fields of ``config.json`` the verdict reads (``None``: absent, or not of the field's kind).
+
+    ``config.json`` holds more (argv, schedule, worker options …); reports that show all of it read the
+    raw object (``RunView.config``)."""
+
+    model: str | None = None
+    url: str | None = None
+    simulated: bool | None = None  # the server was oomload's own simulator
+    trace_path: str | None = None
+    started_unix_s: float | None = None
+    max_model_len: int | None = None  # from /v1/models
+    tail_percentile: float | None = None
+    open_loop: bool = False
+    min_requests: int | None = None  # ``schedule.min_requests``: the evidence a clean level needs
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> RunConfig:
+        simulated = obj.get("simulated")
+        schedule = obj.get("schedule")
+        return cls(
+            model=as_str(obj.get("model")),
+            url=as_str(obj.get("url")),
+            simulated=simulated if isinstance(simulated, bool) else None,
+            trace_path=as_str(obj.get("trace_path")),
+            started_unix_s=as_float(obj.get("started_unix_s")),
+            max_model_len=as_int(obj.get("max_model_len")),
+            tail_percentile=as_float(obj.get("tail_percentile")),
+            open_loop=obj.get("open_loop") is True,
+            min_requests=as_int(schedule.get("min_requests")) if isinstance(schedule, Mapping) else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)

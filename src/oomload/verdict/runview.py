@@ -19,7 +19,7 @@ scrape taken after the load stopped), or everything after its start when it neve
   ``step`` / ``concurrency`` fields (phase ``ramp``, start/end from the first start and last end).
 
 Lines are parsed here, once, into the records of ``oomload.rundir.records`` (step boundaries, the
-status, metrics rows, GPU samples, events); values read from JSON are loose, and ``records.as_int``,
+config, status, metrics rows, GPU samples, events); values read from JSON are loose, and ``records.as_int``,
 ``as_float``, … read them as numbers or ``None`` there.
 """
 
@@ -29,7 +29,7 @@ import bisect
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from oomload.rundir.records import (
     EventRow,
     GpuSampleRow,
     MetricsRow,
+    RunConfig,
     RunStatus,
     StepBoundary,
     parse_status,
@@ -69,7 +70,7 @@ class RunView:
     """Everything one run directory holds, as plain values."""
 
     path: Path
-    config: Mapping[str, Any]
+    config: Mapping[str, Any]  # config.json as written, for reports that show all of it
     status: RunStatus | None
     cache_config: Mapping[str, Any] | None
     steps: tuple[StepData, ...]
@@ -83,6 +84,7 @@ class RunView:
     trace_note: str | None = None  # why the trace's lengths are missing, when they are
     config_note: str | None = None  # why config.json could not be read, when it could not
     odds: tuple[LevelOdds, ...] = ()  # the trace's odds per level (odds.jsonl), ascending
+    settings: RunConfig = field(default_factory=RunConfig)  # the fields of config.json the verdict reads
 
     def odds_at(self, concurrency: int) -> LevelOdds | None:
         return next((o for o in self.odds if o.concurrency == concurrency), None)
@@ -196,6 +198,7 @@ def assemble_run(
         path=path,
         config=config,
         status=parse_status(status),
+        settings=RunConfig.from_json(config),
         cache_config=cache_config,
         steps=tuple(steps),
         requests=tuple(requests_sorted),

@@ -1,12 +1,18 @@
 """The lines of a run directory as types: what writers write and what readers parse, in one place.
 
 Writers build the TypedDicts (``StepStartLine``, ``StepEndLine``, ``StatusLine``, ``MetricsLine``;
-a GPU sample's line is ``oomload.telemetry.gpu_sample.GpuSampleJson``); readers parse a line once, at
-the boundary (``oomload.verdict.runview``), into a frozen record (``StepBoundary`` from a step's start
-and end lines, ``RunStatus`` from ``status.json``, ``RunConfig`` from ``config.json``, ``MetricsRow``
-from ``metrics.jsonl``, ``GpuSampleRow`` from ``gpu.jsonl``, ``EventRow`` from ``events.jsonl``), so
-the verdict reads attributes. A line that a reader cannot place in time (no finite ``t_unix_s``)
-parses to ``None`` and is dropped there.
+a GPU sample's line is ``oomload.telemetry.gpu_sample.GpuSampleJson``). Readers parse a line once, at
+the boundary (``oomload.verdict.runview``), into a frozen record, so the verdict reads attributes:
+
+* ``StepBoundary`` — a step's start and end lines of ``steps.jsonl``;
+* ``RunStatus`` — ``status.json``;
+* ``RunConfig`` — the fields of ``config.json`` the verdict reads;
+* ``CacheConfig`` — the fields of ``cache_config.json`` the verdict reads;
+* ``MetricsRow`` — a ``metrics.jsonl`` line (also a live scrape's record, ``oomload.load.shape``);
+* ``GpuSampleRow`` — a ``gpu.jsonl`` line; ``EventRow`` — an ``events.jsonl`` line.
+
+A line that a reader cannot place in time (no finite ``t_unix_s``) parses to ``None`` and is dropped
+there.
 
 JSON values are loose: a field may be absent, ``null``, a bool or a string, and a file written by an
 older oomload may lack newer fields. ``as_int``, ``as_float``, ``as_str`` and the ``max_``/``min_``
@@ -288,6 +294,30 @@ class RunConfig:
             tail_percentile=as_float(obj.get("tail_percentile")),
             open_loop=obj.get("open_loop") is True,
             min_requests=as_int(schedule.get("min_requests")) if isinstance(schedule, Mapping) else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The fields of ``cache_config.json`` (vLLM's ``cache_config_info`` labels, plus ``max_model_len``
+    when the poller knew it) that the verdict and its recommendation read; ``None``: not reported."""
+
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    kv_cache_size_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> CacheConfig:
+        return cls(
+            num_gpu_blocks=as_int(obj.get("num_gpu_blocks")),
+            block_size=as_int(obj.get("block_size")),
+            kv_cache_size_tokens=as_int(obj.get("kv_cache_size_tokens")),
+            gpu_memory_utilization=as_float(obj.get("gpu_memory_utilization")),
+            max_num_batched_tokens=as_int(obj.get("max_num_batched_tokens")),
+            max_model_len=as_int(obj.get("max_model_len")),
         )
 
 

@@ -19,8 +19,8 @@ scrape taken after the load stopped), or everything after its start when it neve
   ``step`` / ``concurrency`` fields (phase ``ramp``, start/end from the first start and last end).
 
 Lines are parsed here, once, into the records of ``oomload.rundir.records`` (step boundaries, the
-config, status, metrics rows, GPU samples, events); values read from JSON are loose, and ``records.as_int``,
-``as_float``, … read them as numbers or ``None`` there.
+config, the cache config, the status, metrics rows, GPU samples, events); values read from JSON are
+loose, and ``records.as_int``, ``as_float``, … read them as numbers or ``None`` there.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from oomload.odds import LevelOdds
 from oomload.outcome import RequestResult
 from oomload.rundir import RunReader
 from oomload.rundir.records import (
+    CacheConfig,
     EventRow,
     GpuSampleRow,
     MetricsRow,
@@ -85,6 +86,7 @@ class RunView:
     config_note: str | None = None  # why config.json could not be read, when it could not
     odds: tuple[LevelOdds, ...] = ()  # the trace's odds per level (odds.jsonl), ascending
     settings: RunConfig = field(default_factory=RunConfig)  # the fields of config.json the verdict reads
+    pool: CacheConfig | None = None  # the fields of cache_config.json the verdict reads (None: no file)
 
     def odds_at(self, concurrency: int) -> LevelOdds | None:
         return next((o for o in self.odds if o.concurrency == concurrency), None)
@@ -199,6 +201,7 @@ def assemble_run(
         config=config,
         status=parse_status(status),
         settings=RunConfig.from_json(config),
+        pool=None if cache_config is None else CacheConfig.from_json(cache_config),
         cache_config=cache_config,
         steps=tuple(steps),
         requests=tuple(requests_sorted),

@@ -74,7 +74,7 @@ from typing import Any
 
 from oomload.odds import LevelOdds
 from oomload.outcome import Outcome, RequestResult
-from oomload.rundir.records import CUT_SHORT_REASONS, RunStatus, as_int
+from oomload.rundir.records import CUT_SHORT_REASONS, RunStatus
 from oomload.stats import LengthSummary, summarize_lengths
 from oomload.verdict.confidence import (
     ConfidenceNote,
@@ -427,7 +427,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     if not totals:
         totals, basis = _kv_totals(view, run.max_model_len, of_trace=True), "trace"
     prediction = compare_prediction(
-        view.cache_config,
+        view.pool,
         totals,
         basis=basis,
         observed_onset=None if onset is None else onset.concurrency,
@@ -690,8 +690,8 @@ def _run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | No
     )
     detail = _cut_short_detail(view, steps, death, status, end_reason) if cut_short else None
     limit = config.max_model_len  # from /v1/models, else the cache config
-    if limit is None and view.cache_config is not None:
-        limit = as_int(view.cache_config.get("max_model_len"))
+    if limit is None and view.pool is not None:
+        limit = view.pool.max_model_len
     return RunInfo(
         path=str(view.path),
         model=config.model,

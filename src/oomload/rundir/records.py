@@ -177,6 +177,7 @@ class GpuSampleRow:
     total_bytes: int | None = None
     used_bytes: int | None = None
     free_bytes: int | None = None
+    util_pct: float | None = None
     processes: tuple[ProcessRow, ...] | None = None
     processes_field: bool = False
 
@@ -204,6 +205,7 @@ class GpuSampleRow:
             total_bytes=as_int(obj.get("total_bytes")),
             used_bytes=as_int(obj.get("used_bytes")),
             free_bytes=as_int(obj.get("free_bytes")),
+            util_pct=as_float(obj.get("util_pct")),
             processes=processes,
             processes_field="processes" in obj,
         )

@@ -30,19 +30,13 @@ engine did not see (the API server, or the client host, is the bottleneck).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from oomload.rundir.records import as_float
+from oomload.rundir.records import MetricsRow
 
 MIN_WINDOW_S = 1.0  # a shorter window between two scrapes says nothing about a mean
 SERVER_SHARE_MIN = 0.8  # below this the server held markedly less than the client sent
-SUM_FIELDS = {  # ``metrics.jsonl`` field → ServerConcurrency attribute
-    "e2e_latency_seconds_sum": "in_server",
-    "inference_seconds_sum": "in_engine",
-    "queue_seconds_sum": "queued",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,27 +67,31 @@ class ServerConcurrency:
 
 
 def server_concurrency(
-    first: Mapping[str, Any] | None,
-    last: Mapping[str, Any] | None,
-    between: Iterable[Mapping[str, Any]] = (),
+    first: MetricsRow | None,
+    last: MetricsRow | None,
+    between: Iterable[MetricsRow] = (),
 ) -> ServerConcurrency | None:
-    """Little's law between two ok ``metrics.jsonl`` records; ``None`` when it cannot be told.
+    """Little's law between two ok ``metrics.jsonl`` rows; ``None`` when it cannot be told.
 
     ``None``: either record missing or failed, no ``e2e_latency_seconds_sum`` (not vLLM, or an old
     one), a window under ``MIN_WINDOW_S``, or a restart between them (``restarted`` on ``last`` or
     on a record ``between``, or a sum that went down).
     """
-    if first is None or last is None or not first.get("ok") or not last.get("ok"):
+    if first is None or last is None or not first.ok or not last.ok:
         return None
-    if last.get("restarted") or any(m.get("restarted") for m in between):
+    if last.restarted or any(m.restarted for m in between):
         return None
-    t0, t1 = as_float(first.get("t_unix_s")), as_float(last.get("t_unix_s"))
-    if t0 is None or t1 is None or t1 - t0 < MIN_WINDOW_S:
+    t0, t1 = first.t_unix_s, last.t_unix_s
+    if t1 - t0 < MIN_WINDOW_S:
         return None
     means: dict[str, float | None] = {}
     seconds: dict[str, float | None] = {}
-    for field, name in SUM_FIELDS.items():
-        a, b = as_float(first.get(field)), as_float(last.get(field))
+    sums = (  # ServerConcurrency attribute, the sum at the first and at the last scrape
+        ("in_server", first.e2e_latency_seconds_sum, last.e2e_latency_seconds_sum),
+        ("in_engine", first.inference_seconds_sum, last.inference_seconds_sum),
+        ("queued", first.queue_seconds_sum, last.queue_seconds_sum),
+    )
+    for name, a, b in sums:
         if a is None or b is None:
             means[name] = seconds[name] = None
             continue

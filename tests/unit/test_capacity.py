@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oomload.capacity import blocks_held, concurrent_fit, kv_tokens_held, predict_preemption_onset
+from oomload.rundir.records import CacheConfig
 from oomload.sim.scheduler import Scheduler, SchedulerConfig, SimRequest
 from oomload.verdict.prediction import compare_prediction
 
@@ -31,7 +32,7 @@ def test_the_measured_boundary_case_predicts_no_preemption_below_12() -> None:
     assert concurrent_fit(12, 256, 129 + 128) == 11
     # the verdict's prediction (same function) on the same lengths
     verdict_side = compare_prediction(
-        {"num_gpu_blocks": 12, "block_size": 256},
+        CacheConfig(num_gpu_blocks=12, block_size=256),
         [129 + 128] * 50,
         basis="test",
         observed_onset=None,

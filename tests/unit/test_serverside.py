@@ -8,15 +8,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from oomload.rundir.records import MetricsRow
 from oomload.serverside import delivered_concurrency, server_concurrency, server_share
 
 
-def scrape(t: float, e2e: float | None, *, ok: bool = True, restarted: bool = False) -> dict[str, Any]:
-    row: dict[str, Any] = {"t_unix_s": t, "ok": ok, "restarted": restarted}
+def scrape(t: float, e2e: float | None, *, ok: bool = True, restarted: bool = False) -> MetricsRow:
+    """A ``metrics.jsonl`` line as written, parsed as the verdict reads it."""
+    line: dict[str, Any] = {"t_unix_s": t, "ok": ok, "restarted": restarted}
     if e2e is not None:
-        row.update(
+        line.update(
             e2e_latency_seconds_sum=e2e, inference_seconds_sum=e2e * 0.75, queue_seconds_sum=e2e * 0.25
         )
+    row = MetricsRow.from_json(line)
+    assert row is not None
     return row
 
 

@@ -52,6 +52,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from oomload.rundir.records import MetricsRow
 from oomload.schedule import (
     Decision,
     Hold,
@@ -310,7 +311,7 @@ class StepDriver:
                 and (count.started or 0) < self._needed,
             )
         )
-        server = server_concurrency(self._scrape_at_start, scrape)
+        server = server_concurrency(_row(self._scrape_at_start), _row(scrape))
         line = step_end_line(step, count, reason, now, now - self._step_start_s, preemptions, server)
         if self._needed is not None:
             line["evidence_requests"] = self._needed
@@ -354,6 +355,11 @@ def step_end_line(
     if server is not None:
         line["server_concurrency"] = server.to_json()
     return line
+
+
+def _row(scrape: Mapping[str, Any] | None) -> MetricsRow | None:
+    """A live scrape's record read as ``metrics.jsonl`` readers read it (``MetricsRow``)."""
+    return None if scrape is None else MetricsRow.from_json(scrape)
 
 
 def _preemptions(scrape: Mapping[str, Any] | None) -> int | None:

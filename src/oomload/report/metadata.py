@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from oomload import __version__
-from oomload.rundir.records import RunStatus, as_float, as_int
+from oomload.rundir.records import EventRow, GpuSampleRow, RunStatus, as_float, as_int
 from oomload.stats import LengthSummary
 from oomload.verdict import Verdict
 from oomload.verdict.runview import RunView
@@ -72,12 +72,13 @@ def run_metadata(view: RunView, verdict: Verdict) -> list[tuple[str, str]]:
     return rows
 
 
-def _workers_text(cfg: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> str:
+def _workers_text(cfg: Mapping[str, Any], events: Sequence[EventRow]) -> str:
     """A distributed run: the master's workers, and each one lost during the run, by name."""
     workers, local = as_int(cfg.get("workers")) or 0, as_int(cfg.get("processes")) or 0
     text = f"Locust master + {workers} workers ({min(local, workers)} local)"
-    for event in events:
-        if event.get("kind") == "worker_lost":
+    for row in events:
+        event = row.fields  # a worker_lost event's extras, shown as written
+        if row.kind == "worker_lost":
             host = "local" if event.get("local") else event.get("host", "?")
             who = f"worker {event.get('worker')} ({host}, pid {event.get('pid')})"
             text += (
@@ -148,11 +149,11 @@ def _server_flags(verdict: Verdict) -> str:
     return " · ".join(parts) if parts else NOT_RECORDED + " (no /metrics cache_config_info)"
 
 
-def _gpu_text(gpu: Sequence[Mapping[str, Any]]) -> str:
-    totals = [t for t in (as_int(g.get("total_bytes")) for g in gpu) if t]
+def _gpu_text(gpu: Sequence[GpuSampleRow]) -> str:
+    totals = [t for t in (g.total_bytes for g in gpu) if t]
     if not totals:
         return "not sampled"
-    devices = {g.get("device") for g in gpu}
-    sources = sorted({str(g.get("source")) for g in gpu if g.get("source")})
+    devices = {g.device for g in gpu}
+    sources = sorted({g.source for g in gpu if g.source})
     count = f"{len(devices)} devices, " if len(devices) > 1 else ""
     return f"{count}{max(totals) / 2**30:.1f} GiB device memory (sampled via {', '.join(sources) or '?'})"

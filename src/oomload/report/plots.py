@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import io
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from matplotlib.artist import Artist
@@ -46,35 +46,33 @@ def plot_timeline(view: RunView, verdict: Verdict) -> bytes:
     fig = Figure(figsize=(11, 9), dpi=DPI)
     axes = fig.subplots(4, 1, sharex=True)
     t0 = _t0(view)
-    ok = [m for m in view.metrics if m.get("ok")]
-    t = [float(m["t_unix_s"]) - t0 for m in ok]
+    ok = [m for m in view.metrics if m.ok]
+    t = [m.t_unix_s - t0 for m in ok]
 
-    def series(key: str) -> list[float]:
-        return [float(m[key]) if isinstance(m.get(key), (int, float)) else float("nan") for m in ok]
+    def series(values: Iterable[float | None]) -> list[float]:
+        return [float("nan") if v is None else float(v) for v in values]
 
     ax_kv, ax_pre, ax_q, ax_mem = axes
-    ax_kv.plot(t, [v * 100 for v in series("kv_cache_usage")], color="#1f77b4", marker=".", lw=1)
+    ax_kv.plot(t, [v * 100 for v in series(m.kv_cache_usage for m in ok)], color="#1f77b4", marker=".", lw=1)
     ax_kv.axhline(KV_SATURATED * 100, color="red", ls=":", lw=1)
     ax_kv.set_ylabel("KV usage %")
     ax_kv.set_ylim(0, 105)
-    ax_pre.bar(t, series("preemptions_delta"), width=max(_spacing(t) * 0.8, 0.05), color="#d62728")
+    ax_pre.bar(
+        t, series(m.preemptions_delta for m in ok), width=max(_spacing(t) * 0.8, 0.05), color="#d62728"
+    )
     ax_pre.set_ylabel("preemptions\nper scrape")
     ax_pre.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax_pre.set_ylim(bottom=0)
-    ax_q.plot(t, series("num_requests_running"), color="#2ca02c", lw=1)
-    ax_q.plot(t, series("num_requests_waiting"), color="#ff7f0e", lw=1)
+    ax_q.plot(t, series(m.num_requests_running for m in ok), color="#2ca02c", lw=1)
+    ax_q.plot(t, series(m.num_requests_waiting for m in ok), color="#ff7f0e", lw=1)
     ax_q.set_ylabel("requests")
     ax_q.yaxis.set_major_locator(MaxNLocator(integer=True))
     has_total = False
     if view.gpu:
-        tg = [float(g["t_unix_s"]) - t0 for g in view.gpu]
-        used = [float(g.get("used_bytes") or 0) / 2**30 for g in view.gpu]
+        tg = [g.t_unix_s - t0 for g in view.gpu]
+        used = [float(g.used_bytes or 0) / 2**30 for g in view.gpu]
         ax_mem.plot(tg, used, color="#9467bd", lw=1)
-        totals = [
-            float(g["total_bytes"]) / 2**30
-            for g in view.gpu
-            if isinstance(g.get("total_bytes"), (int, float))
-        ]
+        totals = [float(g.total_bytes) / 2**30 for g in view.gpu if g.total_bytes is not None]
         if totals:
             ax_mem.axhline(max(totals), color="grey", ls="--", lw=1)
             has_total = True
@@ -291,7 +289,7 @@ def _shade_steps(ax: Axes, view: RunView, t0: float, *, label: bool) -> tuple[se
         end = (
             b.end_unix_s
             if b.end_unix_s is not None
-            else (view.metrics[-1]["t_unix_s"] if view.metrics else b.start_unix_s)
+            else (view.metrics[-1].t_unix_s if view.metrics else b.start_unix_s)
         )
         phase = b.phase if b.phase in SHADES else "ramp"
         phases.add(phase)
@@ -316,7 +314,7 @@ def _shade_steps(ax: Axes, view: RunView, t0: float, *, label: bool) -> tuple[se
 
 def _t_end(view: RunView) -> float:
     ends = [s.boundary.end_unix_s or s.boundary.start_unix_s for s in view.steps]
-    ends += [float(m["t_unix_s"]) for m in view.metrics[-1:]]
+    ends += [m.t_unix_s for m in view.metrics[-1:]]
     return max(ends) if ends else 0.0
 
 
@@ -345,10 +343,10 @@ def _mark_onsets(ax: Axes, verdict: Verdict) -> None:
 
 def _t0(view: RunView) -> float:
     starts = [s.boundary.start_unix_s for s in view.steps]
-    started = view.config.get("started_unix_s")
-    candidates = [*starts, *(float(m["t_unix_s"]) for m in view.metrics[:1])]
-    if isinstance(started, (int, float)):
-        candidates.append(float(started))
+    started = view.settings.started_unix_s
+    candidates = [*starts, *(m.t_unix_s for m in view.metrics[:1])]
+    if started is not None:
+        candidates.append(started)
     return min(candidates) if candidates else 0.0
 
 

@@ -43,7 +43,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -125,7 +125,7 @@ class RunWriter:
             self._files[name] = fh
         return fh
 
-    def append(self, stream: str, obj: dict[str, Any]) -> None:
+    def append(self, stream: str, obj: Mapping[str, Any]) -> None:
         """Append one object to ``<stream>.jsonl`` and flush it to the OS."""
         line = json.dumps(obj, separators=(",", ":"), default=str) + "\n"
         with self._lock:

@@ -1,8 +1,18 @@
 """The lines of a run directory as types: what writers write and what readers parse, in one place.
 
-Writers build the TypedDicts (``StepStartLine``, ``StepEndLine``, ``StatusLine``); readers parse a line
-once, at the boundary (``oomload.verdict.runview``), into a frozen record (``StepBoundary`` from a
-step's start and end lines, ``RunStatus`` from ``status.json``), so the verdict reads attributes.
+Writers build the TypedDicts (``StepStartLine``, ``StepEndLine``, ``StatusLine``, ``MetricsLine``;
+a GPU sample's line is ``oomload.telemetry.gpu_sample.GpuSampleJson``). Readers parse a line once, at
+the boundary (``oomload.verdict.runview``), into a frozen record, so the verdict reads attributes:
+
+* ``StepBoundary`` — a step's start and end lines of ``steps.jsonl``;
+* ``RunStatus`` — ``status.json``;
+* ``RunConfig`` — the fields of ``config.json`` the verdict reads;
+* ``CacheConfig`` — the fields of ``cache_config.json`` the verdict reads;
+* ``MetricsRow`` — a ``metrics.jsonl`` line (also a live scrape's record, ``oomload.load.shape``);
+* ``GpuSampleRow`` — a ``gpu.jsonl`` line; ``EventRow`` — an ``events.jsonl`` line.
+
+A line that a reader cannot place in time (no finite ``t_unix_s``) parses to ``None`` and is dropped
+there.
 
 JSON values are loose: a field may be absent, ``null``, a bool or a string, and a file written by an
 older oomload may lack newer fields. ``as_int``, ``as_float``, ``as_str`` and the ``max_``/``min_``
@@ -14,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
 
 CUT_SHORT_REASONS = frozenset({"interrupted", "max_duration", "server_dead", "error"})
@@ -63,6 +73,175 @@ class StatusLine(TypedDict):
     ended_unix_s: float
 
 
+class MetricsLine(TypedDict):
+    """``metrics.jsonl``: one ``/metrics`` scrape (``oomload.telemetry.poller``). A failed scrape has
+    ``error`` and none of the values; an ok one has the values (``None``: not exposed) and no ``error``."""
+
+    t_unix_s: float
+    ok: bool
+    scrape_ms: float
+    error: NotRequired[str]
+    kv_cache_usage: NotRequired[float | None]
+    num_requests_running: NotRequired[int | None]
+    num_requests_waiting: NotRequired[int | None]
+    num_preemptions_total: NotRequired[int | None]
+    preemptions_delta: NotRequired[int | None]
+    prompt_tokens_total: NotRequired[int | None]
+    prompt_tokens_delta: NotRequired[int | None]
+    generation_tokens_total: NotRequired[int | None]
+    generation_tokens_delta: NotRequired[int | None]
+    admission_rejections_total: NotRequired[int | None]
+    prefix_cache_queries_total: NotRequired[int | None]
+    prefix_cache_hits_total: NotRequired[int | None]
+    e2e_latency_seconds_sum: NotRequired[float | None]
+    inference_seconds_sum: NotRequired[float | None]
+    queue_seconds_sum: NotRequired[float | None]
+    restarted: NotRequired[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsRow:
+    """A ``metrics.jsonl`` line as read (``MetricsLine``): ``None`` for a value the line lacks."""
+
+    t_unix_s: float
+    ok: bool
+    error: str | None = None
+    kv_cache_usage: float | None = None
+    num_requests_running: int | None = None
+    num_requests_waiting: int | None = None
+    num_preemptions_total: int | None = None
+    preemptions_delta: int | None = None
+    prompt_tokens_total: int | None = None
+    prompt_tokens_delta: int | None = None
+    generation_tokens_total: int | None = None
+    generation_tokens_delta: int | None = None
+    admission_rejections_total: int | None = None
+    prefix_cache_queries_total: int | None = None
+    prefix_cache_hits_total: int | None = None
+    e2e_latency_seconds_sum: float | None = None
+    inference_seconds_sum: float | None = None
+    queue_seconds_sum: float | None = None
+    restarted: bool = False
+    scrape_ms: float | None = None
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> MetricsRow | None:
+        """One line (or a live scrape's record) as a row; ``None`` without a finite ``t_unix_s``."""
+        t_unix_s = as_float(obj.get("t_unix_s"))
+        if t_unix_s is None:
+            return None
+        return cls(
+            t_unix_s=t_unix_s,
+            ok=bool(obj.get("ok")),
+            error=as_str(obj.get("error")),
+            kv_cache_usage=as_float(obj.get("kv_cache_usage")),
+            num_requests_running=as_int(obj.get("num_requests_running")),
+            num_requests_waiting=as_int(obj.get("num_requests_waiting")),
+            num_preemptions_total=as_int(obj.get("num_preemptions_total")),
+            preemptions_delta=as_int(obj.get("preemptions_delta")),
+            prompt_tokens_total=as_int(obj.get("prompt_tokens_total")),
+            prompt_tokens_delta=as_int(obj.get("prompt_tokens_delta")),
+            generation_tokens_total=as_int(obj.get("generation_tokens_total")),
+            generation_tokens_delta=as_int(obj.get("generation_tokens_delta")),
+            admission_rejections_total=as_int(obj.get("admission_rejections_total")),
+            prefix_cache_queries_total=as_int(obj.get("prefix_cache_queries_total")),
+            prefix_cache_hits_total=as_int(obj.get("prefix_cache_hits_total")),
+            e2e_latency_seconds_sum=as_float(obj.get("e2e_latency_seconds_sum")),
+            inference_seconds_sum=as_float(obj.get("inference_seconds_sum")),
+            queue_seconds_sum=as_float(obj.get("queue_seconds_sum")),
+            restarted=bool(obj.get("restarted")),
+            scrape_ms=as_float(obj.get("scrape_ms")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRow:
+    """One process of a GPU sample as read: its pid and the device memory it holds (``None``: unknown)."""
+
+    pid: int | None
+    used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSampleRow:
+    """A ``gpu.jsonl`` line as read (written as ``oomload.telemetry.gpu_sample.GpuSampleJson``).
+
+    ``processes`` is ``None`` when the source cannot tell (``null``, or no such field), ``()`` when it
+    saw none; ``processes_field`` says whether the line carried the field at all, ``null`` included
+    (the death rule's "vanished from later samples" counts such a sample as one that could have
+    listed the server)."""
+
+    t_unix_s: float
+    source: str | None = None
+    device: int | None = None
+    total_bytes: int | None = None
+    used_bytes: int | None = None
+    free_bytes: int | None = None
+    util_pct: float | None = None
+    processes: tuple[ProcessRow, ...] | None = None
+    processes_field: bool = False
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> GpuSampleRow | None:
+        """One line as a sample; ``None`` without a finite ``t_unix_s`` (entries that are not objects
+        are left out of ``processes``)."""
+        t_unix_s = as_float(obj.get("t_unix_s"))
+        if t_unix_s is None:
+            return None
+        listed = obj.get("processes")
+        processes = (
+            tuple(
+                ProcessRow(pid=as_int(p.get("pid")), used_bytes=as_int(p.get("used_bytes")))
+                for p in listed
+                if isinstance(p, Mapping)
+            )
+            if isinstance(listed, list)
+            else None
+        )
+        return cls(
+            t_unix_s=t_unix_s,
+            source=as_str(obj.get("source")),
+            device=as_int(obj.get("device")),
+            total_bytes=as_int(obj.get("total_bytes")),
+            used_bytes=as_int(obj.get("used_bytes")),
+            free_bytes=as_int(obj.get("free_bytes")),
+            util_pct=as_float(obj.get("util_pct")),
+            processes=processes,
+            processes_field="processes" in obj,
+        )
+
+
+EVENT_TEXT_FIELDS = ("evidence", "detail", "reason", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    """An ``events.jsonl`` line as read: ``{"t_unix_s", "kind", "step"?, …}`` (``RunWriter.event``).
+
+    ``text`` holds the event's explanation fields (``EVENT_TEXT_FIELDS``, in that order) that are
+    set, as text; ``fields`` is the whole line, for the kind-specific extras a report shows."""
+
+    t_unix_s: float
+    kind: str | None
+    step: int | None = None
+    text: tuple[str, ...] = ()
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> EventRow | None:
+        """One line as an event; ``None`` without a finite ``t_unix_s``."""
+        t_unix_s = as_float(obj.get("t_unix_s"))
+        if t_unix_s is None:
+            return None
+        return cls(
+            t_unix_s=t_unix_s,
+            kind=as_str(obj.get("kind")),
+            step=as_int(obj.get("step")),
+            text=tuple(str(obj[k]) for k in EVENT_TEXT_FIELDS if obj.get(k)),
+            fields=dict(obj),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class StepBoundary:
     """One step as ``steps.jsonl`` records it (``cut_short``: no end, or an end in ``CUT_SHORT_REASONS``)."""
@@ -84,6 +263,64 @@ class StepBoundary:
     @property
     def cut_short(self) -> bool:
         return self.end_unix_s is None or self.end_reason in CUT_SHORT_REASONS
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """The fields of ``config.json`` the verdict reads (``None``: absent, or not of the field's kind).
+
+    ``config.json`` holds more (argv, schedule, worker options …); reports that show all of it read the
+    raw object (``RunView.config``)."""
+
+    model: str | None = None
+    url: str | None = None
+    simulated: bool | None = None  # the server was oomload's own simulator
+    trace_path: str | None = None
+    started_unix_s: float | None = None
+    max_model_len: int | None = None  # from /v1/models
+    tail_percentile: float | None = None
+    open_loop: bool = False
+    min_requests: int | None = None  # ``schedule.min_requests``: the evidence a clean level needs
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> RunConfig:
+        simulated = obj.get("simulated")
+        schedule = obj.get("schedule")
+        return cls(
+            model=as_str(obj.get("model")),
+            url=as_str(obj.get("url")),
+            simulated=simulated if isinstance(simulated, bool) else None,
+            trace_path=as_str(obj.get("trace_path")),
+            started_unix_s=as_float(obj.get("started_unix_s")),
+            max_model_len=as_int(obj.get("max_model_len")),
+            tail_percentile=as_float(obj.get("tail_percentile")),
+            open_loop=obj.get("open_loop") is True,
+            min_requests=as_int(schedule.get("min_requests")) if isinstance(schedule, Mapping) else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The fields of ``cache_config.json`` (vLLM's ``cache_config_info`` labels, plus ``max_model_len``
+    when the poller knew it) that the verdict and its recommendation read; ``None``: not reported."""
+
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    kv_cache_size_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> CacheConfig:
+        return cls(
+            num_gpu_blocks=as_int(obj.get("num_gpu_blocks")),
+            block_size=as_int(obj.get("block_size")),
+            kv_cache_size_tokens=as_int(obj.get("kv_cache_size_tokens")),
+            gpu_memory_utilization=as_float(obj.get("gpu_memory_utilization")),
+            max_num_batched_tokens=as_int(obj.get("max_num_batched_tokens")),
+            max_model_len=as_int(obj.get("max_model_len")),
+        )
 
 
 @dataclass(frozen=True, slots=True)

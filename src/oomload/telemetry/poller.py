@@ -22,7 +22,8 @@ lets the runner treat a streak as a sign of server death. ``t_unix_s`` is stampe
 arrives (under load vLLM can take 1–3 s to answer).
 
 The loop runs in one ``threading.Thread`` and scrapes one at a time: a slow answer delays the next
-tick instead of piling up concurrent requests. ``fetch`` (url, timeout_s → text) is the transport;
+tick instead of piling up concurrent requests. A line's shape is ``oomload.rundir.records.MetricsLine``,
+the one definition readers parse (``MetricsRow``). ``fetch`` (url, timeout_s → text) is the transport;
 tests pass a fake one. ``vllm:cache_config_info`` is written once to
 ``cache_config.json`` (plus ``max_model_len`` when the caller knows it).
 """
@@ -36,6 +37,7 @@ from typing import Any
 
 from oomload.errors import OomloadError
 from oomload.rundir import RunWriter
+from oomload.rundir.records import MetricsLine
 from oomload.telemetry.scrape import fetch_text
 from oomload.telemetry.vllm_metrics import VllmSnapshot, parse_vllm_metrics
 
@@ -108,7 +110,7 @@ class MetricsPoller:
     def _record_ok(self, snapshot: VllmSnapshot, started: float) -> dict[str, Any]:
         previous = self._previous
         restarted = previous is not None and _restarted(previous, snapshot)
-        record: dict[str, Any] = {
+        record: MetricsLine = {
             "t_unix_s": snapshot.t_unix_s,
             "ok": True,
             "kv_cache_usage": snapshot.kv_cache_usage,
@@ -130,7 +132,7 @@ class MetricsPoller:
             "scrape_ms": round((time.monotonic() - started) * 1000.0, 1),
         }
         self._previous = snapshot
-        self._latest = record
+        self._latest = dict(record)
         self._consecutive_failures = 0
         self.scrapes += 1
         if self._writer is not None:
@@ -151,11 +153,11 @@ class MetricsPoller:
             self._cache_config = config
             if self._writer is not None:
                 self._writer.write_json("cache_config.json", config)
-        return record
+        return dict(record)
 
     def _record_failure(self, error: str, started: float) -> dict[str, Any]:
         t_unix_s = self._clock()
-        record: dict[str, Any] = {
+        record: MetricsLine = {
             "t_unix_s": t_unix_s,
             "ok": False,
             "error": error,
@@ -168,7 +170,7 @@ class MetricsPoller:
             self._writer.append("metrics", record)
             if self._consecutive_failures == 1:
                 self._writer.event("scrape_failed", t_unix_s=t_unix_s, url=self.url, error=error)
-        return record
+        return dict(record)
 
     # -- the loop -------------------------------------------------------------------------------
     def start(self) -> None:

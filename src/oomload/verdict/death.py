@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oomload.outcome import Outcome, RequestResult
-from oomload.rundir.records import StepBoundary
+from oomload.rundir.records import EventRow, GpuSampleRow, StepBoundary
 from oomload.verdict.runview import RunView
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda oom", "cuda error: out of memory")
@@ -92,9 +92,9 @@ def detect_engine_death(view: RunView) -> EngineDeath | None:
         if r.outcome in CASUALTY_OUTCOMES and r.start_unix_s <= t_evident and r.end_unix_s >= t_last_ok
     ]
     health = [
-        (float(e["t_unix_s"]), f"health_failed event{_detail(e)}")
+        (e.t_unix_s, f"health_failed event{_detail(e)}")
         for e in view.events
-        if e.get("kind") == "health_failed" and float(e["t_unix_s"]) >= t_last_ok
+        if e.kind == "health_failed" and e.t_unix_s >= t_last_ok
     ]
     moment = min([t_evident, *(r.end_unix_s for r in casualties), *(t for t, _ in health)])
     outcomes = dict(Counter(r.outcome.value for r in casualties))
@@ -152,8 +152,8 @@ def _primary_evidence(view: RunView) -> tuple[list[tuple[float, str]], bool]:
         found.append((first.end_unix_s, f"{len(rs)} request(s) ended {what} (first: {first.request_id})"))
     for e in view.events:
         real_oom = real_oom or _is_oom(_detail(e))
-        if e.get("kind") == "server_dead":
-            found.append((float(e["t_unix_s"]), f"server_dead event{_detail(e)}"))
+        if e.kind == "server_dead":
+            found.append((e.t_unix_s, f"server_dead event{_detail(e)}"))
     for step in view.steps:
         b = step.boundary
         if b.end_reason == "server_dead" and b.end_unix_s is not None:
@@ -168,28 +168,28 @@ def _primary_evidence(view: RunView) -> tuple[list[tuple[float, str]], bool]:
     return found, real_oom
 
 
-def _vanished_process(gpu: Sequence[Mapping[str, Any]]) -> tuple[float, str] | None:
+def _vanished_process(gpu: Sequence[GpuSampleRow]) -> tuple[float, str] | None:
     """The biggest GPU process (the server) disappearing from later samples."""
     biggest: dict[int, int] = {}
     for g in gpu:
-        for p in g.get("processes") or []:
-            if isinstance(p, Mapping) and isinstance(p.get("pid"), int):
-                biggest[p["pid"]] = max(biggest.get(p["pid"], 0), int(p.get("used_bytes") or 0))
+        for p in g.processes or ():
+            if p.pid is not None:
+                biggest[p.pid] = max(biggest.get(p.pid, 0), p.used_bytes or 0)
     if not biggest:
         return None
     server_pid = max(biggest, key=lambda pid: biggest[pid])
     seen = False
     for g in gpu:
-        pids = {p.get("pid") for p in g.get("processes") or [] if isinstance(p, Mapping)}
+        pids = {p.pid for p in g.processes or ()}
         if server_pid in pids:
             seen = True
-        elif seen and "processes" in g:
-            return float(g["t_unix_s"]), f"server process {server_pid} vanished from the GPU samples"
+        elif seen and g.processes_field:
+            return g.t_unix_s, f"server process {server_pid} vanished from the GPU samples"
     return None
 
 
-def _detail(event: Mapping[str, Any]) -> str:
-    text = " ".join(str(event[k]) for k in ("evidence", "detail", "reason", "error") if event.get(k)).strip()
+def _detail(event: EventRow) -> str:
+    text = " ".join(event.text).strip()
     return f": {text}" if text else ""
 
 

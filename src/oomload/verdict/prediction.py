@@ -14,12 +14,12 @@ real vLLM, so one level is noise, more is a finding in itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from oomload.capacity import OnsetPrediction, predict_preemption_onset
-from oomload.rundir.records import as_int
+from oomload.rundir.records import CacheConfig
 
 DISAGREE_LEVELS = 1
 
@@ -70,7 +70,7 @@ class Prediction:
 
 
 def compare_prediction(
-    cache_config: Mapping[str, Any] | None,
+    pool: CacheConfig | None,
     totals: Sequence[int],
     *,
     basis: str,
@@ -83,10 +83,9 @@ def compare_prediction(
     ``clean_levels`` are the trusted levels measured with metrics and no preemption; they count
     when no onset was observed. ``None`` without a pool size or lengths.
     """
-    if not cache_config or not totals:
+    if pool is None or not totals:
         return None
-    blocks = as_int(cache_config.get("num_gpu_blocks"))
-    block_size = as_int(cache_config.get("block_size"))
+    blocks, block_size = pool.num_gpu_blocks, pool.block_size
     if not blocks or not block_size or block_size < 0:
         return None
     arithmetic = predict_preemption_onset(blocks, block_size, list(totals))

@@ -31,12 +31,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from oomload.capacity import single_request_limit_tokens
-from oomload.rundir.records import as_float, as_int
+from oomload.rundir.records import CacheConfig
 from oomload.stats import MaxModelLenAdvice, recommend_max_model_len
 from oomload.verdict.verdict import Verdict, kv_peak_text
 
@@ -110,13 +109,13 @@ class Recommendation:
 
 def recommend(verdict: Verdict, *, margin: float = DEFAULT_MARGIN) -> Recommendation:
     """Recommend ``vllm serve`` settings for the run behind ``verdict`` (module docstring)."""
-    cache = verdict.run.cache_config or {}
-    block_size = as_int(cache.get("block_size"))
+    cache = CacheConfig.from_json(verdict.run.cache_config or {})  # the Verdict keeps the raw labels
+    block_size = cache.block_size
     limit = verdict.run.max_model_len
-    num_blocks = as_int(cache.get("num_gpu_blocks"))
+    num_blocks = cache.num_gpu_blocks
     # the longest request the pool holds, as in `oomload plan`; kv_cache_size_tokens (recent vLLM:
     # int(max_concurrency × max_model_len)) only when the block count is not reported
-    kv_tokens = as_int(cache.get("kv_cache_size_tokens"))
+    kv_tokens = cache.kv_cache_size_tokens
     if num_blocks and block_size:
         kv_tokens = single_request_limit_tokens(num_blocks, block_size)
 
@@ -245,8 +244,8 @@ def _unrepresentative_mix(verdict: Verdict) -> str | None:
     return None
 
 
-def _gpu_memory_utilization(verdict: Verdict, cache: Mapping[str, Any]) -> Setting:
-    flag, current = "--gpu-memory-utilization", as_float(cache.get("gpu_memory_utilization"))
+def _gpu_memory_utilization(verdict: Verdict, cache: CacheConfig) -> Setting:
+    flag, current = "--gpu-memory-utilization", cache.gpu_memory_utilization
     death = verdict.engine_death
     if death is None:
         return Setting(flag, None, current, "no engine death: memory headroom held")
@@ -260,8 +259,8 @@ def _gpu_memory_utilization(verdict: Verdict, cache: Mapping[str, Any]) -> Setti
     return Setting(flag, value, current, why)
 
 
-def _max_num_batched_tokens(verdict: Verdict, cache: Mapping[str, Any]) -> Setting:
-    flag, current = "--max-num-batched-tokens", as_int(cache.get("max_num_batched_tokens"))
+def _max_num_batched_tokens(verdict: Verdict, cache: CacheConfig) -> Setting:
+    flag, current = "--max-num-batched-tokens", cache.max_num_batched_tokens
     spike = _memory_rise_share(verdict)
     oom = verdict.engine_death is not None and verdict.engine_death.real_oom
     if not oom and (spike is None or spike <= SPIKE_SHARE):

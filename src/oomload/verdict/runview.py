@@ -18,9 +18,9 @@ scrape taken after the load stopped), or everything after its start when it neve
 * A run whose ``steps.jsonl`` is missing or empty gets its steps rebuilt from the requests' own
   ``step`` / ``concurrency`` fields (phase ``ramp``, start/end from the first start and last end).
 
-Lines are parsed here, once, into the records of ``oomload.rundir.records`` where one exists (step
-boundaries, the status); values read from JSON are loose, and ``records.as_int``, ``as_float``, … read
-them as numbers or ``None``.
+Lines are parsed here, once, into the records of ``oomload.rundir.records`` (step boundaries, the
+config, the cache config, the status, metrics rows, GPU samples, events); values read from JSON are
+loose, and ``records.as_int``, ``as_float``, … read them as numbers or ``None`` there.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import bisect
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,17 @@ from oomload.errors import ConfigError, TraceFormatError
 from oomload.odds import LevelOdds
 from oomload.outcome import RequestResult
 from oomload.rundir import RunReader
-from oomload.rundir.records import RunStatus, StepBoundary, parse_status, parse_step_lines
+from oomload.rundir.records import (
+    CacheConfig,
+    EventRow,
+    GpuSampleRow,
+    MetricsRow,
+    RunConfig,
+    RunStatus,
+    StepBoundary,
+    parse_status,
+    parse_step_lines,
+)
 from oomload.trace import read_trace
 
 LAST_STEP_TAIL_S = 5.0
@@ -51,9 +61,9 @@ class StepData:
     window_start_unix_s: float
     window_end_unix_s: float  # math.inf for a step that never ended and has no successor
     requests: tuple[RequestResult, ...]
-    metrics: tuple[Mapping[str, Any], ...]
-    gpu: tuple[Mapping[str, Any], ...]
-    baseline_metric: Mapping[str, Any] | None  # last ok scrape before the window (counter baseline)
+    metrics: tuple[MetricsRow, ...]
+    gpu: tuple[GpuSampleRow, ...]
+    baseline_metric: MetricsRow | None  # last ok scrape before the window (counter baseline)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,20 +71,22 @@ class RunView:
     """Everything one run directory holds, as plain values."""
 
     path: Path
-    config: Mapping[str, Any]
+    config: Mapping[str, Any]  # config.json as written, for reports that show all of it
     status: RunStatus | None
     cache_config: Mapping[str, Any] | None
     steps: tuple[StepData, ...]
     requests: tuple[RequestResult, ...]
-    metrics: tuple[Mapping[str, Any], ...]
-    gpu: tuple[Mapping[str, Any], ...]
-    events: tuple[Mapping[str, Any], ...]
+    metrics: tuple[MetricsRow, ...]
+    gpu: tuple[GpuSampleRow, ...]
+    events: tuple[EventRow, ...]
     trace_prompt_tokens: tuple[int, ...]
     trace_output_tokens: tuple[int, ...]
     unassigned_requests: int
     trace_note: str | None = None  # why the trace's lengths are missing, when they are
     config_note: str | None = None  # why config.json could not be read, when it could not
     odds: tuple[LevelOdds, ...] = ()  # the trace's odds per level (odds.jsonl), ascending
+    settings: RunConfig = field(default_factory=RunConfig)  # the fields of config.json the verdict reads
+    pool: CacheConfig | None = None  # the fields of cache_config.json the verdict reads (None: no file)
 
     def odds_at(self, concurrency: int) -> LevelOdds | None:
         return next((o for o in self.odds if o.concurrency == concurrency), None)
@@ -141,9 +153,12 @@ def assemble_run(
     odds: Iterable[Mapping[str, Any]] = (),
 ) -> RunView:
     """Group already-read run data by step (see the module docstring)."""
-    metrics_sorted = sorted((m for m in metrics if _is_number(m.get("t_unix_s"))), key=_t)
-    gpu_sorted = sorted((g for g in gpu if _is_number(g.get("t_unix_s"))), key=_t)
-    events_sorted = sorted((e for e in events if _is_number(e.get("t_unix_s"))), key=_t)
+    rows = (MetricsRow.from_json(m) for m in metrics)
+    metrics_sorted = sorted((m for m in rows if m is not None), key=lambda m: m.t_unix_s)
+    samples = (GpuSampleRow.from_json(g) for g in gpu)
+    gpu_sorted = sorted((g for g in samples if g is not None), key=lambda g: g.t_unix_s)
+    event_rows = (EventRow.from_json(e) for e in events)
+    events_sorted = sorted((e for e in event_rows if e is not None), key=lambda e: e.t_unix_s)
     requests_sorted = sorted(requests, key=lambda r: r.start_unix_s)
     boundaries = parse_step_lines(step_records) or _steps_from_requests(requests_sorted)
 
@@ -161,13 +176,13 @@ def assemble_run(
         else:
             unassigned += 1
 
-    metric_times = [_t(m) for m in metrics_sorted]
-    gpu_times = [_t(g) for g in gpu_sorted]
+    metric_times = [m.t_unix_s for m in metrics_sorted]
+    gpu_times = [g.t_unix_s for g in gpu_sorted]
     steps = []
     for boundary, (lo, hi) in zip(boundaries, windows, strict=True):
         m_lo, m_hi = _span(metric_times, lo, hi)
         g_lo, g_hi = _span(gpu_times, lo, hi)
-        baseline = next((m for m in reversed(metrics_sorted[:m_lo]) if m.get("ok")), None)
+        baseline = next((m for m in reversed(metrics_sorted[:m_lo]) if m.ok), None)
         steps.append(
             StepData(
                 boundary=boundary,
@@ -185,6 +200,8 @@ def assemble_run(
         path=path,
         config=config,
         status=parse_status(status),
+        settings=RunConfig.from_json(config),
+        pool=None if cache_config is None else CacheConfig.from_json(cache_config),
         cache_config=cache_config,
         steps=tuple(steps),
         requests=tuple(requests_sorted),
@@ -265,11 +282,3 @@ def _slot(starts: list[float], windows: list[tuple[float, float]], t: float) -> 
 def _span(times: list[float], lo: float, hi: float) -> tuple[int, int]:
     """Slice bounds of the sorted ``times`` within ``(lo, hi]``."""
     return bisect.bisect_right(times, lo), bisect.bisect_right(times, hi)
-
-
-def _t(obj: Mapping[str, Any]) -> float:
-    return float(obj["t_unix_s"])
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

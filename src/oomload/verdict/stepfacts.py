@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 from oomload.odds import LevelOdds
 from oomload.outcome import Outcome, RequestResult
-from oomload.rundir.records import max_float, max_int, min_int
+from oomload.rundir.records import MetricsRow, max_float, max_int, min_int
 from oomload.serverside import (
     SERVER_SHARE_MIN,
     ServerConcurrency,
@@ -273,7 +273,7 @@ def summarize_step(
     span = duration if duration is not None and duration > 0 else None
     answered = (Outcome.OK, Outcome.TRUNCATED)
     output_tokens = sum(_output_tokens(r) for r in requests if r.outcome in answered)
-    ok_metrics = [m for m in step.metrics if m.get("ok")]
+    ok_metrics = [m for m in step.metrics if m.ok]
     delta_sum, counter = _preemptions(step, ok_metrics)
     known = [v for v in (delta_sum, counter) if v is not None]
     preemptions = max(known) if known else None
@@ -309,41 +309,36 @@ def summarize_step(
         achieved_concurrency=achieved_concurrency(all_requests, b.start_unix_s, window_end),
         scrapes_ok=len(ok_metrics),
         scrapes_failed=len(step.metrics) - len(ok_metrics),
-        kv_usage_max=max_float(m.get("kv_cache_usage") for m in ok_metrics),
+        kv_usage_max=max_float(m.kv_cache_usage for m in ok_metrics),
         preemptions=preemptions,
         preemptions_counter=counter,
-        running_max=max_int(m.get("num_requests_running") for m in ok_metrics),
-        waiting_max=max_int(m.get("num_requests_waiting") for m in ok_metrics),
-        device_total_bytes=max_int(g.get("total_bytes") for g in step.gpu),
-        device_used_max_bytes=max_int(g.get("used_bytes") for g in step.gpu),
-        device_free_min_bytes=min_int(g.get("free_bytes") for g in step.gpu),
+        running_max=max_int(m.num_requests_running for m in ok_metrics),
+        waiting_max=max_int(m.num_requests_waiting for m in ok_metrics),
+        device_total_bytes=max_int(g.total_bytes for g in step.gpu),
+        device_used_max_bytes=max_int(g.used_bytes for g in step.gpu),
+        device_free_min_bytes=min_int(g.free_bytes for g in step.gpu),
         server_process_used_max_bytes=max_int(
-            max_int(p.get("used_bytes") for p in (g.get("processes") or []) if isinstance(p, Mapping))
-            for g in step.gpu
+            max_int(p.used_bytes for p in g.processes or ()) for g in step.gpu
         ),
         casualties=casualties,
         died_here=died_here,
         after_death=after_death,
         counter_mismatch=mismatch,
-        waiting_sustained=_int_or_none(
-            sustained_level([_num(m.get("num_requests_waiting")) for m in ok_metrics])
-        ),
-        kv_usage_sustained=sustained_level([_num(m.get("kv_cache_usage")) for m in ok_metrics]),
+        waiting_sustained=_int_or_none(sustained_level([_num(m.num_requests_waiting) for m in ok_metrics])),
+        kv_usage_sustained=sustained_level([m.kv_cache_usage for m in ok_metrics]),
         server=server,
         server_share=share,
-        waiting_share=_share(ok_metrics, "num_requests_waiting", lambda v: v > 0),
-        kv_saturated_share=_share(ok_metrics, "kv_cache_usage", lambda v: v >= KV_SATURATED),
+        waiting_share=_share([_num(m.num_requests_waiting) for m in ok_metrics], lambda v: v > 0),
+        kv_saturated_share=_share([m.kv_cache_usage for m in ok_metrics], lambda v: v >= KV_SATURATED),
         odds=odds,
         evidence_requests=b.evidence_requests,
         extended_s=b.extended_s,
     )
 
 
-def _share(
-    metrics: Sequence[Mapping[str, object]], key: str, crossed: Callable[[float], bool]
-) -> float | None:
-    """The share of scrapes reporting ``key`` whose value crossed the line (``None``: none reported)."""
-    values = [v for v in (_num(m.get(key)) for m in metrics) if v is not None]
+def _share(readings: Sequence[float | None], crossed: Callable[[float], bool]) -> float | None:
+    """The share of scrapes reporting a value whose value crossed the line (``None``: none reported)."""
+    values = [v for v in readings if v is not None]
     return None if not values else sum(1 for v in values if crossed(v)) / len(values)
 
 
@@ -356,11 +351,11 @@ def per_second(count: int | None, duration_s: float | None) -> float | None:
 
 
 def _server_side(
-    step: StepData, ok_metrics: Sequence[Mapping[str, object]], all_requests: Sequence[RequestResult]
+    step: StepData, ok_metrics: Sequence[MetricsRow], all_requests: Sequence[RequestResult]
 ) -> tuple[ServerConcurrency | None, float | None]:
     """Little's law from the scrape that opened the step to its last one, and the server's share."""
     end = step.boundary.end_unix_s
-    inside = [m for m in ok_metrics if end is None or _time(m) <= end]
+    inside = [m for m in ok_metrics if end is None or m.t_unix_s <= end]
     if not inside:
         return None, None
     server = server_concurrency(step.baseline_metric, inside[-1], inside[:-1])
@@ -379,13 +374,8 @@ def _server_side(
     return server, server_share(server, sum(ended))
 
 
-def _time(m: Mapping[str, object]) -> float:
-    t = m.get("t_unix_s")
-    return float(t) if isinstance(t, (int, float)) else math.inf
-
-
-def _num(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _num(value: int | None) -> float | None:
+    return None if value is None else float(value)
 
 
 def _int_or_none(value: float | None) -> int | None:
@@ -408,18 +398,16 @@ def achieved_concurrency(
     return busy / span
 
 
-def _preemptions(step: StepData, ok_metrics: Sequence[Mapping[str, object]]) -> tuple[int | None, int | None]:
+def _preemptions(step: StepData, ok_metrics: Sequence[MetricsRow]) -> tuple[int | None, int | None]:
     """(sum of the scrapes' deltas, rise of the counter over the step) — each ``None`` when unknown."""
-    known = [int(d) for d in (m.get("preemptions_delta") for m in ok_metrics) if isinstance(d, (int, float))]
+    known = [m.preemptions_delta for m in ok_metrics if m.preemptions_delta is not None]
     delta_sum = sum(known) if known else None
-    counters = [
-        float(c) for c in (m.get("num_preemptions_total") for m in ok_metrics) if isinstance(c, (int, float))
-    ]
-    restarted = any(m.get("restarted") for m in ok_metrics)
-    base = step.baseline_metric.get("num_preemptions_total") if step.baseline_metric else None
+    counters = [float(m.num_preemptions_total) for m in ok_metrics if m.num_preemptions_total is not None]
+    restarted = any(m.restarted for m in ok_metrics)
+    base = step.baseline_metric.num_preemptions_total if step.baseline_metric else None
     counter: int | None = None
     if counters and not restarted:
-        start = float(base) if isinstance(base, (int, float)) else counters[0]
+        start = float(base) if base is not None else counters[0]
         counter = max(int(counters[-1] - start), 0)
     return delta_sum, counter
 

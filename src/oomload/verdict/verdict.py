@@ -74,7 +74,7 @@ from typing import Any
 
 from oomload.odds import LevelOdds
 from oomload.outcome import Outcome, RequestResult
-from oomload.rundir.records import CUT_SHORT_REASONS, RunStatus, as_float, as_int, as_str
+from oomload.rundir.records import CUT_SHORT_REASONS, RunStatus
 from oomload.stats import LengthSummary, summarize_lengths
 from oomload.verdict.confidence import (
     ConfidenceNote,
@@ -388,8 +388,7 @@ class Verdict:
 def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     """Compute the verdict of one run (see the module docstring for every rule)."""
     if min_requests is None:
-        schedule = view.config.get("schedule")
-        configured = as_int(schedule.get("min_requests")) if isinstance(schedule, Mapping) else None
+        configured = view.settings.min_requests
         min_requests = configured if configured is not None and configured > 0 else DEFAULT_MIN_REQUESTS
     death = detect_engine_death(view)
     died_at = None if death is None else death.step
@@ -428,7 +427,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     if not totals:
         totals, basis = _kv_totals(view, run.max_model_len, of_trace=True), "trace"
     prediction = compare_prediction(
-        view.cache_config,
+        view.pool,
         totals,
         basis=basis,
         observed_onset=None if onset is None else onset.concurrency,
@@ -649,14 +648,14 @@ def _preemption_onset(view: RunView, measured: Sequence[StepFacts]) -> Preemptio
     thin = sum(1 for s in measured if s.concurrency == onset_level and s.evidence_thin)
     first = min(preempting, key=lambda s: s.start_unix_s)
     data = next(d for d in view.steps if d.boundary.index == first.index)
-    hit = next((m for m in data.metrics if m.get("ok") and (m.get("preemptions_delta") or 0) > 0), None)
+    hit = next((m for m in data.metrics if m.ok and (m.preemptions_delta or 0) > 0), None)
     return PreemptionOnset(
         step=first.index,
         concurrency=first.concurrency,
-        t_unix_s=None if hit is None else float(hit["t_unix_s"]),
+        t_unix_s=None if hit is None else hit.t_unix_s,
         requests_in_step=first.requests,
         preemptions_in_step=first.preemptions or 0,
-        kv_usage_at_onset=None if hit is None else as_float(hit.get("kv_cache_usage")),
+        kv_usage_at_onset=None if hit is None else hit.kv_cache_usage,
         kv_usage_max=first.kv_usage_max,
         seen_in=len(preempting),
         measurements=len(at_level),
@@ -677,7 +676,7 @@ def _level_onset(
 
 
 def _run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | None) -> RunInfo:
-    config = view.config
+    config = view.settings
     status = view.status
     finished = status is not None and status.finished
     end_reason = None if status is None else status.end_reason
@@ -690,25 +689,24 @@ def _run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | No
         or death is not None
     )
     detail = _cut_short_detail(view, steps, death, status, end_reason) if cut_short else None
-    limit = as_int(config.get("max_model_len"))  # from /v1/models, else the cache config
-    if limit is None and view.cache_config is not None:
-        limit = as_int(view.cache_config.get("max_model_len"))
-    simulated = config.get("simulated")
+    limit = config.max_model_len  # from /v1/models, else the cache config
+    if limit is None and view.pool is not None:
+        limit = view.pool.max_model_len
     return RunInfo(
         path=str(view.path),
-        model=as_str(config.get("model")),
-        url=as_str(config.get("url")),
-        simulated=simulated if isinstance(simulated, bool) else None,
-        trace_path=as_str(config.get("trace_path")),
-        started_unix_s=as_float(config.get("started_unix_s")),
+        model=config.model,
+        url=config.url,
+        simulated=config.simulated,
+        trace_path=config.trace_path,
+        started_unix_s=config.started_unix_s,
         finished=finished,
         end_reason=end_reason,
         cut_short=cut_short,
         cut_short_detail=detail,
         cache_config=view.cache_config,
         max_model_len=limit,
-        tail_percentile=as_float(config.get("tail_percentile")),
-        open_loop=config.get("open_loop") is True,
+        tail_percentile=config.tail_percentile,
+        open_loop=config.open_loop,
         config_note=view.config_note,
     )
 
@@ -729,7 +727,7 @@ def _cut_short_detail(
 ) -> str:
     """Where and why the run was cut short: the step, its concurrency, seconds since the run started."""
     starts = [s.start_unix_s for s in steps]
-    t0 = as_float(view.config.get("started_unix_s"))
+    t0 = view.settings.started_unix_s
     if t0 is None and starts:
         t0 = min(starts)
 

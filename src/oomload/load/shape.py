@@ -52,7 +52,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from oomload.rundir.records import MetricsRow
+from oomload.rundir.records import MetricsRow, StepEndLine, StepStartLine
 from oomload.schedule import (
     Decision,
     Hold,
@@ -101,7 +101,7 @@ class StepMeter(Protocol):
 
 
 class StepSink(Protocol):
-    def append(self, stream: str, obj: dict[str, Any]) -> None: ...
+    def append(self, stream: str, obj: Mapping[str, Any]) -> None: ...
 
 
 class StepDriver:
@@ -120,7 +120,7 @@ class StepDriver:
         max_duration_s: float | None = None,
         clock: Callable[[], float] = time.time,
         on_step: Callable[[StepPlan], None] | None = None,
-        on_step_end: Callable[[dict[str, Any]], None] | None = None,
+        on_step_end: Callable[[StepEndLine], None] | None = None,
         step_done: Callable[[float, int], bool] | None = None,
         settle_s: float = 0.0,
         evidence: Callable[[StepPlan], int | None] = lambda _step: None,
@@ -275,16 +275,14 @@ class StepDriver:
         self._needed = None if step.phase == "warmup" else self.evidence(step)
         self._extended_from_s = None
         self.meter.begin(step)
-        self.sink.append(
-            "steps",
-            {
-                "event": "start",
-                "step": step.index,
-                "concurrency": step.concurrency,
-                "phase": step.phase,
-                "t_unix_s": now,
-            },
-        )
+        start: StepStartLine = {
+            "event": "start",
+            "step": step.index,
+            "concurrency": step.concurrency,
+            "phase": step.phase,
+            "t_unix_s": now,
+        }
+        self.sink.append("steps", start)
         if self.on_step is not None:
             self.on_step(step)
         return step.concurrency, SPAWN_RATE
@@ -330,9 +328,10 @@ def step_end_line(
     duration_s: float,
     preemptions: int | None,
     server: ServerConcurrency | None = None,
-) -> dict[str, Any]:
-    """The ``end`` line of ``steps.jsonl`` (docs/replay.md, "The run directory")."""
-    line: dict[str, Any] = {
+) -> StepEndLine:
+    """The ``end`` line of ``steps.jsonl`` (docs/replay.md, "The run directory"; the reader parses the
+    same ``rundir.records.StepEndLine`` into a ``StepBoundary``)."""
+    line: StepEndLine = {
         "event": "end",
         "step": step.index,
         "concurrency": step.concurrency,

@@ -42,6 +42,7 @@ from oomload.run.config import LoadOptions, ReplayConfig
 from oomload.run.deathwatch import DeathWatch
 from oomload.run.workers import MasterMeter, WorkerPool, free_port
 from oomload.rundir import RunReader, RunWriter
+from oomload.rundir.records import StepEndLine
 from oomload.schedule import Hold, SchedulePlan, StopCondition
 from oomload.trace import TraceRecord
 
@@ -380,7 +381,7 @@ class Session:
         if self.progress is not None:
             self.progress.step(step)
 
-    def _on_step_end(self, line: dict[str, Any]) -> None:
+    def _on_step_end(self, line: StepEndLine) -> None:
         if self.progress is not None:
             self.progress.step_ended(line)
 

@@ -49,6 +49,7 @@ from typing import IO, Any
 
 from oomload.errors import ConfigError
 from oomload.outcome import RequestResult
+from oomload.rundir.records import StatusLine
 
 RUN_SCHEMA_VERSION = 1
 STREAMS = ("steps", "metrics", "gpu", "events", "odds")
@@ -152,9 +153,8 @@ class RunWriter:
 
     def write_status(self, *, finished: bool, end_reason: str) -> None:
         """``status.json``, written last: how the run ended (its absence means it was cut short)."""
-        self.write_json(
-            "status.json", {"finished": finished, "end_reason": end_reason, "ended_unix_s": time.time()}
-        )
+        status: StatusLine = {"finished": finished, "end_reason": end_reason, "ended_unix_s": time.time()}
+        self.write_json("status.json", dict(status))
 
     def close(self) -> None:
         with self._lock:

@@ -142,9 +142,7 @@ class StepFacts:
     @property
     def preemptions_per_100(self) -> float | None:
         """Preemptions per 100 requests the step sent (``None``: no metrics or no request)."""
-        if self.preemptions is None or not self.requests:
-            return None
-        return 100.0 * self.preemptions / self.requests
+        return per_100(self.preemptions, self.requests)
 
     @property
     def evidence_needed(self) -> int | None:
@@ -340,6 +338,12 @@ def _share(readings: Sequence[float | None], crossed: Callable[[float], bool]) -
     """The share of scrapes reporting a value whose value crossed the line (``None``: none reported)."""
     values = [v for v in readings if v is not None]
     return None if not values else sum(1 for v in values if crossed(v)) / len(values)
+
+
+def per_100(count: int | None, requests: int) -> float | None:
+    """``count`` per 100 requests (``None`` when the count is unknown or nothing was sent): the one
+    definition behind the per-step and per-level preemption rates."""
+    return None if count is None or not requests else 100.0 * count / requests
 
 
 def per_second(count: int | None, duration_s: float | None) -> float | None:

@@ -92,6 +92,7 @@ from oomload.verdict.stepfacts import (
     UNSAFE_OUTCOMES,
     LatencyStats,
     StepFacts,
+    per_100,
     summarize_step,
 )
 
@@ -163,9 +164,7 @@ class LevelSummary:
 
     @property
     def preemptions_per_100(self) -> float | None:
-        if self.preemptions is None or not self.requests:
-            return None
-        return 100.0 * self.preemptions / self.requests
+        return per_100(self.preemptions, self.requests)
 
     @property
     def odds_p_seen(self) -> float | None:

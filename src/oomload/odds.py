@@ -37,7 +37,7 @@ this loop expects 1.5 per 100).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,49 +206,6 @@ def trace_odds(
         level_odds(prompt_tokens, output_tokens, pool, c, requests=requests, seed=seed)
         for c in sorted(set(levels))
     )
-
-
-class OddsBook:
-    """The odds of every level a run measures, computed once per level when first asked for (a level
-    costs about a quarter of a second at 1000 requests) and handed to ``on_new`` (the run directory's
-    ``odds.jsonl``)."""
-
-    def __init__(
-        self,
-        prompt_tokens: Sequence[int],
-        output_tokens: Sequence[int],
-        pool: Pool,
-        *,
-        requests: int = DEFAULT_REQUESTS,
-        seed: int = DEFAULT_SEED,
-        on_new: Callable[[LevelOdds], None] = lambda _odds: None,
-    ) -> None:
-        self.prompt_tokens = list(prompt_tokens)
-        self.output_tokens = list(output_tokens)
-        self.pool = pool
-        self.requests = requests
-        self.seed = seed
-        self.on_new = on_new
-        self._levels: dict[int, LevelOdds] = {}
-
-    def at(self, concurrency: int) -> LevelOdds:
-        odds = self._levels.get(concurrency)
-        if odds is None:
-            odds = level_odds(
-                self.prompt_tokens,
-                self.output_tokens,
-                self.pool,
-                concurrency,
-                requests=self.requests,
-                seed=self.seed,
-            )
-            self._levels[concurrency] = odds
-            self.on_new(odds)
-        return odds
-
-    def requests_for(self, concurrency: int) -> int | None:
-        """Requests a clean step at ``concurrency`` must send (``LevelOdds.requests_for``)."""
-        return self.at(concurrency).requests_for()
 
 
 def _positive_int(value: object) -> int | None:

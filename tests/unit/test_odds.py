@@ -7,7 +7,7 @@ import math
 import pytest
 
 from oomload.capacity import blocks_held, usable_blocks
-from oomload.odds import LevelOdds, OddsBook, Pool, level_odds, trace_odds
+from oomload.odds import LevelOdds, Pool, level_odds, trace_odds
 
 
 def test_fixed_lengths_preempt_exactly_above_the_arithmetic_onset() -> None:
@@ -67,13 +67,3 @@ def test_pool_from_cache_config_reads_vllm_label_strings() -> None:
     assert pool == Pool(num_gpu_blocks=799, block_size=16, max_model_len=8192)
     assert Pool.from_cache_config({"num_gpu_blocks": "None", "block_size": "16"}) is None
     assert Pool.from_cache_config(None) is None
-
-
-def test_the_book_computes_each_level_once_and_reports_it() -> None:
-    seen: list[int] = []
-    pool = Pool(81, 16, 1024)
-    book = OddsBook([100], [155], pool, requests=100, on_new=lambda o: seen.append(o.concurrency))
-    assert book.requests_for(5) is None
-    assert book.requests_for(6) is not None
-    book.at(5)
-    assert seen == [5, 6]

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from oomload.odds import LevelOdds, OddsBook, Pool, level_odds
+from oomload.odds import LevelOdds, Pool, level_odds, trace_odds
 from oomload.trace import TraceRecord, read_trace
 
 CHILD_NICE = 10
@@ -67,15 +67,9 @@ class OddsFeed:
         self.pool = pool
         self.record = record
         self._known: dict[int, LevelOdds] = {}
-        book = OddsBook(
-            [r.prompt_tokens for r in records],
-            [r.output_tokens for r in records],
-            pool,
-            seed=seed,
-            on_new=self._add,
-        )
-        for c in sorted(set(levels)):
-            book.at(c)  # the ramp's levels, before any load
+        prompts, outputs = [r.prompt_tokens for r in records], [r.output_tokens for r in records]
+        for odds in trace_odds(prompts, outputs, pool, levels, seed=seed):  # the ramp's, before any load
+            self._add(odds)
         self._child: Any = None
         rest = bisection_order(levels)
         if rest:
@@ -84,9 +78,6 @@ class OddsFeed:
     def requests_for(self, concurrency: int) -> int | None:
         odds = self._known.get(concurrency)
         return None if odds is None else odds.requests_for()
-
-    def known(self, concurrency: int) -> LevelOdds | None:
-        return self._known.get(concurrency)
 
     def stop(self) -> None:
         if self._child is not None and self._child.poll() is None:

@@ -160,7 +160,11 @@ class LevelSummary:
     waiting_share: float | None
     kv_saturated_share: float | None
     odds: LevelOdds | None
-    evidence_needed: int | None  # requests the odds ask a clean level to send (None: no demand)
+
+    @property
+    def evidence_needed(self) -> int | None:
+        """Requests the odds ask a clean level to send (``None``: no demand)."""
+        return None if self.odds is None else self.odds.requests_for()
 
     @property
     def preemptions_per_100(self) -> float | None:
@@ -539,7 +543,6 @@ def level_summaries(measured: Sequence[StepFacts]) -> tuple[LevelSummary, ...]:
                 waiting_share=_weighted(steps, lambda s: s.waiting_share),
                 kv_saturated_share=_weighted(steps, lambda s: s.kv_saturated_share),
                 odds=odds,
-                evidence_needed=None if odds is None else odds.requests_for(),
             )
         )
     return tuple(out)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from oomload.odds import LevelOdds, Pool, level_odds
-from oomload.run.oddsfeed import bisection_order, main
+from oomload.run.oddsfeed import OddsFeed, bisection_order, main
 from oomload.trace import TraceHeader, TraceRecord, write_trace
 
 
@@ -31,3 +31,16 @@ def test_the_child_prints_the_odds_the_parent_would_compute(
     pool = Pool(40, 16, 1024)
     prompts, outputs = [p for p, _ in lengths], [o for _, o in lengths]
     assert lines == [level_odds(prompts, outputs, pool, c, seed=2) for c in (6, 3)]
+
+
+def test_the_feed_computes_the_ramp_levels_once_and_reports_each(tmp_path: Path) -> None:
+    """Adjacent ramp levels leave no gap: no child process, both levels known before any load."""
+    seen: list[int] = []
+    records = [TraceRecord("r0", 0.0, 100, 155)]
+    feed = OddsFeed(records, Pool(81, 16, 1024), [5, 6], trace_path=tmp_path / "unused.jsonl", seed=0,
+                    record=lambda o: seen.append(o.concurrency))  # fmt: skip
+    assert feed.requests_for(5) is None
+    assert feed.requests_for(6) is not None
+    assert feed.requests_for(7) is None  # not computed: not asked for
+    assert seen == [5, 6]
+    feed.stop()

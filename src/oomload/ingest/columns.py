@@ -123,19 +123,36 @@ def records_from_batch(batch: pa.Table, *, origin_s: float = 0.0) -> Iterator[Tr
 
 
 def format_lines(batch: pa.Table, *, origin_s: float, first_index: int) -> pa.Array:
-    """Trace lines (each ending in ``\\n``) for the rows of ``batch``, as one pyarrow string array."""
+    """Trace lines (each ending in ``\\n``) for the rows of ``batch``, as one pyarrow string array.
+
+    A row without an id gets ``r<N>``, N its index in the trace (``first_index`` for the batch's first).
+    """
     n = batch.num_rows
-    numbers = pc.cast(pa.array(np.arange(first_index, first_index + n, dtype=np.int64)), pa.string())
     id_column = batch.column("id")
     pieces: list[pa.Array | pa.ChunkedArray | str]
     if id_column.null_count == n:  # all generated: r<N> needs no escaping, joined in the one pass below
-        pieces = ['{"id":"r', numbers, '","arrival_s":']
+        pieces = ['{"id":"r', _numbers(first_index, n), '"']
     else:
-        generated = pc.binary_join_element_wise("r", numbers, "")
-        ids = _json_strings(pc.if_else(pc.is_null(id_column), generated, id_column))
-        pieces = ['{"id":', ids, ',"arrival_s":']
+        generated = pc.binary_join_element_wise("r", _numbers(first_index, n), "")
+        pieces = ['{"id":', _json_strings(pc.if_else(pc.is_null(id_column), generated, id_column))]
+    return _joined(pieces + _tail_pieces(batch, origin_s))
+
+
+def _numbers(first_index: int, n: int) -> pa.Array:
+    return pc.cast(pa.array(np.arange(first_index, first_index + n, dtype=np.int64)), pa.string())
+
+
+def _joined(pieces: list[pa.Array | pa.ChunkedArray | str]) -> pa.Array:
+    line_array = pc.binary_join_element_wise(*pieces, "")
+    if isinstance(line_array, pa.ChunkedArray):
+        line_array = line_array.combine_chunks()
+    return line_array
+
+
+def _tail_pieces(batch: pa.Table, origin_s: float) -> list[pa.Array | pa.ChunkedArray | str]:
     arrival = pc.round(pc.subtract(batch.column("time_s"), origin_s), 6)
-    pieces += [
+    pieces: list[pa.Array | pa.ChunkedArray | str] = [
+        ',"arrival_s":',
         pc.cast(arrival, pa.string()),
         ',"prompt_tokens":',
         pc.cast(batch.column("prompt_tokens"), pa.string()),
@@ -161,10 +178,7 @@ def format_lines(batch: pa.Table, *, origin_s: float, first_index: int) -> pa.Ar
     _optional_string(pieces, batch, "parent")
     _optional_number(pieces, batch, "turn")
     pieces.append("}\n")
-    line_array = pc.binary_join_element_wise(*pieces, "")
-    if isinstance(line_array, pa.ChunkedArray):
-        line_array = line_array.combine_chunks()
-    return line_array
+    return pieces
 
 
 def _optional_number(pieces: list[pa.Array | pa.ChunkedArray | str], batch: pa.Table, name: str) -> None:

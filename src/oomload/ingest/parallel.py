@@ -10,15 +10,12 @@ forces many small spans to check it). How:
   reader (``LogSource(path, span=…)``) and sends back its batches, skip counts with the first
   examples (line numbers counted from the span's start) and the number of requests it gave no
   time. The main process takes the spans in file order: it adds the lines of the spans before to
-  the examples, replays them into the caller's ``SkipLog`` (so ``--strict`` stops at the first bad
-  line of the file, as it would single-process), gives a span's leading requests without a time
-  the time of the request before them, and notes the untimed total once, at the end, as the
-  reader does. In a build of one input the first span is read alone; its first request is the
-  trace's origin, and with it the workers render the lines of every batch that needs nothing
-  from the spans before (all ids present, no leading untimed request) — the main process only
-  writes them. ``_span_task`` reads Mooncake spans too, but a Mooncake build spread so measured
-  1.9× slower on 2 cores (its generated ids ``r<N>`` leave all the rendering to the main
-  process), so Mooncake logs are read in-process.
+  the examples (counted only when a span skipped a line: ``_LineCount``), replays them into the
+  caller's ``SkipLog`` (so ``--strict`` stops at the first bad line of the file, as it would
+  single-process), gives a span's leading requests without a time the time of the request before
+  them, and notes the untimed total once, at the end, as the reader does. ``_span_task`` reads
+  Mooncake spans too, but a Mooncake build spread so measured 1.9× slower on 2 cores, so Mooncake
+  logs are read in-process.
 - **CSV spans** (uncompressed Azure, BurstGPT and mapped CSV of at least ``PARALLEL_MIN_BYTES``):
   the rows after the header line are cut the same way; each worker reads its span with the
   ordinary reader given the header's column names, and its ``lines`` are its rows (blank lines
@@ -28,6 +25,18 @@ forces many small spans to check it). How:
   the next line) reads nothing, and the main process reads the rest of the file from that span's
   start (a row start: every line before held an even number) itself, noting it in
   ``ReadPool.notes`` (printed by the CLI, not written into the trace, which is the same either way).
+- **Rendering in workers** (a build of one input, ``ReadPool.render``): the first span is read
+  alone; its first request is the trace's origin, and with it the workers render the trace lines
+  of every batch that needs nothing from the spans before (no leading untimed request), so the
+  main process does little more than write (measured: 0.2 CPU-s per GB of text-heavy JSONL, 0.6
+  per 10M CSV rows, against 2.4 and 5.5 for the single-process build). A batch whose rows all
+  have ids is rendered at once (``RenderedLines``). A batch whose ids are all generated — ``r<N>``,
+  N the row's index in the trace, which no worker knows while the spans before it are still being
+  read — is stored in an Arrow IPC file in the pool's scratch directory; when the writer reaches
+  it, knowing the index, it starts a second task (``LinesToRender``) that renders those rows into
+  a scratch file, which the writer copies into the trace in the kernel. Any other batch (some ids
+  given, some not; requests waiting for the previous span's time) is sent as columns
+  (``_Packed``: all-null columns left out) and rendered by the writer.
 - **Whole files** (compressed inputs, vLLM logs, mapped JSONL — any reader): one worker
   reads the file and streams its batches into an Arrow IPC file in a scratch directory, which the
   main process reads back batch by batch (bounded memory) when the merge reaches that input;
@@ -53,16 +62,17 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import pyarrow as pa
 
 from oomload.errors import OomloadError, TraceFormatError
+from oomload.ingest.columns import format_lines, lines_bytes, make_batch
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, ReadMeter
 from oomload.ingest.tokens import TokenCounter, load_token_counter, reload_spec
-from oomload.ingest.writer import RenderedLines
+from oomload.ingest.writer import LinesToRender, RenderedLines, WorkerRows
 
 SPAN_FORMATS = ("openai",)  # Mooncake spans measured slower: the main process renders all (no ids)
 CSV_SPAN_FORMATS = ("azure", "burstgpt", "csv")  # CSV logs: spans of rows after the header line
@@ -88,12 +98,12 @@ def pool_usable() -> bool:
 
 @dataclass(slots=True)
 class _SpanResult:
-    batches: list[pa.Table | RenderedLines]
+    batches: list[_Sent]
     counts: dict[str, int]
     examples: dict[str, list[int]]
     notes: list[str]
     untimed: int = 0
-    lines: int = 0
+    lines: int | None = None  # a CSV span's rows (a JSONL span's lines: ``_LineCount``, when needed)
     error: str | None = None
     quoted_newline: bool = False  # a CSV span with a quoted value that may span lines: not read
 
@@ -108,6 +118,7 @@ class _FileResult:
     error_kind: str = "trace"
 
 
+_Sent: TypeAlias = "_Packed | RenderedLines | _Stored"  # a batch as a span task sends it (``_sent``)
 CounterRecipe = tuple[str, Any] | None  # how a worker gets the build's token counter (``_recipe``)
 _WORKER_COUNTERS: dict[str, TokenCounter] = {}  # in a worker: each tokenizer loaded once
 
@@ -133,7 +144,11 @@ def _worker_counter(recipe: CounterRecipe) -> TokenCounter | None:
 
 
 def _span_task(
-    plan: Any, span: tuple[int, int], origin_s: float | None = None, recipe: CounterRecipe = None
+    plan: Any,
+    span: tuple[int, int],
+    origin_s: float | None = None,
+    recipe: CounterRecipe = None,
+    scratch: str | None = None,
 ) -> _SpanResult:
     from oomload.ingest.build import InputPlan, iter_source_batches
     from oomload.ingest.openai_fast import read_openai_batches
@@ -143,7 +158,7 @@ def _span_task(
     skips = _LineSkips()
     untimed: list[int] = [0]
     if plan.layout is not None:
-        return _csv_span_task(plan, source, skips)
+        return _csv_span_task(plan, source, skips, origin_s, scratch)
     try:
         counter = _worker_counter(recipe)
         if plan.format == "openai":
@@ -152,18 +167,13 @@ def _span_task(
             batches = list(iter_source_batches(InputPlan(source, plan.format), skips, counter))
     except OomloadError as err:
         return _SpanResult([], {}, {}, [], error=str(err))
-    if origin_s is not None:  # render here what needs nothing from the spans before
-        batches = [
-            RenderedLines.of(b, origin_s)
-            if b.column("id").null_count == 0 and not (b.schema.metadata or {}).get(b"leading_untimed")
-            else b
-            for b in batches
-        ]
-    lines = _count_lines(source)
-    return _SpanResult(batches, skips.counts, skips.lines, list(skips.notes), sum(untimed), lines)
+    sent = _sent(batches, origin_s, scratch)
+    return _SpanResult(sent, skips.counts, skips.lines, list(skips.notes), sum(untimed))
 
 
-def _csv_span_task(plan: Any, source: LogSource, skips: _LineSkips) -> _SpanResult:
+def _csv_span_task(
+    plan: Any, source: LogSource, skips: _LineSkips, origin_s: float | None, scratch: str | None
+) -> _SpanResult:
     """A span of a CSV log's rows; its ``lines`` are its rows (the single-process reader's numbering)."""
     from oomload.ingest.tabular import csv_header, read_csv_batches
 
@@ -176,7 +186,88 @@ def _csv_span_task(plan: Any, source: LogSource, skips: _LineSkips) -> _SpanResu
     except OomloadError as err:
         return _SpanResult([], {}, {}, [], error=str(err))
     rows = sum(batch.num_rows for batch in batches) + sum(skips.counts.values())
-    return _SpanResult(list(batches), skips.counts, skips.lines, list(skips.notes), lines=rows)
+    return _SpanResult(
+        _sent(batches, origin_s, scratch), skips.counts, skips.lines, list(skips.notes), lines=rows
+    )
+
+
+def _sent(batches: list[pa.Table], origin_s: float | None, scratch: str | None) -> list[_Sent]:
+    """A span's batches as sent to the main process. With ``origin_s`` (the trace's origin: a build of
+    one input), a batch that needs nothing from the spans before (no request waiting for the previous
+    span's time) is rendered here when every row has its id; when every id is generated (``r<N>``,
+    N counted over the trace), consecutive such batches are stored in ``scratch`` for a second task,
+    started by the writer with their first index (``_render_task``). Any other batch is packed."""
+    sent: list[_Sent] = []
+    stored: list[pa.Table] = []
+    for batch in batches:
+        leading = bool((batch.schema.metadata or {}).get(b"leading_untimed"))
+        missing = batch.column("id").null_count
+        if (
+            origin_s is None
+            or scratch is None
+            or leading
+            or 0 < missing < batch.num_rows
+            or not batch.num_rows
+        ):
+            sent += _flushed(stored, scratch)
+            sent.append(_Packed.of(batch))
+        elif missing == 0:
+            sent += _flushed(stored, scratch)
+            sent.append(RenderedLines.of(batch, origin_s))
+        else:
+            stored.append(batch)
+    return sent + _flushed(stored, scratch)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """Parsed rows in an Arrow IPC file of the pool's scratch directory, with their times."""
+
+    path: str
+    times: tuple[int, float, float, float, bool]  # ``WorkerRows.times_of`` (rows, first, last, max, in order)
+
+
+def _flushed(stored: list[pa.Table], scratch: str | None) -> list[_Stored]:
+    if not stored:
+        return []
+    assert scratch is not None
+    table = pa.concat_tables(stored)
+    stored.clear()
+    fd, path = tempfile.mkstemp(suffix=".arrow", dir=scratch)
+    with os.fdopen(fd, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table.replace_schema_metadata(None))
+    return [_Stored(path, WorkerRows.times_of(table))]
+
+
+def _render_task(stored: str, origin_s: float, first_index: int) -> str:
+    """Stored rows rendered, ids from ``r<first_index>``, into a scratch file beside them (its path)."""
+    with pa.memory_map(stored) as source:
+        table = pa.ipc.open_stream(source).read_all()
+    os.unlink(stored)
+    fd, path = tempfile.mkstemp(suffix=".jsonl", dir=os.path.dirname(stored))
+    with os.fdopen(fd, "wb") as out:
+        out.write(lines_bytes(format_lines(table, origin_s=origin_s, first_index=first_index)))
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class _Packed:
+    """A batch as sent between processes: its all-null columns left out (a null int64 column of a
+    million rows pickles as 8 MB of zeros), put back by ``table``."""
+
+    rows: int
+    columns: dict[str, pa.Array | pa.ChunkedArray]
+    metadata: dict[bytes, bytes] | None
+
+    @classmethod
+    def of(cls, batch: pa.Table) -> _Packed:
+        columns = {name: batch.column(name) for name in batch.column_names}
+        kept = {name: column for name, column in columns.items() if column.null_count < batch.num_rows}
+        return cls(batch.num_rows, kept, batch.schema.metadata)
+
+    def table(self) -> pa.Table:
+        batch = make_batch(self.rows, **self.columns)
+        return batch if self.metadata is None else batch.replace_schema_metadata(self.metadata)
 
 
 def quoted_newline(path: Path, span: tuple[int, int]) -> bool:
@@ -198,20 +289,6 @@ def quoted_newline(path: Path, span: tuple[int, int]) -> bool:
 def _ignore_interrupts() -> None:
     """Workers leave Ctrl-C to the main process, which stops the pool (no traceback per worker)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _count_lines(source: LogSource) -> int:
-    assert source.span is not None
-    with open(source.path, "rb") as fh:
-        fh.seek(source.span[0])
-        left, lines = source.span[1] - source.span[0], 0
-        while left > 0:
-            block = fh.read(min(left, 16 * 1024 * 1024))
-            if not block:
-                break
-            lines += block.count(b"\n")
-            left -= len(block)
-    return lines
 
 
 def _file_task(plan: Any, directory: str, recipe: CounterRecipe = None) -> _FileResult:
@@ -392,17 +469,24 @@ def _span_batches(
     pending: deque[tuple[tuple[int, int], Future[_SpanResult]]] = deque()
     recipe = pool.recipe
     todo = iter(spans)
-    lines_before = 1 if csv else 0
+    rows_before = 1  # a CSV's lines: its header, then each span's rows
+    jsonl_lines = _LineCount(source.path)  # a JSONL's lines: counted only when a span skipped one
     last_time = 0.0
     untimed = 0
     notes: list[str] = []
     origin_s: float | None = None  # the first request's time: workers render once it is known
+    scratch = pool.scratch if pool.render else None
 
     def submit() -> bool:
         span = next(todo, None)
         if span is not None:
             pending.append(
-                (span, pool.pool.submit(_span_task, plan, span, origin_s if pool.render else None, recipe))
+                (
+                    span,
+                    pool.pool.submit(
+                        _span_task, plan, span, origin_s if pool.render else None, recipe, scratch
+                    ),
+                )
             )
         return span is not None
 
@@ -417,21 +501,30 @@ def _span_batches(
                 f"{source.name}: a quoted value may span lines, so it was read in one process "
                 f"from byte {span[0]:,} on, not in byte ranges"
             )
-            yield from _rest_in_process(plan, skips, span[0], lines_before, progress)
+            yield from _rest_in_process(plan, skips, span[0], rows_before, progress)
             return
         if result.error is not None:
             raise TraceFormatError(result.error)
-        _replay(skips, source.name, result.counts, result.examples, lines_before)
+        if result.counts:
+            before = rows_before if csv else jsonl_lines.before(span[0])
+            _replay(skips, source.name, result.counts, result.examples, before)
         notes += [n for n in result.notes if n not in notes]
-        lines_before += result.lines
+        rows_before += result.lines or 0
         untimed += result.untimed
-        for batch in result.batches:
-            if isinstance(batch, RenderedLines):
-                last_time = batch.last_s
+        for item in result.batches:
+            if isinstance(item, RenderedLines):
+                last_time = item.last_s
                 if progress is not None:
-                    progress(0, batch.rows)
-                yield batch
+                    progress(0, item.rows)
+                yield item
                 continue
+            if isinstance(item, _Stored):
+                last_time = item.times[2]
+                if progress is not None:
+                    progress(0, item.times[0])
+                yield LinesToRender(*item.times, start=_starter(pool, item.path, origin_s))
+                continue
+            batch = item.table()
             leading = int((batch.schema.metadata or {}).get(b"leading_untimed", b"0"))
             if leading:
                 times = np.asarray(batch.column("time_s"), dtype=np.float64).copy()
@@ -456,6 +549,30 @@ def _span_batches(
         from oomload.ingest.openai_fast import untimed_note_text
 
         skips.note(untimed_note_text(source.name, untimed))
+
+
+def _starter(pool: ReadPool, stored: str, origin_s: float | None) -> Callable[[int], Future[str]]:
+    assert origin_s is not None  # rows are stored only once the origin is known
+    return lambda first_index: pool.pool.submit(_render_task, stored, origin_s, first_index)
+
+
+class _LineCount:
+    """The lines of a file before a byte offset, counted when asked (at increasing offsets): a span's
+    skipped lines are numbered from its start, and only such a span needs the lines before it."""
+
+    def __init__(self, path: Path) -> None:
+        self._path, self._offset, self._lines = path, 0, 0
+
+    def before(self, offset: int) -> int:
+        with open(self._path, "rb") as fh:
+            fh.seek(self._offset)
+            while self._offset < offset:
+                block = fh.read(min(offset - self._offset, 16 * 1024 * 1024))
+                if not block:
+                    break
+                self._lines += block.count(b"\n")
+                self._offset += len(block)
+        return self._lines
 
 
 def _header_end(path: Path) -> int:

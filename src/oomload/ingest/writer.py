@@ -30,12 +30,12 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, cast
 
 import numpy as np
 import orjson
@@ -162,36 +162,52 @@ def header_line(header: TraceHeader) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
-class RenderedLines:
-    """Trace lines a worker process rendered already (its batch had every id and knew the origin)."""
+class WorkerRows:
+    """Rows whose lines a worker process renders (see ``oomload.ingest.parallel``), and their times."""
 
-    data: bytes
     rows: int
     first_s: float
     last_s: float
     max_s: float
     in_order: bool
 
+    @staticmethod
+    def times_of(batch: pa.Table) -> tuple[int, float, float, float, bool]:
+        times = np.asarray(batch.column("time_s"), dtype=np.float64)
+        in_order = not (len(times) > 1 and bool((np.diff(times) < 0).any()))
+        return len(times), float(times[0]), float(times[-1]), float(times.max()), in_order
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedLines(WorkerRows):
+    """Trace lines a worker rendered: every row had its id, and the worker knew the origin."""
+
+    text: bytes
+
     @classmethod
     def of(cls, batch: pa.Table, origin_s: float) -> RenderedLines:
-        times = np.asarray(batch.column("time_s"), dtype=np.float64)
         return cls(
-            bytes(lines_bytes(format_lines(batch, origin_s=origin_s, first_index=0))),
-            batch.num_rows,
-            float(times[0]),
-            float(times[-1]),
-            float(times.max()),
-            not (len(times) > 1 and bool((np.diff(times) < 0).any())),
+            *cls.times_of(batch), bytes(lines_bytes(format_lines(batch, origin_s=origin_s, first_index=0)))
         )
 
 
+@dataclass(frozen=True, slots=True)
+class LinesToRender(WorkerRows):
+    """Rows a worker parsed whose ids are generated: ``r<N>``, N their index in the trace, which only the
+    writer knows. ``start(first_index)`` has a worker render them into a scratch file, whose path the
+    future gives; the writer copies that file into the trace in the kernel (``os.sendfile``)."""
+
+    start: Callable[[int], Future[str]]
+
+
 def write_body(
-    scratch: TraceScratch, batches: Iterable[pa.Table | RenderedLines], guess: TraceHeader
+    scratch: TraceScratch, batches: Iterable[pa.Table | WorkerRows], guess: TraceHeader
 ) -> BodyWritten:
     """``guess``'s line then ``batches`` as trace lines into ``scratch.final`` (overwritten).
 
-    The origin is the first request (a ``RenderedLines`` item never comes first: its worker was
-    given the origin of the batches before it).
+    The origin is the first request (a ``WorkerRows`` item never comes first: its worker was given
+    the origin of the batches before it). A ``LinesToRender`` item is started here, in order, with
+    the index of its first row (its generated ids start there).
     """
     first_line = header_line(guess)
     count = 0
@@ -205,16 +221,20 @@ def write_body(
         try:
             body.write(first_line)
             for batch in batches:
-                if isinstance(batch, RenderedLines):
+                if isinstance(batch, WorkerRows):
                     if origin_s is None:
-                        raise RuntimeError("rendered lines came before the first batch")
+                        raise RuntimeError("lines rendered by a worker came before the first batch")
                     if in_order and (batch.first_s < last_s or not batch.in_order):
                         in_order = False
                     last_s = max(last_s, batch.max_s)
-                    written = renderer.submit(body.write, batch.data)
+                    written = (
+                        renderer.submit(_copy_rendered, body, batch.start(count))
+                        if isinstance(batch, LinesToRender)
+                        else renderer.submit(_write_text, body, cast(RenderedLines, batch).text)
+                    )
                     if pending is not None:
                         pending.result()
-                    pending = written  # type: ignore[assignment]
+                    pending = written
                     count += batch.rows
                     continue
                 times = np.asarray(batch.column("time_s"), dtype=np.float64)
@@ -240,6 +260,27 @@ def write_body(
 
 def _render(body: IO[bytes], batch: pa.Table, origin_s: float, first_index: int) -> None:
     body.write(lines_bytes(format_lines(batch, origin_s=origin_s, first_index=first_index)))
+
+
+def _write_text(body: IO[bytes], text: bytes) -> None:
+    body.write(text)
+
+
+def _copy_rendered(body: IO[bytes], rendered: Future[str]) -> None:
+    """The scratch file a worker rendered lines into, appended to ``body`` in the kernel, then removed."""
+    path = rendered.result()
+    try:
+        with open(path, "rb") as lines:
+            size = os.fstat(lines.fileno()).st_size
+            body.flush()
+            sent = 0
+            while sent < size:
+                step = os.sendfile(body.fileno(), lines.fileno(), sent, size - sent)
+                if step == 0:
+                    raise OSError(f"{path} ended after {sent} of {size} bytes")
+                sent += step
+    finally:
+        os.unlink(path)
 
 
 def _open_scratch(path: Path, out: Path) -> IO[bytes]:

@@ -63,8 +63,16 @@ import json, sys
 from oomload.ingest import build_trace, parallel
 spec = json.loads(sys.argv[1])
 parallel.SPAN_FORMATS = tuple(spec["span_formats"])
+kinds = {}
+real = parallel._span_batches
+def counted(*args, **kwargs):
+    for item in real(*args, **kwargs):  # what the main process got: tables, or rows workers render
+        kinds[type(item).__name__] = kinds.get(type(item).__name__, 0) + 1
+        yield item
+parallel._span_batches = counted
 results = []
 for workers in (1, 2):
+    kinds.clear()
     out = f"{spec['out']}.{workers}"
     try:
         r = build_trace(
@@ -75,15 +83,23 @@ for workers in (1, 2):
         continue
     results.append({
         "bytes": open(out, encoding="utf-8").read(), "count": r.records_written, "reordered": r.reordered,
-        "counts": r.skips.counts, "examples": r.skips.examples, "notes": r.skips.notes,
+        "counts": r.skips.counts, "examples": r.skips.examples, "notes": r.skips.notes, "kinds": dict(kinds),
     })
 print(json.dumps(results))
 """
 
 
 def _build_both(
-    inputs: list[Path], tmp_path: Path, *, strict: bool = False, span_formats: tuple[str, ...] = ("openai",)
+    inputs: list[Path],
+    tmp_path: Path,
+    *,
+    strict: bool = False,
+    span_formats: tuple[str, ...] = ("openai",),
+    spread_kinds: dict[str, int] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The build's results on 1 and 2 workers; ``spread_kinds`` gets what the main process was sent
+    in the second (``_Packed`` tables, or ``RenderedLines`` / ``LinesToRender`` rendered by workers)."""
+    spread_kinds = {} if spread_kinds is None else spread_kinds
     spec = {
         "inputs": [str(p) for p in inputs],
         "out": str(tmp_path / "trace.jsonl"),
@@ -98,6 +114,8 @@ def _build_both(
         check=True,
     )
     single, spread = json.loads(done.stdout.strip().splitlines()[-1])
+    assert single.pop("kinds", {}) == {}  # one process: no spans
+    spread_kinds.update(spread.pop("kinds", {}))
     return single, spread
 
 
@@ -113,8 +131,20 @@ def test_spans_of_an_openai_log_build_the_same_bytes(tmp_path: Path) -> None:
 def test_lines_rendered_by_workers_are_the_same_bytes(tmp_path: Path) -> None:
     """Every id present: workers render most batches themselves, with the origin of the first span."""
     log = _openai_log(tmp_path / "gw.jsonl", 400, ids_every=10**9, start_s=1_717_000_000.123456)
-    single, spread = _build_both([log], tmp_path)
+    kinds: dict[str, int] = {}
+    single, spread = _build_both([log], tmp_path, spread_kinds=kinds)
     assert spread == single and single["count"] > 300
+    assert kinds["RenderedLines"] > 10 and "LinesToRender" not in kinds
+
+
+def test_generated_ids_rendered_by_workers_are_numbered_in_trace_order(tmp_path: Path) -> None:
+    """No ids at all: each is r<N>, N counted over the trace; workers render them once the writer
+    knows where their rows start (a second task per span), bad lines and untimed requests included."""
+    log = _openai_log(tmp_path / "gw.jsonl", 400, ids_every=1)
+    kinds: dict[str, int] = {}
+    single, spread = _build_both([log], tmp_path, spread_kinds=kinds)
+    assert spread == single and '"id":"r399' not in single["bytes"] and '"id":"r300"' in single["bytes"]
+    assert kinds["LinesToRender"] > 10 and "RenderedLines" not in kinds
 
 
 def test_spans_of_a_mooncake_log_build_the_same_bytes(tmp_path: Path) -> None:

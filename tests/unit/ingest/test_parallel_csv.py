@@ -19,16 +19,19 @@ RUNNER = r"""
 import json, sys
 from oomload.ingest import build_trace, count_trace, parallel, parse_mapping
 spec = json.loads(sys.argv[1])
-spans = []
+spans, kinds = [], {}
 real = parallel._span_batches
 def counted(plan, *args, **kwargs):
     spans.append(str(plan.source.path))
-    return real(plan, *args, **kwargs)
+    for item in real(plan, *args, **kwargs):  # what the main process got: tables, or rows workers render
+        kinds[type(item).__name__] = kinds.get(type(item).__name__, 0) + 1
+        yield item
 parallel._span_batches = counted
 mapping = None if spec["map"] is None else parse_mapping(spec["map"])
 results = []
 for workers in (1, 2):
     del spans[:]
+    kinds.clear()
     out = f"{spec['out']}.{workers}"
     sizes = {"parallel_min_bytes": 0, "span_bytes": 300}
     try:
@@ -41,7 +44,7 @@ for workers in (1, 2):
         "bytes": open(out, encoding="utf-8").read(), "count": r.records_written,
         "counts": r.skips.counts, "examples": r.skips.examples, "notes": r.skips.notes,
         "stats": [repr(c.arrivals), c.prompt_tokens.distinct()[1].tolist(), c.failed, c.skips.counts],
-        "read_notes": [list(r.read_notes), list(c.read_notes)], "spread": len(spans),
+        "read_notes": [list(r.read_notes), list(c.read_notes)], "spread": len(spans), "kinds": dict(kinds),
     })
 print(json.dumps(results))
 """
@@ -94,6 +97,7 @@ def test_spans_of_an_azure_csv_build_the_same_bytes(tmp_path: Path) -> None:
     single, spread = _build_both([_azure(tmp_path / "az.csv", 500)], tmp_path)
     assert _same(single, spread), (single, spread)
     assert spread["spread"] == 2 and single["spread"] == 0  # build and stats, in byte ranges
+    assert spread["kinds"]["LinesToRender"] > 5  # workers rendered the lines, numbered in order
     assert spread["read_notes"] == [[], []]
     assert set(single["counts"]) == {
         "wrong number of columns (expected 3)",

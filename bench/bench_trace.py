@@ -72,6 +72,11 @@ print(json.dumps(result))
 """
 
 
+# Children may cache compiled modules, as an installed oomload does: where PYTHONDONTWRITEBYTECODE is
+# set (this sandbox sets it), every pool worker would otherwise compile oomload's sources again.
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def measure(kind: str, path: Path, out: Path) -> dict[str, float]:
     done = subprocess.run(
         [sys.executable, "-c", CHILD, kind, str(path), str(out)],
@@ -79,6 +84,7 @@ def measure(kind: str, path: Path, out: Path) -> dict[str, float]:
         text=True,
         check=True,
         timeout=900,
+        env=CHILD_ENV,
     )
     result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return result

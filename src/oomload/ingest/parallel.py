@@ -78,6 +78,7 @@ SPAN_FORMATS = ("openai",)  # Mooncake spans measured slower: the main process r
 CSV_SPAN_FORMATS = ("azure", "burstgpt", "csv")  # CSV logs: spans of rows after the header line
 PARALLEL_MIN_BYTES = 64 * 1024 * 1024
 SPAN_BYTES = 32 * 1024 * 1024
+FIRST_SPAN_BYTES = 1024 * 1024  # read alone before the others when workers render (it holds the origin)
 
 Progress = Callable[[int, int], None]  # (bytes read, requests read) since the last call
 
@@ -286,6 +287,11 @@ def quoted_newline(path: Path, span: tuple[int, int]) -> bool:
     return bool((per_line % 2).any())
 
 
+def _started() -> None:
+    """A task that only starts its worker: the interpreter and its imports (~0.4 s) for every worker
+    at once, while the first span is read, instead of one after the other as spans are submitted."""
+
+
 def _ignore_interrupts() -> None:
     """Workers leave Ctrl-C to the main process, which stops the pool (no traceback per worker)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -344,6 +350,8 @@ class ReadPool:
             self._pool = ProcessPoolExecutor(
                 self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_interrupts
             )
+            for _ in range(self.workers):  # every worker starts now, at once (each submit starts one)
+                self._pool.submit(_started)
         return self._pool
 
     @property
@@ -395,6 +403,14 @@ def plan_spans(path: Path, size: int, span_bytes: int, first: int = 0) -> list[t
             if position > starts[-1]:
                 starts.append(position)
     return [(start, end) for start, end in zip(starts, [*starts[1:], size], strict=True)]
+
+
+def _line_start_after(path: Path, offset: int) -> int:
+    """The start of the first line after byte ``offset`` (the file's size when there is none)."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        fh.readline()
+        return fh.tell()
 
 
 def uses_spans(plan: Any, workers: int, min_bytes: int) -> bool:
@@ -465,7 +481,12 @@ def _span_batches(
     source: LogSource = plan.source
     csv = plan.layout is not None
     first = _header_end(source.path) if csv else 0  # a CSV's header is line 1, then spans of rows
-    spans = plan_spans(source.path, source.path.stat().st_size, span_bytes, first)
+    size = source.path.stat().st_size
+    head_end = _line_start_after(source.path, first + min(FIRST_SPAN_BYTES, span_bytes))
+    if pool.render and head_end < size:  # the first span is read alone (it holds the origin): a small one
+        spans = [(first, head_end), *plan_spans(source.path, size, span_bytes, head_end)]
+    else:
+        spans = plan_spans(source.path, size, span_bytes, first)
     pending: deque[tuple[tuple[int, int], Future[_SpanResult]]] = deque()
     recipe = pool.recipe
     todo = iter(spans)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,42 @@ def test_health_failures_alone_are_no_death(tmp_path: Path) -> None:
     v = build_verdict(load_run(write_run(tmp_path / "run", [StepSpec(1), StepSpec(2)], events=events)))
     assert v.engine_death is None
     assert v.last_safe_concurrency == 2
+
+
+def _gpu_lines(run: Path, samples: list[tuple[float, int, list[int] | None]]) -> None:
+    """Replace the run's GPU samples: (seconds after T0, device, pids listed or None: cannot tell)."""
+    lines = [
+        {
+            "t_unix_s": T0 + t,
+            "source": "nvml",
+            "device": device,
+            "total_bytes": 80 << 30,
+            "used_bytes": 40 << 30,
+            "free_bytes": 40 << 30,
+            "util_pct": None,
+            "processes": None if pids is None else [{"pid": pid, "used_bytes": 30 << 30} for pid in pids],
+        }
+        for t, device, pids in samples
+    ]
+    (run / "gpu.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+@pytest.mark.parametrize(
+    ("samples", "dead"),
+    [
+        ([(1, 0, [4242]), (5, 0, [4242]), (12, 0, [])], True),  # gone from the device it was on
+        ([(1, 0, [4242]), (5, 0, None), (12, 0, [4242])], False),  # NVML could not tell once
+        ([(1, 0, [4242]), (1, 1, []), (12, 0, [4242]), (12, 1, [])], False),  # a GPU it never used
+        ([(1, 0, [4242]), (1, 1, [4242]), (12, 0, [4242]), (12, 1, [])], True),  # one of its two GPUs
+    ],
+    ids=["vanished", "null-is-no-evidence", "other-device", "tensor-parallel-half"],
+)
+def test_the_server_vanishes_only_from_a_device_it_was_on_that_listed_its_processes(
+    tmp_path: Path, samples: list[tuple[float, int, list[int] | None]], dead: bool
+) -> None:
+    run = write_run(tmp_path / "run", [StepSpec(1), StepSpec(2)])
+    _gpu_lines(run, samples)
+    death = build_verdict(load_run(run)).engine_death
+    assert (death is not None) is dead, death
+    if dead:
+        assert death is not None and any("vanished from the GPU samples (device" in e for e in death.evidence)

@@ -167,9 +167,7 @@ class GpuSampleRow:
     """A ``gpu.jsonl`` line as read (written as ``oomload.telemetry.gpu_sample.GpuSampleJson``).
 
     ``processes`` is ``None`` when the source cannot tell (``null``, or no such field), ``()`` when it
-    saw none; ``processes_field`` says whether the line carried the field at all, ``null`` included
-    (the death rule's "vanished from later samples" counts such a sample as one that could have
-    listed the server)."""
+    saw none (the death rule's "vanished from later samples" counts only samples that listed them)."""
 
     t_unix_s: float
     source: str | None = None
@@ -179,7 +177,6 @@ class GpuSampleRow:
     free_bytes: int | None = None
     util_pct: float | None = None
     processes: tuple[ProcessRow, ...] | None = None
-    processes_field: bool = False
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> GpuSampleRow | None:
@@ -207,7 +204,6 @@ class GpuSampleRow:
             free_bytes=as_int(obj.get("free_bytes")),
             util_pct=as_float(obj.get("util_pct")),
             processes=processes,
-            processes_field="processes" in obj,
         )
 
 

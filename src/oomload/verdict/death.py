@@ -169,7 +169,12 @@ def _primary_evidence(view: RunView) -> tuple[list[tuple[float, str]], bool]:
 
 
 def _vanished_process(gpu: Sequence[GpuSampleRow]) -> tuple[float, str] | None:
-    """The biggest GPU process (the server) disappearing from later samples."""
+    """The biggest GPU process (the server) missing from a later sample of a device it was seen on.
+
+    Only a sample that listed its device's processes counts: ``processes: null`` (the source could
+    not tell: a DCGM exporter, NVML refusing the query once) is no evidence, and neither is a device
+    the server never used (``--gpu all`` on a host where it holds one of several GPUs).
+    """
     biggest: dict[int, int] = {}
     for g in gpu:
         for p in g.processes or ():
@@ -178,13 +183,14 @@ def _vanished_process(gpu: Sequence[GpuSampleRow]) -> tuple[float, str] | None:
     if not biggest:
         return None
     server_pid = max(biggest, key=lambda pid: biggest[pid])
-    seen = False
+    devices: set[int | None] = set()  # where the server was seen
     for g in gpu:
-        pids = {p.pid for p in g.processes or ()}
-        if server_pid in pids:
-            seen = True
-        elif seen and g.processes_field:
-            return g.t_unix_s, f"server process {server_pid} vanished from the GPU samples"
+        if g.processes is None:
+            continue
+        if server_pid in {p.pid for p in g.processes}:
+            devices.add(g.device)
+        elif g.device in devices:
+            return g.t_unix_s, f"server process {server_pid} vanished from the GPU samples (device {g.device})"
     return None
 
 

@@ -91,13 +91,13 @@ def test_a_gpu_sample_reads_back_with_its_processes() -> None:
     sample = GpuSample(1.5, "nvml", 0, 80, 30, 50, 12.0, (ProcessMemory(42, 20), ProcessMemory(7, None)))
     row = GpuSampleRow.from_json(json.loads(json.dumps(sample.to_json())))
     assert row == GpuSampleRow(
-        1.5, "nvml", 0, 80, 30, 50, 12.0, (ProcessRow(42, 20), ProcessRow(7, None)), True
+        1.5, "nvml", 0, 80, 30, 50, 12.0, (ProcessRow(42, 20), ProcessRow(7, None))
     )
     null = GpuSampleRow.from_json({"t_unix_s": 2.0, "processes": None})
     absent = GpuSampleRow.from_json({"t_unix_s": 2.0})
     junk = GpuSampleRow.from_json({"t_unix_s": 2.0, "processes": [3, {"pid": 9}]})
-    assert null is not None and null.processes is None and null.processes_field
-    assert absent is not None and absent.processes is None and not absent.processes_field
+    assert null is not None and null.processes is None
+    assert absent is not None and absent.processes is None
     assert junk is not None and junk.processes == (ProcessRow(9, None),)
 
 

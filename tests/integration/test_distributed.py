@@ -114,7 +114,15 @@ def test_two_remote_workers_give_the_verdict_of_one_process(tmp_path: Path) -> N
     one, two = _verdict(single), _verdict(dist)
     assert one["onsets"]["preemption"]["concurrency"] == 8
     assert two["onsets"]["preemption"]["concurrency"] == one["onsets"]["preemption"]["concurrency"]
-    assert two["last_safe_concurrency"] == one["last_safe_concurrency"] == 2
+    # Level 2 is safe in both — when the load held it. On a starved machine (the full suite beside the
+    # real-vLLM one, on 2 cores) a step may not hold its level; the verdict then must not call it safe.
+    for verdict in (one, two):
+        at_two = [s for s in verdict["steps"] if s["concurrency"] == 2 and not s["warmup"]]
+        why = json.dumps({"steps": at_two, "notes": verdict["confidence"]["notes"]})[:3000]
+        if all(s["trusted"] for s in at_two):
+            assert verdict["last_safe_concurrency"] == 2, why
+        else:
+            assert verdict["last_safe_concurrency"] is None, why
     assert two["onsets"]["engine_death"] is None and one["onsets"]["engine_death"] is None
     # one run directory of a single-process shape: requests.jsonl only, every row of both workers in it
     assert sorted(p.name for p in dist.glob("requests*.jsonl")) == ["requests.jsonl"]

@@ -303,11 +303,33 @@ def _cast_stamps(text: pa.ChunkedArray) -> pa.ChunkedArray | None:
 
 def parse_datetime_ns(text: str | None) -> int | None:
     """``parse_datetime_s`` in whole nanoseconds (fractional digits past 9 are dropped), exactly."""
+    parts = _iso_parts(text)
+    if parts is None:
+        return None
+    stamp, digits = parts
+    whole_s = (stamp - EPOCH) // timedelta(seconds=1)
+    if digits is None:
+        return whole_s * 1_000_000_000 + stamp.microsecond * 1000
+    return whole_s * 1_000_000_000 + int((digits + "0" * 9)[:9])
+
+
+def parse_datetime_s(text: str | None) -> float | None:
+    """Seconds since the epoch of an ISO-8601 timestamp (≤ 9 fractional digits; naive = UTC)."""
+    parts = _iso_parts(text)
+    if parts is None:
+        return None
+    stamp, digits = parts
+    return stamp.timestamp() + (0.0 if digits is None else float("0." + digits))
+
+
+def _iso_parts(text: str | None) -> tuple[datetime, str | None] | None:
+    """An ISO-8601 timestamp as (its time without the fraction after a ``.``, naive = UTC; the
+    fraction's digits, ``None`` without one) — ``datetime`` keeps 6 digits, logs may carry 9."""
     if not text:
         return None
     value = text.strip().replace("Z", "+00:00")
     date_part, dot, rest = value.partition(".")
-    fraction_ns = 0
+    digits = None
     if dot:
         digits, zone = rest, ""
         for sign in ("+", "-"):
@@ -317,44 +339,12 @@ def parse_datetime_ns(text: str | None) -> int | None:
                 break
         if not digits.isdigit():
             return None
-        fraction_ns = int((digits + "0" * 9)[:9])
         value = date_part + zone
     try:
         stamp = datetime.fromisoformat(value)
     except ValueError:
         return None
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=UTC)
-    whole_s = (stamp - EPOCH) // timedelta(seconds=1)
-    return whole_s * 1_000_000_000 + (stamp.microsecond * 1000 if not dot else 0) + fraction_ns
-
-
-def parse_datetime_s(text: str | None) -> float | None:
-    """Seconds since the epoch of an ISO-8601 timestamp (≤ 9 fractional digits; naive = UTC)."""
-    if not text:
-        return None
-    value = text.strip().replace("Z", "+00:00")
-    date_part, dot, rest = value.partition(".")
-    extra = 0.0
-    if dot:
-        digits = rest
-        zone = ""
-        for sign in ("+", "-"):
-            if sign in rest:
-                digits, zone = rest.split(sign, 1)
-                zone = sign + zone
-                break
-        if not digits.isdigit():
-            return None
-        extra = float("0." + digits)
-        value = date_part + zone
-    try:
-        stamp = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=UTC)
-    return stamp.timestamp() + extra
+    return (stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)), digits
 
 
 def _line_number(row_index: int, invalid_lines: list[int], first_line: int = 2) -> int:

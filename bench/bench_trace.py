@@ -196,11 +196,23 @@ ROUNDS = 2
 CORES = os.cpu_count() or 1
 
 
+def _warm(path: Path) -> None:
+    """Read ``path`` once, so that the measurement after it reads from the page cache.
+
+    This VM's disk reads anywhere from ~90 MB/s (cold on the host) to ~2 GB/s, and DAMON evicts
+    pages untouched for a while: without this, a measurement could time the disk, not the build.
+    """
+    with open(path, "rb") as fh:
+        while fh.read(16 * 1024 * 1024):
+            pass
+
+
 def best(kinds: list[str], path: Path, out: Path, rounds: int = ROUNDS) -> dict[str, dict[str, float]]:
-    """Each kind's fastest of ``rounds`` runs, the kinds interleaved (A B C A B C …)."""
+    """Each kind's fastest of ``rounds`` runs, the kinds interleaved (A B C A B C …), each on a warm file."""
     results: dict[str, dict[str, float]] = {}
     for _ in range(rounds):
         for kind in kinds:
+            _warm(path)
             r = measure(kind, path, out)
             assert (
                 kind == "pandas" or kind.startswith("pool") or r["rows"] == results.get("orjson", r)["rows"]

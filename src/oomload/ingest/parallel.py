@@ -288,8 +288,19 @@ def quoted_newline(path: Path, span: tuple[int, int]) -> bool:
 
 
 def _started() -> None:
-    """A task that only starts its worker: the interpreter and its imports (~0.4 s) for every worker
-    at once, while the first span is read, instead of one after the other as spans are submitted."""
+    """A task that only starts its worker: every worker starts at once, while the first span is read,
+    instead of one after the other as spans are submitted."""
+    _warm_up()
+
+
+def _warm_up() -> None:
+    """What a process's first batch would pay, paid now: pyarrow imports pandas the first time it
+    converts a Python list (~0.2 s here), and the kernels that render trace lines load on first use."""
+    lines_bytes(
+        format_lines(
+            make_batch(1, time_s=[0.0], prompt_tokens=[1], output_tokens=[1]), origin_s=0, first_index=0
+        )
+    )
 
 
 def _ignore_interrupts() -> None:
@@ -483,7 +494,7 @@ def _span_batches(
     first = _header_end(source.path) if csv else 0  # a CSV's header is line 1, then spans of rows
     size = source.path.stat().st_size
     head_end = _line_start_after(source.path, first + min(FIRST_SPAN_BYTES, span_bytes))
-    if pool.render and head_end < size:  # the first span is read alone (it holds the origin): a small one
+    if pool.render and head_end < size:  # the first span is read before the others (it holds the origin)
         spans = [(first, head_end), *plan_spans(source.path, size, span_bytes, head_end)]
     else:
         spans = plan_spans(source.path, size, span_bytes, first)
@@ -511,7 +522,15 @@ def _span_batches(
             )
         return span is not None
 
-    submit()
+    if pool.render:  # the first span, small, read here while the workers start: it holds the origin
+        pool.pool  # noqa: B018  # starts every worker now
+        here = None if pool.counter is None else ("object", pool.counter)
+        read_here: Future[_SpanResult] = Future()
+        read_here.set_result(_span_task(plan, spans[0], None, here, None))
+        pending.append((spans[0], read_here))
+        next(todo)
+    else:
+        submit()
     while pending:
         span, future = pending.popleft()
         result = future.result()

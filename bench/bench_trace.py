@@ -36,6 +36,7 @@ kind, path, out = sys.argv[1], sys.argv[2], sys.argv[3]
 start = time.perf_counter()
 if kind.startswith(("build", "stats", "pool", "read")):
     import oomload.ingest, oomload.ingest.parallel
+    import pandas  # what pyarrow imports on its first conversion of a Python list (~0.2 s)
 setup_cpu = time.process_time()  # the interpreter and its imports: paid once per run, whatever the input
 if kind.startswith("pool"):  # start N workers, nothing else: what a pool costs before any work
     from oomload.ingest.parallel import ReadPool
@@ -235,9 +236,10 @@ def _spread_cost(
 ) -> str:
     """Where the pool's CPU went, per GB, and what that allows on more cores than this machine has.
 
-    Start-up is left out (the main process's interpreter and imports, ``setup_cpu_s``; the workers'
-    as measured by ``pool:N``, which starts them and does nothing else): it is paid once per build,
-    ~0.3 CPU-s a process, and vanishes on the inputs the pool is for. What is left of the main
+    Start-up is left out (the main process's interpreter and imports, pandas's among them,
+    ``setup_cpu_s``; the workers' as measured by ``pool:N``, which starts them and does nothing
+    else): it is paid once per build, ~0.5 CPU-s a process, and vanishes on the inputs the pool is
+    for. What is left of the main
     process runs serially while the workers' CPU spreads over the cores, so on C cores a build takes
     at least max(main, (main + workers) / C): a bound from CPU measured here, not a measurement on C
     cores (none were lent to this bench).

@@ -85,8 +85,9 @@ Progress = Callable[[int, int], None]  # (bytes read, requests read) since the l
 
 def default_workers() -> int:
     """One per CPU core — on 3 cores or more. On 2, the in-process build already keeps both busy (it
-    parses while its writer thread renders) and the bench measured 2 workers 1.17-1.94x slower on
-    64-256 MB OpenAI logs, so the default there is this process only (``--workers 2`` still spreads)."""
+    parses while its writer thread renders): the bench measured 2 workers at 0.88-1.0x its time on a
+    676 MB OpenAI log, 0.71-0.85x on 2 GB, 1.1-1.4x on a 364 MB Azure CSV, so the default there is
+    this process only (``--workers 2`` still spreads)."""
     cores = os.cpu_count() or 1
     return cores if cores > 2 else 1
 

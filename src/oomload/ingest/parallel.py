@@ -25,18 +25,20 @@ forces many small spans to check it). How:
   the next line) reads nothing, and the main process reads the rest of the file from that span's
   start (a row start: every line before held an even number) itself, noting it in
   ``ReadPool.notes`` (printed by the CLI, not written into the trace, which is the same either way).
-- **Rendering in workers** (a build of one input, ``ReadPool.render``): the first span is read
-  alone; its first request is the trace's origin, and with it the workers render the trace lines
-  of every batch that needs nothing from the spans before (no leading untimed request), so the
-  main process does little more than write (measured: 0.2 CPU-s per GB of text-heavy JSONL, 0.6
-  per 10M CSV rows, against 2.4 and 5.5 for the single-process build). A batch whose rows all
-  have ids is rendered at once (``RenderedLines``). A batch whose ids are all generated — ``r<N>``,
-  N the row's index in the trace, which no worker knows while the spans before it are still being
-  read — is stored in an Arrow IPC file in the pool's scratch directory; when the writer reaches
-  it, knowing the index, it starts a second task (``LinesToRender``) that renders those rows into
-  a scratch file, which the writer copies into the trace in the kernel. Any other batch (some ids
-  given, some not; requests waiting for the previous span's time) is sent as columns
-  (``_Packed``: all-null columns left out) and rendered by the writer.
+- **Rendering in workers** (a build of one input, ``ReadPool.render``): the first span (1 MiB) is
+  read by the main process while the workers start; its first request is the trace's origin, and
+  with it the workers render the trace lines of every batch that needs nothing from the spans
+  before (no leading untimed request), so the main process does little more than write: the bench
+  measured it at 0.26-0.57 CPU-s per GB of text-heavy JSONL once started, against 2.3-2.9 for the
+  single-process build, and 2.3-2.8 per GB of Azure CSV (mostly the copy below) against 14-16. A
+  batch whose rows all have ids is rendered at once (``RenderedLines``). A batch whose ids are all
+  generated — ``r<N>``, N the row's index in the trace, which no worker knows while the spans
+  before it are still being read — is stored in an Arrow IPC file in the pool's scratch directory;
+  when the writer reaches it, knowing the index, it starts a second task (``LinesToRender``) that
+  renders those rows into a scratch file, which the writer copies into the trace in the kernel
+  (``os.sendfile``). Any other batch (some ids given, some not; requests waiting for the previous
+  span's time) is sent as columns (``_Packed``: all-null columns left out) and rendered by the
+  writer.
 - **Whole files** (compressed inputs, vLLM logs, mapped JSONL — any reader): one worker
   reads the file and streams its batches into an Arrow IPC file in a scratch directory, which the
   main process reads back batch by batch (bounded memory) when the merge reaches that input;

@@ -190,7 +190,8 @@ def _vanished_process(gpu: Sequence[GpuSampleRow]) -> tuple[float, str] | None:
         if server_pid in {p.pid for p in g.processes}:
             devices.add(g.device)
         elif g.device in devices:
-            return g.t_unix_s, f"server process {server_pid} vanished from the GPU samples (device {g.device})"
+            where = f"(device {g.device})"
+            return g.t_unix_s, f"server process {server_pid} vanished from the GPU samples {where}"
     return None
 
 

@@ -90,9 +90,7 @@ def test_loose_metrics_values_read_as_none() -> None:
 def test_a_gpu_sample_reads_back_with_its_processes() -> None:
     sample = GpuSample(1.5, "nvml", 0, 80, 30, 50, 12.0, (ProcessMemory(42, 20), ProcessMemory(7, None)))
     row = GpuSampleRow.from_json(json.loads(json.dumps(sample.to_json())))
-    assert row == GpuSampleRow(
-        1.5, "nvml", 0, 80, 30, 50, 12.0, (ProcessRow(42, 20), ProcessRow(7, None))
-    )
+    assert row == GpuSampleRow(1.5, "nvml", 0, 80, 30, 50, 12.0, (ProcessRow(42, 20), ProcessRow(7, None)))
     null = GpuSampleRow.from_json({"t_unix_s": 2.0, "processes": None})
     absent = GpuSampleRow.from_json({"t_unix_s": 2.0})
     junk = GpuSampleRow.from_json({"t_unix_s": 2.0, "processes": [3, {"pid": 9}]})

@@ -143,7 +143,13 @@ def _numbers(first_index: int, n: int) -> pa.Array:
 
 
 def _joined(pieces: list[pa.Array | pa.ChunkedArray | str]) -> pa.Array:
-    line_array = pc.binary_join_element_wise(*pieces, "")
+    merged: list[pa.Array | pa.ChunkedArray | str] = []
+    for piece in pieces:  # adjacent literals as one (each piece costs the kernel a pass)
+        if isinstance(piece, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += piece
+        else:
+            merged.append(piece)
+    line_array = pc.binary_join_element_wise(*merged, "")
     if isinstance(line_array, pa.ChunkedArray):
         line_array = line_array.combine_chunks()
     return line_array

@@ -1,0 +1,98 @@
+"""Ctrl-C in the middle of a parallel ``trace build``: one line, exit 130, nothing left behind.
+
+A terminal's Ctrl-C goes to the whole foreground process group — the build and its pool's workers.
+The test starts the build in a session of its own and signals that group once the pool's scratch
+directory exists (the spans are being read), then checks: exit 130 with ``oomload: interrupted`` and
+no traceback, the older trace at ``-o`` untouched, no hidden scratch file beside it, no scratch
+directory left in ``TMPDIR``, and no process of the group still alive.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _gateway_log(path: Path, requests: int = 120_000) -> Path:
+    """An OpenAI-style log of ~250 MB, no ids (every row's id is generated: the two-task render path)."""
+    text = "lorem ipsum " * 170
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(requests):
+            fh.write(
+                f'{{"timestamp": {1_717_000_000 + i * 0.01:.2f}, "request": {{"model": "m", '
+                f'"messages": [{{"role": "user", "content": "{text}"}}]}}, "response": {{"choices": '
+                f'[{{"message": {{"content": "{text}"}}}}], "usage": {{"prompt_tokens": {100 + i % 900}, '
+                f'"completion_tokens": {1 + i % 300}}}}}}}\n'
+            )
+    return path
+
+
+@pytest.fixture(scope="module")
+def gateway_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _gateway_log(tmp_path_factory.mktemp("log") / "gateway.jsonl")
+
+
+def _pool_started(scratch_root: Path) -> bool:
+    return any(scratch_root.glob("oomload-read-*"))
+
+
+def _rows_in_flight(scratch_root: Path) -> bool:
+    """Rows stored by a worker, or rendered by a second task, are waiting in the scratch directory."""
+    return any(scratch_root.glob("oomload-read-*/*"))
+
+
+@pytest.mark.parametrize("when", [_pool_started, _rows_in_flight], ids=["pool-started", "rows-in-flight"])
+def test_ctrl_c_mid_build_leaves_the_old_trace_and_no_scratch(
+    tmp_path: Path, gateway_log: Path, when: Callable[[Path], bool]
+) -> None:
+    log = gateway_log
+    assert log.stat().st_size > 200_000_000
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / "trace.jsonl"
+    out.write_text("an older trace\n")
+    scratch_root = tmp_path / "tmp"
+    scratch_root.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "oomload", "trace", "build", str(log), "-o", str(out), "--workers", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": str(scratch_root)},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not when(scratch_root) and proc.poll() is None:
+            assert time.monotonic() < deadline, f"never {when.__name__}"
+            time.sleep(0.002)
+        assert proc.poll() is None, "the build ended before it could be interrupted"
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, (stdout, stderr)
+    assert stderr.strip() == "oomload: interrupted", stderr
+    assert out.read_text() == "an older trace\n"
+    assert sorted(p.name for p in out_dir.iterdir()) == ["trace.jsonl"]
+    assert list(scratch_root.iterdir()) == []
+    deadline = time.monotonic() + 10
+    while True:  # the workers exit with the build (the pool is shut down before the exit)
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "a worker of the interrupted build is still running"
+        time.sleep(0.05)

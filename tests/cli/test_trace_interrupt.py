@@ -1,8 +1,9 @@
-"""Ctrl-C in the middle of a parallel ``trace build``: one line, exit 130, nothing left behind.
+"""Ctrl-C or SIGTERM in the middle of a parallel ``trace build``: one line, exit 130, nothing left behind.
 
-A terminal's Ctrl-C goes to the whole foreground process group — the build and its pool's workers.
-The test starts the build in a session of its own and signals that group once the pool's scratch
-directory exists (the spans are being read), then checks: exit 130 with ``oomload: interrupted`` and
+A terminal's Ctrl-C goes to the whole foreground process group — the build and its pool's workers —
+and so does a CI runner's SIGTERM at a timeout. The test starts the build in a session of its own
+and signals that group once the pool's scratch directory exists (or holds rows in flight), then
+checks: exit 130 with ``oomload: interrupted`` and
 no traceback, the older trace at ``-o`` untouched, no hidden scratch file beside it, no scratch
 directory left in ``TMPDIR``, and no process of the group still alive.
 """
@@ -50,9 +51,17 @@ def _rows_in_flight(scratch_root: Path) -> bool:
     return any(scratch_root.glob("oomload-read-*/*"))
 
 
-@pytest.mark.parametrize("when", [_pool_started, _rows_in_flight], ids=["pool-started", "rows-in-flight"])
+@pytest.mark.parametrize(
+    ("when", "sig"),
+    [
+        (_pool_started, signal.SIGINT),
+        (_rows_in_flight, signal.SIGINT),
+        (_rows_in_flight, signal.SIGTERM),  # kill, a CI job's timeout: the same clean end as Ctrl-C
+    ],
+    ids=["ctrl-c-pool-started", "ctrl-c-rows-in-flight", "sigterm-rows-in-flight"],
+)
 def test_ctrl_c_mid_build_leaves_the_old_trace_and_no_scratch(
-    tmp_path: Path, gateway_log: Path, when: Callable[[Path], bool]
+    tmp_path: Path, gateway_log: Path, when: Callable[[Path], bool], sig: signal.Signals
 ) -> None:
     log = gateway_log
     assert log.stat().st_size > 200_000_000
@@ -77,7 +86,7 @@ def test_ctrl_c_mid_build_leaves_the_old_trace_and_no_scratch(
             assert time.monotonic() < deadline, f"never {when.__name__}"
             time.sleep(0.002)
         assert proc.poll() is None, "the build ended before it could be interrupted"
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, sig)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

@@ -8,8 +8,12 @@ print (the stats document, its tables and the plot are ``oomload.tracereport``'s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from oomload.errors import ConfigError, ExitCode
@@ -209,7 +213,7 @@ def run_build(args: argparse.Namespace) -> int:
     check_output_path(args.out)  # before the tokenizer is loaded or any input is read
     workers = _workers(args)
     options = _input_options(args)
-    with ReadProgress.for_inputs(args.logs, "building") as progress:
+    with sigterm_as_ctrl_c(), ReadProgress.for_inputs(args.logs, "building") as progress:
         result = build_trace(
             args.logs, args.out, strict=args.strict, workers=workers, progress=progress, **options
         )
@@ -251,7 +255,7 @@ def run_stats(args: argparse.Namespace) -> int:
         check_output_path(args.plot, example="lengths.png")
     workers = _workers(args)
     options = _input_options(args)
-    with ReadProgress.for_inputs(args.inputs, "reading") as progress:
+    with sigterm_as_ctrl_c(), ReadProgress.for_inputs(args.inputs, "reading") as progress:
         columns = count_trace(args.inputs, workers=workers, progress=progress, **options)
     for note in columns.read_notes:
         print(f"note: {note}", file=sys.stderr)
@@ -286,6 +290,25 @@ def run_stats(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"histogram written to {args.plot}")
     return int(ExitCode.OK)
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM (``kill``, a CI job's timeout) ends a read as Ctrl-C does — the pool stopped, the scratch
+    files removed, an older trace left as it was, exit 130 — instead of killing the process where it
+    stands. Only in the main thread (where Python runs signal handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class ReadProgress:

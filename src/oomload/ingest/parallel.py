@@ -56,6 +56,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -307,8 +309,10 @@ def _warm_up() -> None:
 
 
 def _ignore_interrupts() -> None:
-    """Workers leave Ctrl-C to the main process, which stops the pool (no traceback per worker)."""
+    """Workers leave Ctrl-C and SIGTERM (sent to the whole process group) to the main process, which
+    stops the pool: no traceback per worker, no worker gone before the main process has cleaned up."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _file_task(plan: Any, directory: str, recipe: CounterRecipe = None) -> _FileResult:
@@ -353,7 +357,7 @@ class ReadPool:
     min_bytes: int = PARALLEL_MIN_BYTES  # smaller inputs (all together, for files) stay in this process
     span_bytes: int = SPAN_BYTES
     _pool: ProcessPoolExecutor | None = None
-    _scratch: tempfile.TemporaryDirectory[str] | None = None
+    _scratch: Path | None = None  # named before it is made: an interrupt cannot orphan it
     _files: dict[Path, Future[_FileResult]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # how inputs were read (not part of the trace)
     counter: TokenCounter | None = None  # the build's ``--tokenizer``: workers load it once each
@@ -370,9 +374,11 @@ class ReadPool:
 
     @property
     def scratch(self) -> str:
+        """The pool's scratch directory in the temporary directory (``TMPDIR``), made on first use."""
         if self._scratch is None:
-            self._scratch = tempfile.TemporaryDirectory(prefix="oomload-read-")
-        return self._scratch.name
+            self._scratch = Path(tempfile.gettempdir()) / f"oomload-read-{os.getpid()}-{secrets.token_hex(4)}"
+            self._scratch.mkdir(mode=0o700)
+        return str(self._scratch)
 
     @property
     def recipe(self) -> CounterRecipe:
@@ -393,7 +399,7 @@ class ReadPool:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         if self._scratch is not None:
-            self._scratch.cleanup()
+            shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
 
     def __enter__(self) -> ReadPool:

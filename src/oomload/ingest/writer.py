@@ -27,9 +27,9 @@ becomes a ``ConfigError`` naming the output path (``output_error``): one sentenc
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -122,11 +122,16 @@ class TraceScratch:
     def __enter__(self) -> TraceScratch:
         self.out = check_output_path(self.out)
         try:
-            self._body = self._create(".body.tmp")
-            self._final = self._create(".tmp")
+            self._body = self._name(".body.tmp")  # named before it is made: an interrupt between
+            _create(self._body)  # the two cannot leave a file nobody knows to remove
+            self._final = self._name(".tmp")
+            _create(self._final)
         except OSError as err:
             self._remove()
             raise output_error(self.out, err) from err
+        except BaseException:  # Ctrl-C here: ``__exit__`` will not run
+            self._remove()
+            raise
         return self
 
     def commit(self) -> None:
@@ -145,15 +150,18 @@ class TraceScratch:
     ) -> None:
         self._remove()
 
-    def _create(self, suffix: str) -> Path:
-        fd, name = tempfile.mkstemp(prefix=f".{self.out.name}.", suffix=suffix, dir=self.out.parent)
-        os.close(fd)
-        return Path(name)
+    def _name(self, suffix: str) -> Path:
+        return self.out.parent / f".{self.out.name}.{secrets.token_hex(6)}{suffix}"
 
     def _remove(self) -> None:
         for temp in (self._body, self._final):
             if temp is not None:
                 temp.unlink(missing_ok=True)
+
+
+def _create(path: Path) -> None:
+    """A new empty file, readable by its owner only (``tempfile.mkstemp``'s mode)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def header_line(header: TraceHeader) -> bytes:

@@ -10,6 +10,7 @@ directory left in ``TMPDIR``, and no process of the group still alive.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -105,3 +106,47 @@ def test_ctrl_c_mid_build_leaves_the_old_trace_and_no_scratch(
             break
         assert time.monotonic() < deadline, "a worker of the interrupted build is still running"
         time.sleep(0.05)
+
+
+def test_workers_exit_when_the_build_is_killed(tmp_path: Path, gateway_log: Path) -> None:
+    """SIGKILL (or the kernel's out-of-memory killer) to the build alone: nothing can clean up, but its
+    pool's workers notice their main process is gone and exit instead of waiting forever."""
+    out = tmp_path / "t.jsonl"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "oomload",
+            "trace",
+            "build",
+            str(gateway_log),
+            "-o",
+            str(out),
+            "--workers",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _rows_in_flight(tmp_path) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no rows were ever in flight"
+            time.sleep(0.002)
+        assert proc.poll() is None, "the build ended before it could be killed"
+        proc.kill()  # the build only: its workers get no signal
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, "a worker outlived its killed build"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

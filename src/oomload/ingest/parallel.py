@@ -61,6 +61,8 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -82,6 +84,7 @@ SPAN_FORMATS = ("openai",)  # Mooncake spans measured slower: the main process r
 CSV_SPAN_FORMATS = ("azure", "burstgpt", "csv")  # CSV logs: spans of rows after the header line
 PARALLEL_MIN_BYTES = 64 * 1024 * 1024
 SPAN_BYTES = 32 * 1024 * 1024
+PARENT_CHECK_S = 0.5  # how often a worker checks that its main process is still there
 FIRST_SPAN_BYTES = 1024 * 1024  # read alone before the others when workers render (it holds the origin)
 
 Progress = Callable[[int, int], None]  # (bytes read, requests read) since the last call
@@ -308,11 +311,20 @@ def _warm_up() -> None:
     )
 
 
-def _ignore_interrupts() -> None:
+def _worker_init(parent: int) -> None:
     """Workers leave Ctrl-C and SIGTERM (sent to the whole process group) to the main process, which
-    stops the pool: no traceback per worker, no worker gone before the main process has cleaned up."""
+    stops the pool: no traceback per worker, no worker gone before the main process has cleaned up.
+    And a worker whose main process is gone (killed, out of memory) exits within a second instead of
+    waiting forever for its next task."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="oomload-parent-watch", daemon=True).start()
 
 
 def _file_task(plan: Any, directory: str, recipe: CounterRecipe = None) -> _FileResult:
@@ -366,7 +378,10 @@ class ReadPool:
     def pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_interrupts
+                self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_worker_init,
+                initargs=(os.getpid(),),
             )
             for _ in range(self.workers):  # every worker starts now, at once (each submit starts one)
                 self._pool.submit(_started)

@@ -14,8 +14,8 @@ forces many small spans to check it). How:
   caller's ``SkipLog`` (so ``--strict`` stops at the first bad line of the file, as it would
   single-process), gives a span's leading requests without a time the time of the request before
   them, and notes the untimed total once, at the end, as the reader does. ``_span_task`` reads
-  Mooncake spans too, but a Mooncake build spread so measured 1.9× slower on 2 cores, so Mooncake
-  logs are read in-process.
+  Mooncake spans too, but Mooncake logs are read in-process: pyarrow's JSON reader already keeps
+  2 cores busy there, and a 510 MB Mooncake build spread over 2 workers measured 1.3-1.4× slower.
 - **CSV spans** (uncompressed Azure, BurstGPT and mapped CSV of at least ``PARALLEL_MIN_BYTES``):
   the rows after the header line are cut the same way; each worker reads its span with the
   ordinary reader given the header's column names, and its ``lines`` are its rows (blank lines
@@ -85,7 +85,7 @@ CSV_SPAN_FORMATS = ("azure", "burstgpt", "csv")  # CSV logs: spans of rows after
 PARALLEL_MIN_BYTES = 64 * 1024 * 1024
 SPAN_BYTES = 32 * 1024 * 1024
 PARENT_CHECK_S = 0.5  # how often a worker checks that its main process is still there
-FIRST_SPAN_BYTES = 1024 * 1024  # read alone before the others when workers render (it holds the origin)
+FIRST_SPAN_BYTES = 1024 * 1024  # when workers render: read by the main process first (it holds the origin)
 
 Progress = Callable[[int, int], None]  # (bytes read, requests read) since the last call
 

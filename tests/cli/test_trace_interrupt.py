@@ -2,10 +2,10 @@
 
 A terminal's Ctrl-C goes to the whole foreground process group — the build and its pool's workers —
 and so does a CI runner's SIGTERM at a timeout. The test starts the build in a session of its own
-and signals that group once the pool's scratch directory exists (or holds rows in flight), then
-checks: exit 130 with ``oomload: interrupted`` and
-no traceback, the older trace at ``-o`` untouched, no hidden scratch file beside it, no scratch
-directory left in ``TMPDIR``, and no process of the group still alive.
+and signals that group once the pool's scratch directory (hidden, beside the output) exists or holds
+rows in flight, then checks: exit 130 with ``oomload: interrupted`` and no traceback, the older
+trace at ``-o`` untouched, no scratch file or directory beside it or in ``TMPDIR``, and no process
+of the group still alive.
 """
 
 from __future__ import annotations
@@ -43,13 +43,13 @@ def gateway_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _gateway_log(tmp_path_factory.mktemp("log") / "gateway.jsonl")
 
 
-def _pool_started(scratch_root: Path) -> bool:
-    return any(scratch_root.glob("oomload-read-*"))
+def _pool_started(out_dir: Path) -> bool:
+    return any(out_dir.glob(".oomload-read-*"))
 
 
-def _rows_in_flight(scratch_root: Path) -> bool:
+def _rows_in_flight(out_dir: Path) -> bool:
     """Rows stored by a worker, or rendered by a second task, are waiting in the scratch directory."""
-    return any(scratch_root.glob("oomload-read-*/*"))
+    return any(out_dir.glob(".oomload-read-*/*"))
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_ctrl_c_mid_build_leaves_the_old_trace_and_no_scratch(
     )
     try:
         deadline = time.monotonic() + 60
-        while not when(scratch_root) and proc.poll() is None:
+        while not when(out_dir) and proc.poll() is None:
             assert time.monotonic() < deadline, f"never {when.__name__}"
             time.sleep(0.002)
         assert proc.poll() is None, "the build ended before it could be interrupted"
@@ -97,7 +97,7 @@ def test_ctrl_c_mid_build_leaves_the_old_trace_and_no_scratch(
     assert stderr.strip() == "oomload: interrupted", stderr
     assert out.read_text() == "an older trace\n"
     assert sorted(p.name for p in out_dir.iterdir()) == ["trace.jsonl"]
-    assert list(scratch_root.iterdir()) == []
+    assert list(scratch_root.iterdir()) == []  # nothing went to the temporary directory either
     deadline = time.monotonic() + 10
     while True:  # the workers exit with the build (the pool is shut down before the exit)
         try:
@@ -133,7 +133,7 @@ def test_workers_exit_when_the_build_is_killed(tmp_path: Path, gateway_log: Path
     )
     try:
         deadline = time.monotonic() + 60
-        while not _rows_in_flight(tmp_path) and proc.poll() is None:
+        while not _rows_in_flight(tmp_path) and proc.poll() is None:  # ``out`` is in tmp_path
             assert time.monotonic() < deadline, "no rows were ever in flight"
             time.sleep(0.002)
         assert proc.poll() is None, "the build ended before it could be killed"

@@ -297,6 +297,7 @@ def build_trace(
             min_bytes=parallel_min_bytes,
             span_bytes=span_bytes,
             counter=counter,
+            scratch_in=out.parent,  # the trace's disk, which has room for it: not a RAM-backed /tmp
         ) as pool,
     ):
         skips = SkipLog(strict=strict)

@@ -373,6 +373,7 @@ class ReadPool:
     _files: dict[Path, Future[_FileResult]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # how inputs were read (not part of the trace)
     counter: TokenCounter | None = None  # the build's ``--tokenizer``: workers load it once each
+    scratch_in: Path | None = None  # where the scratch directory goes (None: the temporary directory)
 
     @property
     def pool(self) -> ProcessPoolExecutor:
@@ -389,9 +390,12 @@ class ReadPool:
 
     @property
     def scratch(self) -> str:
-        """The pool's scratch directory in the temporary directory (``TMPDIR``), made on first use."""
+        """The pool's scratch directory, made on first use: a hidden one in ``scratch_in`` (a build's
+        output directory), or one in the temporary directory (``TMPDIR``)."""
         if self._scratch is None:
-            self._scratch = Path(tempfile.gettempdir()) / f"oomload-read-{os.getpid()}-{secrets.token_hex(4)}"
+            name = f"oomload-read-{os.getpid()}-{secrets.token_hex(4)}"
+            parent = Path(tempfile.gettempdir()) if self.scratch_in is None else self.scratch_in
+            self._scratch = parent / (name if self.scratch_in is None else f".{name}")
             self._scratch.mkdir(mode=0o700)
         return str(self._scratch)
 

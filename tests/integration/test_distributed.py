@@ -198,6 +198,12 @@ def test_a_worker_killed_mid_step_loses_nothing_it_had_sent(tmp_path: Path, sig:
     html = (run_dir / "report.html").read_text()
     lost_worker = f"worker {events[0]['worker']} ({events[0]['host']}, pid {events[0]['pid']}) lost"
     assert lost_worker in html  # the report names the lost worker
+    # and so does the verdict: a warning on the step it was lost in (report.md, the terminal, summary.json)
+    notes = [n for n in _verdict(run_dir)["confidence"]["notes"] if n["kind"] == "worker_lost"]
+    assert len(notes) == 1 and notes[0]["severity"] == "warning", notes
+    assert notes[0]["message"].startswith(f"Locust worker {events[0]['worker']} (")
+    assert "during step" in notes[0]["message"] and "concurrency 4" in notes[0]["message"]
+    assert notes[0]["message"] in (run_dir / "report.md").read_text()
 
 
 def test_workers_that_never_arrive_are_one_sentence(tmp_path: Path) -> None:

@@ -320,3 +320,35 @@ def test_kv_usage_is_shown_rounded_down_so_it_never_claims_the_saturation_thresh
 ) -> None:
     assert kv_percent(share) == shown
     assert kv_peak_text(share) == f"KV usage peaked at {shown} in that step"
+
+
+@pytest.mark.parametrize(("level", "confidence"), [(2, "medium"), (5, "low")])
+def test_a_lost_locust_worker_is_a_warning_on_its_step(tmp_path: Path, level: int, confidence: str) -> None:
+    """The load changed under that step (the others took over its users): a warning on it, so the
+    verdict drops to medium — to low when the step is at a level the verdict rests on (5: last safe)."""
+    run = write_run(tmp_path / "run", cpu_knee_steps(), cache_config=CPU_CACHE)
+    start = next(d.boundary.start_unix_s for d in load_run(run).steps if d.boundary.concurrency == level)
+    lost = {
+        "t_unix_s": start + 2.0,
+        "kind": "worker_lost",
+        "worker": 1,
+        "host": "10.0.0.7",
+        "pid": 4711,
+        "local": False,
+        "detail": "Locust worker-1 sent no heartbeat for 3 s (missing)",
+        "rows_received": 12,
+        "workers_left": 1,
+    }
+    with open(run / "events.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(lost) + "\n")
+    v = verdict_of(run)
+    notes = [n for n in v.notes if n.kind == "worker_lost"]
+    assert len(notes) == 1 and notes[0].severity == "warning"
+    step = next(s for s in v.steps if s.index == notes[0].step)
+    assert step.concurrency == level
+    assert notes[0].message.startswith(
+        f"Locust worker 1 (10.0.0.7, pid 4711) was lost during step {step.index}"
+    )
+    assert "12 of its results were received; 1 worker(s) left took over its users" in notes[0].message
+    assert v.confidence == confidence
+    assert v.last_safe_concurrency == 5  # the verdict itself stands; how far to trust it changed

@@ -15,7 +15,9 @@ Warnings (they lower the level):
 * ``odds_disagree_level`` — a level's observation was < 1 % likely by the trace's odds;
   ``odds_disagree`` — the observed onset is more than one measured level from the odds' onset;
 * ``prediction_disagrees`` — the onset is more than one grid level from the arithmetic band;
-* ``config_unreadable`` — ``config.json`` is not a readable JSON object.
+* ``config_unreadable`` — ``config.json`` is not a readable JSON object;
+* ``worker_lost`` — a Locust worker of a distributed run was lost during a step (the others took
+  over its users, or the run ended): that step's load changed under it.
 
 Information (no effect on the level): ``transport_errors`` (client-side, not casualties of an engine
 death), ``preemption_counter_mismatch``, ``after_death`` (a step that measured a dead server),
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from oomload.outcome import Outcome
+from oomload.verdict.death import step_at
 from oomload.verdict.prediction import Prediction
 from oomload.verdict.runview import RunView
 from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, StepFacts
@@ -153,6 +156,30 @@ def data_notes(view: RunView) -> list[ConfidenceNote]:
     if view.trace_note and not view.trace_total_tokens:
         text = f"{view.trace_note}; lengths come from the requests"
         notes.append(ConfidenceNote("no_trace", text, severity="info"))
+    return notes
+
+
+def worker_notes(view: RunView, steps: Sequence[StepFacts]) -> list[ConfidenceNote]:
+    """One warning per Locust worker lost during the run (``worker_lost`` events), on its step."""
+    notes: list[ConfidenceNote] = []
+    boundaries = [d.boundary for d in view.steps]
+    by_index = {s.index: s for s in steps}
+    for event in view.events:
+        if event.kind != "worker_lost":
+            continue
+        e = event.fields
+        host = "local" if e.get("local") else e.get("host", "?")
+        left = e.get("workers_left")
+        rule = f"{left} worker(s) left took over its users" if left else "no worker was left: the run ended"
+        boundary = step_at(boundaries, event.t_unix_s)
+        step = None if boundary is None else by_index.get(boundary.index)
+        where = "" if step is None else f" during step {step.index} (concurrency {step.concurrency})"
+        who = f"Locust worker {e.get('worker')} ({host}, pid {e.get('pid')})"
+        text = (
+            f"{who} was lost{where}: {e.get('detail')}; {e.get('rows_received')} of its results were "
+            f"received; {rule}"
+        )
+        notes.append(ConfidenceNote("worker_lost", text, step=None if step is None else step.index))
     return notes
 
 

@@ -82,6 +82,7 @@ from oomload.verdict.confidence import (
     data_notes,
     evidence_notes,
     step_notes,
+    worker_notes,
 )
 from oomload.verdict.death import EngineDeath, detect_engine_death
 from oomload.verdict.prediction import Prediction, compare_prediction
@@ -447,6 +448,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
             died=_cut_only_by_death(run, steps, death),
         ),
         *data_notes(view),
+        *worker_notes(view, steps),
         *_level_notes(summaries, onset, (odds_low, odds_onset), levels),
     ]
     key_levels = {c for c in (last_safe, None if onset is None else onset.concurrency) if c is not None}

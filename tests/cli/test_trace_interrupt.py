@@ -52,6 +52,39 @@ def _rows_in_flight(out_dir: Path) -> bool:
     return any(out_dir.glob(".oomload-read-*/*"))
 
 
+def _start_build(log: Path, out: Path, scratch_root: Path, output: int | None) -> subprocess.Popen[str]:
+    """``trace build LOG -o OUT --workers 2`` in a session (a process group) of its own."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "oomload", "trace", "build", str(log), "-o", str(out), "--workers", "2"],
+        stdout=output,
+        stderr=output,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": str(scratch_root)},
+        start_new_session=True,
+    )
+
+
+def _wait_for(proc: subprocess.Popen[str], ready: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not ready() and proc.poll() is None:
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.002)
+    assert proc.poll() is None, f"the build ended before it could be stopped ({what})"
+
+
+def _group_empties(pgid: int, what: str) -> None:
+    """Every process of the group is gone within 10 s (the build's pool workers included)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize(
     ("when", "sig"),
     [
@@ -64,29 +97,15 @@ def _rows_in_flight(out_dir: Path) -> bool:
 def test_ctrl_c_mid_build_leaves_the_old_trace_and_no_scratch(
     tmp_path: Path, gateway_log: Path, when: Callable[[Path], bool], sig: signal.Signals
 ) -> None:
-    log = gateway_log
-    assert log.stat().st_size > 200_000_000
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     out = out_dir / "trace.jsonl"
     out.write_text("an older trace\n")
     scratch_root = tmp_path / "tmp"
     scratch_root.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "oomload", "trace", "build", str(log), "-o", str(out), "--workers", "2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "TMPDIR": str(scratch_root)},
-        start_new_session=True,
-    )
+    proc = _start_build(gateway_log, out, scratch_root, subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while not when(out_dir) and proc.poll() is None:
-            assert time.monotonic() < deadline, f"never {when.__name__}"
-            time.sleep(0.002)
-        assert proc.poll() is None, "the build ended before it could be interrupted"
+        _wait_for(proc, lambda: when(out_dir), when.__name__)
         os.killpg(proc.pid, sig)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -98,55 +117,18 @@ def test_ctrl_c_mid_build_leaves_the_old_trace_and_no_scratch(
     assert out.read_text() == "an older trace\n"
     assert sorted(p.name for p in out_dir.iterdir()) == ["trace.jsonl"]
     assert list(scratch_root.iterdir()) == []  # nothing went to the temporary directory either
-    deadline = time.monotonic() + 10
-    while True:  # the workers exit with the build (the pool is shut down before the exit)
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break
-        assert time.monotonic() < deadline, "a worker of the interrupted build is still running"
-        time.sleep(0.05)
+    _group_empties(proc.pid, "a worker of the interrupted build is still running")
 
 
 def test_workers_exit_when_the_build_is_killed(tmp_path: Path, gateway_log: Path) -> None:
     """SIGKILL (or the kernel's out-of-memory killer) to the build alone: nothing can clean up, but its
     pool's workers notice their main process is gone and exit instead of waiting forever."""
-    out = tmp_path / "t.jsonl"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "oomload",
-            "trace",
-            "build",
-            str(gateway_log),
-            "-o",
-            str(out),
-            "--workers",
-            "2",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=REPO,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        start_new_session=True,
-    )
+    proc = _start_build(gateway_log, tmp_path / "t.jsonl", tmp_path, subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while not _rows_in_flight(tmp_path) and proc.poll() is None:  # ``out`` is in tmp_path
-            assert time.monotonic() < deadline, "no rows were ever in flight"
-            time.sleep(0.002)
-        assert proc.poll() is None, "the build ended before it could be killed"
+        _wait_for(proc, lambda: _rows_in_flight(tmp_path), "rows in flight")
         proc.kill()  # the build only: its workers get no signal
         proc.wait(timeout=30)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                break
-            assert time.monotonic() < deadline, "a worker outlived its killed build"
-            time.sleep(0.05)
+        _group_empties(proc.pid, "a worker outlived its killed build")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

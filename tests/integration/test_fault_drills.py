@@ -112,7 +112,7 @@ def test_signal_mid_step_leaves_a_complete_run_dir_and_no_orphans(
     assert len(requests) >= measured_before, "the requests finished before the signal must be on disk"
     assert all(r["prompt_tokens_asked"] == 64 and r["output_tokens_asked"] == 512 for r in requests)
 
-    report = oomload("report", str(run_dir), timeout_s=60)
+    report = oomload("report", str(run_dir))  # HANG_S: it once took over 60 s beside the e2e suite
     no_traceback(report)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["verdict"]["run"]["end_reason"] == "interrupted"
@@ -399,7 +399,7 @@ def test_sse_that_breaks_mid_stream_is_classified_and_nothing_is_lost(tmp_path: 
     outcomes = {(r["outcome"], r["error"].split(":")[0]) for r in requests}
     assert outcomes == {("transport_error", "stream broke")}
     assert all((r.get("usage_completion_tokens") or 0) < r["output_tokens_asked"] for r in requests)
-    report = oomload("report", str(run_dir), timeout_s=60)
+    report = oomload("report", str(run_dir))  # HANG_S: it once took over 60 s beside the e2e suite
     no_traceback(report)
     summary = json.loads((run_dir / "summary.json").read_text())
     counts = summary["verdict"]["requests"]  # summary.json/1 only adds keys: compare the ones we know

@@ -155,8 +155,9 @@ def count_trace(
 ) -> TraceCounts:
     """Counts per length, failures and arrival statistics of a trace or logs (inputs aligned)."""
     workers = default_workers() if workers is None else workers
-    pool = ReadPool(workers, files=len(paths) > 1, min_bytes=parallel_min_bytes, span_bytes=span_bytes)
-    pool.counter = counter
+    pool = ReadPool(
+        workers, files=len(paths) > 1, min_bytes=parallel_min_bytes, span_bytes=span_bytes, counter=counter
+    )
     with pool:
         counts = _count_trace(paths, format, mapping, counter, pool, progress)
         counts.read_notes = tuple(dict.fromkeys(pool.notes))

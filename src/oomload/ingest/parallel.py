@@ -78,7 +78,7 @@ from oomload.ingest.columns import format_lines, lines_bytes, make_batch
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, ReadMeter
 from oomload.ingest.tokens import TokenCounter, load_token_counter, reload_spec
-from oomload.ingest.writer import LinesToRender, RenderedLines, WorkerRows
+from oomload.ingest.writer import LinesToRender, RenderedLines, RowTimes, WorkerRows
 
 SPAN_FORMATS = ("openai",)  # Mooncake spans measured slower: the main process renders all (no ids)
 CSV_SPAN_FORMATS = ("azure", "burstgpt", "csv")  # CSV logs: spans of rows after the header line
@@ -233,7 +233,7 @@ class _Stored:
     """Parsed rows in an Arrow IPC file of the pool's scratch directory, with their times."""
 
     path: str
-    times: tuple[int, float, float, float, bool]  # ``WorkerRows.times_of`` (rows, first, last, max, in order)
+    times: RowTimes
 
 
 def _flushed(stored: list[pa.Table], scratch: str | None) -> list[_Stored]:
@@ -297,13 +297,9 @@ def quoted_newline(path: Path, span: tuple[int, int]) -> bool:
 
 def _started() -> None:
     """A task that only starts its worker: every worker starts at once, while the first span is read,
-    instead of one after the other as spans are submitted."""
-    _warm_up()
-
-
-def _warm_up() -> None:
-    """What a process's first batch would pay, paid now: pyarrow imports pandas the first time it
-    converts a Python list (~0.2 s here), and the kernels that render trace lines load on first use."""
+    instead of one after the other as spans are submitted. It pays now what the worker's first batch
+    would: pyarrow imports pandas the first time it converts a Python list (~0.2 s here), and the
+    kernels that render trace lines load on first use."""
     lines_bytes(
         format_lines(
             make_batch(1, time_s=[0.0], prompt_tokens=[1], output_tokens=[1]), origin_s=0, first_index=0
@@ -521,11 +517,13 @@ def _span_batches(
     csv = plan.layout is not None
     first = _header_end(source.path) if csv else 0  # a CSV's header is line 1, then spans of rows
     size = source.path.stat().st_size
-    head_end = _line_start_after(source.path, first + min(FIRST_SPAN_BYTES, span_bytes))
-    if pool.render and head_end < size:  # the first span is read before the others (it holds the origin)
-        spans = [(first, head_end), *plan_spans(source.path, size, span_bytes, head_end)]
-    else:
-        spans = plan_spans(source.path, size, span_bytes, first)
+    spans: list[tuple[int, int]] = []
+    spans_from = first
+    if pool.render:  # the first span is read before the others (it holds the origin): a small one
+        head_end = _line_start_after(source.path, first + min(FIRST_SPAN_BYTES, span_bytes))
+        if head_end < size:
+            spans, spans_from = [(first, head_end)], head_end
+    spans += plan_spans(source.path, size, span_bytes, spans_from)
     pending: deque[tuple[tuple[int, int], Future[_SpanResult]]] = deque()
     recipe = pool.recipe
     todo = iter(spans)
@@ -587,9 +585,9 @@ def _span_batches(
                 yield item
                 continue
             if isinstance(item, _Stored):
-                last_time = item.times[2]
+                last_time = item.times.last_s
                 if progress is not None:
-                    progress(0, item.times[0])
+                    progress(0, item.times.rows)
                 yield LinesToRender(*item.times, start=_starter(pool, item.path, origin_s))
                 continue
             batch = item.table()

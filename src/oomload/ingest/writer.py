@@ -35,7 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, cast
+from typing import IO, NamedTuple, cast
 
 import numpy as np
 import orjson
@@ -169,6 +169,16 @@ def header_line(header: TraceHeader) -> bytes:
     return orjson.dumps(header.to_json()) + b"\n"
 
 
+class RowTimes(NamedTuple):
+    """A batch's rows and times, as ``WorkerRows`` holds them (its first fields, in order)."""
+
+    rows: int
+    first_s: float
+    last_s: float
+    max_s: float
+    in_order: bool
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerRows:
     """Rows whose lines a worker process renders (see ``oomload.ingest.parallel``), and their times."""
@@ -180,10 +190,10 @@ class WorkerRows:
     in_order: bool
 
     @staticmethod
-    def times_of(batch: pa.Table) -> tuple[int, float, float, float, bool]:
+    def times_of(batch: pa.Table) -> RowTimes:
         times = np.asarray(batch.column("time_s"), dtype=np.float64)
         in_order = not (len(times) > 1 and bool((np.diff(times) < 0).any()))
-        return len(times), float(times[0]), float(times[-1]), float(times.max()), in_order
+        return RowTimes(len(times), float(times[0]), float(times[-1]), float(times.max()), in_order)
 
 
 @dataclass(frozen=True, slots=True)

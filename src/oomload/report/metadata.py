@@ -17,6 +17,7 @@ from oomload import __version__
 from oomload.rundir.records import EventRow, GpuSampleRow, RunStatus, as_float, as_int
 from oomload.stats import LengthSummary
 from oomload.verdict import Verdict
+from oomload.verdict.confidence import lost_worker
 from oomload.verdict.runview import RunView
 
 NOT_RECORDED = "not recorded"
@@ -79,11 +80,9 @@ def _workers_text(cfg: Mapping[str, Any], events: Sequence[EventRow]) -> str:
     for row in events:
         event = row.fields  # a worker_lost event's extras, shown as written
         if row.kind == "worker_lost":
-            host = "local" if event.get("local") else event.get("host", "?")
-            who = f"worker {event.get('worker')} ({host}, pid {event.get('pid')})"
             text += (
-                f" · {who} lost: {event.get('detail')}; {event.get('rows_received')} results received, "
-                f"{event.get('workers_left')} workers left"
+                f" · {lost_worker(row)} lost: {event.get('detail')}; "
+                f"{event.get('rows_received')} results received, {event.get('workers_left')} workers left"
             )
     return text
 

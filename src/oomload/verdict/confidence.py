@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from oomload.outcome import Outcome
+from oomload.rundir.records import EventRow
 from oomload.verdict.death import step_at
 from oomload.verdict.prediction import Prediction
 from oomload.verdict.runview import RunView
@@ -168,19 +169,24 @@ def worker_notes(view: RunView, steps: Sequence[StepFacts]) -> list[ConfidenceNo
         if event.kind != "worker_lost":
             continue
         e = event.fields
-        host = "local" if e.get("local") else e.get("host", "?")
         left = e.get("workers_left")
         rule = f"{left} worker(s) left took over its users" if left else "no worker was left: the run ended"
         boundary = step_at(boundaries, event.t_unix_s)
         step = None if boundary is None else by_index.get(boundary.index)
         where = "" if step is None else f" during step {step.index} (concurrency {step.concurrency})"
-        who = f"Locust worker {e.get('worker')} ({host}, pid {e.get('pid')})"
         text = (
-            f"{who} was lost{where}: {e.get('detail')}; {e.get('rows_received')} of its results were "
-            f"received; {rule}"
+            f"Locust {lost_worker(event)} was lost{where}: {e.get('detail')}; "
+            f"{e.get('rows_received')} of its results were received; {rule}"
         )
         notes.append(ConfidenceNote("worker_lost", text, step=None if step is None else step.index))
     return notes
+
+
+def lost_worker(event: EventRow) -> str:
+    """A ``worker_lost`` event's worker, by name: ``worker 1 (10.0.0.7, pid 4711)`` (or ``local``)."""
+    e = event.fields
+    host = "local" if e.get("local") else e.get("host", "?")
+    return f"worker {e.get('worker')} ({host}, pid {e.get('pid')})"
 
 
 def confidence_level(

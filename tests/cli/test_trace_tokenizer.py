@@ -8,31 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
+from bpetext import sentence, train_bpe
 from oomload.cli import main
 from oomload.errors import ConfigError
 from oomload.ingest import load_token_counter
 from oomload.trace import read_trace, read_trace_header
 
-SYLLABLES = ("ka", "lo", "mi", "nu", "pe", "ra", "so", "ti", "vu", "ze", "qua", "xi")
-
-
-def sentence(rng: random.Random, words: int) -> str:
-    return " ".join("".join(rng.choices(SYLLABLES, k=rng.randint(1, 4))) for _ in range(words)) + "."
-
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 120-token BPE (few merges, so most words split into several tokens) saved as tokenizer.json."""
-    rng = random.Random(7)
-    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]"], show_progress=False)
-    tokenizer.train_from_iterator((sentence(rng, 12) for _ in range(300)), trainer)
-    directory = tmp_path_factory.mktemp("tok")
-    tokenizer.save(str(directory / "tokenizer.json"))
-    return directory
+    return train_bpe(tmp_path_factory.mktemp("tok"))
 
 
 def test_build_counts_text_exactly_as_the_tokenizer_does(

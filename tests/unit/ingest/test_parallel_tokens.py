@@ -15,28 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from bpetext import sentence, train_bpe
 from oomload.ingest import load_token_counter
 from oomload.ingest.parallel import _recipe, _worker_counter
-
-SYLLABLES = ("ka", "lo", "mi", "nu", "pe", "ra", "so", "ti", "vu", "ze", "qua", "xi")
-
-
-def _sentence(rng: random.Random, words: int) -> str:
-    return " ".join("".join(rng.choices(SYLLABLES, k=rng.randint(1, 4))) for _ in range(words)) + "."
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    rng = random.Random(7)
-    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]"], show_progress=False)
-    tokenizer.train_from_iterator((_sentence(rng, 12) for _ in range(300)), trainer)
-    directory = tmp_path_factory.mktemp("tok")
-    tokenizer.save(str(directory / "tokenizer.json"))
-    return directory
+    return train_bpe(tmp_path_factory.mktemp("tok"))
 
 
 def _text_log(path: Path, count: int, start_s: float = 1_717_000_000.0) -> Path:
@@ -47,8 +34,8 @@ def _text_log(path: Path, count: int, start_s: float = 1_717_000_000.0) -> Path:
             lines.append("{not json")
             continue
         line: dict[str, Any] = {
-            "request": {"model": "m", "messages": [{"role": "user", "content": _sentence(rng, 3 + i % 20)}]},
-            "response": {"id": f"c-{i}", "choices": [{"message": {"content": _sentence(rng, 1 + i % 7)}}]},
+            "request": {"model": "m", "messages": [{"role": "user", "content": sentence(rng, 3 + i % 20)}]},
+            "response": {"id": f"c-{i}", "choices": [{"message": {"content": sentence(rng, 1 + i % 7)}}]},
         }
         if i % 11:
             line["timestamp"] = start_s + i * 0.25

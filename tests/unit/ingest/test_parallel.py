@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spreadrun import SPY, run_both
 
 from oomload.ingest.build import merge_batches
 from oomload.ingest.columns import make_batch
@@ -58,18 +59,13 @@ def _mooncake_log(path: Path, count: int) -> Path:
     return path
 
 
-RUNNER = r"""
+RUNNER = (
+    SPY
+    + r"""
 import json, sys
 from oomload.ingest import build_trace, parallel
 spec = json.loads(sys.argv[1])
 parallel.SPAN_FORMATS = tuple(spec["span_formats"])
-kinds = {}
-real = parallel._span_batches
-def counted(*args, **kwargs):
-    for item in real(*args, **kwargs):  # what the main process got: tables, or rows workers render
-        kinds[type(item).__name__] = kinds.get(type(item).__name__, 0) + 1
-        yield item
-parallel._span_batches = counted
 results = []
 for workers in (1, 2):
     kinds.clear()
@@ -87,6 +83,7 @@ for workers in (1, 2):
     })
 print(json.dumps(results))
 """
+)
 
 
 def _build_both(
@@ -106,14 +103,7 @@ def _build_both(
         "strict": strict,
         "span_formats": list(span_formats),
     }
-    done = subprocess.run(
-        [sys.executable, "-c", RUNNER, json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    single, spread = json.loads(done.stdout.strip().splitlines()[-1])
+    single, spread = run_both(RUNNER, json.dumps(spec))
     assert single.pop("kinds", {}) == {}  # one process: no spans
     spread_kinds.update(spread.pop("kinds", {}))
     return single, spread

@@ -10,23 +10,17 @@ seen, with a note that is not part of the trace. Both builds run in a fresh inte
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-RUNNER = r"""
+from spreadrun import SPY, run_both
+
+RUNNER = (
+    SPY
+    + r"""
 import json, sys
-from oomload.ingest import build_trace, count_trace, parallel, parse_mapping
+from oomload.ingest import build_trace, count_trace, parse_mapping
 spec = json.loads(sys.argv[1])
-spans, kinds = [], {}
-real = parallel._span_batches
-def counted(plan, *args, **kwargs):
-    spans.append(str(plan.source.path))
-    for item in real(plan, *args, **kwargs):  # what the main process got: tables, or rows workers render
-        kinds[type(item).__name__] = kinds.get(type(item).__name__, 0) + 1
-        yield item
-parallel._span_batches = counted
 mapping = None if spec["map"] is None else parse_mapping(spec["map"])
 results = []
 for workers in (1, 2):
@@ -48,6 +42,7 @@ for workers in (1, 2):
     })
 print(json.dumps(results))
 """
+)
 
 
 def _build_both(
@@ -59,15 +54,7 @@ def _build_both(
         "strict": strict,
         "map": mapping,
     }
-    done = subprocess.run(
-        [sys.executable, "-c", RUNNER, json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    single, spread = json.loads(done.stdout.strip().splitlines()[-1])
-    return single, spread
+    return run_both(RUNNER, json.dumps(spec))
 
 
 def _same(single: dict[str, Any], spread: dict[str, Any]) -> bool:

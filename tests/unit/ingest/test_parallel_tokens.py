@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from spreadrun import run_both
 
 from bpetext import sentence, train_bpe
 from oomload.ingest import load_token_counter
@@ -88,14 +87,7 @@ print(json.dumps(results))
 def _build_both(inputs: list[Path], tmp_path: Path, tokenizer: str) -> tuple[dict[str, Any], dict[str, Any]]:
     (tmp_path / "fake_tokens.py").write_text(FAKE)
     spec = {"inputs": [str(p) for p in inputs], "out": str(tmp_path / "t.jsonl"), "tokenizer": tokenizer}
-    done = subprocess.run(
-        [sys.executable, "-c", RUNNER, json.dumps(spec), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    single, spread = json.loads(done.stdout.strip().splitlines()[-1])
+    single, spread = run_both(RUNNER, json.dumps(spec), str(tmp_path))
     assert (single.pop("pooled"), spread.pop("pooled") > 0) == (0, True)  # read by the pool
     return single, spread
 

@@ -20,11 +20,26 @@ key                type      meaning
 ``max_tokens``     int|null  the ``max_tokens`` the client asked for, when the log has it
 ``ok``             bool      false when the original request failed (kept, marked, never dropped)
 ``model``          str|null  model name, when the log has it
-``hash_ids``       [int]     prefix block ids (Mooncake/Bailian), empty when unknown
+``hash_ids``       [int]     prefix block ids, chained (see below), empty when unknown
 ``session``        str|null  conversation id (Bailian ``chat_id``), when known
 ``parent``         str|null  parent request / chat id, when known
 ``turn``           int|null  turn number within the conversation, when known
 =================  ========  ===========================================================================
+
+Prefix structure. ``hash_ids`` are block ids chained like vLLM's block hashes: block k's id depends on
+blocks 0..k, so two requests share block k exactly when their prompts are identical from token 0 through
+the end of block k. The header's ``prefix`` object says what they mean::
+
+    "prefix": {"block_tokens": 16, "source": "token-ids", "exact": true, "truncated_requests": 0}
+
+``block_tokens`` is the tokens one id stands for; ``source`` is where the chains came from
+(``token-ids``: a log with prompt token ids; ``messages``: message boundaries of a gateway log;
+``source-trace``: ids taken as they were, e.g. Mooncake's 512-token ``hash_ids``; ``column``: a
+conversation/system-prompt id column; ``none``: the log carried no prefix structure); ``exact`` is false
+when per-message token counts were estimated; ``truncated_requests`` counts requests whose chain covers
+only the logged part of the prompt. Derived chains cover full blocks only (a partial last block is never
+shared); a source trace's last id may cover a partial block, and the replay fills only full blocks. A
+header without ``prefix`` means: ids as Mooncake/Bailian gave them (512-token blocks) when there are any.
 
 Optional keys are omitted when empty, so a plain trace line is short. Readers ignore unknown keys
 (forward compatibility within a major version) and reject a newer major version with a clear error.
@@ -41,6 +56,8 @@ from typing import IO, Any, BinaryIO, cast
 from oomload.errors import TraceFormatError
 
 TRACE_SCHEMA_VERSION = 1
+DEFAULT_PREFIX_BLOCK_TOKENS = 512  # Mooncake's hash_ids block, assumed by headers without "prefix"
+PREFIX_SOURCES = ("token-ids", "messages", "source-trace", "column", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +128,44 @@ class TraceRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixInfo:
+    """What a trace's ``hash_ids`` mean: the header's ``prefix`` object (module docstring)."""
+
+    block_tokens: int = DEFAULT_PREFIX_BLOCK_TOKENS
+    source: str = "source-trace"
+    exact: bool = True
+    truncated_requests: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "block_tokens": self.block_tokens,
+            "source": self.source,
+            "exact": self.exact,
+            "truncated_requests": self.truncated_requests,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> PrefixInfo:
+        """Parse the header's ``prefix`` object; ``ValueError`` on a bad shape."""
+        if not isinstance(obj, dict):
+            raise ValueError(f"prefix must be an object, got {obj!r}")
+        block_tokens = _nonneg_int(
+            obj.get("block_tokens", DEFAULT_PREFIX_BLOCK_TOKENS), "prefix.block_tokens"
+        )
+        if block_tokens < 1:
+            raise ValueError("prefix.block_tokens must be ≥ 1")
+        source = str(obj.get("source", "source-trace"))
+        if source not in PREFIX_SOURCES:
+            raise ValueError(f"prefix.source must be one of {', '.join(PREFIX_SOURCES)}, got {source!r}")
+        return cls(
+            block_tokens=block_tokens,
+            source=source,
+            exact=bool(obj.get("exact", True)),
+            truncated_requests=_nonneg_int(obj.get("truncated_requests", 0), "prefix.truncated_requests"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class TraceHeader:
     """The first line of a trace file: schema version and provenance."""
 
@@ -118,15 +173,23 @@ class TraceHeader:
     format: str | None = None
     tokenizer: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    prefix: PrefixInfo | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        obj: dict[str, Any] = {
             "oomload_trace": TRACE_SCHEMA_VERSION,
             "source": list(self.source),
             "format": self.format,
             "tokenizer": self.tokenizer,
             **self.extra,
         }
+        if self.prefix is not None:
+            obj["prefix"] = self.prefix.to_json()
+        return obj
+
+    def prefix_or_default(self) -> PrefixInfo:
+        """The header's prefix info, or the Mooncake/Bailian default for traces written without one."""
+        return self.prefix if self.prefix is not None else PrefixInfo()
 
 
 def _nonneg_int(value: Any, name: str) -> int:
@@ -250,11 +313,17 @@ def _parse_header(line: str, path: str | Path) -> TraceHeader:
             path,
             1,
         )
-    extra = {k: v for k, v in obj.items() if k not in {"oomload_trace", "source", "format", "tokenizer"}}
+    known = {"oomload_trace", "source", "format", "tokenizer", "prefix"}
+    extra = {k: v for k, v in obj.items() if k not in known}
     source = obj.get("source") or ()
+    try:
+        prefix = None if obj.get("prefix") is None else PrefixInfo.from_json(obj["prefix"])
+    except ValueError as err:
+        raise TraceFormatError(f"bad header: {err}", path, 1) from err
     return TraceHeader(
         source=tuple(str(s) for s in source),
         format=obj.get("format"),
         tokenizer=obj.get("tokenizer"),
         extra=extra,
+        prefix=prefix,
     )

@@ -19,7 +19,8 @@ length" / "longer than the maximum model length" /
 HTTP 503, or an SSE error event with code 503 /    admission_rejected
 "Service Unavailable" / "engine is currently busy"
 any other HTTP status ≥ 400, an other SSE error,   server_error
-a 200 that is neither JSON nor an event stream
+a 200 that is neither JSON nor an event stream,     (reason "malformed event stream" for
+an event stream with a malformed event               the last: an answer that is not one)
 the request timeout elapsed                        timeout
 connect failed / reset / closed before an answer   transport_error
 a 200 whose stream (or body) broke — EOF or reset  transport_error, reason "stream broke"
@@ -83,6 +84,7 @@ class Observation:
     refused: bool = False  # the connection was refused (nothing reached the server)
     server_answered_before: bool = False  # the server had answered some earlier request
     body_ok: bool = True  # a 200 body was an event stream or JSON
+    malformed: bool = False  # an event of the stream was neither [DONE] nor a JSON object
     stream_complete: bool = True  # [DONE] seen (streaming) / full body read
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
@@ -112,6 +114,8 @@ def classify(obs: Observation) -> tuple[Outcome, str | None, str | None]:
         return Outcome.SERVER_ERROR, "error event in stream", _detail(obs, None)
     if status is not None and not obs.body_ok:
         return Outcome.SERVER_ERROR, "not json or an event stream", None
+    if status is not None and obs.malformed:
+        return Outcome.SERVER_ERROR, "malformed event stream", None
     if obs.timed_out:
         return Outcome.TIMEOUT, "request timeout", None
     if status is None:

@@ -416,6 +416,7 @@ def _observation(
         refused=wire.ending is Ending.REFUSED,
         server_answered_before=server_answered_before,
         body_ok=answer.well_formed,
+        malformed=sse.malformed > 0,
         stream_complete=wire.complete,
         usage_prompt_tokens=usage_prompt,
         usage_completion_tokens=usage_completion,

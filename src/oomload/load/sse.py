@@ -10,7 +10,10 @@ multi-line ``data:`` fields with ``\\n``. Only what the measurement needs is JSO
 * a chunk that carries ``"usage":{`` is parsed for ``prompt_tokens`` / ``completion_tokens``;
 * a chunk that carries ``"error"`` is parsed: vLLM sends admission rejections (503) and engine
   death as an error event inside an HTTP 200 stream;
-* ``data: [DONE]`` marks a complete stream.
+* ``data: [DONE]`` marks a complete stream;
+* any other payload that is not a JSON object (``{…}``; for the chunks parsed, one that does not
+  parse) is *malformed*: counted in ``malformed``, and the request is a failure (``classify``), never
+  an answer.
 
 The token count that matters is the server's ``usage.completion_tokens``: vLLM may coalesce several
 tokens into one chunk when the client lags, so counting chunks is only a fallback.
@@ -37,6 +40,7 @@ class SseStream:
         "events",
         "first_token_s",
         "last_token_s",
+        "malformed",
         "max_gap_s",
         "token_events",
         "usage_completion_tokens",
@@ -49,6 +53,7 @@ class SseStream:
         self.done = False
         self.error: dict[str, Any] | None = None
         self.events = 0
+        self.malformed = 0  # data payloads that are neither [DONE] nor a JSON object
         self.token_events = 0
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
@@ -95,15 +100,24 @@ class SseStream:
         if payload == b"[DONE]":
             self.done = True
             return
+        if not (payload.startswith(b"{") and payload.endswith(b"}")):
+            self.malformed += 1
+            return
         if b'"error"' in payload:
             obj = _loads(payload)
-            if obj is not None and obj.get("error") is not None:
+            if obj is None:
+                self.malformed += 1
+                return
+            if obj.get("error") is not None:
                 err = obj["error"]
                 self.error = err if isinstance(err, dict) else {"message": str(err)}
                 return
         if b'"usage":{' in payload or b'"usage": {' in payload:
             obj = _loads(payload)
-            usage = obj.get("usage") if obj is not None else None
+            if obj is None:
+                self.malformed += 1
+                return
+            usage = obj.get("usage")
             if isinstance(usage, dict):
                 self.usage_prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
                 self.usage_completion_tokens = _int_or_none(usage.get("completion_tokens"))

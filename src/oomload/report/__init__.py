@@ -5,10 +5,16 @@ report`` calls it on a saved run): it reads the run directory, computes the verd
 recommendation, evaluates the gate rules, writes the requested files into the run directory, prints
 the one-screen summary and returns the exit code.
 
-Exit code: with gate rules, ``gate_exit_code`` (0 pass, 1 failed, 4 not evaluated); without, 0 —
-except ``UNREACHABLE`` (3) when no measured step finished a request (nothing to judge), and
-``INTERRUPTED`` (130) for a run that ended by Ctrl-C, unless ``reporting_only`` (re-rendering a saved
-run is not itself interrupted).
+Exit code (``run_exit_code``), the first that applies wins:
+
+1. ``INTERRUPTED`` (130) — the run ended by Ctrl-C / SIGTERM, unless ``reporting_only``
+   (re-rendering a saved run is not itself interrupted): a cut run never reads as a pass;
+2. ``UNREACHABLE`` (3) — nothing to judge: no measured step finished a request, or the run's requests
+   mostly failed (``Verdict.failed_run``: more than half of the decided ones, casualties of an engine
+   death aside) — whatever the gate rules say: a gate over an unloaded server is no gate;
+3. ``GATE_FAILED`` (1) — a gate rule failed;
+4. ``GATE_NOT_EVALUATED`` (4) — a gate rule lacked evidence and none failed;
+5. ``OK`` (0).
 """
 
 from __future__ import annotations
@@ -77,15 +83,13 @@ def finalize_run(
 def run_exit_code(
     verdict: Verdict, results: Sequence[GateResult], *, reporting_only: bool = False
 ) -> ExitCode:
-    if results:
-        return gate_exit_code(results)
-    if not any(s.requests for s in verdict.measured_steps):
-        return ExitCode.UNREACHABLE
+    """The run's exit code: the first of 130, 3 (nothing to judge), 1, 4, 0 that applies (module
+    docstring)."""
     if verdict.run.end_reason == "interrupted" and not reporting_only:
         return ExitCode.INTERRUPTED
-    if verdict.engine_death is None and verdict.requests_failed and not verdict.requests_ok:
-        return ExitCode.UNREACHABLE  # every request failed: nothing about memory to judge
-    return ExitCode.OK
+    if not any(s.requests for s in verdict.measured_steps) or verdict.failed_run is not None:
+        return ExitCode.UNREACHABLE
+    return gate_exit_code(results)
 
 
 def write_reports(

@@ -50,6 +50,8 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
 
 def run_status(verdict: Verdict) -> Finding:
     run = verdict.run
+    if verdict.failed_run is not None:
+        return Finding("run_status", "Run", f"NOTHING TO JUDGE: {verdict.failed_run}", "bad")
     if run.cut_short:
         return Finding("run_status", "Run", f"CUT SHORT: {run.cut_short_detail}", "warn")
     return Finding("run_status", "Run", f"complete ({run.end_reason or 'finished'})", "ok")

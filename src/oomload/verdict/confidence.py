@@ -6,6 +6,8 @@ Warnings (they lower the level):
   an error: levels the schedule asked for are missing. A run ended by the engine's death is
   information instead: the death is the finding, and the steps before it stand);
 * ``few_requests`` — a step decided fewer requests than the schedule's ``min_requests``;
+* ``requests_failed`` — a step's requests mostly failed (``StepFacts.mostly_failed``): it is no
+  evidence; ``run_failed`` — the run's requests mostly failed (``Verdict.failed_run``): nothing to judge;
 * ``concurrency_not_held`` — achieved concurrency below 80 % of the target;
 * ``metrics_missing`` — a step (or the whole run) without a successful ``/metrics`` scrape;
 * ``non_monotone`` — a clean level above the onset; ``noisy_repeat`` — repeats at one level disagree
@@ -24,9 +26,10 @@ death), ``preemption_counter_mismatch``, ``after_death`` (a step that measured a
 ``cancelled`` (requests oomload abandoned), ``no_cache_config``, ``no_trace``, ``unassigned_requests``.
 
 Level: **high** without warnings; **low** with a critical warning (``no_steps``, ``non_monotone``,
-``prediction_disagrees``, ``odds_disagree``, run-wide ``metrics_missing``) or any warning on a step at
-the onset or last-safe level; **medium** otherwise — so repeats that disagree, sporadic preemption,
-thin evidence at the boundary or one level against the odds each lower a verdict to medium.
+``prediction_disagrees``, ``odds_disagree``, ``run_failed``, run-wide ``metrics_missing``) or any
+warning on a step at the onset or last-safe level; **medium** otherwise — so repeats that disagree,
+sporadic preemption, thin evidence at the boundary or one level against the odds each lower a
+verdict to medium.
 """
 
 from __future__ import annotations
@@ -39,9 +42,9 @@ from oomload.rundir.records import EventRow
 from oomload.verdict.death import step_at
 from oomload.verdict.prediction import Prediction
 from oomload.verdict.runview import RunView
-from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, StepFacts
+from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, MIN_ANSWERED_SHARE, StepFacts
 
-CRITICAL = frozenset({"no_steps", "non_monotone", "prediction_disagrees", "odds_disagree"})
+CRITICAL = frozenset({"no_steps", "non_monotone", "prediction_disagrees", "odds_disagree", "run_failed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,8 @@ def step_notes(steps: Sequence[StepFacts], min_requests: int) -> list[Confidence
         if s.decided_requests < min_requests:
             text = f"finished only {s.decided_requests} request(s) (< {min_requests})"
             notes.append(_warn("few_requests", f"{where} {text}; its numbers are anecdotal", s))
+        if s.mostly_failed:
+            notes.append(_warn("requests_failed", f"{where}: {s.failed_text}; it is no evidence", s))
         if s.concurrency_held is False:
             text = f"the load generator held {s.achieved_concurrency:.1f} requests in flight on average"
             if s.server_bottleneck:
@@ -99,6 +104,11 @@ def evidence_notes(
     notes: list[ConfidenceNote] = []
     if not measured:
         notes.append(ConfidenceNote("no_steps", "no measured (non-warmup) step: there is nothing to judge"))
+    decided = sum(s.decided_requests for s in measured)
+    failed = sum(s.unexplained_failures for s in measured)
+    if decided and failed > (1.0 - MIN_ANSWERED_SHARE) * decided:
+        text = f"{failed} of {decided} requests failed: the server was not loaded, nothing to judge"
+        notes.append(ConfidenceNote("run_failed", text))
     if cut_short_detail is not None:
         text = f"the run was cut short: {cut_short_detail}"
         notes.append(ConfidenceNote("cut_short", text, severity="info" if died else "warning"))

@@ -13,7 +13,11 @@ Absence rules ``no-EVENT-below:N`` / ``no-EVENT-up-to:N`` with EVENT one of ``EV
 rules ``METRIC[@CONCURRENCY] OP VALUE`` with OP one of ``<= < >= > ==``, METRIC one of ``METRICS``
 (latency metrics ``{p50,p99}-{ttft,tpot,e2e}-{ms,s}``), VALUE a number, ``%`` allowed for shares.
 
-Evidence. A rule passes only on evidence, never on its absence:
+Evidence. A rule passes only on evidence, never on its absence. A step whose requests mostly failed
+(``StepFacts.mostly_failed``: transport errors, timeouts, 429/503, 500, malformed answers — more than
+half of its decided requests, casualties of an engine death aside) is untrusted: it loaded nothing, so
+it vouches for no "no preemption", "no OOM" or latency. Whatever the rules say, a run whose requests
+mostly failed exits 3 (``oomload.report.run_exit_code``):
 
 * ``no-EVENT-below:N`` fails when any measured level < N shows the event — in any step, also one cut
   short: a failure seen is a failure. It passes only when a *trusted* step (completed, not cut short,
@@ -26,11 +30,13 @@ Evidence. A rule passes only on evidence, never on its absence:
   request was decided (all cancelled) or a missing metric → not evaluated — except that a count or
   peak (``preemptions``, ``max-kv-usage``, ``max-waiting``) that an untrusted step already shows above
   an upper bound fails (it can only grow with more time), and so does the error rate of the step the
-  engine died in (the death is a failure at that level). Steps after an engine death measured a
-  dead server and are no evidence either way (``Verdict.measured_steps`` leaves them out).
+  engine died in (the death is a failure at that level) or of a step whose requests mostly failed.
+  Steps after an engine death measured a dead server and are no evidence either way
+  (``Verdict.measured_steps`` leaves them out).
 * A run-wide threshold (``error-rate<=0.1%``, ``max-kv-usage<0.95``, ``preemptions==0``) on a run
-  that was cut short is judged on the part measured: a violation fails, a pass is *not evaluated*
-  (the levels never reached could change it). ``last-safe-concurrency`` is built from trusted steps
+  that was cut short, or with a step whose requests mostly failed, is judged on the part measured: a
+  violation fails, a pass is *not evaluated* (the levels never reached, or never loaded, could change
+  it). ``last-safe-concurrency`` is built from trusted steps
   only and is judged as is.
 
 Values are shown in the rule's own unit (``error-rate<=0.1%`` prints ``0.54 %``); ``observed`` in
@@ -397,13 +403,22 @@ class RunThreshold(_Threshold):
         observed = self.metric.of_run(verdict)
         if observed is None:
             return GateResult(self, GateStatus.NOT_EVALUATED, f"{name} is not available {where}")
-        partial = verdict.run.cut_short and not self.metric.from_trusted_steps
-        if partial and self.holds(observed):
+        if self.metric.from_trusted_steps or not self.holds(observed):
+            return GateResult(self, *self._judged(observed, where), observed=observed)
+        if verdict.run.cut_short:
             return GateResult(
                 self,
                 GateStatus.NOT_EVALUATED,
                 f"{name} = {self.show(observed)} over the part measured, but the run was cut short "
                 f"({verdict.run.cut_short_detail}): the levels it never reached could change it",
+                observed=observed,
+            )
+        failed = [d for s in verdict.measured_steps if s.mostly_failed and (d := s.distrust) is not None]
+        if failed:
+            return GateResult(
+                self,
+                GateStatus.NOT_EVALUATED,
+                f"{name} = {self.show(observed)} over the run, but {'; '.join(failed[:2])}",
                 observed=observed,
             )
         return GateResult(self, *self._judged(observed, where), observed=observed)
@@ -458,12 +473,16 @@ class LevelThreshold(_Threshold):
 
     def _partial_violation(self, steps: Sequence[StepFacts]) -> float | None:
         """A count or peak that untrusted steps already show above an upper bound (it can only grow),
-        or the error rate of the step the engine died in (the death is a failure at that level)."""
+        or the error rate of the step the engine died in or whose requests mostly failed (a failure
+        seen is a failure)."""
         of_step = self.metric.of_step
         if self.op not in UPPER_BOUNDS or of_step is None:
             return None
         eligible = [
-            s for s in steps if self.metric.monotone or (self.metric.fails_where_engine_died and s.died_here)
+            s
+            for s in steps
+            if self.metric.monotone
+            or (self.metric.fails_where_engine_died and (s.died_here or s.mostly_failed))
         ]
         known = [v for s in eligible if (v := of_step(s)) is not None]
         worst = max(known, default=None)

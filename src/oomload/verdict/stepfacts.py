@@ -41,8 +41,12 @@
   ``ACHIEVED_CONCURRENCY_MIN_SHARE`` (80 %) of the target the step did not hold its level.
 
 A step is *trusted* — evidence that its level is safe, or that a gate passes there — only when it
-completed (not cut short: ``runview.CUT_SHORT_REASONS``) and held its concurrency. A failure seen in
-an untrusted step is still a failure.
+completed (not cut short: ``runview.CUT_SHORT_REASONS``), held its concurrency and was *answered*: at
+least ``MIN_ANSWERED_SHARE`` (half) of its decided requests were answered by the server (``ok`` or
+``truncated``: the server ran them) or failed because the engine died (casualties: the death is the
+finding). A step whose requests mostly failed otherwise — transport errors, timeouts, 429/503, 500,
+malformed answers, refusals — put no load on the KV cache, so its lack of a preemption or an OOM says
+nothing (``mostly_failed``). A failure seen in an untrusted step is still a failure.
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ from oomload.verdict.gauges import sustained_level
 from oomload.verdict.runview import StepData
 
 ACHIEVED_CONCURRENCY_MIN_SHARE = 0.8
+# A step (or a run, ``oomload.verdict``) is evidence only when at least this share of its decided
+# requests was answered (ok or truncated) or lost to an engine death; below it, it "mostly failed".
+MIN_ANSWERED_SHARE = 0.5
 KV_SATURATED = 0.99  # KV usage at or above this is a saturated pool
 # The server's share is judged only over a window in which this many rounds of the level's requests
 # ended (concurrency × rounds answers): with fewer, a batch that vLLM finished just before a boundary
@@ -78,6 +85,7 @@ END_REASON_WORDS = {  # why a step or run ended early, as a phrase (runview.CUT_
     "error": "oomload stopped on an error",
     "server_dead": "the server died",
 }
+NOT_FAILED = frozenset(o.value for o in (Outcome.OK, Outcome.TRUNCATED, Outcome.CANCELLED))
 UNSAFE_OUTCOMES = frozenset(
     {Outcome.ENGINE_DEAD, Outcome.ADMISSION_REJECTED, Outcome.SERVER_ERROR, Outcome.TIMEOUT}
 )
@@ -218,9 +226,28 @@ class StepFacts:
         return f"held {self.delivered_concurrency:.1f}"
 
     @property
+    def answered_requests(self) -> int:
+        """Requests the server ran to an answer: ``ok`` and ``truncated`` (short, but served)."""
+        return self.ok_requests + self.count(Outcome.TRUNCATED)
+
+    @property
+    def unexplained_failures(self) -> int:
+        """Decided requests neither answered nor lost to an engine death."""
+        casualties = sum(int(n) for n in self.casualties.values())
+        return max(self.decided_requests - self.answered_requests - casualties, 0)
+
+    @property
+    def mostly_failed(self) -> bool:
+        """More than ``1 - MIN_ANSWERED_SHARE`` of the decided requests failed for reasons other than
+        an engine death: the step put too little load on the server to vouch for anything."""
+        decided = self.decided_requests
+        return decided > 0 and self.unexplained_failures > (1.0 - MIN_ANSWERED_SHARE) * decided
+
+    @property
     def trusted(self) -> bool:
-        """Completed and held its concurrency: its absence of failures counts as evidence."""
-        return not self.cut_short and self.concurrency_held is not False
+        """Completed, held its concurrency and was mostly answered: its absence of failures counts
+        as evidence."""
+        return not self.cut_short and self.concurrency_held is not False and not self.mostly_failed
 
     @property
     def distrust(self) -> str | None:
@@ -242,7 +269,23 @@ class StepFacts:
                     f"average but the server only {self.delivered_concurrency:.1f} {limit}"
                 )
             return f"{where} held only {self.achieved_concurrency:.1f} requests in flight on average {limit}"
+        if self.mostly_failed:
+            return f"{where}: {self.failed_text} — no evidence"
         return None
+
+    @property
+    def failed_text(self) -> str:
+        """``"12 of 12 requests failed (transport_error 12)"``: the unexplained failures, by outcome."""
+        by_outcome = sorted(
+            (
+                (n, name)
+                for name, count in self.outcomes.items()
+                if name not in NOT_FAILED and (n := int(count) - int(self.casualties.get(name, 0))) > 0
+            ),
+            reverse=True,
+        )
+        kinds = ", ".join(f"{name} {n}" for n, name in by_outcome)
+        return f"{self.unexplained_failures} of {self.decided_requests} requests failed ({kinds})"
 
 
 def summarize_step(

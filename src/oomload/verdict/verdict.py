@@ -56,6 +56,13 @@ Cut short. The run was cut short when ``status.json`` is missing, says ``finishe
 with a reason in ``runview.CUT_SHORT_REASONS``, when a step was cut short, or when the engine died;
 ``RunInfo.cut_short_detail`` says where (step, concurrency, seconds since the run started).
 
+Failed run. A run whose decided requests mostly failed — more than half (``MIN_ANSWERED_SHARE``),
+counting every failure but the casualties of an engine death, so ``ok`` and ``truncated`` answers are
+the evidence — put no load on the server: ``Verdict.failed_run`` says so in one sentence naming the
+failures by outcome, the confidence is low (``run_failed``), and the run exits 3 whatever its gate
+rules say (``oomload.report``). Each step whose requests mostly failed is untrusted
+(``StepFacts.trusted``): no evidence that its level is safe or that a gate passes there.
+
 Context overflow: ``context_overflow`` outcomes are refusals; a ``truncated`` answer counts as
 *clamped* only when its prompt + asked output exceeds ``max_model_len`` (that is what clamping is);
 other truncated answers that were not casualties of an engine death are *short responses*.
@@ -90,6 +97,8 @@ from oomload.verdict.runview import RunView
 from oomload.verdict.stepfacts import (
     END_REASON_WORDS,
     KV_SATURATED,
+    MIN_ANSWERED_SHARE,
+    NOT_FAILED,
     UNSAFE_OUTCOMES,
     LatencyStats,
     StepFacts,
@@ -282,6 +291,7 @@ class Verdict:
 
     requests_cancelled: int = 0
     requests_failed: int = 0  # every error outcome over the measured steps, casualties included
+    requests_unexplained: int = 0  # decided, neither answered nor lost to an engine death (StepFacts)
     first_unsafe_concurrency: int | None = None  # lowest level that preempted or failed
     level_summaries: tuple[LevelSummary, ...] = ()
     odds_onset: int | None = None  # lowest measured level with non-negligible odds (module docstring)
@@ -311,6 +321,25 @@ class Verdict:
         """Failed / decided requests over the measured steps (cancelled ones are neither)."""
         decided = self.requests_total - self.requests_cancelled
         return None if decided == 0 else self.requests_failed / decided
+
+    @property
+    def failed_run(self) -> str | None:
+        """Why the run is nothing to judge, in one sentence, when its requests mostly failed (module
+        docstring, "Failed run"); ``None`` otherwise."""
+        decided = self.requests_total - self.requests_cancelled
+        if decided == 0 or self.requests_unexplained <= (1.0 - MIN_ANSWERED_SHARE) * decided:
+            return None
+        counts: dict[str, int] = {}
+        for s in self.measured_steps:
+            for name, n in s.outcomes.items():
+                unexplained = int(n) - int(s.casualties.get(name, 0))
+                if name not in NOT_FAILED and unexplained > 0:
+                    counts[name] = counts.get(name, 0) + unexplained
+        kinds = ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        return (
+            f"{self.requests_unexplained} of {decided} requests failed ({kinds}): the server was not "
+            "loaded, so nothing about its memory can be judged"
+        )
 
     def steps_at(self, concurrency: int) -> tuple[StepFacts, ...]:
         return tuple(s for s in self.measured_steps if s.concurrency == concurrency)
@@ -377,7 +406,9 @@ class Verdict:
                 "ok": self.requests_ok,
                 "cancelled": self.requests_cancelled,
                 "failed": self.requests_failed,
+                "unexplained": self.requests_unexplained,
                 "error_rate": self.error_rate,
+                "failed_run": self.failed_run,
             },
             "trace": None
             if self.trace_total is None or self.trace_prompt is None or self.trace_output is None
@@ -476,6 +507,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         requests_ok=sum(1 for r in requests if r.outcome is Outcome.OK),
         requests_cancelled=sum(1 for r in requests if r.outcome is Outcome.CANCELLED),
         requests_failed=sum(1 for r in requests if r.outcome.is_error),
+        requests_unexplained=sum(s.unexplained_failures for s in measured),
         first_unsafe_concurrency=first_unsafe_concurrency(measured, death),
         level_summaries=summaries,
         odds_onset=odds_onset,

@@ -1,0 +1,189 @@
+"""Fail closed: requests that failed are never evidence, and a run of failures is nothing to judge.
+
+Issue 24, finding 1: a server that closed every stream mid-response made 100 % of the requests fail,
+yet ``no-preemption-below`` and ``no-oom-up-to`` said PASS "(measured)" and the run exited 0 (also
+with timeouts, 429s, 503s and malformed SSE). Here every failure kind a fault server produces (as the
+outcome the client classifies it as) meets every kind of gate rule, on hand-built run directories:
+no rule passes on a step whose requests mostly failed, and the run exits 3 whatever the rules say.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from report.runbuilder import StepSpec, write_run
+from rich.console import Console
+
+from oomload.errors import ExitCode
+from oomload.outcome import Outcome
+from oomload.report import finalize_run
+from oomload.report.findings import describe
+from oomload.verdict import Verdict, build_verdict
+from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
+from oomload.verdict.recommend import recommend
+from oomload.verdict.runview import load_run
+from oomload.verdict.stepfacts import MIN_ANSWERED_SHARE
+
+# how a fault server fails → the outcome the client names it (tests/integration/test_fail_closed.py
+# checks the same mapping on the wire)
+FAILURE_KINDS = {
+    "stream-closed-mid-response": Outcome.TRANSPORT_ERROR,
+    "connection-reset": Outcome.TRANSPORT_ERROR,
+    "timeout": Outcome.TIMEOUT,
+    "http-429": Outcome.SERVER_ERROR,
+    "http-503": Outcome.ADMISSION_REJECTED,
+    "http-500-with-text": Outcome.SERVER_ERROR,
+    "malformed-sse": Outcome.SERVER_ERROR,
+    "context-overflow": Outcome.CONTEXT_OVERFLOW,
+}
+RULES = (
+    # absence rules: every event
+    "no-preemption-below:4",
+    "no-preemption-below:2",
+    "no-oom-up-to:4",
+    "no-oom-up-to:2",
+    "no-kv-saturation-up-to:4",
+    "no-queueing-up-to:4",
+    "no-errors-up-to:4",
+    # thresholds at a level: latency, counts and peaks, rates, the error rate
+    "p99-ttft-s@4<=2",
+    "p50-e2e-ms@4<=100000",
+    "max-kv-usage@4<0.95",
+    "preemptions@4==0",
+    "max-waiting@4<=0",
+    "req-per-s@4>=0.01",
+    "output-tokens-per-s@4>=0",
+    "achieved-concurrency@4>=1",
+    "error-rate@4<=0.5",
+    # run-wide thresholds
+    "error-rate<=60%",
+    "max-kv-usage<0.95",
+    "preemptions==0",
+    "last-safe-concurrency>=2",
+)
+REQUESTS = 12
+SHARES = {"all": REQUESTS, "mostly": 7}  # failed requests per step (7 of 12: just over half)
+
+
+def _run(tmp: Path, outcome: Outcome, failed: int) -> Path:
+    """Steps at 2 and 4, both completed and held, with clean /metrics (no preemption, KV 50 %), of
+    which ``failed`` requests per step ended in ``outcome``."""
+    steps = [StepSpec(c, requests=REQUESTS, failures={outcome: failed}) for c in (2, 4)]
+    return write_run(tmp / f"{outcome.value}-{failed}", steps)
+
+
+_VERDICTS: dict[tuple[str, int], tuple[Path, Verdict]] = {}
+
+
+def _verdict(tmp_factory: pytest.TempPathFactory, kind: str, failed: int) -> tuple[Path, Verdict]:
+    key = (kind, failed)
+    if key not in _VERDICTS:
+        run = _run(tmp_factory.mktemp(kind), FAILURE_KINDS[kind], failed)
+        _VERDICTS[key] = (run, build_verdict(load_run(run)))
+    return _VERDICTS[key]
+
+
+@pytest.mark.parametrize("share", sorted(SHARES))
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("kind", sorted(FAILURE_KINDS))
+def test_no_rule_passes_on_steps_whose_requests_mostly_failed(
+    tmp_path_factory: pytest.TempPathFactory, kind: str, rule: str, share: str
+) -> None:
+    _, verdict = _verdict(tmp_path_factory, kind, SHARES[share])
+    result = evaluate_gate(parse_gate(rule), verdict)
+    assert result.status is not GateStatus.PASS, (kind, rule, result.reason)
+
+
+@pytest.mark.parametrize("share", sorted(SHARES))
+@pytest.mark.parametrize("kind", sorted(FAILURE_KINDS))
+def test_a_run_whose_requests_mostly_failed_exits_3_whatever_the_gates_say(
+    tmp_path_factory: pytest.TempPathFactory, kind: str, share: str
+) -> None:
+    run, verdict = _verdict(tmp_path_factory, kind, SHARES[share])
+    outcome = FAILURE_KINDS[kind].value
+    failed = SHARES[share] * 2
+    for rules in ((), RULES, ("no-preemption-below:2",), ("no-errors-up-to:4",), ("error-rate<=100%",)):
+        out = io.StringIO()
+        code = finalize_run(run, gates=rules, console=Console(file=out, width=200), formats=("json",))
+        assert code is ExitCode.UNREACHABLE, (rules, out.getvalue())
+    # the verdict says why in one line, naming the failures; confidence is low, never high
+    reason = f"{failed} of {2 * REQUESTS} requests failed ({outcome} {failed})"
+    assert verdict.failed_run is not None and verdict.failed_run.startswith(reason)
+    findings = {f.key: f for f in describe(verdict, recommend(verdict))}
+    assert findings["run_status"].text.startswith(f"NOTHING TO JUDGE: {reason}")
+    assert findings["run_status"].severity == "bad"
+    assert verdict.confidence == "low"
+    assert "run_failed" in {n.kind for n in verdict.notes}
+    assert f"NOTHING TO JUDGE: {reason}" in out.getvalue()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["exit_code"] == 3
+    assert summary["verdict"]["requests"]["failed_run"] == verdict.failed_run
+    assert all(g["status"] != "pass" for g in summary["gates"])
+
+
+def test_the_threshold_is_more_than_half(tmp_path: Path) -> None:
+    """Half the requests failing (6 of 12) is still evidence: the steps are trusted, the rules judge."""
+    assert MIN_ANSWERED_SHARE == 0.5
+    run = _run(tmp_path, Outcome.TRANSPORT_ERROR, REQUESTS // 2)
+    verdict = build_verdict(load_run(run))
+    assert verdict.failed_run is None
+    assert all(s.trusted and not s.mostly_failed for s in verdict.measured_steps)
+    assert evaluate_gate(parse_gate("no-preemption-below:4"), verdict).status is GateStatus.PASS
+    assert evaluate_gate(parse_gate("no-oom-up-to:4"), verdict).status is GateStatus.PASS
+    code = finalize_run(run, gates=["no-preemption-below:4"], console=Console(file=io.StringIO()), formats=())
+    assert code is ExitCode.OK
+
+
+def test_one_failed_step_is_no_evidence_though_the_run_is(tmp_path: Path) -> None:
+    """Level 2 answered everything, level 4 nothing: the run is judged (half its requests were
+    answered), but nothing vouches for level 4, and its error rate fails a rule there."""
+    steps = [
+        StepSpec(2, requests=REQUESTS),
+        StepSpec(4, requests=REQUESTS, failures={Outcome.TIMEOUT: REQUESTS}),
+    ]
+    run = write_run(tmp_path / "run", steps)
+    verdict = build_verdict(load_run(run))
+    assert verdict.failed_run is None
+    step4 = verdict.steps[1]
+    assert step4.mostly_failed and not step4.trusted
+    assert step4.distrust == "step 1 (concurrency 4): 12 of 12 requests failed (timeout 12) — no evidence"
+    results = {r: evaluate_gate(parse_gate(r), verdict) for r in ("no-preemption-below:4", "no-oom-up-to:4")}
+    assert {r: x.status for r, x in results.items()} == {
+        "no-preemption-below:4": GateStatus.NOT_EVALUATED,
+        "no-oom-up-to:4": GateStatus.NOT_EVALUATED,
+    }
+    assert "12 of 12 requests failed (timeout 12)" in results["no-oom-up-to:4"].reason
+    assert evaluate_gate(parse_gate("no-preemption-below:3"), verdict).status is GateStatus.PASS
+    assert evaluate_gate(parse_gate("error-rate@4<=0.5"), verdict).status is GateStatus.FAIL
+    assert evaluate_gate(parse_gate("max-kv-usage<0.95"), verdict).status is GateStatus.NOT_EVALUATED
+    assert verdict.last_safe_concurrency == 2
+    assert "requests_failed" in {n.kind for n in verdict.notes} and verdict.confidence != "high"
+    out = io.StringIO()
+    code = finalize_run(run, gates=["no-oom-up-to:4"], console=Console(file=out, width=200), formats=())
+    assert code is ExitCode.GATE_NOT_EVALUATED
+
+
+def test_failures_an_engine_death_explains_are_judged_by_the_gates(tmp_path: Path) -> None:
+    """Every request of the death's step failed with the engine: that is the finding, not "nothing
+    to judge" — the no-oom rule fails (1), as the README's precedence says."""
+    steps = [
+        StepSpec(2, requests=REQUESTS),
+        StepSpec(4, requests=REQUESTS, failures={Outcome.ENGINE_DEAD: REQUESTS}),
+    ]
+    run = write_run(tmp_path / "run", steps)
+    verdict = build_verdict(load_run(run))
+    assert verdict.engine_death is not None and verdict.failed_run is None
+    code = finalize_run(run, gates=["no-oom-up-to:4"], console=Console(file=io.StringIO()), formats=())
+    assert code is ExitCode.GATE_FAILED
+
+
+def test_an_interrupted_replay_is_130_before_anything_else(tmp_path: Path) -> None:
+    steps = [StepSpec(2, requests=REQUESTS, failures={Outcome.TRANSPORT_ERROR: REQUESTS})]
+    run = write_run(tmp_path / "run", steps, status={"finished": False, "end_reason": "interrupted"})
+    console = Console(file=io.StringIO())
+    assert finalize_run(run, gates=["no-oom-up-to:2"], console=console, formats=()) is ExitCode.INTERRUPTED
+    again = finalize_run(run, gates=["no-oom-up-to:2"], console=console, formats=(), reporting_only=True)
+    assert again is ExitCode.UNREACHABLE

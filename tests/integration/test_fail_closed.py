@@ -1,0 +1,186 @@
+"""Fail closed on the wire: `oomload replay` with gate rules against a loopback server that fails in
+each known way, through the real Locust replay path.
+
+Issue 24, finding 1: against a server that closed every stream mid-response, 100 % of the requests
+failed yet ``no-preemption-below`` and ``no-oom-up-to`` said PASS "(measured)", exit 0; likewise with
+timeouts, 429s and malformed SSE (which also read "Confidence high" with no failed-requests line).
+The fault server looks like vLLM everywhere but in its completions: ``/v1/models`` names the model
+and ``/metrics`` serves a real vLLM capture (no preemption, ever), so the telemetry side alone would
+vouch for "no preemption".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from clirun import oomload
+from oomload.errors import ExitCode
+from oomload.trace import TraceHeader, TraceRecord, write_trace
+
+METRICS = (Path(__file__).parents[1] / "fixtures" / "vllm-metrics.txt").read_bytes()
+STALL_S = 3.0  # how long the "timeout" mode holds a request (bounded; the client gives up after 1 s)
+GATES = ("no-preemption-below:2", "no-oom-up-to:2", "max-kv-usage<0.95")
+
+# mode → (outcome, reason) the client must name it by
+EXPECTED = {
+    "stream-closed": ("transport_error", "stream broke"),
+    "timeout": ("timeout", "request timeout"),
+    "http-429": ("server_error", "http 429"),
+    "http-503": ("admission_rejected", "http 503"),
+    "http-500": ("server_error", "http 500"),
+    "malformed-sse": ("server_error", "malformed event stream"),
+}
+MODES = tuple(sorted(EXPECTED))
+
+
+class FaultHandler(BaseHTTPRequestHandler):
+    """vLLM-shaped GETs; every completion fails the way ``mode`` says."""
+
+    protocol_version = "HTTP/1.1"
+    mode: ClassVar[str] = "stream-closed"
+    posts: ClassVar[int] = 0
+    lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/v1/models"):
+            self._send(200, "application/json", json.dumps(
+                {"object": "list", "data": [{"id": "tiny-model", "object": "model", "max_model_len": 2048}]}
+            ).encode())  # fmt: skip
+        elif self.path.startswith("/metrics"):
+            self._send(200, "text/plain; version=0.0.4", METRICS)
+        elif self.path.startswith("/health"):
+            self._send(200, "application/json", b"{}")
+        else:
+            self._send(404, "text/plain", b"not found")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        mode = FaultHandler.mode
+        if mode == "mixed":  # every kind in turn
+            with FaultHandler.lock:
+                FaultHandler.posts += 1
+                mode = MODES[FaultHandler.posts % len(MODES)]
+        if mode == "timeout":
+            time.sleep(STALL_S)
+            self.close_connection = True
+            return
+        if mode.startswith("http-"):
+            status = int(mode[5:])
+            error = {"message": "request failed", "type": "ServiceError", "code": status}
+            self._send(status, "application/json", json.dumps({"error": error}).encode())
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        token = json.dumps(
+            {"id": "cmpl-x", "object": "text_completion", "choices": [{"index": 0, "text": "a"}]}
+        )
+        if mode == "stream-closed":
+            events = [f"data: {token}\n\n"]
+        else:  # malformed-sse: a torn JSON event, then a proper end
+            events = [
+                f"data: {token}\n\n",
+                'data: {"choices": [{"index": 0, "text": "b"\n\n',
+                "data: [DONE]\n\n",
+            ]
+        for event in events:
+            data = event.encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        if mode == "malformed-sse":
+            self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        self.close_connection = True
+        if mode == "stream-closed":
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _send(self, status: int, ctype: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        del args
+
+
+@contextlib.contextmanager
+def fault_server(mode: str) -> Iterator[str]:
+    FaultHandler.mode = mode
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FaultHandler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _replay(tmp_path: Path, mode: str) -> tuple[Any, Path, list[dict[str, Any]]]:
+    """``oomload replay`` with ``GATES`` against the fault server in ``mode``; its decided requests."""
+    trace = tmp_path / "t.jsonl"
+    records = [TraceRecord(f"r{i}", 0.0, 32, 16) for i in range(6)]
+    write_trace(trace, records, TraceHeader(source=("fail-closed",), format="synthetic"))
+    run_dir = tmp_path / "run"
+    gates = [arg for rule in GATES for arg in ("--gate", rule)]
+    with fault_server(mode) as url:
+        proc = oomload(
+            *("replay", str(trace), "--url", url, "--run-dir", str(run_dir), "--gpu", "none"),
+            *("--concurrency", "1,2", "--hold-s", "2", "--warmup-s", "0", "--no-refine", "--no-evidence"),
+            *("--request-timeout-s", "1", "--stop-on", "never", "--metrics-interval-s", "0.5", *gates),
+        )
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    requests = [r for f in sorted(run_dir.glob("requests*.jsonl")) for r in _lines(f)]
+    decided = [r for r in requests if r["outcome"] != "cancelled"]
+    assert decided, proc.stdout + proc.stderr
+    return proc, run_dir, decided
+
+
+def _assert_nothing_to_judge(proc: Any, run_dir: Path, decided: list[dict[str, Any]]) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [g["status"] for g in summary["gates"]] == ["not_evaluated"] * len(GATES), summary["gates"]
+    assert proc.returncode == ExitCode.UNREACHABLE == summary["exit_code"], proc.stdout
+    assert summary["verdict"]["confidence"]["level"] == "low"
+    failed_run = summary["verdict"]["requests"]["failed_run"]
+    assert failed_run.startswith(f"{len(decided)} of {len(decided)} requests failed (")
+    assert "NOTHING TO JUDGE" in proc.stdout and "Failed requests" in proc.stdout
+    assert "PASS" not in proc.stdout
+
+
+@pytest.mark.parametrize("mode", ["stream-closed", "malformed-sse"])
+def test_a_server_that_fails_every_request_never_passes_a_gate(tmp_path: Path, mode: str) -> None:
+    """The two cases of the issue: every stream closed mid-response, and malformed SSE."""
+    proc, run_dir, decided = _replay(tmp_path, mode)
+    outcome, reason = EXPECTED[mode]
+    # the failure is named: the outcome and its reason, on every request
+    assert {(r["outcome"], r["error"].split(":")[0]) for r in decided} == {(outcome, reason)}
+    _assert_nothing_to_judge(proc, run_dir, decided)
+    failed_run = json.loads((run_dir / "summary.json").read_text())["verdict"]["requests"]["failed_run"]
+    assert f"({outcome} {len(decided)})" in failed_run
+
+
+def test_every_failure_kind_in_one_run_is_named_and_never_passes_a_gate(tmp_path: Path) -> None:
+    """Stream closed, timeout, 429, 503, 500 and malformed SSE in turn: each named as itself."""
+    FaultHandler.posts = 0
+    proc, run_dir, decided = _replay(tmp_path, "mixed")
+    named = {(r["outcome"], r["error"].split(":")[0]) for r in decided}
+    assert named == set(EXPECTED.values())
+    _assert_nothing_to_judge(proc, run_dir, decided)

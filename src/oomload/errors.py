@@ -6,6 +6,7 @@
     ├── ConfigError                  bad flags, bad scenario file, bad gate expression     (exit 2)
     ├── TraceFormatError             unreadable / malformed trace or log, with path and line (exit 2)
     ├── SamplerUnavailableError      NVML / DCGM / remote sampler cannot be used            (exit 2)
+    ├── RunDirWriteError             the run directory cannot be written mid-run (disk full) (exit 2)
     ├── EndpointError                the target endpoint is unreachable or not vLLM-shaped   (exit 3)
     ├── RunAbortedError              a run stopped before it could produce a verdict         (exit 3)
     └── InternalError                a bug in oomload: one line, the traceback in a file     (exit 70)
@@ -62,6 +63,13 @@ class TraceFormatError(OomloadError):
 
 class SamplerUnavailableError(OomloadError):
     """GPU telemetry (NVML, DCGM, a remote sampler) cannot be used on this machine."""
+
+    exit_code = ExitCode.USAGE
+
+
+class RunDirWriteError(OomloadError):
+    """The run directory stopped taking writes mid-run (disk full, read-only, a file size limit): the
+    run stops and keeps what it wrote before (``oomload.rundir.RunWriter``)."""
 
     exit_code = ExitCode.USAGE
 

@@ -16,8 +16,11 @@
    verdict until Ctrl-C or ``--web-keep-s``; last, stop the simulated server.
 
 From the moment the run directory exists, a Ctrl-C or SIGTERM — whenever it comes — ends in
-``status.json`` (``interrupted``) and a partial report. Importing Locust monkey-patches the process
-with gevent; it happens inside ``run_replay`` only.
+``status.json`` (``interrupted``) and a partial report. A run directory that stops taking writes
+(disk full, read-only, a file size limit) ends the run within a second: status.json if it still fits,
+no report (it would not fit either), and ``RunDirWriteError`` — one sentence, exit 2 — saying that the
+run directory keeps what it wrote and that ``oomload report`` judges it once there is space.
+Importing Locust monkey-patches the process with gevent; it happens inside ``run_replay`` only.
 
 ``ReplayConfig``, ``LoadOptions``, ``write_repro`` and ``build_user_class`` are importable from here
 (their homes: ``config``, ``repro``, ``session``).
@@ -25,6 +28,7 @@ with gevent; it happens inside ``run_replay`` only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,7 +37,7 @@ from typing import Any
 from rich.console import Console
 
 from oomload.credentials import read_api_key
-from oomload.errors import ExitCode
+from oomload.errors import ExitCode, RunDirWriteError
 from oomload.run.config import (
     DEMO_HOLD_S,
     DEMO_LEVELS,
@@ -131,10 +135,15 @@ def _run_with_server(
         writer.event("interrupted")
     finally:
         # with --web the web UI outlives the load: it serves the verdict once the report exists
-        session.shutdown(keep_web=end_reason not in ("interrupted", "error"))
+        full = writer.write_error is not None
+        session.shutdown(keep_web=end_reason not in ("interrupted", "error") and not full)
         finished = end_reason not in ("interrupted", "error")
-        writer.write_status(finished=finished, end_reason=end_reason)
+        with contextlib.suppress(RunDirWriteError):  # a full disk: said below, once
+            writer.write_status(finished=finished, end_reason=end_reason)
         writer.close()
+    failure = writer.write_failure()
+    if failure is not None:  # no report either: it could not be written (module docstring)
+        raise failure
     try:
         write_repro(run_dir)
         code = _finalize(run_dir, config.gates, console)

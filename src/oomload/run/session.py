@@ -21,6 +21,11 @@ its request, capped at ``ramp_down_grace_s``, after which the rest are abandoned
 new step starts when the surplus users are gone and the requests in flight are down to its level
 (``StepDriver`` settles; at most the same grace), so the higher step's pressure never counts against
 the lower one.
+
+A run directory that stops taking writes (disk full: ``RunWriter.write_error``) stops the run at once:
+no new request is sent (``ReplayContext.stopping``), the loop ends within its 0.2 s tick without
+waiting for the requests in flight (their results could not be kept), and the end reason is
+``error``; the runner then says so in one sentence (``RunDirWriteError``, exit 2).
 """
 
 from __future__ import annotations
@@ -161,6 +166,7 @@ class Session:
             api_key=self.api_key,
             sink=self.writer,
         )
+        self.writer.on_write_error = self._write_failed
         meter: Any = ContextMeter(self.context)
         on_step: Callable[[Any], None] | None = self._on_step
         step_done = None
@@ -222,16 +228,19 @@ class Session:
         monitor = gevent.spawn(self.watch.run)
         deadline = None if config.max_duration_s is None else time.time() + config.max_duration_s + 30.0
         try:
-            while not self.driver.finished and not self.interrupted:
+            while not self.driver.finished and not self.interrupted and self.writer.write_error is None:
                 gevent.sleep(0.2)
                 if self.distributed:
                     self.pool.check()
                 if deadline is not None and time.time() > deadline:
                     self.driver.interrupt("max_duration")
-            if not self.interrupted:
+            if not self.interrupted and self.writer.write_error is None:
                 self._drain(config.grace_s())
         finally:
             monitor.kill()
+        if self.writer.write_error is not None:  # the run directory is full: nothing more can be kept
+            self.driver.interrupt("error")
+            return "error"
         if self.interrupted:
             self.driver.interrupt("interrupted")
             self.writer.event("interrupted")
@@ -240,6 +249,11 @@ class Session:
         if reason.startswith("stop_condition:"):
             self.writer.event("stop_condition", reason=reason.partition(":")[2])
         return str(reason)
+
+    def _write_failed(self) -> None:
+        """The run directory stopped taking writes: no new request (the loop above then ends the run)."""
+        if self.context is not None:
+            self.context.stopping = True
 
     def _evidence(self) -> Callable[[Any], int | None]:
         """Requests a clean step must send, by the trace's odds on the server's pool (``oomload.odds``,

@@ -35,19 +35,27 @@ file                        content
 ==========================  ===================================================================
 
 No file in a run directory ever holds an API key, prompt text or completion text.
+
+A full disk (or a read-only one, or a file size limit) mid-run: the first write that fails
+(``OSError``: ``ENOSPC``, ``EROFS``, ``EFBIG``, …) is recorded in ``RunWriter.write_error`` and the
+writer's ``on_write_error`` is called once (the session stops the load); every later line is dropped
+without an attempt, so no greenlet or thread ever sees the error and nothing spins. What was flushed
+before stays (a torn last line is skipped by ``RunReader``). ``write_json`` raises
+``RunDirWriteError`` (one sentence, exit 2), as the runner does when the run ends on a failed write.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from oomload.errors import ConfigError
+from oomload.errors import ConfigError, RunDirWriteError
 from oomload.outcome import RequestResult
 from oomload.rundir.records import StatusLine
 
@@ -102,37 +110,86 @@ def check_run_dir_creatable(path: Path) -> None:
         raise ConfigError(f"cannot create the run directory {path}: {existing} is not writable")
 
 
+def open_append(path: Path) -> IO[str]:
+    """How ``RunWriter`` opens a stream: text, appended, kept open."""
+    return open(path, "a", encoding="utf-8")
+
+
 class RunWriter:
     """Appends to the streams of one run directory, one flushed line at a time (thread-safe).
 
     ``worker`` names this process's own request file (``requests.<worker>.jsonl``) so that several
-    Locust processes can write one run directory without interleaving lines.
+    Locust processes can write one run directory without interleaving lines. ``open_file`` opens a
+    stream (tests inject a file that fills up). A failed write stops all writing (module docstring):
+    ``write_error`` holds it, ``on_write_error`` (set by the session) is called once.
     """
 
-    def __init__(self, path: str | Path, worker: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        worker: str | None = None,
+        *,
+        open_file: Callable[[Path], IO[str]] = open_append,
+    ) -> None:
         self.path = Path(path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise run_dir_error(self.path, err) from err
         self._worker = worker
+        self._open = open_file
         self._files: dict[str, IO[str]] = {}
         self._lock = threading.Lock()
+        self.write_error: OSError | None = None
+        self.failed_file: str | None = None  # the file the first failed write was for
+        self.on_write_error: Callable[[], None] | None = None
 
     def _file(self, name: str) -> IO[str]:
         fh = self._files.get(name)
         if fh is None:
-            fh = open(self.path / f"{name}.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (kept open)
+            fh = self._open(self.path / f"{name}.jsonl")
             self._files[name] = fh
         return fh
 
     def append(self, stream: str, obj: Mapping[str, Any]) -> None:
-        """Append one object to ``<stream>.jsonl`` and flush it to the OS."""
+        """Append one object to ``<stream>.jsonl`` and flush it to the OS (dropped once a write failed)."""
         line = json.dumps(obj, separators=(",", ":"), default=str) + "\n"
         with self._lock:
-            fh = self._file(stream)
-            fh.write(line)
-            fh.flush()
+            if self.write_error is not None:
+                return
+            try:
+                fh = self._file(stream)
+                fh.write(line)
+                fh.flush()
+                return
+            except OSError as err:
+                first = self._failed(err, f"{stream}.jsonl")
+        if first:
+            self._notify()
+
+    def _failed(self, err: OSError, name: str) -> bool:
+        """Record the first failed write; True when this was it."""
+        if self.write_error is not None:
+            return False
+        self.write_error, self.failed_file = err, name
+        return True
+
+    def _notify(self) -> None:
+        callback = self.on_write_error
+        if callback is not None:
+            callback()
+
+    def write_failure(self) -> RunDirWriteError | None:
+        """The failed write as one sentence (``None`` while every write succeeded)."""
+        err = self.write_error
+        if err is None:
+            return None
+        why = err.strerror or type(err).__name__
+        return RunDirWriteError(
+            f"cannot write to the run directory {self.path} ({self.failed_file}: {why}); the run "
+            f"stopped and kept what it wrote before that — free the space, then `oomload report "
+            f"{self.path}` judges it"
+        )
 
     def request(self, result: RequestResult) -> None:
         stream = "requests" if self._worker is None else f"requests.{self._worker}"
@@ -144,12 +201,24 @@ class RunWriter:
         )
 
     def write_json(self, name: str, obj: dict[str, Any]) -> None:
-        """Write a whole JSON document atomically (``config.json``, ``status.json`` …)."""
+        """Write a whole JSON document atomically (``config.json``, ``status.json`` …);
+        ``RunDirWriteError`` when it cannot be written."""
         target = self.path / name
-        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
-        os.replace(tmp, target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
+            os.replace(tmp, target)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            with self._lock:
+                first = self._failed(err, name)
+            if first:
+                self._notify()
+            failure = self.write_failure()
+            assert failure is not None
+            raise failure from err
 
     def write_status(self, *, finished: bool, end_reason: str) -> None:
         """``status.json``, written last: how the run ended (its absence means it was cut short)."""
@@ -159,7 +228,8 @@ class RunWriter:
     def close(self) -> None:
         with self._lock:
             for fh in self._files.values():
-                fh.close()
+                with contextlib.suppress(OSError):  # a full disk: what was flushed is kept
+                    fh.close()
             self._files.clear()
 
     def __enter__(self) -> RunWriter:

@@ -206,9 +206,12 @@ def test_outcome_classes_from_the_simulator(tmp_path: Path) -> None:
                 "30",
             ]
         )
-    assert proc.returncode == 0, proc.stderr + proc.stdout  # no gate: 0, whatever the verdict
     results = RunReader(run_dir).requests()
     outcomes = Counter(r.outcome.value for r in results)
+    # most requests were refused (every 2nd stream, the one-slot queue, the overflows): the server was
+    # hardly loaded, so the run is "nothing to judge" (exit 3) — with or without a gate
+    assert outcomes["ok"] + outcomes["truncated"] < sum(outcomes.values()) / 2, outcomes
+    assert proc.returncode == 3, proc.stderr + proc.stdout
     assert outcomes["context_overflow"] >= 1 and outcomes["truncated"] >= 1 and outcomes["ok"] >= 1, outcomes
     rejected = [r for r in results if r.outcome.value == "admission_rejected"]
     assert any(r.http_status == 503 for r in rejected), outcomes

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from report.runbuilder import StepSpec, write_run
+from report.runbuilder import T0, StepSpec, request, write_run
 from rich.console import Console
 
 from oomload.errors import ExitCode
@@ -177,6 +177,25 @@ def test_failures_an_engine_death_explains_are_judged_by_the_gates(tmp_path: Pat
     verdict = build_verdict(load_run(run))
     assert verdict.engine_death is not None and verdict.failed_run is None
     code = finalize_run(run, gates=["no-oom-up-to:4"], console=Console(file=io.StringIO()), formats=())
+    assert code is ExitCode.GATE_FAILED
+
+
+def test_requests_refused_by_a_dead_server_are_the_death_not_nothing_to_judge(tmp_path: Path) -> None:
+    """A kill -9 (seen in a --processes 2 drill): a few answers, the server dies at 4 s, then 20
+    requests are refused after it had answered (engine_dead), at most one of them in flight at the
+    death (a casualty). The death is the finding: the no-oom rule fails (1), not "nothing to judge" (3)."""
+    refused = [
+        request(f"refused-{i}", 0, 8, 4.2 + 0.2 * i, 4.25 + 0.2 * i, Outcome.ENGINE_DEAD) for i in range(20)
+    ]
+    events = [{"kind": "server_dead", "t_unix_s": T0 + 9.0, "evidence": "/health connection refused (2x)"}]
+    steps = [StepSpec(8, requests=8, duration_s=10.0, in_flight=8)]
+    run = write_run(tmp_path / "run", steps, extra_requests=refused, events=events)
+    verdict = build_verdict(load_run(run))
+    step = verdict.steps[0]
+    assert verdict.engine_death is not None
+    assert step.count(Outcome.ENGINE_DEAD) == 20 and step.casualties_of(Outcome.ENGINE_DEAD) <= 1
+    assert not step.mostly_failed and verdict.failed_run is None
+    code = finalize_run(run, gates=["no-oom-up-to:8"], console=Console(file=io.StringIO()), formats=())
     assert code is ExitCode.GATE_FAILED
 
 

@@ -43,10 +43,11 @@
 A step is *trusted* — evidence that its level is safe, or that a gate passes there — only when it
 completed (not cut short: ``runview.CUT_SHORT_REASONS``), held its concurrency and was *answered*: at
 least ``MIN_ANSWERED_SHARE`` (half) of its decided requests were answered by the server (``ok`` or
-``truncated``: the server ran them) or failed because the engine died (casualties: the death is the
-finding). A step whose requests mostly failed otherwise — transport errors, timeouts, 429/503, 500,
-malformed answers, refusals — put no load on the KV cache, so its lack of a preemption or an OOM says
-nothing (``mostly_failed``). A failure seen in an untrusted step is still a failure.
+``truncated``: the server ran them) or failed because the engine died (``engine_dead`` answers and
+the casualties of a death: the death is the finding). A step whose requests mostly failed
+otherwise — transport errors, timeouts, 429/503, 500, malformed answers, refusals — put no load on
+the KV cache, so its lack of a preemption or an OOM says nothing (``mostly_failed``). A failure
+seen in an untrusted step is still a failure.
 """
 
 from __future__ import annotations
@@ -85,7 +86,11 @@ END_REASON_WORDS = {  # why a step or run ended early, as a phrase (runview.CUT_
     "error": "oomload stopped on an error",
     "server_dead": "the server died",
 }
-NOT_FAILED = frozenset(o.value for o in (Outcome.OK, Outcome.TRUNCATED, Outcome.CANCELLED))
+# outcomes that are no unexplained failure: answers, oomload's own cancellations, and the engine's
+# death (an ``engine_dead`` request is evidence of the death, which is a finding of its own)
+NOT_FAILED = frozenset(
+    o.value for o in (Outcome.OK, Outcome.TRUNCATED, Outcome.CANCELLED, Outcome.ENGINE_DEAD)
+)
 UNSAFE_OUTCOMES = frozenset(
     {Outcome.ENGINE_DEAD, Outcome.ADMISSION_REJECTED, Outcome.SERVER_ERROR, Outcome.TIMEOUT}
 )
@@ -233,8 +238,16 @@ class StepFacts:
     @property
     def unexplained_failures(self) -> int:
         """Decided requests neither answered nor lost to an engine death."""
-        casualties = sum(int(n) for n in self.casualties.values())
-        return max(self.decided_requests - self.answered_requests - casualties, 0)
+        return sum(self.unexplained_by_outcome().values())
+
+    def unexplained_by_outcome(self) -> dict[str, int]:
+        """The failures not explained by an engine death (``NOT_FAILED`` and casualties aside)."""
+        counts: dict[str, int] = {}
+        for name, count in self.outcomes.items():
+            n = int(count) - int(self.casualties.get(name, 0))
+            if name not in NOT_FAILED and n > 0:
+                counts[name] = n
+        return counts
 
     @property
     def mostly_failed(self) -> bool:
@@ -276,14 +289,7 @@ class StepFacts:
     @property
     def failed_text(self) -> str:
         """``"12 of 12 requests failed (transport_error 12)"``: the unexplained failures, by outcome."""
-        by_outcome = sorted(
-            (
-                (n, name)
-                for name, count in self.outcomes.items()
-                if name not in NOT_FAILED and (n := int(count) - int(self.casualties.get(name, 0))) > 0
-            ),
-            reverse=True,
-        )
+        by_outcome = sorted(((n, name) for name, n in self.unexplained_by_outcome().items()), reverse=True)
         kinds = ", ".join(f"{name} {n}" for n, name in by_outcome)
         return f"{self.unexplained_failures} of {self.decided_requests} requests failed ({kinds})"
 

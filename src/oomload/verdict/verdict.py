@@ -98,7 +98,6 @@ from oomload.verdict.stepfacts import (
     END_REASON_WORDS,
     KV_SATURATED,
     MIN_ANSWERED_SHARE,
-    NOT_FAILED,
     UNSAFE_OUTCOMES,
     LatencyStats,
     StepFacts,
@@ -331,10 +330,8 @@ class Verdict:
             return None
         counts: dict[str, int] = {}
         for s in self.measured_steps:
-            for name, n in s.outcomes.items():
-                unexplained = int(n) - int(s.casualties.get(name, 0))
-                if name not in NOT_FAILED and unexplained > 0:
-                    counts[name] = counts.get(name, 0) + unexplained
+            for name, n in s.unexplained_by_outcome().items():
+                counts[name] = counts.get(name, 0) + n
         kinds = ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
         return (
             f"{self.requests_unexplained} of {decided} requests failed ({kinds}): the server was not "

@@ -10,8 +10,8 @@ Exit code (``run_exit_code``), the first that applies wins:
 1. ``INTERRUPTED`` (130) — the run ended by Ctrl-C / SIGTERM, unless ``reporting_only``
    (re-rendering a saved run is not itself interrupted): a cut run never reads as a pass;
 2. ``UNREACHABLE`` (3) — nothing to judge: no measured step finished a request, or the run's requests
-   mostly failed (``Verdict.failed_run``: more than half of the decided ones, casualties of an engine
-   death aside) — whatever the gate rules say: a gate over an unloaded server is no gate;
+   mostly failed (``Verdict.failed_run``: more than half of the decided ones, an engine death's own
+   failures aside) — whatever the gate rules say: a gate over an unloaded server is no gate;
 3. ``GATE_FAILED`` (1) — a gate rule failed;
 4. ``GATE_NOT_EVALUATED`` (4) — a gate rule lacked evidence and none failed;
 5. ``OK`` (0).

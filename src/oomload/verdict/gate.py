@@ -15,7 +15,7 @@ rules ``METRIC[@CONCURRENCY] OP VALUE`` with OP one of ``<= < >= > ==``, METRIC 
 
 Evidence. A rule passes only on evidence, never on its absence. A step whose requests mostly failed
 (``StepFacts.mostly_failed``: transport errors, timeouts, 429/503, 500, malformed answers — more than
-half of its decided requests, casualties of an engine death aside) is untrusted: it loaded nothing, so
+half of its decided requests, an engine death's own failures aside) is untrusted: it loaded nothing, so
 it vouches for no "no preemption", "no OOM" or latency. Whatever the rules say, a run whose requests
 mostly failed exits 3 (``oomload.report.run_exit_code``):
 

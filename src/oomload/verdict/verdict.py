@@ -57,11 +57,12 @@ with a reason in ``runview.CUT_SHORT_REASONS``, when a step was cut short, or wh
 ``RunInfo.cut_short_detail`` says where (step, concurrency, seconds since the run started).
 
 Failed run. A run whose decided requests mostly failed — more than half (``MIN_ANSWERED_SHARE``),
-counting every failure but the casualties of an engine death, so ``ok`` and ``truncated`` answers are
-the evidence — put no load on the server: ``Verdict.failed_run`` says so in one sentence naming the
-failures by outcome, the confidence is low (``run_failed``), and the run exits 3 whatever its gate
-rules say (``oomload.report``). Each step whose requests mostly failed is untrusted
-(``StepFacts.trusted``): no evidence that its level is safe or that a gate passes there.
+counting every failure but an engine death's own (its casualties and ``engine_dead`` answers: the
+death is the finding), so ``ok`` and ``truncated`` answers are the evidence — put no load on the
+server: ``Verdict.failed_run`` says so in one sentence naming the failures by outcome, the confidence
+is low (``run_failed``), and the run exits 3 whatever its gate rules say (``oomload.report``). Each
+step whose requests mostly failed is untrusted (``StepFacts.trusted``): no evidence that its level is
+safe or that a gate passes there.
 
 Context overflow: ``context_overflow`` outcomes are refusals; a ``truncated`` answer counts as
 *clamped* only when its prompt + asked output exceeds ``max_model_len`` (that is what clamping is);

@@ -212,6 +212,8 @@ def configure(environment: Any, settings: ScenarioSettings) -> None:
         _write_scenario_config(sink, settings, options, records)  # `oomload report` can read it
         _write_status_on_quit(environment, sink)
     context = bind_user(ScenarioUser, options, records=records, api_key=api_key, sink=sink)
+    if sink is not None:  # a full run directory: no new request (its results could not be kept)
+        sink.on_write_error = lambda: setattr(context, "stopping", True)
     environment.oomload_context = context
 
 
@@ -220,6 +222,8 @@ def _write_status_on_quit(environment: Any, writer: RunWriter) -> None:
     end are its own ways to finish); without it ``oomload report`` would call the run cut short."""
 
     def on_quitting(**_kw: Any) -> None:
+        if writer.write_error is not None:  # a full run directory: the run ended on it, said once
+            return
         writer.write_status(finished=True, end_reason="locust_quit")
 
     environment.events.quitting.add_listener(on_quitting)

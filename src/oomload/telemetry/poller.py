@@ -30,12 +30,13 @@ tests pass a fake one. ``vllm:cache_config_info`` is written once to
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from oomload.errors import OomloadError
+from oomload.errors import OomloadError, RunDirWriteError
 from oomload.rundir import RunWriter
 from oomload.rundir.records import MetricsLine
 from oomload.telemetry.scrape import fetch_text
@@ -152,7 +153,9 @@ class MetricsPoller:
                 config["max_model_len"] = self.max_model_len
             self._cache_config = config
             if self._writer is not None:
-                self._writer.write_json("cache_config.json", config)
+                # a full run directory is recorded by the writer, which stops the run (oomload.rundir)
+                with contextlib.suppress(RunDirWriteError):
+                    self._writer.write_json("cache_config.json", config)
         return dict(record)
 
     def _record_failure(self, error: str, started: float) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,26 @@ def test_failures_an_engine_death_explains_are_judged_by_the_gates(tmp_path: Pat
     assert verdict.engine_death is not None and verdict.failed_run is None
     code = finalize_run(run, gates=["no-oom-up-to:4"], console=Console(file=io.StringIO()), formats=())
     assert code is ExitCode.GATE_FAILED
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_junit_never_shows_a_run_of_failures_green(tmp_path: Path, gated: bool) -> None:
+    """Level 2 clean (its rule passes), level 4 and 8 all timeouts: the run is nothing to judge (3),
+    and junit.xml says so as an error, beside the rules or in place of the run finding."""
+    steps = [StepSpec(2, requests=REQUESTS)] + [
+        StepSpec(c, requests=REQUESTS, failures={Outcome.TIMEOUT: REQUESTS}) for c in (4, 8)
+    ]
+    run = write_run(tmp_path / "run", steps)
+    rules = ["no-preemption-below:3"] if gated else []
+    code = finalize_run(run, gates=rules, console=Console(file=io.StringIO()), formats=("junit",))
+    assert code is ExitCode.UNREACHABLE
+    root = ET.parse(run / "junit.xml").getroot()
+    errors = {c.get("name"): c.find("error") for c in root.iter("testcase") if c.find("error") is not None}
+    assert list(errors) == (["run"] if gated else ["run_status"])
+    error = errors["run" if gated else "run_status"]
+    assert error is not None and error.get("type") == "nothing_to_judge"
+    assert (error.get("message") or "").startswith("24 of 36 requests failed (timeout 24)")
+    assert root.get("errors") == "1"
 
 
 def test_requests_refused_by_a_dead_server_are_the_death_not_nothing_to_judge(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 Gate rules map to JUnit as pass → passed, fail → ``<failure>``, not evaluated → ``<error>`` (a CI
 system shows it as broken, never as green). Findings without a gate are informational: each is a
-passing test case whose ``<system-out>`` holds the sentence.
+passing test case whose ``<system-out>`` holds the sentence. A run whose requests mostly failed
+(``Verdict.failed_run``, exit 3) is an ``<error>`` either way — a test case ``run`` beside the gate
+rules, or its ``run_status`` finding — so no CI system shows it green.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ def render_junit(
     verdict: Verdict, recommendation: Recommendation, gate_results: Sequence[GateResult] = ()
 ) -> str:
     suites = ET.Element("testsuites", name=SUITE)
+    nothing = verdict.failed_run  # the run's requests mostly failed: nothing to judge (exit 3)
     if gate_results:
         suite = ET.SubElement(suites, "testsuite", name=f"{SUITE}.gate")
         for r in gate_results:
@@ -34,14 +37,23 @@ def render_junit(
                 ET.SubElement(case, "system-out").text = r.reason
         failures = sum(r.status is GateStatus.FAIL for r in gate_results)
         errors = sum(r.status is GateStatus.NOT_EVALUATED for r in gate_results)
-        suite.set("tests", str(len(gate_results)))
+        tests = len(gate_results)
+        if nothing is not None:
+            case = ET.SubElement(suite, "testcase", classname=f"{SUITE}.gate", name="run")
+            ET.SubElement(case, "error", message=nothing, type="nothing_to_judge").text = nothing
+            tests, errors = tests + 1, errors + 1
+        suite.set("tests", str(tests))
     else:
         suite = ET.SubElement(suites, "testsuite", name=f"{SUITE}.findings")
         findings = describe(verdict, recommendation)
+        failures = errors = 0
         for f in findings:
             case = ET.SubElement(suite, "testcase", classname=f"{SUITE}.findings", name=f.key)
-            ET.SubElement(case, "system-out").text = f"{f.label}: {f.text}"
-        failures = errors = 0
+            if f.key == "run_status" and nothing is not None:
+                ET.SubElement(case, "error", message=nothing, type="nothing_to_judge").text = nothing
+                errors += 1
+            else:
+                ET.SubElement(case, "system-out").text = f"{f.label}: {f.text}"
         suite.set("tests", str(len(findings)))
     suite.set("failures", str(failures))
     suite.set("errors", str(errors))

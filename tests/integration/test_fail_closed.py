@@ -157,6 +157,7 @@ def _replay(tmp_path: Path, mode: str) -> tuple[Any, Path, list[dict[str, Any]]]
 def _assert_nothing_to_judge(proc: Any, run_dir: Path, decided: list[dict[str, Any]]) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [g["status"] for g in summary["gates"]] == ["not_evaluated"] * len(GATES), summary["gates"]
+    assert all("requests failed (" in g["reason"] for g in summary["gates"]), summary["gates"]
     assert proc.returncode == ExitCode.UNREACHABLE == summary["exit_code"], proc.stdout
     assert summary["verdict"]["confidence"]["level"] == "low"
     failed_run = summary["verdict"]["requests"]["failed_run"]

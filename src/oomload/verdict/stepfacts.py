@@ -231,11 +231,6 @@ class StepFacts:
         return f"held {self.delivered_concurrency:.1f}"
 
     @property
-    def answered_requests(self) -> int:
-        """Requests the server ran to an answer: ``ok`` and ``truncated`` (short, but served)."""
-        return self.ok_requests + self.count(Outcome.TRUNCATED)
-
-    @property
     def unexplained_failures(self) -> int:
         """Decided requests neither answered nor lost to an engine death."""
         return sum(self.unexplained_by_outcome().values())
@@ -274,6 +269,8 @@ class StepFacts:
             )
             after = "" if self.duration_s is None else f" after {self.duration_s:.1f} s"
             return f"{where} was cut short ({how}{after}, {self.requests} request(s))"
+        if self.mostly_failed:  # before "not held": failing requests end early, so few are in flight
+            return f"{where}: {self.failed_text} — no evidence"
         if self.concurrency_held is False:
             limit = f"(< {ACHIEVED_CONCURRENCY_MIN_SHARE:.0%} of {self.concurrency})"
             if self.server_bottleneck and self.server is not None:
@@ -282,8 +279,6 @@ class StepFacts:
                     f"average but the server only {self.delivered_concurrency:.1f} {limit}"
                 )
             return f"{where} held only {self.achieved_concurrency:.1f} requests in flight on average {limit}"
-        if self.mostly_failed:
-            return f"{where}: {self.failed_text} — no evidence"
         return None
 
     @property

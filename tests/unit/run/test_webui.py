@@ -60,6 +60,16 @@ def test_state_changing_requests_from_another_page_are_refused() -> None:
     assert cross_origin("GET", "127.0.0.1:8089", "http://evil.example", None) is None  # reads change nothing
 
 
+def test_a_loopback_web_ui_refuses_a_rebound_name_that_is_its_own_origin() -> None:
+    """DNS rebinding: evil.example re-pointed at 127.0.0.1 sends Origin and Host that match."""
+    rebound = cross_origin("POST", "evil.example:8089", "http://evil.example:8089", None, loopback=True)
+    assert rebound is not None and "not a loopback name" in rebound
+    for host in ("localhost:8089", "127.0.0.1:8089", "[::1]:8089"):
+        assert cross_origin("POST", host, f"http://{host}", None, loopback=True) is None
+    # bound to all interfaces: the machine's own name is its page
+    assert cross_origin("POST", "gpu-box:8089", "http://gpu-box:8089", None) is None
+
+
 # Locust's own web UI with oomload's extension, driven through Flask's test client in a child process
 # (importing locust patches the whole process with gevent): a cross-origin POST /stop and /swarm are
 # refused and the run keeps running; the same POST from the UI's own page still stops it.

@@ -133,3 +133,21 @@ def test_trace_build_skips_an_absurd_length_or_stops_strict_at_its_line(
     assert code == 2
     reason = "prompt_tokens over the limit of 10,000,000 tokens"
     assert err == f"oomload: error: {log}:{bad_line}: {reason} (stopped by --strict)\n"
+
+
+def test_trace_build_skips_a_vllm_log_request_asking_for_an_absurd_max_tokens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(
+        "INFO 12-20 20:25:46 api_server.py:1] vLLM API server version 0.6.6\n"
+        "INFO 12-20 20:25:50 engine.py:267] Received request cmpl-a: prompt: 'hi', "
+        "params: SamplingParams(n=1, max_tokens=16), prompt_token_ids: [1, 2, 3], lora_request: None.\n"
+        "INFO 12-20 20:25:51 engine.py:267] Received request cmpl-b: prompt: 'hi', "
+        "params: SamplingParams(n=1, max_tokens=100000000), prompt_token_ids: [1, 2], lora_request: None.\n"
+    )
+    out = tmp_path / "trace.jsonl"
+    code, stdout, err = run(["trace", "build", str(log), "-o", str(out)], capsys)
+    assert code == 0, err
+    assert [r.id for r in read_trace(out)] == ["cmpl-a"]
+    assert f"output_tokens over the limit of 10,000,000 tokens  (first: {log}:3)" in stdout

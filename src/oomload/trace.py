@@ -43,11 +43,23 @@ header without ``prefix`` means: ids as Mooncake/Bailian gave them (512-token bl
 
 Optional keys are omitted when empty, so a plain trace line is short. Readers ignore unknown keys
 (forward compatibility within a major version) and reject a newer major version with a clear error.
+
+Bounds. A trace is input from outside, so every value has a sane upper bound, checked where a trace
+is read (``iter_trace``, ``TraceRecord.from_json``, the columnar reader) and where one is built from
+logs (a log line over a bound is skipped and counted like any unusable line, or stops ``--strict``):
+``prompt_tokens``, ``output_tokens`` and ``max_tokens`` at most ``MAX_TOKENS`` (10,000,000 — no model
+serves a longer context; a bigger count is a corrupt line, not a request); ``id``, ``model``,
+``session`` and ``parent`` at most ``MAX_ID_CHARS`` (256) characters; at most ``MAX_HASH_IDS``
+(1,000,000 — 10M tokens in 10-token blocks) ``hash_ids``; ``turn`` within ±``MAX_TURN``; times finite
+and within ±``MAX_TIME_S`` seconds (10¹¹ s: epoch seconds of any real log); a line at most
+``MAX_LINE_BYTES`` (32 MiB). ``NaN``, ``Infinity`` and numbers that overflow a float (``1e400``) are
+refused. A value over a bound is a ``TraceFormatError`` naming the file and line (exit 2).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +68,12 @@ from typing import IO, Any, BinaryIO, cast
 from oomload.errors import TraceFormatError
 
 TRACE_SCHEMA_VERSION = 1
+MAX_TOKENS = 10_000_000  # prompt, output and max_tokens of one request
+MAX_ID_CHARS = 256  # id, model, session, parent
+MAX_HASH_IDS = 1_000_000  # prefix block ids of one request
+MAX_TURN = 1_000_000
+MAX_TIME_S = 1e11  # |arrival_s| in a trace, |time| in a log (epoch seconds of any real log)
+MAX_LINE_BYTES = 32 * 1024 * 1024
 DEFAULT_PREFIX_BLOCK_TOKENS = 512  # Mooncake's hash_ids block, assumed by headers without "prefix"
 PREFIX_SOURCES = ("token-ids", "messages", "source-trace", "column", "none")
 
@@ -107,24 +125,89 @@ class TraceRecord:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> TraceRecord:
-        """Build a record from one trace line; ``ValueError``/``KeyError``/``TypeError`` on a bad shape."""
+        """Build a record from one trace line; ``ValueError``/``KeyError``/``TypeError`` on a bad shape
+        or a value over its bound (module docstring)."""
         prompt_tokens = _nonneg_int(obj["prompt_tokens"], "prompt_tokens")
         output_tokens = _nonneg_int(obj["output_tokens"], "output_tokens")
         max_tokens = obj.get("max_tokens")
         turn = obj.get("turn")
-        return cls(
-            id=str(obj["id"]),
+        hash_ids = obj.get("hash_ids", ())
+        if not isinstance(hash_ids, list | tuple):
+            raise ValueError(f"hash_ids must be a list of integers, got {type(hash_ids).__name__}")
+        if len(hash_ids) > MAX_HASH_IDS:
+            raise ValueError(f"{len(hash_ids)} hash_ids are over the limit of {MAX_HASH_IDS}")
+        record = cls(
+            id=_text(obj["id"], "id"),
             arrival_s=float(obj.get("arrival_s", 0.0)),
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
             max_tokens=None if max_tokens is None else _nonneg_int(max_tokens, "max_tokens"),
             ok=bool(obj.get("ok", True)),
-            model=obj.get("model"),
-            hash_ids=tuple(int(h) for h in obj.get("hash_ids", ())),
-            session=obj.get("session"),
-            parent=obj.get("parent"),
-            turn=None if turn is None else int(turn),
+            model=_optional_text(obj.get("model"), "model"),
+            hash_ids=tuple(_hash_id(h) for h in hash_ids),
+            session=_optional_text(obj.get("session"), "session"),
+            parent=_optional_text(obj.get("parent"), "parent"),
+            turn=None if turn is None else _int(turn, "turn"),
         )
+        reason = bounds_reason(record)
+        if reason is not None:
+            raise ValueError(reason)
+        return record
+
+
+def bounds_reason(record: TraceRecord) -> str | None:
+    """Why ``record`` is over a bound of the trace format (module docstring), or ``None``."""
+    return values_bounds_reason(
+        time_s=record.arrival_s,
+        prompt_tokens=record.prompt_tokens,
+        output_tokens=record.output_tokens,
+        max_tokens=record.max_tokens,
+        texts={"id": record.id, "model": record.model, "session": record.session, "parent": record.parent},
+        hash_ids=len(record.hash_ids),
+        turn=record.turn,
+    )
+
+
+TIME_BOUND_REASON = f"time not finite or beyond ±{MAX_TIME_S:.0e} s"
+
+
+def tokens_bound_reason(name: str) -> str:
+    return f"{name} over the limit of {MAX_TOKENS:,} tokens"
+
+
+def text_bound_reason(name: str) -> str:
+    return f"{name} longer than {MAX_ID_CHARS} characters"
+
+
+def values_bounds_reason(
+    *,
+    time_s: float | None = None,
+    prompt_tokens: int | None = None,
+    output_tokens: int | None = None,
+    max_tokens: int | None = None,
+    texts: dict[str, str | None] | None = None,
+    hash_ids: int = 0,
+    turn: int | None = None,
+) -> str | None:
+    """Why one request's values are over a bound (module docstring), or ``None``; the reason is short
+    and the same for every line with that fault, so a log's skips are counted by it."""
+    if time_s is not None and not (math.isfinite(time_s) and abs(time_s) <= MAX_TIME_S):
+        return TIME_BOUND_REASON
+    for name, count in (
+        ("prompt_tokens", prompt_tokens),
+        ("output_tokens", output_tokens),
+        ("max_tokens", max_tokens),
+    ):
+        if count is not None and count > MAX_TOKENS:
+            return tokens_bound_reason(name)
+    for name, text in (texts or {}).items():
+        if text is not None and len(text) > MAX_ID_CHARS:
+            return text_bound_reason(name)
+    if hash_ids > MAX_HASH_IDS:
+        return f"more than {MAX_HASH_IDS:,} hash_ids"
+    if turn is not None and abs(turn) > MAX_TURN:
+        return f"turn beyond ±{MAX_TURN:,}"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,9 +276,63 @@ class TraceHeader:
 
 
 def _nonneg_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    return int(value)
+    number = _int(value, name)
+    if number < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {number!r}")
+    return number
+
+
+def _int(value: Any, name: str) -> int:
+    """An integral JSON number (``3`` or ``3.0``); anything else — ``NaN``, infinities, ``1.5``, a string,
+    a bool — is a ``ValueError`` naming the key."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    shown = repr(value) if not isinstance(value, str) else f"the string {value[:40]!r}"
+    raise ValueError(f"{name} must be an integer, got {shown}")
+
+
+def _hash_id(value: Any) -> int:
+    number = _int(value, "hash_ids")
+    if not -(2**63) <= number < 2**63:
+        raise ValueError("hash_ids must be 64-bit integers")
+    return number
+
+
+def _text(value: Any, name: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError(f"{name} must be a string, got {type(value).__name__}")
+
+
+def _optional_text(value: Any, name: str) -> str | None:
+    return None if value is None else _text(value, name)
+
+
+def _json_line(line: str) -> Any:
+    """One JSON line, refusing what JSON itself does not allow but Python's parser takes: ``NaN``,
+    ``Infinity``, numbers too big for a float (``1e400``) and integers of more than 20 digits."""
+    return json.loads(line, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_int64ish)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _int64ish(text: str) -> int:
+    if len(text.lstrip("-")) > 20:
+        raise ValueError(f"the integer {text[:20]}… has {len(text)} digits")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is too large")
+    return value
 
 
 def write_trace(path: str | Path | IO[str], records: Iterable[TraceRecord], header: TraceHeader) -> int:
@@ -234,8 +371,10 @@ def iter_trace(path: str | Path) -> Iterator[TraceRecord]:
             if not line.strip():
                 continue
             try:
-                yield TraceRecord.from_json(json.loads(line))
-            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                yield TraceRecord.from_json(_json_line(line))
+            except KeyError as err:
+                raise TraceFormatError(f"malformed trace record (no {err})", path, lineno) from err
+            except (ValueError, TypeError, AttributeError, OverflowError, RecursionError) as err:
                 raise TraceFormatError(f"malformed trace record ({err})", path, lineno) from err
 
 
@@ -265,12 +404,14 @@ def _lines(fh: BinaryIO, path: str | Path) -> Iterator[tuple[int, str]]:
     lineno = 0
     while True:
         try:
-            raw = fh.readline()
+            raw = fh.readline(MAX_LINE_BYTES + 1)
         except (EOFError, zlib.error, OSError) as err:  # gzip.BadGzipFile is an OSError
             raise TraceFormatError(f"damaged or not a gzip file ({err})", path, lineno + 1) from err
         if not raw:
             return
         lineno += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise TraceFormatError(f"line longer than {MAX_LINE_BYTES // 2**20} MiB", path, lineno)
         try:
             yield lineno, raw.decode("utf-8")
         except UnicodeDecodeError as err:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from oomload.report.markdown import escape_md
 from oomload.rundir import RunReader
 from oomload.trace import TraceHeader, TraceRecord, write_trace
 
@@ -203,7 +204,7 @@ def test_a_worker_killed_mid_step_loses_nothing_it_had_sent(tmp_path: Path, sig:
     assert len(notes) == 1 and notes[0]["severity"] == "warning", notes
     assert notes[0]["message"].startswith(f"Locust worker {events[0]['worker']} (")
     assert "during step" in notes[0]["message"] and "concurrency 4" in notes[0]["message"]
-    assert notes[0]["message"] in (run_dir / "report.md").read_text()
+    assert escape_md(notes[0]["message"]) in (run_dir / "report.md").read_text()
 
 
 def test_workers_that_never_arrive_are_one_sentence(tmp_path: Path) -> None:

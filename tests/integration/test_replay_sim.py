@@ -378,3 +378,35 @@ def test_plain_locust_runs_the_scenario_file(sim: SimServer, tmp_path: Path) -> 
     # Locust's own end (-t) is an end, not a crash: the report must not call the run cut short
     status = json.loads((run_dir / "status.json").read_text())
     assert (status["finished"], status["end_reason"]) == (True, "locust_quit")
+
+
+_MAX_RSS = """
+import resource, subprocess, sys
+done = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=240, check=False)
+sys.stdout.write(done.stdout + done.stderr)
+print(f"\\nexit={done.returncode} maxrss_kib={resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}")
+"""
+
+
+def test_a_trace_row_far_over_max_model_len_replays_in_bounded_memory(sim: SimServer, tmp_path: Path) -> None:
+    """Issue #24: a 10⁹-token row made the replay build a billion-id list (killed at 24 GB) although the
+    server's max_model_len (2048 here) was known. The row the trace allows at most, 10M tokens, is sent
+    as 2049 tokens: the server refuses it as a context overflow, and the replay's memory stays small."""
+    from oomload.trace import MAX_TOKENS
+
+    trace = _trace(tmp_path / "t.jsonl", [(40, 5)] * 5 + [(MAX_TOKENS, 5)])
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "oomload", "replay", str(trace), "--url", sim.url, "--concurrency", "1",
+            "--hold-s", "0.5", "--min-requests", "8", "--stop-on", "never", "--no-refine", "--no-live",
+            "--gpu", "none", "--run-dir", str(run_dir)]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _MAX_RSS, *argv], capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "OPENAI_API_KEY": SECRET}, cwd=REPO,
+    )  # fmt: skip
+    tail = done.stdout.strip().splitlines()[-1]
+    assert tail.startswith("exit=0 "), done.stdout[-3000:]
+    maxrss_mib = int(tail.split("maxrss_kib=")[1]) / 1024
+    huge = [r for r in RunReader(run_dir).requests() if r.prompt_tokens_asked == MAX_TOKENS]
+    assert huge and all(r.outcome.value == "context_overflow" for r in huge), huge
+    # a 10M-id body alone is ~1 GiB of Python objects; the whole replay stays well under that
+    assert maxrss_mib < 400, f"the replay peaked at {maxrss_mib:.0f} MiB"

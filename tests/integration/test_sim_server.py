@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -307,3 +312,45 @@ def test_modelled_cuda_oom_gives_500s_then_the_server_exits() -> None:
             time.sleep(0.05)
         assert server.returncode == 1
         assert "CUDA out of memory" in server.stderr_tail()
+
+
+def test_the_simulator_dies_with_its_parent_after_a_kill_9(tmp_path: Path) -> None:
+    """Issue #24: after a ``kill -9`` of ``oomload replay`` the simulator it started kept running."""
+    parent_code = (
+        "import sys, time\n"
+        "from oomload.sim.process import SimServer\n"
+        f"server = SimServer({TINY!r}).start()\n"
+        "print(server.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    child_pid = -1
+    with subprocess.Popen(
+        [sys.executable, "-c", parent_code], stdout=subprocess.PIPE, env=env, start_new_session=True
+    ) as parent:
+        try:
+            assert parent.stdout is not None
+            child_pid = int(parent.stdout.readline())
+            assert _running(child_pid)
+            parent.kill()  # SIGKILL: the parent gets no chance to stop its child
+            parent.wait(timeout=10)
+            for _ in range(100):  # bounded: 100 × 0.1 s
+                if not _running(child_pid):
+                    break
+                time.sleep(0.1)
+            assert not _running(child_pid), "the simulator outlived its parent"
+        finally:
+            parent.kill()
+            if _running(child_pid):
+                os.kill(child_pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (an orphan's reaper may be slow to reap)."""
+    if pid <= 0:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"

@@ -196,3 +196,14 @@ def test_a_current_limit_that_covers_the_p99_is_kept(tmp_path: Path) -> None:
         "the current 3072 already covers the trace's P99 total length (3000 tokens); "
         "raising it would only shrink the KV concurrency — keep it"
     )
+
+
+def test_flag_line_is_shell_quoted_so_a_hostile_model_name_stays_one_argument(tmp_path: Path) -> None:
+    import shlex
+
+    model = "evil model; rm -rf ~ $(touch x) 'q'"
+    run = write_run(tmp_path / "r", cpu_knee_steps(), cache_config=CPU_CACHE, config={"model": model})
+    rec = recommend(verdict_of(run))
+    argv = shlex.split(rec.flag_line)
+    assert argv[:3] == ["vllm", "serve", model]
+    assert argv[3:] == ["--max-model-len", "768", "--max-num-seqs", "5"]

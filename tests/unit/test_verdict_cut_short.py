@@ -151,7 +151,7 @@ def test_a_server_death_is_a_cut_short_run_with_its_place(tmp_path: Path) -> Non
     assert (ctx.clamped, ctx.short_responses) == (0, 0)  # a casualty is neither clamped nor short
     md = render_markdown(v, recommend(v))
     assert "This run was cut short:** the server died in step 2 (concurrency 4)" in md
-    assert "| ✅ | **Run** |" not in md and "| 2* | 4 |" in md
+    assert "| ✅ | **Run** |" not in md and "| 2\\* | 4 |" in md
     assert "engine death" in finding(v, "engine_death")  # still a finding of its own
     # the death is the answer, not missing evidence: the note informs, the steps before it stand
     assert [n.severity for n in v.notes if n.kind == "cut_short"] == ["info"]

@@ -65,6 +65,11 @@ def register(subparsers: Any) -> None:
     )
     net.add_argument("--vllm-version", help="version /version reports (default 0.32.0; 0.6.6 with legacy)")
     net.add_argument("--seed", type=int, default=0, help="seed for ids and generated text (default 0)")
+    net.add_argument(
+        "--parent-pid",
+        type=int,
+        help="exit when this process ends (set by `oomload replay`, so its simulator never outlives it)",
+    )
     serve.set_defaults(func=run)
     sim.set_defaults(func=lambda args: _usage(sim))
 
@@ -164,8 +169,11 @@ def check_bind_host(host: str, allow_remote: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from oomload.sim.build import build_engine
+    from oomload.sim.process import exit_with_parent
     from oomload.sim.server import ServerOptions, SimService, check_port_file, serve
 
+    if args.parent_pid is not None:
+        exit_with_parent(args.parent_pid)
     check_bind_host(args.host, args.allow_remote)
     if args.port_file is not None:
         check_port_file(args.port_file)

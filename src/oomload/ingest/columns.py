@@ -27,7 +27,15 @@ import pyarrow.json as pa_json
 
 from oomload.errors import TraceFormatError
 from oomload.ingest.source import LogSource
-from oomload.trace import TraceRecord, iter_trace
+from oomload.trace import (
+    MAX_HASH_IDS,
+    MAX_ID_CHARS,
+    MAX_TIME_S,
+    MAX_TOKENS,
+    MAX_TURN,
+    TraceRecord,
+    iter_trace,
+)
 
 BATCH_SCHEMA = pa.schema(
     [
@@ -258,3 +266,32 @@ def _check_trace_table(table: pa.Table) -> None:
     for name in ("prompt_tokens", "output_tokens"):
         if table.num_rows and pc.min(table.column(name)).as_py() < 0:
             raise ValueError(f"negative {name}")
+    if table.num_rows and not batch_within_bounds(table, time_column="arrival_s"):
+        raise ValueError("a value over the trace's bounds")
+
+
+def batch_within_bounds(batch: pa.Table, *, time_column: str = "time_s") -> bool:
+    """True when every row of a batch (``BATCH_SCHEMA``, or ``TRACE_SCHEMA`` with ``arrival_s``) keeps the
+    trace format's bounds (``oomload.trace``); a reader redoes a batch that does not line by line, so
+    each bad row is named (``values_bounds_reason``)."""
+    times = batch.column(time_column)
+    if times.null_count < len(times):
+        finite = pc.is_finite(times)
+        if not pc.all(pc.fill_null(finite, True)).as_py():
+            return False
+        extremes = pc.min_max(times)
+        if max(abs(extremes["min"].as_py()), abs(extremes["max"].as_py())) > MAX_TIME_S:
+            return False
+    for name in ("prompt_tokens", "output_tokens", "max_tokens"):
+        column = batch.column(name)
+        if column.null_count < len(column) and pc.max(column).as_py() > MAX_TOKENS:
+            return False
+    for name in ("id", "model", "session", "parent"):
+        column = batch.column(name)
+        if column.null_count < len(column) and pc.max(pc.utf8_length(column)).as_py() > MAX_ID_CHARS:
+            return False
+    hash_ids = batch.column("hash_ids")
+    if hash_ids.null_count < len(hash_ids) and pc.max(pc.list_value_length(hash_ids)).as_py() > MAX_HASH_IDS:
+        return False
+    turn = batch.column("turn")
+    return turn.null_count == len(turn) or bool(pc.max(pc.abs(turn)).as_py() <= MAX_TURN)

@@ -21,7 +21,7 @@ from oomload.errors import ConfigError, TraceFormatError
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, iter_json_objects
 from oomload.ingest.tabular import TIME_UNITS_S, CsvLayout, check_layout, csv_header, parse_datetime_s
-from oomload.trace import TraceRecord
+from oomload.trace import TraceRecord, bounds_reason
 
 MAP_KEYS = ("input", "output", "time", "id", "max_tokens", "model", "ok")
 TIME_UNIT_ALIASES = {"iso": "datetime"}
@@ -151,7 +151,7 @@ def read_mapped_jsonl_records(
                 continue
             time_s = parsed
         max_tokens = None if mapping.max_tokens is None else _count(_lookup(obj, mapping.max_tokens))
-        yield TraceRecord(
+        record = TraceRecord(
             id="" if mapping.id is None else _text(_lookup(obj, mapping.id)) or "",
             arrival_s=time_s,
             prompt_tokens=prompt,
@@ -160,6 +160,11 @@ def read_mapped_jsonl_records(
             ok=True if mapping.ok is None else _ok(_lookup(obj, mapping.ok)),
             model=None if mapping.model is None else _text(_lookup(obj, mapping.model)),
         )
+        reason = bounds_reason(record)
+        if reason is not None:
+            skips.skip(reason, source.name, number)
+            continue
+        yield record
 
 
 _MISSING = object()

@@ -20,9 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from oomload.ingest.columns import make_batch
+from oomload.ingest.columns import batch_within_bounds, make_batch
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import NOT_JSON_OBJECT, LogSource
+from oomload.trace import values_bounds_reason
 
 MOONCAKE_SCHEMA = pa.schema(
     [
@@ -45,6 +46,8 @@ def read_mooncake_batches(source: LogSource, skips: SkipLog) -> Iterator[pa.Tabl
         try:
             table = pa_json.read_json(pa.py_buffer(chunk), parse_options=options)
             batch = _batch_from_table(table)
+            if not batch_within_bounds(batch):
+                raise _InvalidRowsError("over the trace's bounds")
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, _InvalidRowsError):
             batch = _batch_from_lines(chunk, first_line, source, skips)
         if batch.num_rows:
@@ -91,6 +94,8 @@ def _batch_from_lines(chunk: bytes, first_line: int, source: LogSource, skips: S
             skips.skip(NOT_JSON_OBJECT, source.name, number)
             continue
         reason = _invalid_reason(obj)
+        if reason is None:
+            reason = _bounds_reason(obj)
         if reason is not None:
             skips.skip(reason, source.name, number)
             continue
@@ -104,6 +109,22 @@ def _batch_from_lines(chunk: bytes, first_line: int, source: LogSource, skips: S
         turn = obj.get("turn")
         rows["turn"].append(turn if isinstance(turn, int) else None)
     return make_batch(len(rows["time_s"]), **rows)
+
+
+def _bounds_reason(obj: dict[str, Any]) -> str | None:
+    """The trace's bounds (``oomload.trace``) on a valid line (``_invalid_reason`` found nothing)."""
+    chat_id, parent, turn = obj.get("chat_id"), obj.get("parent_chat_id"), obj.get("turn")
+    return values_bounds_reason(
+        time_s=float(obj["timestamp"]) / 1000.0,
+        prompt_tokens=int(obj["input_length"]),
+        output_tokens=int(obj["output_length"]),
+        texts={
+            "session": None if chat_id is None else str(chat_id),
+            "parent": None if parent is None else str(parent),
+        },
+        hash_ids=len(obj.get("hash_ids") or ()),
+        turn=turn if isinstance(turn, int) else None,
+    )
 
 
 def _invalid_reason(obj: Any) -> str | None:

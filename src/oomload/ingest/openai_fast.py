@@ -18,6 +18,7 @@ field no longer makes the line unusable — that text is never read.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
@@ -31,6 +32,7 @@ from oomload.ingest.openai_log import _int_or_none, _to_seconds, parse_openai_li
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import NOT_JSON_OBJECT, LogSource
 from oomload.ingest.tokens import TokenCounter
+from oomload.trace import MAX_ID_CHARS, MAX_TIME_S, MAX_TOKENS, values_bounds_reason
 
 UNSET = msgspec.UNSET
 Unset = msgspec.UnsetType
@@ -288,7 +290,44 @@ def _line_rows(
             if row is None:
                 skips.skip(reason, source.name, first_line + offset)
                 continue
+        else:
+            bound = _row_bounds_reason(row)
+            if bound is not None:
+                skips.skip(bound, source.name, first_line + offset)
+                continue
         yield row
+
+
+def _row_bounds_reason(row: _Row) -> str | None:
+    record_id, time_s, prompt_tokens, output_tokens, max_tokens, _ok, model = row
+    return values_bounds_reason(
+        time_s=time_s,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        max_tokens=max_tokens,
+        texts={"id": record_id, "model": model},
+    )
+
+
+def _plain_within_bounds(columns: dict[str, list[Any]]) -> bool:
+    """The bounds (``oomload.trace``) on a piece read in columns; a piece over them is read line by line.
+    C-level passes only (``max``, ``sum``), so the usual piece costs little more than it did."""
+    for name in ("prompt_tokens", "output_tokens"):
+        if max(columns[name], default=0) > MAX_TOKENS:
+            return False
+    if max(filter(None, columns["max_tokens"]), default=0) > MAX_TOKENS:
+        return False
+    times = columns["time_s"]
+    try:  # a NaN or an infinity makes the sum non-finite (min and max do not see NaN)
+        if times and not (
+            math.isfinite(sum(times)) and min(times) >= -MAX_TIME_S and max(times) <= MAX_TIME_S
+        ):
+            return False
+    except TypeError:
+        return False
+    return all(
+        max(map(len, filter(None, columns[name])), default=0) <= MAX_ID_CHARS for name in ("id", "model")
+    )
 
 
 def _batch(columns: dict[str, list[Any]]) -> pa.Table:
@@ -331,8 +370,13 @@ def read_openai_batches(
             end = data.find(b"\n", min(start + PIECE_BYTES, chunk.stop) - 1, chunk.stop)
             end = chunk.stop if end < 0 else end + 1
             piece = view[start:end]
+            plain: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
             try:
-                _plain_columns(decode_lines(piece), columns)
+                _plain_columns(decode_lines(piece), plain)
+                if not _plain_within_bounds(plain):
+                    raise msgspec.DecodeError("over the trace's bounds")
+                for name in _COLUMNS:
+                    columns[name] += plain[name]
             except msgspec.DecodeError:
                 line = chunk.line_at(start)
                 rows = list(_line_rows(bytes(piece), line, source, skips, counter))

@@ -30,7 +30,7 @@ from oomload.ingest.skips import NO_TOKEN_COUNTS, SkipLog
 from oomload.ingest.source import LogSource, iter_json_objects
 from oomload.ingest.tabular import parse_datetime_s
 from oomload.ingest.tokens import TokenCounter
-from oomload.trace import TraceRecord
+from oomload.trace import TraceRecord, bounds_reason
 
 TIME_KEYS = ("timestamp", "created_at", "start_time", "request_time", "time")
 ID_KEYS = ("custom_id", "request_id", "id")
@@ -100,18 +100,17 @@ def parse_openai_line(
     if prompt_tokens < 0 or output_tokens < 0:
         return None, "negative token count"
 
-    return (
-        TraceRecord(
-            id=_first_str(obj, ID_KEYS) or _first_str(response, ("id",)) or "",
-            arrival_s=_time_s(obj, response, chunks),
-            prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens,
-            max_tokens=_first_int(request, MAX_TOKENS_KEYS),
-            ok=not failed,
-            model=_first_str(request, ("model",)) or _first_str(response, ("model",)),
-        ),
-        None,
+    record = TraceRecord(
+        id=_first_str(obj, ID_KEYS) or _first_str(response, ("id",)) or "",
+        arrival_s=_time_s(obj, response, chunks),
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        max_tokens=_first_int(request, MAX_TOKENS_KEYS),
+        ok=not failed,
+        model=_first_str(request, ("model",)) or _first_str(response, ("model",)),
     )
+    reason = bounds_reason(record)
+    return (None, reason) if reason is not None else (record, None)
 
 
 def _chunk_usage(chunks: list[Any]) -> dict[str, Any] | None:

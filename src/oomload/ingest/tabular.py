@@ -33,6 +33,14 @@ from oomload.errors import TraceFormatError
 from oomload.ingest.columns import make_batch
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import READ_ERRORS, LogSource
+from oomload.trace import (
+    MAX_ID_CHARS,
+    MAX_TIME_S,
+    MAX_TOKENS,
+    TIME_BOUND_REASON,
+    text_bound_reason,
+    tokens_bound_reason,
+)
 
 INT_PATTERN = r"^\s*[0-9]+(\.0*)?\s*$"
 FLOAT_PATTERN = r"^\s*-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?\s*$"
@@ -224,6 +232,7 @@ def _convert(
         if layout.time is None
         else _times(table.column(layout.time), layout, reasons)
     )
+    _bounds(reasons, table, layout, time_s, prompt_tokens=prompt, output_tokens=output, max_tokens=max_tokens)
     found: list[tuple[int, str]] = []
     for bad, reason in reasons:
         for index in np.flatnonzero(bad & good):
@@ -245,6 +254,33 @@ def _convert(
         columns["ok"] = pc.greater(output, 0)
     batch = make_batch(n, **columns)
     return batch if good.all() else batch.filter(pa.array(good))
+
+
+def _bounds(
+    reasons: list[tuple[np.ndarray, str]],
+    table: pa.Table,
+    layout: CsvLayout,
+    time_s: np.ndarray,
+    **counts: pa.Array | None,
+) -> None:
+    """Rows over the trace's bounds (``oomload.trace``), with the reasons ``values_bounds_reason`` gives."""
+    for name, values in counts.items():
+        if values is not None:
+            over = np.asarray(pc.fill_null(pc.greater(values, MAX_TOKENS), False))
+            if over.any():
+                reasons.append((over, tokens_bound_reason(name)))
+    times = np.asarray(time_s, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        odd_time = ~np.isfinite(times) | (np.abs(times) > MAX_TIME_S)
+    if odd_time.any():
+        reasons.append((odd_time, TIME_BOUND_REASON))
+    for name, column in (("model", layout.model), ("id", layout.id)):
+        if column is not None:
+            long = np.asarray(
+                pc.fill_null(pc.greater(pc.utf8_length(table.column(column)), MAX_ID_CHARS), False)
+            )
+            if long.any():
+                reasons.append((long, text_bound_reason(name)))
 
 
 def _plain_digits(text: pa.ChunkedArray) -> bool:

@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from oomload.ingest.skips import NO_TOKEN_COUNTS, SkipLog
 from oomload.ingest.source import LogSource
 from oomload.ingest.tokens import TokenCounter
-from oomload.trace import TraceRecord
+from oomload.trace import TraceRecord, bounds_reason
 
 LOG_PREFIX = re.compile(
     rb"^(?:\(\w+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d "
@@ -127,8 +127,7 @@ def read_vllm_records(
         elif max_log_len is None:
             id_lengths[prompt] = id_lengths.get(prompt, 0) + 1
         max_tokens = int(max_match.group(1))
-        emitted += 1
-        yield TraceRecord(
+        record = TraceRecord(
             id=request_id,
             arrival_s=time_s,
             prompt_tokens=prompt,
@@ -136,6 +135,12 @@ def read_vllm_records(
             max_tokens=max_tokens,
             ok=request_id not in aborted,
         )
+        reason = bounds_reason(record)
+        if reason is not None:
+            skips.skip(reason, source.name, number)
+            continue
+        emitted += 1
+        yield record
     if emitted:
         skips.note(OUTPUT_NOTE)
     suspect = suspected_max_log_len(id_lengths)

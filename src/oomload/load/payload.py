@@ -17,6 +17,13 @@
     split on spaces, but a different prefix), and ``usage.prompt_tokens`` shows any deviation.
 
 Bodies are built as bytes by hand: ``json.dumps`` of a 8k-id list costs more than the join below.
+
+Bounded memory. A prompt longer than the server's ``max_model_len`` (``max_model_len`` in the options,
+from ``/v1/models``) is sent as ``max_model_len + 1`` tokens: the server refuses it as a context
+overflow exactly as it would refuse the trace's length, and the result row keeps the length the trace
+asked for — so the verdict counts the same overflow while no token list longer than the server's
+window is ever built (a trace row of 10M tokens costs what a row of ``max_model_len + 1`` does). With
+no known limit the trace's own bound (``oomload.trace.MAX_TOKENS``) is the cap.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import Literal
 
 from oomload.errors import ConfigError
 from oomload.stats import percentile
-from oomload.trace import TraceRecord
+from oomload.trace import MAX_TOKENS, TraceRecord
 
 Api = Literal["completions", "chat"]
 API_PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -58,6 +65,7 @@ class PayloadOptions:
     token_id_low: int = 100
     token_id_high: int = 2000
     seed: int = 0
+    max_model_len: int | None = None  # the server's window: longer prompts are sent one token over it
 
     def __post_init__(self) -> None:
         if self.api not in API_PATHS:
@@ -72,6 +80,11 @@ class PayloadOptions:
     @property
     def path(self) -> str:
         return API_PATHS[self.api]
+
+    def sent_prompt_tokens(self, prompt_tokens: int) -> int:
+        """The prompt length actually sent for a trace's ``prompt_tokens`` (module docstring)."""
+        cap = MAX_TOKENS if self.max_model_len is None else min(self.max_model_len + 1, MAX_TOKENS)
+        return min(prompt_tokens, cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,17 +127,18 @@ class CompletionPayloads:
     def build(self, record: TraceRecord, sequence: int) -> PreparedRequest:
         """The body for the ``sequence``-th request sent, replaying ``record``."""
         prompt_tokens, output_tokens = asked_lengths(record)
+        sent_tokens = self.options.sent_prompt_tokens(prompt_tokens)
         rng = random.Random(self.options.seed * 1_000_003 + sequence)
         parts: list[str] = []
         filled = 0
         if self.options.prefix_sharing and record.hash_ids:
             block = self.options.prefix_block_tokens
             for hash_id in record.hash_ids:
-                if filled + block > prompt_tokens:
+                if filled + block > sent_tokens:
                     break
                 parts.append(self._block(hash_id))
                 filled += block
-        rest = prompt_tokens - filled
+        rest = sent_tokens - filled
         if rest:
             lo, hi = self.options.token_id_low, self.options.token_id_high
             parts.append(",".join(map(str, _draw_ids(rng, lo, hi, rest))))
@@ -174,7 +188,7 @@ class ChatPayloads:
 
     def build(self, record: TraceRecord, sequence: int) -> PreparedRequest:
         prompt_tokens, output_tokens = asked_lengths(record)
-        words = list(self.calibrator.words_for(prompt_tokens))
+        words = list(self.calibrator.words_for(self.options.sent_prompt_tokens(prompt_tokens)))
         random.Random(self.options.seed * 1_000_003 + sequence).shuffle(words)
         messages = json.dumps([{"role": "user", "content": " ".join(words)}]).encode()
         body = self._head + messages + self._tail(output_tokens)

@@ -156,10 +156,10 @@ class ReplayConfig:
         """The worker processes oomload starts itself on this host."""
         return self.processes if self.expected_workers() else 0
 
-    def load_options(self, url: str, model: str) -> LoadOptions:
+    def load_options(self, url: str, model: str, max_model_len: int | None = None) -> LoadOptions:
         return LoadOptions(
             url=url,
-            payload=self.payload_options(model),
+            payload=self.payload_options(model, max_model_len),
             trace_path=str(self.trace_path),
             order=self.order,
             seed=self.seed,
@@ -177,7 +177,8 @@ class ReplayConfig:
         """How long stopped users may take to finish their request (ramp-down, end of run)."""
         return min(self.ramp_down_grace_s, self.request_timeout_s)
 
-    def payload_options(self, model: str) -> PayloadOptions:
+    def payload_options(self, model: str, max_model_len: int | None = None) -> PayloadOptions:
+        """How bodies are built; ``max_model_len`` (the server's, when known) bounds what is sent."""
         return PayloadOptions(
             api=self.api,
             model=model,
@@ -187,6 +188,7 @@ class ReplayConfig:
             token_id_low=self.token_id_range[0],
             token_id_high=self.token_id_range[1],
             seed=self.seed,
+            max_model_len=max_model_len,
         )
 
 

@@ -136,7 +136,10 @@ class ScenarioSettings:
         if not url:
             raise ConfigError("give the endpoint with --host URL (or OOMLOAD_URL)")
         url, _note = split_base_url(url)  # no credentials in it, not an endpoint's path
-        model = self.model or preflight(url, model=None, api_key=api_key).model
+        model, max_model_len = self.model, None
+        if not model:  # the server's first model, and its window (bounds what is sent)
+            info = preflight(url, model=None, api_key=api_key)
+            model, max_model_len = info.model, info.max_model_len
         low, high = self.token_id_range
         payload = PayloadOptions(
             api=self.api,  # type: ignore[arg-type]  # checked by PayloadOptions
@@ -147,6 +150,7 @@ class ScenarioSettings:
             token_id_low=low,
             token_id_high=high,
             seed=self.seed,
+            max_model_len=max_model_len,
         )
         return LoadOptions(
             url=url,

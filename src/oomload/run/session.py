@@ -161,7 +161,7 @@ class Session:
         self._start_telemetry()
         config = self.config
         user_class, self.context = build_user_class(
-            config.load_options(self.url, self.model),
+            config.load_options(self.url, self.model, self.max_model_len),
             records=self.records,
             api_key=self.api_key,
             sink=self.writer,

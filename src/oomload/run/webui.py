@@ -23,16 +23,28 @@ When the run is over Locust is stopped but its web server keeps answering (``Ses
 its NEW button cannot start anything, so ``POST /swarm`` answers that the run is over and the page
 script hides the button.
 
+State-changing requests (every method but GET/HEAD/OPTIONS: Locust's ``POST /stop``, ``/swarm``,
+``/stats/reset``, ``/user``, and any of oomload's) are accepted only from the UI's own page
+(``cross_origin``): a browser names the page that sent a request in ``Origin`` (else ``Referer``),
+and that must be this server, the ``Host`` the request came to. Any other web page the user has open
+gets 403 and changes nothing, so it cannot stop or stall the run. A request that names no page at all
+is not from a browser page (a script on this machine, which could reach the port anyway) and is let
+through. A web UI bound to loopback (the default) also wants a loopback ``Host`` (``localhost``,
+``127.x``, ``[::1]``): a page whose own name was re-pointed at 127.0.0.1 (DNS rebinding) is its own
+origin, but not under such a name.
+
 ``snapshot`` is the runner's ``telemetry_snapshot``: it only reads the latest samples, never scrapes.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from oomload.verdict import kv_percent
 
@@ -44,6 +56,53 @@ REPORT_PATH = "/oomload/report"
 TAB_SCRIPT_PATH = "/oomload/tab.js"
 _STATS_PATH = "/stats/requests"
 GIB = 2**30
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def cross_origin(
+    method: str, host: str, origin: str | None, referer: str | None, *, loopback: bool = False
+) -> str | None:
+    """Why a request to the web UI is refused as coming from another web page; ``None``: accepted.
+
+    ``host`` is the request's ``Host`` header; ``origin``/``referer`` its headers; ``loopback``: the
+    web UI is bound to a loopback address (module docstring).
+    """
+    if method.upper() in SAFE_METHODS:
+        return None
+    if loopback and not is_loopback_host(host):
+        return (
+            f"refused: {method.upper()} to {host[:100]!r}, not a loopback name of this machine; "
+            "the oomload run only takes commands from its own page"
+        )
+    sender = origin if origin is not None else referer
+    if sender is None:
+        return None
+    try:
+        sent_from = urlsplit(sender.strip()).netloc.lower()
+    except ValueError:
+        sent_from = ""
+    if sent_from and sent_from == host.strip().lower():
+        return None
+    shown = sender[:100]
+    return (
+        f"refused: {method.upper()} from another web page ({shown!r} is not this server, {host[:100]!r}); "
+        "the oomload run only takes commands from its own page"
+    )
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for a ``Host`` header (or a bind address) that names this machine's loopback interface."""
+    name = host.strip().lower()
+    if name.startswith("["):
+        name = name[1 : name.find("]")] if "]" in name else name[1:]
+    elif name.count(":") == 1:
+        name = name.split(":", 1)[0]
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def telemetry_rows(snapshot: dict[str, Any]) -> list[dict[str, str]]:
@@ -219,6 +278,18 @@ def extend_web_ui(
             return Response("report.html is written when the run is over", status=404, mimetype="text/plain")
         return Response(page.read_text(encoding="utf-8"), mimetype="text/html")
 
+    loopback = is_loopback_host(str(getattr(web_ui, "host", "")))
+
+    def refuse_cross_origin() -> Any:
+        reason = cross_origin(
+            request.method,
+            request.host,
+            request.headers.get("Origin"),
+            request.headers.get("Referer"),
+            loopback=loopback,
+        )
+        return None if reason is None else Response(reason, status=403, mimetype="text/plain")
+
     def refuse_new_run() -> Any:
         swarm = request.path.rstrip("/").endswith("/swarm") and request.method == "POST"
         if swarm and snapshot().get("final") is not None:
@@ -248,6 +319,7 @@ def extend_web_ui(
     app.add_url_rule(PAGE_PATH, "oomload_page", oomload_page)
     app.add_url_rule(TAB_SCRIPT_PATH, "oomload_tab_script", oomload_tab_script)
     app.add_url_rule(REPORT_PATH, "oomload_report", oomload_report)
+    app.before_request(refuse_cross_origin)
     app.before_request(refuse_new_run)
     app.after_request(after)
 

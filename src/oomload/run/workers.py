@@ -195,7 +195,7 @@ class WorkerPool:
                 "worker": index,
                 "workers": self.expected,
                 "user_class": s.env.user_classes[0].__name__,
-                "options": s.config.load_options(s.url, s.model).to_json(),
+                "options": s.config.load_options(s.url, s.model, s.max_model_len).to_json(),
                 "trace": wire.trace_to_wire(s.records),
             },
             client_id=msg.node_id,

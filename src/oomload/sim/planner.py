@@ -30,6 +30,7 @@ each sized by the same start-up budget.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -389,7 +390,7 @@ def plan(
     if rec_onset is None and rec_oom is None:
         notes.append("no preemption at any level: the KV pool holds the highest concurrency tried")
     rec_seqs = rec_safe if (rec_onset is not None or rec_oom is not None) else None
-    flags = [f"vllm serve {built.model.name}", f"--max-model-len {advice.max_model_len}"]
+    flags = [f"vllm serve {shlex.quote(built.model.name)}", f"--max-model-len {advice.max_model_len}"]
     if rec_seqs is not None:
         flags.append(f"--max-num-seqs {rec_seqs}")
     flags.append(f"--gpu-memory-utilization {rec_util:g}")

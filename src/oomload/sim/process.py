@@ -4,6 +4,14 @@ Start: ``sys.executable -m oomload sim serve --host H --port 0 --port-file F *ar
 group; wait for the port file, then for ``GET /health`` to answer 200 (or the process to die, which
 raises ``EndpointError`` with the tail of its stderr). Stop: SIGTERM to the group, SIGKILL after a
 grace period, and always reap — no orphans, also when the ``with`` block raises.
+
+The child dies with its parent, also when the parent cannot stop it (``kill -9``, the OOM killer):
+``SimServer`` passes ``--parent-pid`` (its own pid) and the child runs ``exit_with_parent``, a watchdog
+thread that polls ``os.getppid()`` every ``PARENT_POLL_S``; once the child has been re-parented (its
+parent is gone — also before the watchdog started, so no start-up race) it SIGTERMs itself, the
+server's clean shutdown, and ``os._exit`` after ``PARENT_GONE_GRACE_S`` if that did not end it. Not
+Linux's ``PR_SET_PDEATHSIG``: it fires when the *thread* that started the child ends, which would kill a
+simulator started from a short-lived thread while its process still uses it.
 """
 
 from __future__ import annotations
@@ -15,12 +23,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
 from oomload.errors import ConfigError, EndpointError, ExitCode
+
+PARENT_POLL_S = 0.2
+PARENT_GONE_GRACE_S = 5.0
 
 
 class SimServer:
@@ -59,6 +71,8 @@ class SimServer:
             "0",
             "--port-file",
             str(port_file),
+            "--parent-pid",
+            str(os.getpid()),
             *self.args,
         ]
         with open(self._stderr_path, "wb") as err:
@@ -144,6 +158,21 @@ class SimServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def exit_with_parent(parent_pid: int, *, poll_s: float = PARENT_POLL_S) -> threading.Thread:
+    """In the simulator child: end this process soon after ``parent_pid`` is gone (module docstring)."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(PARENT_GONE_GRACE_S)
+        os._exit(int(ExitCode.UNREACHABLE))
+
+    thread = threading.Thread(target=watch, name="oomload-parent-watchdog", daemon=True)
+    thread.start()
+    return thread
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -31,6 +31,7 @@
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -286,11 +287,13 @@ def _memory_rise_share(verdict: Verdict) -> float | None:
 
 
 def _flag_line(model: str | None, settings: tuple[Setting, ...]) -> str:
-    parts = ["vllm serve", model or "MODEL"]
+    """The command line to paste, shell-quoted: a model name with spaces, quotes or ``;`` (it comes from
+    the server) stays one argument and runs nothing."""
+    parts = ["vllm", "serve", model or "MODEL"]
     for s in settings:
         if s.value is not None:
-            parts.append(f"{s.flag} {s.value:g}" if isinstance(s.value, float) else f"{s.flag} {s.value}")
-    return " ".join(parts)
+            parts += [s.flag, f"{s.value:g}" if isinstance(s.value, float) else str(s.value)]
+    return shlex.join(parts)
 
 
 def _reasoning(

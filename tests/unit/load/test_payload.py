@@ -109,3 +109,35 @@ def test_bad_options_are_config_errors() -> None:
     with pytest.raises(ConfigError):
         parse_token_id_range("100")
     assert parse_token_id_range("3:900") == (3, 900)
+
+
+def test_a_prompt_over_max_model_len_is_sent_one_token_over_it_and_keeps_its_asked_length() -> None:
+    """Issue #24: a 10⁹-token row made the replay build a billion-id list although max_model_len was known."""
+    options = PayloadOptions(model="m", max_model_len=2048, prefix_sharing=True, prefix_block_tokens=16)
+    payloads = CompletionPayloads(options)
+    req = payloads.build(_record(10_000_000, 10_000_000, hash_ids=tuple(range(625_000))), 0)
+    body = json.loads(req.body)
+    assert len(body["prompt"]) == 2049  # still a context overflow for the server
+    assert req.prompt_tokens == 10_000_000 and req.output_tokens == 10_000_000  # the row keeps the trace's
+    assert len(req.body) < 20_000
+    fits = payloads.build(_record(2048, 5), 1)
+    assert len(json.loads(fits.body)["prompt"]) == 2048  # within the limit: exactly the trace's length
+    unknown = CompletionPayloads(PayloadOptions(model="m")).build(_record(3000, 5), 0)
+    assert len(json.loads(unknown.body)["prompt"]) == 3000  # no known limit: as the trace says
+
+
+def test_a_chat_prompt_over_max_model_len_is_calibrated_to_one_token_over_it() -> None:
+    asked: list[int] = []
+    payloads = ChatPayloads(
+        PayloadOptions(api="chat", model="m", max_model_len=100), lambda text: len(text.split())
+    )
+    original = payloads.calibrator.words_for
+
+    def spy(prompt_tokens: int) -> tuple[str, ...]:
+        asked.append(prompt_tokens)
+        return original(prompt_tokens)
+
+    payloads.calibrator.words_for = spy  # type: ignore[method-assign]
+    req = payloads.build(_record(10_000_000, 5), 0)
+    assert asked == [101] and req.prompt_tokens == 10_000_000
+    assert len(json.loads(req.body)["messages"][0]["content"].split()) == 101

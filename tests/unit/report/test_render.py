@@ -93,7 +93,7 @@ def test_partial_run_renders_and_says_where_it_was_cut(tmp_path: Path) -> None:
     assert "step 2 (concurrency 4) started but never ended" in screen
     md = (run / "report.md").read_text()
     assert "This run was cut short" in md and "never ended" in md
-    assert "| 2* | 4 |" in md
+    assert "| 2\\* | 4 |" in md  # the cut-short star, escaped so it is no emphasis
     doc = json.loads((run / "summary.json").read_text())
     assert doc["verdict"]["run"]["cut_short"] is True
     assert doc["verdict"]["steps"][2]["cut_short"] is True
@@ -209,3 +209,24 @@ def test_summary_json_quantities_carry_units(tmp_path: Path) -> None:
     advice = doc["recommendation"]["max_model_len"]
     assert (advice["round_to_tokens"], advice["margin_share"]) == (256, 0.1)
     assert doc["gates"][0]["unit"] == "share"
+
+
+def test_report_md_escapes_what_came_from_the_server_so_no_html_or_markdown_survives(tmp_path: Path) -> None:
+    """Issue #24: report.md kept raw HTML from the model name and error texts (rendered as HTML by the
+    places that show Markdown)."""
+    model = "<img src=x onerror=alert(1)> | [x](http://evil.example) `m`"
+    oom = "CUDA out of memory <script>alert(2)</script> | **bold** ```"
+    steps = [StepSpec(1), StepSpec(2), StepSpec(4, failures={Outcome.ENGINE_DEAD: 4}, error_text=oom)]
+    run = write_run(tmp_path / "run", steps, cache_config=CPU_CACHE, config={"model": model})
+    run_report(run, formats=("md",))
+    md = (run / "report.md").read_text()
+    # the recommendation block holds the model name as one shell word, and the ``` cannot close it
+    fence = next(line for line in md.splitlines() if line.startswith("```") and line.endswith("sh"))
+    before, rest = md.split(fence + "\n", 1)
+    block, after = rest.split("\n" + fence.removesuffix("sh") + "\n", 1)
+    assert block.startswith("vllm serve '<img src=x") and "\n" not in block
+    text = before + after  # Markdown, outside the code block: nothing raw
+    assert "<img" not in text and "<script" not in text and "[x](" not in text and "**bold**" not in text
+    assert "&lt;img src=x onerror=alert(1)&gt;" in text and "&lt;script&gt;" in text
+    death = next(line for line in text.splitlines() if "OOM / engine death" in line)
+    assert death.replace("\\|", "").count("|") == 4  # the error's pipe does not split the row

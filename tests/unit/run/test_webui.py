@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from oomload.run.webui import plan_text, telemetry_rows, ttft_text
+import json
+import subprocess
+import sys
+
+from oomload.run.webui import cross_origin, plan_text, telemetry_rows, ttft_text
 
 PLAN = {"levels": [1, 2, 4, 8, 16], "planned_steps": 5, "refine": True}
 STEP = {"index": 3, "concurrency": 8, "phase": "ramp"}
@@ -42,3 +46,77 @@ def test_while_draining_the_rows_do_not_show_the_old_step_as_running() -> None:
     rows = {r["what"]: r["value"] for r in telemetry_rows(snap)}
     assert rows["step"] == "3 (ramp) ended · draining"
     assert rows["concurrency"] == "next target 5 · achieved 6.4"
+
+
+def test_state_changing_requests_from_another_page_are_refused() -> None:
+    evil = cross_origin("POST", "127.0.0.1:8089", "http://evil.example", None)
+    assert evil is not None and "evil.example" in evil
+    assert cross_origin("POST", "127.0.0.1:8089", None, "http://evil.example/page") is not None
+    assert cross_origin("POST", "127.0.0.1:8089", "null", None) is not None  # a sandboxed page
+    assert cross_origin("POST", "127.0.0.1:8089", "http://127.0.0.1:9999", None) is not None
+    assert cross_origin("POST", "127.0.0.1:8089", "http://127.0.0.1:8089", None) is None  # its own page
+    assert cross_origin("POST", "127.0.0.1:8089", None, "http://127.0.0.1:8089/?tab=oomload") is None
+    assert cross_origin("POST", "127.0.0.1:8089", None, None) is None  # a script, not a web page
+    assert cross_origin("GET", "127.0.0.1:8089", "http://evil.example", None) is None  # reads change nothing
+
+
+def test_a_loopback_web_ui_refuses_a_rebound_name_that_is_its_own_origin() -> None:
+    """DNS rebinding: evil.example re-pointed at 127.0.0.1 sends Origin and Host that match."""
+    rebound = cross_origin("POST", "evil.example:8089", "http://evil.example:8089", None, loopback=True)
+    assert rebound is not None and "not a loopback name" in rebound
+    for host in ("localhost:8089", "127.0.0.1:8089", "[::1]:8089"):
+        assert cross_origin("POST", host, f"http://{host}", None, loopback=True) is None
+    # bound to all interfaces: the machine's own name is its page
+    assert cross_origin("POST", "gpu-box:8089", "http://gpu-box:8089", None) is None
+
+
+# Locust's own web UI with oomload's extension, driven through Flask's test client in a child process
+# (importing locust patches the whole process with gevent): a cross-origin POST /stop and /swarm are
+# refused and the run keeps running; the same POST from the UI's own page still stops it.
+_LOCUST_WEB = """
+import json
+import gevent
+from locust import User, constant, task
+from locust.env import Environment
+from oomload.run.webui import extend_web_ui
+
+class Idle(User):
+    wait_time = constant(0.05)
+    @task
+    def nothing(self):
+        pass
+
+env = Environment(user_classes=[Idle], events=None)
+runner = env.create_local_runner()
+web_ui = env.create_web_ui("127.0.0.1", 0, delayed_start=True)
+extend_web_ui(web_ui, lambda: {})
+client = web_ui.app.test_client()
+runner.start(2, spawn_rate=100)
+for _ in range(200):  # bounded: until both users run
+    if runner.user_count == 2 and runner.state == "running":
+        break
+    gevent.sleep(0.05)
+out = {"state_before": runner.state}
+evil = {"Origin": "http://evil.example"}
+out["stop_evil"] = client.post("/stop", headers=evil).status_code
+out["swarm_evil"] = client.post("/swarm", data={"user_count": 50, "spawn_rate": 50}, headers=evil).status_code
+out["state_after_evil"] = runner.state
+out["users_after_evil"] = runner.user_count
+out["stop_own"] = client.post("/stop", headers={"Origin": "http://localhost"}).status_code
+out["state_after_own"] = runner.state
+runner.quit()
+print(json.dumps(out))
+"""
+
+
+def test_a_cross_origin_stop_or_swarm_leaves_the_run_running() -> None:
+    """Issue #24: a cross-origin ``POST /stop`` stalled a ``--web`` run at zero load; ``/swarm`` was taken."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOCUST_WEB], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["state_before"] == "running"
+    assert out["stop_evil"] == 403 and out["swarm_evil"] == 403
+    assert out["state_after_evil"] in ("running", "spawning") and out["users_after_evil"] == 2
+    assert out["stop_own"] == 200 and out["state_after_own"] in ("stopped", "stopping")

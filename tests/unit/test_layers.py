@@ -32,6 +32,7 @@ CORE = {
     "oomload.errors",
     "oomload.outcome",
     "oomload.trace",
+    "oomload.prefix",
     "oomload.stats",
     "oomload.synth",
     "oomload.capacity",

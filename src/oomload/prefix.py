@@ -1,0 +1,269 @@
+"""Prefix structure of a trace: chained, salted block ids, and how much of the prompts a cache would hold.
+
+**Chained block ids** (``BlockHasher``). A prompt is cut into blocks of ``block_tokens`` tokens;
+only full blocks get an id (a partial last block is never shared, as in vLLM). Block k's id is a
+keyed hash (BLAKE2b, 8-byte digest, key = the build's salt) of block k−1's digest and block k's
+content, so — like vLLM's block hashes — two prompts share block k exactly when they are identical
+from token 0 through the end of block k. The id written to the trace is the digest's top
+``ID_BITS`` (53) bits: a JSON number every reader holds exactly (JavaScript's too), 16 digits at
+most; two different prefixes collide with odds of about n²/2⁵⁴ for n distinct blocks (one in 10⁴
+for a million). The salt is random per build and never written, so an id reveals nothing of the
+text or token ids and cannot be matched against another trace's (ingest/prefixes.py makes it;
+``OOMLOAD_PREFIX_SALT`` fixes it for reproducible builds).
+
+The content of a block is either its token ids (``chain_token_text``: the comma-separated ids as a
+vLLM log writes them, hashed without parsing them to integers) or a position inside a message
+(``chain_messages``: when only message boundaries are known, block k's id hashes the chain of the
+messages up to the one holding the block's last token and the block's end offset in it — so
+blocks match only when every message up to there is identical, and a message's tokens are never
+split finer than the estimate allows).
+
+**Reuse** (``expected_hit_tokens``). Requests are taken in trace order; a request's cache hit is
+its longest run of leading full blocks already cached, capped (as vLLM V1 does) so that at least
+one prompt token is computed: ``min(run, (prompt_tokens − 1) // block_tokens)`` blocks. Without a
+pool the cache is infinite (every block seen before is held: the upper bound). With
+``pool_blocks`` the cache is an LRU of that many blocks, as vLLM's free queue: a finished
+request's blocks are appended to the queue tail in reverse order (its private blocks — the partial
+prompt block and the output — first, then its prompt blocks from last to first), so the prefix is
+evicted last, and a new request's blocks take the least recently freed ones. **Which blocks are
+referenced at once**: this model serves requests one after another (each request's blocks are
+referenced only while it is admitted, then freed), so no block is pinned by a concurrent request;
+with real concurrency, running requests pin their blocks and the pool holds fewer cached ones, so
+the pool share here is an upper bound for that pool size too (the scheduler predictions model the
+pinning). ``server_block_tokens`` (a multiple of the trace's block size) regroups the chains for a
+server with bigger blocks: the id of block ``(k+1)·m − 1`` identifies the k-th big block, the
+chain being cumulative.
+
+``shared_prefixes`` lists the longest prefixes that several requests share (ids only),
+``conversation_turns`` the turns per conversation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from oomload.trace import PrefixInfo, TraceRecord
+
+DEFAULT_BLOCK_TOKENS = 16  # vLLM's default block size: the trace then predicts any multiple of it
+ID_BITS = 53
+_ID_SHIFT = 64 - ID_BITS
+_START = b"oomload-prefix-v1"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockHasher:
+    """Chained keyed block ids for one build (module docstring); ``salt`` is never written anywhere."""
+
+    salt: bytes
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+
+    def __post_init__(self) -> None:
+        if self.block_tokens < 1:
+            raise ValueError("block_tokens must be ≥ 1")
+        if not 1 <= len(self.salt) <= 64:
+            raise ValueError("the salt must be 1 to 64 bytes")
+
+    def __repr__(self) -> str:  # never print the salt
+        return f"BlockHasher(block_tokens={self.block_tokens})"
+
+    def chain(self, blocks: Iterable[bytes]) -> tuple[int, ...]:
+        """The ids of ``blocks`` (each one block's content), chained from the first."""
+        ids = []
+        digest = _START
+        for content in blocks:
+            digest = hashlib.blake2b(digest + content, digest_size=8, key=self.salt).digest()
+            ids.append(int.from_bytes(digest, "big") >> _ID_SHIFT)
+        return tuple(ids)
+
+    def chain_tokens(self, token_ids: Sequence[int]) -> tuple[int, ...]:
+        """The ids of the full blocks of a prompt given as token ids."""
+        return self.chain_token_text(",".join(str(t) for t in token_ids))
+
+    def chain_token_text(self, ids_text: str) -> tuple[int, ...]:
+        """The ids of the full blocks of ``"1, 2, 3"`` (token ids as text, any spaces)."""
+        ids = ids_text.replace(" ", "").split(",") if ids_text.strip() else []
+        size = self.block_tokens
+        full = len(ids) // size
+        return self.chain(",".join(ids[k * size : (k + 1) * size]).encode() for k in range(full))
+
+    def chain_messages(self, messages: Sequence[tuple[bytes, int]]) -> tuple[int, ...]:
+        """The ids of the full blocks of a prompt known as ``(message content, token count)`` pairs.
+
+        Block k's content is the digest of every message up to the one holding its last token and
+        the block's end offset in that message (module docstring).
+        """
+        size = self.block_tokens
+        digests: list[bytes] = []
+        ends: list[int] = []
+        digest = _START
+        end = 0
+        for content, tokens in messages:
+            digest = hashlib.blake2b(digest + content, digest_size=16, key=self.salt).digest()
+            end += max(tokens, 0)
+            digests.append(digest)
+            ends.append(end)
+        blocks = []
+        message = 0
+        for k in range(end // size):
+            block_end = (k + 1) * size
+            while ends[message] < block_end:
+                message += 1
+            start = ends[message - 1] if message else 0
+            blocks.append(digests[message] + (block_end - start).to_bytes(8, "big"))
+        return self.chain(blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixReuse:
+    """How many prompt tokens a prefix cache would serve, per request (trace order) and in total."""
+
+    block_tokens: int  # the block size the hits are counted in (the server's, when regrouped)
+    pool_blocks: int | None  # None: an infinite cache
+    hit_tokens: tuple[int, ...]  # per request
+    prompt_tokens: int  # all requests' prompt tokens
+    requests_with_ids: int  # requests whose chain is known (the rest can hit nothing)
+
+    @property
+    def total_hit_tokens(self) -> int:
+        return sum(self.hit_tokens)
+
+    @property
+    def share(self) -> float:
+        """Hit tokens over prompt tokens (0 for a trace without prompt tokens)."""
+        return self.total_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def full_block_ids(record: TraceRecord, block_tokens: int) -> tuple[int, ...]:
+    """The ids of a request's full prompt blocks (a source trace's last id may be partial)."""
+    full = record.prompt_tokens // block_tokens
+    ids = record.hash_ids
+    return ids if len(ids) <= full else ids[:full]
+
+
+def regroup(ids: Sequence[int], factor: int) -> tuple[int, ...]:
+    """Chained ids of blocks ``factor`` times bigger: every ``factor``-th id (the chain is cumulative)."""
+    return tuple(ids[factor - 1 :: factor]) if factor > 1 else tuple(ids)
+
+
+def expected_hit_tokens(
+    records: Iterable[TraceRecord],
+    prefix: PrefixInfo,
+    pool_blocks: int | None = None,
+    *,
+    server_block_tokens: int | None = None,
+) -> PrefixReuse:
+    """Per-request cache hits in trace order (infinite cache, or an LRU pool: module docstring)."""
+    block = prefix.block_tokens
+    factor = 1
+    if server_block_tokens is not None:
+        if server_block_tokens < block or server_block_tokens % block:
+            raise ValueError(
+                f"the trace's prefix blocks are {block} tokens: a server block of {server_block_tokens} "
+                f"tokens is not a multiple of it"
+            )
+        factor = server_block_tokens // block
+        block = server_block_tokens
+    if pool_blocks is not None and pool_blocks < 1:
+        raise ValueError("pool_blocks must be ≥ 1")
+    seen: set[int] = set()
+    lru: OrderedDict[int, None] = OrderedDict()
+    private = -1  # keys of blocks no other request can hit
+    hits: list[int] = []
+    prompt_total = 0
+    with_ids = 0
+    for record in records:
+        prompt_total += record.prompt_tokens
+        ids = regroup(full_block_ids(record, prefix.block_tokens), factor)
+        with_ids += bool(record.hash_ids)
+        cap = max(record.prompt_tokens - 1, 0) // block
+        cached = seen if pool_blocks is None else lru
+        run = 0
+        while run < min(cap, len(ids)) and ids[run] in cached:
+            run += 1
+        hits.append(run * block)
+        if pool_blocks is None:
+            seen.update(ids)
+            continue
+        total_blocks = -(-record.total_tokens // block)
+        for _ in range(max(total_blocks - len(ids), 0)):
+            lru[private] = None
+            private -= 1
+        for block_id in reversed(ids):
+            lru[block_id] = None
+            lru.move_to_end(block_id)
+        while len(lru) > pool_blocks:
+            lru.popitem(last=False)
+    return PrefixReuse(block, pool_blocks, tuple(hits), prompt_total, with_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPrefix:
+    """A prefix several requests start with: its last block's id, its length and how many use it."""
+
+    block_id: int
+    tokens: int
+    uses: int
+
+    @property
+    def saved_tokens(self) -> int:
+        """Tokens a cache holding it serves: every use after the first."""
+        return self.tokens * (self.uses - 1)
+
+
+def shared_prefixes(records: Iterable[TraceRecord], prefix: PrefixInfo, top: int = 5) -> list[SharedPrefix]:
+    """The ``top`` shared prefixes by tokens × uses, each the longest one its users share.
+
+    A prefix (a node of the chain tree) is listed when at least two requests use it and no longer
+    prefix has as many users — a shared system prompt is listed once, not once per block.
+    """
+    uses: Counter[int] = Counter()
+    depth: dict[int, int] = {}
+    parent: dict[int, int | None] = {}
+    for record in records:
+        ids = full_block_ids(record, prefix.block_tokens)
+        uses.update(ids)
+        for k, block_id in enumerate(ids):
+            if block_id not in depth:
+                depth[block_id] = k + 1
+                parent[block_id] = ids[k - 1] if k else None
+    child_best: dict[int, int] = {}
+    for block_id, count in uses.items():
+        up = parent[block_id]
+        if up is not None and count > child_best.get(up, 0):
+            child_best[up] = count
+    found = [
+        SharedPrefix(block_id, depth[block_id] * prefix.block_tokens, count)
+        for block_id, count in uses.items()
+        if count >= 2 and child_best.get(block_id, 0) < count
+    ]
+    found.sort(key=lambda p: (-p.tokens * p.uses, -p.tokens, p.block_id))
+    return found[:top]
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationTurns:
+    """Turns per conversation (requests sharing a ``session``)."""
+
+    conversations: int
+    requests: int  # requests that belong to a conversation
+    max_turns: int
+    histogram: dict[int, int]  # turns → conversations
+
+    @property
+    def mean_turns(self) -> float:
+        return self.requests / self.conversations if self.conversations else 0.0
+
+
+def conversation_turns(records: Iterable[TraceRecord]) -> ConversationTurns:
+    """Requests per ``session`` (a conversation's turns); all zero when the trace has no sessions."""
+    turns: Counter[str] = Counter(r.session for r in records if r.session is not None)
+    histogram = Counter(turns.values())
+    return ConversationTurns(
+        conversations=len(turns),
+        requests=sum(turns.values()),
+        max_turns=max(turns.values(), default=0),
+        histogram=dict(sorted(histogram.items())),
+    )

@@ -267,3 +267,27 @@ def conversation_turns(records: Iterable[TraceRecord]) -> ConversationTurns:
         max_turns=max(turns.values(), default=0),
         histogram=dict(sorted(histogram.items())),
     )
+
+
+def describe_prefix(info: PrefixInfo) -> str:
+    """One plain sentence: what a trace's prefix ids are (``trace build`` and ``trace stats`` print it)."""
+    block = f"{info.block_tokens}-token blocks"
+    if info.source == "none":
+        text = "no prefix structure in this log (reuse unknown: replays and predictions count every block)"
+    elif info.source == "token-ids":
+        text = f"chained ids of {block} from the prompt token ids (exact)"
+    elif info.source == "messages":
+        counts = "per-message token counts" + (
+            " from the tokenizer" if info.exact else " estimated from characters (not exact)"
+        )
+        text = f"chained ids of {block} over message boundaries, {counts}"
+    elif info.source == "column":
+        text = f"chained ids of {block} from the log's conversation / system-prompt id column"
+    else:
+        text = f"block ids as the source trace gave them ({block})"
+    if info.truncated_requests:
+        text += (
+            f"; {info.truncated_requests} requests' chains cover only the logged part of the prompt "
+            "(--max-log-len)"
+        )
+    return text

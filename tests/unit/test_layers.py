@@ -78,6 +78,7 @@ ADAPTERS = {
     "oomload.ingest.openai_fast",
     "oomload.ingest.openai_log",
     "oomload.ingest.parallel",
+    "oomload.ingest.prefixes",
     "oomload.ingest.skips",
     "oomload.ingest.source",
     "oomload.ingest.tabular",

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from oomload.errors import ConfigError, ExitCode
+from oomload.prefix import DEFAULT_BLOCK_TOKENS, describe_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -46,6 +47,14 @@ def register(subparsers: Any) -> None:
     )
     _add_input_flags(build)
     build.add_argument("--strict", action="store_true", help="stop at the first unusable line")
+    build.add_argument(
+        "--prefix-block-tokens",
+        type=int,
+        default=DEFAULT_BLOCK_TOKENS,
+        metavar="TOKENS",
+        help="block size of the prefix chains (hash_ids) derived from token ids or messages; the trace "
+        f"then predicts any multiple of it (default {DEFAULT_BLOCK_TOKENS}, vLLM's; 0: none)",
+    )
     _add_workers_flag(build)
     build.set_defaults(func=run_build)
 
@@ -211,11 +220,21 @@ def run_build(args: argparse.Namespace) -> int:
     from oomload.ingest import build_trace, check_output_path
 
     check_output_path(args.out)  # before the tokenizer is loaded or any input is read
+    if args.prefix_block_tokens < 0:
+        raise ConfigError(
+            f"--prefix-block-tokens must be ≥ 0 (0: no prefix chains), got {args.prefix_block_tokens}"
+        )
     workers = _workers(args)
     options = _input_options(args)
     with sigterm_as_ctrl_c(), ReadProgress.for_inputs(args.logs, "building") as progress:
         result = build_trace(
-            args.logs, args.out, strict=args.strict, workers=workers, progress=progress, **options
+            args.logs,
+            args.out,
+            strict=args.strict,
+            workers=workers,
+            progress=progress,
+            prefix_block_tokens=args.prefix_block_tokens or None,
+            **options,
         )
     print(
         f"wrote {result.records_written} requests to {result.out_path} "
@@ -234,6 +253,8 @@ def run_build(args: argparse.Namespace) -> int:
         print(f"note: {result.alignment.reason}: {result.alignment.description}")
     if result.reordered:
         print("note: the input was not in time order; the trace was sorted by arrival time")
+    if result.prefix is not None:
+        print(f"prefix: {describe_prefix(result.prefix)}")
     for note in skips.notes:
         print(f"note: {note}")
     for note in result.read_notes:

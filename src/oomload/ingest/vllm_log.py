@@ -35,10 +35,12 @@ import ast
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from oomload.ingest.skips import NO_TOKEN_COUNTS, SkipLog
 from oomload.ingest.source import LogSource
 from oomload.ingest.tokens import TokenCounter
+from oomload.prefix import BlockHasher
 from oomload.trace import TraceRecord
 
 LOG_PREFIX = re.compile(
@@ -75,12 +77,23 @@ def full_length_note(max_log_len: int) -> str:
     )
 
 
+class _Ids(NamedTuple):
+    """A prompt logged as token ids: how many, and the ids as the log wrote them (for the chain)."""
+
+    tokens: int
+    text: str
+
+
 def read_vllm_records(
-    source: LogSource, skips: SkipLog, counter: TokenCounter | None
+    source: LogSource, skips: SkipLog, counter: TokenCounter | None, hasher: BlockHasher | None = None
 ) -> Iterator[TraceRecord]:
-    """Records (``arrival_s`` = log time in seconds, year-less) from a vLLM server log."""
+    """Records (``arrival_s`` = log time in seconds, year-less) from a vLLM server log.
+
+    With ``hasher``, a prompt logged as token ids gets its chained block ids (``hash_ids``).
+    """
     aborted, access_failures = _first_pass(source)
-    prompts: dict[str, int | str | None] = {}  # details seen, Received not yet: id → count or text
+    prompts: dict[str, _Ids | str | None] = {}  # details seen, Received not yet: id → ids or text
+    text_only = 0  # requests counted from prompt text: no prefix structure
     emitted = 0
     max_log_len: int | None = None  # from the last start-up banner
     id_lengths: dict[int, int] = {}  # prompt length (counted from ids) → how many
@@ -119,27 +132,41 @@ def read_vllm_records(
             skips.skip(cut_reason(max_log_len), source.name, number)
             skips.note(full_length_note(max_log_len))
             continue
+        hash_ids: tuple[int, ...] = ()
         if isinstance(prompt, str):
             if counter is None:
                 skips.skip(NO_TOKEN_COUNTS, source.name, number)
                 continue
-            prompt = counter.count(prompt)
-        elif max_log_len is None:
-            id_lengths[prompt] = id_lengths.get(prompt, 0) + 1
+            prompt_tokens = counter.count(prompt)
+            text_only += 1
+        else:
+            prompt_tokens = prompt.tokens
+            if max_log_len is None:
+                id_lengths[prompt_tokens] = id_lengths.get(prompt_tokens, 0) + 1
+            if hasher is not None:
+                hash_ids = hasher.chain_token_text(prompt.text)
         max_tokens = int(max_match.group(1))
         emitted += 1
         yield TraceRecord(
             id=request_id,
             arrival_s=time_s,
-            prompt_tokens=prompt,
+            prompt_tokens=prompt_tokens,
             output_tokens=max_tokens,
             max_tokens=max_tokens,
             ok=request_id not in aborted,
+            hash_ids=hash_ids,
         )
     if emitted:
         skips.note(OUTPUT_NOTE)
+    if hasher is not None and text_only:
+        skips.note(
+            f"{source.name}: {text_only} requests logged their prompt as text, not token ids: they carry "
+            "no prefix structure (log with VLLM_LOGGING_LEVEL=DEBUG for the ids)"
+        )
     suspect = suspected_max_log_len(id_lengths)
     if suspect is not None:
+        if hasher is not None:
+            skips.truncated_requests += id_lengths[suspect]  # their chains cover the logged part only
         skips.note(
             f"{source.name}: {id_lengths[suspect]} of {sum(id_lengths.values())} prompts have exactly "
             f"{suspect} token ids, the longest in the log: was vLLM started with --max-log-len {suspect}? "
@@ -153,9 +180,9 @@ def read_vllm_records(
         )
 
 
-def _cut(prompt: int | str, max_log_len: int) -> bool:
+def _cut(prompt: _Ids | str, max_log_len: int) -> bool:
     """True when the logged prompt (id count or text) is as long as vLLM's cut: it may be cut."""
-    return (prompt if isinstance(prompt, int) else len(prompt)) >= max_log_len
+    return (prompt.tokens if isinstance(prompt, _Ids) else len(prompt)) >= max_log_len
 
 
 def suspected_max_log_len(id_lengths: dict[int, int]) -> int | None:
@@ -185,13 +212,13 @@ def _first_pass(source: LogSource) -> tuple[set[str], int]:
     return aborted, failures
 
 
-def _prompt_from(segment: str) -> int | str | None:
-    """The prompt length (from token ids) or text in ``segment``; ``None`` when neither is logged."""
+def _prompt_from(segment: str) -> _Ids | str | None:
+    """The prompt's token ids or text in ``segment``; ``None`` when neither is logged."""
     ids_at = segment.rfind("prompt_token_ids: [")
     if ids_at >= 0:
         rest = segment[ids_at + len("prompt_token_ids: [") :]
         body = rest[: rest.find("]")]
-        return 0 if not body.strip() else body.count(",") + 1
+        return _Ids(0 if not body.strip() else body.count(",") + 1, body)
     if not segment.startswith("prompt: ") or segment[8:9] not in ("'", '"'):
         return None
     quote = segment[8]

@@ -1,0 +1,130 @@
+"""Prefix structure derived while building a trace: chains from vLLM token ids, the salt, the header."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oomload.ingest import build_trace
+from oomload.ingest.prefixes import PREFIX_SALT_ENV
+from oomload.prefix import expected_hit_tokens
+from oomload.trace import read_trace, read_trace_header
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+def _vllm_line(second: int, request_id: str, ids: list[int], max_tokens: int = 4) -> str:
+    prefix = f"(APIServer pid=7) {{level}} 12-01 06:33:{second:02d} [entrypoints/utils/request_logger.py:55] "
+    return (
+        prefix.format(level="DEBUG")
+        + f"Request {request_id} details: prompt: None, prompt_token_ids: {ids}, prompt_embeds shape: None.\n"
+        + prefix.format(level="INFO")
+        + f"Received request {request_id}: params: SamplingParams(n=1, max_tokens={max_tokens}), "
+        "lora_request: None.\n"
+    )
+
+
+def _shared_log(path: Path, system: list[int], tails: list[list[int]], start: int = 0) -> Path:
+    path.write_text(
+        "".join(_vllm_line(start + i, f"cmpl-{start + i}", system + tail) for i, tail in enumerate(tails))
+    )
+    return path
+
+
+SYSTEM = list(range(100, 140))  # 40 tokens: 2 full blocks of 16, and 8 tokens into the third
+TAILS = [[1] * 30, [2] * 30, [3] * 5]
+
+
+def test_vllm_token_ids_become_chains_that_share_the_system_prompt(tmp_path: Path) -> None:
+    log = _shared_log(tmp_path / "vllm.log", SYSTEM, TAILS)
+    trace = build_trace([log], tmp_path / "t.jsonl", workers=1)
+    assert trace.prefix is not None and trace.prefix.source == "token-ids"
+    header = read_trace_header(tmp_path / "t.jsonl")
+    assert header.prefix == trace.prefix
+    assert (header.prefix.block_tokens, header.prefix.exact, header.prefix.truncated_requests) == (
+        16,
+        True,
+        0,
+    )
+    recs = read_trace(tmp_path / "t.jsonl")
+    assert [len(r.hash_ids) for r in recs] == [4, 4, 2]  # full blocks only (70, 70 and 45 tokens)
+    assert recs[0].hash_ids[:2] == recs[1].hash_ids[:2] == recs[2].hash_ids
+    assert recs[0].hash_ids[2] != recs[1].hash_ids[2]  # block 2 holds 8 system + 8 differing tokens
+    reuse = expected_hit_tokens(recs, header.prefix)
+    assert reuse.hit_tokens == (0, 32, 32)
+
+
+def test_each_build_has_its_own_salt_unless_the_environment_fixes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _shared_log(tmp_path / "vllm.log", SYSTEM, TAILS)
+
+    def ids(name: str) -> set[int]:
+        build_trace([log], tmp_path / name, workers=1)
+        return {i for r in read_trace(tmp_path / name) for i in r.hash_ids}
+
+    monkeypatch.delenv(PREFIX_SALT_ENV, raising=False)
+    assert not ids("a.jsonl") & ids("b.jsonl")  # not matchable across builds
+    monkeypatch.setenv(PREFIX_SALT_ENV, "fixed")
+    assert ids("c.jsonl") == ids("d.jsonl")
+    assert (tmp_path / "c.jsonl").read_bytes() == (tmp_path / "d.jsonl").read_bytes()
+
+
+def test_the_salt_is_shared_by_the_workers_of_one_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two vLLM logs read whole by two workers: one build's ids of one system prompt agree."""
+    monkeypatch.delenv(PREFIX_SALT_ENV, raising=False)
+    one = _shared_log(tmp_path / "one.log", SYSTEM, TAILS[:2])
+    two = _shared_log(tmp_path / "two.log", SYSTEM, TAILS[2:], start=2)
+    build_trace([one, two], tmp_path / "t.jsonl", workers=2, parallel_min_bytes=1)
+    recs = read_trace(tmp_path / "t.jsonl")
+    assert len(recs) == 3 and len({r.hash_ids[:2] for r in recs}) == 1
+
+
+def test_prefix_chains_can_be_turned_off(tmp_path: Path) -> None:
+    log = _shared_log(tmp_path / "vllm.log", SYSTEM, TAILS)
+    result = build_trace([log], tmp_path / "t.jsonl", workers=1, prefix_block_tokens=None)
+    assert result.prefix is not None and result.prefix.source == "none"
+    assert all(not r.hash_ids for r in read_trace(tmp_path / "t.jsonl"))
+
+
+def test_formats_without_prefix_structure_say_none(tmp_path: Path) -> None:
+    azure = tmp_path / "azure.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n")
+    result = build_trace([azure], tmp_path / "t.jsonl", workers=1)
+    assert read_trace_header(tmp_path / "t.jsonl").prefix == result.prefix
+    assert result.prefix is not None and result.prefix.source == "none"
+
+
+def test_mooncake_and_bailian_ids_stay_as_given(tmp_path: Path) -> None:
+    mooncake = tmp_path / "m.jsonl"
+    mooncake.write_text('{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [7, 8]}\n')
+    build_trace([mooncake], tmp_path / "m-trace.jsonl", workers=1)
+    header = read_trace_header(tmp_path / "m-trace.jsonl")
+    assert header.prefix is not None and (header.prefix.source, header.prefix.block_tokens) == (
+        "source-trace",
+        512,
+    )
+    assert read_trace(tmp_path / "m-trace.jsonl")[0].hash_ids == (7, 8)
+    bailian = tmp_path / "b.jsonl"
+    bailian.write_text(
+        '{"chat_id": 1, "parent_chat_id": -1, "timestamp": 0, "input_length": 40, "output_length": 3, '
+        '"hash_ids": [5, 6, 7], "turn": 1, "type": "text"}\n'
+    )
+    build_trace([bailian], tmp_path / "b-trace.jsonl", workers=1)
+    header = read_trace_header(tmp_path / "b-trace.jsonl")
+    assert header.prefix is not None and header.prefix.block_tokens == 16
+
+
+def test_a_truncated_vllm_log_counts_the_requests_whose_chain_covers_the_logged_part(tmp_path: Path) -> None:
+    """The real --max-log-len 64 log without its banner: 4 prompts logged at 64 ids, maybe cut."""
+    lines = (FIXTURES / "vllm-request-log-max-log-len.txt").read_text().splitlines(keepends=True)
+    log = tmp_path / "no-banner.log"
+    log.write_text("".join(x for x in lines if "non-default args" not in x))
+    build_trace([log], tmp_path / "t.jsonl", workers=1)
+    header = read_trace_header(tmp_path / "t.jsonl")
+    assert header.prefix is not None and header.prefix.truncated_requests == 4
+    recs = read_trace(tmp_path / "t.jsonl")
+    assert sorted(len(r.hash_ids) for r in recs) == [2, 4, 4, 4, 4]  # 40 ids: 2 blocks; 64 ids: 4

@@ -148,6 +148,56 @@ def regroup(ids: Sequence[int], factor: int) -> tuple[int, ...]:
     return tuple(ids[factor - 1 :: factor]) if factor > 1 else tuple(ids)
 
 
+class CacheModel:
+    """One prefix cache, infinite or an LRU pool of blocks, fed requests in trace order (module docstring)."""
+
+    def __init__(
+        self, prefix: PrefixInfo, pool_blocks: int | None = None, server_block_tokens: int | None = None
+    ) -> None:
+        self.trace_block_tokens = prefix.block_tokens
+        self.block_tokens = prefix.block_tokens
+        self.factor = 1
+        if server_block_tokens is not None:
+            if server_block_tokens < prefix.block_tokens or server_block_tokens % prefix.block_tokens:
+                raise ValueError(
+                    f"the trace's prefix blocks are {prefix.block_tokens} tokens: a server block of "
+                    f"{server_block_tokens} tokens is not a multiple of it"
+                )
+            self.factor = server_block_tokens // prefix.block_tokens
+            self.block_tokens = server_block_tokens
+        if pool_blocks is not None and pool_blocks < 1:
+            raise ValueError("pool_blocks must be ≥ 1")
+        self.pool_blocks = pool_blocks
+        self._seen: set[int] = set()
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self._private = -1  # keys of blocks no other request can hit
+
+    def admit(self, hash_ids: Sequence[int], prompt_tokens: int, output_tokens: int) -> int:
+        """The request's hit tokens; then its blocks are cached (freed to the pool's tail)."""
+        full = prompt_tokens // self.trace_block_tokens
+        ids = regroup(hash_ids if len(hash_ids) <= full else hash_ids[:full], self.factor)
+        block = self.block_tokens
+        cap = min(max(prompt_tokens - 1, 0) // block, len(ids))
+        cached = self._seen if self.pool_blocks is None else self._lru
+        run = 0
+        while run < cap and ids[run] in cached:
+            run += 1
+        if self.pool_blocks is None:
+            self._seen.update(ids)
+            return run * block
+        lru = self._lru
+        total_blocks = -(-(prompt_tokens + output_tokens) // block)
+        for _ in range(max(total_blocks - len(ids), 0)):
+            lru[self._private] = None
+            self._private -= 1
+        for block_id in reversed(ids):
+            lru[block_id] = None
+            lru.move_to_end(block_id)
+        while len(lru) > self.pool_blocks:
+            lru.popitem(last=False)
+        return run * block
+
+
 def expected_hit_tokens(
     records: Iterable[TraceRecord],
     prefix: PrefixInfo,
@@ -156,47 +206,15 @@ def expected_hit_tokens(
     server_block_tokens: int | None = None,
 ) -> PrefixReuse:
     """Per-request cache hits in trace order (infinite cache, or an LRU pool: module docstring)."""
-    block = prefix.block_tokens
-    factor = 1
-    if server_block_tokens is not None:
-        if server_block_tokens < block or server_block_tokens % block:
-            raise ValueError(
-                f"the trace's prefix blocks are {block} tokens: a server block of {server_block_tokens} "
-                f"tokens is not a multiple of it"
-            )
-        factor = server_block_tokens // block
-        block = server_block_tokens
-    if pool_blocks is not None and pool_blocks < 1:
-        raise ValueError("pool_blocks must be ≥ 1")
-    seen: set[int] = set()
-    lru: OrderedDict[int, None] = OrderedDict()
-    private = -1  # keys of blocks no other request can hit
+    cache = CacheModel(prefix, pool_blocks, server_block_tokens)
     hits: list[int] = []
     prompt_total = 0
     with_ids = 0
     for record in records:
         prompt_total += record.prompt_tokens
-        ids = regroup(full_block_ids(record, prefix.block_tokens), factor)
         with_ids += bool(record.hash_ids)
-        cap = max(record.prompt_tokens - 1, 0) // block
-        cached = seen if pool_blocks is None else lru
-        run = 0
-        while run < min(cap, len(ids)) and ids[run] in cached:
-            run += 1
-        hits.append(run * block)
-        if pool_blocks is None:
-            seen.update(ids)
-            continue
-        total_blocks = -(-record.total_tokens // block)
-        for _ in range(max(total_blocks - len(ids), 0)):
-            lru[private] = None
-            private -= 1
-        for block_id in reversed(ids):
-            lru[block_id] = None
-            lru.move_to_end(block_id)
-        while len(lru) > pool_blocks:
-            lru.popitem(last=False)
-    return PrefixReuse(block, pool_blocks, tuple(hits), prompt_total, with_ids)
+        hits.append(cache.admit(record.hash_ids, record.prompt_tokens, record.output_tokens))
+    return PrefixReuse(cache.block_tokens, pool_blocks, tuple(hits), prompt_total, with_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,34 +231,50 @@ class SharedPrefix:
         return self.tokens * (self.uses - 1)
 
 
+class PrefixTree:
+    """Uses per chain node (a prefix), for ``shared_prefixes``; fed requests one at a time."""
+
+    def __init__(self, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self.uses: Counter[int] = Counter()
+        self.depth: dict[int, int] = {}
+        self.parent: dict[int, int | None] = {}
+
+    def add(self, hash_ids: Sequence[int], prompt_tokens: int) -> None:
+        full = prompt_tokens // self.block_tokens
+        ids = hash_ids if len(hash_ids) <= full else hash_ids[:full]
+        self.uses.update(ids)
+        for k, block_id in enumerate(ids):
+            if block_id not in self.depth:
+                self.depth[block_id] = k + 1
+                self.parent[block_id] = ids[k - 1] if k else None
+
+    def top(self, count: int = 5) -> list[SharedPrefix]:
+        """The ``count`` shared prefixes with the most tokens × uses (``shared_prefixes``)."""
+        child_best: dict[int, int] = {}
+        for block_id, uses in self.uses.items():
+            up = self.parent[block_id]
+            if up is not None and uses > child_best.get(up, 0):
+                child_best[up] = uses
+        found = [
+            SharedPrefix(block_id, self.depth[block_id] * self.block_tokens, uses)
+            for block_id, uses in self.uses.items()
+            if uses >= 2 and child_best.get(block_id, 0) < uses
+        ]
+        found.sort(key=lambda p: (-p.tokens * p.uses, -p.tokens, p.block_id))
+        return found[:count]
+
+
 def shared_prefixes(records: Iterable[TraceRecord], prefix: PrefixInfo, top: int = 5) -> list[SharedPrefix]:
     """The ``top`` shared prefixes by tokens × uses, each the longest one its users share.
 
     A prefix (a node of the chain tree) is listed when at least two requests use it and no longer
     prefix has as many users — a shared system prompt is listed once, not once per block.
     """
-    uses: Counter[int] = Counter()
-    depth: dict[int, int] = {}
-    parent: dict[int, int | None] = {}
+    tree = PrefixTree(prefix.block_tokens)
     for record in records:
-        ids = full_block_ids(record, prefix.block_tokens)
-        uses.update(ids)
-        for k, block_id in enumerate(ids):
-            if block_id not in depth:
-                depth[block_id] = k + 1
-                parent[block_id] = ids[k - 1] if k else None
-    child_best: dict[int, int] = {}
-    for block_id, count in uses.items():
-        up = parent[block_id]
-        if up is not None and count > child_best.get(up, 0):
-            child_best[up] = count
-    found = [
-        SharedPrefix(block_id, depth[block_id] * prefix.block_tokens, count)
-        for block_id, count in uses.items()
-        if count >= 2 and child_best.get(block_id, 0) < count
-    ]
-    found.sort(key=lambda p: (-p.tokens * p.uses, -p.tokens, p.block_id))
-    return found[:top]
+        tree.add(record.hash_ids, record.prompt_tokens)
+    return tree.top(top)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +301,117 @@ def conversation_turns(records: Iterable[TraceRecord]) -> ConversationTurns:
         max_turns=max(turns.values(), default=0),
         histogram=dict(sorted(histogram.items())),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixStats:
+    """What ``trace stats`` says about prefix reuse (``PrefixTally.result``)."""
+
+    info: PrefixInfo
+    block_tokens: int  # the block size hits are counted in (the server's when given, else the trace's)
+    requests: int
+    requests_with_ids: int
+    prompt_tokens: int
+    seen_hit_tokens: int  # infinite cache: the upper bound
+    pool_blocks: int | None
+    pool_hit_tokens: int | None
+    shared: tuple[SharedPrefix, ...]
+    turns: ConversationTurns
+
+    @property
+    def seen_share(self) -> float:
+        return self.seen_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def pool_share(self) -> float | None:
+        if self.pool_hit_tokens is None:
+            return None
+        return self.pool_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "source": self.info.source,
+            "trace_block_tokens": self.info.block_tokens,
+            "exact": self.info.exact,
+            "truncated_requests": self.info.truncated_requests,
+            "description": describe_prefix(self.info),
+            "block_tokens": self.block_tokens,
+            "requests_with_ids": self.requests_with_ids,
+            "prompt_tokens": self.prompt_tokens,
+            "seen_hit_tokens": self.seen_hit_tokens,
+            "seen_hit_fraction": self.seen_share,
+            "pool_blocks": self.pool_blocks,
+            "pool_hit_tokens": self.pool_hit_tokens,
+            "pool_hit_fraction": self.pool_share,
+            "largest_shared_prefixes": [
+                {"block_id": p.block_id, "tokens": p.tokens, "uses": p.uses} for p in self.shared
+            ],
+            "conversations": {
+                "count": self.turns.conversations,
+                "requests": self.turns.requests,
+                "mean_turns": self.turns.mean_turns,
+                "max_turns": self.turns.max_turns,
+                "turns_histogram": {str(k): v for k, v in self.turns.histogram.items()},
+            },
+        }
+
+
+class PrefixTally:
+    """Everything ``PrefixStats`` holds, gathered one request at a time in trace order."""
+
+    def __init__(
+        self,
+        info: PrefixInfo,
+        *,
+        pool_blocks: int | None = None,
+        server_block_tokens: int | None = None,
+        top: int = 5,
+    ) -> None:
+        self.info = info
+        self.seen = CacheModel(info, None, server_block_tokens)
+        self.pool = None if pool_blocks is None else CacheModel(info, pool_blocks, server_block_tokens)
+        self.tree = PrefixTree(info.block_tokens)
+        self.top = top
+        self.requests = self.with_ids = self.prompt_tokens = self.seen_hits = self.pool_hits = 0
+        self.sessions: Counter[str] = Counter()
+
+    def add(
+        self,
+        hash_ids: Sequence[int] | None,
+        prompt_tokens: int,
+        output_tokens: int,
+        session: str | None = None,
+    ) -> None:
+        ids = hash_ids or ()
+        self.requests += 1
+        self.with_ids += bool(ids)
+        self.prompt_tokens += prompt_tokens
+        self.seen_hits += self.seen.admit(ids, prompt_tokens, output_tokens)
+        if self.pool is not None:
+            self.pool_hits += self.pool.admit(ids, prompt_tokens, output_tokens)
+        self.tree.add(ids, prompt_tokens)
+        if session is not None:
+            self.sessions[session] += 1
+
+    def result(self) -> PrefixStats:
+        turns = self.sessions
+        return PrefixStats(
+            info=self.info,
+            block_tokens=self.seen.block_tokens,
+            requests=self.requests,
+            requests_with_ids=self.with_ids,
+            prompt_tokens=self.prompt_tokens,
+            seen_hit_tokens=self.seen_hits,
+            pool_blocks=None if self.pool is None else self.pool.pool_blocks,
+            pool_hit_tokens=None if self.pool is None else self.pool_hits,
+            shared=tuple(self.tree.top(self.top)),
+            turns=ConversationTurns(
+                conversations=len(turns),
+                requests=sum(turns.values()),
+                max_turns=max(turns.values(), default=0),
+                histogram=dict(sorted(Counter(turns.values()).items())),
+            ),
+        )
 
 
 def describe_prefix(info: PrefixInfo) -> str:

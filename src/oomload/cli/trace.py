@@ -103,6 +103,13 @@ def register(subparsers: Any) -> None:
         "part, one block less — give --block-size, else 16 is assumed)",
     )
     stats.add_argument(
+        "--kv-blocks",
+        type=int,
+        metavar="BLOCKS",
+        help="KV pool size in blocks (of --block-size, else of the trace's prefix blocks) for the share "
+        "of prompt tokens a pool of that size would still hold (default: from --kv-cache-tokens)",
+    )
+    stats.add_argument(
         "--model-limit",
         type=int,
         metavar="TOKENS",
@@ -263,11 +270,18 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from oomload.ingest import check_output_path, count_trace
+    from oomload.ingest import PoolSize, check_output_path, count_trace
     from oomload.stats import summarize_trace_counts
     from oomload.tracereport import plot_lengths, print_stats, stats_document, usable_kv_tokens
 
-    for name in ("round_to", "block_size", "current_max_model_len", "kv_cache_tokens", "model_limit"):
+    for name in (
+        "round_to",
+        "block_size",
+        "current_max_model_len",
+        "kv_cache_tokens",
+        "model_limit",
+        "kv_blocks",
+    ):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of tokens, got {value}")
@@ -277,7 +291,8 @@ def run_stats(args: argparse.Namespace) -> int:
     workers = _workers(args)
     options = _input_options(args)
     with sigterm_as_ctrl_c(), ReadProgress.for_inputs(args.inputs, "reading") as progress:
-        columns = count_trace(args.inputs, workers=workers, progress=progress, **options)
+        kv_pool = PoolSize(blocks=args.kv_blocks, tokens=args.kv_cache_tokens, block_tokens=args.block_size)
+        columns = count_trace(args.inputs, workers=workers, progress=progress, kv_pool=kv_pool, **options)
     for note in columns.read_notes:
         print(f"note: {note}", file=sys.stderr)
     usable = usable_kv_tokens(args.kv_cache_tokens, args.block_size)
@@ -303,7 +318,9 @@ def run_stats(args: argparse.Namespace) -> int:
         usable_kv_cache_tokens=usable,
     )
     if args.plot:
-        plot_lengths(args.plot, columns.prompt_tokens, columns.output_tokens, columns.total_tokens)
+        plot_lengths(
+            args.plot, columns.prompt_tokens, columns.output_tokens, columns.total_tokens, document["prefix"]
+        )
     if args.json:
         print(json.dumps(document, indent=2))
     else:

@@ -128,3 +128,33 @@ def test_a_truncated_vllm_log_counts_the_requests_whose_chain_covers_the_logged_
     assert header.prefix is not None and header.prefix.truncated_requests == 4
     recs = read_trace(tmp_path / "t.jsonl")
     assert sorted(len(r.hash_ids) for r in recs) == [2, 4, 4, 4, 4]  # 40 ids: 2 blocks; 64 ids: 4
+
+
+def test_a_real_vllm_request_log_with_shared_prefixes_shows_the_reuse_it_really_had(tmp_path: Path) -> None:
+    """The real vLLM 0.32 log of requests sharing a system prompt and a three-turn conversation
+    (tests/fixtures/regenerate.py): the trace's reuse is what was sent, to within a block per request,
+    and in the server's 32-token blocks and 96-block pool it is the server's own hit counter."""
+    import json
+
+    shared = json.loads((FIXTURES / "manifest.json").read_text())["shared"]
+    sent = shared["requests"]
+    build_trace([FIXTURES / "vllm-request-log-shared.txt"], tmp_path / "t.jsonl", workers=1)
+    recs = read_trace(tmp_path / "t.jsonl")
+    header = read_trace_header(tmp_path / "t.jsonl")
+    assert header.prefix is not None
+    assert [r.prompt_tokens for r in recs] == [q["usage"]["prompt_tokens"] for q in sent]
+    reuse = expected_hit_tokens(recs, header.prefix)
+    for hit, q in zip(reuse.hit_tokens, sent, strict=True):
+        assert 0 <= q["shared_tokens"] - hit < header.prefix.block_tokens, (hit, q)
+    assert reuse.share == pytest.approx(
+        sum(q["shared_tokens"] for q in sent) / sum(q["prompt_tokens"] for q in sent), abs=0.02
+    )
+    server = shared["server"]
+    served = expected_hit_tokens(
+        recs, header.prefix, server["num_gpu_blocks"], server_block_tokens=server["block_size"]
+    )
+    hits = (
+        shared["counters_after"]["vllm:prefix_cache_hits_total"]
+        - shared["counters_before"]["vllm:prefix_cache_hits_total"]
+    )
+    assert served.total_hit_tokens == hits > 0

@@ -2,21 +2,27 @@
 
 **Chained block ids** (``BlockHasher``). A prompt is cut into blocks of ``block_tokens`` tokens;
 only full blocks get an id (a partial last block is never shared, as in vLLM). Block k's id is a
-keyed hash (BLAKE2b, 8-byte digest, key = the build's salt) of block k−1's digest and block k's
-content, so — like vLLM's block hashes — two prompts share block k exactly when they are identical
-from token 0 through the end of block k. The id written to the trace is the digest's top
-``ID_BITS`` (53) bits: a JSON number every reader holds exactly (JavaScript's too), 16 digits at
-most; two different prefixes collide with odds of about n²/2⁵⁴ for n distinct blocks (one in 10⁴
-for a million). The salt is random per build and never written, so an id reveals nothing of the
-text or token ids and cannot be matched against another trace's (ingest/prefixes.py makes it;
-``OOMLOAD_PREFIX_SALT`` fixes it for reproducible builds).
+keyed hash of everything from token 0 through the end of block k, so — like vLLM's block hashes —
+two prompts share block k exactly when they are identical from token 0 through the end of block k.
+The keyed step is SipHash-1-3 (a keyed PRF; Python's own string hash) under a 128-bit key derived
+from the build's salt, computed with numpy over all blocks at once — no Python work per block, so
+hashing keeps the build's speed. The salt is random per build and never written (ingest/prefixes.py
+makes it; ``OOMLOAD_PREFIX_SALT`` fixes it for reproducible builds): without it an id reveals
+nothing of the text or token ids, a guessed prompt cannot be tested, and ids cannot be matched
+against another trace's. The id written is the top ``ID_BITS`` (53) bits: a JSON number every
+reader holds exactly (JavaScript's too), 16 digits at most; two different prefixes collide with
+odds of about n²/2⁵⁴ for n distinct blocks (one in 10⁴ for a million).
 
-The content of a block is either its token ids (``chain_token_text``: the comma-separated ids as a
-vLLM log writes them, hashed without parsing them to integers) or a position inside a message
-(``chain_messages``: when only message boundaries are known, block k's id hashes the chain of the
-messages up to the one holding the block's last token and the block's end offset in it — so
-blocks match only when every message up to there is identical, and a message's tokens are never
-split finer than the estimate allows).
+What is keyed: for token ids (``chain_tokens``; ``chain_token_text`` parses a vLLM log's id list
+in C), a 64-bit digest of the prefix — each block's tokens mixed with their positions (SplitMix64)
+and summed, and the blocks' digests mixed with their depth and summed cumulatively, so the digest
+of blocks 0..k is a prefix sum — keyed with the depth. When only message boundaries are known
+(``chain_messages`` / ``message_block_ids``), each message enters a keyed chain by its length and
+CRC-32 (``message_keys``: one fast pass over its raw bytes, then SipHash over 16 bytes, one step
+per message position for a whole batch of requests), and block k's id mixes the chained key of the
+message that holds the block's last token with the block's end offset in that message. So blocks
+match only when every message up to there is identical and starts at the same token, and a message
+is never split finer than its token count allows.
 
 **Reuse** (``expected_hit_tokens``). Requests are taken in trace order; a request's cache hit is
 its longest run of leading full blocks already cached, capped (as vLLM V1 does) so that at least
@@ -35,21 +41,32 @@ server with bigger blocks: the id of block ``(k+1)·m − 1`` identifies the k-t
 chain being cumulative.
 
 ``shared_prefixes`` lists the longest prefixes that several requests share (ids only),
-``conversation_turns`` the turns per conversation.
+``conversation_turns`` the turns per conversation; ``PrefixTally`` gathers all of it one request at
+a time for ``trace stats``. For the replay and the predictions: ``expected_hit_tokens(records,
+prefix_info, pool_blocks=None, server_block_tokens=None) -> PrefixReuse`` (per-request hit tokens
+and totals), ``CacheModel.admit`` for a request stream, ``full_block_ids`` and ``regroup``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import zlib
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from oomload.trace import PrefixInfo, TraceRecord
 
 DEFAULT_BLOCK_TOKENS = 16  # vLLM's default block size: the trace then predicts any multiple of it
 ID_BITS = 53
 _ID_SHIFT = 64 - ID_BITS
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_DEPTH = np.uint64(0xD6E8FEB86659FD93)
 _START = b"oomload-prefix-v1"
 
 
@@ -69,51 +86,171 @@ class BlockHasher:
     def __repr__(self) -> str:  # never print the salt
         return f"BlockHasher(block_tokens={self.block_tokens})"
 
-    def chain(self, blocks: Iterable[bytes]) -> tuple[int, ...]:
-        """The ids of ``blocks`` (each one block's content), chained from the first."""
-        ids = []
-        digest = _START
-        for content in blocks:
-            digest = hashlib.blake2b(digest + content, digest_size=8, key=self.salt).digest()
-            ids.append(int.from_bytes(digest, "big") >> _ID_SHIFT)
-        return tuple(ids)
-
-    def chain_tokens(self, token_ids: Sequence[int]) -> tuple[int, ...]:
-        """The ids of the full blocks of a prompt given as token ids."""
-        return self.chain_token_text(",".join(str(t) for t in token_ids))
-
-    def chain_token_text(self, ids_text: str) -> tuple[int, ...]:
-        """The ids of the full blocks of ``"1, 2, 3"`` (token ids as text, any spaces)."""
-        ids = ids_text.replace(" ", "").split(",") if ids_text.strip() else []
+    def chain_tokens(self, token_ids: Sequence[int] | npt.NDArray[np.int64]) -> tuple[int, ...]:
+        """The ids of the full blocks of a prompt given as token ids (module docstring)."""
+        ids = np.asarray(token_ids, dtype=np.int64)
         size = self.block_tokens
         full = len(ids) // size
-        return self.chain(",".join(ids[k * size : (k + 1) * size]).encode() for k in range(full))
+        if full == 0:
+            return ()
+        blocks = ids[: full * size].reshape(full, size).astype(np.uint64)
+        within = np.arange(size, dtype=np.uint64) * _GOLDEN
+        digests = _mix(blocks ^ within).sum(axis=1, dtype=np.uint64)  # each block: its tokens in place
+        depth = np.arange(full, dtype=np.uint64)
+        prefixes = np.cumsum(_mix(digests ^ (depth * _DEPTH)), dtype=np.uint64)  # blocks 0..k
+        keyed = _siphash13(self.sip_key, prefixes, depth)
+        return tuple((keyed >> np.uint64(_ID_SHIFT)).astype(np.int64).tolist())
 
-    def chain_messages(self, messages: Sequence[tuple[bytes, int]]) -> tuple[int, ...]:
-        """The ids of the full blocks of a prompt known as ``(message content, token count)`` pairs.
+    def chain_token_text(self, ids_text: str) -> tuple[int, ...]:
+        """The ids of the full blocks of ``"1, 2, 3"`` (token ids as a vLLM log writes them)."""
+        if not ids_text.strip():
+            return ()
+        return self.chain_tokens(np.fromstring(ids_text, dtype=np.int64, sep=","))
 
-        Block k's content is the digest of every message up to the one holding its last token and
-        the block's end offset in that message (module docstring).
+    @property
+    def sip_key(self) -> tuple[np.uint64, np.uint64]:
+        """The two 64-bit words of the SipHash key, derived from the salt."""
+        return _sip_key(self.salt)
+
+    def message_keys(self, parts: Sequence[bytes]) -> list[int]:
+        """The chained keyed digest of each message (of every message up to it): 64-bit integers."""
+        marks = np.array([part_mark(p) for p in parts], dtype=np.uint64)
+        keys = chain_marks(self.sip_key, marks, np.array([len(parts)], dtype=np.int64))
+        return [int(k) for k in keys]
+
+    def chain_messages(
+        self, messages: Sequence[tuple[bytes, int]], limit_tokens: int | None = None
+    ) -> tuple[int, ...]:
+        """The ids of the full blocks of a prompt known as ``(message, token count)`` pairs.
+
+        Block k's id mixes the chained key of the message holding its last token with the block's end
+        offset in that message (module docstring); the chain stops at ``limit_tokens``.
         """
-        size = self.block_tokens
-        digests: list[bytes] = []
-        ends: list[int] = []
-        digest = _START
-        end = 0
-        for content, tokens in messages:
-            digest = hashlib.blake2b(digest + content, digest_size=16, key=self.salt).digest()
-            end += max(tokens, 0)
-            digests.append(digest)
-            ends.append(end)
-        blocks = []
-        message = 0
-        for k in range(end // size):
-            block_end = (k + 1) * size
-            while ends[message] < block_end:
-                message += 1
-            start = ends[message - 1] if message else 0
-            blocks.append(digests[message] + (block_end - start).to_bytes(8, "big"))
-        return self.chain(blocks)
+        keys = np.array(self.message_keys([m for m, _ in messages]), dtype=np.uint64)
+        tokens = np.array([max(t, 0) for _, t in messages], dtype=np.int64)
+        limit = int(tokens.sum()) if limit_tokens is None else limit_tokens
+        values, _ = message_block_ids(
+            keys, tokens, np.array([len(messages)]), np.array([limit]), self.block_tokens
+        )
+        return tuple(values.tolist())
+
+
+@functools.lru_cache(maxsize=8)
+def _sip_key(salt: bytes) -> tuple[np.uint64, np.uint64]:
+    words = hashlib.blake2b(salt, digest_size=16, person=b"oomload-prefix").digest()
+    return np.uint64(int.from_bytes(words[:8], "big")), np.uint64(int.from_bytes(words[8:], "big"))
+
+
+def part_mark(part: bytes | memoryview | Any) -> int:
+    """A message's mark in the chain: its length and CRC-32 (one fast pass over its bytes, no copy)."""
+    return (len(part) & 0xFFFFFFFF) << 32 | zlib.crc32(part)
+
+
+def part_marks(sizes: npt.NDArray[np.int64], crcs: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """``part_mark`` of many messages from their lengths and CRC-32s."""
+    return ((sizes.astype(np.uint64) & np.uint64(0xFFFFFFFF)) << np.uint64(32)) | crcs
+
+
+_U = np.uint64
+
+
+def _rotl(x: npt.NDArray[np.uint64], bits: int) -> npt.NDArray[np.uint64]:
+    return (x << _U(bits)) | (x >> _U(64 - bits))
+
+
+def _siphash13(
+    key: tuple[np.uint64, np.uint64], m0: npt.NDArray[np.uint64], m1: npt.NDArray[np.uint64]
+) -> npt.NDArray[np.uint64]:
+    """SipHash-1-3 of the 16 bytes ``m0 m1`` under ``key``, for arrays of messages at once."""
+    k0, k1 = key
+    v0 = np.full(m0.shape, k0 ^ _U(0x736F6D6570736575), dtype=np.uint64)
+    v1 = np.full(m0.shape, k1 ^ _U(0x646F72616E646F6D), dtype=np.uint64)
+    v2 = np.full(m0.shape, k0 ^ _U(0x6C7967656E657261), dtype=np.uint64)
+    v3 = np.full(m0.shape, k1 ^ _U(0x7465646279746573), dtype=np.uint64)
+
+    def rounds(count: int) -> None:
+        nonlocal v0, v1, v2, v3
+        for _ in range(count):
+            v0 = v0 + v1
+            v1 = _rotl(v1, 13) ^ v0
+            v0 = _rotl(v0, 32)
+            v2 = v2 + v3
+            v3 = _rotl(v3, 16) ^ v2
+            v0 = v0 + v3
+            v3 = _rotl(v3, 21) ^ v0
+            v2 = v2 + v1
+            v1 = _rotl(v1, 17) ^ v2
+            v2 = _rotl(v2, 32)
+
+    for m in (m0, m1, np.full(m0.shape, _U(16 << 56), dtype=np.uint64)):
+        v3 = v3 ^ m
+        rounds(1)
+        v0 = v0 ^ m
+    v2 = v2 ^ _U(0xFF)
+    rounds(3)
+    return v0 ^ v1 ^ v2 ^ v3
+
+
+def chain_marks(
+    key: tuple[np.uint64, np.uint64], marks: npt.NDArray[np.uint64], parts_per_prompt: npt.NDArray[np.int64]
+) -> npt.NDArray[np.uint64]:
+    """Each message's chained key: SipHash-1-3 (keyed) of the previous message's key and its mark,
+    for many prompts at once — one vectorized step per message position, all prompts together."""
+    prompts = len(parts_per_prompt)
+    keys = np.empty(len(marks), dtype=np.uint64)
+    if not len(marks):
+        return keys
+    owner = np.repeat(np.arange(prompts), parts_per_prompt)
+    first = np.cumsum(parts_per_prompt) - parts_per_prompt
+    position = np.arange(len(marks)) - first[owner]
+    order = np.argsort(position, kind="stable")
+    bounds = np.searchsorted(position[order], np.arange(int(position.max()) + 2))
+    previous = np.zeros(prompts, dtype=np.uint64)
+    for j in range(len(bounds) - 1):
+        at = order[bounds[j] : bounds[j + 1]]
+        chained = _siphash13(key, previous[owner[at]], marks[at])
+        keys[at] = chained
+        previous[owner[at]] = chained
+    return keys
+
+
+def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """SplitMix64's finalizer (wrapping uint64 arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def message_block_ids(
+    keys: npt.NDArray[np.uint64],
+    tokens: npt.NDArray[np.int64],
+    parts_per_prompt: npt.NDArray[np.int64],
+    limit_tokens: npt.NDArray[np.int64],
+    block_tokens: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
+    """Block ids of many prompts at once, as a list column: flat ids and ``len + 1`` offsets.
+
+    ``keys``/``tokens`` are every prompt's messages in order (``BlockHasher.message_keys``, token
+    counts); ``parts_per_prompt`` says how many belong to each prompt; a prompt's chain covers its
+    full blocks up to the smaller of its messages' tokens and ``limit_tokens``.
+    """
+    prompts = len(parts_per_prompt)
+    owner = np.repeat(np.arange(prompts), parts_per_prompt)
+    ends = np.cumsum(tokens)  # over all prompts
+    totals = np.bincount(owner, weights=tokens, minlength=prompts).astype(np.int64)
+    bases = np.cumsum(totals) - totals  # where each prompt starts on that one axis
+    counts = np.minimum(totals, np.maximum(limit_tokens, 0)) // block_tokens
+    offsets = np.zeros(prompts + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    total = int(offsets[-1])
+    if total == 0:
+        return np.empty(0, dtype=np.int64), offsets
+    which = np.repeat(np.arange(prompts), counts)
+    block_end = (np.arange(total) - offsets[:-1][which] + 1) * block_tokens  # in the prompt
+    part = np.searchsorted(ends, bases[which] + block_end, side="left")
+    offset = (block_end - (ends[part] - tokens[part] - bases[which])).astype(np.uint64)
+    ids = _mix(keys[part] ^ (offset * _GOLDEN)) >> np.uint64(_ID_SHIFT)
+    return ids.astype(np.int64), offsets
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,9 +377,12 @@ class PrefixTree:
         self.depth: dict[int, int] = {}
         self.parent: dict[int, int | None] = {}
 
-    def add(self, hash_ids: Sequence[int], prompt_tokens: int) -> None:
+    def full(self, hash_ids: Sequence[int], prompt_tokens: int) -> Sequence[int]:
         full = prompt_tokens // self.block_tokens
-        ids = hash_ids if len(hash_ids) <= full else hash_ids[:full]
+        return hash_ids if len(hash_ids) <= full else hash_ids[:full]
+
+    def add(self, hash_ids: Sequence[int], prompt_tokens: int) -> None:
+        ids = self.full(hash_ids, prompt_tokens)
         self.uses.update(ids)
         for k, block_id in enumerate(ids):
             if block_id not in self.depth:
@@ -285,6 +425,7 @@ class ConversationTurns:
     requests: int  # requests that belong to a conversation
     max_turns: int
     histogram: dict[int, int]  # turns → conversations
+    inferred: bool = False  # from the chains (no ``session`` in the trace): ``ConversationFinder``
 
     @property
     def mean_turns(self) -> float:
@@ -352,6 +493,7 @@ class PrefixStats:
                 "mean_turns": self.turns.mean_turns,
                 "max_turns": self.turns.max_turns,
                 "turns_histogram": {str(k): v for k, v in self.turns.histogram.items()},
+                "inferred_from_chains": self.turns.inferred,
             },
         }
 
@@ -374,6 +516,7 @@ class PrefixTally:
         self.top = top
         self.requests = self.with_ids = self.prompt_tokens = self.seen_hits = self.pool_hits = 0
         self.sessions: Counter[str] = Counter()
+        self.finder = ConversationFinder()
 
     def add(
         self,
@@ -392,9 +535,13 @@ class PrefixTally:
         self.tree.add(ids, prompt_tokens)
         if session is not None:
             self.sessions[session] += 1
+        elif not self.sessions:
+            self.finder.add(self.tree.full(ids, prompt_tokens))
 
     def result(self) -> PrefixStats:
-        turns = self.sessions
+        inferred = not self.sessions
+        turns: Counter[Any] = self.finder.turns if inferred else self.sessions
+        turns = Counter({k: v for k, v in turns.items() if not inferred or v > 1})
         return PrefixStats(
             info=self.info,
             block_tokens=self.seen.block_tokens,
@@ -410,8 +557,33 @@ class PrefixTally:
                 requests=sum(turns.values()),
                 max_turns=max(turns.values(), default=0),
                 histogram=dict(sorted(Counter(turns.values()).items())),
+                inferred=inferred,
             ),
         )
+
+
+class ConversationFinder:
+    """Conversations inferred from chains, for traces without ``session``: a request whose chain
+    starts with an earlier request's whole chain is that request's next turn (the earlier chain's
+    last id is looked up at each depth of the new one, longest first: one dict probe a block)."""
+
+    def __init__(self) -> None:
+        self.ends: dict[int, int] = {}  # last id of a request's chain → its conversation
+        self.turns: Counter[int] = Counter()  # conversation → requests
+
+    def add(self, ids: Sequence[int]) -> int | None:
+        """The conversation the request joins or starts (``None`` without a chain)."""
+        if not ids:
+            return None
+        conversation = len(self.turns)
+        for block_id in reversed(ids):
+            found = self.ends.get(block_id)
+            if found is not None:
+                conversation = found
+                break
+        self.turns[conversation] += 1
+        self.ends[ids[-1]] = conversation
+        return conversation
 
 
 def describe_prefix(info: PrefixInfo) -> str:

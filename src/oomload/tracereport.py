@@ -184,9 +184,14 @@ def prefix_lines(prefix: dict[str, Any], requests: int) -> list[str]:
         )
     conversations = prefix["conversations"]
     if conversations["count"]:
+        how = (
+            " (inferred: each turn's chain starts with the previous turn's)"
+            if conversations["inferred_from_chains"]
+            else ""
+        )
         lines.append(
-            f"  conversations: {conversations['count']:,}, turns mean {conversations['mean_turns']:.1f}, "
-            f"max {conversations['max_turns']:,}"
+            f"  conversations{how}: {conversations['count']:,}, turns mean "
+            f"{conversations['mean_turns']:.1f}, max {conversations['max_turns']:,}"
         )
     return lines
 

@@ -118,6 +118,7 @@ def test_stats_count_the_turns_of_conversations(tmp_path: Path, capsys: pytest.C
         "mean_turns": 2.0,
         "max_turns": 3,
         "turns_histogram": {"1": 1, "3": 1},
+        "inferred_from_chains": False,
     }
     assert doc["trace_block_tokens"] == 16 and doc["seen_hit_tokens"] == 32 + 48
     assert "conversations: 2, turns mean 2.0, max 3" in text

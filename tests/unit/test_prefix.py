@@ -127,3 +127,19 @@ def test_conversation_turns() -> None:
     turns = conversation_turns([*records, _record(9, (), 4)])
     assert (turns.conversations, turns.requests, turns.max_turns) == (3, 6, 3)
     assert turns.histogram == {1: 1, 2: 1, 3: 1} and turns.mean_turns == 2.0
+
+
+def test_conversations_are_inferred_from_chains_when_the_trace_has_no_sessions() -> None:
+    from oomload.prefix import PrefixTally
+
+    tally = PrefixTally(INFO)
+    # a: turn 0; b: a's whole chain then more (turn 1); c: shares only a's first block (not a turn);
+    # d: b's whole chain then more (turn 2); e: no chain
+    for ids in [(1, 2), (1, 2, 3, 4), (1, 9), (1, 2, 3, 4, 5), ()]:
+        tally.add(ids, 16 * len(ids) + 1, 1)
+    turns = tally.result().turns
+    assert turns.inferred and (turns.conversations, turns.requests, turns.max_turns) == (1, 3, 3)
+    with_sessions = PrefixTally(INFO)
+    with_sessions.add((1, 2), 33, 1, "s")
+    with_sessions.add((1, 2, 3), 49, 1, "s")
+    assert not with_sessions.result().turns.inferred

@@ -120,7 +120,7 @@ def iter_source_batches(plan: InputPlan, skips: SkipLog, counter: TokenCounter |
     elif plan.format == "mooncake":
         yield from read_mooncake_batches(source, skips)
     elif plan.format == "openai":
-        yield from read_openai_batches(source, skips, counter)
+        yield from read_openai_batches(source, skips, counter, hasher=plan.hasher)
     elif plan.format == "vllm-log":
         yield from batches_from_records(read_vllm_records(source, skips, counter, plan.hasher))
     elif plan.format == "jsonl":

@@ -172,7 +172,9 @@ def _span_task(
     try:
         counter = _worker_counter(recipe)
         if plan.format == "openai":
-            batches = list(read_openai_batches(source, skips, counter, on_untimed=untimed.append))
+            batches = list(
+                read_openai_batches(source, skips, counter, on_untimed=untimed.append, hasher=plan.hasher)
+            )
         else:
             batches = list(
                 iter_source_batches(InputPlan(source, plan.format, hasher=plan.hasher), skips, counter)

@@ -158,3 +158,115 @@ def test_a_real_vllm_request_log_with_shared_prefixes_shows_the_reuse_it_really_
         - shared["counters_before"]["vllm:prefix_cache_hits_total"]
     )
     assert served.total_hit_tokens == hits > 0
+
+
+# --- OpenAI-style logs: chains over message boundaries ------------------------------------------------
+
+SYSTEM_MESSAGE = {"role": "system", "content": "You are terse. " * 12}
+
+
+def _chat_line(i: int, messages: list[dict[str, str]], prompt_tokens: int, *, iso: bool = False) -> str:
+    import json
+
+    stamp: object = f"2024-06-01T00:00:{i:02d}Z" if iso else 1_717_200_000.0 + i
+    return (
+        json.dumps(
+            {
+                "timestamp": stamp,
+                "request": {"model": "m", "max_tokens": 8, "messages": messages},
+                "response": {
+                    "id": f"c{i}",
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 8},
+                },
+            }
+        )
+        + "\n"
+    )
+
+
+def test_a_conversations_turn_k_starts_with_turn_k_minus_1s_blocks(tmp_path: Path) -> None:
+    turn0 = [SYSTEM_MESSAGE, {"role": "user", "content": "first question " * 10}]
+    turn1 = [*turn0, {"role": "assistant", "content": "an answer " * 10}, {"role": "user", "content": "next"}]
+    other = [SYSTEM_MESSAGE, {"role": "user", "content": "something else " * 10}]
+    log = tmp_path / "gateway.jsonl"
+    log.write_text(_chat_line(0, turn0, 500) + _chat_line(1, turn1, 500) + _chat_line(2, other, 500))
+    result = build_trace([log], tmp_path / "t.jsonl", workers=1)
+    assert result.prefix is not None
+    assert (result.prefix.source, result.prefix.exact) == ("messages", False)  # estimated counts
+    a, b, c = (r.hash_ids for r in read_trace(tmp_path / "t.jsonl"))
+    assert b[: len(a)] == a and len(b) > len(a)  # the whole of turn 0, then more
+    system_blocks = len(json_bytes(SYSTEM_MESSAGE)) // 4 // 16  # blocks wholly in the system message
+    assert system_blocks >= 2
+    assert c[:system_blocks] == a[:system_blocks] and c[len(a) - 1] != a[-1]
+    assert not any(str(t) in (tmp_path / "t.jsonl").read_text() for t in ("terse", "question"))
+
+
+def json_bytes(obj: object) -> bytes:
+    import json
+
+    return json.dumps(obj).encode()
+
+
+def test_the_chain_stops_at_the_logged_prompt_tokens(tmp_path: Path) -> None:
+    log = tmp_path / "gateway.jsonl"
+    log.write_text(_chat_line(0, [SYSTEM_MESSAGE, {"role": "user", "content": "q " * 200}], 40))
+    build_trace([log], tmp_path / "t.jsonl", workers=1)
+    assert len(read_trace(tmp_path / "t.jsonl")[0].hash_ids) == 2  # 40 tokens: 2 full blocks
+
+
+def test_every_read_path_gives_one_message_the_same_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain line (columns), an ISO-time line (line by line) and a Batch-output line: one chain."""
+    import json
+
+    monkeypatch.setenv(PREFIX_SALT_ENV, "paths")
+    messages = [SYSTEM_MESSAGE, {"role": "user", "content": "same " * 40}]
+    batch = {
+        "custom_id": "b1",
+        "timestamp": 1_717_200_005.0,
+        "request": {"body": {"model": "m", "messages": messages}},
+        "response": {"status_code": 200, "body": {"usage": {"prompt_tokens": 300, "completion_tokens": 1}}},
+    }
+    plain, iso, out = tmp_path / "plain.jsonl", tmp_path / "iso.jsonl", tmp_path / "batch.jsonl"
+    plain.write_text(_chat_line(0, messages, 300))
+    iso.write_text(_chat_line(1, messages, 300, iso=True))
+    out.write_text(json.dumps(batch) + "\n")
+    chains = []
+    for log in (plain, iso, out):
+        build_trace([log], tmp_path / "t.jsonl", workers=1)
+        chains.append(read_trace(tmp_path / "t.jsonl")[0].hash_ids)
+    assert chains[0] and chains[0] == chains[1] == chains[2]
+
+
+def test_spans_read_by_several_workers_share_one_salt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(PREFIX_SALT_ENV, raising=False)
+    log = tmp_path / "gateway.jsonl"
+    log.write_text(
+        "".join(
+            _chat_line(i, [SYSTEM_MESSAGE, {"role": "user", "content": f"q{i} " * 30}], 300)
+            for i in range(60)
+        )
+    )
+    build_trace([log], tmp_path / "t.jsonl", workers=2, parallel_min_bytes=0, span_bytes=2048)
+    recs = read_trace(tmp_path / "t.jsonl")
+    assert len(recs) == 60 and len({r.hash_ids[:2] for r in recs}) == 1
+
+
+def test_a_tokenizer_counts_each_message_and_makes_the_chains_exact(tmp_path: Path) -> None:
+    class WordCounter:
+        """A fake tokenizer: one token per whitespace-separated word."""
+
+        name = "fake:words"
+
+        def count(self, text: str) -> int:
+            return len(text.split())
+
+    log = tmp_path / "gateway.jsonl"
+    log.write_text(_chat_line(0, [SYSTEM_MESSAGE, {"role": "user", "content": "a b c"}], 100))
+    result = build_trace([log], tmp_path / "t.jsonl", workers=1, counter=WordCounter())
+    assert result.prefix is not None and result.prefix.exact
+    # whitespace tokens: 36 in the system message, 3 in the user's: 39 tokens, 2 full blocks
+    assert len(read_trace(tmp_path / "t.jsonl")[0].hash_ids) == 2

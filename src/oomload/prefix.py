@@ -66,7 +66,6 @@ DEFAULT_BLOCK_TOKENS = 16  # vLLM's default block size: the trace then predicts 
 ID_BITS = 53
 _ID_SHIFT = 64 - ID_BITS
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_DEPTH = np.uint64(0xD6E8FEB86659FD93)
 _START = b"oomload-prefix-v1"
 
 
@@ -86,26 +85,41 @@ class BlockHasher:
     def __repr__(self) -> str:  # never print the salt
         return f"BlockHasher(block_tokens={self.block_tokens})"
 
-    def chain_tokens(self, token_ids: Sequence[int] | npt.NDArray[np.int64]) -> tuple[int, ...]:
+    def chain_tokens(self, token_ids: Sequence[int]) -> tuple[int, ...]:
         """The ids of the full blocks of a prompt given as token ids (module docstring)."""
-        ids = np.asarray(token_ids, dtype=np.int64)
-        size = self.block_tokens
-        full = len(ids) // size
-        if full == 0:
-            return ()
-        blocks = ids[: full * size].reshape(full, size).astype(np.uint64)
-        within = np.arange(size, dtype=np.uint64) * _GOLDEN
-        digests = _mix(blocks ^ within).sum(axis=1, dtype=np.uint64)  # each block: its tokens in place
-        depth = np.arange(full, dtype=np.uint64)
-        prefixes = np.cumsum(_mix(digests ^ (depth * _DEPTH)), dtype=np.uint64)  # blocks 0..k
-        keyed = _siphash13(self.sip_key, prefixes, depth)
-        return tuple((keyed >> np.uint64(_ID_SHIFT)).astype(np.int64).tolist())
+        return self.chain_token_text(",".join(map(str, token_ids)))
 
     def chain_token_text(self, ids_text: str) -> tuple[int, ...]:
-        """The ids of the full blocks of ``"1, 2, 3"`` (token ids as a vLLM log writes them)."""
-        if not ids_text.strip():
-            return ()
-        return self.chain_tokens(np.fromstring(ids_text, dtype=np.int64, sep=","))
+        """The ids of the full blocks of ``"1, 2, 3"`` (token ids as vLLM logs them; spaces ignored)."""
+        return self.chain_token_texts([ids_text])[0]
+
+    def chain_token_texts(self, texts: Sequence[str]) -> list[tuple[int, ...]]:
+        """``chain_token_text`` of many prompts, the keyed step done once for all of them.
+
+        The text is never parsed to integers: the digest of a prefix is a keyed linear hash of its
+        bytes (``_prefix_digests``), read at the comma that ends each block.
+        """
+        size = self.block_tokens
+        digests: list[npt.NDArray[np.uint64]] = []
+        for ids_text in texts:
+            data = np.frombuffer(
+                ids_text.replace(" ", "").strip().encode("ascii", errors="replace"), np.uint8
+            )
+            commas = np.flatnonzero(data == _COMMA)
+            full = (len(commas) + 1) // size if len(data) else 0
+            if full == 0:
+                digests.append(np.empty(0, dtype=np.uint64))
+                continue
+            ends = np.append(commas, len(data))[size - 1 :: size][:full]  # each block's end (exclusive)
+            digests.append(_prefix_digests(self.salt, data)[ends - 1])
+        counts = [len(d) for d in digests]
+        if not sum(counts):
+            return [() for _ in texts]
+        depth = np.concatenate([np.arange(n, dtype=np.uint64) for n in counts])
+        keyed = _siphash13(self.sip_key, np.concatenate(digests), depth)
+        flat = (keyed >> np.uint64(_ID_SHIFT)).astype(np.int64).tolist()
+        bounds = np.cumsum([0, *counts]).tolist()
+        return [tuple(flat[bounds[i] : bounds[i + 1]]) for i in range(len(texts))]
 
     @property
     def sip_key(self) -> tuple[np.uint64, np.uint64]:
@@ -133,6 +147,27 @@ class BlockHasher:
             keys, tokens, np.array([len(messages)]), np.array([limit]), self.block_tokens
         )
         return tuple(values.tolist())
+
+
+_COMMA = ord(",")
+
+
+@functools.lru_cache(maxsize=4)
+def _coefficients(salt: bytes, size: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """The keyed linear hash's byte table and per-position odd multipliers (``size`` of them)."""
+    seed = int.from_bytes(hashlib.blake2b(salt, digest_size=16, person=b"oomload-bytes").digest(), "big")
+    rng = np.random.default_rng(seed)
+    table = rng.integers(0, 2**64, 256, dtype=np.uint64, endpoint=False)
+    return table, rng.integers(0, 2**64, size, dtype=np.uint64, endpoint=False) | np.uint64(1)
+
+
+def _prefix_digests(salt: bytes, data: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
+    """For every byte, the digest of the bytes up to it: the wrapping sum of table[byte] × the
+    position's multiplier (a keyed linear hash: two different prefixes of one length collide with odds
+    about 2⁻⁶³), as prefix sums — one pass for all blocks of a prompt."""
+    size = 1 << max(len(data) - 1, 4095).bit_length()  # tables grow by powers of two, cached
+    table, multipliers = _coefficients(salt, size)
+    return np.cumsum(table[data] * multipliers[: len(data)], dtype=np.uint64)
 
 
 @functools.lru_cache(maxsize=8)

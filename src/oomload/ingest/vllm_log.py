@@ -32,6 +32,7 @@ log was probably written with ``--max-log-len`` at that length.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -54,6 +55,7 @@ _MAX_TOKENS = re.compile(r"\bmax_tokens=(\d+|None)")
 _ACCESS = re.compile(rb'"(?:POST|GET) [^"]*" (\d{3})')
 _MAX_LOG_LEN = re.compile(r"'max_log_len': (\d+)")
 SUSPECT_MIN_PROMPTS = 5
+CHAIN_BATCH = 256  # records whose chains are computed together
 SUSPECT_MIN_SHARE = 0.05
 OUTPUT_NOTE = (
     "vLLM logs carry no completion counts: output_tokens is each request's max_tokens "
@@ -94,6 +96,7 @@ def read_vllm_records(
     aborted, access_failures = _first_pass(source)
     prompts: dict[str, _Ids | str | None] = {}  # details seen, Received not yet: id → ids or text
     text_only = 0  # requests counted from prompt text: no prefix structure
+    pending: list[tuple[TraceRecord, str | None]] = []  # records waiting for their chains
     emitted = 0
     max_log_len: int | None = None  # from the last start-up banner
     id_lengths: dict[int, int] = {}  # prompt length (counted from ids) → how many
@@ -132,7 +135,7 @@ def read_vllm_records(
             skips.skip(cut_reason(max_log_len), source.name, number)
             skips.note(full_length_note(max_log_len))
             continue
-        hash_ids: tuple[int, ...] = ()
+        ids_text = None
         if isinstance(prompt, str):
             if counter is None:
                 skips.skip(NO_TOKEN_COUNTS, source.name, number)
@@ -143,19 +146,26 @@ def read_vllm_records(
             prompt_tokens = prompt.tokens
             if max_log_len is None:
                 id_lengths[prompt_tokens] = id_lengths.get(prompt_tokens, 0) + 1
-            if hasher is not None:
-                hash_ids = hasher.chain_token_text(prompt.text)
+            ids_text = prompt.text
         max_tokens = int(max_match.group(1))
         emitted += 1
-        yield TraceRecord(
-            id=request_id,
-            arrival_s=time_s,
-            prompt_tokens=prompt_tokens,
-            output_tokens=max_tokens,
-            max_tokens=max_tokens,
-            ok=request_id not in aborted,
-            hash_ids=hash_ids,
+        pending.append(
+            (
+                TraceRecord(
+                    id=request_id,
+                    arrival_s=time_s,
+                    prompt_tokens=prompt_tokens,
+                    output_tokens=max_tokens,
+                    max_tokens=max_tokens,
+                    ok=request_id not in aborted,
+                ),
+                ids_text,
+            )
         )
+        if len(pending) >= CHAIN_BATCH:
+            yield from _chained(pending, hasher)
+            pending = []
+    yield from _chained(pending, hasher)
     if emitted:
         skips.note(OUTPUT_NOTE)
     if hasher is not None and text_only:
@@ -178,6 +188,22 @@ def read_vllm_records(
             f"{source.name}: the access log shows {access_failures} non-2xx responses "
             "(access lines carry no request id, so they are not matched to requests)"
         )
+
+
+def _chained(
+    pending: list[tuple[TraceRecord, str | None]], hasher: BlockHasher | None
+) -> Iterator[TraceRecord]:
+    """The records with their ``hash_ids`` (prompts logged as ids), chained together (vectorized)."""
+    if hasher is None:
+        yield from (record for record, _ in pending)
+        return
+    with_ids = [i for i, (_, text) in enumerate(pending) if text is not None]
+    chains = dict(
+        zip(with_ids, hasher.chain_token_texts([pending[i][1] or "" for i in with_ids]), strict=True)
+    )
+    for i, (record, _) in enumerate(pending):
+        chain = chains.get(i)
+        yield record if not chain else dataclasses.replace(record, hash_ids=chain)
 
 
 def _cut(prompt: _Ids | str, max_log_len: int) -> bool:

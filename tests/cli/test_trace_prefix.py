@@ -128,7 +128,10 @@ def test_the_plot_has_a_prefix_panel(
     shared_log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, _, _ = run(["trace", "stats", str(shared_log), "--plot", str(tmp_path / "p.png")], capsys)
-    assert code == 0 and (tmp_path / "p.png").stat().st_size > 0
+    assert code == 0
+    png = (tmp_path / "p.png").read_bytes()
+    height_px = int.from_bytes(png[20:24], "big")  # the IHDR chunk: 4 panels of 3 in at 110 dpi
+    assert png[12:16] == b"IHDR" and height_px == 4 * 3 * 110
 
 
 def test_bad_prefix_flags_are_one_sentence(

@@ -121,6 +121,18 @@ class BlockHasher:
         bounds = np.cumsum([0, *counts]).tolist()
         return [tuple(flat[bounds[i] : bounds[i + 1]]) for i in range(len(texts))]
 
+    def conversation_chain(self, conversation: str, prompt_tokens: int) -> tuple[int, ...]:
+        """The ids of the first ``prompt_tokens // block_tokens`` blocks of a conversation's token stream:
+        keyed by the conversation id and the depth, so turns of one conversation share their common
+        length and nothing else matches (a log with a conversation column but no text)."""
+        full = max(prompt_tokens, 0) // self.block_tokens
+        if full == 0:
+            return ()
+        digest = hashlib.blake2b(conversation.encode(), digest_size=8, key=self.salt, person=b"conversation")
+        base = np.full(full, int.from_bytes(digest.digest(), "big"), dtype=np.uint64)
+        keyed = _siphash13(self.sip_key, base, np.arange(full, dtype=np.uint64))
+        return tuple((keyed >> np.uint64(_ID_SHIFT)).astype(np.int64).tolist())
+
     @property
     def sip_key(self) -> tuple[np.uint64, np.uint64]:
         """The two 64-bit words of the SipHash key, derived from the salt."""

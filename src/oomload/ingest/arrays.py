@@ -32,6 +32,7 @@ from oomload.ingest.build import (
     iter_source_batches,
     merge_batches,
     plan_inputs,
+    plan_prefix,
     shifted,
 )
 from oomload.ingest.clocks import ClockAlignment
@@ -46,7 +47,7 @@ from oomload.ingest.parallel import (
     input_batches,
     prefetch,
 )
-from oomload.ingest.prefixes import build_hasher, header_prefix, input_prefix
+from oomload.ingest.prefixes import build_hasher, header_prefix
 from oomload.ingest.skips import SkipLog, nothing_usable
 from oomload.ingest.tokens import TokenCounter
 from oomload.prefix import DEFAULT_BLOCK_TOKENS, PrefixStats, PrefixTally
@@ -221,9 +222,7 @@ def _count_trace(
         plans = plan_inputs(paths, format=format, mapping=mapping, hasher=hasher)
         formats = tuple(dict.fromkeys(plan.format for plan in plans))
         tokenizer = None if counter is None else counter.name
-        info, note = header_prefix(
-            [input_prefix(p.source, p.format, hasher, exact=counter is not None) for p in plans], 0
-        )
+        info, note = header_prefix([plan_prefix(p, hasher, counter is not None) for p in plans], 0)
         if note is not None:
             notes.append(note)
 

@@ -125,7 +125,7 @@ def iter_source_batches(plan: InputPlan, skips: SkipLog, counter: TokenCounter |
         yield from batches_from_records(read_vllm_records(source, skips, counter, plan.hasher))
     elif plan.format == "jsonl":
         assert plan.mapping is not None
-        yield from batches_from_records(read_mapped_jsonl_records(source, plan.mapping, skips))
+        yield from batches_from_records(read_mapped_jsonl_records(source, plan.mapping, skips, plan.hasher))
     elif plan.format == "oomload":
         yield from batches_from_records(iter_trace(source.path))
     else:  # pragma: no cover - plan_inputs only yields known formats
@@ -326,7 +326,7 @@ def build_trace(
         if written.count == 0:
             raise TraceFormatError(nothing_usable(skips), ", ".join(str(p) for p in paths))
         prefix, prefix_note = header_prefix(
-            [input_prefix(p.source, p.format, hasher, exact=counter is not None) for p in plans],
+            [plan_prefix(p, hasher, counter is not None) for p in plans],
             skips.truncated_requests,
         )
         if prefix_note is not None:
@@ -351,6 +351,12 @@ def build_trace(
         read_notes=read_notes,
         prefix=prefix,
     )
+
+
+def plan_prefix(plan: InputPlan, hasher: BlockHasher | None, exact: bool) -> PrefixInfo:
+    """What one input's ids mean (``oomload.ingest.prefixes.input_prefix``)."""
+    conversation = plan.mapping is not None and plan.mapping.conversation is not None
+    return input_prefix(plan.source, plan.format, hasher, exact=exact, conversation=conversation)
 
 
 def _header_extra(skips: SkipLog, alignment: ClockAlignment | None, *, reordered: bool) -> dict[str, Any]:

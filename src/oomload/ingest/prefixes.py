@@ -11,9 +11,11 @@ one operator on purpose.
 **Header.** ``input_prefix`` says what one input's ids mean, by format: a vLLM log's token ids
 (``token-ids``, exact), an OpenAI-style log's messages (``messages``, exact only with
 ``--tokenizer``), Mooncake's 512-token or Bailian's 16-token ids as given (``source-trace``), an
-oomload trace's own header, and ``none`` for formats that carry no prefix structure (Azure,
-BurstGPT, mapped columns). ``header_prefix`` combines the inputs: when they differ, the first
-input with structure describes the trace and a note says that the others' ids are of another kind.
+oomload trace's own header, a mapped JSONL log's ``conversation=COL`` (``column``: the conversation
+id keys the chains, each turn taken to start with the conversation's earlier turns; not exact), and
+``none`` for formats that carry no prefix structure (Azure, BurstGPT, other mapped logs).
+``header_prefix`` combines the inputs: when they differ, the first input with structure describes
+the trace and a note says that the others' ids are of another kind.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ def build_hasher(block_tokens: int, environ: Mapping[str, str] | None = None) ->
     return BlockHasher(salt, block_tokens)
 
 
-def input_prefix(source: LogSource, format: str, hasher: BlockHasher | None, *, exact: bool) -> PrefixInfo:
+def input_prefix(
+    source: LogSource, format: str, hasher: BlockHasher | None, *, exact: bool, conversation: bool = False
+) -> PrefixInfo:
     """What the ids of one input mean (module docstring); ``exact``: token counts are not estimated."""
     if format == "mooncake":
         bailian = b'"chat_id"' in source.head()
@@ -57,6 +61,8 @@ def input_prefix(source: LogSource, format: str, hasher: BlockHasher | None, *, 
         return PrefixInfo(block_tokens=hasher.block_tokens, source="token-ids")
     if format == "openai":
         return PrefixInfo(block_tokens=hasher.block_tokens, source="messages", exact=exact)
+    if format == "jsonl" and conversation:  # each turn taken to start with the earlier ones
+        return PrefixInfo(block_tokens=hasher.block_tokens, source="column", exact=False)
     return NONE
 
 

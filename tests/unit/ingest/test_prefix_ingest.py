@@ -270,3 +270,38 @@ def test_a_tokenizer_counts_each_message_and_makes_the_chains_exact(tmp_path: Pa
     assert result.prefix is not None and result.prefix.exact
     # whitespace tokens: 36 in the system message, 3 in the user's: 39 tokens, 2 full blocks
     assert len(read_trace(tmp_path / "t.jsonl")[0].hash_ids) == 2
+
+
+# --- a mapped JSONL log with a conversation column ------------------------------------------------------
+
+
+def test_a_conversation_column_gives_sessions_turns_and_chains(tmp_path: Path) -> None:
+    from oomload.ingest.mapping import parse_mapping
+
+    log = tmp_path / "mapped.jsonl"
+    rows = [("a", 40, 10), ("b", 100, 5), ("a", 70, 10), ("a", 110, 3)]  # conversation, prompt, output
+    log.write_text(
+        "".join(f'{{"t": {i}, "conv": "{c}", "in": {p}, "out": {o}}}\n' for i, (c, p, o) in enumerate(rows))
+    )
+    mapping = parse_mapping("input=in,output=out,time=t,conversation=conv")
+    result = build_trace([log], tmp_path / "t.jsonl", mapping=mapping, workers=1)
+    assert result.prefix is not None and (result.prefix.source, result.prefix.exact) == ("column", False)
+    recs = read_trace(tmp_path / "t.jsonl")
+    assert [(r.session, r.turn) for r in recs] == [("a", 0), ("b", 0), ("a", 1), ("a", 2)]
+    assert [len(r.hash_ids) for r in recs] == [2, 6, 4, 6]
+    a0, b0, a1, a2 = (r.hash_ids for r in recs)
+    assert a1[:2] == a0 and a2[:4] == a1 and not set(b0) & set(a2)
+    reuse = expected_hit_tokens(recs, result.prefix)
+    assert reuse.hit_tokens == (0, 0, 32, 64)
+
+
+def test_a_conversation_column_in_a_csv_is_refused_in_one_sentence(tmp_path: Path) -> None:
+    from oomload.errors import ConfigError
+    from oomload.ingest.mapping import parse_mapping
+
+    log = tmp_path / "m.csv"
+    log.write_text("in,out,conv\n10,2,a\n")
+    with pytest.raises(ConfigError, match="conversation=COL is supported for JSONL logs only"):
+        build_trace(
+            [log], tmp_path / "t.jsonl", mapping=parse_mapping("input=in,output=out,conversation=conv")
+        )

@@ -356,6 +356,20 @@ class CacheModel:
         self._lru: OrderedDict[int, None] = OrderedDict()
         self._private = -1  # keys of blocks no other request can hit
 
+    def take_private(self, blocks: int) -> None:
+        """``blocks`` blocks no other request can hit go through the pool (requests without ids)."""
+        if self.pool_blocks is None:
+            return
+        lru = self._lru
+        if blocks >= self.pool_blocks:
+            lru.clear()
+            blocks = self.pool_blocks
+        for _ in range(blocks):
+            lru[self._private] = None
+            self._private -= 1
+        while len(lru) > self.pool_blocks:
+            lru.popitem(last=False)
+
     def admit(self, hash_ids: Sequence[int], prompt_tokens: int, output_tokens: int) -> int:
         """The request's hit tokens; then its blocks are cached (freed to the pool's tail)."""
         full = prompt_tokens // self.trace_block_tokens
@@ -584,6 +598,14 @@ class PrefixTally:
             self.sessions[session] += 1
         elif not self.sessions:
             self.finder.add(self.tree.full(ids, prompt_tokens))
+
+    def add_without_ids(self, requests: int, prompt_tokens: int, total_blocks: int) -> None:
+        """Many requests that carry no ids and no session at once (a length-only batch): they hit
+        nothing, and in a pool their ``total_blocks`` push cached blocks out."""
+        self.requests += requests
+        self.prompt_tokens += prompt_tokens
+        if self.pool is not None:
+            self.pool.take_private(total_blocks)
 
     def result(self) -> PrefixStats:
         inferred = not self.sessions

@@ -143,3 +143,21 @@ def test_conversations_are_inferred_from_chains_when_the_trace_has_no_sessions()
     with_sessions.add((1, 2), 33, 1, "s")
     with_sessions.add((1, 2, 3), 49, 1, "s")
     assert not with_sessions.result().turns.inferred
+
+
+def test_requests_without_ids_counted_at_once_push_the_pool_as_one_at_a_time() -> None:
+    from oomload.prefix import PrefixTally
+
+    def tally(bulk: bool) -> tuple[int, int, int | None]:
+        t = PrefixTally(INFO, pool_blocks=5)
+        t.add((1, 2, 3), 13, 3)  # 4 blocks
+        if bulk:
+            t.add_without_ids(2, 9, 2 + 1)  # 8 + 0 tokens, then 1 + 3 tokens: 2 blocks + 1 block
+        else:
+            t.add((), 8, 0)
+            t.add((), 1, 3)
+        t.add((1, 2, 3), 13, 3)
+        r = t.result()
+        return r.requests, r.prompt_tokens, r.pool_hit_tokens
+
+    assert tally(True) == tally(False) == (4, 35, 8)  # block 3 was pushed out, blocks 1-2 stay

@@ -291,7 +291,16 @@ def _count_trace(
 
 
 def _tally(tally: PrefixTally, batch: pa.Table) -> None:
-    """Feed a batch's requests, in order, to the prefix tally."""
+    """Feed a batch's requests, in order, to the prefix tally (a batch without ids or sessions at once)."""
+    ids_column = batch.column("hash_ids")
+    if batch.column("session").null_count == batch.num_rows and pc.sum(
+        pc.fill_null(pc.list_value_length(ids_column), 0)
+    ).as_py() in (0, None):
+        p = np.asarray(batch.column("prompt_tokens"), dtype=np.int64)
+        o = np.asarray(batch.column("output_tokens"), dtype=np.int64)
+        block = tally.seen.block_tokens
+        tally.add_without_ids(batch.num_rows, int(p.sum()), int((-(-(p + o) // block)).sum()))
+        return
     prompt = batch.column("prompt_tokens").to_pylist()
     output = batch.column("output_tokens").to_pylist()
     hash_ids = batch.column("hash_ids").to_pylist()

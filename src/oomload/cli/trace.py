@@ -260,7 +260,7 @@ def run_build(args: argparse.Namespace) -> int:
         print(f"note: {result.alignment.reason}: {result.alignment.description}")
     if result.reordered:
         print("note: the input was not in time order; the trace was sorted by arrival time")
-    if result.prefix is not None:
+    if result.prefix is not None and result.prefix.source != "none":  # none: said by trace stats
         print(f"prefix: {describe_prefix(result.prefix)}")
     for note in skips.notes:
         print(f"note: {note}")

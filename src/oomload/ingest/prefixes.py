@@ -47,7 +47,10 @@ def input_prefix(
 ) -> PrefixInfo:
     """What the ids of one input mean (module docstring); ``exact``: token counts are not estimated."""
     if format == "mooncake":
-        bailian = b'"chat_id"' in source.head()
+        head = source.head()
+        if b'"hash_ids"' not in head:  # lengths only
+            return NONE
+        bailian = b'"chat_id"' in head
         return PrefixInfo(
             block_tokens=BAILIAN_BLOCK_TOKENS if bailian else DEFAULT_PREFIX_BLOCK_TOKENS,
             source="source-trace",

@@ -50,7 +50,8 @@ elif kind == "read":
 elif kind.startswith("build"):
     from oomload.ingest import build_trace
     workers = int(kind.split(":")[1]) if ":" in kind else 1
-    rows = build_trace([path], out, workers=workers).records_written
+    chains = {} if not kind.startswith("build-noprefix") else {"prefix_block_tokens": None}
+    rows = build_trace([path], out, workers=workers, **chains).records_written
 elif kind.startswith("stats"):
     from oomload.ingest import count_trace
     workers = int(kind.split(":")[1]) if ":" in kind else 1
@@ -197,6 +198,24 @@ ROUNDS = 2
 CORES = os.cpu_count() or 1
 
 
+def generate_vllm(path: Path, n: int, rng: np.random.Generator) -> None:
+    """A vLLM DEBUG request log: prompts of one of 8 system prompts (500-2,000 ids) + their own ids."""
+    systems = [rng.integers(16, 32000, int(rng.integers(500, 2000))) for _ in range(8)]
+    own = _lognormal(rng, n, 200, 3000, 8000)
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(n):
+            ids = np.concatenate([systems[i % 8], rng.integers(16, 32000, int(own[i]))])
+            stamp = f"12-01 06:{(i // 3600) % 60:02d}:{(i // 60) % 60:02d}"
+            head = f"(APIServer pid=7) {{}} {stamp} [entrypoints/openai/utils/request_logger.py:55] "
+            listed = ", ".join(map(str, ids.tolist()))
+            fh.write(
+                head.format("DEBUG") + f"Request c{i} details: prompt: None, prompt_token_ids: [{listed}], "
+                "prompt_embeds shape: None.\n"
+                + head.format("INFO")
+                + f"Received request c{i}: params: SamplingParams(n=1, max_tokens=64), lora_request: None.\n"
+            )
+
+
 def _warm(path: Path) -> None:
     """Read ``path`` once, so that the measurement after it reads from the page cache.
 
@@ -281,7 +300,14 @@ def main() -> None:
         path = root / "openai.jsonl"
         generate_openai(path, n, rng)
         mb = path.stat().st_size / 1e6
-        kinds = ["orjson", *(f"build:{c}" for c in cores), f"stats:{CORES}", "json", "pool:2"]
+        kinds = [
+            "orjson",
+            *(f"build:{c}" for c in cores),
+            "build-noprefix:1",
+            f"stats:{CORES}",
+            "json",
+            "pool:2",
+        ]
         r = best(kinds, path, out)
         kinds.remove("pool:2")
         base = r["orjson"]["wall_s"]
@@ -296,6 +322,11 @@ def main() -> None:
             f"the build's time ({CORES} cores)"
         )
         summary.append("openai-jsonl " + _spread_cost(mb, one, r["build:2"], r["pool:2"], 2))
+        summary.append(
+            "openai-jsonl prefix chains over messages: build "
+            f"{one['wall_s'] / r['build-noprefix:1']['wall_s']:.2f}× "
+            "the time without them (--prefix-block-tokens 0), 1 process"
+        )
         # the in-process threshold: where do 2 workers start to pay? (start-up is fixed, the gain per GB)
         crossings = []
         for size_mb in (64, 256):
@@ -313,6 +344,22 @@ def main() -> None:
         )
         big.unlink()
         summary.append("openai-jsonl, 2 workers' time / one process's: " + "; ".join(crossings))
+
+        # 1b. vLLM request log (DEBUG prompt_token_ids) sharing system prompts: chains on and off.
+        n = 50_000
+        path = root / "vllm.log"
+        generate_vllm(path, n, rng)
+        mb = path.stat().st_size / 1e6
+        kinds = ["orjson", "build:1", "build-noprefix:1"]
+        r = best(kinds, path, out)
+        base = r["build-noprefix:1"]["wall_s"]
+        for kind in kinds[1:]:
+            print(_row(f"vllm-log {kind}", n, mb, r[kind], base, "no chains"), flush=True)
+        summary.append(
+            f"vllm-log {n:,} requests ({mb:.0f} MB): build with prefix chains "
+            f"{r['build:1']['wall_s'] / base:.2f}× the time without them"
+        )
+        path.unlink()
 
         # 2. Mooncake JSONL.
         n = 1_000_000

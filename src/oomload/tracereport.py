@@ -19,6 +19,7 @@ from oomload.errors import ConfigError
 
 if TYPE_CHECKING:
     from oomload.ingest import TraceCounts
+    from oomload.prefix import PrefixStats
     from oomload.stats import LengthCounts, TraceStats
 
 STATS_SCHEMA = "oomload.trace-stats/1"
@@ -89,7 +90,19 @@ def stats_document(
             "current_max_concurrency": advice.current_max_concurrency,
             "freed_concurrency": advice.freed_concurrency,
         },
+        "prefix": None if columns.prefix is None else prefix_document(columns.prefix),
     }
+
+
+def prefix_document(prefix: PrefixStats) -> dict[str, Any]:
+    """The ``prefix`` object of the stats document; ``source`` ``none`` when no request carries ids."""
+    from oomload.prefix import describe_prefix
+
+    doc = prefix.as_dict()
+    if prefix.requests_with_ids == 0:
+        doc["source"] = "none"
+        doc["description"] = describe_prefix(type(prefix.info)(prefix.info.block_tokens, "none"))
+    return doc
 
 
 def print_stats(doc: dict[str, Any]) -> None:
@@ -134,6 +147,53 @@ def print_stats(doc: dict[str, Any]) -> None:
     console.print(f"Share of requests above context limits (total tokens): {shares}")
     for line in advice_lines(doc["max_model_len"]):
         console.print(line, highlight=False)
+    if doc.get("prefix") is not None:
+        for line in prefix_lines(doc["prefix"], doc["count"]):
+            console.print(line, highlight=False)
+
+
+def prefix_lines(prefix: dict[str, Any], requests: int) -> list[str]:
+    """Terminal lines of the prefix reuse: what the ids are, the two shares, the largest shared prefixes."""
+    lines = [f"Prefix structure: {prefix['description']}"]
+    if prefix["source"] == "none":
+        return lines
+    block = prefix["block_tokens"]
+    lines.append(
+        f"  prompt tokens in blocks seen earlier (infinite cache, upper bound): "
+        f"[bold]{prefix['seen_hit_fraction']:.1%}[/bold] ({prefix['seen_hit_tokens']:,} of "
+        f"{prefix['prompt_tokens']:,}; {block}-token blocks)"
+    )
+    if prefix["pool_blocks"] is not None:
+        lines.append(
+            f"  still held by a pool of {prefix['pool_blocks']:,} blocks "
+            f"({prefix['pool_blocks'] * block:,} tokens; LRU of unreferenced blocks, requests one at a "
+            f"time): [bold]{prefix['pool_hit_fraction']:.1%}[/bold]"
+        )
+    else:
+        lines.append(
+            "  give --kv-cache-tokens or --kv-blocks for the share a KV pool of that size would still hold"
+        )
+    if prefix["requests_with_ids"] < requests:
+        lines.append(
+            f"  {requests - prefix['requests_with_ids']:,} of {requests:,} requests carry no prefix ids"
+        )
+    for shared in prefix["largest_shared_prefixes"]:
+        lines.append(
+            f"  shared prefix …{str(shared['block_id'])[-6:]}: "
+            f"{shared['tokens']:,} tokens × {shared['uses']:,} uses"
+        )
+    conversations = prefix["conversations"]
+    if conversations["count"]:
+        how = (
+            " (inferred: each turn's chain starts with the previous turn's)"
+            if conversations["inferred_from_chains"]
+            else ""
+        )
+        lines.append(
+            f"  conversations{how}: {conversations['count']:,}, turns mean "
+            f"{conversations['mean_turns']:.1f}, max {conversations['max_turns']:,}"
+        )
+    return lines
 
 
 def advice_lines(advice: dict[str, Any]) -> list[str]:
@@ -181,9 +241,14 @@ def advice_lines(advice: dict[str, Any]) -> list[str]:
 
 
 def plot_lengths(
-    path: str, prompt_tokens: LengthCounts, output_tokens: LengthCounts, total: LengthCounts
+    path: str,
+    prompt_tokens: LengthCounts,
+    output_tokens: LengthCounts,
+    total: LengthCounts,
+    prefix: dict[str, Any] | None = None,
 ) -> None:
-    """Histograms of input, output and total tokens (log-spaced bins) from counts, percentiles marked."""
+    """Histograms of input, output and total tokens (log-spaced bins) from counts, percentiles marked;
+    with ``prefix`` (the stats document's), a fourth panel with the prefix reuse shares."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -194,8 +259,11 @@ def plot_lengths(
     from oomload.stats import PERCENTILE_METHOD, PERCENTILES
 
     series = (("input tokens", prompt_tokens), ("output tokens", output_tokens), ("total tokens", total))
-    fig, axes = plt.subplots(3, 1, figsize=(9, 9), constrained_layout=True)
-    for ax, (label, counts) in zip(axes, series, strict=True):
+    panels = 3 if prefix is None else 4
+    fig, axes = plt.subplots(panels, 1, figsize=(9, 3 * panels), constrained_layout=True)
+    if prefix is not None:
+        _plot_prefix(axes[3], prefix)
+    for ax, (label, counts) in zip(axes, series, strict=False):
         values, weights = counts.distinct()
         top = max(int(values.max()), 1)
         bins = np.unique(np.geomspace(1, top + 1, 60).astype(int))
@@ -220,3 +288,20 @@ def plot_lengths(
             scratch.commit()
     finally:
         plt.close(fig)
+
+
+def _plot_prefix(ax: Any, prefix: dict[str, Any]) -> None:
+    """Bars: the share of prompt tokens in blocks seen earlier, and the share a given pool still holds."""
+    ax.set_title("prefix reuse (share of prompt tokens)", fontsize=10)
+    if prefix["source"] == "none":
+        ax.text(0.5, 0.5, "no prefix structure in this log", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    labels = ["seen earlier\n(infinite cache)"]
+    values = [prefix["seen_hit_fraction"]]
+    if prefix["pool_hit_fraction"] is not None:
+        labels.append(f"held by a pool of\n{prefix['pool_blocks']:,} blocks")
+        values.append(prefix["pool_hit_fraction"])
+    bars = ax.barh(labels, values, color="#4c78a8")
+    ax.bar_label(bars, labels=[f"{v:.1%}" for v in values], padding=3)
+    ax.set_xlim(0, 1)

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from oomload.errors import ConfigError, ExitCode
+from oomload.prefix import DEFAULT_BLOCK_TOKENS, describe_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -46,6 +47,14 @@ def register(subparsers: Any) -> None:
     )
     _add_input_flags(build)
     build.add_argument("--strict", action="store_true", help="stop at the first unusable line")
+    build.add_argument(
+        "--prefix-block-tokens",
+        type=int,
+        default=DEFAULT_BLOCK_TOKENS,
+        metavar="TOKENS",
+        help="block size of the prefix chains (hash_ids) derived from token ids or messages; the trace "
+        f"then predicts any multiple of it (default {DEFAULT_BLOCK_TOKENS}, vLLM's; 0: none)",
+    )
     _add_workers_flag(build)
     build.set_defaults(func=run_build)
 
@@ -92,6 +101,13 @@ def register(subparsers: Any) -> None:
         metavar="TOKENS",
         help="KV cache size in tokens (vLLM's 'GPU KV cache size: N tokens'; caps the advice at its usable "
         "part, one block less — give --block-size, else 16 is assumed)",
+    )
+    stats.add_argument(
+        "--kv-blocks",
+        type=int,
+        metavar="BLOCKS",
+        help="KV pool size in blocks (of --block-size, else of the trace's prefix blocks) for the share "
+        "of prompt tokens a pool of that size would still hold (default: from --kv-cache-tokens)",
     )
     stats.add_argument(
         "--model-limit",
@@ -211,11 +227,21 @@ def run_build(args: argparse.Namespace) -> int:
     from oomload.ingest import build_trace, check_output_path
 
     check_output_path(args.out)  # before the tokenizer is loaded or any input is read
+    if args.prefix_block_tokens < 0:
+        raise ConfigError(
+            f"--prefix-block-tokens must be ≥ 0 (0: no prefix chains), got {args.prefix_block_tokens}"
+        )
     workers = _workers(args)
     options = _input_options(args)
     with sigterm_as_ctrl_c(), ReadProgress.for_inputs(args.logs, "building") as progress:
         result = build_trace(
-            args.logs, args.out, strict=args.strict, workers=workers, progress=progress, **options
+            args.logs,
+            args.out,
+            strict=args.strict,
+            workers=workers,
+            progress=progress,
+            prefix_block_tokens=args.prefix_block_tokens or None,
+            **options,
         )
     print(
         f"wrote {result.records_written} requests to {result.out_path} "
@@ -234,6 +260,8 @@ def run_build(args: argparse.Namespace) -> int:
         print(f"note: {result.alignment.reason}: {result.alignment.description}")
     if result.reordered:
         print("note: the input was not in time order; the trace was sorted by arrival time")
+    if result.prefix is not None and result.prefix.source != "none":  # none: said by trace stats
+        print(f"prefix: {describe_prefix(result.prefix)}")
     for note in skips.notes:
         print(f"note: {note}")
     for note in result.read_notes:
@@ -242,11 +270,18 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from oomload.ingest import check_output_path, count_trace
+    from oomload.ingest import PoolSize, check_output_path, count_trace
     from oomload.stats import summarize_trace_counts
     from oomload.tracereport import plot_lengths, print_stats, stats_document, usable_kv_tokens
 
-    for name in ("round_to", "block_size", "current_max_model_len", "kv_cache_tokens", "model_limit"):
+    for name in (
+        "round_to",
+        "block_size",
+        "current_max_model_len",
+        "kv_cache_tokens",
+        "model_limit",
+        "kv_blocks",
+    ):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of tokens, got {value}")
@@ -256,7 +291,8 @@ def run_stats(args: argparse.Namespace) -> int:
     workers = _workers(args)
     options = _input_options(args)
     with sigterm_as_ctrl_c(), ReadProgress.for_inputs(args.inputs, "reading") as progress:
-        columns = count_trace(args.inputs, workers=workers, progress=progress, **options)
+        kv_pool = PoolSize(blocks=args.kv_blocks, tokens=args.kv_cache_tokens, block_tokens=args.block_size)
+        columns = count_trace(args.inputs, workers=workers, progress=progress, kv_pool=kv_pool, **options)
     for note in columns.read_notes:
         print(f"note: {note}", file=sys.stderr)
     usable = usable_kv_tokens(args.kv_cache_tokens, args.block_size)
@@ -282,7 +318,9 @@ def run_stats(args: argparse.Namespace) -> int:
         usable_kv_cache_tokens=usable,
     )
     if args.plot:
-        plot_lengths(args.plot, columns.prompt_tokens, columns.output_tokens, columns.total_tokens)
+        plot_lengths(
+            args.plot, columns.prompt_tokens, columns.output_tokens, columns.total_tokens, document["prefix"]
+        )
     if args.json:
         print(json.dumps(document, indent=2))
     else:

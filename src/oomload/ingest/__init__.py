@@ -15,7 +15,7 @@ names (``tokens``).
 
 from __future__ import annotations
 
-from oomload.ingest.arrays import TraceColumns, TraceCounts, count_trace, load_columns
+from oomload.ingest.arrays import PoolSize, TraceColumns, TraceCounts, count_trace, load_columns
 from oomload.ingest.build import BuildResult, InputPlan, build_trace, iter_records, plan_inputs
 from oomload.ingest.clocks import ClockAlignment, ClockRange, align_clocks
 from oomload.ingest.detect import FORMATS, detect_format
@@ -33,6 +33,7 @@ __all__ = [
     "ColumnMapping",
     "InputPlan",
     "LogSource",
+    "PoolSize",
     "SkipLog",
     "TokenCounter",
     "TraceColumns",

@@ -15,6 +15,7 @@ are then made relative to the earliest request.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from oomload.ingest.build import (
     iter_source_batches,
     merge_batches,
     plan_inputs,
+    plan_prefix,
     shifted,
 )
 from oomload.ingest.clocks import ClockAlignment
@@ -45,10 +47,12 @@ from oomload.ingest.parallel import (
     input_batches,
     prefetch,
 )
+from oomload.ingest.prefixes import build_hasher, header_prefix
 from oomload.ingest.skips import SkipLog, nothing_usable
 from oomload.ingest.tokens import TokenCounter
+from oomload.prefix import DEFAULT_BLOCK_TOKENS, PrefixStats, PrefixTally
 from oomload.stats import ArrivalCounter, ArrivalStats, LengthCounts, summarize_arrivals
-from oomload.trace import is_trace_file, read_trace_header
+from oomload.trace import PrefixInfo, is_trace_file, read_trace_header
 
 
 @dataclass(slots=True)
@@ -140,6 +144,31 @@ class TraceCounts:
     skips: SkipLog = field(default_factory=SkipLog)
     alignment: ClockAlignment | None = None  # None for a single input
     read_notes: tuple[str, ...] = ()  # how the inputs were read (e.g. not in byte ranges)
+    prefix: PrefixStats | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSize:
+    """The KV pool ``trace stats`` models prefix reuse in: blocks, or tokens, and the server's block size."""
+
+    blocks: int | None = None
+    tokens: int | None = None
+    block_tokens: int | None = None  # None: the trace's prefix block size
+
+    def tally(self, info: PrefixInfo, notes: list[str]) -> PrefixTally:
+        """The tally for a trace whose ids mean ``info`` (a server block that is no multiple: noted)."""
+        server = self.block_tokens
+        if server is not None and (server < info.block_tokens or server % info.block_tokens):
+            notes.append(
+                f"prefix reuse counted in the trace's {info.block_tokens}-token blocks: the server block of "
+                f"{server} tokens is not a multiple of them"
+            )
+            server = None
+        block = server or info.block_tokens
+        blocks = (
+            self.blocks if self.blocks is not None else None if self.tokens is None else self.tokens // block
+        )
+        return PrefixTally(info, pool_blocks=blocks or None, server_block_tokens=server)
 
 
 def count_trace(
@@ -152,15 +181,20 @@ def count_trace(
     progress: Progress | None = None,
     parallel_min_bytes: int = PARALLEL_MIN_BYTES,
     span_bytes: int = SPAN_BYTES,
+    kv_pool: PoolSize | None = None,
 ) -> TraceCounts:
-    """Counts per length, failures and arrival statistics of a trace or logs (inputs aligned)."""
+    """Counts per length, failures, arrival statistics and prefix reuse of a trace or logs (inputs aligned).
+
+    Logs are read with prefix chains of ``DEFAULT_BLOCK_TOKENS`` (a salt of this read only);
+    ``kv_pool`` is the pool the reuse is also modelled in (``oomload.prefix``).
+    """
     workers = default_workers() if workers is None else workers
     pool = ReadPool(
         workers, files=len(paths) > 1, min_bytes=parallel_min_bytes, span_bytes=span_bytes, counter=counter
     )
     with pool:
-        counts = _count_trace(paths, format, mapping, counter, pool, progress)
-        counts.read_notes = tuple(dict.fromkeys(pool.notes))
+        counts = _count_trace(paths, format, mapping, counter, pool, progress, kv_pool or PoolSize())
+        counts.read_notes = tuple(dict.fromkeys([*counts.read_notes, *pool.notes]))
         return counts
 
 
@@ -171,18 +205,26 @@ def _count_trace(
     counter: TokenCounter | None,
     pool: ReadPool,
     progress: Progress | None,
+    kv_pool: PoolSize,
 ) -> TraceCounts:
+    notes: list[str] = []
     if len(paths) == 1 and format in (None, "oomload") and mapping is None and is_trace_file(paths[0]):
         formats: tuple[str, ...] = ("oomload",)
-        tokenizer = read_trace_header(paths[0]).tokenizer
+        header = read_trace_header(paths[0])
+        tokenizer = header.tokenizer
+        info = header.prefix_or_default()
 
         def streams(skips: SkipLog) -> list[Iterator[pa.Table]]:
             return [_renamed(read_trace_columns(paths[0]))]
 
     else:
-        plans = plan_inputs(paths, format=format, mapping=mapping)
+        hasher = build_hasher(DEFAULT_BLOCK_TOKENS)
+        plans = plan_inputs(paths, format=format, mapping=mapping, hasher=hasher)
         formats = tuple(dict.fromkeys(plan.format for plan in plans))
         tokenizer = None if counter is None else counter.name
+        info, note = header_prefix([plan_prefix(p, hasher, counter is not None) for p in plans], 0)
+        if note is not None:
+            notes.append(note)
 
         def streams(skips: SkipLog) -> list[Iterator[pa.Table]]:
             prefetch(plans, pool)
@@ -192,6 +234,7 @@ def _count_trace(
     prompt, output, total = LengthCounts(), LengthCounts(), LengthCounts()
     failed = 0
     arrivals = ArrivalCounter()
+    tally = kv_pool.tally(info, notes)
     inputs = streams(skips)
     meters = [ClockMeter() for _ in inputs]
     for index, batches in enumerate(inputs):
@@ -204,6 +247,7 @@ def _count_trace(
             failed += int(np.count_nonzero(~np.asarray(pc.fill_null(batch.column("ok"), True), dtype=bool)))
             if len(inputs) == 1:
                 arrivals.add(np.asarray(batch.column("time_s"), dtype=np.float64))
+                _tally(tally, batch)
     if prompt.count == 0:
         raise TraceFormatError(nothing_usable(skips), ", ".join(str(p) for p in paths))
     alignment = align_inputs(meters) if len(inputs) > 1 else None
@@ -215,9 +259,10 @@ def _count_trace(
             shifted(batches, offset_s)
             for batches, offset_s in zip(streams(SkipLog()), offsets_s, strict=True)
         ]
+        in_order = True
         for batch in merge_batches(timelines):
-            if not arrivals.add(np.asarray(batch.column("time_s"), dtype=np.float64)):
-                break
+            _tally(tally, batch)  # every request, in time order
+            in_order = in_order and arrivals.add(np.asarray(batch.column("time_s"), dtype=np.float64))
     if arrivals.in_order:
         stats = arrivals.result()
     else:  # an input out of time order: its times whole (8 bytes a request), in one more pass
@@ -240,7 +285,40 @@ def _count_trace(
         tokenizer=tokenizer,
         skips=skips,
         alignment=alignment,
+        read_notes=tuple(notes),
+        prefix=_prefix_result(tally, skips),
     )
+
+
+def _tally(tally: PrefixTally, batch: pa.Table) -> None:
+    """Feed a batch's requests, in order, to the prefix tally (a batch without ids or sessions at once)."""
+    ids_column = batch.column("hash_ids")
+    if batch.column("session").null_count == batch.num_rows and pc.sum(
+        pc.fill_null(pc.list_value_length(ids_column), 0)
+    ).as_py() in (0, None):
+        p = np.asarray(batch.column("prompt_tokens"), dtype=np.int64)
+        o = np.asarray(batch.column("output_tokens"), dtype=np.int64)
+        block = tally.seen.block_tokens
+        tally.add_without_ids(batch.num_rows, int(p.sum()), int((-(-(p + o) // block)).sum()))
+        return
+    prompt = batch.column("prompt_tokens").to_pylist()
+    output = batch.column("output_tokens").to_pylist()
+    hash_ids = batch.column("hash_ids").to_pylist()
+    session = batch.column("session").to_pylist()
+    for ids, p, o, s in zip(hash_ids, prompt, output, session, strict=True):
+        tally.add(ids, p, o, s)
+
+
+def _prefix_result(tally: PrefixTally, skips: SkipLog) -> PrefixStats:
+    """The tally's result; the truncated chains the read counted are added to the logs' info."""
+    result = tally.result()
+    if skips.truncated_requests:
+        info = result.info
+        truncated = PrefixInfo(
+            info.block_tokens, info.source, info.exact, info.truncated_requests + skips.truncated_requests
+        )
+        return dataclasses.replace(result, info=truncated)
+    return result
 
 
 def _renamed(tables: Iterator[pa.Table]) -> Iterator[pa.Table]:

@@ -44,13 +44,15 @@ from oomload.ingest.parallel import (
     input_batches,
     prefetch,
 )
+from oomload.ingest.prefixes import build_hasher, header_prefix, input_prefix
 from oomload.ingest.skips import SkipLog, nothing_usable
 from oomload.ingest.source import LogSource
 from oomload.ingest.tabular import AZURE, BURSTGPT, CsvLayout, check_layout, read_csv_batches
 from oomload.ingest.tokens import TokenCounter
 from oomload.ingest.vllm_log import read_vllm_records
 from oomload.ingest.writer import TraceScratch, check_output_path, finish_trace, write_body
-from oomload.trace import TraceHeader, TraceRecord, iter_trace
+from oomload.prefix import DEFAULT_BLOCK_TOKENS, BlockHasher
+from oomload.trace import PrefixInfo, TraceHeader, TraceRecord, iter_trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,7 @@ class InputPlan:
     format: str
     layout: CsvLayout | None = None
     mapping: ColumnMapping | None = None
+    hasher: BlockHasher | None = None  # chains prompts into prefix block ids (salt shared by all workers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +78,15 @@ class BuildResult:
     tokenizer: str | None = None
     alignment: ClockAlignment | None = None  # None for a single input
     read_notes: tuple[str, ...] = ()  # how the inputs were read (e.g. not in byte ranges), not in the trace
+    prefix: PrefixInfo | None = None  # the header's prefix object
 
 
 def plan_inputs(
-    paths: Sequence[str | Path], *, format: str | None = None, mapping: ColumnMapping | None = None
+    paths: Sequence[str | Path],
+    *,
+    format: str | None = None,
+    mapping: ColumnMapping | None = None,
+    hasher: BlockHasher | None = None,
 ) -> list[InputPlan]:
     """Detect and check every input up front (see the module docstring)."""
     if not paths:
@@ -100,7 +108,7 @@ def plan_inputs(
         elif fmt == "jsonl":
             assert mapping is not None
             check_jsonl_mapping(source, mapping)
-        plans.append(InputPlan(source, fmt, layout, mapping))
+        plans.append(InputPlan(source, fmt, layout, mapping, hasher))
     return plans
 
 
@@ -112,12 +120,12 @@ def iter_source_batches(plan: InputPlan, skips: SkipLog, counter: TokenCounter |
     elif plan.format == "mooncake":
         yield from read_mooncake_batches(source, skips)
     elif plan.format == "openai":
-        yield from read_openai_batches(source, skips, counter)
+        yield from read_openai_batches(source, skips, counter, hasher=plan.hasher)
     elif plan.format == "vllm-log":
-        yield from batches_from_records(read_vllm_records(source, skips, counter))
+        yield from batches_from_records(read_vllm_records(source, skips, counter, plan.hasher))
     elif plan.format == "jsonl":
         assert plan.mapping is not None
-        yield from batches_from_records(read_mapped_jsonl_records(source, plan.mapping, skips))
+        yield from batches_from_records(read_mapped_jsonl_records(source, plan.mapping, skips, plan.hasher))
     elif plan.format == "oomload":
         yield from batches_from_records(iter_trace(source.path))
     else:  # pragma: no cover - plan_inputs only yields known formats
@@ -271,14 +279,18 @@ def build_trace(
     progress: Progress | None = None,
     parallel_min_bytes: int = PARALLEL_MIN_BYTES,
     span_bytes: int = SPAN_BYTES,
+    prefix_block_tokens: int | None = DEFAULT_BLOCK_TOKENS,
 ) -> BuildResult:
     """Read the logs, write a trace to ``out``; raises ``TraceFormatError`` when nothing usable was found.
 
     A bad output path (a directory, a device, an uncreatable parent) is refused before any input is
     read (``ConfigError``); ``out`` is replaced only once the whole trace is written.
+    ``prefix_block_tokens`` (``None``: off) is the block size of the prefix chains derived from the
+    logs (``oomload.ingest.prefixes``).
     """
     out = check_output_path(out)
-    plans = plan_inputs(paths, format=format, mapping=mapping)
+    hasher = None if prefix_block_tokens is None else build_hasher(prefix_block_tokens)
+    plans = plan_inputs(paths, format=format, mapping=mapping, hasher=hasher)
     formats = tuple(dict.fromkeys(plan.format for plan in plans))
     tokenizer = None if counter is None else counter.name
     meters = [ClockMeter() for _ in plans] if len(plans) > 1 else None
@@ -313,11 +325,18 @@ def build_trace(
                 written = write_body(scratch, batches, guess)
         if written.count == 0:
             raise TraceFormatError(nothing_usable(skips), ", ".join(str(p) for p in paths))
+        prefix, prefix_note = header_prefix(
+            [plan_prefix(p, hasher, counter is not None) for p in plans],
+            skips.truncated_requests,
+        )
+        if prefix_note is not None:
+            skips.note(prefix_note)
         header = TraceHeader(
             source=sources,
             format="+".join(formats),
             tokenizer=tokenizer,
             extra=_header_extra(skips, alignment, reordered=not written.in_order),
+            prefix=prefix,
         )
         finish_trace(scratch, header, written)
         read_notes = tuple(dict.fromkeys(pool.notes))
@@ -330,7 +349,14 @@ def build_trace(
         tokenizer=tokenizer,
         alignment=alignment,
         read_notes=read_notes,
+        prefix=prefix,
     )
+
+
+def plan_prefix(plan: InputPlan, hasher: BlockHasher | None, exact: bool) -> PrefixInfo:
+    """What one input's ids mean (``oomload.ingest.prefixes.input_prefix``)."""
+    conversation = plan.mapping is not None and plan.mapping.conversation is not None
+    return input_prefix(plan.source, plan.format, hasher, exact=exact, conversation=conversation)
 
 
 def _header_extra(skips: SkipLog, alignment: ClockAlignment | None, *, reordered: bool) -> dict[str, Any]:

@@ -4,13 +4,16 @@ Keys: ``input`` and ``output`` (token counts, required), ``time`` (optional; sec
 ``time=COL:ms`` / ``:us`` / ``:ns`` for other units, ``:datetime`` (or ``:iso``) for ISO-8601 text —
 detected from the first value when no unit is given; the text after the last ``:`` must be a unit,
 so a time column whose name holds ``:`` is written with its unit, ``time=a:b:s``), and optional
-``id``, ``max_tokens``, ``model``, ``ok`` (a boolean or an HTTP status column). In JSONL a column
+``id``, ``max_tokens``, ``model``, ``ok`` (a boolean or an HTTP status column), ``conversation`` (a
+conversation / session id, JSONL only: ``session``, ``turn`` and prefix chains, see
+``read_mapped_jsonl_records``). In JSONL a column
 may be a dotted path into nested objects (``usage.prompt_tokens``). A mapping that names a column
 the file lacks is refused before anything is read, with the file's actual columns listed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,12 +24,16 @@ from oomload.errors import ConfigError, TraceFormatError
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, iter_json_objects
 from oomload.ingest.tabular import TIME_UNITS_S, CsvLayout, check_layout, csv_header, parse_datetime_s
+from oomload.prefix import BlockHasher
 from oomload.trace import TraceRecord, bounds_reason
 
-MAP_KEYS = ("input", "output", "time", "id", "max_tokens", "model", "ok")
+MAP_KEYS = ("input", "output", "time", "id", "max_tokens", "model", "ok", "conversation")
 TIME_UNIT_ALIASES = {"iso": "datetime"}
 ALLOWED_TIME_UNITS = (*TIME_UNITS_S, "datetime", *TIME_UNIT_ALIASES)
-MAP_HELP = "--map input=COL,output=COL[,time=COL[:s|ms|us|ns|datetime]][,id=COL][,max_tokens=COL][,model=COL]"
+MAP_HELP = (
+    "--map input=COL,output=COL[,time=COL[:s|ms|us|ns|datetime]][,id=COL][,max_tokens=COL][,model=COL]"
+    "[,conversation=COL]"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +48,11 @@ class ColumnMapping:
     max_tokens: str | None = None
     model: str | None = None
     ok: str | None = None
+    conversation: str | None = None
 
     def columns(self) -> list[str]:
         named = [self.input, self.output, self.time, self.id, self.max_tokens, self.model, self.ok]
+        named.append(self.conversation)
         return [c for c in named if c is not None]
 
 
@@ -83,6 +92,7 @@ def parse_mapping(text: str) -> ColumnMapping:
         max_tokens=fields.get("max_tokens"),
         model=fields.get("model"),
         ok=fields.get("ok"),
+        conversation=fields.get("conversation"),
     )
 
 
@@ -90,6 +100,8 @@ def csv_layout(source: LogSource, mapping: ColumnMapping) -> CsvLayout:
     """The ``CsvLayout`` for a mapped CSV (time unit detected from the first row when not given)."""
     if mapping.ok is not None:
         raise ConfigError("--map ok=COL is supported for JSONL logs only")
+    if mapping.conversation is not None:
+        raise ConfigError("--map conversation=COL is supported for JSONL logs only")
     unit = mapping.time_unit or "s"
     if mapping.time is not None and mapping.time_unit is None:
         header = csv_header(source)
@@ -131,10 +143,17 @@ def check_jsonl_mapping(source: LogSource, mapping: ColumnMapping) -> None:
 
 
 def read_mapped_jsonl_records(
-    source: LogSource, mapping: ColumnMapping, skips: SkipLog
+    source: LogSource, mapping: ColumnMapping, skips: SkipLog, hasher: BlockHasher | None = None
 ) -> Iterator[TraceRecord]:
-    """Records from a JSONL log through ``mapping`` (``arrival_s`` on the log's clock)."""
+    """Records from a JSONL log through ``mapping`` (``arrival_s`` on the log's clock).
+
+    With ``conversation=COL``, a request's ``session`` is that column and its ``turn`` counts the
+    conversation's requests so far (in file order); with ``hasher`` its ``hash_ids`` are the first
+    blocks of its conversation's token stream (``BlockHasher.conversation_chain``): each turn's prompt
+    is taken to start with the conversation's earlier turns, verbatim.
+    """
     scale = TIME_UNITS_S.get(mapping.time_unit or "s", 1.0)
+    turns: dict[str, int] = {}
     for number, obj in iter_json_objects(source, skips):
         prompt = _count(_lookup(obj, mapping.input))
         output = _count(_lookup(obj, mapping.output))
@@ -151,6 +170,7 @@ def read_mapped_jsonl_records(
                 continue
             time_s = parsed
         max_tokens = None if mapping.max_tokens is None else _count(_lookup(obj, mapping.max_tokens))
+        session = None if mapping.conversation is None else _text(_lookup(obj, mapping.conversation))
         record = TraceRecord(
             id="" if mapping.id is None else _text(_lookup(obj, mapping.id)) or "",
             arrival_s=time_s,
@@ -159,11 +179,17 @@ def read_mapped_jsonl_records(
             max_tokens=max_tokens,
             ok=True if mapping.ok is None else _ok(_lookup(obj, mapping.ok)),
             model=None if mapping.model is None else _text(_lookup(obj, mapping.model)),
+            session=session,
         )
-        reason = bounds_reason(record)
+        reason = bounds_reason(record)  # before the chain: its length follows the prompt's
         if reason is not None:
             skips.skip(reason, source.name, number)
             continue
+        if session is not None:
+            turn = turns.get(session, 0)
+            turns[session] = turn + 1
+            hash_ids = () if hasher is None else hasher.conversation_chain(session, prompt)
+            record = dataclasses.replace(record, turn=turn, hash_ids=hash_ids)
         yield record
 
 

@@ -19,19 +19,23 @@ field no longer makes the line unusable — that text is never read.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Iterator
+from itertools import chain
 from typing import Annotated, Any
 
 import msgspec
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from oomload.ingest.columns import make_batch
-from oomload.ingest.openai_log import _int_or_none, _to_seconds, parse_openai_line
+from oomload.ingest.openai_log import _content_text, _int_or_none, _to_seconds, parse_openai_line
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import NOT_JSON_OBJECT, LogSource
 from oomload.ingest.tokens import TokenCounter
+from oomload.prefix import BlockHasher, chain_marks, message_block_ids, part_marks
 from oomload.trace import MAX_ID_CHARS, MAX_TIME_S, MAX_TOKENS, values_bounds_reason
 
 UNSET = msgspec.UNSET
@@ -77,6 +81,27 @@ class _Request(_RequestBody):
     body: _RequestBody | Unset = UNSET
 
 
+class _PartsBody(msgspec.Struct, gc=False):
+    """The parts of a prompt, as raw JSON (``_prompt_parts``): never decoded into text."""
+
+    system: msgspec.Raw | Unset = UNSET
+    tools: msgspec.Raw | Unset = UNSET
+    messages: list[msgspec.Raw] | Unset = UNSET
+    prompt: msgspec.Raw | Unset = UNSET
+
+
+class _PartsRequest(_PartsBody):
+    body: _PartsBody | Unset = UNSET
+
+
+class _PartsLine(_PartsBody):
+    request: _PartsRequest | Unset = UNSET
+
+
+_PARTS_DECODER = msgspec.json.Decoder(_PartsLine)
+CHARS_PER_TOKEN = 4  # the estimate of a message's tokens without --tokenizer (its JSON's bytes / 4)
+
+
 class _Line(msgspec.Struct, gc=False):
     request: _Request | Unset | None = UNSET
     response: _Response | Unset | None = UNSET
@@ -103,6 +128,69 @@ class _Line(msgspec.Struct, gc=False):
 
 _DECODER = msgspec.json.Decoder(_Line)
 _Row = tuple[str | None, float, int, int, int | None, bool, str | None]
+
+
+def _parts_of(body: _PartsBody | _PlainPartsRequest) -> list[Any]:
+    """A request's prompt parts (raw JSON, not copied) in a chat template's order: system, tools, messages."""
+    messages = body.messages
+    if body.system is UNSET and body.tools is UNSET and body.prompt is UNSET:
+        return [] if messages is UNSET else messages  # the usual chat request
+    parts: list[Any] = [p for p in (body.system, body.tools) if p is not UNSET]
+    if messages is not UNSET:
+        parts += messages
+    if body.prompt is not UNSET:
+        parts.append(body.prompt)
+    return parts
+
+
+def _prompt_parts(line: bytes) -> list[Any]:
+    """The prompt parts of a line read by the slower paths (empty when it has none or another shape)."""
+    try:
+        obj = _PARTS_DECODER.decode(line)
+    except msgspec.DecodeError:
+        return []
+    request = obj.request
+    if isinstance(request, _PartsRequest):
+        return _parts_of(request.body if isinstance(request.body, _PartsBody) else request)
+    return _parts_of(obj)
+
+
+def _part_tokens(part: Any, counter: TokenCounter) -> int:
+    """A part's tokens counted with ``--tokenizer`` (its text; tool definitions: their JSON)."""
+    try:
+        value = orjson.loads(memoryview(part))
+    except orjson.JSONDecodeError:
+        value = None
+    if isinstance(value, dict):
+        return counter.count(_content_text(value.get("content")))
+    if isinstance(value, str):
+        return counter.count(value)
+    return counter.count(bytes(part).decode("utf-8", errors="replace"))
+
+
+def _chains(
+    prompts: list[list[Any]], limits: list[int], hasher: BlockHasher, counter: TokenCounter | None
+) -> pa.Array:
+    """The ``hash_ids`` column of prompts given as parts (``oomload.prefix``), each cut at its limit.
+
+    A part's tokens are counted with ``counter``, else estimated as its JSON's bytes /
+    ``CHARS_PER_TOKEN`` — the same for the same message in every request.
+    """
+    flat = list(chain.from_iterable(prompts))
+    sizes = np.array(list(map(len, flat)), dtype=np.int64)
+    marks = part_marks(sizes, np.array(list(map(zlib.crc32, flat)), dtype=np.uint64))
+    if counter is None:
+        tokens = -(-sizes // CHARS_PER_TOKEN)
+    else:
+        tokens = np.array([_part_tokens(part, counter) for part in flat], dtype=np.int64)
+    per_prompt = np.array(list(map(len, prompts)), dtype=np.int64)
+    keys = chain_marks(hasher.sip_key, marks, per_prompt)
+    values, offsets = message_block_ids(
+        keys, tokens, per_prompt, np.asarray(limits, dtype=np.int64), hasher.block_tokens
+    )
+    chains = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=pa.int64()))
+    empty = np.diff(offsets) == 0  # no full block: null, as the other readers leave it
+    return pc.if_else(pa.array(empty), pa.nulls(len(prompts), chains.type), chains) if empty.any() else chains
 
 
 def _str(value: Any) -> str | None:
@@ -219,6 +307,15 @@ class _PlainRequest(msgspec.Struct, gc=False):
     body: Unset = UNSET
 
 
+class _PlainPartsRequest(_PlainRequest):
+    """``_PlainRequest`` with the prompt parts (a build that derives prefix chains: ``_PartsBody``'s)."""
+
+    system: msgspec.Raw | Unset = UNSET
+    tools: msgspec.Raw | Unset = UNSET
+    messages: list[msgspec.Raw] | Unset = UNSET
+    prompt: msgspec.Raw | Unset = UNSET
+
+
 Success = Annotated[int, msgspec.Meta(ge=200, le=299)]
 
 
@@ -237,7 +334,12 @@ class _Plain(msgspec.Struct, gc=False):
     id: str | Unset | None = UNSET
 
 
+class _PlainParts(_Plain):
+    request: _PlainPartsRequest
+
+
 _PLAIN_DECODER = msgspec.json.Decoder(_Plain)
+_PLAIN_PARTS_DECODER = msgspec.json.Decoder(_PlainParts)
 
 
 def _plain_columns(lines: list[_Plain], columns: dict[str, list[Any]]) -> None:
@@ -273,9 +375,15 @@ PIECE_BYTES = 256 * 1024  # decoded at once: small enough to stay in the CPU cac
 
 
 def _line_rows(
-    piece: bytes, first_line: int, source: LogSource, skips: SkipLog, counter: TokenCounter | None
+    piece: bytes,
+    first_line: int,
+    source: LogSource,
+    skips: SkipLog,
+    counter: TokenCounter | None,
+    parts: list[list[Any]] | None = None,
 ) -> Iterator[_Row]:
-    """The rows of a piece that does not decode as ``_Plain`` lines only, line by line."""
+    """The rows of a piece that does not decode as ``_Plain`` lines only, line by line (and, given
+    ``parts``, each row's prompt parts appended to it)."""
     decode = _DECODER.decode
     for offset, raw in enumerate(piece.split(b"\n")):
         try:
@@ -295,6 +403,8 @@ def _line_rows(
             if bound is not None:
                 skips.skip(bound, source.name, first_line + offset)
                 continue
+        if parts is not None:
+            parts.append(_prompt_parts(raw))
         yield row
 
 
@@ -330,9 +440,11 @@ def _plain_within_bounds(columns: dict[str, list[Any]]) -> bool:
     )
 
 
-def _batch(columns: dict[str, list[Any]]) -> pa.Table:
+def _batch(columns: dict[str, list[Any]], chains: list[pa.Array] | None = None) -> pa.Table:
     """A batch with the optional columns left out (all null) when no row has a value."""
     kept: dict[str, Any] = {}
+    if chains:
+        kept["hash_ids"] = pa.concat_arrays(chains)
     for name, values in columns.items():
         if name in ("id", "max_tokens", "model") and all(v is None for v in values):
             continue
@@ -348,6 +460,7 @@ def read_openai_batches(
     counter: TokenCounter | None,
     *,
     on_untimed: Callable[[int], None] | None = None,
+    hasher: BlockHasher | None = None,
 ) -> Iterator[pa.Table]:
     """Batches (``time_s`` on the log's clock) from an OpenAI-style log, one per chunk of lines.
 
@@ -357,13 +470,20 @@ def read_openai_batches(
     request's time (0 at the start of ``source``); the batch's metadata ``leading_untimed`` counts
     the rows at its start that had none before any timed row of ``source`` (the caller of a
     byte-range reader patches those from the range before).
+
+    With ``hasher``, each request's prompt parts (``system``, ``tools``, each message, or the
+    ``prompt``: their raw JSON, never decoded into text) give its ``hash_ids``: a part's tokens are
+    counted with ``counter`` when given, else estimated as its bytes / ``CHARS_PER_TOKEN`` — the same
+    for the same message in every request, so identical histories line up block for block — and the
+    chain stops at ``usage.prompt_tokens``.
     """
-    decode_lines = _PLAIN_DECODER.decode_lines
+    decode_lines = (_PLAIN_DECODER if hasher is None else _PLAIN_PARTS_DECODER).decode_lines
     last_time = 0.0
     untimed = 0
     seen_timed = False
     for chunk in source.iter_views():
         columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
+        chains: list[pa.Array] = []  # the hash_ids of each piece, in order
         data, start = chunk.data, chunk.start
         view = memoryview(data)
         while start < chunk.stop:
@@ -372,22 +492,31 @@ def read_openai_batches(
             piece = view[start:end]
             plain: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
             try:
-                _plain_columns(decode_lines(piece), plain)
+                lines: list[Any] = decode_lines(piece)
+                _plain_columns(lines, plain)
                 if not _plain_within_bounds(plain):
                     raise msgspec.DecodeError("over the trace's bounds")
-                for name in _COLUMNS:
-                    columns[name] += plain[name]
             except msgspec.DecodeError:
                 line = chunk.line_at(start)
-                rows = list(_line_rows(bytes(piece), line, source, skips, counter))
+                parts: list[list[Any]] | None = None if hasher is None else []
+                rows = list(_line_rows(bytes(piece), line, source, skips, counter, parts))
                 if rows:
                     for name, values in zip(_COLUMNS, zip(*rows, strict=True), strict=True):
                         columns[name] += values
+                    if hasher is not None and parts is not None:
+                        chains.append(_chains(parts, [row[2] for row in rows], hasher, counter))
+            else:
+                for name in _COLUMNS:
+                    columns[name] += plain[name]
+                if hasher is not None:
+                    prompts = [_parts_of(line.request) for line in lines]
+                    limits = [line.response.usage.prompt_tokens for line in lines]
+                    chains.append(_chains(prompts, limits, hasher, counter))
             start = end
         view.release()
         if not columns["time_s"]:
             continue
-        batch = _batch(columns)
+        batch = _batch(columns, chains)
         times = np.asarray(batch.column("time_s"), dtype=np.float64)
         missing = times < 0
         leading = 0

@@ -125,6 +125,7 @@ class _FileResult:
     notes: list[str]
     error: str | None = None
     error_kind: str = "trace"
+    truncated_requests: int = 0
 
 
 _Sent: TypeAlias = "_Packed | RenderedLines | _Stored"  # a batch as a span task sends it (``_sent``)
@@ -171,9 +172,13 @@ def _span_task(
     try:
         counter = _worker_counter(recipe)
         if plan.format == "openai":
-            batches = list(read_openai_batches(source, skips, counter, on_untimed=untimed.append))
+            batches = list(
+                read_openai_batches(source, skips, counter, on_untimed=untimed.append, hasher=plan.hasher)
+            )
         else:
-            batches = list(iter_source_batches(InputPlan(source, plan.format), skips, counter))
+            batches = list(
+                iter_source_batches(InputPlan(source, plan.format, hasher=plan.hasher), skips, counter)
+            )
     except OomloadError as err:
         return _SpanResult([], {}, {}, [], error=str(err))
     sent = _sent(batches, origin_s, scratch)
@@ -338,7 +343,9 @@ def _file_task(plan: Any, directory: str, recipe: CounterRecipe = None) -> _File
     except OomloadError as err:
         kind = "trace" if isinstance(err, TraceFormatError) else type(err).__name__
         return _FileResult(name, {}, {}, [], error=str(err), error_kind=kind)
-    return _FileResult(name, skips.counts, skips.examples, list(skips.notes))
+    return _FileResult(
+        name, skips.counts, skips.examples, list(skips.notes), truncated_requests=skips.truncated_requests
+    )
 
 
 class _LineSkips(SkipLog):
@@ -709,6 +716,7 @@ def _file_batches(plan: Any, skips: SkipLog, pool: ReadPool, progress: Progress 
             shown += result.examples.get(reason, [])[: skips.keep - len(shown)]
         for note in result.notes:
             skips.note(note)
+        skips.truncated_requests += result.truncated_requests
         with pa.memory_map(result.ipc_path) as stream:
             for batch in pa.ipc.open_stream(stream):
                 table = pa.Table.from_batches([batch])

@@ -25,6 +25,7 @@ class SkipLog:
     counts: dict[str, int] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    truncated_requests: int = 0  # requests kept whose prefix chain covers only the logged part
 
     def skip(self, reason: str, path: str, line: int | None) -> None:
         if self.strict:
@@ -46,6 +47,7 @@ class SkipLog:
             shown += other.examples.get(reason, [])[: max(self.keep - len(shown), 0)]
         for text in other.notes:
             self.note(text)
+        self.truncated_requests += other.truncated_requests
 
     @property
     def total(self) -> int:

@@ -32,13 +32,16 @@ log was probably written with ``--max-log-len`` at that length.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from oomload.ingest.skips import NO_TOKEN_COUNTS, SkipLog
 from oomload.ingest.source import LogSource
 from oomload.ingest.tokens import TokenCounter
+from oomload.prefix import BlockHasher
 from oomload.trace import TraceRecord, bounds_reason
 
 LOG_PREFIX = re.compile(
@@ -52,6 +55,7 @@ _MAX_TOKENS = re.compile(r"\bmax_tokens=(\d+|None)")
 _ACCESS = re.compile(rb'"(?:POST|GET) [^"]*" (\d{3})')
 _MAX_LOG_LEN = re.compile(r"'max_log_len': (\d+)")
 SUSPECT_MIN_PROMPTS = 5
+CHAIN_BATCH = 256  # records whose chains are computed together
 SUSPECT_MIN_SHARE = 0.05
 OUTPUT_NOTE = (
     "vLLM logs carry no completion counts: output_tokens is each request's max_tokens "
@@ -75,12 +79,24 @@ def full_length_note(max_log_len: int) -> str:
     )
 
 
+class _Ids(NamedTuple):
+    """A prompt logged as token ids: how many, and the ids as the log wrote them (for the chain)."""
+
+    tokens: int
+    text: str
+
+
 def read_vllm_records(
-    source: LogSource, skips: SkipLog, counter: TokenCounter | None
+    source: LogSource, skips: SkipLog, counter: TokenCounter | None, hasher: BlockHasher | None = None
 ) -> Iterator[TraceRecord]:
-    """Records (``arrival_s`` = log time in seconds, year-less) from a vLLM server log."""
+    """Records (``arrival_s`` = log time in seconds, year-less) from a vLLM server log.
+
+    With ``hasher``, a prompt logged as token ids gets its chained block ids (``hash_ids``).
+    """
     aborted, access_failures = _first_pass(source)
-    prompts: dict[str, int | str | None] = {}  # details seen, Received not yet: id → count or text
+    prompts: dict[str, _Ids | str | None] = {}  # details seen, Received not yet: id → ids or text
+    text_only = 0  # requests counted from prompt text: no prefix structure
+    pending: list[tuple[TraceRecord, str | None]] = []  # records waiting for their chains
     emitted = 0
     max_log_len: int | None = None  # from the last start-up banner
     id_lengths: dict[int, int] = {}  # prompt length (counted from ids) → how many
@@ -119,18 +135,23 @@ def read_vllm_records(
             skips.skip(cut_reason(max_log_len), source.name, number)
             skips.note(full_length_note(max_log_len))
             continue
+        ids_text = None
         if isinstance(prompt, str):
             if counter is None:
                 skips.skip(NO_TOKEN_COUNTS, source.name, number)
                 continue
-            prompt = counter.count(prompt)
-        elif max_log_len is None:
-            id_lengths[prompt] = id_lengths.get(prompt, 0) + 1
+            prompt_tokens = counter.count(prompt)
+            text_only += 1
+        else:
+            prompt_tokens = prompt.tokens
+            if max_log_len is None:
+                id_lengths[prompt_tokens] = id_lengths.get(prompt_tokens, 0) + 1
+            ids_text = prompt.text
         max_tokens = int(max_match.group(1))
         record = TraceRecord(
             id=request_id,
             arrival_s=time_s,
-            prompt_tokens=prompt,
+            prompt_tokens=prompt_tokens,
             output_tokens=max_tokens,
             max_tokens=max_tokens,
             ok=request_id not in aborted,
@@ -140,11 +161,22 @@ def read_vllm_records(
             skips.skip(reason, source.name, number)
             continue
         emitted += 1
-        yield record
+        pending.append((record, ids_text))
+        if len(pending) >= CHAIN_BATCH:
+            yield from _chained(pending, hasher)
+            pending = []
+    yield from _chained(pending, hasher)
     if emitted:
         skips.note(OUTPUT_NOTE)
+    if hasher is not None and text_only:
+        skips.note(
+            f"{source.name}: {text_only} requests logged their prompt as text, not token ids: they carry "
+            "no prefix structure (log with VLLM_LOGGING_LEVEL=DEBUG for the ids)"
+        )
     suspect = suspected_max_log_len(id_lengths)
     if suspect is not None:
+        if hasher is not None:
+            skips.truncated_requests += id_lengths[suspect]  # their chains cover the logged part only
         skips.note(
             f"{source.name}: {id_lengths[suspect]} of {sum(id_lengths.values())} prompts have exactly "
             f"{suspect} token ids, the longest in the log: was vLLM started with --max-log-len {suspect}? "
@@ -158,9 +190,25 @@ def read_vllm_records(
         )
 
 
-def _cut(prompt: int | str, max_log_len: int) -> bool:
+def _chained(
+    pending: list[tuple[TraceRecord, str | None]], hasher: BlockHasher | None
+) -> Iterator[TraceRecord]:
+    """The records with their ``hash_ids`` (prompts logged as ids), chained together (vectorized)."""
+    if hasher is None:
+        yield from (record for record, _ in pending)
+        return
+    with_ids = [i for i, (_, text) in enumerate(pending) if text is not None]
+    chains = dict(
+        zip(with_ids, hasher.chain_token_texts([pending[i][1] or "" for i in with_ids]), strict=True)
+    )
+    for i, (record, _) in enumerate(pending):
+        chain = chains.get(i)
+        yield record if not chain else dataclasses.replace(record, hash_ids=chain)
+
+
+def _cut(prompt: _Ids | str, max_log_len: int) -> bool:
     """True when the logged prompt (id count or text) is as long as vLLM's cut: it may be cut."""
-    return (prompt if isinstance(prompt, int) else len(prompt)) >= max_log_len
+    return (prompt.tokens if isinstance(prompt, _Ids) else len(prompt)) >= max_log_len
 
 
 def suspected_max_log_len(id_lengths: dict[int, int]) -> int | None:
@@ -190,13 +238,13 @@ def _first_pass(source: LogSource) -> tuple[set[str], int]:
     return aborted, failures
 
 
-def _prompt_from(segment: str) -> int | str | None:
-    """The prompt length (from token ids) or text in ``segment``; ``None`` when neither is logged."""
+def _prompt_from(segment: str) -> _Ids | str | None:
+    """The prompt's token ids or text in ``segment``; ``None`` when neither is logged."""
     ids_at = segment.rfind("prompt_token_ids: [")
     if ids_at >= 0:
         rest = segment[ids_at + len("prompt_token_ids: [") :]
         body = rest[: rest.find("]")]
-        return 0 if not body.strip() else body.count(",") + 1
+        return _Ids(0 if not body.strip() else body.count(",") + 1, body)
     if not segment.startswith("prompt: ") or segment[8:9] not in ("'", '"'):
         return None
     quote = segment[8]

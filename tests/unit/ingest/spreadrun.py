@@ -9,9 +9,12 @@ tables, or ``RenderedLines`` / ``LinesToRender`` rendered by workers).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import Any
+
+from oomload.ingest.prefixes import PREFIX_SALT_ENV
 
 SPY = r"""
 from oomload.ingest import parallel as _parallel
@@ -28,8 +31,14 @@ _parallel._span_batches = _spied
 
 def run_both(script: str, *argv: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """``python -c SCRIPT ARGV…``; its last line of output is ``[single, spread]`` as JSON."""
+    env = {**os.environ, PREFIX_SALT_ENV: "spreadrun"}  # two builds: one salt, so their ids compare
     done = subprocess.run(
-        [sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300, check=True
+        [sys.executable, "-c", script, *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        env=env,
     )
     single, spread = json.loads(done.stdout.strip().splitlines()[-1])
     return single, spread

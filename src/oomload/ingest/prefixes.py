@@ -1,0 +1,94 @@
+"""Where a build's prefix structure comes from: the per-build salt, and the header's ``prefix`` object.
+
+**Salt.** Block ids are keyed hashes (``oomload.prefix.BlockHasher``). ``build_hasher`` draws the
+key once per build in the main process (32 random bytes, never written anywhere) and the key
+travels inside the input plan to the read workers, so a build on 1 or N workers writes the same
+ids, while two builds of the same log share none (a trace's ids cannot be matched against another
+trace's, nor tested against a guessed prompt). ``OOMLOAD_PREFIX_SALT`` (like ``SOURCE_DATE_EPOCH``)
+makes builds reproducible: its text, hashed, is the key — for tests, or to compare two traces of
+one operator on purpose.
+
+**Header.** ``input_prefix`` says what one input's ids mean, by format: a vLLM log's token ids
+(``token-ids``, exact), an OpenAI-style log's messages (``messages``, exact only with
+``--tokenizer``), Mooncake's 512-token or Bailian's 16-token ids as given (``source-trace``), an
+oomload trace's own header, a mapped JSONL log's ``conversation=COL`` (``column``: the conversation
+id keys the chains, each turn taken to start with the conversation's earlier turns; not exact), and
+``none`` for formats that carry no prefix structure (Azure, BurstGPT, other mapped logs).
+``header_prefix`` combines the inputs: when they differ, the first input with structure describes
+the trace and a note says that the others' ids are of another kind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+
+from oomload.ingest.source import LogSource
+from oomload.prefix import DEFAULT_BLOCK_TOKENS, BlockHasher
+from oomload.trace import DEFAULT_PREFIX_BLOCK_TOKENS, PrefixInfo, read_trace_header
+
+PREFIX_SALT_ENV = "OOMLOAD_PREFIX_SALT"
+BAILIAN_BLOCK_TOKENS = 16
+NONE = PrefixInfo(block_tokens=DEFAULT_BLOCK_TOKENS, source="none")
+
+
+def build_hasher(block_tokens: int, environ: Mapping[str, str] | None = None) -> BlockHasher:
+    """The hasher of one build: a random key, or the one ``OOMLOAD_PREFIX_SALT`` fixes."""
+    env = os.environ if environ is None else environ
+    fixed = env.get(PREFIX_SALT_ENV)
+    salt = hashlib.blake2b(fixed.encode(), digest_size=32).digest() if fixed else secrets.token_bytes(32)
+    return BlockHasher(salt, block_tokens)
+
+
+def input_prefix(
+    source: LogSource, format: str, hasher: BlockHasher | None, *, exact: bool, conversation: bool = False
+) -> PrefixInfo:
+    """What the ids of one input mean (module docstring); ``exact``: token counts are not estimated."""
+    if format == "mooncake":
+        head = source.head()
+        if b'"hash_ids"' not in head:  # lengths only
+            return NONE
+        bailian = b'"chat_id"' in head
+        return PrefixInfo(
+            block_tokens=BAILIAN_BLOCK_TOKENS if bailian else DEFAULT_PREFIX_BLOCK_TOKENS,
+            source="source-trace",
+        )
+    if format == "oomload":
+        header = read_trace_header(source.path)
+        return header.prefix if header.prefix is not None else PrefixInfo()
+    if hasher is None:
+        return NONE
+    if format == "vllm-log":
+        return PrefixInfo(block_tokens=hasher.block_tokens, source="token-ids")
+    if format == "openai":
+        return PrefixInfo(block_tokens=hasher.block_tokens, source="messages", exact=exact)
+    if format == "jsonl" and conversation:  # each turn taken to start with the earlier ones
+        return PrefixInfo(block_tokens=hasher.block_tokens, source="column", exact=False)
+    return NONE
+
+
+def header_prefix(infos: Sequence[PrefixInfo], truncated_requests: int) -> tuple[PrefixInfo, str | None]:
+    """The trace's ``prefix`` object from its inputs', and a note when the inputs' kinds differ."""
+    with_ids = [info for info in infos if info.source != "none"]
+    if not with_ids:
+        return NONE, None
+    first = with_ids[0]
+    note = None
+    kinds = {(i.source, i.block_tokens) for i in infos}
+    if len(kinds) > 1:
+        listed = ", ".join(sorted(f"{s} ({b} tokens)" for s, b in kinds))
+        note = (
+            f"the inputs carry prefix ids of different kinds ({listed}); "
+            f"the header describes the first ({first.source}): ids of the others do not measure reuse"
+        )
+    return (
+        PrefixInfo(
+            block_tokens=first.block_tokens,
+            source=first.source,
+            exact=all(i.exact for i in with_ids),
+            truncated_requests=first.truncated_requests + truncated_requests,
+        ),
+        note,
+    )

@@ -92,7 +92,7 @@ def test_sharing_never_makes_an_onset_earlier(
     requests: list[tuple[int, int, int, int]], block_size: int, block_tokens: int, num_gpu_blocks: int
 ) -> None:
     ids = [
-        tuple(system * 100 + k for k in range(depth)) + (10_000 + i,) if system else ()
+        (*(system * 100 + k for k in range(depth)), 10_000 + i) if system else ()
         for i, (_p, _o, system, depth) in enumerate(requests)
     ]
     prompts = [p for p, _o, _s, _d in requests]

@@ -242,9 +242,16 @@ class BlockTokens(Sequence[int]):
     def __getitem__(self, index: int | slice) -> int | Sequence[int]:
         bs = self._block_size
         if isinstance(index, slice):
+            start, stop = index.start, index.stop
+            if (  # one block, as the scheduler's hash asks for it: the fast path
+                index.step is None
+                and start is not None
+                and stop is not None
+                and 0 <= start < stop <= self._length
+                and start // bs == (stop - 1) // bs
+            ):
+                return (self._blocks[start // bs],) * (stop - start)
             start, stop, step = index.indices(self._length)
-            if step == 1 and stop > start and start // bs == (stop - 1) // bs:
-                return (self._blocks[start // bs],) * (stop - start)  # within one block: the fast path
             return tuple(self._blocks[t // bs] for t in range(start, stop, step))
         if not -self._length <= index < self._length:
             raise IndexError("token index out of range")

@@ -242,15 +242,16 @@ class BlockTokens(Sequence[int]):
     def __getitem__(self, index: int | slice) -> int | Sequence[int]:
         bs = self._block_size
         if isinstance(index, slice):
-            start, stop = index.start, index.stop
+            first: int | None = index.start
+            end: int | None = index.stop
             if (  # one block, as the scheduler's hash asks for it: the fast path
                 index.step is None
-                and start is not None
-                and stop is not None
-                and 0 <= start < stop <= self._length
-                and start // bs == (stop - 1) // bs
+                and first is not None
+                and end is not None
+                and 0 <= first < end <= self._length
+                and first // bs == (end - 1) // bs
             ):
-                return (self._blocks[start // bs],) * (stop - start)
+                return (self._blocks[first // bs],) * (end - first)
             start, stop, step = index.indices(self._length)
             return tuple(self._blocks[t // bs] for t in range(start, stop, step))
         if not -self._length <= index < self._length:

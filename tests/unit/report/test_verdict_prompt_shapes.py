@@ -114,3 +114,21 @@ def test_without_hash_ids_there_is_no_other_shape(tmp_path: Path) -> None:
     assert p is not None and p.other is None and p.arithmetic.band == (4, 4)
     assert p.arithmetic.shape == "production"  # the run's shape, with nothing to share
     assert "nothing shared" not in _texts(v)["prediction"]
+
+
+def test_an_onset_in_the_other_shapes_band_is_named(tmp_path: Path) -> None:
+    """Shared prefixes sent, but preemption from 4 as if nothing were shared: a server without prefix
+    caching looks exactly like this."""
+    steps = [
+        StepSpec(c, prompt_tokens=600, output_tokens=100, preemptions=p, requests=4 * c)
+        for c, p in ((2, 0), (3, 0), (4, 5), (8, 9), (11, 9))
+    ]
+    run = write_run(tmp_path / "run", steps, cache_config=POOL, config={"prefix_sharing": True})
+    records = [TraceRecord(f"r{i}", 0.0, 600, 100, hash_ids=(7, 100 + i)) for i in range(50)]
+    write_trace(run / "trace.jsonl", records, TraceHeader(prefix=PrefixInfo(block_tokens=512)))
+    v = build_verdict(load_run(run))
+    assert v.prediction is not None and v.prediction.disagrees and v.prediction.observed_onset == 4
+    note = next(n for n in v.notes if n.kind == "prediction_disagrees")
+    assert note.message.endswith(
+        "it lies in the band for distinct prompts: is the server's prefix caching off?"
+    )

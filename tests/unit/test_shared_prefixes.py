@@ -18,7 +18,7 @@ from oomload.capacity import (
     shared_groups,
     usable_blocks,
 )
-from oomload.odds import BlockTokens, Pool, level_odds, trace_prefixes
+from oomload.odds import Pool, block_token_ids, level_odds, trace_prefixes
 from oomload.trace import PrefixInfo, TraceRecord
 
 HAND = 50  # requests in the hand trace
@@ -154,13 +154,9 @@ def test_the_odds_hold_the_shared_prefix_once() -> None:
     assert not twelve.negligible and twelve.per_100 > 5
 
 
-def test_block_tokens_carry_one_value_per_server_block() -> None:
-    tokens = BlockTokens(70, 16, ((7, 2), (9, 1)), tail=3)
-    materialized = [14] * 32 + [18] * 16 + [7] * 22  # ids doubled (even), the request's own odd 2·3 + 1
-    assert len(tokens) == 70
-    assert list(tokens[0:70]) == materialized
-    assert list(tokens[16:32]) == materialized[16:32]  # within one block: the fast path
-    assert list(tokens[10:40]) == materialized[10:40]
-    assert tokens[47] == 18 and tokens[-1] == 7
-    other = BlockTokens(70, 16, ((7, 2),), tail=4)
-    assert list(other[0:32]) == list(tokens[0:32]) and list(other[32:48]) != list(tokens[32:48])
+def test_block_token_ids_carry_one_value_per_server_block() -> None:
+    tokens = block_token_ids(70, 16, ((7, 2), (9, 1)), tail=3)
+    assert tokens == [14] * 32 + [18] * 16 + [7] * 22  # ids doubled (even), the request's own 2·3 + 1
+    other = block_token_ids(70, 16, ((7, 2),), tail=4)
+    assert other[:32] == tokens[:32] and other[32:48] != tokens[32:48]
+    assert block_token_ids(20, 16, ((7, 2),), tail=1) == [14] * 20  # never longer than the prompt

@@ -12,7 +12,7 @@ Per level it records the preemptions, the first preemption (virtual seconds), th
 the first step at which the pool is saturated (usage ≥ 99 %), peak running / waiting, a modelled
 CUDA OOM, throughput and TTFT / end-to-end percentiles. When the engine models prefix caching and the
 trace carries ``hash_ids``, each request's prompt carries its trace's prefix structure
-(``odds.BlockTokens``), so the levels hold shared prefix blocks once, as the production server would.
+(``odds.block_token_ids``), so the levels hold shared prefix blocks once, as the production server would.
 The plan then reports the onset (first level with a preemption), the last safe level, the arithmetic
 onset band (``capacity.predict_preemption_onset``, with the trace's shared prefixes, and beside it the
 worst case with nothing shared when the trace shares any) and recommendations: ``max_model_len`` from
@@ -47,7 +47,7 @@ from oomload.capacity import (
     single_request_limit_tokens,
 )
 from oomload.errors import ConfigError
-from oomload.odds import BlockTokens
+from oomload.odds import block_token_ids
 from oomload.sim.build import BuiltEngine, EngineOptions, build_engine
 from oomload.sim.geometry import GPU_PRESETS
 from oomload.sim.scheduler import SimRequest
@@ -246,7 +246,9 @@ def run_level(
                 o = limit - p
             ids = None
             if caching and shared is not None:
-                ids = BlockTokens(p, sched.config.block_size, shared.groups[(issued - 1) % n], tail=issued)
+                ids = block_token_ids(
+                    p, sched.config.block_size, shared.groups[(issued - 1) % n], tail=issued
+                )
             engine.add(SimRequest(str(issued), p, o, arrival_s=now, prompt_ids=ids))
             return
 

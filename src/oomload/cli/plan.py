@@ -2,6 +2,10 @@
 
 Runs the simulated engine (no HTTP, a virtual clock) closed-loop at each concurrency level and prints
 the KV pool, the preemption onset, OOM risk, KV saturation and the ``vllm serve`` flags to paste.
+
+When the trace carries ``hash_ids`` the arithmetic and the trace's odds are given for both prompt
+shapes: with the trace's shared prefixes held once (production) and with nothing shared (worst case),
+so the plan says what prefix caching buys at this traffic.
 """
 
 from __future__ import annotations
@@ -49,10 +53,11 @@ def _levels(spec: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from oomload.capacity import SharedPrefixes
     from oomload.odds import Pool, trace_odds
     from oomload.sim.build import build_engine
     from oomload.sim.planner import default_levels, plan
-    from oomload.trace import iter_trace
+    from oomload.trace import iter_trace, read_trace_header
 
     opts = engine_options(args)
     built = build_engine(opts)
@@ -62,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"trace {args.trace} is not a file")
     prompts: list[int] = []
     outputs: list[int] = []
+    chains: list[tuple[int, ...]] = []
     for record in iter_trace(args.trace):
+        chains.append(record.hash_ids)
         prompts.append(record.prompt_tokens)
         outputs.append(
             record.max_tokens if record.output_tokens == 0 and record.max_tokens else record.output_tokens
@@ -72,7 +79,11 @@ def run(args: argparse.Namespace) -> int:
     levels = _levels(args.concurrency) if args.concurrency else default_levels(built.config.max_num_seqs)
     if args.requests_per_level is not None and args.requests_per_level < 1:
         raise ConfigError(f"--requests-per-level must be positive, got {args.requests_per_level}")
-    result = plan(built, opts, prompts, outputs, levels, requests_per_level=args.requests_per_level)
+    block_tokens = read_trace_header(args.trace).prefix_or_default().block_tokens
+    result = plan(
+        built, opts, prompts, outputs, levels, requests_per_level=args.requests_per_level,
+        chains=chains, chain_block_tokens=block_tokens,
+    )  # fmt: skip
     pool = Pool(
         num_gpu_blocks=result.num_gpu_blocks,
         block_size=result.block_size,
@@ -80,37 +91,55 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=result.max_num_seqs,
         max_num_batched_tokens=result.max_num_batched_tokens,
     )
-    odds = trace_odds(prompts, outputs, pool, levels)
+    shared = SharedPrefixes.from_chains(
+        chains, prompts, block_tokens=block_tokens, block_size=result.block_size
+    )
+    odds = trace_odds(prompts, outputs, pool, levels, shared=shared)
+    worst = trace_odds(prompts, outputs, pool, levels) if shared.any else ()
     if args.json:
-        print(json.dumps({**result.as_dict(), "odds": [o.to_json() for o in odds]}, indent=2))
+        obj = {**result.as_dict(), "odds": [o.to_json() for o in odds]}
+        obj["odds_worst_case"] = [o.to_json() for o in worst] if worst else None
+        print(json.dumps(obj, indent=2))
     else:
         _print(result, built.layout.startup_lines(), len(prompts))
-        _print_odds(odds)
+        _print_odds(odds, worst)
     return int(ExitCode.OK)
 
 
-def _print_odds(odds: Sequence[LevelOdds]) -> None:
-    """The trace's odds per level, as ``oomload replay`` computes and judges them (``oomload.odds``)."""
+def _print_odds(odds: Sequence[LevelOdds], worst: Sequence[LevelOdds]) -> None:
+    """The trace's odds per level, as ``oomload replay`` computes and judges them (``oomload.odds``):
+    with the trace's shared prefixes, and with nothing shared beside them when the trace shares any."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(
-        title="The trace's odds (requests drawn at random from the trace, 1000 per level)",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    for col in ("conc", "preemptions\nper 100 req", "requests to see one\n(99 %)", "seen in\n50 req"):
+    title = "The trace's odds (requests drawn at random from the trace, 1000 per level"
+    title += ", shared prefixes held once)" if worst else ")"
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    cols = ["conc", "preemptions\nper 100 req", "requests to see one\n(99 %)", "seen in\n50 req"]
+    cols += ["worst case\nper 100 req"] if worst else []
+    for col in cols:
         table.add_column(col, justify="right", no_wrap=True)
-    for o in odds:
+    for i, o in enumerate(odds):
         needed = o.requests_for()
-        table.add_row(
+        row = [
             str(o.concurrency),
             f"{o.per_100:.1f}",
             "– (negligible)" if needed is None else f"{needed:,}",
             f"{o.p_seen(50):.0%}",
+        ]
+        table.add_row(*row, *([f"{worst[i].per_100:.1f}"] if worst else []))
+    console = Console(highlight=False)
+    console.print(table)
+    if worst:
+        console.print(
+            f"Odds onset (≥ 1 preemption per 100 requests): {_odds_onset(odds)} with shared prefixes, "
+            f"{_odds_onset(worst)} in the worst case (nothing shared)"
         )
-    Console(highlight=False).print(table)
+
+
+def _odds_onset(odds: Sequence[LevelOdds]) -> str:
+    return next((str(o.concurrency) for o in odds if not o.negligible), "none")
 
 
 def _print(result: Any, startup: list[str], trace_count: int) -> None:
@@ -135,15 +164,24 @@ def _print(result: Any, startup: list[str], trace_count: int) -> None:
             f"{result.trace_requests:,} trace requests ({share}; prompt ≥ max_model_len, HTTP 400)[/] "
             f"and clamps the output of {result.trace_clamped:,}"
         )
-    console.print(_level_table(result.levels, "closed-loop levels (virtual clock)"))
+    title = "closed-loop levels (virtual clock"
+    if result.levels_shared_prefixes:
+        title += ", the trace's shared prefixes cached"
+    elif result.arithmetic_worst_case is not None:
+        title += ", no prefix caching: nothing shared"
+    console.print(_level_table(result.levels, title + ")"))
     a = result.arithmetic
     console.print(
         f"Preemption onset: [bold]{result.onset_concurrency or 'none'}[/]; last safe concurrency: "
         f"{result.last_safe_concurrency}; KV pool full (≥ 99 %) from: "
         f"{result.saturation_concurrency or 'never'}; modelled OOM: {result.oom_concurrency or 'none'}"
     )
+    worst = result.arithmetic_worst_case
+    shape = (
+        "" if worst is None else f" with shared prefixes (worst case, nothing shared: {_band(worst.band)})"
+    )
     console.print(
-        f"Arithmetic band {a.band[0]}–{a.band[1]}: the onset from block counts alone (usable blocks ÷ "
+        f"Arithmetic band {a.band[0]}–{a.band[1]}{shape}: the onset from block counts alone (usable blocks ÷ "
         "blocks per request, for P90- to P50-length requests), no simulation."
     )
     _print_advice(console, result)
@@ -222,6 +260,10 @@ def _print_advice(console: Any, result: Any) -> None:
             f"{check.trace_refused:,} of the {result.trace_requests:,} trace requests "
             f"({_share(check.trace_refused, result.trace_requests)})"
         )
+
+
+def _band(band: tuple[int, int]) -> str:
+    return str(band[0]) if band[0] == band[1] else f"{band[0]}–{band[1]}"
 
 
 def _refused(count: int, share: float) -> str:

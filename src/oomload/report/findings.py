@@ -196,13 +196,28 @@ def prediction(verdict: Verdict) -> Finding | None:
     else:
         compared = f"no onset up to {p.highest_clean}: {agree}{apart}"
     basis = "the requests sent" if p.basis == "requests" else "the trace"
+    other = "" if p.other is None else f"; {OTHER_SHAPE_WORDS[a.shape]} {_band(*p.other.band)}"
     return Finding(
         "prediction",
         "Arithmetic",
         f"{a.num_gpu_blocks} blocks × {a.block_size} tokens, lengths of {basis} → onset {band} "
-        f"(mean-length {a.onset_mean}); {compared}",
+        f"{SHAPE_WORDS[a.shape]} (mean-length {a.onset_mean}{other}); {compared}",
         "warn" if p.disagrees else "info",
     )
+
+
+# How a prediction names the prompts it assumed, and the other shape beside it (capacity.PromptShape).
+SHAPE_WORDS = {"production": "with shared prefixes", "worst-case": "with distinct prompts"}
+OTHER_SHAPE_WORDS = {
+    "production": "worst case, nothing shared:",
+    "worst-case": "with the trace's shared prefixes:",
+}
+
+
+def _band(low: int | None, high: int | None) -> str:
+    if high is None:
+        return "none"
+    return str(high) if low in (None, high) else f"{low}–{high}"
 
 
 def confidence(verdict: Verdict) -> Finding:
@@ -354,9 +369,14 @@ def trace_odds(verdict: Verdict) -> Finding | None:
         verdict_word, status = "DISAGREES", "warn"
     else:
         verdict_word, status = "agrees", "ok"
-    text = f"onset {odds_onset} (≥ 1 preemption per 100 requests), observed {observed}: {verdict_word}" + (
-        "" if not parts else f"; preemptions per 100 requests, odds vs seen — {', '.join(parts)}"
-    )
+    other = ""
+    if verdict.other_odds_known:
+        other_onset = _band(verdict.other_odds_onset_low, verdict.other_odds_onset)
+        other = f" ({OTHER_SHAPE_WORDS[verdict.prompt_shape]} {other_onset})"
+    text = (
+        f"onset {odds_onset} {SHAPE_WORDS[verdict.prompt_shape]}{other} (≥ 1 preemption per 100 requests), "
+        f"observed {observed}: {verdict_word}"
+    ) + ("" if not parts else f"; preemptions per 100 requests, odds vs seen — {', '.join(parts)}")
     return Finding("trace_odds", "The trace's odds", text, status)
 
 

@@ -14,8 +14,15 @@ So:
    the requests a clean step at that level must send, or ``None`` while its odds are not known yet
    (the step driver asks again when the hold is done, before it decides to extend).
 
-The child reads the run directory's ``trace.jsonl`` (lengths only) and is given the pool on its
-command line; it writes one ``LevelOdds`` JSON line per level and exits.
+The odds are for the prompts the run sends (``shape``: the trace's shared prefixes, cached by the
+server — ``production`` — or all distinct — ``worst-case``); only those answer ``requests_for``. When the
+trace shares prefix blocks, the child then computes every level for the other shape too (one
+``odds.jsonl`` line each, ``"prompts"`` naming the shape), so the verdict can say what prefix caching
+buys at this traffic.
+
+The child reads the run directory's ``trace.jsonl`` (lengths, ``hash_ids`` and the header's prefix block
+size) and is given the pool on its command line; it writes one ``LevelOdds`` JSON line per level and
+exits.
 """
 
 from __future__ import annotations
@@ -30,8 +37,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from oomload.odds import LevelOdds, Pool, level_odds, trace_odds
-from oomload.trace import TraceRecord, read_trace
+from oomload.capacity import PROMPT_SHAPES, PromptShape, SharedPrefixes
+from oomload.odds import LevelOdds, Pool, level_odds, trace_odds, trace_prefixes
+from oomload.trace import PrefixInfo, TraceRecord, read_trace, read_trace_header
 
 CHILD_NICE = 10
 
@@ -63,20 +71,25 @@ class OddsFeed:
         trace_path: Path,
         seed: int,
         record: Callable[[LevelOdds], None],
+        shape: PromptShape = "worst-case",
     ) -> None:
         self.pool = pool
         self.record = record
-        self._known: dict[int, LevelOdds] = {}
+        self.shape = shape
+        self._known: dict[tuple[str, int], LevelOdds] = {}
         prompts, outputs = [r.prompt_tokens for r in records], [r.output_tokens for r in records]
-        for odds in trace_odds(prompts, outputs, pool, levels, seed=seed):  # the ramp's, before any load
+        prefixes = trace_prefixes(records, _prefix_info(trace_path), pool.block_size)
+        shared = prefixes if shape == "production" else None
+        for odds in trace_odds(prompts, outputs, pool, levels, seed=seed, shared=shared):  # before any load
             self._add(odds)
         self._child: Any = None
         rest = bisection_order(levels)
-        if rest:
-            self._start_child(trace_path, rest, seed)
+        other = sorted(set(levels) | set(rest)) if prefixes.any else []
+        if rest or other:
+            self._start_child(trace_path, rest, other, seed)
 
     def requests_for(self, concurrency: int) -> int | None:
-        odds = self._known.get(concurrency)
+        odds = self._known.get((self.shape, concurrency))
         return None if odds is None else odds.requests_for()
 
     def stop(self) -> None:
@@ -85,11 +98,11 @@ class OddsFeed:
             self._child.wait()
 
     def _add(self, odds: LevelOdds) -> None:
-        if odds.concurrency not in self._known:
-            self._known[odds.concurrency] = odds
+        if (odds.shape, odds.concurrency) not in self._known:
+            self._known[(odds.shape, odds.concurrency)] = odds
             self.record(odds)
 
-    def _start_child(self, trace_path: Path, levels: Sequence[int], seed: int) -> None:
+    def _start_child(self, trace_path: Path, levels: Sequence[int], other: Sequence[int], seed: int) -> None:
         import gevent
 
         argv = [
@@ -98,7 +111,8 @@ class OddsFeed:
             "oomload.run.oddsfeed",
             *("--trace", str(trace_path), "--seed", str(seed)),
             *("--num-gpu-blocks", str(self.pool.num_gpu_blocks), "--block-size", str(self.pool.block_size)),
-            *("--levels", ",".join(map(str, levels))),
+            *("--levels", ",".join(map(str, levels)), "--prompts", self.shape),
+            *("--other-levels", ",".join(map(str, other))),
         ]
         if self.pool.max_model_len is not None:
             argv += ["--max-model-len", str(self.pool.max_model_len)]
@@ -115,6 +129,11 @@ class OddsFeed:
                 self._add(odds)
 
 
+def _prefix_info(trace_path: Path) -> PrefixInfo:
+    """What the trace's ``hash_ids`` mean (its header), or the default for a trace not written yet."""
+    return read_trace_header(trace_path).prefix_or_default() if trace_path.is_file() else PrefixInfo()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The child: print one ``LevelOdds`` JSON line per ``--levels`` entry, in that order."""
     parser = argparse.ArgumentParser(prog="python -m oomload.run.oddsfeed")
@@ -123,7 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, required=True)
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--levels", required=True)
+    parser.add_argument("--levels", required=True, help="levels of the run's own prompt shape")
+    parser.add_argument("--prompts", choices=PROMPT_SHAPES, default="worst-case")
+    parser.add_argument("--other-levels", default="", help="levels of the other shape, after those")
     args = parser.parse_args(argv)
     with contextlib.suppress(OSError):
         os.nice(CHILD_NICE)  # the load generator shares this host: it comes first
@@ -131,9 +152,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts = [r.prompt_tokens for r in records]
     outputs = [r.output_tokens for r in records]
     pool = Pool(args.num_gpu_blocks, args.block_size, args.max_model_len)
-    for c in (int(x) for x in args.levels.split(",") if x):
-        odds = level_odds(prompts, outputs, pool, c, seed=args.seed)
-        print(json.dumps(odds.to_json()), flush=True)
+    prefixes = trace_prefixes(records, _prefix_info(args.trace), args.block_size)
+    other = "worst-case" if args.prompts == "production" else "production"
+    for shape, spec in ((args.prompts, args.levels), (other, args.other_levels)):
+        shared: SharedPrefixes | None = prefixes if shape == "production" else None
+        for c in (int(x) for x in spec.split(",") if x):
+            odds = level_odds(prompts, outputs, pool, c, seed=args.seed, shared=shared)
+            print(json.dumps(odds.to_json()), flush=True)
     return 0
 
 

@@ -273,6 +273,7 @@ class Session:
             trace_path=self.writer.path / "trace.jsonl",
             seed=self.config.seed,
             record=lambda odds: self.writer.append("odds", odds.to_json()),
+            shape="production" if self.config.prefix_sharing else "worst-case",
         )
         if not self.config.evidence or self.config.open_loop:
             return lambda _step: None

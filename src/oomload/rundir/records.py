@@ -277,12 +277,14 @@ class RunConfig:
     tail_percentile: float | None = None
     open_loop: bool = False
     min_requests: int | None = None  # ``schedule.min_requests``: the evidence a clean level needs
+    prompt_shape: str = "worst-case"  # prompts sent: "production" (the trace's shared prefixes) or not
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> RunConfig:
         simulated = obj.get("simulated")
         schedule = obj.get("schedule")
         return cls(
+            prompt_shape=_prompt_shape(obj),
             model=as_str(obj.get("model")),
             url=as_str(obj.get("url")),
             simulated=simulated if isinstance(simulated, bool) else None,
@@ -293,6 +295,17 @@ class RunConfig:
             open_loop=obj.get("open_loop") is True,
             min_requests=as_int(schedule.get("min_requests")) if isinstance(schedule, Mapping) else None,
         )
+
+
+def _prompt_shape(obj: Mapping[str, Any]) -> str:
+    """Which prompts the replay sent: ``prompt_shape`` when written, else from ``distinct_prompts`` or
+    ``prefix_sharing`` (runs written before the shape had its own key); the worst case when none says."""
+    shape = obj.get("prompt_shape")
+    if shape in ("production", "worst-case"):
+        return str(shape)
+    if isinstance(obj.get("distinct_prompts"), bool):
+        return "worst-case" if obj["distinct_prompts"] else "production"
+    return "production" if obj.get("prefix_sharing") is True else "worst-case"
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,11 +10,14 @@ most the trace length), so the cost is bounded whatever the trace size.
 
 Per level it records the preemptions, the first preemption (virtual seconds), the peak KV usage and
 the first step at which the pool is saturated (usage ≥ 99 %), peak running / waiting, a modelled
-CUDA OOM, throughput and TTFT / end-to-end percentiles. The plan then reports the onset
-(first level with a preemption), the last safe level, the arithmetic onset band
-(``capacity.predict_preemption_onset``) and recommendations: ``max_model_len`` from the trace's P99
-(``stats.recommend_max_model_len``), ``max_num_seqs`` = the last level without preemption, and
-``gpu_memory_utilization`` lowered by 0.05 when a level hit the modelled OOM.
+CUDA OOM, throughput and TTFT / end-to-end percentiles. When the engine models prefix caching and the
+trace carries ``hash_ids``, each request's prompt carries its trace's prefix structure
+(``odds.block_token_ids``), so the levels hold shared prefix blocks once, as the production server would.
+The plan then reports the onset (first level with a preemption), the last safe level, the arithmetic
+onset band (``capacity.predict_preemption_onset``, with the trace's shared prefixes, and beside it the
+worst case with nothing shared when the trace shares any) and recommendations: ``max_model_len`` from
+the trace's P99 (``stats.recommend_max_model_len``), ``max_num_seqs`` = the last level without
+preemption, and ``gpu_memory_utilization`` lowered by 0.05 when a level hit the modelled OOM.
 
 The ``max_model_len`` advice is limited by what the KV pool holds (vLLM refuses to start when one
 ``max_model_len`` request needs more than the usable blocks, ``(num_gpu_blocks − 1) × block_size``
@@ -32,22 +35,25 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from oomload.capacity import (
     OnsetPrediction,
+    SharedPrefixes,
     blocks_for_tokens,
     predict_preemption_onset,
     single_request_limit_tokens,
 )
 from oomload.errors import ConfigError
+from oomload.odds import block_token_ids
 from oomload.sim.build import BuiltEngine, EngineOptions, build_engine
 from oomload.sim.geometry import GPU_PRESETS
 from oomload.sim.scheduler import SimRequest
 from oomload.stats import MaxModelLenAdvice, percentile, recommend_max_model_len
+from oomload.trace import DEFAULT_PREFIX_BLOCK_TOKENS
 
 SATURATED_USAGE = 0.99
 SAFE_GPU_MEMORY_UTILIZATION = 0.95  # the highest utilization the plan suggests (headroom for spikes)
@@ -153,7 +159,7 @@ class PlanResult:
     last_safe_concurrency: int | None  # highest level below the onset (and below any OOM)
     oom_concurrency: int | None
     saturation_concurrency: int | None  # first level whose KV pool saturated
-    arithmetic: OnsetPrediction
+    arithmetic: OnsetPrediction  # the production shape: the trace's shared prefixes held once
     max_model_len_advice: MaxModelLenAdvice
     recommended_max_num_seqs: int | None
     recommended_gpu_memory_utilization: float
@@ -164,9 +170,13 @@ class PlanResult:
     check: CheckSweep | None = None
     kv_shortfall: KvShortfall | None = None
     notes: list[str] = field(default_factory=list)
+    arithmetic_worst_case: OnsetPrediction | None = None  # nothing shared (None: the trace shares nothing)
+    levels_shared_prefixes: bool = False  # the levels ran with the trace's prefixes cached
 
     def as_dict(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        worst = self.arithmetic_worst_case
+        out["arithmetic_worst_case"] = None if worst is None else {**asdict(worst), "band": list(worst.band)}
         out["levels"] = [lv.as_dict() for lv in self.levels]
         out["check"] = None if self.check is None else self.check.as_dict()
         out["kv_shortfall"] = None if self.kv_shortfall is None else self.kv_shortfall.as_dict()
@@ -176,6 +186,7 @@ class PlanResult:
             "onset_p50": a.onset_p50,
             "onset_p90": a.onset_p90,
             "band": list(a.band),
+            "shape": a.shape,
         }
         adv = self.max_model_len_advice
         out["max_model_len_advice"] = {
@@ -199,8 +210,10 @@ def run_level(
     output_tokens: Sequence[int],
     concurrency: int,
     requests: int,
+    shared: SharedPrefixes | None = None,
 ) -> LevelResult:
-    """One closed-loop level on a virtual clock (see the module docstring)."""
+    """One closed-loop level on a virtual clock (see the module docstring); ``shared`` (one entry per
+    trace request) gives each prompt its prefix structure when the engine caches prefixes."""
     if concurrency <= 0:
         raise ValueError(f"concurrency must be positive, got {concurrency}")
     engine = built.engine(options)
@@ -218,6 +231,7 @@ def run_level(
     steps = 0
     generated = 0
     capacity = sched.capacity_blocks
+    caching = sched.config.enable_prefix_caching and shared is not None and shared.any
 
     def issue() -> None:
         nonlocal issued, refused, clamped
@@ -231,7 +245,12 @@ def run_level(
             if p + o > limit:
                 clamped += 1
                 o = limit - p
-            engine.add(SimRequest(str(issued), p, o, arrival_s=now))
+            ids = None
+            if caching and shared is not None:
+                ids = block_token_ids(
+                    p, sched.config.block_size, shared.groups[(issued - 1) % n], tail=issued
+                )
+            engine.add(SimRequest(str(issued), p, o, arrival_s=now, prompt_ids=ids))
             return
 
     for _ in range(concurrency):
@@ -303,12 +322,13 @@ def sweep(
     requests_per_level: int | None = None,
     stop_after_oom: bool = True,
     stop_after_preemption: bool = False,
+    shared: SharedPrefixes | None = None,
 ) -> list[LevelResult]:
     """Run every level in order (stopping after a modelled OOM, or a preemption, when told)."""
     results: list[LevelResult] = []
     for c in sorted(set(levels)):
         count = requests_per_level or min(max(1000, 16 * c), len(prompts))
-        level = run_level(built, options, prompts, outputs, c, max(count, c))
+        level = run_level(built, options, prompts, outputs, c, max(count, c), shared)
         results.append(level)
         if (level.oom and stop_after_oom) or (level.preemptions and stop_after_preemption):
             break
@@ -334,8 +354,11 @@ def plan(
     *,
     requests_per_level: int | None = None,
     stop_after_oom: bool = True,
+    chains: Sequence[Sequence[int]] = (),
+    chain_block_tokens: int = DEFAULT_PREFIX_BLOCK_TOKENS,
 ) -> PlanResult:
-    """Run every level and derive the onsets and the recommended vLLM flags."""
+    """Run every level and derive the onsets and the recommended vLLM flags; ``chains`` are the trace's
+    ``hash_ids`` (one per request, ``chain_block_tokens`` tokens per id; empty: none)."""
     if len(prompt_tokens) == 0:
         raise ValueError("the trace has no requests")
     prompts = np.asarray(prompt_tokens, dtype=np.int64)
@@ -344,9 +367,14 @@ def plan(
     cfg = built.config
     layout = built.layout
     prompt_list, output_list = prompts.tolist(), outputs.tolist()
+    shared = None
+    if len(chains) == len(prompt_list) and any(chains):
+        shared = SharedPrefixes.from_chains(
+            chains, prompt_list, block_tokens=chain_block_tokens, block_size=layout.block_size
+        )
     results = sweep(
         built, options, prompt_list, output_list, levels,
-        requests_per_level=requests_per_level, stop_after_oom=stop_after_oom,
+        requests_per_level=requests_per_level, stop_after_oom=stop_after_oom, shared=shared,
     )  # fmt: skip
     onset, last_safe, oom_at = onsets(results)
     saturated = next((lv.concurrency for lv in results if lv.saturation_s is not None), None)
@@ -357,20 +385,26 @@ def plan(
         kv_cache_tokens=single_request_limit_tokens(layout.num_gpu_blocks, layout.block_size),
         current_max_model_len=cfg.max_model_len,
     )
-    fitting = totals[prompts < cfg.max_model_len]
-    arithmetic = predict_preemption_onset(
-        layout.num_gpu_blocks,
-        layout.block_size,
-        np.minimum(fitting if fitting.size else totals, cfg.max_model_len),
-    )
+    fits = prompts < cfg.max_model_len
+    if not fits.any():
+        fits = np.ones_like(fits)
+    kv_totals = np.minimum(totals[fits], cfg.max_model_len)
+    worst = predict_preemption_onset(layout.num_gpu_blocks, layout.block_size, kv_totals)
+    arithmetic, arithmetic_worst = replace(worst, shape="production"), None
+    if shared is not None and shared.any:
+        kept = SharedPrefixes(
+            shared.block_size, tuple(g for g, ok in zip(shared.groups, fits, strict=True) if ok)
+        )
+        arithmetic = predict_preemption_onset(layout.num_gpu_blocks, layout.block_size, kv_totals, kept)
+        arithmetic_worst = worst
     check: CheckSweep | None = None
     rec_onset, rec_safe, rec_oom = onset, last_safe, oom_at
     if advice.max_model_len != cfg.max_model_len:
         check_opts = replace(options, max_model_len=advice.max_model_len)
         check_built = build_engine(check_opts)
         check_levels = sweep(
-            check_built, check_opts, prompt_list, output_list, levels,
-            requests_per_level=requests_per_level, stop_after_oom=True, stop_after_preemption=True,
+            check_built, check_opts, prompt_list, output_list, levels, requests_per_level=requests_per_level,
+            stop_after_oom=True, stop_after_preemption=True, shared=shared,
         )  # fmt: skip
         rec_onset, rec_safe, rec_oom = onsets(check_levels)
         check_refused = int(np.count_nonzero(prompts >= advice.max_model_len))
@@ -427,6 +461,8 @@ def plan(
         check=check,
         kv_shortfall=shortfall,
         notes=notes,
+        arithmetic_worst_case=arithmetic_worst,
+        levels_shared_prefixes=options.enable_prefix_caching and shared is not None and shared.any,
     )
 
 

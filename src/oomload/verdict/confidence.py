@@ -148,6 +148,13 @@ def evidence_notes(
             f"{p.band_low}–{p.band_high} ({pool}): lengths replayed differently, or the server is not "
             "what cache_config_info says"
         )
+        other, observed_at = p.other, p.observed_onset
+        if other is not None and observed_at is not None and other.band[0] <= observed_at <= other.band[1]:
+            text += (
+                "; it lies in the band for distinct prompts: is the server's prefix caching off?"
+                if p.arithmetic.shape == "production"
+                else "; it lies in the band for the trace's shared prefixes: did the prompts share them?"
+            )
         notes.append(ConfidenceNote("prediction_disagrees", text))
     return notes
 

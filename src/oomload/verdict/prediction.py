@@ -10,15 +10,22 @@ top puts the onset above the band); when the highest of them is still below the 
 reached the prediction and there is nothing to compare (``reached`` false, ``levels_apart`` None). More
 than one level apart is flagged (``disagrees``): the measured knee moves 1–2 levels between repeats on
 real vLLM, so one level is noise, more is a finding in itself.
+
+Prompt shape. The arithmetic is for the prompts the run sent (``shape``): with the trace's shared
+prefixes (``production``, the replay's default) the trace's ``hash_ids`` say which prompt blocks the
+server holds once (``capacity.SharedPrefixes``), so the lengths are the trace's (only the trace carries
+the chains); with distinct prompts (``worst-case``) nothing is shared and the lengths are those sent.
+The other shape's onset is computed beside it (``other``), so the report says what prefix caching buys
+at this traffic; ``None`` when the trace carries no ``hash_ids`` (both shapes then agree).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from oomload.capacity import OnsetPrediction, predict_preemption_onset
+from oomload.capacity import OnsetPrediction, PromptShape, SharedPrefixes, predict_preemption_onset
 from oomload.rundir.records import CacheConfig
 
 DISAGREE_LEVELS = 1
@@ -33,6 +40,7 @@ class Prediction:
     levels_apart: int | None
     basis: str  # "requests" (the lengths sent) or "trace"
     highest_clean: int | None = None  # highest trusted level measured without preemption
+    other: OnsetPrediction | None = None  # the other prompt shape's arithmetic (module docstring)
 
     @property
     def reached(self) -> bool:
@@ -66,6 +74,7 @@ class Prediction:
             "block_size_tokens": self.arithmetic.block_size,
             "highest_clean": self.highest_clean,
             "reached": self.reached,
+            "other": None if self.other is None else {**asdict(self.other), "band": list(self.other.band)},
         }
 
 
@@ -77,18 +86,34 @@ def compare_prediction(
     observed_onset: int | None,
     levels: Sequence[int],
     clean_levels: Sequence[int],
+    shape: PromptShape = "worst-case",
+    trace_totals: Sequence[int] = (),
+    trace_prefixes: Callable[[int], SharedPrefixes | None] | None = None,
 ) -> Prediction | None:
     """The prediction beside ``observed_onset`` on the measured ``levels`` (module docstring).
 
     ``clean_levels`` are the trusted levels measured with metrics and no preemption; they count
-    when no onset was observed. ``None`` without a pool size or lengths.
+    when no onset was observed. ``shape`` is the prompts the run sent; ``trace_prefixes`` gives the
+    trace's shared blocks for a block size, one entry per ``trace_totals`` (the trace's lengths).
+    ``None`` without a pool size or lengths.
     """
     if pool is None or not totals:
         return None
     blocks, block_size = pool.num_gpu_blocks, pool.block_size
     if not blocks or not block_size or block_size < 0:
         return None
-    arithmetic = predict_preemption_onset(blocks, block_size, list(totals))
+    distinct = predict_preemption_onset(blocks, block_size, list(totals))
+    shared = None if trace_prefixes is None or not trace_totals else trace_prefixes(block_size)
+    production = (
+        None if shared is None else predict_preemption_onset(blocks, block_size, list(trace_totals), shared)
+    )
+    other: OnsetPrediction | None
+    if shape == "worst-case":
+        arithmetic, other = distinct, production
+    elif production is None:  # no hash_ids in the trace: nothing shared, both shapes agree
+        arithmetic, other = replace(distinct, shape="production"), None
+    else:
+        arithmetic, other = production, distinct
     low, high = arithmetic.band
     apart: int | None = None
     if levels and observed_onset is not None and observed_onset in levels:
@@ -101,8 +126,9 @@ def compare_prediction(
         arithmetic=arithmetic,
         observed_onset=observed_onset,
         levels_apart=apart,
-        basis=basis,
+        basis="trace" if arithmetic is production else basis,
         highest_clean=max(clean_levels, default=None),
+        other=other,
     )
 
 

@@ -16,6 +16,10 @@
   the replayed lengths. Nothing broke → no cap is advised, and the highest clean level is named. A run
   that replayed only the trace's tail (``tail_percentile`` in ``config.json``) or its arrival times
   (``open_loop``) measured no production concurrency: no cap is advised, and the reason says why.
+  The cap holds for the prompts the run sent; when the trace shares prefixes, the reason says which
+  shape was measured and what the arithmetic gives for the other (``prediction.other``): a cap
+  measured with distinct prompts is the worst case, one measured with shared prefixes holds only
+  while the server caches them.
 * ``gpu_memory_utilization`` — only for a real CUDA OOM (OOM text seen): five points below the
   current value (default 0.9) to give activations / CUDA graphs the headroom they lacked. An engine
   death without OOM text gets no memory advice: the cause is elsewhere.
@@ -205,6 +209,7 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
         why = "nothing broke in this run; no cap is needed" + (
             f" up to the highest level tested ({top})" if top is not None else ""
         )
+        why += _shape_clause(verdict)
         return Setting("--max-num-seqs", None, None, why)
     if safe is None:
         return Setting(
@@ -224,8 +229,31 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
         "--max-num-seqs",
         safe,
         None,
-        f"the last safe concurrency was {safe}; {what} began at {first_bad}",
+        f"the last safe concurrency was {safe}; {what} began at {first_bad}{_shape_clause(verdict)}",
     )
+
+
+def _shape_clause(verdict: Verdict) -> str:
+    """Which prompts the cap was measured with, and the arithmetic's onset for the other shape ("" when
+    the trace shares nothing: both shapes agree)."""
+    p = verdict.prediction
+    if p is None or p.other is None:
+        return ""
+    measured, other = p.arithmetic, p.other
+    if verdict.prompt_shape == "production":
+        return (
+            "; measured with the trace's shared prefixes cached; with nothing shared (prefix caching off, "
+            f"or prompts that differ) the arithmetic onset falls from {_band(measured.band)} to "
+            f"{_band(other.band)}"
+        )
+    return (
+        "; measured with distinct prompts, the worst case; with the trace's shared prefixes held once "
+        f"the arithmetic onset is {_band(other.band)} (worst case {_band(measured.band)})"
+    )
+
+
+def _band(band: tuple[int, int]) -> str:
+    return str(band[0]) if band[0] == band[1] else f"{band[0]}–{band[1]}"
 
 
 def _unrepresentative_mix(verdict: Verdict) -> str | None:

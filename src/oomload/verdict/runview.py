@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oomload.capacity import PromptShape, SharedPrefixes
 from oomload.errors import ConfigError, TraceFormatError
 from oomload.odds import LevelOdds
 from oomload.outcome import RequestResult
@@ -48,7 +49,7 @@ from oomload.rundir.records import (
     parse_status,
     parse_step_lines,
 )
-from oomload.trace import read_trace
+from oomload.trace import PrefixInfo, read_trace, read_trace_header
 
 LAST_STEP_TAIL_S = 5.0
 
@@ -87,9 +88,29 @@ class RunView:
     odds: tuple[LevelOdds, ...] = ()  # the trace's odds per level (odds.jsonl), ascending
     settings: RunConfig = field(default_factory=RunConfig)  # the fields of config.json the verdict reads
     pool: CacheConfig | None = None  # the fields of cache_config.json the verdict reads (None: no file)
+    trace_hash_ids: tuple[tuple[int, ...], ...] = ()  # per trace request (empty: the trace has none)
+    trace_prefix: PrefixInfo = field(default_factory=PrefixInfo)  # what the trace's hash_ids mean
 
-    def odds_at(self, concurrency: int) -> LevelOdds | None:
-        return next((o for o in self.odds if o.concurrency == concurrency), None)
+    @property
+    def prompt_shape(self) -> PromptShape:
+        """The prompts the run sent: the trace's shared prefixes ("production") or all distinct."""
+        return "production" if self.settings.prompt_shape == "production" else "worst-case"
+
+    def odds_at(self, concurrency: int, shape: PromptShape | None = None) -> LevelOdds | None:
+        """The odds of a level for ``shape`` (default: the run's own prompts)."""
+        want = shape or self.prompt_shape
+        return next((o for o in self.odds if o.concurrency == concurrency and o.shape == want), None)
+
+    def trace_prefixes(self, block_size: int) -> SharedPrefixes | None:
+        """The trace's shared prefix blocks on ``block_size``-token blocks (``None``: no hash_ids)."""
+        if len(self.trace_hash_ids) != len(self.trace_prompt_tokens) or not any(self.trace_hash_ids):
+            return None
+        return SharedPrefixes.from_chains(
+            self.trace_hash_ids,
+            self.trace_prompt_tokens,
+            block_tokens=self.trace_prefix.block_tokens,
+            block_size=block_size,
+        )
 
     @property
     def trace_total_tokens(self) -> tuple[int, ...]:
@@ -103,6 +124,8 @@ def load_run(path: str | Path) -> RunView:
     config_note = config_problem(reader.path)
     prompt_tokens: tuple[int, ...] = ()
     output_tokens: tuple[int, ...] = ()
+    hash_ids: tuple[tuple[int, ...], ...] = ()
+    prefix = PrefixInfo()
     trace_note: str | None = None
     trace_file = reader.path / "trace.jsonl"
     if trace_file.exists():
@@ -110,6 +133,8 @@ def load_run(path: str | Path) -> RunView:
             records = read_trace(trace_file)
             prompt_tokens = tuple(r.prompt_tokens for r in records)
             output_tokens = tuple(r.output_tokens for r in records)
+            hash_ids = tuple(r.hash_ids for r in records)
+            prefix = read_trace_header(trace_file).prefix_or_default()
         except (TraceFormatError, OSError) as err:
             trace_note = f"trace.jsonl is unreadable ({err})"
     else:
@@ -130,6 +155,8 @@ def load_run(path: str | Path) -> RunView:
             trace_note=trace_note,
             config_note=config_note,
             odds=reader.stream("odds"),
+            trace_hash_ids=hash_ids,
+            trace_prefix=prefix,
         )
     except (TypeError, ValueError, KeyError) as err:
         raise ConfigError(f"{reader.path} holds malformed run data ({err})") from err
@@ -151,6 +178,8 @@ def assemble_run(
     trace_note: str | None = None,
     config_note: str | None = None,
     odds: Iterable[Mapping[str, Any]] = (),
+    trace_hash_ids: Sequence[Sequence[int]] = (),
+    trace_prefix: PrefixInfo | None = None,
 ) -> RunView:
     """Group already-read run data by step (see the module docstring)."""
     rows = (MetricsRow.from_json(m) for m in metrics)
@@ -214,13 +243,18 @@ def assemble_run(
         trace_note=trace_note,
         config_note=config_note,
         odds=_odds(odds),
+        trace_hash_ids=tuple(tuple(int(h) for h in ids) for ids in trace_hash_ids),
+        trace_prefix=trace_prefix or PrefixInfo(),
     )
 
 
 def _odds(lines: Iterable[Mapping[str, Any]]) -> tuple[LevelOdds, ...]:
-    """One ``LevelOdds`` per level (the last line for a level wins; malformed lines are skipped)."""
-    by_level = {o.concurrency: o for o in (LevelOdds.from_json(line) for line in lines) if o is not None}
-    return tuple(by_level[c] for c in sorted(by_level))
+    """One ``LevelOdds`` per level and prompt shape (the last line for one wins; malformed lines are
+    skipped), ascending by level."""
+    by_level = {
+        (o.concurrency, o.shape): o for o in (LevelOdds.from_json(line) for line in lines) if o is not None
+    }
+    return tuple(by_level[k] for k in sorted(by_level))
 
 
 def config_problem(run_dir: Path) -> str | None:

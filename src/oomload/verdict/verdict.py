@@ -71,6 +71,12 @@ other truncated answers that were not casualties of an engine death are *short r
 The arithmetic prediction uses the lengths of the requests actually sent (``requests*.jsonl``),
 falling back to ``trace.jsonl`` when no request was sent: a ``--tail-percentile`` run replays only the
 trace's longest requests.
+
+Both prompt shapes. The run sent either the trace's shared prefixes (``production``) or distinct prompts
+(``worst-case``; ``config.json``). The odds and the arithmetic judged against the run are those of the
+shape it sent; the other shape's odds onset (``odds.jsonl`` lines of that shape, over every level the
+run computed) and arithmetic (``prediction.other``) stand beside them, so the verdict says what prefix
+caching buys at this traffic. Nothing of the other shape decides the verdict.
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from oomload.capacity import PromptShape
 from oomload.odds import LevelOdds
 from oomload.outcome import Outcome, RequestResult
 from oomload.rundir.records import CUT_SHORT_REASONS, RunStatus
@@ -296,6 +303,11 @@ class Verdict:
     level_summaries: tuple[LevelSummary, ...] = ()
     odds_onset: int | None = None  # lowest measured level with non-negligible odds (module docstring)
     odds_onset_low: int | None = None  # one above the highest measured level with negligible odds below it
+    prompt_shape: PromptShape = "worst-case"  # the prompts sent: the trace's shared prefixes or distinct
+    # the odds for the other prompt shape, over every level the run computed them for (module docstring)
+    other_odds_onset: int | None = None
+    other_odds_onset_low: int | None = None
+    other_odds_known: bool = False  # the run computed odds for the other prompt shape (its trace shares)
 
     @property
     def odds_levels_apart(self) -> int | None:
@@ -393,6 +405,10 @@ class Verdict:
             "level_summaries": [lv.to_json() for lv in self.level_summaries],
             "odds_onset": self.odds_onset,
             "odds_onset_low": self.odds_onset_low,
+            "prompt_shape": self.prompt_shape,
+            "other_odds_onset": self.other_odds_onset,
+            "other_odds_onset_low": self.other_odds_onset_low,
+            "other_odds_known": self.other_odds_known,
             "odds_levels_apart": self.odds_levels_apart,
             "last_safe_concurrency": self.last_safe_concurrency,
             "first_unsafe_concurrency": self.first_unsafe_concurrency,
@@ -455,6 +471,9 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     trusted = [s.concurrency for s in measured if s.trusted]
     max_tested = max(trusted) if trusted else None
 
+    other_shape: PromptShape = "worst-case" if view.prompt_shape == "production" else "production"
+    other_level_odds = [o for o in view.odds if o.shape == other_shape]
+    other_odds = odds_onset_of(other_level_odds)
     run = _run_info(view, steps, death)
     totals, basis = _kv_totals(view, run.max_model_len), "requests"
     if not totals:
@@ -466,6 +485,9 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         observed_onset=None if onset is None else onset.concurrency,
         levels=levels,
         clean_levels=[s.concurrency for s in measured if s.trusted and s.preemptions == 0],
+        shape=view.prompt_shape,
+        trace_totals=_kv_totals(view, run.max_model_len, of_trace=True),
+        trace_prefixes=view.trace_prefixes,
     )
     notes = [
         *step_notes(steps, min_requests),
@@ -510,6 +532,10 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         level_summaries=summaries,
         odds_onset=odds_onset,
         odds_onset_low=odds_low,
+        prompt_shape=view.prompt_shape,
+        other_odds_onset=other_odds[1],
+        other_odds_onset_low=other_odds[0],
+        other_odds_known=bool(other_level_odds),
     )
 
 
@@ -595,6 +621,16 @@ def _odds_onset(summaries: Sequence[LevelSummary]) -> tuple[int | None, int | No
     if onset is None:
         return None, None
     below = [lv.concurrency for lv in with_odds if lv.concurrency < onset]
+    return (max(below) + 1 if below else None), onset
+
+
+def odds_onset_of(odds: Sequence[LevelOdds]) -> tuple[int | None, int | None]:
+    """``(low, onset)`` of ``_odds_onset`` over odds alone (the other prompt shape's, never measured)."""
+    ordered = sorted(odds, key=lambda o: o.concurrency)
+    onset = next((o.concurrency for o in ordered if not o.negligible), None)
+    if onset is None:
+        return None, None
+    below = [o.concurrency for o in ordered if o.concurrency < onset]
     return (max(below) + 1 if below else None), onset
 
 

@@ -111,7 +111,9 @@ def test_the_odds_onset_agrees_within_one_level(tmp_path: Path) -> None:
     assert (v.odds_onset_low, v.odds_onset, v.odds_levels_apart) == (5, 8, 0)
     finding = trace_odds(v)
     assert finding is not None and finding.severity == "ok"
-    assert finding.text.startswith("onset 5–8 (≥ 1 preemption per 100 requests), observed 8: agrees")
+    assert finding.text.startswith(
+        "onset 5–8 with distinct prompts (≥ 1 preemption per 100 requests), observed 8: agrees"
+    )
     assert v.to_json()["odds_onset"] == 8
 
 

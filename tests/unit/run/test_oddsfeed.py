@@ -9,7 +9,7 @@ import pytest
 
 from oomload.odds import LevelOdds, Pool, level_odds
 from oomload.run.oddsfeed import OddsFeed, bisection_order, main
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace import PrefixInfo, TraceHeader, TraceRecord, write_trace
 
 
 def test_bisection_order_puts_each_gaps_midpoint_first() -> None:
@@ -44,3 +44,38 @@ def test_the_feed_computes_the_ramp_levels_once_and_reports_each(tmp_path: Path)
     assert feed.requests_for(7) is None  # not computed: not asked for
     assert seen == [5, 6]
     feed.stop()
+
+
+def test_the_child_computes_the_runs_shape_then_the_other(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace sharing one 512-token prefix: the run's own shape first, the worst case after it."""
+    trace = tmp_path / "trace.jsonl"
+    records = [TraceRecord(f"r{i}", 0.0, 600, 100, hash_ids=(7, 100 + i)) for i in range(20)]
+    write_trace(trace, records, TraceHeader(prefix=PrefixInfo(block_tokens=512)))
+    argv = ["--trace", str(trace), "--num-gpu-blocks", "80", "--block-size", "32", "--max-model-len", "2048"]
+    assert main([*argv, "--levels", "6", "--prompts", "production", "--other-levels", "4,6"]) == 0
+    lines = [LevelOdds.from_json(json.loads(x)) for x in capsys.readouterr().out.splitlines()]
+    assert [(o.shape, o.concurrency) for o in lines if o is not None] == [
+        ("production", 6),
+        ("worst-case", 4),
+        ("worst-case", 6),
+    ]
+    production, worst4, worst6 = lines
+    assert production is not None and production.negligible  # 16 shared + 6 × 6 own blocks ≤ 79
+    assert worst4 is not None and worst6 is not None and not worst4.negligible and not worst6.negligible
+
+
+def test_the_feed_answers_with_the_odds_of_the_prompts_the_run_sends(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    records = [TraceRecord(f"r{i}", 0.0, 600, 100, hash_ids=(7, 100 + i)) for i in range(20)]
+    write_trace(trace, records, TraceHeader(prefix=PrefixInfo(block_tokens=512)))
+    seen: list[tuple[str, int]] = []
+    pool = Pool(80, 32, 2048)
+    for shape in ("production", "worst-case"):
+        feed = OddsFeed(records, pool, [5, 6], trace_path=trace, seed=0, shape=shape,
+                        record=lambda o: seen.append((o.shape, o.concurrency)))  # fmt: skip
+        needed = feed.requests_for(6)
+        assert (needed is None) == (shape == "production")  # shared: 6 fit; distinct: 3 fit
+        feed.stop()
+    assert ("production", 6) in seen and ("worst-case", 6) in seen

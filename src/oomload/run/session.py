@@ -294,7 +294,7 @@ class Session:
             self.console.print(
                 f"Locust master on {address}: waiting for {config.expected_workers()} workers "
                 f"({config.local_workers()} local) at most {config.worker_timeout_s:g} s; "
-                f"on each load host run `oomload worker --master {shown}`"
+                f"on each load host run `oomload worker --master {shown} --url {self.url} --token-file FILE`"
             )
         self.pool.wait_ready(config.worker_timeout_s, address)
 

@@ -238,7 +238,10 @@ class WorkerPool:
         if self.refused:
             sentence += f"; refused: {'; '.join(self.refused)}"
         if self.expected > n_local:
-            sentence += f"; start the others with `oomload worker --master {address}`, or lower --workers"
+            sentence += (
+                f"; start the others with `oomload worker --master {address} --url {self.session.url} "
+                "--token-file FILE`, or lower --workers"
+            )
         else:
             sentence += f"; their output is in {self.session.writer.path}/{WORKER_NAME_PREFIX}.*.log"
         return sentence

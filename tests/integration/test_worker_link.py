@@ -117,9 +117,10 @@ def test_a_stranger_on_the_worker_port_is_dropped_counted_and_changes_nothing(tm
         "--no-live", "--max-duration-s", "60", "--run-dir", str(run_dir), "--processes", "1",
         "--workers", "1", "--master-bind-port", str(port),
     ]  # fmt: skip
-    master = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO
-    )
+    master = subprocess.Popen(  # its local worker gets this token through its environment
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        env=_env(OOMLOAD_WORKER_TOKEN=TOKEN),
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         steps = run_dir / "steps.jsonl"
@@ -154,6 +155,10 @@ def test_a_stranger_on_the_worker_port_is_dropped_counted_and_changes_nothing(tm
     assert len(totals) == 1, events
     assert totals[0]["unauthenticated"] >= 4 and totals[0]["malformed"] >= 2, totals
     assert "dropped a message on the worker port" in out
+    assert TOKEN not in out + err
+    for path in run_dir.rglob("*"):  # config.json, events.jsonl, worker.0.log, …
+        if path.is_file():
+            assert TOKEN not in path.read_text(errors="replace"), path
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o640])

@@ -265,13 +265,15 @@ class WorkerPool:
             return ""
         return "unauthenticated"
 
-    def hold(self, client_id: str, msg: Any) -> bool:
-        """Keep a peer's client_ready until it proved the token; False when too many wait."""
+    def hold(self, client_id: str, msg: Any) -> None:
+        """Keep a peer's client_ready until it proved the token; when ``MAX_PENDING`` peers wait, the
+        one that has waited longest is forgotten (a flood of strangers cannot fill the table for good)."""
         if client_id not in self.held and len(self.held) >= MAX_PENDING:
-            self.drop(client_id, "too_many_peers")
-            return False
+            oldest = next(iter(self.held))
+            self.held.pop(oldest)
+            self.pending.pop(oldest, None)
+            self.drop(oldest, "too_many_peers")
         self.held[client_id] = msg
-        return True
 
     def drop(self, client_id: Any, reason: str) -> None:
         """Count a dropped message; the first of each reason is an event and a warning."""
@@ -335,9 +337,6 @@ class WorkerPool:
         if why is not None:
             self.refused.append(f"{host} ({why})")
             s.runner.send_message(wire.REFUSED, {"error": why}, client_id=client_id)
-            return
-        if client_id not in self.pending and len(self.pending) >= MAX_PENDING:
-            self.drop(client_id, "too_many_peers")
             return
         shake = Handshake(str(data["nonce"]), wire.new_nonce(), data, self.held[client_id])
         self.pending[client_id] = shake
@@ -724,9 +723,9 @@ def guarded_master_class() -> Any:
             pool = self.oomload_pool
             why = pool.gate(client_id, msg.type)
             if why == "hold":
-                if pool.hold(client_id, msg):  # answered, so that it can say hello; not a client yet
-                    ack = Message("ack", {"index": -1}, client_id)  # type: ignore[no-untyped-call]
-                    self.server.send_to_client(ack)
+                pool.hold(client_id, msg)  # answered, so that it can say hello; not a client yet
+                ack = Message("ack", {"index": -1}, client_id)  # type: ignore[no-untyped-call]
+                self.server.send_to_client(ack)
                 return
             if why is not None:
                 if why:

@@ -44,7 +44,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ from oomload.run.worker import default_token_path, read_token_file
 
 WORKER_NAME_PREFIX = "worker"
 LOCAL_WORKER_ENV = "OOMLOAD_LOCAL_WORKER"  # set in the environment of the workers oomload starts
-MAX_PENDING = 256  # peers in the middle of a handshake at once; more are dropped
+MAX_PENDING = 256  # peers in their handshake at once; beyond, the longest-waiting one is forgotten
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # ZeroMQ drops a peer that sends a bigger frame
 
 
@@ -119,8 +119,6 @@ class Handshake:
     worker_nonce: str
     master_nonce: str
     hello: dict[str, Any]
-    client_ready: Any = None  # Locust's message, held back until the peer proved the token
-    started_s: float = field(default_factory=time.monotonic)
 
 
 def printable(text: Any, limit: int = 200) -> str:
@@ -338,7 +336,7 @@ class WorkerPool:
             self.refused.append(f"{host} ({why})")
             s.runner.send_message(wire.REFUSED, {"error": why}, client_id=client_id)
             return
-        shake = Handshake(str(data["nonce"]), wire.new_nonce(), data, self.held[client_id])
+        shake = Handshake(str(data["nonce"]), wire.new_nonce(), data)
         self.pending[client_id] = shake
         proof = wire.handshake_proof(self.token, "master", shake.worker_nonce, shake.master_nonce, client_id)
         s.runner.send_message(

@@ -26,8 +26,8 @@ travels) before any configuration or result moves::
 nothing the next time. Each side derives a session key from the token, the nonces and the worker's
 Locust id; a sealed message is ``{seq, body, mac}`` with ``mac`` = HMAC-SHA256(session key, direction,
 message type, seq, the body as canonical JSON). The receiver drops (and counts) a body that is
-unsealed, badly sealed, sealed for the other direction or another type, or whose ``seq`` is not
-above the last one it accepted (a replay). Locust's own messages (heartbeats, spawn, statistics)
+unsealed, badly sealed, sealed for the other direction or another type, or whose ``seq`` it has
+accepted before (a replay). Locust's own messages (heartbeats, spawn, statistics)
 cannot be sealed; the master passes them on only from workers that completed the handshake, on the
 connection they completed it on, and the worker only from a master that proved the token.
 
@@ -75,6 +75,7 @@ AUTH = "oomload_auth"
 REPORT = "oomload_report"  # the sealed step report inside Locust's statistics report
 SEALED = (CONFIG, READY, FAILED, STEP, STEP_END, RESULTS, STOP, DRAINED)
 
+REPLAY_WINDOW = 1024  # sequence numbers: how far out of order a sealed message may arrive
 TOKEN_ENV = "OOMLOAD_WORKER_TOKEN"  # the worker token, in the environment of the master and workers
 MIN_TOKEN_CHARS = 32
 MAX_TOKEN_CHARS = 1024
@@ -218,13 +219,16 @@ class LinkKeys:
     """The sealing of one authenticated master–worker connection, from one end (``me``).
 
     ``seal`` wraps a body for the other end; ``open`` returns a body the other end sealed, or raises
-    ``LinkRejected`` (unsealed, a wrong seal, a replayed or reordered sequence number)."""
+    ``LinkRejected`` (unsealed, a wrong seal, a sequence number seen before or older than the last
+    ``REPLAY_WINDOW``: a replay). Two greenlets of one end may send out of their sealing order when a
+    send has to wait, so an unseen number within the window is accepted."""
 
     key: bytes
     me: str  # "master" or "worker"
     sent: int = 0
-    received: int = -1
+    received: int = 0  # the highest sequence number accepted
     _peer: str = field(init=False)
+    _seen: set[int] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         self._peer = "worker" if self.me == "master" else "master"
@@ -255,9 +259,13 @@ class LinkKeys:
             raise LinkRejected("malformed") from err
         if not hmac.compare_digest(_mac(self.key, self._peer, kind, str(seq), text), mac):
             raise LinkRejected("bad_seal")
-        if seq <= self.received:
+        if seq <= self.received - REPLAY_WINDOW or seq in self._seen:
             raise LinkRejected("replayed")
-        self.received = seq
+        self._seen.add(seq)
+        if seq > self.received:
+            self.received = seq
+            if len(self._seen) > 2 * REPLAY_WINDOW:
+                self._seen = {n for n in self._seen if n > seq - REPLAY_WINDOW}
         return body
 
 

@@ -283,9 +283,9 @@ class WorkerSession:
         )
         if not expected or not wire.proof_matches(expected, data.get("proof")):
             self.error = LinkRefusedError(
-                f"the master at {self.master} did not prove that it holds this worker's token; nothing "
-                "was sent to it. Is it the oomload master you meant, and do both use the same token "
-                f"(--token-file or ${wire.TOKEN_ENV})?"
+                f"the master at {self.master} did not prove that it holds this worker's token; refused "
+                "before any configuration, request or key. Is it the oomload master you meant, and do "
+                f"both use the same token (--token-file or ${wire.TOKEN_ENV})?"
             )
             return
         assert isinstance(master_nonce, str)  # checked with the proof

@@ -228,3 +228,18 @@ def test_a_bad_result_row_is_rejected(change: dict[str, Any], reason: str) -> No
     assert err.value.reason == reason
     with pytest.raises(wire.LinkRejected):
         wire.result_from_wire(["not", "a", "row"], last_step=1)
+
+
+def test_sealed_messages_may_arrive_out_of_order_but_never_twice() -> None:
+    master, worker = _pair()
+    first, second = worker.seal(wire.RESULTS, {"seq": 0}), worker.seal(wire.RESULTS, {"seq": 1})
+    assert master.open(wire.RESULTS, second) == {"seq": 1}
+    assert master.open(wire.RESULTS, first) == {"seq": 0}  # it waited for its send: still accepted
+    for again in (first, second):
+        with pytest.raises(wire.LinkRejected, match="replayed"):
+            master.open(wire.RESULTS, again)
+    held = worker.seal(wire.RESULTS, {"held": True})  # delayed past the window
+    for _ in range(wire.REPLAY_WINDOW + 1):
+        master.open(wire.RESULTS, worker.seal(wire.RESULTS, {}))
+    with pytest.raises(wire.LinkRejected, match="replayed"):
+        master.open(wire.RESULTS, held)

@@ -174,8 +174,19 @@ def test_a_worker_killed_mid_step_loses_nothing_it_had_sent(tmp_path: Path, sig:
         try:
             deadline = time.monotonic() + 60
             victim = results[0]
-            # mid-step: the victim has finished a few requests and the step is still running
-            while not (victim.exists() and len(victim.read_text().splitlines()) >= 3):
+
+            # mid-step: the victim has finished a few requests, the master has some of them (a batch
+            # goes every 0.25 s: a kill before the first would leave nothing received), and the step is
+            # still running
+            def victim_rows_received() -> bool:
+                if not (victim.exists() and len(victim.read_text().splitlines()) >= 3):
+                    return False
+                ids = {json.loads(line)["request_id"] for line in victim.read_text().splitlines()[:3]}
+                written = run_dir / "requests.jsonl"
+                lines = written.read_text().splitlines() if written.exists() else []
+                return bool(ids & {json.loads(line)["request_id"] for line in lines if line.endswith("}")})
+
+            while not victim_rows_received():
                 assert master.poll() is None, master.communicate()
                 assert time.monotonic() < deadline, "the worker finished no request within 60 s"
                 time.sleep(0.1)

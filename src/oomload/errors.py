@@ -4,6 +4,7 @@
 
     OomloadError                     any failure oomload reports as a sentence, never a traceback
     ├── ConfigError                  bad flags, bad scenario file, bad gate expression     (exit 2)
+    │   └── LinkRefusedError         a worker refuses its master (token, untrusted URL)     (exit 2)
     ├── TraceFormatError             unreadable / malformed trace or log, with path and line (exit 2)
     ├── SamplerUnavailableError      NVML / DCGM / remote sampler cannot be used            (exit 2)
     ├── RunDirWriteError             the run directory cannot be written mid-run (disk full) (exit 2)
@@ -45,6 +46,11 @@ class ConfigError(OomloadError):
     """A flag, scenario file, mapping or gate expression is invalid."""
 
     exit_code = ExitCode.USAGE
+
+
+class LinkRefusedError(ConfigError):
+    """A Locust worker refuses its master: it did not prove the worker token, or it names a target
+    URL the worker was not told to trust."""
 
 
 class TraceFormatError(OomloadError):

@@ -1,12 +1,15 @@
 """Distributed load on Locust's master/worker protocol, through the remote path on loopback.
 
-The workers are separate ``oomload worker --master 127.0.0.1:PORT`` processes started by the test (not
-the master's local spawner), exactly as on other hosts; the master is ``oomload replay --workers K``.
-Assertions are on verdicts, rows and events, never on timing.
+The workers are separate ``oomload worker --master 127.0.0.1:PORT --url URL`` processes started by the
+test (not the master's local spawner), exactly as on other hosts, sharing the master's worker token
+through ``$OOMLOAD_WORKER_TOKEN``; the master is ``oomload replay --workers K`` against a simulator the
+test starts (the workers must be told its URL). Assertions are on verdicts, rows and events, never on
+timing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,10 +26,12 @@ import pytest
 
 from oomload.report.markdown import escape_md
 from oomload.rundir import RunReader
+from oomload.sim.process import SimServer
 from oomload.trace import TraceHeader, TraceRecord, write_trace
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "sk-oomload-distributed-secret-0815"
+TOKEN = "oomload-test-worker-token-0815-abcdefghijklmnopqrstuvwxyz"
 # 97 blocks of 16 tokens, requests of 256 + 256 tokens (32 blocks): 3 fit, so level 2 is safe and
 # level 8 preempts by a wide margin (tests/integration/test_verdict_sim.py has the arithmetic)
 SIM = "--num-gpu-blocks 97 --block-size 16 --max-model-len 1024 --time-scale 0.1"
@@ -45,20 +50,21 @@ def _trace(path: Path, count: int = 40) -> Path:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OPENAI_API_KEY": SECRET}
+    return {**os.environ, "OPENAI_API_KEY": SECRET, "OOMLOAD_WORKER_TOKEN": TOKEN}
 
 
-def _replay_cmd(trace: Path, run_dir: Path, *extra: str) -> list[str]:
+def _replay_cmd(trace: Path, run_dir: Path, *extra: str, url: str | None = None) -> list[str]:
+    target = ["--sim", SIM] if url is None else ["--url", url]
     return [
-        sys.executable, "-m", "oomload", "replay", str(trace), "--sim", SIM,
+        sys.executable, "-m", "oomload", "replay", str(trace), *target,
         "--concurrency", "2,8", "--hold-s", "1.5", "--stop-on", "never", "--no-refine",
         "--gpu", "none", "--no-live", "--max-duration-s", "60", "--run-dir", str(run_dir), *extra,
     ]  # fmt: skip
 
 
 @contextmanager
-def _workers(port: int, results: list[Path]) -> Iterator[list[subprocess.Popen[str]]]:
-    master = ("--master", f"127.0.0.1:{port}", "--connect-timeout-s", "60")
+def _workers(port: int, results: list[Path], url: str) -> Iterator[list[subprocess.Popen[str]]]:
+    master = ("--master", f"127.0.0.1:{port}", "--connect-timeout-s", "60", "--url", url)
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "oomload", "worker", *master, "--results", str(path)],
@@ -103,9 +109,9 @@ def test_two_remote_workers_give_the_verdict_of_one_process(tmp_path: Path) -> N
     port = _free_port()
     dist = tmp_path / "dist"
     results = [tmp_path / "w0.jsonl", tmp_path / "w1.jsonl"]
-    with _workers(port, results) as workers:
+    with SimServer(SIM.split()) as sim, _workers(port, results, sim.url) as workers:
         proc = subprocess.run(
-            _replay_cmd(trace, dist, "--workers", "2", "--master-bind-port", str(port)),
+            _replay_cmd(trace, dist, "--workers", "2", "--master-bind-port", str(port), url=sim.url),
             capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -142,6 +148,9 @@ def test_two_remote_workers_give_the_verdict_of_one_process(tmp_path: Path) -> N
     for path in [*dist.rglob("*"), *results]:
         if path.is_file():
             assert SECRET not in path.read_text(errors="replace"), path
+            assert TOKEN not in path.read_text(errors="replace"), path
+    assert TOKEN not in proc.stdout + proc.stderr + "".join(outs)
+    assert not [e for e in RunReader(dist).stream("events") if e["kind"].startswith("link_rejected")]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
@@ -150,21 +159,35 @@ def test_a_worker_killed_mid_step_loses_nothing_it_had_sent(tmp_path: Path, sig:
     port = _free_port()
     run_dir = tmp_path / "run"
     results = [tmp_path / "w0.jsonl", tmp_path / "w1.jsonl"]
+    sim = SimServer(SIM.split())
+    stack = contextlib.ExitStack()
+    stack.enter_context(sim)  # started here: the master's command names its URL
     cmd = [
-        sys.executable, "-m", "oomload", "replay", str(trace), "--sim", SIM,
+        sys.executable, "-m", "oomload", "replay", str(trace), "--url", sim.url,
         "--concurrency", "4", "--hold-s", "8", "--stop-on", "never", "--gpu", "none", "--no-live",
         "--max-duration-s", "60", "--run-dir", str(run_dir), "--workers", "2",
         "--master-bind-port", str(port),
     ]  # fmt: skip
-    with _workers(port, results) as workers:
+    with stack, _workers(port, results, sim.url) as workers:
         master = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO
         )
         try:
             deadline = time.monotonic() + 60
             victim = results[0]
-            # mid-step: the victim has finished a few requests and the step is still running
-            while not (victim.exists() and len(victim.read_text().splitlines()) >= 3):
+
+            # mid-step: the victim has finished a few requests, the master has some of them (a batch
+            # goes every 0.25 s: a kill before the first would leave nothing received), and the step is
+            # still running
+            def victim_rows_received() -> bool:
+                if not (victim.exists() and len(victim.read_text().splitlines()) >= 3):
+                    return False
+                ids = {json.loads(line)["request_id"] for line in victim.read_text().splitlines()[:3]}
+                written = run_dir / "requests.jsonl"
+                lines = written.read_text().splitlines() if written.exists() else []
+                return bool(ids & {json.loads(line)["request_id"] for line in lines if line.endswith("}")})
+
+            while not victim_rows_received():
                 assert master.poll() is None, master.communicate()
                 assert time.monotonic() < deadline, "the worker finished no request within 60 s"
                 time.sleep(0.1)
@@ -225,7 +248,7 @@ def test_a_worker_without_a_master_is_one_sentence() -> None:
     port = _free_port()  # nothing listens there
     proc = subprocess.run(
         [sys.executable, "-m", "oomload", "worker", "--master", f"127.0.0.1:{port}",
-         "--connect-timeout-s", "1"],
+         "--connect-timeout-s", "1", "--url", "http://127.0.0.1:8000"],
         capture_output=True, text=True, timeout=60, env=_env(), cwd=REPO,
     )  # fmt: skip
     assert proc.returncode == 3, proc.stdout + proc.stderr

@@ -160,8 +160,8 @@ def register(subparsers: Any) -> None:
         "--master-bind-host",
         default="127.0.0.1",
         metavar="H",
-        help="where the master listens for workers (default 127.0.0.1; the protocol has no authentication: "
-        "a private network only)",
+        help="where the master listens for workers (default 127.0.0.1; workers must hold the worker token, "
+        "but the link is not encrypted: a private network or a tunnel only)",
     )
     dist.add_argument(
         "--master-bind-port",

@@ -84,6 +84,13 @@ def _workers_text(cfg: Mapping[str, Any], events: Sequence[EventRow]) -> str:
                 f" · {lost_worker(row)} lost: {event.get('detail')}; "
                 f"{event.get('rows_received')} results received, {event.get('workers_left')} workers left"
             )
+        elif row.kind == "link_rejected_total" and isinstance(event.get("counts"), Mapping):
+            counts = {str(k): as_int(v) or 0 for k, v in event["counts"].items()}
+            text += (
+                f" · {sum(counts.values())} messages dropped on the worker port ("
+                + ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
+                + ")"
+            )
     return text
 
 

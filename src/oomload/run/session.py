@@ -45,7 +45,7 @@ from oomload.load import wire
 from oomload.load.wire import DEFAULT_MASTER_PORT
 from oomload.run.config import LoadOptions, ReplayConfig
 from oomload.run.deathwatch import DeathWatch
-from oomload.run.workers import MasterMeter, WorkerPool, free_port
+from oomload.run.workers import MasterMeter, WorkerPool, free_port, guarded_master_class
 from oomload.rundir import RunReader, RunWriter
 from oomload.rundir.records import StepEndLine
 from oomload.schedule import Hold, SchedulePlan, StopCondition
@@ -289,8 +289,11 @@ class Session:
         port = config.master_bind_port
         if port is None:
             port = DEFAULT_MASTER_PORT if config.workers else free_port()
-        try:
-            self.runner = self.env.create_master_runner(host, port)
+        self.pool.prepare_token(lambda text: self.console.print(text, highlight=False, markup=False))
+        try:  # Locust's master behind oomload's gate (oomload.run.workers: the authenticated link)
+            self.runner = self.env._create_runner(
+                guarded_master_class(), self.pool, master_bind_host=host, master_bind_port=port
+            )
         except RPCError as err:
             raise ConfigError(
                 f"the Locust master cannot listen on {host}:{port} ({err}); is the port in use? "
@@ -306,7 +309,7 @@ class Session:
             self.console.print(
                 f"Locust master on {address}: waiting for {config.expected_workers()} workers "
                 f"({config.local_workers()} local) at most {config.worker_timeout_s:g} s; "
-                f"on each load host run `oomload worker --master {shown}`"
+                f"on each load host run `oomload worker --master {shown} --url {self.url} --token-file FILE`"
             )
         self.pool.wait_ready(config.worker_timeout_s, address)
 
@@ -390,7 +393,7 @@ class Session:
 
     def _on_step(self, step: Any) -> None:
         if self.distributed and self.runner is not None:
-            self.runner.send_message(
+            self.pool.broadcast(
                 wire.STEP, {"step": step.index, "concurrency": step.concurrency, "phase": step.phase}
             )
         if self.progress is not None:

@@ -9,6 +9,20 @@ index ``k`` (local workers keep their own; remote ones take the next free one) a
 that fails before the load, a refusal or a timeout ends the run with one sentence that names what is
 missing ("1 of 2 Locust workers arrived within 60 s …"), never a traceback.
 
+**The link is authenticated.** The master holds a worker token (``master_token``:
+``$OOMLOAD_WORKER_TOKEN`` when set; else, when remote workers are expected, the file
+``default_token_path`` — made once with mode 0600 and reused, so an operator copies it to the load
+hosts once; else, for ``--processes`` alone, a fresh one in memory that the local workers get through
+their environment). Before anything else each worker and the master prove to each other that they
+hold it (``oomload.load.wire``), and every oomload message after that is sealed with a key of that
+connection. ``GuardedMaster`` stands in front of Locust's own message handling: a peer that has not
+completed the handshake reaches nothing but the handshake (its ``client_ready`` is answered but held
+back from Locust until it has, so it never gets users), a frame that cannot be decoded or claims
+another peer's id, a message whose handler fails, an unsealed or badly sealed message and a result
+row that is not a valid ``RequestResult`` for a step that has begun are all dropped and counted —
+never fatal, never written. The first drop of each kind is a ``link_rejected`` event (and a warning),
+the totals a ``link_rejected_total`` event at the end.
+
 During the run every worker streams its results (``oomload_results``, batched); the master writes
 them to ``requests.jsonl`` as they come, so the run directory has the shape of a single-process run.
 
@@ -29,16 +43,52 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from oomload import __version__
-from oomload.errors import RunAbortedError
+from oomload.errors import ConfigError, RunAbortedError
 from oomload.load import wire
+from oomload.run.worker import default_token_path, read_token_file
 
 WORKER_NAME_PREFIX = "worker"
 LOCAL_WORKER_ENV = "OOMLOAD_LOCAL_WORKER"  # set in the environment of the workers oomload starts
+MAX_PENDING = 256  # peers in their handshake at once; beyond, the longest-waiting one is forgotten
+MAX_FRAME_BYTES = 64 * 1024 * 1024  # ZeroMQ drops a peer that sends a bigger frame
+
+
+def master_token(environ: Mapping[str, str], remote: bool, say: Any) -> str:
+    """The worker token of this master: ``$OOMLOAD_WORKER_TOKEN`` when set; else, with remote workers,
+    the default token file (made with mode 0600 when missing; where it is, is said, never what);
+    else a fresh one for the local workers only."""
+    value = environ.get(wire.TOKEN_ENV)
+    if value:
+        return wire.check_token(value, f"${wire.TOKEN_ENV}")
+    if not remote:
+        return wire.new_token()
+    path = default_token_path(environ)
+    if path.exists():
+        token = read_token_file(path)
+        say(f"worker token: {path} (give it to each load host's `oomload worker` with --token-file)")
+        return token
+    token = wire.new_token()
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(token + "\n")
+    except OSError as err:
+        raise ConfigError(
+            f"the worker token file {path} cannot be written ({err.strerror or err}); set "
+            f"${wire.TOKEN_ENV} (at least {wire.MIN_TOKEN_CHARS} characters) on the master and the workers"
+        ) from err
+    say(
+        f"worker token: made {path} (mode 0600); copy it to each load host and give it to "
+        "`oomload worker` with --token-file"
+    )
+    return token
 
 
 @dataclass
@@ -50,6 +100,7 @@ class WorkerInfo:
     host: str
     pid: int
     local: bool
+    keys: wire.LinkKeys | None = None  # the sealing of its connection
     ready: bool = False
     rows: int = 0
     next_seq: int = 0
@@ -59,6 +110,20 @@ class WorkerInfo:
     def name(self) -> str:
         where = "local" if self.local else self.host
         return f"worker {self.index} ({where}, pid {self.pid})"
+
+
+@dataclass
+class Handshake:
+    """A peer between its hello and its proof."""
+
+    worker_nonce: str
+    master_nonce: str
+    hello: dict[str, Any]
+
+
+def printable(text: Any, limit: int = 200) -> str:
+    """Peer-supplied text as it may be shown or written: printable characters only, cut short."""
+    return "".join(c for c in str(text)[:limit] if c.isprintable())
 
 
 class WorkerPool:
@@ -73,6 +138,11 @@ class WorkerPool:
         self.failed: list[str] = []
         self.drained: set[int] = set()
         self.started = False  # the load has started: late workers are refused
+        self.token = ""  # set by prepare_token before the master listens
+        self.pending: dict[str, Handshake] = {}  # by the peer's ZeroMQ identity
+        self.held: dict[str, Any] = {}  # Locust client_ready of peers that have not said hello yet
+        self.dropped: Counter[str] = Counter()
+        self.last_step = -1  # the highest step index begun: a row of a later step is forged
         self._stop_seq = 0
         self._proc_lost: set[int] = set()
 
@@ -81,8 +151,13 @@ class WorkerPool:
         return int(self.session.config.expected_workers())
 
     # -- set-up ----------------------------------------------------------------------------------
+    def prepare_token(self, say: Any) -> None:
+        remote = self.expected > self.session.config.local_workers()
+        self.token = master_token(os.environ, remote, say)
+
     def listen(self, runner: Any) -> None:
         runner.register_message(wire.HELLO, self.on_hello)
+        runner.register_message(wire.AUTH, self.on_auth)
         runner.register_message(wire.READY, self.on_ready)
         runner.register_message(wire.FAILED, self.on_failed)
         runner.register_message(wire.RESULTS, self.on_results)
@@ -103,10 +178,15 @@ class WorkerPool:
                 str(k),
                 "--local-run-dir",
                 str(s.writer.path),
+                "--url",
+                s.url,
+                "--api-key-env",
+                s.config.api_key_env,
             ]
             log = s.writer.path / f"{WORKER_NAME_PREFIX}.{k}.log"
             self.logs.append(log)
-            env = {**os.environ, LOCAL_WORKER_ENV: str(k)}
+            # the token by the environment, never the command line
+            env = {**os.environ, LOCAL_WORKER_ENV: str(k), wire.TOKEN_ENV: self.token}
             with open(log, "ab") as out:  # the child keeps its own descriptor
                 self.procs.append(
                     subprocess.Popen(
@@ -156,40 +236,160 @@ class WorkerPool:
         if self.refused:
             sentence += f"; refused: {'; '.join(self.refused)}"
         if self.expected > n_local:
-            sentence += f"; start the others with `oomload worker --master {address}`, or lower --workers"
+            sentence += (
+                f"; start the others with `oomload worker --master {address} --url {self.session.url} "
+                "--token-file FILE`, or lower --workers"
+            )
         else:
             sentence += f"; their output is in {self.session.writer.path}/{WORKER_NAME_PREFIX}.*.log"
         return sentence
 
+    # -- the link --------------------------------------------------------------------------------
+    def authenticated(self, client_id: str) -> WorkerInfo | None:
+        info = self.workers.get(client_id)
+        return info if info is not None and info.keys is not None else None
+
+    def gate(self, client_id: str, kind: str) -> str | None:
+        """What ``GuardedMaster`` does with a Locust message of ``kind`` from ``client_id``: None to
+        handle it, ``"hold"`` for the client_ready of a peer that has not proved the token yet, ``""``
+        to drop it quietly (the heartbeats of a peer in its handshake), else the reason to count."""
+        if self.authenticated(client_id) is not None:
+            return None
+        if kind in (wire.HELLO, wire.AUTH):
+            return None
+        if kind == "client_ready":
+            return "hold"
+        if kind in ("heartbeat", "stats", "logs") and (client_id in self.held or client_id in self.pending):
+            return ""
+        return "unauthenticated"
+
+    def hold(self, client_id: str, msg: Any) -> None:
+        """Keep a peer's client_ready until it proved the token; when ``MAX_PENDING`` peers wait, the
+        one that has waited longest is forgotten (a flood of strangers cannot fill the table for good)."""
+        if client_id not in self.held and len(self.held) >= MAX_PENDING:
+            oldest = next(iter(self.held))
+            self.held.pop(oldest)
+            self.pending.pop(oldest, None)
+            self.drop(oldest, "too_many_peers")
+        self.held[client_id] = msg
+
+    def drop(self, client_id: Any, reason: str) -> None:
+        """Count a dropped message; the first of each reason is an event and a warning."""
+        self.dropped[reason] += 1
+        if self.dropped[reason] > 1:
+            return
+        s = self.session
+        peer = printable(client_id, 100)
+        s.writer.event("link_rejected", reason=reason, peer=peer)
+        s.console.print(
+            f"[yellow]warning:[/] dropped a message on the worker port ({reason}) from {peer}; "
+            "further drops are counted (events.jsonl)",
+            highlight=False,
+            markup=False,
+        )
+
+    def report_drops(self) -> None:
+        if self.dropped:
+            self.session.writer.event("link_rejected_total", counts=dict(sorted(self.dropped.items())))
+
+    def opened(self, kind: str, msg: Any) -> tuple[WorkerInfo, dict[str, Any]] | None:
+        """A sealed message's sender and body, or None (dropped and counted)."""
+        info = self.authenticated(msg.node_id)
+        if info is None or info.keys is None:
+            self.drop(msg.node_id, "unauthenticated")
+            return None
+        try:
+            return info, info.keys.open(kind, msg.data)
+        except wire.LinkRejected as err:
+            self.drop(msg.node_id, err.reason)
+            return None
+
+    def send(self, info: WorkerInfo, kind: str, body: dict[str, Any]) -> None:
+        if info.keys is not None and self.session.runner is not None:
+            self.session.runner.send_message(kind, info.keys.seal(kind, body), client_id=info.client_id)
+
+    def broadcast(self, kind: str, body: dict[str, Any]) -> None:
+        """One sealed message to every authenticated worker still there, each with its own seal."""
+        if kind == wire.STEP:
+            self.last_step = max(self.last_step, int(body["step"]))
+        for info in self.live():
+            self.send(info, kind, body)
+
     def on_hello(self, environment: Any = None, msg: Any = None, **_kw: Any) -> None:
         del environment
         s = self.session
-        data = msg.data or {}
+        data = msg.data if isinstance(msg.data, dict) else {}
+        client_id = msg.node_id
+        if self.authenticated(client_id) is not None or client_id not in self.held:
+            self.drop(client_id, "unexpected_hello")
+            return
+        if not wire.nonce_ok(data.get("nonce")):
+            self.drop(client_id, "malformed")
+            return
         import locust
 
         why = wire.version_mismatch(
             {"oomload_version": __version__, "locust_version": locust.__version__}, data
         )
-        index = None if why else self._free_index(data.get("local_index"))
-        if why is None and index is None:
+        host = printable(data.get("host") or client_id.rsplit("_", 1)[0], 100)
+        if why is not None:
+            self.refused.append(f"{host} ({why})")
+            s.runner.send_message(wire.REFUSED, {"error": why}, client_id=client_id)
+            return
+        shake = Handshake(str(data["nonce"]), wire.new_nonce(), data)
+        self.pending[client_id] = shake
+        proof = wire.handshake_proof(self.token, "master", shake.worker_nonce, shake.master_nonce, client_id)
+        s.runner.send_message(
+            wire.CHALLENGE, {"nonce": shake.master_nonce, "proof": proof}, client_id=client_id
+        )
+
+    def on_auth(self, environment: Any = None, msg: Any = None, **_kw: Any) -> None:
+        """The peer's proof: a right one makes it a known worker (given to Locust, configured)."""
+        del environment
+        s = self.session
+        client_id = msg.node_id
+        shake = self.pending.pop(client_id, None)
+        if shake is None:
+            self.drop(client_id, "unexpected_auth")
+            return
+        data = msg.data if isinstance(msg.data, dict) else {}
+        host = printable(shake.hello.get("host") or client_id.rsplit("_", 1)[0], 100)
+        expected = wire.handshake_proof(
+            self.token, "worker", shake.worker_nonce, shake.master_nonce, client_id
+        )
+        if not wire.proof_matches(expected, data.get("proof")):
+            self.held.pop(client_id, None)
+            why = "its worker token is not the master's"
+            self.refused.append(f"{host} ({why})")
+            self.drop(client_id, "bad_token")
+            s.runner.send_message(wire.REFUSED, {"error": why}, client_id=client_id)
+            return
+        keys = wire.LinkKeys.derive(self.token, "master", shake.worker_nonce, shake.master_nonce, client_id)
+        local_index = shake.hello.get("local_index")
+        index = self._free_index(local_index)
+        if index is None:
             why = (
                 "the run has started; a worker cannot join it"
                 if self.started
                 else f"the master already has its {self.expected} workers"
             )
-        host = str(data.get("host") or msg.node_id.rsplit("_", 1)[0])
-        if why is not None or index is None:
+            self.held.pop(client_id, None)
             self.refused.append(f"{host} ({why})")
-            s.runner.send_message(wire.REFUSED, {"error": why}, client_id=msg.node_id)
+            s.runner.send_message(wire.REFUSED, keys.seal(wire.REFUSED, {"error": why}), client_id=client_id)
             return
-        self.workers[msg.node_id] = WorkerInfo(
+        pid = shake.hello.get("pid")
+        info = WorkerInfo(
             index=index,
-            client_id=msg.node_id,
+            client_id=client_id,
             host=host,
-            pid=int(data.get("pid") or 0),
-            local=data.get("local_index") is not None,
+            pid=pid if type(pid) is int else 0,
+            local=local_index is not None,
+            keys=keys,
         )
-        s.runner.send_message(
+        self.workers[client_id] = info
+        s.runner.admit_to_locust(client_id, self.held.pop(client_id))  # now Locust may give it users
+        self.send(
+            info,
             wire.CONFIG,
             {
                 "worker": index,
@@ -198,7 +398,6 @@ class WorkerPool:
                 "options": s.config.load_options(s.url, s.model, s.max_model_len).to_json(),
                 "trace": wire.trace_to_wire(s.records),
             },
-            client_id=msg.node_id,
         )
 
     def _free_index(self, local_index: Any) -> int | None:
@@ -206,40 +405,50 @@ class WorkerPool:
             return None
         taken = {w.index for w in self.workers.values()}
         n_local = self.session.config.local_workers()
-        if isinstance(local_index, int) and 0 <= local_index < n_local and local_index not in taken:
+        if type(local_index) is int and 0 <= local_index < n_local and local_index not in taken:
             return local_index
         free = [k for k in range(n_local, self.expected) if k not in taken]
         return free[0] if free else None
 
     def on_ready(self, environment: Any = None, msg: Any = None, **_kw: Any) -> None:
         del environment
-        info = self.workers.get(msg.node_id)
-        if info is not None:
-            info.ready = True
+        opened = self.opened(wire.READY, msg)
+        if opened is not None:
+            opened[0].ready = True
 
     def on_failed(self, environment: Any = None, msg: Any = None, **_kw: Any) -> None:
         del environment
-        info = self.workers.get(msg.node_id)
-        who = info.name() if info is not None else msg.node_id
-        self.failed.append(f"Locust {who} failed: {msg.data.get('error')}")
+        opened = self.opened(wire.FAILED, msg)
+        if opened is not None:
+            info, body = opened
+            self.failed.append(f"Locust {info.name()} failed: {printable(body.get('error'), 500)}")
 
     # -- the run ---------------------------------------------------------------------------------
     def on_results(self, environment: Any = None, msg: Any = None, **_kw: Any) -> None:
-        """A batch of a worker's results: written to ``requests.jsonl`` at once."""
+        """A batch of a worker's results: each row that is a valid record is written at once."""
         del environment
-        data = msg.data
-        info = self.workers.get(msg.node_id)
-        if info is not None:
-            seq = int(data.get("seq", -1))
-            if seq != info.next_seq:
-                info.gaps += 1
-            info.next_seq = seq + 1
-        rows = data.get("rows") or []
+        opened = self.opened(wire.RESULTS, msg)
+        if opened is None:
+            return
+        info, data = opened
+        rows, seq = data.get("rows"), data.get("seq")
+        if type(seq) is not int or not isinstance(rows, list) or len(rows) > wire.MAX_BATCH_ROWS:
+            self.drop(msg.node_id, "bad_batch")
+            return
+        if data.get("worker") != info.index:
+            self.drop(msg.node_id, "wrong_worker")
+            return
+        if seq != info.next_seq:
+            info.gaps += 1
+        info.next_seq = seq + 1
         for row in rows:
-            if isinstance(row, dict):
-                self.session.writer.append("requests", row)
-        if info is not None:
-            info.rows += len(rows)
+            try:
+                result = wire.result_from_wire(row, last_step=self.last_step)
+            except wire.LinkRejected as err:
+                self.drop(msg.node_id, err.reason)
+                continue
+            self.session.writer.append("requests", result.to_json())
+            info.rows += 1
 
     def live(self) -> list[WorkerInfo]:
         return [w for w in self.workers.values() if w.lost is None]
@@ -300,17 +509,16 @@ class WorkerPool:
             runner.start(runner.target_user_count, runner.spawn_rate)
 
     def send_stop(self, grace_s: float) -> int:
-        s = self.session
         self._stop_seq += 1
         self.drained = set()
-        if s.runner is not None:
-            s.runner.send_message(wire.STOP, {"grace_s": grace_s, "seq": self._stop_seq})
+        self.broadcast(wire.STOP, {"grace_s": grace_s, "seq": self._stop_seq})
         return self._stop_seq
 
     def on_drained(self, environment: Any = None, msg: Any = None, **_kw: Any) -> None:
         del environment
-        if int(msg.data.get("seq", -1)) == self._stop_seq:
-            self.drained.add(int(msg.data["worker"]))
+        opened = self.opened(wire.DRAINED, msg)
+        if opened is not None and opened[1].get("seq") == self._stop_seq:
+            self.drained.add(opened[0].index)
 
     def failure(self, k: int, what: str) -> str:
         last = last_error_line(self.logs[k]) if k < len(self.logs) else None
@@ -333,7 +541,9 @@ class WorkerPool:
             self.check()
 
     def wait(self) -> None:
-        """Reap the local worker processes: each gets 10 s to exit, then SIGTERM, then SIGKILL."""
+        """Reap the local worker processes: each gets 10 s to exit, then SIGTERM, then SIGKILL; and
+        write the link's drop counts, if any."""
+        self.report_drops()
         for proc in self.procs:
             try:
                 proc.wait(timeout=10)
@@ -366,9 +576,18 @@ class MasterMeter:
 
     def listen(self, env: Any) -> None:
         def on_worker_report(client_id: str, data: dict[str, Any], **_kw: Any) -> None:
-            report = data.get("oomload")
-            if isinstance(report, dict):
+            info = self.session.pool.authenticated(client_id)
+            if info is None or info.keys is None or not isinstance(data, dict) or "oomload" not in data:
+                return
+            try:
+                report = info.keys.open(wire.REPORT, data["oomload"])
+            except wire.LinkRejected as err:
+                self.session.pool.drop(client_id, err.reason)
+                return
+            if report_ok(report):
                 self.reports[client_id] = report
+            else:
+                self.session.pool.drop(client_id, "bad_report")
 
         env.events.worker_report.add_listener(on_worker_report)
 
@@ -403,7 +622,7 @@ class MasterMeter:
 
     def end(self) -> None:
         if self.session.runner is not None:
-            self.session.runner.send_message(wire.STEP_END, {"step": self._step})
+            self.session.pool.broadcast(wire.STEP_END, {"step": self._step})
 
     def completed(self) -> int:
         return self._totals()[0] - self._base[0]
@@ -436,6 +655,91 @@ class MasterMeter:
             cancelled=outcomes["cancelled"],
             outcomes=dict(outcomes),
         )
+
+
+def report_ok(report: Mapping[str, Any]) -> bool:
+    """A worker's step report has the numbers ``MasterMeter`` reads, each finite and non-negative."""
+
+    def number(value: Any) -> bool:
+        return type(value) in (int, float) and 0 <= value < 1e12
+
+    outcomes = report.get("outcomes") or {}
+    return (
+        all(number(report.get(k)) for k in ("mean", "max"))
+        and all(report.get(k) is None or number(report.get(k)) for k in ("in_flight", "started", "elapsed_s"))
+        and isinstance(outcomes, dict)
+        and all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in outcomes.items())
+    )
+
+
+def guarded_master_class() -> Any:
+    """Locust's ``MasterRunner`` with oomload's gate in front of its message handling (the module
+    docstring): frames are decoded here, so one that cannot be is dropped and counted instead of
+    ending Locust's receive loop, and ``WorkerPool.gate`` decides what reaches Locust."""
+    import gevent
+    import zmq.green as zmq
+    from locust.exception import RPCError
+    from locust.rpc import Message
+    from locust.runners import MasterRunner
+
+    class GuardedServer:
+        """Locust's ``rpc.Server`` with a receive that never raises on a peer's bad frame."""
+
+        def __init__(self, inner: Any, pool: WorkerPool) -> None:
+            self.inner = inner
+            self.pool = pool
+            inner.socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def recv_from_client(self) -> tuple[str, Any]:
+            while True:
+                try:
+                    frames = self.inner.socket.recv_multipart()
+                except zmq.ZMQError as err:
+                    raise RPCError("ZMQ network broken") from err
+                try:
+                    addr = frames[0].decode()
+                    msg = Message.unserialize(frames[1])  # type: ignore[no-untyped-call]
+                except Exception:
+                    self.pool.drop(frames[0][:64].hex() if frames else "?", "malformed")
+                    continue
+                if len(frames) != 2 or not isinstance(msg.type, str) or msg.node_id != addr:
+                    self.pool.drop(addr, "malformed" if len(frames) != 2 else "forged_sender")
+                    continue
+                return addr, msg
+
+    class GuardedMaster(MasterRunner):
+        def __init__(self, environment: Any, pool: WorkerPool, **kwargs: Any) -> None:
+            super().__init__(environment, **kwargs)
+            # before the first yield: Locust's receive loop has not run yet
+            self.server = GuardedServer(self.server, pool)  # type: ignore[assignment]
+            self.oomload_pool = pool
+
+        def handle_message(self, client_id: str, msg: Any) -> None:
+            pool = self.oomload_pool
+            why = pool.gate(client_id, msg.type)
+            if why == "hold":
+                pool.hold(client_id, msg)  # answered, so that it can say hello; not a client yet
+                ack = Message("ack", {"index": -1}, client_id)  # type: ignore[no-untyped-call]
+                self.server.send_to_client(ack)
+                return
+            if why is not None:
+                if why:
+                    pool.drop(client_id, why)
+                return
+            self.admit_to_locust(client_id, msg)
+
+        def admit_to_locust(self, client_id: str, msg: Any) -> None:
+            try:
+                super().handle_message(client_id, msg)
+            except (gevent.GreenletExit, RPCError):
+                raise
+            except Exception:
+                self.oomload_pool.drop(client_id, "malformed")
+
+    return GuardedMaster
 
 
 def die_with_parent() -> None:

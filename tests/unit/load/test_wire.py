@@ -107,3 +107,139 @@ def test_results_go_in_numbered_batches_and_nothing_is_lost() -> None:
     rows = [row for _, d in sent for row in d["rows"]]
     assert rows == [_result(i).to_json() for i in range(10)] == copy.rows
     assert stream.rows_sent == 10
+
+
+# -- the authenticated link ---------------------------------------------------------------------------
+
+TOKEN = "a-worker-token-of-forty-characters-0123"
+
+
+def _pair() -> tuple[wire.LinkKeys, wire.LinkKeys]:
+    master = wire.LinkKeys.derive(TOKEN, "master", "w" * 32, "m" * 32, "host_1")
+    worker = wire.LinkKeys.derive(TOKEN, "worker", "w" * 32, "m" * 32, "host_1")
+    return master, worker
+
+
+def test_a_sealed_message_opens_at_the_other_end_only() -> None:
+    master, worker = _pair()
+    body = {"step": 3, "concurrency": 8, "phase": "ramp", "x": [1.5, None, "é"]}
+    sealed = master.seal(wire.STEP, body)
+    assert worker.open(wire.STEP, sealed) == body
+    reply = worker.seal(wire.READY, {"worker": 0})
+    assert master.open(wire.READY, reply) == {"worker": 0}
+    with pytest.raises(wire.LinkRejected, match="bad_seal"):  # its own seal is not the other end's
+        master.open(wire.STEP, master.seal(wire.STEP, body))
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [
+        (lambda d: {**d, "body": {**d["body"], "step": 4}}, "bad_seal"),  # the body changed
+        (lambda d: {**d, "seq": d["seq"] + 1}, "bad_seal"),  # the number changed
+        (lambda d: {**d, "mac": "0" * 64}, "bad_seal"),  # a guess
+        (lambda d: d["body"], "unsealed"),  # the plain body, as an unauthenticated peer sends it
+        (lambda d: {**d, "seq": "1"}, "unsealed"),
+        (lambda d: None, "unsealed"),
+    ],
+)
+def test_a_tampered_or_unsealed_message_is_rejected(tamper: Any, reason: str) -> None:
+    master, worker = _pair()
+    sealed = master.seal(wire.STEP, {"step": 3})
+    with pytest.raises(wire.LinkRejected) as err:
+        worker.open(wire.STEP, tamper(sealed))
+    assert err.value.reason == reason
+
+
+def test_a_message_is_bound_to_its_type_its_connection_and_is_accepted_once() -> None:
+    master, worker = _pair()
+    sealed = master.seal(wire.STEP, {"step": 3})
+    with pytest.raises(wire.LinkRejected, match="bad_seal"):
+        worker.open(wire.STOP, sealed)  # a step message replayed as a stop
+    other = wire.LinkKeys.derive(TOKEN, "worker", "w" * 32, "n" * 32, "host_1")  # another handshake
+    with pytest.raises(wire.LinkRejected, match="bad_seal"):
+        other.open(wire.STEP, sealed)
+    assert worker.open(wire.STEP, sealed) == {"step": 3}
+    with pytest.raises(wire.LinkRejected, match="replayed"):
+        worker.open(wire.STEP, sealed)
+
+
+def test_handshake_proofs_need_the_token_and_differ_by_role_and_nonce() -> None:
+    proof = wire.handshake_proof(TOKEN, "master", "w" * 32, "m" * 32, "host_1")
+    assert wire.proof_matches(proof, wire.handshake_proof(TOKEN, "master", "w" * 32, "m" * 32, "host_1"))
+    for other in (
+        wire.handshake_proof(TOKEN + "x", "master", "w" * 32, "m" * 32, "host_1"),
+        wire.handshake_proof(TOKEN, "worker", "w" * 32, "m" * 32, "host_1"),
+        wire.handshake_proof(TOKEN, "master", "v" * 32, "m" * 32, "host_1"),
+        wire.handshake_proof(TOKEN, "master", "w" * 32, "m" * 32, "host_2"),
+    ):
+        assert not wire.proof_matches(proof, other)
+    assert not wire.proof_matches(proof, None) and not wire.proof_matches(proof, 5)
+    assert wire.nonce_ok(wire.new_nonce()) and not wire.nonce_ok("short") and not wire.nonce_ok(["x"])
+
+
+def test_tokens_are_checked_without_being_shown() -> None:
+    token = wire.new_token()
+    assert wire.check_token(token + "\n", "FILE") == token == wire.check_token(token, "$V")
+    for bad, match in [("", "empty"), ("short", "at least 32"), ("x" * 31 + " y", "printable ASCII")]:
+        with pytest.raises(ConfigError, match=match) as err:
+            wire.check_token(bad, "$OOMLOAD_WORKER_TOKEN")
+        assert "$OOMLOAD_WORKER_TOKEN" in str(err.value)
+        assert not bad or bad not in str(err.value)
+
+
+def test_urls_of_the_same_server_have_one_key() -> None:
+    key = wire.url_key("http://127.0.0.1:8000")
+    assert wire.url_key("HTTP://127.0.0.1:8000/") == key
+    assert wire.url_key("http://gpu-host") == wire.url_key("http://GPU-host:80/")
+    assert wire.url_key("http://127.0.0.1:8001") != key
+    assert wire.url_key("https://127.0.0.1:8000") != key
+    assert wire.url_key("http://evil:8000") != key
+
+
+def test_a_valid_result_row_comes_back_as_the_record() -> None:
+    row = _result(1).to_json() | {"ttft_ms": 12.5, "http_status": 200, "usage_prompt_tokens": 5}
+    assert wire.result_from_wire(row, last_step=1).to_json() == row
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"step": 2}, "wrong_step"),  # a step the master has not begun
+        ({"step": -1}, "bad_row"),
+        ({"step": True}, "bad_row"),
+        ({"outcome": "pwned"}, "bad_row"),
+        ({"request_id": ""}, "bad_row"),
+        ({"request_id": "x" * 2000}, "bad_row"),
+        ({"request_id": 5}, "bad_row"),
+        ({"error": "e" * 5000}, "bad_row"),
+        ({"prompt_tokens_asked": 10**12}, "bad_row"),
+        ({"prompt_tokens_asked": 5.0}, "bad_row"),
+        ({"start_unix_s": float("nan")}, "bad_row"),
+        ({"ttft_ms": float("inf")}, "bad_row"),
+        ({"ttft_ms": "1"}, "bad_row"),
+        ({"http_status": 999}, "bad_row"),
+        ({"extra": "field"}, "bad_row"),
+    ],
+)
+def test_a_bad_result_row_is_rejected(change: dict[str, Any], reason: str) -> None:
+    row = _result(1).to_json() | change
+    with pytest.raises(wire.LinkRejected) as err:
+        wire.result_from_wire(row, last_step=1)
+    assert err.value.reason == reason
+    with pytest.raises(wire.LinkRejected):
+        wire.result_from_wire(["not", "a", "row"], last_step=1)
+
+
+def test_sealed_messages_may_arrive_out_of_order_but_never_twice() -> None:
+    master, worker = _pair()
+    first, second = worker.seal(wire.RESULTS, {"seq": 0}), worker.seal(wire.RESULTS, {"seq": 1})
+    assert master.open(wire.RESULTS, second) == {"seq": 1}
+    assert master.open(wire.RESULTS, first) == {"seq": 0}  # it waited for its send: still accepted
+    for again in (first, second):
+        with pytest.raises(wire.LinkRejected, match="replayed"):
+            master.open(wire.RESULTS, again)
+    held = worker.seal(wire.RESULTS, {"held": True})  # delayed past the window
+    for _ in range(wire.REPLAY_WINDOW + 1):
+        master.open(wire.RESULTS, worker.seal(wire.RESULTS, {}))
+    with pytest.raises(wire.LinkRejected, match="replayed"):
+        master.open(wire.RESULTS, held)

@@ -102,7 +102,7 @@ def test_help_lists_the_contract_flags(capsys: pytest.CaptureFixture[str]) -> No
         "--tail-percentile",
         "--open-loop",
         "--arrival-scale",
-        "--prefix-sharing",
+        "--distinct-prompts",
         "--no-exact-output",
         "--api-key-env",
         "--run-dir",

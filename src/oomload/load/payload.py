@@ -3,10 +3,25 @@
 ``/v1/completions`` (default)
     The prompt is a list of token ids, so its length is exact without a tokenizer: ``P`` ids drawn
     uniformly from ``[token_id_low, token_id_high)`` (default 100..2000: clear of the low special ids
-    every tokenizer uses and inside any vocabulary of ≥ 2,048 entries) by a generator seeded with
-    ``(seed, sequence number)``, so every request is distinct (prefix caching cannot hide the pressure)
-    and a run is reproducible. With prefix sharing, the trace's ``hash_ids`` become shared blocks: each
-    id maps to the same ``prefix_block_tokens`` ids wherever it appears, the rest stays random.
+    every tokenizer uses and inside any vocabulary of ≥ 2,048 entries).
+
+    *Production shape* (``prefix_sharing``, the default): the trace's ``hash_ids`` become shared
+    blocks. Each id maps to ``prefix_block_tokens`` ids (the trace header's ``prefix.block_tokens``)
+    drawn by a generator seeded with ``(seed, pass, id)`` only — so the same id gives the same tokens
+    in every step, every ``--processes`` worker and every remote worker of the run, with no state
+    shared between them. Only full blocks are filled (a last id covering a partial block is left to the
+    random suffix), so the prompt has exactly the trace's token count. The rest of the prompt is
+    random, drawn by a generator seeded with ``(seed, sequence number)``: fresh for every send.
+
+    ``pass`` = sequence number ÷ the requests in the replayed trace: the k-th time through the trace
+    the ids map to new tokens. So within one pass a request shares exactly what the trace says it
+    shares (a system prompt with every other request), while a request replayed again in a later pass
+    does not hit blocks left in the server's cache by its own earlier copy — production sees each
+    request once; a replay that cycles a short trace would otherwise warm the cache beyond it (vLLM
+    #52884). A shared prefix misses once per pass, as after a cold start.
+
+    *Worst case* (``--distinct-prompts``): no id is used, every prompt is random from token 0, so
+    prefix caching cannot hide any pressure.
     Output: ``max_tokens = min_tokens = O`` with ``ignore_eos`` (vLLM's extras) unless exact output is
     switched off; ``stream_options.include_usage`` so the server's ``usage`` can be checked.
 
@@ -53,8 +68,8 @@ class PayloadOptions:
     model: str = ""
     stream: bool = True
     exact_output: bool = True
-    prefix_sharing: bool = False
-    prefix_block_tokens: int = 512
+    prefix_sharing: bool = True  # production shape; False: distinct prompts (the worst case)
+    prefix_block_tokens: int = 512  # tokens per hash id: the trace header's prefix.block_tokens
     token_id_low: int = 100
     token_id_high: int = 2000
     seed: int = 0
@@ -105,9 +120,10 @@ def asked_lengths(record: TraceRecord) -> tuple[int, int]:
 class CompletionPayloads:
     """Builds ``/v1/completions`` bodies with token-id prompts of exact length."""
 
-    def __init__(self, options: PayloadOptions) -> None:
+    def __init__(self, options: PayloadOptions, *, trace_requests: int = 0) -> None:
         self.options = options
-        self._blocks: dict[int, str] = {}
+        self.trace_requests = trace_requests  # requests per pass through the trace (0: one pass)
+        self._blocks: dict[tuple[int, int], str] = {}
         self._tail = _body_tail(options)
         self._head = b'{"model":' + json.dumps(options.model).encode() + b',"prompt":['
 
@@ -119,10 +135,11 @@ class CompletionPayloads:
         filled = 0
         if self.options.prefix_sharing and record.hash_ids:
             block = self.options.prefix_block_tokens
+            trace_pass = trace_pass_of(sequence, self.trace_requests)
             for hash_id in record.hash_ids:
                 if filled + block > prompt_tokens:
                     break
-                parts.append(self._block(hash_id))
+                parts.append(self._block(trace_pass, hash_id))
                 filled += block
         rest = prompt_tokens - filled
         if rest:
@@ -133,15 +150,22 @@ class CompletionPayloads:
             f"{record.id}#{sequence}", self.options.path, body, prompt_tokens, output_tokens
         )
 
-    def _block(self, hash_id: int) -> str:
-        text = self._blocks.get(hash_id)
+    def _block(self, trace_pass: int, hash_id: int) -> str:
+        key = (trace_pass, hash_id)
+        text = self._blocks.get(key)
         if text is None:
-            rng = random.Random(f"block:{self.options.seed}:{hash_id}")
+            rng = random.Random(f"block:{self.options.seed}:{trace_pass}:{hash_id}")
             lo, hi = self.options.token_id_low, self.options.token_id_high
             text = ",".join(map(str, _draw_ids(rng, lo, hi, self.options.prefix_block_tokens)))
-            if len(self._blocks) < 100_000:
-                self._blocks[hash_id] = text
+            if len(self._blocks) >= 100_000:
+                self._blocks.clear()  # a bounded memo: an id's tokens are recomputed identically
+            self._blocks[key] = text
         return text
+
+
+def trace_pass_of(sequence: int, trace_requests: int) -> int:
+    """Which pass through the trace the ``sequence``-th request belongs to (0 with no pass length)."""
+    return sequence // trace_requests if trace_requests > 0 else 0
 
 
 def _draw_ids(rng: random.Random, low: int, high: int, count: int) -> list[int]:

@@ -41,7 +41,7 @@ from oomload.verdict.prediction import Prediction
 from oomload.verdict.runview import RunView
 from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, StepFacts
 
-CRITICAL = frozenset({"no_steps", "non_monotone", "prediction_disagrees", "odds_disagree"})
+CRITICAL = frozenset({"no_steps", "non_monotone", "prediction_disagrees", "odds_disagree", "prefix_mismatch"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ loose, and ``records.as_int``, ``as_float``, … read them as numbers or ``None`
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -48,7 +49,7 @@ from oomload.rundir.records import (
     parse_status,
     parse_step_lines,
 )
-from oomload.trace import read_trace
+from oomload.trace import TraceRecord, read_trace
 
 LAST_STEP_TAIL_S = 5.0
 
@@ -87,6 +88,7 @@ class RunView:
     odds: tuple[LevelOdds, ...] = ()  # the trace's odds per level (odds.jsonl), ascending
     settings: RunConfig = field(default_factory=RunConfig)  # the fields of config.json the verdict reads
     pool: CacheConfig | None = None  # the fields of cache_config.json the verdict reads (None: no file)
+    trace_records: tuple[TraceRecord, ...] = ()  # the run's trace.jsonl (prefix ids for the hit rate)
 
     def odds_at(self, concurrency: int) -> LevelOdds | None:
         return next((o for o in self.odds if o.concurrency == concurrency), None)
@@ -105,6 +107,7 @@ def load_run(path: str | Path) -> RunView:
     output_tokens: tuple[int, ...] = ()
     trace_note: str | None = None
     trace_file = reader.path / "trace.jsonl"
+    records: list[TraceRecord] = []
     if trace_file.exists():
         try:
             records = read_trace(trace_file)
@@ -115,7 +118,7 @@ def load_run(path: str | Path) -> RunView:
     else:
         trace_note = "the run directory holds no trace.jsonl"
     try:
-        return assemble_run(
+        view = assemble_run(
             path=reader.path,
             config=config,
             status=reader.status(),
@@ -133,6 +136,7 @@ def load_run(path: str | Path) -> RunView:
         )
     except (TypeError, ValueError, KeyError) as err:
         raise ConfigError(f"{reader.path} holds malformed run data ({err})") from err
+    return dataclasses.replace(view, trace_records=tuple(records))
 
 
 def assemble_run(

@@ -86,6 +86,7 @@ from oomload.verdict.confidence import (
 )
 from oomload.verdict.death import EngineDeath, detect_engine_death
 from oomload.verdict.prediction import Prediction, compare_prediction
+from oomload.verdict.prefixrate import PrefixCheck, StepWindow, prefix_check
 from oomload.verdict.runview import RunView
 from oomload.verdict.stepfacts import (
     END_REASON_WORDS,
@@ -286,6 +287,7 @@ class Verdict:
     level_summaries: tuple[LevelSummary, ...] = ()
     odds_onset: int | None = None  # lowest measured level with non-negligible odds (module docstring)
     odds_onset_low: int | None = None  # one above the highest measured level with negligible odds below it
+    prefix: PrefixCheck | None = None  # the prompt shape measured and the prefix-cache hit rates
 
     @property
     def odds_levels_apart(self) -> int | None:
@@ -366,6 +368,7 @@ class Verdict:
             "level_summaries": [lv.to_json() for lv in self.level_summaries],
             "odds_onset": self.odds_onset,
             "odds_onset_low": self.odds_onset_low,
+            "prefix": None if self.prefix is None else self.prefix.to_json(),
             "odds_levels_apart": self.odds_levels_apart,
             "last_safe_concurrency": self.last_safe_concurrency,
             "first_unsafe_concurrency": self.first_unsafe_concurrency,
@@ -451,6 +454,17 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         *worker_notes(view, steps),
         *_level_notes(summaries, onset, (odds_low, odds_onset), levels),
     ]
+    prefix = prefix_check(
+        view.config,
+        view.cache_config,
+        view.trace_records,
+        [
+            StepWindow(d.boundary.index, d.boundary.concurrency, d.requests, d.metrics, d.baseline_metric)
+            for d in view.steps
+        ],
+    )
+    if prefix.problem is not None:
+        notes.append(ConfidenceNote("prefix_mismatch", prefix.problem))
     key_levels = {c for c in (last_safe, None if onset is None else onset.concurrency) if c is not None}
     measured_ids = {s.index for s in measured}
     requests = [r for d in view.steps if d.boundary.index in measured_ids for r in d.requests]
@@ -480,6 +494,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         level_summaries=summaries,
         odds_onset=odds_onset,
         odds_onset_low=odds_low,
+        prefix=prefix,
     )
 
 

@@ -262,6 +262,19 @@ class RequestOrder:
 
     ``tail_percentile`` keeps only requests whose total length (prompt + output) is at or above that
     nearest-rank percentile, so KV exhaustion is reached with far fewer requests.
+
+    Conversations. Records that name a ``session`` form one *unit*: the session's turns in ``turn``
+    order (trace order where turns are missing), placed where its first turn is; every other record is
+    a unit of its own. ``next_unit`` hands out whole units, so one user sends a conversation's turns
+    one after the other (each after the previous one has ended, as a chat client does). A request's
+    sequence number is ``pass × N + its position`` in the replayed records (N of them), so it is
+    unique across the run and its pass through the trace is ``sequence // N`` (``trace_pass_of``).
+    Trace order: unit ``u`` of the run (``u = offset + k × stride`` for worker ``offset`` of
+    ``stride``) is unit ``u mod U`` of pass ``u // U``. Sample order draws units with replacement; the
+    ``d``-th draw's requests get sequence numbers ``d × N + position`` (unique), and its ids keep their
+    tokens for the whole run (one pass: the payload is built with ``trace_requests = 0``) — a request
+    drawn twice is a repeat by design, and hits its earlier copy as a repeated request would. ``next``
+    hands out single requests as before (the open loop, which replays the trace's arrival times once).
     """
 
     def __init__(
@@ -288,11 +301,18 @@ class RequestOrder:
         self.mode = mode
         self._rng = random.Random(seed * 7919 + offset)
         self._next = 0
+        self._next_unit = 0
         self.offset, self.stride = offset, max(1, stride)
+        self.units = conversation_units(chosen)
+
+    @property
+    def pass_length(self) -> int:
+        """Requests per pass through the trace for the payload's ids (0: one pass, in sample order)."""
+        return len(self.records) if self.mode == "trace" else 0
 
     @property
     def sent(self) -> int:
-        """How many requests were handed out so far."""
+        """How many requests were handed out so far by ``next``."""
         return self._next
 
     def next(self) -> tuple[TraceRecord, int]:
@@ -303,3 +323,33 @@ class RequestOrder:
         if self.mode == "sample":
             return self.records[self._rng.randrange(len(self.records))], sequence
         return self.records[sequence % len(self.records)], sequence
+
+    def next_unit(self) -> list[tuple[TraceRecord, int]]:
+        """The next conversation (or single request): its records in turn order, with sequence numbers."""
+        draw = self.offset + self._next_unit * self.stride
+        self._next_unit += 1
+        if self.mode == "sample":
+            unit, base_index = self.units[self._rng.randrange(len(self.units))], draw
+        else:
+            unit, base_index = self.units[draw % len(self.units)], draw // len(self.units)
+        base = base_index * len(self.records)
+        return [(self.records[p], base + p) for p in unit]
+
+
+def conversation_units(records: Sequence[TraceRecord]) -> list[tuple[int, ...]]:
+    """Positions of ``records`` grouped into units: a session's turns in turn order, where its first
+    turn is; each record without a session alone (``RequestOrder``)."""
+    units: list[list[int]] = []
+    by_session: dict[str, list[int]] = {}
+    for position, record in enumerate(records):
+        if record.session is None:
+            units.append([position])
+            continue
+        turns = by_session.get(record.session)
+        if turns is None:
+            turns = by_session[record.session] = []
+            units.append(turns)
+        turns.append(position)
+    for turns in by_session.values():
+        turns.sort(key=lambda p: (records[p].turn is None, records[p].turn or 0, p))
+    return [tuple(u) for u in units]

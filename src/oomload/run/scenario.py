@@ -77,7 +77,7 @@ def bind_user(
     if payload.api == "chat":
         builder = ChatPayloads(payload, tokenize_counter(options.url, payload.model, api_key))
     else:
-        builder = CompletionPayloads(payload, trace_requests=len(order.records))
+        builder = CompletionPayloads(payload, trace_requests=order.pass_length)
     context = ReplayContext(order=order, payloads=builder, sink=sink)
     if options.open_loop:
         import time

@@ -8,11 +8,11 @@ really did what the shape implies.
 Expected rate, per step: the requests of the run in the order they were sent (start time); each one's
 replayed ids are its ``hash_ids`` that fit whole in its prompt (``block_tokens`` each), keyed by
 ``(pass, id)`` as the payload seeds them (pass = sequence number ÷ requests in the replayed trace, the
-sequence number being the part of the request id after the last ``#``). Its expected hit is the
-tokens of its leading ids already sent earlier in the run — an infinite-cache upper bound — rounded
-down to whole server blocks and capped at ``⌊(L − 1) / B⌋ · B`` (vLLM always computes the last
-token). The step's rate = expected hit tokens ÷ prompt tokens of its requests. In a distinct run the
-expected rate is 0.
+sequence number being the part of the request id after the last ``#``; one pass in sample order).
+Its expected hit is the tokens of its leading ids already sent earlier in the run — an
+infinite-cache upper bound — rounded down to whole server blocks and capped at ``⌊(L − 1) / B⌋ · B``
+(vLLM always computes the last token). The step's rate = expected hit tokens ÷ prompt tokens of its
+requests. In a distinct run the expected rate is 0.
 
 Server rate, per step: the rise of ``vllm:prefix_cache_hits_total`` ÷ the rise of
 ``vllm:prefix_cache_queries_total`` (tokens) from the last scrape before the step to its last scrape.
@@ -137,7 +137,12 @@ def prefix_check(
     caching = _flag((cache_config or {}).get("enable_prefix_caching"))
     server_block = _positive_int((cache_config or {}).get("block_size")) or 1
     replayed = _replayed(records, config.get("tail_percentile"))
-    expected = expected_hits(steps, replayed, block_tokens, server_block) if shared and block_tokens else {}
+    pass_length = len(replayed) if config.get("order", "trace") == "trace" else 0
+    expected = (
+        expected_hits(steps, replayed, block_tokens, server_block, pass_length=pass_length)
+        if shared and block_tokens
+        else {}
+    )
     rows = []
     hits_sum = queries_sum = 0
     exp_hits = exp_prompt = 0
@@ -217,13 +222,19 @@ def _with_problem(check: PrefixCheck) -> PrefixCheck:
 
 
 def expected_hits(
-    steps: Sequence[StepWindow], replayed: Sequence[TraceRecord], block_tokens: int, server_block: int
+    steps: Sequence[StepWindow],
+    replayed: Sequence[TraceRecord],
+    block_tokens: int,
+    server_block: int,
+    *,
+    pass_length: int | None = None,
 ) -> dict[int, tuple[int, int]]:
-    """Per step index: (expected hit tokens, prompt tokens) of its requests (module docstring)."""
+    """Per step index: (expected hit tokens, prompt tokens) of its requests (module docstring);
+    ``pass_length``: requests per pass (default: all replayed records; 0: one pass, sample order)."""
     by_id: dict[str, TraceRecord] = {}
     for r in replayed:
         by_id.setdefault(r.id, r)
-    trace_requests = len(replayed)
+    pass_requests = len(replayed) if pass_length is None else pass_length
     sent = sorted(((r, s.index) for s in steps for r in s.requests), key=lambda pair: pair[0].start_unix_s)
     seen: set[tuple[int, int]] = set()
     out: dict[int, tuple[int, int]] = {}
@@ -232,8 +243,8 @@ def expected_hits(
         record = by_id.get(record_id)
         prompt = request.prompt_tokens_asked
         hit = 0
-        if record is not None and seq_text.isdigit() and trace_requests:
-            trace_pass = int(seq_text) // trace_requests
+        if record is not None and seq_text.isdigit():
+            trace_pass = int(seq_text) // pass_requests if pass_requests else 0
             keys = [(trace_pass, h) for h in record.hash_ids[: prompt // block_tokens]]
             leading = 0
             for key in keys:

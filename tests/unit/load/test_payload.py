@@ -149,3 +149,26 @@ def test_bad_options_are_config_errors() -> None:
     with pytest.raises(ConfigError):
         parse_token_id_range("100")
     assert parse_token_id_range("3:900") == (3, 900)
+
+
+@pytest.mark.parametrize("mode", ["trace", "sample"])
+def test_conversations_are_whole_units_with_sequence_numbers_unique_across_workers(mode: str) -> None:
+    records = [
+        TraceRecord("a0", 0.0, 8, 1, session="A", turn=0),
+        TraceRecord("b0", 0.0, 8, 1, session="B", turn=0),
+        TraceRecord("a1", 0.0, 8, 1, session="A", turn=1),
+        TraceRecord("c", 0.0, 8, 1),
+    ]
+    workers = [RequestOrder(records, mode=mode, offset=k, stride=2, seed=5) for k in range(2)]  # type: ignore[arg-type]
+    sequences: list[int] = []
+    for _ in range(7):
+        for order in workers:
+            unit = order.next_unit()
+            assert [r.id for r, _ in unit] in (["a0", "a1"], ["b0"], ["c"])
+            sequences += [seq for _, seq in unit]
+            if mode == "trace":  # the pass through the trace, from the sequence number alone
+                assert {seq // len(records) for _, seq in unit} == {
+                    (order.offset + order._next_unit * 2 - 2) // 3
+                }
+    assert len(sequences) == len(set(sequences))
+    assert workers[0].pass_length == (4 if mode == "trace" else 0)

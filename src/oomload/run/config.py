@@ -198,19 +198,24 @@ def prefix_block_tokens(trace_path: str | Path) -> int:
 
 
 def prefix_mode(config: ReplayConfig, records: Sequence[TraceRecord]) -> dict[str, Any]:
-    """What the replay measures, for ``config.json`` and every report: ``shared`` (production shape:
-    the trace's shared prefixes are sent as identical token blocks) or ``distinct`` (worst case: every
-    prompt distinct from token 0), and why when the production shape could not be replayed."""
+    """What the replay measures, for ``config.json`` and every report (``prefix_mode_of``)."""
+    return prefix_mode_of(config.payload_options(""), records)
+
+
+def prefix_mode_of(payload: PayloadOptions, records: Sequence[TraceRecord]) -> dict[str, Any]:
+    """``shared`` (production shape: the trace's shared prefixes are sent as identical token blocks) or
+    ``distinct`` (worst case: every prompt distinct from token 0), and why when the production shape
+    could not be replayed."""
     why = None
-    if config.distinct_prompts:
+    if not payload.prefix_sharing:
         why = "--distinct-prompts"
-    elif config.api != "completions":
+    elif payload.api != "completions":
         why = "the chat API replays calibrated text, which cannot carry the trace's shared blocks"
     elif not any(r.hash_ids for r in records):
         why = "the trace carries no prefix structure (no hash_ids)"
     return {
         "mode": "distinct" if why else "shared",
-        "block_tokens": config.prefix_block_tokens,
+        "block_tokens": payload.prefix_block_tokens,
         "why_distinct": why,
     }
 

@@ -34,6 +34,7 @@ from oomload.run.config import (
     REQUEST_TIMEOUT_S,
     LoadOptions,
     prefix_block_tokens,
+    prefix_mode_of,
 )
 from oomload.run.preflight import preflight, split_base_url
 from oomload.rundir import RunWriter
@@ -237,7 +238,7 @@ def _write_scenario_config(
     import time
 
     from oomload import __version__
-    from oomload.trace import TraceHeader, write_trace
+    from oomload.trace import TraceHeader, read_trace_header, write_trace
 
     levels = [int(x) for x in parse_levels(settings.ramp)] if settings.ramp else []
     writer.write_json(
@@ -268,10 +269,16 @@ def _write_scenario_config(
             "processes": 1,
             "scenario": True,
             "api_key_env": options.api_key_env,
+            "order": options.order,
+            "tail_percentile": options.tail_percentile,
+            "prefix": prefix_mode_of(options.payload, records),
         },
     )
+    prefix = read_trace_header(options.trace_path).prefix_or_default()
     write_trace(
-        writer.path / "trace.jsonl", records, TraceHeader(source=(options.trace_path,), format="oomload")
+        writer.path / "trace.jsonl",
+        records,
+        TraceHeader(source=(options.trace_path,), format="oomload", prefix=prefix),
     )
 
 

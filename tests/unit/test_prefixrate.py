@@ -127,3 +127,20 @@ def test_the_gate_does_not_pass_a_run_whose_prefix_behaviour_was_not_what_it_cla
     good = build_verdict(load_run(_write_prefix_run(tmp_path / "good", hits=0, caching=True)))
     assert good.prefix is not None and good.prefix.problem is None  # the trace's records share nothing
     assert evaluate_gate(rule, good).status is GateStatus.PASS
+
+
+def test_evictions_in_a_preempting_step_are_not_a_setup_problem() -> None:
+    """A level that preempts evicts cached blocks and hits less than the trace's infinite cache: the
+    judgement uses the steps that did not preempt, unless every step preempted."""
+    records = _records(8)
+    clean_sent = [_sent(f"r{i}", i, 0, float(i)) for i in range(4)]
+    busy_sent = [_sent(f"r{i}", i, 1, 10.0 + i) for i in range(4, 8)]
+    clean = StepWindow(0, 2, clean_sent, (_metrics(5.0, 2560, 1536),), _metrics(-1.0, 0, 0))
+    busy = StepWindow(
+        1, 8, busy_sent, (_metrics(15.0, 5120, 1536),), _metrics(5.0, 2560, 1536), preempted=True
+    )
+    check = prefix_check({"prefix": SHARED}, {"block_size": 32}, records, [clean, busy])
+    assert check.steps[1].server_rate == 0.0 and check.problem is None
+    assert check.server_rate is not None and check.server_rate < 0.5 * (check.expected_rate or 0)  # run-wide
+    only_busy = prefix_check({"prefix": SHARED}, {"block_size": 32}, records, [busy])
+    assert only_busy.problem is not None and "did not measure production" in only_busy.problem

@@ -17,7 +17,9 @@ requests. In a distinct run the expected rate is 0.
 Server rate, per step: the rise of ``vllm:prefix_cache_hits_total`` ÷ the rise of
 ``vllm:prefix_cache_queries_total`` (tokens) from the last scrape before the step to its last scrape.
 
-Disagreement (``PrefixCheck.problem``), judged over the whole run (the sums of all steps): a
+Disagreement (``PrefixCheck.problem``), judged over the steps that did not preempt (their sums; all
+steps when every step preempted) — under preemption vLLM evicts cached blocks, so a thrashing level
+hits less than an infinite cache would, and that is the engine's behaviour, not a wrong setup: a
 production-shape run whose server reports prefix caching off (``cache_config_info``
 ``enable_prefix_caching`` false), or whose server rate is below half the expected rate (when that is
 at least ``MEANINGFUL_RATE``), did not measure production; a run whose server hit rate is
@@ -118,6 +120,7 @@ class StepWindow:
     requests: Sequence[RequestResult]
     metrics: Sequence[MetricsRow]
     baseline: MetricsRow | None
+    preempted: bool = False  # the step preempted (evictions may lower its hit rate)
 
 
 def prefix_check(
@@ -144,18 +147,14 @@ def prefix_check(
         else {}
     )
     rows = []
-    hits_sum = queries_sum = 0
-    exp_hits = exp_prompt = 0
-    any_server = False
+    run = _Sums()
+    clean = _Sums()  # the steps that did not preempt: the judgement's basis when there are any
     for s in steps:
         server_hits, server_queries = _counter_rise(s)
-        if server_queries:
-            any_server = True
-            hits_sum += server_hits
-            queries_sum += server_queries
         eh, ep = expected.get(s.index, (0, sum(r.prompt_tokens_asked for r in s.requests)))
-        exp_hits += eh
-        exp_prompt += ep
+        run.add(server_hits, server_queries, eh, ep)
+        if not s.preempted:
+            clean.add(server_hits, server_queries, eh, ep)
         rows.append(
             StepPrefixRate(
                 s.index,
@@ -165,24 +164,47 @@ def prefix_check(
                 eh / ep if ep else None,
             )
         )
-    server_rate = hits_sum / queries_sum if any_server and queries_sum else None
-    expected_rate = exp_hits / exp_prompt if exp_prompt else None
     check = PrefixCheck(
         mode="shared" if shared else "distinct",
         why_distinct=None if shared else why,
         block_tokens=block_tokens,
         server_caching=caching,
         steps=tuple(rows),
-        server_rate=server_rate,
-        expected_rate=expected_rate,
+        server_rate=run.server_rate,
+        expected_rate=run.expected_rate,
         problem=None,
     )
-    return _with_problem(check)
+    judged = clean if clean.server_rate is not None else run
+    return _with_problem(check, judged.server_rate, judged.expected_rate)
 
 
-def _with_problem(check: PrefixCheck) -> PrefixCheck:
+@dataclass(slots=True)
+class _Sums:
+    """Token sums over some steps: the server's hits and queries, the expected hits and prompt tokens."""
+
+    hits: int = 0
+    queries: int = 0
+    expected_hits: int = 0
+    prompt_tokens: int = 0
+
+    def add(self, hits: int, queries: int, expected_hits: int, prompt_tokens: int) -> None:
+        self.hits += hits
+        self.queries += queries
+        self.expected_hits += expected_hits
+        self.prompt_tokens += prompt_tokens
+
+    @property
+    def server_rate(self) -> float | None:
+        return self.hits / self.queries if self.queries else None
+
+    @property
+    def expected_rate(self) -> float | None:
+        return self.expected_hits / self.prompt_tokens if self.prompt_tokens else None
+
+
+def _with_problem(check: PrefixCheck, server: float | None, expected: float | None) -> PrefixCheck:
+    """``check`` with its ``problem`` (module docstring), judged on the given rates."""
     problem = None
-    expected, server = check.expected_rate, check.server_rate
     if check.mode == "shared" and check.server_caching is False:
         problem = (
             "The server runs without prefix caching (cache_config_info enable_prefix_caching False), so "

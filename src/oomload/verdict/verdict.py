@@ -459,8 +459,15 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         view.cache_config,
         view.trace_records,
         [
-            StepWindow(d.boundary.index, d.boundary.concurrency, d.requests, d.metrics, d.baseline_metric)
-            for d in view.steps
+            StepWindow(
+                d.boundary.index,
+                d.boundary.concurrency,
+                d.requests,
+                d.metrics,
+                d.baseline_metric,
+                preempted=bool(facts.preemptions),
+            )
+            for d, facts in zip(view.steps, steps, strict=True)
         ],
     )
     if prefix.problem is not None:

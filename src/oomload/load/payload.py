@@ -13,7 +13,8 @@
     random suffix), so the prompt has exactly the trace's token count. The rest of the prompt is
     random, drawn by a generator seeded with ``(seed, sequence number)``: fresh for every send.
 
-    ``pass`` = sequence number ÷ the requests in the replayed trace: the k-th time through the trace
+    ``pass`` = sequence number ÷ the requests in the replayed trace (``trace_requests``; in sample order
+    there is one pass, see ``RequestOrder``): the k-th time through the trace
     the ids map to new tokens. So within one pass a request shares exactly what the trace says it
     shares (a system prompt with every other request), while a request replayed again in a later pass
     does not hit blocks left in the server's cache by its own earlier copy — production sees each
@@ -22,6 +23,7 @@
 
     *Worst case* (``--distinct-prompts``): no id is used, every prompt is random from token 0, so
     prefix caching cannot hide any pressure.
+
     Output: ``max_tokens = min_tokens = O`` with ``ignore_eos`` (vLLM's extras) unless exact output is
     switched off; ``stream_options.include_usage`` so the server's ``usage`` can be checked.
 
@@ -29,7 +31,8 @@
     The text comes from a ``Calibrator`` that finds, through the server's ``/tokenize`` (messages form,
     so the chat template is counted), a word sequence whose token count is exactly ``P``; it is cached
     per length. Each request shuffles the words (same multiset, so the same count for tokenizers that
-    split on spaces, but a different prefix), and ``usage.prompt_tokens`` shows any deviation.
+    split on spaces, but a different prefix), and ``usage.prompt_tokens`` shows any deviation. Chat
+    replays are therefore always the worst case: calibrated text cannot carry the trace's blocks.
 
 Bodies are built as bytes by hand: ``json.dumps`` of a 8k-id list costs more than the join below.
 """

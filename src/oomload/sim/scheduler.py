@@ -30,7 +30,8 @@ parent's (block k depends on tokens 0..k·B+B−1), so a prefix is shared only w
 ``(num_tokens − 1) // B`` blocks (the last token is always computed). Hit blocks are referenced, not
 copied. A block no running request references stays cached but counts as FREE (``usage`` counts only
 blocks held by live requests) and is evicted LRU-first, after the uncached free blocks, when the pool
-needs it; a request frees its blocks to the LRU tail. The counters (``num_queried_tokens`` /
+needs it; a request frees its blocks to the LRU tail in reverse order (its chain's last block is
+evicted first, block 0 last). The counters (``num_queried_tokens`` /
 ``num_cached_tokens``, vLLM's ``prefix_cache_queries`` / ``_hits``, in tokens) count a request's
 first admission only: the re-hits of a preempted request go to vLLM's separate ``preempted_*`` stats.
 Not modelled: vLLM also hashes blocks filled by decode output, which only a preempted request itself
@@ -301,7 +302,9 @@ class Scheduler:
 
     def _free(self, req: SimRequest) -> None:
         still_shared = 0
-        for h in req.cached_hashes:
+        # vLLM frees a request's blocks in reverse order onto the LRU tail: the chain's last block is
+        # evicted first and block 0 last, so a prefix stays hittable as long as possible
+        for h in reversed(req.cached_hashes):
             refs = self._cache_refs.get(h)
             if refs is None:
                 continue  # an unshared duplicate (see _register_full_blocks)

@@ -251,3 +251,22 @@ def test_a_request_preempted_mid_prefill_is_not_counted_twice() -> None:
         queried += sched.step().num_queried_tokens
     assert long_prompt.num_preemptions + long_decode.num_preemptions > 0
     assert queried == 4 + 20
+
+
+def test_a_freed_chain_is_evicted_from_its_end_so_its_prefix_stays_hittable() -> None:
+    """vLLM frees a request's blocks in reverse order onto the LRU tail. Regression: the simulator
+    evicted block 0 first, which breaks the whole chain for every later lookup."""
+    config = SchedulerConfig(6, 4, 4, 64, 400, enable_prefix_caching=True)  # 5 usable blocks
+    sched = Scheduler(config)
+    first = SimRequest("a", 13, 1, prompt_ids=list(range(13)))  # 3 full blocks cached, 4 held
+    sched.add(first)
+    while sched.has_work:
+        sched.step()
+    other = SimRequest("b", 12, 1, prompt_ids=list(range(100, 112)))  # 3 blocks: 2 uncached + 1 evicted
+    sched.add(other)
+    while sched.has_work:
+        sched.step()
+    again = SimRequest("c", 13, 1, prompt_ids=list(range(13)))
+    sched.add(again)
+    result = sched.step()
+    assert result.num_cached_tokens == 8  # blocks 0 and 1 still cached; block 2 was evicted

@@ -120,6 +120,24 @@ def test_the_gate_does_not_pass_a_run_whose_prefix_behaviour_was_not_what_it_cla
     assert bad.confidence == "low"
     shape = next(f for f in describe(bad, recommend(bad)) if f.key == "prompt_shape")
     assert shape.severity == "bad" and "without prefix caching" in shape.text
+    from rich.console import Console
+
+    from oomload.report.html import render_html
+    from oomload.report.junit import render_junit
+    from oomload.report.markdown import render_markdown
+    from oomload.report.terminal import render_terminal
+
+    rec = recommend(bad)
+    console = Console(record=True, width=200)
+    render_terminal(console, bad, rec)
+    view = load_run(tmp_path / "bad")
+    for text in (
+        render_markdown(bad, rec),
+        render_html(view, bad, rec),
+        render_junit(bad, rec),
+        console.export_text(),
+    ):
+        assert "production shape: shared prefixes" in text and "without prefix caching" in text
     summary = bad.to_json()["prefix"]
     assert summary["mode"] == "shared" and summary["server_prefix_caching"] is False
     assert summary["problem"] == bad.prefix.problem

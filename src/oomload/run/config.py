@@ -212,7 +212,7 @@ def prefix_mode_of(payload: PayloadOptions, records: Sequence[TraceRecord]) -> d
     elif payload.api != "completions":
         why = "the chat API replays calibrated text, which cannot carry the trace's shared blocks"
     elif not any(r.hash_ids for r in records):
-        why = "the trace carries no prefix structure (no hash_ids)"
+        why = "the trace has no hash_ids: no prefix structure to replay"
     return {
         "mode": "distinct" if why else "shared",
         "block_tokens": payload.prefix_block_tokens,

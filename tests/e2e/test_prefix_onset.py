@@ -145,6 +145,10 @@ def test_onsets_agree_with_the_block_arithmetic(
     worst = predict_preemption_onset(blocks, block_size, [PROMPT_TOKENS + OUTPUT_TOKENS])
     assert worst.onset_mean == 4
     assert abs(_grid_index(_onset(distinct)["concurrency"]) - _grid_index(worst.onset_mean)) <= 1
+    # oomload's own prediction of the worst case (every block once per request) agrees with it
+    prediction = (distinct.run.summary or {})["verdict"]["prediction"]
+    assert (prediction["num_gpu_blocks"], prediction["block_size"], prediction["onset_mean"]) == (80, 32, 4)
+    assert prediction["levels_apart"] is not None and prediction["levels_apart"] <= 1, prediction
     # The production shape's arithmetic: the 16 shared blocks held once, 6 blocks per request.
     usable = blocks - 1
     shared_blocks = len(SHARED_IDS)

@@ -41,6 +41,7 @@ def trace(tmp_path: Path) -> Path:
         (["--url", "http://127.0.0.1:1", "--sim", "--time-scale 0"], "--sim"),
         (["--web", "--web-keep-s", "-1"], "--web-keep-s"),
         (["--web", "--web-keep-s", "nan"], "--web-keep-s"),
+        (["--prefix-sharing", "--distinct-prompts"], "contradict each other"),
     ],
 )
 def test_bad_flags_are_one_sentence_and_exit_2(
@@ -51,6 +52,30 @@ def test_bad_flags_are_one_sentence_and_exit_2(
     assert code == 2
     assert err.startswith("oomload: error: ") and needle in err, err
     assert "Traceback" not in err
+
+
+def test_production_shape_is_the_default_with_the_headers_block_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from oomload.cli import build_parser
+    from oomload.cli.replay import build_config
+    from oomload.run.config import ReplayConfig
+    from oomload.trace import PrefixInfo
+
+    path = tmp_path / "t.jsonl"
+    write_trace(path, [TraceRecord("r0", 0.0, 40, 5, hash_ids=(1, 2))], TraceHeader(prefix=PrefixInfo(16)))
+
+    def config(*flags: str) -> ReplayConfig:
+        result: ReplayConfig = build_config(build_parser().parse_args(["replay", str(path), *flags]))
+        return result
+
+    default = config()
+    assert not default.distinct_prompts and default.prefix_block_tokens == 16
+    assert default.payload_options("m").prefix_sharing
+    assert not config("--distinct-prompts").payload_options("m").prefix_sharing
+    old = config("--prefix-sharing")  # the old name of the default: a note, nothing else
+    assert old.payload_options("m").prefix_sharing
+    assert "--prefix-sharing is the default now" in capsys.readouterr().err
 
 
 def test_missing_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -102,7 +127,7 @@ def test_help_lists_the_contract_flags(capsys: pytest.CaptureFixture[str]) -> No
         "--tail-percentile",
         "--open-loop",
         "--arrival-scale",
-        "--prefix-sharing",
+        "--distinct-prompts",
         "--no-exact-output",
         "--api-key-env",
         "--run-dir",

@@ -167,6 +167,32 @@ def test_replay_with_two_worker_processes(sim: SimServer, tmp_path: Path) -> Non
     assert [s["concurrency"] for s in steps] == [2, 4]
 
 
+def test_production_shape_across_two_worker_processes_hits_what_the_trace_shares(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    """Every request shares a 128-token system prompt (8 ids of 16 tokens): by default both worker
+    processes send it as the same tokens, so the simulated vLLM (prefix caching on, as V1) hits it,
+    and the verdict shows its hit rate beside the trace's expected one."""
+    from oomload.trace import PrefixInfo, read_trace_header
+
+    records = [TraceRecord(f"r{i}", 0.0, 160, 4, hash_ids=tuple(range(1, 9))) for i in range(40)]
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, records, TraceHeader(format="test", prefix=PrefixInfo(block_tokens=16)))
+    run_dir = tmp_path / "run"
+    shape = ["--concurrency", "2,4", "--hold-s", "1", "--min-requests", "8", "--stop-on", "never"]
+    proc = _replay([str(trace), "--url", sim.url, *shape, "--processes", "2", "--run-dir", str(run_dir)])
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    _assert_exact(run_dir)
+    assert json.loads((run_dir / "config.json").read_text())["prefix"]["mode"] == "shared"
+    assert read_trace_header(run_dir / "trace.jsonl").prefix == PrefixInfo(block_tokens=16)
+    prefix = json.loads((run_dir / "summary.json").read_text())["verdict"]["prefix"]
+    assert prefix["measured"] == "production shape: shared prefixes" and prefix["problem"] is None
+    assert prefix["server_prefix_caching"] is True
+    assert prefix["expected_hit_rate"] > 0.7  # 128 of 160 tokens, less the first request of each pass
+    assert abs(prefix["server_hit_rate"] - prefix["expected_hit_rate"]) <= 0.1 * prefix["expected_hit_rate"]
+    assert "Prompt shape" in proc.stdout and "production shape: shared prefixes" in proc.stdout
+
+
 def test_outcome_classes_from_the_simulator(tmp_path: Path) -> None:
     # max_model_len 256: prompt 300 → 400 overflow; 200 + 100 → clamped (truncated); tiny queue → 503s
     lengths = [(300, 5), (200, 100)] + [(60, 30)] * 30

@@ -48,6 +48,7 @@ CORE = {
     "oomload.verdict.death",
     "oomload.verdict.confidence",
     "oomload.verdict.prediction",
+    "oomload.verdict.prefixrate",
     "oomload.verdict.verdict",
     "oomload.verdict.recommend",
     "oomload.verdict.gate",

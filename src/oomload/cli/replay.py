@@ -120,8 +120,12 @@ def register(subparsers: Any) -> None:
         "--tail-percentile", type=float, metavar="P", help="replay only requests ≥ the P-th percentile"
     )
     req.add_argument(
-        "--prefix-sharing", action="store_true", help="shared prefix blocks from the trace's hash_ids"
+        "--distinct-prompts",
+        action="store_true",
+        help="the worst case: every prompt distinct from token 0 (default: the trace's shared prefixes "
+        "are replayed as identical token blocks, as production sends them)",
     )
+    req.add_argument("--prefix-sharing", action="store_true", help=argparse.SUPPRESS)  # the default now
     req.add_argument(
         "--no-exact-output", action="store_true", help="no min_tokens/ignore_eos (non-vLLM servers)"
     )
@@ -195,7 +199,14 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
     from oomload.trace import read_trace_header
     from oomload.verdict.gate import parse_gate
 
-    read_trace_header(args.trace)  # TraceFormatError (exit 2) before anything else
+    header = read_trace_header(args.trace)  # TraceFormatError (exit 2) before anything else
+    if args.prefix_sharing:
+        if args.distinct_prompts:
+            raise ConfigError("--prefix-sharing and --distinct-prompts contradict each other; drop one")
+        print(
+            "note: --prefix-sharing is the default now and will be removed; drop it",
+            file=sys.stderr,
+        )
     if args.ramp:
         levels = parse_levels(args.ramp)
     elif args.concurrency:
@@ -264,7 +275,8 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         tail_percentile=args.tail_percentile,
         open_loop=args.open_loop,
         arrival_scale=args.arrival_scale,
-        prefix_sharing=args.prefix_sharing,
+        distinct_prompts=args.distinct_prompts,
+        prefix_block_tokens=header.prefix_or_default().block_tokens,
         exact_output=not args.no_exact_output,
         token_id_range=parse_token_id_range(args.token_id_range),
         api_key_env=args.api_key_env,

@@ -107,7 +107,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, help="default: min(the model's window, 8192)")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA-graph memory reserve")
     g.add_argument(
-        "--enable-prefix-caching", action="store_true", help="model prefix caching (off by default)"
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="model V1's automatic prefix caching (on by default, as in vLLM; "
+        "--no-enable-prefix-caching turns it off)",
     )
     g.add_argument(
         "--oom",

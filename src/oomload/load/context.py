@@ -94,6 +94,7 @@ class ReplayContext:
         self.live_users: Callable[[], int] | None = None  # Locust's running users, stopping ones too
         # another process declared the server dead (a worker asks the run directory's marker)
         self.declared_dead: Callable[[], bool] | None = None
+        self._turns: dict[int, list[tuple[TraceRecord, int]]] = {}  # per user: its conversation's rest
 
     def may_send(self) -> bool:
         """False once no request may be sent: the run is ending, or the server was declared dead — in
@@ -112,11 +113,21 @@ class ReplayContext:
         self.open_loop_start_s = start_unix_s
         self.arrival_scale = arrival_scale
 
-    def next_request(self) -> tuple[PreparedRequest, float] | None:
-        """The next request and how long to wait before sending it; ``None`` once an open-loop
-        replay has sent every request of the trace once."""
+    def next_request(self, user: int = 0) -> tuple[PreparedRequest, float] | None:
+        """The next request for ``user`` and how long to wait before sending it; ``None`` once an
+        open-loop replay has sent every request of the trace once.
+
+        Closed loop: a user first finishes the conversation it began (``RequestOrder.next_unit``: the
+        session's next turn, sent only after the previous one ended, since a user sends one request
+        at a time), then takes the next unit. A user stopped by a lower step leaves the rest of its
+        conversation unsent (``forget``): the level counts conversations in flight, as chat clients."""
         if self.open_loop_start_s is None:
-            record, sequence = self.order.next()
+            pending = self._turns.get(user)
+            if not pending:
+                pending = self._turns[user] = self.order.next_unit()
+            record, sequence = pending.pop(0)
+            if not pending:
+                del self._turns[user]
             return self.payloads.build(record, sequence), 0.0
         if self.order.offset + self.order.sent * self.order.stride >= len(self.order.records):
             self.exhausted = True
@@ -124,6 +135,10 @@ class ReplayContext:
         record, sequence = self.order.next()
         due = self.open_loop_start_s + record.arrival_s * self.arrival_scale
         return self.payloads.build(record, sequence), max(0.0, due - self.clock())
+
+    def forget(self, user: int) -> None:
+        """A user stopped: the rest of its conversation is not sent."""
+        self._turns.pop(user, None)
 
     def begin_step(self, index: int, concurrency: int, phase: str) -> StepCounters:
         """Start counting a new step; returns the counters of the step that just ended."""

@@ -3,10 +3,27 @@
 ``/v1/completions`` (default)
     The prompt is a list of token ids, so its length is exact without a tokenizer: ``P`` ids drawn
     uniformly from ``[token_id_low, token_id_high)`` (default 100..2000: clear of the low special ids
-    every tokenizer uses and inside any vocabulary of ≥ 2,048 entries) by a generator seeded with
-    ``(seed, sequence number)``, so every request is distinct (prefix caching cannot hide the pressure)
-    and a run is reproducible. With prefix sharing, the trace's ``hash_ids`` become shared blocks: each
-    id maps to the same ``prefix_block_tokens`` ids wherever it appears, the rest stays random.
+    every tokenizer uses and inside any vocabulary of ≥ 2,048 entries).
+
+    *Production shape* (``prefix_sharing``, the default): the trace's ``hash_ids`` become shared
+    blocks. Each id maps to ``prefix_block_tokens`` ids (the trace header's ``prefix.block_tokens``)
+    drawn by a generator seeded with ``(seed, pass, id)`` only — so the same id gives the same tokens
+    in every step, every ``--processes`` worker and every remote worker of the run, with no state
+    shared between them. Only full blocks are filled (a last id covering a partial block is left to the
+    random suffix), so the prompt has exactly the trace's token count. The rest of the prompt is
+    random, drawn by a generator seeded with ``(seed, sequence number)``: fresh for every send.
+
+    ``pass`` = sequence number ÷ the requests in the replayed trace (``trace_requests``; in sample order
+    there is one pass, see ``RequestOrder``): the k-th time through the trace
+    the ids map to new tokens. So within one pass a request shares exactly what the trace says it
+    shares (a system prompt with every other request), while a request replayed again in a later pass
+    does not hit blocks left in the server's cache by its own earlier copy — production sees each
+    request once; a replay that cycles a short trace would otherwise warm the cache beyond it (vLLM
+    #52884). A shared prefix misses once per pass, as after a cold start.
+
+    *Worst case* (``--distinct-prompts``): no id is used, every prompt is random from token 0, so
+    prefix caching cannot hide any pressure.
+
     Output: ``max_tokens = min_tokens = O`` with ``ignore_eos`` (vLLM's extras) unless exact output is
     switched off; ``stream_options.include_usage`` so the server's ``usage`` can be checked.
 
@@ -14,7 +31,8 @@
     The text comes from a ``Calibrator`` that finds, through the server's ``/tokenize`` (messages form,
     so the chat template is counted), a word sequence whose token count is exactly ``P``; it is cached
     per length. Each request shuffles the words (same multiset, so the same count for tokenizers that
-    split on spaces, but a different prefix), and ``usage.prompt_tokens`` shows any deviation.
+    split on spaces, but a different prefix), and ``usage.prompt_tokens`` shows any deviation. Chat
+    replays are therefore always the worst case: calibrated text cannot carry the trace's blocks.
 
 Bodies are built as bytes by hand: ``json.dumps`` of a 8k-id list costs more than the join below.
 
@@ -60,8 +78,8 @@ class PayloadOptions:
     model: str = ""
     stream: bool = True
     exact_output: bool = True
-    prefix_sharing: bool = False
-    prefix_block_tokens: int = 512
+    prefix_sharing: bool = True  # production shape; False: distinct prompts (the worst case)
+    prefix_block_tokens: int = 512  # tokens per hash id: the trace header's prefix.block_tokens
     token_id_low: int = 100
     token_id_high: int = 2000
     seed: int = 0
@@ -118,9 +136,10 @@ def asked_lengths(record: TraceRecord) -> tuple[int, int]:
 class CompletionPayloads:
     """Builds ``/v1/completions`` bodies with token-id prompts of exact length."""
 
-    def __init__(self, options: PayloadOptions) -> None:
+    def __init__(self, options: PayloadOptions, *, trace_requests: int = 0) -> None:
         self.options = options
-        self._blocks: dict[int, str] = {}
+        self.trace_requests = trace_requests  # requests per pass through the trace (0: one pass)
+        self._blocks: dict[tuple[int, int], str] = {}
         self._tail = _body_tail(options)
         self._head = b'{"model":' + json.dumps(options.model).encode() + b',"prompt":['
 
@@ -133,10 +152,11 @@ class CompletionPayloads:
         filled = 0
         if self.options.prefix_sharing and record.hash_ids:
             block = self.options.prefix_block_tokens
+            trace_pass = trace_pass_of(sequence, self.trace_requests)
             for hash_id in record.hash_ids:
                 if filled + block > sent_tokens:
                     break
-                parts.append(self._block(hash_id))
+                parts.append(self._block(trace_pass, hash_id))
                 filled += block
         rest = sent_tokens - filled
         if rest:
@@ -147,15 +167,22 @@ class CompletionPayloads:
             f"{record.id}#{sequence}", self.options.path, body, prompt_tokens, output_tokens
         )
 
-    def _block(self, hash_id: int) -> str:
-        text = self._blocks.get(hash_id)
+    def _block(self, trace_pass: int, hash_id: int) -> str:
+        key = (trace_pass, hash_id)
+        text = self._blocks.get(key)
         if text is None:
-            rng = random.Random(f"block:{self.options.seed}:{hash_id}")
+            rng = random.Random(f"block:{self.options.seed}:{trace_pass}:{hash_id}")
             lo, hi = self.options.token_id_low, self.options.token_id_high
             text = ",".join(map(str, _draw_ids(rng, lo, hi, self.options.prefix_block_tokens)))
-            if len(self._blocks) < 100_000:
-                self._blocks[hash_id] = text
+            if len(self._blocks) >= 100_000:
+                self._blocks.clear()  # a bounded memo: an id's tokens are recomputed identically
+            self._blocks[key] = text
         return text
+
+
+def trace_pass_of(sequence: int, trace_requests: int) -> int:
+    """Which pass through the trace the ``sequence``-th request belongs to (0 with no pass length)."""
+    return sequence // trace_requests if trace_requests > 0 else 0
 
 
 def _draw_ids(rng: random.Random, low: int, high: int, count: int) -> list[int]:
@@ -252,6 +279,19 @@ class RequestOrder:
 
     ``tail_percentile`` keeps only requests whose total length (prompt + output) is at or above that
     nearest-rank percentile, so KV exhaustion is reached with far fewer requests.
+
+    Conversations. Records that name a ``session`` form one *unit*: the session's turns in ``turn``
+    order (trace order where turns are missing), placed where its first turn is; every other record is
+    a unit of its own. ``next_unit`` hands out whole units, so one user sends a conversation's turns
+    one after the other (each after the previous one has ended, as a chat client does). A request's
+    sequence number is ``pass × N + its position`` in the replayed records (N of them), so it is
+    unique across the run and its pass through the trace is ``sequence // N`` (``trace_pass_of``).
+    Trace order: unit ``u`` of the run (``u = offset + k × stride`` for worker ``offset`` of
+    ``stride``) is unit ``u mod U`` of pass ``u // U``. Sample order draws units with replacement; the
+    ``d``-th draw's requests get sequence numbers ``d × N + position`` (unique), and its ids keep their
+    tokens for the whole run (one pass: the payload is built with ``trace_requests = 0``) — a request
+    drawn twice is a repeat by design, and hits its earlier copy as a repeated request would. ``next``
+    hands out single requests as before (the open loop, which replays the trace's arrival times once).
     """
 
     def __init__(
@@ -278,11 +318,18 @@ class RequestOrder:
         self.mode = mode
         self._rng = random.Random(seed * 7919 + offset)
         self._next = 0
+        self._next_unit = 0
         self.offset, self.stride = offset, max(1, stride)
+        self.units = conversation_units(chosen)
+
+    @property
+    def pass_length(self) -> int:
+        """Requests per pass through the trace for the payload's ids (0: one pass, in sample order)."""
+        return len(self.records) if self.mode == "trace" else 0
 
     @property
     def sent(self) -> int:
-        """How many requests were handed out so far."""
+        """How many requests were handed out so far by ``next``."""
         return self._next
 
     def next(self) -> tuple[TraceRecord, int]:
@@ -293,3 +340,33 @@ class RequestOrder:
         if self.mode == "sample":
             return self.records[self._rng.randrange(len(self.records))], sequence
         return self.records[sequence % len(self.records)], sequence
+
+    def next_unit(self) -> list[tuple[TraceRecord, int]]:
+        """The next conversation (or single request): its records in turn order, with sequence numbers."""
+        draw = self.offset + self._next_unit * self.stride
+        self._next_unit += 1
+        if self.mode == "sample":
+            unit, base_index = self.units[self._rng.randrange(len(self.units))], draw
+        else:
+            unit, base_index = self.units[draw % len(self.units)], draw // len(self.units)
+        base = base_index * len(self.records)
+        return [(self.records[p], base + p) for p in unit]
+
+
+def conversation_units(records: Sequence[TraceRecord]) -> list[tuple[int, ...]]:
+    """Positions of ``records`` grouped into units: a session's turns in turn order, where its first
+    turn is; each record without a session alone (``RequestOrder``)."""
+    units: list[list[int]] = []
+    by_session: dict[str, list[int]] = {}
+    for position, record in enumerate(records):
+        if record.session is None:
+            units.append([position])
+            continue
+        turns = by_session.get(record.session)
+        if turns is None:
+            turns = by_session[record.session] = []
+            units.append(turns)
+        turns.append(position)
+    for turns in by_session.values():
+        turns.sort(key=lambda p: (records[p].turn is None, records[p].turn or 0, p))
+    return [tuple(u) for u in units]

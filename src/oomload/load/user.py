@@ -21,6 +21,10 @@ it is declared dead no request is sent, in any process: a user takes its start t
 ``ReplayContext.may_send`` (the workers of ``--processes N`` see the master's marker file in the run
 directory before its stop message arrives).
 
+Conversations: a user sends a conversation's turns one after the other (``ReplayContext.next_request``
+keyed by the user), so turn k goes out after turn k − 1 ended and from the same user; a user stopped by
+a lower step drops the rest of its conversation (``on_stop``).
+
 Open loop: when the context carries an ``ArrivalClock``, a user first waits until its request's
 scheduled arrival (the trace's ``arrival_s`` × scale) and only then sends it; the users are then a
 pool of senders and their number caps the in-flight requests.
@@ -66,7 +70,7 @@ class ReplayUser(User):
         if ctx.stopping or ctx.between_steps:
             gevent.sleep(IDLE_S)
             return
-        picked = ctx.next_request()
+        picked = ctx.next_request(id(self))
         if picked is None:  # open loop: the trace has been sent once
             gevent.sleep(IDLE_S)
             return
@@ -103,6 +107,10 @@ class ReplayUser(User):
         if needs_backoff(ex):
             ctx.death_suspected = True
             gevent.sleep(DEAD_BACKOFF_S)
+
+    def on_stop(self) -> None:
+        if self.replay is not None:
+            self.replay.forget(id(self))
 
     def _report(self, request: PreparedRequest, ex: Exchange) -> None:
         fire = self.environment.events.request.fire

@@ -31,6 +31,8 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
     """The findings of a verdict, most important first."""
     found = [
         run_status(verdict),
+        prompt_shape(verdict),
+        prefix_cache(verdict),
         preemption_onset(verdict),
         engine_death(verdict),
         kv_saturation(verdict),
@@ -55,6 +57,37 @@ def run_status(verdict: Verdict) -> Finding:
     if run.cut_short:
         return Finding("run_status", "Run", f"CUT SHORT: {run.cut_short_detail}", "warn")
     return Finding("run_status", "Run", f"complete ({run.end_reason or 'finished'})", "ok")
+
+
+def prompt_shape(verdict: Verdict) -> Finding | None:
+    """Which traffic the run measured: production shape (shared prefixes) or the worst case."""
+    check = verdict.prefix
+    if check is None:
+        return None
+    if check.problem is not None:
+        return Finding("prompt_shape", "Prompt shape", f"{check.words} — {check.problem}", "bad")
+    why = check.why_distinct
+    text = check.words if why is None or why == "--distinct-prompts" else f"{check.words} ({why})"
+    return Finding("prompt_shape", "Prompt shape", text, "info")
+
+
+def prefix_cache(verdict: Verdict) -> Finding | None:
+    """The server's own prefix-cache hit rate beside the trace's expected one, per measured step."""
+    check = verdict.prefix
+    if check is None or (check.server_rate is None and not check.expected_rate):
+        return None
+
+    def pct(value: float | None) -> str:
+        return "?" if value is None else f"{value:.0%}"
+
+    head = f"server {pct(check.server_rate)}, trace expects {pct(check.expected_rate)}"
+    per_step = [
+        f"c{s.concurrency} {pct(s.server_rate)}/{pct(s.expected_rate)}"
+        for s in check.steps
+        if s.server_rate is not None or s.expected_rate is not None
+    ]
+    text = head + (" (per step, server/expected: " + ", ".join(per_step) + ")" if per_step else "")
+    return Finding("prefix_cache", "Prefix-cache hits", text, "warn" if check.problem else "info")
 
 
 def preemption_onset(verdict: Verdict) -> Finding:

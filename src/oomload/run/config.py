@@ -20,7 +20,7 @@ from typing import Any
 from oomload import __version__
 from oomload.load.payload import Api, PayloadOptions
 from oomload.schedule import DEFAULT_REPEATS, Hold, SchedulePlan, StopCondition
-from oomload.trace import TraceRecord
+from oomload.trace import TraceRecord, read_trace_header
 
 # The demo target: a simulated Llama-3.1-8B on an L4 (device memory as vLLM would use it, served on the
 # simulator's /dcgm/metrics) whose KV cache preempts on traces/sample-chat.jsonl within the first few
@@ -111,7 +111,8 @@ class ReplayConfig:
     tail_percentile: float | None = None
     open_loop: bool = False
     arrival_scale: float = 1.0
-    prefix_sharing: bool = False
+    distinct_prompts: bool = False  # the worst case; by default the trace's shared prefixes are replayed
+    prefix_block_tokens: int = 512  # tokens per hash id (the trace header's prefix.block_tokens)
     exact_output: bool = True
     token_id_range: tuple[int, int] = (100, 2000)
     api_key_env: str = DEFAULT_API_KEY_ENV
@@ -184,12 +185,41 @@ class ReplayConfig:
             model=model,
             stream=self.stream,
             exact_output=self.exact_output,
-            prefix_sharing=self.prefix_sharing,
+            prefix_sharing=not self.distinct_prompts,
+            prefix_block_tokens=self.prefix_block_tokens,
             token_id_low=self.token_id_range[0],
             token_id_high=self.token_id_range[1],
             seed=self.seed,
             max_model_len=max_model_len,
         )
+
+
+def prefix_block_tokens(trace_path: str | Path) -> int:
+    """Tokens one of the trace's hash ids stands for (its header's ``prefix``, Mooncake's 512 without)."""
+    return read_trace_header(trace_path).prefix_or_default().block_tokens
+
+
+def prefix_mode(config: ReplayConfig, records: Sequence[TraceRecord]) -> dict[str, Any]:
+    """What the replay measures, for ``config.json`` and every report (``prefix_mode_of``)."""
+    return prefix_mode_of(config.payload_options(""), records)
+
+
+def prefix_mode_of(payload: PayloadOptions, records: Sequence[TraceRecord]) -> dict[str, Any]:
+    """``shared`` (production shape: the trace's shared prefixes are sent as identical token blocks) or
+    ``distinct`` (worst case: every prompt distinct from token 0), and why when the production shape
+    could not be replayed."""
+    why = None
+    if not payload.prefix_sharing:
+        why = "--distinct-prompts"
+    elif payload.api != "completions":
+        why = "the chat API replays calibrated text, which cannot carry the trace's shared blocks"
+    elif not any(r.hash_ids for r in records):
+        why = "the trace has no hash_ids: no prefix structure to replay"
+    return {
+        "mode": "distinct" if why else "shared",
+        "block_tokens": payload.prefix_block_tokens,
+        "why_distinct": why,
+    }
 
 
 def preflight_timeout_s(config: ReplayConfig) -> float:
@@ -252,7 +282,7 @@ def config_json(
         "tail_percentile": config.tail_percentile,
         "open_loop": config.open_loop,
         "arrival_scale": config.arrival_scale,
-        "prefix_sharing": config.prefix_sharing,
+        "prefix": prefix_mode(config, records),
         "exact_output": config.exact_output,
         "token_id_range": list(config.token_id_range),
         "request_timeout_s": config.request_timeout_s,

@@ -2,7 +2,7 @@
 
 Configured from the environment, never from code (see ``ScenarioSettings``): ``OOMLOAD_TRACE``
 (required), ``OOMLOAD_API``, ``OOMLOAD_MODEL``, ``OOMLOAD_STREAM``, ``OOMLOAD_EXACT_OUTPUT``,
-``OOMLOAD_ORDER``, ``OOMLOAD_SEED``, ``OOMLOAD_TAIL_PERCENTILE``, ``OOMLOAD_PREFIX_SHARING``,
+``OOMLOAD_ORDER``, ``OOMLOAD_SEED``, ``OOMLOAD_TAIL_PERCENTILE``, ``OOMLOAD_DISTINCT_PROMPTS``,
 ``OOMLOAD_TOKEN_ID_RANGE``, ``OOMLOAD_REQUEST_TIMEOUT_S``, ``OOMLOAD_API_KEY_ENV``,
 ``OOMLOAD_RUN_DIR``, or ``OOMLOAD_SCENARIO=file.json`` holding the same keys in lower case without
 the prefix; with ``OOMLOAD_RAMP`` (a level list or ramp) and ``OOMLOAD_HOLD_S`` the file also defines

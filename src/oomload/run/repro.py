@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from oomload.errors import TraceFormatError
 from oomload.rundir import RunReader
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace import PrefixInfo, TraceHeader, TraceRecord, iter_trace, read_trace_header, write_trace
 
 
 def write_repro(run_dir: Path) -> list[Path]:
@@ -18,6 +19,7 @@ def write_repro(run_dir: Path) -> list[Path]:
     ``engine_dead``/``transport_error`` in the step of death (else the ``server_dead`` event's time).
     """
     reader = RunReader(run_dir)
+    ids, prefix = _trace_prefix_ids(run_dir)
     events = list(reader.stream("events"))
     results = reader.requests()
     written: list[Path] = []
@@ -45,12 +47,31 @@ def write_repro(run_dir: Path) -> list[Path]:
                 arrival_s=r.start_unix_s - t0,
                 prompt_tokens=r.prompt_tokens_asked,
                 output_tokens=r.output_tokens_asked,
+                hash_ids=ids.get(r.request_id.rpartition("#")[0], ()),
             )
             for r in sorted(in_flight, key=lambda r: r.start_unix_s)
         ]
         path = run_dir / "repro" / f"{name}.jsonl"
         write_trace(
-            path, repro, TraceHeader(source=(str(run_dir),), format="oomload-repro", extra={"moment": name})
+            path,
+            repro,
+            TraceHeader(
+                source=(str(run_dir),), format="oomload-repro", extra={"moment": name}, prefix=prefix
+            ),
         )
         written.append(path)
     return written
+
+
+def _trace_prefix_ids(run_dir: Path) -> tuple[dict[str, tuple[int, ...]], PrefixInfo | None]:
+    """The run's trace ids → their prefix ids, and its header's prefix info, so that a repro replays
+    the shared prefixes the run sent (empty when the run directory has no readable trace)."""
+    try:
+        header = read_trace_header(run_dir / "trace.jsonl")
+        ids: dict[str, tuple[int, ...]] = {}
+        for record in iter_trace(run_dir / "trace.jsonl"):
+            if record.hash_ids:
+                ids.setdefault(record.id, record.hash_ids)
+    except TraceFormatError:
+        return {}, None
+    return ids, header.prefix

@@ -29,7 +29,13 @@ from oomload.load.payload import (
     parse_token_id_range,
 )
 from oomload.load.user import ReplayUser
-from oomload.run.config import DEFAULT_API_KEY_ENV, REQUEST_TIMEOUT_S, LoadOptions
+from oomload.run.config import (
+    DEFAULT_API_KEY_ENV,
+    REQUEST_TIMEOUT_S,
+    LoadOptions,
+    prefix_block_tokens,
+    prefix_mode_of,
+)
 from oomload.run.preflight import preflight, split_base_url
 from oomload.rundir import RunWriter
 from oomload.schedule import Hold, SchedulePlan, parse_levels, parse_stop_condition
@@ -72,7 +78,7 @@ def bind_user(
     if payload.api == "chat":
         builder = ChatPayloads(payload, tokenize_counter(options.url, payload.model, api_key))
     else:
-        builder = CompletionPayloads(payload)
+        builder = CompletionPayloads(payload, trace_requests=order.pass_length)
     context = ReplayContext(order=order, payloads=builder, sink=sink)
     if options.open_loop:
         import time
@@ -117,7 +123,7 @@ class ScenarioSettings:
     api: str = "completions"
     stream: bool = True
     exact_output: bool = True
-    prefix_sharing: bool = False
+    distinct_prompts: bool = False  # the worst case; by default the trace's shared prefixes
     token_id_range: tuple[int, int] = (100, 2000)
     order: str = "trace"
     seed: int = 0
@@ -146,7 +152,8 @@ class ScenarioSettings:
             model=model,
             stream=self.stream,
             exact_output=self.exact_output,
-            prefix_sharing=self.prefix_sharing,
+            prefix_sharing=not self.distinct_prompts,
+            prefix_block_tokens=prefix_block_tokens(self.trace),
             token_id_low=low,
             token_id_high=high,
             seed=self.seed,
@@ -187,7 +194,7 @@ def scenario_settings(environ: Mapping[str, str]) -> ScenarioSettings:
         api=str(raw.get("api", "completions")),
         stream=_flag(raw.get("stream", True)),
         exact_output=_flag(raw.get("exact_output", True)),
-        prefix_sharing=_flag(raw.get("prefix_sharing", False)),
+        distinct_prompts=_flag(raw.get("distinct_prompts", False)),
         token_id_range=parse_token_id_range(str(raw.get("token_id_range", "100:2000"))),
         order=str(raw.get("order", "trace")),
         seed=int(raw.get("seed", 0)),
@@ -239,7 +246,7 @@ def _write_scenario_config(
     import time
 
     from oomload import __version__
-    from oomload.trace import TraceHeader, write_trace
+    from oomload.trace import TraceHeader, read_trace_header, write_trace
 
     levels = [int(x) for x in parse_levels(settings.ramp)] if settings.ramp else []
     writer.write_json(
@@ -270,10 +277,16 @@ def _write_scenario_config(
             "processes": 1,
             "scenario": True,
             "api_key_env": options.api_key_env,
+            "order": options.order,
+            "tail_percentile": options.tail_percentile,
+            "prefix": prefix_mode_of(options.payload, records),
         },
     )
+    prefix = read_trace_header(options.trace_path).prefix_or_default()
     write_trace(
-        writer.path / "trace.jsonl", records, TraceHeader(source=(options.trace_path,), format="oomload")
+        writer.path / "trace.jsonl",
+        records,
+        TraceHeader(source=(options.trace_path,), format="oomload", prefix=prefix),
     )
 
 

@@ -43,7 +43,7 @@ from rich.console import Console
 from oomload.errors import ConfigError
 from oomload.load import wire
 from oomload.load.wire import DEFAULT_MASTER_PORT
-from oomload.run.config import LoadOptions, ReplayConfig
+from oomload.run.config import LoadOptions, ReplayConfig, prefix_mode
 from oomload.run.deathwatch import DeathWatch
 from oomload.run.workers import MasterMeter, WorkerPool, free_port, guarded_master_class
 from oomload.rundir import RunReader, RunWriter
@@ -273,7 +273,9 @@ class Session:
             trace_path=self.writer.path / "trace.jsonl",
             seed=self.config.seed,
             record=lambda odds: self.writer.append("odds", odds.to_json()),
-            shape="production" if self.config.prefix_sharing else "worst-case",
+            shape="production"
+            if prefix_mode(self.config, self.records)["mode"] == "shared"
+            else "worst-case",
         )
         if not self.config.evidence or self.config.open_loop:
             return lambda _step: None

@@ -298,8 +298,12 @@ class RunConfig:
 
 
 def _prompt_shape(obj: Mapping[str, Any]) -> str:
-    """Which prompts the replay sent: ``prompt_shape`` when written, else from ``distinct_prompts`` or
+    """Which prompts the replay sent: ``prefix.mode`` (``shared``/``distinct``) when written, else
+    ``prompt_shape``, else from ``distinct_prompts`` or
     ``prefix_sharing`` (runs written before the shape had its own key); the worst case when none says."""
+    prefix = obj.get("prefix")
+    if isinstance(prefix, Mapping) and prefix.get("mode") in ("shared", "distinct"):
+        return "production" if prefix["mode"] == "shared" else "worst-case"
     shape = obj.get("prompt_shape")
     if shape in ("production", "worst-case"):
         return str(shape)

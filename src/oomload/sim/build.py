@@ -44,7 +44,7 @@ class EngineOptions:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     enforce_eager: bool = False
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True  # vLLM V1's default
     oom: str = "auto"
     activation_scale: float = 1.0
 

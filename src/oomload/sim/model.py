@@ -299,7 +299,7 @@ class EngineModel:
         engine: EngineConfig,
         layout: KvCacheLayout,
         *,
-        enable_prefix_caching: bool = False,
+        enable_prefix_caching: bool = True,
         oom: str = "auto",
         activation_scale: float = 1.0,
     ) -> None:
@@ -371,7 +371,8 @@ class EngineModel:
                 req.finished_s = end_s
         oom = self._check_oom(result) if num_seqs else None
         stats = self.stats
-        stats.prompt_tokens += result.num_prefill_tokens
+        # vLLM's prompt_tokens counts every prompt token, the ones served from the prefix cache too
+        stats.prompt_tokens += result.num_prefill_tokens + result.num_cached_tokens
         stats.generation_tokens += len(result.sampled)
         stats.prefix_cache_queries += result.num_queried_tokens
         stats.prefix_cache_hits += result.num_cached_tokens

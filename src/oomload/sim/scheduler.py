@@ -23,10 +23,19 @@ block (so ``num_gpu_blocks − 1`` are usable), a RUNNING list and a WAITING deq
 Because the token just sampled is not in the cache yet, a request of ``P + O`` tokens peaks at
 ``ceil((P + O − 1) / block_size)`` blocks, as in vLLM.
 
-Prefix caching (optional, off by default): full prompt blocks are identified by a chain hash of their
-token ids; a new request reuses the longest cached prefix (at least one token is always computed).
-Blocks that no running request references stay cached but count as free, and are evicted LRU-first
-when the pool needs them; ``usage`` therefore counts only blocks held by live requests, as in vLLM.
+Prefix caching (``enable_prefix_caching``; the simulator turns it on, as vLLM V1 does — the rules of
+``reference/prefix-caching.md``): only FULL prompt blocks are hashed, each block's hash chained on its
+parent's (block k depends on tokens 0..k·B+B−1), so a prefix is shared only when identical from token
+0. At admission a request looks up its longest cached chain, stopping at the first miss and capped at
+``(num_tokens − 1) // B`` blocks (the last token is always computed). Hit blocks are referenced, not
+copied. A block no running request references stays cached but counts as FREE (``usage`` counts only
+blocks held by live requests) and is evicted LRU-first, after the uncached free blocks, when the pool
+needs it; a request frees its blocks to the LRU tail in reverse order (its chain's last block is
+evicted first, block 0 last). The counters (``num_queried_tokens`` /
+``num_cached_tokens``, vLLM's ``prefix_cache_queries`` / ``_hits``, in tokens) count a request's
+first admission only: the re-hits of a preempted request go to vLLM's separate ``preempted_*`` stats.
+Not modelled: vLLM also hashes blocks filled by decode output, which only a preempted request itself
+can hit again on readmission (its recompute then starts later in the sequence).
 
 Usage = blocks held by requests / (num_gpu_blocks − 1), vLLM's ``kv_cache_usage_perc``.
 """
@@ -90,6 +99,7 @@ class SimRequest:
     finished_s: float | None = None
     prompt_counted: bool = False
     cached_hashes: list[int] = field(default_factory=list)  # hashed blocks this request references
+    prompt_hashes: list[int] | None = None  # chain hashes of the full prompt blocks (computed once)
     num_cached_prompt_tokens: int = 0
 
     @property
@@ -233,8 +243,8 @@ class Scheduler:
                 req.cached_hashes = list(hits)
                 req.num_blocks = len(hits)
                 req.num_computed_tokens = cached_tokens
-            if not req.prompt_counted:
-                result.num_queried_tokens += req.prompt_tokens if cfg.enable_prefix_caching else 0
+            if req.num_preemptions == 0 and not req.prompt_counted:  # re-hits: preempted_* stats
+                result.num_queried_tokens += req.num_tokens if cfg.enable_prefix_caching else 0
                 result.num_cached_tokens += cached_tokens
                 req.num_cached_prompt_tokens = cached_tokens
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
@@ -292,7 +302,9 @@ class Scheduler:
 
     def _free(self, req: SimRequest) -> None:
         still_shared = 0
-        for h in req.cached_hashes:
+        # vLLM frees a request's blocks in reverse order onto the LRU tail: the chain's last block is
+        # evicted first and block 0 last, so a prefix stays hittable as long as possible
+        for h in reversed(req.cached_hashes):
             refs = self._cache_refs.get(h)
             if refs is None:
                 continue  # an unshared duplicate (see _register_full_blocks)
@@ -317,20 +329,24 @@ class Scheduler:
 
     # -- prefix cache --------------------------------------------------------------------------
     def _block_hashes(self, req: SimRequest, upto_blocks: int) -> list[int]:
-        ids = req.prompt_ids
-        assert ids is not None
-        bs = self.config.block_size
-        out: list[int] = []
-        parent = 0
-        for b in range(upto_blocks):
-            parent = hash((parent, tuple(ids[b * bs : (b + 1) * bs])))
-            out.append(parent)
-        return out
+        """The chain hashes of the request's first ``upto_blocks`` full prompt blocks."""
+        chain = req.prompt_hashes
+        if chain is None:
+            ids = req.prompt_ids
+            assert ids is not None
+            bs = self.config.block_size
+            chain = []
+            parent = 0
+            for b in range(min(len(ids), req.prompt_tokens) // bs):
+                parent = hash((parent, tuple(ids[b * bs : (b + 1) * bs])))
+                chain.append(parent)
+            req.prompt_hashes = chain
+        return chain[:upto_blocks]
 
     def _lookup_prefix(self, req: SimRequest) -> list[int]:
         bs = self.config.block_size
-        # never serve the whole prompt from cache: at least one token must be computed
-        max_blocks = (req.prompt_tokens - 1) // bs
+        # never serve the whole sequence from cache: at least one token must be computed
+        max_blocks = (req.num_tokens - 1) // bs
         hits: list[int] = []
         for h in self._block_hashes(req, max_blocks):
             if h not in self._cache_refs:

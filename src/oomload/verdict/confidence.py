@@ -44,7 +44,9 @@ from oomload.verdict.prediction import Prediction
 from oomload.verdict.runview import RunView
 from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, MIN_ANSWERED_SHARE, StepFacts
 
-CRITICAL = frozenset({"no_steps", "non_monotone", "prediction_disagrees", "odds_disagree", "run_failed"})
+CRITICAL = frozenset(
+    {"no_steps", "non_monotone", "prediction_disagrees", "odds_disagree", "run_failed", "prefix_mismatch"}
+)
 
 
 @dataclass(frozen=True, slots=True)

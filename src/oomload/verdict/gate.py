@@ -569,8 +569,14 @@ def load_gate_file(path: str | Path) -> tuple[Gate, ...]:
 
 
 def evaluate_gate(gate: Gate, verdict: Verdict) -> GateResult:
-    """Judge one rule against a verdict: pass, fail, or not evaluated (missing evidence)."""
-    return gate.evaluate(verdict)
+    """Judge one rule against a verdict: pass, fail, or not evaluated (missing evidence). On a run whose
+    prefix-cache behaviour was not what its prompt shape claims (``Verdict.prefix.problem``) a pass is
+    not evaluated: the run measured other traffic than it says; a failure seen is still a failure."""
+    result = gate.evaluate(verdict)
+    problem = None if verdict.prefix is None else verdict.prefix.problem
+    if problem is not None and result.status is GateStatus.PASS:
+        return GateResult(gate, GateStatus.NOT_EVALUATED, problem, result.observed)
+    return result
 
 
 def evaluate_gates(gates: Sequence[Gate], verdict: Verdict) -> tuple[GateResult, ...]:

@@ -26,6 +26,7 @@ loose, and ``records.as_int``, ``as_float``, … read them as numbers or ``None`
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -49,7 +50,7 @@ from oomload.rundir.records import (
     parse_status,
     parse_step_lines,
 )
-from oomload.trace import PrefixInfo, read_trace, read_trace_header
+from oomload.trace import PrefixInfo, TraceRecord, read_trace, read_trace_header
 
 LAST_STEP_TAIL_S = 5.0
 
@@ -90,6 +91,7 @@ class RunView:
     pool: CacheConfig | None = None  # the fields of cache_config.json the verdict reads (None: no file)
     trace_hash_ids: tuple[tuple[int, ...], ...] = ()  # per trace request (empty: the trace has none)
     trace_prefix: PrefixInfo = field(default_factory=PrefixInfo)  # what the trace's hash_ids mean
+    trace_records: tuple[TraceRecord, ...] = ()  # the run's trace.jsonl (prefix ids for the hit rate)
 
     @property
     def prompt_shape(self) -> PromptShape:
@@ -128,6 +130,7 @@ def load_run(path: str | Path) -> RunView:
     prefix = PrefixInfo()
     trace_note: str | None = None
     trace_file = reader.path / "trace.jsonl"
+    records: list[TraceRecord] = []
     if trace_file.exists():
         try:
             records = read_trace(trace_file)
@@ -140,7 +143,7 @@ def load_run(path: str | Path) -> RunView:
     else:
         trace_note = "the run directory holds no trace.jsonl"
     try:
-        return assemble_run(
+        view = assemble_run(
             path=reader.path,
             config=config,
             status=reader.status(),
@@ -160,6 +163,7 @@ def load_run(path: str | Path) -> RunView:
         )
     except (TypeError, ValueError, KeyError) as err:
         raise ConfigError(f"{reader.path} holds malformed run data ({err})") from err
+    return dataclasses.replace(view, trace_records=tuple(records))
 
 
 def assemble_run(

@@ -101,6 +101,7 @@ from oomload.verdict.confidence import (
 )
 from oomload.verdict.death import EngineDeath, detect_engine_death
 from oomload.verdict.prediction import Prediction, compare_prediction
+from oomload.verdict.prefixrate import PrefixCheck, StepWindow, prefix_check
 from oomload.verdict.runview import RunView
 from oomload.verdict.stepfacts import (
     END_REASON_WORDS,
@@ -308,6 +309,7 @@ class Verdict:
     other_odds_onset: int | None = None
     other_odds_onset_low: int | None = None
     other_odds_known: bool = False  # the run computed odds for the other prompt shape (its trace shares)
+    prefix: PrefixCheck | None = None  # the prompt shape measured and the prefix-cache hit rates
 
     @property
     def odds_levels_apart(self) -> int | None:
@@ -409,6 +411,7 @@ class Verdict:
             "other_odds_onset": self.other_odds_onset,
             "other_odds_onset_low": self.other_odds_onset_low,
             "other_odds_known": self.other_odds_known,
+            "prefix": None if self.prefix is None else self.prefix.to_json(),
             "odds_levels_apart": self.odds_levels_apart,
             "last_safe_concurrency": self.last_safe_concurrency,
             "first_unsafe_concurrency": self.first_unsafe_concurrency,
@@ -502,6 +505,24 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         *worker_notes(view, steps),
         *_level_notes(summaries, onset, (odds_low, odds_onset), levels),
     ]
+    prefix = prefix_check(
+        view.config,
+        view.cache_config,
+        view.trace_records,
+        [
+            StepWindow(
+                d.boundary.index,
+                d.boundary.concurrency,
+                d.requests,
+                d.metrics,
+                d.baseline_metric,
+                preempted=bool(facts.preemptions),
+            )
+            for d, facts in zip(view.steps, steps, strict=True)
+        ],
+    )
+    if prefix.problem is not None:
+        notes.append(ConfidenceNote("prefix_mismatch", prefix.problem))
     key_levels = {c for c in (last_safe, None if onset is None else onset.concurrency) if c is not None}
     measured_ids = {s.index for s in measured}
     requests = [r for d in view.steps if d.boundary.index in measured_ids for r in d.requests]
@@ -536,6 +557,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         other_odds_onset=other_odds[1],
         other_odds_onset_low=other_odds[0],
         other_odds_known=bool(other_level_odds),
+        prefix=prefix,
     )
 
 

@@ -45,14 +45,54 @@ def test_prompts_are_distinct_and_reproducible() -> None:
     assert again.body == a.body
 
 
-def test_prefix_sharing_reuses_blocks_from_hash_ids() -> None:
-    opts = PayloadOptions(model="m", prefix_sharing=True, prefix_block_tokens=16)
-    payloads = CompletionPayloads(opts)
+def test_shared_prefixes_are_the_default_and_reuse_blocks_from_hash_ids() -> None:
+    payloads = CompletionPayloads(PayloadOptions(model="m", prefix_block_tokens=16))
     a = json.loads(payloads.build(_record(40, 1, hash_ids=(5, 9, 11)), 0).body)["prompt"]
     b = json.loads(payloads.build(_record(40, 1, hash_ids=(5, 9, 12)), 1).body)["prompt"]
     assert len(a) == len(b) == 40
     assert a[:32] == b[:32]  # blocks 5 and 9 shared; the third block would overflow 40 tokens
     assert a[32:] != b[32:]
+
+
+def test_distinct_prompts_share_nothing_even_with_hash_ids() -> None:
+    payloads = CompletionPayloads(PayloadOptions(model="m", prefix_sharing=False, prefix_block_tokens=16))
+    a = json.loads(payloads.build(_record(40, 1, hash_ids=(5, 9)), 0).body)["prompt"]
+    b = json.loads(payloads.build(_record(40, 1, hash_ids=(5, 9)), 1).body)["prompt"]
+    assert len(a) == len(b) == 40 and a[:16] != b[:16]
+
+
+@given(
+    prompt=st.integers(0, 200),
+    block=st.integers(1, 48),
+    ids=st.lists(st.integers(0, 5), max_size=8),
+    seq=st.integers(0, 50),
+)
+def test_shared_prefix_prompts_keep_exact_lengths(prompt: int, block: int, ids: list[int], seq: int) -> None:
+    payloads = CompletionPayloads(PayloadOptions(model="m", prefix_block_tokens=block), trace_requests=7)
+    req = payloads.build(_record(prompt, 3, hash_ids=tuple(ids)), seq)
+    assert len(json.loads(req.body)["prompt"]) == max(1, prompt) == req.prompt_tokens
+
+
+def test_an_id_gives_the_same_tokens_in_every_process_and_step() -> None:
+    """Workers share no state: two builders (two processes, offsets 0 and 1 of stride 2) map an id to
+    the same tokens, whatever step or sequence number sends it; the suffix is fresh per send."""
+    opts = PayloadOptions(model="m", prefix_block_tokens=8, seed=3)
+    one, two = CompletionPayloads(opts, trace_requests=100), CompletionPayloads(opts, trace_requests=100)
+    a = json.loads(one.build(_record(20, 1, hash_ids=(1, 2)), 0).body)["prompt"]
+    b = json.loads(two.build(_record(20, 1, hash_ids=(1, 2)), 57).body)["prompt"]
+    assert a[:16] == b[:16] and a[16:] != b[16:]
+    other_seed = CompletionPayloads(PayloadOptions(model="m", prefix_block_tokens=8, seed=4))
+    c = json.loads(other_seed.build(_record(20, 1, hash_ids=(1, 2)), 0).body)["prompt"]
+    assert c[:8] != a[:8]
+
+
+def test_a_later_pass_through_the_trace_maps_ids_to_new_tokens() -> None:
+    """Replaying the trace again must not hit blocks its own earlier copy left cached (vLLM #52884)."""
+    payloads = CompletionPayloads(PayloadOptions(model="m", prefix_block_tokens=8), trace_requests=10)
+    first = json.loads(payloads.build(_record(16, 1, hash_ids=(4,)), 3).body)["prompt"]
+    same_pass = json.loads(payloads.build(_record(16, 1, hash_ids=(4,)), 9).body)["prompt"]
+    next_pass = json.loads(payloads.build(_record(16, 1, hash_ids=(4,)), 13).body)["prompt"]
+    assert first[:8] == same_pass[:8] != next_pass[:8]
 
 
 def test_no_exact_output_and_no_stream() -> None:
@@ -141,3 +181,26 @@ def test_a_chat_prompt_over_max_model_len_is_calibrated_to_one_token_over_it() -
     req = payloads.build(_record(10_000_000, 5), 0)
     assert asked == [101] and req.prompt_tokens == 10_000_000
     assert len(json.loads(req.body)["messages"][0]["content"].split()) == 101
+
+
+@pytest.mark.parametrize("mode", ["trace", "sample"])
+def test_conversations_are_whole_units_with_sequence_numbers_unique_across_workers(mode: str) -> None:
+    records = [
+        TraceRecord("a0", 0.0, 8, 1, session="A", turn=0),
+        TraceRecord("b0", 0.0, 8, 1, session="B", turn=0),
+        TraceRecord("a1", 0.0, 8, 1, session="A", turn=1),
+        TraceRecord("c", 0.0, 8, 1),
+    ]
+    workers = [RequestOrder(records, mode=mode, offset=k, stride=2, seed=5) for k in range(2)]  # type: ignore[arg-type]
+    sequences: list[int] = []
+    for _ in range(7):
+        for order in workers:
+            unit = order.next_unit()
+            assert [r.id for r, _ in unit] in (["a0", "a1"], ["b0"], ["c"])
+            sequences += [seq for _, seq in unit]
+            if mode == "trace":  # the pass through the trace, from the sequence number alone
+                assert {seq // len(records) for _, seq in unit} == {
+                    (order.offset + order._next_unit * 2 - 2) // 3
+                }
+    assert len(sequences) == len(set(sequences))
+    assert workers[0].pass_length == (4 if mode == "trace" else 0)

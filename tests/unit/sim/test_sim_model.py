@@ -109,3 +109,48 @@ def test_first_token_time_is_the_end_of_the_prefill_step_not_of_a_later_one() ->
         now += engine.step(now).duration_s
     assert req.first_token_s == prefill_s
     assert req.finished_s == now > prefill_s
+
+
+def _shared_prompt_engine(*flags: str) -> EngineModel:
+    from oomload.cli import build_parser
+    from oomload.cli.sim import engine_options
+
+    args = build_parser().parse_args(
+        [
+            "sim",
+            "serve",
+            "--model",
+            "tiny",
+            "--num-gpu-blocks",
+            "80",
+            "--block-size",
+            "32",
+            "--max-model-len",
+            "2048",
+            *flags,
+        ]
+    )
+    opts = engine_options(args)
+    return build_engine(opts).engine(opts)
+
+
+def test_prefix_caching_is_on_by_default_as_in_vllm_v1_and_counts_like_it() -> None:
+    """The simulator follows V1: a shared 512-token system prompt is served from the cache (hits and
+    queries in tokens, prompt_tokens counting cached tokens too); ``--no-enable-prefix-caching`` turns
+    it off. Regression: the simulator used to model prefix caching only when asked."""
+    system = list(range(100, 612))
+    on = _shared_prompt_engine()
+    assert on.scheduler.config.enable_prefix_caching
+    reqs = [
+        SimRequest(str(i), 600, 4, prompt_ids=[*system, *range(5000 + 88 * i, 5088 + 88 * i)])
+        for i in range(3)
+    ]
+    run_all(on, reqs[:1])
+    run_all(on, reqs[1:])  # admitted together: both hit what the first one left cached
+    assert on.stats.prefix_cache_queries == 3 * 600
+    assert on.stats.prefix_cache_hits == 2 * 512  # the first request computes the prompt, later ones hit it
+    assert on.stats.prompt_tokens == 3 * 600
+    off = _shared_prompt_engine("--no-enable-prefix-caching")
+    assert not off.scheduler.config.enable_prefix_caching
+    run_all(off, [SimRequest(str(i), 600, 4, prompt_ids=[*system, *range(88)]) for i in range(3)])
+    assert off.stats.prefix_cache_hits == 0 and off.stats.prefix_cache_queries == 0

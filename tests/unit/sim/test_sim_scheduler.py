@@ -173,3 +173,100 @@ def test_every_request_finishes_with_exact_lengths_and_accounting_holds(
         assert sum(batched) == needed
     else:
         assert sum(batched) > needed
+
+
+def _shared_prefix_loop(
+    config: SchedulerConfig, prompts: Sequence[list[int]], output_tokens: int, concurrency: int
+) -> tuple[Scheduler, list[SimRequest], int, int]:
+    """Closed loop over requests with explicit prompt ids; returns the counters' sums."""
+    sched = Scheduler(config)
+    queue = [SimRequest(str(i), len(p), output_tokens, prompt_ids=p) for i, p in enumerate(prompts)]
+    pending = iter(queue)
+    for _ in range(concurrency):
+        req = next(pending, None)
+        if req is not None:
+            sched.add(req)
+    queried = cached = 0
+    done: list[SimRequest] = []
+    for _ in range(200_000):
+        if not sched.has_work:
+            break
+        result = sched.step()
+        queried += result.num_queried_tokens
+        cached += result.num_cached_tokens
+        assert sum(r.num_blocks for r in sched.running) >= sched.used_blocks - len(sched._cache_refs)
+        for req in result.finished:
+            done.append(req)
+            nxt = next(pending, None)
+            if nxt is not None:
+                sched.add(nxt)
+    return sched, done, queried, cached
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shared_tokens=st.integers(0, 120),
+    suffixes=st.lists(st.integers(1, 60), min_size=1, max_size=20),
+    output_tokens=st.integers(1, 60),
+    concurrency=st.integers(1, 10),
+    num_blocks=st.integers(24, 60),
+    block_size=st.sampled_from([4, 16]),
+    budget=st.sampled_from([16, 64, 512]),
+)
+def test_prefix_counters_count_each_request_once_even_when_preempted(
+    shared_tokens: int,
+    suffixes: list[int],
+    output_tokens: int,
+    concurrency: int,
+    num_blocks: int,
+    block_size: int,
+    budget: int,
+) -> None:
+    """vLLM's queries/hits count a request's first admission only (a preempted request's re-hits go to
+    separate stats), hits are whole blocks from token 0 capped at L − 1, and the pool comes back whole."""
+    shared = [1000 + t for t in range(shared_tokens)]
+    prompts = [[*shared, *(10_000 * (i + 1) + t for t in range(n))] for i, n in enumerate(suffixes)]
+    prompts = [p for p in prompts if blocks_for_tokens(len(p) + output_tokens, block_size) < num_blocks - 1]
+    config = SchedulerConfig(num_blocks, block_size, 8, budget, 400, enable_prefix_caching=True)
+    sched, done, queried, cached = _shared_prefix_loop(config, prompts, output_tokens, concurrency)
+    assert len(done) == len(prompts)
+    assert queried == sum(len(p) for p in prompts)
+    assert cached % block_size == 0
+    assert cached <= sum((len(p) - 1) // block_size * block_size for p in prompts[1:])
+    assert sum(r.num_cached_prompt_tokens for r in done) == cached
+    assert sched.free_blocks == sched.capacity_blocks
+
+
+def test_a_request_preempted_mid_prefill_is_not_counted_twice() -> None:
+    """Regression: the counters used to count a request again when it was preempted before its first
+    token (chunked prefill), so the hit rate's denominator grew with preemptions."""
+    config = SchedulerConfig(9, 4, 4, 2, 400, enable_prefix_caching=True)  # 8 usable blocks, 2-token steps
+    long_decode = SimRequest("a", 4, 24, prompt_ids=[1, 2, 3, 4])
+    long_prompt = SimRequest("b", 20, 2, prompt_ids=list(range(100, 120)))
+    sched = Scheduler(config)
+    sched.add(long_decode)
+    sched.add(long_prompt)
+    queried = 0
+    while sched.has_work:
+        queried += sched.step().num_queried_tokens
+    assert long_prompt.num_preemptions + long_decode.num_preemptions > 0
+    assert queried == 4 + 20
+
+
+def test_a_freed_chain_is_evicted_from_its_end_so_its_prefix_stays_hittable() -> None:
+    """vLLM frees a request's blocks in reverse order onto the LRU tail. Regression: the simulator
+    evicted block 0 first, which breaks the whole chain for every later lookup."""
+    config = SchedulerConfig(6, 4, 4, 64, 400, enable_prefix_caching=True)  # 5 usable blocks
+    sched = Scheduler(config)
+    first = SimRequest("a", 13, 1, prompt_ids=list(range(13)))  # 3 full blocks cached, 4 held
+    sched.add(first)
+    while sched.has_work:
+        sched.step()
+    other = SimRequest("b", 12, 1, prompt_ids=list(range(100, 112)))  # 3 blocks: 2 uncached + 1 evicted
+    sched.add(other)
+    while sched.has_work:
+        sched.step()
+    again = SimRequest("c", 13, 1, prompt_ids=list(range(13)))
+    sched.add(again)
+    result = sched.step()
+    assert result.num_cached_tokens == 8  # blocks 0 and 1 still cached; block 2 was evicted

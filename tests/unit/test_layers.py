@@ -39,6 +39,10 @@ CORE = {
     "oomload.schedule",
     "oomload.serverside",
     "oomload.credentials",
+    "oomload.startup",
+    "oomload.tunesearch",
+    "oomload.tunerecord",
+    "oomload.servecmd",
     "oomload.rundir.records",
     "oomload.verdict",
     "oomload.verdict.runview",
@@ -104,6 +108,7 @@ ADAPTERS = {
     "oomload.report.plots",
     "oomload.report.summary",
     "oomload.report.terminal",
+    "oomload.report.tune",
     "oomload.rundir",
     "oomload.rundir.io",
     "oomload.sim",
@@ -139,6 +144,7 @@ RUNNER = {
     "oomload.run.session",
     "oomload.run.worker",
     "oomload.run.workers",
+    "oomload.tunerun",
 }
 CLI = {
     "oomload.cli",
@@ -150,6 +156,7 @@ CLI = {
     "oomload.cli.sim",
     "oomload.cli.worker",
     "oomload.cli.trace",
+    "oomload.cli.tune",
 }
 ENTRY = {"oomload.__main__"}
 LAYERS = {"core": CORE, "adapter": ADAPTERS, "runner": RUNNER, "cli": CLI, "entry": ENTRY}

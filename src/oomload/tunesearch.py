@@ -246,8 +246,9 @@ def odds_guide(
 
     The onset is the first level (1 … ``max_level``, default twice the target) whose odds on ``pool``
     are not negligible; the safe ``max_num_seqs`` is the largest ladder value whose odds at the target
-    (with that many sequences admitted) are negligible; the evidence is what the odds at the target
-    need for a 99 % chance to see a preemption if the level preempts as they say (None: negligible).
+    (with that many sequences admitted) are negligible; the evidence is what the odds at the target,
+    all its requests admitted, need for a 99 % chance to see a preemption if the level preempts as they
+    say (None: negligible).
     """
     if pool.max_model_len is None:  # no served limit known: none of the trace's requests is refused
         longest = max(p + o for p, o in zip(prompt_tokens, output_tokens, strict=True))
@@ -264,7 +265,10 @@ def odds_guide(
         if level_odds(prompt_tokens, output_tokens, capped, target, requests=requests).negligible:
             safe = seqs
             break
-    at_target = level_odds(prompt_tokens, output_tokens, pool, target, requests=requests)
+    # evidence for a clean claim: enough requests to see the preemption the pool would give at the
+    # target if max_num_seqs did not hold the requests back
+    uncapped = replace(pool, max_num_seqs=max(pool.max_num_seqs, target))
+    at_target = level_odds(prompt_tokens, output_tokens, uncapped, target, requests=requests)
     return onset, safe, at_target.requests_for()
 
 

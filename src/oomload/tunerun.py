@@ -364,6 +364,7 @@ def proof_from_summary(
     verdict = (summary or {}).get("verdict") or {}
     steps = [s for s in verdict.get("steps") or [] if not s.get("warmup") and s.get("concurrency") == target]
     requests = sum(int(s.get("requests") or 0) for s in steps)
+    held = bool(steps) and all(s.get("trusted") is not False for s in steps)
     preemptions = sum(int(s.get("preemptions") or 0) for s in steps)
     onsets = verdict.get("onsets") or {}
     pre = onsets.get("preemption") or {}
@@ -394,6 +395,7 @@ def proof_from_summary(
             f"{requests} requests at {target}: {preemptions} preemption{'s' if preemptions != 1 else ''}"
             + (f" (the odds ask {evidence} for 99 %)" if evidence else " (the odds call it safe)")
             + ("; the server died" if died else "")
+            + ("" if held else f"; the step did not hold concurrency {target}: no evidence")
             + (f"; {overflowed} of {sent} overflowed max_model_len {served_limit}" if overflowed else "")
         )
     return Proof(
@@ -407,7 +409,7 @@ def proof_from_summary(
         died=died,
         overflow_at_target=overflow_blocks,
         slo_met=slo_met,
-        requests_at_target=requests,
+        requests_at_target=requests if held else 0,
         throughput_tokens_per_s=sum(tput) / len(tput) if tput else None,
         ttft_p99_ms=ttft,
         run_dir=run_dir,

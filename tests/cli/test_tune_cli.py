@@ -15,11 +15,11 @@ import pytest
 from tests.clirun import oomload, run
 
 FIXED = Path(__file__).resolve().parents[2] / "traces" / "sample-fixed.jsonl"  # 256 + 256 tokens each
-SIM = "oomload sim serve --model llama-3.1-8b --gpu l4 --max-model-len 2048 --time-scale 0"
+SIM = "oomload sim serve --model llama-3.1-8b --gpu l4 --max-model-len 2048 --time-scale 0.05"
 
 
 def _sim_servers(marker: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
     return [line for line in out.splitlines() if "sim serve" in line and marker in line]
 
 

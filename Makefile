@@ -47,8 +47,8 @@ lint: $(STAMP) ## ruff + mypy
 bench: $(STAMP) ## Benchmarks; each prints ratios against a baseline measured in the same run
 	$(BIN)/python -m bench
 
-gpu-check: $(STAMP) ## On a machine with an NVIDIA GPU: check the NVML sampler sees a known allocation
-	$(BIN)/python bench/gpu_check.py
+gpu-check: $(STAMP) ## On an NVIDIA GPU: the NVML sampler sees a known allocation; TUNE_MODEL=M also tunes M with vLLM
+	$(BIN)/python bench/gpu_check.py $(if $(TUNE_MODEL),--tune-model $(TUNE_MODEL))
 
 clean: ## Remove the virtual environment, caches and run directories
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache runs build dist src/*.egg-info

@@ -446,10 +446,18 @@ def _record(
     done = status != "running"
     winner = pick_winner(space, history) if done else None
     if done and winner is None and history and status == "finished":
-        notes = [
-            *notes,
-            f"no candidate carried concurrency {config.target}: see the table for why each was rejected",
-        ]
+        if not any(c.started for c in history):
+            last = history[-1].failure
+            why = "" if last is None else f" (the last: {last.reason})"
+            notes = [
+                *notes,
+                f"no candidate started{why}: nothing on the ladder carries concurrency {config.target}",
+            ]
+        else:
+            notes = [
+                *notes,
+                f"no candidate carried concurrency {config.target}: the table says why each was rejected",
+            ]
     return TuneRecord(
         serve_line=shlex.join(config.serve.argv),
         kind=config.serve.kind,

@@ -107,3 +107,16 @@ def test_ctrl_c_leaves_the_server_stopped_and_a_partial_table(tmp_path: Path) ->
     assert record["candidates"][0]["failure"]["cause"] == "free_memory"
     assert _sim_servers("tune-ctrl-c") == []
     assert (out / "tune.md").is_file()
+
+
+def test_a_target_above_anything_that_starts_is_exit_1_with_the_reason(tmp_path: Path) -> None:
+    marker = "--served-model-name nothing-starts"
+    result = oomload(
+        "tune", str(FIXED), "--serve", f"{SIM} --other-process-gib 20 {marker}",
+        "--target-concurrency", "8", "--utilization", "0.9,0.8", "--run-dir", str(tmp_path / "t"),
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "no candidate started (the last: not enough free device memory" in result.stdout
+    record = json.loads((tmp_path / "t" / "tune.json").read_text())
+    assert [c["started"] for c in record["candidates"]] == [False] and record["winner_line"] is None
+    assert _sim_servers("nothing-starts") == []

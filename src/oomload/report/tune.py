@@ -5,7 +5,8 @@ Every output shows the same things, from one ``TuneRecord`` (``tune.json``): the
 flags, the rule that chose it, started or why not (the server's own words), the free device memory
 before its start, the KV blocks it got, the odds' predicted onset and the replay's observed one,
 throughput and TTFT p99 at the target, and the evidence (requests sent, preemptions seen). The plot:
-per candidate, the KV pool (bars) and the predicted / observed onsets against the target.
+per candidate, the KV pool (bars), ``max_num_seqs`` and the predicted / observed onsets against the
+target; a candidate that did not start is labelled so.
 
 ``oomload report TUNE_DIR`` re-renders them from ``tune.json`` (``render_tune_dir``); each started
 candidate's ``candidates/NN/run`` is an ordinary run directory that ``oomload report`` re-renders too.
@@ -203,16 +204,17 @@ def render_html(record: TuneRecord) -> str:
 
 
 def plot_candidates(record: TuneRecord) -> bytes:
-    """KV blocks per candidate (bars; red: did not start), predicted and observed onsets, the target."""
+    """KV blocks per candidate (bars), its max_num_seqs, predicted and observed onsets, the target."""
     fig = Figure(figsize=(8, 3.6), dpi=96)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     xs = [c.index for c in record.candidates]
     blocks = [c.proof.num_gpu_blocks or 0 if c.proof else 0 for c in record.candidates]
     colors = ["#c44" if not c.started else ("#4a4" if c.carries else "#e90") for c in record.candidates]
-    ax.bar(
-        xs, blocks, color=colors, alpha=0.5, label="KV blocks (green carries, orange rejected, red no start)"
-    )
+    ax.bar(xs, blocks, color=colors, alpha=0.5, label="KV blocks (green carries, orange rejected)")
+    for c in record.candidates:
+        if not c.started:
+            ax.annotate("did not\nstart", (c.index, 0), ha="center", va="bottom", color="#c44", fontsize=8)
     ax.set_xlabel("candidate")
     ax.set_ylabel("KV blocks")
     ax.set_xticks(xs or [0])
@@ -223,6 +225,9 @@ def plot_candidates(record: TuneRecord) -> bytes:
     obs = [(c.index, c.proof.observed_onset) for c in record.candidates if c.proof and c.proof.observed_onset]
     if pred:
         ax2.plot(*zip(*pred, strict=True), "o", color="#15a", label="predicted onset (odds)")
+    seqs = [(c.index, c.settings.max_num_seqs) for c in record.candidates if c.settings.max_num_seqs]
+    if seqs:
+        ax2.plot(*zip(*seqs, strict=True), "_", color="#333", markersize=18, label="max_num_seqs")
     if obs:
         ax2.plot(*zip(*obs, strict=True), "x", color="#a00", markersize=10, label="observed onset")
     ax2.axhline(record.target_concurrency, color="#555", linestyle="--", label="target concurrency")

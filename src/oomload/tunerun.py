@@ -235,6 +235,7 @@ def _try_candidate(
         port=port,
         startup_timeout_s=config.startup_timeout_s,
         log_name=SERVER_LOG,
+        cwd=Path.cwd(),  # the user's line may name relative paths
     )
     with _started(server) as start_error:
         if start_error is not None:

@@ -165,6 +165,7 @@ class RealVllmServer:
         startup_timeout_s: float = 120.0,
         stop_timeout_s: float = 15.0,
         log_name: str = "vllm-server.log",
+        cwd: Path | None = None,
     ) -> None:
         self.config = config
         self.log_dir = Path(log_dir)
@@ -173,6 +174,7 @@ class RealVllmServer:
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.log_path = self.log_dir / log_name
+        self.cwd = cwd  # None: the log directory (the harness); oomload tune: the user's directory
         self.startup_s: float | None = None
         self.exit_code: int | None = None  # set when the server exited before it was ready
         self._proc: subprocess.Popen[bytes] | None = None
@@ -208,7 +210,7 @@ class RealVllmServer:
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=self.log_dir,
+                cwd=self.cwd or self.log_dir,
                 start_new_session=True,
             )
         except OSError as err:

@@ -28,7 +28,7 @@ class TuneRecord:
     serve_line: str
     kind: str  # "vllm" | "sim"
     model: str | None
-    target_concurrency: int
+    target_concurrency: int | None  # None: each candidate proved at its own max_num_seqs
     trace_path: str
     max_starts: int
     max_duration_s: float
@@ -47,7 +47,9 @@ class TuneRecord:
     def gate_rules(self) -> tuple[str, ...]:
         if self.winner is None:
             return ()
-        c = self.target_concurrency
+        c = self.target_concurrency or self.winner.settings.max_num_seqs
+        if c is None:
+            return ()
         rules = [f"no-preemption-below:{c + 1}", f"no-oom-up-to:{c}"]
         if self.slo_ttft_p99_s is not None:
             rules.append(f"p99-ttft-s@{c}<={self.slo_ttft_p99_s:g}")
@@ -81,7 +83,7 @@ class TuneRecord:
             serve_line=str(obj["serve_line"]),
             kind=str(obj.get("kind", "vllm")),
             model=obj.get("model"),
-            target_concurrency=int(obj["target_concurrency"]),
+            target_concurrency=obj.get("target_concurrency"),
             trace_path=str(obj.get("trace_path", "")),
             max_starts=int(obj.get("max_starts", 0)),
             max_duration_s=float(obj.get("max_duration_s", 0.0)),

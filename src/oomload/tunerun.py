@@ -72,7 +72,7 @@ SERVER_LOG = "server.log"
 class TuneConfig:
     trace_path: Path
     serve: ServeCommand
-    target: int
+    target: int | None  # None: the highest preemption-free concurrency (tunesearch)
     space: SearchSpace
     run_dir: Path
     host: str = "127.0.0.1"
@@ -136,7 +136,7 @@ def _run_tune(config: TuneConfig, console: Console | None) -> int:
         check_port_free(config.host, config.port)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     console.print(
-        f"tune: {config.serve.kind} server {config.serve.model or ''} · target concurrency {config.target} · "
+        f"tune: {config.serve.kind} server {config.serve.model or ''} · {_goal(config.target)} · "
         f"at most {space.max_starts} server starts and {config.max_duration_s:.0f} s "
         f"(each: start-up ≤ {config.startup_timeout_s:.0f} s, "
         f"replay ≤ {config.replay_max_duration_s:.0f} s) · "
@@ -275,12 +275,12 @@ def _prove(
     cand_dir: Path,
     console: Console,
 ) -> Proof:
-    target = config.target
+    target = config.target or candidate.settings.max_num_seqs or 1  # without a target: its own max_num_seqs
     pool = _pool(server, candidate)
     onset = safe = evidence = None
     if pool is not None:
-        ladder = [v for v in space.max_num_seqs if v <= target]
-        onset, safe, evidence = odds_guide(prompts, outputs, pool, target, ladder)
+        ladder = [v for v in space.max_num_seqs if config.target is None or v <= target]
+        onset, safe, evidence = odds_guide(prompts, outputs, pool, config.target, ladder)
     min_requests = min(max(evidence or 0, 2 * target), config.max_requests)
     above = target + max(1, target // 4)
     run_dir = cand_dir / "run"
@@ -452,12 +452,12 @@ def _record(
             why = "" if last is None else f" (the last: {last.reason})"
             notes = [
                 *notes,
-                f"no candidate started{why}: nothing on the ladder carries concurrency {config.target}",
+                f"no candidate started{why}: nothing on the ladder carries {_goal(config.target)}",
             ]
         else:
             notes = [
                 *notes,
-                f"no candidate carried concurrency {config.target}: the table says why each was rejected",
+                f"no candidate carried {_goal(config.target)}: the table says why each was rejected",
             ]
     return TuneRecord(
         serve_line=shlex.join(config.serve.argv),
@@ -513,6 +513,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def _goal(target: int | None) -> str:
+    return "its own max_num_seqs (no target)" if target is None else f"target concurrency {target}"
 
 
 def _exit_text(code: int | None) -> str:

@@ -39,6 +39,10 @@ The rules, in order — every candidate records the rule that produced it, and t
 4. **Bounds**: at most ``max_starts`` candidates (the runner also stops at its wall-time bound); both
    are printed before the first start.
 
+Without a target the question is the highest preemption-free concurrency: every candidate is proved
+at its own ``max_num_seqs`` (the most requests it holds at once), the ladder is not capped, and the
+same rules find the largest ``max_num_seqs`` that carries itself, next to a larger one that preempts.
+
 The winner (``pick_winner``): among the candidates that carried the target, the one with the most
 memory (ladder order: the most KV headroom), then the largest ``max_num_seqs`` (the most requests
 served at once, so the least queueing), then the higher throughput. No candidate carried the target →
@@ -194,7 +198,7 @@ class Proposal:
     rule: str
 
 
-def first_proposal(space: SearchSpace, target: int) -> Proposal:
+def first_proposal(space: SearchSpace, target: int | None) -> Proposal:
     """Rule 1: the most memory, ``max_num_seqs`` at the target."""
     seqs = _seqs_at_most(space, target)
     settings = _merge(space.base, space.memory[0] if space.memory else Settings())
@@ -203,7 +207,7 @@ def first_proposal(space: SearchSpace, target: int) -> Proposal:
     return Proposal(settings, "first: the most memory on the ladder, max_num_seqs at the target")
 
 
-def next_proposal(space: SearchSpace, target: int, history: Sequence[Candidate]) -> Proposal | None:
+def next_proposal(space: SearchSpace, target: int | None, history: Sequence[Candidate]) -> Proposal | None:
     """The next candidate after ``history`` (rules 2-4), or ``None`` when the search is over."""
     if not history:
         return first_proposal(space, target)
@@ -236,7 +240,7 @@ def odds_guide(
     prompt_tokens: Sequence[int],
     output_tokens: Sequence[int],
     pool: Pool,
-    target: int,
+    target: int | None,
     ladder: Sequence[int],
     *,
     requests: int = 400,
@@ -254,7 +258,7 @@ def odds_guide(
         longest = max(p + o for p, o in zip(prompt_tokens, output_tokens, strict=True))
         pool = replace(pool, max_model_len=longest + 1)
     onset = None
-    top = max_level or 2 * target
+    top = max_level or 2 * (target or pool.max_num_seqs)
     for level in range(1, min(top, pool.max_num_seqs) + 1):  # above max_num_seqs the odds plateau
         if not level_odds(prompt_tokens, output_tokens, pool, level, requests=requests).negligible:
             onset = level
@@ -262,13 +266,15 @@ def odds_guide(
     safe = None
     for seqs in sorted(ladder, reverse=True):  # preemption only grows with admitted sequences
         capped = replace(pool, max_num_seqs=seqs)
-        if level_odds(prompt_tokens, output_tokens, capped, target, requests=requests).negligible:
+        level = target or seqs  # without a target each setting is proved at its own max_num_seqs
+        if level_odds(prompt_tokens, output_tokens, capped, level, requests=requests).negligible:
             safe = seqs
             break
     # evidence for a clean claim: enough requests to see the preemption the pool would give at the
     # target if max_num_seqs did not hold the requests back
-    uncapped = replace(pool, max_num_seqs=max(pool.max_num_seqs, target))
-    at_target = level_odds(prompt_tokens, output_tokens, uncapped, target, requests=requests)
+    level = target or pool.max_num_seqs
+    uncapped = replace(pool, max_num_seqs=max(pool.max_num_seqs, level))
+    at_target = level_odds(prompt_tokens, output_tokens, uncapped, level, requests=requests)
     return onset, safe, at_target.requests_for()
 
 
@@ -348,13 +354,13 @@ def _lower_memory(space: SearchSpace, s: Settings, failure: StartupFailure | Non
 
 
 def _after_proof(
-    space: SearchSpace, target: int, history: Sequence[Candidate], last: Candidate
+    space: SearchSpace, target: int | None, history: Sequence[Candidate], last: Candidate
 ) -> Proposal | None:
     if "max_num_seqs" in space.fixed or last.proof is None:
         return None
     s = last.settings
     seqs = s.max_num_seqs
-    ladder = [v for v in space.max_num_seqs if v <= target]
+    ladder = [v for v in space.max_num_seqs if target is None or v <= target]
     same_memory = [c for c in history if c.started and c.settings.memory_key() == s.memory_key()]
     tried = {c.settings.max_num_seqs for c in same_memory}
     proof = last.proof
@@ -394,14 +400,14 @@ def _after_proof(
     )
     return Proposal(
         replace(s, max_num_seqs=value),
-        f"{what} at {target} with max_num_seqs {seqs}: lowered to {value}, {why}",
+        f"{what} at {target or seqs} with max_num_seqs {seqs}: lowered to {value}, {why}",
     )
 
 
-def _seqs_at_most(space: SearchSpace, target: int) -> int | None:
+def _seqs_at_most(space: SearchSpace, target: int | None) -> int | None:
     if space.base.max_num_seqs is not None and "max_num_seqs" in space.fixed:
         return space.base.max_num_seqs
-    fitting = [v for v in space.max_num_seqs if v <= target]
+    fitting = [v for v in space.max_num_seqs if target is None or v <= target]
     return fitting[-1] if fitting else (space.max_num_seqs[0] if space.max_num_seqs else None)
 
 
@@ -447,6 +453,9 @@ def utilization_ladder(start: float, floor: float = 0.5, step: float = 0.05) -> 
         values.append(round(value, 2))
         value -= step
     return tuple(values)
+
+
+NO_TARGET_SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the max_num_seqs ladder without a target
 
 
 def seqs_ladder(target: int) -> tuple[int, ...]:

@@ -33,7 +33,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("trace", type=Path, help="oomload trace (JSONL)")
     parser.add_argument("--serve", required=True, metavar="CMD", help="the server command line, quoted")
     parser.add_argument(
-        "--target-concurrency", type=int, required=True, metavar="C", help="concurrent requests to carry"
+        "--target-concurrency",
+        type=int,
+        metavar="C",
+        help="concurrent requests to carry (none: find the highest preemption-free max_num_seqs)",
     )
     parser.add_argument(
         "--slo-ttft-p99-s", type=float, metavar="S", help="P99 TTFT at the target must be ≤ S"
@@ -81,12 +84,12 @@ def run(args: argparse.Namespace) -> int:
 
     from oomload.servecmd import parse_serve_command
     from oomload.tunerun import TuneConfig, run_tune
-    from oomload.tunesearch import SearchSpace, Settings, seqs_ladder
+    from oomload.tunesearch import NO_TARGET_SEQS, SearchSpace, Settings, seqs_ladder
 
     if not args.trace.is_file():
         raise ConfigError(f"trace {args.trace} does not exist")
     target = args.target_concurrency
-    if target < 1:
+    if target is not None and target < 1:
         raise ConfigError(f"--target-concurrency must be a positive integer, got {target}")
     if args.port is not None and not 1 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
@@ -104,7 +107,12 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--fix {part!r}: allowed knobs are {', '.join(FIXABLE)}")
             fixed.add(FIXABLE[part.strip()])
     memory = _memory_ladder(args, command.value("--gpu-memory-utilization"), fixed)
-    seqs = _int_list(args.max_num_seqs, "--max-num-seqs") if args.max_num_seqs else seqs_ladder(target)
+    if target is None and "max_num_seqs" in fixed:
+        raise ConfigError("without --target-concurrency the tune searches max_num_seqs: do not --fix it")
+    if args.max_num_seqs:
+        seqs = _int_list(args.max_num_seqs, "--max-num-seqs")
+    else:
+        seqs = NO_TARGET_SEQS if target is None else seqs_ladder(target)
     base = Settings()
     if "max_num_seqs" in fixed:
         own = command.value("--max-num-seqs")

@@ -78,7 +78,8 @@ def rows(record: TuneRecord) -> list[list[str]]:
     return [_row(c, record.target_concurrency) for c in record.candidates]
 
 
-def _row(c: Candidate, target: int) -> list[str]:
+def _row(c: Candidate, goal: int | None) -> list[str]:
+    target = goal or c.settings.max_num_seqs or 1
     free = "—" if c.free_device_bytes is None else f"{c.free_device_bytes / 1024**3:.1f}"
     if not c.started:
         why = "" if c.failure is None else f"{c.failure.reason}: {c.failure.message}"
@@ -118,14 +119,14 @@ def _row(c: Candidate, target: int) -> list[str]:
 
 def _headline(record: TuneRecord) -> list[str]:
     lines = [
-        f"Target concurrency {record.target_concurrency} · {len(record.candidates)} of at most "
+        f"{_goal(record)} · {len(record.candidates)} of at most "
         f"{record.max_starts} starts · status {record.status}"
     ]
     if record.winner_line is not None:
         lines.append(f"Winner (candidate {record.winner_index}): {record.winner_line}")
         lines.append("Gate: " + " ".join(f"--gate '{g}'" for g in record.gate_rules()))
     else:
-        lines.append(f"No candidate carried concurrency {record.target_concurrency}.")
+        lines.append(f"No candidate carried {_goal(record)}.")
     lines.extend(record.notes)
     return lines
 
@@ -230,9 +231,11 @@ def plot_candidates(record: TuneRecord) -> bytes:
         ax2.plot(*zip(*seqs, strict=True), "_", color="#333", markersize=18, label="max_num_seqs")
     if obs:
         ax2.plot(*zip(*obs, strict=True), "x", color="#a00", markersize=10, label="observed onset")
-    ax2.axhline(record.target_concurrency, color="#555", linestyle="--", label="target concurrency")
+    if record.target_concurrency is not None:
+        ax2.axhline(record.target_concurrency, color="#555", linestyle="--", label="target concurrency")
     ax2.set_ylabel("concurrency")
-    ax2.set_ylim(0, max([record.target_concurrency * 2, *[v for _, v in pred + obs]]) + 1)
+    top = [2 * (record.target_concurrency or 1), *[v for _, v in pred + obs + seqs]]
+    ax2.set_ylim(0, max(top) + 1)
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     labels = ax.get_legend_handles_labels()[1] + ax2.get_legend_handles_labels()[1]
     ax.legend(handles, labels, fontsize=7, loc="upper right")
@@ -240,6 +243,12 @@ def plot_candidates(record: TuneRecord) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
+
+
+def _goal(record: TuneRecord) -> str:
+    if record.target_concurrency is None:
+        return "No target: each candidate proved at its own max_num_seqs"
+    return f"Target concurrency {record.target_concurrency}"
 
 
 def _md(text: str) -> str:

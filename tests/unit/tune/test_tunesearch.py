@@ -138,3 +138,19 @@ def test_the_winner_prefers_more_memory_then_more_seqs() -> None:
 def test_ladders() -> None:
     assert utilization_ladder(0.9, floor=0.75) == (0.9, 0.85, 0.8, 0.75)
     assert seqs_ladder(8) == (1, 2, 4, 6, 8)
+
+
+def test_without_a_target_each_setting_is_proved_at_its_own_max_num_seqs() -> None:
+    space = replace(SPACE, max_num_seqs=(1, 2, 4, 8, 16, 32))
+    first = next_proposal(space, None, [])
+    assert first is not None and first.settings.max_num_seqs == 32  # the ladder is not capped
+    history = [_proved(1, first.settings, _proof(preempted=True, safe=4))]
+    nxt = next_proposal(space, None, history)
+    assert nxt is not None and nxt.settings.max_num_seqs == 4 and "at 32 with max_num_seqs 32" in nxt.rule
+    history.append(_proved(2, nxt.settings, _proof(preempted=False)))
+    up = next_proposal(space, None, history)
+    assert up is not None and up.settings.max_num_seqs == 8
+    history.append(_proved(3, up.settings, _proof(preempted=True)))
+    assert next_proposal(space, None, history) is None
+    winner = pick_winner(space, history)
+    assert winner is not None and winner.settings.max_num_seqs == 4

@@ -204,7 +204,8 @@ def first_proposal(space: SearchSpace, target: int | None) -> Proposal:
     settings = _merge(space.base, space.memory[0] if space.memory else Settings())
     if "max_num_seqs" not in space.fixed and seqs is not None:
         settings = replace(settings, max_num_seqs=seqs)
-    return Proposal(settings, "first: the most memory on the ladder, max_num_seqs at the target")
+    rule = "max_num_seqs at the target" if target is not None else "the largest max_num_seqs (no target)"
+    return Proposal(settings, f"first: the most memory on the ladder, {rule}")
 
 
 def next_proposal(space: SearchSpace, target: int | None, history: Sequence[Candidate]) -> Proposal | None:

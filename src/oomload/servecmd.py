@@ -6,6 +6,7 @@
 ``--flag=value``, and the simulator's and vLLM's aliases) and appended with the candidate's value;
 ``--host`` and ``--port`` are replaced by the tuner's (loopback and a free port unless the user gave
 them). Nothing else in the line moves, so the winning line is the user's line plus the winner's flags.
+An ``--api-key`` value in the line is a secret: shown and stored as ``***`` (``ServeCommand.secrets``).
 
 Recognised servers (anything else is refused, before anything starts):
 
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 
+from oomload.credentials import scrub
 from oomload.errors import ConfigError
 from oomload.tunesearch import Settings
 
@@ -44,6 +46,17 @@ class ServeCommand:
     kind: str  # "vllm" | "sim"
     model: str | None
 
+    def secrets(self) -> tuple[str, ...]:
+        """The line's secrets (vLLM's ``--api-key`` values): never written to a report, log or run dir."""
+        values = []
+        for i, arg in enumerate(self.argv):
+            head, eq, tail = arg.partition("=")
+            if head == "--api-key":
+                value = tail if eq else (self.argv[i + 1] if i + 1 < len(self.argv) else "")
+                if value:
+                    values.append(value)
+        return tuple(values)
+
     def value(self, flag: str) -> str | None:
         """The value the user's line gives ``flag`` (the last one wins, as argparse does)."""
         return flag_value(self.argv, flag)
@@ -65,13 +78,14 @@ class ServeCommand:
         return (*argv, "--host", host, "--port", str(port))
 
     def shell_line(self, settings: Settings) -> str:
-        """The user's line with the candidate's flags, shell-quoted (no host/port change)."""
+        """The user's line with the candidate's flags, shell-quoted (no host/port change), its secrets
+        replaced by ``***``."""
         argv = list(self.argv)
         for flag, _ in settings.flags():
             argv = remove_flag(argv, flag)
         for flag, value in settings.flags():
             argv += [flag] if value is None else [flag, value]
-        return shlex.join(argv)
+        return scrub(shlex.join(argv), self.secrets())
 
 
 def parse_serve_command(text: str) -> ServeCommand:

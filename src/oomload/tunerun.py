@@ -52,6 +52,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from oomload.credentials import scrub
 from oomload.errors import ConfigError, EndpointError, ExitCode, ServeStartError
 from oomload.odds import Pool
 from oomload.realvllm.server import RealVllmServer, free_port, harness_env
@@ -237,9 +238,30 @@ def _try_candidate(
         log_name=SERVER_LOG,
         cwd=Path.cwd(),  # the user's line may name relative paths
     )
+    try:
+        return _run_candidate(
+            config, space, candidate, server, prompts, outputs, cand_dir, console, first=first
+        )
+    finally:
+        scrub_file(server.log_path, config.serve.secrets())  # vLLM logs its non-default args, --api-key too
+
+
+def _run_candidate(
+    config: TuneConfig,
+    space: SearchSpace,
+    candidate: Candidate,
+    server: RealVllmServer,
+    prompts: list[int],
+    outputs: list[int],
+    cand_dir: Path,
+    console: Console,
+    *,
+    first: bool,
+) -> Candidate:
     with _started(server) as start_error:
         if start_error is not None:
-            failure = classify_startup_failure(_read(server.log_path).strip() or start_error)
+            secrets = config.serve.secrets()
+            failure = classify_startup_failure(scrub(_read(server.log_path).strip() or start_error, secrets))
             if first and failure.cause is StartCause.OTHER:
                 raise ServeStartError(
                     f"the --serve command did not start ({_exit_text(server.exit_code)}): "
@@ -316,8 +338,11 @@ def _prove(
         f" · odds: onset {onset or 'none up to ' + str(2 * target)}"
         f" · replay {target},{above} with ≥ {min_requests} requests a step"
     )
+    env = dict(os.environ)
+    if config.serve.secrets() and not env.get("OPENAI_API_KEY"):
+        env["OPENAI_API_KEY"] = config.serve.secrets()[-1]  # the server's own key, in the child's memory only
     with open(cand_dir / "replay.log", "wb") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             proc.wait()
         except KeyboardInterrupt:
@@ -431,7 +456,7 @@ def _pool(server: RealVllmServer, candidate: Candidate) -> Pool | None:
     except Exception:
         pool = None
     if pool is None:
-        logged = pool_from_log(_read(server.log_path))
+        logged = pool_from_log(_read(server.log_path))  # numbers only: no secret leaves here
         if logged.num_gpu_blocks is not None and logged.kv_cache_tokens:
             pool = Pool(logged.num_gpu_blocks, logged.kv_cache_tokens // logged.num_gpu_blocks, limit)
     if pool is not None and max_num_seqs is not None:
@@ -460,7 +485,7 @@ def _record(
                 f"no candidate carried {_goal(config.target)}: the table says why each was rejected",
             ]
     return TuneRecord(
-        serve_line=shlex.join(config.serve.argv),
+        serve_line=scrub(shlex.join(config.serve.argv), config.serve.secrets()),
         kind=config.serve.kind,
         model=config.serve.model,
         target_concurrency=config.target,
@@ -498,6 +523,16 @@ def _finite(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def scrub_file(path: Path, secrets: tuple[str, ...]) -> None:
+    """Rewrite ``path`` with every secret replaced by ``***`` (nothing to do without secrets)."""
+    if not secrets or not path.is_file():
+        return
+    text = _read(path)
+    cleaned = scrub(text, secrets)
+    if cleaned != text:
+        path.write_text(cleaned, encoding="utf-8")
 
 
 def _read(path: Path) -> str:

@@ -129,6 +129,8 @@ def _interrupt(signum: int, frame: object) -> None:
 def _run_tune(config: TuneConfig, console: Console | None) -> int:
     console = console or Console()
     records = read_trace(config.trace_path)
+    if not records:
+        raise ConfigError(f"trace {config.trace_path} has no requests: nothing to tune for")
     prompts = [r.prompt_tokens for r in records]
     outputs = [r.output_tokens for r in records]
     advice = recommend_max_model_len([p + o for p, o in zip(prompts, outputs, strict=True)])

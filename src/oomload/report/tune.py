@@ -148,7 +148,7 @@ def print_tune(record: TuneRecord, console: Console) -> None:
         table.add_column(name, overflow="fold")
     for c, row in zip(record.candidates, rows(record), strict=True):
         verdict = "carries" if c.carries else ("no start" if not c.started else "rejected")
-        table.add_row(*(escape(cell) for cell in (*row[:3], *row[5:10], verdict)))
+        table.add_row(*(escape(cell) for cell in (row[0], _short(c), row[2], *row[5:10], verdict)))
     console.print(table)
     for c in record.candidates:
         why = c.failure.message if c.failure is not None else (c.proof.evidence if c.proof else "")
@@ -243,6 +243,27 @@ def plot_candidates(record: TuneRecord) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
+
+
+SHORT = {
+    "--gpu-memory-utilization": "util",
+    "--num-gpu-blocks-override": "blocks",
+    "--kv-cache-memory-bytes": "kv-bytes",
+    "--max-model-len": "len",
+    "--max-num-seqs": "seqs",
+    "--max-num-batched-tokens": "batched",
+    "--enforce-eager": "eager",
+    "--enable-prefix-caching": "prefix-cache",
+    "--no-enable-prefix-caching": "no-prefix-cache",
+}
+
+
+def _short(c: Candidate) -> str:
+    """The flags in a few characters, for the terminal table (the pages keep vLLM's names)."""
+    return " ".join(
+        SHORT.get(flag, flag) if value is None else f"{SHORT.get(flag, flag)} {value}"
+        for flag, value in c.settings.flags()
+    )
 
 
 def _goal(record: TuneRecord) -> str:

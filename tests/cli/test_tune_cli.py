@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.clirun import oomload, run
+
+from clirun import oomload, run
 
 FIXED = Path(__file__).resolve().parents[2] / "traces" / "sample-fixed.jsonl"  # 256 + 256 tokens each
 SIM = "oomload sim serve --model llama-3.1-8b --gpu l4 --max-model-len 2048 --time-scale 0.05"

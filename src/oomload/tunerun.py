@@ -44,6 +44,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -231,6 +232,7 @@ def _try_candidate(
     cand_dir.mkdir(parents=True, exist_ok=True)
     candidate = replace(candidate, free_device_bytes=free_device_bytes())
     port = config.port if config.port is not None else free_port(config.host)
+    short_tmp = tempfile.TemporaryDirectory(prefix="oomload-tune-")
     server = RealVllmServer(
         CandidateServe(config.serve, candidate),
         cand_dir,
@@ -239,6 +241,7 @@ def _try_candidate(
         startup_timeout_s=config.startup_timeout_s,
         log_name=SERVER_LOG,
         cwd=Path.cwd(),  # the user's line may name relative paths
+        tmp_dir=Path(short_tmp.name),  # short: vLLM's ZMQ IPC socket paths must fit 107 bytes
     )
     try:
         return _run_candidate(
@@ -246,6 +249,7 @@ def _try_candidate(
         )
     finally:
         scrub_file(server.log_path, config.serve.secrets())  # vLLM logs its non-default args, --api-key too
+        short_tmp.cleanup()
 
 
 def _run_candidate(

@@ -166,6 +166,7 @@ class RealVllmServer:
         stop_timeout_s: float = 15.0,
         log_name: str = "vllm-server.log",
         cwd: Path | None = None,
+        tmp_dir: Path | None = None,
     ) -> None:
         self.config = config
         self.log_dir = Path(log_dir)
@@ -175,6 +176,8 @@ class RealVllmServer:
         self.stop_timeout_s = stop_timeout_s
         self.log_path = self.log_dir / log_name
         self.cwd = cwd  # None: the log directory (the harness); oomload tune: the user's directory
+        # the server's TMPDIR: vLLM puts ZMQ IPC sockets there, whose paths must stay under 107 bytes
+        self.tmp_dir = tmp_dir
         self.startup_s: float | None = None
         self.exit_code: int | None = None  # set when the server exited before it was ready
         self._proc: subprocess.Popen[bytes] | None = None
@@ -196,8 +199,8 @@ class RealVllmServer:
         if self._proc is not None:
             return self
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.log_dir / "tmp"
-        tmp.mkdir(exist_ok=True)
+        tmp = self.tmp_dir or self.log_dir / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
         if self.port is None:
             self.port = free_port(self.host)
         env = self.config.serve_env(dict(os.environ), tmp)

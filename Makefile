@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser demo test test-e2e lint typecheck bench gpu-check clean
+.PHONY: help install browser demo demo-tune test test-e2e lint typecheck bench gpu-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -21,6 +21,10 @@ install: $(STAMP) ## Create .venv and install oomload with its dev tools
 
 demo: $(STAMP) ## The main job on built-in defaults: replay a sample trace against the simulated vLLM
 	$(BIN)/oomload replay traces/sample-chat.jsonl --max-duration-s 180
+
+demo-tune: $(STAMP) ## oomload starts the simulated vLLM itself and tunes its memory settings for concurrency 8
+	$(BIN)/oomload tune traces/sample-chat.jsonl --target-concurrency 8 --utilization 0.9,0.85,0.8 \
+	  --serve 'oomload sim serve --model llama-3.1-8b --gpu l4 --other-process-gib 4 --max-model-len 8192 --time-scale 0.05'
 
 test: $(STAMP) browser ## Run the default test suite (fast; simulated server, real Locust, headless Chromium)
 	$(BIN)/python -m pytest -q
@@ -43,8 +47,8 @@ lint: $(STAMP) ## ruff + mypy
 bench: $(STAMP) ## Benchmarks; each prints ratios against a baseline measured in the same run
 	$(BIN)/python -m bench
 
-gpu-check: $(STAMP) ## On a machine with an NVIDIA GPU: check the NVML sampler sees a known allocation
-	$(BIN)/python bench/gpu_check.py
+gpu-check: $(STAMP) ## On an NVIDIA GPU: the NVML sampler sees a known allocation; TUNE_MODEL=M also tunes M with vLLM
+	$(BIN)/python bench/gpu_check.py $(if $(TUNE_MODEL),--tune-model $(TUNE_MODEL))
 
 clean: ## Remove the virtual environment, caches and run directories
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache runs build dist src/*.egg-info

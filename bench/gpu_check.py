@@ -14,6 +14,22 @@ Steps (exit 0 = PASS, 1 = FAIL, 2 = cannot run here: no GPU, no driver, no PyTor
    tolerance.
 
 Other processes allocating on the same GPU during the check make it fail: run it on an idle GPU.
+
+Then, when vLLM (the GPU build) is installed and ``--tune-model`` names a small model that is on this
+machine (a local folder or a cached Hugging Face id; nothing is downloaded), ``oomload tune`` tunes its
+``gpu_memory_utilization`` on this device while this process holds ``--tune-hold-gib`` (default: 15 %
+of the device) — memory "used by other processes", as vLLM sees it:
+
+6. the ladder ``0.95, 0.9, 0.8, 0.7, 0.6`` starts at a utilization the free memory cannot give, so the
+   first candidate must fail at start-up and be classified ``free_memory`` from vLLM's own log
+   ("Free memory on device … is less than desired GPU memory utilization");
+7. a later candidate must start, with its KV blocks read from ``/metrics`` and the free device memory
+   (NVML) recorded before its start; ``tune.json`` must say ``finished`` (a winner or none: both are
+   findings on an unknown model, printed);
+8. no vLLM process may be left on the device afterwards (the tune stops each server's process group).
+
+Without vLLM or ``--tune-model`` the tune check is skipped with one line saying why. It has never run
+in this repository's CI (no GPU there): run it when a GPU is lent, and report what it printed.
 """
 
 from __future__ import annotations
@@ -127,6 +143,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--settle-s", type=float, default=1.0, help="seconds of samples per phase (default 1)"
     )
+    parser.add_argument(
+        "--tune-model", help="a small local model to tune with vLLM (skip the tune without it)"
+    )
+    parser.add_argument("--tune-hold-gib", type=float, help="GiB this process holds during the tune (15 %%)")
+    parser.add_argument("--tune-target", type=int, default=16, help="the tune's target concurrency (16)")
+    parser.add_argument("--tune-max-s", type=float, default=900.0, help="the tune's wall-time bound (900)")
     args = parser.parse_args(argv)
     try:
         torch: Any = importlib.import_module("torch")  # optional: only this check needs it
@@ -193,8 +215,85 @@ def main(argv: Sequence[str] | None = None) -> int:
     for check in checks:
         print(f"  {'PASS' if check.ok else 'FAIL'} {check.name}: {check.detail}")
     passed = all(check.ok for check in checks)
+    tuned = tune_check(args, torch, device)
+    if tuned is not None:
+        passed = passed and tuned
     print("gpu-check: PASS" if passed else "gpu-check: FAIL")
     return 0 if passed else 1
+
+
+def tune_check(args: argparse.Namespace, torch: Any, device: Any) -> bool | None:
+    """Steps 6-8 (module docstring); ``None`` when skipped."""
+    import shutil
+    import subprocess
+
+    if not args.tune_model:
+        print("  SKIP tune: no --tune-model (a small model on this machine, e.g. Qwen/Qwen2.5-0.5B-Instruct)")
+        return None
+    vllm = shutil.which("vllm")
+    if vllm is None:
+        print("  SKIP tune: vLLM is not installed here (no `vllm` on PATH)")
+        return None
+    from oomload.trace import TraceHeader, TraceRecord, write_trace
+
+    total = int(torch.cuda.get_device_properties(device).total_memory)
+    hold_bytes = int(args.tune_hold_gib * GIB) if args.tune_hold_gib else int(0.15 * total)
+    held = torch.empty(hold_bytes, dtype=torch.uint8, device=device)
+    held.fill_(1)
+    torch.cuda.synchronize(device)
+    try:
+        with tempfile.TemporaryDirectory(prefix="oomload-gpu-tune-") as tmp:
+            trace = Path(tmp) / "fixed.jsonl"
+            records = [TraceRecord(f"r{i}", i * 0.05, 512, 256) for i in range(400)]
+            write_trace(trace, records, TraceHeader(format="synth"))
+            out = Path(tmp) / "tune"
+            serve = f"{vllm} serve {args.tune_model} --max-model-len 2048"
+            argv = [
+                sys.executable, "-m", "oomload", "tune", str(trace), "--serve", serve,
+                "--target-concurrency", str(args.tune_target), "--utilization", "0.95,0.9,0.8,0.7,0.6",
+                "--max-starts", "5", "--max-duration-s", str(args.tune_max_s), "--startup-timeout-s", "240",
+                "--replay-max-duration-s", "120", "--run-dir", str(out),
+            ]  # fmt: skip
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(args.device)}
+            print(f"  tune: holding {hold_bytes / GIB:.1f} GiB of {total / GIB:.1f} GiB; {serve}")
+            result = subprocess.run(
+                argv, capture_output=True, text=True, env=env, timeout=args.tune_max_s + 300, check=False
+            )
+            print("\n".join("    " + line for line in result.stdout.splitlines()[-30:]))
+            if result.returncode not in (0, 1):
+                print(f"  FAIL tune: exit {result.returncode}: {result.stderr.strip()[-500:]}")
+                return False
+            record = json.loads((out / "tune.json").read_text(encoding="utf-8"))
+            cands = record["candidates"]
+            first = cands[0] if cands else {}
+            failed_free = (
+                not first.get("started") and (first.get("failure") or {}).get("cause") == "free_memory"
+            )
+            started = [c for c in cands if c.get("started") and (c.get("proof") or {}).get("num_gpu_blocks")]
+            checks = [
+                Check("tune-failed-start", failed_free, f"first candidate: {first.get('failure')}"),
+                Check(
+                    "tune-started",
+                    bool(started) and all(c.get("free_device_bytes") for c in started),
+                    f"{len(started)} candidate(s) started with a KV pool and NVML free memory recorded",
+                ),
+                Check("tune-finished", record.get("status") == "finished", f"status {record.get('status')}"),
+                Check("tune-no-server-left", not _vllm_left(), "no `vllm serve` process left"),
+            ]
+            for check in checks:
+                print(f"  {'PASS' if check.ok else 'FAIL'} {check.name}: {check.detail}")
+            print(f"  tune winner: {record.get('winner_line') or 'none'}")
+            return all(c.ok for c in checks)
+    finally:
+        del held
+        torch.cuda.empty_cache()
+
+
+def _vllm_left() -> bool:
+    import subprocess
+
+    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=False).stdout
+    return any("vllm serve" in line for line in out.splitlines())
 
 
 def _phase(out: Path, device: int, duration_s: float) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@
     ├── SamplerUnavailableError      NVML / DCGM / remote sampler cannot be used            (exit 2)
     ├── RunDirWriteError             the run directory cannot be written mid-run (disk full) (exit 2)
     ├── EndpointError                the target endpoint is unreachable or not vLLM-shaped   (exit 3)
+    │   └── ServeStartError          ``oomload tune``: the --serve line did not start, not for memory (exit 3)
     ├── RunAbortedError              a run stopped before it could produce a verdict         (exit 3)
     └── InternalError                a bug in oomload: one line, the traceback in a file     (exit 70)
 
@@ -82,6 +83,13 @@ class RunDirWriteError(OomloadError):
 
 class EndpointError(OomloadError):
     """The target endpoint is unreachable, or it does not answer like an OpenAI-compatible server."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+
+class ServeStartError(EndpointError):
+    """``oomload tune``: the ``--serve`` command's first start failed for a reason no memory setting can
+    change (not a vLLM server, exits at once, never answers ``/health``); the server is stopped."""
 
     exit_code = ExitCode.UNREACHABLE
 

@@ -40,6 +40,10 @@ CORE = {
     "oomload.schedule",
     "oomload.serverside",
     "oomload.credentials",
+    "oomload.startup",
+    "oomload.tunesearch",
+    "oomload.tunerecord",
+    "oomload.servecmd",
     "oomload.rundir.records",
     "oomload.verdict",
     "oomload.verdict.runview",
@@ -107,6 +111,7 @@ ADAPTERS = {
     "oomload.report.plots",
     "oomload.report.summary",
     "oomload.report.terminal",
+    "oomload.report.tune",
     "oomload.rundir",
     "oomload.rundir.io",
     "oomload.sim",
@@ -142,6 +147,7 @@ RUNNER = {
     "oomload.run.session",
     "oomload.run.worker",
     "oomload.run.workers",
+    "oomload.tunerun",
 }
 CLI = {
     "oomload.cli",
@@ -153,6 +159,7 @@ CLI = {
     "oomload.cli.sim",
     "oomload.cli.worker",
     "oomload.cli.trace",
+    "oomload.cli.tune",
 }
 ENTRY = {"oomload.__main__"}
 LAYERS = {"core": CORE, "adapter": ADAPTERS, "runner": RUNNER, "cli": CLI, "entry": ENTRY}

@@ -1,7 +1,7 @@
 """The ``oomload`` command line: a thin layer that parses flags and maps errors to exit codes.
 
 Each sub-command lives in its own module (``oomload.cli.trace``, ``…sim``, ``…plan``, ``…replay``,
-``…report``, ``…sample``, ``…worker``) exposing ``register(subparsers)``; the handler it sets as
+``…report``, ``…sample``, ``…worker``, ``…tune``) exposing ``register(subparsers)``; the handler it sets as
 ``func`` takes the parsed ``argparse.Namespace`` and returns an exit code. Heavy imports (Locust,
 pandas, NVML) happen inside the handlers, so ``oomload --help`` is fast and importing the CLI patches nothing.
 
@@ -20,12 +20,12 @@ import sys
 from collections.abc import Sequence
 
 from oomload import __version__
-from oomload.cli import plan, replay, report, sample, sim, trace, worker
+from oomload.cli import plan, replay, report, sample, sim, trace, tune, worker
 from oomload.cli.crash import save_internal_error
 from oomload.credentials import scrub
 from oomload.errors import ExitCode, OomloadError
 
-SUBCOMMANDS = (trace, replay, report, plan, sim, sample, worker)
+SUBCOMMANDS = (trace, replay, report, plan, sim, sample, worker, tune)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,10 +50,13 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from oomload.report import FILE_NAMES, FORMATS, finalize_run
+    from oomload.report.tune import is_tune_dir, render_tune_dir
     from oomload.rundir import RunReader
     from oomload.verdict.gate import load_gate_file, parse_gate
     from oomload.verdict.runview import config_problem
 
+    if is_tune_dir(args.run_dir):  # an `oomload tune` directory: its table, tune.md and tune.html
+        return render_tune_dir(args.run_dir, Console(stderr=False))
     formats = [f.strip() for f in str(args.format).split(",") if f.strip()]
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:

@@ -125,6 +125,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="runtime activations / profiled activations (> 1 models an underestimate)",
     )
+    g.add_argument(
+        "--other-process-gib",
+        type=float,
+        default=0.0,
+        help="device memory other processes already use (vLLM refuses to start when the free memory "
+        "is below total x utilization; default 0)",
+    )
+    g.add_argument(
+        "--cuda-graph-gib",
+        type=float,
+        help="memory CUDA-graph capture really takes after the KV pool (default: the 0.5 GiB reserve; "
+        "more than is free fails the start with a CUDA OOM, unless --enforce-eager)",
+    )
 
 
 def engine_options(args: argparse.Namespace) -> Any:
@@ -146,6 +159,8 @@ def engine_options(args: argparse.Namespace) -> Any:
         enable_prefix_caching=args.enable_prefix_caching,
         oom=args.oom,
         activation_scale=args.activation_scale,
+        other_process_gib=getattr(args, "other_process_gib", 0.0),
+        cuda_graph_gib=getattr(args, "cuda_graph_gib", None),
     )
 
 

@@ -37,7 +37,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from oomload.errors import EndpointError, ExitCode, OomloadError
 from oomload.realvllm.install import DEFAULT_ROOT, ensure_venv
@@ -74,6 +74,14 @@ class VllmServerConfig:
     max_num_queued_reqs: int | None = None
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
+    @property
+    def program(self) -> str:
+        return f"vLLM with {self.python}"
+
+    def serve_env(self, env: dict[str, str], tmp_dir: Path) -> dict[str, str]:
+        """The child's environment (module docstring): offline, on loopback, its own ``TMPDIR``."""
+        return harness_env(env, tmp_dir)
+
     def serve_argv(self, host: str, port: int) -> list[str]:
         """The full command line (without ``setsid``)."""
         argv = [
@@ -104,6 +112,34 @@ class VllmServerConfig:
         return argv + list(self.extra_args)
 
 
+def harness_env(env: dict[str, str], tmp_dir: Path) -> dict[str, str]:
+    """The harness's environment for a vLLM child: offline, usage statistics off, loopback, a private
+    ``TMPDIR``, and none of the variables that would override the explicit KV cache or the port."""
+    out = {k: v for k, v in env.items() if k not in _ENV_REMOVED}
+    out.update(
+        VLLM_HOST_IP="127.0.0.1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        PYTHONNOUSERSITE="1",
+        TMPDIR=str(tmp_dir),
+    )
+    return out
+
+
+class ServeSpec(Protocol):
+    """What ``RealVllmServer`` starts: a command line for a host and port, and its environment.
+    ``VllmServerConfig`` is the harness's; ``oomload tune`` gives the user's ``--serve`` line."""
+
+    @property
+    def program(self) -> str: ...
+
+    def serve_argv(self, host: str, port: int) -> list[str]: ...
+
+    def serve_env(self, env: dict[str, str], tmp_dir: Path) -> dict[str, str]: ...
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago (the server binds it shortly after)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -114,18 +150,23 @@ def free_port(host: str = "127.0.0.1") -> int:
 class RealVllmServer:
     """A running ``vllm serve`` for one configuration; use as a context manager.
 
-    ``log_dir`` receives ``vllm-server.log`` (stdout and stderr) and the server's ``TMPDIR``.
+    ``log_dir`` receives ``vllm-server.log`` (stdout and stderr) and the server's ``TMPDIR``. The
+    command comes from ``config`` (any ``ServeSpec``: the harness's ``VllmServerConfig`` or the user's
+    line in ``oomload tune``, which starts the simulator through the same class).
     """
 
     def __init__(
         self,
-        config: VllmServerConfig,
+        config: ServeSpec,
         log_dir: Path,
         *,
         host: str = "127.0.0.1",
         port: int | None = None,
         startup_timeout_s: float = 120.0,
         stop_timeout_s: float = 15.0,
+        log_name: str = "vllm-server.log",
+        cwd: Path | None = None,
+        tmp_dir: Path | None = None,
     ) -> None:
         self.config = config
         self.log_dir = Path(log_dir)
@@ -133,8 +174,12 @@ class RealVllmServer:
         self.port = port
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s
-        self.log_path = self.log_dir / "vllm-server.log"
+        self.log_path = self.log_dir / log_name
+        self.cwd = cwd  # None: the log directory (the harness); oomload tune: the user's directory
+        # the server's TMPDIR: vLLM puts ZMQ IPC sockets there, whose paths must stay under 107 bytes
+        self.tmp_dir = tmp_dir
         self.startup_s: float | None = None
+        self.exit_code: int | None = None  # set when the server exited before it was ready
         self._proc: subprocess.Popen[bytes] | None = None
         self._pgid: int | None = None
         self._log: IO[bytes] | None = None
@@ -154,20 +199,11 @@ class RealVllmServer:
         if self._proc is not None:
             return self
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.log_dir / "tmp"
-        tmp.mkdir(exist_ok=True)
+        tmp = self.tmp_dir or self.log_dir / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
         if self.port is None:
             self.port = free_port(self.host)
-        env = {k: v for k, v in os.environ.items() if k not in _ENV_REMOVED}
-        env.update(
-            VLLM_HOST_IP="127.0.0.1",
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            VLLM_NO_USAGE_STATS="1",
-            DO_NOT_TRACK="1",
-            PYTHONNOUSERSITE="1",
-            TMPDIR=str(tmp),
-        )
+        env = self.config.serve_env(dict(os.environ), tmp)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - held open while the server runs
         started = time.monotonic()
         try:
@@ -177,12 +213,12 @@ class RealVllmServer:
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=self.log_dir,
+                cwd=self.cwd or self.log_dir,
                 start_new_session=True,
             )
         except OSError as err:
             self._close_log()
-            raise EndpointError(f"cannot start vLLM with {self.config.python}: {err}") from err
+            raise EndpointError(f"cannot start {self.config.program}: {err}") from err
         self._pgid = self._proc.pid
         try:
             self._wait_healthy(started)
@@ -198,6 +234,7 @@ class RealVllmServer:
         while True:
             code = self._proc.poll()
             if code is not None:
+                self.exit_code = code
                 raise EndpointError(
                     f"vLLM exited with code {code} before it was ready; last lines of {self.log_path}:\n"
                     + self.log_tail()

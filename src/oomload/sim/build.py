@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from oomload.errors import ConfigError
 from oomload.sim.geometry import (
+    GIB,
     EngineConfig,
     GpuSpec,
     KvCacheLayout,
@@ -47,6 +48,8 @@ class EngineOptions:
     enable_prefix_caching: bool = True  # vLLM V1's default
     oom: str = "auto"
     activation_scale: float = 1.0
+    other_process_gib: float = 0.0  # device memory other processes hold (vLLM's free-memory check)
+    cuda_graph_gib: float | None = None  # what CUDA-graph capture really takes (None: the reserve)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,8 @@ def build_engine(opts: EngineOptions) -> BuiltEngine:
         block_size = 16 if gpu is not None else 128
     if opts.oom not in ("auto", "on", "off"):
         raise ConfigError(f"--oom must be auto, on or off, got {opts.oom!r}")
+    if not opts.other_process_gib >= 0 or (opts.cuda_graph_gib is not None and not opts.cuda_graph_gib >= 0):
+        raise ConfigError("--other-process-gib and --cuda-graph-gib must be >= 0")
     if not opts.activation_scale > 0:
         raise ConfigError(f"--activation-scale must be positive, got {opts.activation_scale}")
     config = EngineConfig(
@@ -98,6 +103,8 @@ def build_engine(opts: EngineOptions) -> BuiltEngine:
         num_gpu_blocks_override=opts.num_gpu_blocks,
         kv_cache_memory_bytes=opts.kv_cache_memory_bytes,
         enforce_eager=opts.enforce_eager,
+        other_process_bytes=int(opts.other_process_gib * GIB),
+        cuda_graph_capture_bytes=None if opts.cuda_graph_gib is None else int(opts.cuda_graph_gib * GIB),
     )
     layout = plan_kv_cache(model, gpu, config)
     return BuiltEngine(model, gpu, config, layout)

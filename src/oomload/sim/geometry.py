@@ -29,6 +29,19 @@ The activation peak is an estimate of what the profile run allocates for
 Start-up refusals reproduce vLLM's messages: weights that do not fit, "No available memory for the
 cache blocks", and a pool that cannot hold one ``max_model_len`` request (with the "estimated maximum
 model length", ``(num_gpu_blocks − 1) × block_size`` after the null block, as the real server prints).
+
+Memory held by other processes on the device (``other_process_bytes``, the simulator's
+``--other-process-gib``) enters twice, as on a real GPU: vLLM V1 first refuses to start when the free
+memory is below what it is asked to take ("Free memory on device cuda:0 (free/total GiB) on startup is
+less than desired GPU memory utilization (util, requested GiB)…", checked before anything is loaded);
+and CUDA-graph capture, which runs after the KV pool is allocated, needs ``cuda_graph_bytes`` of what is
+then really free on the device::
+
+    free_at_capture = total − other − (weights + non_torch + kv_pool)
+
+(the profile run's activations are back in PyTorch's cache by then, so they count as free). A capture
+that needs more (``--cuda-graph-gib`` above the reserve, other processes that grew) fails with PyTorch's
+"CUDA out of memory. Tried to allocate …" as the real start-up does; ``--enforce-eager`` skips it.
 """
 
 from __future__ import annotations
@@ -308,6 +321,8 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None
     kv_cache_dtype_bytes: int | None = None
     enforce_eager: bool = False
+    other_process_bytes: int = 0  # device memory other processes hold at start-up (module docstring)
+    cuda_graph_capture_bytes: int | None = None  # what graph capture really takes; None: the reserve
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,6 +413,8 @@ def plan_kv_cache(model: ModelSpec, gpu: GpuSpec | None, config: EngineConfig) -
             "memory for weights, increasing --tensor-parallel-size, or using --quantization. "
             f"(weights need {format_gib(weights)} GiB per GPU; {gpu.name} has {format_gib(total)} GiB)"
         )
+    if gpu is not None:
+        _check_free_memory(gpu, config, requested)
     if config.kv_cache_memory_bytes is not None:
         available = config.kv_cache_memory_bytes
     elif gpu is not None:
@@ -434,7 +451,37 @@ def plan_kv_cache(model: ModelSpec, gpu: GpuSpec | None, config: EngineConfig) -
         overridden=config.kv_cache_memory_bytes is not None or config.num_gpu_blocks_override is not None,
     )
     _check_fits_one_request(layout)
+    if gpu is not None and not config.enforce_eager:
+        _check_graph_capture(gpu, config, layout)
     return layout
+
+
+def _check_free_memory(gpu: GpuSpec, config: EngineConfig, requested_bytes: int) -> None:
+    """vLLM V1's first check: the device must have ``total × utilization`` free (vllm-facts §2.5)."""
+    free = gpu.memory_bytes - max(config.other_process_bytes, 0)
+    if free >= requested_bytes:
+        return
+    raise ConfigError(
+        f"Free memory on device cuda:0 ({format_gib(free)}/{format_gib(gpu.memory_bytes)} GiB) on startup "
+        f"is less than desired GPU memory utilization ({config.gpu_memory_utilization}, "
+        f"{format_gib(requested_bytes)} GiB). Decrease GPU memory utilization or reduce GPU memory used "
+        "by other processes."
+    )
+
+
+def _check_graph_capture(gpu: GpuSpec, config: EngineConfig, layout: KvCacheLayout) -> None:
+    """CUDA-graph capture after the pool is allocated: PyTorch's OOM text when it does not fit."""
+    needed = CUDA_GRAPH_BYTES if config.cuda_graph_capture_bytes is None else config.cuda_graph_capture_bytes
+    held = layout.weights_bytes + layout.non_torch_bytes + layout.kv_cache_bytes
+    free = gpu.memory_bytes - max(config.other_process_bytes, 0) - held
+    if needed <= free:
+        return
+    raise ConfigError(
+        f"CUDA out of memory. Tried to allocate {needed // MIB} MiB. GPU 0 has a total capacity of "
+        f"{format_gib(gpu.memory_bytes)} GiB of which {max(free, 0) // MIB} MiB is free. "
+        "(while capturing CUDA graphs; --enforce-eager skips the capture, or lower "
+        "--gpu-memory-utilization)"
+    )
 
 
 def _check_config(model: ModelSpec, config: EngineConfig) -> None:

@@ -145,3 +145,28 @@ def test_block_sizes_the_cpu_backend_takes_are_accepted() -> None:
     assert layout.num_gpu_blocks == 12 and layout.kv_cache_size_tokens == 3072
     with pytest.raises(ConfigError, match="multiple of 32"):
         plan_kv_cache(resolve_model("tiny"), None, EngineConfig(max_model_len=2048, block_size=7))
+
+
+def test_other_processes_on_the_device_fail_the_start_with_vllms_free_memory_words() -> None:
+    model, gpu = resolve_model("llama-3.1-8b"), resolve_gpu("l4")
+    config = EngineConfig(max_model_len=8192, gpu_memory_utilization=0.9)
+    assert plan_kv_cache(model, gpu, config).num_gpu_blocks > 0  # alone on the device it starts
+    crowded = EngineConfig(max_model_len=8192, gpu_memory_utilization=0.9, other_process_bytes=4 * GIB)
+    with pytest.raises(
+        ConfigError, match=r"Free memory on device cuda:0 \(18.49/22.49 GiB\) on startup is less"
+    ):
+        plan_kv_cache(model, gpu, crowded)
+    # the same neighbours leave room for a lower utilization: 22.49 - 4 = 18.49 GiB free >= 0.8 x 22.49
+    lower = EngineConfig(max_model_len=8192, gpu_memory_utilization=0.8, other_process_bytes=4 * GIB)
+    assert plan_kv_cache(model, gpu, lower).num_gpu_blocks > 0
+
+
+def test_cuda_graph_capture_that_does_not_fit_is_a_cuda_oom_and_eager_mode_starts() -> None:
+    model, gpu = resolve_model("llama-3.1-8b"), resolve_gpu("l4")
+    big = EngineConfig(max_model_len=8192, gpu_memory_utilization=0.98, cuda_graph_capture_bytes=2 * GIB)
+    with pytest.raises(ConfigError, match=r"CUDA out of memory\. Tried to allocate 2048 MiB"):
+        plan_kv_cache(model, gpu, big)
+    eager = EngineConfig(
+        max_model_len=8192, gpu_memory_utilization=0.98, cuda_graph_capture_bytes=2 * GIB, enforce_eager=True
+    )
+    assert plan_kv_cache(model, gpu, eager).num_gpu_blocks > 0

@@ -1,0 +1,189 @@
+"""``oomload tune TRACE --serve 'vllm serve MODEL …' --target-concurrency C``: find and prove the memory
+settings that carry the target (``oomload.tunerun``; the search's rules: ``oomload.tunesearch``)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from oomload.errors import ConfigError
+
+FIXABLE = {
+    "gpu-memory-utilization": "gpu_memory_utilization",
+    "max-model-len": "max_model_len",
+    "max-num-seqs": "max_num_seqs",
+    "max-num-batched-tokens": "max_num_batched_tokens",
+    "enforce-eager": "enforce_eager",
+    "prefix-caching": "enable_prefix_caching",
+}
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "tune",
+        help="start the server with candidate memory settings and prove the one that carries the target",
+        description=(
+            "Start the --serve command (vLLM, or `oomload sim serve`) once per candidate setting, one at a "
+            "time, classify start-up failures from its log, replay the trace at and around the target, "
+            "and print the winning `vllm serve` line with the gate rules that keep it true."
+        ),
+    )
+    parser.add_argument("trace", type=Path, help="oomload trace (JSONL)")
+    parser.add_argument("--serve", required=True, metavar="CMD", help="the server command line, quoted")
+    parser.add_argument(
+        "--target-concurrency",
+        type=int,
+        metavar="C",
+        help="concurrent requests to carry (none: find the highest preemption-free max_num_seqs)",
+    )
+    parser.add_argument(
+        "--slo-ttft-p99-s", type=float, metavar="S", help="P99 TTFT at the target must be ≤ S"
+    )
+    space = parser.add_argument_group("search space (ladders; the command's own value when not given)")
+    space.add_argument(
+        "--utilization", metavar="LIST", help="gpu_memory_utilization ladder, e.g. 0.95,0.9,0.85"
+    )
+    space.add_argument(
+        "--num-gpu-blocks",
+        metavar="LIST",
+        help="KV pool ladder in blocks (vLLM CPU build: the utilization stand-in)",
+    )
+    space.add_argument("--kv-cache-memory-bytes", metavar="LIST", help="KV pool ladder in bytes")
+    space.add_argument(
+        "--max-num-seqs", metavar="LIST", help="max_num_seqs ladder (default: quarters of the target)"
+    )
+    space.add_argument(
+        "--fix",
+        action="append",
+        default=[],
+        metavar="KNOB",
+        help=f"never move this knob ({', '.join(FIXABLE)}); repeatable",
+    )
+    bounds = parser.add_argument_group("bounds")
+    bounds.add_argument("--max-starts", type=int, default=8, help="server starts at most (default 8)")
+    bounds.add_argument(
+        "--max-duration-s", type=float, default=1800.0, help="wall time at most (default 1800)"
+    )
+    bounds.add_argument("--startup-timeout-s", type=float, default=300.0, help="per start (default 300)")
+    bounds.add_argument("--replay-max-duration-s", type=float, default=300.0, help="per replay (default 300)")
+    bounds.add_argument("--hold-s", type=float, default=2.0, help="replay step hold (default 2)")
+    bounds.add_argument(
+        "--max-requests", type=int, default=400, help="requests per replay step at most (default 400)"
+    )
+    net = parser.add_argument_group("server")
+    net.add_argument("--host", default="127.0.0.1", help="where the server listens (default 127.0.0.1)")
+    net.add_argument("--port", type=int, help="the server's port (default: a free one)")
+    parser.add_argument("--run-dir", type=Path, help="tune directory (default runs/tune-<timestamp>)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from oomload.servecmd import parse_serve_command
+    from oomload.tunerun import TuneConfig, run_tune
+    from oomload.tunesearch import NO_TARGET_SEQS, SearchSpace, Settings, seqs_ladder
+
+    if not args.trace.is_file():
+        raise ConfigError(f"trace {args.trace} does not exist")
+    target = args.target_concurrency
+    if target is not None and target < 1:
+        raise ConfigError(f"--target-concurrency must be a positive integer, got {target}")
+    if args.port is not None and not 1 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 1..65535, got {args.port}")
+    for name in ("max_starts", "max_requests"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer")
+    for name in ("max_duration_s", "startup_timeout_s", "replay_max_duration_s", "hold_s"):
+        if not getattr(args, name) > 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+    command = parse_serve_command(args.serve)
+    fixed = set()
+    for knob in args.fix:
+        for part in str(knob).split(","):
+            if part.strip() not in FIXABLE:
+                raise ConfigError(f"--fix {part!r}: allowed knobs are {', '.join(FIXABLE)}")
+            fixed.add(FIXABLE[part.strip()])
+    memory = _memory_ladder(args, command.value("--gpu-memory-utilization"), fixed)
+    if target is None and "max_num_seqs" in fixed:
+        raise ConfigError("without --target-concurrency the tune searches max_num_seqs: do not --fix it")
+    if args.max_num_seqs:
+        seqs = _int_list(args.max_num_seqs, "--max-num-seqs")
+    else:
+        seqs = NO_TARGET_SEQS if target is None else seqs_ladder(target)
+    base = Settings()
+    if "max_num_seqs" in fixed:
+        own = command.value("--max-num-seqs")
+        base = Settings(max_num_seqs=int(own) if own and own.isdigit() else None)
+    space = SearchSpace(
+        memory=memory,
+        max_num_seqs=tuple(sorted(set(seqs))),
+        base=base,
+        fixed=frozenset(fixed),
+        max_starts=args.max_starts,
+    )
+    if not memory and "gpu_memory_utilization" not in fixed:
+        raise ConfigError("the memory ladder is empty")
+    run_dir = args.run_dir or Path("runs") / time.strftime("tune-%Y%m%d-%H%M%S")
+    config = TuneConfig(
+        trace_path=args.trace,
+        serve=command,
+        target=target,
+        space=space,
+        run_dir=run_dir,
+        host=args.host,
+        port=args.port,
+        max_duration_s=args.max_duration_s,
+        startup_timeout_s=args.startup_timeout_s,
+        replay_max_duration_s=args.replay_max_duration_s,
+        hold_s=args.hold_s,
+        max_requests=args.max_requests,
+        slo_ttft_p99_s=args.slo_ttft_p99_s,
+    )
+    return run_tune(config, Console())
+
+
+def _memory_ladder(args: argparse.Namespace, own_utilization: str | None, fixed: set[str]) -> tuple[Any, ...]:
+    from oomload.tunesearch import Settings, utilization_ladder
+
+    given = [x for x in (args.utilization, args.num_gpu_blocks, args.kv_cache_memory_bytes) if x]
+    if len(given) > 1:
+        raise ConfigError(
+            "give one memory ladder: --utilization, --num-gpu-blocks or --kv-cache-memory-bytes"
+        )
+    if "gpu_memory_utilization" in fixed:
+        return (Settings(),)
+    if args.num_gpu_blocks:
+        values = sorted(set(_int_list(args.num_gpu_blocks, "--num-gpu-blocks")), reverse=True)
+        return tuple(Settings(num_gpu_blocks=v) for v in values)
+    if args.kv_cache_memory_bytes:
+        values = sorted(set(_int_list(args.kv_cache_memory_bytes, "--kv-cache-memory-bytes")), reverse=True)
+        return tuple(Settings(kv_cache_memory_bytes=v) for v in values)
+    if args.utilization:
+        utils = sorted({_utilization(x) for x in str(args.utilization).split(",") if x.strip()}, reverse=True)
+    else:
+        start = _utilization(own_utilization) if own_utilization else 0.9
+        utils = list(utilization_ladder(start))
+    return tuple(Settings(gpu_memory_utilization=u) for u in utils)
+
+
+def _utilization(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as err:
+        raise ConfigError(f"gpu_memory_utilization {text!r} is not a number") from err
+    if not 0 < value <= 1:
+        raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {value}")
+    return value
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in str(text).split(",") if x.strip())
+    except ValueError as err:
+        raise ConfigError(f"{flag} {text!r}: give comma-separated positive integers") from err
+    if not values or any(v < 1 for v in values):
+        raise ConfigError(f"{flag} {text!r}: give comma-separated positive integers")
+    return values

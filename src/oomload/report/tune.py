@@ -1,0 +1,276 @@
+"""A tune's reports: the terminal table, ``tune.md``, ``tune.html`` (with a plot of the candidates).
+
+Every output shows the same things, from one ``TuneRecord`` (``tune.json``): the winning
+``vllm serve …`` line (shell-quoted), the ready ``--gate`` rules, and one row per candidate — its
+flags, the rule that chose it, started or why not (the server's own words), the free device memory
+before its start, the KV blocks it got, the odds' predicted onset and the replay's observed one,
+throughput and TTFT p99 at the target, and the evidence (requests sent, preemptions seen). The plot:
+per candidate, the KV pool (bars), ``max_num_seqs`` and the predicted / observed onsets against the
+target; a candidate that did not start is labelled so.
+
+``oomload report TUNE_DIR`` re-renders them from ``tune.json`` (``render_tune_dir``); each started
+candidate's ``candidates/NN/run`` is an ordinary run directory that ``oomload report`` re-renders too.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from oomload.errors import ConfigError
+from oomload.tunerecord import TuneRecord
+from oomload.tunesearch import Candidate
+
+TUNE_JSON = "tune.json"
+TUNE_MD = "tune.md"
+TUNE_HTML = "tune.html"
+COLUMNS = (
+    "#",
+    "flags",
+    "started",
+    "why not / rule",
+    "free GiB",
+    "KV blocks",
+    "predicted onset",
+    "observed onset",
+    "tok/s",
+    "TTFT p99",
+    "evidence",
+)
+
+
+def is_tune_dir(path: Path) -> bool:
+    return (path / TUNE_JSON).is_file()
+
+
+def load_tune_record(path: Path) -> TuneRecord:
+    try:
+        return TuneRecord.from_json(json.loads((path / TUNE_JSON).read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"{path / TUNE_JSON} is not a readable tune record: {err}") from err
+
+
+def render_tune_dir(path: Path, console: Console) -> int:
+    """``oomload report TUNE_DIR``: re-render the tune's reports; exit 0 with a winner, else 1."""
+    record = load_tune_record(path)
+    write_tune_reports(path, record, console)
+    return 0 if record.winner is not None else 1
+
+
+def write_tune_reports(path: Path, record: TuneRecord, console: Console) -> None:
+    """Terminal table, ``tune.md`` and ``tune.html`` (``tune.json`` is the runner's)."""
+    print_tune(record, console)
+    (path / TUNE_MD).write_text(render_markdown(record), encoding="utf-8")
+    (path / TUNE_HTML).write_text(render_html(record), encoding="utf-8")
+    console.print(f"wrote {TUNE_JSON}, {TUNE_MD}, {TUNE_HTML} in {path}")
+
+
+def rows(record: TuneRecord) -> list[list[str]]:
+    return [_row(c, record.target_concurrency) for c in record.candidates]
+
+
+def _row(c: Candidate, goal: int | None) -> list[str]:
+    target = goal or c.settings.max_num_seqs or 1
+    free = "—" if c.free_device_bytes is None else f"{c.free_device_bytes / 1024**3:.1f}"
+    if not c.started:
+        why = "" if c.failure is None else f"{c.failure.reason}: {c.failure.message}"
+        return [
+            str(c.index),
+            c.settings.label(),
+            "no",
+            f"{why} [rule: {c.rule}]",
+            free,
+            "—",
+            "—",
+            "—",
+            "—",
+            "—",
+            "—",
+        ]
+    p = c.proof
+    if p is None:
+        return [str(c.index), c.settings.label(), "yes", c.rule, free, "—", "—", "—", "—", "—", "not proved"]
+    predicted = "none ≤ " + str(2 * target) if p.predicted_onset is None else str(p.predicted_onset)
+    observed = "none" if p.observed_onset is None else str(p.observed_onset)
+    verdict = "carries" if p.carries else "rejected"
+    return [
+        str(c.index),
+        c.settings.label(),
+        "yes",
+        c.rule,
+        free,
+        "?" if p.num_gpu_blocks is None else f"{p.num_gpu_blocks} × {p.block_size}",
+        predicted,
+        observed,
+        "—" if p.throughput_tokens_per_s is None else f"{p.throughput_tokens_per_s:.0f}",
+        "—" if p.ttft_p99_ms is None else f"{p.ttft_p99_ms:.0f} ms",
+        f"{verdict}: {p.evidence}",
+    ]
+
+
+def _headline(record: TuneRecord) -> list[str]:
+    lines = [
+        f"{_goal(record)} · {len(record.candidates)} of at most "
+        f"{record.max_starts} starts · status {record.status}"
+    ]
+    if record.winner_line is not None:
+        lines.append(f"Winner (candidate {record.winner_index}): {record.winner_line}")
+        lines.append("Gate: " + " ".join(f"--gate '{g}'" for g in record.gate_rules()))
+    else:
+        lines.append(f"No candidate carried {_goal(record)}.")
+    lines.extend(record.notes)
+    return lines
+
+
+def print_tune(record: TuneRecord, console: Console) -> None:
+    """A compact table (one line per candidate), then each candidate's rule and evidence in words."""
+    table = Table(title="oomload tune: candidates")
+    for name in (
+        "#",
+        "flags",
+        "started",
+        "KV blocks",
+        "predicted",
+        "observed",
+        "tok/s",
+        "TTFT p99",
+        "verdict",
+    ):
+        table.add_column(name, overflow="fold")
+    for c, row in zip(record.candidates, rows(record), strict=True):
+        verdict = "carries" if c.carries else ("no start" if not c.started else "rejected")
+        table.add_row(*(escape(cell) for cell in (row[0], _short(c), row[2], *row[5:10], verdict)))
+    console.print(table)
+    for c in record.candidates:
+        why = c.failure.message if c.failure is not None else (c.proof.evidence if c.proof else "")
+        console.print(f"  #{c.index} {escape(c.rule)}: {escape(why)}", soft_wrap=True)
+    for line in _headline(record):
+        console.print(escape(line), soft_wrap=True)
+
+
+def render_markdown(record: TuneRecord) -> str:
+    out = ["# oomload tune", ""]
+    out.append(f"Served: `{_md(record.serve_line)}` · trace `{_md(record.trace_path)}`")
+    out.append("")
+    if record.winner_line is not None:
+        out += [
+            "## Winner",
+            "",
+            "```sh",
+            record.winner_line,
+            "```",
+            "",
+            "Gate rules that keep it true in CI:",
+            "",
+        ]
+        out += ["```sh", " ".join(f"--gate '{g}'" for g in record.gate_rules()), "```", ""]
+    out += ["## Summary", ""] + [f"- {_md(line)}" for line in _headline(record)] + [""]
+    out += ["## Candidates", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in rows(record):
+        out.append("| " + " | ".join(_md(cell) for cell in row) + " |")
+    return "\n".join(out) + "\n"
+
+
+def render_html(record: TuneRecord) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows(record)
+    )
+    winner = (
+        f"<h2>Winner</h2><pre>{html.escape(record.winner_line)}</pre><h3>Gate rules</h3><pre>"
+        + html.escape(" ".join(f"--gate '{g}'" for g in record.gate_rules()))
+        + "</pre>"
+        if record.winner_line is not None
+        else ""
+    )
+    summary = "".join(f"<li>{html.escape(line)}</li>" for line in _headline(record))
+    png = base64.b64encode(plot_candidates(record)).decode("ascii")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>oomload tune</title><style>"
+        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 6px;font-size:13px;vertical-align:top}</style></head><body>"
+        f"<h1>oomload tune</h1><p>Served: <code>{html.escape(record.serve_line)}</code></p>{winner}"
+        f"<ul>{summary}</ul><h2>Candidates</h2><table><tr>{head}</tr>{body}</table>"
+        f"<h2>Plot</h2><img alt='candidates' src='data:image/png;base64,{png}'></body></html>\n"
+    )
+
+
+def plot_candidates(record: TuneRecord) -> bytes:
+    """KV blocks per candidate (bars), its max_num_seqs, predicted and observed onsets, the target."""
+    fig = Figure(figsize=(8, 3.6), dpi=96)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    xs = [c.index for c in record.candidates]
+    blocks = [c.proof.num_gpu_blocks or 0 if c.proof else 0 for c in record.candidates]
+    colors = ["#c44" if not c.started else ("#4a4" if c.carries else "#e90") for c in record.candidates]
+    ax.bar(xs, blocks, color=colors, alpha=0.5, label="KV blocks (green carries, orange rejected)")
+    for c in record.candidates:
+        if not c.started:
+            ax.annotate("did not\nstart", (c.index, 0), ha="center", va="bottom", color="#c44", fontsize=8)
+    ax.set_xlabel("candidate")
+    ax.set_ylabel("KV blocks")
+    ax.set_xticks(xs or [0])
+    ax2 = ax.twinx()
+    pred = [
+        (c.index, c.proof.predicted_onset) for c in record.candidates if c.proof and c.proof.predicted_onset
+    ]
+    obs = [(c.index, c.proof.observed_onset) for c in record.candidates if c.proof and c.proof.observed_onset]
+    if pred:
+        ax2.plot(*zip(*pred, strict=True), "o", color="#15a", label="predicted onset (odds)")
+    seqs = [(c.index, c.settings.max_num_seqs) for c in record.candidates if c.settings.max_num_seqs]
+    if seqs:
+        ax2.plot(*zip(*seqs, strict=True), "_", color="#333", markersize=18, label="max_num_seqs")
+    if obs:
+        ax2.plot(*zip(*obs, strict=True), "x", color="#a00", markersize=10, label="observed onset")
+    if record.target_concurrency is not None:
+        ax2.axhline(record.target_concurrency, color="#555", linestyle="--", label="target concurrency")
+    ax2.set_ylabel("concurrency")
+    top = [2 * (record.target_concurrency or 1), *[v for _, v in pred + obs + seqs]]
+    ax2.set_ylim(0, max(top) + 1)
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    labels = ax.get_legend_handles_labels()[1] + ax2.get_legend_handles_labels()[1]
+    ax.legend(handles, labels, fontsize=7, loc="upper right")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+SHORT = {
+    "--gpu-memory-utilization": "util",
+    "--num-gpu-blocks-override": "blocks",
+    "--kv-cache-memory-bytes": "kv-bytes",
+    "--max-model-len": "len",
+    "--max-num-seqs": "seqs",
+    "--max-num-batched-tokens": "batched",
+    "--enforce-eager": "eager",
+    "--enable-prefix-caching": "prefix-cache",
+    "--no-enable-prefix-caching": "no-prefix-cache",
+}
+
+
+def _short(c: Candidate) -> str:
+    """The flags in a few characters, for the terminal table (the pages keep vLLM's names)."""
+    return " ".join(
+        SHORT.get(flag, flag) if value is None else f"{SHORT.get(flag, flag)} {value}"
+        for flag, value in c.settings.flags()
+    )
+
+
+def _goal(record: TuneRecord) -> str:
+    if record.target_concurrency is None:
+        return "No target: each candidate proved at its own max_num_seqs"
+    return f"Target concurrency {record.target_concurrency}"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

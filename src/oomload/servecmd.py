@@ -1,0 +1,151 @@
+"""The user's ``--serve`` command line, and the same line with a candidate's flags (pure).
+
+``oomload tune --serve 'vllm serve MODEL …'`` takes the command a user already runs (split with
+``shlex``, as a POSIX shell would) and changes only what it tunes: every flag a candidate sets
+(``tunesearch.Settings.flags``) is removed from the line in both spellings (``--flag value`` and
+``--flag=value``, and the simulator's and vLLM's aliases) and appended with the candidate's value;
+``--host`` and ``--port`` are replaced by the tuner's (loopback and a free port unless the user gave
+them). Nothing else in the line moves, so the winning line is the user's line plus the winner's flags.
+An ``--api-key`` value in the line is a secret: shown and stored as ``***`` (``ServeCommand.secrets``).
+
+Recognised servers (anything else is refused, before anything starts):
+
+* ``vllm serve MODEL …`` (any path ending in ``vllm``);
+* ``python -m vllm.entrypoints.openai.api_server --model MODEL …``;
+* ``python …/launcher.py serve MODEL …`` (oomload's launcher for vLLM's CPU build, ``oomload.realvllm``);
+* ``oomload sim serve …`` (the simulator; ``oomload`` is run as ``python -m oomload`` of this install).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import PurePath
+
+from oomload.credentials import scrub
+from oomload.errors import ConfigError
+from oomload.tunesearch import Settings
+
+# flag → its aliases (all removed when the candidate sets the flag)
+ALIASES: dict[str, tuple[str, ...]] = {
+    "--num-gpu-blocks-override": ("--num-gpu-blocks-override", "--num-gpu-blocks"),
+    "--enable-prefix-caching": ("--enable-prefix-caching", "--no-enable-prefix-caching"),
+    "--no-enable-prefix-caching": ("--enable-prefix-caching", "--no-enable-prefix-caching"),
+    "--tensor-parallel-size": ("--tensor-parallel-size", "-tp", "--tp"),
+}
+SWITCHES = frozenset({"--enforce-eager", "--enable-prefix-caching", "--no-enable-prefix-caching"})
+NETWORK_FLAGS = ("--host", "--port")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeCommand:
+    """A recognised server command (module docstring)."""
+
+    argv: tuple[str, ...]
+    kind: str  # "vllm" | "sim"
+    model: str | None
+
+    def secrets(self) -> tuple[str, ...]:
+        """The line's secrets (vLLM's ``--api-key`` values): never written to a report, log or run dir."""
+        values = []
+        for i, arg in enumerate(self.argv):
+            head, eq, tail = arg.partition("=")
+            if head == "--api-key":
+                value = tail if eq else (self.argv[i + 1] if i + 1 < len(self.argv) else "")
+                if value:
+                    values.append(value)
+        return tuple(values)
+
+    def value(self, flag: str) -> str | None:
+        """The value the user's line gives ``flag`` (the last one wins, as argparse does)."""
+        return flag_value(self.argv, flag)
+
+    def with_settings(self, settings: Settings, host: str, port: int) -> tuple[str, ...]:
+        """The line with the candidate's flags and the tuner's host and port (module docstring)."""
+        argv = list(self.argv)
+        flags = settings.flags()
+        for flag, _ in flags:
+            argv = remove_flag(argv, flag)
+        for flag in NETWORK_FLAGS:
+            argv = remove_flag(argv, flag)
+        if self.kind == "sim":
+            flags = tuple(
+                (f, v) for f, v in flags if f != "--no-enable-prefix-caching"
+            )  # the simulator's caching is off unless asked
+        for flag, value in flags:
+            argv += [flag] if value is None else [flag, value]
+        return (*argv, "--host", host, "--port", str(port))
+
+    def shell_line(self, settings: Settings) -> str:
+        """The user's line with the candidate's flags, shell-quoted (no host/port change), its secrets
+        replaced by ``***``."""
+        argv = list(self.argv)
+        for flag, _ in settings.flags():
+            argv = remove_flag(argv, flag)
+        for flag, value in settings.flags():
+            argv += [flag] if value is None else [flag, value]
+        return scrub(shlex.join(argv), self.secrets())
+
+
+def parse_serve_command(text: str) -> ServeCommand:
+    """Split and recognise ``--serve`` (``ConfigError`` with one sentence when it is not a vLLM server)."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as err:
+        raise ConfigError(f"--serve cannot be split like a shell line: {err}") from err
+    if not argv:
+        raise ConfigError("--serve is empty: give the command that starts vLLM, e.g. 'vllm serve MODEL'")
+    names = [PurePath(a).name for a in argv]
+    if names[0] == "vllm" and len(argv) > 1 and argv[1] == "serve":
+        return ServeCommand(tuple(argv), "vllm", _positional_after(argv, 2) or flag_value(argv, "--model"))
+    if names[0] == "oomload" and argv[1:3] == ["sim", "serve"]:
+        return ServeCommand(tuple(argv), "sim", flag_value(argv, "--model") or "llama-3.1-8b")
+    if "-m" in argv and "vllm.entrypoints.openai.api_server" in argv:
+        return ServeCommand(tuple(argv), "vllm", flag_value(argv, "--model"))
+    if len(argv) > 2 and names[1] == "launcher.py" and argv[2] == "serve":
+        return ServeCommand(tuple(argv), "vllm", _positional_after(argv, 3) or flag_value(argv, "--model"))
+    raise ConfigError(
+        f"--serve {names[0]!r} is not a vLLM server command: give 'vllm serve MODEL …', "
+        "'python -m vllm.entrypoints.openai.api_server --model MODEL …' or 'oomload sim serve …'"
+    )
+
+
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    """The last value of ``flag`` in ``argv`` (``--flag V`` or ``--flag=V``); ``""`` for a bare switch."""
+    found: str | None = None
+    names = ALIASES.get(flag, (flag,))
+    for i, arg in enumerate(argv):
+        head, eq, tail = arg.partition("=")
+        if head not in names:
+            continue
+        if eq:
+            found = tail
+        elif flag in SWITCHES:
+            found = ""
+        elif i + 1 < len(argv):
+            found = argv[i + 1]
+    return found
+
+
+def remove_flag(argv: Sequence[str], flag: str) -> list[str]:
+    """``argv`` without any occurrence of ``flag`` or its aliases (with their values)."""
+    names = ALIASES.get(flag, (flag,))
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        head, eq, _ = arg.partition("=")
+        if head in names:
+            skip = not eq and head not in SWITCHES
+            continue
+        out.append(arg)
+    return out
+
+
+def _positional_after(argv: Sequence[str], start: int) -> str | None:
+    if len(argv) > start and not argv[start].startswith("-"):
+        return argv[start]
+    return None

@@ -1,0 +1,469 @@
+"""The tuner's search: which server settings to start next, and which one wins (pure).
+
+``oomload tune`` starts the user's server once per candidate, one at a time, and each start costs
+tens of seconds (minutes for a large model), so the search asks for as few starts as it can. A
+candidate is a ``Settings`` value: the memory knob (``gpu_memory_utilization`` on a GPU; on vLLM's CPU
+build, whose stand-in for it is an explicit pool, ``--num-gpu-blocks-override`` or
+``--kv-cache-memory-bytes``), ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
+prefix caching and eager mode. The user gives the memory ladder (most memory first) and the
+``max_num_seqs`` ladder (ascending, capped at the target: a server never holds more than the target's
+requests); a knob the user fixed is never moved.
+
+The rules, in order — every candidate records the rule that produced it, and the report prints it:
+
+1. **First candidate**: the most memory on the ladder and ``max_num_seqs`` at the target (the
+   largest ladder value ≤ the target) — the setting with the most headroom, if it starts.
+2. **A failed start** moves by its cause (``oomload.startup``):
+
+   * not enough free device memory → the highest utilization on the ladder that the free memory the
+     server reported allows (free / total, less half a point), skipping the ones that cannot start;
+     with a pool-sized memory knob, the next smaller pool;
+   * CUDA OOM at start-up (graph capture, profiling) → the same candidate in eager mode (no graph
+     capture); already eager → the next smaller memory step;
+   * no memory left for the KV cache → half the ``max_num_batched_tokens`` (the profile run's
+     activations scale with it), not below ``MIN_BATCHED_TOKENS``;
+   * ``max_model_len`` longer than the pool can hold → ``max_model_len`` cut to the trace's
+     recommended value (P99 + margin, ``stats.recommend_max_model_len``), or to the server's
+     "estimated maximum model length" when even that does not fit;
+   * the weights do not fit, or any other error → no next candidate (nothing oomload can tune).
+3. **A started candidate** is proved on load at the target. Then:
+
+   * it carried the target (no preemption, no death, no overflow, the SLO met) → the next larger
+     ``max_num_seqs`` on the ladder, to show where the headroom ends (the search stops for a reason:
+     the next setting preempts, or the ladder ends at the target);
+   * it did not carry it, and a smaller ``max_num_seqs`` at the same memory already did → stop (that
+     one wins, this one is why the search stopped);
+   * it did not carry it → the largest smaller ``max_num_seqs`` that the trace's odds on *this* pool
+     call safe at the target (``odds``: negligible preemption), else simply the next smaller one;
+     a missed SLO without any preemption moves up instead (queueing, not memory, was the limit).
+4. **Bounds**: at most ``max_starts`` candidates (the runner also stops at its wall-time bound); both
+   are printed before the first start.
+
+Without a target the question is the highest preemption-free concurrency: every candidate is proved
+at its own ``max_num_seqs`` (the most requests it holds at once), the ladder is not capped, and the
+same rules find the largest ``max_num_seqs`` that carries itself, next to a larger one that preempts.
+
+The winner (``pick_winner``): among the candidates that carried the target, the one with the most
+memory (ladder order: the most KV headroom), then the largest ``max_num_seqs`` (the most requests
+served at once, so the least queueing), then the higher throughput. No candidate carried the target →
+no winner, and the CLI says so (exit 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from oomload.odds import Pool, level_odds
+from oomload.startup import StartCause, StartupFailure
+
+MIN_BATCHED_TOKENS = 512
+DEFAULT_BATCHED_TOKENS = 2048  # vLLM V1's API-server default on most GPUs (vllm-facts §7)
+FREE_MEMORY_MARGIN = 0.005
+KNOBS = (
+    "gpu_memory_utilization",
+    "num_gpu_blocks",
+    "kv_cache_memory_bytes",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "enforce_eager",
+)
+_FLAG = {
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "num_gpu_blocks": "--num-gpu-blocks-override",
+    "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
+    "max_model_len": "--max-model-len",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """One candidate's server settings (``None``: the command's own value, untouched)."""
+
+    gpu_memory_utilization: float | None = None
+    num_gpu_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool | None = None
+    enforce_eager: bool | None = None
+
+    def flags(self) -> tuple[tuple[str, str | None], ...]:
+        """The vLLM flags this candidate sets: ``(flag, value)``; value ``None`` for a bare switch,
+        and prefix caching as ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``."""
+        out: list[tuple[str, str | None]] = []
+        for name, flag in _FLAG.items():
+            value = getattr(self, name)
+            if value is not None:
+                out.append((flag, f"{value:g}" if isinstance(value, float) else str(value)))
+        if self.enable_prefix_caching is not None:
+            out.append(
+                (
+                    "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
+                    None,
+                )
+            )
+        if self.enforce_eager:
+            out.append(("--enforce-eager", None))
+        return tuple(out)
+
+    def label(self) -> str:
+        """The flags as one short string, for tables."""
+        return " ".join(flag if value is None else f"{flag} {value}" for flag, value in self.flags())
+
+    def memory_key(self) -> tuple[float | None, int | None, int | None]:
+        return (self.gpu_memory_utilization, self.num_gpu_blocks, self.kv_cache_memory_bytes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in KNOBS if getattr(self, name) is not None}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Settings:
+        return cls(**{k: obj[k] for k in KNOBS if k in obj})
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpace:
+    """What the search may move, and its bound on starts."""
+
+    memory: tuple[Settings, ...]  # most memory first; each sets one memory knob
+    max_num_seqs: tuple[int, ...]  # ascending
+    base: Settings = Settings()  # the fixed knobs and the user's starting values
+    recommended_max_model_len: int | None = None
+    fixed: frozenset[str] = frozenset()
+    max_starts: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    """What a started candidate's pool and replay showed (the runner fills it from the run directory)."""
+
+    num_gpu_blocks: int | None
+    block_size: int | None
+    predicted_onset: (
+        int | None
+    )  # the odds' first non-negligible level on this pool (None: none up to the limit)
+    odds_safe_max_num_seqs: int | None  # the largest ladder value the odds call safe at the target
+    requests_for_evidence: int | None
+    observed_onset: int | None  # the replay's preemption onset (None: none seen)
+    preempted_at_target: bool
+    died: bool
+    overflow_at_target: bool
+    slo_met: bool | None  # None: no SLO asked
+    requests_at_target: int
+    throughput_tokens_per_s: float | None
+    ttft_p99_ms: float | None
+    run_dir: str | None
+    evidence: str  # one sentence: what the replay saw and how much it sent
+
+    @property
+    def carries(self) -> bool:
+        return (
+            not self.preempted_at_target
+            and not self.died
+            and not self.overflow_at_target
+            and self.slo_met is not False
+            and self.requests_at_target > 0
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One start: its settings, the rule that chose them, and what happened."""
+
+    index: int
+    settings: Settings
+    rule: str
+    started: bool
+    failure: StartupFailure | None = None
+    free_device_bytes: int | None = None  # NVML, just before the start (None: not measured)
+    proof: Proof | None = None
+    startup_s: float | None = None
+
+    @property
+    def carries(self) -> bool:
+        return self.started and self.proof is not None and self.proof.carries
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    settings: Settings
+    rule: str
+
+
+def first_proposal(space: SearchSpace, target: int | None) -> Proposal:
+    """Rule 1: the most memory, ``max_num_seqs`` at the target."""
+    seqs = _seqs_at_most(space, target)
+    settings = _merge(space.base, space.memory[0] if space.memory else Settings())
+    if "max_num_seqs" not in space.fixed and seqs is not None:
+        settings = replace(settings, max_num_seqs=seqs)
+    rule = "max_num_seqs at the target" if target is not None else "the largest max_num_seqs (no target)"
+    return Proposal(settings, f"first: the most memory on the ladder, {rule}")
+
+
+def next_proposal(space: SearchSpace, target: int | None, history: Sequence[Candidate]) -> Proposal | None:
+    """The next candidate after ``history`` (rules 2-4), or ``None`` when the search is over."""
+    if not history:
+        return first_proposal(space, target)
+    if len(history) >= space.max_starts:
+        return None
+    last = history[-1]
+    proposal = _after_failure(space, last) if not last.started else _after_proof(space, target, history, last)
+    tried = {c.settings for c in history}
+    if proposal is None or proposal.settings in tried:
+        return None
+    return proposal
+
+
+def pick_winner(space: SearchSpace, history: Sequence[Candidate]) -> Candidate | None:
+    """The carrying candidate with the most memory, then the largest max_num_seqs, then throughput."""
+    carriers = [c for c in history if c.carries]
+    if not carriers:
+        return None
+
+    def key(c: Candidate) -> tuple[int, int, float]:
+        rank = _memory_rank(space, c.settings)
+        seqs = c.settings.max_num_seqs or 0
+        assert c.proof is not None
+        return (-rank, seqs, c.proof.throughput_tokens_per_s or 0.0)
+
+    return max(carriers, key=key)
+
+
+def odds_guide(
+    prompt_tokens: Sequence[int],
+    output_tokens: Sequence[int],
+    pool: Pool,
+    target: int | None,
+    ladder: Sequence[int],
+    *,
+    requests: int = 400,
+    max_level: int | None = None,
+) -> tuple[int | None, int | None, int | None]:
+    """``(predicted_onset, odds_safe_max_num_seqs, requests_for_evidence)`` from the trace's odds.
+
+    The onset is the first level (1 … ``max_level``, default twice the target) whose odds on ``pool``
+    are not negligible; the safe ``max_num_seqs`` is the largest ladder value whose odds at the target
+    (with that many sequences admitted) are negligible; the evidence is what the odds at the target,
+    all its requests admitted, need for a 99 % chance to see a preemption if the level preempts as they
+    say (None: negligible).
+    """
+    if pool.max_model_len is None:  # no served limit known: none of the trace's requests is refused
+        longest = max(p + o for p, o in zip(prompt_tokens, output_tokens, strict=True))
+        pool = replace(pool, max_model_len=longest + 1)
+    onset = None
+    top = max_level or 2 * (target or pool.max_num_seqs)
+    for level in range(1, min(top, pool.max_num_seqs) + 1):  # above max_num_seqs the odds plateau
+        if not level_odds(prompt_tokens, output_tokens, pool, level, requests=requests).negligible:
+            onset = level
+            break
+    safe = None
+    for seqs in sorted(ladder, reverse=True):  # preemption only grows with admitted sequences
+        capped = replace(pool, max_num_seqs=seqs)
+        level = target or seqs  # without a target each setting is proved at its own max_num_seqs
+        if level_odds(prompt_tokens, output_tokens, capped, level, requests=requests).negligible:
+            safe = seqs
+            break
+    # evidence for a clean claim: enough requests to see the preemption the pool would give at the
+    # target if max_num_seqs did not hold the requests back
+    level = target or pool.max_num_seqs
+    uncapped = replace(pool, max_num_seqs=max(pool.max_num_seqs, level))
+    at_target = level_odds(prompt_tokens, output_tokens, uncapped, level, requests=requests)
+    return onset, safe, at_target.requests_for()
+
+
+def _after_failure(space: SearchSpace, last: Candidate) -> Proposal | None:
+    failure = last.failure
+    if failure is None:
+        return None
+    s = last.settings
+    cause = failure.cause
+    if cause is StartCause.FREE_MEMORY:
+        return _lower_memory(space, s, failure)
+    if cause is StartCause.CUDA_OOM:
+        if "enforce_eager" not in space.fixed and not s.enforce_eager:
+            return Proposal(
+                replace(s, enforce_eager=True), "CUDA OOM at start-up: eager mode (no CUDA-graph capture)"
+            )
+        return _lower_memory(space, s, None)
+    if cause is StartCause.NO_KV_MEMORY:
+        if "max_num_batched_tokens" in space.fixed:
+            return None
+        current = s.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS
+        halved = max(current // 2, MIN_BATCHED_TOKENS)
+        if halved >= current:
+            return None
+        return Proposal(
+            replace(s, max_num_batched_tokens=halved),
+            f"no memory left for the KV cache: max_num_batched_tokens halved to {halved} "
+            "(smaller profiled activations)",
+        )
+    if cause is StartCause.CONTEXT_TOO_LONG:
+        if "max_model_len" in space.fixed:
+            return None
+        estimated = failure.estimated_max_model_len
+        recommended = space.recommended_max_model_len
+        if recommended is not None and (estimated is None or recommended <= estimated):
+            value, why = recommended, "the trace's recommended value (P99 + margin)"
+        elif estimated is not None and estimated > 0:
+            value, why = estimated, "the server's estimated maximum (the trace's P99 does not fit this pool)"
+        else:
+            return None
+        if s.max_model_len is not None and value >= s.max_model_len:
+            return None
+        return Proposal(
+            replace(s, max_model_len=value),
+            f"max_model_len longer than the KV cache holds: cut to {value}, {why}",
+        )
+    return None
+
+
+def _lower_memory(space: SearchSpace, s: Settings, failure: StartupFailure | None) -> Proposal | None:
+    """The next memory step down the ladder (for free memory: the highest the device's free share allows)."""
+    if _memory_fixed(space):
+        return None
+    rank = _memory_rank(space, s)
+    share = None if failure is None else failure.free_share
+    for step in space.memory[rank + 1 :]:
+        util = step.gpu_memory_utilization
+        if share is not None and util is not None and util > share - FREE_MEMORY_MARGIN:
+            continue
+        settings = _merge(s, step)
+        if (
+            share is not None
+            and failure is not None
+            and failure.free_bytes is not None
+            and failure.total_bytes
+        ):
+            free_gib = failure.free_bytes / 1024**3
+            total_gib = failure.total_bytes / 1024**3
+            rule = (
+                f"free device memory {free_gib:.2f} of {total_gib:.2f} GiB at start-up: "
+                f"{_memory_text(step)} (the most the free memory allows)"
+            )
+        else:
+            rule = f"start-up failed: {_memory_text(step)} (next step down)"
+        return Proposal(settings, rule)
+    return None
+
+
+def _after_proof(
+    space: SearchSpace, target: int | None, history: Sequence[Candidate], last: Candidate
+) -> Proposal | None:
+    if "max_num_seqs" in space.fixed or last.proof is None:
+        return None
+    s = last.settings
+    seqs = s.max_num_seqs
+    ladder = [v for v in space.max_num_seqs if target is None or v <= target]
+    same_memory = [c for c in history if c.started and c.settings.memory_key() == s.memory_key()]
+    tried = {c.settings.max_num_seqs for c in same_memory}
+    proof = last.proof
+    if seqs is None:
+        return None
+    if proof.carries:
+        larger = [v for v in ladder if v > seqs and v not in tried]
+        if not larger:
+            return None
+        return Proposal(
+            replace(s, max_num_seqs=larger[0]),
+            f"carried the target with max_num_seqs {seqs}: try {larger[0]} (where does the headroom end?)",
+        )
+    if any(c.carries and (c.settings.max_num_seqs or 0) < seqs for c in same_memory):
+        return None
+    if not proof.preempted_at_target and not proof.died and proof.slo_met is False:
+        larger = [v for v in ladder if v > seqs and v not in tried]
+        if not larger:
+            return None
+        return Proposal(
+            replace(s, max_num_seqs=larger[0]),
+            f"SLO missed without preemption (queueing): max_num_seqs raised to {larger[0]}",
+        )
+    smaller = [v for v in ladder if v < seqs and v not in tried]
+    if not smaller:
+        return None
+    safe = proof.odds_safe_max_num_seqs
+    guided = [v for v in smaller if safe is not None and v <= safe]
+    value = guided[-1] if guided else smaller[-1]
+    what = (
+        "preempted" if proof.preempted_at_target else ("died" if proof.died else "did not carry the target")
+    )
+    why = (
+        f"the trace's odds on {proof.num_gpu_blocks} blocks call {value} safe"
+        if guided
+        else "the next smaller on the ladder"
+    )
+    return Proposal(
+        replace(s, max_num_seqs=value),
+        f"{what} at {target or seqs} with max_num_seqs {seqs}: lowered to {value}, {why}",
+    )
+
+
+def _seqs_at_most(space: SearchSpace, target: int | None) -> int | None:
+    if space.base.max_num_seqs is not None and "max_num_seqs" in space.fixed:
+        return space.base.max_num_seqs
+    fitting = [v for v in space.max_num_seqs if target is None or v <= target]
+    return fitting[-1] if fitting else (space.max_num_seqs[0] if space.max_num_seqs else None)
+
+
+def _memory_rank(space: SearchSpace, s: Settings) -> int:
+    for rank, step in enumerate(space.memory):
+        if _merge(s, step).memory_key() == s.memory_key():
+            return rank
+    return len(space.memory)
+
+
+def _memory_fixed(space: SearchSpace) -> bool:
+    return len(space.memory) <= 1
+
+
+def _memory_text(step: Settings) -> str:
+    if step.gpu_memory_utilization is not None:
+        return f"gpu_memory_utilization lowered to {step.gpu_memory_utilization:g}"
+    if step.num_gpu_blocks is not None:
+        return f"KV pool lowered to {step.num_gpu_blocks} blocks"
+    if step.kv_cache_memory_bytes is not None:
+        return f"KV cache memory lowered to {step.kv_cache_memory_bytes} bytes"
+    return "less memory"
+
+
+def _merge(s: Settings, memory: Settings) -> Settings:
+    return replace(
+        s,
+        gpu_memory_utilization=memory.gpu_memory_utilization
+        if memory.gpu_memory_utilization is not None
+        else s.gpu_memory_utilization,
+        num_gpu_blocks=memory.num_gpu_blocks if memory.num_gpu_blocks is not None else s.num_gpu_blocks,
+        kv_cache_memory_bytes=memory.kv_cache_memory_bytes
+        if memory.kv_cache_memory_bytes is not None
+        else s.kv_cache_memory_bytes,
+    )
+
+
+def utilization_ladder(start: float, floor: float = 0.5, step: float = 0.05) -> tuple[float, ...]:
+    """``start``, ``start − step``, … down to ``floor`` (two decimals)."""
+    values: list[float] = []
+    value = start
+    while value >= floor - 1e-9 and len(values) < 20:
+        values.append(round(value, 2))
+        value -= step
+    return tuple(values)
+
+
+NO_TARGET_SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the max_num_seqs ladder without a target
+
+
+def seqs_ladder(target: int) -> tuple[int, ...]:
+    """The default ``max_num_seqs`` ladder: powers of two below the target, its quarters, and the target."""
+    values = {target, max(1, target // 2), max(1, math.ceil(3 * target / 4)), max(1, target // 4)}
+    power = 1
+    while power < target:
+        values.add(power)
+        power *= 2
+    return tuple(sorted(values))

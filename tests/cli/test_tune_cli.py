@@ -1,0 +1,123 @@
+"""``oomload tune`` against the simulator: bad input is one sentence and a documented exit code with
+no server left running, and a whole tune finds, proves and reports a winner after a failed start."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clirun import oomload, run
+
+FIXED = Path(__file__).resolve().parents[2] / "traces" / "sample-fixed.jsonl"  # 256 + 256 tokens each
+SIM = "oomload sim serve --model llama-3.1-8b --gpu l4 --max-model-len 2048 --time-scale 0.05"
+
+
+def _sim_servers(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if "sim serve" in line and marker in line]
+
+
+def test_a_serve_line_that_is_not_vllm_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run(["tune", str(FIXED), "--serve", "python app.py", "--target-concurrency", "4"], capsys)
+    assert code == 2
+    assert "is not a vLLM server command" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_port_in_use_is_a_usage_error_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        argv = ["tune", str(FIXED), "--serve", SIM, "--target-concurrency", "4", "--port", str(port)]
+        code, _, err = run([*argv, "--run-dir", str(tmp_path / "t")], capsys)
+    assert code == 2
+    assert f"--port {port} on 127.0.0.1 is in use" in err
+    assert not (tmp_path / "t" / "candidates").exists()
+
+
+def test_a_serve_line_that_exits_at_once_is_exit_3_with_its_own_words(tmp_path: Path) -> None:
+    marker = "--served-model-name exits-at-once"
+    result = oomload(
+        "tune", str(FIXED), "--serve", f"oomload sim serve --model no-such-model {marker}",
+        "--target-concurrency", "4", "--run-dir", str(tmp_path / "t"),
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert "the --serve command did not start (exit status 2)" in result.stderr
+    assert "unknown model 'no-such-model'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert _sim_servers("exits-at-once") == []
+
+
+def test_tune_finds_proves_and_reports_the_winner_after_a_failed_start(tmp_path: Path) -> None:
+    """4 GiB used by other processes: 0.9 cannot start; at 0.8 the pool (≈ 826 blocks of 16) holds 25
+    requests of 512 tokens (32 blocks each), so 32 in flight preempt and max_num_seqs 24 carries them."""
+    out = tmp_path / "t"
+    marker = "--served-model-name tune-e2e-sim"
+    result = oomload(
+        "tune", str(FIXED), "--serve", f"{SIM} --other-process-gib 4 {marker}",
+        "--target-concurrency", "32", "--utilization", "0.9,0.8", "--max-num-seqs", "16,24,32",
+        "--run-dir", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = json.loads((out / "tune.json").read_text())
+    cands = record["candidates"]
+    assert cands[0]["started"] is False and cands[0]["failure"]["cause"] == "free_memory"
+    assert cands[1]["settings"] == {"gpu_memory_utilization": 0.8, "max_num_seqs": 32}
+    assert cands[1]["proof"]["preempted_at_target"] is True
+    assert cands[2]["settings"] == {"gpu_memory_utilization": 0.8, "max_num_seqs": 24}
+    assert cands[2]["proof"]["preempted_at_target"] is False and cands[2]["proof"]["requests_at_target"] > 0
+    assert record["winner_index"] == 3 and len(cands) == 3
+    assert record["winner_line"].endswith("--gpu-memory-utilization 0.8 --max-num-seqs 24")
+    assert record["gate_rules"] == ["no-preemption-below:33", "no-oom-up-to:32"]
+    for name in ("tune.md", "tune.html", "candidates/01/server.log", "candidates/03/run/summary.json"):
+        assert (out / name).is_file(), name
+    assert "Free memory on device cuda:0" in (out / "candidates/01/server.log").read_text()
+    assert _sim_servers("tune-e2e-sim") == []
+    again = oomload("report", str(out))
+    assert again.returncode == 0 and "Winner (candidate 3)" in again.stdout
+
+
+def test_ctrl_c_leaves_the_server_stopped_and_a_partial_table(tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    marker = "--served-model-name tune-ctrl-c"
+    argv = ["tune", str(FIXED), "--serve", f"{SIM} --other-process-gib 4 {marker}"]
+    argv += ["--target-concurrency", "32", "--utilization", "0.9,0.8", "--run-dir", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "oomload", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.monotonic() + 120
+    while not (out / "candidates" / "02" / "run").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # wait until the second candidate's server runs and its replay began
+    assert _sim_servers("tune-ctrl-c"), "the second candidate's server should be running"
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output
+    record = json.loads((out / "tune.json").read_text())
+    assert record["status"] == "interrupted"
+    assert record["candidates"][0]["failure"]["cause"] == "free_memory"
+    assert _sim_servers("tune-ctrl-c") == []
+    assert (out / "tune.md").is_file()
+
+
+def test_a_target_above_anything_that_starts_is_exit_1_with_the_reason(tmp_path: Path) -> None:
+    marker = "--served-model-name nothing-starts"
+    result = oomload(
+        "tune", str(FIXED), "--serve", f"{SIM} --other-process-gib 20 {marker}",
+        "--target-concurrency", "8", "--utilization", "0.9,0.8", "--run-dir", str(tmp_path / "t"),
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "no candidate started (the last: not enough free device memory" in result.stdout
+    record = json.loads((tmp_path / "t" / "tune.json").read_text())
+    assert [c["started"] for c in record["candidates"]] == [False] and record["winner_line"] is None
+    assert _sim_servers("nothing-starts") == []

@@ -1,0 +1,83 @@
+"""The user's --serve line: recognised or refused in one sentence, and rewritten flag by flag."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from oomload.errors import ConfigError
+from oomload.servecmd import parse_serve_command
+from oomload.tunesearch import Settings
+
+
+def test_flags_are_replaced_in_both_spellings_and_nothing_else_moves() -> None:
+    cmd = parse_serve_command(
+        "vllm serve meta-llama/Llama-3.1-8B-Instruct --gpu-memory-utilization=0.95 --max-num-seqs 256 "
+        "--port 9000 --host 0.0.0.0 --trust-remote-code"
+    )
+    assert cmd.model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert cmd.value("--gpu-memory-utilization") == "0.95"
+    argv = cmd.with_settings(
+        Settings(gpu_memory_utilization=0.8, max_num_seqs=6, enforce_eager=True), "127.0.0.1", 8123
+    )
+    assert argv == (
+        "vllm",
+        "serve",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--trust-remote-code",
+        "--gpu-memory-utilization",
+        "0.8",
+        "--max-num-seqs",
+        "6",
+        "--enforce-eager",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+    )
+
+
+def test_the_winning_line_is_shell_quoted() -> None:
+    cmd = parse_serve_command("vllm serve '/models/my model' --chat-template '{{ x }}'")
+    line = cmd.shell_line(Settings(max_num_seqs=4))
+    assert shlex.split(line) == [
+        "vllm",
+        "serve",
+        "/models/my model",
+        "--chat-template",
+        "{{ x }}",
+        "--max-num-seqs",
+        "4",
+    ]
+
+
+def test_simulator_and_launcher_lines_are_recognised() -> None:
+    assert parse_serve_command("oomload sim serve --gpu l4").kind == "sim"
+    launcher = parse_serve_command(".e2e/venv/bin/python /x/launcher.py serve /m/tiny-model --block-size 256")
+    assert (launcher.kind, launcher.model) == ("vllm", "/m/tiny-model")
+    aliased = parse_serve_command("oomload sim serve --num-gpu-blocks 12").with_settings(
+        Settings(num_gpu_blocks=24), "h", 1
+    )
+    assert "--num-gpu-blocks" not in aliased and aliased[-6:-4] == ("--num-gpu-blocks-override", "24")
+
+
+@pytest.mark.parametrize("line", ["python app.py", "", "sleep 1", "vllm bench", "'unclosed"])
+def test_a_line_that_is_not_a_vllm_server_is_one_sentence(line: str) -> None:
+    with pytest.raises(ConfigError, match="--serve"):
+        parse_serve_command(line)
+
+
+def test_an_api_key_in_the_line_is_a_secret_never_shown(tmp_path: Path) -> None:
+    from oomload.tunerun import scrub_file
+
+    cmd = parse_serve_command("vllm serve m --api-key sk-secret-123 --max-num-seqs 8")
+    assert cmd.secrets() == ("sk-secret-123",)
+    line = cmd.shell_line(Settings(max_num_seqs=4))
+    assert "sk-secret-123" not in line and "--api-key ***" in line
+    log = tmp_path / "server.log"
+    log.write_text("INFO non-default args: {'api_key': ['sk-secret-123'], 'max_num_seqs': 4}\n")
+    scrub_file(log, cmd.secrets())
+    assert "sk-secret-123" not in log.read_text() and "***" in log.read_text()
+    assert parse_serve_command("vllm serve m --api-key=sk-secret-456").secrets() == ("sk-secret-456",)

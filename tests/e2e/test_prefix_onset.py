@@ -156,9 +156,15 @@ def test_onsets_agree_with_the_block_arithmetic(
     production_onset = (usable - shared_blocks) // own_blocks + 1
     assert production_onset == 11
     assert abs(_grid_index(_onset(shared)["concurrency"]) - _grid_index(production_onset)) <= 1
-    # TODO(lead, issue #22 item 5): once engineer "predict"'s shared-block prediction is merged, also
-    # assert that summary.json's verdict.prediction (production shape) is within one level of the
-    # shared onset, and its worst-case figure within one level of the --distinct-prompts onset.
+    # oomload's own prediction of the production shape (the shared blocks held once) agrees with the
+    # shared onset, and the worst-case figure it gives beside it with the --distinct-prompts onset
+    shared_prediction = (shared.run.summary or {})["verdict"]["prediction"]
+    assert shared_prediction["shape"] == "production", shared_prediction
+    assert shared_prediction["onset_mean"] == production_onset, shared_prediction
+    assert shared_prediction["levels_apart"] is not None and shared_prediction["levels_apart"] <= 1
+    other = shared_prediction["other"]
+    assert other is not None and other["shape"] == "worst-case" and other["onset_mean"] == 4, other
+    assert abs(_grid_index(_onset(distinct)["concurrency"]) - _grid_index(other["onset_mean"])) <= 1
 
 
 def _weighted_rates(sweep: Sweep) -> tuple[float, float]:

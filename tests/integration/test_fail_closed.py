@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -26,6 +26,7 @@ import pytest
 from clirun import oomload
 from oomload.errors import ExitCode
 from oomload.trace import TraceHeader, TraceRecord, write_trace
+from stubserver import stdlib_server
 
 METRICS = (Path(__file__).parents[1] / "fixtures" / "vllm-metrics.txt").read_bytes()
 STALL_S = 3.0  # how long the "timeout" mode holds a request (bounded; the client gives up after 1 s)
@@ -119,15 +120,8 @@ class FaultHandler(BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def fault_server(mode: str) -> Iterator[str]:
     FaultHandler.mode = mode
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FaultHandler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with stdlib_server(FaultHandler) as url:
+        yield url
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:

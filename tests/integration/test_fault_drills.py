@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from oomload.errors import ExitCode
 from oomload.realvllm.server import free_port, group_members
 from oomload.sim.process import SimServer
 from oomload.trace import TraceHeader, TraceRecord, write_trace
+from stubserver import stdlib_server
 
 SECRET = "sk-test-SECRET123"
 # A small pool (128 blocks of 32 tokens) and slow-enough steps, so a step is still running when the
@@ -196,19 +197,6 @@ def _prompt_tokens_served(url: str) -> float:
 
 
 # --- endpoints that refuse, stall, answer HTML, break streams ----------------------------------------
-
-
-@contextlib.contextmanager
-def stdlib_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @contextlib.contextmanager

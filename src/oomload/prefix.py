@@ -102,16 +102,14 @@ class BlockHasher:
         size = self.block_tokens
         digests: list[npt.NDArray[np.uint64]] = []
         for ids_text in texts:
-            data = np.frombuffer(
-                ids_text.replace(" ", "").strip().encode("ascii", errors="replace"), np.uint8
-            )
+            data = np.frombuffer(_id_bytes(ids_text), np.uint8)
             commas = np.flatnonzero(data == _COMMA)
             full = (len(commas) + 1) // size if len(data) else 0
             if full == 0:
                 digests.append(np.empty(0, dtype=np.uint64))
                 continue
             ends = np.append(commas, len(data))[size - 1 :: size][:full]  # each block's end (exclusive)
-            digests.append(_prefix_digests(self.salt, data)[ends - 1])
+            digests.append(_prefix_digests(self.salt, data, ends))
         counts = [len(d) for d in digests]
         if not sum(counts):
             return [() for _ in texts]
@@ -173,13 +171,32 @@ def _coefficients(salt: bytes, size: int) -> tuple[npt.NDArray[np.uint64], npt.N
     return table, rng.integers(0, 2**64, size, dtype=np.uint64, endpoint=False) | np.uint64(1)
 
 
-def _prefix_digests(salt: bytes, data: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
-    """For every byte, the digest of the bytes up to it: the wrapping sum of table[byte] × the
-    position's multiplier (a keyed linear hash: two different prefixes of one length collide with odds
-    about 2⁻⁶³), as prefix sums — one pass for all blocks of a prompt."""
+def _id_bytes(ids_text: str) -> bytes:
+    """The logged ids as ASCII bytes without spaces or surrounding whitespace (C passes only)."""
+    if ids_text.isascii():  # the usual case: bytes.translate drops the spaces in one pass
+        return ids_text.encode("ascii").translate(None, b" ").strip()
+    return ids_text.replace(" ", "").strip().encode("ascii", errors="replace")
+
+
+def _prefix_digests(
+    salt: bytes, data: npt.NDArray[np.uint8], ends: npt.NDArray[np.intp]
+) -> npt.NDArray[np.uint64]:
+    """The digest of the bytes before each of ``ends`` (increasing): the wrapping sum of
+    table[byte] × the position's multiplier (a keyed linear hash: two different prefixes of one
+    length collide with odds about 2⁻⁶³). One pass over the bytes up to the last end: each block's
+    sum (``reduceat``), then their prefix sums."""
     size = 1 << max(len(data) - 1, 4095).bit_length()  # tables grow by powers of two, cached
     table, multipliers = _coefficients(salt, size)
-    return np.cumsum(table[data] * multipliers[: len(data)], dtype=np.uint64)
+    if ends[0] == 0:  # an empty first id (a leading comma): the whole text's digest, as it always was
+        every = np.cumsum(table[data] * multipliers[: len(data)], dtype=np.uint64)
+        return every[ends - 1]
+    last = int(ends[-1])  # the ends are commas' positions (and the length): strictly increasing
+    terms = np.take(table, data[:last])
+    np.multiply(terms, multipliers[:last], out=terms)
+    starts = np.empty(len(ends), dtype=np.intp)
+    starts[0] = 0
+    starts[1:] = ends[:-1]
+    return np.cumsum(np.add.reduceat(terms, starts), dtype=np.uint64)
 
 
 @functools.lru_cache(maxsize=8)

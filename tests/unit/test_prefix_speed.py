@@ -1,0 +1,78 @@
+"""The fast paths of the chain hashing give exactly the ids of the plain computation they replace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oomload.ingest import LogSource, SkipLog, openai_fast
+from oomload.prefix import _ID_SHIFT, BlockHasher, _coefficients, _siphash13
+
+SALT = b"speed-salt"
+
+
+def _plain_chain(hasher: BlockHasher, ids_text: str) -> tuple[int, ...]:
+    """The ids as first written: every byte's prefix digest (one cumsum), read at each block's end."""
+    data = np.frombuffer(ids_text.replace(" ", "").strip().encode("ascii", errors="replace"), np.uint8)
+    commas = np.flatnonzero(data == ord(","))
+    size = hasher.block_tokens
+    full = (len(commas) + 1) // size if len(data) else 0
+    if full == 0:
+        return ()
+    ends = np.append(commas, len(data))[size - 1 :: size][:full]
+    table, multipliers = _coefficients(SALT, 1 << max(len(data) - 1, 4095).bit_length())
+    every = np.cumsum(table[data] * multipliers[: len(data)], dtype=np.uint64)
+    keyed = _siphash13(hasher.sip_key, every[ends - 1], np.arange(full, dtype=np.uint64))
+    return tuple((keyed >> np.uint64(_ID_SHIFT)).astype(np.int64).tolist())
+
+
+TEXTS = [
+    "1, 22, 333, 4444, 5, 6, 7, 8, 9",
+    " 101,102 ,103,  104, 105 ",
+    ", 1, 2, 3",  # an empty first id
+    "1,,2,,3,,4",
+    "7",
+    "",
+    "1, 2, 3\t",
+    "\u00a01, 2, 3, 4, 5, 6\u00a0",  # not ASCII: the slower path
+    "1, 2, é, 4, 5, 6, 7, 8",
+    ", ".join(str(i) for i in range(5000)),  # past the first multiplier table's 4,096 bytes
+]
+
+
+@pytest.mark.parametrize("block_tokens", [1, 2, 3, 16])
+def test_token_text_chains_equal_the_plain_prefix_digests(block_tokens: int) -> None:
+    hasher = BlockHasher(SALT, block_tokens)
+    rng = np.random.default_rng(block_tokens)
+    texts = [*TEXTS, *(", ".join(map(str, rng.integers(0, 200_000, n).tolist())) for n in (15, 16, 17, 900))]
+    assert hasher.chain_token_texts(texts) == [_plain_chain(hasher, t) for t in texts]
+    assert [hasher.chain_token_text(t) for t in texts] == [_plain_chain(hasher, t) for t in texts]
+
+
+def _chains_of(path: Path) -> list[object]:
+    hasher = BlockHasher(SALT, 4)
+    batches = openai_fast.read_openai_batches(LogSource(path), SkipLog(), None, hasher=hasher)
+    return [ids for batch in batches for ids in batch.column("hash_ids").to_pylist()]
+
+
+def test_openai_chains_do_not_depend_on_how_the_lines_are_cut_into_pieces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # usual lines (the column path) and one odd line (the line-by-line path) in the same chunk
+    lines = [
+        f'{{"timestamp": {i}, "request": {{"model": "m", "messages": '
+        '[{"role": "system", "content": "sys"}, '
+        f'{{"role": "user", "content": "{"q" * (40 + 7 * i)}"}}]}}, '
+        f'"response": {{"usage": {{"prompt_tokens": {20 + 2 * i}, "completion_tokens": 3}}}}}}'
+        for i in range(30)
+    ]
+    lines[11] = lines[11].replace('"timestamp": 11', '"timestamp": "11"')
+    path = tmp_path / "log.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    whole = _chains_of(path)
+    monkeypatch.setattr(openai_fast, "PIECE_BYTES", 200)  # about a line a piece
+    assert _chains_of(path) == whole
+    assert len(whole) == 30 and all(whole)
+    assert len({tuple(ids[:1]) for ids in whole if isinstance(ids, list)}) == 1  # the shared system message

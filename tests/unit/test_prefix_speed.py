@@ -76,3 +76,24 @@ def test_openai_chains_do_not_depend_on_how_the_lines_are_cut_into_pieces(
     assert _chains_of(path) == whole
     assert len(whole) == 30 and all(whole)
     assert len({tuple(ids[:1]) for ids in whole if isinstance(ids, list)}) == 1  # the shared system message
+
+
+@pytest.mark.parametrize("block_tokens", [1, 3, 16])
+def test_prompts_sharing_a_start_take_its_digests_and_match_the_plain_ones(block_tokens: int) -> None:
+    hasher = BlockHasher(SALT, block_tokens)
+    rng = np.random.default_rng(7)
+    system = rng.integers(0, 50_000, 1500).tolist()  # past 4,096 bytes: another multiplier table
+    shared = ", ".join(map(str, system))
+    texts = [
+        shared,
+        shared + ", 5, 6, 7",
+        shared[:40],  # shorter than the earlier one: ends inside it
+        shared[:40] + "9, 1, 2",  # differs inside an id
+        shared[:41] + ", 1, 2",  # differs at a comma
+        shared + ", " + ", ".join(map(str, rng.integers(0, 50_000, 3000).tolist())),
+        shared,
+        "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17",
+        "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18",
+        "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16",
+    ]
+    assert hasher.chain_token_texts(texts) == [_plain_chain(hasher, t) for t in texts]

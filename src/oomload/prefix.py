@@ -259,41 +259,50 @@ def part_marks(sizes: npt.NDArray[np.int64], crcs: npt.NDArray[np.uint64]) -> np
 _U = np.uint64
 
 
-def _rotl(x: npt.NDArray[np.uint64], bits: int) -> npt.NDArray[np.uint64]:
-    return (x << _U(bits)) | (x >> _U(64 - bits))
-
-
 def _siphash13(
     key: tuple[np.uint64, np.uint64], m0: npt.NDArray[np.uint64], m1: npt.NDArray[np.uint64]
 ) -> npt.NDArray[np.uint64]:
-    """SipHash-1-3 of the 16 bytes ``m0 m1`` under ``key``, for arrays of messages at once."""
+    """SipHash-1-3 of the 16 bytes ``m0 m1`` under ``key``, for arrays of messages at once (in place:
+    four state arrays and one scratch array, whatever the rounds)."""
     k0, k1 = key
     v0 = np.full(m0.shape, k0 ^ _U(0x736F6D6570736575), dtype=np.uint64)
     v1 = np.full(m0.shape, k1 ^ _U(0x646F72616E646F6D), dtype=np.uint64)
     v2 = np.full(m0.shape, k0 ^ _U(0x6C7967656E657261), dtype=np.uint64)
     v3 = np.full(m0.shape, k1 ^ _U(0x7465646279746573), dtype=np.uint64)
+    scratch = np.empty(m0.shape, dtype=np.uint64)
+
+    def rotl(v: npt.NDArray[np.uint64], bits: int) -> None:
+        np.left_shift(v, _U(bits), out=scratch)
+        np.right_shift(v, _U(64 - bits), out=v)
+        v |= scratch
 
     def rounds(count: int) -> None:
-        nonlocal v0, v1, v2, v3
         for _ in range(count):
-            v0 = v0 + v1
-            v1 = _rotl(v1, 13) ^ v0
-            v0 = _rotl(v0, 32)
-            v2 = v2 + v3
-            v3 = _rotl(v3, 16) ^ v2
-            v0 = v0 + v3
-            v3 = _rotl(v3, 21) ^ v0
-            v2 = v2 + v1
-            v1 = _rotl(v1, 17) ^ v2
-            v2 = _rotl(v2, 32)
+            np.add(v0, v1, out=v0)
+            rotl(v1, 13)
+            np.bitwise_xor(v1, v0, out=v1)
+            rotl(v0, 32)
+            np.add(v2, v3, out=v2)
+            rotl(v3, 16)
+            np.bitwise_xor(v3, v2, out=v3)
+            np.add(v0, v3, out=v0)
+            rotl(v3, 21)
+            np.bitwise_xor(v3, v0, out=v3)
+            np.add(v2, v1, out=v2)
+            rotl(v1, 17)
+            np.bitwise_xor(v1, v2, out=v1)
+            rotl(v2, 32)
 
-    for m in (m0, m1, np.full(m0.shape, _U(16 << 56), dtype=np.uint64)):
-        v3 = v3 ^ m
+    for m in (m0, m1, _U(16 << 56)):
+        v3 ^= m
         rounds(1)
-        v0 = v0 ^ m
-    v2 = v2 ^ _U(0xFF)
+        v0 ^= m
+    v2 ^= _U(0xFF)
     rounds(3)
-    return v0 ^ v1 ^ v2 ^ v3
+    v0 ^= v1
+    v0 ^= v2
+    v0 ^= v3
+    return v0
 
 
 def chain_marks(

@@ -97,3 +97,45 @@ def test_prompts_sharing_a_start_take_its_digests_and_match_the_plain_ones(block
         "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16",
     ]
     assert hasher.chain_token_texts(texts) == [_plain_chain(hasher, t) for t in texts]
+
+
+def _siphash13_reference(k0: int, k1: int, m0: int, m1: int) -> int:
+    """SipHash-1-3 of the 16 bytes ``m0 m1`` (two little-endian words), in plain Python."""
+    mask = (1 << 64) - 1
+
+    def rotl(x: int, b: int) -> int:
+        return ((x << b) | (x >> (64 - b))) & mask
+
+    v = [k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573]
+
+    def sip_round() -> None:
+        v[0] = (v[0] + v[1]) & mask
+        v[1] = rotl(v[1], 13) ^ v[0]
+        v[0] = rotl(v[0], 32)
+        v[2] = (v[2] + v[3]) & mask
+        v[3] = rotl(v[3], 16) ^ v[2]
+        v[0] = (v[0] + v[3]) & mask
+        v[3] = rotl(v[3], 21) ^ v[0]
+        v[2] = (v[2] + v[1]) & mask
+        v[1] = rotl(v[1], 17) ^ v[2]
+        v[2] = rotl(v[2], 32)
+
+    for m in (m0, m1, 16 << 56):
+        v[3] ^= m
+        sip_round()
+        v[0] ^= m
+    v[2] ^= 0xFF
+    for _ in range(3):
+        sip_round()
+    return v[0] ^ v[1] ^ v[2] ^ v[3]
+
+
+def test_the_vectorised_siphash_is_siphash_1_3() -> None:
+    key = (np.uint64(0x0706050403020100), np.uint64(0x0F0E0D0C0B0A0908))
+    m0 = np.array([0, 1, 2**64 - 1, 0x0706050403020100], dtype=np.uint64)
+    m1 = np.array([0, 2**63, 12345, 0x0F0E0D0C0B0A0908], dtype=np.uint64)
+    expected = [
+        _siphash13_reference(int(key[0]), int(key[1]), int(a), int(b)) for a, b in zip(m0, m1, strict=True)
+    ]
+    assert _siphash13(key, m0, m1).tolist() == expected
+    assert _siphash13(key, m0[:0], m1[:0]).tolist() == []

@@ -13,10 +13,11 @@ against another trace's. The id written is the top ``ID_BITS`` (53) bits: a JSON
 reader holds exactly (JavaScript's too), 16 digits at most; two different prefixes collide with
 odds of about n²/2⁵⁴ for n distinct blocks (one in 10⁴ for a million).
 
-What is keyed: for token ids (``chain_tokens``; ``chain_token_text`` parses a vLLM log's id list
-in C), a 64-bit digest of the prefix — each block's tokens mixed with their positions (SplitMix64)
-and summed, and the blocks' digests mixed with their depth and summed cumulatively, so the digest
-of blocks 0..k is a prefix sum — keyed with the depth. When only message boundaries are known
+What is keyed: for token ids (``chain_tokens``; ``chain_token_text`` reads a vLLM log's id list
+as bytes, never parsing it), a 64-bit digest of the prefix — a keyed linear hash of its bytes
+(each byte's table entry times its position's multiplier, summed: block sums, then prefix sums,
+and a prompt sharing its start with an earlier one of the batch reuses those sums) — keyed with
+the depth. When only message boundaries are known
 (``chain_messages`` / ``message_block_ids``), each message enters a keyed chain by its length and
 CRC-32 (``message_keys``: one fast pass over its raw bytes, then SipHash over 16 bytes, one step
 per message position for a whole batch of requests), and block k's id mixes the chained key of the
@@ -97,21 +98,31 @@ class BlockHasher:
         """``chain_token_text`` of many prompts, the keyed step done once for all of them.
 
         The text is never parsed to integers: the digest of a prefix is a keyed linear hash of its
-        bytes (``_prefix_digests``), read at the comma that ends each block.
+        bytes (``_prefix_digests``), read at the comma that ends each block. The digests are prefix
+        sums, so a prompt that starts like an earlier one of the batch with the same first block (a
+        shared system prompt, a conversation's previous turn) takes the digests of their common
+        blocks from it and reads only the bytes after them.
         """
         size = self.block_tokens
         digests: list[npt.NDArray[np.uint64]] = []
+        earlier: dict[bytes, tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint64]]] = {}  # by first block
         for ids_text in texts:
-            data = np.frombuffer(
-                ids_text.replace(" ", "").strip().encode("ascii", errors="replace"), np.uint8
-            )
+            text = _id_bytes(ids_text)
+            data = np.frombuffer(text, np.uint8)
             commas = np.flatnonzero(data == _COMMA)
             full = (len(commas) + 1) // size if len(data) else 0
             if full == 0:
                 digests.append(np.empty(0, dtype=np.uint64))
                 continue
             ends = np.append(commas, len(data))[size - 1 :: size][:full]  # each block's end (exclusive)
-            digests.append(_prefix_digests(self.salt, data)[ends - 1])
+            if ends[0] == 0:  # an empty first id: no first block to look up
+                digests.append(_prefix_digests(self.salt, data, ends))
+                continue
+            head = text[: ends[0]]
+            before = earlier.get(head)
+            done = None if before is None else _common_digests(data, ends, *before)
+            digests.append(_prefix_digests(self.salt, data, ends, done))
+            earlier[head] = (data, digests[-1])
         counts = [len(d) for d in digests]
         if not sum(counts):
             return [() for _ in texts]
@@ -173,13 +184,60 @@ def _coefficients(salt: bytes, size: int) -> tuple[npt.NDArray[np.uint64], npt.N
     return table, rng.integers(0, 2**64, size, dtype=np.uint64, endpoint=False) | np.uint64(1)
 
 
-def _prefix_digests(salt: bytes, data: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
-    """For every byte, the digest of the bytes up to it: the wrapping sum of table[byte] × the
-    position's multiplier (a keyed linear hash: two different prefixes of one length collide with odds
-    about 2⁻⁶³), as prefix sums — one pass for all blocks of a prompt."""
+def _id_bytes(ids_text: str) -> bytes:
+    """The logged ids as ASCII bytes without spaces or surrounding whitespace (C passes only)."""
+    if ids_text.isascii():  # the usual case: bytes.translate drops the spaces in one pass
+        return ids_text.encode("ascii").translate(None, b" ").strip()
+    return ids_text.replace(" ", "").strip().encode("ascii", errors="replace")
+
+
+def _prefix_digests(
+    salt: bytes,
+    data: npt.NDArray[np.uint8],
+    ends: npt.NDArray[np.intp],
+    done: npt.NDArray[np.uint64] | None = None,
+) -> npt.NDArray[np.uint64]:
+    """The digest of the bytes before each of ``ends`` (increasing): the wrapping sum of
+    table[byte] × the position's multiplier (a keyed linear hash: two different prefixes of one
+    length collide with odds about 2⁻⁶³). One pass over the bytes up to the last end: each block's
+    sum (``reduceat``), then their prefix sums. ``done``: the digests of the first blocks, already
+    known (``_common_digests``): only the bytes after them are read."""
     size = 1 << max(len(data) - 1, 4095).bit_length()  # tables grow by powers of two, cached
     table, multipliers = _coefficients(salt, size)
-    return np.cumsum(table[data] * multipliers[: len(data)], dtype=np.uint64)
+    if ends[0] == 0:  # an empty first id (a leading comma): the whole text's digest, as it always was
+        every = np.cumsum(table[data] * multipliers[: len(data)], dtype=np.uint64)
+        return every[ends - 1]
+    known = 0 if done is None else len(done)
+    if done is not None and known >= len(ends):
+        return done[: len(ends)]
+    first = int(ends[known - 1]) if known else 0
+    last = int(ends[-1])  # the ends are commas' positions (and the length): strictly increasing
+    terms = np.take(table, data[first:last])
+    np.multiply(terms, multipliers[first:last], out=terms)
+    starts = np.empty(len(ends) - known, dtype=np.intp)
+    starts[0] = 0
+    starts[1:] = ends[known:-1] - first
+    sums = np.add.reduceat(terms, starts)
+    if done is not None and known:
+        sums[:1] += done[known - 1 :]  # wrapping, as the sums
+        return np.concatenate([done, np.cumsum(sums, dtype=np.uint64)])
+    return np.cumsum(sums, dtype=np.uint64)
+
+
+def _common_digests(
+    data: npt.NDArray[np.uint8],
+    ends: npt.NDArray[np.intp],
+    other: npt.NDArray[np.uint8],
+    other_digests: npt.NDArray[np.uint64],
+) -> npt.NDArray[np.uint64]:
+    """The digests of the blocks ``data`` shares with ``other`` (whose digests are given): those that
+    end before the first differing byte — their commas, hence their block numbers, are the same."""
+    n = min(len(data), len(other))
+    differ = data[:n] != other[:n]
+    at = int(np.argmax(differ))  # the first differing byte (0 when none differs)
+    common = at if differ[at] else n
+    blocks = min(int(np.searchsorted(ends, common, side="left")), len(other_digests))
+    return other_digests[:blocks]
 
 
 @functools.lru_cache(maxsize=8)
@@ -201,41 +259,50 @@ def part_marks(sizes: npt.NDArray[np.int64], crcs: npt.NDArray[np.uint64]) -> np
 _U = np.uint64
 
 
-def _rotl(x: npt.NDArray[np.uint64], bits: int) -> npt.NDArray[np.uint64]:
-    return (x << _U(bits)) | (x >> _U(64 - bits))
-
-
 def _siphash13(
     key: tuple[np.uint64, np.uint64], m0: npt.NDArray[np.uint64], m1: npt.NDArray[np.uint64]
 ) -> npt.NDArray[np.uint64]:
-    """SipHash-1-3 of the 16 bytes ``m0 m1`` under ``key``, for arrays of messages at once."""
+    """SipHash-1-3 of the 16 bytes ``m0 m1`` under ``key``, for arrays of messages at once (in place:
+    four state arrays and one scratch array, whatever the rounds)."""
     k0, k1 = key
     v0 = np.full(m0.shape, k0 ^ _U(0x736F6D6570736575), dtype=np.uint64)
     v1 = np.full(m0.shape, k1 ^ _U(0x646F72616E646F6D), dtype=np.uint64)
     v2 = np.full(m0.shape, k0 ^ _U(0x6C7967656E657261), dtype=np.uint64)
     v3 = np.full(m0.shape, k1 ^ _U(0x7465646279746573), dtype=np.uint64)
+    scratch = np.empty(m0.shape, dtype=np.uint64)
+
+    def rotl(v: npt.NDArray[np.uint64], bits: int) -> None:
+        np.left_shift(v, _U(bits), out=scratch)
+        np.right_shift(v, _U(64 - bits), out=v)
+        v |= scratch
 
     def rounds(count: int) -> None:
-        nonlocal v0, v1, v2, v3
         for _ in range(count):
-            v0 = v0 + v1
-            v1 = _rotl(v1, 13) ^ v0
-            v0 = _rotl(v0, 32)
-            v2 = v2 + v3
-            v3 = _rotl(v3, 16) ^ v2
-            v0 = v0 + v3
-            v3 = _rotl(v3, 21) ^ v0
-            v2 = v2 + v1
-            v1 = _rotl(v1, 17) ^ v2
-            v2 = _rotl(v2, 32)
+            np.add(v0, v1, out=v0)
+            rotl(v1, 13)
+            np.bitwise_xor(v1, v0, out=v1)
+            rotl(v0, 32)
+            np.add(v2, v3, out=v2)
+            rotl(v3, 16)
+            np.bitwise_xor(v3, v2, out=v3)
+            np.add(v0, v3, out=v0)
+            rotl(v3, 21)
+            np.bitwise_xor(v3, v0, out=v3)
+            np.add(v2, v1, out=v2)
+            rotl(v1, 17)
+            np.bitwise_xor(v1, v2, out=v1)
+            rotl(v2, 32)
 
-    for m in (m0, m1, np.full(m0.shape, _U(16 << 56), dtype=np.uint64)):
-        v3 = v3 ^ m
+    for m in (m0, m1, _U(16 << 56)):
+        v3 ^= m
         rounds(1)
-        v0 = v0 ^ m
-    v2 = v2 ^ _U(0xFF)
+        v0 ^= m
+    v2 ^= _U(0xFF)
     rounds(3)
-    return v0 ^ v1 ^ v2 ^ v3
+    v0 ^= v1
+    v0 ^= v2
+    v0 ^= v3
+    return v0
 
 
 def chain_marks(

@@ -440,11 +440,11 @@ def _plain_within_bounds(columns: dict[str, list[Any]]) -> bool:
     )
 
 
-def _batch(columns: dict[str, list[Any]], chains: list[pa.Array] | None = None) -> pa.Table:
+def _batch(columns: dict[str, list[Any]], chains: pa.Array | None = None) -> pa.Table:
     """A batch with the optional columns left out (all null) when no row has a value."""
     kept: dict[str, Any] = {}
-    if chains:
-        kept["hash_ids"] = pa.concat_arrays(chains)
+    if chains is not None:
+        kept["hash_ids"] = chains
     for name, values in columns.items():
         if name in ("id", "max_tokens", "model") and all(v is None for v in values):
             continue
@@ -483,7 +483,8 @@ def read_openai_batches(
     seen_timed = False
     for chunk in source.iter_views():
         columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
-        chains: list[pa.Array] = []  # the hash_ids of each piece, in order
+        prompts: list[list[Any]] = []  # each row's prompt parts (with ``hasher``): chained per chunk
+        limits: list[int] = []  # each row's usage.prompt_tokens
         data, start = chunk.data, chunk.start
         view = memoryview(data)
         while start < chunk.stop:
@@ -504,18 +505,19 @@ def read_openai_batches(
                     for name, values in zip(_COLUMNS, zip(*rows, strict=True), strict=True):
                         columns[name] += values
                     if hasher is not None and parts is not None:
-                        chains.append(_chains(parts, [row[2] for row in rows], hasher, counter))
+                        prompts += parts
+                        limits += [row[2] for row in rows]
             else:
                 for name in _COLUMNS:
                     columns[name] += plain[name]
                 if hasher is not None:
-                    prompts = [_parts_of(line.request) for line in lines]
-                    limits = [line.response.usage.prompt_tokens for line in lines]
-                    chains.append(_chains(prompts, limits, hasher, counter))
+                    prompts += [_parts_of(line.request) for line in lines]
+                    limits += plain["prompt_tokens"]
             start = end
         view.release()
         if not columns["time_s"]:
             continue
+        chains = None if hasher is None else _chains(prompts, limits, hasher, counter)
         batch = _batch(columns, chains)
         times = np.asarray(batch.column("time_s"), dtype=np.float64)
         missing = times < 0

@@ -121,12 +121,14 @@ def test_two_remote_workers_give_the_verdict_of_one_process(tmp_path: Path) -> N
     one, two = _verdict(single), _verdict(dist)
     assert one["onsets"]["preemption"]["concurrency"] == 8
     assert two["onsets"]["preemption"]["concurrency"] == one["onsets"]["preemption"]["concurrency"]
-    # Level 2 is safe in both — when the load held it. On a starved machine (the full suite beside the
-    # real-vLLM one, on 2 cores) a step may not hold its level; the verdict then must not call it safe.
+    # Level 2 is safe in both — when the load held it and the server kept up. On a starved machine (the
+    # full suite beside another replay, on 2 cores) a step may not hold its level, or the simulator's
+    # engine falls behind and a request waits through the step (seen once: running 1, waiting 1 at level
+    # 2); the verdict then must not call it safe (a queueing level is never "safe").
     for verdict in (one, two):
         at_two = [s for s in verdict["steps"] if s["concurrency"] == 2 and not s["warmup"]]
         why = json.dumps({"steps": at_two, "notes": verdict["confidence"]["notes"]})[:3000]
-        if all(s["trusted"] for s in at_two):
+        if all(s["trusted"] and not s["waiting_sustained"] for s in at_two):
             assert verdict["last_safe_concurrency"] == 2, why
         else:
             assert verdict["last_safe_concurrency"] is None, why

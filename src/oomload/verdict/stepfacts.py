@@ -38,7 +38,11 @@
   a step that preempted: on the real vLLM the onset step's share read 0.70 while the levels below
   read 0.94–0.99 — vLLM's latency sums count less of a preempted request's time than its client).
   The *delivered* concurrency is the achieved one scaled by that share (capped at 1); below
-  ``ACHIEVED_CONCURRENCY_MIN_SHARE`` (80 %) of the target the step did not hold its level.
+  ``ACHIEVED_CONCURRENCY_MIN_SHARE`` (80 %) of the target the step did not hold its level — unless
+  the server was *saturated*: requests waited in vLLM in at least half of the step's scrapes (two of
+  them consecutive), so the engine ran all that ``max_num_seqs`` and its KV cache admit and the load
+  generator was not what limited it (seen on the real vLLM with ``max_num_seqs`` 5 at level 8 on two
+  busy cores: client 7.4, share 0.84 — the API server's own time — with 1–3 waiting throughout).
 
 A step is *trusted* — evidence that its level is safe, or that a gate passes there — only when it
 completed (not cut short: ``runview.CUT_SHORT_REASONS``), held its concurrency and was *answered*: at
@@ -71,6 +75,9 @@ from oomload.verdict.gauges import sustained_level
 from oomload.verdict.runview import StepData
 
 ACHIEVED_CONCURRENCY_MIN_SHARE = 0.8
+# A step whose scrapes showed requests waiting in vLLM this often (and in two consecutive scrapes) had
+# a saturated engine: it held its level whatever the server share, since the engine ran all it admitted.
+SATURATED_WAITING_SHARE = 0.5
 # A step (or a run, ``oomload.verdict``) is evidence only when at least this share of its decided
 # requests was answered (ok or truncated) or lost to an engine death; below it, it "mostly failed".
 MIN_ANSWERED_SHARE = 0.5
@@ -215,12 +222,20 @@ class StepFacts:
         return int(self.casualties.get(outcome.value, 0))
 
     @property
+    def server_saturated(self) -> bool:
+        """Requests waited in vLLM in at least ``SATURATED_WAITING_SHARE`` of the step's scrapes, and
+        in two consecutive ones: the engine ran all it would admit (``max_num_seqs`` or the KV cache
+        held the rest back), so the load generator did not limit what the engine held."""
+        return (self.waiting_sustained or 0) > 0 and (self.waiting_share or 0.0) >= SATURATED_WAITING_SHARE
+
+    @property
     def concurrency_held(self) -> bool | None:
-        """Delivered ≥ 80 % of the target; ``None`` when the achieved concurrency is unknown."""
+        """Delivered ≥ 80 % of the target, or the server saturated (it queued what it could not run);
+        ``None`` when the achieved concurrency is unknown."""
         delivered = self.delivered_concurrency
         if delivered is None:
             return None
-        return delivered >= ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency
+        return delivered >= ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency or self.server_saturated
 
     @property
     def held_text(self) -> str | None:

@@ -99,3 +99,18 @@ def test_too_few_rounds_in_the_window_are_not_judged(tmp_path: Path) -> None:
     assert short.delivered_concurrency == short.achieved_concurrency and short.concurrency_held is True
     row = dict(zip(STEP_COLUMNS, step_row(short), strict=True))
     assert row["server"] == "–"
+
+
+def test_a_saturated_server_holds_its_level_whatever_the_share(tmp_path: Path) -> None:
+    """Requests waited in vLLM through the step: the engine ran all it admitted, so a low share (the
+    API server's own time on a busy host) does not make the level a label; waiting once does not."""
+    steps = [
+        StepSpec(2, requests=24, server_share=0.95),
+        StepSpec(8, requests=64, server_share=0.7, waiting_max=3, peak_scrapes=3),
+        StepSpec(10, requests=80, server_share=0.7, waiting_max=3, peak_scrapes=2),
+    ]
+    verdict = _verdict(tmp_path, steps)
+    saturated, brief = verdict.steps[1], verdict.steps[2]
+    assert saturated.delivered_concurrency == pytest.approx(8 * 0.7, abs=0.3)
+    assert saturated.server_saturated and saturated.concurrency_held is True and saturated.trusted
+    assert not brief.server_saturated and brief.concurrency_held is False and not brief.trusted

@@ -53,6 +53,8 @@ CORE = {
     "oomload.verdict.confidence",
     "oomload.verdict.prediction",
     "oomload.verdict.prefixrate",
+    "oomload.verdict.levels",
+    "oomload.verdict.runinfo",
     "oomload.verdict.verdict",
     "oomload.verdict.recommend",
     "oomload.verdict.gate",

@@ -9,9 +9,11 @@ Read in this order:
    from ``gauges``), the server's side (``oomload.serverside``), whether the step can be trusted;
 4. ``prediction`` — the block arithmetic's onset band, compared with the observed onset;
 5. ``confidence`` — the caveats and the confidence level;
-6. ``verdict`` — puts them together: the onsets, the last safe concurrency, the ``Verdict``;
-7. ``recommend`` — the serving flags the verdict supports;
-8. ``gate`` — CI rules judged against the verdict.
+6. ``levels`` — each level over its steps: the onsets, the first unsafe and the last safe level;
+   ``runinfo`` — the run as a whole: cut short where, context overflow;
+7. ``verdict`` — puts them together in the ``Verdict`` (its module docstring states every rule);
+8. ``recommend`` — the serving flags the verdict supports;
+9. ``gate`` — CI rules judged against the verdict.
 
 The trace's odds (``oomload.odds``) and the statistics (``oomload.stats``) live in the core above:
 the live schedule uses them too. This package re-exports the verdict's public names.

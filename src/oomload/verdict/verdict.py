@@ -3,7 +3,9 @@
 Input is a ``RunView`` (``runview``); output a frozen ``Verdict`` tree with ``to_json()``. The parts
 live in their own modules of this package: per-step aggregation in ``stepfacts``, engine death and
 its casualties in ``death``, the arithmetic check in ``prediction``, the caveats and the confidence
-level in ``confidence``. This module puts them together.
+level in ``confidence``, the per-level view (level summaries, onsets, last safe) in ``levels``, the
+run as a whole (cut short, context overflow) in ``runinfo``. This module puts them together and
+states every rule.
 
 Order: the engine death is found first (from the raw run), so each step knows whether the engine
 died in it, after it (its casualties are excused) or before it (``after_death``: the step measured a
@@ -82,14 +84,12 @@ caching buys at this traffic. Nothing of the other shape decides the verdict.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from oomload.capacity import PromptShape
-from oomload.odds import LevelOdds
-from oomload.outcome import Outcome, RequestResult
-from oomload.rundir.records import CUT_SHORT_REASONS, RunStatus
+from oomload.outcome import Outcome
 from oomload.stats import LengthSummary, summarize_lengths
 from oomload.verdict.confidence import (
     ConfidenceNote,
@@ -100,22 +100,34 @@ from oomload.verdict.confidence import (
     worker_notes,
 )
 from oomload.verdict.death import EngineDeath, detect_engine_death
+from oomload.verdict.levels import (
+    LevelOnset,
+    LevelSummary,
+    PreemptionOnset,
+    first_unsafe_concurrency,
+    last_safe_concurrency,
+    level_notes,
+    level_onset,
+    level_summaries,
+    measured_odds_onset,
+    odds_distance,
+    odds_onset_of,
+    preemption_onset,
+)
 from oomload.verdict.prediction import Prediction, compare_prediction
 from oomload.verdict.prefixrate import PrefixCheck, StepWindow, prefix_check
+from oomload.verdict.runinfo import ContextOverflow, RunInfo, context_overflow, cut_only_by_death, run_info
 from oomload.verdict.runview import RunView
 from oomload.verdict.stepfacts import (
-    END_REASON_WORDS,
     KV_SATURATED,
     MIN_ANSWERED_SHARE,
     UNSAFE_OUTCOMES,
     LatencyStats,
     StepFacts,
-    per_100,
     summarize_step,
 )
 
 DEFAULT_MIN_REQUESTS = 3
-ODDS_UNLIKELY = 0.01  # an observation the odds gave less than this chance is a disagreement
 
 __all__ = [
     "DEFAULT_MIN_REQUESTS",
@@ -137,142 +149,6 @@ __all__ = [
     "kv_peak_text",
     "last_safe_concurrency",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class PreemptionOnset:
-    """The lowest preempting level. The KV figure shown everywhere is ``kv_usage_max`` (the step's
-    highest scraped KV usage); ``kv_usage_at_onset`` (the scrape that first showed a preemption,
-    often lower: preemption frees blocks) is kept in the JSON only."""
-
-    step: int
-    concurrency: int
-    t_unix_s: float | None
-    requests_in_step: int
-    preemptions_in_step: int
-    kv_usage_at_onset: float | None
-    kv_usage_max: float | None
-    seen_in: int = 1  # steps at this level that preempted …
-    measurements: int = 1  # … of its conclusive steps (with metrics, not clean-but-thin)
-    short_of_evidence: int = 0  # clean steps at this level that sent too few requests to count
-
-    @property
-    def seen_text(self) -> str:
-        """``"seen at 7 in 3 of 3"`` (``"…, 1 more clean step short of evidence"``)."""
-        text = f"seen at {self.concurrency} in {self.seen_in} of {self.measurements}"
-        if self.short_of_evidence:
-            text += f", {self.short_of_evidence} more clean step(s) short of evidence"
-        return text
-
-
-@dataclass(frozen=True, slots=True)
-class LevelSummary:
-    """One concurrency level over all of its measured steps, beside the trace's odds (module doc)."""
-
-    concurrency: int
-    steps: int
-    steps_preempted: int
-    steps_with_metrics: int
-    requests: int
-    preemptions: int | None
-    waiting_share: float | None
-    kv_saturated_share: float | None
-    odds: LevelOdds | None
-
-    @property
-    def evidence_needed(self) -> int | None:
-        """Requests the odds ask a clean level to send (``None``: no demand)."""
-        return None if self.odds is None else self.odds.requests_for()
-
-    @property
-    def preemptions_per_100(self) -> float | None:
-        return per_100(self.preemptions, self.requests)
-
-    @property
-    def odds_p_seen(self) -> float | None:
-        """The odds' chance that the requests sent here see at least one preemption."""
-        return None if self.odds is None else self.odds.p_seen(self.requests)
-
-    @property
-    def evidence_thin(self) -> bool:
-        """Clean over all its steps but short of the requests the odds ask for."""
-        return (
-            self.steps_with_metrics > 0
-            and self.steps_preempted == 0
-            and self.evidence_needed is not None
-            and self.requests < self.evidence_needed
-        )
-
-    @property
-    def agreement(self) -> str | None:
-        """``"agrees"``, ``"fewer than the odds"``, ``"more than the odds"``; ``None`` without odds."""
-        p = self.odds_p_seen
-        if p is None or self.steps_with_metrics == 0:
-            return None
-        if self.steps_preempted == 0 and p >= 1.0 - ODDS_UNLIKELY:
-            return "fewer than the odds"
-        if self.steps_preempted > 0 and p <= ODDS_UNLIKELY:
-            return "more than the odds"
-        return "agrees"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "concurrency": self.concurrency,
-            "steps": self.steps,
-            "steps_preempted": self.steps_preempted,
-            "requests": self.requests,
-            "preemptions": self.preemptions,
-            "preemptions_per_100_requests": _round(self.preemptions_per_100),
-            "waiting_share": _round(self.waiting_share),
-            "kv_saturated_share": _round(self.kv_saturated_share),
-            "odds": None if self.odds is None else self.odds.to_json(),
-            "odds_p_seen": _round(self.odds_p_seen),
-            "evidence_needed_requests": self.evidence_needed,
-            "evidence_thin": self.evidence_thin,
-            "agreement": self.agreement,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class LevelOnset:
-    """The lowest level at which a gauge crossed its line (KV saturation, queueing)."""
-
-    step: int
-    concurrency: int
-    value: float
-
-
-@dataclass(frozen=True, slots=True)
-class ContextOverflow:
-    refused: int
-    clamped: int  # truncated answers whose prompt + asked output exceeds max_model_len
-    refused_total_tokens_min: int | None
-    refused_total_tokens_max: int | None
-    clamped_total_tokens_min: int | None
-    clamped_total_tokens_max: int | None
-    model_limit: int | None
-    trace_over_limit: int  # trace requests whose total length exceeds the model limit
-    trace_count: int
-    short_responses: int = 0  # other truncated answers (not clamped, not casualties of a death)
-
-
-@dataclass(frozen=True, slots=True)
-class RunInfo:
-    path: str
-    model: str | None
-    url: str | None
-    simulated: bool | None
-    trace_path: str | None
-    started_unix_s: float | None
-    finished: bool
-    end_reason: str | None
-    cut_short: bool
-    cut_short_detail: str | None
-    cache_config: Mapping[str, Any] | None
-    max_model_len: int | None
-    tail_percentile: float | None = None  # the order replayed only the trace's tail (config.json)
-    open_loop: bool = False  # the trace's arrival times were replayed, not fixed concurrency levels
-    config_note: str | None = None  # why config.json could not be read
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,23 +337,23 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     levels = tuple(sorted({s.concurrency for s in measured}))
 
     summaries = level_summaries(measured)
-    onset = _preemption_onset(view, measured)
-    kv_sat = _level_onset(measured, lambda s: s.kv_usage_sustained, lambda v: v >= KV_SATURATED)
-    queueing = _level_onset(measured, lambda s: s.waiting_sustained, lambda v: v > 0)
+    onset = preemption_onset(view, measured)
+    kv_sat = level_onset(measured, lambda s: s.kv_usage_sustained, lambda v: v >= KV_SATURATED)
+    queueing = level_onset(measured, lambda s: s.waiting_sustained, lambda v: v > 0)
     last_safe = last_safe_concurrency(
         measured,
         death,
         queueing=None if queueing is None else queueing.concurrency,
         thin={lv.concurrency for lv in summaries if lv.evidence_thin},
     )
-    odds_low, odds_onset = _odds_onset(summaries)
+    odds_low, odds_onset = measured_odds_onset(summaries)
     trusted = [s.concurrency for s in measured if s.trusted]
     max_tested = max(trusted) if trusted else None
 
     other_shape: PromptShape = "worst-case" if view.prompt_shape == "production" else "production"
     other_level_odds = [o for o in view.odds if o.shape == other_shape]
     other_odds = odds_onset_of(other_level_odds)
-    run = _run_info(view, steps, death)
+    run = run_info(view, steps, death)
     totals, basis = _kv_totals(view, run.max_model_len), "requests"
     if not totals:
         totals, basis = _kv_totals(view, run.max_model_len, of_trace=True), "trace"
@@ -499,11 +375,11 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
             onset_concurrency=None if onset is None else onset.concurrency,
             prediction=prediction,
             cut_short_detail=run.cut_short_detail if run.cut_short else None,
-            died=_cut_only_by_death(run, steps, death),
+            died=cut_only_by_death(run, steps, death),
         ),
         *data_notes(view),
         *worker_notes(view, steps),
-        *_level_notes(summaries, onset, (odds_low, odds_onset), levels),
+        *level_notes(summaries, onset, (odds_low, odds_onset), levels),
     ]
     prefix = prefix_check(
         view.config,
@@ -534,7 +410,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         kv_saturation=kv_sat,
         queueing=queueing,
         engine_death=death,
-        context_overflow=_context_overflow(view, run.max_model_len, death),
+        context_overflow=context_overflow(view, run.max_model_len, death),
         last_safe_concurrency=last_safe,
         max_tested_concurrency=max_tested,
         prediction=prediction,
@@ -573,306 +449,6 @@ def _kv_totals(view: RunView, limit: int | None, *, of_trace: bool = False) -> t
             if r.outcome is not Outcome.CONTEXT_OVERFLOW
         ]
     return tuple(totals if limit is None else (min(t, limit) for t in totals))
-
-
-def first_unsafe_concurrency(measured: Sequence[StepFacts], death: EngineDeath | None) -> int | None:
-    """The lowest level at which a step (cut short or not) preempted or failed, or the engine died."""
-    unsafe_levels = {s.concurrency for s in measured if _unsafe(s)}
-    if death is not None and death.concurrency is not None:
-        unsafe_levels.add(death.concurrency)
-    return min(unsafe_levels) if unsafe_levels else None
-
-
-def last_safe_concurrency(
-    measured: Sequence[StepFacts],
-    death: EngineDeath | None,
-    *,
-    queueing: int | None = None,
-    thin: Collection[int] = (),
-) -> int | None:
-    """Highest level below the first unsafe one and below ``queueing``, backed by a trusted step with
-    ok answers, and not in ``thin`` (levels short of the evidence the trace's odds ask for)."""
-    first = first_unsafe_concurrency(measured, death)
-    ceiling = min(math.inf if first is None else first, math.inf if queueing is None else queueing)
-    safe = [
-        s.concurrency
-        for s in measured
-        if s.trusted and s.concurrency < ceiling and s.ok_requests > 0 and s.concurrency not in thin
-    ]
-    return max(safe) if safe else None
-
-
-def level_summaries(measured: Sequence[StepFacts]) -> tuple[LevelSummary, ...]:
-    """One ``LevelSummary`` per measured level, ascending."""
-    by_level: dict[int, list[StepFacts]] = {}
-    for s in measured:
-        by_level.setdefault(s.concurrency, []).append(s)
-    out = []
-    for c in sorted(by_level):
-        steps = by_level[c]
-        with_metrics = [s for s in steps if s.preemptions is not None]
-        odds = next((s.odds for s in steps if s.odds is not None), None)
-        out.append(
-            LevelSummary(
-                concurrency=c,
-                steps=len(steps),
-                steps_preempted=sum(1 for s in with_metrics if (s.preemptions or 0) > 0),
-                steps_with_metrics=len(with_metrics),
-                requests=sum(s.requests for s in steps),
-                preemptions=sum(s.preemptions or 0 for s in with_metrics) if with_metrics else None,
-                waiting_share=_weighted(steps, lambda s: s.waiting_share),
-                kv_saturated_share=_weighted(steps, lambda s: s.kv_saturated_share),
-                odds=odds,
-            )
-        )
-    return tuple(out)
-
-
-def _weighted(steps: Sequence[StepFacts], share_of: Callable[[StepFacts], float | None]) -> float | None:
-    """A per-step share averaged over the steps' scrapes."""
-    pairs = [(v, s.scrapes_ok) for s in steps if (v := share_of(s)) is not None and s.scrapes_ok]
-    total = sum(n for _v, n in pairs)
-    return None if not total else sum(v * n for v, n in pairs) / total
-
-
-def _odds_onset(summaries: Sequence[LevelSummary]) -> tuple[int | None, int | None]:
-    """``(low, onset)``: the lowest measured level with non-negligible odds, and one above the highest
-    measured level below it whose odds are negligible (``None`` when there is none)."""
-    with_odds = [lv for lv in summaries if lv.odds is not None]
-    onset = next((lv.concurrency for lv in with_odds if lv.odds is not None and not lv.odds.negligible), None)
-    if onset is None:
-        return None, None
-    below = [lv.concurrency for lv in with_odds if lv.concurrency < onset]
-    return (max(below) + 1 if below else None), onset
-
-
-def odds_onset_of(odds: Sequence[LevelOdds]) -> tuple[int | None, int | None]:
-    """``(low, onset)`` of ``_odds_onset`` over odds alone (the other prompt shape's, never measured)."""
-    ordered = sorted(odds, key=lambda o: o.concurrency)
-    onset = next((o.concurrency for o in ordered if not o.negligible), None)
-    if onset is None:
-        return None, None
-    below = [o.concurrency for o in ordered if o.concurrency < onset]
-    return (max(below) + 1 if below else None), onset
-
-
-def odds_distance(
-    observed: int | None, low: int | None, onset: int | None, levels: Sequence[int]
-) -> int | None:
-    """Levels from ``observed`` to the odds' range ``[low, onset]``, counted on the measured levels
-    with ``low`` added (0 inside the range; ``None`` when either side is missing)."""
-    if observed is None or onset is None:
-        return None
-    lo = onset if low is None else low
-    if lo <= observed <= onset:
-        return 0
-    grid = sorted({*levels, lo, onset, observed})
-    edge = lo if observed < lo else onset
-    return abs(grid.index(observed) - grid.index(edge))
-
-
-def _level_notes(
-    summaries: Sequence[LevelSummary],
-    onset: PreemptionOnset | None,
-    odds_range: tuple[int | None, int | None],
-    levels: Sequence[int],
-) -> list[ConfidenceNote]:
-    """Caveats from the per-level view: sporadic preemption below the onset, thin evidence, the odds."""
-    notes: list[ConfidenceNote] = []
-    onset_c = None if onset is None else onset.concurrency
-    for lv in summaries:
-        where = f"concurrency {lv.concurrency}"
-        if onset_c is not None and lv.concurrency < onset_c and lv.steps_preempted:
-            text = (
-                f"preemption at {where} in {lv.steps_preempted} of {lv.steps_with_metrics} step(s), fewer "
-                f"than half: sporadic below the onset {onset_c}, and not safe"
-            )
-            notes.append(ConfidenceNote("sporadic_preemption", text))
-        if lv.evidence_thin and lv.odds is not None:
-            text = (
-                f"not enough evidence at {where}: {lv.requests} request(s) without a preemption, but the "
-                f"trace's odds ({lv.odds.per_100:.1f} preemptions per 100 requests) need "
-                f"{lv.evidence_needed} to see one with 99 % probability; not counted as safe"
-            )
-            notes.append(ConfidenceNote("thin_evidence", text))
-        if lv.agreement not in (None, "agrees") and lv.odds is not None:
-            text = (
-                f"{where}: {lv.preemptions or 0} preemption(s) in {lv.requests} request(s), "
-                f"{lv.agreement}: they expected {lv.odds.per_100:.1f} per 100 requests and gave "
-                f"{lv.odds_p_seen:.0%} to see at least one"
-            )
-            notes.append(ConfidenceNote("odds_disagree_level", text))
-    apart = odds_distance(onset_c, *odds_range, levels)
-    if apart is not None and apart > 1:
-        low, odds_onset = odds_range
-        where = f"{odds_onset}" if low is None or low == odds_onset else f"{low}–{odds_onset}"
-        text = (
-            f"the observed onset {onset_c} is {apart} levels from the trace's odds ({where}): the server "
-            "is not the pool cache_config_info describes, or the lengths were not replayed as the trace "
-            "has them"
-        )
-        notes.append(ConfidenceNote("odds_disagree", text))
-    return notes
-
-
-def _unsafe(s: StepFacts) -> bool:
-    return (s.preemptions or 0) > 0 or s.unsafe_requests > 0
-
-
-def _preemption_onset(view: RunView, measured: Sequence[StepFacts]) -> PreemptionOnset | None:
-    """The lowest level preempting in at least half of its conclusive steps (module docstring)."""
-    by_level: dict[int, list[StepFacts]] = {}
-    for s in measured:
-        if s.preemptions is not None and not s.evidence_thin:
-            by_level.setdefault(s.concurrency, []).append(s)
-    onset_level = next(
-        (
-            c
-            for c in sorted(by_level)
-            if 2 * sum(1 for s in by_level[c] if (s.preemptions or 0) > 0) >= len(by_level[c])
-        ),
-        None,
-    )
-    if onset_level is None:
-        return None
-    at_level = by_level[onset_level]
-    preempting = [s for s in at_level if (s.preemptions or 0) > 0]
-    thin = sum(1 for s in measured if s.concurrency == onset_level and s.evidence_thin)
-    first = min(preempting, key=lambda s: s.start_unix_s)
-    data = next(d for d in view.steps if d.boundary.index == first.index)
-    hit = next((m for m in data.metrics if m.ok and (m.preemptions_delta or 0) > 0), None)
-    return PreemptionOnset(
-        step=first.index,
-        concurrency=first.concurrency,
-        t_unix_s=None if hit is None else hit.t_unix_s,
-        requests_in_step=first.requests,
-        preemptions_in_step=first.preemptions or 0,
-        kv_usage_at_onset=None if hit is None else hit.kv_cache_usage,
-        kv_usage_max=first.kv_usage_max,
-        seen_in=len(preempting),
-        measurements=len(at_level),
-        short_of_evidence=thin,
-    )
-
-
-def _level_onset(
-    measured: Sequence[StepFacts],
-    value_of: Callable[[StepFacts], float | int | None],
-    crossed: Callable[[float], bool],
-) -> LevelOnset | None:
-    hits = [(s, v) for s in measured if (v := value_of(s)) is not None and crossed(v)]
-    if not hits:
-        return None
-    step, value = min(hits, key=lambda h: (h[0].concurrency, h[0].start_unix_s))
-    return LevelOnset(step=step.index, concurrency=step.concurrency, value=float(value))
-
-
-def _run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | None) -> RunInfo:
-    config = view.settings
-    status = view.status
-    finished = status is not None and status.finished
-    end_reason = None if status is None else status.end_reason
-    cut_steps = [s for s in steps if s.cut_short]
-    cut_short = (
-        status is None
-        or not finished
-        or end_reason in CUT_SHORT_REASONS
-        or bool(cut_steps)
-        or death is not None
-    )
-    detail = _cut_short_detail(view, steps, death, status, end_reason) if cut_short else None
-    limit = config.max_model_len  # from /v1/models, else the cache config
-    if limit is None and view.pool is not None:
-        limit = view.pool.max_model_len
-    return RunInfo(
-        path=str(view.path),
-        model=config.model,
-        url=config.url,
-        simulated=config.simulated,
-        trace_path=config.trace_path,
-        started_unix_s=config.started_unix_s,
-        finished=finished,
-        end_reason=end_reason,
-        cut_short=cut_short,
-        cut_short_detail=detail,
-        cache_config=view.cache_config,
-        max_model_len=limit,
-        tail_percentile=config.tail_percentile,
-        open_loop=config.open_loop,
-        config_note=view.config_note,
-    )
-
-
-def _cut_only_by_death(run: RunInfo, steps: Sequence[StepFacts], death: EngineDeath | None) -> bool:
-    """The run finished its own way and nothing but the engine's death cut it short."""
-    if death is None or not run.finished:
-        return False
-    return all(s.after_death or s.index == death.step for s in steps if s.cut_short)
-
-
-def _cut_short_detail(
-    view: RunView,
-    steps: Sequence[StepFacts],
-    death: EngineDeath | None,
-    status: RunStatus | None,
-    end_reason: str | None,
-) -> str:
-    """Where and why the run was cut short: the step, its concurrency, seconds since the run started."""
-    starts = [s.start_unix_s for s in steps]
-    t0 = view.settings.started_unix_s
-    if t0 is None and starts:
-        t0 = min(starts)
-
-    def at(t: float | None) -> str:
-        return "" if t is None or t0 is None else f" at {max(t - t0, 0.0):.1f} s"
-
-    parts = []
-    if status is None:
-        parts.append("no status.json (oomload itself stopped before writing it)")
-    first_cut = min((s for s in steps if s.cut_short), key=lambda s: s.start_unix_s, default=None)
-    if death is not None:
-        where = "" if death.step is None else f" in step {death.step} (concurrency {death.concurrency})"
-        parts.append(f"the server died{where}{at(death.t_unix_s)}")
-    elif first_cut is not None:
-        where = f"step {first_cut.index} (concurrency {first_cut.concurrency})"
-        if first_cut.end_reason is None:
-            parts.append(f"{where} started but never ended")
-        else:
-            cause = END_REASON_WORDS.get(
-                first_cut.end_reason, f"the step ended with reason {first_cut.end_reason}"
-            )
-            parts.append(f"{cause} in {where}{at(first_cut.end_unix_s)}")
-    elif status is not None:
-        last = max(steps, key=lambda s: s.start_unix_s, default=None)
-        after = "" if last is None else f" after step {last.index} (concurrency {last.concurrency})"
-        parts.append(f"the run ended with reason {end_reason or 'unknown'}{after}")
-    return "; ".join(parts) or "the run ended early"
-
-
-def _context_overflow(view: RunView, limit: int | None, death: EngineDeath | None) -> ContextOverflow:
-    refused = [_total(r) for r in view.requests if r.outcome is Outcome.CONTEXT_OVERFLOW]
-    casualties = frozenset() if death is None else death.casualty_ids
-    truncated = [
-        r for r in view.requests if r.outcome is Outcome.TRUNCATED and r.request_id not in casualties
-    ]
-    clamped = [_total(r) for r in truncated if limit is not None and _total(r) > limit]
-    totals = view.trace_total_tokens
-    return ContextOverflow(
-        refused=len(refused),
-        clamped=len(clamped),
-        refused_total_tokens_min=min(refused, default=None),
-        refused_total_tokens_max=max(refused, default=None),
-        clamped_total_tokens_min=min(clamped, default=None),
-        clamped_total_tokens_max=max(clamped, default=None),
-        model_limit=limit,
-        trace_over_limit=0 if limit is None else sum(1 for t in totals if t > limit),
-        trace_count=len(totals),
-        short_responses=len(truncated) - len(clamped),
-    )
-
-
-def _total(r: RequestResult) -> int:
-    return r.prompt_tokens_asked + r.output_tokens_asked
 
 
 def kv_percent(share: float) -> str:

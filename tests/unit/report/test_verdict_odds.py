@@ -118,7 +118,7 @@ def test_the_odds_onset_agrees_within_one_level(tmp_path: Path) -> None:
 
 
 def test_odds_distance_counts_measured_levels_around_the_range() -> None:
-    from oomload.verdict.verdict import odds_distance
+    from oomload.verdict.levels import odds_distance
 
     levels = (1, 2, 4, 8, 16)
     assert odds_distance(6, 5, 8, levels) == 0  # inside 5–8

@@ -1,0 +1,164 @@
+"""The run as a whole, for the verdict: what was run, whether and where it was cut short, and the
+context overflow (pure).
+
+``RunInfo`` gathers the run's settings (``config.json``) and status (``status.json``): the run was cut
+short when ``status.json`` is missing, says ``finished: false`` or ends with a reason in
+``CUT_SHORT_REASONS``, when a step was cut short, or when the engine died; ``cut_short_detail`` says
+where (step, concurrency, seconds since the run started). ``ContextOverflow`` counts the refusals
+(``context_overflow`` outcomes) and the clamped answers (a ``truncated`` answer whose prompt + asked
+output exceeds ``max_model_len``); other truncated answers that were not casualties of an engine death
+are short responses. The rules and their reasons: ``oomload.verdict.verdict``'s module docstring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from oomload.outcome import Outcome, RequestResult
+from oomload.rundir.records import CUT_SHORT_REASONS, RunStatus
+from oomload.verdict.death import EngineDeath
+from oomload.verdict.runview import RunView
+from oomload.verdict.stepfacts import END_REASON_WORDS, StepFacts
+
+
+@dataclass(frozen=True, slots=True)
+class ContextOverflow:
+    refused: int
+    clamped: int  # truncated answers whose prompt + asked output exceeds max_model_len
+    refused_total_tokens_min: int | None
+    refused_total_tokens_max: int | None
+    clamped_total_tokens_min: int | None
+    clamped_total_tokens_max: int | None
+    model_limit: int | None
+    trace_over_limit: int  # trace requests whose total length exceeds the model limit
+    trace_count: int
+    short_responses: int = 0  # other truncated answers (not clamped, not casualties of a death)
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    path: str
+    model: str | None
+    url: str | None
+    simulated: bool | None
+    trace_path: str | None
+    started_unix_s: float | None
+    finished: bool
+    end_reason: str | None
+    cut_short: bool
+    cut_short_detail: str | None
+    cache_config: Mapping[str, Any] | None
+    max_model_len: int | None
+    tail_percentile: float | None = None  # the order replayed only the trace's tail (config.json)
+    open_loop: bool = False  # the trace's arrival times were replayed, not fixed concurrency levels
+    config_note: str | None = None  # why config.json could not be read
+
+
+def run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | None) -> RunInfo:
+    config = view.settings
+    status = view.status
+    finished = status is not None and status.finished
+    end_reason = None if status is None else status.end_reason
+    cut_steps = [s for s in steps if s.cut_short]
+    cut_short = (
+        status is None
+        or not finished
+        or end_reason in CUT_SHORT_REASONS
+        or bool(cut_steps)
+        or death is not None
+    )
+    detail = _cut_short_detail(view, steps, death, status, end_reason) if cut_short else None
+    limit = config.max_model_len  # from /v1/models, else the cache config
+    if limit is None and view.pool is not None:
+        limit = view.pool.max_model_len
+    return RunInfo(
+        path=str(view.path),
+        model=config.model,
+        url=config.url,
+        simulated=config.simulated,
+        trace_path=config.trace_path,
+        started_unix_s=config.started_unix_s,
+        finished=finished,
+        end_reason=end_reason,
+        cut_short=cut_short,
+        cut_short_detail=detail,
+        cache_config=view.cache_config,
+        max_model_len=limit,
+        tail_percentile=config.tail_percentile,
+        open_loop=config.open_loop,
+        config_note=view.config_note,
+    )
+
+
+def cut_only_by_death(run: RunInfo, steps: Sequence[StepFacts], death: EngineDeath | None) -> bool:
+    """The run finished its own way and nothing but the engine's death cut it short."""
+    if death is None or not run.finished:
+        return False
+    return all(s.after_death or s.index == death.step for s in steps if s.cut_short)
+
+
+def _cut_short_detail(
+    view: RunView,
+    steps: Sequence[StepFacts],
+    death: EngineDeath | None,
+    status: RunStatus | None,
+    end_reason: str | None,
+) -> str:
+    """Where and why the run was cut short: the step, its concurrency, seconds since the run started."""
+    starts = [s.start_unix_s for s in steps]
+    t0 = view.settings.started_unix_s
+    if t0 is None and starts:
+        t0 = min(starts)
+
+    def at(t: float | None) -> str:
+        return "" if t is None or t0 is None else f" at {max(t - t0, 0.0):.1f} s"
+
+    parts = []
+    if status is None:
+        parts.append("no status.json (oomload itself stopped before writing it)")
+    first_cut = min((s for s in steps if s.cut_short), key=lambda s: s.start_unix_s, default=None)
+    if death is not None:
+        where = "" if death.step is None else f" in step {death.step} (concurrency {death.concurrency})"
+        parts.append(f"the server died{where}{at(death.t_unix_s)}")
+    elif first_cut is not None:
+        where = f"step {first_cut.index} (concurrency {first_cut.concurrency})"
+        if first_cut.end_reason is None:
+            parts.append(f"{where} started but never ended")
+        else:
+            cause = END_REASON_WORDS.get(
+                first_cut.end_reason, f"the step ended with reason {first_cut.end_reason}"
+            )
+            parts.append(f"{cause} in {where}{at(first_cut.end_unix_s)}")
+    elif status is not None:
+        last = max(steps, key=lambda s: s.start_unix_s, default=None)
+        after = "" if last is None else f" after step {last.index} (concurrency {last.concurrency})"
+        parts.append(f"the run ended with reason {end_reason or 'unknown'}{after}")
+    return "; ".join(parts) or "the run ended early"
+
+
+def context_overflow(view: RunView, limit: int | None, death: EngineDeath | None) -> ContextOverflow:
+    refused = [_total(r) for r in view.requests if r.outcome is Outcome.CONTEXT_OVERFLOW]
+    casualties = frozenset() if death is None else death.casualty_ids
+    truncated = [
+        r for r in view.requests if r.outcome is Outcome.TRUNCATED and r.request_id not in casualties
+    ]
+    clamped = [_total(r) for r in truncated if limit is not None and _total(r) > limit]
+    totals = view.trace_total_tokens
+    return ContextOverflow(
+        refused=len(refused),
+        clamped=len(clamped),
+        refused_total_tokens_min=min(refused, default=None),
+        refused_total_tokens_max=max(refused, default=None),
+        clamped_total_tokens_min=min(clamped, default=None),
+        clamped_total_tokens_max=max(clamped, default=None),
+        model_limit=limit,
+        trace_over_limit=0 if limit is None else sum(1 for t in totals if t > limit),
+        trace_count=len(totals),
+        short_responses=len(truncated) - len(clamped),
+    )
+
+
+def _total(r: RequestResult) -> int:
+    return r.prompt_tokens_asked + r.output_tokens_asked

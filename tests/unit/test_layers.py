@@ -58,6 +58,7 @@ CORE = {
     "oomload.verdict.verdict",
     "oomload.verdict.recommend",
     "oomload.verdict.gate",
+    "oomload.verdict.gatesignals",
     "oomload.ingest.clocks",
     "oomload.load.classify",
     "oomload.load.payload",

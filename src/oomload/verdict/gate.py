@@ -51,7 +51,8 @@ Types. A parsed rule is one of three frozen values (``Gate`` is their union), ea
 ``parse`` and ``evaluate``: ``AbsenceRule`` (an ``Event``, a bound and a level), ``RunThreshold``
 (a ``Metric`` over the run) and ``LevelThreshold`` (a ``Metric`` at one level). An ``Event`` knows how
 a step shows it and when a step could have; a ``Metric`` knows its unit and how to read it from a step
-or from the whole run. The tables ``EVENTS`` and ``METRICS`` hold every one the syntax accepts.
+or from the whole run. The tables ``EVENTS`` and ``METRICS`` (``oomload.verdict.gatesignals``) hold
+every one the syntax accepts.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ from pathlib import Path
 from typing import Literal, TypeAlias
 
 from oomload.errors import ConfigError, ExitCode
-from oomload.outcome import Outcome
-from oomload.verdict.verdict import KV_SATURATED, StepFacts, Verdict
+from oomload.verdict.gatesignals import EVENTS, METRICS, SHARE_METRICS, Event, Metric
+from oomload.verdict.verdict import StepFacts, Verdict
 
 Bound = Literal["below", "up-to"]
 Op = Literal["<=", ">=", "==", "<", ">"]
@@ -96,173 +97,6 @@ class GateStatus(StrEnum):
     PASS = "pass"
     FAIL = "fail"
     NOT_EVALUATED = "not_evaluated"
-
-
-# ---------------------------------------------------------------------------------------------------
-# Events (absence rules)
-
-
-def _any_step(s: StepFacts) -> bool:
-    return True
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """Something an absence rule forbids: how a step shows it, and whether a step could have shown it
-    (besides having decided a request: without one a step shows nothing)."""
-
-    name: str  # preemption | engine_death | queueing | kv_saturation | errors
-    shows: Callable[[StepFacts, Verdict], bool]
-    phrase: Callable[[Verdict], str]  # as a failure names it
-    observable: Callable[[StepFacts], bool] = _any_step
-    at_death: bool = False  # the verdict's engine death counts as seen at its level
-
-    def seen(self, verdict: Verdict, covered: Sequence[StepFacts]) -> tuple[int, str] | None:
-        """The lowest covered level that shows the event, and its phrase; ``None`` when none does."""
-        hits = [s.concurrency for s in covered if self.shows(s, verdict)]
-        if self.at_death and verdict.engine_death is not None:
-            c = verdict.engine_death.concurrency
-            if c is not None and covered and c <= max(s.concurrency for s in covered):
-                hits.append(c)
-        if not hits:
-            return None
-        return min(hits), self.phrase(verdict)
-
-    def observed_in(self, s: StepFacts) -> bool:
-        return s.decided_requests > 0 and self.observable(s)
-
-
-def _death_shown(s: StepFacts, verdict: Verdict) -> bool:
-    death = verdict.engine_death
-    return (death is not None and death.step == s.index) or s.charged(Outcome.ENGINE_DEAD) > 0
-
-
-def _death_phrase(verdict: Verdict) -> str:
-    real_oom = verdict.engine_death is not None and verdict.engine_death.real_oom
-    return "engine death" + (" (CUDA OOM)" if real_oom else "")
-
-
-PREEMPTION = Event(
-    "preemption",
-    shows=lambda s, v: (s.preemptions or 0) > 0,
-    phrase=lambda v: "preemption",
-    observable=lambda s: s.preemptions is not None,
-)
-ENGINE_DEATH = Event("engine_death", shows=_death_shown, phrase=_death_phrase, at_death=True)
-QUEUEING = Event(  # sustained: two consecutive scrapes (oomload.verdict.gauges)
-    "queueing",
-    shows=lambda s, v: (s.waiting_sustained or 0) > 0,
-    phrase=lambda v: "queueing",
-    observable=lambda s: s.waiting_sustained is not None,
-)
-KV_SATURATION = Event(
-    "kv_saturation",
-    shows=lambda s, v: (s.kv_usage_sustained or 0.0) >= KV_SATURATED,
-    phrase=lambda v: "KV cache saturation",
-    observable=lambda s: s.kv_usage_sustained is not None,
-)
-ERRORS = Event("errors", shows=lambda s, v: s.error_requests > 0, phrase=lambda v: "failed requests")
-EVENTS: dict[str, Event] = {  # as a rule names them → the event
-    "preemption": PREEMPTION,
-    "preemptions": PREEMPTION,
-    "oom": ENGINE_DEATH,
-    "engine-death": ENGINE_DEATH,
-    "death": ENGINE_DEATH,
-    "queueing": QUEUEING,
-    "kv-saturation": KV_SATURATION,
-    "errors": ERRORS,
-}
-
-
-# ---------------------------------------------------------------------------------------------------
-# Metrics (threshold rules)
-
-
-@dataclass(frozen=True, slots=True)
-class Metric:
-    """A number a threshold rule bounds: its unit, and how to read it from one step or the whole run
-    (``None``: not measured there; an absent reader: the metric has no value there at all)."""
-
-    name: str
-    unit: str  # the base unit of ``observed``
-    of_step: Callable[[StepFacts], float | None] | None = None
-    of_run: Callable[[Verdict], float | None] | None = None
-    share: bool = False  # a share: the threshold may be written in %
-    monotone: bool = False  # only grows as a step goes on: an untrusted step's value already fails
-    fails_where_engine_died: bool = False  # the step the engine died in is judged on it, trusted or not
-    from_trusted_steps: bool = False  # built from trusted steps only: a cut-short run leaves it whole
-
-
-def _as_float(value: int | None) -> float | None:
-    return None if value is None else float(value)
-
-
-def _latency(stat: str, latency: str, unit: str) -> Metric:
-    def of_step(s: StepFacts) -> float | None:
-        stats = {"ttft": s.ttft, "tpot": s.tpot, "e2e": s.e2e}[latency]
-        value_ms = stats.p50_ms if stat == "p50" else stats.p99_ms
-        if value_ms is None:
-            return None
-        return value_ms / 1000.0 if unit == "s" else value_ms
-
-    return Metric(f"{stat}-{latency}-{unit}", unit, of_step=of_step)
-
-
-def _decided(verdict: Verdict) -> list[StepFacts]:
-    return [s for s in verdict.measured_steps if s.decided_requests > 0]
-
-
-def _run_kv_usage_max(verdict: Verdict) -> float | None:
-    measured = _decided(verdict)
-    known = [s.kv_usage_max for s in measured if s.kv_usage_max is not None]
-    return max(known) if known and len(known) == len(measured) else None
-
-
-def _run_preemptions(verdict: Verdict) -> float | None:
-    counts = [s.preemptions for s in _decided(verdict)]
-    return float(sum(c for c in counts if c is not None)) if counts and None not in counts else None
-
-
-LATENCIES = ("ttft", "tpot", "e2e")
-STATS = ("p50", "p99")
-_METRICS = (
-    *(_latency(s, lat, unit) for s in STATS for lat in LATENCIES for unit in ("ms", "s")),
-    Metric(
-        "max-kv-usage",
-        "share",
-        of_step=lambda s: s.kv_usage_max,
-        of_run=_run_kv_usage_max,
-        share=True,
-        monotone=True,
-    ),
-    Metric(
-        "preemptions",
-        "count",
-        of_step=lambda s: _as_float(s.preemptions),
-        of_run=_run_preemptions,
-        monotone=True,
-    ),
-    Metric("req-per-s", "req/s", of_step=lambda s: s.req_per_s),
-    Metric("output-tokens-per-s", "tokens/s", of_step=lambda s: s.output_tokens_per_s),
-    Metric("max-waiting", "requests", of_step=lambda s: _as_float(s.waiting_max), monotone=True),
-    Metric("achieved-concurrency", "requests", of_step=lambda s: s.achieved_concurrency),
-    Metric(
-        "error-rate",
-        "share",
-        of_step=lambda s: s.error_rate,
-        of_run=lambda v: v.error_rate,
-        share=True,
-        fails_where_engine_died=True,
-    ),
-    Metric(
-        "last-safe-concurrency",
-        "concurrency",
-        of_run=lambda v: _as_float(v.last_safe_concurrency),
-        from_trusted_steps=True,
-    ),
-)
-METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
-SHARE_METRICS = tuple(sorted(m.name for m in _METRICS if m.share))  # as error messages name them
 
 
 # ---------------------------------------------------------------------------------------------------

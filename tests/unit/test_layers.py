@@ -33,6 +33,7 @@ CORE = {
     "oomload.outcome",
     "oomload.trace",
     "oomload.prefix",
+    "oomload.blockhash",
     "oomload.stats",
     "oomload.synth",
     "oomload.capacity",

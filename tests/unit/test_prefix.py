@@ -1,11 +1,11 @@
-"""Chained salted block ids and the reuse a prefix cache would give (``oomload.prefix``)."""
+"""Chained salted block ids (``oomload.blockhash``) and the reuse a prefix cache would give (``prefix``)."""
 
 from __future__ import annotations
 
 import pytest
 
+from oomload.blockhash import BlockHasher
 from oomload.prefix import (
-    BlockHasher,
     conversation_turns,
     expected_hit_tokens,
     regroup,

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from oomload.blockhash import _ID_SHIFT, BlockHasher, _coefficients, _siphash13
 from oomload.ingest import LogSource, SkipLog, openai_fast
-from oomload.prefix import _ID_SHIFT, BlockHasher, _coefficients, _siphash13
 
 SALT = b"speed-salt"
 

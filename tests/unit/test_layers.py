@@ -149,8 +149,10 @@ RUNNER = {
     "oomload.run.runner",
     "oomload.run.scenario",
     "oomload.run.session",
-    "oomload.run.worker",
-    "oomload.run.workers",
+    "oomload.run.master_gate",
+    "oomload.run.master_meter",
+    "oomload.run.worker_node",
+    "oomload.run.worker_pool",
     "oomload.tunerun",
 }
 CLI = {

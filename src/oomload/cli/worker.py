@@ -6,7 +6,7 @@ hold the worker token (``--token-file`` or ``$OOMLOAD_WORKER_TOKEN``, never a co
 gets the run's options and the trace's lengths from it, refuses a target URL it was not told to trust
 (``--url``), reads the API key from *this* host's environment through its own variable
 (``--api-key-env``; the master's choice is ignored), runs its share of the users, and streams every
-result to the master's run directory. Locust is imported only by ``oomload.run.worker``.
+result to the master's run directory. Locust is imported only by ``oomload.run.worker_node``.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if args.results is not None and args.results.is_dir():
         raise ConfigError(f"--results {args.results} is a directory; name a file")
     trust = _trust(args)
-    from oomload.run.worker import run_worker
+    from oomload.run.worker_node import run_worker
 
     return run_worker(
         args.master,
@@ -102,7 +102,7 @@ def _trust(args: argparse.Namespace) -> Any:
 
     from oomload.credentials import url_credentials_error, url_has_credentials
     from oomload.load.wire import url_key
-    from oomload.run.worker import WorkerTrust, worker_token
+    from oomload.run.worker_node import WorkerTrust, worker_token
 
     if not args.url:
         raise ConfigError(

@@ -9,7 +9,7 @@ the prefix; with ``OOMLOAD_RAMP`` (a level list or ramp) and ``OOMLOAD_HOLD_S`` 
 a step shape, which Locust then uses instead of ``-u``/``-r``.
 
 The workers of ``oomload replay`` do not use this file: they are ``oomload worker`` processes
-(``oomload.run.worker``), configured by their master.
+(``oomload.run.worker_node``), configured by their master.
 
 The user class is configured when Locust fires ``init`` (the host is known by then).
 """

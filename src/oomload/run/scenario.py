@@ -1,5 +1,5 @@
 """Binding the Locust user to a trace and an endpoint — for ``oomload replay``, its Locust workers
-(``oomload.run.worker``) and the plain ``locust -f scenarios/…`` files (configured by environment
+(``oomload.run.worker_node``) and the plain ``locust -f scenarios/…`` files (configured by environment
 variables: ``ScenarioSettings``).
 
 Every one of them binds the user the same way, from one ``LoadOptions`` (``oomload.run.config``):

@@ -5,7 +5,7 @@ handlers and the progress view, from start to teardown.
 GPU sampler (each optional: a missing sampler is an event), builds the Locust user bound to a fresh
 ``ReplayContext``, and runs Locust in this process (``Environment`` + local runner, or a master that
 waits for its K workers — ``--processes N`` local ones, remote ones from ``oomload worker`` — and
-writes the results they stream, ``oomload.run.workers``; with ``--web`` the web UI gains an
+writes the results they stream, ``oomload.run.worker_pool``; with ``--web`` the web UI gains an
 "oomload" tab with the server's telemetry) with ``StepShape`` driving the schedule, while the
 ``DeathWatch`` greenlet checks ``/health``, detects the first preemption and server death, and feeds
 the live view. It returns the end reason.
@@ -45,7 +45,9 @@ from oomload.load import wire
 from oomload.load.wire import DEFAULT_MASTER_PORT
 from oomload.run.config import LoadOptions, ReplayConfig, prefix_mode
 from oomload.run.deathwatch import DeathWatch
-from oomload.run.workers import MasterMeter, WorkerPool, free_port, guarded_master_class
+from oomload.run.master_gate import guarded_master_class
+from oomload.run.master_meter import MasterMeter
+from oomload.run.worker_pool import WorkerPool, free_port
 from oomload.rundir import RunReader, RunWriter
 from oomload.rundir.records import StepEndLine
 from oomload.schedule import Hold, SchedulePlan, StopCondition
@@ -292,7 +294,7 @@ class Session:
         if port is None:
             port = DEFAULT_MASTER_PORT if config.workers else free_port()
         self.pool.prepare_token(lambda text: self.console.print(text, highlight=False, markup=False))
-        try:  # Locust's master behind oomload's gate (oomload.run.workers: the authenticated link)
+        try:  # Locust's master behind oomload's gate (oomload.run.master_gate: the authenticated link)
             self.runner = self.env._create_runner(
                 guarded_master_class(), self.pool, master_bind_host=host, master_bind_port=port
             )

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from oomload.errors import ConfigError
-from oomload.run.worker import default_token_path, worker_token
-from oomload.run.workers import master_token, report_ok
+from oomload.run.master_meter import report_ok
+from oomload.run.worker_node import default_token_path, worker_token
+from oomload.run.worker_pool import master_token
 
 TOKEN = "a-worker-token-of-forty-characters-0123"
 

@@ -1,5 +1,7 @@
-"""The master's side of distributed load: its Locust workers (local and on other hosts), their
-results, and the ``StepMeter`` over them.
+"""The master's side of distributed load: the pool of its Locust workers (local and on other hosts)
+and their results. Each worker is an ``oomload worker`` process (``oomload.run.worker_node``); the
+master's ``StepMeter`` over them is ``oomload.run.master_meter``, Locust's master behind the link's
+gate ``oomload.run.master_gate``.
 
 ``WorkerPool`` waits for ``K`` workers (``--workers K``; ``--processes N`` starts N of them on this
 host as ``oomload worker`` processes on 127.0.0.1, their output in ``worker.K.log``, SIGTERM when
@@ -12,16 +14,16 @@ missing ("1 of 2 Locust workers arrived within 60 s …"), never a traceback.
 **The link is authenticated.** The master holds a worker token (``master_token``:
 ``$OOMLOAD_WORKER_TOKEN`` when set; else, when remote workers are expected, the file
 ``default_token_path`` — made once with mode 0600 and reused, so an operator copies it to the load
-hosts once; else, for ``--processes`` alone, a fresh one in memory that the local workers get through
-their environment). Before anything else each worker and the master prove to each other that they
-hold it (``oomload.load.wire``), and every oomload message after that is sealed with a key of that
-connection. ``GuardedMaster`` stands in front of Locust's own message handling: a peer that has not
-completed the handshake reaches nothing but the handshake (its ``client_ready`` is answered but held
-back from Locust until it has, so it never gets users), a frame that cannot be decoded or claims
-another peer's id, a message whose handler fails, an unsealed or badly sealed message and a result
-row that is not a valid ``RequestResult`` for a step that has begun are all dropped and counted —
-never fatal, never written. The first drop of each kind is a ``link_rejected`` event (and a warning),
-the totals a ``link_rejected_total`` event at the end.
+hosts once; else, for ``--processes`` alone, a fresh one in memory that the local workers get
+through their environment). Before anything else each worker and the master prove to each other that
+they hold it (``oomload.load.wire``), and every oomload message after that is sealed with a key of
+that connection. ``GuardedMaster`` (``master_gate``) stands in front of Locust's own message
+handling: a peer that has not completed the handshake reaches nothing but the handshake (its
+``client_ready`` is answered but held back from Locust until it has, so it never gets users), a
+frame that cannot be decoded or claims another peer's id, a message whose handler fails, an unsealed
+or badly sealed message and a result row that is not a valid ``RequestResult`` for a step that has
+begun are all dropped and counted — never fatal, never written. The first drop of each kind is a
+``link_rejected`` event (and a warning), the totals a ``link_rejected_total`` event at the end.
 
 During the run every worker streams its results (``oomload_results``, batched); the master writes
 them to ``requests.jsonl`` as they come, so the run directory has the shape of a single-process run.
@@ -51,12 +53,11 @@ from typing import Any
 from oomload import __version__
 from oomload.errors import ConfigError, RunAbortedError
 from oomload.load import wire
-from oomload.run.worker import default_token_path, read_token_file
+from oomload.run.worker_node import default_token_path, read_token_file
 
 WORKER_NAME_PREFIX = "worker"
 LOCAL_WORKER_ENV = "OOMLOAD_LOCAL_WORKER"  # set in the environment of the workers oomload starts
 MAX_PENDING = 256  # peers in their handshake at once; beyond, the longest-waiting one is forgotten
-MAX_FRAME_BYTES = 64 * 1024 * 1024  # ZeroMQ drops a peer that sends a bigger frame
 
 
 def master_token(environ: Mapping[str, str], remote: bool, say: Any) -> str:
@@ -554,192 +555,6 @@ class WorkerPool:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-
-
-class MasterMeter:
-    """``StepMeter`` from Locust's aggregated statistics (master of worker processes).
-
-    Achieved concurrency, requests started and requests ended by outcome come from the workers' own
-    reports (``report_to_master`` → ``worker_report``, once a second, so at most a second old): each
-    worker sends its time-weighted mean and maximum in-flight count for the step it is in; the step's
-    mean is the sum of the workers' means, its maximum the sum of their maxima (an upper bound: the
-    workers' peaks need not coincide). A step shorter than one report has none.
-    """
-
-    def __init__(self, session: Any, user_class: Any) -> None:
-        self.session = session
-        self.path = user_class.replay_path
-        self._base = (0, 0, 0, 0)
-        self._step: int | None = None
-        self._began_unix_s = time.time()
-        self.reports: dict[str, dict[str, Any]] = {}
-
-    def listen(self, env: Any) -> None:
-        def on_worker_report(client_id: str, data: dict[str, Any], **_kw: Any) -> None:
-            info = self.session.pool.authenticated(client_id)
-            if info is None or info.keys is None or not isinstance(data, dict) or "oomload" not in data:
-                return
-            try:
-                report = info.keys.open(wire.REPORT, data["oomload"])
-            except wire.LinkRejected as err:
-                self.session.pool.drop(client_id, err.reason)
-                return
-            if report_ok(report):
-                self.reports[client_id] = report
-            else:
-                self.session.pool.drop(client_id, "bad_report")
-
-        env.events.worker_report.add_listener(on_worker_report)
-
-    def achieved(self) -> tuple[float | None, int | None]:
-        """The sum of the workers' means over the step; a worker lost during the step counts for the
-        part of the step it was there (its mean × its elapsed time / the step's elapsed time)."""
-        mine = {c: r for c, r in self.reports.items() if r.get("step") == self._step}
-        if not mine:
-            return None, None
-        live = self.session.pool.live_client_ids()
-        elapsed = max(1e-9, time.time() - self._began_unix_s)
-        mean = 0.0
-        for client_id, report in mine.items():
-            share = 1.0
-            if client_id not in live and report.get("elapsed_s") is not None:
-                share = min(1.0, float(report["elapsed_s"]) / elapsed)
-            mean += float(report["mean"]) * share
-        return mean, sum(int(r["max"]) for r in mine.values())
-
-    def _totals(self) -> tuple[int, int, int, int]:
-        env = self.session.env
-        if env is None:
-            return 0, 0, 0, 0
-        entry = env.stats.get(self.path, "POST")
-        dead = sum(e.occurrences for e in env.stats.errors.values() if "engine_dead" in str(e.error))
-        return entry.num_requests, entry.num_failures, dead, entry.total_content_length
-
-    def begin(self, step: Any) -> None:
-        self._base = self._totals()
-        self._step = step.index
-        self._began_unix_s = time.time()
-
-    def end(self) -> None:
-        if self.session.runner is not None:
-            self.session.pool.broadcast(wire.STEP_END, {"step": self._step})
-
-    def completed(self) -> int:
-        return self._totals()[0] - self._base[0]
-
-    def in_flight(self) -> int | None:
-        """The live workers' in-flight requests as last reported (at most a second old)."""
-        live = self.session.pool.live_client_ids()
-        if any(c not in self.reports for c in live):
-            return None
-        return sum(int(self.reports[c].get("in_flight", 0)) for c in live)
-
-    def count(self) -> Any:
-        from oomload.load.shape import StepCount
-
-        now = self._totals()
-        diff = [a - b for a, b in zip(now, self._base, strict=True)]
-        mean, peak = self.achieved()
-        mine = [r for r in self.reports.values() if r.get("step") == self._step]
-        outcomes: Counter[str] = Counter()
-        for report in mine:
-            outcomes.update({str(k): int(v) for k, v in (report.get("outcomes") or {}).items()})
-        return StepCount(
-            completed=diff[0],
-            errors=diff[1],
-            engine_dead=diff[2],
-            completion_tokens=diff[3],
-            achieved_mean=mean,
-            achieved_max=peak,
-            started=sum(int(r.get("started", 0)) for r in mine) if mine else None,
-            cancelled=outcomes["cancelled"],
-            outcomes=dict(outcomes),
-        )
-
-
-def report_ok(report: Mapping[str, Any]) -> bool:
-    """A worker's step report has the numbers ``MasterMeter`` reads, each finite and non-negative."""
-
-    def number(value: Any) -> bool:
-        return type(value) in (int, float) and 0 <= value < 1e12
-
-    outcomes = report.get("outcomes") or {}
-    return (
-        all(number(report.get(k)) for k in ("mean", "max"))
-        and all(report.get(k) is None or number(report.get(k)) for k in ("in_flight", "started", "elapsed_s"))
-        and isinstance(outcomes, dict)
-        and all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in outcomes.items())
-    )
-
-
-def guarded_master_class() -> Any:
-    """Locust's ``MasterRunner`` with oomload's gate in front of its message handling (the module
-    docstring): frames are decoded here, so one that cannot be is dropped and counted instead of
-    ending Locust's receive loop, and ``WorkerPool.gate`` decides what reaches Locust."""
-    import gevent
-    import zmq.green as zmq
-    from locust.exception import RPCError
-    from locust.rpc import Message
-    from locust.runners import MasterRunner
-
-    class GuardedServer:
-        """Locust's ``rpc.Server`` with a receive that never raises on a peer's bad frame."""
-
-        def __init__(self, inner: Any, pool: WorkerPool) -> None:
-            self.inner = inner
-            self.pool = pool
-            inner.socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.inner, name)
-
-        def recv_from_client(self) -> tuple[str, Any]:
-            while True:
-                try:
-                    frames = self.inner.socket.recv_multipart()
-                except zmq.ZMQError as err:
-                    raise RPCError("ZMQ network broken") from err
-                try:
-                    addr = frames[0].decode()
-                    msg = Message.unserialize(frames[1])  # type: ignore[no-untyped-call]
-                except Exception:
-                    self.pool.drop(frames[0][:64].hex() if frames else "?", "malformed")
-                    continue
-                if len(frames) != 2 or not isinstance(msg.type, str) or msg.node_id != addr:
-                    self.pool.drop(addr, "malformed" if len(frames) != 2 else "forged_sender")
-                    continue
-                return addr, msg
-
-    class GuardedMaster(MasterRunner):
-        def __init__(self, environment: Any, pool: WorkerPool, **kwargs: Any) -> None:
-            super().__init__(environment, **kwargs)
-            # before the first yield: Locust's receive loop has not run yet
-            self.server = GuardedServer(self.server, pool)  # type: ignore[assignment]
-            self.oomload_pool = pool
-
-        def handle_message(self, client_id: str, msg: Any) -> None:
-            pool = self.oomload_pool
-            why = pool.gate(client_id, msg.type)
-            if why == "hold":
-                pool.hold(client_id, msg)  # answered, so that it can say hello; not a client yet
-                ack = Message("ack", {"index": -1}, client_id)  # type: ignore[no-untyped-call]
-                self.server.send_to_client(ack)
-                return
-            if why is not None:
-                if why:
-                    pool.drop(client_id, why)
-                return
-            self.admit_to_locust(client_id, msg)
-
-        def admit_to_locust(self, client_id: str, msg: Any) -> None:
-            try:
-                super().handle_message(client_id, msg)
-            except (gevent.GreenletExit, RPCError):
-                raise
-            except Exception:
-                self.oomload_pool.drop(client_id, "malformed")
-
-    return GuardedMaster
 
 
 def die_with_parent() -> None:

@@ -1,0 +1,137 @@
+"""The master's measure of a step run by Locust worker processes: the ``StepMeter`` over their reports.
+
+Achieved concurrency, requests started and requests ended by outcome come from the workers' own
+reports (``report_to_master`` → ``worker_report``, once a second, so at most a second old): each
+worker sends, sealed (``oomload.load.wire``), its time-weighted mean and maximum in-flight count for
+the step it is in; the step's mean is the sum of the workers' means, its maximum the sum of their
+maxima (an upper bound: the workers' peaks need not coincide). A worker lost during the step counts
+for the part of the step it was there. Completed requests, failures, engine-dead answers and output
+tokens come from Locust's aggregated statistics. A report that cannot be opened or whose numbers are
+not finite and non-negative (``report_ok``) is dropped and counted by the ``WorkerPool``
+(``oomload.run.worker_pool``), never read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from oomload.load import wire
+
+
+class MasterMeter:
+    """``StepMeter`` from Locust's aggregated statistics (master of worker processes).
+
+    Achieved concurrency, requests started and requests ended by outcome come from the workers' own
+    reports (``report_to_master`` → ``worker_report``, once a second, so at most a second old): each
+    worker sends its time-weighted mean and maximum in-flight count for the step it is in; the step's
+    mean is the sum of the workers' means, its maximum the sum of their maxima (an upper bound: the
+    workers' peaks need not coincide). A step shorter than one report has none.
+    """
+
+    def __init__(self, session: Any, user_class: Any) -> None:
+        self.session = session
+        self.path = user_class.replay_path
+        self._base = (0, 0, 0, 0)
+        self._step: int | None = None
+        self._began_unix_s = time.time()
+        self.reports: dict[str, dict[str, Any]] = {}
+
+    def listen(self, env: Any) -> None:
+        def on_worker_report(client_id: str, data: dict[str, Any], **_kw: Any) -> None:
+            info = self.session.pool.authenticated(client_id)
+            if info is None or info.keys is None or not isinstance(data, dict) or "oomload" not in data:
+                return
+            try:
+                report = info.keys.open(wire.REPORT, data["oomload"])
+            except wire.LinkRejected as err:
+                self.session.pool.drop(client_id, err.reason)
+                return
+            if report_ok(report):
+                self.reports[client_id] = report
+            else:
+                self.session.pool.drop(client_id, "bad_report")
+
+        env.events.worker_report.add_listener(on_worker_report)
+
+    def achieved(self) -> tuple[float | None, int | None]:
+        """The sum of the workers' means over the step; a worker lost during the step counts for the
+        part of the step it was there (its mean × its elapsed time / the step's elapsed time)."""
+        mine = {c: r for c, r in self.reports.items() if r.get("step") == self._step}
+        if not mine:
+            return None, None
+        live = self.session.pool.live_client_ids()
+        elapsed = max(1e-9, time.time() - self._began_unix_s)
+        mean = 0.0
+        for client_id, report in mine.items():
+            share = 1.0
+            if client_id not in live and report.get("elapsed_s") is not None:
+                share = min(1.0, float(report["elapsed_s"]) / elapsed)
+            mean += float(report["mean"]) * share
+        return mean, sum(int(r["max"]) for r in mine.values())
+
+    def _totals(self) -> tuple[int, int, int, int]:
+        env = self.session.env
+        if env is None:
+            return 0, 0, 0, 0
+        entry = env.stats.get(self.path, "POST")
+        dead = sum(e.occurrences for e in env.stats.errors.values() if "engine_dead" in str(e.error))
+        return entry.num_requests, entry.num_failures, dead, entry.total_content_length
+
+    def begin(self, step: Any) -> None:
+        self._base = self._totals()
+        self._step = step.index
+        self._began_unix_s = time.time()
+
+    def end(self) -> None:
+        if self.session.runner is not None:
+            self.session.pool.broadcast(wire.STEP_END, {"step": self._step})
+
+    def completed(self) -> int:
+        return self._totals()[0] - self._base[0]
+
+    def in_flight(self) -> int | None:
+        """The live workers' in-flight requests as last reported (at most a second old)."""
+        live = self.session.pool.live_client_ids()
+        if any(c not in self.reports for c in live):
+            return None
+        return sum(int(self.reports[c].get("in_flight", 0)) for c in live)
+
+    def count(self) -> Any:
+        from oomload.load.shape import StepCount
+
+        now = self._totals()
+        diff = [a - b for a, b in zip(now, self._base, strict=True)]
+        mean, peak = self.achieved()
+        mine = [r for r in self.reports.values() if r.get("step") == self._step]
+        outcomes: Counter[str] = Counter()
+        for report in mine:
+            outcomes.update({str(k): int(v) for k, v in (report.get("outcomes") or {}).items()})
+        return StepCount(
+            completed=diff[0],
+            errors=diff[1],
+            engine_dead=diff[2],
+            completion_tokens=diff[3],
+            achieved_mean=mean,
+            achieved_max=peak,
+            started=sum(int(r.get("started", 0)) for r in mine) if mine else None,
+            cancelled=outcomes["cancelled"],
+            outcomes=dict(outcomes),
+        )
+
+
+def report_ok(report: Mapping[str, Any]) -> bool:
+    """A worker's step report has the numbers ``MasterMeter`` reads, each finite and non-negative."""
+
+    def number(value: Any) -> bool:
+        return type(value) in (int, float) and 0 <= value < 1e12
+
+    outcomes = report.get("outcomes") or {}
+    return (
+        all(number(report.get(k)) for k in ("mean", "max"))
+        and all(report.get(k) is None or number(report.get(k)) for k in ("in_flight", "started", "elapsed_s"))
+        and isinstance(outcomes, dict)
+        and all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in outcomes.items())
+    )

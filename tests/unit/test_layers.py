@@ -15,6 +15,15 @@ a rule fails the test too, so the list only shrinks.
 
 Separately, the core and the CLI's entry module are imported in a subprocess, which must not load
 Locust, gevent or NVML (Locust monkey-patches the whole process with gevent).
+
+Two more rules of the house, each checked by a function that a test also runs on a made-up package
+(so the check is shown to fail):
+
+- no import circle: the module-level imports (those that run when the module is imported, a
+  ``TYPE_CHECKING`` block included; a function-level import is the way to break a circle) form no
+  cycle anywhere in ``src/oomload``;
+- no module over ``MAX_LINES`` lines (one sitting's reading, one job); ``OVERSIZE_ALLOWED`` names the
+  exceptions, each with why, and an entry that is no longer over the limit fails too.
 """
 
 from __future__ import annotations
@@ -185,6 +194,11 @@ ALLOWED = {
     ("oomload.verdict.runview", "oomload.rundir"): "load_run reads the run directory",
 }
 FORBIDDEN = ["locust", "gevent", "pynvml", "geventhttpclient"]
+MAX_LINES = 600
+# Modules over MAX_LINES today: module → why it is tolerated for now.
+OVERSIZE_ALLOWED = {
+    "oomload.ingest.parallel": "owned by ingest/tune this stop",
+}
 
 
 def test_every_module_is_in_exactly_one_layer() -> None:
@@ -222,6 +236,39 @@ def test_the_layer_check_sees_function_level_and_relative_imports() -> None:
     }
 
 
+def test_no_import_circle() -> None:
+    circles = _circles(_module_level_graph(SRC))
+    assert circles == [], "import circles (module-level imports): " + "; ".join(
+        " → ".join(c) for c in circles
+    )
+
+
+def test_no_module_over_the_size_limit() -> None:
+    over = _oversized(SRC)
+    unexplained = sorted(set(over) - set(OVERSIZE_ALLOWED))
+    assert unexplained == [], "modules over {} lines (split them): {}".format(
+        MAX_LINES, ", ".join(f"{m} ({over[m]})" for m in unexplained)
+    )
+    stale = sorted(set(OVERSIZE_ALLOWED) - set(over))
+    assert stale == [], f"OVERSIZE_ALLOWED entries no longer over {MAX_LINES} lines (remove them): {stale}"
+
+
+def test_the_checks_see_a_circle_and_an_oversized_module(tmp_path: Path) -> None:
+    pkg = tmp_path / "oomload"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from oomload.sub import b\n")
+    (pkg / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import X\n"
+    )
+    (pkg / "sub" / "c.py").write_text("import oomload.a\n" + "x = 1\n" * MAX_LINES)
+    (pkg / "d.py").write_text("def f():\n    from oomload import a\n")  # function level: no edge
+    (pkg / "e.py").write_text("from oomload import d\n")
+    assert _circles(_module_level_graph(tmp_path)) == [["oomload.a", "oomload.sub.b", "oomload.sub.c"]]
+    assert _oversized(tmp_path) == {"oomload.sub.c": MAX_LINES + 1}
+
+
 def test_core_does_not_import_locust_gevent_or_nvml() -> None:
     light = sorted(CORE | {"oomload.cli"})
     code = (
@@ -234,11 +281,11 @@ def test_core_does_not_import_locust_gevent_or_nvml() -> None:
     assert out.stdout.strip() == "", f"core modules pulled in: {out.stdout.strip()}"
 
 
-def _modules() -> dict[str, Path]:
+def _modules(src: Path = SRC) -> dict[str, Path]:
     """Every module under ``src/oomload``: dotted name → file."""
     modules = {}
-    for path in sorted((SRC / "oomload").rglob("*.py")):
-        parts = path.relative_to(SRC).with_suffix("").parts
+    for path in sorted((src / "oomload").rglob("*.py")):
+        parts = path.relative_to(src).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
         modules[".".join(parts)] = path
@@ -278,3 +325,83 @@ def _owner(name: str, layer_of: dict[str, str]) -> str | None:
         return name
     parent = name.rpartition(".")[0]
     return parent if parent in layer_of else None
+
+
+def _module_level_graph(src: Path) -> dict[str, set[str]]:
+    """module → the ``oomload`` modules its module-level imports load (statements at the top, in
+    ``if``/``try`` blocks included; not those inside functions or classes)."""
+    modules = _modules(src)
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in _top_level_imports(tree.body):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names if a.name in modules)
+                continue
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for alias in node.names:  # ``from package import sub`` loads sub; a name loads package
+                name = f"{source}.{alias.name}"
+                targets.add(name if name in modules else source)
+        graph[module] = {t for t in targets if t in modules and t != module}
+    return graph
+
+
+def _top_level_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            found += _top_level_imports(node.body) + _top_level_imports(node.orelse)
+        elif isinstance(node, ast.Try):
+            found += _top_level_imports(node.body + node.orelse + node.finalbody)
+            for handler in node.handlers:
+                found += _top_level_imports(handler.body)
+    return found
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: each strongly connected set of two or more modules, sorted (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def _oversized(src: Path) -> dict[str, int]:
+    """module → its line count, for the modules over ``MAX_LINES``."""
+    counts = {m: len(p.read_text(encoding="utf-8").splitlines()) for m, p in _modules(src).items()}
+    return {m: n for m, n in counts.items() if n > MAX_LINES}

@@ -3,8 +3,11 @@
 The report draws its timeline from the run directory; the web UI's **oomload** tab draws the same
 series from the same files while they grow, so the live charts and ``report.html`` never disagree
 about what was measured. ``LiveFeed`` keeps a byte offset per file (``steps``, ``metrics``, ``gpu``,
-``events``, every ``requests*.jsonl`` — worker processes write one each) and on every ``poll()``
-reads only the complete lines appended since; a torn last line waits for its end.
+``events``, every ``requests*.jsonl`` — worker processes write one each; ``rundir.io.JsonlTail``)
+and on every ``poll()`` reads only the complete lines appended since; a torn last line waits for its
+end. Each line is parsed by the run directory's own typed records (``oomload.rundir.records``:
+``StepLines``, ``MetricsRow``, ``GpuSampleRow``, ``EventRow``; ``RequestResult``), the reader the
+verdict uses, so the live view and the report read one format one way.
 
 ``timeline()`` is the JSON the page draws (times in seconds since the run's first step, ``t0_unix_s``
 given): the steps (start, end, concurrency, phase), KV usage, preemptions per scrape, running and
@@ -19,38 +22,19 @@ requests of the current step and of the run, with the sample counts.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from oomload.rundir import json_object
+from oomload.outcome import Outcome
+from oomload.rundir.io import JsonlTail, parse_request
+from oomload.rundir.records import EventRow, GpuSampleRow, MetricsRow, StepLines, as_float
 from oomload.stats import percentile
 
 MAX_POINTS = 1500
 STREAMS = ("steps", "metrics", "gpu", "events")
 GIB = 2**30
-
-
-class _Tail:
-    """The complete JSON lines appended to one file since the last read."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-
-    def read(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                chunk = fh.read()
-        except OSError:
-            return []
-        self.offset += len(chunk)
-        data = self.partial + chunk
-        lines = data.split(b"\n")
-        self.partial = lines.pop()  # b"" after a complete last line
-        return [obj for line in lines if (obj := json_object(line)) is not None]
+Row = TypeVar("Row")
 
 
 class LiveFeed:
@@ -58,42 +42,31 @@ class LiveFeed:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
-        self._tails = {name: _Tail(self.run_dir / f"{name}.jsonl") for name in STREAMS}
-        self._request_tails: dict[Path, _Tail] = {}
-        self.steps: dict[int, dict[str, Any]] = {}
-        self.metrics: list[dict[str, Any]] = []
-        self.gpu: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
+        self._tails = {name: JsonlTail(self.run_dir / f"{name}.jsonl") for name in STREAMS}
+        self._request_tails: dict[Path, JsonlTail] = {}
+        self.steps = StepLines()
+        self.metrics: list[MetricsRow] = []  # the ok scrapes
+        self.gpu: list[GpuSampleRow] = []
+        self.events: list[EventRow] = []
         self.ttft_by_step: dict[int, list[float]] = {}
 
     def poll(self) -> None:
-        for record in self._tails["steps"].read():
-            index = record.get("step")
-            if not isinstance(index, int):
-                continue
-            entry = self.steps.setdefault(index, {"index": index})
-            if record.get("event") == "start":
-                entry.update(
-                    start=_num(record.get("t_unix_s")),
-                    concurrency=record.get("concurrency"),
-                    phase=record.get("phase", "ramp"),
-                )
-            elif record.get("event") == "end":
-                entry.update(end=_num(record.get("t_unix_s")), reason=record.get("reason"))
-        self.metrics += [m for m in self._tails["metrics"].read() if m.get("ok") and _num(m.get("t_unix_s"))]
-        self.gpu += [g for g in self._tails["gpu"].read() if _num(g.get("t_unix_s"))]
-        self.events += self._tails["events"].read()
+        self.steps.add(self._tails["steps"].read())
+        scrapes = map(MetricsRow.from_json, self._tails["metrics"].read())
+        self.metrics += [m for m in scrapes if m is not None and m.ok]
+        self.gpu += filter(None, map(GpuSampleRow.from_json, self._tails["gpu"].read()))
+        self.events += filter(None, map(EventRow.from_json, self._tails["events"].read()))
         for path in sorted(self.run_dir.glob("requests*.jsonl")):
-            tail = self._request_tails.setdefault(path, _Tail(path))
-            for r in tail.read():
-                ttft, step = _num(r.get("ttft_ms")), r.get("step")
-                if r.get("outcome") == "ok" and isinstance(step, int) and ttft is not None:
-                    self.ttft_by_step.setdefault(step, []).append(ttft)
+            tail = self._request_tails.setdefault(path, JsonlTail(path))
+            for r in filter(None, map(parse_request, tail.read())):
+                ttft = as_float(r.ttft_ms)
+                if r.outcome is Outcome.OK and isinstance(r.step, int) and ttft is not None:
+                    self.ttft_by_step.setdefault(r.step, []).append(ttft)
 
     @property
     def t0_unix_s(self) -> float | None:
-        starts = [s["start"] for s in self.steps.values() if s.get("start") is not None]
-        firsts = [float(m["t_unix_s"]) for m in self.metrics[:1]]
+        starts = [b.start_unix_s for b in self.steps.boundaries()]
+        firsts = [m.t_unix_s for m in self.metrics[:1]]
         candidates = starts + firsts
         return min(candidates) if candidates else None
 
@@ -103,44 +76,42 @@ class LiveFeed:
         if t0 is None:
             return {"t0_unix_s": None, "steps": [], "metrics": {}, "gpu": {}, "marks": []}
 
-        def rel(t: Any) -> float | None:
-            value = _num(t)
-            return None if value is None else round(value - t0, 3)
+        def rel(t: float | None) -> float | None:
+            return None if t is None else round(t - t0, 3)
 
         steps = [
             {
-                "index": s["index"],
-                "concurrency": s.get("concurrency"),
-                "phase": s.get("phase"),
-                "start_s": rel(s.get("start")),
-                "end_s": rel(s.get("end")),
+                "index": b.index,
+                "concurrency": b.concurrency,
+                "phase": b.phase,
+                "start_s": rel(b.start_unix_s),
+                "end_s": rel(b.end_unix_s),
             }
-            for s in sorted(self.steps.values(), key=lambda s: s.get("start") or math.inf)
-            if s.get("start") is not None
+            for b in self.steps.boundaries()
         ]
         metrics = _buckets(self.metrics)
         gpu = _buckets(self.gpu)
-        marks = []
+        marks: list[dict[str, Any]] = []
         for event in self.events:
-            if event.get("kind") == "first_preemption":
-                marks.append({"kind": "first_preemption", "t_s": rel(event.get("t_unix_s")),
-                              "concurrency": event.get("concurrency")})  # fmt: skip
-            elif event.get("kind") == "server_dead":
-                marks.append({"kind": "server_dead", "t_s": rel(event.get("t_unix_s"))})
-        totals = [float(g["total_bytes"]) for g in self.gpu if _num(g.get("total_bytes"))]
+            if event.kind == "first_preemption":
+                marks.append({"kind": "first_preemption", "t_s": rel(event.t_unix_s),
+                              "concurrency": event.fields.get("concurrency")})  # fmt: skip
+            elif event.kind == "server_dead":
+                marks.append({"kind": "server_dead", "t_s": rel(event.t_unix_s)})
+        totals = [float(g.total_bytes) for g in self.gpu if g.total_bytes]
         return {
             "t0_unix_s": t0,
             "steps": steps,
             "metrics": {
-                "t_s": [rel(b[-1]["t_unix_s"]) for b in metrics],
-                "kv_percent": [_scaled(_most(b, "kv_cache_usage"), 100) for b in metrics],
-                "preemptions": [_sum(b, "preemptions_delta") for b in metrics],
-                "running": [_most(b, "num_requests_running") for b in metrics],
-                "waiting": [_most(b, "num_requests_waiting") for b in metrics],
+                "t_s": [rel(b[-1].t_unix_s) for b in metrics],
+                "kv_percent": [_scaled(_most(b, lambda m: m.kv_cache_usage), 100) for b in metrics],
+                "preemptions": [_sum(b, lambda m: m.preemptions_delta) for b in metrics],
+                "running": [_most(b, lambda m: m.num_requests_running) for b in metrics],
+                "waiting": [_most(b, lambda m: m.num_requests_waiting) for b in metrics],
             },
             "gpu": {
-                "t_s": [rel(b[-1]["t_unix_s"]) for b in gpu],
-                "used_gib": [_scaled(_most(b, "used_bytes"), 1 / GIB) for b in gpu],
+                "t_s": [rel(b[-1].t_unix_s) for b in gpu],
+                "used_gib": [_scaled(_most(b, lambda g: g.used_bytes), 1 / GIB) for b in gpu],
                 "total_gib": None if not totals else round(max(totals) / GIB, 3),
             },
             "marks": marks,
@@ -161,28 +132,25 @@ def _latency(values: Sequence[float]) -> dict[str, Any]:
     return {"n": len(values), "p50_ms": percentile(values, 50), "p99_ms": percentile(values, 99)}
 
 
-def _buckets(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """At most ``MAX_POINTS`` runs of consecutive records (one record each while the run is short)."""
-    stride = max(1, math.ceil(len(records) / MAX_POINTS))
-    return [records[i : i + stride] for i in range(0, len(records), stride)]
+def _buckets(rows: list[Row]) -> list[list[Row]]:
+    """At most ``MAX_POINTS`` runs of consecutive rows (one row each while the run is short)."""
+    stride = max(1, math.ceil(len(rows) / MAX_POINTS))
+    return [rows[i : i + stride] for i in range(0, len(rows), stride)]
 
 
-def _most(bucket: list[dict[str, Any]], key: str) -> float | None:
-    known = [v for v in (_num(r.get(key)) for r in bucket) if v is not None]
+def _known(bucket: Iterable[Row], value_of: Callable[[Row], float | None]) -> list[float]:
+    return [float(v) for v in map(value_of, bucket) if v is not None]
+
+
+def _most(bucket: Iterable[Row], value_of: Callable[[Row], float | None]) -> float | None:
+    known = _known(bucket, value_of)
     return max(known) if known else None
 
 
-def _sum(bucket: list[dict[str, Any]], key: str) -> float | None:
-    known = [v for v in (_num(r.get(key)) for r in bucket) if v is not None]
+def _sum(bucket: Iterable[Row], value_of: Callable[[Row], float | None]) -> float | None:
+    known = _known(bucket, value_of)
     return sum(known) if known else None
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def _scaled(value: Any, factor: float) -> float | None:
-    number = _num(value)
-    return None if number is None else round(number * factor, 4)
+def _scaled(value: float | None, factor: float) -> float | None:
+    return None if value is None else round(value * factor, 4)

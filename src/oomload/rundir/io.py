@@ -282,13 +282,39 @@ class RunReader:
         """Every request result from every writer's file, ordered by start time."""
         results: list[RequestResult] = []
         for target in sorted(self.path.glob("requests*.jsonl")):
-            for obj in self.stream(target.stem):
-                try:
-                    results.append(RequestResult.from_json(obj))
-                except (KeyError, ValueError, TypeError):
-                    continue
+            results += filter(None, map(parse_request, self.stream(target.stem)))
         results.sort(key=lambda r: r.start_unix_s)
         return results
+
+
+class JsonlTail:
+    """The complete JSON lines appended to one ``.jsonl`` file since the last ``read`` (a file that a
+    run is still writing: a torn last line waits for its end; a garbled one is skipped)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except OSError:
+            return []
+        self.offset += len(chunk)
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop()  # b"" after a complete last line
+        return [obj for line in lines if (obj := json_object(line)) is not None]
+
+
+def parse_request(obj: dict[str, Any]) -> RequestResult | None:
+    """A ``requests*.jsonl`` line as a result; ``None`` for one that is not a valid result."""
+    try:
+        return RequestResult.from_json(obj)
+    except (KeyError, ValueError, TypeError):
+        return None
 
 
 def json_object(line: str | bytes) -> dict[str, Any] | None:

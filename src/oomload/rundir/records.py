@@ -4,7 +4,8 @@ Writers build the TypedDicts (``StepStartLine``, ``StepEndLine``, ``StatusLine``
 a GPU sample's line is ``oomload.telemetry.gpu_sample.GpuSampleJson``). Readers parse a line once, at
 the boundary (``oomload.verdict.runview``), into a frozen record, so the verdict reads attributes:
 
-* ``StepBoundary`` — a step's start and end lines of ``steps.jsonl``;
+* ``StepBoundary`` — a step's start and end lines of ``steps.jsonl`` (``StepLine`` each, paired by
+  ``StepLines`` — at once, or as the file grows);
 * ``RunStatus`` — ``status.json``;
 * ``RunConfig`` — the fields of ``config.json`` the verdict reads;
 * ``CacheConfig`` — the fields of ``cache_config.json`` the verdict reads;
@@ -356,38 +357,89 @@ def parse_status(obj: Mapping[str, Any] | None) -> RunStatus | None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class StepLine:
+    """One ``steps.jsonl`` line as read: a step's ``start`` or ``end`` (``StepStartLine``/``StepEndLine``;
+    the end's counts are ``None`` on a start line, or when an older run directory lacks them)."""
+
+    event: Literal["start", "end"]
+    step: int
+    t_unix_s: float
+    concurrency: int = 0
+    phase: str = "ramp"
+    reason: str | None = None
+    ended: int | None = None
+    completion_tokens: int | None = None
+    duration_s: float | None = None
+    evidence_requests: int | None = None
+    extended_s: float | None = None
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> StepLine | None:
+        """One line; ``None`` without an integer step, a finite time or an event ``start``/``end``."""
+        step, t_unix_s, event = obj.get("step"), as_float(obj.get("t_unix_s")), obj.get("event")
+        if not isinstance(step, int) or t_unix_s is None or event not in ("start", "end"):
+            return None
+        return cls(
+            event="start" if event == "start" else "end",
+            step=step,
+            t_unix_s=t_unix_s,
+            concurrency=as_int(obj.get("concurrency")) or 0,
+            phase=str(obj.get("phase", "ramp")),
+            reason=as_str(obj.get("reason")),
+            ended=as_int(obj.get("ended")),
+            completion_tokens=as_int(obj.get("completion_tokens")),
+            duration_s=as_float(obj.get("duration_s")),
+            evidence_requests=as_int(obj.get("evidence_requests")),
+            extended_s=as_float(obj.get("extended_s")),
+        )
+
+
+def step_boundary(start: StepLine, end: StepLine | None) -> StepBoundary:
+    """A step's boundary from its start line and, once the step ended, its end line."""
+    return StepBoundary(
+        index=start.step,
+        concurrency=start.concurrency,
+        phase=start.phase,
+        start_unix_s=start.t_unix_s,
+        end_unix_s=None if end is None else end.t_unix_s,
+        end_reason=None if end is None else end.reason,
+        ended=None if end is None else end.ended,
+        completion_tokens=None if end is None else end.completion_tokens,
+        duration_s=None if end is None else end.duration_s,
+        evidence_requests=None if end is None else end.evidence_requests,
+        extended_s=None if end is None else end.extended_s,
+    )
+
+
+class StepLines:
+    """``steps.jsonl`` read so far, paired into boundaries (the first start and the last end win);
+    lines may arrive in any number of ``add`` calls (the live feed reads the file as it grows)."""
+
+    def __init__(self) -> None:
+        self.starts: dict[int, StepLine] = {}
+        self.ends: dict[int, StepLine] = {}
+
+    def add(self, lines: Iterable[Mapping[str, Any]]) -> None:
+        for line in filter(None, map(StepLine.from_json, lines)):
+            if line.event == "start":
+                self.starts.setdefault(line.step, line)
+            else:
+                self.ends[line.step] = line
+
+    def boundaries(self) -> list[StepBoundary]:
+        """Every started step, ordered by start time (an end without its start waits for it)."""
+        boundaries = [step_boundary(start, self.ends.get(i)) for i, start in self.starts.items()]
+        boundaries.sort(key=lambda b: (b.start_unix_s, b.index))
+        return boundaries
+
+
 def parse_step_lines(lines: Iterable[Mapping[str, Any]]) -> list[StepBoundary]:
     """Pair ``start`` / ``end`` lines of ``steps.jsonl`` into boundaries, ordered by start time (a line
     without an integer step or a finite time is skipped; the first start and the last end win)."""
-    starts: dict[int, Mapping[str, Any]] = {}
-    ends: dict[int, Mapping[str, Any]] = {}
-    for line in lines:
-        if not isinstance(line.get("step"), int) or as_float(line.get("t_unix_s")) is None:
-            continue
-        if line.get("event") == "start":
-            starts.setdefault(line["step"], line)
-        elif line.get("event") == "end":
-            ends[line["step"]] = line
-    boundaries = []
-    for index, start in starts.items():
-        end = ends.get(index)
-        boundaries.append(
-            StepBoundary(
-                index=index,
-                concurrency=int(start.get("concurrency", 0)),
-                phase=str(start.get("phase", "ramp")),
-                start_unix_s=float(start["t_unix_s"]),
-                end_unix_s=None if end is None else float(end["t_unix_s"]),
-                end_reason=None if end is None else as_str(end.get("reason")),
-                ended=None if end is None else as_int(end.get("ended")),
-                completion_tokens=None if end is None else as_int(end.get("completion_tokens")),
-                duration_s=None if end is None else as_float(end.get("duration_s")),
-                evidence_requests=None if end is None else as_int(end.get("evidence_requests")),
-                extended_s=None if end is None else as_float(end.get("extended_s")),
-            )
-        )
-    boundaries.sort(key=lambda b: (b.start_unix_s, b.index))
-    return boundaries
+    paired = StepLines()
+    paired.add(lines)
+    return paired.boundaries()
 
 
 def as_float(value: Any) -> float | None:

@@ -148,7 +148,7 @@ class StepDriver:
         self.end_reason: str | None = None
         self.started_unix_s: float | None = None
         self._step_start_s = 0.0
-        self._scrape_at_start: Mapping[str, Any] | None = None
+        self._scrape_at_start: MetricsRow | None = None
 
     @property
     def finished(self) -> bool:
@@ -181,7 +181,7 @@ class StepDriver:
         reason = self._step_end_reason(now)
         if reason is None:
             return self.current.concurrency, SPAWN_RATE
-        boundary = self.boundary_scrape()  # users keep sending while this scrape runs
+        boundary = self._scrape()  # users keep sending while this scrape runs
         now = self.clock()
         if reason == "hold_done" and self._extend(now, boundary):
             return self.current.concurrency, SPAWN_RATE
@@ -196,7 +196,7 @@ class StepDriver:
         if self.finished:
             return
         if self.current is not None and self._settling is None:
-            self._end_step(reason, self.clock(), self.boundary_scrape())
+            self._end_step(reason, self.clock(), self._scrape())
         self._settling = None
         self.end_reason = reason
 
@@ -210,9 +210,14 @@ class StepDriver:
         in_flight = self.meter.in_flight()
         if now < deadline and (in_flight is None or in_flight > step.concurrency):
             return step.concurrency, SPAWN_RATE
-        baseline = self.boundary_scrape()  # the users are idle while settling: a fresh baseline
+        baseline = self._scrape()  # the users are idle while settling: a fresh baseline
         self._settling = None  # after the scrape: until the step begins, the run still reads "draining"
         return self._begin(step, self.clock(), baseline)
+
+    def _scrape(self) -> MetricsRow | None:
+        """The boundary scrape, read as ``metrics.jsonl`` readers read it (its record is the edge)."""
+        record = self.boundary_scrape()
+        return None if record is None else MetricsRow.from_json(record)
 
     def _step_end_reason(self, now: float) -> str | None:
         assert self.current is not None and self.started_unix_s is not None
@@ -228,7 +233,7 @@ class StepDriver:
             return "hold_done" if self.step_done(elapsed, completed) else None
         return "hold_done" if self.hold_for(self.current).done(elapsed, completed) else None
 
-    def _extend(self, now: float, boundary: Mapping[str, Any] | None) -> bool:
+    def _extend(self, now: float, boundary: MetricsRow | None) -> bool:
         """Keep the step running for evidence (module docstring)? Starts or continues an extension."""
         assert self.current is not None
         if self.current.phase == "warmup":
@@ -253,7 +258,7 @@ class StepDriver:
         return True
 
     def _follow(
-        self, decision: Decision, now: float, boundary: Mapping[str, Any] | None = None
+        self, decision: Decision, now: float, boundary: MetricsRow | None = None
     ) -> tuple[int, float] | None:
         if decision.step is None:
             self.end_reason = decision.end_reason or "completed"
@@ -264,10 +269,10 @@ class StepDriver:
             self._settling = (step, now + self.settle_s)
             return step.concurrency, SPAWN_RATE
         if previous is None:  # the first step: its baseline is read now, before any load
-            boundary = self.boundary_scrape()
+            boundary = self._scrape()
         return self._begin(step, now, boundary)
 
-    def _begin(self, step: StepPlan, now: float, scrape: Mapping[str, Any] | None) -> tuple[int, float]:
+    def _begin(self, step: StepPlan, now: float, scrape: MetricsRow | None) -> tuple[int, float]:
         """Open ``step`` at ``now`` with the scrape read at this boundary."""
         self.current = step
         self._step_start_s = now
@@ -287,7 +292,7 @@ class StepDriver:
             self.on_step(step)
         return step.concurrency, SPAWN_RATE
 
-    def _end_step(self, reason: str, now: float, scrape: Mapping[str, Any] | None) -> None:
+    def _end_step(self, reason: str, now: float, scrape: MetricsRow | None) -> None:
         """Close the current step at ``now``; ``scrape`` is the one read at this boundary."""
         step = self.current
         assert step is not None
@@ -309,7 +314,7 @@ class StepDriver:
                 and (count.started or 0) < self._needed,
             )
         )
-        server = server_concurrency(_row(self._scrape_at_start), _row(scrape))
+        server = server_concurrency(self._scrape_at_start, scrape)
         line = step_end_line(step, count, reason, now, now - self._step_start_s, preemptions, server)
         if self._needed is not None:
             line["evidence_requests"] = self._needed
@@ -356,14 +361,8 @@ def step_end_line(
     return line
 
 
-def _row(scrape: Mapping[str, Any] | None) -> MetricsRow | None:
-    """A live scrape's record read as ``metrics.jsonl`` readers read it (``MetricsRow``)."""
-    return None if scrape is None else MetricsRow.from_json(scrape)
-
-
-def _preemptions(scrape: Mapping[str, Any] | None) -> int | None:
-    value = None if scrape is None or not scrape.get("ok") else scrape.get("num_preemptions_total")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _preemptions(scrape: MetricsRow | None) -> int | None:
+    return None if scrape is None or not scrape.ok else scrape.num_preemptions_total
 
 
 def make_shape(driver: StepDriver, *, keep_open: bool = False) -> Any:

@@ -108,11 +108,13 @@ def test_a_step_far_below_its_target_concurrency_is_not_trusted(tmp_path: Path) 
     assert v.last_safe_concurrency == 1 and v.max_tested_concurrency == 1
     result = evaluate_gate(parse_gate("no-preemption-up-to:8"), v)
     assert result.status is GateStatus.NOT_EVALUATED
-    assert "held only 2.0 requests in flight on average (< 80% of 8)" in result.reason
+    assert "the load generator held 2.0 requests in flight on average (< 80% of 8)" in result.reason
     assert status("p99-ttft-s@8<=100", v) is GateStatus.NOT_EVALUATED
     alone = verdict_of(write_run(tmp_path / "alone", [StepSpec(8, requests=16, in_flight=2)]))
     assert alone.last_safe_concurrency is None
-    assert finding(alone, "last_safe").startswith("unknown: step 0 (concurrency 8) held only 2.0")
+    assert finding(alone, "last_safe").startswith(
+        "unknown: step 0 (concurrency 8): the load generator held 2.0"
+    )
 
 
 def test_run_wide_thresholds_on_a_cut_short_run_pass_only_on_nothing(tmp_path: Path) -> None:

@@ -302,13 +302,17 @@ def load_delivered(verdict: Verdict) -> Finding:
 
 
 def _delivery(s: StepFacts) -> str:
-    """``concurrency 4: client 3.9, server 2.1`` (server: vLLM's counters, when known)."""
+    """``concurrency 4: client 3.9, server 2.1`` (server: vLLM's counters, when known; a level held only
+    because the server queued through it says so: the queue decided, not the figures)."""
     server = "" if s.server_share is None else f", server {fmt_num(s.delivered_concurrency)}"
+    if s.held_by_saturation:  # the figures alone are below the line: the queue is what decided
+        server += f", held: requests waited in vLLM in {s.waiting_share or 0.0:.0%} of its scrapes"
     return f"concurrency {s.concurrency} (step {s.index}): client {fmt_num(s.achieved_concurrency)}{server}"
 
 
 def _held(verdict: Verdict, step_index: int) -> str:
-    """``", held 1.6"`` when the step did not hold its level, else nothing."""
+    """``", the server held 1.6"`` when the step did not hold its level (the figure that decided, and
+    whose), else nothing."""
     step = next((s for s in verdict.steps if s.index == step_index), None)
     text = None if step is None else step.held_text
     return "" if text is None else f", {text}"

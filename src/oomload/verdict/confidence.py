@@ -8,7 +8,9 @@ Warnings (they lower the level):
 * ``few_requests`` — a step decided fewer requests than the schedule's ``min_requests``;
 * ``requests_failed`` — a step's requests mostly failed (``StepFacts.mostly_failed``): it is no
   evidence; ``run_failed`` — the run's requests mostly failed (``Verdict.failed_run``): nothing to judge;
-* ``concurrency_not_held`` — achieved concurrency below 80 % of the target;
+* ``concurrency_not_held`` — the delivered concurrency below 80 % of the target (the note names the
+  figure that decided: the server's when its counters scaled the client's mean down, else the load
+  generator's; a saturated server holds its level, ``StepFacts.server_saturated``);
 * ``metrics_missing`` — a step (or the whole run) without a successful ``/metrics`` scrape;
 * ``non_monotone`` — a clean level above the onset; ``noisy_repeat`` — repeats at one level disagree
   (one step at a level is one draw of the trace: the onset is what most repeats saw, ``oomload.verdict``);
@@ -76,14 +78,10 @@ def step_notes(steps: Sequence[StepFacts], min_requests: int) -> list[Confidence
             notes.append(_warn("few_requests", f"{where} {text}; its numbers are anecdotal", s))
         if s.mostly_failed:
             notes.append(_warn("requests_failed", f"{where}: {s.failed_text}; it is no evidence", s))
-        if s.concurrency_held is False:
-            text = f"the load generator held {s.achieved_concurrency:.1f} requests in flight on average"
-            if s.server_bottleneck:
-                text += f", the server only {s.delivered_concurrency:.1f} (its own counters)"
+        if s.concurrency_held is False:  # the text names the figure that decided, and whose it is
             share = f"{ACHIEVED_CONCURRENCY_MIN_SHARE:.0%}"
-            notes.append(
-                _warn("concurrency_not_held", f"{where}: {text}, below {share} of the target: not trusted", s)
-            )
+            text = f"{where}: {s.not_held_text}, below {share} of the target {s.concurrency}: not trusted"
+            notes.append(_warn("concurrency_not_held", text, s))
         transport = s.independent(Outcome.TRANSPORT_ERROR)
         if transport:
             text = f"{transport} client-side transport error(s) (connection reset before an answer)"

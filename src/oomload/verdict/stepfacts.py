@@ -238,12 +238,47 @@ class StepFacts:
         return delivered >= ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency or self.server_saturated
 
     @property
+    def held_by_saturation(self) -> bool:
+        """Held only because the server saturated: the delivered figure alone was below the line."""
+        delivered = self.delivered_concurrency
+        return (
+            self.server_saturated
+            and delivered is not None
+            and delivered < ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency
+        )
+
+    @property
+    def held_by(self) -> str | None:
+        """Whose figure decides whether the step held its level (``concurrency_held``): ``"server"``
+        when vLLM's counters scaled the client's mean down (share < 1: the delivered concurrency is the
+        server's), else ``"load generator"`` (its own in-flight mean); ``None`` when neither is known."""
+        if self.achieved_concurrency is None:
+            return None
+        return "server" if self.server_share is not None and self.server_share < 1.0 else "load generator"
+
+    @property
     def held_text(self) -> str | None:
-        """``"held 1.6"`` for a step that did not hold its level (what the server held when it told)."""
+        """``"the server held 7.9"`` (``"the load generator held 1.6"``) for a step that did not hold
+        its level: the figure that decided, and whose it is (``held_by``)."""
         if self.concurrency_held is not False:
             return None
         assert self.delivered_concurrency is not None
-        return f"held {self.delivered_concurrency:.1f}"
+        return f"the {self.held_by} held {self.delivered_concurrency:.1f}"
+
+    @property
+    def not_held_text(self) -> str | None:
+        """Why the step did not hold its level, naming the figure that decided first: ``"the server
+        held 7.9 requests on average by its own counters (the load generator 9.0)"`` or ``"the load
+        generator held 1.6 requests in flight on average"``; ``None`` for a step that held."""
+        if self.concurrency_held is not False:
+            return None
+        assert self.achieved_concurrency is not None and self.delivered_concurrency is not None
+        if self.held_by == "server":
+            return (
+                f"the server held {self.delivered_concurrency:.1f} requests on average by its own counters "
+                f"(the load generator {self.achieved_concurrency:.1f})"
+            )
+        return f"the load generator held {self.achieved_concurrency:.1f} requests in flight on average"
 
     @property
     def unexplained_failures(self) -> int:
@@ -288,12 +323,7 @@ class StepFacts:
             return f"{where}: {self.failed_text} — no evidence"
         if self.concurrency_held is False:
             limit = f"(< {ACHIEVED_CONCURRENCY_MIN_SHARE:.0%} of {self.concurrency})"
-            if self.server_bottleneck and self.server is not None:
-                return (
-                    f"{where}: the client held {self.achieved_concurrency:.1f} requests in flight on "
-                    f"average but the server only {self.delivered_concurrency:.1f} {limit}"
-                )
-            return f"{where} held only {self.achieved_concurrency:.1f} requests in flight on average {limit}"
+            return f"{where}: {self.not_held_text} {limit}"
         return None
 
     @property

@@ -10,6 +10,7 @@ from runbuilder import CPU_CACHE, StepSpec, write_run
 
 from oomload.report.findings import STEP_COLUMNS, describe, load_delivered, step_row
 from oomload.verdict import build_verdict
+from oomload.verdict.gate import evaluate_gate, parse_gate
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run
 
@@ -57,7 +58,7 @@ def test_the_onset_line_says_what_its_step_held(tmp_path: Path) -> None:
         2.0, abs=0.15
     )
     assert text["preemption_onset"].startswith(
-        f"concurrency 4, held {step.delivered_concurrency:.1f} — step 1"
+        f"concurrency 4, the load generator held {step.delivered_concurrency:.1f} — step 1"
     )
 
 
@@ -114,3 +115,54 @@ def test_a_saturated_server_holds_its_level_whatever_the_share(tmp_path: Path) -
     assert saturated.delivered_concurrency == pytest.approx(8 * 0.7, abs=0.3)
     assert saturated.server_saturated and saturated.concurrency_held is True and saturated.trusted
     assert not brief.server_saturated and brief.concurrency_held is False and not brief.trusted
+
+
+def test_every_caveat_names_the_figure_that_decided(tmp_path: Path) -> None:
+    """A step at 10 where the load generator held 9.0 (above 80 %) and the server 7.9 (below): the
+    server's 7.9 decided, so the caveat and the gate's reason name 7.9 as the
+    server's, never 9.0 as the load generator's "below 80 %" (issue #25)."""
+    steps = [
+        StepSpec(2, requests=24, server_share=0.95),
+        StepSpec(10, requests=90, in_flight=9, server_share=7.9 / 9),
+    ]
+    verdict = _verdict(tmp_path, steps)
+    step = verdict.steps[1]
+    assert step.achieved_concurrency == pytest.approx(9.0, abs=0.05)
+    assert step.delivered_concurrency == pytest.approx(7.9, abs=0.05)
+    decided = f"the server held {step.delivered_concurrency:.1f} requests on average by its own counters"
+    note = next(n.message for n in verdict.notes if n.kind == "concurrency_not_held")
+    assert decided in note and "below 80% of the target 10" in note
+    assert step.concurrency_held is False and step.held_by == "server"
+    assert not note.startswith(
+        f"step 1 (concurrency 10): the load generator held {step.achieved_concurrency:.1f}"
+    )
+    assert step.distrust is not None and decided in step.distrust
+    reason = evaluate_gate(parse_gate("no-preemption-up-to:10"), verdict).reason
+    assert decided in reason and "(< 80% of 10)" in reason
+
+
+def test_the_load_generators_figure_is_named_when_it_decided(tmp_path: Path) -> None:
+    """No server share (no latency sums): the load generator's 2.0 decided and is named as its own."""
+    steps = [StepSpec(2, requests=24), StepSpec(8, requests=16, in_flight=2)]
+    verdict = _verdict(tmp_path, steps)
+    step = verdict.steps[1]
+    assert step.held_by == "load generator" and step.concurrency_held is False
+    note = next(n.message for n in verdict.notes if n.kind == "concurrency_not_held")
+    assert note == (
+        "step 1 (concurrency 8): the load generator held 2.0 requests in flight on average, below 80% of "
+        "the target 8: not trusted"
+    )
+
+
+def test_a_level_held_only_by_the_servers_queue_says_so(tmp_path: Path) -> None:
+    """Delivered 5.6 of 8 (below the line) but the server queued through the step: the level holds,
+    and the load-delivered line says the queue decided, not the figures."""
+    steps = [
+        StepSpec(2, requests=24, server_share=0.95),
+        StepSpec(8, requests=64, server_share=0.7, waiting_max=3, peak_scrapes=3),
+    ]
+    verdict = _verdict(tmp_path, steps)
+    step = verdict.steps[1]
+    assert step.concurrency_held is True and step.held_by_saturation
+    assert not [n for n in verdict.notes if n.kind == "concurrency_not_held"]
+    assert "held: requests waited in vLLM in" in load_delivered(verdict).text

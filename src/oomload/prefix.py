@@ -17,7 +17,9 @@ with real concurrency, running requests pin their blocks and the pool holds fewe
 the pool share here is an upper bound for that pool size too (the scheduler predictions model the
 pinning). ``server_block_tokens`` (a multiple of the trace's block size) regroups the chains for a
 server with bigger blocks: the id of block ``(k+1)·m − 1`` identifies the k-th big block, the
-chain being cumulative.
+chain being cumulative; ``hit_block_tokens`` serves a server with finer blocks (the run of cached
+blocks rounded down to them: the verdict's expected hit rate, ``oomload.verdict.prefixrate``, is this
+model too).
 
 ``shared_prefixes`` lists the longest prefixes that several requests share (ids only),
 ``conversation_turns`` the turns per conversation; ``PrefixTally`` gathers all of it one request at
@@ -29,9 +31,9 @@ and totals), ``CacheModel.admit`` for a request stream, ``full_block_ids`` and `
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 # The block hashing moved to ``oomload.blockhash``; these names stay importable from here for the
 # trace builders that import them from ``oomload.prefix`` (ingest/*).
@@ -41,6 +43,8 @@ from oomload.blockhash import chain_marks as chain_marks
 from oomload.blockhash import message_block_ids as message_block_ids
 from oomload.blockhash import part_marks as part_marks
 from oomload.trace import PrefixInfo, TraceRecord
+
+Key = TypeVar("Key", bound=Hashable)  # a block's key: a trace id, or (pass, id) in the verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +74,7 @@ def full_block_ids(record: TraceRecord, block_tokens: int) -> tuple[int, ...]:
     return ids if len(ids) <= full else ids[:full]
 
 
-def regroup(ids: Sequence[int], factor: int) -> tuple[int, ...]:
+def regroup(ids: Sequence[Key], factor: int) -> tuple[Key, ...]:
     """Chained ids of blocks ``factor`` times bigger: every ``factor``-th id (the chain is cumulative)."""
     return tuple(ids[factor - 1 :: factor]) if factor > 1 else tuple(ids)
 
@@ -79,8 +83,20 @@ class CacheModel:
     """One prefix cache, infinite or an LRU pool of blocks, fed requests in trace order (module docstring)."""
 
     def __init__(
-        self, prefix: PrefixInfo, pool_blocks: int | None = None, server_block_tokens: int | None = None
+        self,
+        prefix: PrefixInfo,
+        pool_blocks: int | None = None,
+        server_block_tokens: int | None = None,
+        *,
+        hit_block_tokens: int | None = None,
     ) -> None:
+        """``server_block_tokens`` (a multiple of the trace's blocks) regroups the chains into the
+        server's bigger blocks. ``hit_block_tokens`` is for a server whose blocks are finer than the
+        blocks the ids stand for (a replay seeds the trace's blocks; vLLM caches in its own): the run
+        of leading cached blocks is counted in the ids' blocks, then rounded down to whole
+        ``hit_block_tokens`` and capped so that the last prompt token is computed
+        (``⌊(prompt − 1) / B⌋ · B``)."""
+        self.hit_block_tokens = hit_block_tokens
         self.trace_block_tokens = prefix.block_tokens
         self.block_tokens = prefix.block_tokens
         self.factor = 1
@@ -95,8 +111,8 @@ class CacheModel:
         if pool_blocks is not None and pool_blocks < 1:
             raise ValueError("pool_blocks must be ≥ 1")
         self.pool_blocks = pool_blocks
-        self._seen: set[int] = set()
-        self._lru: OrderedDict[int, None] = OrderedDict()
+        self._seen: set[Hashable] = set()
+        self._lru: OrderedDict[Hashable, None] = OrderedDict()
         self._private = -1  # keys of blocks no other request can hit
 
     def take_private(self, blocks: int) -> None:
@@ -113,19 +129,26 @@ class CacheModel:
         while len(lru) > self.pool_blocks:
             lru.popitem(last=False)
 
-    def admit(self, hash_ids: Sequence[int], prompt_tokens: int, output_tokens: int) -> int:
-        """The request's hit tokens; then its blocks are cached (freed to the pool's tail)."""
+    def admit(self, hash_ids: Sequence[Hashable], prompt_tokens: int, output_tokens: int) -> int:
+        """The request's hit tokens; then its blocks are cached (freed to the pool's tail). Any
+        hashable key stands for a block (the verdict keys each id by the replay's pass)."""
         full = prompt_tokens // self.trace_block_tokens
         ids = regroup(hash_ids if len(hash_ids) <= full else hash_ids[:full], self.factor)
         block = self.block_tokens
-        cap = min(max(prompt_tokens - 1, 0) // block, len(ids))
+        fine = self.hit_block_tokens
+        cap = len(ids) if fine else min(max(prompt_tokens - 1, 0) // block, len(ids))
         cached = self._seen if self.pool_blocks is None else self._lru
         run = 0
         while run < cap and ids[run] in cached:
             run += 1
+        hit = (
+            run * block
+            if not fine
+            else min(run * block // fine * fine, max(prompt_tokens - 1, 0) // fine * fine)
+        )
         if self.pool_blocks is None:
             self._seen.update(ids)
-            return run * block
+            return hit
         lru = self._lru
         total_blocks = -(-(prompt_tokens + output_tokens) // block)
         for _ in range(max(total_blocks - len(ids), 0)):
@@ -136,7 +159,7 @@ class CacheModel:
             lru.move_to_end(block_id)
         while len(lru) > self.pool_blocks:
             lru.popitem(last=False)
-        return run * block
+        return hit
 
 
 def expected_hit_tokens(

@@ -5,14 +5,15 @@ A replay is either *production shape* (``config.json`` ``prefix.mode`` = ``share
 (``distinct``: every prompt distinct from token 0). The verdict says which, and checks that the server
 really did what the shape implies.
 
-Expected rate, per step: the requests of the run in the order they were sent (start time); each one's
-replayed ids are its ``hash_ids`` that fit whole in its prompt (``block_tokens`` each), keyed by
-``(pass, id)`` as the payload seeds them (pass = sequence number ÷ requests in the replayed trace, the
-sequence number being the part of the request id after the last ``#``; one pass in sample order).
-Its expected hit is the tokens of its leading ids already sent earlier in the run — an
+Expected rate, per step: the requests of the run in the order they were sent (start time); each
+one's replayed ids are its ``hash_ids`` that fit whole in its prompt (``block_tokens`` each), keyed
+by ``(pass, id)`` as the payload seeds them (pass = sequence number ÷ requests in the replayed
+trace, the sequence number being the part of the request id after the last ``#``; one pass in sample
+order). Its expected hit is the tokens of its leading ids already sent earlier in the run — an
 infinite-cache upper bound — rounded down to whole server blocks and capped at ``⌊(L − 1) / B⌋ · B``
-(vLLM always computes the last token). The step's rate = expected hit tokens ÷ prompt tokens of its
-requests. In a distinct run the expected rate is 0.
+(vLLM always computes the last token): ``oomload.prefix.CacheModel`` (the one model of a prefix
+cache), with ``hit_block_tokens`` the server's block size. The step's rate = expected hit tokens ÷
+prompt tokens of its requests. In a distinct run the expected rate is 0.
 
 Server rate, per step: the rise of ``vllm:prefix_cache_hits_total`` ÷ the rise of
 ``vllm:prefix_cache_queries_total`` (tokens) from the last scrape before the step to its last scrape.
@@ -36,9 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomload.outcome import RequestResult
+from oomload.prefix import CacheModel
 from oomload.rundir.records import MetricsRow
 from oomload.stats import percentile
-from oomload.trace import TraceRecord
+from oomload.trace import PrefixInfo, TraceRecord
 
 MEANINGFUL_RATE = 0.2  # below this expected rate, a shortfall is not judged
 SHORTFALL_FACTOR = 0.5  # the server's rate below this × expected is a disagreement
@@ -258,7 +260,7 @@ def expected_hits(
         by_id.setdefault(r.id, r)
     pass_requests = len(replayed) if pass_length is None else pass_length
     sent = sorted(((r, s.index) for s in steps for r in s.requests), key=lambda pair: pair[0].start_unix_s)
-    seen: set[tuple[int, int]] = set()
+    cache = CacheModel(PrefixInfo(block_tokens=block_tokens), hit_block_tokens=server_block)
     out: dict[int, tuple[int, int]] = {}
     for request, step in sent:
         record_id, _sep, seq_text = request.request_id.rpartition("#")
@@ -267,15 +269,7 @@ def expected_hits(
         hit = 0
         if record is not None and seq_text.isdigit():
             trace_pass = int(seq_text) // pass_requests if pass_requests else 0
-            keys = [(trace_pass, h) for h in record.hash_ids[: prompt // block_tokens]]
-            leading = 0
-            for key in keys:
-                if key not in seen:
-                    break
-                leading += 1
-            cap = (prompt - 1) // server_block * server_block
-            hit = min(leading * block_tokens // server_block * server_block, max(cap, 0))
-            seen.update(keys)
+            hit = cache.admit([(trace_pass, h) for h in record.hash_ids], prompt, 0)
         h, p = out.get(step, (0, 0))
         out[step] = (h + hit, p + prompt)
     return out

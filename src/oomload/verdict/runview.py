@@ -26,7 +26,6 @@ loose, and ``records.as_int``, ``as_float``, … read them as numbers or ``None`
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -81,17 +80,27 @@ class RunView:
     metrics: tuple[MetricsRow, ...]
     gpu: tuple[GpuSampleRow, ...]
     events: tuple[EventRow, ...]
-    trace_prompt_tokens: tuple[int, ...]
-    trace_output_tokens: tuple[int, ...]
     unassigned_requests: int
     trace_note: str | None = None  # why the trace's lengths are missing, when they are
     config_note: str | None = None  # why config.json could not be read, when it could not
     odds: tuple[LevelOdds, ...] = ()  # the trace's odds per level (odds.jsonl), ascending
     settings: RunConfig = field(default_factory=RunConfig)  # the fields of config.json the verdict reads
     pool: CacheConfig | None = None  # the fields of cache_config.json the verdict reads (None: no file)
-    trace_hash_ids: tuple[tuple[int, ...], ...] = ()  # per trace request (empty: the trace has none)
     trace_prefix: PrefixInfo = field(default_factory=PrefixInfo)  # what the trace's hash_ids mean
-    trace_records: tuple[TraceRecord, ...] = ()  # the run's trace.jsonl (prefix ids for the hit rate)
+    trace_records: tuple[TraceRecord, ...] = ()  # the run's trace.jsonl: lengths and prefix ids
+
+    @property
+    def trace_prompt_tokens(self) -> tuple[int, ...]:
+        return tuple(r.prompt_tokens for r in self.trace_records)
+
+    @property
+    def trace_output_tokens(self) -> tuple[int, ...]:
+        return tuple(r.output_tokens for r in self.trace_records)
+
+    @property
+    def trace_hash_ids(self) -> tuple[tuple[int, ...], ...]:
+        """Per trace request (empty: the trace has none)."""
+        return tuple(r.hash_ids for r in self.trace_records)
 
     @property
     def prompt_shape(self) -> PromptShape:
@@ -105,10 +114,11 @@ class RunView:
 
     def trace_prefixes(self, block_size: int) -> SharedPrefixes | None:
         """The trace's shared prefix blocks on ``block_size``-token blocks (``None``: no hash_ids)."""
-        if len(self.trace_hash_ids) != len(self.trace_prompt_tokens) or not any(self.trace_hash_ids):
+        hash_ids = self.trace_hash_ids
+        if not any(hash_ids):
             return None
         return SharedPrefixes.from_chains(
-            self.trace_hash_ids,
+            hash_ids,
             self.trace_prompt_tokens,
             block_tokens=self.trace_prefix.block_tokens,
             block_size=block_size,
@@ -116,7 +126,7 @@ class RunView:
 
     @property
     def trace_total_tokens(self) -> tuple[int, ...]:
-        return tuple(p + o for p, o in zip(self.trace_prompt_tokens, self.trace_output_tokens, strict=True))
+        return tuple(r.prompt_tokens + r.output_tokens for r in self.trace_records)
 
 
 def load_run(path: str | Path) -> RunView:
@@ -124,9 +134,6 @@ def load_run(path: str | Path) -> RunView:
     reader = RunReader(path)
     config = reader.config()
     config_note = config_problem(reader.path)
-    prompt_tokens: tuple[int, ...] = ()
-    output_tokens: tuple[int, ...] = ()
-    hash_ids: tuple[tuple[int, ...], ...] = ()
     prefix = PrefixInfo()
     trace_note: str | None = None
     trace_file = reader.path / "trace.jsonl"
@@ -134,9 +141,6 @@ def load_run(path: str | Path) -> RunView:
     if trace_file.exists():
         try:
             records = read_trace(trace_file)
-            prompt_tokens = tuple(r.prompt_tokens for r in records)
-            output_tokens = tuple(r.output_tokens for r in records)
-            hash_ids = tuple(r.hash_ids for r in records)
             prefix = read_trace_header(trace_file).prefix_or_default()
         except (TraceFormatError, OSError) as err:
             trace_note = f"trace.jsonl is unreadable ({err})"
@@ -153,17 +157,15 @@ def load_run(path: str | Path) -> RunView:
             metrics=list(reader.stream("metrics")),
             gpu=list(reader.stream("gpu")),
             events=list(reader.stream("events")),
-            trace_prompt_tokens=prompt_tokens,
-            trace_output_tokens=output_tokens,
+            trace=records,
             trace_note=trace_note,
             config_note=config_note,
             odds=reader.stream("odds"),
-            trace_hash_ids=hash_ids,
             trace_prefix=prefix,
         )
     except (TypeError, ValueError, KeyError) as err:
         raise ConfigError(f"{reader.path} holds malformed run data ({err})") from err
-    return dataclasses.replace(view, trace_records=tuple(records))
+    return view
 
 
 def assemble_run(
@@ -177,12 +179,10 @@ def assemble_run(
     metrics: Iterable[Mapping[str, Any]],
     gpu: Iterable[Mapping[str, Any]],
     events: Iterable[Mapping[str, Any]],
-    trace_prompt_tokens: Sequence[int] = (),
-    trace_output_tokens: Sequence[int] = (),
+    trace: Sequence[TraceRecord] = (),
     trace_note: str | None = None,
     config_note: str | None = None,
     odds: Iterable[Mapping[str, Any]] = (),
-    trace_hash_ids: Sequence[Sequence[int]] = (),
     trace_prefix: PrefixInfo | None = None,
 ) -> RunView:
     """Group already-read run data by step (see the module docstring)."""
@@ -227,8 +227,6 @@ def assemble_run(
                 baseline_metric=baseline,
             )
         )
-    if len(trace_prompt_tokens) != len(trace_output_tokens):
-        raise ValueError("trace prompt and output length lists differ in size")
     return RunView(
         path=path,
         config=config,
@@ -241,14 +239,12 @@ def assemble_run(
         metrics=tuple(metrics_sorted),
         gpu=tuple(gpu_sorted),
         events=tuple(events_sorted),
-        trace_prompt_tokens=tuple(int(v) for v in trace_prompt_tokens),
-        trace_output_tokens=tuple(int(v) for v in trace_output_tokens),
         unassigned_requests=unassigned,
         trace_note=trace_note,
         config_note=config_note,
         odds=_odds(odds),
-        trace_hash_ids=tuple(tuple(int(h) for h in ids) for ids in trace_hash_ids),
         trace_prefix=trace_prefix or PrefixInfo(),
+        trace_records=tuple(trace),
     )
 
 

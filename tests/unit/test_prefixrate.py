@@ -11,7 +11,7 @@ from report.runbuilder import StepSpec, write_run
 
 from oomload.outcome import Outcome, RequestResult
 from oomload.report.findings import describe
-from oomload.rundir.records import MetricsRow
+from oomload.rundir.records import CacheConfig, MetricsRow, RunConfig
 from oomload.trace import TraceRecord
 from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
 from oomload.verdict.prefixrate import StepWindow, expected_hits, prefix_check
@@ -20,6 +20,8 @@ from oomload.verdict.runview import load_run
 from oomload.verdict.verdict import build_verdict
 
 SHARED = {"mode": "shared", "block_tokens": 256, "why_distinct": None}
+_SHARED_RUN = RunConfig.from_json({"prefix": SHARED})
+_POOL_32 = CacheConfig.from_json({"block_size": 32})
 
 
 def _sent(record: str, seq: int, step: int, t: float, prompt: int = 640) -> RequestResult:
@@ -60,8 +62,8 @@ def _check(server_hits: int, caching: Any = True, config: dict[str, Any] | None 
     metrics = (_metrics(10.0, 4 * 640, server_hits),)
     step = StepWindow(0, 2, sent, metrics, _metrics(-1.0, 0, 0))
     return prefix_check(
-        config if config is not None else {"prefix": SHARED},
-        {"enable_prefix_caching": caching, "block_size": 32},
+        RunConfig.from_json(config if config is not None else {"prefix": SHARED}),
+        CacheConfig.from_json({"enable_prefix_caching": caching, "block_size": 32}),
         _records(4),
         [step],
     )
@@ -157,8 +159,8 @@ def test_evictions_in_a_preempting_step_are_not_a_setup_problem() -> None:
     busy = StepWindow(
         1, 8, busy_sent, (_metrics(15.0, 5120, 1536),), _metrics(5.0, 2560, 1536), preempted=True
     )
-    check = prefix_check({"prefix": SHARED}, {"block_size": 32}, records, [clean, busy])
+    check = prefix_check(_SHARED_RUN, _POOL_32, records, [clean, busy])
     assert check.steps[1].server_rate == 0.0 and check.problem is None
     assert check.server_rate is not None and check.server_rate < 0.5 * (check.expected_rate or 0)  # run-wide
-    only_busy = prefix_check({"prefix": SHARED}, {"block_size": 32}, records, [busy])
+    only_busy = prefix_check(_SHARED_RUN, _POOL_32, records, [busy])
     assert only_busy.problem is not None and "did not measure production" in only_busy.problem

@@ -263,6 +263,27 @@ class StepBoundary:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixSetting:
+    """``config.json``'s ``prefix``: the prompt shape the replay sent (``mode`` ``shared``: the trace's
+    ``hash_ids`` as identical token blocks of ``block_tokens``; ``distinct``: every prompt its own)."""
+
+    mode: str | None = None
+    block_tokens: int | None = None
+    why_distinct: str | None = None
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> PrefixSetting:
+        block_tokens, why = obj.get("block_tokens"), obj.get("why_distinct")
+        return cls(
+            mode=as_str(obj.get("mode")),
+            block_tokens=block_tokens
+            if isinstance(block_tokens, int) and not isinstance(block_tokens, bool)
+            else None,
+            why_distinct=why if isinstance(why, str) else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class RunConfig:
     """The fields of ``config.json`` the verdict reads (``None``: absent, or not of the field's kind).
 
@@ -279,11 +300,14 @@ class RunConfig:
     open_loop: bool = False
     min_requests: int | None = None  # ``schedule.min_requests``: the evidence a clean level needs
     prompt_shape: str = "worst-case"  # prompts sent: "production" (the trace's shared prefixes) or not
+    prefix: PrefixSetting | None = None  # ``prefix`` (None: a run written before it was recorded)
+    order: str = "trace"  # the replay's order: "trace" (passes over the trace) or a sample
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> RunConfig:
         simulated = obj.get("simulated")
         schedule = obj.get("schedule")
+        prefix = obj.get("prefix")
         return cls(
             prompt_shape=_prompt_shape(obj),
             model=as_str(obj.get("model")),
@@ -295,6 +319,8 @@ class RunConfig:
             tail_percentile=as_float(obj.get("tail_percentile")),
             open_loop=obj.get("open_loop") is True,
             min_requests=as_int(schedule.get("min_requests")) if isinstance(schedule, Mapping) else None,
+            prefix=PrefixSetting.from_json(prefix) if isinstance(prefix, Mapping) and prefix else None,
+            order=str(obj.get("order", "trace")),
         )
 
 
@@ -324,10 +350,15 @@ class CacheConfig:
     gpu_memory_utilization: float | None = None
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
+    enable_prefix_caching: bool | None = None  # a bool, or the label's text "True"/"False"
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> CacheConfig:
+        caching = obj.get("enable_prefix_caching")
+        if isinstance(caching, str) and caching in ("True", "False"):
+            caching = caching == "True"
         return cls(
+            enable_prefix_caching=caching if isinstance(caching, bool) else None,
             num_gpu_blocks=as_int(obj.get("num_gpu_blocks")),
             block_size=as_int(obj.get("block_size")),
             kv_cache_size_tokens=as_int(obj.get("kv_cache_size_tokens")),

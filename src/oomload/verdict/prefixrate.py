@@ -32,13 +32,13 @@ little; half is a wide margin.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from oomload.outcome import RequestResult
 from oomload.prefix import CacheModel
-from oomload.rundir.records import MetricsRow
+from oomload.rundir.records import CacheConfig, MetricsRow, PrefixSetting, RunConfig
 from oomload.stats import percentile
 from oomload.trace import PrefixInfo, TraceRecord
 
@@ -126,23 +126,23 @@ class StepWindow:
 
 
 def prefix_check(
-    config: Mapping[str, Any],
-    cache_config: Mapping[str, Any] | None,
+    settings: RunConfig,
+    pool: CacheConfig | None,
     records: Sequence[TraceRecord],
     steps: Sequence[StepWindow],
 ) -> PrefixCheck:
     """The run's ``PrefixCheck`` from ``config.json``, ``cache_config.json``, the trace and the steps."""
-    prefix = config.get("prefix")
-    prefix = prefix if isinstance(prefix, Mapping) else {}
-    shared = prefix.get("mode") == "shared"
-    block_tokens = prefix.get("block_tokens") if isinstance(prefix.get("block_tokens"), int) else None
-    why = prefix.get("why_distinct") if isinstance(prefix.get("why_distinct"), str) else None
-    if not prefix:  # a run written before the shape was recorded: distinct prompts, as replays were
+    prefix = settings.prefix or PrefixSetting()
+    shared = prefix.mode == "shared"
+    block_tokens = prefix.block_tokens
+    why = prefix.why_distinct
+    if settings.prefix is None:  # a run written before the shape was recorded: distinct prompts
         why = "a run from before production-shape replays"
-    caching = _flag((cache_config or {}).get("enable_prefix_caching"))
-    server_block = _positive_int((cache_config or {}).get("block_size")) or 1
-    replayed = _replayed(records, config.get("tail_percentile"))
-    pass_length = len(replayed) if config.get("order", "trace") == "trace" else 0
+    caching = None if pool is None else pool.enable_prefix_caching
+    block_size = None if pool is None else pool.block_size
+    server_block = block_size if block_size is not None and block_size > 0 else 1
+    replayed = _replayed(records, settings.tail_percentile)
+    pass_length = len(replayed) if settings.order == "trace" else 0
     expected = (
         expected_hits(steps, replayed, block_tokens, server_block, pass_length=pass_length)
         if shared and block_tokens
@@ -275,11 +275,11 @@ def expected_hits(
     return out
 
 
-def _replayed(records: Sequence[TraceRecord], tail_percentile: Any) -> list[TraceRecord]:
+def _replayed(records: Sequence[TraceRecord], tail_percentile: float | None) -> list[TraceRecord]:
     """The records the replay cycled through (``--tail-percentile`` keeps the long ones only)."""
     chosen = list(records)
-    if isinstance(tail_percentile, (int, float)) and tail_percentile > 0 and chosen:
-        cut = percentile([r.total_tokens for r in chosen], float(tail_percentile))
+    if tail_percentile is not None and tail_percentile > 0 and chosen:
+        cut = percentile([r.total_tokens for r in chosen], tail_percentile)
         chosen = [r for r in chosen if r.total_tokens >= cut]
     return chosen
 
@@ -296,18 +296,6 @@ def _counter_rise(step: StepWindow) -> tuple[int, int]:
     if queries <= 0 or hits < 0:  # no query, or a restarted server
         return 0, 0
     return hits, queries
-
-
-def _flag(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value in ("True", "False"):
-        return value == "True"
-    return None
-
-
-def _positive_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _round(value: float | None) -> float | None:

@@ -382,8 +382,8 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         *level_notes(summaries, onset, (odds_low, odds_onset), levels),
     ]
     prefix = prefix_check(
-        view.config,
-        view.cache_config,
+        view.settings,
+        view.pool,
         view.trace_records,
         [
             StepWindow(

@@ -152,6 +152,7 @@ RUNNER = {
     "oomload.run.progress",
     "oomload.run.repro",
     "oomload.run.webui",
+    "oomload.run.snapshot",
     "oomload.run.config",
     "oomload.run.locustfile",
     "oomload.run.oddsfeed",

@@ -22,14 +22,14 @@ requests of the current step and of the run, with the sample counts.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from oomload.outcome import Outcome
+from oomload.run.snapshot import LatencyFigures, TtftFigures
 from oomload.rundir.io import JsonlTail, parse_request
 from oomload.rundir.records import EventRow, GpuSampleRow, MetricsRow, StepLines, as_float
-from oomload.stats import percentile
 
 MAX_POINTS = 1500
 STREAMS = ("steps", "metrics", "gpu", "events")
@@ -117,19 +117,13 @@ class LiveFeed:
             "marks": marks,
         }
 
-    def ttft(self, step: int | None) -> dict[str, Any]:
+    def ttft(self, step: int | None) -> TtftFigures:
         """TTFT P50/P99 (ms) and sample counts: of ``step`` and of the whole run."""
         every = [v for values in self.ttft_by_step.values() for v in values]
-        return {
-            "step": None if step is None else _latency(self.ttft_by_step.get(step, [])),
-            "run": _latency(every),
-        }
-
-
-def _latency(values: Sequence[float]) -> dict[str, Any]:
-    if not values:
-        return {"n": 0, "p50_ms": None, "p99_ms": None}
-    return {"n": len(values), "p50_ms": percentile(values, 50), "p99_ms": percentile(values, 99)}
+        return TtftFigures(
+            step=None if step is None else LatencyFigures.of(self.ttft_by_step.get(step, [])),
+            run=LatencyFigures.of(every),
+        )
 
 
 def _buckets(rows: list[Row]) -> list[list[Row]]:

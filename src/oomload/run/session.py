@@ -36,6 +36,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
@@ -47,6 +48,7 @@ from oomload.run.config import LoadOptions, ReplayConfig, prefix_mode
 from oomload.run.deathwatch import DeathWatch
 from oomload.run.master_gate import guarded_master_class
 from oomload.run.master_meter import MasterMeter
+from oomload.run.snapshot import FinalState, PlanState, TelemetrySnapshot
 from oomload.run.worker_pool import WorkerPool, free_port
 from oomload.rundir import RunReader, RunWriter
 from oomload.rundir.records import StepEndLine
@@ -92,7 +94,7 @@ class Session:
         self.interrupted = False
         self.progress: Any = None
         self._saved_argv = sys.argv
-        self.final: dict[str, Any] | None = None  # the verdict, once the run is over (web UI)
+        self.final: FinalState | None = None  # the verdict, once the run is over (web UI)
         self.lingering = False  # the run is over and the web UI serves its verdict until Ctrl-C
         self._linger_over = False
         self.feed: Any = None  # the web UI's LiveFeed over the run directory
@@ -330,7 +332,7 @@ class Session:
         while self.context is not None and self.context.in_flight and time.time() < deadline:
             gevent.sleep(0.05)
 
-    def telemetry_snapshot(self) -> dict[str, Any]:
+    def telemetry_snapshot(self) -> TelemetrySnapshot:
         """What the web UI's oomload tab shows: the step, the server's /metrics, GPU memory, outcomes."""
         step = self.driver.current if self.driver is not None else None
         ctx = self.context
@@ -338,61 +340,53 @@ class Session:
         gpu = self.gpu.latest() if self.gpu is not None else None
         pre = latest.get("num_preemptions_total") if latest else None
         base = self.watch.baseline_preemptions or 0
-        return {
-            "t_unix_s": time.time(),
-            "url": self.url,
-            "model": self.model,
-            "simulated": self.simulated,
-            "plan": self._plan_snapshot(),
-            "final": self.final,
-            "step": None
-            if step is None
-            else {"index": step.index, "concurrency": step.concurrency, "phase": step.phase},
-            "achieved_concurrency": None
+        return TelemetrySnapshot(
+            t_unix_s=time.time(),
+            url=self.url,
+            model=self.model,
+            simulated=self.simulated,
+            plan=self._plan_snapshot(),
+            final=self.final,
+            step=step,
+            achieved_concurrency=None
             if ctx is None or self.distributed
             else round(ctx.achieved_concurrency(), 3),
-            "metrics": latest,
-            "preemptions_since_start": None if not isinstance(pre, int) else pre - base,
-            "gpu": gpu,
-            "outcomes": {} if ctx is None else {o.value: n for o, n in ctx.outcomes.items()},
-            "server_dead": self.dead_evidence,
-        }
+            metrics=latest,
+            preemptions_since_start=None if not isinstance(pre, int) else pre - base,
+            gpu=gpu,
+            outcomes={} if ctx is None else {o.value: n for o, n in ctx.outcomes.items()},
+            server_dead=self.dead_evidence,
+        )
 
-    def _plan_snapshot(self) -> dict[str, Any]:
-        """The schedule and where the run is in it: ``state`` is ``starting``, ``running``,
-        ``draining`` (a lower step waits for the requests in flight to fall to its level),
-        ``finishing`` (the schedule is done, the last requests drain) or ``over``."""
+    def _plan_snapshot(self) -> PlanState:
+        """The schedule and where the run is in it (``PlanState``)."""
         config, driver = self.config, self.driver
-        plan: dict[str, Any] = {
-            "levels": list(config.levels),
-            "hold_s": config.hold_s,
-            "min_requests": config.min_requests,
-            "warmup": config.warmup_s > 0,
-            "refine": config.refine and not config.open_loop,
-            "planned_steps": len(config.levels) + (1 if config.warmup_s > 0 else 0),
-            "open_loop": config.open_loop,
-            "step_number": None,
-            "step_left_s": None,
-            "draining_to": None,
-        }
+        plan = PlanState(
+            levels=tuple(config.levels),
+            hold_s=config.hold_s,
+            min_requests=config.min_requests,
+            warmup=config.warmup_s > 0,
+            refine=config.refine and not config.open_loop,
+            planned_steps=len(config.levels) + (1 if config.warmup_s > 0 else 0),
+            open_loop=config.open_loop,
+        )
         step = driver.current if driver is not None else None
         if self.final is not None or self.lingering:
-            plan["state"] = "over"
+            plan = replace(plan, state="over")
         elif driver is None or step is None:
-            plan["state"] = "starting"
+            plan = replace(plan, state="starting")
         elif driver.finished:
-            plan["state"] = "finishing"
+            plan = replace(plan, state="finishing")
         elif driver.draining_to is not None:
-            plan["state"] = "draining"
-            plan["draining_to"] = driver.draining_to.concurrency
+            plan = replace(plan, state="draining", draining_to=driver.draining_to.concurrency)
         else:
-            plan["state"] = "running"
+            plan = replace(plan, state="running")
         if step is not None and driver is not None:
-            plan["step_number"] = step.index + 1
+            plan = replace(plan, step_number=step.index + 1)
             started = driver.step_started_unix_s
-            if plan["state"] == "running" and started is not None and not config.open_loop:
+            if plan.state == "running" and started is not None and not config.open_loop:
                 hold = driver.hold_for(step)
-                plan["step_left_s"] = round(max(0.0, hold.hold_s - (time.time() - started)), 1)
+                plan = replace(plan, step_left_s=round(max(0.0, hold.hold_s - (time.time() - started)), 1))
         return plan
 
     def _on_step(self, step: Any) -> None:
@@ -430,7 +424,7 @@ class Session:
         self.progress.start()
 
     # -- after the run: the web UI serves the verdict --------------------------------------------
-    def serve_verdict(self, final: dict[str, Any], keep_s: float | None) -> None:
+    def serve_verdict(self, final: FinalState, keep_s: float | None) -> None:
         """With ``--web``: keep the web UI up with the run's verdict until Ctrl-C / SIGTERM, or for
         ``keep_s`` seconds when given (0: not at all). Locust is already stopped; only its web
         server and the oomload tab still answer."""

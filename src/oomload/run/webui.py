@@ -33,7 +33,8 @@ through. A web UI bound to loopback (the default) also wants a loopback ``Host``
 ``127.x``, ``[::1]``): a page whose own name was re-pointed at 127.0.0.1 (DNS rebinding) is its own
 origin, but not under such a name.
 
-``snapshot`` is the runner's ``telemetry_snapshot``: it only reads the latest samples, never scrapes.
+``snapshot`` is the runner's ``telemetry_snapshot``: it only reads the latest samples, never scrapes. It
+is a typed ``oomload.run.snapshot.TelemetrySnapshot``; JSON is made only where it leaves over HTTP.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from oomload.run.livefeed import LiveFeed
+from oomload.run.snapshot import FinalState, LatencyFigures, PlanState, TelemetrySnapshot
+from oomload.schedule import StepPlan
 from oomload.verdict import kv_percent
 
 TAB_KEY = "oomload"
@@ -105,80 +109,78 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-def telemetry_rows(snapshot: dict[str, Any]) -> list[dict[str, str]]:
-    """The tab's rows (``{"what", "value"}``) from a snapshot; unknown values read ``?``."""
+def telemetry_rows(snapshot: TelemetrySnapshot) -> list[dict[str, str]]:
+    """The tab's rows (``{"what", "value"}``, the JSON Locust's table takes); unknown values read ``?``."""
     rows: list[tuple[str, str]] = []
-    plan = snapshot.get("plan") or {}
-    if plan.get("state"):
-        rows.append(("run", plan_text(plan, snapshot.get("step"))))
-    step = snapshot.get("step")
-    if step and plan.get("state") == "over":  # the load has stopped: no "now" to show for it
-        rows.append(("last step", f"{step['index']} ({step['phase']}, concurrency {step['concurrency']})"))
-    elif step:
-        achieved = snapshot.get("achieved_concurrency")
-        held = "" if achieved is None else f" · achieved {float(achieved):.1f}"
-        if plan.get("state") == "draining":  # the step is over; the next waits for the drain
-            rows.append(("step", f"{step['index']} ({step['phase']}) ended · draining"))
-            rows.append(("concurrency", f"next target {plan.get('draining_to')}{held}"))
+    plan, step = snapshot.plan, snapshot.step
+    if plan.state:
+        rows.append(("run", plan_text(plan, step)))
+    if step is not None and plan.state == "over":  # the load has stopped: no "now" to show for it
+        rows.append(("last step", f"{step.index} ({step.phase}, concurrency {step.concurrency})"))
+    elif step is not None:
+        achieved = snapshot.achieved_concurrency
+        held = "" if achieved is None else f" · achieved {achieved:.1f}"
+        if plan.state == "draining":  # the step is over; the next waits for the drain
+            rows.append(("step", f"{step.index} ({step.phase}) ended · draining"))
+            rows.append(("concurrency", f"next target {plan.draining_to}{held}"))
         else:
-            rows.append(("step", f"{step['index']} ({step['phase']})"))
-            rows.append(("concurrency", f"target {step['concurrency']}{held}"))
-    metrics = snapshot.get("metrics") or {}
-    kv = metrics.get("kv_cache_usage")
-    rows.append(("KV cache usage", "?" if kv is None else kv_percent(float(kv))))
-    pre = snapshot.get("preemptions_since_start")
+            rows.append(("step", f"{step.index} ({step.phase})"))
+            rows.append(("concurrency", f"target {step.concurrency}{held}"))
+    metrics = snapshot.metrics_row
+    kv = None if metrics is None else metrics.kv_cache_usage
+    rows.append(("KV cache usage", "?" if kv is None else kv_percent(kv)))
+    pre = snapshot.preemptions_since_start
     rows.append(("preemptions since start", "?" if pre is None else str(pre)))
-    rows.append(("running requests", _text(metrics.get("num_requests_running"))))
-    rows.append(("waiting requests", _text(metrics.get("num_requests_waiting"))))
-    gpu = snapshot.get("gpu") or {}
-    used, total = gpu.get("used_bytes"), gpu.get("total_bytes")
-    if isinstance(used, int | float) and isinstance(total, int | float) and total:
-        rows.append(("GPU memory", f"{used / GIB:.2f} / {total / GIB:.2f} GiB ({gpu.get('source', '?')})"))
+    rows.append(("running requests", _text(None if metrics is None else metrics.num_requests_running)))
+    rows.append(("waiting requests", _text(None if metrics is None else metrics.num_requests_waiting)))
+    gpu = snapshot.gpu_row
+    if gpu is not None and gpu.used_bytes is not None and gpu.total_bytes:
+        used, total = gpu.used_bytes, gpu.total_bytes
+        rows.append(("GPU memory", f"{used / GIB:.2f} / {total / GIB:.2f} GiB ({gpu.source or '?'})"))
     else:
         rows.append(("GPU memory", "not sampled"))
-    ttft = snapshot.get("ttft") or {}
-    if ttft:
-        rows.append(("TTFT (this step)", ttft_text(ttft.get("step"))))
-        rows.append(("TTFT (run)", ttft_text(ttft.get("run"))))
-    outcomes = snapshot.get("outcomes") or {}
+    if snapshot.ttft is not None:
+        rows.append(("TTFT (this step)", ttft_text(snapshot.ttft.step)))
+        rows.append(("TTFT (run)", ttft_text(snapshot.ttft.run)))
+    outcomes = snapshot.outcomes
     rows.append(("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "none yet"))
-    if snapshot.get("server_dead"):
-        rows.append(("server dead", str(snapshot["server_dead"])))
-    final = snapshot.get("final")
-    if final and final.get("flag_line"):
-        rows.append(("recommendation", str(final["flag_line"])))
+    if snapshot.server_dead:
+        rows.append(("server dead", str(snapshot.server_dead)))
+    final = snapshot.final
+    if final is not None and final.flag_line:
+        rows.append(("recommendation", final.flag_line))
     return [{"what": what, "value": value} for what, value in rows]
 
 
-def plan_text(plan: dict[str, Any], step: dict[str, Any] | None) -> str:
+def plan_text(plan: PlanState, step: StepPlan | None) -> str:
     """``step 3 (ramp, concurrency 8) · 4 of 5 planned · levels 1,2,4,8,16 · 2.1 s left``; while a lower
     step waits, ``… · draining to concurrency 12``; ``over`` once the run is over. Step numbers are
     the run directory's (from 0), as in the report."""
-    levels = ",".join(str(level) for level in plan.get("levels") or [])
-    state = plan.get("state")
+    levels = ",".join(str(level) for level in plan.levels)
+    state = plan.state
     if state == "over":
         return f"over · levels {levels}"
     if state == "starting" or step is None:
         return f"starting · levels {levels}"
-    number, planned = plan.get("step_number"), plan.get("planned_steps")
-    where = f"step {step['index']} ({step['phase']}, concurrency {step['concurrency']})"
+    number, planned = plan.step_number, plan.planned_steps
+    where = f"step {step.index} ({step.phase}, concurrency {step.concurrency})"
     if number is not None and planned and number <= planned:
         where += f" · {number} of {planned} planned"
-    parts = [where, f"levels {levels}" + (" + refinement" if plan.get("refine") else "")]
+    parts = [where, f"levels {levels}" + (" + refinement" if plan.refine else "")]
     if state == "draining":
-        parts.append(f"draining to concurrency {plan.get('draining_to')}")
+        parts.append(f"draining to concurrency {plan.draining_to}")
     elif state == "finishing":
         parts.append("schedule done, draining the last requests")
-    elif plan.get("step_left_s") is not None:
-        parts.append(f"{float(plan['step_left_s']):.1f} s left")
+    elif plan.step_left_s is not None:
+        parts.append(f"{plan.step_left_s:.1f} s left")
     return " · ".join(parts)
 
 
-def ttft_text(latency: dict[str, Any] | None) -> str:
+def ttft_text(latency: LatencyFigures | None) -> str:
     """``p50 120 ms · p99 1.25 s · n=37`` (ok requests)."""
-    if not latency or not latency.get("n"):
+    if latency is None or not latency.n or latency.p50_ms is None or latency.p99_ms is None:
         return "no ok request yet"
-    return f"p50 {_ms(latency['p50_ms'])} · p99 {_ms(latency['p99_ms'])} · n={latency['n']}"
+    return f"p50 {_ms(latency.p50_ms)} · p99 {_ms(latency.p99_ms)} · n={latency.n}"
 
 
 def _ms(value: float) -> str:
@@ -189,7 +191,7 @@ def _text(value: object) -> str:
     return "?" if value is None else str(value)
 
 
-def final_state(run_dir: Path, exit_code: int) -> dict[str, Any]:
+def final_state(run_dir: Path, exit_code: int) -> FinalState:
     """What the web UI shows once the run is over: the findings, the ``vllm serve`` line, the settings,
     the onset and death times (for the charts) and whether ``report.html`` exists."""
     from oomload.report.findings import describe
@@ -197,35 +199,32 @@ def final_state(run_dir: Path, exit_code: int) -> dict[str, Any]:
     from oomload.verdict.recommend import recommend
     from oomload.verdict.runview import load_run
 
-    state: dict[str, Any] = {
-        "exit_code": int(exit_code),
-        "run_dir": str(run_dir),
-        "report": (run_dir / "report.html").exists(),
-    }
+    report = (run_dir / "report.html").exists()
     try:
         verdict = build_verdict(load_run(run_dir))
     except Exception as err:  # the terminal already said why; the page says it could not judge
-        state["error"] = f"no verdict: {err}"
-        return state
+        return FinalState(int(exit_code), str(run_dir), report, error=f"no verdict: {err}")
     recommendation = recommend(verdict)
     onset, death = verdict.preemption_onset, verdict.engine_death
-    state.update(
-        findings=[
+    return FinalState(
+        int(exit_code),
+        str(run_dir),
+        report,
+        findings=tuple(
             {"key": f.key, "label": f.label, "text": f.text, "severity": f.severity}
             for f in describe(verdict, recommendation)
             if f.key != "recommendation"
-        ],
+        ),
         flag_line=recommendation.flag_line,
-        reasoning=recommendation.reasoning,
-        settings=[
+        reasoning=tuple(recommendation.reasoning),
+        settings=tuple(
             {"flag": s.flag, "recommended": s.shown, "reason": s.reason} for s in recommendation.settings
-        ],
+        ),
         onset=None
         if onset is None
         else {"concurrency": onset.concurrency, "t_unix_s": onset.t_unix_s, "step": onset.step},
         death=None if death is None else {"concurrency": death.concurrency, "t_unix_s": death.t_unix_s},
     )
-    return state
 
 
 def _static(name: str) -> str:
@@ -233,7 +232,10 @@ def _static(name: str) -> str:
 
 
 def extend_web_ui(
-    web_ui: Any, snapshot: Callable[[], dict[str, Any]], feed: Any = None, run_dir: Path | None = None
+    web_ui: Any,
+    snapshot: Callable[[], TelemetrySnapshot],
+    feed: LiveFeed | None = None,
+    run_dir: Path | None = None,
 ) -> None:
     """Add the oomload tab and the ``/oomload…`` routes to a Locust ``WebUI`` (module docstring).
 
@@ -249,13 +251,14 @@ def extend_web_ui(
     ]
 
     def full_snapshot() -> dict[str, Any]:
+        """The snapshot as the JSON the page and ``/stats/requests`` get (the HTTP edge)."""
         snap = snapshot()
         if feed is not None:
             feed.poll()
-            step = snap.get("step")
-            snap["ttft"] = feed.ttft(None if not step else int(step["index"]))
-        snap["rows"] = telemetry_rows(snap)
-        return snap
+            snap = snap.with_ttft(feed.ttft(None if snap.step is None else snap.step.index))
+        body = snap.to_json()
+        body["rows"] = telemetry_rows(snap)
+        return body
 
     def oomload_telemetry() -> Response:
         return Response(json.dumps(full_snapshot(), default=str), mimetype="application/json")
@@ -292,7 +295,7 @@ def extend_web_ui(
 
     def refuse_new_run() -> Any:
         swarm = request.path.rstrip("/").endswith("/swarm") and request.method == "POST"
-        if swarm and snapshot().get("final") is not None:
+        if swarm and snapshot().final is not None:
             return jsonify(
                 {"success": False, "message": "this oomload run is over; start another with oomload replay"}
             )

@@ -10,6 +10,7 @@ from runbuilder import CPU_CACHE, StepSpec, write_run
 
 from oomload.report.findings import STEP_COLUMNS, describe, step_row
 from oomload.run.progress import step_line
+from oomload.run.snapshot import TelemetrySnapshot
 from oomload.run.webui import telemetry_rows
 from oomload.rundir import RunReader
 from oomload.verdict import build_verdict
@@ -28,7 +29,9 @@ def test_one_kv_reading_and_one_rate_read_the_same_everywhere(tmp_path: Path) ->
     live = step_line(end, 4.0, KV)
     assert "0.75 req/s" in live and "KV max 98%" in live, live
 
-    web = {r["what"]: r["value"] for r in telemetry_rows({"metrics": {"kv_cache_usage": KV}})}
+    web = {
+        r["what"]: r["value"] for r in telemetry_rows(TelemetrySnapshot(0.0, metrics={"kv_cache_usage": KV}))
+    }
     assert web["KV cache usage"] == "98%"
 
     verdict = build_verdict(load_run(run))

@@ -53,7 +53,7 @@ def test_lines_are_read_once_and_a_torn_line_waits_for_its_end(tmp_path: Path) -
     assert tl["t0_unix_s"] == 100.0
     assert tl["steps"] == [{"index": 0, "concurrency": 2, "phase": "ramp", "start_s": 0.0, "end_s": 4.0}]
     assert tl["metrics"]["t_s"] == [1.0] and tl["metrics"]["kv_percent"] == [50.0]
-    assert feed.ttft(0) == {
+    assert feed.ttft(0).to_json() == {
         "step": {"n": 2, "p50_ms": 10.0, "p99_ms": 30.0},
         "run": {"n": 2, "p50_ms": 10.0, "p99_ms": 30.0},
     }

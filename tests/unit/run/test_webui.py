@@ -5,34 +5,38 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
+from oomload.run.snapshot import FinalState, LatencyFigures, PlanState, TelemetrySnapshot, TtftFigures
 from oomload.run.webui import cross_origin, plan_text, telemetry_rows, ttft_text
+from oomload.schedule import StepPlan
 
-PLAN = {"levels": [1, 2, 4, 8, 16], "planned_steps": 5, "refine": True}
-STEP = {"index": 3, "concurrency": 8, "phase": "ramp"}
+PLAN = PlanState(levels=(1, 2, 4, 8, 16), planned_steps=5, refine=True)
+STEP = StepPlan(3, 8, "ramp")
 
 
 def test_the_plan_line_says_where_the_run_is() -> None:
-    running = {**PLAN, "state": "running", "step_number": 4, "step_left_s": 2.06}
+    running = replace(PLAN, state="running", step_number=4, step_left_s=2.06)
     assert plan_text(running, STEP) == (
         "step 3 (ramp, concurrency 8) · 4 of 5 planned · levels 1,2,4,8,16 + refinement · 2.1 s left"
     )
-    refine = {"index": 6, "concurrency": 12, "phase": "refine"}
-    draining = {**PLAN, "state": "draining", "step_number": 7, "draining_to": 12}
+    refine = StepPlan(6, 12, "refine")
+    draining = replace(PLAN, state="draining", step_number=7, draining_to=12)
     assert plan_text(draining, refine) == (
         "step 6 (refine, concurrency 12) · levels 1,2,4,8,16 + refinement · draining to concurrency 12"
     )
-    assert plan_text({**PLAN, "state": "over"}, STEP) == "over · levels 1,2,4,8,16"
+    assert plan_text(replace(PLAN, state="over"), STEP) == "over · levels 1,2,4,8,16"
 
 
 def test_rows_once_the_run_is_over_show_no_stale_now() -> None:
-    snap = {
-        "plan": {**PLAN, "state": "over"},
-        "step": STEP,
-        "achieved_concurrency": 2.1,
-        "ttft": {"step": {"n": 0}, "run": {"n": 3, "p50_ms": 120.0, "p99_ms": 1250.0}},
-        "final": {"flag_line": "vllm serve m --max-num-seqs 7"},
-    }
+    snap = TelemetrySnapshot(
+        t_unix_s=0.0,
+        plan=replace(PLAN, state="over"),
+        step=STEP,
+        achieved_concurrency=2.1,
+        ttft=TtftFigures(LatencyFigures(0), LatencyFigures(3, 120.0, 1250.0)),
+        final=FinalState(0, "runs/x", False, flag_line="vllm serve m --max-num-seqs 7"),
+    )
     rows = {r["what"]: r["value"] for r in telemetry_rows(snap)}
     assert "concurrency" not in rows and rows["last step"] == "3 (ramp, concurrency 8)"
     assert rows["TTFT (run)"] == "p50 120 ms · p99 1.25 s · n=3"
@@ -41,11 +45,30 @@ def test_rows_once_the_run_is_over_show_no_stale_now() -> None:
 
 
 def test_while_draining_the_rows_do_not_show_the_old_step_as_running() -> None:
-    plan = {**PLAN, "state": "draining", "draining_to": 5}
-    snap = {"plan": plan, "step": STEP, "achieved_concurrency": 6.4}
+    plan = replace(PLAN, state="draining", draining_to=5)
+    snap = TelemetrySnapshot(t_unix_s=0.0, plan=plan, step=STEP, achieved_concurrency=6.4)
     rows = {r["what"]: r["value"] for r in telemetry_rows(snap)}
     assert rows["step"] == "3 (ramp) ended · draining"
     assert rows["concurrency"] == "next target 5 · achieved 6.4"
+
+
+def test_the_snapshot_json_is_what_the_page_reads() -> None:
+    """The HTTP edge: the typed snapshot becomes the JSON the cockpit page and scripts read."""
+    metrics = {"t_unix_s": 5.0, "ok": True, "kv_cache_usage": 0.42, "num_requests_running": 3}
+    gpu = {"t_unix_s": 5.0, "source": "nvml", "used_bytes": 2**30, "total_bytes": 4 * 2**30}
+    snap = TelemetrySnapshot(
+        t_unix_s=6.0, url="http://127.0.0.1:8000", plan=replace(PLAN, state="running", step_number=4),
+        step=STEP, metrics=metrics, gpu=gpu, outcomes={"ok": 4}, preemptions_since_start=0,
+    )  # fmt: skip
+    body = snap.to_json()
+    assert body["plan"]["state"] == "running" and body["plan"]["levels"] == [1, 2, 4, 8, 16]
+    assert body["step"] == {"index": 3, "concurrency": 8, "phase": "ramp"}
+    assert body["metrics"] == metrics and body["gpu"] == gpu and body["final"] is None
+    assert "ttft" not in body
+    rows = {r["what"]: r["value"] for r in telemetry_rows(snap)}
+    assert rows["KV cache usage"] == "42%" and rows["running requests"] == "3"
+    assert rows["GPU memory"] == "1.00 / 4.00 GiB (nvml)" and rows["outcomes"] == "ok 4"
+    json.dumps(body)  # plain JSON all the way down
 
 
 def test_state_changing_requests_from_another_page_are_refused() -> None:
@@ -78,6 +101,7 @@ import json
 import gevent
 from locust import User, constant, task
 from locust.env import Environment
+from oomload.run.snapshot import TelemetrySnapshot
 from oomload.run.webui import extend_web_ui
 
 class Idle(User):
@@ -89,7 +113,7 @@ class Idle(User):
 env = Environment(user_classes=[Idle], events=None)
 runner = env.create_local_runner()
 web_ui = env.create_web_ui("127.0.0.1", 0, delayed_start=True)
-extend_web_ui(web_ui, lambda: {})
+extend_web_ui(web_ui, lambda: TelemetrySnapshot(t_unix_s=0.0))
 client = web_ui.app.test_client()
 runner.start(2, spawn_rate=100)
 for _ in range(200):  # bounded: until both users run

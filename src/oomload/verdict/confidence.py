@@ -131,13 +131,16 @@ def evidence_notes(
                 "between repeats)"
             )
             notes.append(ConfidenceNote("non_monotone", text))
-    by_level: dict[int, set[bool]] = {}
+    by_level: dict[int, list[bool]] = {}
     for s in with_metrics:
         if not s.evidence_thin:  # a clean step short of the odds' evidence contradicts nothing
-            by_level.setdefault(s.concurrency, set()).add((s.preemptions or 0) > 0)
+            by_level.setdefault(s.concurrency, []).append((s.preemptions or 0) > 0)
     for level, seen in sorted(by_level.items()):
-        if len(seen) > 1:
-            text = f"repeats at concurrency {level} disagree on whether it preempts"
+        if len(set(seen)) > 1:
+            text = (
+                f"repeats at concurrency {level} disagree on whether it preempts "
+                f"({sum(seen)} of {len(seen)} steps preempted)"
+            )
             notes.append(ConfidenceNote("noisy_repeat", text))
     if prediction is not None and prediction.disagrees:
         p = prediction

@@ -50,6 +50,11 @@ def test_the_onset_is_what_most_repeats_saw(tmp_path: Path) -> None:
     assert v.last_safe_concurrency == 4
     kinds = {n.kind for n in v.notes}
     assert {"noisy_repeat", "sporadic_preemption"} <= kinds
+    noisy = sorted(n.message for n in v.notes if n.kind == "noisy_repeat")
+    assert noisy == [  # each names the counts that decided
+        "repeats at concurrency 6 disagree on whether it preempts (1 of 3 steps preempted)",
+        "repeats at concurrency 7 disagree on whether it preempts (2 of 3 steps preempted)",
+    ]
     assert v.confidence == "medium"
     texts = _texts(v)
     assert "concurrency 7 (seen at 7 in 2 of 3)" in texts["preemption_onset"]

@@ -1,7 +1,7 @@
 """A run directory read into plain values, with every sample assigned to the step it belongs to.
 
 ``load_run(path)`` is the only function here that touches the file system; ``assemble_run`` does the
-grouping on values already in memory (tests and the verdict call it directly).
+grouping on values already parsed (tests and the verdict call it directly).
 
 Step windows. ``steps.jsonl`` gives each step a start and (unless the run was cut short) an end.
 A step is *cut short* when it has no end line, or when its end ``reason`` is one of
@@ -146,21 +146,23 @@ def load_run(path: str | Path) -> RunView:
             trace_note = f"trace.jsonl is unreadable ({err})"
     else:
         trace_note = "the run directory holds no trace.jsonl"
-    try:
+    try:  # each line parsed once, here, into the run directory's records
+        status = reader.status()
+        cache_config = reader.json("cache_config.json")
         view = assemble_run(
             path=reader.path,
             config=config,
-            status=reader.status(),
-            cache_config=reader.json("cache_config.json"),
-            step_records=list(reader.stream("steps")),
+            status=parse_status(status),
+            cache_config=cache_config,
+            boundaries=parse_step_lines(reader.stream("steps")),
             requests=reader.requests(),
-            metrics=list(reader.stream("metrics")),
-            gpu=list(reader.stream("gpu")),
-            events=list(reader.stream("events")),
+            metrics=list(filter(None, map(MetricsRow.from_json, reader.stream("metrics")))),
+            gpu=list(filter(None, map(GpuSampleRow.from_json, reader.stream("gpu")))),
+            events=list(filter(None, map(EventRow.from_json, reader.stream("events")))),
             trace=records,
             trace_note=trace_note,
             config_note=config_note,
-            odds=reader.stream("odds"),
+            odds=_odds(reader.stream("odds")),
             trace_prefix=prefix,
         )
     except (TypeError, ValueError, KeyError) as err:
@@ -172,28 +174,27 @@ def assemble_run(
     *,
     path: Path,
     config: Mapping[str, Any],
-    status: Mapping[str, Any] | None,
+    status: RunStatus | None,
     cache_config: Mapping[str, Any] | None,
-    step_records: Iterable[Mapping[str, Any]],
+    boundaries: Sequence[StepBoundary],
     requests: Sequence[RequestResult],
-    metrics: Iterable[Mapping[str, Any]],
-    gpu: Iterable[Mapping[str, Any]],
-    events: Iterable[Mapping[str, Any]],
+    metrics: Sequence[MetricsRow],
+    gpu: Sequence[GpuSampleRow],
+    events: Sequence[EventRow],
     trace: Sequence[TraceRecord] = (),
     trace_note: str | None = None,
     config_note: str | None = None,
-    odds: Iterable[Mapping[str, Any]] = (),
+    odds: tuple[LevelOdds, ...] = (),
     trace_prefix: PrefixInfo | None = None,
 ) -> RunView:
-    """Group already-read run data by step (see the module docstring)."""
-    rows = (MetricsRow.from_json(m) for m in metrics)
-    metrics_sorted = sorted((m for m in rows if m is not None), key=lambda m: m.t_unix_s)
-    samples = (GpuSampleRow.from_json(g) for g in gpu)
-    gpu_sorted = sorted((g for g in samples if g is not None), key=lambda g: g.t_unix_s)
-    event_rows = (EventRow.from_json(e) for e in events)
-    events_sorted = sorted((e for e in event_rows if e is not None), key=lambda e: e.t_unix_s)
+    """Group already-parsed run data by step (see the module docstring). ``config`` and
+    ``cache_config`` are kept as written (reports show all of them); the verdict reads their typed
+    fields (``RunConfig``, ``CacheConfig``)."""
+    metrics_sorted = sorted(metrics, key=lambda m: m.t_unix_s)
+    gpu_sorted = sorted(gpu, key=lambda g: g.t_unix_s)
+    events_sorted = sorted(events, key=lambda e: e.t_unix_s)
     requests_sorted = sorted(requests, key=lambda r: r.start_unix_s)
-    boundaries = parse_step_lines(step_records) or _steps_from_requests(requests_sorted)
+    boundaries = list(boundaries) or _steps_from_requests(requests_sorted)
 
     windows = _windows(boundaries)
     by_index: dict[int, list[RequestResult]] = {b.index: [] for b in boundaries}
@@ -230,7 +231,7 @@ def assemble_run(
     return RunView(
         path=path,
         config=config,
-        status=parse_status(status),
+        status=status,
         settings=RunConfig.from_json(config),
         pool=None if cache_config is None else CacheConfig.from_json(cache_config),
         cache_config=cache_config,
@@ -242,7 +243,7 @@ def assemble_run(
         unassigned_requests=unassigned,
         trace_note=trace_note,
         config_note=config_note,
-        odds=_odds(odds),
+        odds=odds,
         trace_prefix=trace_prefix or PrefixInfo(),
         trace_records=tuple(trace),
     )

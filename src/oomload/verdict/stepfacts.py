@@ -322,8 +322,8 @@ class StepFacts:
         if self.mostly_failed:  # before "not held": failing requests end early, so few are in flight
             return f"{where}: {self.failed_text} — no evidence"
         if self.concurrency_held is False:
-            limit = f"(< {ACHIEVED_CONCURRENCY_MIN_SHARE:.0%} of {self.concurrency})"
-            return f"{where}: {self.not_held_text} {limit}"
+            line = f"{ACHIEVED_CONCURRENCY_MIN_SHARE:.0%} of {self.concurrency}"
+            return f"{where}: {self.not_held_text}, below {line}"
         return None
 
     @property

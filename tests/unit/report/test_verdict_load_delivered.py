@@ -138,7 +138,7 @@ def test_every_caveat_names_the_figure_that_decided(tmp_path: Path) -> None:
     )
     assert step.distrust is not None and decided in step.distrust
     reason = evaluate_gate(parse_gate("no-preemption-up-to:10"), verdict).reason
-    assert decided in reason and "(< 80% of 10)" in reason
+    assert decided in reason and "(the load generator 9.0), below 80% of 10" in reason
 
 
 def test_the_load_generators_figure_is_named_when_it_decided(tmp_path: Path) -> None:

@@ -165,8 +165,13 @@ class StepDriver:
         return None if self.current is None else self._step_start_s
 
     def hold_for(self, step: StepPlan) -> Hold:
-        """The hold a step runs for (warmup steps have their own)."""
-        return self.warmup_hold if step.phase == "warmup" else self.hold
+        """The hold a step runs for (warmup steps have their own; a ramp step at a level the odds call
+        safe, below the two they placed, is a short check: ``SchedulePlan.checks``)."""
+        if step.phase == "warmup":
+            return self.warmup_hold
+        if step.phase == "ramp" and step.concurrency in self.plan.checks:
+            return self.plan.check_hold(self.hold)
+        return self.hold
 
     def tick(self) -> tuple[int, float] | None:
         """Locust's shape contract: ``(users, spawn_rate)`` for now, or ``None`` to stop."""

@@ -31,6 +31,7 @@ waiting for the requests in flight (their results could not be kept), and the en
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import socket
 import sys
@@ -86,6 +87,7 @@ class Session:
         self.watch = DeathWatch(self)
         self.context: Any = None
         self.driver: Any = None
+        self.plan: SchedulePlan | None = None  # the schedule the run follows (placed by the odds, if any)
         self.odds: Any = None  # the trace's odds for this run (run.oddsfeed.OddsFeed), when the pool is known
         self.interrupted = False
         self.progress: Any = None
@@ -181,6 +183,9 @@ class Session:
 
         if self.distributed:
             meter = MasterMeter(self, user_class)
+        evidence = self._evidence()
+        plan = self._placed(plan)
+        self.plan = plan
         self.driver = StepDriver(
             plan,
             hold,
@@ -194,7 +199,7 @@ class Session:
             on_step_end=self._on_step_end,
             step_done=step_done,
             settle_s=config.grace_s(),
-            evidence=self._evidence(),
+            evidence=evidence,
         )
         self.env = Environment(
             user_classes=[user_class], shape_class=make_shape(self.driver, keep_open=True), host=self.url
@@ -276,11 +281,34 @@ class Session:
             shape="production"
             if prefix_mode(self.config, self.records)["mode"] == "shared"
             else "worst-case",
+            place=self.config.evidence and not self.config.open_loop,
         )
         if not self.config.evidence or self.config.open_loop:
             return lambda _step: None
         feed = self.odds
         return lambda step: feed.requests_for(step.concurrency)
+
+    def _placed(self, plan: SchedulePlan) -> SchedulePlan:
+        """The ramp placed where the trace's odds put the onset (``schedule.place_levels``), said in one
+        line and recorded as a ``levels_placed`` event; ``plan`` as it is without odds, with
+        ``--no-evidence``, an open loop or odds that call every level safe."""
+        feed = self.odds
+        if feed is None or feed.onset is None or not self.config.evidence or self.config.open_loop:
+            return plan
+        placed = dataclasses.replace(plan, levels=feed.levels, checks=feed.checks)
+        checks = ",".join(map(str, sorted(feed.checks)))
+        self.writer.event(
+            "levels_placed", onset=feed.onset, levels=list(feed.levels), checks=sorted(feed.checks)
+        )
+        self.console.print(
+            f"the trace's odds put the onset at {feed.onset}: levels {','.join(map(str, feed.levels))}"
+            + (
+                f" ({checks}: short checks, {plan.check_hold(self.config.hold()).hold_s:g} s)"
+                if checks
+                else ""
+            )
+        )
+        return placed
 
     def _start_master(self, meter: MasterMeter) -> None:
         """A Locust master: bind, start the local workers, wait for all K to be bound and ready."""
@@ -361,13 +389,14 @@ class Session:
         ``draining`` (a lower step waits for the requests in flight to fall to its level),
         ``finishing`` (the schedule is done, the last requests drain) or ``over``."""
         config, driver = self.config, self.driver
+        levels = self.plan.levels if self.plan is not None else config.levels
         plan: dict[str, Any] = {
-            "levels": list(config.levels),
+            "levels": list(levels),
             "hold_s": config.hold_s,
             "min_requests": config.min_requests,
             "warmup": config.warmup_s > 0,
             "refine": config.refine and not config.open_loop,
-            "planned_steps": len(config.levels) + (1 if config.warmup_s > 0 else 0),
+            "planned_steps": len(levels) + (1 if config.warmup_s > 0 else 0),
             "open_loop": config.open_loop,
             "step_number": None,
             "step_left_s": None,

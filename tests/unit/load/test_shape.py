@@ -237,3 +237,35 @@ def test_an_extension_is_bounded() -> None:
     assert history[0].evidence_short  # the schedule does not count it as a vote for a clean level
     end = next(line for line in lines if line["event"] == "end")
     assert end["duration_s"] <= 2.0 * 12 + 2.5  # EXTEND_MAX_FACTOR × the hold, plus one check interval
+
+
+def test_a_short_check_ends_at_its_share_of_the_hold_and_a_refinement_there_holds_in_full() -> None:
+    """Ramp levels the odds call safe (``SchedulePlan.checks``) get a short check; when the run comes
+    back to such a level to bisect (the odds were wrong), that step gets the whole hold."""
+    meter, sink, clock = FakeMeter(), Lines(), [100.0]
+    preempting = {"total": 0}
+    plan = SchedulePlan(
+        levels=(1, 2, 8), stop_on=(StopCondition("first-preemption"),), checks=frozenset({1, 2})
+    )
+
+    def scrape() -> dict[str, Any]:
+        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": preempting["total"]}
+
+    driver = StepDriver(plan, Hold(4.0), meter, sink, boundary_scrape=scrape, clock=lambda: clock[0])
+    driver.on_step = lambda step: preempting.__setitem__(
+        "total", preempting["total"] + int(step.concurrency >= 2)
+    )
+    for _ in range(400):
+        if driver.tick() is None:
+            break
+        clock[0] += 0.25
+    ends = [
+        (line["concurrency"], line["phase"], line["duration_s"])
+        for line in sink.lines
+        if line["event"] == "end"
+    ]
+    assert [(c, phase) for c, phase, _ in ends] == [(1, "ramp"), (2, "ramp")]  # 2 preempted: bracket (1, 2)
+    assert all(d < 1.5 for _, _, d in ends)  # a quarter of the 4 s hold, read on 0.25 s ticks
+    plan = SchedulePlan(levels=(1, 2, 8), stop_on=(StopCondition("first-preemption"),), checks=frozenset({1}))
+    assert StepDriver(plan, Hold(4.0), meter, sink).hold_for(StepPlan(5, 1, "refine")) == Hold(4.0)
+    assert StepDriver(plan, Hold(4.0), meter, sink).hold_for(StepPlan(0, 1, "ramp")) == Hold(1.0)

@@ -34,7 +34,11 @@ again every ``EXTEND_CHECK_S``, until the step has sent enough requests, ``EXTEN
 hold has passed, or the run's maximum duration is spent. The scrape that shows a preemption (or ends
 the extension) is the step's boundary. The end line says how long the step was extended and how many
 requests the odds asked for.
-A step that already preempted needs no more evidence: it is unsafe.
+A step that already preempted needs no more evidence: it is unsafe. So a *repeat* (a refinement step:
+the question it answers is only whether its level preempts) ends as soon as the poller's latest
+scrape (``latest_scrape``, read on every tick, no extra request) shows the counter above the step's
+baseline, after ``PREEMPTED_MIN_S`` — its end line says ``"reason": "preempted"``. Ramp steps keep
+their hold: they also measure the level's latencies and whether the engine survives it.
 
 The boundary scrape (``/metrics``) gives the preemption counter and the server's latency sums, from
 which the end line's ``server_concurrency`` comes (``oomload.serverside``: what vLLM itself held over
@@ -67,6 +71,7 @@ from oomload.serverside import ServerConcurrency, server_concurrency
 SPAWN_RATE = 100.0  # users per second (Locust warns above 100); a step of c users starts within c/100 s
 EXTEND_CHECK_S = 2.0  # while a step is extended for evidence, read the preemption counter this often
 EXTEND_MAX_FACTOR = 12.0  # a step is extended to at most this many times its hold
+PREEMPTED_MIN_S = 1.0  # a refinement step that preempted ends once it has run this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +129,7 @@ class StepDriver:
         step_done: Callable[[float, int], bool] | None = None,
         settle_s: float = 0.0,
         evidence: Callable[[StepPlan], int | None] = lambda _step: None,
+        latest_scrape: Callable[[], Mapping[str, Any] | None] = lambda: None,
     ) -> None:
         self.plan = plan
         self.hold = hold
@@ -139,6 +145,7 @@ class StepDriver:
         self.step_done = step_done
         self.settle_s = settle_s
         self.evidence = evidence
+        self.latest_scrape = latest_scrape
         self._needed: int | None = None  # requests the current step must send (the odds), if any
         self._extended_from_s: float | None = None  # when the hold was done and the extension began
         self._next_check_s = 0.0
@@ -227,11 +234,18 @@ class StepDriver:
             return "max_duration"
         elapsed = now - self._step_start_s
         completed = self.meter.completed()
+        if self.current.phase == "refine" and elapsed >= PREEMPTED_MIN_S and self._preempted_since_start():
+            return "preempted"
         if self._extended_from_s is not None and now < self._next_check_s:
             return None
         if self.step_done is not None:
             return "hold_done" if self.step_done(elapsed, completed) else None
         return "hold_done" if self.hold_for(self.current).done(elapsed, completed) else None
+
+    def _preempted_since_start(self) -> bool:
+        """The poller's latest scrape shows the preemption counter above the step's baseline."""
+        before, latest = _preemptions(self._scrape_at_start), _preemptions(self.latest_scrape())
+        return before is not None and latest is not None and latest > before
 
     def _extend(self, now: float, boundary: Mapping[str, Any] | None) -> bool:
         """Keep the step running for evidence (module docstring)? Starts or continues an extension."""

@@ -200,6 +200,7 @@ class Session:
             step_done=step_done,
             settle_s=config.grace_s(),
             evidence=evidence,
+            latest_scrape=self._latest_scrape,
         )
         self.env = Environment(
             user_classes=[user_class], shape_class=make_shape(self.driver, keep_open=True), host=self.url
@@ -287,6 +288,14 @@ class Session:
             return lambda _step: None
         feed = self.odds
         return lambda step: feed.requests_for(step.concurrency)
+
+    def _latest_scrape(self) -> dict[str, Any] | None:
+        """The poller's last ok scrape, for a repeat to end at its preemption (``load.shape``); none
+        with ``--no-evidence`` (every step then holds in full)."""
+        if self.poller is None or not self.config.evidence:
+            return None
+        latest: dict[str, Any] | None = self.poller.latest
+        return latest
 
     def _placed(self, plan: SchedulePlan) -> SchedulePlan:
         """The ramp placed where the trace's odds put the onset (``schedule.place_levels``), said in one

@@ -269,3 +269,35 @@ def test_a_short_check_ends_at_its_share_of_the_hold_and_a_refinement_there_hold
     plan = SchedulePlan(levels=(1, 2, 8), stop_on=(StopCondition("first-preemption"),), checks=frozenset({1}))
     assert StepDriver(plan, Hold(4.0), meter, sink).hold_for(StepPlan(5, 1, "refine")) == Hold(4.0)
     assert StepDriver(plan, Hold(4.0), meter, sink).hold_for(StepPlan(0, 1, "ramp")) == Hold(1.0)
+
+
+def test_a_repeat_ends_at_its_preemption_and_a_ramp_step_holds_in_full() -> None:
+    """The poller's latest scrape shows the counter rising 1.5 s into each step at 8: the ramp step
+    holds its 4 s anyway, the refinement step at 8 ends on the next tick with ``preempted``."""
+    meter, sink, clock = FakeMeter(), Lines(), [100.0]
+    state = {"total": 0, "since": 0.0, "level": 0}
+    plan = SchedulePlan(levels=(7, 8), stop_on=(StopCondition("oom"),), repeats=3)
+
+    def counter() -> int:
+        rising = state["level"] >= 8 and clock[0] - state["since"] >= 1.5
+        return int(state["total"] + rising)
+
+    def scrape() -> dict[str, Any]:
+        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": counter()}
+
+    def on_step(step: StepPlan) -> None:
+        state["total"], state["since"], state["level"] = counter(), clock[0], step.concurrency
+
+    driver = StepDriver(plan, Hold(4.0), meter, sink, boundary_scrape=scrape, clock=lambda: clock[0],
+                        latest_scrape=scrape)  # fmt: skip
+    driver.on_step = on_step
+    for _ in range(400):
+        if driver.tick() is None:
+            break
+        clock[0] += 0.5
+    ends = [(line["concurrency"], line["phase"], line["reason"], line["duration_s"]) for line in sink.lines
+            if line["event"] == "end"]  # fmt: skip
+    assert ends[:2] == [(7, "ramp", "hold_done", 4.0), (8, "ramp", "hold_done", 4.0)]
+    repeats_at_8 = [e for e in ends[2:] if e[0] == 8]
+    assert repeats_at_8 and all(reason == "preempted" and 1.5 <= d < 4.0 for _, _, reason, d in repeats_at_8)
+    assert all(e[2] == "hold_done" for e in ends[2:] if e[0] == 7)  # a clean repeat holds in full

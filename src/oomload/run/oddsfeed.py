@@ -6,9 +6,11 @@ then held 4.8 requests in flight instead of 8, because the step's clock started 
 So:
 
 1. before the load starts, the ramp's own levels are computed here, at once (nothing is running yet);
-   with ``place``, so are the few levels that find where the odds put the onset
-   (``odds.predicted_onset``: a bisection between the ramp's levels), and the ramp becomes the placed
-   one (``schedule.place_levels``: the onset and the level below it, short checks under them);
+   with ``place``, only those that find where the odds put the onset (``odds.predicted_onset``: the
+   ramp's levels up to the first one the odds do not call safe, then a bisection below it), and the
+   ramp becomes the placed one (``schedule.place_levels``: the onset and the level below it, short
+   checks under them); the ramp's higher levels go to the child first (a level whose odds are not
+   known when its step is done is simply not extended);
 2. every other level the refinement may visit — the integers between the lowest and the highest ramp
    level — is computed by a child process (``python -m oomload.run.oddsfeed``, at a low CPU priority)
    in the order a bisection visits them (each gap's midpoint first), and read back line by line by a
@@ -93,13 +95,15 @@ class OddsFeed:
                 self._add(known)
             return known
 
-        for level in sorted(set(levels)):
-            odds_at(level)
-        # where the odds put the onset, and the ramp placed around it (module docstring)
+        # where the odds put the onset, and the ramp placed around it (module docstring); placing asks
+        # the ramp's levels only up to the first one the odds do not call safe: the child does the rest
         self.onset: int | None = predicted_onset(levels, odds_at) if place else None
+        if not place:
+            for level in levels:
+                odds_at(level)
         self.levels, self.checks = place_levels(levels, self.onset)
         self._child: Any = None
-        rest = [c for c in bisection_order(self.levels) if (shape, c) not in self._known]
+        rest = [c for c in [*self.levels, *bisection_order(self.levels)] if (shape, c) not in self._known]
         other = sorted(set(self.levels) | set(bisection_order(self.levels))) if prefixes.any else []
         if rest or other:
             self._start_child(trace_path, rest, other, seed)

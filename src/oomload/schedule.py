@@ -36,8 +36,9 @@ Levels placed by the odds (``place_levels``)
     say 8). The ramp then measures that level and the one below it (7 and 8, added to the levels when
     missing), so the bisection between the ramp's 4 and 8 is not needed: the bracket is adjacent at once
     and the repeats start. Every ramp level below those two is one the odds call safe with room to spare:
-    it gets a *short check* (``CHECK_HOLD_SHARE`` of the hold; ``SchedulePlan.checks``) — enough to see
-    that the server answers and does not preempt there, not a full hold. A check that preempts is a bad
+    it gets a *short check* (``CHECK_HOLD_SHARE`` of the hold and ``CHECK_MIN_REQUESTS`` ended, or the
+    full hold if that comes first; ``SchedulePlan.checks``) — enough to see that the server answers and
+    does not preempt there, not a full hold. A check that preempts is a bad
     step like any other, and a bisection step at a checked level gets the full hold: when the odds are
     wrong the run measures what it would have measured without them.
 
@@ -73,6 +74,9 @@ MAX_REPEATS = 9
 DEFAULT_REPEATS = 3  # oomload replay's --repeats
 # a short check (a ramp level the odds call safe, below the two they placed) holds this share of the hold
 CHECK_HOLD_SHARE = 0.25
+# ... and ends no sooner than this many requests ended in it: the verdict calls a step with fewer
+# "anecdotal" (``verdict.DEFAULT_MIN_REQUESTS``)
+CHECK_MIN_REQUESTS = 3
 
 
 def parse_levels(spec: str) -> tuple[int, ...]:
@@ -228,8 +232,9 @@ class SchedulePlan:
             raise ConfigError("short checks must be at levels of the ramp")
 
     def check_hold(self, hold: Hold) -> Hold:
-        """The hold of a short check: ``CHECK_HOLD_SHARE`` of ``hold``'s time, its request count kept."""
-        return Hold(hold.hold_s * CHECK_HOLD_SHARE, hold.min_requests)
+        """The hold of a short check: ``CHECK_HOLD_SHARE`` of ``hold``'s time and at least
+        ``CHECK_MIN_REQUESTS`` requests ended (never more than the full ``hold``: ``StepDriver``)."""
+        return Hold(hold.hold_s * CHECK_HOLD_SHARE, max(hold.min_requests, CHECK_MIN_REQUESTS))
 
 
 def place_levels(levels: Sequence[int], onset: int | None) -> tuple[tuple[int, ...], frozenset[int]]:

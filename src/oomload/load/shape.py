@@ -40,6 +40,11 @@ scrape (``latest_scrape``, read on every tick, no extra request) shows the count
 baseline, after ``PREEMPTED_MIN_S`` — its end line says ``"reason": "preempted"``. Ramp steps keep
 their hold: they also measure the level's latencies and whether the engine survives it.
 
+A hold counts from the tick that opened the step, not from the end of the boundary scrape read in
+that tick: Locust ticks once a second, so counting from after the scrape made every hold one tick
+longer than asked (a 4 s hold lasted 5.0 s). The step's recorded duration still runs from the scrape
+that opened it to the one that closed it — both read while the users send — so it is the hold.
+
 The boundary scrape (``/metrics``) gives the preemption counter and the server's latency sums, from
 which the end line's ``server_concurrency`` comes (``oomload.serverside``: what vLLM itself held over
 the step, by Little's law). It is read **once**, and **while the users keep sending** (the read is a
@@ -155,6 +160,8 @@ class StepDriver:
         self.end_reason: str | None = None
         self.started_unix_s: float | None = None
         self._step_start_s = 0.0
+        self._tick_s = 0.0  # when the current tick began (Locust ticks once a second)
+        self._held_from_s = 0.0  # the tick that opened the current step: its hold counts from there
         self._scrape_at_start: Mapping[str, Any] | None = None
 
     @property
@@ -176,15 +183,18 @@ class StepDriver:
         safe, below the two they placed, is a short check: ``SchedulePlan.checks``)."""
         if step.phase == "warmup":
             return self.warmup_hold
-        if step.phase == "ramp" and step.concurrency in self.plan.checks:
+        if self._is_check(step):
             return self.plan.check_hold(self.hold)
         return self.hold
+
+    def _is_check(self, step: StepPlan) -> bool:
+        return step.phase == "ramp" and step.concurrency in self.plan.checks
 
     def tick(self) -> tuple[int, float] | None:
         """Locust's shape contract: ``(users, spawn_rate)`` for now, or ``None`` to stop."""
         if self.finished:
             return None
-        now = self.clock()
+        now = self._tick_s = self.clock()
         if self.current is None:
             self.started_unix_s = now
             return self._follow(next_step(self.plan, []), now)
@@ -232,7 +242,7 @@ class StepDriver:
             return "server_dead"
         if max_duration_exceeded(now - self.started_unix_s, self.max_duration_s):
             return "max_duration"
-        elapsed = now - self._step_start_s
+        elapsed = now - self._held_from_s
         completed = self.meter.completed()
         if self.current.phase == "refine" and elapsed >= PREEMPTED_MIN_S and self._preempted_since_start():
             return "preempted"
@@ -240,7 +250,12 @@ class StepDriver:
             return None
         if self.step_done is not None:
             return "hold_done" if self.step_done(elapsed, completed) else None
-        return "hold_done" if self.hold_for(self.current).done(elapsed, completed) else None
+        hold = self.hold_for(self.current)
+        if hold.done(elapsed, completed):
+            return "hold_done"
+        if self._is_check(self.current) and self.hold.done(elapsed, completed):
+            return "hold_done"  # a short check short of its requests ends at the full hold at the latest
+        return None
 
     def _preempted_since_start(self) -> bool:
         """The poller's latest scrape shows the preemption counter above the step's baseline."""
@@ -268,7 +283,7 @@ class StepDriver:
             return False
         if self._extended_from_s is None:
             self._extended_from_s = now
-        self._next_check_s = now + EXTEND_CHECK_S
+        self._next_check_s = self._tick_s + EXTEND_CHECK_S  # on the tick grid, as the hold
         return True
 
     def _follow(
@@ -290,6 +305,7 @@ class StepDriver:
         """Open ``step`` at ``now`` with the scrape read at this boundary."""
         self.current = step
         self._step_start_s = now
+        self._held_from_s = min(self._tick_s, now)
         self._scrape_at_start = scrape
         self._needed = None if step.phase == "warmup" else self.evidence(step)
         self._extended_from_s = None

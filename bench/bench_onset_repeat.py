@@ -13,7 +13,8 @@ Two modes, interleaved run by run so the machine's drift hits both alike:
 Prints, per mode, the onset of every run, its distribution, the share of runs on the modal onset
 (the goal: 9 of 10), the last safe levels and the mean and the slowest wall time.
 ``OOMLOAD_BENCH_RUNS`` (default 10) sets N; ``OOMLOAD_BENCH_MAX_S`` (default 180) is each run's
-``--max-duration-s``; ``OOMLOAD_BENCH_MODES`` (default both, comma-separated) picks modes by name.
+``--max-duration-s``; ``OOMLOAD_BENCH_MODES`` (default both, comma-separated) picks modes by name;
+``OOMLOAD_BENCH_ARGS`` adds replay flags to every run (e.g. another ``--sim="--time-scale F"``).
 Runs against the built-in simulated vLLM on loopback.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,7 @@ def one_run(extra: list[str], run_dir: Path, max_s: float) -> tuple[int | None, 
     oomload = Path(sys.executable).parent / "oomload"
     started = time.perf_counter()
     argv = [str(oomload), "replay", str(TRACE), "--max-duration-s", str(max_s), "--no-live"]
+    argv += shlex.split(os.environ.get("OOMLOAD_BENCH_ARGS", ""))
     subprocess.run(
         [*argv, "--run-dir", str(run_dir), *extra],
         stdout=subprocess.DEVNULL,

@@ -78,7 +78,7 @@ def register(subparsers: Any) -> None:
         "--ramp", metavar="SPEC", help="linear:START:STOP:STEP or geometric:START:STOP:FACTOR"
     )
     shape.add_argument(
-        "--hold-s", type=float, help="seconds per step (default 30; 4 against the simulated demo server)"
+        "--hold-s", type=float, help="seconds per step (default 30; 2 against the simulated demo server)"
     )
     shape.add_argument("--min-requests", type=int, default=0, help="completed requests per step (default 0)")
     shape.add_argument(

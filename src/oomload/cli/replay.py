@@ -268,6 +268,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         refine=not args.no_refine,
         repeats=args.repeats,
         evidence=not args.no_evidence,
+        place_levels=not (args.ramp or args.concurrency),  # levels the user names are measured as named
         stop_on=stop_on,
         max_duration_s=args.max_duration_s,
         order=args.order,

@@ -107,6 +107,7 @@ class ReplayConfig:
     refine: bool = True
     repeats: int = DEFAULT_REPEATS  # measurements of each of the two levels bracketing the onset
     evidence: bool = True  # extend a clean step until the trace's odds say it sent enough requests
+    place_levels: bool = False  # the odds place the ramp (schedule.place_levels): default levels only
     stop_on: tuple[StopCondition, ...] = (StopCondition("oom"),)
     max_duration_s: float | None = 1800.0
     order: str = "trace"

@@ -282,7 +282,7 @@ class Session:
             shape="production"
             if prefix_mode(self.config, self.records)["mode"] == "shared"
             else "worst-case",
-            place=self.config.evidence and not self.config.open_loop,
+            place=self.config.evidence and self.config.place_levels and not self.config.open_loop,
         )
         if not self.config.evidence or self.config.open_loop:
             return lambda _step: None
@@ -299,10 +299,11 @@ class Session:
 
     def _placed(self, plan: SchedulePlan) -> SchedulePlan:
         """The ramp placed where the trace's odds put the onset (``schedule.place_levels``), said in one
-        line and recorded as a ``levels_placed`` event; ``plan`` as it is without odds, with
-        ``--no-evidence``, an open loop or odds that call every level safe."""
+        line and recorded as a ``levels_placed`` event; ``plan`` as it is without odds, with levels the
+        user named (``--concurrency``, ``--ramp``), ``--no-evidence``, an open loop or odds that call every
+        level safe."""
         feed = self.odds
-        if feed is None or feed.onset is None or not self.config.evidence or self.config.open_loop:
+        if feed is None or feed.onset is None:  # no odds, or not placing (``_evidence``)
             return plan
         placed = dataclasses.replace(plan, levels=feed.levels, checks=feed.checks)
         checks = ",".join(map(str, sorted(feed.checks)))

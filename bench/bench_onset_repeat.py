@@ -3,14 +3,19 @@
 Two modes, interleaved run by run so the machine's drift hits both alike:
 
 * ``first sighting`` — ``--repeats 1 --no-evidence``: the onset is the first level that preempted
-  once, every level held for its 4 s (the behaviour before the odds and the repeats);
-* ``odds + repeats`` — the defaults: clean steps extended until the trace's odds say they sent
-  enough requests, the two levels around the onset measured 3 times, the onset is what most saw.
+  once, every level of the demo's 1, 2, 4, 8, 16 held for its 4 s, bisected (the behaviour before the
+  odds and the repeats);
+* ``odds + repeats`` — the defaults (``make demo``): the ramp placed where the trace's odds put the
+  onset (that level and the one below it added, the levels under them short checks), clean steps
+  extended until the odds say they sent enough requests, the two levels around the onset measured up
+  to 3 times, the onset is what most saw.
 
 Prints, per mode, the onset of every run, its distribution, the share of runs on the modal onset
-(the goal: 9 of 10), the last safe levels and the mean wall time. ``OOMLOAD_BENCH_RUNS`` (default 10)
-sets N; ``OOMLOAD_BENCH_MAX_S`` (default 180) is each run's ``--max-duration-s``. Runs against the
-built-in simulated vLLM on loopback.
+(the goal: 9 of 10), the last safe levels and the mean and the slowest wall time.
+``OOMLOAD_BENCH_RUNS`` (default 10) sets N; ``OOMLOAD_BENCH_MAX_S`` (default 180) is each run's
+``--max-duration-s``; ``OOMLOAD_BENCH_MODES`` (default both, comma-separated) picks modes by name;
+``OOMLOAD_BENCH_ARGS`` adds replay flags to every run (e.g. another ``--sim="--time-scale F"``).
+Runs against the built-in simulated vLLM on loopback.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -36,6 +42,7 @@ def one_run(extra: list[str], run_dir: Path, max_s: float) -> tuple[int | None, 
     oomload = Path(sys.executable).parent / "oomload"
     started = time.perf_counter()
     argv = [str(oomload), "replay", str(TRACE), "--max-duration-s", str(max_s), "--no-live"]
+    argv += shlex.split(os.environ.get("OOMLOAD_BENCH_ARGS", ""))
     subprocess.run(
         [*argv, "--run-dir", str(run_dir), *extra],
         stdout=subprocess.DEVNULL,
@@ -53,10 +60,12 @@ def one_run(extra: list[str], run_dir: Path, max_s: float) -> tuple[int | None, 
 def main() -> None:
     runs = int(os.environ.get("OOMLOAD_BENCH_RUNS", "10"))
     max_s = float(os.environ.get("OOMLOAD_BENCH_MAX_S", "180"))
-    results: dict[str, list[tuple[int | None, int | None, float]]] = {m: [] for m in MODES}
+    names = [m.strip() for m in os.environ.get("OOMLOAD_BENCH_MODES", ",".join(MODES)).split(",")]
+    modes = {m: MODES[m] for m in names if m in MODES}
+    results: dict[str, list[tuple[int | None, int | None, float]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="oomload-bench-onset-") as tmp:
         for k in range(runs):
-            for mode, extra in MODES.items():
+            for mode, extra in modes.items():
                 run_dir = Path(tmp) / f"{mode.replace(' ', '-')}-{k}"
                 results[mode].append(one_run(extra, run_dir, max_s))
                 onset, safe, wall = results[mode][-1]
@@ -71,7 +80,7 @@ def main() -> None:
         mean_wall = sum(r[2] for r in rows) / len(rows)
         print(
             f"{mode:15s} onset {{{_spread(onsets)}}}: modal {modal} in {count} of {len(rows)}; "
-            f"last safe {{{safes}}}; mean wall {mean_wall:.0f} s"
+            f"last safe {{{safes}}}; wall mean {mean_wall:.0f} s, max {max(r[2] for r in rows):.0f} s"
         )
 
 

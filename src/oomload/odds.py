@@ -53,7 +53,7 @@ this loop expects 1.5 per 100).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -276,6 +276,34 @@ def trace_odds(
         level_odds(prompt_tokens, output_tokens, pool, c, requests=requests, seed=seed, shared=shared)
         for c in sorted(set(levels))
     )
+
+
+def predicted_onset(levels: Sequence[int], odds_at: Callable[[int], LevelOdds]) -> int | None:
+    """The lowest level whose odds are not ``negligible`` — where the odds put the preemption onset —
+    within the run's ``levels``, or ``None`` when the odds call every level safe.
+
+    The levels are asked in ascending order until the first one the odds do not call safe; between it and
+    the level below (negligible), the integers are bisected on the odds (they rise with concurrency), so a
+    gap of ``g`` levels costs ``ceil(log2 g)`` more ``odds_at`` calls. Below the lowest level nothing is
+    asked: the run was told not to go there."""
+    ordered = sorted(set(levels))
+    below: int | None = None
+    for level in ordered:
+        if not odds_at(level).negligible:
+            break
+        below = level
+    else:
+        return None
+    onset = level
+    if below is None:
+        return onset
+    while onset - below > 1:
+        mid = (below + onset) // 2
+        if odds_at(mid).negligible:
+            below = mid
+        else:
+            onset = mid
+    return onset
 
 
 def _positive_int(value: object) -> int | None:

@@ -30,6 +30,18 @@ Order of steps (``next_step``)
        what makes it repeatable.
     A dead server ends the run at once (nothing more can be measured).
 
+Levels placed by the odds (``place_levels``)
+    When the trace's odds on the server's pool are known before the load (``oomload.odds``), they say
+    where the onset should be: the lowest level whose odds are not negligible (``odds.predicted_onset``,
+    say 8). The ramp then measures that level and the one below it (7 and 8, added to the levels when
+    missing), so the bisection between the ramp's 4 and 8 is not needed: the bracket is adjacent at once
+    and the repeats start. Every ramp level below those two is one the odds call safe with room to spare:
+    it gets a *short check* (``CHECK_HOLD_SHARE`` of the hold and ``CHECK_MIN_REQUESTS`` ended, or the
+    full hold if that comes first; ``SchedulePlan.checks``) — enough to see that the server answers and
+    does not preempt there, not a full hold. A check that preempts is a bad
+    step like any other, and a bisection step at a checked level gets the full hold: when the odds are
+    wrong the run measures what it would have measured without them.
+
 Bad step
     A step is *bad* when the server preempted during it (``preemptions > 0``), an engine died, or its
     error rate exceeded an ``error-rate:F`` stop condition.
@@ -60,6 +72,11 @@ MAX_CONCURRENCY = 100_000
 STOP_NAMES = ("first-preemption", "oom", "error-rate", "never")
 MAX_REPEATS = 9
 DEFAULT_REPEATS = 3  # oomload replay's --repeats
+# a short check (a ramp level the odds call safe, below the two they placed) holds this share of the hold
+CHECK_HOLD_SHARE = 0.25
+# ... and ends no sooner than this many requests ended in it: the verdict calls a step with fewer
+# "anecdotal" (``verdict.DEFAULT_MIN_REQUESTS``)
+CHECK_MIN_REQUESTS = 3
 
 
 def parse_levels(spec: str) -> tuple[int, ...]:
@@ -204,12 +221,32 @@ class SchedulePlan:
     refine: bool = True
     stop_on: tuple[StopCondition, ...] = (StopCondition("oom"),)
     repeats: int = 1  # measurements of each of the two levels bracketing the onset (refinement)
+    checks: frozenset[int] = frozenset()  # ramp levels that get a short check (``place_levels``)
 
     def __post_init__(self) -> None:
         if not self.levels:
             raise ConfigError("a schedule needs at least one concurrency level")
         if not 1 <= self.repeats <= MAX_REPEATS:
             raise ConfigError(f"--repeats must be within 1..{MAX_REPEATS}, got {self.repeats}")
+        if not self.checks <= set(self.levels):
+            raise ConfigError("short checks must be at levels of the ramp")
+
+    def check_hold(self, hold: Hold) -> Hold:
+        """The hold of a short check: ``CHECK_HOLD_SHARE`` of ``hold``'s time and at least
+        ``CHECK_MIN_REQUESTS`` requests ended (never more than the full ``hold``: ``StepDriver``)."""
+        return Hold(hold.hold_s * CHECK_HOLD_SHARE, max(hold.min_requests, CHECK_MIN_REQUESTS))
+
+
+def place_levels(levels: Sequence[int], onset: int | None) -> tuple[tuple[int, ...], frozenset[int]]:
+    """The ramp's levels and its short checks, once the odds put the onset at ``onset`` (module
+    docstring, "Levels placed by the odds"): ``onset`` and the level below it are measured in full
+    (added when missing, never below the lowest level), every lower level gets a short check. ``None``
+    (no odds, or odds that call every level safe) leaves the levels as they are, with no checks."""
+    ordered = tuple(sorted(set(levels)))
+    if onset is None or not ordered:
+        return ordered, frozenset()
+    placed = sorted(set(ordered) | {c for c in (onset - 1, onset) if c >= ordered[0]})
+    return tuple(placed), frozenset(c for c in placed if c < onset - 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,19 @@ def test_production_shape_is_the_default_with_the_headers_block_size(
     assert "--prefix-sharing is the default now" in capsys.readouterr().err
 
 
+def test_the_odds_place_only_the_default_levels(trace: Path) -> None:
+    """Levels the user names (``--concurrency``, ``--ramp``) are measured as named; the default ones
+    (the demo's, or the default ladder against a URL) are placed by the trace's odds."""
+    from oomload.cli import build_parser
+    from oomload.cli.replay import build_config
+
+    def placed(*flags: str) -> bool:
+        return bool(build_config(build_parser().parse_args(["replay", str(trace), *flags])).place_levels)
+
+    assert placed() and placed("--url", "http://127.0.0.1:9")
+    assert not placed("--concurrency", "1,2,4") and not placed("--ramp", "linear:1:8:1")
+
+
 def test_missing_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err

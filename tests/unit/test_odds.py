@@ -7,7 +7,7 @@ import math
 import pytest
 
 from oomload.capacity import blocks_held, usable_blocks
-from oomload.odds import LevelOdds, Pool, level_odds, trace_odds
+from oomload.odds import LevelOdds, Pool, level_odds, predicted_onset, trace_odds
 
 
 def test_fixed_lengths_preempt_exactly_above_the_arithmetic_onset() -> None:
@@ -67,3 +67,50 @@ def test_pool_from_cache_config_reads_vllm_label_strings() -> None:
     assert pool == Pool(num_gpu_blocks=799, block_size=16, max_model_len=8192)
     assert Pool.from_cache_config({"num_gpu_blocks": "None", "block_size": "16"}) is None
     assert Pool.from_cache_config(None) is None
+
+
+def _odds_rising_from(onset: int, asked: list[int]) -> object:
+    """Odds that call every level below ``onset`` safe (no episode) and rise from it; records each ask."""
+
+    def odds_at(c: int) -> LevelOdds:
+        asked.append(c)
+        return (
+            LevelOdds(c, 1000, 30 * (c - onset + 1), 20 * (c - onset + 1))
+            if c >= onset
+            else LevelOdds(c, 1000, 0, 0)
+        )
+
+    return odds_at
+
+
+@pytest.mark.parametrize("onset", [3, 5, 6, 7, 8, 9, 12, 16])
+def test_the_predicted_onset_is_the_lowest_level_the_odds_do_not_call_safe(onset: int) -> None:
+    asked: list[int] = []
+    assert predicted_onset((1, 2, 4, 8, 16), _odds_rising_from(onset, asked)) == onset  # type: ignore[arg-type]
+    # the ramp's levels up to the first unsafe one, then a bisection of the gap below it: few asks
+    assert len(set(asked)) <= 5 + 3 and max(asked) <= 16
+
+
+def test_the_predicted_onset_stays_within_the_levels() -> None:
+    asked: list[int] = []
+    assert predicted_onset((4, 8, 16), _odds_rising_from(2, asked)) == 4  # type: ignore[arg-type]
+    assert min(asked) == 4  # nothing below the lowest level is asked
+    assert predicted_onset((1, 2, 4), _odds_rising_from(9, [])) is None  # type: ignore[arg-type]
+
+
+def test_the_predicted_onset_on_mixed_lengths_is_where_the_odds_first_ask_for_evidence() -> None:
+    """On a real trace's lengths the search lands on the lowest level whose ``requests_for`` is not
+    ``None`` among every integer level, computed one by one."""
+    lengths = [(40 + 97 * k % 600, 5 + 31 * k % 60) for k in range(200)]
+    prompts, outputs = [p for p, _ in lengths], [o for _, o in lengths]
+    pool = Pool(num_gpu_blocks=160, block_size=16, max_model_len=1024)
+    cache: dict[int, LevelOdds] = {}
+
+    def odds_at(c: int) -> LevelOdds:
+        if c not in cache:
+            cache[c] = level_odds(prompts, outputs, pool, c, requests=400)
+        return cache[c]
+
+    onset = predicted_onset((1, 2, 4, 8, 12), odds_at)
+    every = [c for c in range(1, 13) if odds_at(c).requests_for() is not None]
+    assert onset == min(every) == 6  # 4 is safe, 8 is not, 6 is the first between them

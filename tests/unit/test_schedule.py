@@ -18,6 +18,7 @@ from oomload.schedule import (
     next_step,
     parse_levels,
     parse_stop_condition,
+    place_levels,
     refine_bracket,
 )
 
@@ -217,3 +218,30 @@ def test_a_clean_step_short_of_evidence_is_no_vote_for_its_level() -> None:
     assert not level_is_bad(plan.stop_on, [bad, clean, clean])  # 1 of 3
     assert level_is_bad(plan.stop_on, [bad, clean, short])  # 1 of 2: ties are bad
     assert not level_is_bad(plan.stop_on, [short, short])  # nothing seen
+
+
+def test_the_odds_place_the_onset_and_the_level_below_it_in_the_ramp_and_check_the_rest_briefly() -> None:
+    assert place_levels((1, 2, 4, 8, 16), 8) == ((1, 2, 4, 7, 8, 16), frozenset({1, 2, 4}))
+    assert place_levels((1, 2, 4, 8, 16), 10) == ((1, 2, 4, 8, 9, 10, 16), frozenset({1, 2, 4, 8}))
+    assert place_levels((1, 2, 4, 8, 16), 5) == ((1, 2, 4, 5, 8, 16), frozenset({1, 2}))
+    assert place_levels((4, 8, 16), 4) == ((4, 8, 16), frozenset())  # nothing below the lowest level
+    assert place_levels((1, 2, 4), None) == ((1, 2, 4), frozenset())  # no odds: the levels as given
+
+
+def test_placed_levels_make_the_bracket_adjacent_so_the_repeats_start_at_once() -> None:
+    """With the onset where the odds put it, the ramp itself brackets it: no bisection step follows."""
+    levels, checks = place_levels((1, 2, 4, 8, 16), 8)
+    plan = SchedulePlan(levels=levels, stop_on=FIRST_PREEMPTION, repeats=3, checks=checks)
+    history = [
+        StepOutcome(StepPlan(i, c, "ramp"), completed=20, preemptions=int(c >= 8))
+        for i, c in enumerate(levels[:5])
+    ]
+    decision = next_step(plan, history)
+    assert decision.step is not None and decision.step.phase == "refine" and decision.step.concurrency == 8
+
+
+def test_a_short_check_holds_a_share_of_the_hold_and_only_at_ramp_levels() -> None:
+    plan = SchedulePlan(levels=(1, 2, 7, 8), checks=frozenset({1, 2}))
+    assert plan.check_hold(Hold(4.0, 3)) == Hold(1.0, 3)
+    with pytest.raises(ConfigError):
+        SchedulePlan(levels=(1, 2, 7, 8), checks=frozenset({3}))

@@ -78,7 +78,7 @@ def register(subparsers: Any) -> None:
         "--ramp", metavar="SPEC", help="linear:START:STOP:STEP or geometric:START:STOP:FACTOR"
     )
     shape.add_argument(
-        "--hold-s", type=float, help="seconds per step (default 30; 4 against the simulated demo server)"
+        "--hold-s", type=float, help="seconds per step (default 30; 2 against the simulated demo server)"
     )
     shape.add_argument("--min-requests", type=int, default=0, help="completed requests per step (default 0)")
     shape.add_argument(
@@ -268,6 +268,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         refine=not args.no_refine,
         repeats=args.repeats,
         evidence=not args.no_evidence,
+        place_levels=not (args.ramp or args.concurrency),  # levels the user names are measured as named
         stop_on=stop_on,
         max_duration_s=args.max_duration_s,
         order=args.order,

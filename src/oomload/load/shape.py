@@ -34,7 +34,16 @@ again every ``EXTEND_CHECK_S``, until the step has sent enough requests, ``EXTEN
 hold has passed, or the run's maximum duration is spent. The scrape that shows a preemption (or ends
 the extension) is the step's boundary. The end line says how long the step was extended and how many
 requests the odds asked for.
-A step that already preempted needs no more evidence: it is unsafe.
+A step that already preempted needs no more evidence: it is unsafe. So a *repeat* (a refinement step:
+the question it answers is only whether its level preempts) ends as soon as the poller's latest
+scrape (``latest_scrape``, read on every tick, no extra request) shows the counter above the step's
+baseline, after ``PREEMPTED_MIN_S`` — its end line says ``"reason": "preempted"``. Ramp steps keep
+their hold: they also measure the level's latencies and whether the engine survives it.
+
+A hold counts from the tick that opened the step, not from the end of the boundary scrape read in
+that tick: Locust ticks once a second, so counting from after the scrape made every hold one tick
+longer than asked (a 4 s hold lasted 5.0 s). The step's recorded duration still runs from the scrape
+that opened it to the one that closed it — both read while the users send — so it is the hold.
 
 The boundary scrape (``/metrics``) gives the preemption counter and the server's latency sums, from
 which the end line's ``server_concurrency`` comes (``oomload.serverside``: what vLLM itself held over
@@ -67,6 +76,7 @@ from oomload.serverside import ServerConcurrency, server_concurrency
 SPAWN_RATE = 100.0  # users per second (Locust warns above 100); a step of c users starts within c/100 s
 EXTEND_CHECK_S = 2.0  # while a step is extended for evidence, read the preemption counter this often
 EXTEND_MAX_FACTOR = 12.0  # a step is extended to at most this many times its hold
+PREEMPTED_MIN_S = 1.0  # a refinement step that preempted ends once it has run this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +134,7 @@ class StepDriver:
         step_done: Callable[[float, int], bool] | None = None,
         settle_s: float = 0.0,
         evidence: Callable[[StepPlan], int | None] = lambda _step: None,
+        latest_scrape: Callable[[], Mapping[str, Any] | None] = lambda: None,
     ) -> None:
         self.plan = plan
         self.hold = hold
@@ -139,6 +150,7 @@ class StepDriver:
         self.step_done = step_done
         self.settle_s = settle_s
         self.evidence = evidence
+        self.latest_scrape = latest_scrape
         self._needed: int | None = None  # requests the current step must send (the odds), if any
         self._extended_from_s: float | None = None  # when the hold was done and the extension began
         self._next_check_s = 0.0
@@ -148,6 +160,8 @@ class StepDriver:
         self.end_reason: str | None = None
         self.started_unix_s: float | None = None
         self._step_start_s = 0.0
+        self._tick_s = 0.0  # when the current tick began (Locust ticks once a second)
+        self._held_from_s = 0.0  # the tick that opened the current step: its hold counts from there
         self._scrape_at_start: MetricsRow | None = None
 
     @property
@@ -165,14 +179,22 @@ class StepDriver:
         return None if self.current is None else self._step_start_s
 
     def hold_for(self, step: StepPlan) -> Hold:
-        """The hold a step runs for (warmup steps have their own)."""
-        return self.warmup_hold if step.phase == "warmup" else self.hold
+        """The hold a step runs for (warmup steps have their own; a ramp step at a level the odds call
+        safe, below the two they placed, is a short check: ``SchedulePlan.checks``)."""
+        if step.phase == "warmup":
+            return self.warmup_hold
+        if self._is_check(step):
+            return self.plan.check_hold(self.hold)
+        return self.hold
+
+    def _is_check(self, step: StepPlan) -> bool:
+        return step.phase == "ramp" and step.concurrency in self.plan.checks
 
     def tick(self) -> tuple[int, float] | None:
         """Locust's shape contract: ``(users, spawn_rate)`` for now, or ``None`` to stop."""
         if self.finished:
             return None
-        now = self.clock()
+        now = self._tick_s = self.clock()
         if self.current is None:
             self.started_unix_s = now
             return self._follow(next_step(self.plan, []), now)
@@ -225,13 +247,27 @@ class StepDriver:
             return "server_dead"
         if max_duration_exceeded(now - self.started_unix_s, self.max_duration_s):
             return "max_duration"
-        elapsed = now - self._step_start_s
+        elapsed = now - self._held_from_s
         completed = self.meter.completed()
+        if self.current.phase == "refine" and elapsed >= PREEMPTED_MIN_S and self._preempted_since_start():
+            return "preempted"
         if self._extended_from_s is not None and now < self._next_check_s:
             return None
         if self.step_done is not None:
             return "hold_done" if self.step_done(elapsed, completed) else None
-        return "hold_done" if self.hold_for(self.current).done(elapsed, completed) else None
+        hold = self.hold_for(self.current)
+        if hold.done(elapsed, completed):
+            return "hold_done"
+        if self._is_check(self.current) and self.hold.done(elapsed, completed):
+            return "hold_done"  # a short check short of its requests ends at the full hold at the latest
+        return None
+
+    def _preempted_since_start(self) -> bool:
+        """The poller's latest scrape shows the preemption counter above the step's baseline."""
+        record = self.latest_scrape()
+        latest = None if record is None else _preemptions(MetricsRow.from_json(record))
+        before = _preemptions(self._scrape_at_start)
+        return before is not None and latest is not None and latest > before
 
     def _extend(self, now: float, boundary: MetricsRow | None) -> bool:
         """Keep the step running for evidence (module docstring)? Starts or continues an extension."""
@@ -254,7 +290,7 @@ class StepDriver:
             return False
         if self._extended_from_s is None:
             self._extended_from_s = now
-        self._next_check_s = now + EXTEND_CHECK_S
+        self._next_check_s = self._tick_s + EXTEND_CHECK_S  # on the tick grid, as the hold
         return True
 
     def _follow(
@@ -276,6 +312,7 @@ class StepDriver:
         """Open ``step`` at ``now`` with the scrape read at this boundary."""
         self.current = step
         self._step_start_s = now
+        self._held_from_s = min(self._tick_s, now)
         self._scrape_at_start = scrape
         self._needed = None if step.phase == "warmup" else self.evidence(step)
         self._extended_from_s = None

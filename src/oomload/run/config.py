@@ -24,7 +24,10 @@ from oomload.trace import TraceRecord, read_trace_header
 
 # The demo target: a simulated Llama-3.1-8B on an L4 (device memory as vLLM would use it, served on the
 # simulator's /dcgm/metrics) whose KV cache preempts on traces/sample-chat.jsonl within the first few
-# steps, fast enough (time scale 0.1) for the whole demo to finish in about a minute.
+# steps. Time scale 0.025 and 2 s holds: the onset's level preempts about once per 100 requests on the
+# simulator, and the demo measures it at least twice (the majority of its repeats), so the time per request
+# decides the demo's time — at 0.1 with 4 s holds one run took 54–104 s, at 0.025 with 2 s holds 41 s (the
+# levels around the onset still send 30–120 requests a step; bench_onset_repeat).
 DEMO_MODEL = "llama-3.1-8b"
 DEMO_GPU = "l4"
 DEMO_SIM_ARGS: tuple[str, ...] = (
@@ -39,10 +42,10 @@ DEMO_SIM_ARGS: tuple[str, ...] = (
     "--max-num-seqs",
     "64",
     "--time-scale",
-    "0.1",
+    "0.025",
 )
 DEMO_LEVELS = (1, 2, 4, 8, 16)  # the demo preempts at about 10: the refinement finds it
-DEMO_HOLD_S = 4.0
+DEMO_HOLD_S = 2.0
 PREFLIGHT_TIMEOUT_S = 30.0
 RAMP_DOWN_GRACE_S = 10.0
 REQUEST_TIMEOUT_S = 600.0  # the one default for a request's limit, from connect to the last byte
@@ -104,6 +107,7 @@ class ReplayConfig:
     refine: bool = True
     repeats: int = DEFAULT_REPEATS  # measurements of each of the two levels bracketing the onset
     evidence: bool = True  # extend a clean step until the trace's odds say it sent enough requests
+    place_levels: bool = False  # the odds place the ramp (schedule.place_levels): default levels only
     stop_on: tuple[StopCondition, ...] = (StopCondition("oom"),)
     max_duration_s: float | None = 1800.0
     order: str = "trace"

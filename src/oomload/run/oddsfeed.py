@@ -6,6 +6,11 @@ then held 4.8 requests in flight instead of 8, because the step's clock started 
 So:
 
 1. before the load starts, the ramp's own levels are computed here, at once (nothing is running yet);
+   with ``place``, only those that find where the odds put the onset (``odds.predicted_onset``: the
+   ramp's levels up to the first one the odds do not call safe, then a bisection below it), and the
+   ramp becomes the placed one (``schedule.place_levels``: the onset and the level below it, short
+   checks under them); the ramp's higher levels go to the child first (a level whose odds are not
+   known when its step is done is simply not extended);
 2. every other level the refinement may visit — the integers between the lowest and the highest ramp
    level — is computed by a child process (``python -m oomload.run.oddsfeed``, at a low CPU priority)
    in the order a bisection visits them (each gap's midpoint first), and read back line by line by a
@@ -38,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from oomload.capacity import PROMPT_SHAPES, PromptShape, SharedPrefixes
-from oomload.odds import LevelOdds, Pool, level_odds, trace_odds, trace_prefixes
+from oomload.odds import LevelOdds, Pool, level_odds, predicted_onset, trace_prefixes
+from oomload.schedule import place_levels
 from oomload.trace import PrefixInfo, TraceRecord, read_trace, read_trace_header
 
 CHILD_NICE = 10
@@ -72,6 +78,7 @@ class OddsFeed:
         seed: int,
         record: Callable[[LevelOdds], None],
         shape: PromptShape = "worst-case",
+        place: bool = False,
     ) -> None:
         self.pool = pool
         self.record = record
@@ -80,11 +87,24 @@ class OddsFeed:
         prompts, outputs = [r.prompt_tokens for r in records], [r.output_tokens for r in records]
         prefixes = trace_prefixes(records, _prefix_info(trace_path), pool.block_size)
         shared = prefixes if shape == "production" else None
-        for odds in trace_odds(prompts, outputs, pool, levels, seed=seed, shared=shared):  # before any load
-            self._add(odds)
+
+        def odds_at(level: int) -> LevelOdds:  # before any load: computed here, at once
+            known = self._known.get((shape, level))
+            if known is None:
+                known = level_odds(prompts, outputs, pool, level, seed=seed, shared=shared)
+                self._add(known)
+            return known
+
+        # where the odds put the onset, and the ramp placed around it (module docstring); placing asks
+        # the ramp's levels only up to the first one the odds do not call safe: the child does the rest
+        self.onset: int | None = predicted_onset(levels, odds_at) if place else None
+        if not place:
+            for level in levels:
+                odds_at(level)
+        self.levels, self.checks = place_levels(levels, self.onset)
         self._child: Any = None
-        rest = bisection_order(levels)
-        other = sorted(set(levels) | set(rest)) if prefixes.any else []
+        rest = [c for c in [*self.levels, *bisection_order(self.levels)] if (shape, c) not in self._known]
+        other = sorted(set(self.levels) | set(bisection_order(self.levels))) if prefixes.any else []
         if rest or other:
             self._start_child(trace_path, rest, other, seed)
 

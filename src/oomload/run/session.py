@@ -31,6 +31,7 @@ waiting for the requests in flight (their results could not be kept), and the en
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import socket
 import sys
@@ -90,6 +91,7 @@ class Session:
         self.watch = DeathWatch(self)
         self.context: Any = None
         self.driver: Any = None
+        self.plan: SchedulePlan | None = None  # the schedule the run follows (placed by the odds, if any)
         self.odds: Any = None  # the trace's odds for this run (run.oddsfeed.OddsFeed), when the pool is known
         self.interrupted = False
         self.progress: Any = None
@@ -185,6 +187,9 @@ class Session:
 
         if self.distributed:
             meter = MasterMeter(self, user_class)
+        evidence = self._evidence()
+        plan = self._placed(plan)
+        self.plan = plan
         self.driver = StepDriver(
             plan,
             hold,
@@ -198,7 +203,8 @@ class Session:
             on_step_end=self._on_step_end,
             step_done=step_done,
             settle_s=config.grace_s(),
-            evidence=self._evidence(),
+            evidence=evidence,
+            latest_scrape=self._latest_scrape,
         )
         self.env = Environment(
             user_classes=[user_class], shape_class=make_shape(self.driver, keep_open=True), host=self.url
@@ -280,11 +286,43 @@ class Session:
             shape="production"
             if prefix_mode(self.config, self.records)["mode"] == "shared"
             else "worst-case",
+            place=self.config.evidence and self.config.place_levels and not self.config.open_loop,
         )
         if not self.config.evidence or self.config.open_loop:
             return lambda _step: None
         feed = self.odds
         return lambda step: feed.requests_for(step.concurrency)
+
+    def _latest_scrape(self) -> dict[str, Any] | None:
+        """The poller's last ok scrape, for a repeat to end at its preemption (``load.shape``); none
+        with ``--no-evidence`` (every step then holds in full)."""
+        if self.poller is None or not self.config.evidence:
+            return None
+        latest: dict[str, Any] | None = self.poller.latest
+        return latest
+
+    def _placed(self, plan: SchedulePlan) -> SchedulePlan:
+        """The ramp placed where the trace's odds put the onset (``schedule.place_levels``), said in one
+        line and recorded as a ``levels_placed`` event; ``plan`` as it is without odds, with levels the
+        user named (``--concurrency``, ``--ramp``), ``--no-evidence``, an open loop or odds that call every
+        level safe."""
+        feed = self.odds
+        if feed is None or feed.onset is None:  # no odds, or not placing (``_evidence``)
+            return plan
+        placed = dataclasses.replace(plan, levels=feed.levels, checks=feed.checks)
+        checks = ",".join(map(str, sorted(feed.checks)))
+        self.writer.event(
+            "levels_placed", onset=feed.onset, levels=list(feed.levels), checks=sorted(feed.checks)
+        )
+        self.console.print(
+            f"the trace's odds put the onset at {feed.onset}: levels {','.join(map(str, feed.levels))}"
+            + (
+                f" ({checks}: short checks, {plan.check_hold(self.config.hold()).hold_s:g} s)"
+                if checks
+                else ""
+            )
+        )
+        return placed
 
     def _start_master(self, meter: MasterMeter) -> None:
         """A Locust master: bind, start the local workers, wait for all K to be bound and ready."""
@@ -361,13 +399,14 @@ class Session:
     def _plan_snapshot(self) -> PlanState:
         """The schedule and where the run is in it (``PlanState``)."""
         config, driver = self.config, self.driver
+        levels = self.plan.levels if self.plan is not None else config.levels
         plan = PlanState(
-            levels=tuple(config.levels),
+            levels=tuple(levels),
             hold_s=config.hold_s,
             min_requests=config.min_requests,
             warmup=config.warmup_s > 0,
             refine=config.refine and not config.open_loop,
-            planned_steps=len(config.levels) + (1 if config.warmup_s > 0 else 0),
+            planned_steps=len(levels) + (1 if config.warmup_s > 0 else 0),
             open_loop=config.open_loop,
         )
         step = driver.current if driver is not None else None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from oomload.load.shape import StepCount, StepDriver
 from oomload.schedule import Hold, SchedulePlan, StepPlan, StopCondition
 
@@ -237,3 +239,113 @@ def test_an_extension_is_bounded() -> None:
     assert history[0].evidence_short  # the schedule does not count it as a vote for a clean level
     end = next(line for line in lines if line["event"] == "end")
     assert end["duration_s"] <= 2.0 * 12 + 2.5  # EXTEND_MAX_FACTOR × the hold, plus one check interval
+
+
+def test_a_short_check_ends_at_its_share_of_the_hold_and_a_refinement_there_holds_in_full() -> None:
+    """Ramp levels the odds call safe (``SchedulePlan.checks``) get a short check; when the run comes
+    back to such a level to bisect (the odds were wrong), that step gets the whole hold."""
+    meter, sink, clock = FakeMeter(), Lines(), [100.0]
+    preempting = {"total": 0}
+    plan = SchedulePlan(
+        levels=(1, 2, 8), stop_on=(StopCondition("first-preemption"),), checks=frozenset({1, 2})
+    )
+
+    def scrape() -> dict[str, Any]:
+        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": preempting["total"]}
+
+    driver = StepDriver(plan, Hold(4.0), meter, sink, boundary_scrape=scrape, clock=lambda: clock[0])
+    driver.on_step = lambda step: preempting.__setitem__(
+        "total", preempting["total"] + int(step.concurrency >= 2)
+    )
+    for _ in range(400):
+        if driver.tick() is None:
+            break
+        clock[0] += 0.25
+    ends = [
+        (line["concurrency"], line["phase"], line["duration_s"])
+        for line in sink.lines
+        if line["event"] == "end"
+    ]
+    assert [(c, phase) for c, phase, _ in ends] == [(1, "ramp"), (2, "ramp")]  # 2 preempted: bracket (1, 2)
+    assert all(d < 1.5 for _, _, d in ends)  # a quarter of the 4 s hold, read on 0.25 s ticks
+    plan = SchedulePlan(levels=(1, 2, 8), stop_on=(StopCondition("first-preemption"),), checks=frozenset({1}))
+    assert StepDriver(plan, Hold(4.0), meter, sink).hold_for(StepPlan(5, 1, "refine")) == Hold(4.0)
+    assert StepDriver(plan, Hold(4.0), meter, sink).hold_for(StepPlan(0, 1, "ramp")) == Hold(1.0, 3)
+
+
+class SlowMeter(FakeMeter):
+    """Requests that take long: ``ended`` of them have ended in the step so far."""
+
+    ended_now = 0
+
+    def completed(self) -> int:
+        return self.ended_now
+
+
+@pytest.mark.parametrize(("ended", "duration_s"), [(3, 1.0), (2, 4.0)])
+def test_a_short_check_waits_for_three_ended_requests_up_to_the_full_hold(
+    ended: int, duration_s: float
+) -> None:
+    """Fewer than 3 ended requests make a step "anecdotal" in the verdict: a check waits for them,
+    but never longer than the full hold (a server that does not answer does not stall the run)."""
+    meter, sink, clock = SlowMeter(), Lines(), [100.0]
+    meter.ended_now = ended
+    plan = SchedulePlan(levels=(1, 8), stop_on=(StopCondition("never"),), checks=frozenset({1}))
+    driver = StepDriver(plan, Hold(4.0), meter, sink, clock=lambda: clock[0])
+    for tick in range(1, 20):
+        if driver.tick() is None:
+            break
+        clock[0] = 100.0 + tick
+    assert next(line["duration_s"] for line in sink.lines if line["event"] == "end") == duration_s
+
+
+def test_a_repeat_ends_at_its_preemption_and_a_ramp_step_holds_in_full() -> None:
+    """The poller's latest scrape shows the counter rising 1.5 s into each step at 8: the ramp step
+    holds its 4 s anyway, the refinement step at 8 ends on the next tick with ``preempted``."""
+    meter, sink, clock = FakeMeter(), Lines(), [100.0]
+    state = {"total": 0, "since": 0.0, "level": 0}
+    plan = SchedulePlan(levels=(7, 8), stop_on=(StopCondition("oom"),), repeats=3)
+
+    def counter() -> int:
+        rising = state["level"] >= 8 and clock[0] - state["since"] >= 1.5
+        return int(state["total"] + rising)
+
+    def scrape() -> dict[str, Any]:
+        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": counter()}
+
+    def on_step(step: StepPlan) -> None:
+        state["total"], state["since"], state["level"] = counter(), clock[0], step.concurrency
+
+    driver = StepDriver(plan, Hold(4.0), meter, sink, boundary_scrape=scrape, clock=lambda: clock[0],
+                        latest_scrape=scrape)  # fmt: skip
+    driver.on_step = on_step
+    for _ in range(400):
+        if driver.tick() is None:
+            break
+        clock[0] += 0.5
+    ends = [(line["concurrency"], line["phase"], line["reason"], line["duration_s"]) for line in sink.lines
+            if line["event"] == "end"]  # fmt: skip
+    assert ends[:2] == [(7, "ramp", "hold_done", 4.0), (8, "ramp", "hold_done", 4.0)]
+    repeats_at_8 = [e for e in ends[2:] if e[0] == 8]
+    assert repeats_at_8 and all(reason == "preempted" and 1.5 <= d < 4.0 for _, _, reason, d in repeats_at_8)
+    assert all(e[2] == "hold_done" for e in ends[2:] if e[0] == 7)  # a clean repeat holds in full
+
+
+def test_a_hold_counts_from_the_tick_that_opened_the_step() -> None:
+    """Locust ticks once a second and the boundary scrape takes time within a tick: a 4 s hold is
+    done on the fourth tick after the step opened (it lasted 5 s when counted from after the scrape)."""
+    meter, sink, clock = FakeMeter(), Lines(), [100.0]
+
+    def scrape() -> dict[str, Any]:
+        clock[0] += 0.2  # a /metrics read takes 0.2 s
+        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": 0}
+
+    plan = SchedulePlan(levels=(2, 4), stop_on=(StopCondition("never"),))
+    driver = StepDriver(plan, Hold(4.0), meter, sink, boundary_scrape=scrape, clock=lambda: clock[0])
+    for tick in range(1, 40):
+        if driver.tick() is None:
+            break
+        clock[0] = 100.0 + tick  # the next tick, a second after the last one began
+    durations = [line["duration_s"] for line in sink.lines if line["event"] == "end"]
+    # the first step opens before its baseline scrape, so it also counts the closing scrape's 0.2 s
+    assert durations == [pytest.approx(4.2), pytest.approx(4.0)]

@@ -79,3 +79,17 @@ def test_the_feed_answers_with_the_odds_of_the_prompts_the_run_sends(tmp_path: P
         assert (needed is None) == (shape == "production")  # shared: 6 fit; distinct: 3 fit
         feed.stop()
     assert ("production", 6) in seen and ("worst-case", 6) in seen
+
+
+def test_the_feed_places_the_ramp_where_the_odds_put_the_onset(tmp_path: Path) -> None:
+    """One fixed length holding 16 of 81 blocks: 5 fit, the odds' onset is 6. Between the ramp's 4
+    (safe) and 7 (not) the feed bisects 5 and 6 before any load; the ramp becomes 4 (a short check),
+    5, 6 and 7, with no gap left for the child process."""
+    seen: list[int] = []
+    records = [TraceRecord("r0", 0.0, 100, 155)]
+    feed = OddsFeed(records, Pool(81, 16, 1024), [4, 7], trace_path=tmp_path / "unused.jsonl", seed=0,
+                    record=lambda o: seen.append(o.concurrency), place=True)  # fmt: skip
+    assert (feed.onset, feed.levels, feed.checks) == (6, (4, 5, 6, 7), frozenset({4}))
+    assert seen == [4, 7, 5, 6] and feed._child is None
+    assert feed.requests_for(5) is None and feed.requests_for(6) is not None
+    feed.stop()

@@ -1,5 +1,5 @@
 """``oomload tune TRACE --serve 'vllm serve MODEL …' --target-concurrency C``: find and prove the memory
-settings that carry the target (``oomload.tunerun``; the search's rules: ``oomload.tunesearch``)."""
+settings that carry the target (``oomload.tune.run``; the search's rules: ``oomload.tune.search``)."""
 
 from __future__ import annotations
 
@@ -82,9 +82,9 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from oomload.servecmd import parse_serve_command
-    from oomload.tunerun import TuneConfig, run_tune
-    from oomload.tunesearch import NO_TARGET_SEQS, SearchSpace, Settings, seqs_ladder
+    from oomload.tune.run import TuneConfig, run_tune
+    from oomload.tune.search import NO_TARGET_SEQS, SearchSpace, Settings, seqs_ladder
+    from oomload.tune.servecmd import parse_serve_command
 
     if not args.trace.is_file():
         raise ConfigError(f"trace {args.trace} does not exist")
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _memory_ladder(args: argparse.Namespace, own_utilization: str | None, fixed: set[str]) -> tuple[Any, ...]:
-    from oomload.tunesearch import Settings, utilization_ladder
+    from oomload.tune.search import Settings, utilization_ladder
 
     given = [x for x in (args.utilization, args.num_gpu_blocks, args.kv_cache_memory_bytes) if x]
     if len(given) > 1:

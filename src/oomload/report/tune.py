@@ -27,8 +27,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from oomload.errors import ConfigError
-from oomload.tunerecord import TuneRecord
-from oomload.tunesearch import Candidate
+from oomload.tune.record import TuneRecord
+from oomload.tune.search import Candidate
 
 TUNE_JSON = "tune.json"
 TUNE_MD = "tune.md"

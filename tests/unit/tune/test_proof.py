@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from oomload.odds import Pool
-from oomload.tunerun import proof_from_summary
+from oomload.tune.run import proof_from_summary
 
 POOL = Pool(num_gpu_blocks=12, block_size=256, max_model_len=768)
 

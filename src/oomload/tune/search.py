@@ -13,7 +13,7 @@ The rules, in order — every candidate records the rule that produced it, and t
 
 1. **First candidate**: the most memory on the ladder and ``max_num_seqs`` at the target (the
    largest ladder value ≤ the target) — the setting with the most headroom, if it starts.
-2. **A failed start** moves by its cause (``oomload.startup``):
+2. **A failed start** moves by its cause (``oomload.tune.startup``):
 
    * not enough free device memory → the highest utilization on the ladder that the free memory the
      server reported allows (free / total, less half a point), skipping the ones that cannot start;
@@ -57,7 +57,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from oomload.odds import Pool, level_odds
-from oomload.startup import StartCause, StartupFailure
+from oomload.tune.servecmd import flag_text
+from oomload.tune.startup import StartCause, StartupFailure
 
 MIN_BATCHED_TOKENS = 512
 DEFAULT_BATCHED_TOKENS = 2048  # vLLM V1's API-server default on most GPUs (vllm-facts §7)
@@ -102,7 +103,7 @@ class Settings:
         for name, flag in _FLAG.items():
             value = getattr(self, name)
             if value is not None:
-                out.append((flag, f"{value:g}" if isinstance(value, float) else str(value)))
+                out.append((flag, flag_text(value)))
         if self.enable_prefix_caching is not None:
             out.append(
                 (

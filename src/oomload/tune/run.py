@@ -7,22 +7,22 @@
 2. prints the bounds before anything starts: at most ``max_starts`` server starts and
    ``max_duration_s`` of wall time (a candidate is not started when the time left is below its
    start-up timeout plus its replay bound);
-3. per candidate (``tunesearch.next_proposal``), one at a time:
+3. per candidate (``search.next_proposal``), one at a time:
 
    * the free device memory (NVML, when there is a GPU) just before the start;
    * start the user's ``--serve`` line with the candidate's flags (``servecmd``) through
      ``oomload.realvllm.server.RealVllmServer`` — its own process group, loopback and a free port
      unless told otherwise, ``/health`` awaited, the log in ``candidates/NN/server.log`` — and a
-     failed start is classified from that log (``oomload.startup``);
+     failed start is classified from that log (``oomload.tune.startup``);
    * the pool from ``/metrics`` (``vllm:cache_config_info``; the start-up log's "KV cache size" line
-     when the metric is missing), the trace's odds on it (``tunesearch.odds_guide``);
+     when the metric is missing), the trace's odds on it (``search.odds_guide``);
    * a replay at the target and one level above (``oomload replay`` in a child process, its run
      directory ``candidates/NN/run``; ``--min-requests`` is what the odds need for 99 % evidence,
      between ``2 × target`` and ``max_requests``; ``--stop-on first-preemption``), read back from its
      ``summary.json``;
    * the server stopped — whole process group — whatever happened (``with``);
-   * ``tune.json`` rewritten (``tunerecord``);
-4. the winner (``tunesearch.pick_winner``) and the report (``oomload.report.tune``).
+   * ``tune.json`` rewritten (``record``);
+4. the winner (``search.pick_winner``) and the report (``oomload.report.tune``).
 
 A Ctrl-C at any moment: the replay child gets it too and writes its partial report; the server is
 stopped by its ``with``; ``tune.json`` says ``interrupted`` and holds every candidate so far; exit 130.
@@ -58,14 +58,14 @@ from oomload.errors import ConfigError, EndpointError, ExitCode, ServeStartError
 from oomload.odds import Pool
 from oomload.realvllm.server import RealVllmServer, free_port, harness_env
 from oomload.run.preflight import preflight
-from oomload.servecmd import ServeCommand
-from oomload.startup import StartCause, classify_startup_failure, pool_from_log
 from oomload.stats import recommend_max_model_len
 from oomload.telemetry.scrape import fetch_text
 from oomload.telemetry.vllm_metrics import parse_vllm_metrics
 from oomload.trace import read_trace
-from oomload.tunerecord import TuneRecord
-from oomload.tunesearch import Candidate, Proof, SearchSpace, next_proposal, odds_guide, pick_winner
+from oomload.tune.record import TuneRecord
+from oomload.tune.search import Candidate, Proof, SearchSpace, next_proposal, odds_guide, pick_winner
+from oomload.tune.servecmd import ServeCommand
+from oomload.tune.startup import StartCause, classify_startup_failure, pool_from_log
 
 SERVER_LOG = "server.log"
 
@@ -74,7 +74,7 @@ SERVER_LOG = "server.log"
 class TuneConfig:
     trace_path: Path
     serve: ServeCommand
-    target: int | None  # None: the highest preemption-free concurrency (tunesearch)
+    target: int | None  # None: the highest preemption-free concurrency (tune.search)
     space: SearchSpace
     run_dir: Path
     host: str = "127.0.0.1"

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from oomload.startup import StartCause, StartupFailure
-from oomload.tunesearch import Candidate, Proof, Settings
+from oomload.tune.search import Candidate, Proof, Settings
+from oomload.tune.startup import StartCause, StartupFailure
 
 SCHEMA = "oomload.tune/1"
 

@@ -1,11 +1,10 @@
-"""The tuner's search rules (tunesearch's docstring), one scenario per rule, on typed candidates."""
+"""The tuner's search rules (oomload.tune.search's docstring), one scenario per rule, on typed candidates."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from oomload.startup import StartCause, StartupFailure
-from oomload.tunesearch import (
+from oomload.tune.search import (
     Candidate,
     Proof,
     SearchSpace,
@@ -15,6 +14,7 @@ from oomload.tunesearch import (
     seqs_ladder,
     utilization_ladder,
 )
+from oomload.tune.startup import StartCause, StartupFailure
 
 GIB = 1024**3
 SPACE = SearchSpace(

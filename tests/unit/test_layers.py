@@ -45,6 +45,8 @@ CORE = {
     "oomload.tune.search",
     "oomload.tune.record",
     "oomload.tune.servecmd",
+    "oomload.tune.rate",
+    "oomload.tune.context",
     "oomload.rundir.records",
     "oomload.verdict",
     "oomload.verdict.runview",
@@ -149,10 +151,12 @@ RUNNER = {
     "oomload.run.worker",
     "oomload.run.workers",
     "oomload.tune.run",
+    "oomload.tune.prove",
 }
 CLI = {
     "oomload.cli",
     "oomload.cli.crash",
+    "oomload.cli.flags",
     "oomload.cli.plan",
     "oomload.cli.replay",
     "oomload.cli.report",

@@ -56,7 +56,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from oomload.odds import Pool, level_odds
+from oomload.capacity import PromptShape, SharedPrefixes
+from oomload.odds import LevelOdds, Pool, level_odds
+from oomload.tune.rate import RateTarget
 from oomload.tune.servecmd import flag_text
 from oomload.tune.startup import StartCause, StartupFailure
 
@@ -148,9 +150,7 @@ class Proof:
 
     num_gpu_blocks: int | None
     block_size: int | None
-    predicted_onset: (
-        int | None
-    )  # the odds' first non-negligible level on this pool (None: none up to the limit)
+    predicted_onset: int | None  # the odds' first non-negligible level, production-shaped when shared
     odds_safe_max_num_seqs: int | None  # the largest ladder value the odds call safe at the target
     requests_for_evidence: int | None
     observed_onset: int | None  # the replay's preemption onset (None: none seen)
@@ -163,6 +163,8 @@ class Proof:
     ttft_p99_ms: float | None
     run_dir: str | None
     evidence: str  # one sentence: what the replay saw and how much it sent
+    predicted_onset_worst_case: int | None = None  # the same odds with every prompt distinct
+    prompts: str = "worst-case"  # the shape the odds and the replay used: "production" or "worst-case"
 
     @property
     def carries(self) -> bool:
@@ -187,6 +189,7 @@ class Candidate:
     free_device_bytes: int | None = None  # NVML, just before the start (None: not measured)
     proof: Proof | None = None
     startup_s: float | None = None
+    rate: RateTarget | None = None  # --target-rate: the open-loop replay on this candidate (tune.rate)
 
     @property
     def carries(self) -> bool:
@@ -238,6 +241,17 @@ def pick_winner(space: SearchSpace, history: Sequence[Candidate]) -> Candidate |
     return max(carriers, key=key)
 
 
+@dataclass(frozen=True, slots=True)
+class OddsGuide:
+    """The trace's odds on one started candidate's pool (``odds_guide``)."""
+
+    onset: int | None  # the first non-negligible level, the production shape (prefix reuse) when shared
+    onset_worst_case: int | None  # the same with every prompt distinct
+    safe_max_num_seqs: int | None  # the largest ladder value negligible at the target (replayed shape)
+    requests_for_evidence: int | None  # what a 99 % claim at the target needs (None: negligible)
+    shape: PromptShape  # the replayed shape: "production" when the trace carries shared prefixes
+
+
 def odds_guide(
     prompt_tokens: Sequence[int],
     output_tokens: Sequence[int],
@@ -245,39 +259,54 @@ def odds_guide(
     target: int | None,
     ladder: Sequence[int],
     *,
+    shared: SharedPrefixes | None = None,
     requests: int = 400,
     max_level: int | None = None,
-) -> tuple[int | None, int | None, int | None]:
-    """``(predicted_onset, odds_safe_max_num_seqs, requests_for_evidence)`` from the trace's odds.
+) -> OddsGuide:
+    """The trace's odds on ``pool``: both predicted onsets, the safe ``max_num_seqs`` and the evidence.
 
-    The onset is the first level (1 … ``max_level``, default twice the target) whose odds on ``pool``
-    are not negligible; the safe ``max_num_seqs`` is the largest ladder value whose odds at the target
+    An onset is the first level (1 … ``max_level``, default twice the target) whose odds on ``pool``
+    are not negligible: once production-shaped (``shared``: the trace's shared prefix blocks held once,
+    as the replay sends them) and once worst case (every prompt distinct); without shared prefixes
+    the two are one. The safe ``max_num_seqs`` is the largest ladder value whose odds at the target
     (with that many sequences admitted) are negligible; the evidence is what the odds at the target,
     all its requests admitted, need for a 99 % chance to see a preemption if the level preempts as they
-    say (None: negligible).
+    say (None: negligible). Both use the replayed shape (production when the trace shares prefixes).
     """
     if pool.max_model_len is None:  # no served limit known: none of the trace's requests is refused
         longest = max(p + o for p, o in zip(prompt_tokens, output_tokens, strict=True))
         pool = replace(pool, max_model_len=longest + 1)
-    onset = None
-    top = max_level or 2 * (target or pool.max_num_seqs)
-    for level in range(1, min(top, pool.max_num_seqs) + 1):  # above max_num_seqs the odds plateau
-        if not level_odds(prompt_tokens, output_tokens, pool, level, requests=requests).negligible:
-            onset = level
-            break
+    production = shared if shared is not None and shared.any else None
+
+    def odds(p: Pool, level: int, with_shared: SharedPrefixes | None) -> LevelOdds:
+        return level_odds(prompt_tokens, output_tokens, p, level, requests=requests, shared=with_shared)
+
+    def onset(with_shared: SharedPrefixes | None) -> int | None:
+        top = max_level or 2 * (target or pool.max_num_seqs)
+        for level in range(1, min(top, pool.max_num_seqs) + 1):  # above max_num_seqs the odds plateau
+            if not odds(pool, level, with_shared).negligible:
+                return level
+        return None
+
+    worst = onset(None)
     safe = None
     for seqs in sorted(ladder, reverse=True):  # preemption only grows with admitted sequences
-        capped = replace(pool, max_num_seqs=seqs)
         level = target or seqs  # without a target each setting is proved at its own max_num_seqs
-        if level_odds(prompt_tokens, output_tokens, capped, level, requests=requests).negligible:
+        if odds(replace(pool, max_num_seqs=seqs), level, production).negligible:
             safe = seqs
             break
     # evidence for a clean claim: enough requests to see the preemption the pool would give at the
     # target if max_num_seqs did not hold the requests back
     level = target or pool.max_num_seqs
     uncapped = replace(pool, max_num_seqs=max(pool.max_num_seqs, level))
-    at_target = level_odds(prompt_tokens, output_tokens, uncapped, level, requests=requests)
-    return onset, safe, at_target.requests_for()
+    at_target = odds(uncapped, level, production)
+    return OddsGuide(
+        onset=worst if production is None else onset(production),
+        onset_worst_case=worst,
+        safe_max_num_seqs=safe,
+        requests_for_evidence=at_target.requests_for(),
+        shape="worst-case" if production is None else "production",
+    )
 
 
 def _after_failure(space: SearchSpace, last: Candidate) -> Proposal | None:

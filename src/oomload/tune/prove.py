@@ -38,7 +38,7 @@ from oomload.telemetry.vllm_metrics import parse_vllm_metrics
 from oomload.trace import read_trace_header, write_trace
 from oomload.tune.context import TuneContext
 from oomload.tune.rate import RateTarget, arrival_scale, calibration_requests, rate_target_from_summary
-from oomload.tune.search import Candidate, OddsGuide, Proof, odds_guide
+from oomload.tune.search import Candidate, OddsGuide, Proof, headroom_level, odds_guide
 from oomload.tune.startup import pool_from_log
 
 
@@ -55,7 +55,7 @@ def prove(ctx: TuneContext, candidate: Candidate, url: str, log_path: Path, cand
         )
     evidence = None if guide is None else guide.requests_for_evidence
     min_requests = min(max(evidence or 0, 2 * target), config.max_requests)
-    above = target + max(1, target // 4)
+    above = headroom_level(target) or target + 1
     run_dir = cand_dir / "run"
     argv = [
         *_replay_argv(ctx, url, run_dir),
@@ -234,6 +234,7 @@ def proof_from_summary(
         evidence=evidence_text,
         predicted_onset_worst_case=None if guide is None else guide.onset_worst_case,
         prompts="worst-case" if guide is None else guide.shape,
+        odds_safe_above=None if guide is None else guide.safe_above,
     )
 
 

@@ -138,6 +138,7 @@ def candidate_to_json(c: Candidate) -> dict[str, Any]:
             "predicted_onset": proof.predicted_onset,
             "predicted_onset_worst_case": proof.predicted_onset_worst_case,
             "prompts": proof.prompts,
+            "odds_safe_above": proof.odds_safe_above,
             "odds_safe_max_num_seqs": proof.odds_safe_max_num_seqs,
             "requests_for_evidence": proof.requests_for_evidence,
             "observed_onset": proof.observed_onset,
@@ -188,6 +189,7 @@ def candidate_from_json(obj: Mapping[str, Any]) -> Candidate:
             evidence=str(p.get("evidence", "")),
             predicted_onset_worst_case=p.get("predicted_onset_worst_case", p.get("predicted_onset")),
             prompts=str(p.get("prompts", "worst-case")),
+            odds_safe_above=p.get("odds_safe_above"),
         )
     return Candidate(
         index=int(obj["index"]),

@@ -160,6 +160,7 @@ def _run_tune(config: TuneConfig, console: Console | None) -> int:
             history.append(candidate)
             if candidate.rate is not None and ctx.target is None:
                 ctx = with_rate_target(ctx, candidate.rate)
+                console.print(f"  target rate {escape(candidate.rate.sentence())}")
             elif ctx.waiting_for_rate and candidate.started:
                 notes.append(
                     f"the open-loop replay at {config.target_rate_rps:g} req/s measured nothing "
@@ -188,7 +189,6 @@ def with_rate_target(ctx: TuneContext, rate: RateTarget) -> TuneContext:
     space = ctx.space
     if not ctx.config.max_num_seqs_given and "max_num_seqs" not in space.fixed:
         space = replace(space, max_num_seqs=seqs_ladder(rate.concurrency))
-    ctx.console.print(f"  target rate {escape(rate.sentence())}")
     return replace(ctx, target=rate.concurrency, space=space)
 
 
@@ -267,7 +267,16 @@ def _run_candidate(
                 return candidate  # started, not proved: the tune stops with a note
             candidate = replace(candidate, rate=rate)
             ctx = with_rate_target(ctx, rate)
-        return replace(candidate, proof=prove(ctx, candidate, server.url, server.log_path, cand_dir))
+        proof = prove(ctx, candidate, server.url, server.log_path, cand_dir)
+        if candidate.rate is not None and candidate.rate.preemptions > 0:
+            # the open loop at the rate is the traffic itself: its bursts preempted this setting
+            proof = replace(
+                proof,
+                preempted_at_target=True,
+                evidence=f"{proof.evidence}; the open-loop replay at {candidate.rate.rate_rps:g} req/s "
+                f"preempted {candidate.rate.preemptions} times (bursts above the mean)",
+            )
+        return replace(candidate, proof=proof)
 
 
 @contextlib.contextmanager

@@ -26,11 +26,20 @@ The rules, in order — every candidate records the rule that produced it, and t
      recommended value (P99 + margin, ``stats.recommend_max_model_len``), or to the server's
      "estimated maximum model length" when even that does not fit;
    * the weights do not fit, or any other error → no next candidate (nothing oomload can tune).
-3. **A started candidate** is proved on load at the target. Then:
+3. **A started candidate** is proved on load at the target and at the headroom level above it (a
+   quarter more, ``headroom_level``). Then:
 
-   * it carried the target (no preemption, no death, no overflow, the SLO met) → the next larger
-     ``max_num_seqs`` on the ladder, to show where the headroom ends (the search stops for a reason:
-     the next setting preempts, or the ladder ends at the target);
+   * it carried the target (no preemption, no death, no overflow, the SLO met): the search seeks the
+     most headroom within its bounds —
+
+     - a larger ``max_num_seqs`` on the ladder not tried yet → the next one, to show where the headroom
+       ends (the search stops for a reason: the next setting preempts, or the ladder ends);
+     - at the target itself, the top of the ladder → ``max_num_seqs`` raised to the headroom level,
+       above the target, but only when the trace's odds on *this* pool (that many admitted) call it
+       safe: no restart is spent on a level the odds already say preempts;
+     - above the target (a headroom candidate, or ``--target-rate``'s first one, which ran at the
+       ladder's top): it held the level above too → stop, headroom seen; it preempted there, within
+       what it admits → back to ``max_num_seqs`` at the target (which queues such bursts instead);
    * it did not carry it, and a smaller ``max_num_seqs`` at the same memory already did → stop (that
      one wins, this one is why the search stopped);
    * it did not carry it → the largest smaller ``max_num_seqs`` that the trace's odds on *this* pool
@@ -44,8 +53,10 @@ at its own ``max_num_seqs`` (the most requests it holds at once), the ladder is 
 same rules find the largest ``max_num_seqs`` that carries itself, next to a larger one that preempts.
 
 The winner (``pick_winner``): among the candidates that carried the target, the one with the most
-memory (ladder order: the most KV headroom), then the largest ``max_num_seqs`` (the most requests
-served at once, so the least queueing), then the higher throughput. No candidate carried the target →
+memory (ladder order: the most KV headroom), then one whose replay saw no preemption at the level
+above either (headroom seen, not assumed: a ``max_num_seqs`` above the target that preempted there
+loses to the capped one), then the largest ``max_num_seqs`` (the most requests served at once, so the
+least queueing), then the higher throughput. No candidate carried the target →
 no winner, and the CLI says so (exit 1).
 """
 
@@ -165,6 +176,7 @@ class Proof:
     evidence: str  # one sentence: what the replay saw and how much it sent
     predicted_onset_worst_case: int | None = None  # the same odds with every prompt distinct
     prompts: str = "worst-case"  # the shape the odds and the replay used: "production" or "worst-case"
+    odds_safe_above: bool | None = None  # the odds at the headroom level, max_num_seqs raised to it
 
     @property
     def carries(self) -> bool:
@@ -227,16 +239,18 @@ def next_proposal(space: SearchSpace, target: int | None, history: Sequence[Cand
 
 
 def pick_winner(space: SearchSpace, history: Sequence[Candidate]) -> Candidate | None:
-    """The carrying candidate with the most memory, then the largest max_num_seqs, then throughput."""
+    """The carrying candidate with the most memory, then no preemption at the level above either, then
+    the largest max_num_seqs, then throughput."""
     carriers = [c for c in history if c.carries]
     if not carriers:
         return None
 
-    def key(c: Candidate) -> tuple[int, int, float]:
+    def key(c: Candidate) -> tuple[int, bool, int, float]:
         rank = _memory_rank(space, c.settings)
         seqs = c.settings.max_num_seqs or 0
         assert c.proof is not None
-        return (-rank, seqs, c.proof.throughput_tokens_per_s or 0.0)
+        clean = c.proof.observed_onset is None  # the level above held too: headroom seen, not assumed
+        return (-rank, clean, seqs, c.proof.throughput_tokens_per_s or 0.0)
 
     return max(carriers, key=key)
 
@@ -250,6 +264,7 @@ class OddsGuide:
     safe_max_num_seqs: int | None  # the largest ladder value negligible at the target (replayed shape)
     requests_for_evidence: int | None  # what a 99 % claim at the target needs (None: negligible)
     shape: PromptShape  # the replayed shape: "production" when the trace carries shared prefixes
+    safe_above: bool | None = None  # the headroom level, max_num_seqs raised to it, negligible?
 
 
 def odds_guide(
@@ -300,7 +315,12 @@ def odds_guide(
     level = target or pool.max_num_seqs
     uncapped = replace(pool, max_num_seqs=max(pool.max_num_seqs, level))
     at_target = odds(uncapped, level, production)
+    above = headroom_level(target)
+    safe_above = None
+    if above is not None:
+        safe_above = odds(replace(pool, max_num_seqs=above), above, production).negligible
     return OddsGuide(
+        safe_above=safe_above,
         onset=worst if production is None else onset(production),
         onset_worst_case=worst,
         safe_max_num_seqs=safe,
@@ -398,13 +418,7 @@ def _after_proof(
     if seqs is None:
         return None
     if proof.carries:
-        larger = [v for v in ladder if v > seqs and v not in tried]
-        if not larger:
-            return None
-        return Proposal(
-            replace(s, max_num_seqs=larger[0]),
-            f"carried the target with max_num_seqs {seqs}: try {larger[0]} (where does the headroom end?)",
-        )
+        return _after_carry(target, s, seqs, proof, ladder, tried)
     if any(c.carries and (c.settings.max_num_seqs or 0) < seqs for c in same_memory):
         return None
     if not proof.preempted_at_target and not proof.died and proof.slo_met is False:
@@ -433,6 +447,43 @@ def _after_proof(
         replace(s, max_num_seqs=value),
         f"{what} at {target or seqs} with max_num_seqs {seqs}: lowered to {value}, {why}",
     )
+
+
+def _after_carry(
+    target: int | None, s: Settings, seqs: int, proof: Proof, ladder: Sequence[int], tried: set[int | None]
+) -> Proposal | None:
+    """Rule 3, a carrier: seek the most headroom (module docstring)."""
+    capped = [v for v in ladder if v not in tried]
+    if target is not None and seqs > target:  # above the target: did it hold what it admits?
+        onset = proof.observed_onset
+        top = max(ladder, default=None)
+        if onset is None or onset > seqs or top is None or top in tried:
+            return None  # headroom seen; or the capped setting was proved already
+        return Proposal(
+            replace(s, max_num_seqs=top),
+            f"carried the target with max_num_seqs {seqs} but preempted at {onset}, above the target: "
+            f"max_num_seqs {top} (at most the target) queues such bursts instead",
+        )
+    larger = [v for v in capped if v > seqs]
+    if larger:
+        return Proposal(
+            replace(s, max_num_seqs=larger[0]),
+            f"carried the target with max_num_seqs {seqs}: try {larger[0]} (where does the headroom end?)",
+        )
+    above = headroom_level(target)
+    if above is None or above in tried or seqs < (target or 0) or not proof.odds_safe_above:
+        return None
+    return Proposal(
+        replace(s, max_num_seqs=above),
+        f"carried the target with max_num_seqs {seqs}, the top of the ladder, and the trace's odds on "
+        f"{proof.num_gpu_blocks} blocks call {above} safe: max_num_seqs {above}, above the target, "
+        "for headroom over bursts",
+    )
+
+
+def headroom_level(target: int | None) -> int | None:
+    """The level above the target a proof also replays (a quarter more, at least one): the headroom."""
+    return None if target is None else target + max(1, target // 4)
 
 
 def _seqs_at_most(space: SearchSpace, target: int | None) -> int | None:

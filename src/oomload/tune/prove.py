@@ -7,11 +7,12 @@
 * the trace's odds on it (``search.odds_guide``): the predicted onset production-shaped (the trace's
   shared prefixes held once, when it carries them) and worst case (every prompt distinct), the
   largest ``max_num_seqs`` they call safe, and the requests a 99 % claim needs;
-* a replay at the target and one level above (``oomload replay`` in a child process, its run
-  directory ``candidates/NN/run``; ``--min-requests`` is what the odds need for 99 % evidence, between
-  ``2 × target`` and ``max_requests`` — a level the odds call safe gets ``2 × target``, no more;
-  ``--stop-on first-preemption``: the level above is not sent once the target preempted), read back
-  from its ``summary.json`` (``proof_from_summary``).
+* a replay at the target (``oomload replay`` in a child process, its run directory
+  ``candidates/NN/run``; ``--min-requests`` is what the odds need for 99 % evidence, between
+  ``2 × target`` and ``max_requests``), and at the headroom level above it only when the candidate's
+  ``max_num_seqs`` admits more than the target (a server capped at the target holds the same requests
+  there: a needless hold); ``--stop-on first-preemption``: the level above is not sent once the target
+  preempted. Read back from its ``summary.json`` (``proof_from_summary``).
 
 ``measure_rate``: for ``--target-rate``, the short open-loop replay that measures the concurrency the
 rate needs on this server (``oomload.tune.rate``), in ``candidates/NN/rate``.
@@ -56,11 +57,14 @@ def prove(ctx: TuneContext, candidate: Candidate, url: str, log_path: Path, cand
     evidence = None if guide is None else guide.requests_for_evidence
     min_requests = min(max(evidence or 0, 2 * target), config.max_requests)
     above = headroom_level(target) or target + 1
+    seqs = candidate.settings.max_num_seqs
+    # a server that admits at most the target holds the same requests one level above: a needless hold
+    levels = f"{target}" if seqs is not None and seqs <= target else f"{target},{above}"
     run_dir = cand_dir / "run"
     argv = [
         *_replay_argv(ctx, url, run_dir),
         "--concurrency",
-        f"{target},{above}",
+        levels,
         "--no-refine",
         "--repeats",
         "1",
@@ -80,7 +84,7 @@ def prove(ctx: TuneContext, candidate: Candidate, url: str, log_path: Path, cand
             onsets += f", {_onset(guide.onset_worst_case, target)} (worst case)"
     ctx.console.print(
         f"  pool {pool.num_gpu_blocks if pool else '?'} blocks × {pool.block_size if pool else '?'} tokens"
-        f" · odds: onset {onsets} · replay {target},{above} with ≥ {min_requests} requests a step"
+        f" · odds: onset {onsets} · replay {levels} with ≥ {min_requests} requests a step"
     )
     exit_code = run_replay_child(ctx, argv, cand_dir / "replay.log")
     return proof_from_summary(

@@ -17,7 +17,7 @@
    * with ``--target-rate`` and no concurrency measured yet: the short open-loop replay that turns
      the rate into a concurrency (``oomload.tune.rate``; the tune goes on with that target);
    * the proof (``oomload.tune.prove``): the pool, the trace's odds on it (production-shaped and
-     worst case), a replay at the target and one level above in ``candidates/NN/run``;
+     worst case), a replay at the target (and above it) in ``candidates/NN/run``;
    * the server stopped — whole process group — whatever happened (``with``);
    * ``tune.json`` rewritten (``record``);
 4. the winner (``search.pick_winner``) and the report (``oomload.report.tune``).

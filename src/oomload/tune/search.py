@@ -292,33 +292,48 @@ def odds_guide(
         longest = max(p + o for p, o in zip(prompt_tokens, output_tokens, strict=True))
         pool = replace(pool, max_model_len=longest + 1)
     production = shared if shared is not None and shared.any else None
+    cache: dict[tuple[int, int, bool], LevelOdds] = {}
 
-    def odds(p: Pool, level: int, with_shared: SharedPrefixes | None) -> LevelOdds:
-        return level_odds(prompt_tokens, output_tokens, p, level, requests=requests, shared=with_shared)
+    def odds(seqs: int, level: int, with_shared: SharedPrefixes | None) -> LevelOdds:
+        # a cap at or above the level never binds: one Monte Carlo serves every such max_num_seqs
+        key = (min(seqs, level), level, with_shared is not None)
+        if key not in cache:
+            capped = replace(pool, max_num_seqs=seqs)
+            cache[key] = level_odds(
+                prompt_tokens, output_tokens, capped, level, requests=requests, shared=with_shared
+            )
+        return cache[key]
 
     def onset(with_shared: SharedPrefixes | None) -> int | None:
-        top = max_level or 2 * (target or pool.max_num_seqs)
-        for level in range(1, min(top, pool.max_num_seqs) + 1):  # above max_num_seqs the odds plateau
-            if not odds(pool, level, with_shared).negligible:
-                return level
-        return None
+        # the first non-negligible level by bisection: the odds grow with the level (above max_num_seqs
+        # they plateau), the same order the safe ladder below relies on — 3-4 Monte Carlos, not 2 × target
+        hi = min(max_level or 2 * (target or pool.max_num_seqs), pool.max_num_seqs)
+        if hi < 1 or odds(pool.max_num_seqs, hi, with_shared).negligible:
+            return None
+        lo = 0  # nothing in flight: negligible
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if odds(pool.max_num_seqs, mid, with_shared).negligible:
+                lo = mid
+            else:
+                hi = mid
+        return hi
 
     worst = onset(None)
     safe = None
     for seqs in sorted(ladder, reverse=True):  # preemption only grows with admitted sequences
         level = target or seqs  # without a target each setting is proved at its own max_num_seqs
-        if odds(replace(pool, max_num_seqs=seqs), level, production).negligible:
+        if odds(seqs, level, production).negligible:
             safe = seqs
             break
     # evidence for a clean claim: enough requests to see the preemption the pool would give at the
     # target if max_num_seqs did not hold the requests back
     level = target or pool.max_num_seqs
-    uncapped = replace(pool, max_num_seqs=max(pool.max_num_seqs, level))
-    at_target = odds(uncapped, level, production)
+    at_target = odds(max(pool.max_num_seqs, level), level, production)
     above = headroom_level(target)
     safe_above = None
-    if above is not None:
-        safe_above = odds(replace(pool, max_num_seqs=above), above, production).negligible
+    if above is not None and target is not None and pool.max_num_seqs >= target:  # rule 3's headroom step
+        safe_above = odds(above, above, production).negligible
     return OddsGuide(
         safe_above=safe_above,
         onset=worst if production is None else onset(production),

@@ -32,6 +32,7 @@ from oomload.errors import ConfigError
 from oomload.tune.record import TuneRecord
 from oomload.tune.search import Candidate
 
+NO_SHARING = " (no shared prefixes)"  # the production-shaped onset of a trace without hash_ids
 TUNE_JSON = "tune.json"
 TUNE_MD = "tune.md"
 TUNE_HTML = "tune.html"
@@ -105,7 +106,7 @@ def _row(c: Candidate, goal: int | None) -> list[str]:
         return [str(c.index), c.settings.label(), "yes", c.rule, free, *("—",) * 6, "not proved"]
     predicted = _onset(p.predicted_onset, target)
     if p.prompts != "production":
-        predicted += " (no shared prefixes)"
+        predicted += NO_SHARING
     observed = "none" if p.observed_onset is None else str(p.observed_onset)
     verdict = "carries" if p.carries else "rejected"
     return [
@@ -162,8 +163,11 @@ def print_tune(record: TuneRecord, console: Console) -> None:
         table.add_column(name, overflow="fold")
     for c, row in zip(record.candidates, rows(record), strict=True):
         verdict = "carries" if c.carries else ("no start" if not c.started else "rejected")
-        table.add_row(*(escape(cell) for cell in (row[0], _short(c), row[2], *row[5:11], verdict)))
+        cells = [cell.replace(NO_SHARING, "") for cell in row[5:11]]
+        table.add_row(*(escape(cell) for cell in (row[0], _short(c), row[2], *cells, verdict)))
     console.print(table)
+    if any(NO_SHARING in row[6] for row in rows(record)):
+        console.print("  predicted prod.: the trace carries no shared prefixes (= worst case)")
     for c in record.candidates:
         why = c.failure.message if c.failure is not None else (c.proof.evidence if c.proof else "")
         console.print(f"  #{c.index} {escape(c.rule)}: {escape(why)}", soft_wrap=True)

@@ -44,7 +44,7 @@ class RateTarget:
     concurrency: int  # ceil(in_flight_mean): the target the search proves
     in_flight_mean: float  # L, measured at the client
     achieved_rps: float | None  # the rate the replay delivered
-    requests: int  # sent by the open-loop replay
+    requests: int  # counted in the open-loop replay's step (at most the requests it sent)
     preemptions: int  # the server's own counter during that replay
     run_dir: str
 

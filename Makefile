@@ -24,7 +24,7 @@ demo: $(STAMP) ## The main job on built-in defaults: replay a sample trace again
 
 demo-tune: $(STAMP) ## oomload starts the simulated vLLM itself and tunes its memory settings for concurrency 8
 	$(BIN)/oomload tune traces/sample-chat.jsonl --target-concurrency 8 --utilization 0.9,0.85,0.8 \
-	  --serve 'oomload sim serve --model llama-3.1-8b --gpu l4 --other-process-gib 4 --max-model-len 8192 --time-scale 0.05'
+	  --serve 'oomload sim serve --model llama-3.1-8b --gpu l4 --other-process-gib 4 --max-model-len 8192 --time-scale 0.02'
 
 test: $(STAMP) browser ## Run the default test suite (fast; simulated server, real Locust, headless Chromium)
 	$(BIN)/python -m pytest -q

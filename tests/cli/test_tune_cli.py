@@ -4,6 +4,7 @@ no server left running, and a whole tune finds, proves and reports a winner afte
 from __future__ import annotations
 
 import json
+import math
 import signal
 import socket
 import subprocess
@@ -121,3 +122,63 @@ def test_a_target_above_anything_that_starts_is_exit_1_with_the_reason(tmp_path:
     record = json.loads((tmp_path / "t" / "tune.json").read_text())
     assert [c["started"] for c in record["candidates"]] == [False] and record["winner_line"] is None
     assert _sim_servers("nothing-starts") == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--target-rate", "0"], "--target-rate must be a number of requests per second > 0, got 0.0"),
+        (["--target-rate", "-2"], "--target-rate must be a number of requests per second > 0, got -2.0"),
+        (["--target-rate", "nan"], "--target-rate must be a number of requests per second > 0, got nan"),
+    ],
+)
+def test_a_bad_rate_target_is_one_sentence_and_exit_2(
+    flags: list[str], words: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "t"
+    code, _, err = run(["tune", str(FIXED), "--serve", SIM, *flags, "--run-dir", str(out)], capsys)
+    assert code == 2
+    assert words in err
+    assert not out.exists()  # nothing started
+
+
+def test_a_rate_and_a_concurrency_target_together_are_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["tune", str(FIXED), "--serve", SIM, "--target-rate", "4", "--target-concurrency", "8"]
+    with pytest.raises(SystemExit) as exit_info:
+        run([*argv, "--run-dir", str(tmp_path / "t")], capsys)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --target-concurrency: not allowed with argument --target-rate" in err
+    assert "Traceback" not in err and not (tmp_path / "t").exists()
+
+
+def test_a_rate_target_is_measured_as_a_concurrency_and_proved_there(tmp_path: Path) -> None:
+    """8 req/s of 256 + 256-token requests: the open-loop replay on the first candidate (max_num_seqs at
+    the ladder's top) measures the mean requests in flight, and the proof replays its ceiling."""
+    out = tmp_path / "t"
+    marker = "--served-model-name tune-rate-sim"
+    result = oomload(
+        "tune", str(FIXED), "--serve", f"{SIM} --time-scale 0.02 {marker}", "--target-rate", "8",
+        "--utilization", "0.8", "--max-starts", "2", "--hold-s", "1", "--max-requests", "32",
+        "--run-dir", str(out),
+    )  # fmt: skip
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    record = json.loads((out / "tune.json").read_text())
+    rate = record["rate"]
+    assert record["target_rate_rps"] == 8.0 and rate["rate_rps"] == 8.0
+    assert rate["concurrency"] == math.ceil(rate["in_flight_mean"]) >= 1
+    assert 0 < rate["requests"] <= 32  # the open loop sends at most --max-requests
+    assert record["target_concurrency"] == rate["concurrency"]
+    first = record["candidates"][0]
+    assert first["settings"]["max_num_seqs"] == 256 and first["rate"] == rate
+    assert "measures the concurrency 8 req/s needs" in first["rule"]
+    opened = json.loads((out / "candidates/01/rate/run/config.json").read_text())
+    assert opened["open_loop"] is True
+    summary = json.loads((out / "candidates/01/run/summary.json").read_text())
+    levels = [s["concurrency"] for s in summary["verdict"]["steps"] if not s["warmup"]]
+    assert levels[0] == rate["concurrency"]
+    said = " ".join(result.stdout.split())  # rich wraps the console at 80 columns
+    assert f"8 req/s → concurrency {rate['concurrency']} (Little's law, measured" in said
+    assert _sim_servers("tune-rate-sim") == []

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from oomload.cli.crash import save_internal_error
+from oomload.cli.flags import positive as _positive
+from oomload.cli.flags import tcp_port
 from oomload.credentials import read_api_key, url_credentials_error, url_has_credentials
 from oomload.errors import ConfigError, OomloadError
 from oomload.rundir import check_run_dir_creatable, new_run_dir
@@ -231,8 +233,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
     if not 1 <= args.repeats <= MAX_REPEATS:
         raise ConfigError(f"--repeats must be within 1..{MAX_REPEATS}, got {args.repeats}")
     processes = _check_workers(args)
-    if not 1 <= args.web_port <= 65535:
-        raise ConfigError(f"--web-port must be a TCP port, got {args.web_port}")
+    tcp_port("--web-port", args.web_port)
     if args.web_keep_s is not None and not (args.web_keep_s >= 0 and math.isfinite(args.web_keep_s)):
         raise ConfigError(f"--web-keep-s must be a number of seconds >= 0, got {args.web_keep_s}")
     gpu = args.gpu
@@ -317,8 +318,7 @@ def _check_workers(args: argparse.Namespace) -> int:
     distributed = args.workers > 0 or processes > 1
     if args.open_loop and distributed:
         raise ConfigError("--open-loop runs in one process; drop --processes and --workers")
-    if args.master_bind_port is not None and not 1 <= args.master_bind_port <= 65535:
-        raise ConfigError(f"--master-bind-port must be a TCP port, got {args.master_bind_port}")
+    tcp_port("--master-bind-port", args.master_bind_port)
     if not (args.worker_timeout_s > 0 and math.isfinite(args.worker_timeout_s)):
         raise ConfigError(f"--worker-timeout-s must be a number of seconds > 0, got {args.worker_timeout_s}")
     if not args.master_bind_host.strip() or any(c.isspace() for c in args.master_bind_host):
@@ -345,11 +345,6 @@ def _check_new_run_dir(run_dir: Path | None) -> None:
 def _remove_if_empty(run_dir: Path | None) -> None:
     if run_dir is not None and run_dir.is_dir() and not any(run_dir.iterdir()):
         run_dir.rmdir()
-
-
-def _positive(flag: str, value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{flag} must be > 0, got {value}")
 
 
 def run(args: argparse.Namespace) -> int:

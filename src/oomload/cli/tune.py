@@ -1,13 +1,17 @@
-"""``oomload tune TRACE --serve 'vllm serve MODEL …' --target-concurrency C``: find and prove the memory
-settings that carry the target (``oomload.tunerun``; the search's rules: ``oomload.tunesearch``)."""
+"""``oomload tune TRACE --serve 'vllm serve MODEL …' [--target-concurrency C | --target-rate R]``: find and
+prove the memory settings that carry the target (``oomload.tune.run``; the search's rules:
+``oomload.tune.search``; a rate's concurrency: ``oomload.tune.rate``). Its flags are checked with the
+same helpers as ``replay``'s (``oomload.cli.flags``)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 from typing import Any
 
+from oomload.cli.flags import int_list, positive, positive_int, tcp_port
 from oomload.errors import ConfigError
 
 FIXABLE = {
@@ -32,11 +36,19 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("trace", type=Path, help="oomload trace (JSONL)")
     parser.add_argument("--serve", required=True, metavar="CMD", help="the server command line, quoted")
-    parser.add_argument(
+    goal = parser.add_mutually_exclusive_group()
+    goal.add_argument(
         "--target-concurrency",
         type=int,
         metavar="C",
-        help="concurrent requests to carry (none: find the highest preemption-free max_num_seqs)",
+        help="concurrent requests to carry (neither target: find the highest preemption-free max_num_seqs)",
+    )
+    goal.add_argument(
+        "--target-rate",
+        type=float,
+        metavar="R",
+        help="requests per second to carry (open loop): measured as a concurrency on the first server "
+        "that starts (Little's law), then proved like --target-concurrency",
     )
     parser.add_argument(
         "--slo-ttft-p99-s", type=float, metavar="S", help="P99 TTFT at the target must be ≤ S"
@@ -82,23 +94,23 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from oomload.servecmd import parse_serve_command
-    from oomload.tunerun import TuneConfig, run_tune
-    from oomload.tunesearch import NO_TARGET_SEQS, SearchSpace, Settings, seqs_ladder
+    from oomload.tune.run import TuneConfig, run_tune
+    from oomload.tune.search import NO_TARGET_SEQS, SearchSpace, Settings, seqs_ladder
+    from oomload.tune.servecmd import parse_serve_command
 
     if not args.trace.is_file():
         raise ConfigError(f"trace {args.trace} does not exist")
     target = args.target_concurrency
-    if target is not None and target < 1:
-        raise ConfigError(f"--target-concurrency must be a positive integer, got {target}")
-    if args.port is not None and not 1 <= args.port <= 65535:
-        raise ConfigError(f"--port must be in 1..65535, got {args.port}")
+    if target is not None:
+        positive_int("--target-concurrency", target)
+    rate = args.target_rate
+    if rate is not None and not (rate > 0 and math.isfinite(rate)):
+        raise ConfigError(f"--target-rate must be a number of requests per second > 0, got {rate}")
+    tcp_port("--port", args.port)
     for name in ("max_starts", "max_requests"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer")
+        positive_int(f"--{name.replace('_', '-')}", getattr(args, name))
     for name in ("max_duration_s", "startup_timeout_s", "replay_max_duration_s", "hold_s"):
-        if not getattr(args, name) > 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+        positive(f"--{name.replace('_', '-')}", getattr(args, name))
     command = parse_serve_command(args.serve)
     fixed = set()
     for knob in args.fix:
@@ -107,10 +119,10 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--fix {part!r}: allowed knobs are {', '.join(FIXABLE)}")
             fixed.add(FIXABLE[part.strip()])
     memory = _memory_ladder(args, command.value("--gpu-memory-utilization"), fixed)
-    if target is None and "max_num_seqs" in fixed:
-        raise ConfigError("without --target-concurrency the tune searches max_num_seqs: do not --fix it")
+    if target is None and rate is None and "max_num_seqs" in fixed:
+        raise ConfigError("without a target the tune searches max_num_seqs: do not --fix it")
     if args.max_num_seqs:
-        seqs = _int_list(args.max_num_seqs, "--max-num-seqs")
+        seqs = int_list("--max-num-seqs", args.max_num_seqs)
     else:
         seqs = NO_TARGET_SEQS if target is None else seqs_ladder(target)
     base = Settings()
@@ -141,12 +153,14 @@ def run(args: argparse.Namespace) -> int:
         hold_s=args.hold_s,
         max_requests=args.max_requests,
         slo_ttft_p99_s=args.slo_ttft_p99_s,
+        target_rate_rps=rate,
+        max_num_seqs_given=bool(args.max_num_seqs),
     )
     return run_tune(config, Console())
 
 
 def _memory_ladder(args: argparse.Namespace, own_utilization: str | None, fixed: set[str]) -> tuple[Any, ...]:
-    from oomload.tunesearch import Settings, utilization_ladder
+    from oomload.tune.search import Settings, utilization_ladder
 
     given = [x for x in (args.utilization, args.num_gpu_blocks, args.kv_cache_memory_bytes) if x]
     if len(given) > 1:
@@ -156,10 +170,10 @@ def _memory_ladder(args: argparse.Namespace, own_utilization: str | None, fixed:
     if "gpu_memory_utilization" in fixed:
         return (Settings(),)
     if args.num_gpu_blocks:
-        values = sorted(set(_int_list(args.num_gpu_blocks, "--num-gpu-blocks")), reverse=True)
+        values = sorted(set(int_list("--num-gpu-blocks", args.num_gpu_blocks)), reverse=True)
         return tuple(Settings(num_gpu_blocks=v) for v in values)
     if args.kv_cache_memory_bytes:
-        values = sorted(set(_int_list(args.kv_cache_memory_bytes, "--kv-cache-memory-bytes")), reverse=True)
+        values = sorted(set(int_list("--kv-cache-memory-bytes", args.kv_cache_memory_bytes)), reverse=True)
         return tuple(Settings(kv_cache_memory_bytes=v) for v in values)
     if args.utilization:
         utils = sorted({_utilization(x) for x in str(args.utilization).split(",") if x.strip()}, reverse=True)
@@ -177,13 +191,3 @@ def _utilization(text: str) -> float:
     if not 0 < value <= 1:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {value}")
     return value
-
-
-def _int_list(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in str(text).split(",") if x.strip())
-    except ValueError as err:
-        raise ConfigError(f"{flag} {text!r}: give comma-separated positive integers") from err
-    if not values or any(v < 1 for v in values):
-        raise ConfigError(f"{flag} {text!r}: give comma-separated positive integers")
-    return values

@@ -3,7 +3,9 @@
 Every output shows the same things, from one ``TuneRecord`` (``tune.json``): the winning
 ``vllm serve …`` line (shell-quoted), the ready ``--gate`` rules, and one row per candidate — its
 flags, the rule that chose it, started or why not (the server's own words), the free device memory
-before its start, the KV blocks it got, the odds' predicted onset and the replay's observed one,
+before its start, the KV blocks it got, the odds' predicted onsets — production-shaped (the trace's
+shared prefixes held once; "no shared prefixes" when the trace carries none) and worst case (every
+prompt distinct) — and the replay's observed one,
 throughput and TTFT p99 at the target, and the evidence (requests sent, preemptions seen). The plot:
 per candidate, the KV pool (bars), ``max_num_seqs`` and the predicted / observed onsets against the
 target; a candidate that did not start is labelled so.
@@ -27,9 +29,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from oomload.errors import ConfigError
-from oomload.tunerecord import TuneRecord
-from oomload.tunesearch import Candidate
+from oomload.tune.record import TuneRecord
+from oomload.tune.search import Candidate
 
+NO_SHARING = " (no shared prefixes)"  # the production-shaped onset of a trace without hash_ids
 TUNE_JSON = "tune.json"
 TUNE_MD = "tune.md"
 TUNE_HTML = "tune.html"
@@ -40,7 +43,8 @@ COLUMNS = (
     "why not / rule",
     "free GiB",
     "KV blocks",
-    "predicted onset",
+    "predicted onset (production)",
+    "predicted onset (worst case)",
     "observed onset",
     "tok/s",
     "TTFT p99",
@@ -95,11 +99,14 @@ def _row(c: Candidate, goal: int | None) -> list[str]:
             "—",
             "—",
             "—",
+            "—",
         ]
     p = c.proof
     if p is None:
-        return [str(c.index), c.settings.label(), "yes", c.rule, free, "—", "—", "—", "—", "—", "not proved"]
-    predicted = "none ≤ " + str(2 * target) if p.predicted_onset is None else str(p.predicted_onset)
+        return [str(c.index), c.settings.label(), "yes", c.rule, free, *("—",) * 6, "not proved"]
+    predicted = _onset(p.predicted_onset, target)
+    if p.prompts != "production":
+        predicted += NO_SHARING
     observed = "none" if p.observed_onset is None else str(p.observed_onset)
     verdict = "carries" if p.carries else "rejected"
     return [
@@ -110,6 +117,7 @@ def _row(c: Candidate, goal: int | None) -> list[str]:
         free,
         "?" if p.num_gpu_blocks is None else f"{p.num_gpu_blocks} × {p.block_size}",
         predicted,
+        _onset(p.predicted_onset_worst_case, target),
         observed,
         "—" if p.throughput_tokens_per_s is None else f"{p.throughput_tokens_per_s:.0f}",
         "—" if p.ttft_p99_ms is None else f"{p.ttft_p99_ms:.0f} ms",
@@ -117,8 +125,14 @@ def _row(c: Candidate, goal: int | None) -> list[str]:
     ]
 
 
+def _onset(value: int | None, target: int) -> str:
+    return f"none ≤ {2 * target}" if value is None else str(value)
+
+
 def _headline(record: TuneRecord) -> list[str]:
-    lines = [
+    rate = record.rate
+    lines = [] if rate is None else [f"Target rate {rate.sentence()}"]
+    lines += [
         f"{_goal(record)} · {len(record.candidates)} of at most "
         f"{record.max_starts} starts · status {record.status}"
     ]
@@ -139,7 +153,8 @@ def print_tune(record: TuneRecord, console: Console) -> None:
         "flags",
         "started",
         "KV blocks",
-        "predicted",
+        "predicted prod.",
+        "predicted worst",
         "observed",
         "tok/s",
         "TTFT p99",
@@ -148,8 +163,11 @@ def print_tune(record: TuneRecord, console: Console) -> None:
         table.add_column(name, overflow="fold")
     for c, row in zip(record.candidates, rows(record), strict=True):
         verdict = "carries" if c.carries else ("no start" if not c.started else "rejected")
-        table.add_row(*(escape(cell) for cell in (row[0], _short(c), row[2], *row[5:10], verdict)))
+        cells = [cell.replace(NO_SHARING, "") for cell in row[5:11]]
+        table.add_row(*(escape(cell) for cell in (row[0], _short(c), row[2], *cells, verdict)))
     console.print(table)
+    if any(NO_SHARING in row[6] for row in rows(record)):
+        console.print("  predicted prod.: the trace carries no shared prefixes (= worst case)")
     for c in record.candidates:
         why = c.failure.message if c.failure is not None else (c.proof.evidence if c.proof else "")
         console.print(f"  #{c.index} {escape(c.rule)}: {escape(why)}", soft_wrap=True)
@@ -224,8 +242,15 @@ def plot_candidates(record: TuneRecord) -> bytes:
         (c.index, c.proof.predicted_onset) for c in record.candidates if c.proof and c.proof.predicted_onset
     ]
     obs = [(c.index, c.proof.observed_onset) for c in record.candidates if c.proof and c.proof.observed_onset]
+    worst = [
+        (c.index, c.proof.predicted_onset_worst_case)
+        for c in record.candidates
+        if c.proof and c.proof.prompts == "production" and c.proof.predicted_onset_worst_case
+    ]
     if pred:
-        ax2.plot(*zip(*pred, strict=True), "o", color="#15a", label="predicted onset (odds)")
+        ax2.plot(*zip(*pred, strict=True), "o", color="#15a", label="predicted onset (odds, production)")
+    if worst:
+        ax2.plot(*zip(*worst, strict=True), "v", color="#79c", label="predicted onset (worst case)")
     seqs = [(c.index, c.settings.max_num_seqs) for c in record.candidates if c.settings.max_num_seqs]
     if seqs:
         ax2.plot(*zip(*seqs, strict=True), "_", color="#333", markersize=18, label="max_num_seqs")
@@ -234,7 +259,7 @@ def plot_candidates(record: TuneRecord) -> bytes:
     if record.target_concurrency is not None:
         ax2.axhline(record.target_concurrency, color="#555", linestyle="--", label="target concurrency")
     ax2.set_ylabel("concurrency")
-    top = [2 * (record.target_concurrency or 1), *[v for _, v in pred + obs + seqs]]
+    top = [2 * (record.target_concurrency or 1), *[v for _, v in pred + worst + obs + seqs]]
     ax2.set_ylim(0, max(top) + 1)
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     labels = ax.get_legend_handles_labels()[1] + ax2.get_legend_handles_labels()[1]
@@ -267,6 +292,9 @@ def _short(c: Candidate) -> str:
 
 
 def _goal(record: TuneRecord) -> str:
+    if record.target_rate_rps is not None:
+        measured = "" if record.target_concurrency is None else f" (concurrency {record.target_concurrency})"
+        return f"Target rate {record.target_rate_rps:g} req/s{measured}"
     if record.target_concurrency is None:
         return "No target: each candidate proved at its own max_num_seqs"
     return f"Target concurrency {record.target_concurrency}"

@@ -35,13 +35,13 @@
 from __future__ import annotations
 
 import math
-import shlex
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from oomload.capacity import single_request_limit_tokens
 from oomload.rundir.records import CacheConfig
 from oomload.stats import MaxModelLenAdvice, recommend_max_model_len
+from oomload.tune.servecmd import flag_text, serve_line
 from oomload.verdict.verdict import Verdict, kv_peak_text
 
 DEFAULT_MARGIN = 0.10
@@ -72,7 +72,7 @@ class Setting:
     def shown(self) -> str:
         """The "recommended" cell of every report: the value, else the action, else ``—`` (keep)."""
         if self.value is not None:
-            return f"{self.value:g}" if isinstance(self.value, float) else str(self.value)
+            return flag_text(self.value)
         return self.action or "—"
 
 
@@ -317,11 +317,8 @@ def _memory_rise_share(verdict: Verdict) -> float | None:
 def _flag_line(model: str | None, settings: tuple[Setting, ...]) -> str:
     """The command line to paste, shell-quoted: a model name with spaces, quotes or ``;`` (it comes from
     the server) stays one argument and runs nothing."""
-    parts = ["vllm", "serve", model or "MODEL"]
-    for s in settings:
-        if s.value is not None:
-            parts += [s.flag, f"{s.value:g}" if isinstance(s.value, float) else str(s.value)]
-    return shlex.join(parts)
+    flags = [(s.flag, flag_text(s.value)) for s in settings if s.value is not None]
+    return serve_line(["vllm", "serve", model or "MODEL"], flags)
 
 
 def _reasoning(

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from oomload.odds import Pool
-from oomload.tunerun import proof_from_summary
+from oomload.tune.prove import proof_from_summary
+from oomload.tune.search import OddsGuide
 
 POOL = Pool(num_gpu_blocks=12, block_size=256, max_model_len=768)
 
@@ -41,9 +42,9 @@ def _proof(summary: dict[str, Any] | None, **kw: Any) -> Any:
     args: dict[str, Any] = {
         "target": 8,
         "pool": POOL,
-        "predicted_onset": 6,
-        "odds_safe": 5,
-        "evidence": 30,
+        "guide": OddsGuide(
+            onset=6, onset_worst_case=5, safe_max_num_seqs=5, requests_for_evidence=30, shape="production"
+        ),
         "slo_ttft_p99_s": None,
         "run_dir": "r",
         "replay_exit": 0,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from oomload.errors import ConfigError
-from oomload.servecmd import parse_serve_command
-from oomload.tunesearch import Settings
+from oomload.tune.search import Settings
+from oomload.tune.servecmd import parse_serve_command
 
 
 def test_flags_are_replaced_in_both_spellings_and_nothing_else_moves() -> None:
@@ -70,7 +70,7 @@ def test_a_line_that_is_not_a_vllm_server_is_one_sentence(line: str) -> None:
 
 
 def test_an_api_key_in_the_line_is_a_secret_never_shown(tmp_path: Path) -> None:
-    from oomload.tunerun import scrub_file
+    from oomload.tune.run import scrub_file
 
     cmd = parse_serve_command("vllm serve m --api-key sk-secret-123 --max-num-seqs 8")
     assert cmd.secrets() == ("sk-secret-123",)

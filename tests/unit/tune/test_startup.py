@@ -4,7 +4,7 @@ and on the simulator's."""
 
 from __future__ import annotations
 
-from oomload.startup import StartCause, classify_startup_failure, pool_from_log
+from oomload.tune.startup import StartCause, classify_startup_failure, pool_from_log
 
 # the real CPU vLLM 0.32, run6 (--kv-cache-memory-bytes 1048576 with --max-model-len 2048), verbatim
 REAL_CONTEXT_LOG = """\

@@ -13,7 +13,7 @@ The rules, in order — every candidate records the rule that produced it, and t
 
 1. **First candidate**: the most memory on the ladder and ``max_num_seqs`` at the target (the
    largest ladder value ≤ the target) — the setting with the most headroom, if it starts.
-2. **A failed start** moves by its cause (``oomload.startup``):
+2. **A failed start** moves by its cause (``oomload.tune.startup``):
 
    * not enough free device memory → the highest utilization on the ladder that the free memory the
      server reported allows (free / total, less half a point), skipping the ones that cannot start;
@@ -26,11 +26,20 @@ The rules, in order — every candidate records the rule that produced it, and t
      recommended value (P99 + margin, ``stats.recommend_max_model_len``), or to the server's
      "estimated maximum model length" when even that does not fit;
    * the weights do not fit, or any other error → no next candidate (nothing oomload can tune).
-3. **A started candidate** is proved on load at the target. Then:
+3. **A started candidate** is proved on load at the target and at the headroom level above it (a
+   quarter more, ``headroom_level``). Then:
 
-   * it carried the target (no preemption, no death, no overflow, the SLO met) → the next larger
-     ``max_num_seqs`` on the ladder, to show where the headroom ends (the search stops for a reason:
-     the next setting preempts, or the ladder ends at the target);
+   * it carried the target (no preemption, no death, no overflow, the SLO met): the search seeks the
+     most headroom within its bounds —
+
+     - a larger ``max_num_seqs`` on the ladder not tried yet → the next one, to show where the headroom
+       ends (the search stops for a reason: the next setting preempts, or the ladder ends);
+     - at the target itself, the top of the ladder → ``max_num_seqs`` raised to the headroom level,
+       above the target, but only when the trace's odds on *this* pool (that many admitted) call it
+       safe: no restart is spent on a level the odds already say preempts;
+     - above the target (a headroom candidate, or ``--target-rate``'s first one, which ran at the
+       ladder's top): it held the level above too → stop, headroom seen; it preempted there, within
+       what it admits → back to ``max_num_seqs`` at the target (which queues such bursts instead);
    * it did not carry it, and a smaller ``max_num_seqs`` at the same memory already did → stop (that
      one wins, this one is why the search stopped);
    * it did not carry it → the largest smaller ``max_num_seqs`` that the trace's odds on *this* pool
@@ -44,8 +53,10 @@ at its own ``max_num_seqs`` (the most requests it holds at once), the ladder is 
 same rules find the largest ``max_num_seqs`` that carries itself, next to a larger one that preempts.
 
 The winner (``pick_winner``): among the candidates that carried the target, the one with the most
-memory (ladder order: the most KV headroom), then the largest ``max_num_seqs`` (the most requests
-served at once, so the least queueing), then the higher throughput. No candidate carried the target →
+memory (ladder order: the most KV headroom), then one whose replay saw no preemption at the level
+above either (headroom seen, not assumed: a ``max_num_seqs`` above the target that preempted there
+loses to the capped one), then the largest ``max_num_seqs`` (the most requests served at once, so the
+least queueing), then the higher throughput. No candidate carried the target →
 no winner, and the CLI says so (exit 1).
 """
 
@@ -56,8 +67,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from oomload.odds import Pool, level_odds
-from oomload.startup import StartCause, StartupFailure
+from oomload.capacity import PromptShape, SharedPrefixes
+from oomload.odds import LevelOdds, Pool, level_odds
+from oomload.tune.rate import RateTarget
+from oomload.tune.servecmd import flag_text
+from oomload.tune.startup import StartCause, StartupFailure
 
 MIN_BATCHED_TOKENS = 512
 DEFAULT_BATCHED_TOKENS = 2048  # vLLM V1's API-server default on most GPUs (vllm-facts §7)
@@ -102,7 +116,7 @@ class Settings:
         for name, flag in _FLAG.items():
             value = getattr(self, name)
             if value is not None:
-                out.append((flag, f"{value:g}" if isinstance(value, float) else str(value)))
+                out.append((flag, flag_text(value)))
         if self.enable_prefix_caching is not None:
             out.append(
                 (
@@ -147,9 +161,7 @@ class Proof:
 
     num_gpu_blocks: int | None
     block_size: int | None
-    predicted_onset: (
-        int | None
-    )  # the odds' first non-negligible level on this pool (None: none up to the limit)
+    predicted_onset: int | None  # the odds' first non-negligible level, production-shaped when shared
     odds_safe_max_num_seqs: int | None  # the largest ladder value the odds call safe at the target
     requests_for_evidence: int | None
     observed_onset: int | None  # the replay's preemption onset (None: none seen)
@@ -162,6 +174,9 @@ class Proof:
     ttft_p99_ms: float | None
     run_dir: str | None
     evidence: str  # one sentence: what the replay saw and how much it sent
+    predicted_onset_worst_case: int | None = None  # the same odds with every prompt distinct
+    prompts: str = "worst-case"  # the shape the odds and the replay used: "production" or "worst-case"
+    odds_safe_above: bool | None = None  # the odds at the headroom level, max_num_seqs raised to it
 
     @property
     def carries(self) -> bool:
@@ -186,6 +201,7 @@ class Candidate:
     free_device_bytes: int | None = None  # NVML, just before the start (None: not measured)
     proof: Proof | None = None
     startup_s: float | None = None
+    rate: RateTarget | None = None  # --target-rate: the open-loop replay on this candidate (tune.rate)
 
     @property
     def carries(self) -> bool:
@@ -223,18 +239,32 @@ def next_proposal(space: SearchSpace, target: int | None, history: Sequence[Cand
 
 
 def pick_winner(space: SearchSpace, history: Sequence[Candidate]) -> Candidate | None:
-    """The carrying candidate with the most memory, then the largest max_num_seqs, then throughput."""
+    """The carrying candidate with the most memory, then no preemption at the level above either, then
+    the largest max_num_seqs, then throughput."""
     carriers = [c for c in history if c.carries]
     if not carriers:
         return None
 
-    def key(c: Candidate) -> tuple[int, int, float]:
+    def key(c: Candidate) -> tuple[int, bool, int, float]:
         rank = _memory_rank(space, c.settings)
         seqs = c.settings.max_num_seqs or 0
         assert c.proof is not None
-        return (-rank, seqs, c.proof.throughput_tokens_per_s or 0.0)
+        clean = c.proof.observed_onset is None  # the level above held too: headroom seen, not assumed
+        return (-rank, clean, seqs, c.proof.throughput_tokens_per_s or 0.0)
 
     return max(carriers, key=key)
+
+
+@dataclass(frozen=True, slots=True)
+class OddsGuide:
+    """The trace's odds on one started candidate's pool (``odds_guide``)."""
+
+    onset: int | None  # the first non-negligible level, the production shape (prefix reuse) when shared
+    onset_worst_case: int | None  # the same with every prompt distinct
+    safe_max_num_seqs: int | None  # the largest ladder value negligible at the target (replayed shape)
+    requests_for_evidence: int | None  # what a 99 % claim at the target needs (None: negligible)
+    shape: PromptShape  # the replayed shape: "production" when the trace carries shared prefixes
+    safe_above: bool | None = None  # the headroom level, max_num_seqs raised to it, negligible?
 
 
 def odds_guide(
@@ -244,39 +274,74 @@ def odds_guide(
     target: int | None,
     ladder: Sequence[int],
     *,
+    shared: SharedPrefixes | None = None,
     requests: int = 400,
     max_level: int | None = None,
-) -> tuple[int | None, int | None, int | None]:
-    """``(predicted_onset, odds_safe_max_num_seqs, requests_for_evidence)`` from the trace's odds.
+) -> OddsGuide:
+    """The trace's odds on ``pool``: both predicted onsets, the safe ``max_num_seqs`` and the evidence.
 
-    The onset is the first level (1 … ``max_level``, default twice the target) whose odds on ``pool``
-    are not negligible; the safe ``max_num_seqs`` is the largest ladder value whose odds at the target
+    An onset is the first level (1 … ``max_level``, default twice the target) whose odds on ``pool``
+    are not negligible: once production-shaped (``shared``: the trace's shared prefix blocks held once,
+    as the replay sends them) and once worst case (every prompt distinct); without shared prefixes
+    the two are one. The safe ``max_num_seqs`` is the largest ladder value whose odds at the target
     (with that many sequences admitted) are negligible; the evidence is what the odds at the target,
     all its requests admitted, need for a 99 % chance to see a preemption if the level preempts as they
-    say (None: negligible).
+    say (None: negligible). Both use the replayed shape (production when the trace shares prefixes).
     """
     if pool.max_model_len is None:  # no served limit known: none of the trace's requests is refused
         longest = max(p + o for p, o in zip(prompt_tokens, output_tokens, strict=True))
         pool = replace(pool, max_model_len=longest + 1)
-    onset = None
-    top = max_level or 2 * (target or pool.max_num_seqs)
-    for level in range(1, min(top, pool.max_num_seqs) + 1):  # above max_num_seqs the odds plateau
-        if not level_odds(prompt_tokens, output_tokens, pool, level, requests=requests).negligible:
-            onset = level
-            break
+    production = shared if shared is not None and shared.any else None
+    cache: dict[tuple[int, int, bool], LevelOdds] = {}
+
+    def odds(seqs: int, level: int, with_shared: SharedPrefixes | None) -> LevelOdds:
+        # a cap at or above the level never binds: one Monte Carlo serves every such max_num_seqs
+        key = (min(seqs, level), level, with_shared is not None)
+        if key not in cache:
+            capped = replace(pool, max_num_seqs=seqs)
+            cache[key] = level_odds(
+                prompt_tokens, output_tokens, capped, level, requests=requests, shared=with_shared
+            )
+        return cache[key]
+
+    def onset(with_shared: SharedPrefixes | None) -> int | None:
+        # the first non-negligible level by bisection: the odds grow with the level (above max_num_seqs
+        # they plateau), the same order the safe ladder below relies on — 3-4 Monte Carlos, not 2 × target
+        hi = min(max_level or 2 * (target or pool.max_num_seqs), pool.max_num_seqs)
+        if hi < 1 or odds(pool.max_num_seqs, hi, with_shared).negligible:
+            return None
+        lo = 0  # nothing in flight: negligible
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if odds(pool.max_num_seqs, mid, with_shared).negligible:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+    worst = onset(None)
     safe = None
     for seqs in sorted(ladder, reverse=True):  # preemption only grows with admitted sequences
-        capped = replace(pool, max_num_seqs=seqs)
         level = target or seqs  # without a target each setting is proved at its own max_num_seqs
-        if level_odds(prompt_tokens, output_tokens, capped, level, requests=requests).negligible:
+        if odds(seqs, level, production).negligible:
             safe = seqs
             break
     # evidence for a clean claim: enough requests to see the preemption the pool would give at the
     # target if max_num_seqs did not hold the requests back
     level = target or pool.max_num_seqs
-    uncapped = replace(pool, max_num_seqs=max(pool.max_num_seqs, level))
-    at_target = level_odds(prompt_tokens, output_tokens, uncapped, level, requests=requests)
-    return onset, safe, at_target.requests_for()
+    at_target = odds(max(pool.max_num_seqs, level), level, production)
+    above = headroom_level(target)
+    safe_above = None
+    if above is not None and target is not None and pool.max_num_seqs >= target:  # rule 3's headroom step
+        safe_above = odds(above, above, production).negligible
+    return OddsGuide(
+        safe_above=safe_above,
+        onset=worst if production is None else onset(production),
+        onset_worst_case=worst,
+        safe_max_num_seqs=safe,
+        requests_for_evidence=at_target.requests_for(),
+        shape="worst-case" if production is None else "production",
+    )
 
 
 def _after_failure(space: SearchSpace, last: Candidate) -> Proposal | None:
@@ -368,13 +433,7 @@ def _after_proof(
     if seqs is None:
         return None
     if proof.carries:
-        larger = [v for v in ladder if v > seqs and v not in tried]
-        if not larger:
-            return None
-        return Proposal(
-            replace(s, max_num_seqs=larger[0]),
-            f"carried the target with max_num_seqs {seqs}: try {larger[0]} (where does the headroom end?)",
-        )
+        return _after_carry(target, s, seqs, proof, ladder, tried)
     if any(c.carries and (c.settings.max_num_seqs or 0) < seqs for c in same_memory):
         return None
     if not proof.preempted_at_target and not proof.died and proof.slo_met is False:
@@ -403,6 +462,43 @@ def _after_proof(
         replace(s, max_num_seqs=value),
         f"{what} at {target or seqs} with max_num_seqs {seqs}: lowered to {value}, {why}",
     )
+
+
+def _after_carry(
+    target: int | None, s: Settings, seqs: int, proof: Proof, ladder: Sequence[int], tried: set[int | None]
+) -> Proposal | None:
+    """Rule 3, a carrier: seek the most headroom (module docstring)."""
+    capped = [v for v in ladder if v not in tried]
+    if target is not None and seqs > target:  # above the target: did it hold what it admits?
+        onset = proof.observed_onset
+        top = max(ladder, default=None)
+        if onset is None or onset > seqs or top is None or top in tried:
+            return None  # headroom seen; or the capped setting was proved already
+        return Proposal(
+            replace(s, max_num_seqs=top),
+            f"carried the target with max_num_seqs {seqs} but preempted at {onset}, above the target: "
+            f"max_num_seqs {top} (at most the target) queues such bursts instead",
+        )
+    larger = [v for v in capped if v > seqs]
+    if larger:
+        return Proposal(
+            replace(s, max_num_seqs=larger[0]),
+            f"carried the target with max_num_seqs {seqs}: try {larger[0]} (where does the headroom end?)",
+        )
+    above = headroom_level(target)
+    if above is None or above in tried or seqs < (target or 0) or not proof.odds_safe_above:
+        return None
+    return Proposal(
+        replace(s, max_num_seqs=above),
+        f"carried the target with max_num_seqs {seqs}, the top of the ladder, and the trace's odds on "
+        f"{proof.num_gpu_blocks} blocks call {above} safe: max_num_seqs {above}, above the target, "
+        "for headroom over bursts",
+    )
+
+
+def headroom_level(target: int | None) -> int | None:
+    """The level above the target a proof also replays (a quarter more, at least one): the headroom."""
+    return None if target is None else target + max(1, target // 4)
 
 
 def _seqs_at_most(space: SearchSpace, target: int | None) -> int | None:

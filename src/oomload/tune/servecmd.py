@@ -2,7 +2,7 @@
 
 ``oomload tune --serve 'vllm serve MODEL …'`` takes the command a user already runs (split with
 ``shlex``, as a POSIX shell would) and changes only what it tunes: every flag a candidate sets
-(``tunesearch.Settings.flags``) is removed from the line in both spellings (``--flag value`` and
+(``search.Settings.flags``) is removed from the line in both spellings (``--flag value`` and
 ``--flag=value``, and the simulator's and vLLM's aliases) and appended with the candidate's value;
 ``--host`` and ``--port`` are replaced by the tuner's (loopback and a free port unless the user gave
 them). Nothing else in the line moves, so the winning line is the user's line plus the winner's flags.
@@ -19,13 +19,20 @@ Recognised servers (anything else is refused, before anything starts):
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
+from typing import Protocol
 
 from oomload.credentials import scrub
 from oomload.errors import ConfigError
-from oomload.tunesearch import Settings
+
+
+class FlagSource(Protocol):
+    """What a serve line takes its tuned flags from (``search.Settings``; search imports this module)."""
+
+    def flags(self) -> tuple[tuple[str, str | None], ...]: ...
+
 
 # flag → its aliases (all removed when the candidate sets the flag)
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -61,7 +68,7 @@ class ServeCommand:
         """The value the user's line gives ``flag`` (the last one wins, as argparse does)."""
         return flag_value(self.argv, flag)
 
-    def with_settings(self, settings: Settings, host: str, port: int) -> tuple[str, ...]:
+    def with_settings(self, settings: FlagSource, host: str, port: int) -> tuple[str, ...]:
         """The line with the candidate's flags and the tuner's host and port (module docstring)."""
         argv = list(self.argv)
         flags = settings.flags()
@@ -77,15 +84,28 @@ class ServeCommand:
             argv += [flag] if value is None else [flag, value]
         return (*argv, "--host", host, "--port", str(port))
 
-    def shell_line(self, settings: Settings) -> str:
+    def shell_line(self, settings: FlagSource) -> str:
         """The user's line with the candidate's flags, shell-quoted (no host/port change), its secrets
         replaced by ``***``."""
         argv = list(self.argv)
         for flag, _ in settings.flags():
             argv = remove_flag(argv, flag)
-        for flag, value in settings.flags():
-            argv += [flag] if value is None else [flag, value]
-        return scrub(shlex.join(argv), self.secrets())
+        return scrub(serve_line(argv, settings.flags()), self.secrets())
+
+
+def serve_line(argv: Sequence[str], flags: Iterable[tuple[str, str | None]]) -> str:
+    """``argv`` with ``flags`` appended (``(flag, None)``: a bare switch), shell-quoted: a model name with
+    spaces, quotes or ``;`` stays one argument and runs nothing. The one place a pasteable ``vllm serve``
+    line is built (the tuner's winner and the verdict's recommendation)."""
+    parts = list(argv)
+    for flag, value in flags:
+        parts += [flag] if value is None else [flag, value]
+    return shlex.join(parts)
+
+
+def flag_text(value: int | float) -> str:
+    """A flag's value as vLLM's parser takes it: ``0.9``, not ``0.9000000000000001``."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def parse_serve_command(text: str) -> ServeCommand:

@@ -24,7 +24,7 @@ cause               the words
 
 Besides the cause, the numbers the message carries: free and total device GiB (``free_memory``), and
 the estimated maximum model length (``context_too_long``) — the next candidate follows from them
-(``oomload.tunesearch``).
+(``oomload.tune.search``).
 
 The pool a started server got is read the same way from its log (``pool_from_log``): "GPU/CPU KV cache
 size: N tokens" and "Overriding num_gpu_blocks=… with num_gpu_blocks_override=B", as a fallback for a

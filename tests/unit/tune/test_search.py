@@ -1,11 +1,10 @@
-"""The tuner's search rules (tunesearch's docstring), one scenario per rule, on typed candidates."""
+"""The tuner's search rules (oomload.tune.search's docstring), one scenario per rule, on typed candidates."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from oomload.startup import StartCause, StartupFailure
-from oomload.tunesearch import (
+from oomload.tune.search import (
     Candidate,
     Proof,
     SearchSpace,
@@ -15,6 +14,7 @@ from oomload.tunesearch import (
     seqs_ladder,
     utilization_ladder,
 )
+from oomload.tune.startup import StartCause, StartupFailure
 
 GIB = 1024**3
 SPACE = SearchSpace(
@@ -154,3 +154,39 @@ def test_without_a_target_each_setting_is_proved_at_its_own_max_num_seqs() -> No
     assert next_proposal(space, None, history) is None
     winner = pick_winner(space, history)
     assert winner is not None and winner.settings.max_num_seqs == 4
+
+
+def test_a_carrier_at_the_target_seeks_headroom_above_it_while_the_odds_call_it_safe() -> None:
+    at8 = Settings(gpu_memory_utilization=0.95, max_num_seqs=8)
+    safe = replace(_proof(preempted=False), odds_safe_above=True)
+    history = [_proved(1, at8, safe)]
+    up = next_proposal(SPACE, 8, history)
+    assert up is not None and up.settings == replace(at8, max_num_seqs=10)  # the level above: 8 + 8 // 4
+    assert "odds on 800 blocks call 10 safe" in up.rule and "headroom" in up.rule
+    # the odds do not call the level above safe: no restart spent on it
+    unsafe = replace(safe, odds_safe_above=False)
+    assert next_proposal(SPACE, 8, [_proved(1, at8, unsafe)]) is None
+
+
+def test_headroom_above_the_target_wins_only_when_the_level_above_held() -> None:
+    at8 = Settings(gpu_memory_utilization=0.95, max_num_seqs=8)
+    first = _proved(1, at8, replace(_proof(preempted=False), odds_safe_above=True))
+    held = _proved(2, replace(at8, max_num_seqs=10), _proof(preempted=False))
+    assert next_proposal(SPACE, 8, [first, held]) is None  # headroom shown: stop
+    assert pick_winner(SPACE, [first, held]) == held
+    # carried 8 but preempted at 10, the level it admits: the capped setting wins, the search stops
+    burst = _proved(2, replace(at8, max_num_seqs=10), replace(_proof(preempted=False), observed_onset=10))
+    assert next_proposal(SPACE, 8, [first, burst]) is None
+    assert pick_winner(SPACE, [first, burst]) == first
+
+
+def test_a_rate_target_measured_above_the_ladder_falls_back_to_the_target_after_a_burst() -> None:
+    """--target-rate: the first candidate ran at the ladder's top (256) and measured concurrency 8."""
+    space = replace(SPACE, max_num_seqs=seqs_ladder(8))
+    wide = _proved(1, Settings(gpu_memory_utilization=0.95, max_num_seqs=256), _proof(preempted=False))
+    assert next_proposal(space, 8, [wide]) is None  # clean at 8 and 10: headroom seen
+    burst = _proved(
+        1, Settings(gpu_memory_utilization=0.95, max_num_seqs=256), replace(wide.proof, observed_onset=10)
+    )  # type: ignore[arg-type]
+    nxt = next_proposal(space, 8, [burst])
+    assert nxt is not None and nxt.settings.max_num_seqs == 8 and "queues such bursts" in nxt.rule

@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from oomload.startup import StartCause, StartupFailure
-from oomload.tunesearch import Candidate, Proof, Settings
+from oomload.tune.rate import RateTarget
+from oomload.tune.search import Candidate, Proof, Settings
+from oomload.tune.startup import StartCause, StartupFailure
 
 SCHEMA = "oomload.tune/1"
 
@@ -39,6 +40,12 @@ class TuneRecord:
     winner_line: str | None = None
     recommended_max_model_len: int | None = None
     notes: tuple[str, ...] = field(default=())
+    target_rate_rps: float | None = None  # --target-rate (target_concurrency: what it measured as)
+
+    @property
+    def rate(self) -> RateTarget | None:
+        """The open-loop measurement that turned the target rate into the target concurrency."""
+        return next((c.rate for c in self.candidates if c.rate is not None), None)
 
     @property
     def winner(self) -> Candidate | None:
@@ -62,6 +69,8 @@ class TuneRecord:
             "kind": self.kind,
             "model": self.model,
             "target_concurrency": self.target_concurrency,
+            "target_rate_rps": self.target_rate_rps,
+            "rate": None if self.rate is None else self.rate.to_json(),
             "trace_path": self.trace_path,
             "max_starts": self.max_starts,
             "max_duration_s": self.max_duration_s,
@@ -94,6 +103,7 @@ class TuneRecord:
             winner_line=obj.get("winner_line"),
             recommended_max_model_len=obj.get("recommended_max_model_len"),
             notes=tuple(str(n) for n in obj.get("notes", [])),
+            target_rate_rps=obj.get("target_rate_rps"),
         )
 
 
@@ -107,6 +117,7 @@ def candidate_to_json(c: Candidate) -> dict[str, Any]:
         "rule": c.rule,
         "started": c.started,
         "startup_s": c.startup_s,
+        "rate": None if c.rate is None else c.rate.to_json(),
         "free_device_bytes": c.free_device_bytes,
         "failure": None
         if failure is None
@@ -125,6 +136,9 @@ def candidate_to_json(c: Candidate) -> dict[str, Any]:
             "num_gpu_blocks": proof.num_gpu_blocks,
             "block_size": proof.block_size,
             "predicted_onset": proof.predicted_onset,
+            "predicted_onset_worst_case": proof.predicted_onset_worst_case,
+            "prompts": proof.prompts,
+            "odds_safe_above": proof.odds_safe_above,
             "odds_safe_max_num_seqs": proof.odds_safe_max_num_seqs,
             "requests_for_evidence": proof.requests_for_evidence,
             "observed_onset": proof.observed_onset,
@@ -173,6 +187,9 @@ def candidate_from_json(obj: Mapping[str, Any]) -> Candidate:
             ttft_p99_ms=p.get("ttft_p99_ms"),
             run_dir=p.get("run_dir"),
             evidence=str(p.get("evidence", "")),
+            predicted_onset_worst_case=p.get("predicted_onset_worst_case", p.get("predicted_onset")),
+            prompts=str(p.get("prompts", "worst-case")),
+            odds_safe_above=p.get("odds_safe_above"),
         )
     return Candidate(
         index=int(obj["index"]),
@@ -183,4 +200,5 @@ def candidate_from_json(obj: Mapping[str, Any]) -> Candidate:
         free_device_bytes=obj.get("free_device_bytes"),
         proof=proof,
         startup_s=obj.get("startup_s"),
+        rate=RateTarget.from_json(obj["rate"]) if isinstance(obj.get("rate"), Mapping) else None,
     )

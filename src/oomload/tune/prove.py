@@ -1,0 +1,284 @@
+"""A started candidate, proved: its pool, the trace's odds on it, the replay at and around the target.
+
+``prove(ctx, candidate, url, log_path, cand_dir)``:
+
+* the pool from ``/metrics`` (``vllm:cache_config_info``; the start-up log's "KV cache size" line when
+  the metric is missing) and the served ``max_model_len`` (``/v1/models``);
+* the trace's odds on it (``search.odds_guide``): the predicted onset production-shaped (the trace's
+  shared prefixes held once, when it carries them) and worst case (every prompt distinct), the
+  largest ``max_num_seqs`` they call safe, and the requests a 99 % claim needs;
+* a replay at the target (``oomload replay`` in a child process, its run directory
+  ``candidates/NN/run``; ``--min-requests`` is what the odds need for 99 % evidence, between
+  ``2 × target`` and ``max_requests``), and at the headroom level above it only when the candidate's
+  ``max_num_seqs`` admits more than the target (a server capped at the target holds the same requests
+  there: a needless hold); ``--stop-on first-preemption``: the level above is not sent once the target
+  preempted. Read back from its ``summary.json`` (``proof_from_summary``).
+
+``measure_rate``: for ``--target-rate``, the short open-loop replay that measures the concurrency the
+rate needs on this server (``oomload.tune.rate``), in ``candidates/NN/rate``.
+
+A Ctrl-C reaches the replay child too: it writes its partial report before the tune stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from oomload.odds import Pool
+from oomload.run.preflight import preflight
+from oomload.telemetry.scrape import fetch_text
+from oomload.telemetry.vllm_metrics import parse_vllm_metrics
+from oomload.trace import read_trace_header, write_trace
+from oomload.tune.context import TuneContext
+from oomload.tune.rate import RateTarget, arrival_scale, calibration_requests, rate_target_from_summary
+from oomload.tune.search import Candidate, OddsGuide, Proof, headroom_level, odds_guide
+from oomload.tune.startup import pool_from_log
+
+
+def prove(ctx: TuneContext, candidate: Candidate, url: str, log_path: Path, cand_dir: Path) -> Proof:
+    """The candidate's proof (module docstring)."""
+    config = ctx.config
+    target = ctx.target or candidate.settings.max_num_seqs or 1  # without a target: its own max_num_seqs
+    pool = server_pool(url, log_path, candidate)
+    guide = None
+    if pool is not None:
+        ladder = [v for v in ctx.space.max_num_seqs if ctx.target is None or v <= target]
+        guide = odds_guide(
+            ctx.prompts, ctx.outputs, pool, ctx.target, ladder, shared=ctx.shared(pool.block_size)
+        )
+    evidence = None if guide is None else guide.requests_for_evidence
+    min_requests = min(max(evidence or 0, 2 * target), config.max_requests)
+    above = headroom_level(target) or target + 1
+    seqs = candidate.settings.max_num_seqs
+    # a server that admits at most the target holds the same requests one level above: a needless hold
+    levels = f"{target}" if seqs is not None and seqs <= target else f"{target},{above}"
+    run_dir = cand_dir / "run"
+    argv = [
+        *_replay_argv(ctx, url, run_dir),
+        "--concurrency",
+        levels,
+        "--no-refine",
+        "--repeats",
+        "1",
+        "--no-evidence",
+        "--min-requests",
+        str(min_requests),
+        "--hold-s",
+        f"{config.hold_s:g}",
+        "--stop-on",
+        "first-preemption",
+        *config.replay_args,
+    ]
+    onsets = "?"
+    if guide is not None:
+        onsets = f"{_onset(guide.onset, target)} ({guide.shape})"
+        if guide.shape == "production":
+            onsets += f", {_onset(guide.onset_worst_case, target)} (worst case)"
+    ctx.console.print(
+        f"  pool {pool.num_gpu_blocks if pool else '?'} blocks × {pool.block_size if pool else '?'} tokens"
+        f" · odds: onset {onsets} · replay {levels} with ≥ {min_requests} requests a step"
+    )
+    exit_code = run_replay_child(ctx, argv, cand_dir / "replay.log")
+    return proof_from_summary(
+        read_json(run_dir / "summary.json"),
+        target=target,
+        pool=pool,
+        guide=guide,
+        slo_ttft_p99_s=config.slo_ttft_p99_s,
+        run_dir=str(run_dir),
+        replay_exit=exit_code,
+        recommended_max_model_len=ctx.space.recommended_max_model_len,
+    )
+
+
+def measure_rate(ctx: TuneContext, url: str, cand_dir: Path) -> RateTarget | None:
+    """``--target-rate``: an open-loop replay of the trace's head at the rate; its mean in-flight count."""
+    config = ctx.config
+    rate = config.target_rate_rps
+    assert rate is not None
+    count = calibration_requests(rate, len(ctx.records), config.max_requests)
+    head = list(ctx.records[:count])
+    rate_dir = cand_dir / "rate"
+    rate_dir.mkdir(parents=True, exist_ok=True)
+    trace = rate_dir / "trace-head.jsonl"
+    write_trace(trace, head, read_trace_header(config.trace_path))
+    argv = [
+        *_replay_argv(ctx, url, rate_dir / "run", trace=trace),
+        "--open-loop",
+        "--arrival-scale",
+        f"{arrival_scale(head, rate):.6g}",
+        "--concurrency",
+        str(count),  # the open loop's cap on users: never holds an arrival back
+        *config.replay_args,
+    ]
+    ctx.console.print(f"  target rate {rate:g} req/s: an open-loop replay of {count} requests measures W")
+    run_replay_child(ctx, argv, rate_dir / "replay.log")
+    return rate_target_from_summary(
+        read_json(rate_dir / "run" / "summary.json"), rate_rps=rate, run_dir=str(rate_dir / "run")
+    )
+
+
+def _replay_argv(ctx: TuneContext, url: str, run_dir: Path, *, trace: Path | None = None) -> list[str]:
+    config = ctx.config
+    return [
+        sys.executable,
+        "-m",
+        "oomload",
+        "replay",
+        str(trace or config.trace_path),
+        "--url",
+        url,
+        "--run-dir",
+        str(run_dir),
+        "--max-duration-s",
+        f"{config.replay_max_duration_s:g}",
+        "--no-live",
+    ]
+
+
+def run_replay_child(ctx: TuneContext, argv: list[str], log_path: Path) -> int | None:
+    """Run ``oomload replay`` as a child (its output in ``log_path``); its exit code."""
+    env = dict(os.environ)
+    secrets = ctx.config.serve.secrets()
+    if secrets and not env.get("OPENAI_API_KEY"):
+        env["OPENAI_API_KEY"] = secrets[-1]  # the server's own key, in the child's memory only
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            proc.wait()
+        except KeyboardInterrupt:
+            # a Ctrl-C reached the child too; a SIGTERM to the tune did not: pass it on, then let the
+            # child write its partial report before the tune stops
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+            if proc.poll() is None:
+                proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            raise
+    return proc.returncode
+
+
+def proof_from_summary(
+    summary: dict[str, Any] | None,
+    *,
+    target: int,
+    pool: Pool | None,
+    guide: OddsGuide | None,
+    slo_ttft_p99_s: float | None,
+    run_dir: str,
+    replay_exit: int | None,
+    recommended_max_model_len: int | None = None,
+) -> Proof:
+    """The proof from a candidate replay's ``summary.json`` (``None``: the replay wrote no verdict)."""
+    evidence = None if guide is None else guide.requests_for_evidence
+    verdict = (summary or {}).get("verdict") or {}
+    steps = [s for s in verdict.get("steps") or [] if not s.get("warmup") and s.get("concurrency") == target]
+    requests = sum(int(s.get("requests") or 0) for s in steps)
+    held = bool(steps) and all(s.get("trusted") is not False for s in steps)
+    preemptions = sum(int(s.get("preemptions") or 0) for s in steps)
+    onsets = verdict.get("onsets") or {}
+    pre = onsets.get("preemption") or {}
+    death = onsets.get("engine_death") or {}
+    died = bool(death) and int(death.get("concurrency") or 0) <= target
+    overflow = verdict.get("context_overflow") or {}
+    overflowed = int(overflow.get("refused") or 0) + int(overflow.get("clamped") or 0)
+    sent = int((verdict.get("requests") or {}).get("total") or 0)
+    served_limit = overflow.get("model_limit")
+    # the trace's own tail beyond its recommended max_model_len overflows any setting: evidence, not a
+    # rejection; a limit the tune cut below the recommendation refuses the traffic the target carries
+    overflow_blocks = (
+        overflowed > 0
+        and recommended_max_model_len is not None
+        and isinstance(served_limit, int)
+        and served_limit < recommended_max_model_len
+    )
+    ttfts = [float(t) for s in steps if (t := (s.get("ttft") or {}).get("p99_ms")) is not None]
+    ttft = max(ttfts) if ttfts else None
+    tput = [float(s["output_tokens_per_s"]) for s in steps if s.get("output_tokens_per_s") is not None]
+    slo_met = None
+    if slo_ttft_p99_s is not None:
+        slo_met = ttft is not None and ttft <= slo_ttft_p99_s * 1000.0
+    if summary is None:
+        evidence_text = f"the replay wrote no verdict (exit {replay_exit})"
+    else:
+        evidence_text = (
+            f"{requests} requests at {target}: {preemptions} preemption{'s' if preemptions != 1 else ''}"
+            + (f" (the odds ask {evidence} for 99 %)" if evidence else " (the odds call it safe)")
+            + ("; the server died" if died else "")
+            + ("" if held else f"; the step did not hold concurrency {target}: no evidence")
+            + (f"; {overflowed} of {sent} overflowed max_model_len {served_limit}" if overflowed else "")
+        )
+    return Proof(
+        num_gpu_blocks=None if pool is None else pool.num_gpu_blocks,
+        block_size=None if pool is None else pool.block_size,
+        predicted_onset=None if guide is None else guide.onset,
+        odds_safe_max_num_seqs=None if guide is None else guide.safe_max_num_seqs,
+        requests_for_evidence=evidence,
+        observed_onset=pre.get("concurrency"),
+        preempted_at_target=preemptions > 0 or 0 < int(pre.get("concurrency") or 0) <= target,
+        died=died,
+        overflow_at_target=overflow_blocks,
+        slo_met=slo_met,
+        requests_at_target=requests if held else 0,
+        throughput_tokens_per_s=sum(tput) / len(tput) if tput else None,
+        ttft_p99_ms=ttft,
+        run_dir=run_dir,
+        evidence=evidence_text,
+        predicted_onset_worst_case=None if guide is None else guide.onset_worst_case,
+        prompts="worst-case" if guide is None else guide.shape,
+        odds_safe_above=None if guide is None else guide.safe_above,
+    )
+
+
+def server_pool(url: str, log_path: Path, candidate: Candidate) -> Pool | None:
+    """The started server's pool: ``cache_config_info`` on ``/metrics``, else its start-up log."""
+    max_num_seqs = candidate.settings.max_num_seqs
+    limit = candidate.settings.max_model_len
+    with contextlib.suppress(Exception):  # the served limit, as /v1/models reports it
+        limit = preflight(url, model=None, api_key=None, timeout_s=10.0).max_model_len or limit
+    pool: Pool | None = None
+    try:
+        snap = parse_vllm_metrics(fetch_text(url + "/metrics", 10.0), t_unix_s=time.time())
+        pool = Pool.from_cache_config(snap.cache_config, limit)
+    except Exception:
+        pool = None
+    if pool is None:
+        logged = pool_from_log(read_text(log_path))  # numbers only: no secret leaves here
+        if logged.num_gpu_blocks is not None and logged.kv_cache_tokens:
+            pool = Pool(logged.num_gpu_blocks, logged.kv_cache_tokens // logged.num_gpu_blocks, limit)
+    if pool is not None and max_num_seqs is not None:
+        pool = replace(pool, max_num_seqs=max_num_seqs)
+    if pool is not None and candidate.settings.max_num_batched_tokens is not None:
+        pool = replace(pool, max_num_batched_tokens=candidate.settings.max_num_batched_tokens)
+    return pool
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _onset(value: int | None, target: int) -> str:
+    return f"none up to {2 * target}" if value is None else str(value)

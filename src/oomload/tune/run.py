@@ -1,0 +1,373 @@
+"""``oomload tune``, wired: per candidate start the server → read the pool → odds → replay → proof.
+
+``run_tune(config, console)``:
+
+1. reads the trace (lengths only) and derives the recommended ``max_model_len``
+   (``stats.recommend_max_model_len``: the cut the start-up rule uses);
+2. prints the bounds before anything starts: at most ``max_starts`` server starts and
+   ``max_duration_s`` of wall time (a candidate is not started when the time left is below its
+   start-up timeout plus its replay bound);
+3. per candidate (``search.next_proposal``), one at a time:
+
+   * the free device memory (NVML, when there is a GPU) just before the start;
+   * start the user's ``--serve`` line with the candidate's flags (``servecmd``) through
+     ``oomload.realvllm.server.RealVllmServer`` — its own process group, loopback and a free port
+     unless told otherwise, ``/health`` awaited, the log in ``candidates/NN/server.log`` — and a
+     failed start is classified from that log (``oomload.tune.startup``);
+   * with ``--target-rate`` and no concurrency measured yet: the short open-loop replay that turns
+     the rate into a concurrency (``oomload.tune.rate``; the tune goes on with that target);
+   * the proof (``oomload.tune.prove``): the pool, the trace's odds on it (production-shaped and
+     worst case), a replay at the target (and above it) in ``candidates/NN/run``;
+   * the server stopped — whole process group — whatever happened (``with``);
+   * ``tune.json`` rewritten (``record``);
+4. the winner (``search.pick_winner``) and the report (``oomload.report.tune``).
+
+A Ctrl-C at any moment: the replay child gets it too and writes its partial report; the server is
+stopped by its ``with``; ``tune.json`` says ``interrupted`` and holds every candidate so far; exit 130.
+
+Errors that are not findings: a ``--serve`` line whose *first* start fails for a reason that is not a
+memory setting (it is not vLLM, it exits at once, it never answers) is ``ServeStartError`` (exit 3,
+the log's line quoted); a ``--port`` already in use is a usage error (exit 2), found before anything
+starts; no candidate that carries the target is exit 1 (like a failed gate), with the table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shlex
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from oomload.credentials import scrub
+from oomload.errors import ConfigError, EndpointError, ExitCode, ServeStartError
+from oomload.realvllm.server import RealVllmServer, free_port, harness_env
+from oomload.stats import recommend_max_model_len
+from oomload.trace import read_trace, read_trace_header
+from oomload.tune.context import TuneConfig, TuneContext
+from oomload.tune.prove import measure_rate, prove, read_text
+from oomload.tune.rate import RateTarget
+from oomload.tune.record import TuneRecord
+from oomload.tune.search import Candidate, next_proposal, pick_winner, seqs_ladder
+from oomload.tune.servecmd import ServeCommand
+from oomload.tune.startup import StartCause, classify_startup_failure
+
+__all__ = ["TuneConfig", "check_port_free", "run_tune", "scrub_file"]
+
+SERVER_LOG = "server.log"
+
+
+@dataclass(frozen=True)
+class CandidateServe:
+    """The user's line with one candidate's flags, as ``RealVllmServer`` starts it (a ``ServeSpec``)."""
+
+    command: ServeCommand
+    candidate: Candidate
+
+    @property
+    def program(self) -> str:
+        return repr(self.command.argv[0])
+
+    def serve_argv(self, host: str, port: int) -> list[str]:
+        argv = list(self.command.with_settings(self.candidate.settings, host, port))
+        if self.command.kind == "sim" and Path(argv[0]).name == "oomload":
+            argv = [sys.executable, "-m", "oomload", *argv[1:]]
+        return argv
+
+    def serve_env(self, env: dict[str, str], tmp_dir: Path) -> dict[str, str]:
+        if Path(self.command.argv[1] if len(self.command.argv) > 1 else "").name == "launcher.py":
+            return harness_env(env, tmp_dir)  # oomload's own CPU-vLLM launcher: the harness's env
+        out = {k: v for k, v in env.items() if k != "VLLM_PORT"}
+        out["TMPDIR"] = str(tmp_dir)
+        return out
+
+
+def run_tune(config: TuneConfig, console: Console | None = None) -> int:
+    """Run the tune (module docstring) and return the exit code; SIGTERM counts as Ctrl-C meanwhile."""
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run_tune(config, console)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _run_tune(config: TuneConfig, console: Console | None) -> int:
+    console = console or Console()
+    records = read_trace(config.trace_path)
+    if not records:
+        raise ConfigError(f"trace {config.trace_path} has no requests: nothing to tune for")
+    advice = recommend_max_model_len([r.total_tokens for r in records])
+    ctx = TuneContext(
+        config=config,
+        space=replace(config.space, recommended_max_model_len=advice.max_model_len),
+        target=config.target,
+        records=tuple(records),
+        prefix=read_trace_header(config.trace_path).prefix_or_default(),
+        console=console,
+    )
+    if config.port is not None:
+        check_port_free(config.host, config.port)
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    console.print(
+        f"tune: {config.serve.kind} server {config.serve.model or ''} · {_goal(ctx)} · "
+        f"at most {ctx.space.max_starts} server starts and {config.max_duration_s:.0f} s "
+        f"(each: start-up ≤ {config.startup_timeout_s:.0f} s, "
+        f"replay ≤ {config.replay_max_duration_s:.0f} s) · "
+        f"run directory {config.run_dir}"
+    )
+    started_at = time.monotonic()
+    history: list[Candidate] = []
+    status = "running"
+    notes: list[str] = []
+    _write(config.run_dir, _record(ctx, history, status, notes))
+    try:
+        while True:
+            proposal = next_proposal(ctx.space, ctx.target, history)
+            if proposal is None:
+                break
+            left_s = config.max_duration_s - (time.monotonic() - started_at)
+            if left_s < config.startup_timeout_s + config.replay_max_duration_s:
+                notes.append(
+                    f"stopped by the wall-time bound ({config.max_duration_s:.0f} s) "
+                    "before the next candidate"
+                )
+                status = "bounded"
+                break
+            rule = proposal.rule
+            if ctx.waiting_for_rate:
+                rule += f"; it measures the concurrency {config.target_rate_rps:g} req/s needs"
+            candidate = Candidate(len(history) + 1, proposal.settings, rule, started=False)
+            console.print(
+                f"[bold]candidate {candidate.index}[/] {escape(candidate.settings.label())} — " + escape(rule)
+            )
+            candidate = _try_candidate(ctx, candidate, first=not history)
+            history.append(candidate)
+            if candidate.rate is not None and ctx.target is None:
+                ctx = with_rate_target(ctx, candidate.rate)
+                console.print(f"  target rate {escape(candidate.rate.sentence())}")
+            elif ctx.waiting_for_rate and candidate.started:
+                notes.append(
+                    f"the open-loop replay at {config.target_rate_rps:g} req/s measured nothing "
+                    f"(candidate {candidate.index}: see its rate/replay.log): no concurrency to tune for"
+                )
+            _say(console, candidate)
+            _write(config.run_dir, _record(ctx, history, status, notes))
+        if status == "running":
+            status = "finished"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        notes.append("interrupted (Ctrl-C): the server was stopped; the table holds the candidates so far")
+    record = _record(ctx, history, status, notes)
+    _write(config.run_dir, record)
+    from oomload.report.tune import write_tune_reports
+
+    write_tune_reports(config.run_dir, record, console)
+    if status == "interrupted":
+        return int(ExitCode.INTERRUPTED)
+    return int(ExitCode.OK if record.winner is not None else ExitCode.GATE_FAILED)
+
+
+def with_rate_target(ctx: TuneContext, rate: RateTarget) -> TuneContext:
+    """The tune once the rate's concurrency is measured: it goes on as ``--target-concurrency C`` would
+    (the default ``max_num_seqs`` ladder becomes the target's quarters, plus the values above it)."""
+    space = ctx.space
+    if not ctx.config.max_num_seqs_given and "max_num_seqs" not in space.fixed:
+        space = replace(space, max_num_seqs=seqs_ladder(rate.concurrency))
+    return replace(ctx, target=rate.concurrency, space=space)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """``ConfigError`` when ``host:port`` is taken (one sentence, before anything starts)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            raise ConfigError(
+                f"--port {port} on {host} is in use ({err.strerror}): pick a free port or omit --port"
+            ) from err
+
+
+def free_device_bytes() -> int | None:
+    """NVML's free memory on device 0 just now; ``None`` without a usable GPU."""
+    try:
+        from oomload.telemetry.nvml import load_pynvml
+
+        nvml = load_pynvml()
+        nvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        return int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(0)).free)
+    except Exception:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+
+
+def _try_candidate(ctx: TuneContext, candidate: Candidate, *, first: bool) -> Candidate:
+    config = ctx.config
+    cand_dir = config.run_dir / "candidates" / f"{candidate.index:02d}"
+    cand_dir.mkdir(parents=True, exist_ok=True)
+    candidate = replace(candidate, free_device_bytes=free_device_bytes())
+    port = config.port if config.port is not None else free_port(config.host)
+    short_tmp = tempfile.TemporaryDirectory(prefix="oomload-tune-")
+    server = RealVllmServer(
+        CandidateServe(config.serve, candidate),
+        cand_dir,
+        host=config.host,
+        port=port,
+        startup_timeout_s=config.startup_timeout_s,
+        log_name=SERVER_LOG,
+        cwd=Path.cwd(),  # the user's line may name relative paths
+        tmp_dir=Path(short_tmp.name),  # short: vLLM's ZMQ IPC socket paths must fit 107 bytes
+    )
+    try:
+        return _run_candidate(ctx, candidate, server, cand_dir, first=first)
+    finally:
+        scrub_file(server.log_path, config.serve.secrets())  # vLLM logs its non-default args, --api-key too
+        short_tmp.cleanup()
+
+
+def _run_candidate(
+    ctx: TuneContext, candidate: Candidate, server: RealVllmServer, cand_dir: Path, *, first: bool
+) -> Candidate:
+    with _started(server) as start_error:
+        if start_error is not None:
+            secrets = ctx.config.serve.secrets()
+            failure = classify_startup_failure(
+                scrub(read_text(server.log_path).strip() or start_error, secrets)
+            )
+            if first and failure.cause is StartCause.OTHER:
+                raise ServeStartError(
+                    f"the --serve command did not start ({_exit_text(server.exit_code)}): "
+                    f"{failure.message} (log: {server.log_path})"
+                )
+            return replace(candidate, failure=failure)
+        candidate = replace(candidate, started=True, startup_s=server.startup_s)
+        if ctx.waiting_for_rate:
+            rate = measure_rate(ctx, server.url, cand_dir)
+            if rate is None:
+                return candidate  # started, not proved: the tune stops with a note
+            candidate = replace(candidate, rate=rate)
+            ctx = with_rate_target(ctx, rate)
+        proof = prove(ctx, candidate, server.url, server.log_path, cand_dir)
+        if candidate.rate is not None and candidate.rate.preemptions > 0:
+            # the open loop at the rate is the traffic itself: its bursts preempted this setting
+            proof = replace(
+                proof,
+                preempted_at_target=True,
+                evidence=f"{proof.evidence}; the open-loop replay at {candidate.rate.rate_rps:g} req/s "
+                f"preempted {candidate.rate.preemptions} times (bursts above the mean)",
+            )
+        return replace(candidate, proof=proof)
+
+
+@contextlib.contextmanager
+def _started(server: RealVllmServer) -> Any:
+    """Start the server; yield ``None`` once ready or the error text when it did not start; always stop."""
+    try:
+        try:
+            server.start()
+        except EndpointError as err:
+            yield str(err)
+            return
+        yield None
+    finally:
+        server.stop()
+
+
+def _record(ctx: TuneContext, history: list[Candidate], status: str, notes: list[str]) -> TuneRecord:
+    config, space = ctx.config, ctx.space
+    done = status != "running"
+    winner = pick_winner(space, history) if done else None
+    if done and winner is None and history and status == "finished":
+        if not any(c.started for c in history):
+            last = history[-1].failure
+            why = "" if last is None else f" (the last: {last.reason})"
+            notes = [
+                *notes,
+                f"no candidate started{why}: nothing on the ladder carries {_goal(ctx)}",
+            ]
+        else:
+            notes = [
+                *notes,
+                f"no candidate carried {_goal(ctx)}: the table says why each was rejected",
+            ]
+    return TuneRecord(
+        serve_line=scrub(shlex.join(config.serve.argv), config.serve.secrets()),
+        kind=config.serve.kind,
+        model=config.serve.model,
+        target_concurrency=ctx.target,
+        target_rate_rps=config.target_rate_rps,
+        trace_path=str(config.trace_path),
+        max_starts=space.max_starts,
+        max_duration_s=config.max_duration_s,
+        slo_ttft_p99_s=config.slo_ttft_p99_s,
+        candidates=tuple(history),
+        status=status,
+        winner_index=None if winner is None else winner.index,
+        winner_line=None if winner is None else config.serve.shell_line(winner.settings),
+        recommended_max_model_len=space.recommended_max_model_len,
+        notes=tuple(notes),
+    )
+
+
+def _say(console: Console, c: Candidate) -> None:
+    if not c.started:
+        assert c.failure is not None
+        console.print(f"  [red]did not start[/]: {c.failure.reason} — {c.failure.message}")
+        return
+    assert c.proof is not None
+    verdict = "[green]carries the target[/]" if c.proof.carries else "[red]does not carry the target[/]"
+    console.print(f"  started in {c.startup_s or 0:.1f} s · {verdict}: {c.proof.evidence}")
+
+
+def _write(run_dir: Path, record: TuneRecord) -> None:
+    path = run_dir / "tune.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record.to_json(), indent=2, allow_nan=False, default=_finite), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _finite(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def scrub_file(path: Path, secrets: tuple[str, ...]) -> None:
+    """Rewrite ``path`` with every secret replaced by ``***`` (nothing to do without secrets)."""
+    if not secrets or not path.is_file():
+        return
+    text = read_text(path)
+    cleaned = scrub(text, secrets)
+    if cleaned != text:
+        path.write_text(cleaned, encoding="utf-8")
+
+
+def _goal(ctx: TuneContext) -> str:
+    rate = ctx.config.target_rate_rps
+    if rate is not None:
+        return f"target rate {rate:g} req/s" + ("" if ctx.target is None else f" (concurrency {ctx.target})")
+    return "its own max_num_seqs (no target)" if ctx.target is None else f"target concurrency {ctx.target}"
+
+
+def _exit_text(code: int | None) -> str:
+    return "it did not answer /health in time" if code is None else f"exit status {code}"

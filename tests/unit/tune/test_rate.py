@@ -1,0 +1,95 @@
+"""``--target-rate``: the open-loop replay's measurement turned into the target concurrency (tune.rate),
+and the trace's odds on a candidate's pool in both shapes (search.odds_guide)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from oomload.capacity import SharedPrefixes
+from oomload.odds import Pool
+from oomload.trace import TraceRecord
+from oomload.tune.rate import (
+    MIN_CALIBRATION_REQUESTS,
+    RateTarget,
+    arrival_scale,
+    calibration_requests,
+    rate_target_from_summary,
+)
+from oomload.tune.record import candidate_from_json, candidate_to_json
+from oomload.tune.search import Candidate, Settings, odds_guide
+
+
+def _records(arrivals: list[float]) -> list[TraceRecord]:
+    return [TraceRecord(f"r{i}", a, 100, 50) for i, a in enumerate(arrivals)]
+
+
+def test_the_arrival_scale_makes_the_trace_arrive_at_the_asked_rate() -> None:
+    records = _records([0.0, 0.5, 1.0, 1.5, 2.0])  # 2 req/s of its own
+    assert arrival_scale(records, 2.0) == pytest.approx(1.0)
+    assert arrival_scale(records, 8.0) == pytest.approx(0.25)  # four times as fast: arrivals × 0.25
+    assert arrival_scale(records, 0.5) == pytest.approx(4.0)
+    assert arrival_scale(_records([3.0, 3.0, 3.0]), 5.0) == 1.0  # no spacing to scale
+
+
+def test_the_open_loop_replay_sends_about_twenty_seconds_of_the_rate_within_the_bounds() -> None:
+    assert calibration_requests(10.0, 1000, 400) == 200
+    assert calibration_requests(0.1, 1000, 400) == MIN_CALIBRATION_REQUESTS
+    assert calibration_requests(100.0, 1000, 400) == 400  # --max-requests
+    assert calibration_requests(10.0, 30, 400) == 30  # the trace's size
+
+
+def _summary(achieved: float | None, rate: float = 4.0) -> dict[str, object]:
+    step = {"concurrency": 40, "warmup": False, "requests": 80, "req_per_s": rate, "preemptions": 2}
+    if achieved is not None:
+        step["achieved_concurrency"] = achieved
+    return {"verdict": {"steps": [step]}}
+
+
+def test_littles_law_the_measured_mean_in_flight_rounds_up_to_the_target() -> None:
+    rate = rate_target_from_summary(_summary(5.2), rate_rps=4.0, run_dir="r")
+    assert rate is not None
+    assert rate.concurrency == 6 and rate.in_flight_mean == 5.2
+    assert rate.latency_s == pytest.approx(1.3)  # W = L / R
+    assert (rate.requests, rate.preemptions) == (80, 2)
+    assert "4 req/s → concurrency 6" in rate.sentence() and "4.00 req/s × 1.30 s" in rate.sentence()
+    exact = rate_target_from_summary(_summary(3.0), rate_rps=4.0, run_dir="r")
+    assert exact is not None and exact.concurrency == 3
+    tiny = rate_target_from_summary(_summary(0.2), rate_rps=0.5, run_dir="r")
+    assert tiny is not None and tiny.concurrency == 1
+
+
+def test_nothing_measured_is_no_target() -> None:
+    assert rate_target_from_summary(None, rate_rps=4.0, run_dir="r") is None
+    assert rate_target_from_summary(_summary(None), rate_rps=4.0, run_dir="r") is None
+    assert rate_target_from_summary({"verdict": {"steps": []}}, rate_rps=4.0, run_dir="r") is None
+
+
+def test_a_candidate_keeps_its_rate_measurement_in_tune_json() -> None:
+    rate = RateTarget(4.0, 6, 5.2, 4.0, 80, 2, "candidates/01/rate/run")
+    cand = Candidate(1, Settings(max_num_seqs=256), "first", started=True, rate=rate)
+    obj = candidate_to_json(cand)
+    assert obj["rate"]["concurrency"] == 6 and math.isclose(obj["rate"]["latency_s"], 1.3)
+    assert candidate_from_json(obj).rate == rate
+
+
+HAND = 50
+
+
+def test_the_odds_guide_gives_both_onsets_on_a_shared_prefix_trace() -> None:
+    """The hand case (test_shared_prefixes): 600-token prompts sharing 512, 100 output, 80 blocks of 32.
+    Distinct prompts preempt from 4; the shared prefix held once moves the onset later (the guide's
+    400-request odds: 8), and the safe max_num_seqs up with it."""
+    prompts, outputs = [600] * HAND, [100] * HAND
+    pool = Pool(num_gpu_blocks=80, block_size=32, max_model_len=2048, max_num_seqs=16)
+    shared = SharedPrefixes.from_chains(
+        [(7, 100 + i) for i in range(HAND)], [600] * HAND, block_tokens=512, block_size=32
+    )
+    guide = odds_guide(prompts, outputs, pool, 8, [2, 4, 6, 8], shared=shared)
+    assert guide.shape == "production"
+    assert guide.onset_worst_case == 4
+    assert guide.onset is not None and guide.onset >= 8
+    worst = odds_guide(prompts, outputs, pool, 8, [2, 4, 6, 8])
+    assert worst.shape == "worst-case" and worst.onset == worst.onset_worst_case == 4
+    assert guide.safe_max_num_seqs == 6 and worst.safe_max_num_seqs == 2

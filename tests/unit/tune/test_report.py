@@ -1,0 +1,82 @@
+"""A tune's table shows both predicted onsets (production / worst case) and a rate target's translation,
+in tune.json, tune.md and tune.html alike (report.tune, tune.record)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from oomload.report.tune import COLUMNS, render_html, render_markdown
+from oomload.tune.rate import RateTarget
+from oomload.tune.record import TuneRecord
+from oomload.tune.search import Candidate, Proof, Settings
+
+
+def _proof(onset: int | None, worst: int | None, prompts: str) -> Proof:
+    return Proof(
+        num_gpu_blocks=80,
+        block_size=32,
+        predicted_onset=onset,
+        odds_safe_max_num_seqs=6,
+        requests_for_evidence=40,
+        observed_onset=None,
+        preempted_at_target=False,
+        died=False,
+        overflow_at_target=False,
+        slo_met=None,
+        requests_at_target=40,
+        throughput_tokens_per_s=100.0,
+        ttft_p99_ms=900.0,
+        run_dir="candidates/01/run",
+        evidence="40 requests at 6: 0 preemptions",
+        predicted_onset_worst_case=worst,
+        prompts=prompts,
+    )
+
+
+def _record() -> TuneRecord:
+    rate = RateTarget(4.0, 6, 5.2, 4.0, 80, 0, "candidates/01/rate/run")
+    shared = Candidate(
+        1, Settings(max_num_seqs=256), "first", started=True, proof=_proof(11, 4, "production")
+    )
+    distinct = Candidate(2, Settings(max_num_seqs=8), "next", started=True, proof=_proof(7, 7, "worst-case"))
+    return TuneRecord(
+        serve_line="oomload sim serve",
+        kind="sim",
+        model="m",
+        target_concurrency=6,
+        trace_path="t.jsonl",
+        max_starts=8,
+        max_duration_s=600.0,
+        slo_ttft_p99_s=None,
+        candidates=(replace(shared, rate=rate), distinct),
+        status="finished",
+        winner_index=1,
+        winner_line="oomload sim serve --max-num-seqs 256",
+        target_rate_rps=4.0,
+    )
+
+
+def test_both_predicted_onsets_are_columns_of_every_page() -> None:
+    record = _record()
+    assert "predicted onset (production)" in COLUMNS and "predicted onset (worst case)" in COLUMNS
+    md = render_markdown(record)
+    rows = [line for line in md.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    prod, worst = COLUMNS.index("predicted onset (production)"), COLUMNS.index("predicted onset (worst case)")
+    assert (cells[0][prod], cells[0][worst]) == ("11", "4")
+    assert (cells[1][prod], cells[1][worst]) == ("7 (no shared prefixes)", "7")
+    html = render_html(record)
+    assert "<td>11</td><td>4</td>" in html
+
+
+def test_a_rate_target_is_reported_with_its_measured_concurrency() -> None:
+    record = _record()
+    md = render_markdown(record)
+    assert "Target rate 4 req/s (concurrency 6)" in md
+    assert "4 req/s → concurrency 6 (Little's law, measured: 5.20 requests in flight" in md
+    obj = json.loads(json.dumps(record.to_json()))
+    assert obj["target_rate_rps"] == 4.0 and obj["rate"]["concurrency"] == 6
+    assert obj["candidates"][0]["proof"]["predicted_onset_worst_case"] == 4
+    back = TuneRecord.from_json(obj)
+    assert back.rate == record.rate and back.candidates[0].proof == record.candidates[0].proof

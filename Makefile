@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser demo demo-tune test test-e2e lint typecheck bench gpu-check clean
+.PHONY: help install browser demo demo-tune test test-slow test-e2e lint typecheck bench gpu-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -28,6 +28,9 @@ demo-tune: $(STAMP) ## oomload starts the simulated vLLM itself and tunes its me
 
 test: $(STAMP) browser ## Run the default test suite (fast; simulated server, real Locust, headless Chromium)
 	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP) browser ## The slow drills: signals, kill -9, master and workers, tune, a browser on a live run (CI runs them)
+	$(BIN)/python -m pytest -q -m slow
 
 .e2e/.installed: | $(STAMP)
 	$(BIN)/python -m oomload.realvllm.install --root .e2e

@@ -89,8 +89,9 @@ def _group_empties(pgid: int, what: str) -> None:
     ("when", "sig"),
     [
         (_pool_started, signal.SIGINT),
-        (_rows_in_flight, signal.SIGINT),
-        (_rows_in_flight, signal.SIGTERM),  # kill, a CI job's timeout: the same clean end as Ctrl-C
+        pytest.param(_rows_in_flight, signal.SIGINT, marks=pytest.mark.slow),
+        # kill, a CI job's timeout: the same clean end as Ctrl-C
+        pytest.param(_rows_in_flight, signal.SIGTERM, marks=pytest.mark.slow),
     ],
     ids=["ctrl-c-pool-started", "ctrl-c-rows-in-flight", "sigterm-rows-in-flight"],
 )
@@ -120,6 +121,7 @@ def test_ctrl_c_mid_build_leaves_the_old_trace_and_no_scratch(
     _group_empties(proc.pid, "a worker of the interrupted build is still running")
 
 
+@pytest.mark.slow
 def test_workers_exit_when_the_build_is_killed(tmp_path: Path, gateway_log: Path) -> None:
     """SIGKILL (or the kernel's out-of-memory killer) to the build alone: nothing can clean up, but its
     pool's workers notice their main process is gone and exit instead of waiting forever."""

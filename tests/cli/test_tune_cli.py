@@ -60,6 +60,7 @@ def test_a_serve_line_that_exits_at_once_is_exit_3_with_its_own_words(tmp_path: 
     assert _sim_servers("exits-at-once") == []
 
 
+@pytest.mark.slow
 def test_tune_finds_proves_and_reports_the_winner_after_a_failed_start(tmp_path: Path) -> None:
     """4 GiB used by other processes: 0.9 cannot start; at 0.8 the pool (≈ 826 blocks of 16) holds 25
     requests of 512 tokens (32 blocks each), so 32 in flight preempt and max_num_seqs 24 carries them."""
@@ -89,6 +90,7 @@ def test_tune_finds_proves_and_reports_the_winner_after_a_failed_start(tmp_path:
     assert again.returncode == 0 and "Winner (candidate 3)" in again.stdout
 
 
+@pytest.mark.slow
 def test_ctrl_c_leaves_the_server_stopped_and_a_partial_table(tmp_path: Path) -> None:
     out = tmp_path / "t"
     marker = "--served-model-name tune-ctrl-c"

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,29 +23,16 @@ from typing import Any
 
 import pytest
 
+from onsetload import SIM, fixed_trace, free_port
 from oomload.report.markdown import escape_md
 from oomload.rundir import RunReader
 from oomload.sim.process import SimServer
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+
+pytestmark = pytest.mark.slow  # master, workers and simulator as separate processes: `make test-slow`
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "sk-oomload-distributed-secret-0815"
 TOKEN = "oomload-test-worker-token-0815-abcdefghijklmnopqrstuvwxyz"
-# 97 blocks of 16 tokens, requests of 256 + 256 tokens (32 blocks): 3 fit, so level 2 is safe and
-# level 8 preempts by a wide margin (tests/integration/test_verdict_sim.py has the arithmetic)
-SIM = "--num-gpu-blocks 97 --block-size 16 --max-model-len 1024 --time-scale 0.1"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _trace(path: Path, count: int = 40) -> Path:
-    records = [TraceRecord(f"r{i}", 0.1 * i, 256, 256) for i in range(count)]
-    write_trace(path, records, TraceHeader(source=("fixed-256+256",)))
-    return path
 
 
 def _env() -> dict[str, str]:
@@ -99,14 +85,14 @@ def _rows(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def test_two_remote_workers_give_the_verdict_of_one_process(tmp_path: Path) -> None:
-    trace = _trace(tmp_path / "t.jsonl")
+    trace = fixed_trace(tmp_path / "t.jsonl")
     single = tmp_path / "single"
     proc = subprocess.run(
         _replay_cmd(trace, single), capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    port = _free_port()
+    port = free_port()
     dist = tmp_path / "dist"
     results = [tmp_path / "w0.jsonl", tmp_path / "w1.jsonl"]
     with SimServer(SIM.split()) as sim, _workers(port, results, sim.url) as workers:
@@ -157,8 +143,8 @@ def test_two_remote_workers_give_the_verdict_of_one_process(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_a_worker_killed_mid_step_loses_nothing_it_had_sent(tmp_path: Path, sig: signal.Signals) -> None:
-    trace = _trace(tmp_path / "t.jsonl", 60)
-    port = _free_port()
+    trace = fixed_trace(tmp_path / "t.jsonl", 60)
+    port = free_port()
     run_dir = tmp_path / "run"
     results = [tmp_path / "w0.jsonl", tmp_path / "w1.jsonl"]
     sim = SimServer(SIM.split())
@@ -233,9 +219,9 @@ def test_a_worker_killed_mid_step_loses_nothing_it_had_sent(tmp_path: Path, sig:
 
 
 def test_workers_that_never_arrive_are_one_sentence(tmp_path: Path) -> None:
-    trace = _trace(tmp_path / "t.jsonl", 4)
+    trace = fixed_trace(tmp_path / "t.jsonl", 4)
     proc = subprocess.run(
-        _replay_cmd(trace, tmp_path / "run", "--workers", "2", "--master-bind-port", str(_free_port()),
+        _replay_cmd(trace, tmp_path / "run", "--workers", "2", "--master-bind-port", str(free_port()),
                     "--worker-timeout-s", "2"),
         capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO,
     )  # fmt: skip
@@ -247,7 +233,7 @@ def test_workers_that_never_arrive_are_one_sentence(tmp_path: Path) -> None:
 
 
 def test_a_worker_without_a_master_is_one_sentence() -> None:
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     proc = subprocess.run(
         [sys.executable, "-m", "oomload", "worker", "--master", f"127.0.0.1:{port}",
          "--connect-timeout-s", "1", "--url", "http://127.0.0.1:8000"],

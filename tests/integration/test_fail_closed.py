@@ -160,6 +160,7 @@ def _assert_nothing_to_judge(proc: Any, run_dir: Path, decided: list[dict[str, A
     assert "PASS" not in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["stream-closed", "malformed-sse"])
 def test_a_server_that_fails_every_request_never_passes_a_gate(tmp_path: Path, mode: str) -> None:
     """The two cases of the issue: every stream closed mid-response, and malformed SSE."""

@@ -65,6 +65,7 @@ def sim() -> Iterator[SimServer]:
 # --- signals --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("sig", "to_group", "processes"),
     [(signal.SIGINT, True, 1), (signal.SIGTERM, False, 2)],
@@ -374,6 +375,7 @@ def test_a_server_that_answers_html_is_not_mistaken_for_vllm(tmp_path: Path) -> 
     assert "JSON" in proc.stderr + proc.stdout
 
 
+@pytest.mark.slow
 def test_sse_that_breaks_mid_stream_is_classified_and_nothing_is_lost(tmp_path: Path) -> None:
     BrokenStreamHandler.posts = 0
     with stdlib_server(BrokenStreamHandler) as url:
@@ -401,6 +403,7 @@ def test_sse_that_breaks_mid_stream_is_classified_and_nothing_is_lost(tmp_path: 
 # --- secrets ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_api_key_from_the_environment_is_never_written(sim: SimServer, tmp_path: Path) -> None:
     trace = write_fixed_trace(tmp_path / "t.jsonl", 6, 32, 8)
     run_dir = tmp_path / "run"

@@ -22,6 +22,8 @@ from oomload.rundir import SERVER_DEAD_MARKER
 from oomload.sim.process import SimServer
 from oomload.trace import TraceHeader, TraceRecord, write_trace
 
+pytestmark = pytest.mark.slow  # kill -9 drills with 1 and 2 load processes: `make test-slow`
+
 SIM = ("--num-gpu-blocks", "400", "--block-size", "16", "--max-model-len", "2048", "--time-scale", "0.2")
 
 

@@ -54,6 +54,7 @@ def sim() -> Iterator[SimServer]:
         yield server
 
 
+@pytest.mark.slow
 def test_a_lower_step_lets_the_stopped_users_finish_their_request(sim: SimServer, tmp_path: Path) -> None:
     trace = _trace(tmp_path / "t.jsonl", 40, 32, 600)
     run_dir = tmp_path / "run"

@@ -133,6 +133,7 @@ def test_replay_in_process_follows_the_schedule_with_exact_lengths(sim: SimServe
             assert SECRET not in path.read_text(errors="replace"), path
 
 
+@pytest.mark.slow
 def test_replay_with_two_worker_processes(sim: SimServer, tmp_path: Path) -> None:
     trace = _trace(tmp_path / "t.jsonl", [(30 + 11 * i, 4 + i % 5) for i in range(20)])
     run_dir = tmp_path / "run"
@@ -167,6 +168,7 @@ def test_replay_with_two_worker_processes(sim: SimServer, tmp_path: Path) -> Non
     assert [s["concurrency"] for s in steps] == [2, 4]
 
 
+@pytest.mark.slow
 def test_production_shape_across_two_worker_processes_hits_what_the_trace_shares(
     sim: SimServer, tmp_path: Path
 ) -> None:
@@ -315,7 +317,7 @@ def test_server_death_is_detected_and_recorded(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("moment", "lines"),
-    [("requests.jsonl", 2), ("config.json", 0)],
+    [("requests.jsonl", 2), pytest.param("config.json", 0, marks=pytest.mark.slow)],
     ids=["mid-step", "during-set-up"],
 )
 def test_ctrl_c_stops_cleanly_with_a_partial_report(tmp_path: Path, moment: str, lines: int) -> None:

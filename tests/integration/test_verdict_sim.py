@@ -1,8 +1,8 @@
 """End to end: a replay against the simulated vLLM whose KV pool is known gives the arithmetic onset.
 
-Pool: 97 blocks of 16 tokens (96 usable); every request is 256 + 256 tokens = 32 blocks, so 3 fit
-and the first preemption is expected at floor(96 / 32) + 1 = 4 concurrent requests. The replay runs
-in a subprocess (it imports Locust, which monkey-patches the process with gevent).
+The pool and the requests are tests/onsetload.py's: 3 requests fit, the first preemption is expected
+at 4 concurrent requests. The replay runs in a subprocess (it imports Locust, which monkey-patches the
+process with gevent).
 """
 
 from __future__ import annotations
@@ -16,22 +16,16 @@ from typing import Any
 import pytest
 
 from clirun import oomload
+from onsetload import ARITHMETIC_ONSET, SIM, fixed_trace
 from oomload.cli import main
-from oomload.trace import TraceHeader, TraceRecord, write_trace
 
-ARITHMETIC_ONSET = 4
 LEVELS = (2, 3, 4, 5)
-SIM = "--num-gpu-blocks 97 --block-size 16 --max-model-len 1024 --time-scale 0.1"
 
 
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     tmp = tmp_path_factory.mktemp("verdict-sim")
-    trace = tmp / "fixed.jsonl"
-    records = [
-        TraceRecord(id=f"r{i}", arrival_s=0.1 * i, prompt_tokens=256, output_tokens=256) for i in range(40)
-    ]
-    write_trace(trace, records, TraceHeader(source=("fixed-256+256",)))
+    trace = fixed_trace(tmp / "fixed.jsonl")
     run = tmp / "run"
     proc = oomload(
         "replay", str(trace),

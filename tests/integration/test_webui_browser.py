@@ -22,6 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from oomload.trace import TraceHeader, TraceRecord, write_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +49,7 @@ def _wait_for_web(url: str, proc: subprocess.Popen[str], bound_s: float) -> None
     raise AssertionError(f"the web UI never answered (exit {proc.poll()})")
 
 
+@pytest.mark.slow
 def test_the_tab_draws_live_charts_and_serves_the_verdict_after_the_run(
     tmp_path: Path, browser_page: Any
 ) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,21 +24,14 @@ from typing import Any
 
 import pytest
 
+from onsetload import SIM, fixed_trace, free_port
 from oomload.rundir import RunReader
-from oomload.trace import TraceHeader, TraceRecord, write_trace
 
 REPO = Path(__file__).resolve().parents[2]
 ROGUE = REPO / "tests" / "rogue.py"
 AWS_SECRET = "aws-secret-never-to-leave-this-host-0815"
 OWN_KEY = "sk-worker-own-key-4711"
 TOKEN = "oomload-test-worker-token-4711-abcdefghijklmnopqrstuvwxyz"
-SIM = "--num-gpu-blocks 97 --block-size 16 --max-model-len 1024 --time-scale 0.1"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -49,7 +41,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _against_rogue_master(tmp_path: Path, mode: str, trusted: str | None) -> tuple[Any, str, list[str]]:
     """Run a real ``oomload worker`` against the rogue master; returns (worker, its output, headers)."""
-    port, http_port = _free_port(), _free_port()
+    port, http_port = free_port(), free_port()
     headers = tmp_path / "headers.txt"
     rogue_env = _env(OOMLOAD_WORKER_TOKEN=TOKEN) if mode == "token" else _env()
     rogue = subprocess.Popen(
@@ -75,6 +67,7 @@ def _against_rogue_master(tmp_path: Path, mode: str, trusted: str | None) -> tup
     return worker, worker.stdout + worker.stderr, headers.read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_a_rogue_master_without_the_token_is_refused_and_gets_no_secret(tmp_path: Path) -> None:
     worker, out, headers = _against_rogue_master(tmp_path, "guess", None)
     assert worker.returncode == 2, out
@@ -84,6 +77,7 @@ def test_a_rogue_master_without_the_token_is_refused_and_gets_no_secret(tmp_path
     assert AWS_SECRET not in out and TOKEN not in out
 
 
+@pytest.mark.slow
 def test_a_master_with_the_token_but_an_untrusted_url_is_refused(tmp_path: Path) -> None:
     worker, out, headers = _against_rogue_master(tmp_path, "token", "http://127.0.0.1:9")
     assert worker.returncode == 2, out
@@ -94,6 +88,7 @@ def test_a_master_with_the_token_but_an_untrusted_url_is_refused(tmp_path: Path)
     assert AWS_SECRET not in out and TOKEN not in out
 
 
+@pytest.mark.slow
 def test_the_worker_sends_its_own_key_never_the_variable_the_master_names(tmp_path: Path) -> None:
     _worker, out, headers = _against_rogue_master(tmp_path, "token", None)
     assert "Traceback" not in out
@@ -102,15 +97,10 @@ def test_the_worker_sends_its_own_key_never_the_variable_the_master_names(tmp_pa
     assert AWS_SECRET not in out and TOKEN not in out
 
 
-def _trace(path: Path, count: int = 40) -> Path:
-    records = [TraceRecord(f"r{i}", 0.1 * i, 256, 256) for i in range(count)]
-    write_trace(path, records, TraceHeader(source=("fixed-256+256",)))
-    return path
-
-
+@pytest.mark.slow
 def test_a_stranger_on_the_worker_port_is_dropped_counted_and_changes_nothing(tmp_path: Path) -> None:
-    trace = _trace(tmp_path / "t.jsonl")
-    port, run_dir = _free_port(), tmp_path / "run"
+    trace = fixed_trace(tmp_path / "t.jsonl")
+    port, run_dir = free_port(), tmp_path / "run"
     cmd = [
         sys.executable, "-m", "oomload", "replay", str(trace), "--sim", SIM,
         "--concurrency", "2,3", "--hold-s", "3", "--stop-on", "never", "--no-refine", "--gpu", "none",

@@ -22,7 +22,7 @@ import math
 import zlib
 from collections.abc import Callable, Iterator
 from itertools import chain
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import msgspec
 import numpy as np
@@ -126,11 +126,47 @@ class _Line(msgspec.Struct, gc=False):
     max_output_tokens: IntLike = UNSET
 
 
+class _RequestBodyParts(_RequestBody):
+    """``_RequestBody`` with the prompt parts (``_PartsBody``'s): one decode gives the row and its parts."""
+
+    system: msgspec.Raw | Unset = UNSET
+    tools: msgspec.Raw | Unset = UNSET
+    messages: list[msgspec.Raw] | Unset = UNSET
+    prompt: msgspec.Raw | Unset = UNSET
+
+
+class _RequestParts(_RequestBodyParts):
+    body: _RequestBodyParts | Unset = UNSET
+
+
+class _LineParts(_Line):
+    """``_Line`` with the prompt parts, for a build that derives prefix chains (``_line_parts``)."""
+
+    request: _RequestParts | Unset | None = UNSET  # type: ignore[assignment]
+    system: msgspec.Raw | Unset = UNSET
+    tools: msgspec.Raw | Unset = UNSET
+    messages: list[msgspec.Raw] | Unset = UNSET  # type: ignore[assignment]
+
+
 _DECODER = msgspec.json.Decoder(_Line)
+_PARTS_LINE_DECODER = msgspec.json.Decoder(_LineParts)
+
+
+def _line_parts(line: _LineParts) -> list[Any]:
+    """``_prompt_parts`` of a line decoded as ``_LineParts`` (which ``_PartsLine`` decodes too, but for a
+    null ``request``, which it refuses: no parts)."""
+    request = line.request
+    if request is None:
+        return []
+    if request is not UNSET:
+        return _parts_of(request.body if request.body is not UNSET else request)
+    return _parts_of(line)
+
+
 _Row = tuple[str | None, float, int, int, int | None, bool, str | None]
 
 
-def _parts_of(body: _PartsBody | _PlainPartsRequest) -> list[Any]:
+def _parts_of(body: _PartsBody | _PlainPartsRequest | _RequestBodyParts | _LineParts) -> list[Any]:
     """A request's prompt parts (raw JSON, not copied) in a chat template's order: system, tools, messages."""
     messages = body.messages
     if body.system is UNSET and body.tools is UNSET and body.prompt is UNSET:
@@ -219,45 +255,61 @@ def _counts(usage: _Usage) -> tuple[int, int] | None:
 
 
 def _fast_row(line: _Line) -> _Row | None:
-    """``parse_openai_line``'s record for a decoded line, or ``None`` when the exact path must decide."""
-    request: Any = line.request if isinstance(line.request, _Request) else None
-    if request is not None and request.body is not UNSET:
-        request = request.body
-    if request is None and (line.messages is not UNSET or line.prompt is not UNSET):
-        request = line  # a line that is itself the request body
-    status = line.status_code if line.status_code is not UNSET else line.status
-    status_code = None if status is UNSET else _int_or_none(status)
-    response: Any = line.response if isinstance(line.response, _Response) else None
-    if response is not None and response.body is not UNSET and response.status_code is not UNSET:
+    """``parse_openai_line``'s record for a decoded line, or ``None`` when the exact path must decide.
+
+    Written for speed (it runs once per line of every shape but the usual one): identity tests
+    against ``UNSET`` and ``None`` where ``parse_openai_line`` tests types, which the schema
+    already fixed."""
+    status = line.status_code
+    if status is UNSET:
+        status = line.status
+    status_code = None if status is UNSET else (status if status.__class__ is int else _int_or_none(status))
+    response: Any = line.response
+    if response is UNSET:
+        response = None
+    elif response is not None and response.body is not UNSET and response.status_code is not UNSET:
         status_code = _int_or_none(response.status_code)  # the Batch API's output shape
         response = response.body
-    failed = status_code is not None and not 200 <= status_code < 300
-    usage = response.usage if response is not None and response.usage is not UNSET else None
-    if usage is None:
-        usage = line.usage if isinstance(line.usage, _Usage) else None
-    counts = None if usage is None else _counts(usage)
-    if counts is None:
-        return None  # counted from the text, or 0 for a failed request: the exact path
+    usage: Any = None if response is None else response.usage
+    if usage is None or usage is UNSET:
+        usage = line.usage
+        if usage is None or usage is UNSET:
+            return None  # counted from the text, or 0 for a failed request: the exact path
+    prompt_tokens = usage.prompt_tokens
+    if prompt_tokens is UNSET:
+        prompt_tokens = usage.input_tokens
+    output_tokens = usage.completion_tokens
+    if output_tokens is UNSET:
+        output_tokens = usage.output_tokens
+    if prompt_tokens is UNSET or output_tokens is UNSET:
+        return None
     arrival_s = None
     for value in (line.timestamp, line.created_at, line.start_time, line.request_time, line.time):
-        arrival_s = _seconds(value)
-        if arrival_s is not None:
+        if value is not UNSET and (arrival_s := _to_seconds(value)) is not None:
             break
     if arrival_s is None:
         arrival_s = -1.0 if response is None else _seconds(response.created)
         if arrival_s is None:
             arrival_s = -1.0
-    record_id = _str(line.custom_id) or _str(line.request_id) or _str(line.id)
-    if record_id is None and response is not None:
-        record_id = _str(response.id)
+    record_id = None
+    for key in (line.custom_id, line.request_id, line.id, UNSET if response is None else response.id):
+        if key.__class__ is str and key:
+            record_id = key
+            break
+    request: Any = line.request
+    if request is UNSET or request is None:
+        request = line if (line.messages is not UNSET or line.prompt is not UNSET) else None
+    elif request.body is not UNSET:
+        request = request.body
     model = None
     max_tokens = None
     if request is not None:
-        model = _str(request.model)
+        model = request.model if request.model.__class__ is str and request.model else None
         max_tokens = _first_int(request.max_tokens, request.max_completion_tokens, request.max_output_tokens)
     if model is None and response is not None:
         model = _str(response.model)
-    return record_id, arrival_s, counts[0], counts[1], max_tokens, not failed, model
+    failed = status_code is not None and not 200 <= status_code < 300
+    return record_id, arrival_s, prompt_tokens, output_tokens, max_tokens, not failed, model
 
 
 def _exact_row(line: bytes, counter: TokenCounter | None) -> tuple[_Row | None, str]:
@@ -383,11 +435,13 @@ def _line_rows(
     parts: list[list[Any]] | None = None,
 ) -> Iterator[_Row]:
     """The rows of a piece that does not decode as ``_Plain`` lines only, line by line (and, given
-    ``parts``, each row's prompt parts appended to it)."""
-    decode = _DECODER.decode
+    ``parts``, each row's prompt parts appended to it): each line is decoded once, as ``_Line`` (with
+    its parts, ``_LineParts``, given ``parts``)."""
+    decode = (_DECODER if parts is None else _PARTS_LINE_DECODER).decode
     for offset, raw in enumerate(piece.split(b"\n")):
         try:
-            row = _fast_row(decode(raw))
+            decoded = decode(raw)
+            row = _fast_row(decoded)
         except msgspec.DecodeError:
             row = None
         if row is None:
@@ -398,14 +452,30 @@ def _line_rows(
             if row is None:
                 skips.skip(reason, source.name, first_line + offset)
                 continue
+            if parts is not None:
+                parts.append(_prompt_parts(raw))
         else:
-            bound = _row_bounds_reason(row)
-            if bound is not None:
-                skips.skip(bound, source.name, first_line + offset)
-                continue
-        if parts is not None:
-            parts.append(_prompt_parts(raw))
+            if not _row_within_bounds(row):
+                bound = _row_bounds_reason(row)
+                if bound is not None:
+                    skips.skip(bound, source.name, first_line + offset)
+                    continue
+            if parts is not None:
+                parts.append(_line_parts(cast(_LineParts, decoded)))
         yield row
+
+
+def _row_within_bounds(row: _Row) -> bool:
+    """The usual row's bounds at a glance (a NaN time fails it): ``_row_bounds_reason`` decides the rest."""
+    record_id, time_s, prompt_tokens, output_tokens, max_tokens, _ok, model = row
+    return (
+        -MAX_TIME_S <= time_s <= MAX_TIME_S
+        and prompt_tokens <= MAX_TOKENS
+        and output_tokens <= MAX_TOKENS
+        and (max_tokens is None or max_tokens <= MAX_TOKENS)
+        and (record_id is None or len(record_id) <= MAX_ID_CHARS)
+        and (model is None or len(model) <= MAX_ID_CHARS)
+    )
 
 
 def _row_bounds_reason(row: _Row) -> str | None:

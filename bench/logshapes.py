@@ -122,11 +122,12 @@ def chat_iso(rng: random.Random, i: int, time_s: float) -> dict[str, Any]:
         "choices": [choice],
         "usage": _usage(rng, _tokens(rng, request["messages"]), _tokens(rng, choice), _CHAT),
     }
+    response = _shuffled(rng, response)
     stamp = datetime.fromtimestamp(time_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:23]
     line = {
         "created_at": stamp + rng.choice(["Z", "+00:00", ""]),
         "request": _shuffled(rng, request),
-        "response": _shuffled(rng, response),
+        "response": response,
     }
     _odd(rng, line, response)
     return line
@@ -147,7 +148,8 @@ def completions(rng: random.Random, i: int, time_s: float) -> dict[str, Any]:
         "choices": [choice],
         "usage": _usage(rng, _tokens(rng, request["prompt"]), _tokens(rng, choice), _CHAT),
     }
-    line = {"timestamp": time_s, "request": _shuffled(rng, request), "response": _shuffled(rng, response)}
+    response = _shuffled(rng, response)
+    line = {"timestamp": time_s, "request": _shuffled(rng, request), "response": response}
     if rng.random() < 0.5:
         line["request_id"] = f"req-{i}"
     _odd(rng, line, response)
@@ -156,7 +158,7 @@ def completions(rng: random.Random, i: int, time_s: float) -> dict[str, Any]:
 
 def batch(rng: random.Random, i: int, time_s: float) -> dict[str, Any]:
     choice = _choice(rng, _text(rng, rng.randint(1, 80)), True)
-    body = {
+    body: dict[str, Any] = {
         "id": f"chatcmpl-{i}",
         "object": "chat.completion",
         "created": int(time_s),
@@ -165,18 +167,17 @@ def batch(rng: random.Random, i: int, time_s: float) -> dict[str, Any]:
         "usage": _usage(rng, rng.randint(20, 3000), _tokens(rng, choice), _CHAT),
         "system_fingerprint": None,
     }
-    response = {"status_code": 200, "request_id": f"{i:032x}", "body": _shuffled(rng, body)}
-    line = {
+    status_code = 200
+    if rng.random() < 0.01:
+        status_code = 400
+        body = {"error": {"message": "bad request", "type": "invalid_request_error"}}
+    response = {"status_code": status_code, "request_id": f"{i:032x}", "body": _shuffled(rng, body)}
+    return {
         "id": f"batch_req_{i}",
         "custom_id": f"request-{i}",
         "response": _shuffled(rng, response),
         "error": None,
     }
-    if rng.random() < 0.01:
-        response["status_code"] = 400
-        body.pop("usage")
-        body["error"] = {"message": "bad request"}
-    return line
 
 
 def responses(rng: random.Random, i: int, time_s: float) -> dict[str, Any]:
@@ -192,7 +193,8 @@ def responses(rng: random.Random, i: int, time_s: float) -> dict[str, Any]:
             rng, _tokens(rng, request["input"]), _tokens(rng, output), ("input_tokens", "output_tokens")
         ),
     }
-    line = {"time": time_s, "request": _shuffled(rng, request), "response": _shuffled(rng, response)}
+    response = _shuffled(rng, response)
+    line = {"time": time_s, "request": _shuffled(rng, request), "response": response}
     _odd(rng, line, response)
     return line
 

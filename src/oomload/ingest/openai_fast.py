@@ -62,7 +62,7 @@ class _Body(msgspec.Struct, gc=False):
     model: Key = UNSET
     usage: _Usage | Unset | None = UNSET
     created: Time = UNSET
-    error: Unset | None = UNSET
+    error: msgspec.Raw | Unset = UNSET  # any but null: the exact path decides (``_fast_row``)
 
 
 class _Response(_Body):
@@ -108,7 +108,7 @@ class _Line(msgspec.Struct, gc=False):
     status_code: IntLike = UNSET
     status: IntLike = UNSET
     chunks: Unset | None = UNSET
-    error: Unset | None = UNSET
+    error: msgspec.Raw | Unset = UNSET  # any but null: the exact path decides (``_fast_row``)
     usage: _Usage | Unset | None = UNSET
     timestamp: Time = UNSET
     created_at: Time = UNSET
@@ -149,6 +149,7 @@ class _LineParts(_Line):
 
 
 _DECODER = msgspec.json.Decoder(_Line)
+_NULL = msgspec.Raw(b"null")
 _PARTS_LINE_DECODER = msgspec.json.Decoder(_LineParts)
 
 
@@ -260,6 +261,8 @@ def _fast_row(line: _Line) -> _Row | None:
     Written for speed (it runs once per line of every shape but the usual one): identity tests
     against ``UNSET`` and ``None`` where ``parse_openai_line`` tests types, which the schema
     already fixed."""
+    if line.error is not UNSET and line.error != _NULL:
+        return None  # a failed request: its counts may be the text's, or 0
     status = line.status_code
     if status is UNSET:
         status = line.status
@@ -270,6 +273,8 @@ def _fast_row(line: _Line) -> _Row | None:
     elif response is not None and response.body is not UNSET and response.status_code is not UNSET:
         status_code = _int_or_none(response.status_code)  # the Batch API's output shape
         response = response.body
+    if response is not None and response.error is not UNSET and response.error != _NULL:
+        return None
     usage: Any = None if response is None else response.usage
     if usage is None or usage is UNSET:
         usage = line.usage
@@ -424,6 +429,72 @@ def _plain_columns(lines: list[_Plain], columns: dict[str, list[Any]]) -> None:
 
 _COLUMNS = ("id", "time_s", "prompt_tokens", "output_tokens", "max_tokens", "ok", "model")
 PIECE_BYTES = 256 * 1024  # decoded at once: small enough to stay in the CPU cache
+PLAIN_RETRY_PIECES = 8  # after a piece that was not all ``_Plain`` lines, the next 8 are read as ``_Line``s
+
+
+def _plain_piece(
+    piece: memoryview, decode_lines: Callable[[Any], list[Any]], with_parts: bool
+) -> tuple[dict[str, list[Any]], list[list[Any]]] | None:
+    """The columns of a piece of ``_Plain`` lines only (and their prompt parts), else ``None``."""
+    plain: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
+    try:
+        lines = decode_lines(piece)
+    except msgspec.DecodeError:
+        return None
+    _plain_columns(lines, plain)
+    if not _plain_within_bounds(plain):
+        return None
+    return plain, ([_parts_of(line.request) for line in lines] if with_parts else [])
+
+
+def _general_rows(
+    piece: bytes,
+    first_line: int,
+    source: LogSource,
+    skips: SkipLog,
+    counter: TokenCounter | None,
+    parts: list[list[Any]] | None,
+) -> list[_Row] | None:
+    """``_line_rows`` of a piece whose lines all decode as ``_Line`` (no blank line), at once: one
+    ``decode_lines`` call, ``_fast_row`` mapped over it, the bounds checked on the columns; only the
+    lines ``_fast_row`` declines (or over a bound) are taken one by one, in line order. ``None``
+    when a line does not decode (or a line is blank): the piece goes through ``_line_rows``."""
+    try:
+        decoded: list[Any] = (_DECODER if parts is None else _PARTS_LINE_DECODER).decode_lines(piece)
+    except msgspec.DecodeError:
+        return None
+    raw_lines = piece.split(b"\n")
+    if raw_lines and not raw_lines[-1]:
+        raw_lines.pop()
+    if len(decoded) != len(raw_lines):
+        return None  # a blank line: decode_lines skipped it
+    rows = list(map(_fast_row, decoded))
+    if None not in rows:
+        columns = dict(zip(_COLUMNS, map(list, zip(*rows, strict=True)), strict=True)) if rows else {}
+        if not rows or _plain_within_bounds(columns):
+            if parts is not None:
+                parts += map(_line_parts, decoded)
+            return rows  # type: ignore[return-value]
+    kept: list[_Row] = []
+    for offset, row in enumerate(rows):
+        if row is None:
+            raw = raw_lines[offset]
+            row, reason = _exact_row(raw.rstrip(b"\r"), counter)
+            if row is None:
+                skips.skip(reason, source.name, first_line + offset)
+                continue
+            if parts is not None:
+                parts.append(_prompt_parts(raw))
+        else:
+            if not _row_within_bounds(row):
+                bound = _row_bounds_reason(row)
+                if bound is not None:
+                    skips.skip(bound, source.name, first_line + offset)
+                    continue
+            if parts is not None:
+                parts.append(_line_parts(decoded[offset]))
+        kept.append(row)
+    return kept
 
 
 def _line_rows(
@@ -547,7 +618,8 @@ def read_openai_batches(
     for the same message in every request, so identical histories line up block for block — and the
     chain stops at ``usage.prompt_tokens``.
     """
-    decode_lines = (_PLAIN_DECODER if hasher is None else _PLAIN_PARTS_DECODER).decode_lines
+    decode_plain = (_PLAIN_DECODER if hasher is None else _PLAIN_PARTS_DECODER).decode_lines
+    plain_again_in = 0  # pieces to read before trying ``_Plain`` again (after one that was not)
     last_time = 0.0
     untimed = 0
     seen_timed = False
@@ -561,28 +633,33 @@ def read_openai_batches(
             end = data.find(b"\n", min(start + PIECE_BYTES, chunk.stop) - 1, chunk.stop)
             end = chunk.stop if end < 0 else end + 1
             piece = view[start:end]
-            plain: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
-            try:
-                lines: list[Any] = decode_lines(piece)
-                _plain_columns(lines, plain)
-                if not _plain_within_bounds(plain):
-                    raise msgspec.DecodeError("over the trace's bounds")
-            except msgspec.DecodeError:
+            plain = None
+            if plain_again_in == 0:
+                plain = _plain_piece(piece, decode_plain, hasher is not None)
+                plain_again_in = 0 if plain is not None else PLAIN_RETRY_PIECES
+            else:
+                plain_again_in -= 1
+            if plain is not None:
+                plain_columns, plain_parts = plain
+                for name in _COLUMNS:
+                    columns[name] += plain_columns[name]
+                prompts += plain_parts
+                limits += plain_columns["prompt_tokens"] if hasher is not None else []
+            else:
                 line = chunk.line_at(start)
                 parts: list[list[Any]] | None = None if hasher is None else []
-                rows = list(_line_rows(bytes(piece), line, source, skips, counter, parts))
+                raw = bytes(piece)
+                rows = _general_rows(raw, line, source, skips, counter, parts)
+                if rows is None:
+                    if parts is not None:
+                        parts.clear()
+                    rows = list(_line_rows(raw, line, source, skips, counter, parts))
                 if rows:
                     for name, values in zip(_COLUMNS, zip(*rows, strict=True), strict=True):
                         columns[name] += values
                     if hasher is not None and parts is not None:
                         prompts += parts
                         limits += [row[2] for row in rows]
-            else:
-                for name in _COLUMNS:
-                    columns[name] += plain[name]
-                if hasher is not None:
-                    prompts += [_parts_of(line.request) for line in lines]
-                    limits += plain["prompt_tokens"]
             start = end
         view.release()
         if not columns["time_s"]:

@@ -234,12 +234,26 @@ def lines(shape: str, count: int, seed: int = 0) -> Iterator[str]:
         yield _dump(rng, _shuffled(rng, make(rng, i, time_s)))
 
 
+def mixed_lines(shapes: tuple[str, ...], count: int, seed: int = 0) -> Iterator[str]:
+    """``count`` lines on one clock, in time order, each of a shape of ``shapes`` drawn at random
+    (one log where several clients or endpoints write their own shape)."""
+    rng = random.Random(f"{'+'.join(shapes)}:{seed}")
+    time_s = T0_S
+    for i in range(count):
+        time_s += rng.expovariate(100.0)
+        yield _dump(rng, _shuffled(rng, SHAPES[rng.choice(shapes)](rng, i, time_s)))
+
+
 def write_log(path: Path, shape: str, size_bytes: int, seed: int = 0) -> int:
-    """Write lines of ``shape`` to ``path`` until it holds about ``size_bytes``; returns the line count."""
+    """Write lines of ``shape`` (several joined by ``+``: ``mixed_lines``) to ``path`` until it holds
+    about ``size_bytes``; returns the line count."""
     written = 0
     count = 0
+    stream = (
+        mixed_lines(tuple(shape.split("+")), 1 << 40, seed) if "+" in shape else lines(shape, 1 << 40, seed)
+    )
     with open(path, "w", encoding="utf-8") as fh:
-        for line in lines(shape, 1 << 40, seed):
+        for line in stream:
             fh.write(line + "\n")
             written += len(line) + 1
             count += 1

@@ -64,6 +64,22 @@ def test_each_shape_reads_as_the_line_parser_reads_it(
     )
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+def test_no_shape_goes_line_by_line(shape: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every piece is decoded at once (``Plain`` or ``Line``), its odd lines (no usage, a failure)
+    included: the slow per-line loop is for pieces holding a line no schema takes (bad JSON, …)."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"a piece of {shape} lines went line by line")
+
+    monkeypatch.setattr(openai_fast, "_line_rows", refuse)
+    source = LogSource(_log(tmp_path / "log.jsonl", shape, 300))
+    assert (
+        sum(b.num_rows for b in read_openai_batches(source, SkipLog(), None, hasher=BlockHasher(b"s" * 32)))
+        > 280
+    )
+
+
 def _all_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every line through ``parse_openai_line``, its parts through ``_prompt_parts``: the reference."""
     monkeypatch.setattr(openai_fast, "_plain_piece", lambda *args: None)

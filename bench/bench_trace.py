@@ -7,14 +7,16 @@ own. Baselines, on the same file, in the same run, interleaved with what they ar
 (the best of ``ROUNDS`` rounds of each): ``orjson.loads`` per line (and ``json.loads``) for JSONL,
 pandas ``read_csv(engine="pyarrow")`` for CSV.
 
-Lines printed: ``build`` with 1, 2 and all cores (``--workers``) as a ratio to the floor and in
-MB/s; ``stats`` straight from the log; 2 workers' time over one process's on OpenAI logs from
-64 MB to 2 GB (the pool's start-up is fixed, its gain grows with the input: where it pays is the
-in-process threshold); where the pool's CPU goes per GB (main process, workers) and the bound that
-puts on more cores (``_spread_cost``); peak RSS of ``build`` and ``stats`` at 1M and 10M requests
-(Azure CSV), which must stay flat, and the 10M-row CSV built on 1, 2 and all cores (byte ranges of
-rows). Goals (issue 15): OpenAI-style logs with text ≥ 300 MB/s a core, CSV within 2× of pandas,
-flat memory, every core used.
+Lines printed: every OpenAI-style log shape of ``bench/logshapes.py`` (and a mix of the three of
+issue 25), each ``build`` in one process against the orjson loop in CPU time per byte after start-
+up, with prefix chains on and off, the worst shape named first; ``build`` with 1, 2 and all cores
+(``--workers``) as a ratio to the floor and in MB/s; ``stats`` straight from the log; 2 workers'
+time over one process's on OpenAI logs from 64 MB to 2 GB (the pool's start-up is fixed, its gain
+grows with the input: where it pays is the in-process threshold); where the pool's CPU goes per GB
+(main process, workers) and the bound that puts on more cores (``_spread_cost``); peak RSS of
+``build`` and ``stats`` at 1M and 10M requests (Azure CSV), which must stay flat, and the 10M-row
+CSV built on 1, 2 and all cores (byte ranges of rows). Goals (issue 15): OpenAI-style logs with text
+≥ 300 MB/s a core, CSV within 2× of pandas, flat memory, every core used.
 """
 
 from __future__ import annotations
@@ -227,15 +229,21 @@ def _warm(path: Path) -> None:
             pass
 
 
-def best(kinds: list[str], path: Path, out: Path, rounds: int = ROUNDS) -> dict[str, dict[str, float]]:
-    """Each kind's fastest of ``rounds`` runs, the kinds interleaved (A B C A B C …), each on a warm file."""
+def best(
+    kinds: list[str], path: Path, out: Path, rounds: int = ROUNDS, *, all_rows: bool = True
+) -> dict[str, dict[str, float]]:
+    """Each kind's fastest of ``rounds`` runs, the kinds interleaved (A B C A B C …), each on a warm file
+    (``all_rows``: every line makes a request, as many as the orjson loop's lines)."""
     results: dict[str, dict[str, float]] = {}
     for _ in range(rounds):
         for kind in kinds:
             _warm(path)
             r = measure(kind, path, out)
             assert (
-                kind == "pandas" or kind.startswith("pool") or r["rows"] == results.get("orjson", r)["rows"]
+                not all_rows
+                or kind == "pandas"
+                or kind.startswith("pool")
+                or r["rows"] == results.get("orjson", r)["rows"]
             )
             if kind not in results or r["wall_s"] < results[kind]["wall_s"]:
                 results[kind] = r
@@ -281,6 +289,48 @@ def _head(path: Path, size: int, out: Path) -> Path:
         dst.write(src.read(size))
         dst.write(src.readline())
     return out
+
+
+SHAPE_BYTES = 48_000_000
+HELD_OUT = ("chat-iso", "completions", "batch")  # the shapes of issue 25's 409 MB log
+
+
+def _work_cpu_s(r: dict[str, float]) -> float:
+    """CPU time after start-up (the interpreter and imports: the same whatever the input)."""
+    return r["cpu_s"] - r["setup_cpu_s"]
+
+
+def bench_shapes(root: Path, out: Path) -> list[str]:
+    """Each shape of ``bench.logshapes`` (and one log mixing the three held-out ones on one clock):
+    ``build`` (1 process, prefix chains on and off) against the orjson loop in CPU time per byte,
+    interleaved; returns the summary lines, the worst shape first."""
+    from bench.logshapes import SHAPES, write_log
+
+    ratios: dict[str, tuple[float, float]] = {}
+    names = [*SHAPES, "+".join(HELD_OUT)]
+    paths = {name: root / f"shape-{index}.jsonl" for index, name in enumerate(names)}
+    for name, path in paths.items():
+        write_log(path, name, SHAPE_BYTES)
+    for shape, path in paths.items():
+        mb = path.stat().st_size / 1e6
+        r = best(["orjson", "build:1", "build-noprefix:1"], path, out, all_rows=False)  # some lack usage
+        base = _work_cpu_s(r["orjson"])
+        on, off = _work_cpu_s(r["build:1"]) / base, _work_cpu_s(r["build-noprefix:1"]) / base
+        ratios[shape] = (on, off)
+        print(
+            f"shape {shape:<34}{mb:>6.0f} MB  orjson {mb / base:5.0f} MB/cpu-s   build {on:5.2f}×  "
+            f"without chains {off:5.2f}×  chains on/off {on / off:5.2f}×",
+            flush=True,
+        )
+        path.unlink()
+    worst = max(ratios, key=lambda k: ratios[k][0])
+    return [
+        f"openai shapes, build CPU per byte / the orjson loop's (1 process, after start-up): worst {worst} "
+        f"{ratios[worst][0]:.2f}× (goal ≤ 2×); "
+        + ", ".join(f"{k} {on:.2f}×" for k, (on, _) in sorted(ratios.items(), key=lambda kv: -kv[1][0])),
+        "openai shapes, prefix chains on / off (CPU): "
+        + ", ".join(f"{k} {on / off:.2f}×" for k, (on, off) in ratios.items()),
+    ]
 
 
 def main() -> None:
@@ -344,6 +394,9 @@ def main() -> None:
         )
         big.unlink()
         summary.append("openai-jsonl, 2 workers' time / one process's: " + "; ".join(crossings))
+
+        # 1a. every OpenAI-style shape the docs list, generated apart from the fast path: CPU per byte.
+        summary += bench_shapes(root, out)
 
         # 1b. vLLM request log (DEBUG prompt_token_ids) sharing system prompts: chains on and off.
         n = 50_000

@@ -29,14 +29,13 @@ from oomload.errors import TraceFormatError
 from oomload.ingest.build import (
     ClockMeter,
     align_inputs,
-    iter_source_batches,
     merge_batches,
-    plan_inputs,
     plan_prefix,
     shifted,
 )
 from oomload.ingest.clocks import ClockAlignment
 from oomload.ingest.columns import read_trace_columns
+from oomload.ingest.inputs import iter_source_batches, plan_inputs
 from oomload.ingest.mapping import ColumnMapping
 from oomload.ingest.parallel import (
     PARALLEL_MIN_BYTES,

@@ -1,8 +1,8 @@
 """From log files to a trace: plan the inputs, stream their batches on one timeline, write or summarize.
 
-1. **Plan** (``plan_inputs``): every input is opened, its format detected (or forced) and its
-   columns checked *before* anything is written, so an unknown format, an empty or unreadable file
-   or a mapping naming a missing column fails fast with one sentence.
+1. **Plan** (``oomload.ingest.inputs.plan_inputs``): every input is opened, its format detected
+   (or forced) and its columns checked *before* anything is written, so an unknown format, an
+   empty or unreadable file or a mapping naming a missing column fails fast with one sentence.
 2. **Stream** (``iter_batches``): one input streams its batches as they are parsed; several inputs
    are merged by time with ``heapq.merge`` (each log is assumed to be in time order, which the
    writer checks), after adding each input's clock offset.
@@ -30,11 +30,9 @@ import pyarrow.compute as pc
 
 from oomload.errors import TraceFormatError
 from oomload.ingest.clocks import ClockAlignment, ClockRange, align_clocks
-from oomload.ingest.columns import batches_from_records, records_from_batch
-from oomload.ingest.detect import detect_format
-from oomload.ingest.mapping import ColumnMapping, check_jsonl_mapping, csv_layout, read_mapped_jsonl_records
-from oomload.ingest.mooncake import read_mooncake_batches
-from oomload.ingest.openai_fast import read_openai_batches
+from oomload.ingest.columns import records_from_batch
+from oomload.ingest.inputs import InputPlan, plan_inputs
+from oomload.ingest.mapping import ColumnMapping
 from oomload.ingest.parallel import (
     PARALLEL_MIN_BYTES,
     SPAN_BYTES,
@@ -46,24 +44,10 @@ from oomload.ingest.parallel import (
 )
 from oomload.ingest.prefixes import build_hasher, header_prefix, input_prefix
 from oomload.ingest.skips import SkipLog, nothing_usable
-from oomload.ingest.source import LogSource
-from oomload.ingest.tabular import AZURE, BURSTGPT, CsvLayout, check_layout, read_csv_batches
 from oomload.ingest.tokens import TokenCounter
-from oomload.ingest.vllm_log import read_vllm_records
 from oomload.ingest.writer import TraceScratch, check_output_path, finish_trace, write_body
 from oomload.prefix import DEFAULT_BLOCK_TOKENS, BlockHasher
-from oomload.trace import PrefixInfo, TraceHeader, TraceRecord, iter_trace
-
-
-@dataclass(frozen=True, slots=True)
-class InputPlan:
-    """One input file, its format and (for CSV formats) its column layout."""
-
-    source: LogSource
-    format: str
-    layout: CsvLayout | None = None
-    mapping: ColumnMapping | None = None
-    hasher: BlockHasher | None = None  # chains prompts into prefix block ids (salt shared by all workers)
+from oomload.trace import PrefixInfo, TraceHeader, TraceRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,57 +63,6 @@ class BuildResult:
     alignment: ClockAlignment | None = None  # None for a single input
     read_notes: tuple[str, ...] = ()  # how the inputs were read (e.g. not in byte ranges), not in the trace
     prefix: PrefixInfo | None = None  # the header's prefix object
-
-
-def plan_inputs(
-    paths: Sequence[str | Path],
-    *,
-    format: str | None = None,
-    mapping: ColumnMapping | None = None,
-    hasher: BlockHasher | None = None,
-) -> list[InputPlan]:
-    """Detect and check every input up front (see the module docstring)."""
-    if not paths:
-        raise TraceFormatError("no input files given")
-    plans = []
-    for path in paths:
-        source = LogSource(Path(path))
-        fmt = detect_format(source, forced=format, mapped=mapping is not None)
-        layout = None
-        if fmt == "azure":
-            layout = AZURE
-            check_layout(source, layout, "an Azure trace")
-        elif fmt == "burstgpt":
-            layout = BURSTGPT
-            check_layout(source, layout, "a BurstGPT trace")
-        elif fmt == "csv":
-            assert mapping is not None
-            layout = csv_layout(source, mapping)
-        elif fmt == "jsonl":
-            assert mapping is not None
-            check_jsonl_mapping(source, mapping)
-        plans.append(InputPlan(source, fmt, layout, mapping, hasher))
-    return plans
-
-
-def iter_source_batches(plan: InputPlan, skips: SkipLog, counter: TokenCounter | None) -> Iterator[pa.Table]:
-    """The batches of one input, ``time_s`` on that log's clock."""
-    source = plan.source
-    if plan.layout is not None:
-        yield from read_csv_batches(source, plan.layout, skips)
-    elif plan.format == "mooncake":
-        yield from read_mooncake_batches(source, skips)
-    elif plan.format == "openai":
-        yield from read_openai_batches(source, skips, counter, hasher=plan.hasher)
-    elif plan.format == "vllm-log":
-        yield from batches_from_records(read_vllm_records(source, skips, counter, plan.hasher))
-    elif plan.format == "jsonl":
-        assert plan.mapping is not None
-        yield from batches_from_records(read_mapped_jsonl_records(source, plan.mapping, skips, plan.hasher))
-    elif plan.format == "oomload":
-        yield from batches_from_records(iter_trace(source.path))
-    else:  # pragma: no cover - plan_inputs only yields known formats
-        raise TraceFormatError(f"no reader for format {plan.format!r}", source.path)
 
 
 @dataclass(slots=True)

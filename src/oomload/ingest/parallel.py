@@ -1,6 +1,6 @@
 """Reading big inputs on every core: a process pool over byte spans of one file, and over files.
 
-``input_batches`` gives one input's batches exactly as ``build.iter_source_batches`` does, in the
+``input_batches`` gives one input's batches exactly as ``inputs.iter_source_batches`` does, in the
 same order, with the same skip counts, examples, line numbers and notes — so a parallel build
 writes the same trace, byte for byte, as a single-process one (``tests/unit/ingest/test_parallel.py``
 forces many small spans to check it). How:
@@ -13,7 +13,7 @@ forces many small spans to check it). How:
   the examples (counted only when a span skipped a line: ``_LineCount``), replays them into the
   caller's ``SkipLog`` (so ``--strict`` stops at the first bad line of the file, as it would
   single-process), gives a span's leading requests without a time the time of the request before
-  them, and notes the untimed total once, at the end, as the reader does. ``_span_task`` reads
+  them, and notes the untimed total once, at the end, as the reader does. ``span_task`` reads
   Mooncake spans too, but Mooncake logs are read in-process: pyarrow's JSON reader already keeps
   2 cores busy there, and a 510 MB Mooncake build spread over 2 workers measured 1.3-1.4× slower.
 - **CSV spans** (uncompressed Azure, BurstGPT and mapped CSV of at least ``PARALLEL_MIN_BYTES``):
@@ -37,7 +37,7 @@ forces many small spans to check it). How:
   when the writer reaches it, knowing the index, it starts a second task (``LinesToRender``) that
   renders those rows into a scratch file, which the writer copies into the trace in the kernel
   (``os.sendfile``). Any other batch (some ids given, some not; requests waiting for the previous
-  span's time) is sent as columns (``_Packed``: all-null columns left out) and rendered by the
+  span's time) is sent as columns (``Packed``: all-null columns left out) and rendered by the
   writer.
 - **Whole files** (compressed inputs, vLLM logs, mapped JSONL — any reader): one worker
   reads the file and streams its batches into an Arrow IPC file in a scratch directory, which the
@@ -49,7 +49,7 @@ Inputs below ``PARALLEL_MIN_BYTES`` stay single-process (starting workers costs 
 saves; the bench measures the crossover), and so does everything in a process that gevent has
 monkey-patched (Locust's), where the pool would block forever. Workers are started with ``spawn``
 (the writer's render thread is already running when the pool starts, and forking a threaded
-process is unsafe).
+process is unsafe). What a worker runs is ``oomload.ingest.workertasks``.
 """
 
 from __future__ import annotations
@@ -58,33 +58,43 @@ import multiprocessing
 import os
 import secrets
 import shutil
-import signal
 import sys
 import tempfile
-import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeAlias, cast
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from oomload.errors import OomloadError, TraceFormatError
-from oomload.ingest.columns import format_lines, lines_bytes, make_batch
+from oomload.ingest.inputs import iter_source_batches
+from oomload.ingest.openai_fast import untimed_note_text
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, ReadMeter
-from oomload.ingest.tokens import TokenCounter, load_token_counter, reload_spec
-from oomload.ingest.writer import LinesToRender, RenderedLines, RowTimes, WorkerRows
+from oomload.ingest.tabular import csv_header, read_csv_batches
+from oomload.ingest.tokens import TokenCounter
+from oomload.ingest.workertasks import (
+    CounterRecipe,
+    FileResult,
+    SpanResult,
+    Stored,
+    counter_recipe,
+    file_task,
+    render_task,
+    span_task,
+    start_worker,
+    worker_init,
+)
+from oomload.ingest.writer import LinesToRender, RenderedLines
 
 SPAN_FORMATS = ("openai",)  # Mooncake spans measured slower: the main process renders all (no ids)
 CSV_SPAN_FORMATS = ("azure", "burstgpt", "csv")  # CSV logs: spans of rows after the header line
 PARALLEL_MIN_BYTES = 64 * 1024 * 1024
 SPAN_BYTES = 32 * 1024 * 1024
-PARENT_CHECK_S = 0.5  # how often a worker checks that its main process is still there
 FIRST_SPAN_BYTES = 1024 * 1024  # when workers render: read by the main process first (it holds the origin)
 
 Progress = Callable[[int, int], None]  # (bytes read, requests read) since the last call
@@ -106,263 +116,6 @@ def pool_usable() -> bool:
 
 
 @dataclass(slots=True)
-class _SpanResult:
-    batches: list[_Sent]
-    counts: dict[str, int]
-    examples: dict[str, list[int]]
-    notes: list[str]
-    untimed: int = 0
-    lines: int | None = None  # a CSV span's rows (a JSONL span's lines: ``_LineCount``, when needed)
-    error: str | None = None
-    quoted_newline: bool = False  # a CSV span with a quoted value that may span lines: not read
-
-
-@dataclass(slots=True)
-class _FileResult:
-    ipc_path: str
-    counts: dict[str, int]
-    examples: dict[str, list[str]]
-    notes: list[str]
-    error: str | None = None
-    error_kind: str = "trace"
-    truncated_requests: int = 0
-
-
-_Sent: TypeAlias = "_Packed | RenderedLines | _Stored"  # a batch as a span task sends it (``_sent``)
-CounterRecipe = tuple[str, Any] | None  # how a worker gets the build's token counter (``_recipe``)
-_WORKER_COUNTERS: dict[str, TokenCounter] = {}  # in a worker: each tokenizer loaded once
-
-
-def _recipe(counter: TokenCounter | None) -> CounterRecipe:
-    """A token counter as sent to workers: the ``--tokenizer`` value that loads it (loaded once per
-    worker, as tokenizers are big and some cannot be pickled), or else the counter itself."""
-    if counter is None:
-        return None
-    spec = reload_spec(counter)
-    return ("object", counter) if spec is None else ("spec", spec)
-
-
-def _worker_counter(recipe: CounterRecipe) -> TokenCounter | None:
-    if recipe is None:
-        return None
-    kind, value = recipe
-    if kind == "object":
-        return cast(TokenCounter, value)
-    if value not in _WORKER_COUNTERS:
-        _WORKER_COUNTERS[value] = load_token_counter(value)
-    return _WORKER_COUNTERS[value]
-
-
-def _span_task(
-    plan: Any,
-    span: tuple[int, int],
-    origin_s: float | None = None,
-    recipe: CounterRecipe = None,
-    scratch: str | None = None,
-) -> _SpanResult:
-    from oomload.ingest.build import InputPlan, iter_source_batches
-    from oomload.ingest.openai_fast import read_openai_batches
-
-    assert isinstance(plan, InputPlan)
-    source = LogSource(plan.source.path, span=span)
-    skips = _LineSkips()
-    untimed: list[int] = [0]
-    if plan.layout is not None:
-        return _csv_span_task(plan, source, skips, origin_s, scratch)
-    try:
-        counter = _worker_counter(recipe)
-        if plan.format == "openai":
-            batches = list(
-                read_openai_batches(source, skips, counter, on_untimed=untimed.append, hasher=plan.hasher)
-            )
-        else:
-            batches = list(
-                iter_source_batches(InputPlan(source, plan.format, hasher=plan.hasher), skips, counter)
-            )
-    except OomloadError as err:
-        return _SpanResult([], {}, {}, [], error=str(err))
-    sent = _sent(batches, origin_s, scratch)
-    return _SpanResult(sent, skips.counts, skips.lines, list(skips.notes), sum(untimed))
-
-
-def _csv_span_task(
-    plan: Any, source: LogSource, skips: _LineSkips, origin_s: float | None, scratch: str | None
-) -> _SpanResult:
-    """A span of a CSV log's rows; its ``lines`` are its rows (the single-process reader's numbering)."""
-    from oomload.ingest.tabular import csv_header, read_csv_batches
-
-    assert source.span is not None
-    if quoted_newline(source.path, source.span):
-        return _SpanResult([], {}, {}, [], quoted_newline=True)
-    try:
-        names = csv_header(LogSource(source.path))
-        batches = list(read_csv_batches(source, plan.layout, skips, names=names))
-    except OomloadError as err:
-        return _SpanResult([], {}, {}, [], error=str(err))
-    rows = sum(batch.num_rows for batch in batches) + sum(skips.counts.values())
-    return _SpanResult(
-        _sent(batches, origin_s, scratch), skips.counts, skips.lines, list(skips.notes), lines=rows
-    )
-
-
-def _sent(batches: list[pa.Table], origin_s: float | None, scratch: str | None) -> list[_Sent]:
-    """A span's batches as sent to the main process. With ``origin_s`` (the trace's origin: a build of
-    one input), a batch that needs nothing from the spans before (no request waiting for the previous
-    span's time) is rendered here when every row has its id; when every id is generated (``r<N>``,
-    N counted over the trace), consecutive such batches are stored in ``scratch`` for a second task,
-    started by the writer with their first index (``_render_task``). Any other batch is packed."""
-    sent: list[_Sent] = []
-    stored: list[pa.Table] = []
-    for batch in batches:
-        leading = bool((batch.schema.metadata or {}).get(b"leading_untimed"))
-        missing = batch.column("id").null_count
-        if (
-            origin_s is None
-            or scratch is None
-            or leading
-            or 0 < missing < batch.num_rows
-            or not batch.num_rows
-        ):
-            sent += _flushed(stored, scratch)
-            sent.append(_Packed.of(batch))
-        elif missing == 0:
-            sent += _flushed(stored, scratch)
-            sent.append(RenderedLines.of(batch, origin_s))
-        else:
-            stored.append(batch)
-    return sent + _flushed(stored, scratch)
-
-
-@dataclass(frozen=True, slots=True)
-class _Stored:
-    """Parsed rows in an Arrow IPC file of the pool's scratch directory, with their times."""
-
-    path: str
-    times: RowTimes
-
-
-def _flushed(stored: list[pa.Table], scratch: str | None) -> list[_Stored]:
-    if not stored:
-        return []
-    assert scratch is not None
-    table = pa.concat_tables(stored)
-    stored.clear()
-    fd, path = tempfile.mkstemp(suffix=".arrow", dir=scratch)
-    with os.fdopen(fd, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table.replace_schema_metadata(None))
-    return [_Stored(path, WorkerRows.times_of(table))]
-
-
-def _render_task(stored: str, origin_s: float, first_index: int) -> str:
-    """Stored rows rendered, ids from ``r<first_index>``, into a scratch file beside them (its path)."""
-    with pa.memory_map(stored) as source:
-        table = pa.ipc.open_stream(source).read_all()
-    os.unlink(stored)
-    fd, path = tempfile.mkstemp(suffix=".jsonl", dir=os.path.dirname(stored))
-    with os.fdopen(fd, "wb") as out:
-        out.write(lines_bytes(format_lines(table, origin_s=origin_s, first_index=first_index)))
-    return path
-
-
-@dataclass(frozen=True, slots=True)
-class _Packed:
-    """A batch as sent between processes: its all-null columns left out (a null int64 column of a
-    million rows pickles as 8 MB of zeros), put back by ``table``."""
-
-    rows: int
-    columns: dict[str, pa.Array | pa.ChunkedArray]
-    metadata: dict[bytes, bytes] | None
-
-    @classmethod
-    def of(cls, batch: pa.Table) -> _Packed:
-        columns = {name: batch.column(name) for name in batch.column_names}
-        kept = {name: column for name, column in columns.items() if column.null_count < batch.num_rows}
-        return cls(batch.num_rows, kept, batch.schema.metadata)
-
-    def table(self) -> pa.Table:
-        batch = make_batch(self.rows, **self.columns)
-        return batch if self.metadata is None else batch.replace_schema_metadata(self.metadata)
-
-
-def quoted_newline(path: Path, span: tuple[int, int]) -> bool:
-    """Whether a line of ``path[span]`` holds an odd number of ``"``: a quoted value may go on to the
-    next line there, where a span could start inside it (in RFC 4180 CSV a quoted value that holds
-    a newline leaves an odd count on its first line; one that holds none leaves every count even)."""
-    with open(path, "rb") as fh:
-        fh.seek(span[0])
-        data = fh.read(span[1] - span[0])
-    if b'"' not in data:
-        return False
-    raw = np.frombuffer(data, dtype=np.uint8)
-    quotes = np.flatnonzero(raw == ord('"'))
-    newlines = np.flatnonzero(raw == ord("\n"))
-    per_line = np.bincount(np.searchsorted(newlines, quotes), minlength=newlines.size + 1)
-    return bool((per_line % 2).any())
-
-
-def _started() -> None:
-    """A task that only starts its worker: every worker starts at once, while the first span is read,
-    instead of one after the other as spans are submitted. It pays now what the worker's first batch
-    would: pyarrow imports pandas the first time it converts a Python list (~0.2 s here), and the
-    kernels that render trace lines load on first use."""
-    lines_bytes(
-        format_lines(
-            make_batch(1, time_s=[0.0], prompt_tokens=[1], output_tokens=[1]), origin_s=0, first_index=0
-        )
-    )
-
-
-def _worker_init(parent: int) -> None:
-    """Workers leave Ctrl-C and SIGTERM (sent to the whole process group) to the main process, which
-    stops the pool: no traceback per worker, no worker gone before the main process has cleaned up.
-    And a worker whose main process is gone (killed, out of memory) exits within a second instead of
-    waiting forever for its next task."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_CHECK_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="oomload-parent-watch", daemon=True).start()
-
-
-def _file_task(plan: Any, directory: str, recipe: CounterRecipe = None) -> _FileResult:
-    from oomload.ingest.build import iter_source_batches
-    from oomload.ingest.columns import BATCH_SCHEMA
-
-    fd, name = tempfile.mkstemp(suffix=".arrow", dir=directory)
-    os.close(fd)
-    skips = SkipLog()
-    try:
-        counter = _worker_counter(recipe)
-        with pa.OSFile(name, "wb") as sink, pa.ipc.new_stream(sink, BATCH_SCHEMA) as writer:
-            for batch in iter_source_batches(plan, skips, counter):
-                writer.write_table(batch.replace_schema_metadata(None))
-    except OomloadError as err:
-        kind = "trace" if isinstance(err, TraceFormatError) else type(err).__name__
-        return _FileResult(name, {}, {}, [], error=str(err), error_kind=kind)
-    return _FileResult(
-        name, skips.counts, skips.examples, list(skips.notes), truncated_requests=skips.truncated_requests
-    )
-
-
-class _LineSkips(SkipLog):
-    """A worker's skip log: the first examples kept as line numbers, to be moved to the file's."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: dict[str, list[int]] = {}
-
-    def skip(self, reason: str, path: str, line: int | None) -> None:
-        self.counts[reason] = self.counts.get(reason, 0) + 1
-        shown = self.lines.setdefault(reason, [])
-        if len(shown) < self.keep and line is not None:
-            shown.append(line)
-
-
-@dataclass(slots=True)
 class ReadPool:
     """One process pool for every input of a build (spans of big files, and whole files)."""
 
@@ -373,7 +126,7 @@ class ReadPool:
     span_bytes: int = SPAN_BYTES
     _pool: ProcessPoolExecutor | None = None
     _scratch: Path | None = None  # named before it is made: an interrupt cannot orphan it
-    _files: dict[Path, Future[_FileResult]] = field(default_factory=dict)
+    _files: dict[Path, Future[FileResult]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # how inputs were read (not part of the trace)
     counter: TokenCounter | None = None  # the build's ``--tokenizer``: workers load it once each
     scratch_in: Path | None = None  # where the scratch directory goes (None: the temporary directory)
@@ -384,11 +137,11 @@ class ReadPool:
             self._pool = ProcessPoolExecutor(
                 self.workers,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_worker_init,
+                initializer=worker_init,
                 initargs=(os.getpid(),),
             )
             for _ in range(self.workers):  # every worker starts now, at once (each submit starts one)
-                self._pool.submit(_started)
+                self._pool.submit(start_worker)
         return self._pool
 
     @property
@@ -404,12 +157,12 @@ class ReadPool:
 
     @property
     def recipe(self) -> CounterRecipe:
-        return _recipe(self.counter)
+        return counter_recipe(self.counter)
 
-    def file_future(self, plan: Any) -> Future[_FileResult]:
+    def file_future(self, plan: Any) -> Future[FileResult]:
         path = plan.source.path
         if path not in self._files:
-            self._files[path] = self.pool.submit(_file_task, plan, self.scratch, self.recipe)
+            self._files[path] = self.pool.submit(file_task, plan, self.scratch, self.recipe)
         return self._files[path]
 
     def close(self) -> None:
@@ -495,8 +248,6 @@ def _counted(
     plan: Any, skips: SkipLog, counter: TokenCounter | None, progress: Progress | None
 ) -> Iterator[pa.Table]:
     """The input read in this process; ``progress`` told the bytes read after each batch."""
-    from oomload.ingest.build import iter_source_batches
-
     if progress is None:
         yield from iter_source_batches(plan, skips, counter)
         return
@@ -531,7 +282,7 @@ def _span_batches(
         if head_end < size:
             spans, spans_from = [(first, head_end)], head_end
     spans += plan_spans(source.path, size, span_bytes, spans_from)
-    pending: deque[tuple[tuple[int, int], Future[_SpanResult]]] = deque()
+    pending: deque[tuple[tuple[int, int], Future[SpanResult]]] = deque()
     recipe = pool.recipe
     todo = iter(spans)
     rows_before = 1  # a CSV's lines: its header, then each span's rows
@@ -549,7 +300,7 @@ def _span_batches(
                 (
                     span,
                     pool.pool.submit(
-                        _span_task, plan, span, origin_s if pool.render else None, recipe, scratch
+                        span_task, plan, span, origin_s if pool.render else None, recipe, scratch
                     ),
                 )
             )
@@ -558,8 +309,8 @@ def _span_batches(
     if pool.render:  # the first span, small, read here while the workers start: it holds the origin
         pool.pool  # noqa: B018  # starts every worker now
         here = None if pool.counter is None else ("object", pool.counter)
-        read_here: Future[_SpanResult] = Future()
-        read_here.set_result(_span_task(plan, spans[0], None, here, None))
+        read_here: Future[SpanResult] = Future()
+        read_here.set_result(span_task(plan, spans[0], None, here, None))
         pending.append((spans[0], read_here))
         next(todo)
     else:
@@ -591,7 +342,7 @@ def _span_batches(
                     progress(0, item.rows)
                 yield item
                 continue
-            if isinstance(item, _Stored):
+            if isinstance(item, Stored):
                 last_time = item.times.last_s
                 if progress is not None:
                     progress(0, item.times.rows)
@@ -619,14 +370,12 @@ def _span_batches(
     for note in notes:
         skips.note(note)
     if untimed:
-        from oomload.ingest.openai_fast import untimed_note_text
-
         skips.note(untimed_note_text(source.name, untimed))
 
 
 def _starter(pool: ReadPool, stored: str, origin_s: float | None) -> Callable[[int], Future[str]]:
     assert origin_s is not None  # rows are stored only once the origin is known
-    return lambda first_index: pool.pool.submit(_render_task, stored, origin_s, first_index)
+    return lambda first_index: pool.pool.submit(render_task, stored, origin_s, first_index)
 
 
 class _LineCount:
@@ -672,8 +421,6 @@ def _rest_in_process(
     plan: Any, skips: SkipLog, start: int, lines_before: int, progress: Progress | None
 ) -> Iterator[pa.Table]:
     """A CSV log from byte ``start`` (a row start, ``lines_before`` lines into it) to its end, here."""
-    from oomload.ingest.tabular import csv_header, read_csv_batches
-
     source: LogSource = plan.source
     rest = LogSource(source.path, span=(start, _size(source)))
     shifted = _ShiftedSkips(skips, lines_before)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import bisect
 import csv
+import functools
 import io
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -349,8 +351,35 @@ def parse_datetime_ns(text: str | None) -> int | None:
     return whole_s * 1_000_000_000 + int((digits + "0" * 9)[:9])
 
 
+# The usual stamp: date, time to the second, an optional fraction and zone (ASCII digits only).
+_USUAL_STAMP = re.compile(
+    r"([0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]{1,9}))?(Z|[+-][0-9]{2}:[0-9]{2})?"
+)
+
+
 def parse_datetime_s(text: str | None) -> float | None:
-    """Seconds since the epoch of an ISO-8601 timestamp (≤ 9 fractional digits; naive = UTC)."""
+    """Seconds since the epoch of an ISO-8601 timestamp (≤ 9 fractional digits; naive = UTC).
+
+    A log's stamps share their second with their neighbours, so the usual stamp
+    (``_USUAL_STAMP``) is split into its whole second and zone, parsed once per second
+    (``_whole_seconds``, cached), and its fraction added: the same sum, to the bit, that
+    ``_iso_parts`` gives (the time without the fraction, plus ``float("0." + digits)``).
+    """
+    if isinstance(text, str) and (usual := _USUAL_STAMP.fullmatch(text)) is not None:
+        head, digits, zone = usual.groups()
+        whole_s = _whole_seconds(head, zone or "")
+        if whole_s is None or digits is None:
+            return whole_s
+        return whole_s + float("0." + digits)
+    return _parse_datetime_s(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _whole_seconds(head: str, zone: str) -> float | None:
+    return _parse_datetime_s(head + zone)
+
+
+def _parse_datetime_s(text: str | None) -> float | None:
     parts = _iso_parts(text)
     if parts is None:
         return None

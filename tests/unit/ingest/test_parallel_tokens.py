@@ -17,7 +17,7 @@ from spreadrun import run_both
 
 from bpetext import sentence, train_bpe
 from oomload.ingest import load_token_counter
-from oomload.ingest.parallel import _recipe, _worker_counter
+from oomload.ingest.workertasks import counter_recipe, worker_counter
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +111,8 @@ def test_a_fake_counter_reaches_the_workers_pickled(tmp_path: Path) -> None:
 
 def test_a_worker_loads_a_tokenizer_once(tokenizer_dir: Path) -> None:
     counter = load_token_counter(str(tokenizer_dir))
-    recipe = _recipe(counter)
+    recipe = counter_recipe(counter)
     assert recipe == ("spec", f"hf:{tokenizer_dir}")  # sent as its --tokenizer value, not pickled
-    loaded = _worker_counter(recipe)
-    assert loaded is not None and _worker_counter(recipe) is loaded
+    loaded = worker_counter(recipe)
+    assert loaded is not None and worker_counter(recipe) is loaded
     assert loaded.count("kalo mi nu.") == counter.count("kalo mi nu.") > 0

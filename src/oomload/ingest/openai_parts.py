@@ -1,0 +1,111 @@
+"""A request's prompt parts and the ``hash_ids`` chained over them, for OpenAI-style logs.
+
+A request's prompt, as a chat template lays it out, is its ``system``, its ``tools``, each of its
+``messages`` and its ``prompt``, in that order — the *parts*, kept as raw JSON (never decoded into
+text). ``chains`` turns the parts of a chunk's requests into their ``hash_ids`` (``oomload.prefix``):
+each part is known by its CRC-32 and length, its tokens are counted with ``--tokenizer`` when given,
+else estimated as its JSON's bytes / ``CHARS_PER_TOKEN`` — the same for the same message in every
+request, so identical histories line up block for block — and each chain stops at the request's
+``usage.prompt_tokens``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from itertools import chain
+from typing import Any
+
+import msgspec
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from oomload.ingest.openai_log import _content_text
+from oomload.ingest.openai_schema import (
+    PARTS_DECODER,
+    UNSET,
+    LineParts,
+    PartsBody,
+    PartsRequest,
+    PlainPartsRequest,
+    RequestBodyParts,
+)
+from oomload.ingest.tokens import TokenCounter
+from oomload.prefix import BlockHasher, chain_marks, message_block_ids, part_marks
+
+CHARS_PER_TOKEN = 4  # the estimate of a message's tokens without --tokenizer (its JSON's bytes / 4)
+
+
+def line_parts(line: LineParts) -> list[Any]:
+    """``prompt_parts`` of a line decoded as ``LineParts`` (which ``PartsLine`` decodes too, but for a
+    null ``request``, which it refuses: no parts)."""
+    request = line.request
+    if request is None:
+        return []
+    if request is not UNSET:
+        return parts_of(request.body if request.body is not UNSET else request)
+    return parts_of(line)
+
+
+def parts_of(body: PartsBody | PlainPartsRequest | RequestBodyParts | LineParts) -> list[Any]:
+    """A request's prompt parts (raw JSON, not copied) in a chat template's order: system, tools, messages."""
+    messages = body.messages
+    if body.system is UNSET and body.tools is UNSET and body.prompt is UNSET:
+        return [] if messages is UNSET else messages  # the usual chat request
+    parts: list[Any] = [p for p in (body.system, body.tools) if p is not UNSET]
+    if messages is not UNSET:
+        parts += messages
+    if body.prompt is not UNSET:
+        parts.append(body.prompt)
+    return parts
+
+
+def prompt_parts(line: bytes) -> list[Any]:
+    """The prompt parts of a line read by the slower paths (empty when it has none or another shape)."""
+    try:
+        obj = PARTS_DECODER.decode(line)
+    except msgspec.DecodeError:
+        return []
+    request = obj.request
+    if isinstance(request, PartsRequest):
+        return parts_of(request.body if isinstance(request.body, PartsBody) else request)
+    return parts_of(obj)
+
+
+def _part_tokens(part: Any, counter: TokenCounter) -> int:
+    """A part's tokens counted with ``--tokenizer`` (its text; tool definitions: their JSON)."""
+    try:
+        value = orjson.loads(memoryview(part))
+    except orjson.JSONDecodeError:
+        value = None
+    if isinstance(value, dict):
+        return counter.count(_content_text(value.get("content")))
+    if isinstance(value, str):
+        return counter.count(value)
+    return counter.count(bytes(part).decode("utf-8", errors="replace"))
+
+
+def chains(
+    prompts: list[list[Any]], limits: list[int], hasher: BlockHasher, counter: TokenCounter | None
+) -> pa.Array:
+    """The ``hash_ids`` column of prompts given as parts (``oomload.prefix``), each cut at its limit.
+
+    A part's tokens are counted with ``counter``, else estimated as its JSON's bytes /
+    ``CHARS_PER_TOKEN`` — the same for the same message in every request.
+    """
+    flat = list(chain.from_iterable(prompts))
+    sizes = np.array(list(map(len, flat)), dtype=np.int64)
+    marks = part_marks(sizes, np.array(list(map(zlib.crc32, flat)), dtype=np.uint64))
+    if counter is None:
+        tokens = -(-sizes // CHARS_PER_TOKEN)
+    else:
+        tokens = np.array([_part_tokens(part, counter) for part in flat], dtype=np.int64)
+    per_prompt = np.array(list(map(len, prompts)), dtype=np.int64)
+    keys = chain_marks(hasher.sip_key, marks, per_prompt)
+    values, offsets = message_block_ids(
+        keys, tokens, per_prompt, np.asarray(limits, dtype=np.int64), hasher.block_tokens
+    )
+    chains = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=pa.int64()))
+    empty = np.diff(offsets) == 0  # no full block: null, as the other readers leave it
+    return pc.if_else(pa.array(empty), pa.nulls(len(prompts), chains.type), chains) if empty.any() else chains

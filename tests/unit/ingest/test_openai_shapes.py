@@ -1,0 +1,177 @@
+"""Every OpenAI-style log shape the docs list reads, on the fast paths, exactly as line by line.
+
+The lines come from ``bench/logshapes.py`` (the bench's generator, written without the fast path in
+mind: shuffled keys, escapes, raw UTF-8, extra fields, lines without usage and failed requests):
+gateway chat, chat nested under ``request``/``response`` with an ISO ``created_at``, completions
+with a float ``timestamp``, OpenAI Batch output, the Responses API and flat request bodies. For each
+shape the column reader must give the rows and skips of ``parse_openai_line``, its prompt parts
+(hence ``hash_ids``) must be those the exact path reads, and a build on 2 workers in byte ranges
+must write the trace of one process. ISO stamps parsed once per second must give the same float as
+the full parse.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from spreadrun import run_both
+
+from oomload.ingest import LogSource, SkipLog, openai_fast
+from oomload.ingest.columns import batches_from_records
+from oomload.ingest.openai_fast import read_openai_batches
+from oomload.ingest.openai_log import read_openai_records
+from oomload.ingest.tabular import _parse_datetime_s, parse_datetime_s
+from oomload.prefix import BlockHasher
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: bench/
+logshapes: Any = importlib.import_module("bench.logshapes")
+SHAPES = sorted(logshapes.SHAPES)
+
+
+def _log(path: Path, shape: str, count: int) -> Path:
+    path.write_text("\n".join(logshapes.lines(shape, count, seed=1)) + "\n", encoding="utf-8")
+    return path
+
+
+def _table(batches: list[pa.Table]) -> list[dict[str, Any]]:
+    return pa.concat_tables([b.replace_schema_metadata(None) for b in batches]).to_pylist()
+
+
+@pytest.mark.parametrize("piece_bytes", [300, 256 * 1024])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_each_shape_reads_as_the_line_parser_reads_it(
+    shape: str, piece_bytes: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(openai_fast, "PIECE_BYTES", piece_bytes)
+    source = LogSource(_log(tmp_path / "log.jsonl", shape, 400))
+    fast_skips, exact_skips = SkipLog(), SkipLog()
+    fast = _table(list(read_openai_batches(source, fast_skips, None)))
+    exact = _table(list(batches_from_records(read_openai_records(source, exact_skips, None))))
+    assert fast == exact
+    assert len(fast) > 380  # a few lines lack usage or failed without counts: skipped by both
+    assert (fast_skips.counts, fast_skips.examples, fast_skips.notes) == (
+        exact_skips.counts,
+        exact_skips.examples,
+        exact_skips.notes,
+    )
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_no_shape_goes_line_by_line(shape: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every piece is decoded at once (``Plain`` or ``Line``), its odd lines (no usage, a failure)
+    included: the slow per-line loop is for pieces holding a line no schema takes (bad JSON, …)."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"a piece of {shape} lines went line by line")
+
+    monkeypatch.setattr(openai_fast, "_line_rows", refuse)
+    source = LogSource(_log(tmp_path / "log.jsonl", shape, 300))
+    assert (
+        sum(b.num_rows for b in read_openai_batches(source, SkipLog(), None, hasher=BlockHasher(b"s" * 32)))
+        > 280
+    )
+
+
+def _all_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every line through ``parse_openai_line``, its parts through ``_prompt_parts``: the reference."""
+    monkeypatch.setattr(openai_fast, "_plain_piece", lambda *args: None)
+    monkeypatch.setattr(openai_fast, "_fast_row", lambda line: None)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_each_shape_chains_the_prompt_parts_the_exact_path_reads(
+    shape: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = LogSource(_log(tmp_path / "log.jsonl", shape, 300))
+    hasher = BlockHasher(b"s" * 32, 4)
+    fast = _table(list(read_openai_batches(source, SkipLog(), None, hasher=hasher)))
+    _all_exact(monkeypatch)
+    exact = _table(list(read_openai_batches(source, SkipLog(), None, hasher=hasher)))
+    assert fast == exact
+    chained = sum(1 for row in fast if row["hash_ids"])
+    # Batch output holds no request; a Responses API ``input`` is not read as prompt parts (yet)
+    assert chained == (0 if shape in ("batch", "responses") else len(fast))
+
+
+request_parts = st.fixed_dictionaries(
+    {},
+    optional={
+        "messages": st.lists(st.fixed_dictionaries({"content": st.text('ab"é', max_size=40)}), max_size=3)
+        | st.just("text"),
+        "system": st.text("xy", max_size=30),
+        "prompt": st.just([1, 2, 3]) | st.text("q", max_size=30),
+        "model": st.just("m"),
+    },
+)
+parts_line = st.fixed_dictionaries(
+    {"usage": st.fixed_dictionaries({"prompt_tokens": st.integers(0, 40), "completion_tokens": st.just(2)})},
+    optional={
+        "request": request_parts | st.none() | st.fixed_dictionaries({"body": request_parts}),
+        "messages": st.just([{"content": "top level " * 3}]),
+        "system": st.just("sys " * 5),
+        "timestamp": st.just(1.7e9),
+        "error": st.none() | st.just({"message": "x"}),
+    },
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lines=st.lists(parts_line.map(json.dumps), min_size=1, max_size=12))
+def test_prompt_parts_of_any_request_shape_match_the_exact_path(lines: list[str]) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(openai_fast, "PIECE_BYTES", 64)
+        path = Path(_scratch_dir()) / "log.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        hasher = BlockHasher(b"s" * 32, 2)
+        fast = _table(list(read_openai_batches(LogSource(path), SkipLog(), None, hasher=hasher)))
+        _all_exact(patch)
+        exact = _table(list(read_openai_batches(LogSource(path), SkipLog(), None, hasher=hasher)))
+    assert fast == exact
+
+
+def _scratch_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="oomload-shapes-")
+
+
+stamp = st.from_regex(
+    r"\A20[0-9]{2}-(0[1-9]|1[0-2])-([0-2][0-9]|3[01])[T ]([01][0-9]|2[0-4]):[0-5][0-9]:[0-6][0-9]"
+    r"(\.[0-9]{0,11})?(Z|[+-](0[0-9]|1[0-4]):[0-5][0-9]|[+-][0-9]{4})?\Z"
+)
+
+
+@given(text=stamp | st.text(" 0123456789-:.TZ+", max_size=35))
+def test_stamps_parsed_once_per_second_are_the_full_parse_to_the_bit(text: str) -> None:
+    assert parse_datetime_s(text) == _parse_datetime_s(text)
+
+
+RUNNER = r"""
+import json, sys
+from oomload.ingest import build_trace
+inputs, out = json.loads(sys.argv[1]), sys.argv[2]
+results = []
+for workers in (1, 2):
+    r = build_trace(inputs, f"{out}.{workers}", workers=workers, parallel_min_bytes=0, span_bytes=16000)
+    results.append({"bytes": open(f"{out}.{workers}", encoding="utf-8").read(), "count": r.records_written,
+                    "counts": r.skips.counts, "examples": r.skips.examples, "notes": r.skips.notes})
+print(json.dumps(results))
+"""
+
+
+def test_every_shape_builds_the_same_bytes_in_byte_ranges_on_2_workers(tmp_path: Path) -> None:
+    """One log of every shape, line by line in turn, cut into ~15 byte ranges."""
+    shapes = [list(logshapes.lines(shape, 25, seed=2)) for shape in SHAPES]
+    log = tmp_path / "mixed.jsonl"
+    log.write_text("\n".join(line for turn in zip(*shapes, strict=True) for line in turn) + "\n")
+    single, spread = run_both(RUNNER, json.dumps([str(log)]), str(tmp_path / "trace.jsonl"))
+    assert spread == single
+    assert single["count"] > 6 * 22 and '"hash_ids":[' in single["bytes"]

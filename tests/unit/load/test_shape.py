@@ -382,6 +382,7 @@ def test_the_locust_shape_returns_as_soon_as_the_driver_changes_its_answer() -> 
 
     class Driver:
         calls = 0
+        draining_to = None
 
         def tick(self) -> tuple[int, float] | None:
             self.calls += 1
@@ -393,3 +394,6 @@ def test_the_locust_shape_returns_as_soon_as_the_driver_changes_its_answer() -> 
     assert shape.tick() == (4, 100.0) and driver.calls == 4  # polled twice more, every SHAPE_POLL_S
     assert shape.tick() == (4, 100.0) and driver.calls == 5  # over: the last answer, kept open
     assert 0 < SHAPE_POLL_S <= 0.25
+    answers[:] = [(4, 100.0)] * 3
+    driver.calls, driver.draining_to = 0, StepPlan(3, 4, "refine")  # type: ignore[assignment]
+    assert shape.tick() == (4, 100.0) and driver.calls == 1  # a drain keeps Locust's own tick

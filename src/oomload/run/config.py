@@ -140,6 +140,7 @@ class ReplayConfig:
     sim_args: tuple[str, ...] = ()
     argv: tuple[str, ...] = ()
     live: bool = True
+    html: bool = True  # write report.html (its plots); --no-html: the other reports only
     extra: dict[str, Any] = field(default_factory=dict)
 
     def schedule(self) -> SchedulePlan:

@@ -3,14 +3,13 @@
 ``StepDriver`` holds the logic and imports nothing from Locust (tests drive it with fake meters and
 clocks); ``make_shape`` wraps it in a ``locust.LoadTestShape`` whose ``tick()`` returns
 ``(users, spawn_rate)`` — users = the step's concurrency, all spawned at once — or ``None`` to end the
-test. Locust calls it
-once a second; a step that ends between two calls would wait for the next one (a 0.5 s short check
-lasted 1 s, a drain that was done in 0.3 s lasted 1 s), so ``tick()`` asks the driver every
-``SHAPE_POLL_S`` and returns as soon as its answer changes (or after about a second, as before):
-a step ends, and the next begins, within ``SHAPE_POLL_S`` of its reason. A drain to a lower step keeps
-Locust's one-second tick: a lower level that began 0.2 s after a repeat ended on its preemption — the
-moment one request had left — inherited that overflow (seen: concurrency 7 preempted right after 8 in
-2 of 4 demo runs, against none in the runs whose drain lasted its tick).
+test. Locust calls it once a second; a step that ends between two calls would wait for the next one (a
+0.5 s short check lasted 1 s), so ``tick()`` asks the driver every ``SHAPE_POLL_S`` and returns as soon
+as its answer changes (or after about a second, as before): a step ends, and the next begins, within
+``SHAPE_POLL_S`` of its reason. A drain to a lower step keeps Locust's one-second tick: a lower level
+that began 0.2 s after a repeat ended on its preemption — the moment one request had left — inherited
+that overflow (seen: concurrency 7 preempted right after 8 in 2 of 3 demo runs with the fast drain,
+in none of the 10 of ``bench_onset_repeat`` with the tick).
 
 On every tick the driver ends the current step when the server is dead, the run's maximum duration
 is spent, or the step's hold is done; it then writes the step's ``end`` line to ``steps.jsonl``

@@ -40,8 +40,15 @@ is distinct, the loop of old. One known gap, the simulator's: it caches a block 
 when allocated, so requests admitted in the same engine step share in vLLM but not here — on the
 reference hand case (80 blocks of 32, 600-token prompts sharing 512, 100 output) the real vLLM
 preempted from 11, these odds from 12 (the arithmetic: 11). With shared prefixes a level costs more
-CPU — 2.5× the worst case's at levels that do not preempt, 6.4× at one that thrashes (``bench_odds``) —
-because the scheduler re-hashes a waiting request's whole prompt at every step it retries admission.
+CPU — 3–13× the worst case's on ``bench_odds`` (0.6–1.7 s a level there, the worst case 0.05–0.5 s) —
+because each request's prompt is built and hashed block by block, and a waiting request's admission is
+retried at every step.
+
+Speed: the loop counts steps, not time, so the steps in which every running request only decodes and
+nothing waits are done at once (``Scheduler.skip_decode``: exactly the state the steps one by one
+leave); only the steps that admit, prefill, preempt or finish a request run one by one. On the demo's
+pool a level that preempts rarely costs 0.04–0.13 s of CPU (1000 requests; 0.5–1.3 s one step at a
+time), one that thrashes (16) still about 0.5 s.
 
 Why a Monte Carlo of the scheduler rather than the convolution of ``c`` full-length draws: requests in
 a closed loop start staggered and vLLM admits a new one only when its prompt's blocks are free, so the
@@ -217,6 +224,8 @@ def level_odds(
     preemptions = episodes = 0
     preempting = False
     while sched.has_work:
+        if sched.skip_decode():  # steps that only decode: nothing to count (sim.scheduler, "Decode runs")
+            preempting = False
         result = sched.step()
         if result.preempted:
             preemptions += len(result.preempted)

@@ -189,6 +189,12 @@ def register(subparsers: Any) -> None:
     out.add_argument("--gpu", default="auto", help="auto, nvml, dcgm:URL, remote:URL or none (default auto)")
     out.add_argument("--require-gpu", action="store_true", help="fail when GPU memory cannot be sampled")
     out.add_argument("--no-live", action="store_true", help="no live view (one line per step)")
+    out.add_argument(
+        "--no-html",
+        action="store_true",
+        help="write no report.html (its plots take seconds; `oomload report RUN --format html` draws "
+        "them later)",
+    )
     p.set_defaults(func=run)
 
 
@@ -301,6 +307,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         sim_args=sim_args,
         argv=tuple(argv if argv is not None else sys.argv[1:]),
         live=not args.no_live,
+        html=not args.no_html,
     )
 
 

@@ -1,9 +1,15 @@
 """The Locust load shape: rising closed-loop concurrency steps, obeying ``oomload.schedule``.
 
 ``StepDriver`` holds the logic and imports nothing from Locust (tests drive it with fake meters and
-clocks); ``make_shape`` wraps it in a ``locust.LoadTestShape`` whose ``tick()`` (called about once a
-second by Locust) returns ``(users, spawn_rate)`` — users = the step's concurrency, all spawned at
-once — or ``None`` to end the test.
+clocks); ``make_shape`` wraps it in a ``locust.LoadTestShape`` whose ``tick()`` returns
+``(users, spawn_rate)`` — users = the step's concurrency, all spawned at once — or ``None`` to end the
+test. Locust calls it once a second; a step that ends between two calls would wait for the next one (a
+0.5 s short check lasted 1 s), so ``tick()`` asks the driver every ``SHAPE_POLL_S`` and returns as soon
+as its answer changes (or after about a second, as before): a step ends, and the next begins, within
+``SHAPE_POLL_S`` of its reason. A drain to a lower step keeps Locust's one-second tick: a lower level
+that began 0.2 s after a repeat ended on its preemption — the moment one request had left — inherited
+that overflow (seen: concurrency 7 preempted right after 8 in 2 of 3 demo runs with the fast drain;
+with the tick, ``bench_onset_repeat`` kept 7 as the last safe level in 9 of 10 runs).
 
 On every tick the driver ends the current step when the server is dead, the run's maximum duration
 is spent, or the step's hold is done; it then writes the step's ``end`` line to ``steps.jsonl``
@@ -34,15 +40,17 @@ again every ``EXTEND_CHECK_S``, until the step has sent enough requests, ``EXTEN
 hold has passed, or the run's maximum duration is spent. The scrape that shows a preemption (or ends
 the extension) is the step's boundary. The end line says how long the step was extended and how many
 requests the odds asked for.
-A step that already preempted needs no more evidence: it is unsafe. So a *repeat* (a refinement step:
+A step that already preempted needs no more evidence: it is unsafe. So an extension also ends as soon as
+the poller's latest scrape (``latest_scrape``) shows the counter above the step's baseline, not at its
+next ``EXTEND_CHECK_S`` read; and a *repeat* (a refinement step:
 the question it answers is only whether its level preempts) ends as soon as the poller's latest
 scrape (``latest_scrape``, read on every tick, no extra request) shows the counter above the step's
 baseline, after ``PREEMPTED_MIN_S`` — its end line says ``"reason": "preempted"``. Ramp steps keep
 their hold: they also measure the level's latencies and whether the engine survives it.
 
 A hold counts from the tick that opened the step, not from the end of the boundary scrape read in
-that tick: Locust ticks once a second, so counting from after the scrape made every hold one tick
-longer than asked (a 4 s hold lasted 5.0 s). The step's recorded duration still runs from the scrape
+that tick: counting from after the scrape made every hold one tick longer than asked (a 4 s hold lasted
+5.0 s when Locust's one-second tick was the driver's). The step's recorded duration still runs from the scrape
 that opened it to the one that closed it — both read while the users send — so it is the hold.
 
 The boundary scrape (``/metrics``) gives the preemption counter and the server's latency sums, from
@@ -77,6 +85,7 @@ SPAWN_RATE = 100.0  # users per second (Locust warns above 100); a step of c use
 EXTEND_CHECK_S = 2.0  # while a step is extended for evidence, read the preemption counter this often
 EXTEND_MAX_FACTOR = 12.0  # a step is extended to at most this many times its hold
 PREEMPTED_MIN_S = 1.0  # a refinement step that preempted ends once it has run this long
+SHAPE_POLL_S = 0.2  # between Locust's ticks, the driver is asked this often (module docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +261,8 @@ class StepDriver:
         if self.current.phase == "refine" and elapsed >= PREEMPTED_MIN_S and self._preempted_since_start():
             return "preempted"
         if self._extended_from_s is not None and now < self._next_check_s:
-            return None
+            # extended for evidence: a preemption the poller saw ends it now (unsafe: no more needed)
+            return "hold_done" if self._preempted_since_start() else None
         if self.step_done is not None:
             return "hold_done" if self.step_done(elapsed, completed) else None
         hold = self.hold_for(self.current)
@@ -409,13 +419,21 @@ def make_shape(driver: StepDriver, *, keep_open: bool = False) -> Any:
     ``None`` — the runner then drains the requests in flight and quits Locust itself (Locust's own stop
     would make each worker process sleep ``stop_timeout`` before it reads another message).
     """
+    import gevent
     from locust import LoadTestShape
 
     class StepShape(LoadTestShape):
         last: tuple[int, float] | None = None
 
         def tick(self) -> tuple[int, float] | None:
+            # Locust calls this once a second: ask the driver every SHAPE_POLL_S until its answer
+            # changes, so a step ends within SHAPE_POLL_S of its reason (module docstring)
+            polls = max(int(1.0 / SHAPE_POLL_S) - 1, 0)
             now = driver.tick()
+            while polls > 0 and now is not None and now == self.last and driver.draining_to is None:
+                gevent.sleep(SHAPE_POLL_S)
+                polls -= 1
+                now = driver.tick()
             if now is not None:
                 self.last = now
                 return now

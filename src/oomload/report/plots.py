@@ -11,7 +11,10 @@
 * ``plot_lengths`` — the trace's prompt / output / total length histograms (requests per bin) with
   the P99 and the recommended ``max_model_len``.
 
-Counts (preemptions, requests) get whole-number ticks.
+Counts (preemptions, requests) get whole-number ticks. Each figure has fixed margins
+(``subplots_adjust``), not ``tight_layout``: that measured every text once more before the drawing,
+and was a third of the plots' time (the demo's three figures, 5 alternating runs on a busy 2-core
+machine: median 3.8 s with it, 2.5 s without).
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ def plot_timeline(view: RunView, verdict: Verdict) -> bytes:
         )
     fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.suptitle("Memory pressure over time (steps shaded and labelled with their concurrency)")
-    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.925, bottom=0.13, hspace=0.12)
     return _png(fig)
 
 
@@ -183,7 +186,7 @@ def figure_by_concurrency(verdict: Verdict) -> Figure:
         if handles:
             ax.legend(handles, labels, loc="upper left", fontsize=7)
     fig.suptitle("Latency, throughput and preemption against concurrency (n = ok requests behind each point)")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.07, right=0.92, top=0.94, bottom=0.05, hspace=0.3, wspace=0.32)
     return fig
 
 
@@ -272,7 +275,7 @@ def plot_lengths(view: RunView, verdict: Verdict, recommendation: Recommendation
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.07, right=0.99, top=0.91, bottom=0.14, wspace=0.24)
     return _png(fig)
 
 

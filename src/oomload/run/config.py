@@ -27,7 +27,8 @@ from oomload.trace import TraceRecord, read_trace_header
 # steps. Time scale 0.025 and 2 s holds: the onset's level preempts about once per 100 requests on the
 # simulator, and the demo measures it at least twice (the majority of its repeats), so the time per request
 # decides the demo's time — at 0.1 with 4 s holds one run took 54–104 s, at 0.025 with 2 s holds 41 s (the
-# levels around the onset still send 30–120 requests a step; bench_onset_repeat).
+# levels around the onset still send 30–120 requests a step; bench_onset_repeat), 33 s once the odds
+# skipped decode-only steps and a step ended within 0.2 s of its reason.
 DEMO_MODEL = "llama-3.1-8b"
 DEMO_GPU = "l4"
 DEMO_SIM_ARGS: tuple[str, ...] = (
@@ -140,6 +141,7 @@ class ReplayConfig:
     sim_args: tuple[str, ...] = ()
     argv: tuple[str, ...] = ()
     live: bool = True
+    html: bool = True  # write report.html (its plots); --no-html: the other reports only
     extra: dict[str, Any] = field(default_factory=dict)
 
     def schedule(self) -> SchedulePlan:

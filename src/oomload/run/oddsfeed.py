@@ -1,8 +1,9 @@
 """The trace's odds for a live run, computed without stalling the load (``oomload.odds``).
 
-A level's odds cost about a quarter of a second of CPU (more for long outputs). Computed inside the
-Locust process they would freeze every user for that long — measured: a 1 s step at concurrency 8
-then held 4.8 requests in flight instead of 8, because the step's clock started before the freeze.
+A level's odds cost a tenth to half a second of CPU (more where it preempts often, or with shared
+prefixes; ``oomload.odds``). Computed inside the Locust process they would freeze every user for that
+long — measured: a 1 s step at concurrency 8 then held 4.8 requests in flight instead of 8, because the
+step's clock started before the freeze.
 So:
 
 1. before the load starts, the ramp's own levels are computed here, at once (nothing is running yet);

@@ -146,7 +146,7 @@ def _run_with_server(
         raise failure
     try:
         write_repro(run_dir)
-        code = _finalize(run_dir, config.gates, console)
+        code = _finalize(run_dir, config.gates, console, html=config.html)
         if session.web_ui is not None:
             from oomload.run.webui import final_state
 
@@ -158,10 +158,11 @@ def _run_with_server(
     return code
 
 
-def _finalize(run_dir: Path, gates: Sequence[str], console: Console) -> int:
+def _finalize(run_dir: Path, gates: Sequence[str], console: Console, *, html: bool = True) -> int:
     from oomload.report import finalize_run
 
-    return int(finalize_run(run_dir, gates=gates, console=console))
+    formats = ("json", "md", "html", "junit") if html else ("json", "md", "junit")
+    return int(finalize_run(run_dir, gates=gates, console=console, formats=formats))
 
 
 __all__ = [

@@ -38,6 +38,15 @@ Not modelled: vLLM also hashes blocks filled by decode output, which only a pree
 can hit again on readmission (its recompute then starts later in the sequence).
 
 Usage = blocks held by requests / (num_gpu_blocks − 1), vLLM's ``kv_cache_usage_perc``.
+
+Decode runs (``skip_decode``, for callers that count steps, not time: the trace's odds). While nothing
+waits and every running request only decodes, a step samples one token per request and takes a block
+for each request whose computed tokens reach a new block; it cannot preempt while the pool holds every
+block those steps ask for together, and it changes nothing else until a request finishes. So ``n`` such
+steps are done at once — each request ``n`` tokens further, the pool ``n`` steps' blocks poorer — for
+the largest ``n`` before the first step that finishes a request or could run short of blocks; that step
+and every other one run through ``step()``. The state afterwards is exactly what ``n`` calls of
+``step()`` leave (tests compare both, step by step).
 """
 
 from __future__ import annotations
@@ -221,6 +230,50 @@ class Scheduler:
 
         self._execute(result, now_s)
         return result
+
+    def skip_decode(self) -> int:
+        """Run, at once, the engine steps that can only decode (module docstring, "Decode runs"); returns
+        how many (0: the next step may admit, prefill, preempt or finish a request — run ``step()``).
+        Their results (tokens sampled, timestamps) are not reported: only the state is advanced."""
+        cfg = self.config
+        running = self.running
+        if self.waiting or not running or len(running) > cfg.max_num_batched_tokens:
+            return 0
+        steps = cfg.max_model_len  # more than any request can run
+        for req in running:
+            if req.num_tokens - req.num_computed_tokens != 1:
+                return 0  # prefilling (or recomputing) a chunk
+            if cfg.enable_prefix_caching and len(req.cached_hashes) < req.prompt_tokens // cfg.block_size:
+                return 0  # full prompt blocks still to register
+            steps = min(steps, req.max_tokens - req.num_output_tokens, cfg.max_model_len - req.num_tokens)
+        steps -= 1  # the step that finishes a request runs through step()
+        if steps <= 0:
+            return 0
+        bs = cfg.block_size
+        free = self.free_blocks
+
+        def blocks_for(n: int) -> int:
+            return sum(max(-(-(r.num_computed_tokens + n) // bs) - r.num_blocks, 0) for r in running)
+
+        if blocks_for(steps) > free:  # the pool runs short within the run: stop before that step
+            lo, hi = 0, steps  # blocks_for(lo) <= free < blocks_for(hi)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if blocks_for(mid) <= free else (lo, mid)
+            steps = lo
+            if steps == 0:
+                return 0
+        taken = 0
+        for req in running:
+            needed = -(-(req.num_computed_tokens + steps) // bs) - req.num_blocks
+            if needed > 0:
+                req.num_blocks += needed
+                taken += needed
+            req.num_computed_tokens += steps
+            req.num_output_tokens += steps
+        if taken:
+            self._take(taken)
+        return steps
 
     def _admit(self, result: EngineStepResult, budget: int, now_s: float) -> None:
         cfg = self.config

@@ -141,6 +141,7 @@ def _replay_argv(ctx: TuneContext, url: str, run_dir: Path, *, trace: Path | Non
         "--max-duration-s",
         f"{config.replay_max_duration_s:g}",
         "--no-live",
+        "--no-html",  # the tuner reads summary.json; report.html's plots cost seconds per candidate
     ]
 
 

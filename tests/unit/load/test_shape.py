@@ -192,7 +192,11 @@ class SendingMeter(FakeMeter):
 
 
 def _evidence_run(
-    preempt_after_s: float | None, needed: int = 40, history: list[Any] | None = None
+    preempt_after_s: float | None,
+    needed: int = 40,
+    history: list[Any] | None = None,
+    *,
+    poller: bool = False,
 ) -> tuple[list[dict[str, Any]], list[float]]:
     """One 4-user step held 2 s at 5 requests/s; the odds ask for ``needed`` requests."""
     clock = [100.0]
@@ -206,8 +210,15 @@ def _evidence_run(
         return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": total}
 
     plan = SchedulePlan(levels=(4,), refine=False, stop_on=())
+
+    def latest() -> dict[str, Any]:  # the poller's last scrape (not a boundary read)
+        elapsed = clock[0] - 100.0
+        total = int(preempt_after_s is not None and elapsed >= preempt_after_s)
+        return {"ok": True, "t_unix_s": clock[0], "num_preemptions_total": total}
+
+    polled = latest if poller else lambda: None
     driver = StepDriver(plan, Hold(2.0), meter, sink, boundary_scrape=scrape, clock=lambda: clock[0],
-                        evidence=lambda _step: needed)  # fmt: skip
+                        evidence=lambda _step: needed, latest_scrape=polled)  # fmt: skip
     for _ in range(200):
         if driver.tick() is None:
             break
@@ -231,6 +242,16 @@ def test_an_extension_ends_at_the_first_preemption() -> None:
     lines, _ = _evidence_run(preempt_after_s=4.0)
     end = next(line for line in lines if line["event"] == "end")
     assert 4.0 <= end["duration_s"] < 8.0 and end["preemptions"] == 1
+
+
+def test_an_extension_ends_when_the_poller_sees_the_preemption() -> None:
+    """Between two reads of the extension (every EXTEND_CHECK_S from the 2 s hold: 4, 6, …), the
+    poller's scrape at 4.5 s shows the counter risen: the step ends on that tick, not at 6 s."""
+    lines, _ = _evidence_run(preempt_after_s=4.5, poller=True)
+    end = next(line for line in lines if line["event"] == "end")
+    assert end["duration_s"] == 4.5 and end["preemptions"] == 1 and end["reason"] == "hold_done"
+    lines, _ = _evidence_run(preempt_after_s=4.5)  # no poller: the next read ends it
+    assert next(line for line in lines if line["event"] == "end")["duration_s"] == 6.0
 
 
 def test_an_extension_is_bounded() -> None:
@@ -349,3 +370,30 @@ def test_a_hold_counts_from_the_tick_that_opened_the_step() -> None:
     durations = [line["duration_s"] for line in sink.lines if line["event"] == "end"]
     # the first step opens before its baseline scrape, so it also counts the closing scrape's 0.2 s
     assert durations == [pytest.approx(4.2), pytest.approx(4.0)]
+
+
+def test_the_locust_shape_returns_as_soon_as_the_driver_changes_its_answer() -> None:
+    """Locust asks the shape once a second; between its calls the shape asks the driver every
+    ``SHAPE_POLL_S`` and hands on a new step at once (a step ended between two Locust ticks used to
+    wait for the next one)."""
+    from oomload.load.shape import SHAPE_POLL_S, make_shape
+
+    answers = [(1, 100.0), (1, 100.0), (1, 100.0), (4, 100.0), None]
+
+    class Driver:
+        calls = 0
+        draining_to = None
+
+        def tick(self) -> tuple[int, float] | None:
+            self.calls += 1
+            return answers[min(self.calls - 1, len(answers) - 1)]
+
+    driver = Driver()
+    shape = make_shape(driver, keep_open=True)  # type: ignore[arg-type]
+    assert shape.tick() == (1, 100.0) and driver.calls == 1  # a new answer: no wait
+    assert shape.tick() == (4, 100.0) and driver.calls == 4  # polled twice more, every SHAPE_POLL_S
+    assert shape.tick() == (4, 100.0) and driver.calls == 5  # over: the last answer, kept open
+    assert 0 < SHAPE_POLL_S <= 0.25
+    answers[:] = [(4, 100.0)] * 3
+    driver.calls, driver.draining_to = 0, StepPlan(3, 4, "refine")  # type: ignore[assignment]
+    assert shape.tick() == (4, 100.0) and driver.calls == 1  # a drain keeps Locust's own tick

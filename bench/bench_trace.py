@@ -15,7 +15,8 @@ time over one process's on OpenAI logs from 64 MB to 2 GB (the pool's start-up i
 grows with the input: where it pays is the in-process threshold); where the pool's CPU goes per GB
 (main process, workers) and the bound that puts on more cores (``_spread_cost``); peak RSS of
 ``build`` and ``stats`` at 1M and 10M requests (Azure CSV), which must stay flat, and the 10M-row
-CSV built on 1, 2 and all cores (byte ranges of rows). Goals (issue 15): OpenAI-style logs with text
+CSV built on 1, 2 and all cores (byte ranges of rows). ``BENCH_TRACE_ONLY=shapes`` prints the log shapes
+only (``BENCH_TRACE_ROUNDS``: their rounds). Goals (issue 15): OpenAI-style logs with text
 ≥ 300 MB/s a core, CSV within 2× of pandas, flat memory, every core used.
 """
 
@@ -292,6 +293,9 @@ def _head(path: Path, size: int, out: Path) -> Path:
 
 
 SHAPE_BYTES = 48_000_000
+# BENCH_TRACE_ONLY=shapes runs only the log shapes (1a); BENCH_TRACE_ROUNDS sets their rounds (default
+# ROUNDS): on a busy machine the shapes' ratios need more rounds than the rest to settle.
+SHAPE_ROUNDS = int(os.environ.get("BENCH_TRACE_ROUNDS", ROUNDS))
 HELD_OUT = ("chat-iso", "completions", "batch")  # the shapes of issue 25's 409 MB log
 
 
@@ -313,7 +317,9 @@ def bench_shapes(root: Path, out: Path) -> list[str]:
         write_log(path, name, SHAPE_BYTES)
     for shape, path in paths.items():
         mb = path.stat().st_size / 1e6
-        r = best(["orjson", "build:1", "build-noprefix:1"], path, out, all_rows=False)  # some lack usage
+        r = best(
+            ["orjson", "build:1", "build-noprefix:1"], path, out, SHAPE_ROUNDS, all_rows=False
+        )  # some lack usage
         base = _work_cpu_s(r["orjson"])
         on, off = _work_cpu_s(r["build:1"]) / base, _work_cpu_s(r["build-noprefix:1"]) / base
         ratios[shape] = (on, off)
@@ -344,6 +350,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="oomload-bench-") as tmp:
         root = Path(tmp)
         out = root / "trace.jsonl"
+        if os.environ.get("BENCH_TRACE_ONLY") == "shapes":
+            for line in bench_shapes(root, out):
+                print(line)
+            return
 
         # 1. OpenAI-style JSONL with text: build on 1, 2, all cores; stats from the log.
         n = 500_000

@@ -286,30 +286,37 @@ def chain_marks(
     key: tuple[np.uint64, np.uint64], marks: npt.NDArray[np.uint64], parts_per_prompt: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.uint64]:
     """Each message's chained key: SipHash-1-3 (keyed) of the previous message's key and its mark,
-    for many prompts at once — one vectorized step per message position, all prompts together."""
-    prompts = len(parts_per_prompt)
+    for many prompts at once — one vectorized step per message position, all prompts together.
+
+    The prompts are taken longest first, so the prompts that have a message at position j are the
+    first ones of that order: their previous keys are one contiguous slice, updated in place.
+    """
     keys = np.empty(len(marks), dtype=np.uint64)
     if not len(marks):
         return keys
-    owner = np.repeat(np.arange(prompts), parts_per_prompt)
-    first = np.cumsum(parts_per_prompt) - parts_per_prompt
-    position = np.arange(len(marks)) - first[owner]
-    order = np.argsort(position, kind="stable")
-    bounds = np.searchsorted(position[order], np.arange(int(position.max()) + 2))
-    previous = np.zeros(prompts, dtype=np.uint64)
-    for j in range(len(bounds) - 1):
-        at = order[bounds[j] : bounds[j + 1]]
-        chained = _siphash13(key, previous[owner[at]], marks[at])
+    counts = np.asarray(parts_per_prompt, dtype=np.int64)
+    order = np.argsort(-counts, kind="stable")
+    first = (np.cumsum(counts) - counts)[order]  # each prompt's first message, longest prompt first
+    alive = np.searchsorted(-counts[order], -np.arange(1, int(counts.max()) + 1), side="right")
+    previous = np.zeros(len(order), dtype=np.uint64)
+    for j, n in enumerate(alive.tolist()):  # n prompts have a message at position j
+        at = first[:n] + j
+        chained = _siphash13(key, previous[:n], marks[at])
         keys[at] = chained
-        previous[owner[at]] = chained
+        previous[:n] = chained
     return keys
 
 
 def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """SplitMix64's finalizer (wrapping uint64 arithmetic)."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    """SplitMix64's finalizer (wrapping uint64 arithmetic), in place: returns ``x``."""
+    scratch = np.empty_like(x)
+    for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        np.right_shift(x, _U(shift), out=scratch)
+        x ^= scratch
+        x *= _U(factor)
+    np.right_shift(x, _U(31), out=scratch)
+    x ^= scratch
+    return x
 
 
 def message_block_ids(
@@ -324,21 +331,38 @@ def message_block_ids(
     ``keys``/``tokens`` are every prompt's messages in order (``BlockHasher.message_keys``, token
     counts); ``parts_per_prompt`` says how many belong to each prompt; a prompt's chain covers its
     full blocks up to the smaller of its messages' tokens and ``limit_tokens``.
+
+    Per message, the number of block ends it holds (multiples of ``block_tokens`` in its span of
+    the prompt, up to the chain's end) — then each block's key and offset are ``np.repeat``s of
+    per-message values plus a running block number: no search over the blocks.
     """
-    prompts = len(parts_per_prompt)
-    owner = np.repeat(np.arange(prompts), parts_per_prompt)
-    ends = np.cumsum(tokens)  # over all prompts
-    totals = np.bincount(owner, weights=tokens, minlength=prompts).astype(np.int64)
-    bases = np.cumsum(totals) - totals  # where each prompt starts on that one axis
-    counts = np.minimum(totals, np.maximum(limit_tokens, 0)) // block_tokens
-    offsets = np.zeros(prompts + 1, dtype=np.int32)
-    np.cumsum(counts, out=offsets[1:])
+    size = block_tokens
+    counts = np.asarray(parts_per_prompt, dtype=np.int64)
+    tokens = np.asarray(tokens, dtype=np.int64)
+    ends = np.zeros(len(tokens) + 1, dtype=np.int64)
+    np.cumsum(tokens, out=ends[1:])  # over all prompts, from 0
+    last = np.cumsum(counts)  # each prompt's end in the messages
+    prompt_start = ends[last - counts]  # where each prompt starts on that one axis
+    totals = ends[last] - prompt_start
+    blocks = np.minimum(totals, np.maximum(limit_tokens, 0)) // size
+    offsets = np.zeros(len(counts) + 1, dtype=np.int32)
+    np.cumsum(blocks, out=offsets[1:])
     total = int(offsets[-1])
     if total == 0:
         return np.empty(0, dtype=np.int64), offsets
-    which = np.repeat(np.arange(prompts), counts)
-    block_end = (np.arange(total) - offsets[:-1][which] + 1) * block_tokens  # in the prompt
-    part = np.searchsorted(ends, bases[which] + block_end, side="left")
-    offset = (block_end - (ends[part] - tokens[part] - bases[which])).astype(np.uint64)
-    ids = _mix(keys[part] ^ (offset * _GOLDEN)) >> np.uint64(_ID_SHIFT)
-    return ids.astype(np.int64), offsets
+    base = np.repeat(prompt_start, counts)
+    start = ends[:-1] - base  # each message's span [start, start + tokens) in its prompt
+    chain_end = np.repeat(blocks * size, counts)
+    held = np.minimum(start + tokens, chain_end) // size - np.minimum(start, chain_end) // size
+    before = np.cumsum(held) - held  # blocks before each message's first (over all prompts)
+    # a message's k-th block ends at (start // size + 1 + k) * size: its offset in the message is
+    # that less start; k is the block's number less ``before``
+    first_offset = (start // size + 1) * size - start - before * size
+    offset = np.repeat(first_offset, held)
+    offset += np.arange(0, total * size, size, dtype=np.int64)
+    ids = offset.view(np.uint64)
+    ids *= _GOLDEN
+    ids ^= np.repeat(keys, held)
+    ids = _mix(ids)
+    ids >>= _U(_ID_SHIFT)
+    return ids.view(np.int64), offsets

@@ -7,7 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oomload.blockhash import _ID_SHIFT, BlockHasher, _coefficients, _siphash13
+from oomload.blockhash import (
+    _GOLDEN,
+    _ID_SHIFT,
+    BlockHasher,
+    _coefficients,
+    _mix,
+    _siphash13,
+    chain_marks,
+    message_block_ids,
+)
 from oomload.ingest import LogSource, SkipLog, openai_fast
 
 SALT = b"speed-salt"
@@ -139,3 +148,61 @@ def test_the_vectorised_siphash_is_siphash_1_3() -> None:
     ]
     assert _siphash13(key, m0, m1).tolist() == expected
     assert _siphash13(key, m0[:0], m1[:0]).tolist() == []
+
+
+def _plain_message_ids(
+    key: tuple[np.uint64, np.uint64],
+    marks: list[int],
+    tokens: list[int],
+    per_prompt: list[int],
+    limits: list[int],
+    size: int,
+) -> tuple[list[int], list[int]]:
+    """Message chains as first written: one prompt at a time, SipHash message by message, and each
+    block's message found by a search over the prompt's message ends."""
+    ids: list[int] = []
+    keys: list[int] = []
+    at = 0
+    for count, limit in zip(per_prompt, limits, strict=True):
+        previous = np.zeros(1, dtype=np.uint64)
+        own = []
+        for mark in marks[at : at + count]:
+            previous = _siphash13(key, previous, np.array([mark], dtype=np.uint64))
+            own.append(int(previous[0]))
+        keys += own
+        ends = np.cumsum(tokens[at : at + count])
+        full = min(int(ends[-1]) if count else 0, max(limit, 0)) // size
+        for block in range(full):
+            end = (block + 1) * size
+            part = int(np.searchsorted(ends, end, side="left"))
+            offset = end - (int(ends[part]) - tokens[at + part])
+            mixed = _mix(
+                np.array([own[part]], dtype=np.uint64) ^ (np.array([offset], dtype=np.uint64) * _GOLDEN)
+            )
+            ids.append(int(mixed[0] >> np.uint64(_ID_SHIFT)))
+        at += count
+    return keys, ids
+
+
+@pytest.mark.parametrize("block_tokens", [1, 3, 16])
+def test_message_chains_of_many_prompts_equal_the_plain_ones(block_tokens: int) -> None:
+    key = BlockHasher(SALT).sip_key
+    rng = np.random.default_rng(block_tokens)
+    per_prompt = rng.integers(0, 7, 300).tolist()  # prompts of 0 to 6 messages, in any order
+    marks = rng.integers(0, 2**63, sum(per_prompt), dtype=np.uint64)
+    marks[rng.random(len(marks)) < 0.3] = 12345  # many identical messages (a shared system prompt)
+    tokens = rng.integers(0, 40, len(marks)).tolist()  # empty messages too
+    limits = rng.integers(-3, 150, len(per_prompt)).tolist()  # chains cut inside and past the prompt
+    counts = np.array(per_prompt, dtype=np.int64)
+    keys = chain_marks(key, marks, counts)
+    ids, offsets = message_block_ids(
+        keys, np.array(tokens, dtype=np.int64), counts, np.array(limits, dtype=np.int64), block_tokens
+    )
+    plain_keys, plain_ids = _plain_message_ids(key, marks.tolist(), tokens, per_prompt, limits, block_tokens)
+    assert keys.tolist() == plain_keys
+    assert ids.tolist() == plain_ids
+    lengths = [
+        min(sum(tokens[a : a + n]), max(limit, 0)) // block_tokens
+        for a, n, limit in zip(np.cumsum([0, *per_prompt[:-1]]).tolist(), per_prompt, limits, strict=True)
+    ]
+    assert np.diff(offsets).tolist() == lengths

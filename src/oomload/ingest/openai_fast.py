@@ -42,7 +42,7 @@ import pyarrow as pa
 
 from oomload.ingest.columns import make_batch
 from oomload.ingest.openai_log import _int_or_none, _to_seconds, parse_openai_line
-from oomload.ingest.openai_parts import chains, line_parts, parts_of, prompt_parts
+from oomload.ingest.openai_parts import PartMarks, line_parts, parts_of, prompt_parts
 from oomload.ingest.openai_schema import (
     LINE_DECODER,
     NULL,
@@ -403,8 +403,7 @@ def read_openai_batches(
     seen_timed = False
     for chunk in source.iter_views():
         columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
-        prompts: list[list[Any]] = []  # each row's prompt parts (with ``hasher``): chained per chunk
-        limits: list[int] = []  # each row's usage.prompt_tokens
+        marks = PartMarks(counter)  # each row's prompt parts (with ``hasher``): chained per chunk
         data, start = chunk.data, chunk.start
         view = memoryview(data)
         while start < chunk.stop:
@@ -421,8 +420,8 @@ def read_openai_batches(
                 plain_columns, plain_parts = plain
                 for name in _COLUMNS:
                     columns[name] += plain_columns[name]
-                prompts += plain_parts
-                limits += plain_columns["prompt_tokens"] if hasher is not None else []
+                if hasher is not None:
+                    marks.add(plain_parts)
             else:
                 line = chunk.line_at(start)
                 parts: list[list[Any]] | None = None if hasher is None else []
@@ -435,14 +434,13 @@ def read_openai_batches(
                 if rows:
                     for name, values in zip(_COLUMNS, zip(*rows, strict=True), strict=True):
                         columns[name] += values
-                    if hasher is not None and parts is not None:
-                        prompts += parts
-                        limits += [row[2] for row in rows]
+                    if parts is not None:
+                        marks.add(parts)
             start = end
         view.release()
         if not columns["time_s"]:
             continue
-        hash_ids = None if hasher is None else chains(prompts, limits, hasher, counter)
+        hash_ids = None if hasher is None else marks.chains(columns["prompt_tokens"], hasher)
         batch = _batch(columns, hash_ids)
         times = np.asarray(batch.column("time_s"), dtype=np.float64)
         missing = times < 0

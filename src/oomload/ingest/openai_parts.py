@@ -2,9 +2,10 @@
 
 A request's prompt, as a chat template lays it out, is its ``system``, its ``tools``, each of its
 ``messages`` and its ``prompt``, in that order — the *parts*, kept as raw JSON (never decoded into
-text). ``chains`` turns the parts of a chunk's requests into their ``hash_ids`` (``oomload.prefix``):
-each part is known by its CRC-32 and length, its tokens are counted with ``--tokenizer`` when given,
-else estimated as its JSON's bytes / ``CHARS_PER_TOKEN`` — the same for the same message in every
+text). ``PartMarks`` turns the parts of a chunk's requests into their ``hash_ids`` (``oomload.prefix``):
+each piece's parts are reduced at once to their lengths and CRC-32s (and token counts), while the
+piece is still in the CPU cache; a part's tokens are counted with ``--tokenizer`` when given, else
+estimated as its JSON's bytes / ``CHARS_PER_TOKEN`` — the same for the same message in every
 request, so identical histories line up block for block — and each chain stops at the request's
 ``usage.prompt_tokens``.
 """
@@ -17,9 +18,9 @@ from typing import Any
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from oomload.ingest.openai_log import _content_text
 from oomload.ingest.openai_schema import (
@@ -86,26 +87,50 @@ def _part_tokens(part: Any, counter: TokenCounter) -> int:
     return counter.count(bytes(part).decode("utf-8", errors="replace"))
 
 
-def chains(
-    prompts: list[list[Any]], limits: list[int], hasher: BlockHasher, counter: TokenCounter | None
-) -> pa.Array:
-    """The ``hash_ids`` column of prompts given as parts (``oomload.prefix``), each cut at its limit.
+class PartMarks:
+    """The prompt parts of a chunk's requests, reduced to numbers a piece at a time (``add``), and
+    their ``hash_ids`` column (``chains``); one per chunk.
 
-    A part's tokens are counted with ``counter``, else estimated as its JSON's bytes /
-    ``CHARS_PER_TOKEN`` — the same for the same message in every request.
+    ``add`` takes each piece's parts while its bytes are still in the CPU cache: each part's length,
+    CRC-32 and token count go into arrays (C loops over the parts, ``np.fromiter``) and the raw
+    parts are let go; ``chains`` then chains a whole chunk's marks at once (``oomload.prefix``).
     """
-    flat = list(chain.from_iterable(prompts))
-    sizes = np.array(list(map(len, flat)), dtype=np.int64)
-    marks = part_marks(sizes, np.array(list(map(zlib.crc32, flat)), dtype=np.uint64))
-    if counter is None:
-        tokens = -(-sizes // CHARS_PER_TOKEN)
-    else:
-        tokens = np.array([_part_tokens(part, counter) for part in flat], dtype=np.int64)
-    per_prompt = np.array(list(map(len, prompts)), dtype=np.int64)
-    keys = chain_marks(hasher.sip_key, marks, per_prompt)
-    values, offsets = message_block_ids(
-        keys, tokens, per_prompt, np.asarray(limits, dtype=np.int64), hasher.block_tokens
-    )
-    chains = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=pa.int64()))
-    empty = np.diff(offsets) == 0  # no full block: null, as the other readers leave it
-    return pc.if_else(pa.array(empty), pa.nulls(len(prompts), chains.type), chains) if empty.any() else chains
+
+    def __init__(self, counter: TokenCounter | None) -> None:
+        self.counter = counter
+        self.parts_per_prompt: list[npt.NDArray[np.int64]] = []
+        self.sizes: list[npt.NDArray[np.int64]] = []
+        self.crcs: list[npt.NDArray[np.uint64]] = []
+        self.tokens: list[npt.NDArray[np.int64]] = []  # with ``counter`` only
+
+    def add(self, prompts: list[list[Any]]) -> None:
+        """Take the parts of more prompts (one list of raw JSON parts a prompt, in prompt order)."""
+        self.parts_per_prompt.append(np.fromiter(map(len, prompts), np.int64, len(prompts)))
+        flat = list(chain.from_iterable(prompts))
+        self.sizes.append(np.fromiter(map(len, flat), np.int64, len(flat)))
+        self.crcs.append(np.fromiter(map(zlib.crc32, flat), np.uint64, len(flat)))
+        if self.counter is not None:
+            counter = self.counter
+            self.tokens.append(np.fromiter((_part_tokens(p, counter) for p in flat), np.int64, len(flat)))
+
+    def chains(self, limits: list[int], hasher: BlockHasher) -> pa.Array:
+        """The ``hash_ids`` column of the prompts taken (``oomload.prefix``), each cut at its limit.
+
+        A part's tokens are counted with the counter, else estimated as its JSON's bytes /
+        ``CHARS_PER_TOKEN`` — the same for the same message in every request.
+        """
+        sizes = _joined(self.sizes, np.int64)
+        per_prompt = _joined(self.parts_per_prompt, np.int64)
+        tokens = -(-sizes // CHARS_PER_TOKEN) if self.counter is None else _joined(self.tokens, np.int64)
+        marks = part_marks(sizes, _joined(self.crcs, np.uint64))
+        keys = chain_marks(hasher.sip_key, marks, per_prompt)
+        values, offsets = message_block_ids(
+            keys, tokens, per_prompt, np.asarray(limits, dtype=np.int64), hasher.block_tokens
+        )
+        empty = np.diff(offsets) == 0  # no full block: null, as the other readers leave it
+        mask = pa.array(empty) if empty.any() else None
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=pa.int64()), mask=mask)
+
+
+def _joined(arrays: list[npt.NDArray[Any]], dtype: type[np.generic]) -> npt.NDArray[Any]:
+    return np.concatenate(arrays) if arrays else np.empty(0, dtype=dtype)

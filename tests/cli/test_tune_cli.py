@@ -156,6 +156,7 @@ def test_a_rate_and_a_concurrency_target_together_are_a_usage_error(
     assert "Traceback" not in err and not (tmp_path / "t").exists()
 
 
+@pytest.mark.slow  # 26 s of wall, the default suite's longest test: two servers, three replays
 def test_a_rate_target_is_measured_as_a_concurrency_and_proved_there(tmp_path: Path) -> None:
     """8 req/s of 256 + 256-token requests: the open-loop replay on the first candidate (max_num_seqs at
     the ladder's top) measures the mean requests in flight, and the proof replays its ceiling."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import oomload, run
+from clirun import default_sigint, oomload, run
 
 FIXED = Path(__file__).resolve().parents[2] / "traces" / "sample-fixed.jsonl"  # 256 + 256 tokens each
 SIM = "oomload sim serve --model llama-3.1-8b --gpu l4 --max-model-len 2048 --time-scale 0.05"
@@ -97,7 +97,11 @@ def test_ctrl_c_leaves_the_server_stopped_and_a_partial_table(tmp_path: Path) ->
     argv = ["tune", str(FIXED), "--serve", f"{SIM} --other-process-gib 4 {marker}"]
     argv += ["--target-concurrency", "32", "--utilization", "0.9,0.8", "--run-dir", str(out)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "oomload", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-m", "oomload", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=default_sigint,
     )
     deadline = time.monotonic() + 120
     while not (out / "candidates" / "02" / "run").exists() and time.monotonic() < deadline:

@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# pytest-xdist processes for `make test`: the default suite is CPU-bound, and this machine has 2 cores
+TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help install browser demo demo-tune test test-slow test-e2e lint typecheck bench gpu-check clean
@@ -26,8 +28,8 @@ demo-tune: $(STAMP) ## oomload starts the simulated vLLM itself and tunes its me
 	$(BIN)/oomload tune traces/sample-chat.jsonl --target-concurrency 8 --utilization 0.9,0.85,0.8 \
 	  --serve 'oomload sim serve --model llama-3.1-8b --gpu l4 --other-process-gib 4 --max-model-len 8192 --time-scale 0.02'
 
-test: $(STAMP) browser ## Run the default test suite (fast; simulated server, real Locust, headless Chromium)
-	$(BIN)/python -m pytest -q
+test: $(STAMP) browser ## Run the default test suite (fast; simulated server, real Locust, headless Chromium), on 2 processes
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-slow: $(STAMP) browser ## The slow drills: signals, kill -9, master and workers, tune, a browser on a live run (CI runs them)
 	$(BIN)/python -m pytest -q -m slow

@@ -4,6 +4,7 @@ checkout's interpreter) or in this process with its output captured (``run``).""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -37,3 +38,10 @@ def run(argv: Sequence[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     out, err = capsys.readouterr()
     assert "Traceback" not in err
     return code, out, err
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for a child a test interrupts with SIGINT: a job started with ``cmd &`` by a shell
+    without job control inherits SIGINT *ignored*, and Python keeps it so; a terminal's program gets it
+    at its default. The child starts with the terminal's disposition, whoever runs the tests."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -19,6 +19,8 @@ from hypothesis import HealthCheck, settings
 
 from sharedtraces import FIXTURES, SHARED, shared_traces_missing
 
+pytest_plugins = ("xdistgevent",)  # xdist workers that Locust monkey-patched keep running (make test's -n 2)
+
 # Hypothesis' per-example deadline is a timed assertion: on this shared 2-core machine (and beside a
 # real vLLM in CI) an example can take over 200 ms for no reason of ours. Performance lives in bench/.
 settings.register_profile("oomload", deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import oomload, run
+from clirun import default_sigint, oomload, run
 
 FIXED = Path(__file__).resolve().parents[2] / "traces" / "sample-fixed.jsonl"  # 256 + 256 tokens each
 SIM = "oomload sim serve --model llama-3.1-8b --gpu l4 --max-model-len 2048 --time-scale 0.05"
@@ -97,7 +97,11 @@ def test_ctrl_c_leaves_the_server_stopped_and_a_partial_table(tmp_path: Path) ->
     argv = ["tune", str(FIXED), "--serve", f"{SIM} --other-process-gib 4 {marker}"]
     argv += ["--target-concurrency", "32", "--utilization", "0.9,0.8", "--run-dir", str(out)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "oomload", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-m", "oomload", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=default_sigint,
     )
     deadline = time.monotonic() + 120
     while not (out / "candidates" / "02" / "run").exists() and time.monotonic() < deadline:
@@ -156,6 +160,7 @@ def test_a_rate_and_a_concurrency_target_together_are_a_usage_error(
     assert "Traceback" not in err and not (tmp_path / "t").exists()
 
 
+@pytest.mark.slow  # 26 s of wall, the default suite's longest test: two servers, three replays
 def test_a_rate_target_is_measured_as_a_concurrency_and_proved_there(tmp_path: Path) -> None:
     """8 req/s of 256 + 256-token requests: the open-loop replay on the first candidate (max_num_seqs at
     the ladder's top) measures the mean requests in flight, and the proof replays its ceiling."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import oomload
+from clirun import default_sigint, oomload
 from oomload.rundir import RunReader
 from oomload.sim.process import SimServer
 from oomload.trace import TraceHeader, TraceRecord, write_trace
@@ -345,7 +345,9 @@ def test_ctrl_c_stops_cleanly_with_a_partial_report(tmp_path: Path, moment: str,
     ]
     out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with open(out_path, "w") as out_file, open(err_path, "w") as err_file:
-        proc = subprocess.Popen(cmd, stdout=out_file, stderr=err_file, text=True, cwd=REPO)
+        proc = subprocess.Popen(
+            cmd, stdout=out_file, stderr=err_file, text=True, cwd=REPO, preexec_fn=default_sigint
+        )
         try:
             _wait_lines(run_dir / moment, lines, 90, proc)
             proc.send_signal(signal.SIGINT)

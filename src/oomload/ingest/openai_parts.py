@@ -1,7 +1,8 @@
 """A request's prompt parts and the ``hash_ids`` chained over them, for OpenAI-style logs.
 
-A request's prompt, as a chat template lays it out, is its ``system``, its ``tools``, each of its
-``messages`` and its ``prompt``, in that order — the *parts*, kept as raw JSON (never decoded into
+A request's prompt, as a chat template lays it out, is its ``system`` (the Responses API's
+``instructions``), its ``tools``, each of its ``messages`` (or of the Responses API's ``input``
+items) and its ``prompt``, in that order — the *parts*, kept as raw JSON (never decoded into
 text). ``PartMarks`` turns the parts of a chunk's requests into their ``hash_ids`` (``oomload.prefix``):
 each piece's parts are reduced at once to their lengths and CRC-32s (and token counts), while the
 piece is still in the CPU cache; a part's tokens are counted with ``--tokenizer`` when given, else
@@ -50,16 +51,41 @@ def line_parts(line: LineParts) -> list[Any]:
 
 
 def parts_of(body: PartsBody | PlainPartsRequest | RequestBodyParts | LineParts) -> list[Any]:
-    """A request's prompt parts (raw JSON, not copied) in a chat template's order: system, tools, messages."""
+    """A request's prompt parts (raw JSON, not copied) in a chat template's order: system, tools, messages.
+
+    The Responses API's ``instructions`` is its system prompt and its ``input`` its messages: a list
+    of items (each a part, as a message is) or one text (one part).
+    """
     messages = body.messages
-    if body.system is UNSET and body.tools is UNSET and body.prompt is UNSET:
+    if (
+        body.system is UNSET
+        and body.tools is UNSET
+        and body.prompt is UNSET
+        and body.instructions is UNSET
+        and body.input is UNSET
+    ):
         return [] if messages is UNSET else messages  # the usual chat request
-    parts: list[Any] = [p for p in (body.system, body.tools) if p is not UNSET]
+    parts: list[Any] = [p for p in (body.system, body.instructions, body.tools) if p is not UNSET]
     if messages is not UNSET:
         parts += messages
+    if body.input is not UNSET:
+        parts += _items(body.input)
     if body.prompt is not UNSET:
         parts.append(body.prompt)
     return parts
+
+
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def _items(value: msgspec.Raw) -> list[Any]:
+    """The Responses API's ``input``: its items when it is a list, else itself (one text)."""
+    if memoryview(value)[:1] != b"[":  # a Raw starts at its value's first byte (no leading space)
+        return [value]
+    try:
+        return _ITEMS.decode(value)
+    except msgspec.DecodeError:
+        return [value]
 
 
 def prompt_parts(line: bytes) -> list[Any]:

@@ -9,8 +9,9 @@ scanned — no Python string is built for it. Three families, from narrow to wid
   types it takes without a second look (a ``Time`` is a number or a string, an ``error`` any
   value — a non-null one sends the line to the exact path); a line that holds anything else fails
   to decode and goes to the exact path;
-- ``PartsLine``: only the prompt parts (``system``, ``tools``, ``messages``, ``prompt``, at the
-  top or under ``request`` / ``request.body``), as raw JSON: the parts of a line the exact path read.
+- ``PartsLine``: only the prompt parts (``system``, ``tools``, ``messages``, ``prompt``, and the
+  Responses API's ``instructions`` and ``input``, at the top or under ``request`` / ``request.body``),
+  as raw JSON: the parts of a line the exact path read.
 
 The ``*Parts`` variants add the prompt parts as ``msgspec.Raw`` (never decoded into text) for a
 build that derives prefix chains (``openai_parts``).
@@ -72,6 +73,8 @@ class PartsBody(msgspec.Struct, gc=False):
     tools: msgspec.Raw | Unset = UNSET
     messages: list[msgspec.Raw] | Unset = UNSET
     prompt: msgspec.Raw | Unset = UNSET
+    instructions: msgspec.Raw | Unset = UNSET  # the Responses API's system prompt
+    input: msgspec.Raw | Unset = UNSET  # the Responses API's messages (a list of items) or text
 
 
 class PartsRequest(PartsBody):
@@ -116,6 +119,8 @@ class RequestBodyParts(RequestBody):
     tools: msgspec.Raw | Unset = UNSET
     messages: list[msgspec.Raw] | Unset = UNSET
     prompt: msgspec.Raw | Unset = UNSET
+    instructions: msgspec.Raw | Unset = UNSET  # the Responses API's system prompt
+    input: msgspec.Raw | Unset = UNSET  # the Responses API's messages (a list of items) or text
 
 
 class RequestParts(RequestBodyParts):
@@ -129,6 +134,8 @@ class LineParts(Line):
     system: msgspec.Raw | Unset = UNSET
     tools: msgspec.Raw | Unset = UNSET
     messages: list[msgspec.Raw] | Unset = UNSET  # type: ignore[assignment]
+    instructions: msgspec.Raw | Unset = UNSET
+    input: msgspec.Raw | Unset = UNSET
 
 
 LINE_DECODER = msgspec.json.Decoder(Line)
@@ -164,6 +171,8 @@ class PlainPartsRequest(PlainRequest):
     tools: msgspec.Raw | Unset = UNSET
     messages: list[msgspec.Raw] | Unset = UNSET
     prompt: msgspec.Raw | Unset = UNSET
+    instructions: msgspec.Raw | Unset = UNSET  # the Responses API's system prompt
+    input: msgspec.Raw | Unset = UNSET  # the Responses API's messages (a list of items) or text
 
 
 Success = Annotated[int, msgspec.Meta(ge=200, le=299)]

@@ -97,8 +97,8 @@ def test_each_shape_chains_the_prompt_parts_the_exact_path_reads(
     exact = _table(list(read_openai_batches(source, SkipLog(), None, hasher=hasher)))
     assert fast == exact
     chained = sum(1 for row in fast if row["hash_ids"])
-    # Batch output holds no request; a Responses API ``input`` is not read as prompt parts (yet)
-    assert chained == (0 if shape in ("batch", "responses") else len(fast))
+    # Batch output holds no request; a Responses API request's ``input`` is its prompt parts
+    assert chained == (0 if shape == "batch" else len(fast))
 
 
 request_parts = st.fixed_dictionaries(
@@ -108,6 +108,9 @@ request_parts = st.fixed_dictionaries(
         | st.just("text"),
         "system": st.text("xy", max_size=30),
         "prompt": st.just([1, 2, 3]) | st.text("q", max_size=30),
+        "instructions": st.text("in", max_size=30),
+        "input": st.lists(st.fixed_dictionaries({"content": st.text("ié", max_size=30)}), max_size=3)
+        | st.text("t", max_size=30),
         "model": st.just("m"),
     },
 )

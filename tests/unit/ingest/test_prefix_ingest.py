@@ -239,6 +239,49 @@ def test_every_read_path_gives_one_message_the_same_ids(
     assert chains[0] and chains[0] == chains[1] == chains[2]
 
 
+def _responses_line(i: int, request: dict[str, object], prompt_tokens: int) -> str:
+    import json
+
+    response = {"id": f"resp_{i}", "usage": {"input_tokens": prompt_tokens, "output_tokens": 8}}
+    return json.dumps({"time": 1_717_200_000.0 + i, "request": request, "response": response}) + "\n"
+
+
+def test_responses_api_instructions_and_input_items_chain_like_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Responses API's ``instructions`` is a system prompt and its ``input`` items are messages:
+    turn 1 starts with turn 0's blocks, and a chat log with the same parts gives the same ids."""
+    monkeypatch.setenv(PREFIX_SALT_ENV, "responses")
+    item0 = {"role": "user", "content": [{"type": "input_text", "text": "first question " * 10}]}
+    item1 = {"role": "assistant", "content": [{"type": "output_text", "text": "an answer " * 10}]}
+    instructions = "You are terse. " * 12
+    turn0 = {"model": "m", "instructions": instructions, "input": [item0]}
+    turn1 = {
+        "model": "m",
+        "instructions": instructions,
+        "input": [item0, item1, {"role": "user", "content": "next"}],
+    }
+    text = {"model": "m", "instructions": instructions, "input": "something else " * 10}
+    log = tmp_path / "responses.jsonl"
+    log.write_text(
+        _responses_line(0, turn0, 300) + _responses_line(1, turn1, 500) + _responses_line(2, text, 300)
+    )
+    result = build_trace([log], tmp_path / "t.jsonl", workers=1)
+    assert result.prefix is not None and result.prefix.source == "messages"
+    a, b, c = (r.hash_ids for r in read_trace(tmp_path / "t.jsonl"))
+    assert a and b[: len(a)] == a and len(b) > len(a)  # the whole of turn 0, then more
+    head = len(json_bytes(instructions)) // 4 // 16  # blocks wholly in the instructions
+    assert head >= 2 and c[:head] == a[:head] and c[head:] != a[head : len(c)]
+    # the same parts as a chat request's system message and messages: the same ids
+    import json
+
+    chat = {"model": "m", "system": json.loads(json.dumps(instructions)), "messages": [item0]}
+    same = tmp_path / "chat.jsonl"
+    same.write_text(_responses_line(0, chat, 300))
+    build_trace([same], tmp_path / "u.jsonl", workers=1)
+    assert read_trace(tmp_path / "u.jsonl")[0].hash_ids == a
+
+
 def test_spans_read_by_several_workers_share_one_salt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -80,7 +80,7 @@ _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 
 def _items(value: msgspec.Raw) -> list[Any]:
     """The Responses API's ``input``: its items when it is a list, else itself (one text)."""
-    if memoryview(value)[:1] != b"[":  # a Raw starts at its value's first byte (no leading space)
+    if memoryview(value)[:1].tobytes() != b"[":  # a Raw starts at its value's first byte (no leading space)
         return [value]
     try:
         return _ITEMS.decode(value)

@@ -104,6 +104,7 @@ class OddsFeed:
                 odds_at(level)
         self.levels, self.checks = place_levels(levels, self.onset)
         self._child: Any = None
+        self._reader: Any = None  # the greenlet reading the child's lines
         rest = [c for c in [*self.levels, *bisection_order(self.levels)] if (shape, c) not in self._known]
         other = sorted(set(self.levels) | set(bisection_order(self.levels))) if prefixes.any else []
         if rest or other:
@@ -114,9 +115,13 @@ class OddsFeed:
         return None if odds is None else odds.requests_for()
 
     def stop(self) -> None:
+        """Kill the child if it still computes, and end its reader (which closes the pipe)."""
         if self._child is not None and self._child.poll() is None:
             self._child.kill()
             self._child.wait()
+        if self._reader is not None:
+            self._reader.kill()  # waits for it: a no-op once it has read to the end
+            self._child.stdout.close()  # (again): a reader killed before it started never opened it
 
     def _add(self, odds: LevelOdds) -> None:
         if (odds.shape, odds.concurrency) not in self._known:
@@ -138,16 +143,17 @@ class OddsFeed:
         if self.pool.max_model_len is not None:
             argv += ["--max-model-len", str(self.pool.max_model_len)]
         self._child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        gevent.spawn(self._read, self._child)
+        self._reader = gevent.spawn(self._read, self._child)
 
     def _read(self, child: Any) -> None:
-        for line in child.stdout:
-            try:
-                odds = LevelOdds.from_json(json.loads(line))
-            except ValueError:
-                continue
-            if odds is not None:
-                self._add(odds)
+        with child.stdout:  # closed at its end (or when ``stop`` ends the reader): no pipe left to the GC
+            for line in child.stdout:
+                try:
+                    odds = LevelOdds.from_json(json.loads(line))
+                except ValueError:
+                    continue
+                if odds is not None:
+                    self._add(odds)
 
 
 def _prefix_info(trace_path: Path) -> PrefixInfo:

@@ -93,3 +93,23 @@ def test_the_feed_places_the_ramp_where_the_odds_put_the_onset(tmp_path: Path) -
     assert seen == [4, 7, 5, 6] and feed._child is None
     assert feed.requests_for(5) is None and feed.requests_for(6) is not None
     feed.stop()
+
+
+@pytest.mark.parametrize("child_done", [False, True], ids=["stopped-mid-way", "after-its-last-line"])
+def test_stop_leaves_no_pipe_to_the_child_open(tmp_path: Path, child_done: bool) -> None:
+    """The reader's end of the child's pipe is closed by ``stop`` whether the child was still computing
+    or had printed everything (an open one was left to the garbage collector: a ResourceWarning in
+    whatever test or run happened to collect it)."""
+    import gevent
+
+    trace = tmp_path / "trace.jsonl"
+    records = [TraceRecord(f"r{i}", 0.0, 100 + 50 * i, 155) for i in range(4)]
+    write_trace(trace, records, TraceHeader())
+    feed = OddsFeed(records, Pool(81, 16, 1024), [2, 9], trace_path=trace, seed=0, record=lambda o: None)
+    child = feed._child
+    assert child is not None and not child.stdout.closed  # the gap 3..8 goes to the child
+    if child_done:
+        child.wait(timeout=60)
+        gevent.sleep(0.05)  # the reader reads to the end of the pipe
+    feed.stop()
+    assert child.stdout.closed and child.poll() is not None

@@ -233,7 +233,7 @@ def run_build(args: argparse.Namespace) -> int:
         )
     workers = _workers(args)
     options = _input_options(args)
-    with sigterm_as_ctrl_c(), ReadProgress.for_inputs(args.logs, "building") as progress:
+    with interrupts_latched(), ReadProgress.for_inputs(args.logs, "building") as progress:
         result = build_trace(
             args.logs,
             args.out,
@@ -290,7 +290,7 @@ def run_stats(args: argparse.Namespace) -> int:
         check_output_path(args.plot, example="lengths.png")
     workers = _workers(args)
     options = _input_options(args)
-    with sigterm_as_ctrl_c(), ReadProgress.for_inputs(args.inputs, "reading") as progress:
+    with interrupts_latched(), ReadProgress.for_inputs(args.inputs, "reading") as progress:
         kv_pool = PoolSize(blocks=args.kv_blocks, tokens=args.kv_cache_tokens, block_tokens=args.block_size)
         columns = count_trace(args.inputs, workers=workers, progress=progress, kv_pool=kv_pool, **options)
     for note in columns.read_notes:
@@ -331,22 +331,32 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def sigterm_as_ctrl_c() -> Iterator[None]:
-    """SIGTERM (``kill``, a CI job's timeout) ends a read as Ctrl-C does — the pool stopped, the scratch
-    files removed, an older trace left as it was, exit 130 — instead of killing the process where it
-    stands. Only in the main thread (where Python runs signal handlers)."""
+def interrupts_latched() -> Iterator[None]:
+    """Ctrl-C and SIGTERM (``kill``, a CI job's timeout) end a read the same way — the pool stopped, the
+    scratch files removed, an older trace left as it was, exit 130 — instead of killing the process
+    where it stands; and each is latched (``ingest.writer.INTERRUPTED``) as well as raised, so one that
+    Python drops (raised inside a weakref callback) still stops the build before its trace is put in
+    place. A SIGINT the process was started to ignore stays ignored. Only in the main thread (where
+    Python runs signal handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    from oomload.ingest.writer import INTERRUPTED
 
     def interrupt(signum: int, frame: object) -> None:
+        INTERRUPTED.set()
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    signals = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signals.append(signal.SIGINT)
+    previous = {signum: signal.signal(signum, interrupt) for signum in signals}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        INTERRUPTED.clear()
 
 
 class ReadProgress:

@@ -30,6 +30,7 @@ import os
 import secrets
 import shutil
 import sys
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -93,6 +94,13 @@ def check_output_path(out: str | Path, example: str = "trace.jsonl") -> Path:
     return path
 
 
+INTERRUPTED = threading.Event()
+"""Set by the CLI's Ctrl-C / SIGTERM handler (``cli.trace.interrupts_latched``) before it raises
+``KeyboardInterrupt``. Python drops an exception raised while it runs a weakref callback or a
+``__del__`` ("Exception ignored in …"), so a Ctrl-C that lands there would be lost and the build would
+finish; ``TraceScratch.commit`` checks this latch, so no trace is put in place after a Ctrl-C."""
+
+
 class TraceScratch:
     """The scratch files of one output (``with`` removes them, whether the write succeeded or not)."""
 
@@ -136,6 +144,8 @@ class TraceScratch:
 
     def commit(self) -> None:
         """Rename the final scratch file onto the output (readable as a normal new file would be)."""
+        if INTERRUPTED.is_set():  # a Ctrl-C whose KeyboardInterrupt Python dropped (``INTERRUPTED``)
+            raise KeyboardInterrupt
         try:
             if self.out.is_file():
                 shutil.copymode(self.out, self.final)

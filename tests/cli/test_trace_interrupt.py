@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from clirun import default_sigint
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -52,13 +54,6 @@ def _rows_in_flight(out_dir: Path) -> bool:
     return any(out_dir.glob(".oomload-read-*/*"))
 
 
-def _default_sigint() -> None:
-    """A terminal's program gets SIGINT at its default; a job started with ``cmd &`` by a shell without
-    job control inherits it *ignored*, and Python (like any program) keeps it so — then Ctrl-C cannot be
-    tested. The build starts with the terminal's disposition, whoever runs the tests."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _start_build(log: Path, out: Path, scratch_root: Path, output: int | None) -> subprocess.Popen[str]:
     """``trace build LOG -o OUT --workers 2`` in a session (a process group) of its own."""
     return subprocess.Popen(
@@ -69,7 +64,7 @@ def _start_build(log: Path, out: Path, scratch_root: Path, output: int | None) -
         cwd=REPO,
         env={**os.environ, "TMPDIR": str(scratch_root)},
         start_new_session=True,
-        preexec_fn=_default_sigint,
+        preexec_fn=default_sigint,
     )
 
 

@@ -36,6 +36,7 @@ from oomload.verdict.recommend import Recommendation, recommend
 from oomload.verdict.runview import RunView, load_run
 
 FORMATS = ("terminal", "json", "md", "html", "junit")
+RUN_FORMATS = ("json", "md", "html", "junit")  # the files a run directory gets
 FILE_NAMES = {"json": "summary.json", "md": "report.md", "html": "report.html", "junit": "junit.xml"}
 
 __all__ = ["FILE_NAMES", "FORMATS", "SUMMARY_SCHEMA", "finalize_run", "run_exit_code"]
@@ -46,7 +47,7 @@ def finalize_run(
     *,
     gates: Sequence[str | Gate] = (),
     console: Console | None = None,
-    formats: Sequence[str] = ("json", "md", "html", "junit"),
+    formats: Sequence[str] = RUN_FORMATS,
     terminal: bool = True,
     reporting_only: bool = False,
     now_unix_s: float | None = None,
@@ -104,7 +105,7 @@ def write_reports(
 ) -> list[str]:
     """Write the requested report files into the run directory; return the names written."""
     written = []
-    for fmt in ("json", "md", "html", "junit"):
+    for fmt in RUN_FORMATS:
         if fmt not in formats:
             continue
         if fmt == "json":

@@ -159,9 +159,9 @@ def _run_with_server(
 
 
 def _finalize(run_dir: Path, gates: Sequence[str], console: Console, *, html: bool = True) -> int:
-    from oomload.report import finalize_run
+    from oomload.report import RUN_FORMATS, finalize_run
 
-    formats = ("json", "md", "html", "junit") if html else ("json", "md", "junit")
+    formats = tuple(f for f in RUN_FORMATS if html or f != "html")
     return int(finalize_run(run_dir, gates=gates, console=console, formats=formats))
 
 

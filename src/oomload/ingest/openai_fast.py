@@ -31,9 +31,11 @@ unusable — that text is never read.
 
 from __future__ import annotations
 
+import functools
 import math
+import mmap
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -51,7 +53,6 @@ from oomload.ingest.openai_schema import (
     PLAIN_PARTS_DECODER,
     UNSET,
     Line,
-    LineParts,
     Plain,
     Usage,
 )
@@ -94,22 +95,27 @@ def _fast_row(line: Line) -> _Row | None:
 
     Written for speed (it runs once per line of every shape but the usual one): identity tests
     against ``UNSET`` and ``None`` where ``parse_openai_line`` tests types, which the schema
-    already fixed."""
-    if line.error is not UNSET and line.error != NULL:
+    already fixed (an ``int`` here is never a bool and fits in int64: ``_int_or_none`` would return
+    it as it is); the usual case of each field first, the general one after it."""
+    error = line.error
+    if error is not UNSET and error != NULL:
         return None  # a failed request: its counts may be the text's, or 0
     status = line.status_code
     if status is UNSET:
         status = line.status
-    status_code = None if status is UNSET else (status if status.__class__ is int else _int_or_none(status))
+    status_code = status if status.__class__ is int else None if status is UNSET else _int_or_none(status)
     response: Any = line.response
     if response is UNSET:
         response = None
     elif response is not None and response.body is not UNSET and response.status_code is not UNSET:
         status_code = _int_or_none(response.status_code)  # the Batch API's output shape
         response = response.body
-    if response is not None and response.error is not UNSET and response.error != NULL:
-        return None
-    usage: Any = None if response is None else response.usage
+    usage: Any = None
+    if response is not None:
+        error = response.error
+        if error is not UNSET and error != NULL:
+            return None
+        usage = response.usage
     if usage is None or usage is UNSET:
         usage = line.usage
         if usage is None or usage is UNSET:
@@ -122,19 +128,23 @@ def _fast_row(line: Line) -> _Row | None:
         output_tokens = usage.output_tokens
     if prompt_tokens is UNSET or output_tokens is UNSET:
         return None
-    arrival_s = None
-    for value in (line.timestamp, line.created_at, line.start_time, line.request_time, line.time):
-        if value is not UNSET and (arrival_s := _to_seconds(value)) is not None:
-            break
-    if arrival_s is None:
-        arrival_s = -1.0 if response is None else _seconds(response.created)
+    arrival_s = line.timestamp
+    if arrival_s.__class__ is not float or not arrival_s <= 1e11:  # else seconds already
+        arrival_s = None
+        for value in (line.timestamp, line.created_at, line.start_time, line.request_time, line.time):
+            if value is not UNSET and (arrival_s := _to_seconds(value)) is not None:
+                break
         if arrival_s is None:
-            arrival_s = -1.0
-    record_id = None
-    for key in (line.custom_id, line.request_id, line.id, UNSET if response is None else response.id):
-        if key.__class__ is str and key:
-            record_id = key
-            break
+            arrival_s = -1.0 if response is None else _seconds(response.created)
+            if arrival_s is None:
+                arrival_s = -1.0
+    record_id = line.custom_id
+    if record_id.__class__ is not str or not record_id:
+        record_id = None
+        for key in (line.request_id, line.id, UNSET if response is None else response.id):
+            if key.__class__ is str and key:
+                record_id = key
+                break
     request: Any = line.request
     if request is UNSET or request is None:
         request = line if (line.messages is not UNSET or line.prompt is not UNSET) else None
@@ -144,7 +154,9 @@ def _fast_row(line: Line) -> _Row | None:
     max_tokens = None
     if request is not None:
         model = request.model if request.model.__class__ is str and request.model else None
-        max_tokens = _first_int(request.max_tokens, request.max_completion_tokens, request.max_output_tokens)
+        max_tokens = request.max_tokens
+        if max_tokens.__class__ is not int:
+            max_tokens = _first_int(max_tokens, request.max_completion_tokens, request.max_output_tokens)
     if model is None and response is not None:
         model = _str(response.model)
     failed = status_code is not None and not 200 <= status_code < 300
@@ -225,27 +237,44 @@ def _plain_piece(
     return plain, ([parts_of(line.request) for line in lines] if with_parts else [])
 
 
+class _Piece(NamedTuple):
+    """A piece of a chunk: ``data[start:stop]``, whole lines; ``view`` is that slice (no copy)."""
+
+    data: bytes | mmap.mmap
+    start: int
+    stop: int
+    view: memoryview
+    first_line: Callable[[], int]  # the line number of its first line (counted when asked)
+
+    def line_spans(self) -> list[tuple[int, int]]:
+        """Each line's ``(start, stop)`` in ``data``, newline excluded (one ``find`` a line, no copy)."""
+        spans = []
+        start, stop, data = self.start, self.stop, self.data
+        while start < stop:
+            end = data.find(b"\n", start, stop)
+            end = stop if end < 0 else end
+            spans.append((start, end))
+            start = end + 1
+        return spans
+
+
 def _general_rows(
-    piece: bytes,
-    first_line: int,
+    piece: _Piece,
     source: LogSource,
     skips: SkipLog,
     counter: TokenCounter | None,
     parts: list[list[Any]] | None,
 ) -> list[_Row] | None:
-    """``_line_rows`` of a piece whose lines all decode as ``Line`` (no blank line), at once: one
-    ``decode_lines`` call, ``_fast_row`` mapped over it, the bounds checked on the columns; only the
-    lines ``_fast_row`` declines (or over a bound) are taken one by one, in line order. ``None``
-    when a line does not decode (or a line is blank): the piece goes through ``_line_rows``."""
+    """``_line_rows`` of a piece whose lines all decode as ``Line``, at once: one ``decode_lines``
+    call, ``_fast_row`` mapped over it, the bounds checked on the columns. When every row is taken,
+    that is all (a blank line, which ``decode_lines`` skips, is skipped by ``_line_rows`` too);
+    else the piece is split into lines and the rows ``_fast_row`` declines (or over a bound) are
+    taken one by one, in line order. ``None`` when a line does not decode, or a blank line would
+    shift the lines: the piece goes through ``_line_rows``."""
     try:
-        decoded: list[Any] = (LINE_DECODER if parts is None else PARTS_LINE_DECODER).decode_lines(piece)
+        decoded: list[Any] = (LINE_DECODER if parts is None else PARTS_LINE_DECODER).decode_lines(piece.view)
     except msgspec.DecodeError:
         return None
-    raw_lines = piece.split(b"\n")
-    if raw_lines and not raw_lines[-1]:
-        raw_lines.pop()
-    if len(decoded) != len(raw_lines):
-        return None  # a blank line: decode_lines skipped it
     rows = list(map(_fast_row, decoded))
     if None not in rows:
         columns = dict(zip(_COLUMNS, map(list, zip(*rows, strict=True)), strict=True)) if rows else {}
@@ -253,65 +282,77 @@ def _general_rows(
             if parts is not None:
                 parts += map(line_parts, decoded)
             return rows  # type: ignore[return-value]  # no None in it
+    lines = piece.line_spans()
+    if len(decoded) != len(lines):
+        return None  # a blank line: decode_lines skipped it
     kept: list[_Row] = []
     for offset, row in enumerate(rows):
-        if row is None:
-            raw = raw_lines[offset]
-            row, reason = _exact_row(raw.rstrip(b"\r"), counter)
-            if row is None:
-                skips.skip(reason, source.name, first_line + offset)
-                continue
-            if parts is not None:
-                parts.append(prompt_parts(raw))
-        else:
-            if not _row_within_bounds(row):
-                bound = _row_bounds_reason(row)
-                if bound is not None:
-                    skips.skip(bound, source.name, first_line + offset)
-                    continue
+        if row is not None and _row_within_bounds(row):  # the usual row, as in ``_settled``
+            kept.append(row)
             if parts is not None:
                 parts.append(line_parts(decoded[offset]))
-        kept.append(row)
+            continue
+        raw = b"" if row is not None else bytes(piece.data[slice(*lines[offset])])  # the exact path's
+        taken = _settled(row, decoded[offset], raw, piece.first_line, offset, source, skips, counter, parts)
+        if taken is not None:
+            kept.append(taken)
     return kept
 
 
 def _line_rows(
-    piece: bytes,
-    first_line: int,
+    piece: _Piece,
     source: LogSource,
     skips: SkipLog,
     counter: TokenCounter | None,
     parts: list[list[Any]] | None = None,
 ) -> Iterator[_Row]:
-    """The rows of a piece that does not decode as ``Plain`` lines only, line by line (and, given
+    """The rows of a piece that ``_general_rows`` could not take at once, line by line (and, given
     ``parts``, each row's prompt parts appended to it): each line is decoded once, as ``Line`` (with
     its parts, ``LineParts``, given ``parts``)."""
     decode = (LINE_DECODER if parts is None else PARTS_LINE_DECODER).decode
-    for offset, raw in enumerate(piece.split(b"\n")):
+    for offset, raw in enumerate(bytes(piece.view).split(b"\n")):
         try:
             decoded = decode(raw)
             row = _fast_row(decoded)
         except msgspec.DecodeError:
-            row = None
+            decoded, row = None, None
+        if row is None and not raw.strip():
+            continue  # a blank line
+        taken = _settled(row, decoded, raw, piece.first_line, offset, source, skips, counter, parts)
+        if taken is not None:
+            yield taken
+
+
+def _settled(
+    row: _Row | None,
+    decoded: Any,  # a ``LineParts`` when ``parts`` is given
+    raw: bytes,
+    first_line: Callable[[], int],
+    offset: int,
+    source: LogSource,
+    skips: SkipLog,
+    counter: TokenCounter | None,
+    parts: list[list[Any]] | None,
+) -> _Row | None:
+    """A line's row once settled: the exact path's when ``_fast_row`` declined it (``raw``: the line,
+    read only then), ``None`` (and the skip noted at its line) when the line is unusable or over a
+    bound; its prompt parts appended."""
+    if row is None:
+        row, reason = _exact_row(raw.rstrip(b"\r"), counter)
         if row is None:
-            line = raw.rstrip(b"\r")
-            if not line.strip():
-                continue
-            row, reason = _exact_row(line, counter)
-            if row is None:
-                skips.skip(reason, source.name, first_line + offset)
-                continue
-            if parts is not None:
-                parts.append(prompt_parts(raw))
-        else:
-            if not _row_within_bounds(row):
-                bound = _row_bounds_reason(row)
-                if bound is not None:
-                    skips.skip(bound, source.name, first_line + offset)
-                    continue
-            if parts is not None:
-                parts.append(line_parts(cast(LineParts, decoded)))
-        yield row
+            skips.skip_at(reason, source.name, lambda: first_line() + offset)
+            return None
+        if parts is not None:
+            parts.append(prompt_parts(raw))
+        return row
+    if not _row_within_bounds(row):
+        bound = _row_bounds_reason(row)
+        if bound is not None:
+            skips.skip_at(bound, source.name, lambda: first_line() + offset)
+            return None
+    if parts is not None:
+        parts.append(line_parts(decoded))
+    return row
 
 
 def _row_within_bounds(row: _Row) -> bool:
@@ -423,14 +464,13 @@ def read_openai_batches(
                 if hasher is not None:
                     marks.add(plain_parts)
             else:
-                line = chunk.line_at(start)
+                general = _Piece(data, start, end, piece, functools.partial(chunk.line_at, start))
                 parts: list[list[Any]] | None = None if hasher is None else []
-                raw = bytes(piece)
-                rows = _general_rows(raw, line, source, skips, counter, parts)
+                rows = _general_rows(general, source, skips, counter, parts)
                 if rows is None:
                     if parts is not None:
                         parts.clear()
-                    rows = list(_line_rows(raw, line, source, skips, counter, parts))
+                    rows = list(_line_rows(general, source, skips, counter, parts))
                 if rows:
                     for name, values in zip(_COLUMNS, zip(*rows, strict=True), strict=True):
                         columns[name] += values

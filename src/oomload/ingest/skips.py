@@ -9,6 +9,7 @@ max_tokens"), each once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from oomload.errors import TraceFormatError
@@ -34,6 +35,12 @@ class SkipLog:
         shown = self.examples.setdefault(reason, [])
         if len(shown) < self.keep:
             shown.append(path if line is None else f"{path}:{line}")
+
+    def skip_at(self, reason: str, path: str, line_of: Callable[[], int]) -> None:
+        """``skip`` with the line number computed by ``line_of`` only when it is kept: under
+        ``strict``, or for the first ``keep`` lines of a reason (a reader that must count lines for it)."""
+        kept = self.strict or len(self.examples.get(reason, ())) < self.keep
+        self.skip(reason, path, line_of() if kept else None)
 
     def note(self, text: str) -> None:
         if text not in self.notes:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
+import numpy as np
 import orjson
 
 from oomload.errors import TraceFormatError
@@ -38,6 +39,7 @@ SNIFF_BYTES = 256 * 1024
 CHUNK_BYTES = 8 * 1024 * 1024
 
 NOT_JSON_OBJECT = "not a JSON object"
+_NEWLINE = ord("\n")
 
 # Errors a decompressing or plain stream raises on a damaged file while being read.
 READ_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, UnicodeDecodeError)
@@ -256,8 +258,9 @@ class _ChunkLines:
         self._data, self._offset, self._line = data, start, first_line
 
     def at(self, offset: int) -> int:
-        if offset > self._offset:
-            self._line += self._data[self._offset : offset].count(b"\n")
+        if offset > self._offset:  # counted in place (a slice of a map or of bytes would copy it)
+            between = np.frombuffer(self._data, np.uint8, offset - self._offset, self._offset)
+            self._line += int(np.count_nonzero(between == _NEWLINE))
             self._offset = offset
         return self._line
 

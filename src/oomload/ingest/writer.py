@@ -12,8 +12,9 @@
 2. ``finish_trace`` knows the real header — it needs the skip counts and clock alignment, known only
    after the last batch. When it is the guessed one and the body was in time order (the usual
    case), the file is already complete. Otherwise the header is written into the other scratch file
-   followed by the body: copied as is when it was in time order, otherwise read back in columns (a
-   few hundred bytes per request), sorted by time (stable) and rebased on the earliest request. The
+   followed by the body: copied as is when it was in time order, otherwise its lines sorted by time
+   (stable) and rebased on the earliest request — only each line's ``arrival_s`` number is rendered
+   again; no line is parsed (``_write_sorted``). The
    complete scratch file is then renamed into place, so a failed build never leaves a half-written
    trace and never damages an older file at that path.
 
@@ -42,10 +43,9 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pa_json
 
 from oomload.errors import ConfigError
-from oomload.ingest.columns import TRACE_SCHEMA, format_lines, lines_bytes, make_batch
+from oomload.ingest.columns import format_lines, lines_bytes
 from oomload.trace import TraceHeader, TraceRecord, write_trace
 
 COPY_BYTES = 4 * 1024 * 1024
@@ -337,16 +337,50 @@ def finish_trace(scratch: TraceScratch, header: TraceHeader, written: BodyWritte
     scratch.commit()
 
 
+SORT_ROWS = 1 << 20  # lines re-rendered at a time when a body is sorted
+ARRIVAL_KEY = ',"arrival_s":'
+AFTER_ARRIVAL_KEY = ',"prompt_tokens":'
+
+
 def _write_sorted(body_path: Path, skip_bytes: int, final: IO[bytes]) -> None:
-    options = pa_json.ParseOptions(explicit_schema=TRACE_SCHEMA, unexpected_field_behavior="ignore")
-    with pa.OSFile(str(body_path)) as body_in:
+    """The body's lines in time order (stable), ``arrival_s`` rebased on the earliest, into ``final``.
+
+    No line is parsed as JSON: every line ``format_lines`` writes is ``{"id":<string>,"arrival_s":``,
+    a number, then ``,"prompt_tokens":`` and the rest — and the first ``,"arrival_s":`` of a line is
+    that key (inside a JSON string a quote is escaped, so an id cannot hold it), as is the first
+    ``,"prompt_tokens":``. Found in each line (``find_substring``), they cut the body in place into
+    (head, number, tail) strings, one array over the body's own bytes; the numbers give the order,
+    and the output is each head, its number rendered again (as ``format_lines`` renders it), its
+    tail. Beside the body, about 50 bytes a request are held, and the output ``SORT_ROWS`` lines at
+    a time.
+    """
+    with open(body_path, "rb") as body_in:
         body_in.seek(skip_bytes)
-        table = pa_json.read_json(body_in, parse_options=options)
-    table = table.take(pc.sort_indices(table, sort_keys=[("arrival_s", "ascending")]))
-    columns = {name: table.column(name) for name in table.column_names if name != "arrival_s"}
-    batch = make_batch(table.num_rows, time_s=table.column("arrival_s"), **columns)
-    origin_s = float(pc.min(table.column("arrival_s")).as_py())
-    final.write(lines_bytes(format_lines(batch, origin_s=origin_s, first_index=0)))
+        data = pa.py_buffer(body_in.read())
+    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n")) + 1
+    starts = np.concatenate([np.zeros(1, dtype=np.int64), ends[:-1].astype(np.int64)])
+    lines = pa.LargeStringArray.from_buffers(len(ends), pa.py_buffer(np.append(starts, len(data))), data)
+    number_at = np.asarray(pc.find_substring(lines, ARRIVAL_KEY), dtype=np.int64)
+    tail_at = np.asarray(pc.find_substring(lines, AFTER_ARRIVAL_KEY), dtype=np.int64)
+    if len(lines) and (number_at.min() < 0 or tail_at.min() < 0):
+        raise RuntimeError("a trace line without arrival_s and prompt_tokens after it")
+    cuts = np.empty(3 * len(lines) + 1, dtype=np.int64)  # head, number, tail of each line, in order
+    cuts[0:-1:3] = starts
+    cuts[1:-1:3] = starts + number_at + len(ARRIVAL_KEY)
+    cuts[2:-1:3] = starts + tail_at
+    cuts[-1] = len(data)
+    pieces = pa.LargeStringArray.from_buffers(3 * len(lines), pa.py_buffer(cuts), data)
+    line_index = np.arange(len(lines), dtype=np.int64)
+    arrival_s = np.asarray(pc.cast(pieces.take(pa.array(3 * line_index + 1)), pa.float64()))
+    order = np.argsort(arrival_s, kind="stable")
+    origin_s = float(arrival_s.min()) if len(arrival_s) else 0.0
+    empty = pa.scalar("", pa.large_string())
+    for start in range(0, len(order), SORT_ROWS):
+        rows = order[start : start + SORT_ROWS]
+        rebased = pc.round(pc.subtract(pa.array(arrival_s[rows]), origin_s), 6)
+        number = pc.cast(pc.cast(rebased, pa.string()), pa.large_string())
+        heads, tails = pieces.take(pa.array(3 * rows)), pieces.take(pa.array(3 * rows + 2))
+        final.write(lines_bytes(pc.binary_join_element_wise(heads, number, tails, empty)))
 
 
 def write_trace_file(out: str | Path, records: Iterable[TraceRecord], header: TraceHeader) -> int:

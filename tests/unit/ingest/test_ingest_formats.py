@@ -434,6 +434,55 @@ def test_unsorted_input_is_reordered_and_rebased(tmp_path: Path) -> None:
     assert read_trace_header(out).extra["reordered"] is True
 
 
+TRICKY_IDS = [
+    'a,"arrival_s":9,"prompt_tokens":1',  # the keys the sort cuts lines at, inside an id
+    'quote " and back\\slash',
+    "line\nbreak and tab\t",
+    "日本語 ωmega 🙂",
+    "plain",
+]
+
+
+def test_out_of_order_lines_are_sorted_byte_for_byte_like_an_in_order_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sort cuts each trace line at its keys (``writer._write_sorted``): ids holding those keys,
+    quotes, escapes and non-ASCII text must come out as a build of the same lines in time order gives
+    them; ties keep their log order."""
+    monkeypatch.setenv("OOMLOAD_PREFIX_SALT", "sort test")
+    times = [30.5, 10.25, 20.0, 10.25, 0.125]
+    lines = [
+        json.dumps(
+            {
+                "request_id": request_id,
+                "timestamp": 1_760_000_000 + time_s,
+                "model": request_id,
+                "messages": [
+                    {"role": "system", "content": "shared " * 40},
+                    {"role": "user", "content": request_id * 9},
+                ],
+                "usage": {"prompt_tokens": 90 + i, "completion_tokens": 5 + i},
+            }
+        )
+        for i, (request_id, time_s) in enumerate(zip(TRICKY_IDS, times, strict=True))
+    ]
+    by_time = sorted(range(len(lines)), key=lambda i: times[i])
+    shuffled = build_trace(
+        [write(tmp_path / "shuffled.jsonl", "\n".join(lines) + "\n")], tmp_path / "a.jsonl"
+    )
+    ordered = build_trace(
+        [write(tmp_path / "ordered.jsonl", "\n".join(lines[i] for i in by_time) + "\n")], tmp_path / "b.jsonl"
+    )
+    assert shuffled.reordered and not ordered.reordered
+    body_a = (tmp_path / "a.jsonl").read_bytes().split(b"\n", 1)[1]
+    body_b = (tmp_path / "b.jsonl").read_bytes().split(b"\n", 1)[1]
+    assert body_a == body_b
+    records = read_trace(tmp_path / "a.jsonl")
+    assert [r.id for r in records] == [TRICKY_IDS[i] for i in by_time]
+    assert [r.arrival_s for r in records] == [0.0, 10.125, 10.125, 19.875, 30.375]
+    assert all(r.hash_ids for r in records)
+
+
 def test_oomload_trace_as_input_round_trips(tmp_path: Path) -> None:
     first = tmp_path / "first.jsonl"
     build_trace([write(tmp_path / "m.jsonl", MOONCAKE % (0, 7) + MOONCAKE % (500, 8))], first)

@@ -65,6 +65,13 @@ def parts_of(body: PartsBody | PlainPartsRequest | RequestBodyParts | LineParts)
         and body.input is UNSET
     ):
         return [] if messages is UNSET else messages  # the usual chat request
+    return _every_part(body, messages)
+
+
+def _every_part(body: Any, messages: Any) -> list[Any]:
+    """``parts_of`` a request that is not the usual chat request (a completions ``prompt`` first)."""
+    if body.system is UNSET and body.tools is UNSET and body.instructions is UNSET and body.input is UNSET:
+        return [body.prompt] if messages is UNSET else [*messages, body.prompt]  # a completions request
     parts: list[Any] = [p for p in (body.system, body.instructions, body.tools) if p is not UNSET]
     if messages is not UNSET:
         parts += messages

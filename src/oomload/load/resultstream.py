@@ -50,9 +50,9 @@ class ResultStream:
 
     def request(self, result: RequestResult) -> None:
         row = result.to_json()
+        self.buffer.append(row)  # first: a copy that fails must not cost the master the row
         if self.copy is not None:
             self.copy.append("requests", row)
-        self.buffer.append(row)
         if len(self.buffer) >= self.max_rows:
             self.flush()
 

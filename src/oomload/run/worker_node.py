@@ -50,7 +50,7 @@ import socket
 import stat
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -148,7 +148,13 @@ def run_worker(
     locust.runners.MASTER_HEARTBEAT_TIMEOUT = int(MASTER_SILENCE_S)
     env = Environment(user_classes=[ScenarioUser])
     session = WorkerSession(
-        env, trust, f"{host}:{port}", local_index=local_index, run_dir=run_dir, results_path=results_path
+        env,
+        trust,
+        f"{host}:{port}",
+        local_index=local_index,
+        run_dir=run_dir,
+        results_path=results_path,
+        say=say,
     )
     try:
         env.stats = locust.stats.RequestStats(use_response_times_cache=False)  # as create_worker_runner
@@ -191,6 +197,10 @@ def run_worker(
     if session.dropped:
         what = ", ".join(f"{n} {why}" for why, n in sorted(session.dropped.items()))
         say(f"oomload worker {session.index}: dropped messages from the master ({what})")
+    if session.copy is not None:
+        session.copy.close()
+        if (stopped := session.copy.stopped()) is not None:
+            say(stopped)
     if session.left_by_signal or session.stopped_by_master:
         return 0
     raise EndpointError(
@@ -211,8 +221,11 @@ class WorkerSession:
         local_index: int | None,
         run_dir: Path | None,
         results_path: Path | None,
+        say: Callable[[str], object] = print,
     ) -> None:
         self.env = env
+        self.say = say
+        self.copy: _RowFile | None = None
         self.runner: Any = None  # set by the guarded runner before it connects
         self.trust = trust
         self.master = master
@@ -344,7 +357,8 @@ class WorkerSession:
         records = wire.trace_from_wire(data["trace"])
         # this host's key, through this worker's own variable (the name in options is ignored); never sent
         api_key = read_api_key(self.trust.api_key_env, os.environ)
-        copy = None if self.results_path is None else _RowFile(self.results_path)
+        copy = None if self.results_path is None else _RowFile(self.results_path, self.say)
+        self.copy = copy
         self.stream = ResultStream(self.send, index, copy=copy)
         context = bind_user(
             ScenarioUser,
@@ -487,9 +501,16 @@ def guarded_worker_class() -> Any:
 
 
 class _RowFile:
-    """The worker's own copy of its rows (``--results FILE``): JSON Lines, one flushed line a row."""
+    """The worker's own copy of its rows (``--results FILE``): JSON Lines, one flushed line a row.
 
-    def __init__(self, path: Path) -> None:
+    A write that fails (a full disk, a removed mount) ends the copy, not the worker: the rows still
+    go to the master, and ``say`` tells the user once, then ``stopped`` says it again at the end."""
+
+    def __init__(self, path: Path, say: Callable[[str], object]) -> None:
+        self.path = path
+        self.say = say
+        self.rows = 0
+        self.failure: str | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open for the run)
@@ -498,5 +519,28 @@ class _RowFile:
 
     def append(self, stream: str, obj: dict[str, Any]) -> None:
         del stream
-        self.fh.write(json.dumps(obj, separators=(",", ":"), default=str) + "\n")
-        self.fh.flush()
+        if self.failure is not None:
+            return
+        try:
+            self.fh.write(json.dumps(obj, separators=(",", ":"), default=str) + "\n")
+            self.fh.flush()
+        except OSError as err:
+            self.failure = err.strerror or str(err) or type(err).__name__
+            self.close()
+            self.say(self._sentence(self.failure))
+            return
+        self.rows += 1
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.fh.close()
+
+    def stopped(self) -> str | None:
+        """The sentence for a copy that stopped early, ``None`` when it holds every row."""
+        return None if self.failure is None else self._sentence(self.failure)
+
+    def _sentence(self, failure: str) -> str:
+        return (
+            f"oomload worker: --results {self.path} could not be written ({failure}); the copy stopped "
+            f"after {self.rows} rows (a partial line may follow them); every result still went to the master"
+        )

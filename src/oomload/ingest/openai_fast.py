@@ -14,7 +14,10 @@ A chunk of the file is read in pieces of ``PIECE_BYTES``, each the fastest way i
    with the types it takes (chat under ``request``/``response`` with an ISO ``created_at``,
    completions, Batch output, the Responses API, request bodies with ``usage`` beside them):
    one ``decode_lines`` call, ``_fast_row`` mapped over it, the bounds checked on the columns;
-   only the lines ``_fast_row`` declines are taken one by one (``_general_rows``);
+   only the lines ``_fast_row`` declines are taken one by one (``_general_rows``), found by a
+   ``find`` a line only then, and a skipped line's number is counted only when the skip log keeps
+   it (its first examples) — nearly every piece of a real log holds a failed request or one
+   without usage, so this is the path most lines take;
 3. else line by line (``_line_rows``): each line decoded once as ``Line``, else the exact path.
 
 Exactness: the schemas are filters. A line whose declared fields hold anything else (a string
@@ -268,9 +271,10 @@ def _general_rows(
     """``_line_rows`` of a piece whose lines all decode as ``Line``, at once: one ``decode_lines``
     call, ``_fast_row`` mapped over it, the bounds checked on the columns. When every row is taken,
     that is all (a blank line, which ``decode_lines`` skips, is skipped by ``_line_rows`` too);
-    else the piece is split into lines and the rows ``_fast_row`` declines (or over a bound) are
-    taken one by one, in line order. ``None`` when a line does not decode, or a blank line would
-    shift the lines: the piece goes through ``_line_rows``."""
+    else the piece's lines are found (``_Piece.line_spans``: no split, no copy) and the rows
+    ``_fast_row`` declines (or over a bound) are settled one by one, in line order. ``None`` when
+    a line does not decode, or a blank line would shift the lines: the piece goes through
+    ``_line_rows``."""
     try:
         decoded: list[Any] = (LINE_DECODER if parts is None else PARTS_LINE_DECODER).decode_lines(piece.view)
     except msgspec.DecodeError:

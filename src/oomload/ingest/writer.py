@@ -14,9 +14,9 @@
    case), the file is already complete. Otherwise the header is written into the other scratch file
    followed by the body: copied as is when it was in time order, otherwise its lines sorted by time
    (stable) and rebased on the earliest request — only each line's ``arrival_s`` number is rendered
-   again; no line is parsed (``_write_sorted``). The
-   complete scratch file is then renamed into place, so a failed build never leaves a half-written
-   trace and never damages an older file at that path.
+   again; no line is parsed (``_write_sorted``). The complete scratch file is then renamed into
+   place, so a failed build never leaves a half-written trace and never damages an older file at
+   that path.
 
 ``check_output_path`` refuses an output path that cannot be a trace file (a directory, a device, a
 parent that cannot be created) before any input is read. ``TraceScratch`` creates the two scratch
@@ -358,6 +358,8 @@ def _write_sorted(body_path: Path, skip_bytes: int, final: IO[bytes]) -> None:
         body_in.seek(skip_bytes)
         data = pa.py_buffer(body_in.read())
     ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n")) + 1
+    if not len(ends):
+        return
     starts = np.concatenate([np.zeros(1, dtype=np.int64), ends[:-1].astype(np.int64)])
     lines = pa.LargeStringArray.from_buffers(len(ends), pa.py_buffer(np.append(starts, len(data))), data)
     number_at = np.asarray(pc.find_substring(lines, ARRIVAL_KEY), dtype=np.int64)

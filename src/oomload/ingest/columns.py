@@ -157,7 +157,8 @@ def _joined(pieces: list[pa.Array | pa.ChunkedArray | str]) -> pa.Array:
             merged[-1] += piece
         else:
             merged.append(piece)
-    line_array = pc.binary_join_element_wise(*merged, "")
+    # An optional key's piece is null where the row has no value: joined as "" (no copy to fill it)
+    line_array = pc.binary_join_element_wise(*merged, "", null_handling="replace", null_replacement="")
     if isinstance(line_array, pa.ChunkedArray):
         line_array = line_array.combine_chunks()
     return line_array
@@ -179,15 +180,12 @@ def _tail_pieces(batch: pa.Table, origin_s: float) -> list[pa.Array | pa.Chunked
         pieces.append(pc.if_else(pc.fill_null(ok, True), "", ',"ok":false'))
     _optional_string(pieces, batch, "model")
     hash_ids = batch.column("hash_ids")
-    if pc.any(pc.greater(pc.fill_null(pc.list_value_length(hash_ids), 0), 0)).as_py():
+    lengths = pc.list_value_length(hash_ids)  # null for a null list
+    if pc.any(pc.greater(pc.fill_null(lengths, 0), 0)).as_py():
+        if pc.any(pc.equal(lengths, 0)).as_py():  # an empty list is written as none
+            hash_ids = pc.if_else(pc.equal(lengths, 0), pa.scalar(None, hash_ids.type), hash_ids)
         joined = pc.binary_join(pc.cast(hash_ids, pa.list_(pa.string())), ",")
-        pieces.append(
-            pc.if_else(
-                pc.greater(pc.fill_null(pc.list_value_length(hash_ids), 0), 0),
-                pc.binary_join_element_wise(',"hash_ids":[', joined, "]", ""),
-                "",
-            )
-        )
+        pieces.append(pc.binary_join_element_wise(',"hash_ids":[', joined, "]", ""))  # null: no ids
     _optional_string(pieces, batch, "session")
     _optional_string(pieces, batch, "parent")
     _optional_number(pieces, batch, "turn")
@@ -199,16 +197,14 @@ def _optional_number(pieces: list[pa.Array | pa.ChunkedArray | str], batch: pa.T
     column = batch.column(name)
     if column.null_count == len(column):
         return
-    text = pc.binary_join_element_wise(f',"{name}":', pc.cast(column, pa.string()), "")
-    pieces.append(pc.fill_null(text, ""))
+    pieces.append(pc.binary_join_element_wise(f',"{name}":', pc.cast(column, pa.string()), ""))  # null: none
 
 
 def _optional_string(pieces: list[pa.Array | pa.ChunkedArray | str], batch: pa.Table, name: str) -> None:
     column = batch.column(name)
     if column.null_count == len(column):
         return
-    text = pc.binary_join_element_wise(f',"{name}":', _json_strings(column), "")
-    pieces.append(pc.fill_null(text, ""))
+    pieces.append(pc.binary_join_element_wise(f',"{name}":', _json_strings(column), ""))  # null: none
 
 
 def _json_strings(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:

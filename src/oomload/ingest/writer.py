@@ -12,11 +12,12 @@
 2. ``finish_trace`` knows the real header — it needs the skip counts and clock alignment, known only
    after the last batch. When it is the guessed one and the body was in time order (the usual
    case), the file is already complete. Otherwise the header is written into the other scratch file
-   followed by the body: copied as is when it was in time order, otherwise its lines sorted by time
-   (stable) and rebased on the earliest request — only each line's ``arrival_s`` number is rendered
-   again; no line is parsed (``_write_sorted``). The complete scratch file is then renamed into
-   place, so a failed build never leaves a half-written trace and never damages an older file at
-   that path.
+   followed by the body: copied as is, in the kernel (``sendfile``), when it was in time order —
+   a log with skipped lines gets a header the guess did not have — otherwise its lines sorted by
+   time (stable) and rebased on the earliest request: only each line's ``arrival_s`` number is
+   rendered again, no line is parsed (``_write_sorted``). The complete scratch file is then renamed
+   into place, so a failed build never leaves a half-written trace and never damages an older file
+   at that path.
 
 ``check_output_path`` refuses an output path that cannot be a trace file (a directory, a device, a
 parent that cannot be created) before any input is read. ``TraceScratch`` creates the two scratch
@@ -48,7 +49,6 @@ from oomload.errors import ConfigError
 from oomload.ingest.columns import format_lines, lines_bytes
 from oomload.trace import TraceHeader, TraceRecord, write_trace
 
-COPY_BYTES = 4 * 1024 * 1024
 RENDER_SWITCH_S = 0.001
 
 
@@ -299,16 +299,21 @@ def _copy_rendered(body: IO[bytes], rendered: Future[str]) -> None:
     path = rendered.result()
     try:
         with open(path, "rb") as lines:
-            size = os.fstat(lines.fileno()).st_size
-            body.flush()
-            sent = 0
-            while sent < size:
-                step = os.sendfile(body.fileno(), lines.fileno(), sent, size - sent)
-                if step == 0:
-                    raise OSError(f"{path} ended after {sent} of {size} bytes")
-                sent += step
+            _send(lines, 0, body)
     finally:
         os.unlink(path)
+
+
+def _send(source: IO[bytes], offset: int, target: IO[bytes]) -> None:
+    """``source`` from ``offset`` to its end appended to ``target``, copied in the kernel (``sendfile``:
+    no trip through this process's memory)."""
+    size = os.fstat(source.fileno()).st_size
+    target.flush()
+    while offset < size:
+        step = os.sendfile(target.fileno(), source.fileno(), offset, size - offset)
+        if step == 0:
+            raise OSError(f"{source.name} ended at byte {offset} of {size}")
+        offset += step
 
 
 def _open_scratch(path: Path, out: Path) -> IO[bytes]:
@@ -328,8 +333,7 @@ def finish_trace(scratch: TraceScratch, header: TraceHeader, written: BodyWritte
                 final.write(first_line)
                 if written.in_order:
                     with open(scratch.body, "rb") as body_in:
-                        body_in.seek(len(written.header_line))
-                        shutil.copyfileobj(body_in, final, COPY_BYTES)
+                        _send(body_in, len(written.header_line), final)
                 else:
                     _write_sorted(scratch.body, len(written.header_line), final)
         except OSError as err:

@@ -294,8 +294,9 @@ def _head(path: Path, size: int, out: Path) -> Path:
 
 SHAPE_BYTES = 48_000_000
 # BENCH_TRACE_ONLY=shapes runs only the log shapes (1a); BENCH_TRACE_ROUNDS sets their rounds (default
-# ROUNDS): on a busy machine the shapes' ratios need more rounds than the rest to settle.
-SHAPE_ROUNDS = int(os.environ.get("BENCH_TRACE_ROUNDS", ROUNDS))
+# 5): the shapes' ratios need more rounds than the rest to settle — with 3, one shape read 1.43× and
+# 1.92× in two runs of the same code on this 2-core VM; with 5, the worst shape read 1.88× and 1.92×.
+SHAPE_ROUNDS = int(os.environ.get("BENCH_TRACE_ROUNDS", 5))
 HELD_OUT = ("chat-iso", "completions", "batch")  # the shapes of issue 25's 409 MB log
 
 

@@ -7,7 +7,8 @@ Trace: fixed 256 + 256 tokens, so a request holds 2 blocks of 256 tokens. The us
 one such request, and vLLM refuses to start ("… the estimated maximum model length is …"). The tuner
 cuts ``max_model_len`` to the trace's recommended value and starts; 12 blocks (11 usable) preempt at
 concurrency 6 and above, so at the target 8 ``max_num_seqs`` 8 preempts, 5 carries (10 blocks), and 6,
-the next larger setting, preempts again — the search stops for a reason.
+the next larger setting, preempts again — the search stops for a reason. (When the API server starves
+on 2 busy cores, the step with 5 does not hold concurrency 8 and proves nothing: the winner is then 4.)
 """
 
 from __future__ import annotations
@@ -50,7 +51,13 @@ def test_tune_over_kv_cache_size_and_max_num_seqs(
     assert first["started"] is False and first["failure"]["cause"] == "context_too_long"
     assert "estimated maximum model length" in first["failure"]["message"]
     winner = cands[record["winner_index"]]
-    assert winner["settings"]["max_num_seqs"] == 5
+    five = [c for c in cands.values() if c["started"] and c["settings"].get("max_num_seqs") == 5]
+    assert five and five[0]["proof"]["preempted_at_target"] is False  # 10 blocks of 11: never preempts
+    # On 2 busy cores vLLM's API server can starve: the step at 8 then does not hold with 5 sequences
+    # (seen once in three CI runs on 2026-12-02: the server held 4.3 of the client's 7.9), the tuner has
+    # no evidence for 5 and must fall back to 4, the largest setting proven, never to one that preempts.
+    expected = 4 if "did not hold" in five[0]["proof"]["evidence"] else 5
+    assert winner["settings"]["max_num_seqs"] == expected, five[0]["proof"]["evidence"]
     assert winner["settings"]["max_model_len"] < 4096
     # zero preemptions at the target by the server's own counter, in the winner's replay
     summary = json.loads(Path(winner["proof"]["run_dir"], "summary.json").read_text())
@@ -60,4 +67,4 @@ def test_tune_over_kv_cache_size_and_max_num_seqs(
     # the next larger setting on the ladder does preempt: the search stopped for a reason
     larger = [c for c in cands.values() if c["started"] and c["settings"].get("max_num_seqs") == 6]
     assert larger and larger[0]["proof"]["preempted_at_target"] is True
-    assert record["winner_line"].endswith("--max-num-seqs 5")
+    assert record["winner_line"].endswith(f"--max-num-seqs {expected}")

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,15 @@ FIXED = Path(__file__).resolve().parents[2] / "traces" / "sample-fixed.jsonl"  #
 SIM = "oomload sim serve --model llama-3.1-8b --gpu l4 --max-model-len 2048 --time-scale 0.05"
 
 
-def _sim_servers(marker: str) -> list[str]:
+def _name(role: str) -> str:
+    """A served-model name no other test process uses: two suites running side by side (two clones,
+    or CI beside a developer) must not see each other's servers."""
+    return f"{role}-{uuid.uuid4().hex[:12]}"
+
+
+def _sim_servers(name: str) -> list[str]:
     out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if "sim serve" in line and marker in line]
+    return [line for line in out.splitlines() if "sim serve" in line and name in line]
 
 
 def test_a_serve_line_that_is_not_vllm_is_a_usage_error(
@@ -48,7 +55,8 @@ def test_a_port_in_use_is_a_usage_error_before_anything_starts(
 
 
 def test_a_serve_line_that_exits_at_once_is_exit_3_with_its_own_words(tmp_path: Path) -> None:
-    marker = "--served-model-name exits-at-once"
+    name = _name("exits-at-once")
+    marker = f"--served-model-name {name}"
     result = oomload(
         "tune", str(FIXED), "--serve", f"oomload sim serve --model no-such-model {marker}",
         "--target-concurrency", "4", "--run-dir", str(tmp_path / "t"),
@@ -57,7 +65,7 @@ def test_a_serve_line_that_exits_at_once_is_exit_3_with_its_own_words(tmp_path: 
     assert "the --serve command did not start (exit status 2)" in result.stderr
     assert "unknown model 'no-such-model'" in result.stderr
     assert "Traceback" not in result.stderr
-    assert _sim_servers("exits-at-once") == []
+    assert _sim_servers(name) == []
 
 
 @pytest.mark.slow
@@ -65,7 +73,8 @@ def test_tune_finds_proves_and_reports_the_winner_after_a_failed_start(tmp_path:
     """4 GiB used by other processes: 0.9 cannot start; at 0.8 the pool (≈ 826 blocks of 16) holds 25
     requests of 512 tokens (32 blocks each), so 32 in flight preempt and max_num_seqs 24 carries them."""
     out = tmp_path / "t"
-    marker = "--served-model-name tune-e2e-sim"
+    name = _name("tune-e2e-sim")
+    marker = f"--served-model-name {name}"
     result = oomload(
         "tune", str(FIXED), "--serve", f"{SIM} --other-process-gib 4 {marker}",
         "--target-concurrency", "32", "--utilization", "0.9,0.8", "--max-num-seqs", "16,24,32",
@@ -85,7 +94,7 @@ def test_tune_finds_proves_and_reports_the_winner_after_a_failed_start(tmp_path:
     for name in ("tune.md", "tune.html", "candidates/01/server.log", "candidates/03/run/summary.json"):
         assert (out / name).is_file(), name
     assert "Free memory on device cuda:0" in (out / "candidates/01/server.log").read_text()
-    assert _sim_servers("tune-e2e-sim") == []
+    assert _sim_servers(name) == []
     again = oomload("report", str(out))
     assert again.returncode == 0 and "Winner (candidate 3)" in again.stdout
 
@@ -93,7 +102,8 @@ def test_tune_finds_proves_and_reports_the_winner_after_a_failed_start(tmp_path:
 @pytest.mark.slow
 def test_ctrl_c_leaves_the_server_stopped_and_a_partial_table(tmp_path: Path) -> None:
     out = tmp_path / "t"
-    marker = "--served-model-name tune-ctrl-c"
+    name = _name("tune-ctrl-c")
+    marker = f"--served-model-name {name}"
     argv = ["tune", str(FIXED), "--serve", f"{SIM} --other-process-gib 4 {marker}"]
     argv += ["--target-concurrency", "32", "--utilization", "0.9,0.8", "--run-dir", str(out)]
     proc = subprocess.Popen(
@@ -106,19 +116,20 @@ def test_ctrl_c_leaves_the_server_stopped_and_a_partial_table(tmp_path: Path) ->
     deadline = time.monotonic() + 120
     while not (out / "candidates" / "02" / "run").exists() and time.monotonic() < deadline:
         time.sleep(0.2)  # wait until the second candidate's server runs and its replay began
-    assert _sim_servers("tune-ctrl-c"), "the second candidate's server should be running"
+    assert _sim_servers(name), "the second candidate's server should be running"
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, output
     record = json.loads((out / "tune.json").read_text())
     assert record["status"] == "interrupted"
     assert record["candidates"][0]["failure"]["cause"] == "free_memory"
-    assert _sim_servers("tune-ctrl-c") == []
+    assert _sim_servers(name) == []
     assert (out / "tune.md").is_file()
 
 
 def test_a_target_above_anything_that_starts_is_exit_1_with_the_reason(tmp_path: Path) -> None:
-    marker = "--served-model-name nothing-starts"
+    name = _name("nothing-starts")
+    marker = f"--served-model-name {name}"
     result = oomload(
         "tune", str(FIXED), "--serve", f"{SIM} --other-process-gib 20 {marker}",
         "--target-concurrency", "8", "--utilization", "0.9,0.8", "--run-dir", str(tmp_path / "t"),
@@ -127,7 +138,7 @@ def test_a_target_above_anything_that_starts_is_exit_1_with_the_reason(tmp_path:
     assert "no candidate started (the last: not enough free device memory" in result.stdout
     record = json.loads((tmp_path / "t" / "tune.json").read_text())
     assert [c["started"] for c in record["candidates"]] == [False] and record["winner_line"] is None
-    assert _sim_servers("nothing-starts") == []
+    assert _sim_servers(name) == []
 
 
 @pytest.mark.parametrize(
@@ -165,7 +176,8 @@ def test_a_rate_target_is_measured_as_a_concurrency_and_proved_there(tmp_path: P
     """8 req/s of 256 + 256-token requests: the open-loop replay on the first candidate (max_num_seqs at
     the ladder's top) measures the mean requests in flight, and the proof replays its ceiling."""
     out = tmp_path / "t"
-    marker = "--served-model-name tune-rate-sim"
+    name = _name("tune-rate-sim")
+    marker = f"--served-model-name {name}"
     result = oomload(
         "tune", str(FIXED), "--serve", f"{SIM} --time-scale 0.02 {marker}", "--target-rate", "8",
         "--utilization", "0.8", "--max-starts", "2", "--hold-s", "1", "--max-requests", "32",
@@ -188,4 +200,4 @@ def test_a_rate_target_is_measured_as_a_concurrency_and_proved_there(tmp_path: P
     assert levels[0] == rate["concurrency"]
     said = " ".join(result.stdout.split())  # rich wraps the console at 80 columns
     assert f"8 req/s → concurrency {rate['concurrency']} (Little's law, measured" in said
-    assert _sim_servers("tune-rate-sim") == []
+    assert _sim_servers(name) == []

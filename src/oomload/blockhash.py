@@ -9,9 +9,10 @@ from the build's salt, computed with numpy over all blocks at once — no Python
 hashing keeps the build's speed. The salt is random per build and never written (ingest/prefixes.py
 makes it; ``OOMLOAD_PREFIX_SALT`` fixes it for reproducible builds): without it an id reveals
 nothing of the text or token ids, a guessed prompt cannot be tested, and ids cannot be matched
-against another trace's. The id written is the top ``ID_BITS`` (53) bits: a JSON number every
-reader holds exactly (JavaScript's too), 16 digits at most; two different prefixes collide with
-odds of about n²/2⁵⁴ for n distinct blocks (one in 10⁴ for a million).
+against another trace's. The id written is ``ID_BASE`` (10¹⁵) plus the top ``ID_BITS`` (52) bits:
+always 16 digits (the trace writer renders them as fixed-width text, ``ingest.columns``) and below
+2⁵³, so every JSON reader holds it exactly (JavaScript's too); two different prefixes collide with
+odds of about n²/2⁵³ for n distinct blocks (one in 9,000 for a million).
 
 What is keyed: for token ids (``chain_tokens``; ``chain_token_text`` reads a vLLM log's id list
 as bytes, never parsing it), a 64-bit digest of the prefix — a keyed linear hash of its bytes
@@ -41,7 +42,8 @@ import numpy as np
 import numpy.typing as npt
 
 DEFAULT_BLOCK_TOKENS = 16  # vLLM's default block size: the trace then predicts any multiple of it
-ID_BITS = 53
+ID_BITS = 52  # of the keyed hash in an id
+ID_BASE = 10**15  # ids are ID_BASE + the hash's top ID_BITS bits: 16 digits, all below 2**53
 _ID_SHIFT = 64 - ID_BITS
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _START = b"oomload-prefix-v1"
@@ -65,49 +67,50 @@ class BlockHasher:
 
     def chain_tokens(self, token_ids: Sequence[int]) -> tuple[int, ...]:
         """The ids of the full blocks of a prompt given as token ids (module docstring)."""
-        return self.chain_token_text(",".join(map(str, token_ids)))
+        return self.chain_token_text(", ".join(map(str, token_ids)))
 
     def chain_token_text(self, ids_text: str) -> tuple[int, ...]:
         """The ids of the full blocks of ``"1, 2, 3"`` (token ids as vLLM logs them; spaces ignored)."""
         return self.chain_token_texts([ids_text])[0]
 
     def chain_token_texts(self, texts: Sequence[str]) -> list[tuple[int, ...]]:
-        """``chain_token_text`` of many prompts, the keyed step done once for all of them.
+        """``chain_token_text`` of many prompts (``token_text_chains`` as tuples)."""
+        flat, offsets, _ = self.token_text_chains(texts)
+        values, bounds = flat.tolist(), offsets.tolist()
+        return [tuple(values[bounds[i] : bounds[i + 1]]) for i in range(len(texts))]
 
-        The text is never parsed to integers: the digest of a prefix is a keyed linear hash of its
-        bytes (``_prefix_digests``), read at the comma that ends each block. The digests are prefix
-        sums, so a prompt that starts like an earlier one of the batch with the same first block (a
-        shared system prompt, a conversation's previous turn) takes the digests of their common
-        blocks from it and reads only the bytes after them.
-        """
+    def token_text_chains(
+        self, texts: Sequence[str | bytes]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The block ids of many prompts logged as id lists, as a list column — flat ids and ``len + 1``
+        offsets — and each prompt's id count (``count_token_texts``). One pass of numpy calls for the
+        whole batch, none per prompt (``_token_digests``)."""
         size = self.block_tokens
-        digests: list[npt.NDArray[np.uint64]] = []
-        earlier: dict[bytes, tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint64]]] = {}  # by first block
-        for ids_text in texts:
-            text = _id_bytes(ids_text)
-            data = np.frombuffer(text, np.uint8)
-            commas = np.flatnonzero(data == _COMMA)
-            full = (len(commas) + 1) // size if len(data) else 0
-            if full == 0:
-                digests.append(np.empty(0, dtype=np.uint64))
-                continue
-            ends = np.append(commas, len(data))[size - 1 :: size][:full]  # each block's end (exclusive)
-            if ends[0] == 0:  # an empty first id: no first block to look up
-                digests.append(_prefix_digests(self.salt, data, ends))
-                continue
-            head = text[: ends[0]]
-            before = earlier.get(head)
-            done = None if before is None else _common_digests(data, ends, *before)
-            digests.append(_prefix_digests(self.salt, data, ends, done))
-            earlier[head] = (data, digests[-1])
-        counts = [len(d) for d in digests]
-        if not sum(counts):
-            return [() for _ in texts]
-        depth = np.concatenate([np.arange(n, dtype=np.uint64) for n in counts])
-        keyed = _siphash13(self.sip_key, np.concatenate(digests), depth)
-        flat = (keyed >> np.uint64(_ID_SHIFT)).astype(np.int64).tolist()
-        bounds = np.cumsum([0, *counts]).tolist()
-        return [tuple(flat[bounds[i] : bounds[i + 1]]) for i in range(len(texts))]
+        text = _IdTexts.of(texts)
+        ids_in = text.ids_in()
+        full = ids_in // size
+        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum(full, out=offsets[1:])
+        total = int(offsets[-1])
+        if total == 0:
+            return np.empty(0, dtype=np.int64), offsets, ids_in
+        depth = np.arange(total, dtype=np.int64)
+        depth -= np.repeat(offsets[:-1], full)
+        # block k ends at the text's comma number size·(k+1) − 1: the word holding it, then its byte
+        before, starts = text.before, text.starts
+        rank = depth * size
+        rank += np.repeat(before[starts[:-1]] + size - 1, full)
+        word = np.searchsorted(before, rank, side="right")
+        word -= 1
+        end = _comma_byte(text.comma_words[word], rank - before[word])
+        end += word * 8
+        first_word = np.repeat(starts[:-1], full)
+        digests = _token_digests(self.salt, text.words, starts, word, end, first_word)
+        end -= first_word * 8  # the block's end in its text: its length in bytes, keyed with its depth
+        end <<= 32
+        end |= depth
+        keyed = _siphash13(self.sip_key, digests, end.view(np.uint64))
+        return block_ids(keyed), offsets, ids_in
 
     def conversation_chain(self, conversation: str, prompt_tokens: int) -> tuple[int, ...]:
         """The ids of the first ``prompt_tokens // block_tokens`` blocks of a conversation's token stream:
@@ -119,7 +122,7 @@ class BlockHasher:
         digest = hashlib.blake2b(conversation.encode(), digest_size=8, key=self.salt, person=b"conversation")
         base = np.full(full, int.from_bytes(digest.digest(), "big"), dtype=np.uint64)
         keyed = _siphash13(self.sip_key, base, np.arange(full, dtype=np.uint64))
-        return tuple((keyed >> np.uint64(_ID_SHIFT)).astype(np.int64).tolist())
+        return tuple(block_ids(keyed).tolist())
 
     @property
     def sip_key(self) -> tuple[np.uint64, np.uint64]:
@@ -150,71 +153,168 @@ class BlockHasher:
 
 
 _COMMA = ord(",")
+_SPACE = ord(" ")
+_WORD = np.dtype("<u8")  # the digest reads a text as little-endian 64-bit words on any machine
+_ONES = np.uint64(0x0101010101010101)
+_HIGH_BITS = np.uint64(0x8080808080808080)  # a byte past ASCII
+_BYTE_MASKS = np.array([(1 << (8 * r)) - 1 for r in range(8)], dtype=np.uint64)  # a word's first r bytes
+_TERMINATORS = [b", " + b"\0" * ((-(length + 2)) % 8) for length in range(8)]  # by len % 8
+_STRIPPED = np.zeros(256, dtype=bool)
+_STRIPPED[list(b" \t\n\r\x0b\x0c")] = True  # what bytes.strip() removes
 
 
 @functools.lru_cache(maxsize=4)
-def _coefficients(salt: bytes, size: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
-    """The keyed linear hash's byte table and per-position odd multipliers (``size`` of them)."""
-    seed = int.from_bytes(hashlib.blake2b(salt, digest_size=16, person=b"oomload-bytes").digest(), "big")
-    rng = np.random.default_rng(seed)
-    table = rng.integers(0, 2**64, 256, dtype=np.uint64, endpoint=False)
-    return table, rng.integers(0, 2**64, size, dtype=np.uint64, endpoint=False) | np.uint64(1)
+def _multipliers(salt: bytes, size: int) -> npt.NDArray[np.uint64]:
+    """The keyed per-word-position odd multipliers of the token digest (``size`` of them)."""
+    seed = int.from_bytes(hashlib.blake2b(salt, digest_size=16, person=b"oomload-words").digest(), "big")
+    return np.random.default_rng(seed).integers(0, 2**64, size, dtype=np.uint64, endpoint=False) | _U(1)
 
 
-def _id_bytes(ids_text: str) -> bytes:
-    """The logged ids as ASCII bytes without spaces or surrounding whitespace (C passes only)."""
-    if ids_text.isascii():  # the usual case: bytes.translate drops the spaces in one pass
-        return ids_text.encode("ascii").translate(None, b" ").strip()
-    return ids_text.replace(" ", "").strip().encode("ascii", errors="replace")
+def _ids_bytes(text: str | bytes) -> bytes:
+    """A text as bytes, taken as they are (``_canonical`` checks them); a ``str`` not ASCII canonicalised."""
+    if isinstance(text, bytes):
+        return text
+    return text.encode("ascii") if text.isascii() else _canonical_ids(text)
 
 
-def _prefix_digests(
+def _text(text: str | bytes) -> str:
+    return text if isinstance(text, str) else text.decode("utf-8", errors="replace")
+
+
+def _canonical_ids(ids_text: str) -> bytes:
+    """The logged ids as ASCII ``"1, 2, 3"``: spaces dropped, whitespace around stripped, ``", "``
+    between ids — vLLM's own format, which ``_IdTexts`` takes as it is."""
+    if ids_text.isascii():
+        text = ids_text.encode("ascii").translate(None, b" ").strip()
+    else:
+        text = ids_text.replace(" ", "").strip().encode("ascii", errors="replace")
+    return text.replace(b",", b", ")
+
+
+def count_token_texts(texts: Sequence[str | bytes]) -> npt.NDArray[np.int64]:
+    """How many ids each ``"1, 2, 3"`` text lists (commas + 1; none for a blank one), for a batch at
+    once: ``bytes.count`` per text is several times slower on long lists."""
+    return _IdTexts.of(texts).ids_in()
+
+
+@dataclass(frozen=True, slots=True)
+class _IdTexts:
+    """A batch of id lists in one buffer: each text (canonical, ``_canonical_ids``) followed by
+    ``", "`` and NULs to a whole number of 8-byte words; ``starts``: each text's first word (and the
+    end); ``before``: the commas before each word (a text's terminator counts, so a text's commas are
+    its ids)."""
+
+    words: npt.NDArray[np.uint64]
+    lengths: npt.NDArray[np.int64]
+    starts: npt.NDArray[np.int64]
+    comma_words: npt.NDArray[np.uint64]  # per word, its bytes as 0/1 (1: a comma)
+    before: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, texts: Sequence[str | bytes]) -> _IdTexts:
+        encoded = [_ids_bytes(t) for t in texts]
+        buffer, lengths, starts = _joined(encoded)
+        data = np.frombuffer(buffer, np.uint8)
+        commas = data == _COMMA
+        if not _canonical(data, commas, lengths, starts):  # rare: other spacing, whitespace around
+            buffer, lengths, starts = _joined([_canonical_ids(_text(t)) for t in texts])
+            data = np.frombuffer(buffer, np.uint8)
+            commas = data == _COMMA
+        comma_words = commas.view(_WORD)
+        before = np.empty(len(comma_words) + 1, dtype=np.int64)
+        before[0] = 0
+        np.cumsum(np.bitwise_count(comma_words), dtype=np.int64, out=before[1:])
+        return cls(np.frombuffer(buffer, _WORD), lengths, starts, comma_words, before)
+
+    def ids_in(self) -> npt.NDArray[np.int64]:
+        counts = self.before[self.starts[1:]] - self.before[self.starts[:-1]]
+        counts[self.lengths == 0] = 0
+        return counts
+
+
+def _joined(
+    encoded: list[bytes],
+) -> tuple[bytes, npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    parts: list[bytes] = []
+    for text in encoded:
+        parts += (text, _TERMINATORS[len(text) % 8])
+    starts = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum((lengths + 2 + 7) // 8, out=starts[1:])
+    return b"".join(parts), lengths, starts
+
+
+def _canonical(
+    data: npt.NDArray[np.uint8],
+    commas: npt.NDArray[np.bool_],
+    lengths: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.int64],
+) -> bool:
+    """True when every text of the buffer is already ``_canonical_ids`` of itself: ASCII, a space
+    exactly after each comma (so nowhere else), and nothing ``strip`` would remove at either end.
+
+    On words: the space bytes must be the comma bytes moved one byte on (little-endian: ``<< 8``,
+    with the top byte of the word before)."""
+    if len(data) == 0:
+        return True
+    spaces = (data == _SPACE).view(_WORD)
+    comma_words = commas.view(_WORD)
+    moved = comma_words << _U(8)
+    moved[1:] |= comma_words[:-1] >> _U(56)
+    if not np.array_equal(spaces, moved) or (data.view(_WORD) & _HIGH_BITS).any():
+        return False
+    filled = lengths > 0
+    first = starts[:-1][filled] * 8
+    return not (_STRIPPED[data[first]].any() or _STRIPPED[data[first + lengths[filled] - 1]].any())
+
+
+def _comma_byte(comma_words: npt.NDArray[np.uint64], number: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The byte (0–7) of comma ``number`` (0-based) in each word, given as 0/1 bytes (1: a comma).
+
+    SWAR: times ``0x0101…01`` each byte holds the commas up to it (≤ 8); adding ``0x7F − number`` to
+    every byte sets a byte's top bit exactly where that count passes ``number`` (no carry between
+    bytes), and the bytes before the comma are the bytes whose top bit stays clear."""
+    probe = comma_words * _ONES
+    probe += (_U(0x7F) - number.astype(np.uint64)) * _ONES
+    probe >>= _U(7)
+    probe &= _ONES
+    return 8 - np.bitwise_count(probe).astype(np.int64)
+
+
+def _mixed(words: npt.NDArray[np.uint64], multipliers: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """Each word's keyed term: ``((w ^ w >> 32) · m) ^ (that >> 32)``, a bijection of the word for its
+    position's odd multiplier ``m``, whose low bits depend on every bit of the word."""
+    out = words >> _U(32)
+    out ^= words
+    out *= multipliers
+    np.right_shift(out, _U(32), out=multipliers)  # the caller's multipliers are a scratch copy
+    out ^= multipliers
+    return out
+
+
+def _token_digests(
     salt: bytes,
-    data: npt.NDArray[np.uint8],
-    ends: npt.NDArray[np.intp],
-    done: npt.NDArray[np.uint64] | None = None,
+    words: npt.NDArray[np.uint64],
+    starts: npt.NDArray[np.int64],
+    word: npt.NDArray[np.int64],
+    end: npt.NDArray[np.int64],
+    first_word: npt.NDArray[np.int64],
 ) -> npt.NDArray[np.uint64]:
-    """The digest of the bytes before each of ``ends`` (increasing): the wrapping sum of
-    table[byte] × the position's multiplier (a keyed linear hash: two different prefixes of one
-    length collide with odds about 2⁻⁶³). One pass over the bytes up to the last end: each block's
-    sum (``reduceat``), then their prefix sums. ``done``: the digests of the first blocks, already
-    known (``_common_digests``): only the bytes after them are read."""
-    size = 1 << max(len(data) - 1, 4095).bit_length()  # tables grow by powers of two, cached
-    table, multipliers = _coefficients(salt, size)
-    if ends[0] == 0:  # an empty first id (a leading comma): the whole text's digest, as it always was
-        every = np.cumsum(table[data] * multipliers[: len(data)], dtype=np.uint64)
-        return every[ends - 1]
-    known = 0 if done is None else len(done)
-    if done is not None and known >= len(ends):
-        return done[: len(ends)]
-    first = int(ends[known - 1]) if known else 0
-    last = int(ends[-1])  # the ends are commas' positions (and the length): strictly increasing
-    terms = np.take(table, data[first:last])
-    np.multiply(terms, multipliers[first:last], out=terms)
-    starts = np.empty(len(ends) - known, dtype=np.intp)
-    starts[0] = 0
-    starts[1:] = ends[known:-1] - first
-    sums = np.add.reduceat(terms, starts)
-    if done is not None and known:
-        sums[:1] += done[known - 1 :]  # wrapping, as the sums
-        return np.concatenate([done, np.cumsum(sums, dtype=np.uint64)])
-    return np.cumsum(sums, dtype=np.uint64)
-
-
-def _common_digests(
-    data: npt.NDArray[np.uint8],
-    ends: npt.NDArray[np.intp],
-    other: npt.NDArray[np.uint8],
-    other_digests: npt.NDArray[np.uint64],
-) -> npt.NDArray[np.uint64]:
-    """The digests of the blocks ``data`` shares with ``other`` (whose digests are given): those that
-    end before the first differing byte — their commas, hence their block numbers, are the same."""
-    n = min(len(data), len(other))
-    differ = data[:n] != other[:n]
-    at = int(np.argmax(differ))  # the first differing byte (0 when none differs)
-    common = at if differ[at] else n
-    blocks = min(int(np.searchsorted(ends, common, side="left")), len(other_digests))
-    return other_digests[:blocks]
+    """The 64-bit digest of each text's bytes before ``end`` (a byte of the buffer, in ``word``; the text
+    starts at ``first_word``): the wrapping sum of ``_mixed`` terms of its whole words and of the last
+    word's bytes before the end, each word keyed by its position in the text. The terms of every word
+    of the buffer are summed once (one cumsum); a digest is a difference of two of those sums."""
+    widths = np.diff(starts)
+    multipliers = _multipliers(salt, 1 << max(int(widths.max()), 512).bit_length())
+    keyed = _mixed(words, np.concatenate([multipliers[:w] for w in widths.tolist()]))
+    sums = np.empty(len(words) + 1, dtype=np.uint64)
+    sums[0] = 0
+    np.cumsum(keyed, out=sums[1:])
+    digests = sums[word] - sums[first_word]
+    last = words[word]
+    last &= _BYTE_MASKS[end & 7]
+    digests += _mixed(last, multipliers[word - first_word])
+    return digests
 
 
 @functools.lru_cache(maxsize=8)
@@ -307,6 +407,13 @@ def chain_marks(
     return keys
 
 
+def block_ids(keyed: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+    """The ids written for keyed 64-bit hashes (in place): ``ID_BASE`` + their top ``ID_BITS`` bits."""
+    keyed >>= _U(_ID_SHIFT)
+    keyed += _U(ID_BASE)
+    return keyed.view(np.int64)
+
+
 def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """SplitMix64's finalizer (wrapping uint64 arithmetic), in place: returns ``x``."""
     scratch = np.empty_like(x)
@@ -364,5 +471,4 @@ def message_block_ids(
     ids *= _GOLDEN
     ids ^= np.repeat(keys, held)
     ids = _mix(ids)
-    ids >>= _U(_ID_SHIFT)
-    return ids.view(np.int64), offsets
+    return block_ids(ids), offsets

@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 from oomload.blockhash import DEFAULT_BLOCK_TOKENS as DEFAULT_BLOCK_TOKENS
 from oomload.blockhash import BlockHasher as BlockHasher
 from oomload.blockhash import chain_marks as chain_marks
+from oomload.blockhash import count_token_texts as count_token_texts
 from oomload.blockhash import message_block_ids as message_block_ids
 from oomload.blockhash import part_marks as part_marks
 from oomload.trace import PrefixInfo, TraceRecord

@@ -94,6 +94,7 @@ ADAPTERS = {
     "oomload.ingest.build",
     "oomload.ingest.columns",
     "oomload.ingest.detect",
+    "oomload.ingest.heap",
     "oomload.ingest.inputs",
     "oomload.ingest.mapping",
     "oomload.ingest.mooncake",

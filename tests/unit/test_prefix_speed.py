@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -9,11 +10,12 @@ import pytest
 
 from oomload.blockhash import (
     _GOLDEN,
-    _ID_SHIFT,
     BlockHasher,
-    _coefficients,
+    _canonical_ids,
     _mix,
+    _multipliers,
     _siphash13,
+    block_ids,
     chain_marks,
     message_block_ids,
 )
@@ -23,18 +25,35 @@ SALT = b"speed-salt"
 
 
 def _plain_chain(hasher: BlockHasher, ids_text: str) -> tuple[int, ...]:
-    """The ids as first written: every byte's prefix digest (one cumsum), read at each block's end."""
-    data = np.frombuffer(ids_text.replace(" ", "").strip().encode("ascii", errors="replace"), np.uint8)
-    commas = np.flatnonzero(data == ord(","))
+    """The ids computed the plain way, one prompt and one block at a time: the ids joined by ", ", read
+    as little-endian 8-byte words; block k's digest sums each word's keyed term up to the block's end
+    (the last word cut there), and its id is SipHash of (digest, end << 32 | k)."""
+    data = _canonical_ids(ids_text)
+    ids = data.split(b", ") if data else []
     size = hasher.block_tokens
-    full = (len(commas) + 1) // size if len(data) else 0
-    if full == 0:
-        return ()
-    ends = np.append(commas, len(data))[size - 1 :: size][:full]
-    table, multipliers = _coefficients(SALT, 1 << max(len(data) - 1, 4095).bit_length())
-    every = np.cumsum(table[data] * multipliers[: len(data)], dtype=np.uint64)
-    keyed = _siphash13(hasher.sip_key, every[ends - 1], np.arange(full, dtype=np.uint64))
-    return tuple((keyed >> np.uint64(_ID_SHIFT)).astype(np.int64).tolist())
+    padded = data + bytes(16)
+    words = [int.from_bytes(padded[i : i + 8], "little") for i in range(0, len(padded) - 8, 8)]
+    multipliers = _multipliers(SALT, 1 << max((len(data) + 2 + 7) // 8, 512).bit_length())
+    mask = (1 << 64) - 1
+
+    def term(word: int, at: int) -> int:
+        mixed = ((word ^ (word >> 32)) * int(multipliers[at])) & mask
+        return mixed ^ (mixed >> 32)
+
+    out = []
+    ends = [at - 2 for at in itertools.accumulate(len(i) + 2 for i in ids)]  # each id's end: its ", "
+    whole, summed = 0, 0  # the sum of the terms of words [0, whole)
+    for k in range(len(ids) // size):
+        end = ends[(k + 1) * size - 1]
+        while whole < end // 8:
+            summed += term(words[whole], whole)
+            whole += 1
+        digest = summed + term(words[end // 8] & ((1 << (8 * (end % 8))) - 1), end // 8)
+        keyed = _siphash13(
+            hasher.sip_key, np.array([digest & mask], np.uint64), np.array([end << 32 | k], np.uint64)
+        )
+        out.append(int(block_ids(keyed)[0]))
+    return tuple(out)
 
 
 TEXTS = [
@@ -47,7 +66,7 @@ TEXTS = [
     "1, 2, 3\t",
     "\u00a01, 2, 3, 4, 5, 6\u00a0",  # not ASCII: the slower path
     "1, 2, é, 4, 5, 6, 7, 8",
-    ", ".join(str(i) for i in range(5000)),  # past the first multiplier table's 4,096 bytes
+    ", ".join(str(i) for i in range(5000)),  # past the first multiplier table's 512 words
 ]
 
 
@@ -56,8 +75,20 @@ def test_token_text_chains_equal_the_plain_prefix_digests(block_tokens: int) -> 
     hasher = BlockHasher(SALT, block_tokens)
     rng = np.random.default_rng(block_tokens)
     texts = [*TEXTS, *(", ".join(map(str, rng.integers(0, 200_000, n).tolist())) for n in (15, 16, 17, 900))]
-    assert hasher.chain_token_texts(texts) == [_plain_chain(hasher, t) for t in texts]
-    assert [hasher.chain_token_text(t) for t in texts] == [_plain_chain(hasher, t) for t in texts]
+    plain = [_plain_chain(hasher, t) for t in texts]
+    assert hasher.chain_token_texts(texts) == plain  # the odd texts make the whole batch canonicalised
+    assert [hasher.chain_token_text(t) for t in texts] == plain
+    as_logged = [t.encode() for t in texts if t.isascii() and t == _canonical_ids(t).decode()]
+    assert len(as_logged) >= 6  # the usual batch, taken as it is: vLLM's own "1, 2, 3"
+    assert hasher.chain_token_texts(as_logged) == [_plain_chain(hasher, t.decode()) for t in as_logged]
+
+
+def test_ids_are_sixteen_digits_and_spacing_does_not_matter() -> None:
+    hasher = BlockHasher(SALT, 2)
+    ids = hasher.chain_tokens(list(range(4000)))
+    assert len(ids) == 2000 and all(10**15 <= i < 2**53 for i in ids)
+    assert hasher.chain_token_text(" 1,2 , 3,4\t") == hasher.chain_token_text("1, 2, 3, 4")
+    assert hasher.chain_token_texts([b"1, 2, 3, 4", "1, 2, 3, 4"]) == [hasher.chain_tokens([1, 2, 3, 4])] * 2
 
 
 def _chains_of(path: Path) -> list[object]:
@@ -88,10 +119,10 @@ def test_openai_chains_do_not_depend_on_how_the_lines_are_cut_into_pieces(
 
 
 @pytest.mark.parametrize("block_tokens", [1, 3, 16])
-def test_prompts_sharing_a_start_take_its_digests_and_match_the_plain_ones(block_tokens: int) -> None:
+def test_prompts_sharing_a_start_share_its_blocks_and_match_the_plain_ones(block_tokens: int) -> None:
     hasher = BlockHasher(SALT, block_tokens)
     rng = np.random.default_rng(7)
-    system = rng.integers(0, 50_000, 1500).tolist()  # past 4,096 bytes: another multiplier table
+    system = rng.integers(0, 50_000, 1500).tolist()  # past 512 words: another multiplier table
     shared = ", ".join(map(str, system))
     texts = [
         shared,
@@ -105,7 +136,10 @@ def test_prompts_sharing_a_start_take_its_digests_and_match_the_plain_ones(block
         "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18",
         "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16",
     ]
-    assert hasher.chain_token_texts(texts) == [_plain_chain(hasher, t) for t in texts]
+    chains = hasher.chain_token_texts(texts)
+    assert chains == [_plain_chain(hasher, t) for t in texts]
+    assert len(chains[0]) == 1500 // block_tokens and chains[5][: len(chains[0])] == chains[0] == chains[6]
+    assert not set(chains[5][len(chains[0]) + 1 :]) & set(chains[0])
 
 
 def _siphash13_reference(k0: int, k1: int, m0: int, m1: int) -> int:
@@ -179,7 +213,7 @@ def _plain_message_ids(
             mixed = _mix(
                 np.array([own[part]], dtype=np.uint64) ^ (np.array([offset], dtype=np.uint64) * _GOLDEN)
             )
-            ids.append(int(mixed[0] >> np.uint64(_ID_SHIFT)))
+            ids.append(int(block_ids(mixed)[0]))
         at += count
     return keys, ids
 

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from oomload.errors import TraceFormatError
 from oomload.ingest.clocks import ClockAlignment, ClockRange, align_clocks
 from oomload.ingest.columns import records_from_batch
+from oomload.ingest.heap import retain_freed_memory
 from oomload.ingest.inputs import InputPlan, plan_inputs
 from oomload.ingest.mapping import ColumnMapping
 from oomload.ingest.parallel import (
@@ -222,6 +223,7 @@ def build_trace(
     logs (``oomload.ingest.prefixes``).
     """
     out = check_output_path(out)
+    retain_freed_memory()
     hasher = None if prefix_block_tokens is None else build_hasher(prefix_block_tokens)
     plans = plan_inputs(paths, format=format, mapping=mapping, hasher=hasher)
     formats = tuple(dict.fromkeys(plan.format for plan in plans))

@@ -2,8 +2,9 @@
 
 A batch is a ``pyarrow.Table`` with ``BATCH_SCHEMA`` — one row per request, ``time_s`` on the log's
 own clock (epoch seconds, or the log's relative seconds), ``id`` null where the log has none. Table
-formats (CSV, Mooncake JSONL) are parsed straight into batches by pyarrow's C++ readers; line formats
-(OpenAI, vLLM) build ``TraceRecord`` objects and are packed into batches (``batch_from_records``).
+formats (CSV, Mooncake JSONL) are parsed straight into batches by pyarrow's C++ readers, OpenAI-style
+and vLLM logs gather their columns directly; the others build ``TraceRecord`` objects, packed into
+batches by ``batch_from_records``.
 Everything downstream — merging, writing, statistics — works on batches, so memory stays flat
 (one batch at a time) and the per-request Python work is confined to the formats that need it.
 
@@ -182,15 +183,62 @@ def _tail_pieces(batch: pa.Table, origin_s: float) -> list[pa.Array | pa.Chunked
     hash_ids = batch.column("hash_ids")
     lengths = pc.list_value_length(hash_ids)  # null for a null list
     if pc.any(pc.greater(pc.fill_null(lengths, 0), 0)).as_py():
-        if pc.any(pc.equal(lengths, 0)).as_py():  # an empty list is written as none
-            hash_ids = pc.if_else(pc.equal(lengths, 0), pa.scalar(None, hash_ids.type), hash_ids)
-        joined = pc.binary_join(pc.cast(hash_ids, pa.list_(pa.string())), ",")
-        pieces.append(pc.binary_join_element_wise(',"hash_ids":[', joined, "]", ""))  # null: no ids
+        fixed = _sixteen_digit_lists(hash_ids)
+        if fixed is not None:
+            pieces.append(pc.binary_join_element_wise(',"hash_ids":', fixed, "]", ""))  # null: no ids
+        else:
+            if pc.any(pc.equal(lengths, 0)).as_py():  # an empty list is written as none
+                hash_ids = pc.if_else(pc.equal(lengths, 0), pa.scalar(None, hash_ids.type), hash_ids)
+            joined = pc.binary_join(pc.cast(hash_ids, pa.list_(pa.string())), ",")
+            pieces.append(pc.binary_join_element_wise(',"hash_ids":[', joined, "]", ""))  # null: no ids
     _optional_string(pieces, batch, "session")
     _optional_string(pieces, batch, "parent")
     _optional_number(pieces, batch, "turn")
     pieces.append("}\n")
     return pieces
+
+
+_SIXTEEN_DIGITS = (10**15, 10**16)  # the range of derived prefix ids (blockhash.ID_BASE)
+_FOUR_DIGITS = np.frombuffer("".join(f"{i:04d}" for i in range(10_000)).encode(), dtype="<u4")
+
+
+def _sixteen_digit_lists(hash_ids: pa.Array | pa.ChunkedArray) -> pa.Array | None:
+    """``"[id,id,…"`` for each row's list (null for a null or empty list) when every id has 16 digits,
+    as the prefix ids derived from logs do; ``None`` otherwise (the generic cast renders them).
+
+    Fixed width makes the text a numpy job: each id is four table lookups of four digits, written as
+    17 bytes (a separator, 16 digits) into one buffer in the lists' order, so a row's text is one
+    stretch of it; the separator that opens a row is ``[`` instead of ``,``. The result is a string
+    array over that buffer, built with no per-row work."""
+    lists = hash_ids.combine_chunks() if isinstance(hash_ids, pa.ChunkedArray) else hash_ids
+    offsets = np.asarray(lists.offsets, dtype=np.int64)
+    first, last = int(offsets[0]), int(offsets[-1])
+    values = lists.values.slice(first, last - first)
+    if values.null_count or (last - first) * 17 >= 2**31:
+        return None
+    ids = values.to_numpy()
+    if not (_SIXTEEN_DIGITS[0] <= ids.min() and ids.max() < _SIXTEEN_DIGITS[1]):
+        return None
+    text = np.empty((len(ids), 17), dtype=np.uint8)
+    text[:, 0] = ord(",")
+    high, low = np.divmod(ids, 10**8)
+    digits = np.empty((len(ids), 4), dtype="<u4")
+    for column, (half, part) in enumerate(((high, 0), (high, 1), (low, 0), (low, 1))):
+        group = half // 10**4 if part == 0 else half % 10**4
+        digits[:, column] = _FOUR_DIGITS[group]
+    text[:, 1:] = digits.view(np.uint8)
+    starts = (offsets - first) * 17
+    filled = np.diff(offsets) > 0
+    if lists.null_count:
+        filled &= np.asarray(lists.is_valid())
+    text.reshape(-1)[starts[:-1][filled]] = ord("[")
+    return pa.StringArray.from_buffers(
+        len(lists),
+        pa.py_buffer(starts.astype(np.int32)),
+        pa.py_buffer(text),
+        pa.py_buffer(np.packbits(filled, bitorder="little")),
+        null_count=int(len(filled) - np.count_nonzero(filled)),
+    )
 
 
 def _optional_number(pieces: list[pa.Array | pa.ChunkedArray | str], batch: pa.Table, name: str) -> None:

@@ -26,7 +26,7 @@ from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource
 from oomload.ingest.tabular import AZURE, BURSTGPT, CsvLayout, check_layout, read_csv_batches
 from oomload.ingest.tokens import TokenCounter
-from oomload.ingest.vllm_log import read_vllm_records
+from oomload.ingest.vllm_log import read_vllm_batches
 from oomload.prefix import BlockHasher
 from oomload.trace import iter_trace
 
@@ -83,7 +83,7 @@ def iter_source_batches(plan: InputPlan, skips: SkipLog, counter: TokenCounter |
     elif plan.format == "openai":
         yield from read_openai_batches(source, skips, counter, hasher=plan.hasher)
     elif plan.format == "vllm-log":
-        yield from batches_from_records(read_vllm_records(source, skips, counter, plan.hasher))
+        yield from read_vllm_batches(source, skips, counter, plan.hasher)
     elif plan.format == "jsonl":
         assert plan.mapping is not None
         yield from batches_from_records(read_mapped_jsonl_records(source, plan.mapping, skips, plan.hasher))

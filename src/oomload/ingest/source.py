@@ -37,6 +37,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 SNIFF_BYTES = 256 * 1024
 CHUNK_BYTES = 8 * 1024 * 1024
+READ_BUFFER_BYTES = 1024 * 1024  # a line of a vLLM request log (its id list) can run to 100 KB: one fill
 
 NOT_JSON_OBJECT = "not a JSON object"
 _NEWLINE = ord("\n")
@@ -198,7 +199,7 @@ class LogSource:
 
     def _open_raw(self) -> IO[bytes]:
         try:
-            raw = open(self.path, "rb")  # noqa: SIM115  # the caller closes it
+            raw = open(self.path, "rb", buffering=READ_BUFFER_BYTES)  # noqa: SIM115  # the caller closes it
             return raw if self.meter is None else cast(IO[bytes], _MeteredFile(raw, self.meter))
         except FileNotFoundError as err:
             raise TraceFormatError("no such file", self.path) from err

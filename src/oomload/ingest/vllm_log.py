@@ -32,30 +32,38 @@ log was probably written with ``--max-log-len`` at that length.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import NamedTuple
 
+import numpy as np
+import pyarrow as pa
+
+from oomload.ingest.columns import make_batch
 from oomload.ingest.skips import NO_TOKEN_COUNTS, SkipLog
 from oomload.ingest.source import LogSource
 from oomload.ingest.tokens import TokenCounter
-from oomload.prefix import BlockHasher
-from oomload.trace import TraceRecord, bounds_reason
+from oomload.prefix import BlockHasher, count_token_texts
+from oomload.trace import MAX_TOKENS, tokens_bound_reason, values_bounds_reason
 
 LOG_PREFIX = re.compile(
     rb"^(?:\(\w+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d "
 )
-_TIME = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) ")
-_DETAILS = re.compile(r"Request (\S+) details: ")
-_RECEIVED = re.compile(r"Received request (\S+?): ")
+_TIME = re.compile(rb"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) ")
+_DETAILS = re.compile(rb"Request (\S+) details: ")
+_RECEIVED = re.compile(rb"Received request (\S+?): ")
 _ABORTED = re.compile(rb"Aborted request (\S+?)\.?$")
-_MAX_TOKENS = re.compile(r"\bmax_tokens=(\d+|None)")
+_MAX_TOKENS = re.compile(rb"\bmax_tokens=(\d+|None)")
 _ACCESS = re.compile(rb'"(?:POST|GET) [^"]*" (\d{3})')
-_MAX_LOG_LEN = re.compile(r"'max_log_len': (\d+)")
+_MAX_LOG_LEN = re.compile(rb"'max_log_len': (\d+)")
+_IDS = b"prompt_token_ids: ["
+_NO_TEXT_IDS = b"prompt: None, " + _IDS  # vLLM ≥ 0.10 with ids only: the ids follow at once
+_HEAD_BYTES = 1024  # a line's log prefix and the start of its message
 SUSPECT_MIN_PROMPTS = 5
-CHAIN_BATCH = 256  # records whose chains are computed together
+BATCH_ROWS = 1024  # requests per batch: their chains are computed together (vectorized)
+BATCH_ID_BYTES = 2 << 20  # … and fewer when their id lists pass this many bytes (the arrays stay in cache)
 SUSPECT_MIN_SHARE = 0.05
 OUTPUT_NOTE = (
     "vLLM logs carry no completion counts: output_tokens is each request's max_tokens "
@@ -80,44 +88,106 @@ def full_length_note(max_log_len: int) -> str:
 
 
 class _Ids(NamedTuple):
-    """A prompt logged as token ids: how many, and the ids as the log wrote them (for the chain)."""
+    """A prompt logged as token ids, as the log wrote them (``"1, 2, 3"``)."""
 
-    tokens: int
-    text: str
+    text: bytes
+
+    def tokens(self) -> int:
+        """How many ids: its commas and one (none for a blank list)."""
+        return self.text.count(b",") + 1 if self.text.strip() else 0
 
 
-def read_vllm_records(
+@dataclass
+class _Rows:
+    """The requests of the batch being gathered, as columns.
+
+    A prompt logged as ids is counted with the whole batch (``count_token_texts``, or the chain's own
+    count), not line by line: ``prompt_tokens`` is ``None`` for it until then. Its bound, and the
+    prompt-length tally behind the ``--max-log-len`` warning, are checked then too, in line order.
+    """
+
+    lines: list[int] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    times_s: list[float] = field(default_factory=list)
+    prompt_tokens: list[int | None] = field(default_factory=list)
+    max_tokens: list[int] = field(default_factory=list)
+    ok: list[bool] = field(default_factory=list)
+    id_texts: list[bytes | None] = field(default_factory=list)  # None: prompt counted from its text
+    tallied: list[bool] = field(default_factory=list)  # its id count goes into the length tally
+    id_bytes: int = 0
+
+    def full(self) -> bool:
+        return len(self.ids) >= BATCH_ROWS or self.id_bytes >= BATCH_ID_BYTES
+
+    def batch(
+        self, hasher: BlockHasher | None, skips: SkipLog, name: str, id_lengths: dict[int, int]
+    ) -> pa.Table | None:
+        """The gathered requests as a batch (``None`` when none is left); with ``hasher``, each prompt
+        logged as ids gets its chain."""
+        texts = [b"" if t is None else t for t in self.id_texts]
+        chains = None
+        if hasher is not None:
+            flat, offsets, counts = hasher.token_text_chains(texts)
+            chains = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat))
+        else:
+            counts = count_token_texts(texts)
+        logged = np.array([t is not None for t in self.id_texts])
+        prompt_tokens = np.where(logged, counts, np.array([t or 0 for t in self.prompt_tokens]))
+        tally = logged & np.array(self.tallied)
+        for length, n in zip(*np.unique(counts[tally], return_counts=True), strict=True):
+            id_lengths[int(length)] = id_lengths.get(int(length), 0) + int(n)
+        over = prompt_tokens > MAX_TOKENS
+        for row in np.flatnonzero(over).tolist():
+            skips.skip(tokens_bound_reason("prompt_tokens"), name, self.lines[row])
+        columns: dict[str, object] = {
+            "id": self.ids,
+            "time_s": self.times_s,
+            "prompt_tokens": prompt_tokens,
+            "output_tokens": self.max_tokens,
+            "max_tokens": self.max_tokens,
+        }
+        if not all(self.ok):
+            columns["ok"] = self.ok
+        if chains is not None:
+            columns["hash_ids"] = chains
+        table = make_batch(len(self.ids), **columns)
+        if over.any():
+            table = table.filter(pa.array(~over))
+        return table if table.num_rows else None
+
+
+def read_vllm_batches(
     source: LogSource, skips: SkipLog, counter: TokenCounter | None, hasher: BlockHasher | None = None
-) -> Iterator[TraceRecord]:
-    """Records (``arrival_s`` = log time in seconds, year-less) from a vLLM server log.
+) -> Iterator[pa.Table]:
+    """Batches (``time_s`` = log time in seconds, year-less) of the requests of a vLLM server log.
 
     With ``hasher``, a prompt logged as token ids gets its chained block ids (``hash_ids``).
     """
     aborted, access_failures = _first_pass(source)
-    prompts: dict[str, _Ids | str | None] = {}  # details seen, Received not yet: id → ids or text
+    prompts: dict[bytes, _Ids | str | None] = {}  # details seen, Received not yet: id → ids or text
     text_only = 0  # requests counted from prompt text: no prefix structure
-    pending: list[tuple[TraceRecord, str | None]] = []  # records waiting for their chains
+    rows = _Rows()
     emitted = 0
     max_log_len: int | None = None  # from the last start-up banner
     id_lengths: dict[int, int] = {}  # prompt length (counted from ids) → how many
-    for number, raw in source.iter_lines():
-        if b"non-default args" in raw:
-            banner = _MAX_LOG_LEN.search(raw.decode("utf-8", errors="replace"))
+    for number, line in source.iter_lines():
+        head = line[:_HEAD_BYTES]  # the markers open the message: no need to scan a 100 KB id list
+        if b"non-default args" in head:
+            banner = _MAX_LOG_LEN.search(line)
             max_log_len = None if banner is None else int(banner.group(1))
             continue
-        if b"equest " not in raw:
+        if b"equest " not in head:
             continue
-        line = raw.decode("utf-8", errors="replace")
         details = _DETAILS.search(line)
         if details is not None:
-            prompts[details.group(1)] = _prompt_from(line[details.end() :])
+            prompts[details.group(1)] = _prompt_from(line, details.end())
             continue
         received = _RECEIVED.search(line)
         if received is None:
             continue
         request_id = received.group(1)
         prompt = prompts.pop(request_id, None)
-        inline = _prompt_from(line[received.end() :])  # older releases log the prompt on this line
+        inline = _prompt_from(line, received.end())  # older releases log the prompt on this line
         if inline is not None:
             prompt = inline
         max_match = _MAX_TOKENS.search(line)
@@ -125,7 +195,7 @@ def read_vllm_records(
         if time_s is None:
             skips.skip("no timestamp in the log line prefix", source.name, number)
             continue
-        if max_match is None or max_match.group(1) == "None":
+        if max_match is None or max_match.group(1) == b"None":
             skips.skip("no max_tokens in the request: output length unknown", source.name, number)
             continue
         if prompt is None:
@@ -136,6 +206,7 @@ def read_vllm_records(
             skips.note(full_length_note(max_log_len))
             continue
         ids_text = None
+        prompt_tokens: int | None = None  # ids: counted with the batch (_Rows), at once under --strict
         if isinstance(prompt, str):
             if counter is None:
                 skips.skip(NO_TOKEN_COUNTS, source.name, number)
@@ -143,29 +214,41 @@ def read_vllm_records(
             prompt_tokens = counter.count(prompt)
             text_only += 1
         else:
-            prompt_tokens = prompt.tokens
-            if max_log_len is None:
-                id_lengths[prompt_tokens] = id_lengths.get(prompt_tokens, 0) + 1
             ids_text = prompt.text
+            if skips.strict:  # the first fault stops the build: find it in line order
+                prompt_tokens = prompt.tokens()
         max_tokens = int(max_match.group(1))
-        record = TraceRecord(
-            id=request_id,
-            arrival_s=time_s,
+        name = request_id.decode("utf-8", errors="replace")
+        reason = values_bounds_reason(
+            time_s=time_s,
             prompt_tokens=prompt_tokens,
             output_tokens=max_tokens,
             max_tokens=max_tokens,
-            ok=request_id not in aborted,
+            texts={"id": name},
         )
-        reason = bounds_reason(record)
         if reason is not None:
             skips.skip(reason, source.name, number)
             continue
-        emitted += 1
-        pending.append((record, ids_text))
-        if len(pending) >= CHAIN_BATCH:
-            yield from _chained(pending, hasher)
-            pending = []
-    yield from _chained(pending, hasher)
+        rows.lines.append(number)
+        rows.ids.append(name)
+        rows.times_s.append(time_s)
+        rows.prompt_tokens.append(prompt_tokens)
+        rows.max_tokens.append(max_tokens)
+        rows.ok.append(name not in aborted)
+        rows.id_texts.append(ids_text)
+        rows.tallied.append(max_log_len is None)
+        rows.id_bytes += 0 if ids_text is None else len(ids_text)
+        if rows.full():
+            batch = rows.batch(hasher, skips, source.name, id_lengths)
+            rows = _Rows()
+            if batch is not None:
+                emitted += batch.num_rows
+                yield batch
+    if rows.ids:
+        batch = rows.batch(hasher, skips, source.name, id_lengths)
+        if batch is not None:
+            emitted += batch.num_rows
+            yield batch
     if emitted:
         skips.note(OUTPUT_NOTE)
     if hasher is not None and text_only:
@@ -190,25 +273,9 @@ def read_vllm_records(
         )
 
 
-def _chained(
-    pending: list[tuple[TraceRecord, str | None]], hasher: BlockHasher | None
-) -> Iterator[TraceRecord]:
-    """The records with their ``hash_ids`` (prompts logged as ids), chained together (vectorized)."""
-    if hasher is None:
-        yield from (record for record, _ in pending)
-        return
-    with_ids = [i for i, (_, text) in enumerate(pending) if text is not None]
-    chains = dict(
-        zip(with_ids, hasher.chain_token_texts([pending[i][1] or "" for i in with_ids]), strict=True)
-    )
-    for i, (record, _) in enumerate(pending):
-        chain = chains.get(i)
-        yield record if not chain else dataclasses.replace(record, hash_ids=chain)
-
-
 def _cut(prompt: _Ids | str, max_log_len: int) -> bool:
     """True when the logged prompt (id count or text) is as long as vLLM's cut: it may be cut."""
-    return (prompt.tokens if isinstance(prompt, _Ids) else len(prompt)) >= max_log_len
+    return (prompt.tokens() if isinstance(prompt, _Ids) else len(prompt)) >= max_log_len
 
 
 def suspected_max_log_len(id_lengths: dict[int, int]) -> int | None:
@@ -224,29 +291,52 @@ def suspected_max_log_len(id_lengths: dict[int, int]) -> int | None:
 
 
 def _first_pass(source: LogSource) -> tuple[set[str], int]:
+    """The ids of aborted requests, and the count of non-2xx access lines: only the lines that hold
+    either marker are looked at, found with ``bytes.find`` over whole chunks (no per-line work)."""
     aborted: set[str] = set()
     failures = 0
-    for _, raw in source.iter_lines():
-        if b"Aborted request" in raw:
-            match = _ABORTED.search(raw.rstrip())
-            if match is not None:
-                aborted.add(match.group(1).decode("utf-8", errors="replace"))
-        elif b'HTTP/1.1" ' in raw:
-            access = _ACCESS.search(raw)
-            if access is not None and not access.group(1).startswith(b"2"):
-                failures += 1
+    for _, chunk in source.iter_chunks():
+        for line in _lines_with(chunk, (b"Aborted request", b'HTTP/1.1" ')):
+            if b"Aborted request" in line:
+                match = _ABORTED.search(line.rstrip())
+                if match is not None:
+                    aborted.add(match.group(1).decode("utf-8", errors="replace"))
+            else:
+                access = _ACCESS.search(line)
+                if access is not None and not access.group(1).startswith(b"2"):
+                    failures += 1
     return aborted, failures
 
 
-def _prompt_from(segment: str) -> _Ids | str | None:
-    """The prompt's token ids or text in ``segment``; ``None`` when neither is logged."""
-    ids_at = segment.rfind("prompt_token_ids: [")
+def _lines_with(chunk: bytes, markers: tuple[bytes, ...]) -> list[bytes]:
+    """The lines of ``chunk`` (whole lines) that hold any of ``markers``, each once, in order."""
+    starts: set[int] = set()
+    for marker in markers:
+        at = chunk.find(marker)
+        while at >= 0:
+            start = chunk.rfind(b"\n", 0, at) + 1
+            starts.add(start)
+            end = chunk.find(b"\n", at)
+            at = -1 if end < 0 else chunk.find(marker, end)
+    lines = []
+    for start in sorted(starts):
+        end = chunk.find(b"\n", start)
+        lines.append(chunk[start : len(chunk) if end < 0 else end].rstrip(b"\r"))
+    return lines
+
+
+def _prompt_from(line: bytes, at: int) -> _Ids | str | None:
+    """The prompt's token ids or text in ``line`` from ``at`` on; ``None`` when neither is logged."""
+    # the last marker: a prompt's text (before its ids) may hold the words; the usual line has none
+    ids_at = at + len(_NO_TEXT_IDS) - len(_IDS) if line.startswith(_NO_TEXT_IDS, at) else line.rfind(_IDS, at)
     if ids_at >= 0:
-        rest = segment[ids_at + len("prompt_token_ids: [") :]
-        body = rest[: rest.find("]")]
-        return _Ids(0 if not body.strip() else body.count(",") + 1, body)
-    if not segment.startswith("prompt: ") or segment[8:9] not in ("'", '"'):
+        start = ids_at + len(_IDS)
+        end = line.find(b"]", start)
+        body = line[start : len(line) if end < 0 else end]
+        return _Ids(body)
+    if not line.startswith(b"prompt: ", at) or line[at + 8 : at + 9] not in (b"'", b'"'):
         return None
+    segment = line[at:].decode("utf-8", errors="replace")
     quote = segment[8]
     ends = [segment.find(quote + end, 9) for end in (", prompt_token_ids: ", ", params: ", ", prompt_embeds")]
     found = [e for e in ends if e > 0]
@@ -259,7 +349,7 @@ def _prompt_from(segment: str) -> _Ids | str | None:
     return text if isinstance(text, str) else None
 
 
-def _time_s(line: str) -> float | None:
+def _time_s(line: bytes) -> float | None:
     match = _TIME.search(line)
     if match is None:
         return None

@@ -152,12 +152,17 @@ def test_a_ctrl_c_that_python_dropped_still_stops_the_build_before_its_trace_is_
     log = _gateway_log(tmp_path / "gateway.jsonl", requests=50)
     out = tmp_path / "trace.jsonl"
     out.write_text("an older trace\n")
-    before = signal.getsignal(signal.SIGINT)
-    with interrupts_latched():
-        assert signal.getsignal(signal.SIGINT) is not before  # the latching handler
-        INTERRUPTED.set()  # what the handler does before raising: here the raise was "dropped"
-        with pytest.raises(KeyboardInterrupt):
-            build_trace([log], out, workers=1)
-    assert out.read_text() == "an older trace\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gateway.jsonl", "trace.jsonl"]
-    assert not INTERRUPTED.is_set() and signal.getsignal(signal.SIGINT) is before
+    # Python's own handler, as under a terminal (a `cmd &` job of a shell without job control inherits
+    # SIGINT ignored, and interrupts_latched rightly leaves an ignored signal alone)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with interrupts_latched():
+            assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # the latching one
+            INTERRUPTED.set()  # what the handler does before raising: here the raise was "dropped"
+            with pytest.raises(KeyboardInterrupt):
+                build_trace([log], out, workers=1)
+        assert out.read_text() == "an older trace\n"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["gateway.jsonl", "trace.jsonl"]
+        assert not INTERRUPTED.is_set() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, inherited)

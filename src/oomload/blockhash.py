@@ -106,11 +106,7 @@ class BlockHasher:
         end += word * 8
         first_word = np.repeat(starts[:-1], full)
         digests = _token_digests(self.salt, text.words, starts, word, end, first_word)
-        end -= first_word * 8  # the block's end in its text: its length in bytes, keyed with its depth
-        end <<= 32
-        end |= depth
-        keyed = _siphash13(self.sip_key, digests, end.view(np.uint64))
-        return block_ids(keyed), offsets, ids_in
+        return block_ids(_siphash13(self.sip_key, digests)), offsets, ids_in
 
     def conversation_chain(self, conversation: str, prompt_tokens: int) -> tuple[int, ...]:
         """The ids of the first ``prompt_tokens // block_tokens`` blocks of a conversation's token stream:
@@ -191,10 +187,22 @@ def _canonical_ids(ids_text: str) -> bytes:
     return text.replace(b",", b", ")
 
 
-def count_token_texts(texts: Sequence[str | bytes]) -> npt.NDArray[np.int64]:
+def count_token_texts(texts: Sequence[bytes]) -> npt.NDArray[np.int64]:
     """How many ids each ``"1, 2, 3"`` text lists (commas + 1; none for a blank one), for a batch at
     once: ``bytes.count`` per text is several times slower on long lists."""
-    return _IdTexts.of(texts).ids_in()
+    buffer, lengths, starts = _joined(list(texts))
+    before = _commas_before(np.frombuffer(buffer, np.uint8) == _COMMA)
+    counts = before[starts[1:]] - before[starts[:-1]]
+    counts[[not t.strip() for t in texts]] = 0
+    return counts
+
+
+def _commas_before(commas: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
+    """The commas before each 8-byte word of a buffer (and in all of it, last)."""
+    before = np.empty(len(commas) // 8 + 1, dtype=np.int64)
+    before[0] = 0
+    np.cumsum(np.bitwise_count(commas.view(_WORD)), dtype=np.int64, out=before[1:])
+    return before
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,11 +228,7 @@ class _IdTexts:
             buffer, lengths, starts = _joined([_canonical_ids(_text(t)) for t in texts])
             data = np.frombuffer(buffer, np.uint8)
             commas = data == _COMMA
-        comma_words = commas.view(_WORD)
-        before = np.empty(len(comma_words) + 1, dtype=np.int64)
-        before[0] = 0
-        np.cumsum(np.bitwise_count(comma_words), dtype=np.int64, out=before[1:])
-        return cls(np.frombuffer(buffer, _WORD), lengths, starts, comma_words, before)
+        return cls(np.frombuffer(buffer, _WORD), lengths, starts, commas.view(_WORD), _commas_before(commas))
 
     def ids_in(self) -> npt.NDArray[np.int64]:
         counts = self.before[self.starts[1:]] - self.before[self.starts[:-1]]
@@ -336,17 +340,17 @@ def part_marks(sizes: npt.NDArray[np.int64], crcs: npt.NDArray[np.uint64]) -> np
 _U = np.uint64
 
 
-def _siphash13(
-    key: tuple[np.uint64, np.uint64], m0: npt.NDArray[np.uint64], m1: npt.NDArray[np.uint64]
-) -> npt.NDArray[np.uint64]:
-    """SipHash-1-3 of the 16 bytes ``m0 m1`` under ``key``, for arrays of messages at once (in place:
-    four state arrays and one scratch array, whatever the rounds)."""
+def _siphash13(key: tuple[np.uint64, np.uint64], *words: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """SipHash-1-3 of the ``8 × len(words)`` bytes ``words[0] words[1] …`` (little-endian 64-bit words)
+    under ``key``, for arrays of messages at once (in place: four state arrays and one scratch array,
+    whatever the rounds)."""
     k0, k1 = key
-    v0 = np.full(m0.shape, k0 ^ _U(0x736F6D6570736575), dtype=np.uint64)
-    v1 = np.full(m0.shape, k1 ^ _U(0x646F72616E646F6D), dtype=np.uint64)
-    v2 = np.full(m0.shape, k0 ^ _U(0x6C7967656E657261), dtype=np.uint64)
-    v3 = np.full(m0.shape, k1 ^ _U(0x7465646279746573), dtype=np.uint64)
-    scratch = np.empty(m0.shape, dtype=np.uint64)
+    shape = words[0].shape
+    v0 = np.full(shape, k0 ^ _U(0x736F6D6570736575), dtype=np.uint64)
+    v1 = np.full(shape, k1 ^ _U(0x646F72616E646F6D), dtype=np.uint64)
+    v2 = np.full(shape, k0 ^ _U(0x6C7967656E657261), dtype=np.uint64)
+    v3 = np.full(shape, k1 ^ _U(0x7465646279746573), dtype=np.uint64)
+    scratch = np.empty(shape, dtype=np.uint64)
 
     def rotl(v: npt.NDArray[np.uint64], bits: int) -> None:
         np.left_shift(v, _U(bits), out=scratch)
@@ -370,7 +374,7 @@ def _siphash13(
             np.bitwise_xor(v1, v2, out=v1)
             rotl(v2, 32)
 
-    for m in (m0, m1, _U(16 << 56)):
+    for m in (*words, _U((8 * len(words)) << 56)):
         v3 ^= m
         rounds(1)
         v0 ^= m

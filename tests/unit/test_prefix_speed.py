@@ -27,7 +27,7 @@ SALT = b"speed-salt"
 def _plain_chain(hasher: BlockHasher, ids_text: str) -> tuple[int, ...]:
     """The ids computed the plain way, one prompt and one block at a time: the ids joined by ", ", read
     as little-endian 8-byte words; block k's digest sums each word's keyed term up to the block's end
-    (the last word cut there), and its id is SipHash of (digest, end << 32 | k)."""
+    (the last word cut there), and its id is SipHash of the digest."""
     data = _canonical_ids(ids_text)
     ids = data.split(b", ") if data else []
     size = hasher.block_tokens
@@ -49,9 +49,7 @@ def _plain_chain(hasher: BlockHasher, ids_text: str) -> tuple[int, ...]:
             summed += term(words[whole], whole)
             whole += 1
         digest = summed + term(words[end // 8] & ((1 << (8 * (end % 8))) - 1), end // 8)
-        keyed = _siphash13(
-            hasher.sip_key, np.array([digest & mask], np.uint64), np.array([end << 32 | k], np.uint64)
-        )
+        keyed = _siphash13(hasher.sip_key, np.array([digest & mask], np.uint64))
         out.append(int(block_ids(keyed)[0]))
     return tuple(out)
 
@@ -142,8 +140,8 @@ def test_prompts_sharing_a_start_share_its_blocks_and_match_the_plain_ones(block
     assert not set(chains[5][len(chains[0]) + 1 :]) & set(chains[0])
 
 
-def _siphash13_reference(k0: int, k1: int, m0: int, m1: int) -> int:
-    """SipHash-1-3 of the 16 bytes ``m0 m1`` (two little-endian words), in plain Python."""
+def _siphash13_reference(k0: int, k1: int, *words: int) -> int:
+    """SipHash-1-3 of the little-endian 64-bit ``words`` (8 bytes each), in plain Python."""
     mask = (1 << 64) - 1
 
     def rotl(x: int, b: int) -> int:
@@ -163,7 +161,7 @@ def _siphash13_reference(k0: int, k1: int, m0: int, m1: int) -> int:
         v[1] = rotl(v[1], 17) ^ v[2]
         v[2] = rotl(v[2], 32)
 
-    for m in (m0, m1, 16 << 56):
+    for m in (*words, (8 * len(words)) << 56):
         v[3] ^= m
         sip_round()
         v[0] ^= m
@@ -182,6 +180,8 @@ def test_the_vectorised_siphash_is_siphash_1_3() -> None:
     ]
     assert _siphash13(key, m0, m1).tolist() == expected
     assert _siphash13(key, m0[:0], m1[:0]).tolist() == []
+    one_word = [_siphash13_reference(int(key[0]), int(key[1]), int(a)) for a in m0]
+    assert _siphash13(key, m0.copy()).tolist() == one_word != expected
 
 
 def _plain_message_ids(

@@ -219,14 +219,13 @@ def _sixteen_digit_lists(hash_ids: pa.Array | pa.ChunkedArray) -> pa.Array | Non
     ids = values.to_numpy()
     if not (_SIXTEEN_DIGITS[0] <= ids.min() and ids.max() < _SIXTEEN_DIGITS[1]):
         return None
+    groups = np.empty((len(ids), 4), dtype=np.int64)  # the id's four 4-digit groups, high first
+    high, low = np.divmod(ids, 10**8)
+    np.divmod(high, 10**4, out=(groups[:, 0], groups[:, 1]))
+    np.divmod(low, 10**4, out=(groups[:, 2], groups[:, 3]))
     text = np.empty((len(ids), 17), dtype=np.uint8)
     text[:, 0] = ord(",")
-    high, low = np.divmod(ids, 10**8)
-    digits = np.empty((len(ids), 4), dtype="<u4")
-    for column, (half, part) in enumerate(((high, 0), (high, 1), (low, 0), (low, 1))):
-        group = half // 10**4 if part == 0 else half % 10**4
-        digits[:, column] = _FOUR_DIGITS[group]
-    text[:, 1:] = digits.view(np.uint8)
+    text[:, 1:] = _FOUR_DIGITS[groups].view(np.uint8)
     starts = (offsets - first) * 17
     filled = np.diff(offsets) > 0
     if lists.null_count:

@@ -14,11 +14,18 @@ always 16 digits (the trace writer renders them as fixed-width text, ``ingest.co
 2⁵³, so every JSON reader holds it exactly (JavaScript's too); two different prefixes collide with
 odds of about n²/2⁵³ for n distinct blocks (one in 9,000 for a million).
 
-What is keyed: for token ids (``chain_tokens``; ``chain_token_text`` reads a vLLM log's id list
-as bytes, never parsing it), a 64-bit digest of the prefix — a keyed linear hash of its bytes
-(each byte's table entry times its position's multiplier, summed: block sums, then prefix sums,
-and a prompt sharing its start with an earlier one of the batch reuses those sums) — keyed with
-the depth. When only message boundaries are known
+What is keyed: for token ids (``chain_tokens``; ``token_text_chains`` reads a vLLM log's id lists
+as bytes, never parsing them), a 64-bit digest of the prefix's text in vLLM's own form ``"1, 2, 3"``
+(any other spacing is made that first: spaces never matter). The text is read as little-endian
+8-byte words; word j's term is ``((w ^ w >> 32) · m_j) ^ (that >> 32)`` with ``m_j`` a keyed odd
+multiplier for position j — a bijection of the word whose low bits depend on all of its bits — and
+the digest of the first L bytes is the wrapping sum of the terms of its whole words plus that of
+its last word cut at L (``_token_digests``). For a whole batch (a few MB of id lists) that is a
+handful of numpy passes over the words: one cumulative sum of all terms, each digest a difference
+of two of its entries; the block ends (every ``block_tokens``-th comma) are found from per-word
+comma counts (``np.bitwise_count``, a cumulative sum, ``searchsorted``, then the byte within the
+word by SWAR, ``_comma_byte``). Two different prefixes share a digest with odds about 2⁻⁶³.
+When only message boundaries are known
 (``chain_messages`` / ``message_block_ids``), each message enters a keyed chain by its length and
 CRC-32 (``message_keys``: one fast pass over its raw bytes, then SipHash over 16 bytes, one step
 per message position for a whole batch of requests), and block k's id mixes the chained key of the
@@ -282,7 +289,8 @@ def _comma_byte(comma_words: npt.NDArray[np.uint64], number: npt.NDArray[np.int6
     probe += (_U(0x7F) - number.astype(np.uint64)) * _ONES
     probe >>= _U(7)
     probe &= _ONES
-    return 8 - np.bitwise_count(probe).astype(np.int64)
+    clear: npt.NDArray[np.int64] = 8 - np.bitwise_count(probe).astype(np.int64)
+    return clear
 
 
 def _mixed(words: npt.NDArray[np.uint64], multipliers: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
@@ -374,7 +382,8 @@ def _siphash13(key: tuple[np.uint64, np.uint64], *words: npt.NDArray[np.uint64])
             np.bitwise_xor(v1, v2, out=v1)
             rotl(v2, 32)
 
-    for m in (*words, _U((8 * len(words)) << 56)):
+    message: tuple[npt.NDArray[np.uint64] | np.uint64, ...] = (*words, _U((8 * len(words)) << 56))
+    for m in message:
         v3 ^= m
         rounds(1)
         v0 ^= m

@@ -348,3 +348,37 @@ def test_a_conversation_column_in_a_csv_is_refused_in_one_sentence(tmp_path: Pat
         build_trace(
             [log], tmp_path / "t.jsonl", mapping=parse_mapping("input=in,output=out,conversation=conv")
         )
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_vllm_prompts_are_counted_a_batch_at_a_time_and_their_bound_kept_in_line_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strict: bool
+) -> None:
+    """Ids are counted with their batch (many batches here), not line by line; a prompt over the token
+    bound is still skipped with its line, in order, and under --strict the first one stops the build."""
+    from oomload.errors import TraceFormatError
+    from oomload.ingest import vllm_log
+    from oomload.ingest.skips import SkipLog
+    from oomload.ingest.source import LogSource
+
+    monkeypatch.setattr(vllm_log, "BATCH_ROWS", 3)
+    from oomload import trace
+
+    for module in (vllm_log, trace):  # the bound, scaled down to these prompts
+        monkeypatch.setattr(module, "MAX_TOKENS", 20)
+    sizes = [5, 21, 0, 7, 30, 20, 1, 25, 16, 2]
+    log = tmp_path / "vllm.log"
+    log.write_text("".join(_vllm_line(i, f"r{i}", list(range(100, 100 + n))) for i, n in enumerate(sizes)))
+    skips = SkipLog(strict=strict)
+    batches = vllm_log.read_vllm_batches(LogSource(log), skips, None)
+    if strict:
+        with pytest.raises(TraceFormatError, match="prompt_tokens over the limit") as error:
+            list(batches)
+        assert error.value.line == 4  # request 1's Received line: its Request line is 3
+        return
+    tables = list(batches)
+    assert [t.num_rows for t in tables] == [2, 2, 2, 1]  # batches of 3, the over-bound ones dropped
+    kept = [n for t in tables for n in t.column("prompt_tokens").to_pylist()]
+    assert kept == [n for n in sizes if n <= 20]
+    assert list(skips.counts.values()) == [3]
+    assert next(iter(skips.examples.values())) == [f"{log}:{2 * i + 2}" for i in (1, 4, 7)]

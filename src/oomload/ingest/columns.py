@@ -217,7 +217,7 @@ def _sixteen_digit_lists(hash_ids: pa.Array | pa.ChunkedArray) -> pa.Array | Non
     if values.null_count or (last - first) * 17 >= 2**31:
         return None
     ids = values.to_numpy()
-    if not (_SIXTEEN_DIGITS[0] <= ids.min() and ids.max() < _SIXTEEN_DIGITS[1]):
+    if not len(ids) or not (_SIXTEEN_DIGITS[0] <= ids.min() and ids.max() < _SIXTEEN_DIGITS[1]):
         return None
     groups = np.empty((len(ids), 4), dtype=np.int64)  # the id's four 4-digit groups, high first
     high, low = np.divmod(ids, 10**8)

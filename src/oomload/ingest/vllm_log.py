@@ -27,6 +27,14 @@ skipped with the reason ``prompt ids cut at --max-log-len N``, and a note says h
 lengths. Without the banner (a log that starts after it), when at least ``SUSPECT_MIN_PROMPTS``
 prompts and ``SUSPECT_MIN_SHARE`` of them sit at one identical maximum length, a note warns that the
 log was probably written with ``--max-log-len`` at that length.
+
+**Reading.** Lines are taken as bytes; the markers are looked for in a line's first KB only (the log
+prefix and the start of the message), never in a 100 KB id list. The requests are gathered into
+batches of about 2 MB of id lists (``_Rows``), whose ids are counted — and, with a hasher, chained —
+for the whole batch at once (``oomload.blockhash``): a prompt's length is known, and its token bound
+checked, when its batch is done (at once under ``--strict``, so that the first fault is the first
+line). The first pass finds aborted requests and failed access lines with ``bytes.find`` over
+whole chunks.
 """
 
 from __future__ import annotations

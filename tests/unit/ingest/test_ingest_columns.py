@@ -6,6 +6,9 @@ import base64
 import json
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -86,3 +89,32 @@ def test_local_tiktoken_file_counts_tokens(tmp_path: Path) -> None:
 def test_bad_tokenizer_specs(spec: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_token_counter(spec)
+
+
+def test_sixteen_digit_ids_render_as_the_generic_cast_does() -> None:
+    """The numpy renderer of derived ids (16 digits) writes what pyarrow's cast and join write, for
+    lists with nulls, empty lists, sliced and chunked columns; other ids take the generic path."""
+    from oomload.ingest.columns import _sixteen_digit_lists
+
+    def generic(column: pa.Array | pa.ChunkedArray) -> list[str | None]:
+        texts = pc.binary_join(pc.cast(column, pa.list_(pa.string())), ",").to_pylist()
+        return [None if not t else "[" + t for t in texts]
+
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        rows = [
+            None if r < 0.15 else [] if r < 0.3 else rng.integers(10**15, 10**16, rng.integers(1, 6)).tolist()
+            for r in rng.random(int(rng.integers(1, 30)))
+        ]
+        rows[0] = [10**15, 10**16 - 1]  # the range's two ends
+        column: pa.Array | pa.ChunkedArray = pa.array(rows, pa.list_(pa.int64()))
+        if trial % 3 == 1:
+            column = column.slice(int(rng.integers(0, len(rows))))
+        elif trial % 3 == 2:
+            column = pa.chunked_array([column.slice(0, len(rows) // 2), column.slice(len(rows) // 2)])
+        fixed = _sixteen_digit_lists(column)
+        if all(t is None for t in generic(column)):  # the caller renders nothing then
+            continue
+        assert fixed is not None and fixed.to_pylist() == generic(column)
+    assert _sixteen_digit_lists(pa.array([[1, 2], None], pa.list_(pa.int64()))) is None  # Mooncake's ids
+    assert _sixteen_digit_lists(pa.array([[10**16]], pa.list_(pa.int64()))) is None

@@ -13,8 +13,23 @@ neighbour on each side.
 Checked: the onset oomload reports by default is the step where the real ``vllm:num_preemptions_total``
 first rose; it is later than the ``--distinct-prompts`` onset; both agree with the block arithmetic
 within one level; vLLM's own prefix-cache hit rate, over the steps before the onset, is within 10 % of
-the rate the trace says it should be; the simulator (prefix caching on, as V1) finds the same
-shared-prefix onset within one level.
+the rate the trace says it should be; the simulator (prefix caching on, as V1) finds a shared-prefix
+onset inside the band the block arithmetic allows (below).
+
+Why a band for the simulator and not "the real onset ± one level". Every request here is the same, so
+in a closed loop the requests' *phases* decide the onset: 11 users overflow the pool only when they hold
+their last blocks together. In phase (all at their peak of 22 blocks at once) the onset is 11; below it
+no pattern overflows. Spread evenly over their life (a request holds 4.77 blocks of its own on average,
+not 6) it is 14; at 14 every pattern overflows, since the pool's mean demand over a cycle is then
+16 + 14 × 4.77 = 83 blocks of 79. The simulator's timing has no noise, so the phase pattern a level
+begins with repeats for the whole step: four runs of its sweep here gave 14, 11, 12 and 12, and the last
+CI run 14 (at 12, the run that gave 14 sent 125 requests with its users spread, and none preempted).
+The real vLLM lands at 11 or 12 because on 2 cores it starves the load client (measured with strace:
+one ``sendto`` on loopback held the client's only thread for a whole request, ~0.2 s, while the other
+users waited; the sweep's steps at 11 and 12 held 2.4 and 3.2 users on average, in bursts that start
+together), and each burst puts the users back in phase. Both are right for their timing. What the
+simulator must get right is the memory, the shared blocks held once in a pool of this size, which puts
+its onset in [11, 14] and not at the worst case's 4.
 """
 
 from __future__ import annotations
@@ -150,10 +165,7 @@ def test_onsets_agree_with_the_block_arithmetic(
     assert (prediction["num_gpu_blocks"], prediction["block_size"], prediction["onset_mean"]) == (80, 32, 4)
     assert prediction["levels_apart"] is not None and prediction["levels_apart"] <= 1, prediction
     # The production shape's arithmetic: the 16 shared blocks held once, 6 blocks per request.
-    usable = blocks - 1
-    shared_blocks = len(SHARED_IDS)
-    own_blocks = -(-(PROMPT_TOKENS + OUTPUT_TOKENS - 1) // block_size) - shared_blocks
-    production_onset = (usable - shared_blocks) // own_blocks + 1
+    production_onset = _aligned_onset(blocks - 1, block_size)
     assert production_onset == 11
     assert abs(_grid_index(_onset(shared)["concurrency"]) - _grid_index(production_onset)) <= 1
     # oomload's own prediction of the production shape (the shared blocks held once) agrees with the
@@ -190,12 +202,31 @@ def test_the_servers_hit_rate_is_the_traces_expected_rate(shared: Sweep, distinc
     assert worst_expected == 0.0 and worst_server < 0.05
 
 
-def test_simulator_finds_the_same_shared_prefix_onset(shared: Sweep, trace: Path, tmp_path: Path) -> None:
+def _aligned_onset(usable: int, block_size: int) -> int:
+    """The production shape's arithmetic, users in phase: the shared blocks held once, each request's
+    own blocks at their peak together."""
+    own_blocks = -(-(PROMPT_TOKENS + OUTPUT_TOKENS - 1) // block_size) - len(SHARED_IDS)
+    return (usable - len(SHARED_IDS)) // own_blocks + 1
+
+
+def _spread_onset(usable: int, block_size: int) -> int:
+    """The onset when the users' phases are spread evenly: the lowest level whose mean blocks held
+    (the shared blocks once, each request's own blocks averaged over its decode) exceed the pool."""
+    shared_blocks = len(SHARED_IDS)
+    held = [-(-t // block_size) - shared_blocks for t in range(PROMPT_TOKENS, PROMPT_TOKENS + OUTPUT_TOKENS)]
+    mean_own = sum(held) / len(held)
+    return int((usable - shared_blocks) / mean_own) + 1
+
+
+def test_simulator_finds_a_shared_prefix_onset_inside_the_phase_band(
+    shared: Sweep, distinct: Sweep, trace: Path, tmp_path: Path
+) -> None:
     real_onset = _onset(shared)["concurrency"]
     cache = json.loads((shared.run.path / "cache_config.json").read_text())
+    blocks, block_size = int(cache["num_gpu_blocks"]), int(cache["block_size"])
     sim_args = [
         *("--model", "tiny", "--served-model-name", "tiny-model", "--max-model-len", "2048"),
-        *("--num-gpu-blocks", str(cache["num_gpu_blocks"]), "--block-size", str(cache["block_size"])),
+        *("--num-gpu-blocks", str(blocks), "--block-size", str(block_size)),
         *("--max-num-seqs", str(MAX_NUM_SEQS)),
     ]
     run_dir = tmp_path / "run"
@@ -206,6 +237,12 @@ def test_simulator_finds_the_same_shared_prefix_onset(shared: Sweep, trace: Path
     assert summary is not None
     sim_onset = summary["verdict"]["onsets"]["preemption"]
     assert sim_onset is not None, "the simulator never preempted"
-    FIGURES.append(f"shared-prefix onset: real vLLM {real_onset}, simulated {sim_onset['concurrency']}")
-    assert abs(_grid_index(sim_onset["concurrency"]) - _grid_index(real_onset)) <= 1
+    aligned, spread = _aligned_onset(blocks - 1, block_size), _spread_onset(blocks - 1, block_size)
+    assert (aligned, spread) == (11, 14)
+    FIGURES.append(
+        f"shared-prefix onset: real vLLM {real_onset}, simulated {sim_onset['concurrency']} "
+        f"(in phase {aligned}, spread {spread}; worst case {_onset(distinct)['concurrency']})"
+    )
+    assert aligned <= sim_onset["concurrency"] <= spread
+    assert aligned - 1 <= real_onset <= spread
     assert summary["verdict"]["prefix"]["problem"] is None

@@ -118,3 +118,31 @@ def test_sixteen_digit_ids_render_as_the_generic_cast_does() -> None:
         assert fixed is not None and fixed.to_pylist() == generic(column)
     assert _sixteen_digit_lists(pa.array([[1, 2], None], pa.list_(pa.int64()))) is None  # Mooncake's ids
     assert _sixteen_digit_lists(pa.array([[10**16]], pa.list_(pa.int64()))) is None
+
+
+def test_strings_that_need_escaping_render_as_json_in_any_slice_of_a_batch() -> None:
+    """Ids and models are escaped only when their bytes need it (``_json_string_pieces``): a quote, a
+    backslash, a control character, in a sliced or chunked column, render as JSON in every case."""
+    recs = [
+        TraceRecord("new\nline", 0.0, 1, 1, model="m"),
+        TraceRecord('say "hi"', 1.0, 2, 2, model="back\\slash"),
+        TraceRecord("plain", 2.0, 3, 3, model=None),
+        TraceRecord("tab\there", 3.0, 4, 4, model='q"'),
+        TraceRecord("", 4.0, 5, 5, model="ünï"),
+    ]
+    batch = batch_from_records(recs)
+    for start in range(len(recs)):
+        for stop in range(start + 1, len(recs) + 1):
+            part = batch.slice(start, stop - start)
+            chunked = pa.concat_tables([part.slice(0, 1), part.slice(1)])  # two chunks a column
+            for table in (part, chunked):
+                lines = bytes(lines_bytes(format_lines(table, origin_s=0.0, first_index=start))).decode()
+                fresh = batch_from_records(recs[start:stop])
+                assert (
+                    lines == bytes(lines_bytes(format_lines(fresh, origin_s=0.0, first_index=start))).decode()
+                )
+                got = [json.loads(line) for line in lines.splitlines()]
+                assert [g["id"] for g in got] == [
+                    r.id or f"r{start + i}" for i, r in enumerate(recs[start:stop])
+                ]
+                assert [g.get("model") for g in got] == [r.model for r in recs[start:stop]]

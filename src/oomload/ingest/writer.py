@@ -28,6 +28,8 @@ becomes a ``ConfigError`` naming the output path (``output_error``): one sentenc
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import secrets
 import shutil
@@ -341,7 +343,8 @@ def finish_trace(scratch: TraceScratch, header: TraceHeader, written: BodyWritte
     scratch.commit()
 
 
-SORT_ROWS = 1 << 20  # lines re-rendered at a time when a body is sorted
+SORT_ROWS = 8192  # lines re-rendered at a time when a body is sorted (a few MB: reused, not faulted in)
+NEWLINE_SCAN_BYTES = 1 << 20  # the body's newlines are found a block at a time (a small scratch array)
 ARRIVAL_KEY = ',"arrival_s":'
 AFTER_ARRIVAL_KEY = ',"prompt_tokens":'
 
@@ -355,13 +358,31 @@ def _write_sorted(body_path: Path, skip_bytes: int, final: IO[bytes]) -> None:
     ``,"prompt_tokens":``. Found in each line (``find_substring``), they cut the body in place into
     (head, number, tail) strings, one array over the body's own bytes; the numbers give the order,
     and the output is each head, its number rendered again (as ``format_lines`` renders it), its
-    tail. Beside the body, about 50 bytes a request are held, and the output ``SORT_ROWS`` lines at
-    a time.
+    tail. The body is mapped, not read into this process, and its newlines are found
+    ``NEWLINE_SCAN_BYTES`` at a time; beside it about 50 bytes a request are held, and the output is
+    rendered ``SORT_ROWS`` lines at a time — so the memory a sort takes is reused from one block to
+    the next rather than faulted in anew (on a 48 MB log whose trace is 8 MB, a fresh process's sort
+    had cost 30 MB of new memory and 2,000 page faults).
     """
     with open(body_path, "rb") as body_in:
-        body_in.seek(skip_bytes)
-        data = pa.py_buffer(body_in.read())
-    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n")) + 1
+        if os.fstat(body_in.fileno()).st_size <= skip_bytes:
+            return
+        mapped = mmap.mmap(body_in.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        _write_sorted_lines(pa.py_buffer(memoryview(mapped)[skip_bytes:]), final)
+    finally:
+        with contextlib.suppress(BufferError):  # an exception's frames may still hold a view of it
+            mapped.close()
+
+
+def _write_sorted_lines(data: pa.Buffer, final: IO[bytes]) -> None:
+    raw = np.frombuffer(data, dtype=np.uint8)
+    ends = np.concatenate(
+        [
+            np.flatnonzero(raw[at : at + NEWLINE_SCAN_BYTES] == ord("\n")) + (at + 1)
+            for at in range(0, len(raw), NEWLINE_SCAN_BYTES)
+        ]
+    )
     if not len(ends):
         return
     starts = np.concatenate([np.zeros(1, dtype=np.int64), ends[:-1].astype(np.int64)])

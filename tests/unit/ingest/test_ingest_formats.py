@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from oomload.errors import ConfigError, TraceFormatError
-from oomload.ingest import SkipLog, build_trace, detect_format, iter_records, load_columns, parse_mapping
+from oomload.ingest import (
+    SkipLog,
+    build_trace,
+    detect_format,
+    iter_records,
+    load_columns,
+    parse_mapping,
+    writer,
+)
 from oomload.ingest.source import LogSource
 from oomload.trace import TraceRecord, read_trace, read_trace_header
 
@@ -443,13 +451,17 @@ TRICKY_IDS = [
 ]
 
 
+@pytest.mark.parametrize(("sort_rows", "scan_bytes"), [(8192, 1 << 20), (2, 7), (1, 64)])
 def test_out_of_order_lines_are_sorted_byte_for_byte_like_an_in_order_build(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sort_rows: int, scan_bytes: int
 ) -> None:
     """The sort cuts each trace line at its keys (``writer._write_sorted``): ids holding those keys,
     quotes, escapes and non-ASCII text must come out as a build of the same lines in time order gives
-    them; ties keep their log order."""
+    them; ties keep their log order — also when its newlines are found in blocks of a few bytes and
+    its output is rendered a line or two at a time."""
     monkeypatch.setenv("OOMLOAD_PREFIX_SALT", "sort test")
+    monkeypatch.setattr(writer, "SORT_ROWS", sort_rows)
+    monkeypatch.setattr(writer, "NEWLINE_SCAN_BYTES", scan_bytes)
     times = [30.5, 10.25, 20.0, 10.25, 0.125]
     lines = [
         json.dumps(

@@ -43,6 +43,7 @@ from types import TracebackType
 from typing import IO, NamedTuple, cast
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -401,6 +402,10 @@ def _write_sorted_lines(data: pa.Buffer, final: IO[bytes]) -> None:
     arrival_s = np.asarray(pc.cast(pieces.take(pa.array(3 * line_index + 1)), pa.float64()))
     order = np.argsort(arrival_s, kind="stable")
     origin_s = float(arrival_s.min()) if len(arrival_s) else 0.0
+    if _numbers_stay(arrival_s, origin_s):
+        for start in range(0, len(order), SORT_ROWS):
+            final.write(lines_bytes(lines.take(pa.array(order[start : start + SORT_ROWS]))))
+        return
     empty = pa.scalar("", pa.large_string())
     for start in range(0, len(order), SORT_ROWS):
         rows = order[start : start + SORT_ROWS]
@@ -408,6 +413,19 @@ def _write_sorted_lines(data: pa.Buffer, final: IO[bytes]) -> None:
         number = pc.cast(pc.cast(rebased, pa.string()), pa.large_string())
         heads, tails = pieces.take(pa.array(3 * rows)), pieces.take(pa.array(3 * rows + 2))
         final.write(lines_bytes(pc.binary_join_element_wise(heads, number, tails, empty)))
+
+
+def _numbers_stay(arrival_s: npt.NDArray[np.float64], origin_s: float) -> bool:
+    """Whether rebasing on ``origin_s`` renders every number as it is written: the earliest line is
+    already at +0 (the usual out-of-order log: its first request is its earliest, and only later
+    ones are out of order), no number is -0, and each is already rounded to the µs. Then
+    ``round(x - 0, 6)`` is ``x``, and ``format_lines``'s rendering of ``x`` is the text ``x`` was parsed
+    from (the shortest text that parses back to it), so the sort writes whole lines in the new order."""
+    return (
+        origin_s == 0.0
+        and not bool(np.signbit(arrival_s).any())
+        and bool(pc.all(pc.equal(pc.round(pa.array(arrival_s), 6), pa.array(arrival_s))).as_py())
+    )
 
 
 def write_trace_file(out: str | Path, records: Iterable[TraceRecord], header: TraceHeader) -> int:

@@ -451,18 +451,34 @@ TRICKY_IDS = [
 ]
 
 
+@pytest.mark.parametrize(
+    ("times", "rendered_again"),
+    [
+        ([30.5, 10.25, 20.0, 10.25, 0.125], True),  # the earliest comes last: every number is rebased
+        ([0.125, 30.5, 10.25, 20.0, 10.25], False),  # the first is the earliest: whole lines move
+        ([5.0, 5.0, 30.0, 10.25, 20.0], False),  # the first ties with the second for the earliest
+    ],
+)
 @pytest.mark.parametrize(("sort_rows", "scan_bytes"), [(8192, 1 << 20), (2, 7), (1, 64)])
 def test_out_of_order_lines_are_sorted_byte_for_byte_like_an_in_order_build(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sort_rows: int, scan_bytes: int
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    sort_rows: int,
+    scan_bytes: int,
+    times: list[float],
+    rendered_again: bool,
 ) -> None:
     """The sort cuts each trace line at its keys (``writer._write_sorted``): ids holding those keys,
     quotes, escapes and non-ASCII text must come out as a build of the same lines in time order gives
     them; ties keep their log order — also when its newlines are found in blocks of a few bytes and
-    its output is rendered a line or two at a time."""
+    its output is rendered a line or two at a time, and whether its numbers are rendered again (the
+    earliest line is not the first) or its lines are moved whole."""
     monkeypatch.setenv("OOMLOAD_PREFIX_SALT", "sort test")
     monkeypatch.setattr(writer, "SORT_ROWS", sort_rows)
     monkeypatch.setattr(writer, "NEWLINE_SCAN_BYTES", scan_bytes)
-    times = [30.5, 10.25, 20.0, 10.25, 0.125]
+    stays = writer._numbers_stay
+    decided: list[bool] = []
+    monkeypatch.setattr(writer, "_numbers_stay", lambda *a: decided.append(stays(*a)) or decided[-1])
     lines = [
         json.dumps(
             {
@@ -491,8 +507,9 @@ def test_out_of_order_lines_are_sorted_byte_for_byte_like_an_in_order_build(
     assert body_a == body_b
     records = read_trace(tmp_path / "a.jsonl")
     assert [r.id for r in records] == [TRICKY_IDS[i] for i in by_time]
-    assert [r.arrival_s for r in records] == [0.0, 10.125, 10.125, 19.875, 30.375]
+    assert [r.arrival_s for r in records] == [round(t - min(times), 6) for t in sorted(times)]
     assert all(r.hash_ids for r in records)
+    assert decided == [not rendered_again]
 
 
 def test_oomload_trace_as_input_round_trips(tmp_path: Path) -> None:

@@ -363,7 +363,9 @@ def _write_sorted(body_path: Path, skip_bytes: int, final: IO[bytes]) -> None:
     ``NEWLINE_SCAN_BYTES`` at a time; beside it about 50 bytes a request are held, and the output is
     rendered ``SORT_ROWS`` lines at a time — so the memory a sort takes is reused from one block to
     the next rather than faulted in anew (on a 48 MB log whose trace is 8 MB, a fresh process's sort
-    had cost 30 MB of new memory and 2,000 page faults).
+    had cost 30 MB of new memory and 2,000 page faults). When rebasing would render every number as
+    it is written (``_numbers_stay``: the first line is the earliest, as in most out-of-order logs),
+    the lines move whole and no number is rendered again.
     """
     with open(body_path, "rb") as body_in:
         if os.fstat(body_in.fileno()).st_size <= skip_bytes:
@@ -377,6 +379,7 @@ def _write_sorted(body_path: Path, skip_bytes: int, final: IO[bytes]) -> None:
 
 
 def _write_sorted_lines(data: pa.Buffer, final: IO[bytes]) -> None:
+    """``_write_sorted`` of the body's bytes ``data`` (whole lines, each ending in a newline)."""
     raw = np.frombuffer(data, dtype=np.uint8)
     ends = np.concatenate(
         [

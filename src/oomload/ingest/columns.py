@@ -288,32 +288,23 @@ _ESCAPED_BYTES = np.frombuffer(b'\\"', dtype=np.uint8)
 
 
 def _spanned_bytes(column: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.uint8] | None:
-    """The bytes from each chunk's first string to its last (a null's span included, so never fewer
-    than its strings hold), joined; ``None`` for a column that is not plain or large strings."""
+    """The bytes from each chunk's first string to its last (``lines_bytes``: a null's span included, so
+    never fewer than its strings hold), joined; ``None`` for a column that is not plain or large strings."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     spans = []
     for chunk in chunks:
-        if pa.types.is_string(chunk.type):
-            offset_type: type[np.integer[Any]] = np.int32
-        elif pa.types.is_large_string(chunk.type):
-            offset_type = np.int64
-        else:
+        if not (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)):
             return None
-        if not len(chunk):
-            continue
-        _validity, offsets_buffer, data_buffer = chunk.buffers()
-        offsets = np.frombuffer(offsets_buffer, dtype=offset_type)[
-            chunk.offset : chunk.offset + len(chunk) + 1
-        ]
-        if data_buffer is not None:
-            spans.append(np.frombuffer(data_buffer, dtype=np.uint8)[int(offsets[0]) : int(offsets[-1])])
+        if len(chunk):
+            spans.append(np.frombuffer(lines_bytes(chunk), dtype=np.uint8))
     if len(spans) == 1:
         return spans[0]
     return np.concatenate(spans) if spans else np.empty(0, dtype=np.uint8)
 
 
 def lines_bytes(lines: pa.Array) -> memoryview:
-    """The concatenated UTF-8 bytes of a string array built by ``format_lines`` (zero copy)."""
+    """The concatenated UTF-8 bytes of a string array (a slice's own strings; zero copy), as
+    ``format_lines`` builds them."""
     offsets_buffer, data_buffer = lines.buffers()[1], lines.buffers()[2]
     offset_type = np.int64 if pa.types.is_large_string(lines.type) else np.int32
     offsets = np.frombuffer(offsets_buffer, dtype=offset_type)[lines.offset : lines.offset + len(lines) + 1]

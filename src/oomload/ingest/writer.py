@@ -424,11 +424,10 @@ def _numbers_stay(arrival_s: npt.NDArray[np.float64], origin_s: float) -> bool:
     ones are out of order), no number is -0, and each is already rounded to the µs. Then
     ``round(x - 0, 6)`` is ``x``, and ``format_lines``'s rendering of ``x`` is the text ``x`` was parsed
     from (the shortest text that parses back to it), so the sort writes whole lines in the new order."""
-    return (
-        origin_s == 0.0
-        and not bool(np.signbit(arrival_s).any())
-        and bool(pc.all(pc.equal(pc.round(pa.array(arrival_s), 6), pa.array(arrival_s))).as_py())
-    )
+    if origin_s != 0.0 or bool(np.signbit(arrival_s).any()):
+        return False
+    numbers = pa.array(arrival_s)
+    return bool(pc.all(pc.equal(pc.round(numbers, 6), numbers)).as_py())
 
 
 def write_trace_file(out: str | Path, records: Iterable[TraceRecord], header: TraceHeader) -> int:

@@ -14,6 +14,11 @@ at a time); with more than those two, SIGKILL lands; otherwise the server is res
 moment later.
 Requests are 256 + 1024 tokens (5 blocks of the 12-block pool): at concurrency 4 some queue.
 
+The kill must land inside the step at 4, so that step's hold must outlast the test's own waiting in it:
+the first request the step finishes, then up to ``FREEZE_TIMEOUT_S`` of freezing. With a 30 s hold a CI
+run saw the hold end first (the death was then recorded in the step at 8): ``HOLD_S`` leaves room for
+both, and the run ends at the kill, so the longer hold costs only the first step's extra time.
+
 This test kills its server, so it runs last (files run in name order) and the pool starts a fresh one
 should anything run after it.
 """
@@ -39,6 +44,8 @@ pytestmark = pytest.mark.e2e
 GATE = "no-oom-up-to:8"
 PROMPT_TOKENS, OUTPUT_TOKENS = 256, 1024
 TELEMETRY_CONNECTIONS = 2  # oomload's /metrics scrape and /health check, one of each at most
+FREEZE_TIMEOUT_S = 20.0
+HOLD_S = 60  # > the step at 4's first finished request + FREEZE_TIMEOUT_S (module docstring)
 
 
 def test_killing_vllm_mid_step_is_recorded_and_reported(vllm_servers: ServerPool, tmp_path: Path) -> None:
@@ -48,13 +55,23 @@ def test_killing_vllm_mid_step_is_recorded_and_reported(vllm_servers: ServerPool
     argv = [
         *(sys.executable, "-m", "oomload", "replay", str(trace), "--url", server.url),
         *("--run-dir", str(run_dir), "--gpu", "none", "--gate", GATE),
-        *("--concurrency", "2,4,8", "--hold-s", "30", "--warmup-s", "0", "--no-refine", "--stop-on", "never"),
+        *(
+            "--concurrency",
+            "2,4,8",
+            "--hold-s",
+            str(HOLD_S),
+            "--warmup-s",
+            "0",
+            "--no-refine",
+            "--stop-on",
+            "never",
+        ),
     ]
     with open(tmp_path / "stdout.txt", "w") as out, open(tmp_path / "stderr.txt", "w") as err:
         proc = subprocess.Popen(argv, stdout=out, stderr=err, start_new_session=True)
         try:
-            step = _wait_for_requests_in_step(run_dir, concurrency=4, proc=proc, timeout_s=120.0)
-            unanswered = _freeze_with_requests_in_flight(server, proc, timeout_s=20.0)
+            step = _wait_for_requests_in_step(run_dir, concurrency=4, proc=proc, timeout_s=HOLD_S + 90.0)
+            unanswered = _freeze_with_requests_in_flight(server, proc, timeout_s=FREEZE_TIMEOUT_S)
             killed_at = time.time()
             server.kill()  # returns once every process of the server has exited
             gone_at = time.time()

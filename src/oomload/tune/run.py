@@ -40,10 +40,9 @@ import os
 import shlex
 import signal
 import socket
-import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,8 @@ from rich.markup import escape
 
 from oomload.credentials import scrub
 from oomload.errors import ConfigError, EndpointError, ExitCode, ServeStartError
-from oomload.realvllm.server import RealVllmServer, free_port, harness_env
+from oomload.realvllm.serveline import ServeLine
+from oomload.realvllm.server import RealVllmServer, free_port
 from oomload.stats import recommend_max_model_len
 from oomload.trace import read_trace, read_trace_header
 from oomload.tune.context import TuneConfig, TuneContext
@@ -60,37 +60,11 @@ from oomload.tune.prove import measure_rate, prove, read_text
 from oomload.tune.rate import RateTarget
 from oomload.tune.record import TuneRecord
 from oomload.tune.search import Candidate, next_proposal, pick_winner, seqs_ladder
-from oomload.tune.servecmd import ServeCommand
 from oomload.tune.startup import StartCause, classify_startup_failure
 
 __all__ = ["TuneConfig", "check_port_free", "run_tune", "scrub_file"]
 
 SERVER_LOG = "server.log"
-
-
-@dataclass(frozen=True)
-class CandidateServe:
-    """The user's line with one candidate's flags, as ``RealVllmServer`` starts it (a ``ServeSpec``)."""
-
-    command: ServeCommand
-    candidate: Candidate
-
-    @property
-    def program(self) -> str:
-        return repr(self.command.argv[0])
-
-    def serve_argv(self, host: str, port: int) -> list[str]:
-        argv = list(self.command.with_settings(self.candidate.settings, host, port))
-        if self.command.kind == "sim" and Path(argv[0]).name == "oomload":
-            argv = [sys.executable, "-m", "oomload", *argv[1:]]
-        return argv
-
-    def serve_env(self, env: dict[str, str], tmp_dir: Path) -> dict[str, str]:
-        if Path(self.command.argv[1] if len(self.command.argv) > 1 else "").name == "launcher.py":
-            return harness_env(env, tmp_dir)  # oomload's own CPU-vLLM launcher: the harness's env
-        out = {k: v for k, v in env.items() if k != "VLLM_PORT"}
-        out["TMPDIR"] = str(tmp_dir)
-        return out
 
 
 def run_tune(config: TuneConfig, console: Console | None = None) -> int:
@@ -229,7 +203,7 @@ def _try_candidate(ctx: TuneContext, candidate: Candidate, *, first: bool) -> Ca
     port = config.port if config.port is not None else free_port(config.host)
     short_tmp = tempfile.TemporaryDirectory(prefix="oomload-tune-")
     server = RealVllmServer(
-        CandidateServe(config.serve, candidate),
+        ServeLine(config.serve, candidate.settings),
         cand_dir,
         host=config.host,
         port=port,

@@ -14,6 +14,10 @@ Recognised servers (anything else is refused, before anything starts):
 * ``python -m vllm.entrypoints.openai.api_server --model MODEL …``;
 * ``python …/launcher.py serve MODEL …`` (oomload's launcher for vLLM's CPU build, ``oomload.realvllm``);
 * ``oomload sim serve …`` (the simulator; ``oomload`` is run as ``python -m oomload`` of this install).
+
+Any of them may follow a wrapper that runs it under a limit or in an environment (``WRAPPERS``:
+``prlimit --data=2G -- vllm serve …``, ``env VAR=1 vllm serve …``, ``taskset -c 0 …``): the wrapper and
+its arguments stay in front, unchanged; flags are changed in the server's part only.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
 }
 SWITCHES = frozenset({"--enforce-eager", "--enable-prefix-caching", "--no-enable-prefix-caching"})
 NETWORK_FLAGS = ("--host", "--port")
+# commands that run the server under a limit or in an environment: kept in front of it, never changed
+WRAPPERS = frozenset({"prlimit", "env", "nice", "taskset", "numactl", "ionice", "chrt"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,12 @@ class ServeCommand:
     argv: tuple[str, ...]
     kind: str  # "vllm" | "sim"
     model: str | None
+    start: int = 0  # where the server's own command begins (after a wrapper such as prlimit or env)
+
+    @property
+    def server_argv(self) -> tuple[str, ...]:
+        """The server's own command, without the wrapper in front of it."""
+        return self.argv[self.start :]
 
     def secrets(self) -> tuple[str, ...]:
         """The line's secrets (vLLM's ``--api-key`` values): never written to a report, log or run dir."""
@@ -70,12 +82,13 @@ class ServeCommand:
 
     def with_settings(self, settings: FlagSource, host: str, port: int) -> tuple[str, ...]:
         """The line with the candidate's flags and the tuner's host and port (module docstring)."""
-        argv = list(self.argv)
+        argv = list(self.server_argv)
         flags = settings.flags()
         for flag, _ in flags:
             argv = remove_flag(argv, flag)
         for flag in NETWORK_FLAGS:
             argv = remove_flag(argv, flag)
+        argv = [*self.argv[: self.start], *argv]
         if self.kind == "sim":
             flags = tuple(
                 (f, v) for f, v in flags if f != "--no-enable-prefix-caching"
@@ -87,9 +100,10 @@ class ServeCommand:
     def shell_line(self, settings: FlagSource) -> str:
         """The user's line with the candidate's flags, shell-quoted (no host/port change), its secrets
         replaced by ``***``."""
-        argv = list(self.argv)
+        argv = list(self.server_argv)
         for flag, _ in settings.flags():
             argv = remove_flag(argv, flag)
+        argv = [*self.argv[: self.start], *argv]
         return scrub(serve_line(argv, settings.flags()), self.secrets())
 
 
@@ -116,19 +130,36 @@ def parse_serve_command(text: str) -> ServeCommand:
         raise ConfigError(f"--serve cannot be split like a shell line: {err}") from err
     if not argv:
         raise ConfigError("--serve is empty: give the command that starts vLLM, e.g. 'vllm serve MODEL'")
+    starts = [0]
+    if PurePath(argv[0]).name in WRAPPERS:  # e.g. prlimit --data=2G -- vllm serve …: the limit stays
+        starts = list(range(1, len(argv)))
+    for start in starts:
+        found = _recognise(argv[start:])
+        if found is not None:
+            kind, model = found
+            return ServeCommand(tuple(argv), kind, model, start)
+    name = PurePath(argv[0]).name
+    raise ConfigError(
+        f"--serve {name!r} is not a vLLM server command: give 'vllm serve MODEL …', "
+        "'python -m vllm.entrypoints.openai.api_server --model MODEL …' or 'oomload sim serve …'"
+        + (f", after {name}'s own arguments" if name in WRAPPERS else "")
+    )
+
+
+def _recognise(argv: Sequence[str]) -> tuple[str, str | None] | None:
+    """``(kind, model)`` when ``argv`` starts a server this module knows, else ``None``."""
+    if not argv:
+        return None
     names = [PurePath(a).name for a in argv]
     if names[0] == "vllm" and len(argv) > 1 and argv[1] == "serve":
-        return ServeCommand(tuple(argv), "vllm", _positional_after(argv, 2) or flag_value(argv, "--model"))
-    if names[0] == "oomload" and argv[1:3] == ["sim", "serve"]:
-        return ServeCommand(tuple(argv), "sim", flag_value(argv, "--model") or "llama-3.1-8b")
-    if "-m" in argv and "vllm.entrypoints.openai.api_server" in argv:
-        return ServeCommand(tuple(argv), "vllm", flag_value(argv, "--model"))
-    if len(argv) > 2 and names[1] == "launcher.py" and argv[2] == "serve":
-        return ServeCommand(tuple(argv), "vllm", _positional_after(argv, 3) or flag_value(argv, "--model"))
-    raise ConfigError(
-        f"--serve {names[0]!r} is not a vLLM server command: give 'vllm serve MODEL …', "
-        "'python -m vllm.entrypoints.openai.api_server --model MODEL …' or 'oomload sim serve …'"
-    )
+        return "vllm", _positional_after(argv, 2) or flag_value(argv, "--model")
+    if names[0] == "oomload" and list(argv[1:3]) == ["sim", "serve"]:
+        return "sim", flag_value(argv, "--model") or "llama-3.1-8b"
+    if names[0].startswith("python") and "-m" in argv and "vllm.entrypoints.openai.api_server" in argv:
+        return "vllm", flag_value(argv, "--model")
+    if len(argv) > 2 and names[0].startswith("python") and names[1] == "launcher.py" and argv[2] == "serve":
+        return "vllm", _positional_after(argv, 3) or flag_value(argv, "--model")
+    return None
 
 
 def flag_value(argv: Sequence[str], flag: str) -> str | None:

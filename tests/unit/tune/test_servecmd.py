@@ -63,6 +63,36 @@ def test_simulator_and_launcher_lines_are_recognised() -> None:
     assert "--num-gpu-blocks" not in aliased and aliased[-6:-4] == ("--num-gpu-blocks-override", "24")
 
 
+def test_a_wrapper_in_front_stays_in_front_and_keeps_its_own_flags() -> None:
+    line = "prlimit --data=1300000000 -- env A=1 vllm serve m --max-num-seqs 8 --port 9 --host 0.0.0.0"
+    cmd = parse_serve_command(line)
+    assert (cmd.kind, cmd.model, cmd.server_argv[:3]) == ("vllm", "m", ("vllm", "serve", "m"))
+    argv = cmd.with_settings(Settings(max_num_seqs=4), "127.0.0.1", 8123)
+    assert argv == (
+        *("prlimit", "--data=1300000000", "--", "env", "A=1", "vllm", "serve", "m"),
+        *("--max-num-seqs", "4", "--host", "127.0.0.1", "--port", "8123"),
+    )
+    assert cmd.shell_line(Settings(max_num_seqs=4)).startswith("prlimit --data=1300000000 -- env A=1 vllm")
+
+
+def test_the_replay_line_runs_the_simulator_of_this_install_behind_a_wrapper() -> None:
+    import sys
+
+    from oomload.realvllm.serveline import ServeLine
+
+    line = ServeLine(parse_serve_command("nice -n 5 oomload sim serve --gpu l4 --port 1"))
+    assert line.serve_argv("127.0.0.1", 7) == [
+        *("nice", "-n", "5", sys.executable, "-m", "oomload", "sim", "serve", "--gpu", "l4"),
+        *("--host", "127.0.0.1", "--port", "7"),
+    ]
+
+
+@pytest.mark.parametrize("line", ["prlimit --data=1 -- sleep 1", "env A=1 python app.py"])
+def test_a_wrapper_around_something_else_is_refused(line: str) -> None:
+    with pytest.raises(ConfigError, match="after .*own arguments"):
+        parse_serve_command(line)
+
+
 @pytest.mark.parametrize("line", ["python app.py", "", "sleep 1", "vllm bench", "'unclosed"])
 def test_a_line_that_is_not_a_vllm_server_is_one_sentence(line: str) -> None:
     with pytest.raises(ConfigError, match="--serve"):

@@ -89,7 +89,7 @@ def test_the_replay_line_runs_the_simulator_of_this_install_behind_a_wrapper() -
 
 @pytest.mark.parametrize("line", ["prlimit --data=1 -- sleep 1", "env A=1 python app.py"])
 def test_a_wrapper_around_something_else_is_refused(line: str) -> None:
-    with pytest.raises(ConfigError, match="after .*own arguments"):
+    with pytest.raises(ConfigError, match=r"after .*own arguments"):
         parse_serve_command(line)
 
 

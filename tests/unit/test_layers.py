@@ -168,6 +168,7 @@ RUNNER = {
     "oomload.run.runner",
     "oomload.run.scenario",
     "oomload.run.session",
+    "oomload.run.served",
     "oomload.run.master_gate",
     "oomload.run.master_meter",
     "oomload.run.worker_node",

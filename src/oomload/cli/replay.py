@@ -71,6 +71,40 @@ def register(subparsers: Any) -> None:
         metavar="ARGS",
         help='extra `oomload sim serve` flags, quoted after an = (--sim="--gpu h100")',
     )
+    server = p.add_argument_group("the server's own evidence (its log, its process, its memory)")
+    server.add_argument(
+        "--serve",
+        metavar="CMD",
+        help="start the server with this line ('vllm serve MODEL …', optionally behind a wrapper such as "
+        "'prlimit --data=…'), measure it, keep its log, PID and exit status, and always stop it",
+    )
+    server.add_argument(
+        "--serve-timeout-s",
+        type=float,
+        default=900.0,
+        metavar="S",
+        help="with --serve: how long the server may take to answer /health (default 900)",
+    )
+    server.add_argument(
+        "--server-log",
+        type=Path,
+        metavar="FILE",
+        help="the log of a server someone else started, followed as it grows (e.g. `kubectl logs -f POD > "
+        "FILE`): the death's cause comes from it",
+    )
+    server.add_argument(
+        "--server-pid",
+        type=int,
+        metavar="PID",
+        help="the server's process on this host (default: the one listening on --url's port, on loopback)",
+    )
+    server.add_argument(
+        "--server-memory",
+        default="auto",
+        metavar="SPEC",
+        help="the server's host memory and cgroup: auto (this host, when the server is local), none, or "
+        "remote:URL (`oomload sample --server-pid … --serve` beside the server)",
+    )
     shape = p.add_argument_group("load shape")
     levels = shape.add_mutually_exclusive_group()
     levels.add_argument(
@@ -111,6 +145,12 @@ def register(subparsers: Any) -> None:
         "repeatable. A dead server always ends the ramp",
     )
     shape.add_argument("--max-duration-s", type=float, default=1800.0, help="whole run (default 1800)")
+    shape.add_argument(
+        "--soak",
+        metavar="DURATION",
+        help="hold one level (--concurrency N) this long (e.g. 600, 10m, 2h) and report each memory "
+        "series' trend: slope, projected time to the limit, or flat",
+    )
     shape.add_argument("--open-loop", action="store_true", help="replay the trace's own arrival times")
     shape.add_argument(
         "--arrival-scale", type=float, default=1.0, help="open loop: arrival_s × F (default 1)"
@@ -215,16 +255,17 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
             "note: --prefix-sharing is the default now and will be removed; drop it",
             file=sys.stderr,
         )
+    demo = args.url is None and args.serve is None  # the built-in simulated server
     if args.ramp:
         levels = parse_levels(args.ramp)
     elif args.concurrency:
         levels = parse_levels(args.concurrency)
     else:
-        levels = DEMO_LEVELS if args.url is None else parse_levels(DEFAULT_LEVELS)
+        levels = DEMO_LEVELS if demo else parse_levels(DEFAULT_LEVELS)
     stop_on = tuple(parse_stop_condition(s) for s in (args.stop_on or ["oom"]))
     if len(stop_on) > 1 and any(c.name == "never" for c in stop_on):
         raise ConfigError("--stop-on never cannot be combined with other stop conditions")
-    hold_s = args.hold_s if args.hold_s is not None else (DEMO_HOLD_S if args.url is None else 30.0)
+    hold_s = args.hold_s if args.hold_s is not None else (DEMO_HOLD_S if demo else 30.0)
     Hold(hold_s, args.min_requests)
     _positive("--max-duration-s", args.max_duration_s)
     _positive("--request-timeout-s", args.request_timeout_s)
@@ -259,6 +300,10 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
     if sim_args and args.url is not None:
         raise ConfigError("--sim only applies without --url (to the simulated server)")
     _check_new_run_dir(args.run_dir)
+    serve = _check_server_flags(args)
+    soak_s = _check_soak(args, levels)
+    if soak_s is not None:
+        hold_s = soak_s
     gates = tuple(args.gate)
     for gate in gates:
         parse_gate(gate)
@@ -272,12 +317,12 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         hold_s=hold_s,
         min_requests=args.min_requests,
         warmup_s=args.warmup_s,
-        refine=not args.no_refine,
-        repeats=args.repeats,
-        evidence=not args.no_evidence,
+        refine=not args.no_refine and soak_s is None,
+        repeats=args.repeats if soak_s is None else 1,
+        evidence=not args.no_evidence and soak_s is None,
         place_levels=not (args.ramp or args.concurrency),  # levels the user names are measured as named
         stop_on=stop_on,
-        max_duration_s=args.max_duration_s,
+        max_duration_s=args.max_duration_s if soak_s is None else max(args.max_duration_s, soak_s + 600.0),
         order=args.order,
         seed=args.seed,
         tail_percentile=args.tail_percentile,
@@ -308,7 +353,78 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         argv=tuple(argv if argv is not None else sys.argv[1:]),
         live=not args.no_live,
         html=not args.no_html,
+        serve=serve,
+        serve_timeout_s=args.serve_timeout_s,
+        server_log=args.server_log,
+        server_pid=args.server_pid,
+        server_memory=args.server_memory,
+        soak_s=soak_s,
     )
+
+
+def _check_server_flags(args: argparse.Namespace) -> str | None:
+    """Validate the server flags; returns the ``--serve`` line (recognised here, before anything runs)."""
+    from oomload.tune.servecmd import parse_serve_command
+
+    if args.serve is not None:
+        if args.url is not None:
+            raise ConfigError("--serve starts the server and measures it; drop --url (or drop --serve)")
+        if args.sim:
+            raise ConfigError(
+                "--sim applies to the built-in simulated server; with --serve, put its flags in the line"
+            )
+        if args.server_log is not None:
+            raise ConfigError(
+                "--serve keeps the server's own log; --server-log is for a server someone else started"
+            )
+        if args.server_pid is not None:
+            raise ConfigError(
+                "--serve knows the server's PID; --server-pid is for a server someone else started"
+            )
+        parse_serve_command(args.serve)  # ConfigError: not a vLLM server line
+        _positive("--serve-timeout-s", args.serve_timeout_s)
+    if args.server_pid is not None and args.server_pid <= 0:
+        raise ConfigError(f"--server-pid must be a process id > 0, got {args.server_pid}")
+    spec = args.server_memory
+    if spec not in ("auto", "none") and not spec.startswith("remote:"):
+        raise ConfigError(f"--server-memory {spec!r} is not one of auto, none, remote:URL")
+    if spec.startswith("remote:"):
+        from oomload.run.preflight import split_base_url
+
+        remote = spec.partition(":")[2]
+        if url_has_credentials(remote):
+            raise url_credentials_error("--server-memory", remote)
+        split_base_url(remote)
+    if args.server_log is not None and args.server_log.is_dir():
+        raise ConfigError(f"--server-log {args.server_log} is a directory; give the log file")
+    return str(args.serve) if args.serve is not None else None
+
+
+def _check_soak(args: argparse.Namespace, levels: tuple[int, ...]) -> float | None:
+    """``--soak``'s duration in seconds (``None`` without it); it holds exactly one level."""
+    if args.soak is None:
+        return None
+    soak_s = parse_duration_s("--soak", args.soak)
+    if not args.concurrency or len(levels) != 1:
+        raise ConfigError("--soak holds one level: give it with --concurrency N (one number)")
+    if args.open_loop:
+        raise ConfigError("--soak holds a concurrency level; drop --open-loop")
+    return soak_s
+
+
+def parse_duration_s(flag: str, text: str) -> float:
+    """``600``, ``90s``, ``10m``, ``2h`` → seconds (> 0); ``ConfigError`` naming the flag otherwise."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    raw = text.strip().lower()
+    scale = units.get(raw[-1:], 1.0)
+    number = raw[:-1] if raw[-1:] in units else raw
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r} is not a duration (e.g. 600, 90s, 10m, 2h)") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{flag} must be a duration > 0, got {text!r}")
+    return value
 
 
 def _check_workers(args: argparse.Namespace) -> int:

@@ -4,7 +4,8 @@
 --serve`` starts it once as given. Either way the line's own host and port are replaced by the caller's
 (loopback and a free port unless told otherwise: ``ServeCommand.with_settings``), a wrapper in front
 (``prlimit``, ``env``, …) stays in front, and ``oomload sim serve`` runs as ``python -m oomload`` of
-this install. The environment: oomload's CPU-vLLM launcher gets the harness's (offline, loopback);
+this install. ``scrub_file`` takes the line's secrets out of the server's log. The environment:
+oomload's CPU-vLLM launcher gets the harness's (offline, loopback);
 any other server the caller's, without ``VLLM_PORT`` (it would override ``--port``) and with its own
 ``TMPDIR`` (vLLM's ZMQ IPC socket paths must stay short).
 """
@@ -15,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from oomload.credentials import scrub
 from oomload.realvllm.server import harness_env
 from oomload.tune.servecmd import FlagSource, ServeCommand
 
@@ -52,3 +54,17 @@ class ServeLine:
         out = {k: v for k, v in env.items() if k != "VLLM_PORT"}
         out["TMPDIR"] = str(tmp_dir)
         return out
+
+
+def scrub_file(path: Path, secrets: tuple[str, ...]) -> None:
+    """Rewrite ``path`` with every secret replaced by ``***`` (vLLM logs its non-default arguments, an
+    ``--api-key`` among them); nothing to do without secrets or without the file."""
+    if not secrets or not path.is_file():
+        return
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        cleaned = scrub(text, secrets)
+        if cleaned != text:
+            path.write_text(cleaned, encoding="utf-8")
+    except OSError:
+        return

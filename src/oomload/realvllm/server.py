@@ -179,7 +179,7 @@ class RealVllmServer:
         # the server's TMPDIR: vLLM puts ZMQ IPC sockets there, whose paths must stay under 107 bytes
         self.tmp_dir = tmp_dir
         self.startup_s: float | None = None
-        self.exit_code: int | None = None  # set when the server exited before it was ready
+        self.exit_code: int | None = None  # set once the server is seen to have exited (``poll``)
         self._proc: subprocess.Popen[bytes] | None = None
         self._pgid: int | None = None
         self._log: IO[bytes] | None = None
@@ -259,6 +259,14 @@ class RealVllmServer:
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def poll(self) -> int | None:
+        """The server's exit status once it has exited (``Popen``'s: ``-9`` for SIGKILL), else ``None``."""
+        if self._proc is not None:
+            code = self._proc.poll()
+            if code is not None:
+                self.exit_code = code
+        return self.exit_code
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             text = self.log_path.read_text(encoding="utf-8", errors="replace")
@@ -282,6 +290,7 @@ class RealVllmServer:
     def stop(self) -> None:
         """SIGTERM the process group, wait for it, SIGKILL what is left. Safe to call twice."""
         if self._pgid is not None:
+            self.poll()  # an exit of its own is kept: it is evidence (``oomload replay --serve``)
             self._signal_group(signal.SIGTERM)
             if not self._wait_group_gone(self.stop_timeout_s):
                 self._signal_group(signal.SIGKILL)

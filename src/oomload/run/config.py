@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from oomload import __version__
+from oomload.credentials import scrub
 from oomload.load.payload import Api, PayloadOptions
 from oomload.schedule import DEFAULT_REPEATS, Hold, SchedulePlan, StopCondition
 from oomload.trace import TraceRecord, read_trace_header
+from oomload.tune.servecmd import ServeCommand, parse_serve_command
 
 # The demo target: a simulated Llama-3.1-8B on an L4 (device memory as vLLM would use it, served on the
 # simulator's /dcgm/metrics) whose KV cache preempts on traces/sample-chat.jsonl within the first few
@@ -142,7 +144,22 @@ class ReplayConfig:
     argv: tuple[str, ...] = ()
     live: bool = True
     html: bool = True  # write report.html (its plots); --no-html: the other reports only
+    serve: str | None = None  # --serve: the line oomload starts the server with (instead of --url)
+    serve_timeout_s: float = 900.0  # how long a --serve server may take to answer /health
+    server_log: Path | None = None  # --server-log: a log of a server someone else started, followed
+    server_pid: int | None = None  # --server-pid: the server's process on this host
+    server_memory: str = "auto"  # auto, none or remote:URL (an `oomload sample` beside the server)
+    soak_s: float | None = None  # --soak: hold the one level this long and report memory's trend
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def serve_command(self) -> ServeCommand | None:
+        """The ``--serve`` line, recognised (``None`` without one)."""
+        return None if self.serve is None else parse_serve_command(self.serve)
+
+    def serve_secrets(self) -> tuple[str, ...]:
+        """The ``--serve`` line's secrets (its ``--api-key``): never written to the run directory."""
+        command = self.serve_command()
+        return () if command is None else command.secrets()
 
     def schedule(self) -> SchedulePlan:
         return SchedulePlan(
@@ -260,7 +277,8 @@ def config_json(
         "schema": 1,
         "oomload_version": __version__,
         "started_unix_s": time.time(),
-        "argv": list(config.argv),
+        "argv": [scrub(a, config.serve_secrets()) for a in config.argv],
+        "serve": None if config.serve is None else scrub(config.serve, config.serve_secrets()),
         "trace_path": str(config.trace_path),
         "trace_count": len(records),
         "url": url,
@@ -281,6 +299,9 @@ def config_json(
         "max_duration_s": config.max_duration_s,
         "max_model_len": max_model_len,
         "gates": list(config.gates),
+        "soak_s": config.soak_s,
+        "server_memory": config.server_memory,
+        "server_log": None if config.server_log is None else str(config.server_log),
         "processes": config.processes,
         "workers": config.expected_workers(),
         "order": config.order,

@@ -2,7 +2,8 @@
 
 Server death is decided within a fraction of a second of the first sign: a user that sees
 ``engine_dead`` or a refused connection flags it (``ReplayContext.death_suspected``) and backs off,
-the watch checks ``/health`` at once, and the server is dead when ``/health`` is refused twice, or
+the watch checks ``/health`` at once, and the server is dead when the server oomload started (the
+simulator, ``--serve``) has exited, when ``/health`` is refused twice, or
 refused / failing (5xx, or no longer HTTP) while requests died or the ``/metrics`` scrapes fail, or
 failing three times in a row. A slow ``/health`` is not death. A dead server ends the ramp whatever
 ``--stop-on`` says: the users go idle at once (``ReplayContext.stopping``), the worker processes
@@ -25,6 +26,7 @@ import urllib.request
 from typing import Any
 
 from oomload.outcome import Outcome
+from oomload.run.served import exit_text
 from oomload.rundir import mark_server_dead
 
 HEALTH_INTERVAL_S = 1.0
@@ -94,6 +96,11 @@ class DeathWatch:
         s = self.session
         if self.dead_evidence is not None:
             return
+        status = None if s.served is None else s.served.poll()
+        if status is not None:  # the server oomload started has exited: dead, whatever /health says
+            self._health_failures += 1
+            self.declare_dead(f"the server process {exit_text(status)}", False, False, exited=True)
+            return
         try:
             with urllib.request.urlopen(s.url + "/health", timeout=5.0) as resp:
                 resp.read()
@@ -123,11 +130,15 @@ class DeathWatch:
         if self._health_refused >= 2 or self._health_failures >= 3 or corroborated:
             self.declare_dead(failure, engine_dead, scrapes_failing)
 
-    def declare_dead(self, failure: str, engine_dead: bool, scrapes_failing: bool) -> None:
+    def declare_dead(
+        self, failure: str, engine_dead: bool, scrapes_failing: bool, *, exited: bool = False
+    ) -> None:
         s = self.session
         step = s.driver.current if s.driver is not None else None
         n = self._health_failures
         evidence = f"/health failed {n}x in a row (last: {failure})" if n > 1 else f"/health {failure}"
+        if exited:
+            evidence = failure
         if engine_dead:
             evidence += "; engine_dead outcomes"
         if scrapes_failing:

@@ -2,7 +2,9 @@
 
 ``run_replay(config, console)`` does, in order:
 
-1. read the trace; without a URL start the simulated vLLM (``oomload.sim.process.SimServer``) with
+1. read the trace; with ``--serve`` start the user's server line (``oomload.realvllm.serveline``: its
+   log is the run directory's ``server.log``, a failed start is ``ServeStartError`` with the cause the
+   log gives); without a URL start the simulated vLLM (``oomload.sim.process.SimServer``) with
    the demo's settings (``oomload.run.config.DEMO_SIM_ARGS``) and say so — the model and the GPU it
    simulates; a URL ending in ``/v1`` is used without it (said in one line);
 2. preflight the endpoint (``/v1/models``: model, ``max_model_len``; warn how many trace requests
@@ -10,10 +12,12 @@
 3. create the run directory, write ``config.json`` (no secrets: only the API key's variable name) and
    copy the trace (``trace.jsonl``);
 4. run the ``oomload.run.session.Session`` (telemetry, Locust, the death watch, the workers);
-5. write ``status.json``, the repro traces (``oomload.run.repro``), hand the run directory to
-   ``oomload.report.finalize_run`` for the verdict and the exit code (130 when interrupted); with
-   ``--web`` (and a run that ended on its own, not by Ctrl-C) the web UI then keeps serving the
-   verdict until Ctrl-C or ``--web-keep-s``; last, stop the simulated server.
+5. when oomload started the server and it died, wait for its exit status (``oomload.run.served``:
+   ``server_exit.json``); write ``status.json``, the repro traces (``oomload.run.repro``), hand the
+   run directory to ``oomload.report.finalize_run`` for the verdict and the exit code (130 when
+   interrupted); with ``--web`` (and a run that ended on its own, not by Ctrl-C) the web UI then
+   keeps serving the verdict until Ctrl-C or ``--web-keep-s``; last, stop the server oomload
+   started (its whole process group), and scrub the ``--serve`` line's secrets from its log.
 
 From the moment the run directory exists, a Ctrl-C or SIGTERM — whenever it comes — ends in
 ``status.json`` (``interrupted``) and a partial report. A run directory that stops taking writes
@@ -30,14 +34,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
-from oomload.credentials import read_api_key
-from oomload.errors import ExitCode, RunDirWriteError
+from oomload.credentials import read_api_key, scrub
+from oomload.errors import EndpointError, ExitCode, RunDirWriteError, ServeStartError
+from oomload.realvllm.serveline import scrub_file
 from oomload.run.config import (
     DEMO_HOLD_S,
     DEMO_LEVELS,
@@ -50,9 +58,13 @@ from oomload.run.config import (
 )
 from oomload.run.preflight import count_unfit, preflight, server_version, split_base_url
 from oomload.run.repro import write_repro
+from oomload.run.served import EXIT_WAIT_S, ServedProcess, exit_text, record_exit
 from oomload.run.session import Session, build_user_class
 from oomload.rundir import RunWriter, new_run_dir
 from oomload.trace import TraceHeader, TraceRecord, read_trace, read_trace_header, write_trace
+from oomload.tune.servecmd import ServeCommand
+
+SERVER_LOG = "server.log"
 
 
 def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
@@ -63,20 +75,31 @@ def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
     api_key = read_api_key(config.api_key_env, os.environ)
     import locust  # noqa: F401  (monkey-patches the process with gevent: before any socket is made)
 
-    sim = None
+    sim = served = None
     url = config.url
+    command = config.serve_command()
     if url is not None:
         url, note = split_base_url(url)
         if note:
             console.print(f"[yellow]note:[/] {note}")
+    elif command is not None:
+        served = _start_served(config, command, console)
+        url = served.url
     else:
         sim = _start_sim(config, console)
         url = sim.url
     try:
-        return _run_with_server(config, console, records, header, url, api_key, simulated=sim is not None)
+        return _run_with_server(
+            config, console, records, header, url, api_key, simulated=sim is not None, served=served or sim
+        )
     finally:
         if sim is not None:
             sim.stop()
+        if served is not None:
+            served.stop()
+            scrub_file(served.log_path, config.serve_secrets())
+            if served.tmp_dir is not None:
+                shutil.rmtree(served.tmp_dir, ignore_errors=True)
 
 
 def _start_sim(config: ReplayConfig, console: Console) -> Any:
@@ -91,6 +114,47 @@ def _start_sim(config: ReplayConfig, console: Console) -> Any:
     return SimServer(args).start()
 
 
+def _start_served(config: ReplayConfig, command: ServeCommand, console: Console) -> Any:
+    """Start the ``--serve`` line (its log in the run directory) and wait for ``/health``; a start that
+    fails is ``ServeStartError`` with the cause its log gives (``oomload.tune.startup``)."""
+    from oomload.realvllm.serveline import ServeLine
+    from oomload.realvllm.server import RealVllmServer, free_port
+    from oomload.tune.startup import classify_startup_failure
+
+    run_dir = config.run_dir if config.run_dir is not None else new_run_dir(config.runs_parent)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="oomload-serve-")  # short: vLLM's ZMQ IPC socket paths must fit 107 bytes
+    server = RealVllmServer(
+        ServeLine(command),
+        run_dir,
+        port=free_port("127.0.0.1"),
+        startup_timeout_s=config.serve_timeout_s,
+        log_name=SERVER_LOG,
+        cwd=Path.cwd(),  # the user's line may name relative paths
+        tmp_dir=Path(tmp),
+    )
+    line = scrub(config.serve or "", config.serve_secrets())
+    console.print(f"starting the server: [bold]{escape(line)}[/] (its log: {server.log_path})")
+    try:
+        server.start()
+    except EndpointError as err:
+        scrub_file(server.log_path, config.serve_secrets())
+        log = (
+            server.log_path.read_text(encoding="utf-8", errors="replace") if server.log_path.is_file() else ""
+        )
+        failure = classify_startup_failure(log)
+        how = (
+            "no answer on /health in time"
+            if server.exit_code is None
+            else f"it {exit_text(server.exit_code)}"
+        )
+        raise ServeStartError(
+            f"the --serve line did not start ({how}): {failure.reason}; its log: {server.log_path}"
+        ) from err
+    console.print(f"the server is up at {server.url} (pid {server.pid}, {server.startup_s:.0f} s to start)")
+    return server
+
+
 def _run_with_server(
     config: ReplayConfig,
     console: Console,
@@ -100,6 +164,7 @@ def _run_with_server(
     api_key: str | None,
     *,
     simulated: bool,
+    served: ServedProcess | None = None,
 ) -> int:
     info = preflight(url, model=config.model, api_key=api_key, timeout_s=preflight_timeout_s(config))
     unfit = count_unfit(records, info.max_model_len)
@@ -112,7 +177,7 @@ def _run_with_server(
     run_dir.mkdir(parents=True, exist_ok=True)
     writer = RunWriter(run_dir)
     session = Session(
-        config, console, writer, records, url, api_key, info.model, info.max_model_len, simulated
+        config, console, writer, records, url, api_key, info.model, info.max_model_len, simulated, served
     )
     end_reason = "error"
     # from here on a Ctrl-C or SIGTERM, whenever it comes, ends in status.json and a (partial) report:
@@ -137,6 +202,9 @@ def _run_with_server(
         # with --web the web UI outlives the load: it serves the verdict once the report exists
         full = writer.write_error is not None
         session.shutdown(keep_web=end_reason not in ("interrupted", "error") and not full)
+        if served is not None:  # its exit is evidence when it died (oomload.run.served)
+            died = session.dead_evidence is not None or served.poll() is not None
+            record_exit(writer, served, wait_s=EXIT_WAIT_S if died else 0.0)
         finished = end_reason not in ("interrupted", "error")
         with contextlib.suppress(RunDirWriteError):  # a full disk: said below, once
             writer.write_status(finished=finished, end_reason=end_reason)

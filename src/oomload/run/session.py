@@ -49,6 +49,7 @@ from oomload.run.config import LoadOptions, ReplayConfig, prefix_mode
 from oomload.run.deathwatch import DeathWatch
 from oomload.run.master_gate import guarded_master_class
 from oomload.run.master_meter import MasterMeter
+from oomload.run.served import ServedProcess
 from oomload.run.snapshot import FinalState, PlanState, TelemetrySnapshot
 from oomload.run.worker_pool import WorkerPool, free_port
 from oomload.rundir import RunReader, RunWriter
@@ -71,8 +72,10 @@ class Session:
         model: str,
         max_model_len: int | None,
         simulated: bool,
+        served: ServedProcess | None = None,
     ) -> None:
         self.config = config
+        self.served = served  # the server oomload started (the simulator, --serve): its exit is evidence
         self.console = console
         self.writer = writer
         self.records = records

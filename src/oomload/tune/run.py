@@ -51,7 +51,7 @@ from rich.markup import escape
 
 from oomload.credentials import scrub
 from oomload.errors import ConfigError, EndpointError, ExitCode, ServeStartError
-from oomload.realvllm.serveline import ServeLine
+from oomload.realvllm.serveline import ServeLine, scrub_file
 from oomload.realvllm.server import RealVllmServer, free_port
 from oomload.stats import recommend_max_model_len
 from oomload.trace import read_trace, read_trace_header
@@ -324,16 +324,6 @@ def _finite(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
-
-
-def scrub_file(path: Path, secrets: tuple[str, ...]) -> None:
-    """Rewrite ``path`` with every secret replaced by ``***`` (nothing to do without secrets)."""
-    if not secrets or not path.is_file():
-        return
-    text = read_text(path)
-    cleaned = scrub(text, secrets)
-    if cleaned != text:
-        path.write_text(cleaned, encoding="utf-8")
 
 
 def _goal(ctx: TuneContext) -> str:

@@ -100,7 +100,7 @@ def test_a_line_that_is_not_a_vllm_server_is_one_sentence(line: str) -> None:
 
 
 def test_an_api_key_in_the_line_is_a_secret_never_shown(tmp_path: Path) -> None:
-    from oomload.tune.run import scrub_file
+    from oomload.realvllm.serveline import scrub_file
 
     cmd = parse_serve_command("vllm serve m --api-key sk-secret-123 --max-num-seqs 8")
     assert cmd.secrets() == ("sk-secret-123",)

@@ -63,8 +63,7 @@ from oomload.run.session import Session, build_user_class
 from oomload.rundir import RunWriter, new_run_dir
 from oomload.trace import TraceHeader, TraceRecord, read_trace, read_trace_header, write_trace
 from oomload.tune.servecmd import ServeCommand
-
-SERVER_LOG = "server.log"
+from oomload.verdict.runview import SERVER_LOG
 
 
 def run_replay(config: ReplayConfig, console: Console | None = None) -> int:

@@ -20,8 +20,8 @@ from typing import Protocol
 
 from oomload.errors import RunDirWriteError
 from oomload.rundir import RunWriter
+from oomload.verdict.runview import SERVER_EXIT
 
-SERVER_EXIT = "server_exit.json"
 EXIT_WAIT_S = 15.0  # vLLM's API server exits within a few seconds of its engine's death
 
 

@@ -14,7 +14,10 @@ scrape taken after the load stopped), or everything after its start when it neve
 
 * Requests: by their ``step`` field; a request written with ``step == -1`` (a worker process that
   could not know the step) goes to the step whose window holds its ``start_unix_s``.
-* Metrics scrapes, GPU samples: by ``t_unix_s`` within the windows.
+* Metrics scrapes, GPU samples, the server's host-memory samples: by ``t_unix_s`` within the windows.
+
+The server's own evidence is read whole: ``server_memory.jsonl``, the tail of ``server.log`` (its last
+``LOG_TAIL_BYTES``) and ``server_exit.json``'s exit status (``oomload.run.served``).
 * A run whose ``steps.jsonl`` is missing or empty gets its steps rebuilt from the requests' own
   ``step`` / ``concurrency`` fields (phase ``ramp``, start/end from the first start and last end).
 
@@ -45,13 +48,18 @@ from oomload.rundir.records import (
     MetricsRow,
     RunConfig,
     RunStatus,
+    ServerMemoryRow,
     StepBoundary,
+    as_int,
     parse_status,
     parse_step_lines,
 )
 from oomload.trace import PrefixInfo, TraceRecord, read_trace, read_trace_header
 
 LAST_STEP_TAIL_S = 5.0
+SERVER_LOG = "server.log"  # the server's log during the run (--serve writes it, --server-log copies it)
+SERVER_EXIT = "server_exit.json"  # oomload.run.served
+LOG_TAIL_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +73,7 @@ class StepData:
     metrics: tuple[MetricsRow, ...]
     gpu: tuple[GpuSampleRow, ...]
     baseline_metric: MetricsRow | None  # last ok scrape before the window (counter baseline)
+    server_memory: tuple[ServerMemoryRow, ...] = ()  # the server's host memory during the window
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +97,9 @@ class RunView:
     pool: CacheConfig | None = None  # the fields of cache_config.json the verdict reads (None: no file)
     trace_prefix: PrefixInfo = field(default_factory=PrefixInfo)  # what the trace's hash_ids mean
     trace_records: tuple[TraceRecord, ...] = ()  # the run's trace.jsonl: lengths and prefix ids
+    server_memory: tuple[ServerMemoryRow, ...] = ()  # server_memory.jsonl: the server's host memory
+    server_log: str | None = None  # server.log: the server's own words during the run (its tail)
+    server_exit_status: int | None = None  # server_exit.json: how a server oomload started ended
 
     @property
     def trace_prompt_tokens(self) -> tuple[int, ...]:
@@ -164,6 +176,9 @@ def load_run(path: str | Path) -> RunView:
             config_note=config_note,
             odds=_odds(reader.stream("odds")),
             trace_prefix=prefix,
+            server_memory=list(filter(None, map(ServerMemoryRow.from_json, reader.stream("server_memory")))),
+            server_log=read_log_tail(reader.path / SERVER_LOG),
+            server_exit_status=as_int((reader.json(SERVER_EXIT) or {}).get("exit_status")),
         )
     except (TypeError, ValueError, KeyError) as err:
         raise ConfigError(f"{reader.path} holds malformed run data ({err})") from err
@@ -186,12 +201,16 @@ def assemble_run(
     config_note: str | None = None,
     odds: tuple[LevelOdds, ...] = (),
     trace_prefix: PrefixInfo | None = None,
+    server_memory: Sequence[ServerMemoryRow] = (),
+    server_log: str | None = None,
+    server_exit_status: int | None = None,
 ) -> RunView:
     """Group already-parsed run data by step (see the module docstring). ``config`` and
     ``cache_config`` are kept as written (reports show all of them); the verdict reads their typed
     fields (``RunConfig``, ``CacheConfig``)."""
     metrics_sorted = sorted(metrics, key=lambda m: m.t_unix_s)
     gpu_sorted = sorted(gpu, key=lambda g: g.t_unix_s)
+    host_sorted = sorted(server_memory, key=lambda h: h.t_unix_s)
     events_sorted = sorted(events, key=lambda e: e.t_unix_s)
     requests_sorted = sorted(requests, key=lambda r: r.start_unix_s)
     boundaries = list(boundaries) or _steps_from_requests(requests_sorted)
@@ -212,10 +231,12 @@ def assemble_run(
 
     metric_times = [m.t_unix_s for m in metrics_sorted]
     gpu_times = [g.t_unix_s for g in gpu_sorted]
+    host_times = [h.t_unix_s for h in host_sorted]
     steps = []
     for boundary, (lo, hi) in zip(boundaries, windows, strict=True):
         m_lo, m_hi = _span(metric_times, lo, hi)
         g_lo, g_hi = _span(gpu_times, lo, hi)
+        h_lo, h_hi = _span(host_times, lo, hi)
         baseline = next((m for m in reversed(metrics_sorted[:m_lo]) if m.ok), None)
         steps.append(
             StepData(
@@ -226,6 +247,7 @@ def assemble_run(
                 metrics=tuple(metrics_sorted[m_lo:m_hi]),
                 gpu=tuple(gpu_sorted[g_lo:g_hi]),
                 baseline_metric=baseline,
+                server_memory=tuple(host_sorted[h_lo:h_hi]),
             )
         )
     return RunView(
@@ -246,7 +268,23 @@ def assemble_run(
         odds=odds,
         trace_prefix=trace_prefix or PrefixInfo(),
         trace_records=tuple(trace),
+        server_memory=tuple(host_sorted),
+        server_log=server_log,
+        server_exit_status=server_exit_status,
     )
+
+
+def read_log_tail(path: Path, max_bytes: int = LOG_TAIL_BYTES) -> str | None:
+    """The last ``max_bytes`` of a server log as text (``None`` when there is no such file): a death's
+    root cause is in its last lines, and a day of a server's log must not be read whole."""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError:
+        return None
+    return data.decode("utf-8", errors="replace")
 
 
 def _odds(lines: Iterable[Mapping[str, Any]]) -> tuple[LevelOdds, ...]:

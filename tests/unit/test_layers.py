@@ -69,6 +69,7 @@ CORE = {
     "oomload.verdict.levels",
     "oomload.verdict.runinfo",
     "oomload.verdict.verdict",
+    "oomload.verdict.servermem",
     "oomload.verdict.recommend",
     "oomload.verdict.gate",
     "oomload.verdict.gatesignals",

@@ -13,6 +13,7 @@ from oomload.outcome import Outcome
 from oomload.verdict import PreemptionOnset, StepFacts, Verdict, kv_peak_text, kv_percent
 from oomload.verdict.recommend import Recommendation
 
+NEAR_LIMIT_SHARE = 0.9  # a peak at 90 % of the server's memory limit is worth a warning
 # outcomes that are not failures, or that a finding of their own already tells
 NOT_FAILURES = frozenset(
     o.value for o in (Outcome.OK, Outcome.CANCELLED, Outcome.CONTEXT_OVERFLOW, Outcome.TRUNCATED)
@@ -35,6 +36,7 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
         prefix_cache(verdict),
         preemption_onset(verdict),
         engine_death(verdict),
+        server_memory(verdict),
         kv_saturation(verdict),
         queueing(verdict),
         context_overflow(verdict),
@@ -117,6 +119,20 @@ def engine_death(verdict: Verdict) -> Finding:
     if death.casualty_text is not None:
         text += f"; {death.casualty_text}"
     return Finding("engine_death", "OOM / engine death", text, "bad")
+
+
+def server_memory(verdict: Verdict) -> Finding | None:
+    """The server's own host memory: its peak against its limit (``None`` when it was not sampled)."""
+    memory = verdict.server_memory
+    if memory is None:
+        return None
+    near = (
+        memory.limit_bytes is not None
+        and memory.peak_bytes is not None
+        and memory.peak_bytes >= NEAR_LIMIT_SHARE * memory.limit_bytes
+    )
+    severity = "bad" if memory.oom_kills else ("warn" if near or memory.peak_bytes is None else "info")
+    return Finding("server_memory", "Server memory", memory.summary_text, severity)
 
 
 def kv_saturation(verdict: Verdict) -> Finding:

@@ -1,7 +1,9 @@
 """The report's plots, drawn with matplotlib's object API (no pyplot, no global state) into PNG bytes.
 
 * ``plot_timeline`` — KV usage (with the 99 % saturation line), preemptions per scrape, running /
-  waiting, device memory used, over seconds since the run started. Steps are shaded by phase (ramp
+  waiting, and memory — the device's used (and total) and the server's own host memory (its cgroup's
+  usage, else its process tree's RSS, with the cgroup's limit) on one axis — over seconds since the
+  run started. Steps are shaded by phase (ramp
   blue, refinement orange, warmup grey) and labelled with their concurrency; the drain before a lower
   step (its requests in flight falling to the lower level; no step runs) is hatched; the preemption
   onset and the engine's death are vertical lines; one legend names every line and shade;
@@ -43,6 +45,7 @@ LABEL_COLORS = {"ramp": "#1f4e89", "refine": "#a35200", "warmup": "#555555"}
 DRAIN_HATCH = "////"
 ONSET_COLOR, DEATH_COLOR, SAFE_COLOR = "#d62728", "black", "#2ca02c"
 REQ_COLOR, TOK_COLOR = "#1f77b4", "#ff7f0e"
+HOST_COLOR = "#8c564b"
 
 
 def plot_timeline(view: RunView, verdict: Verdict) -> bytes:
@@ -70,18 +73,7 @@ def plot_timeline(view: RunView, verdict: Verdict) -> bytes:
     ax_q.plot(t, series(m.num_requests_waiting for m in ok), color="#ff7f0e", lw=1)
     ax_q.set_ylabel("requests")
     ax_q.yaxis.set_major_locator(MaxNLocator(integer=True))
-    has_total = False
-    if view.gpu:
-        tg = [g.t_unix_s - t0 for g in view.gpu]
-        used = [float(g.used_bytes or 0) / 2**30 for g in view.gpu]
-        ax_mem.plot(tg, used, color="#9467bd", lw=1)
-        totals = [float(g.total_bytes) / 2**30 for g in view.gpu if g.total_bytes is not None]
-        if totals:
-            ax_mem.axhline(max(totals), color="grey", ls="--", lw=1)
-            has_total = True
-    else:
-        ax_mem.text(0.5, 0.5, "no GPU samples", ha="center", va="center", transform=ax_mem.transAxes)
-    ax_mem.set_ylabel("device GiB")
+    has_total = _plot_memory(ax_mem, view, t0)
     ax_mem.set_xlabel("seconds since the run started")
     phases: set[str] = set()
     drained = False
@@ -103,6 +95,10 @@ def plot_timeline(view: RunView, verdict: Verdict) -> bytes:
         handles.append(Line2D([], [], color="#9467bd", lw=1, label="device memory used"))
     if has_total:
         handles.append(Line2D([], [], color="grey", ls="--", lw=1, label="device total"))
+    if any(h.used_bytes is not None for h in view.server_memory):
+        handles.append(Line2D([], [], color=HOST_COLOR, lw=1, label="server host memory"))
+    if any(h.cgroup_limit_bytes is not None for h in view.server_memory):
+        handles.append(Line2D([], [], color=HOST_COLOR, ls="--", lw=1, label="server memory limit"))
     handles += [Line2D([], [], **style) for _, style in marks]
     for phase, name in (("ramp", "ramp step"), ("refine", "refinement step"), ("warmup", "warmup")):
         if phase in phases:
@@ -115,6 +111,30 @@ def plot_timeline(view: RunView, verdict: Verdict) -> bytes:
     fig.suptitle("Memory pressure over time (steps shaded and labelled with their concurrency)")
     fig.subplots_adjust(left=0.07, right=0.98, top=0.925, bottom=0.13, hspace=0.12)
     return _png(fig)
+
+
+def _plot_memory(ax: Axes, view: RunView, t0: float) -> bool:
+    """Device memory used (and its total) and the server's host memory (and its cgroup's limit) on
+    one axis, in GiB; returns whether a device total was drawn."""
+    has_total = False
+    if view.gpu:
+        tg = [g.t_unix_s - t0 for g in view.gpu]
+        ax.plot(tg, [float(g.used_bytes or 0) / 2**30 for g in view.gpu], color="#9467bd", lw=1)
+        totals = [float(g.total_bytes) / 2**30 for g in view.gpu if g.total_bytes is not None]
+        if totals:
+            ax.axhline(max(totals), color="grey", ls="--", lw=1)
+            has_total = True
+    host = [h for h in view.server_memory if h.used_bytes is not None]
+    if host:
+        th = [h.t_unix_s - t0 for h in host]
+        ax.plot(th, [float(h.used_bytes or 0) / 2**30 for h in host], color=HOST_COLOR, lw=1)
+        limits = [h.cgroup_limit_bytes for h in host if h.cgroup_limit_bytes is not None]
+        if limits:
+            ax.axhline(float(max(limits)) / 2**30, color=HOST_COLOR, ls="--", lw=1)
+    if not view.gpu and not host:
+        ax.text(0.5, 0.5, "no memory samples", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel("memory GiB" if host else "device GiB")
+    return has_total
 
 
 def _time_marks(verdict: Verdict, t0: float) -> list[tuple[float, dict[str, Any]]]:

@@ -113,11 +113,15 @@ class RunAbortedError(OomloadError):
 
 
 class InternalError(OomloadError):
-    """An unexpected exception inside oomload; ``report_path`` holds its traceback."""
+    """An unexpected exception inside oomload; ``report_path`` holds its traceback, or ``unsaved`` says
+    why no file could (a full disk)."""
 
     exit_code = ExitCode.INTERNAL
 
-    def __init__(self, kind: str, report_path: Path | None) -> None:
+    def __init__(self, kind: str, report_path: Path | None, unsaved: str | None = None) -> None:
         self.report_path = report_path
-        where = f"traceback saved in {report_path}" if report_path is not None else "no traceback saved"
+        if report_path is not None:
+            where = f"traceback saved in {report_path}"
+        else:
+            where = "no traceback saved" + ("" if unsaved is None else f": {unsaved}")
         super().__init__(f"internal error ({kind}), a bug in oomload; {where}")

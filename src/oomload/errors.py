@@ -7,7 +7,8 @@
     │   └── LinkRefusedError         a worker refuses its master (token, untrusted URL)     (exit 2)
     ├── TraceFormatError             unreadable / malformed trace or log, with path and line (exit 2)
     ├── SamplerUnavailableError      NVML / DCGM / remote sampler cannot be used            (exit 2)
-    ├── RunDirWriteError             the run directory cannot be written mid-run (disk full) (exit 2)
+    ├── OutputWriteError             a file or stdout cannot be written: disk full or gone  (exit 2)
+    │   └── RunDirWriteError         the run directory stops taking writes mid-run          (exit 2)
     ├── EndpointError                the target endpoint is unreachable or not vLLM-shaped   (exit 3)
     │   └── ServeStartError          ``oomload tune``: the --serve line did not start, not for memory (exit 3)
     ├── RunAbortedError              a run stopped before it could produce a verdict         (exit 3)
@@ -74,11 +75,22 @@ class SamplerUnavailableError(OomloadError):
     exit_code = ExitCode.USAGE
 
 
-class RunDirWriteError(OomloadError):
-    """The run directory stopped taking writes mid-run (disk full, read-only, a file size limit): the
-    run stops and keeps what it wrote before (``oomload.rundir.RunWriter``)."""
+class OutputWriteError(OomloadError):
+    """A file oomload writes (a report, ``tune.json``, a worker's ``--results``, standard output) cannot
+    be written: a full, read-only or vanished disk, a file size limit. ``path`` names it and ``reason``
+    is the OS's word for it; what was written before stays as it was (``oomload.outfile``)."""
 
     exit_code = ExitCode.USAGE
+
+    def __init__(self, message: str, path: str | Path | None = None, reason: str | None = None) -> None:
+        self.path = None if path is None else str(path)
+        self.reason = reason
+        super().__init__(message)
+
+
+class RunDirWriteError(OutputWriteError):
+    """The run directory stopped taking writes mid-run (disk full, read-only, a file size limit): the
+    run stops and keeps what it wrote before (``oomload.rundir.RunWriter``)."""
 
 
 class EndpointError(OomloadError):
@@ -101,11 +113,15 @@ class RunAbortedError(OomloadError):
 
 
 class InternalError(OomloadError):
-    """An unexpected exception inside oomload; ``report_path`` holds its traceback."""
+    """An unexpected exception inside oomload; ``report_path`` holds its traceback, or ``unsaved`` says
+    why no file could (a full disk)."""
 
     exit_code = ExitCode.INTERNAL
 
-    def __init__(self, kind: str, report_path: Path | None) -> None:
+    def __init__(self, kind: str, report_path: Path | None, unsaved: str | None = None) -> None:
         self.report_path = report_path
-        where = f"traceback saved in {report_path}" if report_path is not None else "no traceback saved"
+        if report_path is not None:
+            where = f"traceback saved in {report_path}"
+        else:
+            where = "no traceback saved" + ("" if unsaved is None else f": {unsaved}")
         super().__init__(f"internal error ({kind}), a bug in oomload; {where}")

@@ -151,6 +151,7 @@ ADAPTERS = {
     "oomload.telemetry.sampler",
     "oomload.telemetry.scrape",
     "oomload.tracereport",
+    "oomload.outfile",
 }
 # Wires one run (``oomload.run``): its configuration, preflight, the Locust scenario and session, the
 # death watch, the live view and web UI, the reproduction, worker processes.

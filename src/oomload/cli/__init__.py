@@ -8,22 +8,31 @@ pandas, NVML) happen inside the handlers, so ``oomload --help`` is fast and impo
 Errors: every ``OomloadError`` becomes one line on stderr (``oomload: error: …``) and its exit code
 (``oomload.errors.ExitCode``); Ctrl-C becomes exit 130 with no traceback. An ``OSError`` that names a
 file (a path under a regular file, a full disk, no permission) is a problem with an input or output
-path: one sentence, exit 2. Anything else is a bug: one line, the traceback saved to a file
-(``oomload.cli.crash``), exit 70 — never 0, 1 or 4, the codes of a verdict or gate result. Every
-message has the API key (the variable ``--api-key-env`` names) replaced by ``***``.
+path: one sentence, exit 2; so is one that names none but is a disk refusing a write (full, read-only,
+a file size limit, gone: ``oomload.outfile.is_disk_error``) — every write path names its file itself
+(``OutputWriteError``), this is the backstop. Standard output is guarded while a command runs
+(``GuardedStdout``): redirected to a full disk (or ``/dev/full``) it is one sentence and exit 2 too,
+and a reader that went away (``| head``) is exit 0. Anything else is a bug: one line, the traceback
+saved to a file (``oomload.cli.crash``), exit 70 — never 0, 1 or 4, the codes of a verdict or gate
+result. Every message has the API key (the variable ``--api-key-env`` names) replaced by ``***``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any, TextIO
 
 from oomload import __version__
 from oomload.cli import plan, replay, report, sample, sim, trace, tune, worker
 from oomload.cli.crash import save_internal_error
 from oomload.credentials import scrub
-from oomload.errors import ExitCode, OomloadError
+from oomload.errors import ExitCode, OomloadError, OutputWriteError
+from oomload.outfile import is_disk_error, reason
 
 SUBCOMMANDS = (trace, replay, report, plan, sim, sample, worker, tune)
 
@@ -52,8 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_command(args: argparse.Namespace) -> int:
     """Run a parsed command (``args.func``), its errors turned into messages and exit codes (above)."""
     secrets = (replay.api_key_value(args),)
+    stdout = sys.stdout
+    sys.stdout = GuardedStdout(stdout)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # output still buffered fails here, not in Python's own flush at exit
+        return code
     except OomloadError as err:
         print(f"oomload: error: {scrub(str(err), secrets)}", file=sys.stderr)
         return int(err.exit_code)
@@ -64,16 +77,61 @@ def run_command(args: argparse.Namespace) -> int:
         return int(ExitCode.OK)
     except OSError as err:
         if err.filename is None:
+            if is_disk_error(err):  # a write path that did not name its file: still the disk, not a bug
+                print(f"oomload: error: cannot write an output ({reason(err)})", file=sys.stderr)
+                return int(ExitCode.USAGE)
             return _internal(err, secrets)
         name = err.filename if err.filename2 is None else f"{err.filename} -> {err.filename2}"
-        reason = err.strerror or type(err).__name__
-        print(f"oomload: error: cannot use {scrub(str(name), secrets)}: {reason}", file=sys.stderr)
+        why = err.strerror or type(err).__name__
+        print(f"oomload: error: cannot use {scrub(str(name), secrets)}: {why}", file=sys.stderr)
         return int(ExitCode.USAGE)
     except Exception as err:
         return _internal(err, secrets)
+    finally:
+        sys.stdout = stdout
 
 
 def _internal(err: Exception, secrets: tuple[str | None, ...]) -> int:
     internal = save_internal_error(err, None, secrets)
     print(f"oomload: error: {internal}", file=sys.stderr)
     return int(internal.exit_code)
+
+
+class GuardedStdout:
+    """``sys.stdout`` while a command runs: a write or flush the disk refuses (standard output
+    redirected to a full disk, ``/dev/full``) raises ``OutputWriteError`` — one sentence, exit 2 —
+    and points the descriptor at ``/dev/null``, so that Python's own flush at exit does not fail on
+    what is still buffered. A broken pipe stays a ``BrokenPipeError`` (exit 0); everything else is
+    the stream's own."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        try:
+            return self._inner.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise self._failed(err) from err
+
+    def flush(self) -> None:
+        try:
+            self._inner.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise self._failed(err) from err
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _failed(self, err: OSError) -> OutputWriteError:
+        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._inner.fileno())
+            finally:
+                os.close(devnull)
+        why = reason(err)
+        return OutputWriteError(f"cannot write to standard output ({why})", "<stdout>", why)

@@ -20,6 +20,7 @@ from oomload.cli.flags import positive as _positive
 from oomload.cli.flags import tcp_port
 from oomload.credentials import read_api_key, url_credentials_error, url_has_credentials
 from oomload.errors import ConfigError, OomloadError
+from oomload.outfile import is_disk_error
 from oomload.rundir import check_run_dir_creatable, new_run_dir
 from oomload.schedule import DEFAULT_REPEATS, MAX_REPEATS
 
@@ -492,7 +493,7 @@ def run(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, BrokenPipeError):
         raise
     except OSError as err:
-        if err.filename is not None:  # a file that cannot be written (a full disk): exit 2 in cli.main
+        if err.filename is not None or is_disk_error(err):  # a full disk: exit 2 in cli.main
             raise
         raise save_internal_error(err, config.run_dir, secrets=(api_key_value(args),)) from err
     except Exception as err:

@@ -12,11 +12,14 @@ any other server the caller's, without ``VLLM_PORT`` (it would override ``--port
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from oomload.credentials import scrub
+from oomload.errors import OutputWriteError
+from oomload.outfile import write_text
 from oomload.realvllm.server import harness_env
 from oomload.tune.servecmd import FlagSource, ServeCommand
 
@@ -58,13 +61,26 @@ class ServeLine:
 
 def scrub_file(path: Path, secrets: tuple[str, ...]) -> None:
     """Rewrite ``path`` with every secret replaced by ``***`` (vLLM logs its non-default arguments, an
-    ``--api-key`` among them); nothing to do without secrets or without the file."""
+    ``--api-key`` among them); nothing to do without secrets or without the file. When the rewrite
+    cannot be written (a full disk) the file is removed rather than left with a secret in it, and
+    ``OutputWriteError`` says so."""
     if not secrets or not path.is_file():
         return
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
-        cleaned = scrub(text, secrets)
-        if cleaned != text:
-            path.write_text(cleaned, encoding="utf-8")
     except OSError:
         return
+    cleaned = scrub(text, secrets)
+    if cleaned == text:
+        return
+    try:
+        write_text(path, cleaned)
+    except OutputWriteError as err:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise OutputWriteError(
+            f"cannot write {path} without its secrets ({err.reason}); it was removed so that no secret "
+            "is left in it, and the server was stopped",
+            path,
+            err.reason,
+        ) from err

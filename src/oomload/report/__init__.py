@@ -15,6 +15,13 @@ Exit code (``run_exit_code``), the first that applies wins:
 3. ``GATE_FAILED`` (1) — a gate rule failed;
 4. ``GATE_NOT_EVALUATED`` (4) — a gate rule lacked evidence and none failed;
 5. ``OK`` (0).
+
+A file that cannot be written (a full, read-only or vanished disk, a file size limit) stops the
+reports there: each file is written whole under a scratch name and renamed into place
+(``oomload.outfile``), so the files written before it, an older copy of it and the run's own data stay
+as they were, and ``OutputWriteError`` says which file, why, and what is kept (one sentence, exit 2);
+``oomload report RUN_DIR`` writes them once there is space. A terminal summary that cannot be written
+(standard output on a full disk) is the same sentence, after the files.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from oomload.errors import ConfigError, ExitCode
+from oomload.errors import ConfigError, ExitCode, OutputWriteError
+from oomload.outfile import reason, write_text
 from oomload.report.junit import render_junit
 from oomload.report.markdown import render_markdown
 from oomload.report.summary import SUMMARY_SCHEMA, build_summary, dump_summary
@@ -77,8 +85,27 @@ def finalize_run(
         now_unix_s=time.time() if now_unix_s is None else now_unix_s,
     )
     if terminal or "terminal" in formats:
-        render_terminal(console or Console(), verdict, recommendation, results, written=written)
+        try:
+            render_terminal(console or Console(), verdict, recommendation, results, written=written)
+        except BrokenPipeError:
+            raise  # a reader that went away (`| head`): not a failure (the CLI)
+        except OSError as err:
+            raise OutputWriteError(
+                f"cannot write the terminal summary ({reason(err)}){_kept_files(written, run_dir)}"
+            ) from err
+        except OutputWriteError as err:  # standard output, as the CLI guards it
+            raise OutputWriteError(f"{err}{_kept_files(written, run_dir)}", err.path) from err
     return code
+
+
+def _kept_files(written: Sequence[str], run_dir: Path) -> str:
+    if not written:
+        return ""
+    return f"; {_and(written)} {'is' if len(written) == 1 else 'are'} written in {run_dir}"
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def run_exit_code(
@@ -103,8 +130,11 @@ def write_reports(
     formats: Sequence[str],
     now_unix_s: float,
 ) -> list[str]:
-    """Write the requested report files into the run directory; return the names written."""
-    written = []
+    """Write the requested report files into the run directory; return the names written.
+
+    ``OutputWriteError`` at the first that cannot be written, naming it and what is kept (module
+    docstring)."""
+    written: list[str] = []
     for fmt in RUN_FORMATS:
         if fmt not in formats:
             continue
@@ -122,12 +152,23 @@ def write_reports(
             text = render_html(view, verdict, recommendation, results)
         else:
             text = render_junit(verdict, recommendation, results)
-        _write_atomic(view.path / FILE_NAMES[fmt], text)
+        try:
+            write_text(view.path / FILE_NAMES[fmt], text)
+        except OutputWriteError as err:
+            raise report_write_error(view.path, FILE_NAMES[fmt], err, written) from err
         written.append(FILE_NAMES[fmt])
     return written
 
 
-def _write_atomic(target: Path, text: str) -> None:
-    tmp = target.with_suffix(target.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(target)
+def report_write_error(
+    run_dir: Path, name: str, err: OutputWriteError, written: Sequence[str]
+) -> OutputWriteError:
+    """The sentence for a report file that could not be written: which, why, what is kept, what next."""
+    why = err.reason or str(err)
+    kept = _and(["the run's measurements", *written])
+    return OutputWriteError(
+        f"cannot write {name} in the run directory {run_dir} ({why}); {kept} are kept as they were — "
+        f"free the space, then `oomload report {run_dir}` writes the reports",
+        run_dir / name,
+        why,
+    )

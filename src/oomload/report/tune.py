@@ -28,7 +28,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from oomload.errors import ConfigError
+from oomload.errors import ConfigError, OutputWriteError
+from oomload.outfile import write_text
 from oomload.tune.record import TuneRecord
 from oomload.tune.search import Candidate
 
@@ -71,10 +72,23 @@ def render_tune_dir(path: Path, console: Console) -> int:
 
 
 def write_tune_reports(path: Path, record: TuneRecord, console: Console) -> None:
-    """Terminal table, ``tune.md`` and ``tune.html`` (``tune.json`` is the runner's)."""
+    """Terminal table, ``tune.md`` and ``tune.html`` (``tune.json`` is the runner's). Each file is
+    written whole (``oomload.outfile``); one that cannot be is ``OutputWriteError`` naming it and what
+    is kept (one sentence, exit 2)."""
     print_tune(record, console)
-    (path / TUNE_MD).write_text(render_markdown(record), encoding="utf-8")
-    (path / TUNE_HTML).write_text(render_html(record), encoding="utf-8")
+    kept = [TUNE_JSON]
+    for name, render in ((TUNE_MD, render_markdown), (TUNE_HTML, render_html)):
+        try:
+            write_text(path / name, render(record))
+        except OutputWriteError as err:
+            raise OutputWriteError(
+                f"cannot write {name} in the tune directory {path} ({err.reason}); {', '.join(kept)} "
+                f"and the candidates' files are kept as they were — free the space, then "
+                f"`oomload report {path}` writes {TUNE_MD} and {TUNE_HTML}",
+                err.path,
+                err.reason,
+            ) from err
+        kept.append(name)
     console.print(f"wrote {TUNE_JSON}, {TUNE_MD}, {TUNE_HTML} in {path}")
 
 

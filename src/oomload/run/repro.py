@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from oomload.errors import TraceFormatError
+from oomload.outfile import output_file, write_failure
 from oomload.rundir import RunReader
 from oomload.trace import PrefixInfo, TraceHeader, TraceRecord, iter_trace, read_trace_header, write_trace
 
@@ -17,6 +18,7 @@ def write_repro(run_dir: Path) -> list[Path]:
     The requests in flight at moment T are those with ``start ≤ T ≤ end``. T is the first
     preemption's scrape time, and for a death the earliest end of a request that failed with
     ``engine_dead``/``transport_error`` in the step of death (else the ``server_dead`` event's time).
+    Each file is written whole (``oomload.outfile``): ``OutputWriteError`` when it cannot be.
     """
     reader = RunReader(run_dir)
     ids, prefix = _trace_prefix_ids(run_dir)
@@ -52,13 +54,15 @@ def write_repro(run_dir: Path) -> list[Path]:
             for r in sorted(in_flight, key=lambda r: r.start_unix_s)
         ]
         path = run_dir / "repro" / f"{name}.jsonl"
-        write_trace(
-            path,
-            repro,
-            TraceHeader(
-                source=(str(run_dir),), format="oomload-repro", extra={"moment": name}, prefix=prefix
-            ),
+        header = TraceHeader(
+            source=(str(run_dir),), format="oomload-repro", extra={"moment": name}, prefix=prefix
         )
+        try:
+            path.parent.mkdir(exist_ok=True)
+        except OSError as err:
+            raise write_failure(path, err) from err
+        with output_file(path) as fh:  # whole or absent: OutputWriteError on a full disk
+            write_trace(fh, repro, header)
         written.append(path)
     return written
 

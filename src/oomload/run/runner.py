@@ -23,7 +23,9 @@ From the moment the run directory exists, a Ctrl-C or SIGTERM — whenever it co
 ``status.json`` (``interrupted``) and a partial report. A run directory that stops taking writes
 (disk full, read-only, a file size limit) ends the run within a second: status.json if it still fits,
 no report (it would not fit either), and ``RunDirWriteError`` — one sentence, exit 2 — saying that the
-run directory keeps what it wrote and that ``oomload report`` judges it once there is space.
+run directory keeps what it wrote and that ``oomload report`` judges it once there is space. A run that
+fit but whose repro traces or reports do not (``oomload.report``'s module docstring) ends the same
+way: one sentence naming the file, what is kept, exit 2.
 Importing Locust monkey-patches the process with gevent; it happens inside ``run_replay`` only.
 
 ``ReplayConfig``, ``LoadOptions``, ``write_repro`` and ``build_user_class`` are importable from here
@@ -44,7 +46,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from oomload.credentials import read_api_key, scrub
-from oomload.errors import EndpointError, ExitCode, RunDirWriteError, ServeStartError
+from oomload.errors import EndpointError, ExitCode, OutputWriteError, RunDirWriteError, ServeStartError
 from oomload.realvllm.serveline import scrub_file
 from oomload.run.config import (
     DEMO_HOLD_S,
@@ -188,7 +190,7 @@ def _run_with_server(
         if simulated:
             document["sim_args"] = [*DEMO_SIM_ARGS, *config.sim_args]
         writer.write_json("config.json", document)
-        write_trace(run_dir / "trace.jsonl", records, header)
+        writer.write_file("trace.jsonl", lambda fh: write_trace(fh, records, header))
         console.print(
             f"run directory [bold]{run_dir}[/] · model {info.model} · max_model_len {info.max_model_len} · "
             f"{len(records)} trace requests · levels {','.join(map(str, config.levels))}"
@@ -212,7 +214,7 @@ def _run_with_server(
     if failure is not None:  # no report either: it could not be written (module docstring)
         raise failure
     try:
-        write_repro(run_dir)
+        _write_repro(run_dir)
         code = _finalize(run_dir, config.gates, console, html=config.html)
         if session.web_ui is not None:
             from oomload.run.webui import final_state
@@ -223,6 +225,16 @@ def _run_with_server(
     if end_reason == "interrupted":
         return int(ExitCode.INTERRUPTED)
     return code
+
+
+def _write_repro(run_dir: Path) -> None:
+    from oomload.report import report_write_error
+
+    try:
+        write_repro(run_dir)
+    except OutputWriteError as err:  # a full disk after the run: said as a report's would be
+        name = os.path.relpath(err.path or run_dir, run_dir)
+        raise report_write_error(run_dir, name, err, ()) from err
 
 
 def _finalize(run_dir: Path, gates: Sequence[str], console: Console, *, html: bool = True) -> int:

@@ -21,7 +21,9 @@ the N local ones that ``oomload replay --processes N`` starts on its own host.
    key never travels); bind the user class to its share of the trace (every K-th request from offset
    k), and say ready — or say why not (``oomload_failed``) and exit 2;
 5. run the users the master dispatches; follow its steps; stream every result to the master in
-   batches (``oomload.load.resultstream``), with a copy in ``--results FILE`` when given;
+   batches (``oomload.load.resultstream``), with a copy in ``--results FILE`` when given — a copy
+   that cannot be written (a full disk) fails closed: the worker leaves as on SIGTERM (below) and
+   exits 2 with one sentence, the file ending on its last whole row;
 6. on the master's stop, drain (at most its grace), abandon what is left (written as ``cancelled``),
    flush, and say drained; on SIGTERM or Ctrl-C do the same at once and leave (Locust's ``quit``);
    when the master's heartbeat stops for ``MASTER_SILENCE_S`` the worker leaves too (exit 3).
@@ -42,6 +44,7 @@ it from the message, a fraction of a second later.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -58,9 +61,10 @@ from typing import Any
 
 from oomload import __version__
 from oomload.credentials import read_api_key
-from oomload.errors import ConfigError, EndpointError, LinkRefusedError, OomloadError
+from oomload.errors import ConfigError, EndpointError, LinkRefusedError, OomloadError, OutputWriteError
 from oomload.load import wire
 from oomload.load.resultstream import BATCH_INTERVAL_S, ResultStream
+from oomload.outfile import reason
 from oomload.run.config import LoadOptions
 from oomload.rundir import server_marked_dead
 
@@ -199,8 +203,8 @@ def run_worker(
         say(f"oomload worker {session.index}: dropped messages from the master ({what})")
     if session.copy is not None:
         session.copy.close()
-        if (stopped := session.copy.stopped()) is not None:
-            say(stopped)
+        if (failure := session.copy.failure()) is not None:
+            raise failure  # it left its master when the copy failed: exit 2, one sentence
     if session.left_by_signal or session.stopped_by_master:
         return 0
     raise EndpointError(
@@ -357,7 +361,7 @@ class WorkerSession:
         records = wire.trace_from_wire(data["trace"])
         # this host's key, through this worker's own variable (the name in options is ignored); never sent
         api_key = read_api_key(self.trust.api_key_env, os.environ)
-        copy = None if self.results_path is None else _RowFile(self.results_path, self.say)
+        copy = None if self.results_path is None else _RowFile(self.results_path, self.leave)
         self.copy = copy
         self.stream = ResultStream(self.send, index, copy=copy)
         context = bind_user(
@@ -433,8 +437,9 @@ class WorkerSession:
         return 0 if self.stream is None else self.stream.rows_sent
 
     def leave(self) -> None:
-        """SIGTERM / Ctrl-C: stop sending, abandon what is in flight (cancelled), send every row, and
-        tell the master this worker quit (it then gives this worker's users to the others)."""
+        """SIGTERM / Ctrl-C, or a ``--results`` copy that failed: stop sending, abandon what is in flight
+        (cancelled), send every row, and tell the master this worker quit (it then gives this worker's
+        users to the others)."""
         import gevent
 
         if self.left_by_signal:
@@ -501,46 +506,61 @@ def guarded_worker_class() -> Any:
 
 
 class _RowFile:
-    """The worker's own copy of its rows (``--results FILE``): JSON Lines, one flushed line a row.
+    """The worker's own copy of its rows (``--results FILE``): JSON Lines, one whole line a row.
 
-    A write that fails (a full disk, a removed mount) ends the copy, not the worker: the rows still
-    go to the master, and ``say`` tells the user once, then ``stopped`` says it again at the end."""
+    A write that fails (a full, read-only or vanished disk, a file size limit) fails closed: the line
+    it began is cut off again (the file ends on its last whole row), the copy ends, and ``on_failure``
+    is called once — the worker then leaves its master as on SIGTERM (every row it has still goes to
+    the master) and exits 2 with ``failure()``'s sentence."""
 
-    def __init__(self, path: Path, say: Callable[[str], object]) -> None:
+    def __init__(self, path: Path, on_failure: Callable[[], object]) -> None:
         self.path = path
-        self.say = say
+        self.on_failure = on_failure
         self.rows = 0
-        self.failure: str | None = None
+        self.reason: str | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open for the run)
+            self.fh = open(path, "ab", buffering=0)  # noqa: SIM115 (kept open for the run)
+            self.size = self.fh.seek(0, os.SEEK_END)  # the bytes of whole rows: an older copy's too
         except OSError as err:
-            raise ConfigError(f"--results {path} cannot be written ({err.strerror or err})") from err
+            raise OutputWriteError(
+                f"--results {path} cannot be written ({reason(err)})", path, reason(err)
+            ) from err
 
     def append(self, stream: str, obj: dict[str, Any]) -> None:
         del stream
-        if self.failure is not None:
+        if self.reason is not None:
             return
+        line = (json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode()
         try:
-            self.fh.write(json.dumps(obj, separators=(",", ":"), default=str) + "\n")
-            self.fh.flush()
+            view = memoryview(line)
+            while view:  # unbuffered: nothing is left to be written later, at close
+                done = self.fh.write(view)
+                if not done:  # a regular file takes at least a byte or says why not
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                view = view[done:]
         except OSError as err:
-            self.failure = err.strerror or str(err) or type(err).__name__
+            self.reason = reason(err)
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fh.fileno(), self.size)  # no torn last line
             self.close()
-            self.say(self._sentence(self.failure))
+            self.on_failure()
             return
+        self.size += len(line)
         self.rows += 1
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.fh.close()
 
-    def stopped(self) -> str | None:
-        """The sentence for a copy that stopped early, ``None`` when it holds every row."""
-        return None if self.failure is None else self._sentence(self.failure)
-
-    def _sentence(self, failure: str) -> str:
-        return (
-            f"oomload worker: --results {self.path} could not be written ({failure}); the copy stopped "
-            f"after {self.rows} rows (a partial line may follow them); every result still went to the master"
+    def failure(self) -> OutputWriteError | None:
+        """The sentence for a copy that stopped early, ``None`` while it holds every row."""
+        if self.reason is None:
+            return None
+        return OutputWriteError(
+            f"--results {self.path} could not be written ({self.reason}); this worker stopped and left "
+            f"its master after {self.rows} rows, which the file holds whole — every result it had still "
+            "went to the master",
+            self.path,
+            self.reason,
         )

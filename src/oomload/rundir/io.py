@@ -40,8 +40,10 @@ A full disk (or a read-only one, or a file size limit) mid-run: the first write 
 (``OSError``: ``ENOSPC``, ``EROFS``, ``EFBIG``, …) is recorded in ``RunWriter.write_error`` and the
 writer's ``on_write_error`` is called once (the session stops the load); every later line is dropped
 without an attempt, so no greenlet or thread ever sees the error and nothing spins. What was flushed
-before stays (a torn last line is skipped by ``RunReader``). ``write_json`` raises
-``RunDirWriteError`` (one sentence, exit 2), as the runner does when the run ends on a failed write.
+before stays (a torn last line is skipped by ``RunReader``). A whole file (``write_json``,
+``write_file``: ``config.json``, ``trace.jsonl``, ``status.json``) is written under a scratch name and
+renamed into place, so it is complete or absent; one that cannot be written raises ``RunDirWriteError``
+(one sentence, exit 2), as the runner does when the run ends on a failed write.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from oomload.errors import ConfigError, RunDirWriteError
+from oomload.errors import ConfigError, OutputWriteError, RunDirWriteError
 from oomload.outcome import RequestResult
+from oomload.outfile import output_file, write_failure
 from oomload.rundir.records import StatusLine
 
 RUN_SCHEMA_VERSION = 1
@@ -203,22 +206,30 @@ class RunWriter:
     def write_json(self, name: str, obj: dict[str, Any]) -> None:
         """Write a whole JSON document atomically (``config.json``, ``status.json`` …);
         ``RunDirWriteError`` when it cannot be written."""
+        text = json.dumps(obj, indent=2, default=str) + "\n"
+        self.write_file(name, lambda fh: fh.write(text))
+
+    def write_file(self, name: str, fill: Callable[[IO[str]], object]) -> None:
+        """Write one whole file of the run directory (``fill`` writes its content) under a scratch name,
+        renamed into place once complete (``oomload.outfile``); ``RunDirWriteError`` when it cannot be
+        written, recorded as a failed stream write is (module docstring)."""
         target = self.path / name
-        tmp = target.with_suffix(target.suffix + ".tmp")
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
-            os.replace(tmp, target)
-        except OSError as err:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise write_failure(target, err) from err
+            with output_file(target) as fh:
+                fill(fh)
+        except OutputWriteError as failed:
+            cause = failed.__cause__ if isinstance(failed.__cause__, OSError) else OSError(failed.reason)
             with self._lock:
-                first = self._failed(err, name)
+                first = self._failed(cause, name)
             if first:
                 self._notify()
             failure = self.write_failure()
             assert failure is not None
-            raise failure from err
+            raise failure from cause
 
     def write_status(self, *, finished: bool, end_reason: str) -> None:
         """``status.json``, written last: how the run ended (its absence means it was cut short)."""

@@ -32,7 +32,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from oomload.errors import ConfigError, ExitCode
 from oomload.odds import Pool
+from oomload.outfile import output_file
 from oomload.run.preflight import preflight
 from oomload.telemetry.scrape import fetch_text
 from oomload.telemetry.vllm_metrics import parse_vllm_metrics
@@ -41,6 +43,8 @@ from oomload.tune.context import TuneContext
 from oomload.tune.rate import RateTarget, arrival_scale, calibration_requests, rate_target_from_summary
 from oomload.tune.search import Candidate, OddsGuide, Proof, headroom_level, odds_guide
 from oomload.tune.startup import pool_from_log
+
+ERROR_PREFIX = "oomload: error: "
 
 
 def prove(ctx: TuneContext, candidate: Candidate, url: str, log_path: Path, cand_dir: Path) -> Proof:
@@ -109,7 +113,9 @@ def measure_rate(ctx: TuneContext, url: str, cand_dir: Path) -> RateTarget | Non
     rate_dir = cand_dir / "rate"
     rate_dir.mkdir(parents=True, exist_ok=True)
     trace = rate_dir / "trace-head.jsonl"
-    write_trace(trace, head, read_trace_header(config.trace_path))
+    header = read_trace_header(config.trace_path)
+    with output_file(trace) as fh:  # whole or absent: OutputWriteError on a full disk
+        write_trace(fh, head, header)
     argv = [
         *_replay_argv(ctx, url, rate_dir / "run", trace=trace),
         "--open-loop",
@@ -146,7 +152,11 @@ def _replay_argv(ctx: TuneContext, url: str, run_dir: Path, *, trace: Path | Non
 
 
 def run_replay_child(ctx: TuneContext, argv: list[str], log_path: Path) -> int | None:
-    """Run ``oomload replay`` as a child (its output in ``log_path``); its exit code."""
+    """Run ``oomload replay`` as a child (its output in ``log_path``); its exit code.
+
+    Exit 2 is no finding about the candidate — the child could not write its run directory (a full
+    disk), or the replay flags are wrong — and every later candidate would meet it too: ``ConfigError``
+    with the child's own sentence stops the tune (exit 2)."""
     env = dict(os.environ)
     secrets = ctx.config.serve.secrets()
     if secrets and not env.get("OPENAI_API_KEY"):
@@ -168,7 +178,18 @@ def run_replay_child(ctx: TuneContext, argv: list[str], log_path: Path) -> int |
                 proc.kill()
                 proc.wait()
             raise
+    if proc.returncode == ExitCode.USAGE:
+        raise ConfigError(f"the replay in {log_path.parent} stopped with exit 2: {_child_error(log_path)}")
     return proc.returncode
+
+
+def _child_error(log_path: Path) -> str:
+    """The child's ``oomload: error: …`` sentence from its log, or where to look."""
+    lines = [line for line in read_text(log_path).splitlines() if line.startswith(ERROR_PREFIX)]
+    said = (
+        lines[-1][len(ERROR_PREFIX) :].strip() if lines else f"{log_path} holds no error line (a full disk?)"
+    )
+    return f"{said} — the tune stopped with no server left running"
 
 
 def proof_from_summary(

@@ -35,7 +35,9 @@ class TuneRecord:
     max_duration_s: float
     slo_ttft_p99_s: float | None
     candidates: tuple[Candidate, ...]
-    status: str  # "running" | "finished" | "interrupted" | "bounded" (the wall-time bound ended it)
+    # "running" | "finished" | "interrupted" | "bounded" (the wall-time bound ended it) | "stopped" (an
+    # error ended it, e.g. a full disk: the last note says which)
+    status: str
     winner_index: int | None = None
     winner_line: str | None = None
     recommended_max_model_len: int | None = None

@@ -25,6 +25,14 @@
 A Ctrl-C at any moment: the replay child gets it too and writes its partial report; the server is
 stopped by its ``with``; ``tune.json`` says ``interrupted`` and holds every candidate so far; exit 130.
 
+A disk that refuses a write (full, read-only, gone, a file size limit) stops the tune at once, with the
+server stopped and one sentence naming the file, exit 2: ``tune.json`` (written whole, so the last one
+that fit stays readable), a server log that cannot be rewritten without its secrets (removed rather
+than kept with them), a candidate's replay that exited 2 (``prove.run_replay_child``: its own sentence
+quoted — a replay that cannot write is no finding about the candidate), ``tune.md`` / ``tune.html``
+(``oomload.report.tune``). An error that ends the tune before its last candidate (these, a
+``ServeStartError``) leaves ``tune.json`` saying ``stopped`` and why, when that still fits.
+
 Errors that are not findings: a ``--serve`` line whose *first* start fails for a reason that is not a
 memory setting (it is not vLLM, it exits at once, it never answers) is ``ServeStartError`` (exit 3,
 the log's line quoted); a ``--port`` already in use is a usage error (exit 2), found before anything
@@ -36,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import shlex
 import signal
 import socket
@@ -50,7 +57,15 @@ from rich.console import Console
 from rich.markup import escape
 
 from oomload.credentials import scrub
-from oomload.errors import ConfigError, EndpointError, ExitCode, ServeStartError
+from oomload.errors import (
+    ConfigError,
+    EndpointError,
+    ExitCode,
+    OomloadError,
+    OutputWriteError,
+    ServeStartError,
+)
+from oomload.outfile import write_text
 from oomload.realvllm.serveline import ServeLine, scrub_file
 from oomload.realvllm.server import RealVllmServer, free_port
 from oomload.stats import recommend_max_model_len
@@ -147,6 +162,10 @@ def _run_tune(config: TuneConfig, console: Console | None) -> int:
     except KeyboardInterrupt:
         status = "interrupted"
         notes.append("interrupted (Ctrl-C): the server was stopped; the table holds the candidates so far")
+    except OomloadError as err:  # said by the CLI; tune.json says so too when it still fits
+        with contextlib.suppress(OutputWriteError):
+            _write(config.run_dir, _record(ctx, history, "stopped", [*notes, f"stopped: {err}"]))
+        raise
     record = _record(ctx, history, status, notes)
     _write(config.run_dir, record)
     from oomload.report.tune import write_tune_reports
@@ -212,10 +231,17 @@ def _try_candidate(ctx: TuneContext, candidate: Candidate, *, first: bool) -> Ca
         cwd=Path.cwd(),  # the user's line may name relative paths
         tmp_dir=Path(short_tmp.name),  # short: vLLM's ZMQ IPC socket paths must fit 107 bytes
     )
+    secrets = config.serve.secrets()  # vLLM logs its non-default args, --api-key too: scrubbed after
     try:
-        return _run_candidate(ctx, candidate, server, cand_dir, first=first)
+        try:
+            done = _run_candidate(ctx, candidate, server, cand_dir, first=first)
+        except BaseException:
+            with contextlib.suppress(OutputWriteError):  # the error already on its way is the one said
+                scrub_file(server.log_path, secrets)
+            raise
+        scrub_file(server.log_path, secrets)
+        return done
     finally:
-        scrub_file(server.log_path, config.serve.secrets())  # vLLM logs its non-default args, --api-key too
         short_tmp.cleanup()
 
 
@@ -314,10 +340,17 @@ def _say(console: Console, c: Candidate) -> None:
 
 
 def _write(run_dir: Path, record: TuneRecord) -> None:
-    path = run_dir / "tune.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record.to_json(), indent=2, allow_nan=False, default=_finite), encoding="utf-8")
-    os.replace(tmp, path)
+    """``tune.json``, whole or not at all; ``OutputWriteError`` stops the tune (module docstring)."""
+    text = json.dumps(record.to_json(), indent=2, allow_nan=False, default=_finite)
+    try:
+        write_text(run_dir / "tune.json", text)
+    except OutputWriteError as err:
+        raise OutputWriteError(
+            f"cannot write tune.json in the tune directory {run_dir} ({err.reason}); the tune stopped "
+            "with no server left running, and what it wrote before is kept as it was",
+            err.path,
+            err.reason,
+        ) from err
 
 
 def _finite(value: object) -> object:

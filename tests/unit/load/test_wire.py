@@ -4,12 +4,15 @@ and the batching of a worker's results."""
 from __future__ import annotations
 
 import json
+import resource
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from oomload.errors import ConfigError
+from oomload.errors import ConfigError, ExitCode, OutputWriteError
 from oomload.load import wire
 from oomload.load.payload import PayloadOptions
 from oomload.load.resultstream import ResultStream
@@ -112,7 +115,7 @@ def test_results_go_in_numbered_batches_and_nothing_is_lost() -> None:
     assert stream.rows_sent == 10
 
 
-# -- a worker's own copy of its rows (--results FILE): a failing disk ends the copy, never a row ---------
+# -- a worker's own copy of its rows (--results FILE): a failing disk stops the worker, never a row ------
 
 
 def _stream(copy: _RowFile) -> tuple[ResultStream, list[dict[str, Any]]]:
@@ -124,8 +127,8 @@ def _stream(copy: _RowFile) -> tuple[ResultStream, list[dict[str, Any]]]:
 
 
 def test_the_copy_holds_every_row_as_a_json_line(tmp_path: Path) -> None:
-    said: list[str] = []
-    copy = _RowFile(tmp_path / "deep" / "rows.jsonl", said.append)
+    failed: list[str] = []
+    copy = _RowFile(tmp_path / "deep" / "rows.jsonl", lambda: failed.append("leave"))
     stream, sent = _stream(copy)
     for i in range(5):
         stream.request(_result(i))
@@ -133,25 +136,70 @@ def test_the_copy_holds_every_row_as_a_json_line(tmp_path: Path) -> None:
     copy.close()
     lines = (tmp_path / "deep" / "rows.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == [row for batch in sent for row in batch["rows"]]
-    assert copy.rows == 5 and copy.stopped() is None and said == []
+    assert copy.rows == 5 and copy.failure() is None and failed == []
 
 
 @pytest.mark.skipif(
     not Path("/dev/full").exists(), reason="needs /dev/full (a device whose writes fail: disk full)"
 )
-def test_a_full_disk_ends_the_copy_with_one_sentence_and_the_master_gets_every_row() -> None:
-    said: list[str] = []
-    copy = _RowFile(Path("/dev/full"), said.append)
+def test_a_full_disk_stops_the_worker_once_with_one_sentence_and_the_master_gets_every_row() -> None:
+    failed: list[str] = []
+    copy = _RowFile(Path("/dev/full"), lambda: failed.append("leave"))
     stream, sent = _stream(copy)
     for i in range(300):  # more than a batch: some go at once, the rest on flush
         stream.request(_result(i))
     stream.flush()
     assert [row["request_id"] for batch in sent for row in batch["rows"]] == [f"w0-{i}" for i in range(300)]
-    assert len(said) == 1, said  # said once, not once a row
-    assert "--results /dev/full could not be written (No space left on device)" in said[0]
-    assert "after 0 rows" in said[0] and "every result still went to the master" in said[0]
-    assert copy.stopped() == said[0]
+    assert failed == ["leave"]  # the worker is told to leave once, not once a row
+    failure = copy.failure()
+    assert isinstance(failure, OutputWriteError) and failure.exit_code is ExitCode.USAGE
+    assert str(failure) == (
+        "--results /dev/full could not be written (No space left on device); this worker stopped and "
+        "left its master after 0 rows, which the file holds whole — every result it had still went to "
+        "the master"
+    )
     copy.close()
+
+
+ROW_FILE_CHILD = """
+import resource, signal, sys
+from pathlib import Path
+from oomload.outcome import Outcome, RequestResult
+from oomload.run.worker_node import _RowFile
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), int(sys.argv[2])))
+left = []
+copy = _RowFile(Path(sys.argv[1]), lambda: left.append(1))
+for i in range(100):
+    copy.append("requests", RequestResult(
+        request_id=f"w0-{i}", step=1, concurrency=2, start_unix_s=1.0, end_unix_s=2.0, outcome=Outcome.OK,
+        prompt_tokens_asked=10, output_tokens_asked=5,
+    ).to_json())
+print(copy.rows, len(left), copy.failure())
+"""
+
+
+@pytest.mark.skipif(not hasattr(resource, "RLIMIT_FSIZE"), reason="no RLIMIT_FSIZE on this platform")
+def test_a_row_cut_off_by_a_file_size_limit_is_removed_so_the_file_ends_on_whole_rows(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"request_id":"an-older-run"}\n')  # --results appends: an older copy is kept
+    limit = 2_000
+    child = subprocess.run(
+        [sys.executable, "-c", ROW_FILE_CHILD, str(path), str(limit)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    rows, left, sentence = child.stdout.strip().split(" ", 2)
+    lines = path.read_text().splitlines()
+    assert 0 < int(rows) < 100 and left == "1"  # the limit was met mid-run, the worker told once
+    assert [json.loads(line)["request_id"] for line in lines] == [
+        "an-older-run",
+        *(f"w0-{i}" for i in range(int(rows))),
+    ]
+    assert path.read_bytes().endswith(b"\n") and path.stat().st_size <= limit
+    assert (
+        f"could not be written (File too large); this worker stopped and left its master after {rows} rows"
+        in sentence
+    )
 
 
 # -- the authenticated link ---------------------------------------------------------------------------

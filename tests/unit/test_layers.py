@@ -146,6 +146,7 @@ ADAPTERS = {
     "oomload.telemetry.fake_nvml",
     "oomload.telemetry.gpu",
     "oomload.telemetry.hostmem",
+    "oomload.telemetry.hostsampler",
     "oomload.telemetry.nvml",
     "oomload.telemetry.poller",
     "oomload.telemetry.sampler",

@@ -30,10 +30,12 @@ Per process
 
 The memory cgroup
     The root's line of ``/proc/PID/cgroup`` for the v1 ``memory`` controller (``N:memory:/path``,
-    ``N:cpu,memory:/path``: a v1 or hybrid host), else its v2 line (``0::/path``). Its files are
-    under ``cgroup_root/path`` (v2) or ``cgroup_root/memory/path`` (v1). Inside a container with
-    its own cgroup namespace the path is ``/`` and ``cgroup_root`` itself is the container's cgroup;
-    a path with ``..`` lies outside this namespace and cannot be read. Once found the cgroup is
+    ``N:cpu,memory:/path``: a v1 or hybrid host), else its v2 line (``0::/path``). Its directory is
+    found through ``/proc/self/mountinfo``: the mount of that hierarchy whose root holds the path (a
+    v1 container's mounts show its own cgroup ``/docker/ID`` at the mount point itself), else under
+    ``cgroup_root`` (v2) or ``cgroup_root/memory`` (v1). Inside a container with its own cgroup
+    namespace the path is ``/`` and the mount is the container's cgroup; a path with ``..`` lies
+    outside this namespace and cannot be read. Once found the cgroup is
     kept: after the server died it still tells what its container holds. An explicit
     ``cgroup_dir`` (a pod's cgroup) replaces the lookup.
 
@@ -74,10 +76,12 @@ from oomload.rundir.records import ServerMemoryLine
 from oomload.telemetry.procfs import (
     TCP_LISTEN,
     ProcStat,
+    cgroup_mount_dir,
     descendants,
     memory_cgroup_entry,
     parse_cgroup_bytes,
     parse_flat_keyed,
+    parse_mountinfo,
     parse_proc_cgroup,
     parse_proc_net_tcp,
     parse_proc_stat,
@@ -160,8 +164,22 @@ def _cgroup_of(pid: int, proc_root: Path, cgroup_root: Path) -> MemoryCgroup | s
     version, path = entry
     if ".." in Path(path).parts:
         return f"the memory cgroup of pid {pid} ({path}: outside this cgroup namespace)"
+    return MemoryCgroup(version, path, _cgroup_directory(version, path, proc_root, cgroup_root))
+
+
+def _cgroup_directory(version: Literal[1, 2], path: str, proc_root: Path, cgroup_root: Path) -> Path:
+    """Where cgroup ``path`` is seen here: through the mounts of ``/proc/self/mountinfo`` (a container's
+    v1 mount shows its own cgroup at the mount point, not under its full path), else under
+    ``cgroup_root`` (v2) or ``cgroup_root/memory`` (v1)."""
+    try:
+        mounts = parse_mountinfo(_read_proc_file(proc_root / "self" / "mountinfo"))
+    except OSError:
+        mounts = ()
+    seen = cgroup_mount_dir(mounts, version, path)
+    if seen is not None:
+        return Path(seen)
     base = cgroup_root if version == 2 else cgroup_root / "memory"
-    return MemoryCgroup(version, path, base / path.lstrip("/"))
+    return base / path.lstrip("/")
 
 
 def _path_under(directory: Path, mount: Path) -> str:

@@ -11,6 +11,9 @@ file                             what is kept
 ``/proc/PID/cgroup``             ``hierarchy:controllers:path`` lines: v2 ``0::/path``, v1
                                  ``4:memory:/path`` or ``4:cpu,memory:/path``
 ``/proc/net/tcp``, ``tcp6``      local port (hex), state (``0A`` = LISTEN), socket inode
+``/proc/self/mountinfo``         per mount: the path inside its file system that it shows (``root``),
+                                 where (``mount_point``), file system type, super options; ``\040``
+                                 and other octal escapes decoded
 cgroup number files              ``memory.current``, ``memory.max`` (``max`` = no limit),
                                  ``memory.peak``, ``memory.usage_in_bytes``, ``memory.failcnt``…
 cgroup v1 ``limit_in_bytes``     LONG_MAX rounded down to the page size means no limit
@@ -19,7 +22,8 @@ flat keyed files                 ``memory.events`` (``low high max oom oom_kill 
                                  ``cgroup.events`` (``populated frozen``)
 ===============================  ==================================================================
 
-``descendants`` walks parent pids into a process tree. Reading the files is
+``descendants`` walks parent pids into a process tree; ``cgroup_mount_dir`` finds where a cgroup
+path is seen through the mounts. Reading the files is
 ``oomload.telemetry.hostmem``'s.
 """
 
@@ -173,6 +177,74 @@ def parse_proc_net_tcp(text: str) -> tuple[TcpSocket, ...]:
         except ValueError:
             continue
     return tuple(sockets)
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """One line of ``/proc/PID/mountinfo``."""
+
+    root: str  # the directory of the file system that the mount shows ("/" for all of it)
+    mount_point: str
+    fstype: str
+    super_options: tuple[str, ...]
+
+
+def parse_mountinfo(text: str) -> tuple[Mount, ...]:
+    """``/proc/self/mountinfo`` → its mounts: ``id parent major:minor root mount-point options
+    [optional…] - fstype source super-options`` (malformed lines are left out)."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        dash = fields.index("-", 6)
+        if len(fields) < dash + 4 or len(fields) < 5:
+            continue
+        mounts.append(
+            Mount(
+                root=_unescape(fields[3]),
+                mount_point=_unescape(fields[4]),
+                fstype=fields[dash + 1],
+                super_options=tuple(fields[dash + 3].split(",")),
+            )
+        )
+    return tuple(mounts)
+
+
+def cgroup_mount_dir(mounts: Iterable[Mount], version: Literal[1, 2], path: str) -> str | None:
+    """Where cgroup ``path`` (of the v1 memory hierarchy, or v2) is seen through these mounts: the
+    mount of that hierarchy whose root holds ``path`` (the deepest such root: a container's v1 mounts
+    show its own cgroup as their root), joined with the rest of the path; ``None`` when no mount
+    shows it."""
+    best: tuple[int, str] | None = None
+    for mount in mounts:
+        if version == 2 and mount.fstype != "cgroup2":
+            continue
+        if version == 1 and (mount.fstype != "cgroup" or "memory" not in mount.super_options):
+            continue
+        root = mount.root.rstrip("/")
+        if path != root and not path.startswith(root + "/"):
+            continue
+        rest = path[len(root) :].lstrip("/")
+        where = mount.mount_point.rstrip("/") + ("/" + rest if rest else "")
+        if best is None or len(root) > best[0]:
+            best = (len(root), where or "/")
+    return None if best is None else best[1]
+
+
+def _unescape(value: str) -> str:
+    """mountinfo's octal escapes (``\\040`` for a space, ``\\011``, ``\\012``, ``\\134``)."""
+    if "\\" not in value:
+        return value
+    out, i = [], 0
+    while i < len(value):
+        if value[i] == "\\" and value[i + 1 : i + 4].isdigit():
+            out.append(chr(int(value[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(value[i])
+            i += 1
+    return "".join(out)
 
 
 def descendants(root_pid: int, stats: Mapping[int, ProcStat]) -> list[int]:

@@ -282,3 +282,21 @@ def test_pss_is_read_at_a_bounded_share_of_the_time(host: FakeHost) -> None:
     first, second = rarely.read(), rarely.read()  # the next PSS read is due in ~days
     assert first["pss_bytes"] == 4_900_000 * KIB
     assert second["pss_bytes"] is None and "error" not in second
+
+
+def test_a_v1_container_sees_its_own_cgroup_at_the_mount_point(host: FakeHost) -> None:
+    vllm_tree(host, cgroup="4:memory:/docker/abc\n1:name=systemd:/docker/abc\n")
+    mount = host.cgroup / "memory"
+    (host.proc / "self").mkdir()
+    (host.proc / "self" / "mountinfo").write_text(
+        f"612 603 0:71 / {host.cgroup} ro,nosuid - tmpfs tmpfs rw,mode=755\n"
+        f"615 612 0:32 /docker/abc {mount} ro,relatime master:15 - cgroup cgroup rw,memory\n"
+    )
+    host.cgroup_v1("/", usage=3 * GIB, limit=4 * GIB)  # the container's cgroup, at the mount itself
+    line = read(host, 200)
+    assert (line["cgroup"], line["cgroup_current_bytes"], line["cgroup_limit_bytes"]) == (
+        "v1:/docker/abc",
+        3 * GIB,
+        4 * GIB,
+    )
+    assert "error" not in line

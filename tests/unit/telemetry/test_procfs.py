@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from oomload.telemetry.procfs import (
     CgroupEntry,
+    Mount,
     ProcStat,
     TcpSocket,
+    cgroup_mount_dir,
     descendants,
     memory_cgroup_entry,
     parse_cgroup_bytes,
     parse_flat_keyed,
+    parse_mountinfo,
     parse_proc_cgroup,
     parse_proc_net_tcp,
     parse_proc_stat,
@@ -138,3 +143,43 @@ def test_descendants_breadth_first_root_first() -> None:
     assert descendants(99, stats) == []
     loop = {1: stat(1, 2), 2: stat(2, 1)}  # a parent cycle (pid reuse in the middle of a scan)
     assert descendants(1, loop) == [1, 2]
+
+
+# A host's mounts (cgroup v1 hybrid, with the v2 unified mount) and a v1 container's (docker without a
+# cgroup namespace: each hierarchy's mount shows the container's own cgroup).
+HOST_MOUNTINFO = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime shared:12 - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:15 - cgroup cgroup rw,memory
+41 31 0:38 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate
+"""
+DOCKER_V1_MOUNTINFO = """\
+612 603 0:71 / /sys/fs/cgroup ro,nosuid,nodev,noexec,relatime - tmpfs tmpfs rw,mode=755
+615 612 0:32 /docker/abc /sys/fs/cgroup/memory ro,relatime master:15 - cgroup cgroup rw,memory
+616 612 0:29 /docker/abc /sys/fs/cgroup/cpu,cpuacct ro,relatime master:12 - cgroup cgroup rw,cpu,cpuacct
+620 603 8:1 /var/lib/my\\040dir /data\\040here rw,relatime - ext4 /dev/sda1 rw
+"""
+
+
+def test_mountinfo() -> None:
+    mounts = parse_mountinfo(DOCKER_V1_MOUNTINFO)
+    assert mounts[1] == Mount("/docker/abc", "/sys/fs/cgroup/memory", "cgroup", ("rw", "memory"))
+    assert (mounts[3].root, mounts[3].mount_point) == ("/var/lib/my dir", "/data here")
+    assert parse_mountinfo("garbage\n") == ()
+
+
+@pytest.mark.parametrize(
+    ("mountinfo", "version", "path", "where"),
+    [
+        (HOST_MOUNTINFO, 1, "/process_api/5e2e", "/sys/fs/cgroup/memory/process_api/5e2e"),
+        (HOST_MOUNTINFO, 2, "/user.slice", "/sys/fs/cgroup/unified/user.slice"),
+        (HOST_MOUNTINFO, 1, "/", "/sys/fs/cgroup/memory"),
+        (DOCKER_V1_MOUNTINFO, 1, "/docker/abc", "/sys/fs/cgroup/memory"),
+        (DOCKER_V1_MOUNTINFO, 1, "/docker/abc/inner", "/sys/fs/cgroup/memory/inner"),
+        (DOCKER_V1_MOUNTINFO, 1, "/docker/abcd", None),  # a sibling's prefix is not its parent
+        (DOCKER_V1_MOUNTINFO, 1, "/docker/other", None),
+        (DOCKER_V1_MOUNTINFO, 2, "/", None),  # no cgroup2 mount
+    ],
+)
+def test_cgroup_mount_dir(mountinfo: str, version: Literal[1, 2], path: str, where: str | None) -> None:
+    assert cgroup_mount_dir(parse_mountinfo(mountinfo), version, path) == where

@@ -241,7 +241,7 @@ def test_a_port_nobody_listens_on(capsys: pytest.CaptureFixture[str]) -> None:
         assert run_sample(NO_GPU, ["--server-port", str(port)]) == 2
     assert one_error_line(capsys.readouterr().err) == (
         f"oomload: error: no process that oomload can see listens on TCP port {port} here "
-        "(another user's process needs root to be found: give its pid)"
+        "(another user's process can be hidden from a user without root: give its pid)"
     )
 
 

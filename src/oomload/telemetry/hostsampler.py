@@ -226,7 +226,7 @@ def open_memory_source(
         if pid is None:
             raise fail(
                 f"no process that oomload can see listens on TCP port {target.port} here "
-                "(another user's process needs root to be found: give its pid)"
+                "(another user's process can be hidden from a user without root: give its pid)"
             )
     elif pid is not None and pid not in scan_processes(proc_root):
         raise fail(f"pid {pid} is not running (or not visible here)")

@@ -133,11 +133,12 @@ def memory_cgroup_at(directory: Path, cgroup_root: Path = CGROUP_ROOT) -> Memory
     return found
 
 
-def read_cgroup_memory(cgroup: MemoryCgroup) -> tuple[CgroupMemory, list[str]]:
-    """The cgroup's counters (module docstring's table) and what could not be read, as clauses."""
+def read_cgroup_memory(cgroup: MemoryCgroup, *, populated: bool = False) -> tuple[CgroupMemory, list[str]]:
+    """The cgroup's counters (module docstring's table) and what could not be read, as clauses;
+    ``populated``: also whether a process is left in it (v1 walks its ``cgroup.procs`` files for it)."""
     if cgroup.version == 2:
         return _read_v2(cgroup.directory)
-    return _read_v1(cgroup.directory)
+    return _read_v1(cgroup.directory, populated=populated)
 
 
 def _cgroup_at(directory: Path, cgroup_root: Path) -> MemoryCgroup | str:
@@ -207,7 +208,7 @@ def _read_v2(directory: Path) -> tuple[CgroupMemory, list[str]]:
     ), problems
 
 
-def _read_v1(directory: Path) -> tuple[CgroupMemory, list[str]]:
+def _read_v1(directory: Path, *, populated: bool) -> tuple[CgroupMemory, list[str]]:
     problems: list[str] = []
     current = _read_number(directory / "memory.usage_in_bytes", parse_cgroup_bytes, problems)
     if current is None:
@@ -219,7 +220,7 @@ def _read_v1(directory: Path) -> tuple[CgroupMemory, list[str]]:
         peak_bytes=_read_number(directory / "memory.max_usage_in_bytes", parse_cgroup_bytes, problems),
         oom_kill=None if control is None else control.get("oom_kill"),  # absent before Linux 4.13
         events_max=_read_number(directory / "memory.failcnt", parse_cgroup_bytes, problems),
-        populated=_v1_populated(directory),
+        populated=_v1_populated(directory) if populated else None,
     ), problems
 
 
@@ -407,7 +408,7 @@ class LocalServerMemory:
             self._find_cgroup(unread, root_alive=alive)
         memory = CgroupMemory()
         if self.cgroup is not None:
-            memory, cgroup_unread = read_cgroup_memory(self.cgroup)
+            memory, cgroup_unread = read_cgroup_memory(self.cgroup, populated=self.pid is None)
             unread += cgroup_unread
             if self.pid is None and memory.populated is not None:
                 alive = memory.populated

@@ -30,6 +30,11 @@ and has no child processes: is it the server?"), a line's ``error``, the root pr
 cgroup is still read: a container may hold a restarted server), a remote sampler that does not
 answer (that tick has no line). Sampling always goes on with what it has.
 
+The reads block (``/proc`` files: about 2–3 ms a read with a small tree, a PSS read longer; see
+``hostmem``). Under Locust's gevent patching the thread is a greenlet and would stall the load's
+event loop meanwhile: there, run ``oomload sample --server-pid PID --server-out
+RUN_DIR/server_memory.jsonl --parent-pid …`` as a child process instead, as GPU sampling does.
+
 ``RemoteServerMemory`` reads the series ``render_server_memory_text`` writes (``oomload sample
 --serve``); its lines have ``source: "remote:URL"`` and are stamped with the local clock when the
 answer arrives, like remote GPU samples.

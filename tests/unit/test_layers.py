@@ -85,6 +85,7 @@ CORE = {
     "oomload.sim.scheduler",
     "oomload.sim.tokenizer",
     "oomload.telemetry.gpu_sample",
+    "oomload.telemetry.procfs",
     "oomload.telemetry.vllm_metrics",
 }
 # I/O: log readers, the HTTP/SSE client and Locust pieces, samplers, the simulated and the real vLLM,
@@ -146,6 +147,8 @@ ADAPTERS = {
     "oomload.telemetry.dcgm",
     "oomload.telemetry.fake_nvml",
     "oomload.telemetry.gpu",
+    "oomload.telemetry.hostmem",
+    "oomload.telemetry.hostsampler",
     "oomload.telemetry.nvml",
     "oomload.telemetry.poller",
     "oomload.telemetry.sampler",

@@ -9,10 +9,16 @@
 * ``fake_nvml``: a fake NVML with ``pynvml``'s interface and real ``NVMLError``s (tests, benchmark).
 * ``dcgm``: GPU memory read from a DCGM exporter or from ``oomload sample --serve``.
 * ``scrape``: one HTTP GET of a Prometheus text endpoint, failures as one ``EndpointError`` sentence.
-* ``sampler``: the loop behind ``oomload sample``: samples a GPU source on a fixed grid into
-  ``gpu.jsonl`` lines and/or serves the latest ones over HTTP as DCGM text.
+* ``sampler``: the loop behind ``oomload sample``: samples a GPU source (and/or the server's memory)
+  on a fixed grid into ``gpu.jsonl`` (``server_memory.jsonl``) lines and/or serves the latest ones
+  over HTTP as DCGM text (and ``oomload_server_*`` series).
 * ``gpu``: ``GpuSamplerProcess`` runs ``oomload sample`` as a child process (NVML calls block, so
   they stay out of Locust's gevent loop) and streams ``gpu.jsonl``.
+* ``procfs`` (pure): the kernel's ``/proc`` and memory cgroup files, parsed as Linux writes them.
+* ``hostmem``: the server's own host memory (its process tree's RSS/PSS, its memory cgroup) read
+  from ``/proc`` and ``/sys/fs/cgroup`` into one ``server_memory.jsonl`` line; the listener of a port.
+* ``hostsampler``: what server memory to watch (``MemoryTarget``), ``ServerMemorySampler`` (a thread
+  appending ``server_memory.jsonl``) and ``RemoteServerMemory`` (another host's ``oomload sample``).
 
 Nothing here is imported by ``oomload.telemetry`` itself: import the submodule you need, so the pure
 parser never pulls in ``pynvml``.

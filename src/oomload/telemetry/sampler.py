@@ -1,4 +1,5 @@
-"""The standalone GPU-memory sampler behind ``oomload sample``: a sampling loop, a file, an HTTP endpoint.
+"""The standalone sampler behind ``oomload sample``: GPU memory and/or the server's host memory, a
+sampling loop, a file, an HTTP endpoint.
 
 ``run_sampler`` opens a ``GpuSource`` (``gpu_source``: NVML here, or a DCGM exporter) and samples it
 on a fixed grid of ``interval_s`` from the start: a tick that comes late is not made up with a burst,
@@ -7,6 +8,13 @@ device) are appended as flushed ``gpu.jsonl`` lines to the output, if any, and r
 samples that the HTTP server (``serve_samples``) renders as Prometheus text with DCGM metric names
 at ``/metrics``. A tick whose source fails (``SamplerUnavailableError``: a GPU lost, a DCGM
 endpoint down) prints its sentence on stderr once per distinct problem and sampling goes on.
+
+With a ``ServerMemorySource`` (``oomload.telemetry.hostsampler``) the server's host memory is read
+too, on its own grid of ``server_interval_s``: one ``server_memory.jsonl`` line per read to
+``server_out`` (default: the GPU lines' output), and its series beside the GPU's at ``/metrics``
+(``render_server_memory_text``). Its problems are printed once each. With server memory to read, a
+GPU that cannot be opened is one line on stderr and the sampler goes on without it, unless the GPU
+was asked for (``gpu_required``: ``--dcgm-url`` or ``--device``); without, it is the error.
 
 The loop ends when ``stop`` is set (SIGTERM or SIGINT while sampling in the main thread: a clean
 exit), after ``duration_s``, or when ``parent_pid`` is no longer this process's parent (the
@@ -29,10 +37,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from oomload.errors import ConfigError, SamplerUnavailableError
+from oomload.rundir.records import ServerMemoryLine
 from oomload.telemetry.gpu_sample import GpuSample, GpuSource
+
+if TYPE_CHECKING:
+    from oomload.telemetry.hostsampler import ServerMemorySampler, ServerMemorySource
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +59,9 @@ class SamplerOptions:
     duration_s: float | None = None  # None: until stopped
     parent_pid: int | None = None  # stop when this process is no longer the parent
     dcgm_url: str | None = None  # only to say what is sampled
+    server_interval_s: float = 0.5  # the server's memory, when a source for it is given
+    server_out: str | None = None  # its lines ('-' = stdout); None: where the GPU lines go
+    gpu_required: bool = True  # False: with server memory to read, no GPU is not an error
 
 
 def gpu_source(
@@ -63,85 +78,189 @@ def gpu_source(
     return NvmlSampler(nvml, devices)
 
 
-def run_sampler(source: GpuSource, options: SamplerOptions, stop: threading.Event | None = None) -> None:
-    """Open ``source`` and sample it until stopped (see the module docstring); close it at the end."""
+def run_sampler(
+    source: GpuSource | None,
+    options: SamplerOptions,
+    stop: threading.Event | None = None,
+    memory: ServerMemorySource | None = None,
+) -> None:
+    """Open ``source`` and sample it, and/or read ``memory``, until stopped (see the module docstring);
+    close the GPU source at the end."""
     stop = stop if stop is not None else threading.Event()
-    source.open()
+    gpu = _open_gpu(source, options, memory is not None)
+    if gpu is None and memory is None:
+        raise ValueError("nothing to sample: give a GPU source or a server memory source")
     latest: list[GpuSample] = []
+    memory_latest: list[ServerMemoryLine] = []
     latest_lock = threading.Lock()
     try:
-        with _output(options.out, default_stdout=not options.serve) as out, _signals_stop(stop):
-            server = serve_samples(options.host, options.port, latest, latest_lock) if options.serve else None
+        with (
+            _output(options.out, default_stdout=not options.serve) as out,
+            _output(options.server_out, default_stdout=False) as server_out,
+            _signals_stop(stop),
+        ):
+            memory_sampler = (
+                None
+                if memory is None
+                else _memory_sampler(
+                    memory,
+                    options,
+                    out if options.server_out is None else server_out,
+                    memory_latest,
+                    latest_lock,
+                )
+            )
+            server = (
+                serve_samples(
+                    options.host,
+                    options.port,
+                    latest if gpu is not None else None,
+                    latest_lock,
+                    memory=memory_latest if memory is not None else None,
+                )
+                if options.serve
+                else None
+            )
             try:
-                if server is not None:  # the address is announced once /metrics has a sample to serve
+                if server is not None and gpu is not None:  # announced once /metrics has a sample
                     with contextlib.suppress(SamplerUnavailableError):
-                        latest[:] = source.sample()
-                _announce(options, source, out, server)
-                _loop(options, source, out, stop, latest, latest_lock)
+                        latest[:] = gpu.sample()
+                if memory_sampler is not None:  # its first line, before the announcement names it
+                    memory_sampler.check()
+                    memory_sampler.sample_once()
+                _announce(options, gpu, memory, out, server)
+                _loop(options, gpu, memory_sampler, out, stop, latest, latest_lock)
             finally:
                 if server is not None:
                     server.shutdown()
                     server.server_close()
     finally:
-        source.close()
+        if gpu is not None:
+            gpu.close()
+
+
+def _open_gpu(source: GpuSource | None, options: SamplerOptions, has_memory: bool) -> GpuSource | None:
+    if source is None:
+        return None
+    try:
+        source.open()
+    except SamplerUnavailableError as err:
+        if options.gpu_required or not has_memory:
+            raise
+        print(f"oomload sample: {err}; sampling the server's memory only", file=sys.stderr, flush=True)
+        return None
+    return source
+
+
+def _memory_sampler(
+    memory: ServerMemorySource,
+    options: SamplerOptions,
+    out: IO[str] | None,
+    latest: list[ServerMemoryLine],
+    lock: threading.Lock,
+) -> ServerMemorySampler:
+    from oomload.telemetry.hostsampler import ServerMemorySampler
+
+    def on_line(line: ServerMemoryLine) -> None:
+        with lock:
+            latest[:] = [line]
+        if out is not None:
+            out.write(json.dumps(line, separators=(",", ":")) + "\n")
+            out.flush()
+
+    def on_problem(sentence: str) -> None:
+        print(f"oomload sample: {sentence}", file=sys.stderr, flush=True)
+
+    return ServerMemorySampler(
+        memory, interval_s=options.server_interval_s, on_line=on_line, on_problem=on_problem
+    )
 
 
 def _loop(
     options: SamplerOptions,
-    source: GpuSource,
+    source: GpuSource | None,
+    memory: ServerMemorySampler | None,
     out: IO[str] | None,
     stop: threading.Event,
     latest: list[GpuSample],
     latest_lock: threading.Lock,
 ) -> None:
     started = time.monotonic()
-    next_tick = started
+    next_gpu = started
+    next_memory = started + options.server_interval_s  # the first memory line was read before
     last_error: str | None = None
     while not stop.is_set():
-        try:
-            samples = source.sample()
-        except SamplerUnavailableError as err:
-            if str(err) != last_error:  # one line per distinct problem, not one per tick
-                print(f"oomload sample: {err}", file=sys.stderr, flush=True)
-                last_error = str(err)
-        else:
-            last_error = None
-            with latest_lock:
-                latest[:] = samples
-            if out is not None:
-                out.write("".join(json.dumps(s.to_json(), separators=(",", ":")) + "\n" for s in samples))
-                out.flush()
+        if source is not None and time.monotonic() >= next_gpu:
+            last_error = _sample_gpu(source, out, latest, latest_lock, last_error)
+            next_gpu = _next_tick(next_gpu, options.interval_s)
+        if memory is not None and time.monotonic() >= next_memory:
+            memory.sample_once()
+            next_memory = _next_tick(next_memory, options.server_interval_s)
         if options.parent_pid is not None and os.getppid() != options.parent_pid:
             break  # the process that started us is gone: never linger as an orphan
         now = time.monotonic()
         if options.duration_s is not None and now - started >= options.duration_s:
             break
-        next_tick += options.interval_s
-        if next_tick < now:
-            next_tick = now
-        stop.wait(next_tick - now)
+        due = min(t for t, on in ((next_gpu, source), (next_memory, memory)) if on is not None)
+        stop.wait(max(0.0, due - now))
+
+
+def _next_tick(previous: float, interval_s: float) -> float:
+    """The next grid point; a late tick moves the grid to now (never a burst to catch up)."""
+    due = previous + interval_s
+    now = time.monotonic()
+    return due if due >= now else now
+
+
+def _sample_gpu(
+    source: GpuSource,
+    out: IO[str] | None,
+    latest: list[GpuSample],
+    latest_lock: threading.Lock,
+    last_error: str | None,
+) -> str | None:
+    """One GPU tick; returns the problem it printed (one line per distinct problem, not per tick)."""
+    try:
+        samples = source.sample()
+    except SamplerUnavailableError as err:
+        if str(err) != last_error:
+            print(f"oomload sample: {err}", file=sys.stderr, flush=True)
+        return str(err)
+    with latest_lock:
+        latest[:] = samples
+    if out is not None:
+        out.write("".join(json.dumps(s.to_json(), separators=(",", ":")) + "\n" for s in samples))
+        out.flush()
+    return None
 
 
 def _announce(
-    options: SamplerOptions, source: GpuSource, out: IO[str] | None, server: ThreadingHTTPServer | None
+    options: SamplerOptions,
+    source: GpuSource | None,
+    memory: ServerMemorySource | None,
+    out: IO[str] | None,
+    server: ThreadingHTTPServer | None,
 ) -> None:
-    names = getattr(source, "names", None)
-    what = (
-        f"{options.dcgm_url}"
-        if options.dcgm_url
-        else f"{len(names or {})} GPU(s) via NVML ({', '.join(sorted(set((names or {}).values())))})"
-    )
+    what = []
+    if source is not None:
+        names = getattr(source, "names", None)
+        gpus = (
+            f"{options.dcgm_url}"
+            if options.dcgm_url
+            else f"{len(names or {})} GPU(s) via NVML ({', '.join(sorted(set((names or {}).values())))})"
+        )
+        what.append(f"{gpus} every {options.interval_s:g} s")
+    if memory is not None:
+        what.append(f"{memory.describe()} every {options.server_interval_s:g} s")
     where = []
     if out is not None:
         where.append("stdout" if out is sys.stdout else str(options.out))
+    if options.server_out is not None and memory is not None:
+        where.append("stdout" if options.server_out == "-" else options.server_out)
     if server is not None:
         host, port = server.server_address[:2]
         where.append(f"http://{_host_for_url(str(host))}:{port}/metrics")
-    print(
-        f"oomload sample: {what} every {options.interval_s:g} s → {', '.join(where)}",
-        file=sys.stderr,
-        flush=True,
-    )
+    print(f"oomload sample: {' and '.join(what)} → {', '.join(where)}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -181,9 +300,19 @@ def _signals_stop(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def serve_samples(host: str, port: int, latest: list[GpuSample], lock: threading.Lock) -> ThreadingHTTPServer:
-    """An HTTP server, on its own daemon thread, that renders ``latest`` at ``/metrics`` as DCGM text."""
+def serve_samples(
+    host: str,
+    port: int,
+    latest: list[GpuSample] | None,
+    lock: threading.Lock,
+    *,
+    memory: list[ServerMemoryLine] | None = None,
+) -> ThreadingHTTPServer:
+    """An HTTP server, on its own daemon thread, that renders ``latest`` at ``/metrics`` as DCGM text
+    and the latest server memory line (``memory``, if given) as ``oomload_server_*`` series; ``None``:
+    no such series."""
     from oomload.telemetry.dcgm import render_dcgm_text
+    from oomload.telemetry.hostsampler import render_server_memory_text
 
     hostname = socket.gethostname()
 
@@ -193,8 +322,10 @@ def serve_samples(host: str, port: int, latest: list[GpuSample], lock: threading
                 self.send_error(404, "only /metrics is served here")
                 return
             with lock:
-                samples = list(latest)
-            body = render_dcgm_text(samples, hostname=hostname).encode()
+                samples = None if latest is None else list(latest)
+                line = memory[-1] if memory else None
+            text = "" if samples is None else render_dcgm_text(samples, hostname=hostname)
+            body = (text + render_server_memory_text(line)).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))

@@ -1,0 +1,562 @@
+"""The server's own host memory: its process tree from ``/proc`` and its memory cgroup (Linux).
+
+GPU memory says little about a server that dies of *host* memory (vLLM's CPU build, CPU-side caches,
+a container's limit: reference/oom-kinds.md). This module reads what the kernel says about one
+server, given its root process ``pid`` (the API server, or a launcher above it), into one
+``server_memory.jsonl`` line (``oomload.rundir.records.ServerMemoryLine``). Every file system root is
+a parameter (``proc_root``, ``cgroup_root``) so tests lay out fake trees as the kernel writes them;
+the files' text is parsed by ``oomload.telemetry.procfs`` (pure).
+
+The process tree
+    The root and every descendant (vLLM: API server → EngineCore → workers). Without
+    ``CONFIG_PROC_CHILDREN`` Linux has no list of a process's children, so each read scans
+    ``/proc/*/stat`` once for parent pids (one small read per process on the host). The parent is
+    the field after the *last* ``)``: ``comm`` may hold spaces and parentheses. A process that the
+    previous read counted and that still runs with the same start time stays counted after its
+    parent died: an EngineCore left behind by a dead API server still holds memory. Zombies hold
+    none and are not counted. The root is alive while its pid runs with the start time first seen
+    (a reused pid is not the server).
+
+Per process
+    ``VmRSS`` of ``/proc/PID/status`` (readable for any process) and ``Pss`` of
+    ``/proc/PID/smaps_rollup`` (the owner's or root's only; kernel ≥ 4.14). RSS counts a shared
+    page in every process that maps it, so the tree's sum overstates; PSS splits it among them, so
+    the sum is exact. ``pss_bytes`` is ``None`` unless every process's PSS was read. Reading PSS
+    walks the page tables under the process's ``mmap_lock`` (a few ms per 100 MB of RSS, seen here:
+    the server's own allocations wait meanwhile), so it is read at a bounded share of the time: after
+    a PSS read that took d seconds, the next is due ``d / pss_share`` later (2 %: a tree whose PSS
+    takes 5 ms to read has it every 0.25 s, one that takes 100 ms every 5 s). The reads between say
+    ``pss_bytes: null`` without an error; ``pss_share=0`` never reads it, ``1`` at every read.
+
+The memory cgroup
+    The root's line of ``/proc/PID/cgroup`` for the v1 ``memory`` controller (``N:memory:/path``,
+    ``N:cpu,memory:/path``: a v1 or hybrid host), else its v2 line (``0::/path``). Its directory is
+    found through ``/proc/self/mountinfo``: the mount of that hierarchy whose root holds the path (a
+    v1 container's mounts show its own cgroup ``/docker/ID`` at the mount point itself), else under
+    ``cgroup_root`` (v2) or ``cgroup_root/memory`` (v1). Inside a container with its own cgroup
+    namespace the path is ``/`` and the mount is the container's cgroup; a path with ``..`` lies
+    outside this namespace and cannot be read. Once found the cgroup is
+    kept: after the server died it still tells what its container holds. An explicit
+    ``cgroup_dir`` (a pod's cgroup) replaces the lookup.
+
+    ==========================  =========================  ===================================
+    field                       cgroup v2                  cgroup v1
+    ==========================  =========================  ===================================
+    ``cgroup_current_bytes``    ``memory.current``         ``memory.usage_in_bytes``
+    ``cgroup_limit_bytes``      ``memory.max`` (``max``:   ``memory.limit_in_bytes`` (LONG_MAX
+                                ``None``)                  rounded to a page: ``None``)
+    ``cgroup_peak_bytes``       ``memory.peak`` (≥ 5.19)   ``memory.max_usage_in_bytes``
+    ``cgroup_oom_kill``         ``memory.events``          ``memory.oom_control`` ``oom_kill``
+                                ``oom_kill``               (≥ 4.13)
+    ``cgroup_events_max``       ``memory.events`` ``max``  ``memory.failcnt``
+    ==========================  =========================  ===================================
+
+Failures
+    Nothing here raises for a file it cannot read: the field is ``None`` and the line's ``error``
+    names what could not be read (permission, no such file) in one sentence. A descendant that
+    exits mid-read is a race, not an error. A root pid that never ran says so (``alive`` false).
+
+``find_listening_pid`` finds the local process that listens on a TCP port: the port's LISTEN
+sockets in ``/proc/net/tcp`` and ``tcp6`` (state ``0A``), their inodes, and the processes whose
+``/proc/PID/fd/*`` link to ``socket:[inode]`` (another user's process needs root to be seen).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from oomload.errors import ConfigError
+from oomload.rundir.records import ServerMemoryLine
+from oomload.telemetry.procfs import (
+    TCP_LISTEN,
+    ProcStat,
+    cgroup_mount_dir,
+    descendants,
+    memory_cgroup_entry,
+    parse_cgroup_bytes,
+    parse_flat_keyed,
+    parse_mountinfo,
+    parse_proc_cgroup,
+    parse_proc_net_tcp,
+    parse_proc_stat,
+    parse_proc_status,
+    parse_smaps_rollup,
+    parse_v1_limit,
+)
+
+PROC_ROOT = Path("/proc")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+DEAD_STATES = frozenset({"Z", "X", "x"})
+PSS_SHARE = 0.02  # at most this share of one CPU (and of the server's time under mmap_lock) reading PSS
+T = TypeVar("T")
+
+
+# -- the memory cgroup -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MemoryCgroup:
+    """A memory cgroup: its version, its path as ``/proc/PID/cgroup`` names it, and its directory."""
+
+    version: Literal[1, 2]
+    path: str
+    directory: Path
+
+    @property
+    def label(self) -> str:
+        """``v2:/path`` or ``v1:/path``, the line's ``cgroup`` field."""
+        return f"v{self.version}:{self.path}"
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupMemory:
+    """What a memory cgroup's files said (``None``: not read, or no limit for ``limit_bytes``)."""
+
+    current_bytes: int | None = None
+    limit_bytes: int | None = None
+    peak_bytes: int | None = None
+    oom_kill: int | None = None
+    events_max: int | None = None
+    populated: bool | None = None  # processes in it or below (v2 cgroup.events; v1 cgroup.procs)
+
+
+def memory_cgroup_at(directory: Path, cgroup_root: Path = CGROUP_ROOT) -> MemoryCgroup:
+    """An explicit cgroup directory (a pod's, a container's) as a ``MemoryCgroup``; ``ConfigError`` when
+    it is not one."""
+    found = _cgroup_at(directory, cgroup_root)
+    if isinstance(found, str):
+        raise ConfigError(found)
+    return found
+
+
+def read_cgroup_memory(cgroup: MemoryCgroup, *, populated: bool = False) -> tuple[CgroupMemory, list[str]]:
+    """The cgroup's counters (module docstring's table) and what could not be read, as clauses;
+    ``populated``: also whether a process is left in it (v1 walks its ``cgroup.procs`` files for it)."""
+    if cgroup.version == 2:
+        return _read_v2(cgroup.directory)
+    return _read_v1(cgroup.directory, populated=populated)
+
+
+def _cgroup_at(directory: Path, cgroup_root: Path) -> MemoryCgroup | str:
+    if (directory / "memory.current").is_file():
+        return MemoryCgroup(2, _path_under(directory, cgroup_root), directory)
+    if (directory / "memory.usage_in_bytes").is_file():
+        return MemoryCgroup(1, _path_under(directory, cgroup_root / "memory"), directory)
+    if not directory.is_dir():
+        return f"the cgroup directory {directory} does not exist"
+    return (
+        f"{directory} is not a memory cgroup: it has neither memory.current (cgroup v2) nor "
+        "memory.usage_in_bytes (cgroup v1)"
+    )
+
+
+def _cgroup_of(pid: int, proc_root: Path, cgroup_root: Path) -> MemoryCgroup | str:
+    source = proc_root / str(pid) / "cgroup"
+    try:
+        entry = memory_cgroup_entry(parse_proc_cgroup(source.read_text()))
+    except OSError as err:
+        return f"{source} ({_why(err)})"
+    if entry is None:
+        return f"{source} (no memory cgroup in it)"
+    version, path = entry
+    if ".." in Path(path).parts:
+        return f"the memory cgroup of pid {pid} ({path}: outside this cgroup namespace)"
+    return MemoryCgroup(version, path, _cgroup_directory(version, path, proc_root, cgroup_root))
+
+
+def _cgroup_directory(version: Literal[1, 2], path: str, proc_root: Path, cgroup_root: Path) -> Path:
+    """Where cgroup ``path`` is seen here: through the mounts of ``/proc/self/mountinfo`` (a container's
+    v1 mount shows its own cgroup at the mount point, not under its full path), else under
+    ``cgroup_root`` (v2) or ``cgroup_root/memory`` (v1)."""
+    try:
+        mounts = parse_mountinfo(_read_proc_file(proc_root / "self" / "mountinfo"))
+    except OSError:
+        mounts = ()
+    seen = cgroup_mount_dir(mounts, version, path)
+    if seen is not None:
+        return Path(seen)
+    base = cgroup_root if version == 2 else cgroup_root / "memory"
+    return base / path.lstrip("/")
+
+
+def _path_under(directory: Path, mount: Path) -> str:
+    try:
+        relative = directory.resolve().relative_to(mount.resolve())
+    except (ValueError, OSError):
+        return str(directory)
+    return "/" + relative.as_posix() if relative.parts else "/"
+
+
+def _read_v2(directory: Path) -> tuple[CgroupMemory, list[str]]:
+    problems: list[str] = []
+    current = _read_number(directory / "memory.current", parse_cgroup_bytes, problems)
+    if current is None:
+        return CgroupMemory(), problems  # the cgroup is gone or unreadable: one clause says so
+    events = _read_number(directory / "memory.events", parse_flat_keyed, problems)
+    state = _read_number(directory / "cgroup.events", parse_flat_keyed, problems, optional=True)
+    return CgroupMemory(
+        current_bytes=current,
+        limit_bytes=_read_number(directory / "memory.max", parse_cgroup_bytes, problems),
+        peak_bytes=_read_number(directory / "memory.peak", parse_cgroup_bytes, problems, optional=True),
+        oom_kill=None if events is None else events.get("oom_kill"),
+        events_max=None if events is None else events.get("max"),
+        populated=None if state is None or "populated" not in state else state["populated"] != 0,
+    ), problems
+
+
+def _read_v1(directory: Path, *, populated: bool) -> tuple[CgroupMemory, list[str]]:
+    problems: list[str] = []
+    current = _read_number(directory / "memory.usage_in_bytes", parse_cgroup_bytes, problems)
+    if current is None:
+        return CgroupMemory(), problems
+    control = _read_number(directory / "memory.oom_control", parse_flat_keyed, problems)
+    return CgroupMemory(
+        current_bytes=current,
+        limit_bytes=_read_number(directory / "memory.limit_in_bytes", parse_v1_limit, problems),
+        peak_bytes=_read_number(directory / "memory.max_usage_in_bytes", parse_cgroup_bytes, problems),
+        oom_kill=None if control is None else control.get("oom_kill"),  # absent before Linux 4.13
+        events_max=_read_number(directory / "memory.failcnt", parse_cgroup_bytes, problems),
+        populated=_v1_populated(directory) if populated else None,
+    ), problems
+
+
+def _v1_populated(directory: Path) -> bool | None:
+    """v1 has no ``populated`` flag: any pid in ``cgroup.procs`` here or below."""
+    try:
+        for folder, _, files in os.walk(directory):
+            if "cgroup.procs" in files and Path(folder, "cgroup.procs").read_text().strip():
+                return True
+    except OSError:
+        return None
+    return False
+
+
+def _read_number(
+    path: Path, parse: Callable[[str], T], problems: list[str], *, optional: bool = False
+) -> T | None:
+    try:
+        text = path.read_text()
+    except FileNotFoundError as err:
+        if not optional:
+            problems.append(f"{path} ({_why(err)})")
+        return None
+    except OSError as err:
+        problems.append(f"{path} ({_why(err)})")
+        return None
+    try:
+        return parse(text)
+    except ValueError:
+        problems.append(f"{path} (not a number: {text.strip()[:40]!r})")
+        return None
+
+
+# -- processes ---------------------------------------------------------------------------------------
+def scan_processes(proc_root: Path = PROC_ROOT) -> dict[int, ProcStat]:
+    """Every process whose ``/proc/PID/stat`` can be read now (threads are not listed)."""
+    stats: dict[int, ProcStat] = {}
+    try:
+        names = os.listdir(proc_root)
+    except OSError:
+        return stats
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            stats[int(name)] = parse_proc_stat(_read_proc_file(proc_root / name / "stat"))
+        except (OSError, ValueError):
+            continue  # gone since the listing, or not readable
+    return stats
+
+
+def process_tree(root_pid: int, proc_root: Path = PROC_ROOT) -> list[int]:
+    """The pids of ``root_pid`` and all its descendants now, root first (``[]`` when it is not running)."""
+    return descendants(root_pid, scan_processes(proc_root))
+
+
+def listening_inodes(net_dir: Path, port: int | None = None) -> dict[int, int]:
+    """Socket inode → port of the LISTEN sockets in ``net_dir/tcp`` and ``tcp6`` (on ``port`` only, if
+    given). A missing file (no IPv6) is skipped."""
+    found: dict[int, int] = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            text = (net_dir / name).read_text()
+        except OSError:
+            continue
+        for sock in parse_proc_net_tcp(text):
+            if sock.state == TCP_LISTEN and sock.inode and (port is None or sock.local_port == port):
+                found[sock.inode] = sock.local_port
+    return found
+
+
+def socket_inodes(pid: int, proc_root: Path = PROC_ROOT) -> set[int] | None:
+    """The socket inodes process ``pid`` holds open (``None``: its fds cannot be read)."""
+    fd_dir = proc_root / str(pid) / "fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return None
+    inodes = set()
+    for fd in fds:
+        try:
+            target = os.readlink(fd_dir / fd)
+        except OSError:
+            continue  # closed since the listing
+        if target.startswith("socket:[") and target.endswith("]"):
+            inodes.add(int(target[len("socket:[") : -1]))
+    return inodes
+
+
+def find_listening_pids(port: int, proc_root: Path = PROC_ROOT) -> list[int]:
+    """Every process visible here that holds a LISTEN socket on TCP ``port`` (in this network namespace)."""
+    wanted = set(listening_inodes(proc_root / "net", port))
+    if not wanted:
+        return []
+    holders = []
+    for pid in sorted(scan_processes(proc_root)):
+        inodes = socket_inodes(pid, proc_root)
+        if inodes and inodes & wanted:
+            holders.append(pid)
+    return holders
+
+
+def find_listening_pid(port: int, proc_root: Path = PROC_ROOT) -> int | None:
+    """The process that listens on TCP ``port`` here: of several holders of the socket (forked
+    children), the topmost (its parent is not one of them; the lowest pid of several). ``None`` when
+    none can be seen (not listening, or another user's process without root)."""
+    holders = find_listening_pids(port, proc_root)
+    if not holders:
+        return None
+    stats = scan_processes(proc_root)
+    held = set(holders)
+    top = [pid for pid in holders if pid not in stats or stats[pid].ppid not in held]
+    return min(top or holders)
+
+
+# -- one read of the server's memory -------------------------------------------------------------------
+class LocalServerMemory:
+    """Reads the memory of the server whose root process is ``pid`` (and/or of ``cgroup_dir``) on this
+    machine, one ``ServerMemoryLine`` per ``read()``. It keeps what it learnt between reads: the
+    root's start time, the tree's last members (orphans stay counted) and the cgroup once found."""
+
+    source = "local"
+
+    def __init__(
+        self,
+        pid: int | None,
+        *,
+        cgroup_dir: Path | None = None,
+        proc_root: Path = PROC_ROOT,
+        cgroup_root: Path = CGROUP_ROOT,
+        clock: Callable[[], float] = time.time,
+        pss_share: float = PSS_SHARE,
+    ) -> None:
+        if pid is None and cgroup_dir is None:
+            raise ValueError("a server's memory needs a pid or a cgroup directory")
+        self.pid = pid
+        self._cgroup_dir = cgroup_dir
+        self._proc_root = proc_root
+        self._cgroup_root = cgroup_root
+        self._clock = clock
+        self.pss_share = pss_share
+        self._pss_due = 0.0  # time.monotonic() when PSS may be read again
+        self._root_start: int | None = None
+        self._members: dict[int, int] = {}  # pid → start ticks, as counted by the last read
+        self.cgroup: MemoryCgroup | None = None
+
+    def describe(self) -> str:
+        """What is read, for one announcement line."""
+        parts = [] if self.pid is None else [f"pid {self.pid}"]
+        if self.cgroup is not None:
+            parts.append(f"cgroup {self.cgroup.label}")
+        elif self._cgroup_dir is not None:
+            parts.append(f"cgroup {self._cgroup_dir}")
+        return "the server's memory (" + ", ".join(parts) + ")"
+
+    def check(self) -> str | None:
+        """A doubt about the target in one sentence, or ``None``: a root that is not running, or a lone
+        process that listens on no TCP port (the server listens; a launcher has children)."""
+        if self.pid is None:
+            return None
+        stats = scan_processes(self._proc_root)
+        root = stats.get(self.pid)
+        if root is None:
+            return f"pid {self.pid} is not running"
+        if len(descendants(self.pid, stats)) > 1:
+            return None
+        inodes = socket_inodes(self.pid, self._proc_root)
+        if inodes is None:
+            return None  # cannot tell
+        if inodes & set(listening_inodes(self._proc_root / str(self.pid) / "net")):
+            return None
+        return (
+            f"pid {self.pid} ({root.comm}) listens on no TCP port and has no child processes: "
+            "is it the server?"
+        )
+
+    def read(self) -> ServerMemoryLine:
+        """The server's memory now (never raises: what cannot be read is ``None`` and the ``error``)."""
+        notes: list[str] = []  # whole statements ("pid 12 is not running")
+        unread: list[str] = []  # what could not be read, as clauses
+        alive, processes, rss, pss = True, None, None, None
+        if self.pid is not None:
+            alive, processes, rss, pss = self._read_tree(notes, unread)
+        if self.cgroup is None:
+            self._find_cgroup(unread, root_alive=alive)
+        memory = CgroupMemory()
+        if self.cgroup is not None:
+            memory, cgroup_unread = read_cgroup_memory(self.cgroup, populated=self.pid is None)
+            unread += cgroup_unread
+            if self.pid is None and memory.populated is not None:
+                alive = memory.populated
+        line: ServerMemoryLine = {
+            "t_unix_s": self._clock(),
+            "source": self.source,
+            "pid": self.pid,
+            "processes": processes,
+            "rss_bytes": rss,
+            "pss_bytes": pss,
+            "cgroup": None if self.cgroup is None else self.cgroup.label,
+            "cgroup_current_bytes": memory.current_bytes,
+            "cgroup_limit_bytes": memory.limit_bytes,
+            "cgroup_peak_bytes": memory.peak_bytes,
+            "cgroup_oom_kill": memory.oom_kill,
+            "cgroup_events_max": memory.events_max,
+            "alive": alive,
+        }
+        if unread:
+            notes.append("cannot read " + "; ".join(unread))
+        if notes:
+            line["error"] = "; ".join(notes)
+        return line
+
+    def _find_cgroup(self, unread: list[str], *, root_alive: bool) -> None:
+        if self._cgroup_dir is not None:
+            found = _cgroup_at(self._cgroup_dir, self._cgroup_root)
+        elif self.pid is not None and self._root_start is not None:
+            found = _cgroup_of(self.pid, self._proc_root, self._cgroup_root)
+            if isinstance(found, str) and not root_alive:
+                return  # the dead root's /proc entry is gone: no news
+        else:
+            return  # the root never ran: its line says so
+        if isinstance(found, str):
+            unread.append(found)
+        else:
+            self.cgroup = found
+
+    def _read_tree(
+        self, notes: list[str], unread: list[str]
+    ) -> tuple[bool, int | None, int | None, int | None]:
+        """(alive, processes, rss_bytes, pss_bytes) of the tree; see the module docstring."""
+        assert self.pid is not None
+        stats = scan_processes(self._proc_root)
+        root = stats.get(self.pid)
+        if root is not None and self._root_start is None:
+            self._root_start = root.start_ticks
+        if self._root_start is None:
+            notes.append(f"pid {self.pid} is not running")
+            return False, None, None, None
+        same_root = root is not None and root.start_ticks == self._root_start
+        alive = same_root and root is not None and root.state not in DEAD_STATES
+        members = descendants(self.pid, stats) if same_root else []
+        members += [
+            pid
+            for pid, start in self._members.items()
+            if pid not in members and pid in stats and stats[pid].start_ticks == start
+        ]
+        counted: dict[int, int] = {}
+        rss_total, pss_total = 0, 0
+        pss_denied: list[int] = []
+        pss_problem: str | None = None
+        with_pss = self.pss_share >= 1 or (self.pss_share > 0 and time.monotonic() >= self._pss_due)
+        started = time.monotonic()
+        for pid in members:
+            if stats[pid].state in DEAD_STATES:
+                continue
+            read = _read_process(pid, self._proc_root, with_pss=with_pss)
+            if read is None:
+                continue  # exited since the scan: a race, not an error
+            rss_bytes, pss_bytes, why = read
+            counted[pid] = stats[pid].start_ticks
+            rss_total += rss_bytes
+            if pss_bytes is None:
+                pss_denied.append(pid)
+                pss_problem = pss_problem or why
+            else:
+                pss_total += pss_bytes
+        self._members = counted
+        if not with_pss:
+            return alive, len(counted), rss_total, None
+        now = time.monotonic()
+        self._pss_due = now + (now - started) / self.pss_share
+        if pss_denied:
+            pids = ", ".join(str(p) for p in pss_denied[:5]) + (", …" if len(pss_denied) > 5 else "")
+            unread.append(f"the PSS of pid {pids} ({pss_problem})")
+        return alive, len(counted), rss_total, None if pss_denied else pss_total
+
+
+def read_server_memory(
+    pid: int | None,
+    *,
+    cgroup_dir: Path | None = None,
+    proc_root: Path = PROC_ROOT,
+    cgroup_root: Path = CGROUP_ROOT,
+    clock: Callable[[], float] = time.time,
+) -> ServerMemoryLine:
+    """One read of the server's memory (``LocalServerMemory``, without memory between reads)."""
+    reader = LocalServerMemory(
+        pid, cgroup_dir=cgroup_dir, proc_root=proc_root, cgroup_root=cgroup_root, clock=clock
+    )
+    return reader.read()
+
+
+def _read_process(pid: int, proc_root: Path, *, with_pss: bool) -> tuple[int, int | None, str] | None:
+    """(rss_bytes, pss_bytes or None, why PSS is None) of one process; ``None`` when it is gone."""
+    base = proc_root / str(pid)
+    try:
+        status = parse_proc_status(_read_proc_file(base / "status"))
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return None  # hidden (hidepid): as good as gone from here
+    if status.rss_bytes is None:
+        return 0, 0, ""  # no memory map (exiting, or a kernel thread)
+    if not with_pss:
+        return status.rss_bytes, None, ""
+    try:
+        pss = parse_smaps_rollup(_read_proc_file(base / "smaps_rollup"))
+    except (FileNotFoundError, ProcessLookupError):
+        if not base.exists():
+            return None
+        return status.rss_bytes, None, "no smaps_rollup: Linux < 4.14"
+    except OSError as err:
+        return status.rss_bytes, None, _why(err)
+    if pss is None:
+        return status.rss_bytes, None, "no Pss line in smaps_rollup"
+    return status.rss_bytes, pss, ""
+
+
+def _read_proc_file(path: Path) -> str:
+    """A small ``/proc`` file in one read: about half the cost of ``Path.read_text`` (a read scans
+    every process on the host)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = [os.read(fd, 65536)]
+        while len(chunks[-1]) == 65536:
+            chunks.append(os.read(fd, 65536))
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def _why(err: OSError) -> str:
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if err.errno == errno.ENOENT:
+        return "no such file"
+    if err.errno == errno.ESRCH:
+        return "the process is gone"
+    return err.strerror or type(err).__name__

@@ -101,6 +101,11 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="append the server memory lines here ('-' = stdout; default: where --out goes)",
     )
+    parser.add_argument(
+        "--no-gpu",
+        action="store_true",
+        help="sample the server's memory only (with --server-pid, --server-port or --cgroup): no GPU source",
+    )
     parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     parser.set_defaults(func=run)
 
@@ -114,7 +119,7 @@ def run(args: argparse.Namespace, nvml: Any = None) -> int:
     _validate(args)
     target = memory_target(args)
     memory = open_memory_source(target) if target.watches else None
-    source = gpu_source(args.device or None, dcgm_url=args.dcgm_url, nvml=nvml)
+    source = None if args.no_gpu else gpu_source(args.device or None, dcgm_url=args.dcgm_url, nvml=nvml)
     options = SamplerOptions(
         interval_s=args.interval_s,
         out=args.out,
@@ -147,6 +152,12 @@ def _validate(args: argparse.Namespace) -> None:
         raise ConfigError("give --server-pid or --server-port, not both")
     if args.server_out is not None and not (args.server_pid or args.server_port or args.cgroup):
         raise ConfigError("--server-out needs --server-pid, --server-port or --cgroup")
+    if args.no_gpu and not (args.server_pid or args.server_port or args.cgroup):
+        raise ConfigError(
+            "--no-gpu samples the server's memory only: give --server-pid, --server-port or --cgroup"
+        )
+    if args.no_gpu and (args.dcgm_url or args.device):
+        raise ConfigError("--no-gpu contradicts --dcgm-url and --device; drop one")
 
 
 def memory_target(args: argparse.Namespace) -> MemoryTarget:

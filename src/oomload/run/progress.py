@@ -124,6 +124,11 @@ class ProgressView:
             table.add_row(
                 "GPU memory", f"{gpu['used_bytes'] / 2**30:.1f} / {gpu['total_bytes'] / 2**30:.1f} GiB"
             )
+        host = s.latest_server_memory()
+        if host is not None and host.used_bytes is not None:
+            limit = "" if host.cgroup_limit_bytes is None else f" / {host.cgroup_limit_bytes / 2**30:.1f}"
+            kills = f" · OOM kills {host.cgroup_oom_kill}" if host.cgroup_oom_kill else ""
+            table.add_row("server memory", f"{host.used_bytes / 2**30:.2f}{limit} GiB{kills}")
         if s.dead_evidence:
             table.add_row("server dead", s.dead_evidence)
         return table

@@ -1,4 +1,5 @@
-"""``GpuSamplerProcess``: run ``oomload sample`` as a child process that streams ``gpu.jsonl``.
+"""``GpuSamplerProcess``: run ``oomload sample`` as a child process that streams ``gpu.jsonl`` (and
+``ServerMemoryProcess``, the same for the server's host memory: ``server_memory.jsonl``).
 
 NVML calls block, and Locust monkey-patches the load process with gevent, so GPU sampling runs in
 its own process: ``sys.executable -m oomload sample --out PATH --interval-s S [--device N …]
@@ -182,6 +183,25 @@ class GpuSamplerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class ServerMemoryProcess(GpuSamplerProcess):
+    """A child ``oomload sample --no-gpu`` writing the server's host memory to ``out_path`` (normally
+    ``RUN_DIR/server_memory.jsonl``): its /proc and cgroup reads block, so they stay out of Locust's
+    gevent loop, as NVML's do. ``target_flags`` name the server (``--server-pid N``, ``--server-port P``,
+    ``--cgroup DIR``); start, stop, ``latest()`` and the one-sentence unavailability are the GPU
+    sampler's."""
+
+    def __init__(
+        self, out_path: Path, target_flags: Sequence[str], *, interval_s: float = 0.5, **kw: Any
+    ) -> None:
+        super().__init__(out_path, interval_s=interval_s, **kw)
+        self.target_flags = list(target_flags)
+        self.source = "server_memory"
+
+    def command(self) -> list[str]:
+        cmd = [*self.program, "--no-gpu", *self.target_flags, "--server-out", str(self.out_path)]
+        return [*cmd, "--server-interval-s", repr(self.interval_s), "--parent-pid", str(os.getpid())]
 
 
 def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:

@@ -63,6 +63,8 @@ CORE = {
     "oomload.verdict.gauges",
     "oomload.verdict.stepfacts",
     "oomload.verdict.death",
+    "oomload.verdict.deathcause",
+    "oomload.verdict.deathlog",
     "oomload.verdict.confidence",
     "oomload.verdict.prediction",
     "oomload.verdict.prefixrate",

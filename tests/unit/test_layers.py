@@ -150,6 +150,7 @@ ADAPTERS = {
     "oomload.telemetry.poller",
     "oomload.telemetry.sampler",
     "oomload.telemetry.scrape",
+    "oomload.telemetry.serverlog",
     "oomload.tracereport",
 }
 # Wires one run (``oomload.run``): its configuration, preflight, the Locust scenario and session, the

@@ -13,6 +13,9 @@
   ``gpu.jsonl`` lines and/or serves the latest ones over HTTP as DCGM text.
 * ``gpu``: ``GpuSamplerProcess`` runs ``oomload sample`` as a child process (NVML calls block, so
   they stay out of Locust's gevent loop) and streams ``gpu.jsonl``.
+* ``serverlog``: ``ServerLogFollower`` copies what the server appends to its log during a run into
+  the run directory's ``server.log`` (late creation, truncation, rotation, a size cap), for the death
+  classifier (``oomload.verdict.deathcause``).
 
 Nothing here is imported by ``oomload.telemetry`` itself: import the submodule you need, so the pure
 parser never pulls in ``pynvml``.

@@ -63,6 +63,8 @@ CORE = {
     "oomload.verdict.gauges",
     "oomload.verdict.stepfacts",
     "oomload.verdict.death",
+    "oomload.verdict.deathcause",
+    "oomload.verdict.deathlog",
     "oomload.verdict.confidence",
     "oomload.verdict.prediction",
     "oomload.verdict.prefixrate",
@@ -153,6 +155,7 @@ ADAPTERS = {
     "oomload.telemetry.poller",
     "oomload.telemetry.sampler",
     "oomload.telemetry.scrape",
+    "oomload.telemetry.serverlog",
     "oomload.tracereport",
     "oomload.outfile",
 }

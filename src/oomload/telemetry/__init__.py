@@ -13,12 +13,16 @@
   on a fixed grid into ``gpu.jsonl`` (``server_memory.jsonl``) lines and/or serves the latest ones
   over HTTP as DCGM text (and ``oomload_server_*`` series).
 * ``gpu``: ``GpuSamplerProcess`` runs ``oomload sample`` as a child process (NVML calls block, so
-  they stay out of Locust's gevent loop) and streams ``gpu.jsonl``.
+  they stay out of Locust's gevent loop) and streams ``gpu.jsonl``; ``ServerMemoryProcess`` does the
+  same for the server's host memory (``oomload sample --no-gpu``: ``server_memory.jsonl``).
 * ``procfs`` (pure): the kernel's ``/proc`` and memory cgroup files, parsed as Linux writes them.
 * ``hostmem``: the server's own host memory (its process tree's RSS/PSS, its memory cgroup) read
   from ``/proc`` and ``/sys/fs/cgroup`` into one ``server_memory.jsonl`` line; the listener of a port.
 * ``hostsampler``: what server memory to watch (``MemoryTarget``), ``ServerMemorySampler`` (a thread
   appending ``server_memory.jsonl``) and ``RemoteServerMemory`` (another host's ``oomload sample``).
+* ``serverlog``: ``ServerLogFollower`` copies what the server appends to its log during a run into
+  the run directory's ``server.log`` (late creation, truncation, rotation, a size cap), for the death
+  classifier (``oomload.verdict.deathcause``).
 
 Nothing here is imported by ``oomload.telemetry`` itself: import the submodule you need, so the pure
 parser never pulls in ``pynvml``.

@@ -4,7 +4,9 @@ Read in this order:
 
 1. ``runview`` — the run directory as plain values: its steps with the requests, ``/metrics`` scrapes
    and GPU samples measured during each (the one module here that reads files);
-2. ``death`` — the engine's death and its casualties, found first from the raw run;
+2. ``death`` — the engine's death and its casualties, found first from the raw run; ``deathcause`` — of
+   what it died (cuda_oom, cpu_oom, oom_killed, killed, crash, no_cause) from the server's log, exit
+   status and memory; ``deathlog`` — that log read: the root-cause line, its consequences kept out;
 3. ``stepfacts`` — one ``StepFacts`` per step: counts, latencies, KV and queue peaks (sustained ones
    from ``gauges``), the server's side (``oomload.serverside``), whether the step can be trusted;
 4. ``prediction`` — the block arithmetic's onset band, compared with the observed onset;

@@ -124,7 +124,8 @@ class DeathCause:
             return f"an activation peak: CUDA could not allocate {format_bytes(self.tried_bytes)}{free}"
         if self.kind is DeathKind.CPU_OOM:
             if self.tried_bytes is None:
-                return "an activation peak: host memory ran out (MemoryError)"
+                said = f" ({self.quote})" if self.quote else ""
+                return f"an activation peak: host memory ran out{said}"
             return (
                 f"an activation peak: the CPU allocator could not allocate {format_bytes(self.tried_bytes)}"
             )

@@ -9,7 +9,10 @@ sign            the words (looked for in this order; within a sign, its first li
                 the older "(GPU 0; … total capacity; …)"), "CUDA error: out of memory", NCCL's
                 "Cuda failure 'out of memory'", ``CUBLAS_STATUS_ALLOC_FAILED``, ROCm's "HIP out of memory"
 ``cpu_oom``     "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes" (also "…: not
-                enough memory: …"), or a ``MemoryError``
+                enough memory: …"), a ``MemoryError``, or oneDNN's "RuntimeError: could not create a
+                primitive" — how vLLM's CPU build reports an allocation that failed inside a oneDNN
+                GEMM (no size given): seen on this project's harness under a data limit, where the same
+                burst without the limit was answered
 ``kernel_kill`` the kernel's or the orchestrator's word: "Out of memory: Killed process", "Memory cgroup out
                 of memory", "oom-kill:", "OOMKilled" (in a log that holds them: a container's, a journal)
 ``crash``       an NCCL error, a segfault / "Fatal Python error", a C++ abort, a non-OOM "CUDA error"; or
@@ -102,6 +105,7 @@ _CUDA_OLD = re.compile(r"\(GPU \d+; " + _size("total") + r" total capacity; .*?;
 _CPU_OOM = re.compile(
     r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate"
     r"|^(?:builtins\.)?MemoryError\b"
+    r"|^RuntimeError: could not create a primitive\b"  # oneDNN's failed allocation (docstring)
 )
 _CPU_TRIED = re.compile(r"you tried to allocate (?P<tried>\d+) bytes")
 _KERNEL = re.compile(r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|oom-kill:|OOMKilled")

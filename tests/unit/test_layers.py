@@ -177,6 +177,7 @@ RUNNER = {
     "oomload.run.scenario",
     "oomload.run.session",
     "oomload.run.served",
+    "oomload.run.serverwatch",
     "oomload.run.master_gate",
     "oomload.run.master_meter",
     "oomload.run.worker_node",

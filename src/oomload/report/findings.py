@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from oomload.outcome import Outcome
 from oomload.verdict import PreemptionOnset, StepFacts, Verdict, kv_peak_text, kv_percent
+from oomload.verdict.deathcause import DeathKind
 from oomload.verdict.recommend import Recommendation
 
 NEAR_LIMIT_SHARE = 0.9  # a peak at 90 % of the server's memory limit is worth a warning
@@ -114,8 +115,22 @@ def engine_death(verdict: Verdict) -> Finding:
     if death is None:
         return Finding("engine_death", "OOM / engine death", f"none{_up_to(verdict)}", "ok")
     where = "at an unknown step" if death.concurrency is None else f"at concurrency {death.concurrency}"
-    kind = "CUDA OOM / engine death" if death.real_oom else "engine death"
-    text = f"{kind} {where} — {death.evidence[0]}"
+    cause = death.cause
+    if cause is not None and cause.kind is not DeathKind.NO_CAUSE:
+        label = "engine death (OOM)" if death.memory else "engine death (not of memory)"
+        text = f"{label} {where} — {cause.sentence}; seen as: {death.evidence[0]}"
+    else:
+        kind = "CUDA OOM / engine death" if death.real_oom else "engine death"
+        text = f"{kind} {where} — {death.evidence[0]}"
+        if cause is not None:  # what was looked at, and what was missing
+            text += f"; {cause.sentence}"
+    rise = (
+        None
+        if death.step is None or verdict.server_memory is None
+        else verdict.server_memory.rise_text(death.step)
+    )
+    if rise is not None:
+        text += f"; {rise}"
     if death.casualty_text is not None:
         text += f"; {death.casualty_text}"
     return Finding("engine_death", "OOM / engine death", text, "bad")

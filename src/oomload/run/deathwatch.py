@@ -66,6 +66,8 @@ class DeathWatch:
             if now - last_refresh >= HEALTH_INTERVAL_S:
                 last_refresh = now
                 self.check_preemption()
+                if s.server_evidence is not None and s.context is not None and s.context.in_flight:
+                    s.server_evidence.check()
                 if s.progress is not None:
                     s.progress.refresh()
 

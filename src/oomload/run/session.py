@@ -41,7 +41,6 @@ from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from oomload.errors import ConfigError
 from oomload.load import wire
@@ -51,13 +50,13 @@ from oomload.run.deathwatch import DeathWatch
 from oomload.run.master_gate import guarded_master_class
 from oomload.run.master_meter import MasterMeter
 from oomload.run.served import ServedProcess
+from oomload.run.serverwatch import ServerEvidence
 from oomload.run.snapshot import FinalState, PlanState, TelemetrySnapshot
 from oomload.run.worker_pool import WorkerPool, free_port
 from oomload.rundir import RunReader, RunWriter
 from oomload.rundir.records import ServerMemoryRow, StepEndLine
 from oomload.schedule import Hold, SchedulePlan, StopCondition
 from oomload.trace import TraceRecord
-from oomload.verdict.runview import SERVER_LOG
 
 
 class Session:
@@ -88,8 +87,7 @@ class Session:
         self.simulated = simulated
         self.poller: Any = None
         self.gpu: Any = None
-        self.server_memory: Any = None  # the server's host memory sampler (a child, or remote reads)
-        self.server_log: Any = None  # the --server-log follower
+        self.server_evidence: ServerEvidence | None = None  # its host memory and its log, as they come
         self.env: Any = None
         self.runner: Any = None
         self.web_ui: Any = None
@@ -133,8 +131,7 @@ class Session:
             self.watch.baseline_preemptions = first.get("num_preemptions_total")
         self.poller.start()
         self._start_gpu()
-        self._start_server_memory()
-        self._start_server_log()
+        self.server_evidence = ServerEvidence.start(self)
 
     def _start_gpu(self) -> None:
         spec = self.config.gpu
@@ -160,71 +157,9 @@ class Session:
             self.console.print(f"[dim]GPU memory not sampled: {reason}[/]")
             self.gpu = None
 
-    def _start_server_memory(self) -> None:
-        """The server's host memory: a child ``oomload sample --no-gpu`` for a local server (its /proc
-        reads block), remote reads of an ``oomload sample --serve`` beside it; what cannot be watched is
-        said once and the run goes on (docs/telemetry.md)."""
-        from oomload.errors import OomloadError
-        from oomload.telemetry.hostsampler import resolve_memory_target
-
-        config = self.config
-        known_pid = config.server_pid or (None if self.served is None else self.served.pid)
-        try:
-            target = resolve_memory_target(config.server_memory, self.url, known_pid)
-            if target.url is not None:
-                self.server_memory = self._remote_memory(target)
-            elif target.watches:
-                self.server_memory = self._local_memory(target)
-            elif target.explicit is False and config.server_memory != "none" and target.reason:
-                self._memory_note(target.reason)
-        except OomloadError as err:
-            self._memory_note(str(err))
-
-    def _local_memory(self, target: Any) -> Any:
-        from oomload.telemetry.gpu import ServerMemoryProcess
-
-        flags = [f"--server-pid={target.pid}"] if target.pid is not None else [f"--server-port={target.port}"]
-        if target.cgroup_dir is not None:
-            flags.append(f"--cgroup={target.cgroup_dir}")
-        sampler = ServerMemoryProcess(self.writer.path / "server_memory.jsonl", flags)
-        if sampler.start():
-            return sampler
-        self._memory_note(sampler.unavailable_reason or "the server memory sampler did not start")
-        return None
-
-    def _remote_memory(self, target: Any) -> Any:
-        from oomload.telemetry.hostsampler import ServerMemorySampler, open_memory_source
-
-        sampler = ServerMemorySampler(open_memory_source(target), self.writer, on_problem=self._memory_note)
-        sampler.start()
-        return sampler
-
     def latest_server_memory(self) -> ServerMemoryRow | None:
         """The server's latest host-memory sample (``None`` before the first, or when not sampled)."""
-        sampler = self.server_memory
-        if sampler is None:
-            return None
-        latest = sampler.latest() if callable(sampler.latest) else sampler.latest  # child or thread
-        return None if not latest else ServerMemoryRow.from_json(latest)
-
-    def _memory_note(self, reason: str) -> None:
-        self.writer.event("server_memory_unavailable", detail=reason)
-        self.console.print(f"[dim]the server's memory is not sampled: {escape(reason)}[/]")
-
-    def _start_server_log(self) -> None:
-        """``--server-log``: follow it into the run directory's ``server.log`` (what the server writes
-        from now on); a log that is missing or stops growing is said once, and the run goes on."""
-        path = self.config.server_log
-        if path is None:
-            return
-        from oomload.telemetry.serverlog import ServerLogFollower
-
-        def note(sentence: str) -> None:
-            self.writer.event("server_log_problem", detail=sentence)
-            self.console.print(f"[yellow]note:[/] {escape(sentence)}")
-
-        self.server_log = ServerLogFollower(path, self.writer.path / SERVER_LOG, on_problem=note)
-        self.server_log.start()
+        return None if self.server_evidence is None else self.server_evidence.latest_memory()
 
     def boundary_scrape(self) -> dict[str, Any] | None:
         """One ``/metrics`` scrape at a step boundary (also written to ``metrics.jsonl``)."""
@@ -590,10 +525,8 @@ class Session:
             self.poller.stop()
         if self.gpu is not None:
             self.gpu.stop()
-        if self.server_memory is not None:
-            self.server_memory.stop()
-        if self.server_log is not None:
-            self.server_log.stop()
+        if self.server_evidence is not None:
+            self.server_evidence.stop()
         if self.odds is not None:
             self.odds.stop()
 

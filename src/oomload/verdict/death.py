@@ -4,11 +4,16 @@ Evidence that the engine died (any one is enough):
 
 * ``engine_dead`` request outcomes, or CUDA OOM text in a request's error;
 * ``server_dead`` events, a step or the run (``status.json``) ending with reason ``server_dead``;
-* the server's process (the largest GPU process) vanishing from the GPU samples.
+* the server's process (the largest GPU process) vanishing from the GPU samples, or its root process
+  gone from the host-memory samples (``server_memory.jsonl``: ``alive`` false after true).
 
 ``health_failed`` events alone are not enough (the runner writes one for every failed probe, a busy
 server fails one now and then); once a death is established they are listed as supporting evidence.
-``real_oom`` is true only when OOM text was seen (then ``gpu_memory_utilization`` advice applies).
+``real_oom`` is true only when a request's error carried an allocator's words. The death's *kind*
+comes from all the evidence — the server's log, its exit status, its memory series and cgroup
+counters, the requests' errors — through ``oomload.verdict.deathcause.classify_death``
+(``EngineDeath.cause``); ``memory`` is true for the memory kinds (a CUDA or CPU allocation that
+failed, the kernel's OOM kill) or OOM text in a request.
 
 Casualties. When the server dies, the requests in flight at that moment end as ``transport_error``
 (reset / closed), ``truncated`` (the stream broke), ``engine_dead`` or, when nothing ever answers,
@@ -40,6 +45,7 @@ from typing import Any
 
 from oomload.outcome import Outcome, RequestResult
 from oomload.rundir.records import EventRow, GpuSampleRow, StepBoundary
+from oomload.verdict.deathcause import DeathCause, DeathKind, classify_death
 from oomload.verdict.runview import RunView
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda oom", "cuda error: out of memory")
@@ -59,6 +65,16 @@ class EngineDeath:
     casualties: int = 0  # requests in flight that failed because of the death
     casualty_outcomes: Mapping[str, int] = field(default_factory=dict)
     casualty_ids: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+    cause: DeathCause | None = None  # what killed it, from all the evidence (oomload.verdict.deathcause)
+
+    @property
+    def memory(self) -> bool:
+        """A memory death: its cause is one of the memory kinds, or a request carried an allocator's words."""
+        return self.real_oom or (self.cause is not None and self.cause.memory)
+
+    @property
+    def kind(self) -> DeathKind | None:
+        return None if self.cause is None else self.cause.kind
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +82,9 @@ class EngineDeath:
             "concurrency": self.concurrency,
             "t_unix_s": self.t_unix_s,
             "real_oom": self.real_oom,
+            "memory": self.memory,
+            "kind": None if self.cause is None else self.cause.kind.value,
+            "cause": None if self.cause is None else self.cause.to_json(),
             "evidence": list(self.evidence),
             "casualties": self.casualties,
             "casualty_outcomes": dict(self.casualty_outcomes),
@@ -106,6 +125,12 @@ def detect_engine_death(view: RunView) -> EngineDeath | None:
     if len(evidence) > MAX_EVIDENCE:
         evidence = (*evidence[: MAX_EVIDENCE - 1], f"… and {len(evidence) - MAX_EVIDENCE + 1} more")
     boundary = step_at([s.boundary for s in view.steps], moment)
+    cause = classify_death(
+        log_text=view.server_log,
+        exit_status=view.server_exit_status,
+        memory=view.server_memory,
+        request_errors=[r.error for r in view.requests if r.error and r.outcome in CASUALTY_OUTCOMES],
+    )
     return EngineDeath(
         step=None if boundary is None else boundary.index,
         concurrency=None if boundary is None else boundary.concurrency,
@@ -115,6 +140,7 @@ def detect_engine_death(view: RunView) -> EngineDeath | None:
         casualties=len(casualties),
         casualty_outcomes=outcomes,
         casualty_ids=frozenset(r.request_id for r in casualties),
+        cause=cause,
     )
 
 
@@ -165,7 +191,22 @@ def _primary_evidence(view: RunView) -> tuple[list[tuple[float, str]], bool]:
     vanished = _vanished_process(view.gpu)
     if vanished is not None:
         found.append(vanished)
+    gone = _server_gone(view)
+    if gone is not None:
+        found.append(gone)
     return found, real_oom
+
+
+def _server_gone(view: RunView) -> tuple[float, str] | None:
+    """The server's root process gone from the host-memory samples, after a sample that saw it alive."""
+    seen_alive = False
+    for row in view.server_memory:
+        if row.alive:
+            seen_alive = True
+        elif seen_alive:
+            who = "" if row.pid is None else f" (pid {row.pid})"
+            return row.t_unix_s, f"the server's process{who} is gone (host memory samples)"
+    return None
 
 
 def _vanished_process(gpu: Sequence[GpuSampleRow]) -> tuple[float, str] | None:

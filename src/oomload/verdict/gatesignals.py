@@ -57,8 +57,17 @@ def _death_shown(s: StepFacts, verdict: Verdict) -> bool:
 
 
 def _death_phrase(verdict: Verdict) -> str:
-    real_oom = verdict.engine_death is not None and verdict.engine_death.real_oom
-    return "engine death" + (" (CUDA OOM)" if real_oom else "")
+    """A memory death names its cause; any other death fails the rule too — a server that did not
+    survive vouches for nothing above it — with a sentence that says it was not memory."""
+    death = verdict.engine_death
+    if death is None:
+        return "engine death"
+    cause = death.cause
+    if death.memory:
+        return "an OOM" + ("" if cause is None or not cause.memory else f" ({cause.sentence})")
+    if cause is not None and cause.kind.value != "no_cause":
+        return f"an engine death that was not of memory ({cause.sentence})"
+    return "an engine death of unknown cause (give oomload the server's log: --serve or --server-log)"
 
 
 PREEMPTION = Event(

@@ -83,6 +83,7 @@ CORE = {
     "oomload.sim.planner",
     "oomload.sim.scheduler",
     "oomload.sim.tokenizer",
+    "oomload.sim.vllmlog",
     "oomload.telemetry.gpu_sample",
     "oomload.telemetry.vllm_metrics",
 }

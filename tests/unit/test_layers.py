@@ -138,6 +138,7 @@ ADAPTERS = {
     "oomload.rundir.io",
     "oomload.sim",
     "oomload.sim.engine",
+    "oomload.sim.hostmem",
     "oomload.sim.metrics",
     "oomload.sim.process",
     "oomload.sim.server",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from oomload.cli import main
@@ -92,14 +95,20 @@ def test_real_rss_is_read_from_proc() -> None:
 
 
 def test_the_ballast_is_resident() -> None:
-    memory = HostMemory(HostMemoryConfig(base_bytes=32 * MIB), start_s=0.0)
-    before = read_rss_bytes()
-    try:
-        memory.update(tokens=0, now_s=0.0)
-        grown = read_rss_bytes() - before
-    finally:
-        memory.release()
-    assert 28 * MIB <= grown <= 40 * MIB
+    """Mapped and written: RSS grows by the ballast (in a fresh process, whose RSS nothing else moves)."""
+    code = (
+        "from oomload.sim.hostmem import MIB, HostMemory, HostMemoryConfig, read_rss_bytes\n"
+        "memory = HostMemory(HostMemoryConfig(base_bytes=32 * MIB), start_s=0.0)\n"
+        "before = read_rss_bytes()\n"
+        "memory.update(tokens=0, now_s=0.0)\n"
+        "grown = read_rss_bytes() - before\n"
+        "memory.release()\n"
+        "print(grown, read_rss_bytes() - before)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    grown, after_release = (int(v) for v in done.stdout.split())
+    assert 30 * MIB <= grown <= 34 * MIB
+    assert after_release < 2 * MIB  # unmapped: the memory went back
 
 
 def test_an_unknown_limit_kind_is_refused() -> None:

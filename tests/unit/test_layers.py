@@ -72,6 +72,7 @@ CORE = {
     "oomload.verdict.recommend",
     "oomload.verdict.gate",
     "oomload.verdict.gatesignals",
+    "oomload.verdict.trend",
     "oomload.ingest.clocks",
     "oomload.load.classify",
     "oomload.load.payload",

@@ -1,10 +1,11 @@
-"""``oomload sim serve`` on loopback: the official openai client, vLLM's error shapes, /metrics, OOM death."""
+"""``oomload sim serve`` on loopback: the openai client, vLLM's error shapes, /metrics, memory deaths."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from oomload.sim.process import SimServer
 
+ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+MIB = 1024**2
 TINY = ["--model", "tiny", "--num-gpu-blocks", "32", "--block-size", "128", "--max-model-len", "2048",
         "--max-num-seqs", "64", "--time-scale", "0.2"]  # fmt: skip
 
@@ -291,11 +294,13 @@ def test_legacy_metrics_profile_uses_old_names() -> None:
         assert json.loads(call(server, "GET", "/version")[1]) == {"version": "0.6.6"}
 
 
-def test_modelled_cuda_oom_gives_500s_then_the_server_exits() -> None:
+def test_modelled_cuda_oom_gives_500s_then_the_server_exits(tmp_path: Path) -> None:
     # the server exits 3 s after the OOM: room for the 500 below on a busy machine
     args = ["--model", "llama-3.1-8b", "--gpu", "l4", "--max-model-len", "4096", "--num-gpu-blocks", "3200",
             "--time-scale", "0", "--exit-delay-s", "3"]  # fmt: skip
-    with SimServer(args) as server:
+    log = tmp_path / "sim.log"
+    with SimServer(args, log_path=log) as server:
+        assert server.log_path == log
         assert call(server, "POST", "/v1/completions", {"prompt": [9] * 16, "max_tokens": 4})[0] == 200
         status, body = call(
             server, "POST", "/v1/completions", {"prompt": [9] * 2000, "max_tokens": 4, "stream": True}
@@ -303,15 +308,88 @@ def test_modelled_cuda_oom_gives_500s_then_the_server_exits() -> None:
         assert status == 200
         events = body.decode().strip().split("\n\n")
         assert json.loads(events[-2].removeprefix("data: "))["error"] == {
-            "message": "The server had an error while processing your request.",
-            "type": "InternalServerError", "param": None, "code": 500,
+            "message": ENGINE_DEAD, "type": "InternalServerError", "param": None, "code": 500,
         }  # fmt: skip
-        assert call(server, "POST", "/v1/completions", {"prompt": [9] * 16, "max_tokens": 4})[0] == 500
-        deadline = time.monotonic() + 15
-        while server.returncode is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert server.returncode == 1
-        assert "CUDA out of memory" in server.stderr_tail()
+        status, body = call(server, "POST", "/v1/completions", {"prompt": [9] * 16, "max_tokens": 4})
+        assert status == 500 and json.loads(body)["error"]["message"] == ENGINE_DEAD
+        assert server.wait(15) == 1
+        pid = server.pid
+    assert server.returncode == 1  # kept after stop, as the log is
+    text = log.read_text()
+    # what a classifier of the server's log keys on, in vLLM V1's order and with its process prefixes
+    fatal = re.search(rf"^\(EngineCore pid={pid}\) ERROR \d\d-\d\d [\d:]{{8}} \[core\.py:\d+\] "
+                      r"EngineCore encountered a fatal error\.$", text, re.M)  # fmt: skip
+    oom = re.search(
+        rf"^\(EngineCore pid={pid}\) ERROR .*\] torch\.OutOfMemoryError: CUDA out of memory\. "
+        r"Tried to allocate (?P<tried>[\d.]+) MiB\. GPU 0 has a total capacity of (?P<total>[\d.]+) GiB "
+        r"of which (?P<free>[\d.]+) MiB is free\. Including non-PyTorch memory, this process has "
+        r"(?P<used>[\d.]+) GiB memory in use\.",
+        text,
+        re.M,
+    )
+    dead = re.search(
+        rf"^\(APIServer pid={pid}\) ERROR .*\] vllm\.v1\.engine\.exceptions\.EngineDeadError: "
+        + re.escape(ENGINE_DEAD),
+        text,
+        re.M,
+    )
+    assert fatal and oom and dead, text[-3000:]
+    assert fatal.start() < oom.start() < dead.start()
+    assert float(oom["tried"]) > float(oom["free"])  # the step's activations did not fit
+    assert float(oom["total"]) == 22.49 and float(oom["used"]) <= float(oom["total"])
+    assert text.count("Traceback (most recent call last):") == 3  # EngineCore, AsyncLLM, Process EngineCore
+    assert len(re.findall(r"\] Request cmpl-\w+ failed \(engine dead\)\.$", text, re.M)) == 1
+
+
+def test_container_memory_limit_is_a_sigkill_with_nothing_logged(tmp_path: Path) -> None:
+    """Over ``--host-memory-limit-mib`` the server's real RSS takes the kernel OOM killer's way out."""
+    args = [*TINY, "--time-scale", "1", "--host-bytes-per-token", "65536", "--host-memory-limit-mib", "200"]
+    log = tmp_path / "sim.log"
+    with SimServer(args, log_path=log) as server:
+        assert server.pid is not None
+        before = _rss_bytes(server.pid)
+        # one request of 1,016 tokens holds 63.5 MiB: it fits under the limit and is answered
+        assert call(server, "POST", "/v1/completions", {"prompt": [9] * 1000, "max_tokens": 16})[0] == 200
+        assert _rss_bytes(server.pid) < 200 * MIB
+        with ThreadPoolExecutor(4) as pool:  # four at once need 254 MiB more: over the limit
+            answers = list(pool.map(lambda _: _try_call(server, [9] * 1000, 64), range(4)))
+        assert server.wait(10) == -signal.SIGKILL
+    assert all(status is None for status, _ in answers), answers  # killed: no request was answered
+    text = log.read_text()
+    assert "Traceback" not in text and "ERROR" not in text and "EngineDeadError" not in text
+    assert before < 200 * MIB
+
+
+def test_process_memory_limit_fails_the_allocation_with_the_cpu_allocators_words(tmp_path: Path) -> None:
+    args = [*TINY, "--time-scale", "1", "--host-bytes-per-token", "65536", "--host-memory-limit-mib", "200",
+            "--host-limit-kind", "process", "--exit-delay-s", "1"]  # fmt: skip
+    log = tmp_path / "sim.log"
+    with SimServer(args, log_path=log) as server:
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: _try_call(server, [9] * 1000, 64), range(4)))
+        assert server.wait(10) == 1
+    assert {status for status, _ in answers} == {500}
+    assert {json.loads(body)["error"]["message"] for _, body in answers} == {ENGINE_DEAD}
+    text = log.read_text()
+    assert re.search(
+        r"^\(Worker pid=\d+\) ERROR .*\] RuntimeError: \[enforce fail at alloc_cpu\.cpp:127\] err == 0\. "
+        r"DefaultCPUAllocator: can't allocate memory: you tried to allocate \d+ bytes\. Error code 12 "
+        r"\(Cannot allocate memory\)$",
+        text,
+        re.M,
+    ), text[-3000:]
+    assert "EngineCore encountered a fatal error." in text and "EngineDeadError" in text
+
+
+def test_host_leak_grows_the_real_rss_at_the_configured_rate() -> None:
+    """``--host-leak-mib-per-min 600``: 10 MiB of real, resident memory per wall-clock second."""
+    with SimServer([*TINY, "--host-leak-mib-per-min", "600"]) as server:
+        assert server.pid is not None
+        t0, rss0 = time.monotonic(), _rss_bytes(server.pid)
+        time.sleep(2.0)
+        t1, rss1 = time.monotonic(), _rss_bytes(server.pid)
+    rate_mib_per_s = (rss1 - rss0) / MIB / (t1 - t0)
+    assert 6.0 <= rate_mib_per_s <= 14.0, rate_mib_per_s
 
 
 def test_the_simulator_dies_with_its_parent_after_a_kill_9(tmp_path: Path) -> None:
@@ -343,6 +421,22 @@ def test_the_simulator_dies_with_its_parent_after_a_kill_9(tmp_path: Path) -> No
             parent.kill()
             if _running(child_pid):
                 os.kill(child_pid, signal.SIGKILL)
+
+
+def _rss_bytes(pid: int) -> int:
+    """``VmRSS`` of ``/proc/PID/status``, as a host-memory sampler reads it."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def _try_call(server: SimServer, prompt: list[int], max_tokens: int) -> tuple[int | None, bytes]:
+    """A completion that may find the server gone: ``(None, b"")`` when no HTTP answer came."""
+    try:
+        return call(server, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens})
+    except (OSError, http.client.HTTPException):
+        return None, b""
 
 
 def _running(pid: int) -> bool:

@@ -70,6 +70,7 @@ def register(subparsers: Any) -> None:
         type=int,
         help="exit when this process ends (set by `oomload replay`, so its simulator never outlives it)",
     )
+    add_host_memory_arguments(serve)
     serve.set_defaults(func=run)
     sim.set_defaults(func=lambda args: _usage(sim))
 
@@ -140,6 +141,67 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_host_memory_arguments(parser: argparse.ArgumentParser) -> None:
+    """The host-memory model's flags (``oomload.sim.hostmem``): real memory, a limit, a leak."""
+    g = parser.add_argument_group("host memory (real bytes the simulator process holds)")
+    g.add_argument(
+        "--host-memory-limit-mib",
+        type=float,
+        help="a memory limit on the process's real RSS (default none); see --host-limit-kind",
+    )
+    g.add_argument(
+        "--host-limit-kind",
+        choices=("container", "process"),
+        default="container",
+        help="over the limit: container = SIGKILL like the kernel's OOM killer (exit -9, nothing logged); "
+        "process = the allocation fails like under prlimit (the CPU allocator's error, engine death, "
+        "exit 1) (default container)",
+    )
+    g.add_argument("--host-base-mib", type=float, default=0.0, help="memory held from start-up (default 0)")
+    g.add_argument(
+        "--host-bytes-per-token",
+        type=int,
+        default=0,
+        help="memory held per prompt + output token of every request in flight (default 0)",
+    )
+    g.add_argument(
+        "--host-leak-mib-per-min",
+        type=float,
+        default=0.0,
+        help="memory that grows with wall-clock time, whatever --time-scale says (default 0)",
+    )
+    g.add_argument(
+        "--host-leak-cap-mib",
+        type=float,
+        help="the leak stops growing here (default: none with a limit, 1024 without)",
+    )
+
+
+def host_memory_config(args: argparse.Namespace) -> Any:
+    """``HostMemoryConfig`` from the flags; ``ConfigError`` for a negative or empty value."""
+    from oomload.sim.hostmem import MIB, HostMemoryConfig
+
+    limit = args.host_memory_limit_mib
+    if limit is not None and not limit > 0:
+        raise ConfigError(f"--host-memory-limit-mib must be positive, got {limit:g}")
+    for flag, value in (
+        ("--host-base-mib", args.host_base_mib),
+        ("--host-bytes-per-token", args.host_bytes_per_token),
+        ("--host-leak-mib-per-min", args.host_leak_mib_per_min),
+        ("--host-leak-cap-mib", args.host_leak_cap_mib),
+    ):
+        if value is not None and not value >= 0:
+            raise ConfigError(f"{flag} must be >= 0, got {value:g}")
+    return HostMemoryConfig(
+        base_bytes=int(args.host_base_mib * MIB),
+        bytes_per_token=args.host_bytes_per_token,
+        leak_bytes_per_s=args.host_leak_mib_per_min * MIB / 60.0,
+        leak_cap_bytes=None if args.host_leak_cap_mib is None else int(args.host_leak_cap_mib * MIB),
+        limit_bytes=None if limit is None else int(limit * MIB),
+        limit_kind=args.host_limit_kind,
+    )
+
+
 def engine_options(args: argparse.Namespace) -> Any:
     from oomload.sim.build import EngineOptions
 
@@ -204,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--time-scale must be >= 0, got {args.time_scale}")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    host_memory = host_memory_config(args)
     opts = engine_options(args)
     built = build_engine(opts)
     version = args.vllm_version or ("0.6.6" if args.metrics_profile == "legacy" else "0.32.0")
@@ -225,6 +288,7 @@ def run(args: argparse.Namespace) -> int:
         user_block_size=args.block_size is not None,
         gpu_name=built.gpu.name if built.gpu else "oomload simulated device",
         num_gpus=args.tensor_parallel_size,
+        host_memory=host_memory,
     )
 
     async def main() -> int:

@@ -15,9 +15,16 @@ the pure engine (``oomload.sim.model``), as ``AsyncLLM`` + ``EngineCore`` are in
   for the modelled time not yet spent. Timing stays faithful on average; tokens arrive at most
   ``BATCH_S`` late, and each wake-up carries several tokens, which is what makes hundreds of streams
   cheap on one core.
-- **Death**: a modelled CUDA OOM logs vLLM's fatal-error lines, fails every request in flight with
-  500 (a stream gets it as an SSE error event), and after ``exit_delay_s`` sets ``stop_event`` with
-  ``exit_code`` 1 (the server process exits with status 1).
+- **Death**: a modelled CUDA OOM (a step's activations), or a host allocation a per-process limit
+  refused (``oomload.sim.hostmem``, kind ``process``), logs vLLM's lines for that death
+  (``oomload.sim.vllmlog.engine_death_lines``), fails every request in flight with 500 and vLLM's
+  message for a dead engine (a stream gets it as an SSE error event; later requests get the same),
+  and after ``exit_delay_s`` sets ``stop_event`` with ``exit_code`` 1 (the server process exits with
+  status 1). A container limit (kind ``container``) ends the process at once with SIGKILL instead:
+  nothing is logged and no request is answered.
+- **Host memory** (``host``, when the model is on): after every batch of steps the ballast follows
+  the tokens of the requests in flight, and ``run_host`` lets it follow the wall clock (the leak)
+  every ``LEAK_TICK_S``.
 - **Abort** (``finish``): a handler that ends before its request finished (the client went away)
   aborts it, freeing its blocks (``finished_reason="abort"``).
 """
@@ -25,19 +32,27 @@ the pure engine (``oomload.sim.model``), as ``AsyncLLM`` + ``EngineCore`` are in
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from oomload.sim.model import EngineModel
+from oomload.sim.hostmem import LEAK_TICK_S, AllocationFailed, HostMemory
+from oomload.sim.model import EngineModel, OomEvent
 from oomload.sim.openai_request import RequestError
 from oomload.sim.scheduler import SimRequest
+from oomload.sim.vllmlog import (
+    FatalError,
+    cpu_alloc_failure,
+    cuda_oom,
+    dead_client_message,
+    engine_death_lines,
+)
 
 BUSY_MESSAGE = (
     "The engine is currently busy and cannot accept new requests. "
     "Please try again later or on a different instance."
 )
-DEAD_MESSAGE = "The server had an error while processing your request."
 BATCH_S = 0.005  # tokens are delivered in batches of at most this much modelled time
 
 
@@ -63,6 +78,9 @@ class EngineLoop:
         max_num_queued_tokens: int | None,
         exit_delay_s: float,
         log: Callable[[str], None],
+        vllm_version: str = "0.32.0",
+        model_name: str = "",
+        host: HostMemory | None = None,
     ) -> None:
         self.engine = engine
         self.time_scale = time_scale
@@ -70,6 +88,10 @@ class EngineLoop:
         self.max_num_queued_tokens = max_num_queued_tokens
         self.exit_delay_s = exit_delay_s
         self._log = log
+        self.vllm_version = vllm_version
+        self.model_name = model_name
+        self.dead_message = dead_client_message(vllm_version)
+        self.host = host
         self._wake = asyncio.Event()
         self._flights: dict[SimRequest, Flight] = {}
         self.stop_event = asyncio.Event()
@@ -81,7 +103,7 @@ class EngineLoop:
         loop = asyncio.get_running_loop()
         scale = self.time_scale
         flights = self._flights
-        while True:
+        while engine.dead is None:
             if not engine.scheduler.has_work:
                 self._wake.clear()
                 await self._wake.wait()
@@ -90,36 +112,61 @@ class EngineLoop:
             base = time.monotonic()
             modelled = 0.0
             touched: set[SimRequest] = set()
-            oom = None
             while True:
                 report = engine.step(base + modelled, scale)
                 modelled += report.duration_s * scale
                 touched.update(report.result.sampled)
-                oom = report.oom
-                if oom is not None or not engine.scheduler.has_work:
+                if report.oom is not None or not engine.scheduler.has_work:
                     break
                 if modelled >= BATCH_S or loop.time() - started >= BATCH_S:
                     break
             delay = modelled - (loop.time() - started)
             await asyncio.sleep(delay if delay > 0 else 0)
+            if report.oom is None and engine.dead is not None:  # the host memory failed meanwhile
+                return
             for req in touched:
                 flight = flights.get(req)
                 if flight is not None and (flight.stream or req.finished):
                     flight.event.set()
-            if oom is not None:
-                self._die(oom.message)
+            if report.oom is not None:
+                result = report.result
+                self._die(cuda_oom(report.oom.message), len(result.scheduled), result.num_batched_tokens)
                 return
+            if self.host is not None:
+                self.update_host()
+
+    async def run_host(self) -> None:
+        """Let the host memory follow the wall clock (its leak) until the engine dies."""
+        while self.host is not None and self.engine.dead is None:
+            self.update_host()
+            await asyncio.sleep(LEAK_TICK_S)
+
+    def update_host(self) -> None:
+        """Resize the host ballast to the requests in flight now; a refused growth kills the engine."""
+        if self.host is None or self.engine.dead is not None:
+            return
+        tokens = sum(flight.req.num_tokens for flight in self._flights.values())
+        failed = self.host.update(tokens, time.monotonic())
+        if failed is not None:
+            self._host_failed(failed)
+
+    def _host_failed(self, failed: AllocationFailed) -> None:
+        error = cpu_alloc_failure(failed.tried_bytes)
+        self.engine.dead = OomEvent(error.message, failed.tried_bytes)
+        self._die(error, self.engine.num_running, 0)
 
     def submit(self, req: SimRequest, stream: bool) -> Flight:
         """Admit ``req`` and hand it to the engine; ``RequestError`` 500 (dead) or 503 (queue full)."""
         if self.engine.dead is not None:
-            raise RequestError(500, DEAD_MESSAGE, "InternalServerError")
+            raise RequestError(500, self.dead_message, "InternalServerError")
         self._check_admission(req)
         req.arrival_s = time.monotonic()
         flight = Flight(req, asyncio.Event(), stream)
         self._flights[req] = flight
         self.engine.add(req)
         self._wake.set()
+        if self.host is not None:
+            self.update_host()  # a refused growth fails this request with the others in flight
         return flight
 
     def finish(self, flight: Flight) -> None:
@@ -139,14 +186,24 @@ class EngineLoop:
             stats.admission_rejections["max_num_queued_tokens"] += 1
             raise RequestError(503, BUSY_MESSAGE, "Service Unavailable")
 
-    def _die(self, message: str) -> None:
-        self._log("ERROR [dump_input.py] Dumping input data for V1 LLM engine")
-        self._log(f"ERROR [core.py] EngineCore encountered a fatal error.\ntorch.OutOfMemoryError: {message}")
-        self._log("ERROR [async_llm.py] AsyncLLM output_handler failed.")
-        err = RequestError(500, DEAD_MESSAGE, "InternalServerError")
-        for flight in list(self._flights.values()):
-            self._log(f"ERROR [async_llm.py] Request {flight.req.request_id} failed (engine dead).")
+    def _die(self, error: FatalError, scheduled_requests: int, scheduled_tokens: int) -> None:
+        flights = list(self._flights.values())
+        lines = engine_death_lines(
+            error,
+            pid=os.getpid(),
+            when_s=time.time(),
+            vllm_version=self.vllm_version,
+            model_name=self.model_name,
+            max_model_len=self.engine.engine.max_model_len,
+            scheduled_requests=scheduled_requests,
+            scheduled_tokens=scheduled_tokens,
+            request_ids=[flight.req.request_id for flight in flights],
+        )
+        self._log("\n".join(lines))
+        err = RequestError(500, self.dead_message, "InternalServerError")
+        for flight in flights:
             flight.error = err
             flight.event.set()
         self.exit_code = 1
+        self._wake.set()
         asyncio.get_running_loop().call_later(self.exit_delay_s, self.stop_event.set)

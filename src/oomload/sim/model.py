@@ -21,11 +21,13 @@ profiled activation peak + the pool fit inside ``total × gpu_memory_utilization
 activations are at most the profiled peak, so a profiled configuration never OOMs. The rule here:
 when a GPU is modelled and ``oom`` is ``auto`` (the default), a step whose activation bytes
 (``geometry.step_activation_bytes`` × ``activation_scale``) plus the static allocation exceed the
-GPU's total memory kills the engine with PyTorch's "CUDA out of memory" text. That happens only in a
-risky configuration: a ``--num-gpu-blocks`` / ``--kv-cache-memory-bytes`` override larger than the
-budget, or ``--activation-scale`` > 1 (activations the profile run underestimated) with a high
-utilization. ``oom="off"`` disables it; ``oom="on"`` also treats exceeding ``total × utilization``
-as fatal.
+GPU's total memory kills the engine with PyTorch's "CUDA out of memory" text
+(``oomload.sim.vllmlog.cuda_oom_message``: the step's activations are what it tried to allocate, the
+static allocation what the process holds, the rest of the GPU less other processes' memory what is
+free). That happens only in a risky configuration: a ``--num-gpu-blocks`` /
+``--kv-cache-memory-bytes`` override larger than the budget, or ``--activation-scale`` > 1
+(activations the profile run underestimated) with a high utilization. ``oom="off"`` disables it;
+``oom="on"`` also treats exceeding ``total × utilization`` as fatal.
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ import bisect
 from dataclasses import dataclass, field
 
 from oomload.sim.geometry import (
-    GIB,
-    MIB,
     EngineConfig,
     GpuSpec,
     KvCacheLayout,
@@ -43,6 +43,7 @@ from oomload.sim.geometry import (
     step_activation_bytes,
 )
 from oomload.sim.scheduler import EngineStepResult, Scheduler, SchedulerConfig, SimRequest
+from oomload.sim.vllmlog import cuda_oom_message
 
 TTFT_BUCKETS_S = (
     0.001,
@@ -402,16 +403,14 @@ class EngineModel:
         static = self.layout.static_used_bytes
         if static + act <= limit:
             return None
-        free = max(self.layout.gpu_total_bytes - static, 0)
-        message = (
-            f"CUDA out of memory. Tried to allocate {act / MIB:.2f} MiB. GPU 0 has a total capacity of "
-            f"{self.layout.gpu_total_bytes / GIB:.2f} GiB of which {free / MIB:.2f} MiB is free. "
-            "Including non-PyTorch "
-            f"memory, this process has {static / GIB:.2f} GiB memory in use. If reserved but "
-            "unallocated memory is "
-            "large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
-            "documentation for Memory Management  "
-            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+        total = self.layout.gpu_total_bytes
+        message = cuda_oom_message(
+            tried_bytes=act,
+            total_bytes=total,
+            free_bytes=total - static - self.engine.other_process_bytes,
+            in_use_bytes=static,
+            allocated_bytes=static - self.layout.non_torch_bytes - self.layout.cuda_graph_bytes,
+            private_pool_bytes=self.layout.cuda_graph_bytes,
         )
         return OomEvent(message, act)
 

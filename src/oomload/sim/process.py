@@ -2,8 +2,15 @@
 
 Start: ``sys.executable -m oomload sim serve --host H --port 0 --port-file F *args`` in its own process
 group; wait for the port file, then for ``GET /health`` to answer 200 (or the process to die, which
-raises ``EndpointError`` with the tail of its stderr). Stop: SIGTERM to the group, SIGKILL after a
+raises ``EndpointError`` with the tail of its log). Stop: SIGTERM to the group, SIGKILL after a
 grace period, and always reap — no orphans, also when the ``with`` block raises.
+
+What a caller can read: ``pid`` (the server process, whose ``/proc/PID/status`` shows the memory the
+host-memory model holds), ``returncode`` (``None`` while it runs; Popen's status once it ended — 1
+after an engine death, −9 when it SIGKILLed itself over a container limit, kept after ``stop``) and
+``log_path``: the file that receives the server's stdout and stderr (vLLM's log lines). Given as
+``log_path=``, it is opened for appending and kept; otherwise it lives in a temporary directory that
+``stop`` removes (``stderr_tail`` still answers afterwards).
 
 The child dies with its parent, also when the parent cannot stop it (``kill -9``, the OOM killer):
 ``SimServer`` passes ``--parent-pid`` (its own pid) and the child runs ``exit_with_parent``, a watchdog
@@ -39,7 +46,12 @@ class SimServer:
     """A simulated vLLM server in a child process (context manager)."""
 
     def __init__(
-        self, args: Sequence[str] = (), *, host: str = "127.0.0.1", startup_timeout_s: float = 30.0
+        self,
+        args: Sequence[str] = (),
+        *,
+        host: str = "127.0.0.1",
+        startup_timeout_s: float = 30.0,
+        log_path: Path | None = None,
     ) -> None:
         self.args = list(args)
         self.host = host
@@ -47,9 +59,17 @@ class SimServer:
         self.port: int | None = None
         self.url = ""
         self.pid: int | None = None
+        self._keep_log = log_path
         self._proc: subprocess.Popen[bytes] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._stderr_path: Path | None = None
+        self._returncode: int | None = None
+        self._stderr_cache = ""
+
+    @property
+    def log_path(self) -> Path | None:
+        """The server's log file (stdout and stderr): the one given, or the temporary one until ``stop``."""
+        return self._stderr_path if self._stderr_path is not None else self._keep_log
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> SimServer:
@@ -58,7 +78,7 @@ class SimServer:
         self._tmp = tempfile.TemporaryDirectory(prefix="oomload-sim-")
         tmp = Path(self._tmp.name)
         port_file = tmp / "port"
-        self._stderr_path = tmp / "stderr.log"
+        self._stderr_path = self._keep_log if self._keep_log is not None else tmp / "stderr.log"
         cmd = [
             sys.executable,
             "-m",
@@ -75,9 +95,16 @@ class SimServer:
             str(os.getpid()),
             *self.args,
         ]
-        with open(self._stderr_path, "wb") as err:
+        try:
+            err = open(self._stderr_path, "ab")  # noqa: SIM115 - the child holds it; closed right below
+        except OSError as exc:
+            self.stop()
+            raise ConfigError(
+                f"cannot write the simulator's log {self._stderr_path}: {exc.strerror}"
+            ) from exc
+        with err:
             self._proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+                cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True
             )
         self.pid = self._proc.pid
         try:
@@ -133,6 +160,7 @@ class SimServer:
                     proc.wait(timeout=timeout_s)
             else:
                 _signal_group(proc.pid, signal.SIGKILL)  # stray children of a dead leader, if any
+            self._returncode = proc.returncode
             self._proc = None
         if self._tmp is not None:
             self._stderr_cache = self.stderr_tail()
@@ -142,13 +170,26 @@ class SimServer:
 
     @property
     def returncode(self) -> int | None:
-        return None if self._proc is None else self._proc.poll()
+        """``None`` while the server runs (or before it started); its exit status once it ended."""
+        return self._returncode if self._proc is None else self._proc.poll()
+
+    def wait(self, timeout_s: float) -> int | None:
+        """Wait up to ``timeout_s`` for the server to end by itself; its exit status, or ``None``."""
+        if self._proc is None:
+            return self._returncode
+        try:
+            return self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
 
     def stderr_tail(self, max_chars: int = 2000) -> str:
-        """The end of the server's stderr (start-up errors, engine-death logs)."""
-        if self._stderr_path is None or not self._stderr_path.is_file():
-            return getattr(self, "_stderr_cache", "")
-        text = self._stderr_path.read_text(encoding="utf-8", errors="replace")
+        """The end of the server's log (start-up errors, engine-death lines)."""
+        path = self.log_path
+        if path is None or not path.is_file():
+            return self._stderr_cache
+        with open(path, "rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - 4 * max_chars, 0))
+            text = f.read().decode("utf-8", errors="replace")
         return text[-max_chars:].strip()
 
     def __enter__(self) -> SimServer:

@@ -17,8 +17,13 @@ Behaviour of the HTTP face copied from vLLM (reference ``vllm-facts.md`` §4.3, 
   bodies get 400, never a crash; unknown routes 404 ``NotFoundError``.
 - A rejected *stream* (503) gets, every ``--stream-reject-every``-th time, HTTP 200 followed by
   ``data: {"error": …}`` and ``data: [DONE]``.
-- After a modelled CUDA OOM, in-flight requests get 500 (streams an SSE error event), later ones
-  500, ``/health`` 503, and after ``--exit-delay-s`` the process exits with status 1.
+- After a modelled CUDA OOM (or a host allocation a per-process limit refused), in-flight requests
+  get 500 with vLLM's dead-engine message (streams an SSE error event), later ones 500, ``/health``
+  503, and after ``--exit-delay-s`` the process exits with status 1; the log has vLLM's lines for
+  that death (``oomload.sim.vllmlog``). Over a container limit the process SIGKILLs itself
+  (``oomload.sim.hostmem``).
+- Log lines carry vLLM's process prefixes and headers (``(APIServer pid=N) INFO 11-30 01:50:12
+  [file.py:line] …``), the pid being this process's own.
 - Idle keep-alive connections are closed after ``--keepalive-timeout-s`` (5 s, uvicorn's default).
 - ``/dcgm/metrics`` answers 404 when no GPU is modelled (only blocks or KV bytes were given): there is
   no device memory to report, and made-up figures would mislead.
@@ -45,11 +50,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from oomload.errors import ConfigError
 from oomload.sim.engine import EngineLoop, Flight
+from oomload.sim.hostmem import HostMemory, HostMemoryConfig
 from oomload.sim.metrics import EngineCollector, build_registry, cache_config_labels, dcgm_text
 from oomload.sim.model import EngineModel
 from oomload.sim.openai_request import Generation, RequestError, RequestRules, decode_body
 from oomload.sim.scheduler import SimRequest
 from oomload.sim.tokenizer import FIRST_ORDINARY_ID, ToyTokenizer
+from oomload.sim.vllmlog import log_lines
 
 NO_GPU_MESSAGE = (
     "No GPU is modelled: this simulated server was started without --gpu (only --num-gpu-blocks or "
@@ -80,6 +87,7 @@ class ServerOptions:
     user_block_size: bool = False
     gpu_name: str = "NVIDIA GPU"
     num_gpus: int = 1
+    host_memory: HostMemoryConfig | None = None  # None (or all zero): no ballast, no host limit
 
 
 class SimService:
@@ -104,6 +112,8 @@ class SimService:
             max_num_queued_tokens=options.max_num_queued_tokens,
             exit_delay_s=options.exit_delay_s,
             log=self.log,
+            vllm_version=options.vllm_version,
+            model_name=options.model_root,
         )
         self._counter = 0
         self._rejected_streams = 0
@@ -124,7 +134,7 @@ class SimService:
             ),
         )
         self.registry = build_registry(collector)
-        self._loop_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     # -- app -----------------------------------------------------------------------------------
     def build_app(self) -> web.Application:
@@ -174,13 +184,21 @@ class SimService:
         return self.engine_loop.exit_code
 
     async def _start_loop(self, app: web.Application) -> None:
-        self._loop_task = asyncio.get_running_loop().create_task(self.engine_loop.run())
+        loop = asyncio.get_running_loop()
+        host = self.opts.host_memory
+        if host is not None and host.enabled:
+            self.engine_loop.host = HostMemory(host, start_s=time.monotonic())
+            self.engine_loop.update_host()  # the base is held before the server accepts requests
+            self._tasks.append(loop.create_task(self.engine_loop.run_host()))
+        self._tasks.append(loop.create_task(self.engine_loop.run()))
 
     async def _stop_loop(self, app: web.Application) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._loop_task
+                await task
+        if self.engine_loop.host is not None:
+            self.engine_loop.host.release()
 
     # -- simple endpoints ----------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -460,10 +478,13 @@ async def serve(service: SimService, host: str, port: int, port_file: Path | Non
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # non-main thread
             loop.add_signal_handler(sig, service.stop_event.set)
+    pid, now = os.getpid(), time.time()
     for line in service.engine.layout.startup_lines():
-        service.log(f"INFO [sim] {line}")
+        service.log("\n".join(log_lines("EngineCore", pid, "INFO", "kv_cache_utils.py:1087", line, now)))
     shown = f"[{host}]" if ":" in host else host
-    service.log(f"INFO:     Uvicorn running on http://{shown}:{bound_port} (Press CTRL+C to quit)")
+    service.log(f"(APIServer pid={pid}) INFO:     Started server process [{pid}]")
+    running = f"Uvicorn running on http://{shown}:{bound_port} (Press CTRL+C to quit)"
+    service.log(f"(APIServer pid={pid}) INFO:     {running}")
     try:
         if port_file is not None:
             write_port_file(port_file, bound_port)

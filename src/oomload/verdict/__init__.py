@@ -15,7 +15,8 @@ Read in this order:
    ``runinfo`` — the run as a whole: cut short where, context overflow;
 7. ``verdict`` — puts them together in the ``Verdict`` (its module docstring states every rule);
 8. ``recommend`` — the serving flags the verdict supports;
-9. ``gate`` — CI rules judged against the verdict.
+9. ``gate`` — CI rules judged against the verdict;
+10. ``trend`` — a soak's memory series: growing, flat, shrinking or inconclusive, and when it meets its limit.
 
 The trace's odds (``oomload.odds``) and the statistics (``oomload.stats``) live in the core above:
 the live schedule uses them too. This package re-exports the verdict's public names.

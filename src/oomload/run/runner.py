@@ -112,7 +112,11 @@ def _start_sim(config: ReplayConfig, console: Console) -> Any:
         f"[bold yellow]No --url: replaying against a SIMULATED vLLM server[/] — model {model}, "
         f"simulated GPU {gpu} (oomload sim serve {' '.join(args)})"
     )
-    return SimServer(args).start()
+    log_path = None
+    if config.run_dir is not None:  # the simulator's log is the run's server.log, as --serve's is
+        config.run_dir.mkdir(parents=True, exist_ok=True)
+        log_path = config.run_dir / SERVER_LOG
+    return SimServer(args, log_path=log_path).start()
 
 
 def _start_served(config: ReplayConfig, command: ServeCommand, console: Console) -> Any:

@@ -217,7 +217,8 @@ class ServerMemoryLine(TypedDict):
     (``cgroup``: ``"v2:/path"`` or ``"v1:/path"``, ``None`` when unreadable): ``cgroup_limit_bytes``
     ``None`` means no limit; ``cgroup_oom_kill`` counts the kernel's OOM kills in it (v2
     ``memory.events`` ``oom_kill``, v1 ``memory.oom_control`` ``oom_kill``), ``cgroup_events_max``
-    the times usage hit the limit (v2 ``max``, v1 ``memory.failcnt``). ``alive`` is false once the
+    the times usage hit the limit (v2 ``max``, v1 ``memory.failcnt``); ``pss_bytes`` is also ``None`` in
+    lines that did not read it (PSS is read at a bounded share of the time). ``alive`` is false once the
     server's root process is gone; ``error`` says in one sentence what could not be read."""
 
     t_unix_s: float
@@ -257,8 +258,12 @@ class ServerMemoryRow:
 
     @property
     def used_bytes(self) -> int | None:
-        """The server's memory as its limit sees it: the cgroup's usage when read, else the tree's RSS."""
-        return self.cgroup_current_bytes if self.cgroup_current_bytes is not None else self.rss_bytes
+        """The server's memory as its limit sees it: the usage of a memory cgroup with a limit (a
+        container: what its OOM kill compares), else the tree's RSS (a cgroup without a limit is often
+        a whole session's or host's, shared with other processes)."""
+        if self.cgroup_current_bytes is not None and self.cgroup_limit_bytes is not None:
+            return self.cgroup_current_bytes
+        return self.rss_bytes
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> ServerMemoryRow | None:

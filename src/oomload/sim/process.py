@@ -173,6 +173,10 @@ class SimServer:
         """``None`` while the server runs (or before it started); its exit status once it ended."""
         return self._returncode if self._proc is None else self._proc.poll()
 
+    def poll(self) -> int | None:
+        """``returncode`` (``oomload.run.served.ServedProcess``: the death watch and the runner ask)."""
+        return self.returncode
+
     def wait(self, timeout_s: float) -> int | None:
         """Wait up to ``timeout_s`` for the server to end by itself; its exit status, or ``None``."""
         if self._proc is None:

@@ -20,16 +20,26 @@
   shape was measured and what the arithmetic gives for the other (``prediction.other``): a cap
   measured with distinct prompts is the worst case, one measured with shared prefixes holds only
   while the server caches them.
-* ``gpu_memory_utilization`` — only for a real CUDA OOM (OOM text seen): five points below the
-  current value (default 0.9) to give activations / CUDA graphs the headroom they lacked. An engine
-  death without OOM text gets no memory advice: the cause is elsewhere.
-* ``max_num_batched_tokens`` — when transient spikes are implicated: a real OOM, or device memory that
-  rose during the run by more than ``SPIKE_SHARE`` of the device beyond its first sample (vLLM
-  preallocates the KV cache, so used memory should stay flat). Advice: half the current value, never
-  below 2048 — the prefill chunk, not the KV pool, sizes the spike. vLLM exports no current value
-  (it is a scheduler setting; ``cache_config_info`` lacks it), so unless the cache config names one the
-  flag gets no number — a guessed default might *raise* the server's value — and its ``action`` says
-  in words what to do (halve the server's value); the reason gives vLLM's defaults per GPU class.
+* ``gpu_memory_utilization`` — only for a CUDA allocation that failed at runtime (the death's kind is
+  ``cuda_oom``, or, without a classified cause, OOM text in a request): five points below the current
+  value (default 0.9) to give activations / CUDA graphs the headroom they lacked. Any other death —
+  the CPU build's allocator, the kernel's OOM kill, a crash, no known cause — gets no device advice.
+* ``max_num_batched_tokens`` — for an *activation peak* (the death's kind is ``cuda_oom`` or
+  ``cpu_oom``: an allocation failed in a forward pass once concurrency rose), the prefill batch is
+  bounded before concurrency is capped: the last level below the death that ran clean prefilled up
+  to min(the server's value, level × the trace's P99 prompt) tokens at once and survived; the advice
+  is half of that, on multiples of 256, never below 2048 (a heap that grows with the ramp's history
+  leaves less than a single burst did). The server's value comes from the cache config, the
+  ``--serve`` line or its start-up log (``runinfo.served_batched_tokens``); a server already at or
+  below the advice gets no number and is told to cap ``max_num_seqs`` instead. Such a death is then
+  not a reason for a ``max_num_seqs`` cap (preemption still is). Otherwise, when transient spikes are
+  implicated — a real OOM, or device memory that rose during the run by more than ``SPIKE_SHARE`` of
+  the device beyond its first sample (vLLM preallocates the KV cache, so used memory should stay flat)
+  — half the current value, never below 2048; unless the cache config names one the flag gets no
+  number — a guessed default might *raise* the server's value — and its ``action`` says in words what
+  to do (halve the server's value); the reason gives vLLM's defaults per GPU class.
+* The kernel's OOM kill (a container's limit) is not a ``vllm serve`` flag: the reasoning says to
+  raise the limit above the peak the server needed, or to give it less concurrency.
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ from oomload.capacity import single_request_limit_tokens
 from oomload.rundir.records import CacheConfig
 from oomload.stats import MaxModelLenAdvice, recommend_max_model_len
 from oomload.tune.servecmd import flag_text, serve_line
+from oomload.verdict.death import EngineDeath
+from oomload.verdict.deathcause import DeathKind, format_bytes
 from oomload.verdict.verdict import Verdict, kv_peak_text
 
 DEFAULT_MARGIN = 0.10
@@ -50,6 +62,7 @@ GPU_MEMORY_UTILIZATION_STEP = 0.05
 GPU_MEMORY_UTILIZATION_FLOOR = 0.5
 SPIKE_SHARE = 0.02
 MIN_BATCHED_TOKENS = 2048
+PREFILL_ROUND_TOKENS = 256
 BATCHED_TOKENS_ACTION = "half the server's value, not below 2048"
 BATCHED_TOKENS_UNKNOWN = (
     "vLLM does not export the server's value; its API server's default is 2048 on most GPUs, 8192 on "
@@ -199,10 +212,11 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
     if unrepresentative is not None:
         return Setting("--max-num-seqs", None, None, unrepresentative)
     safe = verdict.last_safe_concurrency
+    death = None if _activation_death(verdict) else verdict.engine_death  # answered by the prefill bound
     broke = (
         verdict.preemption_onset is not None
-        or verdict.engine_death is not None
-        or any(s.unsafe_requests for s in verdict.measured_steps)
+        or death is not None
+        or any(s.unsafe_requests for s in verdict.measured_steps if not _death_step(verdict, s.index))
     )
     if not broke:
         top = verdict.max_tested_concurrency
@@ -219,11 +233,15 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
             "the lowest level tested already broke: test lower concurrency first",
         )
     what = "preemption" if verdict.preemption_onset is not None else "failures"
-    bad_levels = [s.concurrency for s in verdict.measured_steps if s.unsafe_requests]
+    bad_levels = [
+        s.concurrency
+        for s in verdict.measured_steps
+        if s.unsafe_requests and not _death_step(verdict, s.index)
+    ]
     if verdict.preemption_onset is not None:
         bad_levels.append(verdict.preemption_onset.concurrency)
-    if verdict.engine_death is not None and verdict.engine_death.concurrency is not None:
-        bad_levels.append(verdict.engine_death.concurrency)
+    if death is not None and death.concurrency is not None:
+        bad_levels.append(death.concurrency)
     first_bad = min(bad_levels) if bad_levels else "an unknown level"
     return Setting(
         "--max-num-seqs",
@@ -278,8 +296,13 @@ def _gpu_memory_utilization(verdict: Verdict, cache: CacheConfig) -> Setting:
     death = verdict.engine_death
     if death is None:
         return Setting(flag, None, current, "no engine death: memory headroom held")
-    if not death.real_oom:
-        why = "the engine died without CUDA OOM evidence, so more headroom is not indicated"
+    cuda = death.kind is DeathKind.CUDA_OOM or (death.cause is None and death.real_oom)
+    if not cuda:
+        unknown = death.kind in (None, DeathKind.NO_CAUSE)
+        what = (
+            "without CUDA OOM evidence" if unknown else f"of something else than device memory ({death.kind})"
+        )
+        why = f"the engine died {what}, so more device headroom is not indicated"
         return Setting(flag, None, current, why)
     base = current if current is not None else DEFAULT_GPU_MEMORY_UTILIZATION
     value = max(round(base - GPU_MEMORY_UTILIZATION_STEP, 2), GPU_MEMORY_UTILIZATION_FLOOR)
@@ -289,7 +312,11 @@ def _gpu_memory_utilization(verdict: Verdict, cache: CacheConfig) -> Setting:
 
 
 def _max_num_batched_tokens(verdict: Verdict, cache: CacheConfig) -> Setting:
-    flag, current = "--max-num-batched-tokens", cache.max_num_batched_tokens
+    flag = "--max-num-batched-tokens"
+    current = cache.max_num_batched_tokens or verdict.run.max_num_batched_tokens
+    activation = _activation_death(verdict)
+    if activation is not None:
+        return _prefill_bound(verdict, activation, current)
     spike = _memory_rise_share(verdict)
     oom = verdict.engine_death is not None and verdict.engine_death.real_oom
     if not oom and (spike is None or spike <= SPIKE_SHARE):
@@ -302,6 +329,81 @@ def _max_num_batched_tokens(verdict: Verdict, cache: CacheConfig) -> Setting:
     if value >= current:
         return Setting(flag, None, current, f"already at {current}; shrink prefill chunks no further")
     return Setting(flag, value, current, why)
+
+
+def _prefill_bound(verdict: Verdict, death: EngineDeath, current: int | None) -> Setting:
+    """An activation peak killed the engine: bound the prefill batch below what the last safe level
+    prefilled at once (module docstring, ``max_num_batched_tokens``)."""
+    flag = "--max-num-batched-tokens"
+    cause = death.cause.sentence if death.cause is not None else "an allocation failed"
+    where = "" if death.concurrency is None else f" at concurrency {death.concurrency}"
+    safe = _level_below(verdict, death.concurrency)
+    prompt = None if verdict.trace_prompt is None else verdict.trace_prompt.p99
+    if safe is None or not prompt:
+        why = f"{cause}{where}: smaller prefill batches lower that peak"
+        return Setting(flag, None, current, why, action=BATCHED_TOKENS_ACTION)
+    carried = int(safe * prompt) if current is None else min(current, int(safe * prompt))
+    value = max(MIN_BATCHED_TOKENS, (carried // 2) // PREFILL_ROUND_TOKENS * PREFILL_ROUND_TOKENS)
+    if current is not None and value >= current:
+        why = f"{cause}{where}, with the prefill batch already at {current} tokens: cap max_num_seqs instead"
+        return Setting(flag, None, current, why)
+    why = (
+        f"{cause}{where}: the prefill batch sizes that peak; concurrency {safe} prefilled up to "
+        f"{carried} tokens at once ({safe} × the trace's P99 prompt, {int(prompt)}"
+        + ("" if current is None else f", within the server's {current}")
+        + f") and survived, so bound it at half that, {value}, before cutting max_num_seqs"
+    )
+    return Setting(flag, value, current, why)
+
+
+def _activation_death(verdict: Verdict) -> EngineDeath | None:
+    """The engine death, when its cause is an activation peak (an allocation that failed at runtime)."""
+    death = verdict.engine_death
+    if death is not None and death.kind in (DeathKind.CUDA_OOM, DeathKind.CPU_OOM):
+        return death
+    return None
+
+
+def _death_step(verdict: Verdict, index: int) -> bool:
+    death = verdict.engine_death
+    return death is not None and death.step == index
+
+
+def _level_below(verdict: Verdict, concurrency: int | None) -> int | None:
+    """The highest level measured below ``concurrency`` without an unsafe request (``None``: none)."""
+    if concurrency is None:
+        return None
+    below = [
+        s.concurrency
+        for s in verdict.measured_steps
+        if s.concurrency < concurrency and s.trusted and not s.unsafe_requests
+    ]
+    return max(below, default=None)
+
+
+def _memory_advice(verdict: Verdict) -> str | None:
+    """What a death of the server's host memory asks for, in words (no ``vllm serve`` flag sets it)."""
+    death = verdict.engine_death
+    if death is None or death.cause is None:
+        return None
+    cause = death.cause
+    if cause.kind is DeathKind.OOM_KILLED:
+        peak = cause.peak_bytes or (
+            None if verdict.server_memory is None else verdict.server_memory.peak_bytes
+        )
+        need = "" if peak is None else f"; the server used {format_bytes(peak)} at its peak"
+        limit = "" if cause.limit_bytes is None else f" ({format_bytes(cause.limit_bytes)})"
+        return (
+            f"The kernel killed the server for memory: raise its container's memory limit{limit} above "
+            f"the peak it needs with headroom{need}, or lower the concurrency it is given, and keep "
+            "CPU-side caches (swap space, the CPU KV cache) inside the limit."
+        )
+    if cause.kind is DeathKind.CPU_OOM:
+        return (
+            "The server's host memory ran out: besides the prefill bound, check the process or container "
+            "limit it runs under."
+        )
+    return None
 
 
 def _memory_rise_share(verdict: Verdict) -> float | None:
@@ -333,8 +435,12 @@ def _reasoning(
     onset = verdict.preemption_onset
     death = verdict.engine_death
     if death is not None and death.concurrency is not None:
-        kind = "a CUDA OOM" if death.real_oom else "an engine death"
+        if death.cause is not None and death.cause.kind is not DeathKind.NO_CAUSE:
+            kind = f"an engine death ({death.cause.sentence})"
+        else:
+            kind = "a CUDA OOM" if death.real_oom else "an engine death"
         sentences.append(f"The server hit {kind} at concurrency {death.concurrency}.")
+    memory = _memory_advice(verdict)
     if onset is not None:
         kv = "" if onset.kv_usage_max is None else f" ({kv_peak_text(onset.kv_usage_max)})"
         sentences.append(f"KV-cache preemption began at concurrency {onset.concurrency}{kv}.")
@@ -367,10 +473,15 @@ def _reasoning(
         sentences.append(f"No max_num_seqs advice: {unrepresentative}.")
     if seqs.value is not None:
         sentences.append(f"Limit max_num_seqs to the last safe concurrency, {seqs.value}.")
-    if util.value is not None or batched.value is not None:
-        extra = [s.reason for s in (util, batched) if s.value is not None]
+    activation = batched.value is not None and _activation_death(verdict) is not None
+    extra = [s.reason for s in (util, batched) if s.value is not None and not (activation and s is batched)]
+    if extra:
         sentences.append(_capitalize("; ".join(extra)) + ".")
-    return " ".join(sentences[:4]) if sentences else "Nothing was measured; no recommendation."
+    if activation:  # the first thing to change: right after what happened
+        sentences.insert(1, _capitalize(batched.reason) + ".")
+    if memory is not None:
+        sentences.insert(1, memory)
+    return " ".join(sentences[:5]) if sentences else "Nothing was measured; no recommendation."
 
 
 def _capitalize(text: str) -> str:

@@ -12,6 +12,7 @@ are short responses. The rules and their reasons: ``oomload.verdict.verdict``'s 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,8 @@ class RunInfo:
     tail_percentile: float | None = None  # the order replayed only the trace's tail (config.json)
     open_loop: bool = False  # the trace's arrival times were replayed, not fixed concurrency levels
     config_note: str | None = None  # why config.json could not be read
+    # the server's prefill budget: the cache config's, else the --serve line's, else its log's words
+    max_num_batched_tokens: int | None = None
 
 
 def run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | None) -> RunInfo:
@@ -70,6 +73,9 @@ def run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | Non
         or death is not None
     )
     detail = _cut_short_detail(view, steps, death, status, end_reason) if cut_short else None
+    batched = None if view.pool is None else view.pool.max_num_batched_tokens
+    if batched is None:
+        batched = served_batched_tokens(view)
     limit = config.max_model_len  # from /v1/models, else the cache config
     if limit is None and view.pool is not None:
         limit = view.pool.max_model_len
@@ -86,6 +92,7 @@ def run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | Non
         cut_short_detail=detail,
         cache_config=view.cache_config,
         max_model_len=limit,
+        max_num_batched_tokens=batched,
         tail_percentile=config.tail_percentile,
         open_loop=config.open_loop,
         config_note=view.config_note,
@@ -162,3 +169,22 @@ def context_overflow(view: RunView, limit: int | None, death: EngineDeath | None
 
 def _total(r: RequestResult) -> int:
     return r.prompt_tokens_asked + r.output_tokens_asked
+
+
+_BATCHED_IN_LOG = re.compile(r"max_num_batched_tokens=(\d+)")
+_BATCHED_IN_LINE = re.compile(r"--max-num-batched-tokens[= ](\d+)")
+
+
+def served_batched_tokens(view: RunView) -> int | None:
+    """``max_num_batched_tokens`` as the ``--serve`` line set it, else as the server's log said it at
+    start-up ("Chunked prefill is enabled with max_num_batched_tokens=N"); ``None`` when neither says."""
+    line = view.config.get("serve")
+    if isinstance(line, str):
+        found = _BATCHED_IN_LINE.findall(line)
+        if found:
+            return int(found[-1])
+    if view.server_log:
+        found = _BATCHED_IN_LOG.findall(view.server_log)
+        if found:
+            return int(found[-1])
+    return None

@@ -337,23 +337,27 @@ def _prefill_bound(verdict: Verdict, death: EngineDeath, current: int | None) ->
     flag = "--max-num-batched-tokens"
     cause = death.cause.sentence if death.cause is not None else "an allocation failed"
     where = "" if death.concurrency is None else f" at concurrency {death.concurrency}"
+    value, body = _prefill_advice(verdict, death, current)
+    action = None if value is not None or current is not None else BATCHED_TOKENS_ACTION
+    return Setting(flag, value, current, f"{cause}{where}: {body}", action=action)
+
+
+def _prefill_advice(verdict: Verdict, death: EngineDeath, current: int | None) -> tuple[int | None, str]:
+    """The prefill bound and why, in words that follow the death's own sentence."""
     safe = _level_below(verdict, death.concurrency)
     prompt = None if verdict.trace_prompt is None else verdict.trace_prompt.p99
     if safe is None or not prompt:
-        why = f"{cause}{where}: smaller prefill batches lower that peak"
-        return Setting(flag, None, current, why, action=BATCHED_TOKENS_ACTION)
+        return None, "smaller prefill batches lower that peak (no clean level below it to size them from)"
     carried = int(safe * prompt) if current is None else min(current, int(safe * prompt))
     value = max(MIN_BATCHED_TOKENS, (carried // 2) // PREFILL_ROUND_TOKENS * PREFILL_ROUND_TOKENS)
     if current is not None and value >= current:
-        why = f"{cause}{where}, with the prefill batch already at {current} tokens: cap max_num_seqs instead"
-        return Setting(flag, None, current, why)
-    why = (
-        f"{cause}{where}: the prefill batch sizes that peak; concurrency {safe} prefilled up to "
-        f"{carried} tokens at once ({safe} × the trace's P99 prompt, {int(prompt)}"
-        + ("" if current is None else f", within the server's {current}")
-        + f") and survived, so bound it at half that, {value}, before cutting max_num_seqs"
+        return None, f"the prefill batch is already at {current} tokens: cap max_num_seqs instead"
+    within = "" if current is None else f", within the server's {current}"
+    return value, (
+        f"the prefill batch sizes that peak; concurrency {safe} prefilled up to {carried} tokens at once "
+        f"({safe} × the trace's P99 prompt, {int(prompt)}{within}) and survived, so bound it at half "
+        f"that, {value}, before cutting max_num_seqs"
     )
-    return Setting(flag, value, current, why)
 
 
 def _activation_death(verdict: Verdict) -> EngineDeath | None:
@@ -477,10 +481,12 @@ def _reasoning(
     extra = [s.reason for s in (util, batched) if s.value is not None and not (activation and s is batched)]
     if extra:
         sentences.append(_capitalize("; ".join(extra)) + ".")
-    if activation:  # the first thing to change: right after what happened
-        sentences.insert(1, _capitalize(batched.reason) + ".")
     if memory is not None:
         sentences.insert(1, memory)
+    death_now = _activation_death(verdict)
+    if activation and death_now is not None:  # the first thing to change: right after what happened
+        current = None if batched.current is None else int(batched.current)
+        sentences.insert(1, _capitalize(_prefill_advice(verdict, death_now, current)[1]) + ".")
     return " ".join(sentences[:5]) if sentences else "Nothing was measured; no recommendation."
 
 

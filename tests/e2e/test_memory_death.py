@@ -1,0 +1,133 @@
+"""A real memory death at runtime: vLLM's CPU build under a per-process data limit dies of an activation
+peak once concurrency rises; oomload says where, of what and how big, and its advice carries the load.
+
+The mechanism (reference oom-kinds.md, "Seen here"): ``prlimit --data=1300000000`` in front of the
+``--serve`` line limits every process of the server (the API server, the engine core and the worker
+inherit it; ``RLIMIT_DATA`` counts a process's private writable mappings, so the worker's heap and
+torch's buffers). Start-up fits: the worker holds about 1.0 GB of data at rest. 4,000-token prompts
+with ``--max-num-batched-tokens 65536`` let one prefill step take up to 16 prompts at once; the
+activations of that step do not fit, and the worker's allocation fails (``DefaultCPUAllocator: can't
+allocate memory: you tried to allocate N bytes``, or oneDNN's "could not create a primitive" when the
+failing allocation is one of its own). Measured here: bursts of 8 answered, 16 killed the engine; in a
+ramp the heap grows with the ramp's history, and the death came at 8 or 16. No cgroup is created or
+changed: the limit is the server's own (a process limit is what a test may set, DEVELOPERS.md).
+
+The replay must (issue 31, "Done when"):
+
+* report the death at the level where the server really died — checked against the server's own log:
+  the worker's first ERROR line's time lies in the death step's window;
+* name the kind from the server's words (``cpu_oom``) and, where the words carry one, the size they say;
+* hold ≥ 10 samples of the server's memory (its process tree, found from ``--serve``'s PID);
+* advise ``--max-num-batched-tokens`` (not a ``max_num_seqs`` cut), and that advice, started by oomload
+  under the same limit, carries the death's level and the next (gate ``no-oom-up-to``: exit 0).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import FIGURES, ServerPool, write_trace_file
+
+from clirun import oomload
+from oomload.errors import ExitCode
+from oomload.realvllm.server import LAUNCHER
+
+pytestmark = pytest.mark.e2e
+
+DATA_LIMIT_BYTES = 1_300_000_000
+PROMPT_TOKENS, OUTPUT_TOKENS = 4000, 16
+LEVELS = (1, 2, 4, 8, 16, 32)
+HOLD_S = 20
+REPLAY_TIMEOUT_S = 900.0  # a hang detector: two server starts and a ramp on 2 busy cores
+
+
+def _serve_line(python: Path, model: Path, batched_tokens: int) -> str:
+    argv = [
+        *("prlimit", f"--data={DATA_LIMIT_BYTES}", "--"),
+        *(str(python), str(LAUNCHER), "serve", str(model), "--served-model-name", "tiny-model"),
+        *("--enforce-eager", "--block-size", "256", "--kv-cache-memory-bytes", str(128 * 2**20)),
+        *("--max-model-len", "4096", "--max-num-seqs", "64"),
+        *("--max-num-batched-tokens", str(batched_tokens)),
+    ]
+    return shlex.join(argv)
+
+
+def _replay(trace: Path, run_dir: Path, serve: str, levels: tuple[int, ...], gate: str) -> Any:
+    return oomload(
+        *("replay", str(trace), "--serve", serve, "--run-dir", str(run_dir), "--gpu", "none"),
+        *("--concurrency", ",".join(map(str, levels)), "--hold-s", str(HOLD_S), "--no-refine"),
+        *("--no-live", "--no-html", "--gate", gate),
+        timeout_s=REPLAY_TIMEOUT_S,
+    )
+
+
+def _first_worker_error_unix_s(log: str, year: int) -> float:
+    """The time of the worker's first ERROR line (vLLM prints local ``MM-DD HH:MM:SS``)."""
+    match = re.search(r"^\((?:Worker|EngineCore)[^)]*\) ERROR (\d\d-\d\d \d\d:\d\d:\d\d)", log, re.M)
+    assert match, "the server's log holds no ERROR line of its worker or engine"
+    return datetime.strptime(f"{year}-{match[1]}", "%Y-%m-%d %H:%M:%S").timestamp()
+
+
+def test_an_activation_peak_is_found_named_and_bounded(
+    vllm_python: Path, tiny_model: Path, vllm_servers: ServerPool, tmp_path: Path
+) -> None:
+    vllm_servers.stop()  # one real vLLM at a time: these runs start their own
+    trace = write_trace_file(tmp_path / "long.jsonl", [(PROMPT_TOKENS, OUTPUT_TOKENS)] * 400)
+    run = tmp_path / "died"
+    top = f"no-oom-up-to:{LEVELS[-1]}"
+    result = _replay(trace, run, _serve_line(vllm_python, tiny_model, 65536), LEVELS, top)
+    assert result.returncode == ExitCode.GATE_FAILED, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    death = summary["verdict"]["onsets"]["engine_death"]
+    assert death is not None, result.stdout[-3000:]
+    cause = death["cause"]
+    assert (death["kind"], death["memory"]) == ("cpu_oom", True), cause
+
+    # the level where the server really died: its own log says when, the steps say which level then
+    log = (run / "server.log").read_text(errors="replace")
+    died_at = _first_worker_error_unix_s(log, time.localtime().tm_year)
+    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    starts = sorted((s["t_unix_s"], s["step"], s["concurrency"]) for s in steps if s["event"] == "start")
+    in_step = [c for t, _, c in starts if t <= died_at + 1.0]  # the log's clock has whole seconds
+    assert in_step and death["concurrency"] == in_step[-1], (died_at, starts, death)
+
+    # the size, from the server's words when they carry one
+    said = re.findall(r"you tried to allocate (\d+) bytes", log)
+    if said:
+        assert cause["tried_bytes"] == int(said[0])
+        assert "could not allocate" in cause["sentence"]
+    else:
+        assert "could not create a primitive" in log and cause["tried_bytes"] is None
+    memory = summary["verdict"]["server_memory"]
+    assert memory is not None and memory["samples"] >= 10, memory
+    assert (run / "server_exit.json").is_file()  # oomload started it: its end is known
+
+    settings = {s["flag"]: s for s in summary["recommendation"]["settings"]}
+    batched = settings["--max-num-batched-tokens"]["value"]
+    assert isinstance(batched, int) and 2048 <= batched < 65536, settings
+    assert settings["--max-num-seqs"]["value"] is None  # not a concurrency cut for an activation peak
+    level = death["concurrency"]
+    carried = (level, level * 2)
+    FIGURES.append(
+        f"memory death: {death['kind']} at concurrency {level} ({cause['sentence']}); "
+        f"{memory['samples']} memory samples, peak {memory['peak_bytes'] / 2**30:.2f} GiB; "
+        f"advice --max-num-batched-tokens {batched}"
+    )
+
+    # the advice, under the same limit, carries the level that died and the next
+    again = tmp_path / "bounded"
+    gate = f"no-oom-up-to:{carried[-1]}"
+    result = _replay(trace, again, _serve_line(vllm_python, tiny_model, batched), carried, gate)
+    assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-3000:]
+    bounded = json.loads((again / "summary.json").read_text())["verdict"]
+    assert bounded["onsets"]["engine_death"] is None
+    assert bounded["levels"] == list(carried)
+    FIGURES.append(f"memory death: with --max-num-batched-tokens {batched}, levels {carried} carried")

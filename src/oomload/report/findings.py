@@ -38,6 +38,7 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
         preemption_onset(verdict),
         engine_death(verdict),
         server_memory(verdict),
+        *memory_trends(verdict),
         kv_saturation(verdict),
         queueing(verdict),
         context_overflow(verdict),
@@ -148,6 +149,16 @@ def server_memory(verdict: Verdict) -> Finding | None:
     )
     severity = "bad" if memory.oom_kills else ("warn" if near or memory.peak_bytes is None else "info")
     return Finding("server_memory", "Server memory", memory.summary_text, severity)
+
+
+def memory_trends(verdict: Verdict) -> list[Finding]:
+    """A soak's memory trends, one finding each: growth is bad, an inconclusive answer a warning (it is
+    no pass), flat or shrinking fine."""
+    severity = {"growing": "bad", "inconclusive": "warn"}
+    return [
+        Finding(f"memory_trend_{i}", "Memory trend (soak)", t.sentence, severity.get(t.verdict, "ok"))
+        for i, t in enumerate(verdict.memory_trends)
+    ]
 
 
 def kv_saturation(verdict: Verdict) -> Finding:

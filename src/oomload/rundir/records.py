@@ -379,6 +379,7 @@ class RunConfig:
     max_model_len: int | None = None  # from /v1/models
     tail_percentile: float | None = None
     open_loop: bool = False
+    soak_s: float | None = None  # --soak: one level held this long to watch memory's trend
     min_requests: int | None = None  # ``schedule.min_requests``: the evidence a clean level needs
     prompt_shape: str = "worst-case"  # prompts sent: "production" (the trace's shared prefixes) or not
     prefix: PrefixSetting | None = None  # ``prefix`` (None: a run written before it was recorded)
@@ -399,6 +400,7 @@ class RunConfig:
             max_model_len=as_int(obj.get("max_model_len")),
             tail_percentile=as_float(obj.get("tail_percentile")),
             open_loop=obj.get("open_loop") is True,
+            soak_s=as_float(obj.get("soak_s")),
             min_requests=as_int(schedule.get("min_requests")) if isinstance(schedule, Mapping) else None,
             prefix=PrefixSetting.from_json(prefix) if isinstance(prefix, Mapping) and prefix else None,
             order=str(obj.get("order", "trace")),

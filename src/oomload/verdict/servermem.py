@@ -15,6 +15,11 @@ limit compares), else the tree's RSS (``ServerMemoryRow.used_bytes``).
 * ``problems``: each distinct sentence a sample carried about what could not be read.
 
 No samples → ``None``: nothing is said about host memory (a remote server with no sampler beside it).
+
+A soak (``--soak``: one level held for a long time) also gets ``soak_trends``: the trend of the
+server's host memory and of each device's used memory over the held level, by
+``oomload.verdict.trend.memory_trend`` (warm-up dropped, binned, an equivalence test against a
+material rate: "growing" only when growth beyond the noise is also material).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomload.verdict.runview import RunView
+from oomload.verdict.trend import MemoryTrend, memory_trend
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +131,46 @@ def summarize_server_memory(view: RunView) -> ServerMemory | None:
     )
 
 
+def soak_trends(view: RunView) -> tuple[MemoryTrend, ...]:
+    """A soak's memory trends (``--soak``: config.json ``soak_s``): the server's host memory and each
+    device's used memory over the soak's steps, at the one level it held; ``()`` for other runs."""
+    if view.settings.soak_s is None or not view.steps:
+        return ()
+    windows = [
+        (s.window_start_unix_s, s.window_end_unix_s) for s in view.steps if s.boundary.phase != "warmup"
+    ]
+    if not windows:
+        return ()
+    lo, hi = windows[0][0], windows[-1][1]
+    trends = []
+    host = [r for r in view.server_memory if lo <= r.t_unix_s <= hi and r.alive and r.used_bytes is not None]
+    if host:
+        limits = [r.cgroup_limit_bytes for r in host if r.cgroup_limit_bytes is not None]
+        trends.append(
+            memory_trend(
+                [r.t_unix_s for r in host],
+                [r.used_bytes or 0 for r in host],
+                limit_bytes=min(limits) if limits else None,
+                subject="server memory",
+            )
+        )
+    for device in sorted({g.device for g in view.gpu if g.device is not None}):
+        gpu = [
+            g for g in view.gpu if g.device == device and lo <= g.t_unix_s <= hi and g.used_bytes is not None
+        ]
+        if gpu:
+            totals = [g.total_bytes for g in gpu if g.total_bytes]
+            trends.append(
+                memory_trend(
+                    [g.t_unix_s for g in gpu],
+                    [g.used_bytes or 0 for g in gpu],
+                    limit_bytes=max(totals) if totals else None,
+                    subject=f"GPU {device} memory",
+                )
+            )
+    return tuple(trends)
+
+
 def _counter_rise(values: Sequence[int | None]) -> int:
     """How far a counter rose over the samples that read it (a reset counts from its new value)."""
     rise, last = 0, None
@@ -150,4 +196,4 @@ def _problems(problems: Sequence[str]) -> str:
     return f" ({problems[0]})" if problems else ""
 
 
-__all__ = ["ServerMemory", "StepMemory", "gib", "summarize_server_memory"]
+__all__ = ["ServerMemory", "StepMemory", "gib", "soak_trends", "summarize_server_memory"]

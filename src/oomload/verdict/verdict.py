@@ -118,7 +118,7 @@ from oomload.verdict.prediction import Prediction, compare_prediction
 from oomload.verdict.prefixrate import PrefixCheck, StepWindow, prefix_check
 from oomload.verdict.runinfo import ContextOverflow, RunInfo, context_overflow, cut_only_by_death, run_info
 from oomload.verdict.runview import RunView
-from oomload.verdict.servermem import ServerMemory, summarize_server_memory
+from oomload.verdict.servermem import ServerMemory, soak_trends, summarize_server_memory
 from oomload.verdict.stepfacts import (
     KV_SATURATED,
     MIN_ANSWERED_SHARE,
@@ -127,6 +127,7 @@ from oomload.verdict.stepfacts import (
     StepFacts,
     summarize_step,
 )
+from oomload.verdict.trend import MemoryTrend
 
 DEFAULT_MIN_REQUESTS = 3
 
@@ -188,6 +189,7 @@ class Verdict:
     other_odds_known: bool = False  # the run computed odds for the other prompt shape (its trace shares)
     prefix: PrefixCheck | None = None  # the prompt shape measured and the prefix-cache hit rates
     server_memory: ServerMemory | None = None  # the server's host memory (None: not sampled)
+    memory_trends: tuple[MemoryTrend, ...] = ()  # --soak: each memory series' trend over the held level
 
     @property
     def odds_levels_apart(self) -> int | None:
@@ -291,6 +293,7 @@ class Verdict:
             "other_odds_known": self.other_odds_known,
             "prefix": None if self.prefix is None else self.prefix.to_json(),
             "server_memory": None if self.server_memory is None else self.server_memory.to_json(),
+            "memory_trends": [t.to_json() for t in self.memory_trends],
             "odds_levels_apart": self.odds_levels_apart,
             "last_safe_concurrency": self.last_safe_concurrency,
             "first_unsafe_concurrency": self.first_unsafe_concurrency,
@@ -438,6 +441,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         other_odds_known=bool(other_level_odds),
         prefix=prefix,
         server_memory=summarize_server_memory(view),
+        memory_trends=soak_trends(view),
     )
 
 

@@ -98,7 +98,10 @@ def test_onednn_failing_to_create_a_primitive_is_the_cpu_builds_allocation_failu
     cause = classify_death(log_text=log("cpu-oom-onednn-0.32.txt"), exit_status=0, memory=[])
     assert cause.kind is DeathKind.CPU_OOM and cause.memory and cause.tried_bytes is None
     assert cause.quote == "RuntimeError: could not create a primitive"
-    assert cause.sentence == "an activation peak: host memory ran out (RuntimeError: could not create a primitive)"
+    assert (
+        cause.sentence
+        == "an activation peak: host memory ran out (RuntimeError: could not create a primitive)"
+    )
 
 
 def test_the_engines_wrapper_alone_still_carries_the_cause() -> None:

@@ -1,0 +1,151 @@
+"""The server's own evidence in the verdict: its memory per step, its log and exit status naming the
+death's kind, and a soak's trend — run directories laid out as a replay writes them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from report.runbuilder import T0, StepSpec, request, write_run
+
+from oomload.outcome import Outcome
+from oomload.report.findings import describe
+from oomload.verdict import Verdict, build_verdict
+from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
+from oomload.verdict.recommend import recommend
+from oomload.verdict.runview import load_run
+
+GIB = 2**30
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "server-logs"
+
+
+def _memory(
+    path: Path, samples: Sequence[tuple[float, int, bool]], limit: int | None = None, **extra: Any
+) -> None:
+    with open(path / "server_memory.jsonl", "w") as fh:
+        for t, used, alive in samples:
+            line = {
+                "t_unix_s": T0 + t,
+                "source": "local",
+                "pid": 4242,
+                "processes": 3 if alive else 0,
+                "rss_bytes": used if alive else 0,
+                "pss_bytes": None,
+                "cgroup": None if limit is None else "v2:/pod/vllm",
+                "cgroup_current_bytes": None if limit is None else used,
+                "cgroup_limit_bytes": limit,
+                "cgroup_peak_bytes": None,
+                "cgroup_oom_kill": extra.get("oom_kill", {}).get(t, 0) if limit is not None else None,
+                "cgroup_events_max": None,
+                "alive": alive,
+            }
+            fh.write(json.dumps(line) + "\n")
+
+
+def _died(
+    tmp_path: Path, *, log: str | None, exit_status: int | None, limit: int | None = None, **extra: Any
+) -> Verdict:
+    """Steps 1, 2, 4 of 10 s each; the server dies at 27 s in the step at 4."""
+    steps = [StepSpec(1), StepSpec(2), StepSpec(4, requests=0)]
+    extra_requests = [
+        request("in-flight", 2, 4, 22.0, 27.0, Outcome.ENGINE_DEAD),
+        request("ok", 2, 4, 20.0, 24.0),
+    ]
+    events = [{"kind": "server_dead", "t_unix_s": T0 + 27.5, "evidence": "/health HTTP 503"}]
+    run = write_run(tmp_path / "run", steps, extra_requests=extra_requests, events=events, gpu=False)
+    used = [(t * 0.5, int((1.7 + 0.01 * t * 0.5) * GIB), t * 0.5 < 27.2) for t in range(60)]
+    _memory(run, used, limit, **extra)
+    if log is not None:
+        (run / "server.log").write_text(log)
+    if exit_status is not None:
+        (run / "server_exit.json").write_text(json.dumps({"pid": 4242, "exit_status": exit_status}))
+    return build_verdict(load_run(run))
+
+
+def test_a_cpu_allocation_in_the_log_names_the_kind_the_size_and_the_memory_of_the_step(
+    tmp_path: Path,
+) -> None:
+    v = _died(tmp_path, log=(LOGS / "cpu-oom-0.32.txt").read_text(), exit_status=0)
+    death = v.engine_death
+    assert death is not None and death.cause is not None
+    assert (death.concurrency, death.kind, death.memory) == (4, "cpu_oom", True)
+    assert death.cause.tried_bytes == 57346048
+    assert v.server_memory is not None and v.server_memory.samples == 60
+    text = next(f.text for f in describe(v, recommend(v)) if f.key == "engine_death")
+    assert text.startswith(
+        "engine death (OOM) at concurrency 4 — an activation peak: the CPU allocator could"
+    )
+    assert "the server's memory rose from 1.9 to 2.0 GiB over step 2" in text
+    rule = parse_gate("no-oom-up-to:4")
+    result = evaluate_gate(rule, v)
+    assert result.status is GateStatus.FAIL and "an OOM (an activation peak" in result.reason
+
+
+def test_a_silent_sigkill_at_the_containers_limit_is_the_kernels_oom_kill(tmp_path: Path) -> None:
+    limit = int(1.95 * GIB)
+    v = _died(tmp_path, log="INFO: serving\n", exit_status=-9, limit=limit, oom_kill={27.0: 1})
+    death = v.engine_death
+    assert death is not None and death.kind == "oom_killed" and death.memory
+    rec = recommend(v)
+    assert "raise its container's memory limit" in rec.reasoning
+    assert rec.max_num_batched_tokens.value is None  # not an activation peak
+    memory = next(f for f in describe(v, rec) if f.key == "server_memory")
+    assert memory.severity == "bad" and "OOM killer fired 1×" in memory.text
+
+
+def test_a_crash_that_is_not_memory_fails_the_oom_gate_with_its_own_sentence(tmp_path: Path) -> None:
+    v = _died(tmp_path, log=(LOGS / "nccl-error.txt").read_text(), exit_status=1)
+    death = v.engine_death
+    assert death is not None and death.kind == "crash" and not death.memory
+    result = evaluate_gate(parse_gate("no-oom-up-to:8"), v)
+    assert result.status is GateStatus.FAIL
+    assert "an engine death that was not of memory (a crash:" in result.reason
+    assert recommend(v).gpu_memory_utilization.value is None
+
+
+def test_a_death_with_no_log_says_where_the_cause_would_come_from(tmp_path: Path) -> None:
+    v = _died(tmp_path, log=None, exit_status=None)
+    death = v.engine_death
+    assert death is not None and death.kind == "no_cause"
+    result = evaluate_gate(parse_gate("no-oom-up-to:8"), v)
+    assert result.status is GateStatus.FAIL and "--serve or --server-log" in result.reason
+
+
+def _soak(tmp_path: Path, slope_bytes_per_s: float, limit: int | None) -> Verdict:
+    steps = [StepSpec(4, duration_s=600.0)]
+    run = write_run(tmp_path / "soak", steps, gpu=False, config={"soak_s": 600.0})
+    samples = [
+        (t * 2.0, int(1.5 * GIB + slope_bytes_per_s * t * 2.0 + (t % 7) * 2**20), True) for t in range(300)
+    ]
+    _memory(run, samples, limit)
+    return build_verdict(load_run(run))
+
+
+def test_a_soak_with_a_steady_server_raises_no_alarm(tmp_path: Path) -> None:
+    v = _soak(tmp_path, 0.0, limit=4 * GIB)
+    (trend,) = v.memory_trends
+    assert trend.verdict == "flat", trend.sentence
+    finding = next(f for f in describe(v, recommend(v)) if f.key == "memory_trend_0")
+    assert finding.severity == "ok" and "flat within" in finding.text
+
+
+def test_a_soak_with_a_leak_finds_it_and_projects_the_limit(tmp_path: Path) -> None:
+    leak = 200 * 2**20 / 3600  # 200 MiB/h
+    v = _soak(tmp_path, leak, limit=4 * GIB)
+    (trend,) = v.memory_trends
+    assert trend.verdict == "growing", trend.sentence
+    assert trend.ci_low_bytes_per_h is not None and trend.ci_high_bytes_per_h is not None
+    assert trend.ci_low_bytes_per_h <= 200 * 2**20 <= trend.ci_high_bytes_per_h
+    assert trend.projected_s_to_limit is not None
+    # 4 GiB − (1.5 GiB + 600 s of growth) at 200 MiB/h ≈ 12.6 h
+    assert abs(trend.projected_s_to_limit / 3600 - 12.6) < 1.5
+    finding = next(f for f in describe(v, recommend(v)) if f.key == "memory_trend_0")
+    assert finding.severity == "bad"
+
+
+def test_a_run_that_is_no_soak_has_no_trend(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "r", [StepSpec(1), StepSpec(2)], gpu=False)
+    _memory(run, [(t, GIB + t * 2**20, True) for t in range(20)])
+    assert build_verdict(load_run(run)).memory_trends == ()

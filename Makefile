@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser demo demo-tune test test-slow test-e2e lint typecheck bench gpu-check clean
+.PHONY: help install browser demo demo-oom demo-soak demo-tune test test-slow test-e2e lint typecheck bench gpu-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -23,6 +23,13 @@ install: $(STAMP) ## Create .venv and install oomload with its dev tools
 
 demo: $(STAMP) ## The main job on built-in defaults: replay a sample trace against the simulated vLLM
 	$(BIN)/oomload replay traces/sample-chat.jsonl --max-duration-s 180
+
+demo-oom: $(STAMP) ## The simulated vLLM under a host-memory limit: preemption, then a memory death, named and sized
+	$(BIN)/oomload replay traces/sample-chat.jsonl --max-duration-s 180 \
+	  --sim="--host-memory-limit-mib 400 --host-limit-kind process --host-bytes-per-token 16384"
+
+demo-soak: $(STAMP) ## A 150 s soak at concurrency 4 against a simulated vLLM that leaks 30 MiB a minute
+	$(BIN)/oomload replay traces/sample-chat.jsonl --soak 150s --concurrency 4 --sim="--host-leak-mib-per-min 30"
 
 demo-tune: $(STAMP) ## oomload starts the simulated vLLM itself and tunes its memory settings for concurrency 8
 	$(BIN)/oomload tune traces/sample-chat.jsonl --target-concurrency 8 --utilization 0.9,0.85,0.8 \

@@ -65,7 +65,10 @@ def test_simserver_surfaces_a_startup_failure_and_leaves_no_process() -> None:
     server = SimServer(["--model", "nope"], startup_timeout_s=20)
     with pytest.raises(ConfigError, match="unknown model"):  # the simulator's usage error (exit 2)
         server.start()
-    assert server.returncode is None  # stopped and reaped
+    assert server.returncode == 2  # its exit status is kept (evidence for a run) …
+    assert server.pid is not None
+    with pytest.raises(ProcessLookupError):  # … and the process is reaped
+        os.kill(server.pid, 0)
 
 
 def test_simserver_stop_terminates_the_child() -> None:

@@ -21,8 +21,8 @@ LEVELS = "1,2,4,8,16"
 # a modelled process limit: requests' host memory (16 KiB a token of prompt + output) past 400 MiB is
 # refused with the CPU allocator's words (vLLM's CPU build under `prlimit --data`)
 PROCESS_LIMIT = "--host-memory-limit-mib 400 --host-limit-kind process --host-bytes-per-token 16384"
-# the same limit as a container's: the process is SIGKILLed, as the kernel's OOM killer does
-CONTAINER_LIMIT = "--host-memory-limit-mib 400 --host-limit-kind container --host-bytes-per-token 16384"
+# a container's limit (lower: a kill needs no allocation to fail): SIGKILLed, as the kernel's OOM killer does
+CONTAINER_LIMIT = "--host-memory-limit-mib 250 --host-limit-kind container --host-bytes-per-token 16384"
 SAMPLE = Path(__file__).resolve().parents[2] / "traces" / "sample-chat.jsonl"
 
 
@@ -56,11 +56,13 @@ def test_an_allocation_that_fails_is_named_sized_and_bounded(tmp_path: Path) -> 
 
 def test_a_container_kill_is_a_sigkill_with_no_words_and_says_what_is_missing(tmp_path: Path) -> None:
     """No cgroup limit is watched here (none is the simulator's own): the SIGKILL is evidence of a kill
-    from outside, not yet of memory; the verdict says so instead of guessing."""
+    from outside, not yet of memory; the verdict says so instead of guessing. 16 requests in flight
+    need more than its 250 MiB (sample-chat's prompts hold tens of MiB each at 16 KiB a token); the
+    8 s hold leaves a busy client time to send them."""
     run = tmp_path / "run"
     serve = shlex.join(["oomload", "sim", "serve", "--time-scale", "0.025", *shlex.split(CONTAINER_LIMIT)])
     proc = oomload(
-        *("replay", str(SAMPLE), "--serve", serve, "--concurrency", LEVELS, "--hold-s", "2"),
+        *("replay", str(SAMPLE), "--serve", serve, "--concurrency", "4,16", "--hold-s", "8"),
         *("--no-live", "--no-html", "--gpu", "none", "--run-dir", str(run)),
     )
     assert proc.returncode == ExitCode.OK, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -112,11 +112,17 @@ def _start_sim(config: ReplayConfig, console: Console) -> Any:
         f"[bold yellow]No --url: replaying against a SIMULATED vLLM server[/] — model {model}, "
         f"simulated GPU {gpu} (oomload sim serve {' '.join(args)})"
     )
-    log_path = None
+    log_path, made = None, False
     if config.run_dir is not None:  # the simulator's log is the run's server.log, as --serve's is
+        made = not config.run_dir.exists()
         config.run_dir.mkdir(parents=True, exist_ok=True)
         log_path = config.run_dir / SERVER_LOG
-    return SimServer(args, log_path=log_path).start()
+    try:
+        return SimServer(args, log_path=log_path).start()
+    except BaseException:
+        if made and config.run_dir is not None:  # nothing was run: no run directory left behind
+            shutil.rmtree(config.run_dir, ignore_errors=True)
+        raise
 
 
 def _start_served(config: ReplayConfig, command: ServeCommand, console: Console) -> Any:

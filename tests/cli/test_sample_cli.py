@@ -201,6 +201,42 @@ def test_gpu_and_server_memory_to_their_own_files(holder: int, tmp_path: Path) -
     assert mem_lines and all(line["pid"] == holder and "device" not in line for line in mem_lines)
 
 
+def test_no_gpu_samples_the_server_only_even_where_a_gpu_is(holder: int, tmp_path: Path) -> None:
+    out = tmp_path / "server_memory.jsonl"
+    flags = ["--no-gpu", "--server-pid", str(holder), "--server-out", str(out), "--duration-s", "0.5"]
+    assert run_sample(ONE_GPU, [*flags, "--server-interval-s", "0.1"]) == 0
+    lines = json_lines(out)
+    assert lines and all("device" not in line and line["pid"] == holder for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--no-gpu"], "--no-gpu samples the server's memory only"),
+        (["--no-gpu", "--server-pid", "1", "--device", "0"], "--no-gpu contradicts --dcgm-url and --device"),
+    ],
+)
+def test_no_gpu_without_a_server_or_with_gpu_flags_is_one_sentence(
+    flags: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_sample(ONE_GPU, [*flags, "--duration-s", "0.1"]) == 2
+    assert says in one_error_line(capsys.readouterr().err)
+
+
+def test_the_replays_child_sampler_streams_the_servers_memory(holder: int, tmp_path: Path) -> None:
+    from oomload.telemetry.gpu import ServerMemoryProcess
+
+    out = tmp_path / "server_memory.jsonl"
+    sampler = ServerMemoryProcess(out, [f"--server-pid={holder}"], interval_s=0.1)
+    try:
+        assert sampler.start()  # waits for the first line
+        latest = sampler.latest()
+        assert latest is not None and latest["pid"] == holder and latest["rss_bytes"] >= HOLD_MIB << 20
+    finally:
+        sampler.stop()
+    assert not sampler.running
+
+
 def test_a_gpu_asked_for_is_still_required(holder: int, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_sample(NO_GPU, ["--server-pid", str(holder), "--device", "0", "--duration-s", "0.1"]) == 2
     assert "no NVIDIA GPU can be sampled here" in one_error_line(capsys.readouterr().err)

@@ -402,6 +402,7 @@ class Session:
             metrics=latest,
             preemptions_since_start=None if not isinstance(pre, int) else pre - base,
             gpu=gpu,
+            server_memory=self.latest_server_memory(),
             outcomes={} if ctx is None else {o.value: n for o, n in ctx.outcomes.items()},
             server_dead=self.dead_evidence,
         )

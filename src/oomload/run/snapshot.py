@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from oomload.rundir.records import GpuSampleRow, MetricsRow
+from oomload.rundir.records import GpuSampleRow, MetricsRow, ServerMemoryRow
 from oomload.schedule import StepPlan
 from oomload.stats import percentile
 
@@ -134,6 +134,7 @@ class TelemetrySnapshot:
     metrics: Mapping[str, Any] | None = None  # the latest ok ``metrics.jsonl`` record
     preemptions_since_start: int | None = None
     gpu: Mapping[str, Any] | None = None  # the latest ``gpu.jsonl`` sample
+    server_memory: ServerMemoryRow | None = None  # the latest ``server_memory.jsonl`` sample
     outcomes: Mapping[str, int] = field(default_factory=dict)
     server_dead: str | None = None  # the evidence, once the server is dead
     ttft: TtftFigures | None = None
@@ -166,6 +167,15 @@ class TelemetrySnapshot:
             "metrics": None if self.metrics is None else dict(self.metrics),
             "preemptions_since_start": self.preemptions_since_start,
             "gpu": None if self.gpu is None else dict(self.gpu),
+            "server_memory": None
+            if self.server_memory is None
+            else {
+                "used_bytes": self.server_memory.used_bytes,
+                "rss_bytes": self.server_memory.rss_bytes,
+                "limit_bytes": self.server_memory.cgroup_limit_bytes,
+                "oom_kill": self.server_memory.cgroup_oom_kill,
+                "alive": self.server_memory.alive,
+            },
             "outcomes": dict(self.outcomes),
             "server_dead": self.server_dead,
         }

@@ -139,6 +139,11 @@ def telemetry_rows(snapshot: TelemetrySnapshot) -> list[dict[str, str]]:
         rows.append(("GPU memory", f"{used / GIB:.2f} / {total / GIB:.2f} GiB ({gpu.source or '?'})"))
     else:
         rows.append(("GPU memory", "not sampled"))
+    host = snapshot.server_memory
+    if host is not None and host.used_bytes is not None:
+        limit = "" if host.cgroup_limit_bytes is None else f" / {host.cgroup_limit_bytes / GIB:.2f}"
+        kills = f" · OOM kills {host.cgroup_oom_kill}" if host.cgroup_oom_kill else ""
+        rows.append(("server memory", f"{host.used_bytes / GIB:.2f}{limit} GiB{kills}"))
     if snapshot.ttft is not None:
         rows.append(("TTFT (this step)", ttft_text(snapshot.ttft.step)))
         rows.append(("TTFT (run)", ttft_text(snapshot.ttft.run)))

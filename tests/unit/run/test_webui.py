@@ -71,6 +71,23 @@ def test_the_snapshot_json_is_what_the_page_reads() -> None:
     json.dumps(body)  # plain JSON all the way down
 
 
+def test_the_servers_memory_is_a_row_with_its_limit_and_oom_kills() -> None:
+    from oomload.rundir.records import ServerMemoryRow
+
+    host = ServerMemoryRow(
+        t_unix_s=5.0,
+        rss_bytes=2**30,
+        cgroup_current_bytes=3 * 2**29,
+        cgroup_limit_bytes=2 * 2**30,
+        cgroup_oom_kill=1,
+    )
+    snap = TelemetrySnapshot(t_unix_s=6.0, plan=PLAN, server_memory=host)
+    rows = {r["what"]: r["value"] for r in telemetry_rows(snap)}
+    assert rows["server memory"] == "1.50 / 2.00 GiB · OOM kills 1"
+    assert snap.to_json()["server_memory"]["used_bytes"] == 3 * 2**29
+    json.dumps(snap.to_json())
+
+
 def test_state_changing_requests_from_another_page_are_refused() -> None:
     evil = cross_origin("POST", "127.0.0.1:8089", "http://evil.example", None)
     assert evil is not None and "evil.example" in evil

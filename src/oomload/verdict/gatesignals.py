@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from oomload.outcome import Outcome
+from oomload.verdict.deathcause import DeathKind
 from oomload.verdict.verdict import KV_SATURATED, StepFacts, Verdict
 
 # ---------------------------------------------------------------------------------------------------
@@ -65,7 +66,7 @@ def _death_phrase(verdict: Verdict) -> str:
     cause = death.cause
     if death.memory:
         return "an OOM" + ("" if cause is None or not cause.memory else f" ({cause.sentence})")
-    if cause is not None and cause.kind.value != "no_cause":
+    if cause is not None and cause.kind is not DeathKind.NO_CAUSE:
         return f"an engine death that was not of memory ({cause.sentence})"
     return "an engine death of unknown cause (give oomload the server's log: --serve or --server-log)"
 

@@ -2,8 +2,9 @@
 
 ``server_memory.jsonl`` (``oomload.telemetry.hostsampler``) holds the server's host memory on the run's
 clock: its process tree's RSS (and PSS) and its memory cgroup's usage, limit, peak and OOM-kill
-counter. A sample's *used* memory is the cgroup's usage when it was read (that is what the container's
-limit compares), else the tree's RSS (``ServerMemoryRow.used_bytes``).
+counter. A sample's *used* memory is the usage of a memory cgroup with a limit (what a container's
+OOM kill compares), else the tree's RSS: a cgroup without a limit is often a whole session's or
+host's, shared with other processes (``ServerMemoryRow.used_bytes``).
 
 ``summarize_server_memory(view)`` gives ``ServerMemory``:
 

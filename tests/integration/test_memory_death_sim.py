@@ -89,3 +89,23 @@ def test_a_soak_finds_a_leak_and_projects_it(tmp_path: Path) -> None:
     slope_mib_per_h = host["slope_bytes_per_h"] / 2**20
     assert 1200 < slope_mib_per_h < 2400, host  # 1,800 MiB/h configured; the interpreter's own noise
     assert "Memory trend (soak)" in proc.stdout and "grew" in proc.stdout
+
+
+def test_bad_server_evidence_is_one_sentence_each_and_the_run_goes_on(tmp_path: Path) -> None:
+    """A --server-pid that is not running, a --server-log that does not exist: said once each, the run
+    is judged on what it has (exit 0), and a log created later is followed from its first byte."""
+    run = tmp_path / "run"
+    missing_log = tmp_path / "later" / "vllm.log"
+    proc = oomload(
+        *("replay", str(SAMPLE), "--concurrency", "1,2", "--hold-s", "1", "--no-live", "--no-html"),
+        *("--server-pid", "4000000", "--server-log", str(missing_log), "--run-dir", str(run)),
+    )
+    assert proc.returncode == ExitCode.OK, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    memory = [e for e in events if e["kind"] == "server_memory_unavailable"]
+    logs = [e for e in events if e["kind"] == "server_log_problem"]
+    assert len(memory) == 1 and "4000000" in memory[0]["detail"], memory
+    assert len(logs) == 1 and str(missing_log) in logs[0]["detail"], logs
+    assert proc.stdout.count("the server's memory is not sampled") == 1
+    assert _summary(run)["verdict"]["server_memory"] is None  # nothing measured, nothing said

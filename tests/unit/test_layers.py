@@ -63,6 +63,7 @@ CORE = {
     "oomload.verdict.runview",
     "oomload.verdict.gauges",
     "oomload.verdict.stepfacts",
+    "oomload.verdict.loadgen",
     "oomload.verdict.death",
     "oomload.verdict.deathcause",
     "oomload.verdict.deathlog",

@@ -29,6 +29,8 @@
   asked for: a clean step that sent fewer requests than ``LevelOdds.requests_for()`` is *thin*
   (``evidence_thin``) — by the odds it could have missed a preemption more than 5 % of the time;
 * from the GPU samples: device total, max used, min free, and the largest process (the server);
+* the load generator's own figures per process (``loadgen``: CPU used, CPU wait, loop lag, from the
+  end line; ``oomload.verdict.loadgen`` judges whether it was starved);
 * the *achieved* concurrency: the time-weighted mean number of requests in flight during the step
   (from every request's own start/end times), to compare with the target;
 * the *server's* side (``oomload.serverside``): the mean requests in vLLM, in its engine and queued,
@@ -62,6 +64,7 @@ from dataclasses import dataclass, field
 
 from oomload.odds import LevelOdds
 from oomload.outcome import Outcome, RequestResult
+from oomload.rundir.loadgenrecord import LoadgenRow
 from oomload.rundir.records import MetricsRow, max_float, max_int, min_int
 from oomload.serverside import (
     SERVER_SHARE_MIN,
@@ -158,6 +161,7 @@ class StepFacts:
     odds: LevelOdds | None = None  # the trace's odds at this level (None: no pool or no trace)
     evidence_requests: int | None = None  # requests the odds asked the step to send (steps.jsonl)
     extended_s: float | None = None  # how long the step ran past its hold for that evidence
+    loadgen: tuple[LoadgenRow, ...] = ()  # each load-generating process's view of itself (end line)
 
     @property
     def preemptions_per_100(self) -> float | None:
@@ -420,6 +424,7 @@ def summarize_step(
         odds=odds,
         evidence_requests=b.evidence_requests,
         extended_s=b.extended_s,
+        loadgen=b.loadgen,
     )
 
 

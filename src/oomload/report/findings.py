@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from oomload.outcome import Outcome
 from oomload.verdict import PreemptionOnset, StepFacts, Verdict, kv_peak_text, kv_percent
 from oomload.verdict.deathcause import DeathKind
-from oomload.verdict.loadgen import starved_line, starved_steps
+from oomload.verdict.loadgen import starved_line
 from oomload.verdict.recommend import Recommendation
 
 NEAR_LIMIT_SHARE = 0.9  # a peak at 90 % of the server's memory limit is worth a warning
@@ -348,7 +348,7 @@ def load_delivered(verdict: Verdict) -> Finding:
 def load_generator(verdict: Verdict) -> Finding | None:
     """The steps whose client could not send (``oomload.verdict.loadgen``), with what to do; ``None``
     when no step was starved."""
-    starved = starved_steps(verdict.measured_steps)
+    starved = [(s, found) for s in verdict.measured_steps if (found := s.starvation) is not None]
     if not starved:
         return None
     text = "; ".join(starved_line(s.index, found) for s, found in starved)

@@ -26,7 +26,7 @@ from rich.table import Table
 from oomload.rundir.loadgenrecord import parse_loadgen
 from oomload.verdict import kv_percent
 from oomload.verdict.loadgen import ADVICE, live_held, starvation
-from oomload.verdict.stepfacts import per_second
+from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, per_second
 
 
 class ProgressView:
@@ -168,6 +168,7 @@ def _starved(line: Mapping[str, Any]) -> str:
         int(line.get("concurrency") or 0),
         float(achieved) if isinstance(achieved, int | float) else None,
         float(in_server) if isinstance(in_server, int | float) else None,
+        min_share=ACHIEVED_CONCURRENCY_MIN_SHARE,
     )
     found = starvation(held, parse_loadgen(line.get("loadgen")))
     return "" if found is None else f" · the load generator was starved ({found.text}): {ADVICE}"

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from oomload.outcome import Outcome
 from oomload.rundir.records import EventRow
 from oomload.verdict.death import step_at
-from oomload.verdict.loadgen import starved_line, step_starvation
+from oomload.verdict.loadgen import starved_line
 from oomload.verdict.prediction import Prediction
 from oomload.verdict.runview import RunView
 from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, MIN_ANSWERED_SHARE, StepFacts
@@ -85,7 +85,7 @@ def step_notes(steps: Sequence[StepFacts], min_requests: int) -> list[Confidence
             share = f"{ACHIEVED_CONCURRENCY_MIN_SHARE:.0%}"
             text = f"{where}: {s.not_held_text}, below {share} of the target {s.concurrency}: not trusted"
             notes.append(_warn("concurrency_not_held", text, s))
-            if (found := step_starvation(s)) is not None:  # the client's doing, not the server's
+            if (found := s.starvation) is not None:  # the client's doing, not the server's
                 notes.append(_warn("loadgen_starved", starved_line(s.index, found), s))
         transport = s.independent(Outcome.TRANSPORT_ERROR)
         if transport:

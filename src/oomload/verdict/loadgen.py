@@ -8,8 +8,8 @@ from a fixed sleep (the loop lag).
 
 **The rule.** A step is *starved* when it did not hold its concurrency (``stepfacts``:
 ``concurrency_held`` is false; the live line, which has no verdict yet, reads the lower of the client's
-in-flight mean and vLLM's own, ``server_concurrency``, against ``ACHIEVED_CONCURRENCY_MIN_SHARE`` of the
-target) **and** one of its load-generating processes
+in-flight mean and vLLM's own, ``server_concurrency``, against 80 % of the target) **and** one of its
+load-generating processes
 
 * waited for a CPU at least ``WAIT_SHARE_STARVED`` (50 %) of the step, or
 * had a loop lag of at least ``LOOP_LAG_STARVED_MS`` (100 ms).
@@ -20,8 +20,13 @@ The worst process names the figures (the highest wait share; its loop lag).
 64 % of a step for a CPU still kept 3.7 of 4 requests in flight (below), so its wait alone is no
 finding. A level that was not held is no evidence either way (``stepfacts``); what this rule adds is
 *whose* failure it was, so the advice fits: more load capacity (``--processes``, a separate load host,
-``--workers``) for a starved client, the server's side for the rest. A held level whose server queued
-through it (``held_by_saturation``) is not starved by this rule: the engine ran all it would admit.
+``--workers``) for a starved client, the server's side for the rest.
+
+**A starved client's queue is its own.** ``stepfacts`` counts a level as held when requests waited in
+vLLM through it (the engine ran all it would admit) — but not when the load generator crossed a
+threshold (``client_starved``): its ``/metrics`` scrapes run in the same starved process, just after it
+wakes and sends what it owes in one burst, so the queue they see is that burst (seen on the simulator,
+starved as below: 0 running and 3–4 waiting at the scrapes while vLLM held 0.5 of 4 and 0.6 of 8).
 
 **Why these thresholds** (steps of 4 s on this 2-core machine; the client pinned to one CPU, the
 simulator on the other; "burners" are CPU-bound processes pinned to the client's CPU):
@@ -47,7 +52,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from oomload.rundir.loadgenrecord import LoadgenRow
-from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, StepFacts
 
 WAIT_SHARE_STARVED = 0.5  # waited for a CPU at least half the step (module docstring)
 LOOP_LAG_STARVED_MS = 100.0  # the event loop woke at least this late once
@@ -90,23 +94,15 @@ def starvation(held: bool | None, rows: Sequence[LoadgenRow]) -> Starvation | No
     return None if held is not False else starved_process(rows)
 
 
-def step_starvation(step: StepFacts) -> Starvation | None:
-    """The rule on a step's facts (its ``loadgen`` rows, whether it held its concurrency)."""
-    return starvation(step.concurrency_held, step.loadgen)
-
-
-def starved_steps(steps: Sequence[StepFacts]) -> list[tuple[StepFacts, Starvation]]:
-    """The starved ones among ``steps``, in order."""
-    return [(s, found) for s in steps if (found := step_starvation(s)) is not None]
-
-
-def live_held(concurrency: int, achieved: float | None, in_server: float | None) -> bool | None:
+def live_held(
+    concurrency: int, achieved: float | None, in_server: float | None, *, min_share: float
+) -> bool | None:
     """Whether a step held its level by its end line alone (the live line, before any verdict): the
-    lower of the client's in-flight mean and vLLM's own mean against 80 % of the target."""
+    lower of the client's in-flight mean and vLLM's own mean against ``min_share`` of the target."""
     known = [v for v in (achieved, in_server) if v is not None]
     if not known or concurrency <= 0:
         return None
-    return min(known) >= ACHIEVED_CONCURRENCY_MIN_SHARE * concurrency
+    return min(known) >= min_share * concurrency
 
 
 def starved_line(step: int, found: Starvation) -> str:

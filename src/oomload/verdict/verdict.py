@@ -114,7 +114,6 @@ from oomload.verdict.levels import (
     odds_onset_of,
     preemption_onset,
 )
-from oomload.verdict.loadgen import step_starvation
 from oomload.verdict.prediction import Prediction, compare_prediction
 from oomload.verdict.prefixrate import PrefixCheck, StepWindow, prefix_check
 from oomload.verdict.runinfo import ContextOverflow, RunInfo, context_overflow, cut_only_by_death, run_info
@@ -259,7 +258,7 @@ class Verdict:
             obj["waiting_share"] = _round(s.waiting_share)
             obj["kv_saturated_share"] = _round(s.kv_saturated_share)
             obj["evidence_thin"] = s.evidence_thin
-            obj["starved"] = None if (found := step_starvation(s)) is None else asdict(found)
+            obj["starved"] = None if s.starvation is None else asdict(s.starvation)
             steps.append(obj)
         return {
             "run": {**asdict(self.run), "cache_config": _plain(self.run.cache_config)},

@@ -76,3 +76,20 @@ def test_an_old_run_directory_without_the_figures_still_loads(tmp_path: Path) ->
     assert [s.loadgen for s in verdict.steps] == [(), ()]
     assert list(verdict.to_json()["steps"][1]["loadgen"]) == []
     assert "load_generator" not in {f.key for f in describe(verdict, recommend(verdict))}
+
+
+def test_a_starved_clients_queue_in_vllm_does_not_hold_its_level(tmp_path: Path) -> None:
+    """Requests waited in vLLM through the step, but the client was starved: its scrapes saw its own
+    burst of late sends, so the level is not held by saturation — it is the load generator's."""
+
+    def saturated(wait_share: float, lag_ms: float) -> StepSpec:
+        extra = _loadgen(wait_share, lag_ms)
+        return StepSpec(8, requests=64, server_share=0.5, waiting_max=3, peak_scrapes=3, end_extra=extra)
+
+    steps = [StepSpec(2, requests=24, server_share=0.95), saturated(0.96, 148.0), saturated(0.04, 3.0)]
+    verdict = _verdict(tmp_path, steps)
+    starved, fed = verdict.steps[1], verdict.steps[2]
+    assert starved.server_saturated and fed.server_saturated
+    assert starved.client_starved and not starved.held_by_saturation
+    assert starved.concurrency_held is False and starved.starvation is not None
+    assert fed.concurrency_held is True and fed.held_by_saturation and fed.starvation is None

@@ -7,9 +7,9 @@ its users waited runnable for a CPU (the scheduler's run-queue delay), and how l
 from a fixed sleep (the loop lag).
 
 **The rule.** A step is *starved* when it did not hold its concurrency (``stepfacts``:
-``concurrency_held`` is false; the live line, which has no verdict yet, reads the lower of the client's
-in-flight mean and vLLM's own, ``server_concurrency``, against 80 % of the target) **and** one of its
-load-generating processes
+``concurrency_held`` is false; the live line, which has no verdict yet, reads the client's own
+in-flight mean against 80 % of the target: vLLM's raw mean over one step reads low from edge effects,
+and said "not held" of demo steps that held 7.0 of 7) **and** one of its load-generating processes
 
 * waited for a CPU at least ``WAIT_SHARE_STARVED`` (50 %) of the step, or
 * had a loop lag of at least ``LOOP_LAG_STARVED_MS`` (100 ms).
@@ -94,15 +94,12 @@ def starvation(held: bool | None, rows: Sequence[LoadgenRow]) -> Starvation | No
     return None if held is not False else starved_process(rows)
 
 
-def live_held(
-    concurrency: int, achieved: float | None, in_server: float | None, *, min_share: float
-) -> bool | None:
+def live_held(concurrency: int, achieved: float | None, *, min_share: float) -> bool | None:
     """Whether a step held its level by its end line alone (the live line, before any verdict): the
-    lower of the client's in-flight mean and vLLM's own mean against ``min_share`` of the target."""
-    known = [v for v in (achieved, in_server) if v is not None]
-    if not known or concurrency <= 0:
+    client's own in-flight mean against ``min_share`` of the target."""
+    if achieved is None or concurrency <= 0:
         return None
-    return min(known) >= min_share * concurrency
+    return achieved >= min_share * concurrency
 
 
 def starved_line(step: int, found: Starvation) -> str:

@@ -6,7 +6,9 @@ CPU-bound neighbour processes pinned to the replay's CPU, and the replay's users
 (both per-process settings; no cgroup, no system setting). The neighbours end with the last step (and
 on their own after ``BURN_MAX_S`` whatever happens), so the verdict is written at full speed.
 Assertions are on what the verdict says, never on timings. Loopback only; every load is bounded by
-``--max-duration-s`` and the test's own deadline.
+``--max-duration-s`` and the test's own deadline. The unstarved control is void on a host whose other
+work took the client's CPU anyway (seen: a real vLLM run beside it, the client waiting 91 %): it then
+checks only that no step below the thresholds was called starved, and is skipped with the figures.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 
 from oomload.sim.process import SimServer
 from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.verdict.loadgen import LOOP_LAG_STARVED_MS, WAIT_SHARE_STARVED
 
 REPO = Path(__file__).resolve().parents[2]
 SIM = ("--num-gpu-blocks", "4000", "--block-size", "16", "--max-model-len", "2048", "--time-scale", "0.05")
@@ -135,6 +138,18 @@ def test_the_same_client_unstarved_does_not(sim: SimServer, tmp_path: Path, cpus
     out, summary = _replay(sim, tmp_path, cpus[0], starve=False)
     steps = summary["verdict"]["steps"]
     assert isinstance(steps, list)
-    assert [s["starved"] for s in steps] == [None] * len(steps)
     assert all(len(s["loadgen"]) == 1 for s in steps)  # measured, in every step
+    crossed = [s for s in steps if _crossed(s["loadgen"][0])]
+    assert [s["starved"] for s in steps if s not in crossed] == [None] * (len(steps) - len(crossed))
+    if crossed:  # another workload on this shared host took the client's CPU: the control is void
+        figures = [(s["loadgen"][0]["cpu_wait_share"], s["loadgen"][0]["loop_lag_max_ms"]) for s in crossed]
+        pytest.skip(f"the host itself starved the unstarved client (wait share, lag ms: {figures})")
     assert "load generator was starved" not in " ".join(out.split())
+
+
+def _crossed(row: dict[str, float | None]) -> bool:
+    """The process's figures crossed a starvation threshold (whether or not the step held)."""
+    wait, lag = row["cpu_wait_share"], row["loop_lag_max_ms"]
+    return (wait is not None and wait >= WAIT_SHARE_STARVED) or (
+        lag is not None and lag >= LOOP_LAG_STARVED_MS
+    )

@@ -1,5 +1,6 @@
 """The load layer: request bodies, SSE parsing, outcome classification, the Locust user and shape,
-the shared replay context and the wire format of streamed results. Besides the runner
+the shared replay context, the wire format of streamed results, and ``selfcheck``: each
+load-generating process's own CPU use, CPU wait and event-loop lag per step. Besides the runner
 (``oomload.run``), the only part of oomload that imports Locust/gevent, and only inside ``user``,
-``shape`` and ``http``; ``payload``, ``sse`` and ``classify`` are pure.
+``shape``, ``http`` and ``selfcheck``'s ``start_selfcheck``; ``payload``, ``sse`` and ``classify`` are pure.
 """

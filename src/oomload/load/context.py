@@ -5,6 +5,9 @@
 every ``RequestResult`` to the run directory. All users of a process run as gevent greenlets in one
 thread, so plain attributes need no locks.
 
+A process that measures itself (``oomload.load.selfcheck``) sets ``selfcheck``: its figures restart with
+every step and travel with the step's counts (``ContextMeter.count``, ``step_report``).
+
 Achieved concurrency is the time-weighted mean of the in-flight count over a step: the integral of
 ``in_flight(t)`` divided by the step's duration, updated at every start and end of a request.
 """
@@ -23,6 +26,7 @@ from oomload.trace import TraceRecord
 
 if TYPE_CHECKING:
     from oomload.load.shape import StepCount as StepCountLike
+    from oomload.rundir.loadgenrecord import LoadgenLine
     from oomload.schedule import StepPlan as StepPlanLike
 
 
@@ -32,6 +36,14 @@ class PayloadBuilder(Protocol):
 
 class ResultSink(Protocol):
     def request(self, result: RequestResult) -> None: ...
+
+
+class SelfMeasure(Protocol):
+    """``oomload.load.selfcheck.SelfCheck``: the process's own CPU, CPU wait and loop lag per step."""
+
+    def begin(self) -> None: ...
+
+    def report(self) -> LoadgenLine: ...
 
 
 @dataclass(slots=True)
@@ -95,6 +107,7 @@ class ReplayContext:
         # another process declared the server dead (a worker asks the run directory's marker)
         self.declared_dead: Callable[[], bool] | None = None
         self._turns: dict[int, list[tuple[TraceRecord, int]]] = {}  # per user: its conversation's rest
+        self.selfcheck: SelfMeasure | None = None  # this process measuring itself (module docstring)
 
     def may_send(self) -> bool:
         """False once no request may be sent: the run is ending, or the server was declared dead — in
@@ -148,6 +161,8 @@ class ReplayContext:
         self.step, self.concurrency, self.phase = index, concurrency, phase
         self.between_steps = False
         self.counters = StepCounters(started_unix_s=now, in_flight_max=len(self.in_flight))
+        if self.selfcheck is not None:
+            self.selfcheck.begin()
         return ended
 
     def end_step(self) -> None:
@@ -169,10 +184,10 @@ class ReplayContext:
         users = self.live_users() if self.live_users is not None else 0
         return max(len(self.in_flight), users)
 
-    def step_report(self) -> dict[str, float | int | dict[str, int]]:
+    def step_report(self) -> dict[str, object]:
         """This process's view of the current step, for the master (a Locust worker's report)."""
         now = self.clock()
-        return {
+        report: dict[str, object] = {
             "step": self.step,
             "mean": round(self.achieved_concurrency(now), 4),
             "elapsed_s": round(now - self.counters.started_unix_s, 3),
@@ -181,6 +196,9 @@ class ReplayContext:
             "started": self.counters.started,
             "outcomes": {o.value: n for o, n in self.counters.outcomes.items()},
         }
+        if self.selfcheck is not None:
+            report["loadgen"] = self.selfcheck.report()
+        return report
 
     def started(self, request: PreparedRequest, start_unix_s: float) -> None:
         self._integrate(start_unix_s)
@@ -250,4 +268,5 @@ class ContextMeter:
             cancelled=c.cancelled,
             started=c.started,
             outcomes={o.value: n for o, n in c.outcomes.items()},
+            loadgen=() if self.context.selfcheck is None else (self.context.selfcheck.report(),),
         )

@@ -13,9 +13,10 @@ with the tick, ``bench_onset_repeat`` kept 7 as the last safe level in 9 of 10 r
 
 On every tick the driver ends the current step when the server is dead, the run's maximum duration
 is spent, or the step's hold is done; it then writes the step's ``end`` line to ``steps.jsonl``
-(``step_end_line``: the counts that step produced, its preemption delta and its achieved
-concurrency), hands that line to ``on_step_end`` (the progress view), asks
-``oomload.schedule.next_step`` what comes next, and writes the next ``start`` line.
+(``step_end_line``: the counts that step produced, its preemption delta, its achieved
+concurrency and each load-generating process's own figures: ``oomload.load.selfcheck``), hands that
+line to ``on_step_end`` (the progress view), asks ``oomload.schedule.next_step`` what comes next, and
+writes the next ``start`` line.
 
 Two counts, never to be confused: ``started`` — the requests the step sent; each has exactly one line
 with ``"step": i`` in ``requests*.jsonl`` (whatever its outcome, cancelled included), which is how
@@ -69,6 +70,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from oomload.rundir.loadgenrecord import LoadgenLine
 from oomload.rundir.records import MetricsRow, StepEndLine, StepStartLine
 from oomload.schedule import (
     Decision,
@@ -101,6 +103,7 @@ class StepCount:
     cancelled: int = 0  # ended during the step as cancelled
     started: int | None = None  # sent by the step (None: unknown)
     outcomes: dict[str, int] = field(default_factory=dict)  # ended during the step, by outcome
+    loadgen: tuple[LoadgenLine, ...] = ()  # each load-generating process's view of itself (selfcheck)
 
 
 class StepMeter(Protocol):
@@ -405,6 +408,8 @@ def step_end_line(
         line["achieved_concurrency_max"] = count.achieved_max
     if server is not None:
         line["server_concurrency"] = server.to_json()
+    if count.loadgen:
+        line["loadgen"] = list(count.loadgen)
     return line
 
 

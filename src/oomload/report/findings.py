@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from oomload.outcome import Outcome
 from oomload.verdict import PreemptionOnset, StepFacts, Verdict, kv_peak_text, kv_percent
 from oomload.verdict.deathcause import DeathKind
+from oomload.verdict.loadgen import starved_line
 from oomload.verdict.recommend import Recommendation
 
 NEAR_LIMIT_SHARE = 0.9  # a peak at 90 % of the server's memory limit is worth a warning
@@ -45,6 +46,7 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
         short_responses(verdict),
         failed_requests(verdict),
         load_delivered(verdict),
+        load_generator(verdict),
         last_safe(verdict),
         trace_odds(verdict),
         prediction(verdict),
@@ -341,6 +343,16 @@ def load_delivered(verdict: Verdict) -> Finding:
         f"every level held, by vLLM's own counters (lowest: {_delivery(low)})",
         "ok",
     )
+
+
+def load_generator(verdict: Verdict) -> Finding | None:
+    """The steps whose client could not send (``oomload.verdict.loadgen``), with what to do; ``None``
+    when no step was starved."""
+    starved = [(s, found) for s in verdict.measured_steps if (found := s.starvation) is not None]
+    if not starved:
+        return None
+    text = "; ".join(starved_line(s.index, found) for s, found in starved)
+    return Finding("load_generator", "Load generator", text, "warn")
 
 
 def _delivery(s: StepFacts) -> str:

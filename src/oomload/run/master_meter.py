@@ -6,7 +6,9 @@ worker sends, sealed (``oomload.load.wire``), its time-weighted mean and maximum
 the step it is in; the step's mean is the sum of the workers' means, its maximum the sum of their
 maxima (an upper bound: the workers' peaks need not coincide). A worker lost during the step counts
 for the part of the step it was there. Completed requests, failures, engine-dead answers and output
-tokens come from Locust's aggregated statistics. A report that cannot be opened or whose numbers are
+tokens come from Locust's aggregated statistics. Each worker's report also carries its own CPU, CPU wait
+and loop lag over the step (``oomload.load.selfcheck``); the step's end line lists them, one per worker,
+tagged with the worker's index. A report that cannot be opened or whose numbers are
 not finite and non-negative (``report_ok``) is dropped and counted by the ``WorkerPool``
 (``oomload.run.worker_pool``), never read.
 """
@@ -19,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from oomload.load import wire
+from oomload.rundir.loadgenrecord import LoadgenLine, LoadgenRow
 
 
 class MasterMeter:
@@ -38,6 +41,7 @@ class MasterMeter:
         self._step: int | None = None
         self._began_unix_s = time.time()
         self.reports: dict[str, dict[str, Any]] = {}
+        self.indexes: dict[str, int] = {}  # client id → worker index
 
     def listen(self, env: Any) -> None:
         def on_worker_report(client_id: str, data: dict[str, Any], **_kw: Any) -> None:
@@ -51,6 +55,7 @@ class MasterMeter:
                 return
             if report_ok(report):
                 self.reports[client_id] = report
+                self.indexes[client_id] = info.index
             else:
                 self.session.pool.drop(client_id, "bad_report")
 
@@ -106,6 +111,11 @@ class MasterMeter:
         diff = [a - b for a, b in zip(now, self._base, strict=True)]
         mean, peak = self.achieved()
         mine = [r for r in self.reports.values() if r.get("step") == self._step]
+        loadgen = [
+            worker_loadgen(r.get("loadgen"), self.indexes.get(c))
+            for c, r in sorted(self.reports.items(), key=lambda cr: self.indexes.get(cr[0], -1))
+            if r.get("step") == self._step
+        ]
         outcomes: Counter[str] = Counter()
         for report in mine:
             outcomes.update({str(k): int(v) for k, v in (report.get("outcomes") or {}).items()})
@@ -119,7 +129,29 @@ class MasterMeter:
             started=sum(int(r.get("started", 0)) for r in mine) if mine else None,
             cancelled=outcomes["cancelled"],
             outcomes=dict(outcomes),
+            loadgen=tuple(line for line in loadgen if line is not None),
         )
+
+
+def worker_loadgen(value: Any, index: int | None) -> LoadgenLine | None:
+    """A worker's own figures (``report_ok`` checked them) as its entry of the end line's ``loadgen``."""
+    row = LoadgenRow.from_json(value)
+    if row is None:
+        return None
+    line: LoadgenLine = {
+        "duration_s": row.duration_s,
+        "cpu_s": row.cpu_s,
+        "cpu_wait_s": row.cpu_wait_s,
+        "cpu_wait_share": row.cpu_wait_share,
+        "loop_lag_max_ms": row.loop_lag_max_ms,
+        "loop_lag_p99_ms": row.loop_lag_p99_ms,
+    }
+    if index is not None:
+        line["worker"] = index
+    return line
+
+
+LAG_FIELDS = ("loop_lag_max_ms", "loop_lag_p99_ms")
 
 
 def report_ok(report: Mapping[str, Any]) -> bool:
@@ -129,8 +161,17 @@ def report_ok(report: Mapping[str, Any]) -> bool:
         return type(value) in (int, float) and 0 <= value < 1e12
 
     outcomes = report.get("outcomes") or {}
+    loadgen = report.get("loadgen")
+    loadgen_ok = loadgen is None or (
+        isinstance(loadgen, dict)
+        and all(number(loadgen.get(k)) for k in ("duration_s", "cpu_s", "cpu_wait_s", "cpu_wait_share"))
+        and all(
+            loadgen.get(k) is None or number(loadgen.get(k)) for k in ("loop_lag_max_ms", "loop_lag_p99_ms")
+        )
+    )
     return (
-        all(number(report.get(k)) for k in ("mean", "max"))
+        loadgen_ok
+        and all(number(report.get(k)) for k in ("mean", "max"))
         and all(report.get(k) is None or number(report.get(k)) for k in ("in_flight", "started", "elapsed_s"))
         and isinstance(outcomes, dict)
         and all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in outcomes.items())

@@ -4,7 +4,9 @@ second.
 When a step ends — with or without the panel (``--no-live``, logs, CI) — one plain line gives that
 step's own results (``step_line``, from the step's ``steps.jsonl`` end line): step, phase, target and
 achieved concurrency, the requests that ended in the step by outcome, req/s over the step, its
-preemptions and the highest KV-cache usage the ``/metrics`` poller saw during it.
+preemptions and the highest KV-cache usage the ``/metrics`` poller saw during it — and, when the step
+did not hold its level because oomload itself could not get a CPU, that the load generator was starved
+(``oomload.verdict.loadgen``).
 
 The panel shows the step, target and achieved concurrency, requests/s and tokens/s since the last
 refresh, outcomes since the start of the run, and the server's side: KV-cache usage, preemptions since
@@ -21,8 +23,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from oomload.rundir.loadgenrecord import parse_loadgen
 from oomload.verdict import kv_percent
-from oomload.verdict.stepfacts import per_second
+from oomload.verdict.loadgen import ADVICE, live_held, starvation
+from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, per_second
 
 
 class ProgressView:
@@ -151,4 +155,19 @@ def step_line(line: Mapping[str, Any], elapsed_s: float, kv_max: float | None) -
         f"{elapsed_s:7.1f}s step {line.get('step')} {line.get('phase', ''):<6} concurrency "
         f"{line.get('concurrency')}{held}{sent} · ended: {ended} · {rate} · preemptions "
         f"{'?' if preemptions is None else preemptions} · KV max {kv} · {line.get('reason')}"
+        f"{_starved(line)}"
     )
+
+
+def _starved(line: Mapping[str, Any]) -> str:
+    """`` · the load generator was starved (waited 93 % of the step for a CPU; …)`` or nothing; the
+    live line reads the client's own in-flight mean (vLLM's raw mean over one step reads low from edge
+    effects: the demo's held steps showed it, docs/report.md, "load delivered")."""
+    achieved = line.get("achieved_concurrency_mean")
+    held = live_held(
+        int(line.get("concurrency") or 0),
+        float(achieved) if isinstance(achieved, int | float) else None,
+        min_share=ACHIEVED_CONCURRENCY_MIN_SHARE,
+    )
+    found = starvation(held, parse_loadgen(line.get("loadgen")))
+    return "" if found is None else f" · the load generator was starved ({found.text}): {ADVICE}"

@@ -44,6 +44,7 @@ from rich.console import Console
 
 from oomload.errors import ConfigError
 from oomload.load import wire
+from oomload.load.selfcheck import SelfCheck, start_selfcheck
 from oomload.load.wire import DEFAULT_MASTER_PORT
 from oomload.run.config import LoadOptions, ReplayConfig, prefix_mode
 from oomload.run.deathwatch import DeathWatch
@@ -184,6 +185,7 @@ class Session:
         )
         self.writer.on_write_error = self._write_failed
         meter: Any = ContextMeter(self.context)
+        selfcheck: SelfCheck | None = None
         on_step: Callable[[Any], None] | None = self._on_step
         step_done = None
         plan, hold = config.schedule(), config.hold()
@@ -226,6 +228,7 @@ class Session:
         else:
             self.runner = self.env.create_local_runner()
             self.context.live_users = lambda: int(self.runner.user_count)
+            self.context.selfcheck = selfcheck = start_selfcheck()  # its CPU wait and loop lag, per step
         if config.web:
             from oomload.run.webui import extend_web_ui
 
@@ -258,6 +261,8 @@ class Session:
                 self._drain(config.grace_s())
         finally:
             monitor.kill()
+            if selfcheck is not None:
+                selfcheck.stop()
         if self.writer.write_error is not None:  # the run directory is full: nothing more can be kept
             self.driver.interrupt("error")
             return "error"

@@ -64,6 +64,7 @@ from oomload.credentials import read_api_key
 from oomload.errors import ConfigError, EndpointError, LinkRefusedError, OomloadError, OutputWriteError
 from oomload.load import wire
 from oomload.load.resultstream import BATCH_INTERVAL_S, ResultStream
+from oomload.load.selfcheck import start_selfcheck
 from oomload.outfile import reason
 from oomload.run.config import LoadOptions
 from oomload.rundir import server_marked_dead
@@ -376,6 +377,8 @@ class WorkerSession:
         if self.run_dir is not None:  # a local worker: the master's marker, before its message
             context.declared_dead = partial(server_marked_dead, self.run_dir)
         context.live_users = lambda: int(self.runner.user_count)
+        context.selfcheck = selfcheck = start_selfcheck()  # its CPU wait and loop lag, per step
+        selfcheck.worker = index
         self.env.host = options.url
         self.context = context
 

@@ -5,7 +5,8 @@ a GPU sample's line is ``oomload.telemetry.gpu_sample.GpuSampleJson``). Readers 
 the boundary (``oomload.verdict.runview``), into a frozen record, so the verdict reads attributes:
 
 * ``StepBoundary`` — a step's start and end lines of ``steps.jsonl`` (``StepLine`` each, paired by
-  ``StepLines`` — at once, or as the file grows);
+  ``StepLines`` — at once, or as the file grows); an end line's ``loadgen`` entries parse to
+  ``LoadgenRow`` (``oomload.rundir.loadgenrecord``);
 * ``RunStatus`` — ``status.json``;
 * ``RunConfig`` — the fields of ``config.json`` the verdict reads;
 * ``CacheConfig`` — the fields of ``cache_config.json`` the verdict reads;
@@ -28,6 +29,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
+
+from oomload.rundir.loadgenrecord import LoadgenLine, LoadgenRow, parse_loadgen
 
 CUT_SHORT_REASONS = frozenset({"interrupted", "max_duration", "server_dead", "error"})
 
@@ -65,6 +68,7 @@ class StepEndLine(TypedDict):
     server_concurrency: NotRequired[dict[str, float | None]]
     evidence_requests: NotRequired[int]
     extended_s: NotRequired[float]
+    loadgen: NotRequired[list[LoadgenLine]]
 
 
 class StatusLine(TypedDict):
@@ -337,6 +341,7 @@ class StepBoundary:
     duration_s: float | None = None
     evidence_requests: int | None = None  # requests the trace's odds asked a clean step to send
     extended_s: float | None = None  # how long the step ran past its hold for that evidence
+    loadgen: tuple[LoadgenRow, ...] = ()  # each load-generating process's view of itself
 
     @property
     def cut_short(self) -> bool:
@@ -487,6 +492,7 @@ class StepLine:
     duration_s: float | None = None
     evidence_requests: int | None = None
     extended_s: float | None = None
+    loadgen: tuple[LoadgenRow, ...] = ()
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> StepLine | None:
@@ -506,6 +512,7 @@ class StepLine:
             duration_s=as_float(obj.get("duration_s")),
             evidence_requests=as_int(obj.get("evidence_requests")),
             extended_s=as_float(obj.get("extended_s")),
+            loadgen=parse_loadgen(obj.get("loadgen")),
         )
 
 
@@ -523,6 +530,7 @@ def step_boundary(start: StepLine, end: StepLine | None) -> StepBoundary:
         duration_s=None if end is None else end.duration_s,
         evidence_requests=None if end is None else end.evidence_requests,
         extended_s=None if end is None else end.extended_s,
+        loadgen=() if end is None else end.loadgen,
     )
 
 

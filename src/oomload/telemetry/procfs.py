@@ -3,9 +3,11 @@
 ===============================  ==================================================================
 file                             what is kept
 ===============================  ==================================================================
-``/proc/PID/stat``               pid, ``comm``, state, parent pid, start time (``ProcStat``); ``comm``
-                                 is between the first ``(`` and the *last* ``)``: it may hold spaces
-                                 and parentheses of its own
+``/proc/PID/stat``               pid, ``comm``, state, parent pid, CPU time in user and kernel mode,
+                                 start time (``ProcStat``); ``comm`` is between the first ``(`` and the
+                                 *last* ``)``: it may hold spaces and parentheses of its own
+``/proc/PID/task/*/schedstat``   a thread's time on a CPU, time runnable but waiting for one (the
+                                 run-queue delay), time slices (``Schedstat``, nanoseconds)
 ``/proc/PID/status``             ``Name``, ``VmRSS``, ``VmHWM`` (``kB`` lines; the kernel's kB is KiB)
 ``/proc/PID/smaps_rollup``       ``Pss``
 ``/proc/PID/cgroup``             ``hierarchy:controllers:path`` lines: v2 ``0::/path``, v1
@@ -50,6 +52,8 @@ class ProcStat:
     state: str
     ppid: int
     start_ticks: int  # field 22: start time since boot, in clock ticks (tells a reused pid apart)
+    utime_ticks: int = 0  # field 14: CPU time in user mode, in clock ticks (all threads)
+    stime_ticks: int = 0  # field 15: CPU time in kernel mode, in clock ticks (all threads)
 
 
 def parse_proc_stat(text: str) -> ProcStat:
@@ -67,7 +71,26 @@ def parse_proc_stat(text: str) -> ProcStat:
         state=rest[0],
         ppid=int(rest[1]),
         start_ticks=int(rest[19]),
+        utime_ticks=int(rest[11]),
+        stime_ticks=int(rest[12]),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Schedstat:
+    """``/proc/PID/task/TID/schedstat`` (or ``/proc/PID/schedstat``: the thread group leader)."""
+
+    run_ns: int  # time spent on a CPU
+    wait_ns: int  # time runnable but waiting for a CPU (run-queue delay)
+    slices: int  # time slices run on a CPU
+
+
+def parse_schedstat(text: str) -> Schedstat:
+    """``"67071265 32694567 205\\n"`` → ``Schedstat``; ``ValueError`` for anything but three integers."""
+    fields = text.split()
+    if len(fields) != 3 or not all(f.isdigit() for f in fields):
+        raise ValueError(f"not a schedstat line: {text[:80]!r}")
+    return Schedstat(run_ns=int(fields[0]), wait_ns=int(fields[1]), slices=int(fields[2]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ Read in this order:
    status and memory; ``deathlog`` — that log read: the root-cause line, its consequences kept out;
 3. ``stepfacts`` — one ``StepFacts`` per step: counts, latencies, KV and queue peaks (sustained ones
    from ``gauges``), the server's side (``oomload.serverside``), whether the step can be trusted;
+   ``loadgen`` — whether a step that did not hold its level had a starved load generator;
 4. ``prediction`` — the block arithmetic's onset band, compared with the observed onset;
 5. ``confidence`` — the caveats and the confidence level;
 6. ``levels`` — each level over its steps: the onsets, the first unsafe and the last safe level;

@@ -29,6 +29,8 @@
   asked for: a clean step that sent fewer requests than ``LevelOdds.requests_for()`` is *thin*
   (``evidence_thin``) — by the odds it could have missed a preemption more than 5 % of the time;
 * from the GPU samples: device total, max used, min free, and the largest process (the server);
+* the load generator's own figures per process (``loadgen``: CPU used, CPU wait, loop lag, from the
+  end line; ``oomload.verdict.loadgen`` judges whether it was starved);
 * the *achieved* concurrency: the time-weighted mean number of requests in flight during the step
   (from every request's own start/end times), to compare with the target;
 * the *server's* side (``oomload.serverside``): the mean requests in vLLM, in its engine and queued,
@@ -42,7 +44,9 @@
   the server was *saturated*: requests waited in vLLM in at least half of the step's scrapes (two of
   them consecutive), so the engine ran all that ``max_num_seqs`` and its KV cache admit and the load
   generator was not what limited it (seen on the real vLLM with ``max_num_seqs`` 5 at level 8 on two
-  busy cores: client 7.4, share 0.84 — the API server's own time — with 1–3 waiting throughout).
+  busy cores: client 7.4, share 0.84 — the API server's own time — with 1–3 waiting throughout) — and
+  unless the load generator itself was starved (``client_starved``, ``oomload.verdict.loadgen``): then
+  the queue its own scrapes saw was its own burst of late sends. Such a step's ``starvation`` says so.
 
 A step is *trusted* — evidence that its level is safe, or that a gate passes there — only when it
 completed (not cut short: ``runview.CUT_SHORT_REASONS``), held its concurrency and was *answered*: at
@@ -62,6 +66,7 @@ from dataclasses import dataclass, field
 
 from oomload.odds import LevelOdds
 from oomload.outcome import Outcome, RequestResult
+from oomload.rundir.loadgenrecord import LoadgenRow
 from oomload.rundir.records import MetricsRow, max_float, max_int, min_int
 from oomload.serverside import (
     SERVER_SHARE_MIN,
@@ -72,6 +77,7 @@ from oomload.serverside import (
 )
 from oomload.stats import percentile
 from oomload.verdict.gauges import sustained_level
+from oomload.verdict.loadgen import Starvation, starvation, starved_process
 from oomload.verdict.runview import StepData
 
 ACHIEVED_CONCURRENCY_MIN_SHARE = 0.8
@@ -158,6 +164,7 @@ class StepFacts:
     odds: LevelOdds | None = None  # the trace's odds at this level (None: no pool or no trace)
     evidence_requests: int | None = None  # requests the odds asked the step to send (steps.jsonl)
     extended_s: float | None = None  # how long the step ran past its hold for that evidence
+    loadgen: tuple[LoadgenRow, ...] = ()  # each load-generating process's view of itself (end line)
 
     @property
     def preemptions_per_100(self) -> float | None:
@@ -229,20 +236,33 @@ class StepFacts:
         return (self.waiting_sustained or 0) > 0 and (self.waiting_share or 0.0) >= SATURATED_WAITING_SHARE
 
     @property
+    def client_starved(self) -> bool:
+        """A load-generating process waited for a CPU, or for its event loop, past the thresholds of
+        ``oomload.verdict.loadgen`` (whether or not the step held)."""
+        return starved_process(self.loadgen) is not None
+
+    @property
+    def starvation(self) -> Starvation | None:
+        """The step did not hold its level because its load generator was starved (``loadgen``)."""
+        return starvation(self.concurrency_held, self.loadgen)
+
+    @property
     def concurrency_held(self) -> bool | None:
-        """Delivered ≥ 80 % of the target, or the server saturated (it queued what it could not run);
-        ``None`` when the achieved concurrency is unknown."""
+        """Delivered ≥ 80 % of the target, or the server saturated (it queued what it could not run)
+        while the load generator had its CPU; ``None`` when the achieved concurrency is unknown."""
         delivered = self.delivered_concurrency
         if delivered is None:
             return None
-        return delivered >= ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency or self.server_saturated
+        return delivered >= ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency or self.held_by_saturation
 
     @property
     def held_by_saturation(self) -> bool:
-        """Held only because the server saturated: the delivered figure alone was below the line."""
+        """Held only because the server saturated: the delivered figure alone was below the line (and
+        the load generator was not starved: its queue would be its own burst, module docstring)."""
         delivered = self.delivered_concurrency
         return (
             self.server_saturated
+            and not self.client_starved
             and delivered is not None
             and delivered < ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency
         )
@@ -420,6 +440,7 @@ def summarize_step(
         odds=odds,
         evidence_requests=b.evidence_requests,
         extended_s=b.extended_s,
+        loadgen=b.loadgen,
     )
 
 

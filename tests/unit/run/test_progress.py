@@ -128,3 +128,28 @@ def test_a_lower_step_waits_for_the_surplus_users_not_only_for_the_requests_in_f
     assert meter.in_flight() == 16  # 4 users Locust is stopping are still alive: not settled at 12
     users[0] = 12
     assert meter.in_flight() == 12  # the surplus is gone: the step at 12 may begin
+
+
+def _starving_end(achieved: float, wait_share: float) -> dict[str, object]:
+    entry = {
+        "duration_s": 2.0,
+        "cpu_s": 0.1,
+        "cpu_wait_s": 2.0 * wait_share,
+        "cpu_wait_share": wait_share,
+        "loop_lag_max_ms": 210.0 if wait_share > 0.5 else 3.0,
+        "loop_lag_p99_ms": 20.0,
+    }
+    return {**END, "concurrency": 11, "achieved_concurrency_mean": achieved, "loadgen": [entry]}
+
+
+def test_the_step_line_says_when_the_load_generator_was_starved() -> None:
+    line = step_line(_starving_end(2.4, 0.93), 12.0, 0.5)
+    assert line.endswith(
+        " · hold_done · the load generator was starved (waited 93 % of the step for a CPU; loop lag up to "
+        "210 ms): more --processes, a separate load host, or --workers"
+    )
+
+
+def test_the_step_line_says_nothing_of_a_client_that_had_its_cpu_or_held() -> None:
+    assert "starved" not in step_line(_starving_end(2.4, 0.04), 12.0, 0.5)  # not held: not the client's
+    assert "starved" not in step_line(_starving_end(10.8, 0.93), 12.0, 0.5)  # held: nothing to explain

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from oomload.errors import ConfigError
-from oomload.run.master_meter import report_ok
+from oomload.run.master_meter import report_ok, worker_loadgen
 from oomload.run.worker_node import default_token_path, worker_token
 from oomload.run.worker_pool import master_token
 
@@ -61,5 +61,25 @@ def test_a_step_report_must_hold_finite_numbers() -> None:
         {"mean": float("nan")},
         {"outcomes": {"ok": "3"}},
         {"started": []},
+        {"loadgen": "x"},
+        {"loadgen": {**LOADGEN, "cpu_wait_share": float("inf")}},
+        {"loadgen": {**LOADGEN, "loop_lag_max_ms": "210"}},
     ):
         assert not report_ok(good | bad), bad
+
+
+LOADGEN = {
+    "duration_s": 2.0,
+    "cpu_s": 0.1,
+    "cpu_wait_s": 1.86,
+    "cpu_wait_share": 0.93,
+    "loop_lag_max_ms": 210.0,
+    "loop_lag_p99_ms": None,
+}
+
+
+def test_a_workers_own_figures_travel_in_its_report_tagged_with_its_index() -> None:
+    good = {"step": 1, "mean": 2.0, "max": 3, "outcomes": {}, "loadgen": LOADGEN}
+    assert report_ok(good)
+    assert worker_loadgen(LOADGEN, 2) == {**LOADGEN, "worker": 2}
+    assert worker_loadgen({"cpu_s": 1.0}, 2) is None

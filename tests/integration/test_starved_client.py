@@ -128,7 +128,8 @@ def test_a_starved_client_says_so_in_its_verdict(
     assert isinstance(steps, list)
     starved = [s for s in steps if s["starved"] is not None]
     assert starved, [(s["index"], s["concurrency_held"], s["loadgen"]) for s in steps]
-    assert all(s["concurrency_held"] is False for s in starved)
+    # below the line by the client's own figure (vLLM's queue may still count the level as held)
+    assert all(s["delivered_concurrency"] < 0.8 * s["concurrency"] for s in starved), starved
     assert "the load generator was starved in step" in " ".join(out.split())
     notes = [n for n in summary["verdict"]["confidence"]["notes"] if n["kind"] == "loadgen_starved"]
     assert {n["step"] for n in notes} == {s["index"] for s in starved}

@@ -22,11 +22,13 @@ finding. A level that was not held is no evidence either way (``stepfacts``); wh
 *whose* failure it was, so the advice fits: more load capacity (``--processes``, a separate load host,
 ``--workers``) for a starved client, the server's side for the rest.
 
-**A starved client's queue is its own.** ``stepfacts`` counts a level as held when requests waited in
-vLLM through it (the engine ran all it would admit) — but not when the load generator crossed a
-threshold (``client_starved``): its ``/metrics`` scrapes run in the same starved process, just after it
-wakes and sends what it owes in one burst, so the queue they see is that burst (seen on the simulator,
-starved as below: 0 running and 3–4 waiting at the scrapes while vLLM held 0.5 of 4 and 0.6 of 8).
+**A starved client's queue may be its own.** ``stepfacts`` counts a level as held when requests waited
+in vLLM through it (the engine ran all it would admit). When the load generator crossed a threshold
+(``client_starved``) that queue may be its own burst: its ``/metrics`` scrapes run in the same starved
+process, just after it wakes and sends what it owes (seen on the simulator, starved as below: 0 running
+and 3–4 waiting at the scrapes while vLLM held 0.5 of 4 and 0.6 of 8). The step then says it was
+starved whenever the client's own figure fell below the line (``StepFacts.starvation``); whether the
+level counts as held is left to the saturation rule, which the tuner reads.
 
 **Why these thresholds** (steps of 4 s on this 2-core machine; the client pinned to one CPU, the
 simulator on the other; "burners" are CPU-bound processes pinned to the client's CPU):

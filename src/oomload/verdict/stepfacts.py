@@ -44,9 +44,13 @@
   the server was *saturated*: requests waited in vLLM in at least half of the step's scrapes (two of
   them consecutive), so the engine ran all that ``max_num_seqs`` and its KV cache admit and the load
   generator was not what limited it (seen on the real vLLM with ``max_num_seqs`` 5 at level 8 on two
-  busy cores: client 7.4, share 0.84 — the API server's own time — with 1–3 waiting throughout) — and
-  unless the load generator itself was starved (``client_starved``, ``oomload.verdict.loadgen``): then
-  the queue its own scrapes saw was its own burst of late sends. Such a step's ``starvation`` says so.
+  busy cores: client 7.4, share 0.84 — the API server's own time — with 1–3 waiting throughout). A
+  step whose client did not deliver its level while its load generator was starved
+  (``oomload.verdict.loadgen``) says so in ``starvation``, held by saturation or not: the queue its own
+  scrapes saw may have been its own burst of late sends (seen on the simulator: 3–4 waiting while vLLM
+  held 0.5 of 4). That does not change whether the level counts as held: the tuner and the onsets
+  read it, and a rule that turns the real vLLM's starved-but-queued steps into missing evidence
+  belongs with the tuner's own "no evidence" rules (issue 32, items 1–3).
 
 A step is *trusted* — evidence that its level is safe, or that a gate passes there — only when it
 completed (not cut short: ``runview.CUT_SHORT_REASONS``), held its concurrency and was *answered*: at
@@ -243,8 +247,13 @@ class StepFacts:
 
     @property
     def starvation(self) -> Starvation | None:
-        """The step did not hold its level because its load generator was starved (``loadgen``)."""
-        return starvation(self.concurrency_held, self.loadgen)
+        """The client did not deliver its level (below the line by its own figure) and its load
+        generator was starved (``loadgen``) — also when vLLM's queue counts the level as held: the
+        queue its own scrapes saw may be its own burst of late sends (module docstring)."""
+        delivered = self.delivered_concurrency
+        if delivered is None:
+            return None
+        return starvation(delivered >= ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency, self.loadgen)
 
     @property
     def concurrency_held(self) -> bool | None:
@@ -262,7 +271,6 @@ class StepFacts:
         delivered = self.delivered_concurrency
         return (
             self.server_saturated
-            and not self.client_starved
             and delivered is not None
             and delivered < ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency
         )

@@ -78,9 +78,10 @@ def test_an_old_run_directory_without_the_figures_still_loads(tmp_path: Path) ->
     assert "load_generator" not in {f.key for f in describe(verdict, recommend(verdict))}
 
 
-def test_a_starved_clients_queue_in_vllm_does_not_hold_its_level(tmp_path: Path) -> None:
-    """Requests waited in vLLM through the step, but the client was starved: its scrapes saw its own
-    burst of late sends, so the level is not held by saturation — it is the load generator's."""
+def test_a_starved_clients_queue_in_vllm_is_named_but_still_holds_its_level(tmp_path: Path) -> None:
+    """Requests waited in vLLM through the step, but the client was starved: its scrapes may have seen
+    its own burst of late sends. The step says so (``starvation``); whether the level is held stays the
+    saturation rule's (the tuner reads it; changing it is issue 32's tuner work)."""
 
     def saturated(wait_share: float, lag_ms: float) -> StepSpec:
         extra = _loadgen(wait_share, lag_ms)
@@ -90,6 +91,6 @@ def test_a_starved_clients_queue_in_vllm_does_not_hold_its_level(tmp_path: Path)
     verdict = _verdict(tmp_path, steps)
     starved, fed = verdict.steps[1], verdict.steps[2]
     assert starved.server_saturated and fed.server_saturated
-    assert starved.client_starved and not starved.held_by_saturation
-    assert starved.concurrency_held is False and starved.starvation is not None
+    assert starved.client_starved and starved.held_by_saturation
+    assert starved.concurrency_held is True and starved.starvation is not None
     assert fed.concurrency_held is True and fed.held_by_saturation and fed.starvation is None

@@ -11,8 +11,9 @@ Warnings (they lower the level):
 * ``concurrency_not_held`` — the delivered concurrency below 80 % of the target (the note names the
   figure that decided: the server's when its counters scaled the client's mean down, else the load
   generator's; a saturated server holds its level, ``StepFacts.server_saturated``);
-  ``loadgen_starved`` — such a step whose load generator waited for a CPU or for its event loop
-  (``oomload.verdict.loadgen``): the client could not send, with what to do;
+  ``loadgen_starved`` — a step whose client delivered below that line while its load generator
+  waited for a CPU or for its event loop (``oomload.verdict.loadgen``; also when vLLM's queue held
+  the level): the client could not send, with what to do;
 * ``metrics_missing`` — a step (or the whole run) without a successful ``/metrics`` scrape;
 * ``non_monotone`` — a clean level above the onset; ``noisy_repeat`` — repeats at one level disagree
   (one step at a level is one draw of the trace: the onset is what most repeats saw, ``oomload.verdict``);
@@ -85,8 +86,8 @@ def step_notes(steps: Sequence[StepFacts], min_requests: int) -> list[Confidence
             share = f"{ACHIEVED_CONCURRENCY_MIN_SHARE:.0%}"
             text = f"{where}: {s.not_held_text}, below {share} of the target {s.concurrency}: not trusted"
             notes.append(_warn("concurrency_not_held", text, s))
-            if (found := s.starvation) is not None:  # the client's doing, not the server's
-                notes.append(_warn("loadgen_starved", starved_line(s.index, found), s))
+        if (found := s.starvation) is not None:  # the client's doing, not the server's
+            notes.append(_warn("loadgen_starved", starved_line(s.index, found), s))
         transport = s.independent(Outcome.TRANSPORT_ERROR)
         if transport:
             text = f"{transport} client-side transport error(s) (connection reset before an answer)"

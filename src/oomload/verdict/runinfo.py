@@ -17,8 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from oomload.errors import ConfigError
 from oomload.outcome import Outcome, RequestResult
 from oomload.rundir.records import CUT_SHORT_REASONS, RunStatus
+from oomload.tune.servecmd import parse_serve_command
 from oomload.verdict.death import EngineDeath
 from oomload.verdict.runview import RunView
 from oomload.verdict.stepfacts import END_REASON_WORDS, StepFacts
@@ -172,7 +174,6 @@ def _total(r: RequestResult) -> int:
 
 
 _BATCHED_IN_LOG = re.compile(r"max_num_batched_tokens=(\d+)")
-_BATCHED_IN_LINE = re.compile(r"--max-num-batched-tokens[= ](\d+)")
 
 
 def served_batched_tokens(view: RunView) -> int | None:
@@ -180,9 +181,12 @@ def served_batched_tokens(view: RunView) -> int | None:
     start-up ("Chunked prefill is enabled with max_num_batched_tokens=N"); ``None`` when neither says."""
     line = view.config.get("serve")
     if isinstance(line, str):
-        found = _BATCHED_IN_LINE.findall(line)
-        if found:
-            return int(found[-1])
+        try:
+            value = parse_serve_command(line).value("--max-num-batched-tokens")
+        except ConfigError:
+            value = None
+        if value is not None and value.isdigit():
+            return int(value)
     if view.server_log:
         found = _BATCHED_IN_LOG.findall(view.server_log)
         if found:

@@ -168,7 +168,7 @@ def client(kind: str, url: str, users: int, out_path: str) -> None:
     from oomload.load.payload import PayloadOptions
     from oomload.run.runner import LoadOptions, build_user_class
     from oomload.rundir import RunWriter
-    from oomload.trace import TraceRecord
+    from oomload.trace.model import TraceRecord
 
     ttfts: list[float] = []
     tokens = [0]

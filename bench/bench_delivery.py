@@ -208,7 +208,7 @@ def _reference(url: str, level: int) -> tuple[float, float, float]:
 
 def main() -> None:
     sys.path.insert(0, str(REPO / "src"))
-    from oomload.trace import TraceHeader, TraceRecord, write_trace
+    from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
     running = mp.Value("i", 0)
     stop = mp.Event()

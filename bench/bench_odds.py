@@ -1,4 +1,4 @@
-"""CPU time of the trace's odds (``oomload.odds.level_odds``) with and without shared prefixes.
+"""CPU time of the trace's odds (``oomload.capacity.odds.level_odds``) with and without shared prefixes.
 
 The odds run live during a replay (``run.oddsfeed``), so the prefix cache must not make them slow.
 Trace: 2,000 chat-like requests — one of four system prompts (1–4 Mooncake-style 512-token ids) in
@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from oomload.capacity import SharedPrefixes
-from oomload.odds import Pool, level_odds
+from oomload.capacity.blocks import SharedPrefixes
+from oomload.capacity.odds import Pool, level_odds
 
 REQUESTS = 2000
 LEVELS = (8, 16, 32)

@@ -140,7 +140,7 @@ def main() -> None:
     from oomload.realvllm.install import ensure_venv
     from oomload.realvllm.server import RealVllmServer, VllmServerConfig
     from oomload.realvllm.tinymodel import ensure_tiny_model
-    from oomload.trace import TraceHeader, TraceRecord, write_trace
+    from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
     root = Path(os.environ.get("OOMLOAD_E2E_DIR", str(REPO / ".e2e"))).absolute()
     python = ensure_venv(root, log=lambda line: print(f"[e2e] {line}")).absolute()

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from oomload.stats import percentile
+from oomload.trace.stats import percentile
 
 STREAMS = 256
 OUTPUT_TOKENS = 256

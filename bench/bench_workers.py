@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench.bench_client import _start_server
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 CONCURRENCY = int(os.environ.get("OOMLOAD_BENCH_WORKERS_C", "64"))
 HOLD_S = float(os.environ.get("OOMLOAD_BENCH_WINDOW_S", "8"))

@@ -234,7 +234,7 @@ def tune_check(args: argparse.Namespace, torch: Any, device: Any) -> bool | None
     if vllm is None:
         print("  SKIP tune: vLLM is not installed here (no `vllm` on PATH)")
         return None
-    from oomload.trace import TraceHeader, TraceRecord, write_trace
+    from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
     total = int(torch.cuda.get_device_properties(device).total_memory)
     hold_bytes = int(args.tune_hold_gib * GIB) if args.tune_hold_gib else int(0.15 * total)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from oomload.realvllm.server import free_port
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 __all__ = ["ARITHMETIC_ONSET", "SIM", "fixed_trace", "free_port"]
 

@@ -65,7 +65,7 @@ def _config(url: str) -> dict[str, Any]:
     from oomload.load import wire
     from oomload.load.payload import PayloadOptions
     from oomload.run.config import LoadOptions
-    from oomload.trace import TraceRecord
+    from oomload.trace.model import TraceRecord
 
     options = LoadOptions(
         url=url,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from oomload.cli import main
-from oomload.trace import PrefixInfo, TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import PrefixInfo, TraceHeader, TraceRecord, write_trace
 
 
 @pytest.fixture

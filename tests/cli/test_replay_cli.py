@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from oomload.cli import main
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_production_shape_is_the_default_with_the_headers_block_size(
     from oomload.cli import build_parser
     from oomload.cli.replay import build_config
     from oomload.run.config import ReplayConfig
-    from oomload.trace import PrefixInfo
+    from oomload.trace.model import PrefixInfo
 
     path = tmp_path / "t.jsonl"
     write_trace(path, [TraceRecord("r0", 0.0, 40, 5, hash_ids=(1, 2))], TraceHeader(prefix=PrefixInfo(16)))

@@ -17,7 +17,7 @@ from clirun import oomload
 from oomload.cli import main
 from oomload.credentials import api_key_problem, read_api_key, redact_url, scrub
 from oomload.errors import ConfigError, EndpointError
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 SECRET = "sk-SECRET123abc"
 

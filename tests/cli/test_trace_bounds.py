@@ -15,7 +15,7 @@ import pytest
 
 from clirun import run
 from oomload.errors import TraceFormatError
-from oomload.trace import MAX_ID_CHARS, MAX_LINE_BYTES, MAX_TOKENS, read_trace
+from oomload.trace.model import MAX_ID_CHARS, MAX_LINE_BYTES, MAX_TOKENS, read_trace
 
 HEADER = '{"oomload_trace":1,"source":[],"format":null,"tokenizer":null}\n'
 GOOD = '{"id":"a","arrival_s":0,"prompt_tokens":5,"output_tokens":3}\n'

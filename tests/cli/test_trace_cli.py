@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from clirun import oomload, run
-from oomload.trace import read_trace, read_trace_header
+from oomload.trace.model import read_trace, read_trace_header
 
 REPO = Path(__file__).resolve().parents[2]
 MOONCAKE = '{"timestamp": %d, "input_length": %d, "output_length": 3, "hash_ids": [1]}\n'

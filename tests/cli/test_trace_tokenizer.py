@@ -14,7 +14,7 @@ from bpetext import sentence, train_bpe
 from oomload.cli import main
 from oomload.errors import ConfigError
 from oomload.ingest import load_token_counter
-from oomload.trace import read_trace, read_trace_header
+from oomload.trace.model import read_trace, read_trace_header
 
 
 @pytest.fixture(scope="module")

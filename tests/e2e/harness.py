@@ -16,7 +16,7 @@ from typing import Any
 
 from clirun import HANG_S, oomload
 from oomload.realvllm.server import RealVllmServer, VllmServerConfig
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 TIMINGS: list[tuple[str, float]] = []
 FIGURES: list[str] = []  # measured figures printed at the end of the session

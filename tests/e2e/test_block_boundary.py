@@ -20,7 +20,7 @@ import pytest
 from harness import FIGURES, Run, ServerPool, replay, write_trace_file
 from probe import PREEMPTIONS, burst, cache_config, scrape
 
-from oomload.capacity import blocks_held, predict_preemption_onset
+from oomload.capacity.blocks import blocks_held, predict_preemption_onset
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,7 @@ import pytest
 from harness import FIGURES, Run, ServerPool, replay, write_trace_file
 from probe import CounterWatch, cache_config
 
-from oomload.capacity import predict_preemption_onset
+from oomload.capacity.blocks import predict_preemption_onset
 from oomload.sim.process import SimServer
 
 pytestmark = pytest.mark.e2e

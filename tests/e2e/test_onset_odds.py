@@ -4,8 +4,8 @@ With fixed lengths the onset is exact (test_onset.py). With a mixed trace it is 
 requests overflow the pool only when enough long ones meet, so one step is one draw. The trace here is
 half short requests (100 + 100 tokens, 1 block of 256) and half long ones (400 + 300 tokens, 3 blocks)
 on the default pool (12 blocks of 256, 11 usable). No fixed-length rule gives the onset; the odds do
-(``oomload.odds``: a closed loop on the scheduler model, requests drawn from the trace): none below 4,
-about 3 preemptions per 100 requests at 4, 17 at 5, 30 at 6.
+(``oomload.capacity.odds``: a closed loop on the scheduler model, requests drawn from the trace): none
+below 4, about 3 preemptions per 100 requests at 4, 17 at 5, 30 at 6.
 
 The test does not fix the onset. It checks what a release gate needs: the onset oomload reports is
 within one level of the odds' onset — the lowest level expecting at least one preemption per 100

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from harness import Run, ServerPool, replay, write_trace_file
 
-from oomload.stats import percentile
+from oomload.trace.stats import percentile
 
 pytestmark = pytest.mark.e2e
 

@@ -43,9 +43,9 @@ import pytest
 from harness import FIGURES, Run, ServerPool, replay
 from probe import CounterWatch, cache_config
 
-from oomload.capacity import predict_preemption_onset
+from oomload.capacity.blocks import predict_preemption_onset
 from oomload.sim.process import SimServer
-from oomload.trace import PrefixInfo, TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import PrefixInfo, TraceHeader, TraceRecord, write_trace
 
 pytestmark = pytest.mark.e2e
 

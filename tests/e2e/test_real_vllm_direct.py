@@ -17,7 +17,7 @@ import pytest
 from harness import FIGURES, ServerPool
 from probe import PREEMPTIONS, burst, cache_config, complete, get_json, scrape, token_prompt
 
-from oomload.capacity import predict_preemption_onset
+from oomload.capacity.blocks import predict_preemption_onset
 
 pytestmark = pytest.mark.e2e
 

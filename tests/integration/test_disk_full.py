@@ -24,7 +24,7 @@ import pytest
 from oomload.errors import ExitCode
 from oomload.rundir import RunReader
 from oomload.sim.process import SimServer
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 LIMIT_BYTES = 30_000  # requests.jsonl reaches it after ~100 requests; config and trace stay below
 PROMPT_TOKENS = 32

@@ -36,7 +36,7 @@ from onsetload import SIM, fixed_trace, free_port
 from oomload.errors import ExitCode
 from oomload.rundir import RunReader
 from oomload.sim.process import SimServer
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 pytestmark = pytest.mark.skipif(not hasattr(resource, "RLIMIT_FSIZE"), reason="no RLIMIT_FSIZE here")
 

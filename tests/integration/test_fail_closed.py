@@ -25,7 +25,7 @@ import pytest
 
 from clirun import oomload
 from oomload.errors import ExitCode
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 from stubserver import stdlib_server
 
 METRICS = (Path(__file__).parents[1] / "fixtures" / "vllm-metrics.txt").read_bytes()

@@ -30,7 +30,7 @@ from clirun import oomload
 from oomload.errors import ExitCode
 from oomload.realvllm.server import free_port, group_members
 from oomload.sim.process import SimServer
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 from stubserver import stdlib_server
 
 SECRET = "sk-test-SECRET123"

@@ -18,7 +18,7 @@ import pytest
 
 from oomload.errors import ExitCode
 from oomload.sim.process import SimServer
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 SIM_PREEMPTING = ("--num-gpu-blocks", "40", "--block-size", "16", "--max-model-len", "600")
 BROKEN = (

@@ -20,7 +20,7 @@ import pytest
 
 from oomload.rundir import SERVER_DEAD_MARKER
 from oomload.sim.process import SimServer
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 pytestmark = pytest.mark.slow  # kill -9 drills with 1 and 2 load processes: `make test-slow`
 

@@ -26,7 +26,7 @@ import pytest
 
 from oomload.rundir import RunReader
 from oomload.sim.process import SimServer
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 REPO = Path(__file__).resolve().parents[2]
 # 150 blocks of 16 tokens; requests of 32 + 600 tokens grow to 40 blocks: 3 fit, 4 and more preempt

@@ -16,7 +16,7 @@ import pytest
 from oomload.load.http import Endpoint, send
 from oomload.load.payload import CompletionPayloads, PayloadOptions
 from oomload.outcome import Outcome
-from oomload.trace import TraceRecord
+from oomload.trace.model import TraceRecord
 
 Handler = Callable[[socket.socket], None]
 

@@ -22,7 +22,7 @@ import pytest
 from clirun import default_sigint, oomload
 from oomload.rundir import RunReader
 from oomload.sim.process import SimServer
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "sk-oomload-test-secret-4711"
@@ -175,7 +175,7 @@ def test_production_shape_across_two_worker_processes_hits_what_the_trace_shares
     """Every request shares a 128-token system prompt (8 ids of 16 tokens): by default both worker
     processes send it as the same tokens, so the simulated vLLM (prefix caching on, as V1) hits it,
     and the verdict shows its hit rate beside the trace's expected one."""
-    from oomload.trace import PrefixInfo, read_trace_header
+    from oomload.trace.model import PrefixInfo, read_trace_header
 
     records = [TraceRecord(f"r{i}", 0.0, 160, 4, hash_ids=tuple(range(1, 9))) for i in range(40)]
     trace = tmp_path / "t.jsonl"
@@ -422,7 +422,7 @@ def test_a_trace_row_far_over_max_model_len_replays_in_bounded_memory(sim: SimSe
     """Issue #24: a 10⁹-token row made the replay build a billion-id list (killed at 24 GB) although the
     server's max_model_len (2048 here) was known. The row the trace allows at most, 10M tokens, is sent
     as 2049 tokens: the server refuses it as a context overflow, and the replay's memory stays small."""
-    from oomload.trace import MAX_TOKENS
+    from oomload.trace.model import MAX_TOKENS
 
     trace = _trace(tmp_path / "t.jsonl", [(40, 5)] * 5 + [(MAX_TOKENS, 5)])
     run_dir = tmp_path / "run"

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from oomload.sim.process import SimServer
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 from oomload.verdict.loadgen import LOOP_LAG_STARVED_MS, WAIT_SHARE_STARVED
 
 REPO = Path(__file__).resolve().parents[2]

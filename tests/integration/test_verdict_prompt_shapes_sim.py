@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from clirun import oomload
-from oomload.trace import PrefixInfo, TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import PrefixInfo, TraceHeader, TraceRecord, write_trace
 
 SIM = "--num-gpu-blocks 80 --block-size 32 --max-model-len 2048 --time-scale 0.1 --enable-prefix-caching"
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 REPO = Path(__file__).resolve().parents[2]
 # 150 blocks of 16 tokens; requests of 32 + 600 tokens grow to 40 blocks: 3 fit, 8 preempt

@@ -12,9 +12,9 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oomload.capacity import blocks_held, concurrent_fit, kv_tokens_held, predict_preemption_onset
+from oomload.capacity.blocks import blocks_held, concurrent_fit, kv_tokens_held, predict_preemption_onset
+from oomload.capacity.scheduler import Scheduler, SchedulerConfig, SimRequest
 from oomload.rundir.records import CacheConfig
-from oomload.sim.scheduler import Scheduler, SchedulerConfig, SimRequest
 from oomload.verdict.prediction import compare_prediction
 
 

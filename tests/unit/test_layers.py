@@ -1,254 +1,113 @@
-"""Imports point one way: pure core → I/O adapters → runner → CLI (see ``oomload/__init__.py``).
+"""Imports point one way, folder by folder: the stages of the pipeline stand on what is below them.
 
-Every module under ``src/oomload`` is named in exactly one layer below, so a new module must be
-placed, and a renamed or removed one fails the test until the list follows. Imports are read with
-``ast`` from the source (module-level, function-level and ``TYPE_CHECKING`` imports alike: a lazy
-import is still a dependency). The rules:
+Each folder (package) of ``src/oomload`` is one floor of the house, and a module may import its own
+folder and the folders on lower floors, never a higher one:
 
-- a core module imports core modules only;
-- an adapter never imports the runner or the CLI;
-- the runner never imports the CLI;
-- nothing but ``oomload.__main__`` (and the CLI's own modules) imports the CLI.
+====  ==========================================  =================================================
+ 0    ``oomload`` (top-level modules)             what every stage uses: errors, outcomes, writes
+ 1    ``trace``                                   the trace: model, chains, stats, synthesis
+ 2    ``capacity``                                the KV pool's arithmetic, the shared scheduler model,
+                                                  the odds, the step schedule
+ 3    ``ingest``, ``telemetry``, ``rundir``,       I/O adapters: logs in, samples, the run directory,
+      ``sim``, ``realvllm``, ``load``             the simulated and the real vLLM, the HTTP client
+ 4    ``verdict``                                 what a run directory means (pure)
+ 5    ``tune``                                    the tuner's search and proofs
+ 6    ``report``                                  what is shown: terminal, Markdown, HTML, JSON, plots
+ 7    ``run``                                     one run wired: Locust, samplers, the live view
+ 8    ``cli``                                     the commands
+ 9    ``oomload.__main__``                        the entry point
+====  ==========================================  =================================================
 
-``ALLOWED`` lists the edges that break a rule today, each with why; an entry that no longer breaks
-a rule fails the test too, so the list only shrinks.
+A new folder must be given a floor (the test fails until it is). Folders on one floor may import
+each other, but no two folders may import each other in a loop (``_package_loops``). Imports are
+read with ``ast`` from the source (module-level, function-level and ``TYPE_CHECKING`` imports alike:
+a lazy import is still a dependency).
 
-Separately, the core and the CLI's entry module are imported in a subprocess, which must not load
-Locust, gevent or NVML (Locust monkey-patches the whole process with gevent).
-
-Two more rules of the house, each checked by a function that a test also runs on a made-up package
-(so the check is shown to fail):
+Three more rules of the house, each checked by a function that a test also runs on a made-up
+package (so the check is shown to fail):
 
 - no import circle: the module-level imports (those that run when the module is imported, a
   ``TYPE_CHECKING`` block included; a function-level import is the way to break a circle) form no
   cycle anywhere in ``src/oomload``;
 - no module over ``MAX_LINES`` lines (one sitting's reading, one job); ``OVERSIZE_ALLOWED`` names the
-  exceptions, each with why, and an entry that is no longer over the limit fails too.
+  exceptions, each with why, and an entry that is no longer over the limit fails too;
+- at most ``MAX_TOP_LEVEL`` modules at the top level besides ``__init__`` and ``__main__``.
+
+Separately, the pure floors (``PURE``) and the CLI's entry module are imported in a subprocess,
+which must not load Locust, gevent or NVML (Locust monkey-patches the whole process with gevent).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
-# Pure: no network, no Locust/gevent/NVML, deterministic given their inputs.
-CORE = {
-    "oomload",
-    "oomload.errors",
-    "oomload.outcome",
-    "oomload.trace",
-    "oomload.prefix",
-    "oomload.blockhash",
-    "oomload.stats",
-    "oomload.synth",
-    "oomload.capacity",
-    "oomload.odds",
-    "oomload.schedule",
-    "oomload.serverside",
-    "oomload.credentials",
-    "oomload.tune",
-    "oomload.tune.startup",
-    "oomload.tune.search",
-    "oomload.tune.record",
-    "oomload.tune.servecmd",
-    "oomload.tune.rate",
-    "oomload.tune.context",
-    "oomload.rundir.records",
-    "oomload.rundir.loadgenrecord",
-    "oomload.verdict",
-    "oomload.verdict.runview",
-    "oomload.verdict.gauges",
-    "oomload.verdict.stepfacts",
-    "oomload.verdict.loadgen",
-    "oomload.verdict.death",
-    "oomload.verdict.deathcause",
-    "oomload.verdict.deathlog",
-    "oomload.verdict.confidence",
-    "oomload.verdict.prediction",
-    "oomload.verdict.prefixrate",
-    "oomload.verdict.levels",
-    "oomload.verdict.runinfo",
-    "oomload.verdict.verdict",
-    "oomload.verdict.servermem",
-    "oomload.verdict.recommend",
-    "oomload.verdict.gate",
-    "oomload.verdict.gatesignals",
-    "oomload.verdict.trend",
-    "oomload.ingest.clocks",
-    "oomload.load.classify",
-    "oomload.load.payload",
-    "oomload.load.sse",
-    "oomload.sim.build",
-    "oomload.sim.geometry",
-    "oomload.sim.model",
-    "oomload.sim.openai_request",
-    "oomload.sim.planner",
-    "oomload.sim.scheduler",
-    "oomload.sim.tokenizer",
-    "oomload.sim.vllmlog",
-    "oomload.telemetry.gpu_sample",
-    "oomload.telemetry.procfs",
-    "oomload.telemetry.vllm_metrics",
+FLOORS = {
+    "oomload": 0,
+    "oomload.trace": 1,
+    "oomload.capacity": 2,
+    "oomload.ingest": 3,
+    "oomload.telemetry": 3,
+    "oomload.rundir": 3,
+    "oomload.sim": 3,
+    "oomload.realvllm": 3,
+    "oomload.load": 3,
+    "oomload.verdict": 4,
+    "oomload.tune": 5,
+    "oomload.report": 6,
+    "oomload.run": 7,
+    "oomload.cli": 8,
 }
-# I/O: log readers, the HTTP/SSE client and Locust pieces, samplers, the simulated and the real vLLM,
-# the run directory, report renderers.
-ADAPTERS = {
-    "oomload.ingest",
-    "oomload.ingest.arrays",
-    "oomload.ingest.build",
-    "oomload.ingest.columns",
-    "oomload.ingest.detect",
-    "oomload.ingest.heap",
-    "oomload.ingest.inputs",
-    "oomload.ingest.mapping",
-    "oomload.ingest.mooncake",
-    "oomload.ingest.openai_fast",
-    "oomload.ingest.openai_log",
-    "oomload.ingest.openai_parts",
-    "oomload.ingest.openai_schema",
-    "oomload.ingest.parallel",
-    "oomload.ingest.prefixes",
-    "oomload.ingest.skips",
-    "oomload.ingest.source",
-    "oomload.ingest.tabular",
-    "oomload.ingest.tokens",
-    "oomload.ingest.vllm_log",
-    "oomload.ingest.workertasks",
-    "oomload.ingest.writer",
-    "oomload.load",
-    "oomload.load.context",
-    "oomload.load.http",
-    "oomload.load.resultstream",
-    "oomload.load.selfcheck",
-    "oomload.load.shape",
-    "oomload.load.user",
-    "oomload.load.wire",
-    "oomload.realvllm",
-    "oomload.realvllm.install",
-    "oomload.realvllm.launcher",
-    "oomload.realvllm.server",
-    "oomload.realvllm.serveline",
-    "oomload.realvllm.tinymodel",
-    "oomload.report",
-    "oomload.report.findings",
-    "oomload.report.html",
-    "oomload.report.junit",
-    "oomload.report.markdown",
-    "oomload.report.metadata",
-    "oomload.report.plots",
-    "oomload.report.summary",
-    "oomload.report.terminal",
-    "oomload.report.tune",
-    "oomload.rundir",
-    "oomload.rundir.io",
-    "oomload.sim",
-    "oomload.sim.engine",
-    "oomload.sim.hostmem",
-    "oomload.sim.metrics",
-    "oomload.sim.process",
-    "oomload.sim.server",
-    "oomload.telemetry",
-    "oomload.telemetry.dcgm",
-    "oomload.telemetry.fake_nvml",
-    "oomload.telemetry.gpu",
-    "oomload.telemetry.hostmem",
-    "oomload.telemetry.hostsampler",
-    "oomload.telemetry.nvml",
-    "oomload.telemetry.poller",
-    "oomload.telemetry.sampler",
-    "oomload.telemetry.scrape",
-    "oomload.telemetry.serverlog",
-    "oomload.tracereport",
-    "oomload.outfile",
-}
-# Wires one run (``oomload.run``): its configuration, preflight, the Locust scenario and session, the
-# death watch, the live view and web UI, the reproduction, worker processes.
-RUNNER = {
-    "oomload.run",
-    "oomload.run.deathwatch",
-    "oomload.run.livefeed",
-    "oomload.run.preflight",
-    "oomload.run.progress",
-    "oomload.run.repro",
-    "oomload.run.webui",
-    "oomload.run.snapshot",
-    "oomload.run.config",
-    "oomload.run.locustfile",
-    "oomload.run.oddsfeed",
-    "oomload.run.runner",
-    "oomload.run.scenario",
-    "oomload.run.session",
-    "oomload.run.served",
-    "oomload.run.serverwatch",
-    "oomload.run.master_gate",
-    "oomload.run.master_meter",
-    "oomload.run.worker_node",
-    "oomload.run.worker_pool",
-    "oomload.tune.run",
-    "oomload.tune.prove",
-}
-CLI = {
-    "oomload.cli",
-    "oomload.cli.crash",
-    "oomload.cli.flags",
-    "oomload.cli.plan",
-    "oomload.cli.replay",
-    "oomload.cli.report",
-    "oomload.cli.sample",
-    "oomload.cli.sim",
-    "oomload.cli.worker",
-    "oomload.cli.trace",
-    "oomload.cli.tune",
-}
-ENTRY = {"oomload.__main__"}
-LAYERS = {"core": CORE, "adapter": ADAPTERS, "runner": RUNNER, "cli": CLI, "entry": ENTRY}
-# What each layer may import (its own layer included).
-MAY_IMPORT = {
-    "core": {"core"},
-    "adapter": {"core", "adapter"},
-    "runner": {"core", "adapter", "runner"},
-    "cli": {"core", "adapter", "runner", "cli"},
-    "entry": {"cli"},
-}
-# Edges that break a rule today: (importer, imported) → why it is tolerated for now.
-ALLOWED = {
-    # ``runview.load_run`` reads a run directory through ``RunReader``; the rest of runview (and every
-    # core module that uses it) only sees the parsed records. Moving the reading next to ``rundir``
-    # belongs to the typed run-directory records (#13 item 1).
-    ("oomload.verdict.runview", "oomload.rundir"): "load_run reads the run directory",
-}
+ENTRY = "oomload.__main__"
+ENTRY_FLOOR = 9
+# Folders that must stay light: importing every module of them loads no Locust, gevent or NVML.
+PURE = ("oomload", "oomload.trace", "oomload.capacity", "oomload.verdict", "oomload.tune")
 FORBIDDEN = ["locust", "gevent", "pynvml", "geventhttpclient"]
 MAX_LINES = 600
+MAX_TOP_LEVEL = 5
 # Modules over MAX_LINES today: module → why it is tolerated for now.
 OVERSIZE_ALLOWED: dict[str, str] = {}
 
 
-def test_every_module_is_in_exactly_one_layer() -> None:
-    found = set(_modules())
-    listed = [m for layer in LAYERS.values() for m in layer]
-    assert len(listed) == len(set(listed)), "a module is listed in two layers"
-    assert sorted(found - set(listed)) == [], "new modules: place them in a layer"
-    assert sorted(set(listed) - found) == [], "listed modules that no longer exist: update the layers"
+def test_every_folder_has_a_floor() -> None:
+    folders = {_folder(m) for m in _modules()} - {ENTRY}
+    assert sorted(folders - set(FLOORS)) == [], "new folders: give them a floor in FLOORS"
+    assert sorted(set(FLOORS) - folders) == [], "FLOORS names folders that no longer exist"
 
 
-def test_imports_point_down_the_layers() -> None:
-    layer_of = {m: name for name, layer in LAYERS.items() for m in layer}
-    broken = set()
-    for module, path in _modules().items():
-        for imported in _imports(module, path):
-            target = _owner(imported, layer_of)
-            if target is None or target == module:
-                continue
-            if layer_of[target] not in MAY_IMPORT[layer_of[module]]:
-                broken.add((module, target))
-    unexplained = sorted(broken - set(ALLOWED))
-    assert unexplained == [], "imports against the layers: " + ", ".join(f"{a} → {b}" for a, b in unexplained)
-    stale = sorted(set(ALLOWED) - broken)
-    assert stale == [], f"ALLOWED entries that no longer break a rule (remove them): {stale}"
+def test_imports_point_down_the_floors() -> None:
+    up = _imports_up(SRC)
+    assert up == [], "imports that run back up: " + ", ".join(f"{a} → {b}" for a, b in up)
+
+
+def test_no_loop_of_folders() -> None:
+    loops = _package_loops(SRC)
+    assert loops == [], "folders that import each other: " + "; ".join(" ↔ ".join(c) for c in loops)
+
+
+def test_the_floor_checks_see_an_arrow_back_up_and_a_loop(tmp_path: Path) -> None:
+    pkg = tmp_path / "oomload"
+    for folder in ("trace", "run", "sim", "load"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "trace" / "a.py").write_text("def f():\n    from oomload.run import b\n")  # lazy, still up
+    (pkg / "run" / "b.py").write_text("from oomload.trace import a\n")  # down: fine
+    (pkg / "sim" / "c.py").write_text("from oomload.load import d\n")
+    (pkg / "load" / "d.py").write_text("from oomload.sim.c import X\n")
+    assert _imports_up(tmp_path) == [("oomload.trace.a", "oomload.run"), ("oomload.trace.a", "oomload.run.b")]
+    assert _package_loops(tmp_path) == [["oomload.load", "oomload.sim"], ["oomload.run", "oomload.trace"]]
+
+
+def test_top_level_keeps_only_what_every_stage_uses() -> None:
+    top = sorted(m for m in _modules() if _folder(m) == "oomload" and m not in ("oomload", ENTRY))
+    assert len(top) <= MAX_TOP_LEVEL, f"{len(top)} top-level modules (at most {MAX_TOP_LEVEL}): {top}"
 
 
 def test_the_layer_check_sees_function_level_and_relative_imports() -> None:
@@ -295,8 +154,8 @@ def test_the_checks_see_a_circle_and_an_oversized_module(tmp_path: Path) -> None
     assert _oversized(tmp_path) == {"oomload.sub.c": MAX_LINES + 1}
 
 
-def test_core_does_not_import_locust_gevent_or_nvml() -> None:
-    light = sorted(CORE | {"oomload.cli"})
+def test_pure_floors_do_not_import_locust_gevent_or_nvml() -> None:
+    light = [*sorted(m for m in _modules() if _folder(m) in PURE and m != ENTRY), "oomload.cli"]
     code = (
         "import sys\n"
         + "".join(f"import {m}\n" for m in light)
@@ -304,9 +163,10 @@ def test_core_does_not_import_locust_gevent_or_nvml() -> None:
         + "print(','.join(bad))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "", f"core modules pulled in: {out.stdout.strip()}"
+    assert out.stdout.strip() == "", f"pure modules pulled in: {out.stdout.strip()}"
 
 
+@functools.cache
 def _modules(src: Path = SRC) -> dict[str, Path]:
     """Every module under ``src/oomload``: dotted name → file."""
     modules = {}
@@ -345,7 +205,7 @@ def _imports_of(tree: ast.AST, module: str, *, is_package: bool) -> set[str]:
     return {n for n in names if n == "oomload" or n.startswith("oomload.")}
 
 
-def _owner(name: str, layer_of: dict[str, str]) -> str | None:
+def _owner(name: str, layer_of: Mapping[str, object]) -> str | None:
     """The module ``name`` refers to: itself, or for ``package.attribute`` the package."""
     if name in layer_of:
         return name
@@ -431,3 +291,75 @@ def _oversized(src: Path) -> dict[str, int]:
     """module → its line count, for the modules over ``MAX_LINES``."""
     counts = {m: len(p.read_text(encoding="utf-8").splitlines()) for m, p in _modules(src).items()}
     return {m: n for m, n in counts.items() if n > MAX_LINES}
+
+
+def _folder(module: str, src: Path = SRC) -> str:
+    """The folder (package) a module lives in: ``oomload.trace.model`` → ``oomload.trace``; a
+    package's own ``__init__`` is in itself; a top-level module is in ``oomload``; the entry point
+    stands alone."""
+    if module == ENTRY or _modules(src)[module].name == "__init__.py":
+        return module
+    return module.rpartition(".")[0] or module
+
+
+def _floor(module: str, src: Path) -> int:
+    return {**FLOORS, ENTRY: ENTRY_FLOOR}.get(_folder(module, src), -1)
+
+
+def _edges(src: Path) -> set[tuple[str, str]]:
+    """(importer, imported module) for every ``oomload`` import in the tree, at any depth."""
+    modules = _modules(src)
+    edges = set()
+    for module, path in modules.items():
+        for imported in _imports(module, path):
+            target = _owner(imported, modules)
+            if target is not None and target != module:
+                edges.add((module, target))
+    return edges
+
+
+def _imports_up(src: Path) -> list[tuple[str, str]]:
+    """Imports from a module to one on a higher floor, sorted."""
+    return sorted((a, b) for a, b in _edges(src) if _floor(a, src) < _floor(b, src))
+
+
+def _package_loops(src: Path) -> list[list[str]]:
+    """Folders that import each other, directly or around a loop (the circles of the folder graph;
+    the top level and its subfolders are one folder each)."""
+    graph: dict[str, set[str]] = {}
+    for a, b in _edges(src):
+        fa, fb = _folder(a, src), _folder(b, src)
+        graph.setdefault(fa, set())
+        graph.setdefault(fb, set())
+        if fa != fb:
+            graph[fa].add(fb)
+    return _circles(graph)
+
+
+def test_every_package_docstring_names_its_modules() -> None:
+    missing = _unnamed_modules(SRC)
+    assert missing == [], "package docstrings that do not name a module of theirs: " + ", ".join(missing)
+
+
+def test_the_docstring_check_sees_an_unnamed_module(tmp_path: Path) -> None:
+    pkg = tmp_path / "oomload" / "sub"
+    pkg.mkdir(parents=True)
+    (tmp_path / "oomload" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text('"""The sub: ``a`` does one thing."""\n')
+    (pkg / "a.py").write_text("")
+    (pkg / "b.py").write_text("")
+    assert _unnamed_modules(tmp_path) == ["oomload.sub.b"]
+
+
+def _unnamed_modules(src: Path) -> list[str]:
+    """Modules of a subpackage that its ``__init__`` docstring does not name (as ````name```` or by
+    its dotted path), sorted."""
+    missing = []
+    for init in sorted((src / "oomload").glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        package = "oomload." + init.parent.name
+        for path in sorted(init.parent.glob("*.py")):
+            name = path.stem
+            if name != "__init__" and f"``{name}``" not in doc and f"{package}.{name}" not in doc:
+                missing.append(f"{package}.{name}")
+    return missing

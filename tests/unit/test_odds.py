@@ -1,4 +1,4 @@
-"""The trace's odds (oomload.odds): the closed-loop Monte Carlo and the evidence arithmetic."""
+"""The trace's odds (oomload.capacity.odds): the closed-loop Monte Carlo and the evidence arithmetic."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from oomload.capacity import blocks_held, usable_blocks
-from oomload.odds import LevelOdds, Pool, level_odds, predicted_onset, trace_odds
+from oomload.capacity.blocks import blocks_held, usable_blocks
+from oomload.capacity.odds import LevelOdds, Pool, level_odds, predicted_onset, trace_odds
 
 
 def test_fixed_lengths_preempt_exactly_above_the_arithmetic_onset() -> None:

@@ -19,7 +19,7 @@ from oomload.cli.crash import save_internal_error
 from oomload.errors import ExitCode, OutputWriteError, RunDirWriteError
 from oomload.outfile import is_disk_error, output_file, write_text
 from oomload.rundir import RunWriter
-from oomload.trace import TraceHeader, TraceRecord, read_trace, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, read_trace, write_trace
 
 
 def _leftovers(directory: Path) -> list[str]:

@@ -1,17 +1,18 @@
-"""Chained salted block ids (``oomload.blockhash``) and the reuse a prefix cache would give (``prefix``)."""
+"""Chained salted block ids (``oomload.trace.blockhash``) and the reuse a prefix cache would give
+(``oomload.trace.prefix``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from oomload.blockhash import BlockHasher
-from oomload.prefix import (
+from oomload.trace.blockhash import BlockHasher
+from oomload.trace.model import PrefixInfo, TraceRecord
+from oomload.trace.prefix import (
     conversation_turns,
     expected_hit_tokens,
     regroup,
     shared_prefixes,
 )
-from oomload.trace import PrefixInfo, TraceRecord
 
 SALT = b"test-salt"
 INFO = PrefixInfo(block_tokens=4, source="token-ids")
@@ -130,7 +131,7 @@ def test_conversation_turns() -> None:
 
 
 def test_conversations_are_inferred_from_chains_when_the_trace_has_no_sessions() -> None:
-    from oomload.prefix import PrefixTally
+    from oomload.trace.prefix import PrefixTally
 
     tally = PrefixTally(INFO)
     # a: turn 0; b: a's whole chain then more (turn 1); c: shares only a's first block (not a turn);
@@ -146,7 +147,7 @@ def test_conversations_are_inferred_from_chains_when_the_trace_has_no_sessions()
 
 
 def test_requests_without_ids_counted_at_once_push_the_pool_as_one_at_a_time() -> None:
-    from oomload.prefix import PrefixTally
+    from oomload.trace.prefix import PrefixTally
 
     def tally(bulk: bool) -> tuple[int, int, int | None]:
         t = PrefixTally(INFO, pool_blocks=5)

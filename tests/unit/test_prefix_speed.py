@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oomload.blockhash import (
+from oomload.ingest import LogSource, SkipLog, openai_fast
+from oomload.trace.blockhash import (
     _GOLDEN,
     BlockHasher,
     _canonical_ids,
@@ -19,7 +20,6 @@ from oomload.blockhash import (
     chain_marks,
     message_block_ids,
 )
-from oomload.ingest import LogSource, SkipLog, openai_fast
 
 SALT = b"speed-salt"
 

@@ -12,7 +12,7 @@ from report.runbuilder import StepSpec, write_run
 from oomload.outcome import Outcome, RequestResult
 from oomload.report.findings import describe
 from oomload.rundir.records import CacheConfig, MetricsRow, RunConfig
-from oomload.trace import TraceRecord
+from oomload.trace.model import TraceRecord
 from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
 from oomload.verdict.prefixrate import StepWindow, expected_hits, prefix_check
 from oomload.verdict.recommend import recommend

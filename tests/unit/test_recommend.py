@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from report.runbuilder import CPU_CACHE, GIB, StepSpec, cpu_knee_steps, write_run
 
 from oomload.outcome import Outcome
-from oomload.stats import percentile
+from oomload.trace.stats import percentile
 from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run

@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oomload.errors import ConfigError
-from oomload.schedule import (
+from oomload.capacity.schedule import (
     Hold,
     SchedulePlan,
     StepOutcome,
@@ -21,6 +20,7 @@ from oomload.schedule import (
     place_levels,
     refine_bracket,
 )
+from oomload.errors import ConfigError
 
 FIRST_PREEMPTION = (StopCondition("first-preemption"),)
 
@@ -207,7 +207,7 @@ def test_repeats_are_bounded() -> None:
 
 
 def test_a_clean_step_short_of_evidence_is_no_vote_for_its_level() -> None:
-    from oomload.schedule import level_is_bad
+    from oomload.capacity.schedule import level_is_bad
 
     plan = SchedulePlan(levels=(8,))
     step = StepPlan(0, 8, "ramp")

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oomload.rundir.records import MetricsRow
-from oomload.serverside import delivered_concurrency, server_concurrency, server_share
+from oomload.rundir.serverside import delivered_concurrency, server_concurrency, server_share
 
 
 def scrape(t: float, e2e: float | None, *, ok: bool = True, restarted: bool = False) -> MetricsRow:

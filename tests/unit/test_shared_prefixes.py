@@ -11,15 +11,15 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oomload.capacity import (
+from oomload.capacity.blocks import (
     SharedPrefixes,
     blocks_held,
     predict_preemption_onset,
     shared_groups,
     usable_blocks,
 )
-from oomload.odds import Pool, block_token_ids, level_odds, trace_prefixes
-from oomload.trace import PrefixInfo, TraceRecord
+from oomload.capacity.odds import Pool, block_token_ids, level_odds, trace_prefixes
+from oomload.trace.model import PrefixInfo, TraceRecord
 
 HAND = 50  # requests in the hand trace
 

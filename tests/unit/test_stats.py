@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oomload.stats import (
+from oomload.trace.stats import (
     burstiness,
     context_limit_shares,
     peak_rate,

@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oomload.capacity import concurrent_fit, predict_preemption_onset
-from oomload.stats import percentile, recommend_max_model_len, summarize_lengths
+from oomload.capacity.blocks import concurrent_fit, predict_preemption_onset
+from oomload.trace.stats import percentile, recommend_max_model_len, summarize_lengths
 
 lengths = st.lists(st.integers(min_value=0, max_value=200_000), min_size=1, max_size=300)
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oomload.stats import (
+from oomload.trace.stats import (
     DENSE_LENGTHS,
     PERCENTILES,
     ArrivalCounter,

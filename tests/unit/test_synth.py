@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oomload.errors import ConfigError
-from oomload.synth import (
+from oomload.trace.synth import (
     FixedLength,
     LogNormalLength,
     UniformLength,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from oomload.errors import TraceFormatError
-from oomload.trace import TraceHeader, TraceRecord, is_trace_file, read_trace, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, is_trace_file, read_trace, write_trace
 
 
 def test_round_trip_keeps_every_field(tmp_path: Path) -> None:

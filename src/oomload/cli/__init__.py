@@ -1,8 +1,9 @@
 """The ``oomload`` command line: a thin layer that parses flags and maps errors to exit codes.
 
-Each sub-command lives in its own module (``oomload.cli.trace``, ``…sim``, ``…plan``, ``…replay``,
-``…report``, ``…sample``, ``…worker``, ``…tune``) exposing ``register(subparsers)``; the handler it sets as
-``func`` takes the parsed ``argparse.Namespace`` and returns an exit code. Heavy imports (Locust,
+Each sub-command lives in its own module (``trace``, ``sim``, ``plan``, ``replay``, ``report``,
+``sample``, ``worker``, ``tune``) exposing ``register(subparsers)``; the handler it sets as ``func``
+takes the parsed ``argparse.Namespace`` and returns an exit code. ``flags`` holds the checks the
+sub-commands' flags share. Heavy imports (Locust,
 pandas, NVML) happen inside the handlers, so ``oomload --help`` is fast and importing the CLI patches nothing.
 
 Errors: every ``OomloadError`` becomes one line on stderr (``oomload: error: …``) and its exit code

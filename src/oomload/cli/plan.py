@@ -20,7 +20,7 @@ from oomload.cli.sim import add_engine_arguments, engine_options
 from oomload.errors import ConfigError, ExitCode
 
 if TYPE_CHECKING:
-    from oomload.odds import LevelOdds
+    from oomload.capacity.odds import LevelOdds
 
 
 def register(subparsers: Any) -> None:
@@ -44,7 +44,7 @@ def register(subparsers: Any) -> None:
 
 def _levels(spec: str) -> list[int]:
     """``--concurrency``, parsed as ``oomload replay`` parses it (``schedule.parse_levels``)."""
-    from oomload.schedule import parse_levels
+    from oomload.capacity.schedule import parse_levels
 
     try:
         return list(parse_levels(spec))
@@ -53,11 +53,11 @@ def _levels(spec: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from oomload.capacity import SharedPrefixes
-    from oomload.odds import Pool, trace_odds
+    from oomload.capacity.blocks import SharedPrefixes
+    from oomload.capacity.odds import Pool, trace_odds
     from oomload.sim.build import build_engine
     from oomload.sim.planner import default_levels, plan
-    from oomload.trace import iter_trace, read_trace_header
+    from oomload.trace.model import iter_trace, read_trace_header
 
     opts = engine_options(args)
     built = build_engine(opts)
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_odds(odds: Sequence[LevelOdds], worst: Sequence[LevelOdds]) -> None:
-    """The trace's odds per level, as ``oomload replay`` computes and judges them (``oomload.odds``):
+    """The trace's odds per level, as ``oomload replay`` computes and judges them (``oomload.capacity.odds``):
     with the trace's shared prefixes, and with nothing shared beside them when the trace shares any."""
     from rich import box
     from rich.console import Console

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from oomload.capacity.schedule import DEFAULT_REPEATS, MAX_REPEATS
 from oomload.cli.crash import save_internal_error
 from oomload.cli.flags import positive as _positive
 from oomload.cli.flags import tcp_port
@@ -22,7 +23,6 @@ from oomload.credentials import read_api_key, url_credentials_error, url_has_cre
 from oomload.errors import ConfigError, OomloadError
 from oomload.outfile import is_disk_error
 from oomload.rundir import check_run_dir_creatable, new_run_dir
-from oomload.schedule import DEFAULT_REPEATS, MAX_REPEATS
 
 
 def api_key_value(args: argparse.Namespace) -> str | None:
@@ -241,11 +241,11 @@ def register(subparsers: Any) -> None:
 
 def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any:
     """Validate every flag and return a ``ReplayConfig``; raises ``ConfigError`` naming the bad value."""
+    from oomload.capacity.schedule import Hold, parse_levels, parse_stop_condition
     from oomload.load.payload import parse_token_id_range
-    from oomload.run.preflight import split_base_url
+    from oomload.load.preflight import split_base_url
     from oomload.run.runner import DEMO_HOLD_S, DEMO_LEVELS, ReplayConfig
-    from oomload.schedule import Hold, parse_levels, parse_stop_condition
-    from oomload.trace import read_trace_header
+    from oomload.trace.model import read_trace_header
     from oomload.verdict.gate import parse_gate
 
     header = read_trace_header(args.trace)  # TraceFormatError (exit 2) before anything else
@@ -365,7 +365,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
 
 def _check_server_flags(args: argparse.Namespace) -> str | None:
     """Validate the server flags; returns the ``--serve`` line (recognised here, before anything runs)."""
-    from oomload.tune.servecmd import parse_serve_command
+    from oomload.realvllm.servecmd import parse_serve_command
 
     if args.serve is not None:
         if args.url is not None:
@@ -390,7 +390,7 @@ def _check_server_flags(args: argparse.Namespace) -> str | None:
     if spec not in ("auto", "none") and not spec.startswith("remote:"):
         raise ConfigError(f"--server-memory {spec!r} is not one of auto, none, remote:URL")
     if spec.startswith("remote:"):
-        from oomload.run.preflight import split_base_url
+        from oomload.load.preflight import split_base_url
 
         remote = spec.partition(":")[2]
         if url_has_credentials(remote):

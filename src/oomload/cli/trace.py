@@ -1,7 +1,7 @@
 """``oomload trace build | stats | synth``: production logs → length-only traces, and what they imply.
 
-The handlers only parse flags, call ``oomload.ingest`` / ``oomload.stats`` / ``oomload.synth`` and
-print (the stats document, its tables and the plot are ``oomload.tracereport``'s); heavy imports
+The handlers only parse flags, call ``oomload.ingest`` / ``oomload.trace.stats`` / ``oomload.trace.synth`` and
+print (the stats document, its tables and the plot are ``oomload.report.tracestats``'s); heavy imports
 (pyarrow, rich, matplotlib) happen inside them so ``oomload --help`` stays fast.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from oomload.errors import ConfigError, ExitCode
-from oomload.prefix import DEFAULT_BLOCK_TOKENS, describe_prefix
+from oomload.trace.prefix import DEFAULT_BLOCK_TOKENS, describe_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -271,8 +271,8 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_stats(args: argparse.Namespace) -> int:
     from oomload.ingest import PoolSize, check_output_path, count_trace
-    from oomload.stats import summarize_trace_counts
-    from oomload.tracereport import plot_lengths, print_stats, stats_document, usable_kv_tokens
+    from oomload.report.tracestats import plot_lengths, print_stats, stats_document, usable_kv_tokens
+    from oomload.trace.stats import summarize_trace_counts
 
     for name in (
         "round_to",
@@ -459,8 +459,8 @@ class ReadProgress:
 
 def run_synth(args: argparse.Namespace) -> int:
     from oomload.ingest import check_output_path, write_trace_file
-    from oomload.synth import describe_spec, parse_length_spec, synthesize
-    from oomload.trace import TraceHeader
+    from oomload.trace.model import TraceHeader
+    from oomload.trace.synth import describe_spec, parse_length_spec, synthesize
 
     check_output_path(args.out)
     prompt = parse_length_spec(args.input, name="--input")

@@ -94,9 +94,10 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from oomload.tune.run import TuneConfig, run_tune
+    from oomload.realvllm.servecmd import parse_serve_command
+    from oomload.report.tune import write_tune_reports
+    from oomload.tune.run import TuneConfig, run_tune, tune_exit_code
     from oomload.tune.search import NO_TARGET_SEQS, SearchSpace, Settings, seqs_ladder
-    from oomload.tune.servecmd import parse_serve_command
 
     if not args.trace.is_file():
         raise ConfigError(f"trace {args.trace} does not exist")
@@ -156,7 +157,10 @@ def run(args: argparse.Namespace) -> int:
         target_rate_rps=rate,
         max_num_seqs_given=bool(args.max_num_seqs),
     )
-    return run_tune(config, Console())
+    console = Console()
+    record = run_tune(config, console)
+    write_tune_reports(config.run_dir, record, console)
+    return tune_exit_code(record)
 
 
 def _memory_ladder(args: argparse.Namespace, own_utilization: str | None, fixed: set[str]) -> tuple[Any, ...]:

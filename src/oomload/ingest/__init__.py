@@ -9,16 +9,18 @@ traces themselves. Inputs may be gzip- or zstd-compressed (``source``). ``inputs
 (format, checks) and reads it with its reader into columnar batches (``columns``); big inputs are
 read by a process pool over byte spans and over files (``parallel``; what a worker runs:
 ``workertasks``), with the same result; ``build`` merges them on one timeline (``clocks`` decides
-whether several inputs share a clock) and writes them (``writer``); ``arrays`` gathers what
+whether several inputs share a clock) and writes them (``writer``); ``prefixes`` gives the build's
+salt and the header's prefix object; ``keepfreed`` keeps the memory a batch frees for the next one
+(glibc); ``counts`` gathers what
 ``trace stats`` needs in constant memory (counts per length, streamed arrivals). Unusable lines are
 counted by reason (``skips``). Text is counted only with a tokenizer the user names (``tokens``).
 """
 
 from __future__ import annotations
 
-from oomload.ingest.arrays import PoolSize, TraceColumns, TraceCounts, count_trace, load_columns
 from oomload.ingest.build import BuildResult, build_trace, iter_records
 from oomload.ingest.clocks import ClockAlignment, ClockRange, align_clocks
+from oomload.ingest.counts import PoolSize, TraceColumns, TraceCounts, count_trace, load_columns
 from oomload.ingest.detect import FORMATS, detect_format
 from oomload.ingest.inputs import InputPlan, plan_inputs
 from oomload.ingest.mapping import ColumnMapping, parse_mapping

@@ -11,7 +11,7 @@
    other; otherwise each input is rebased to its own start. ``build_trace`` learns the ranges
    while it writes (one pass on the shared clock) and, when they turn out not to share one, writes
    again with the offsets — so only such builds read their inputs twice; ``iter_records`` measures
-   the ranges in a first pass (``oomload.ingest.arrays`` holds the columns and shifts them).
+   the ranges in a first pass (``oomload.ingest.counts`` holds the columns and shifts them).
 4. **Write** (``oomload.ingest.writer``): streamed body, header at the end, atomic rename.
 """
 
@@ -31,8 +31,8 @@ import pyarrow.compute as pc
 from oomload.errors import TraceFormatError
 from oomload.ingest.clocks import ClockAlignment, ClockRange, align_clocks
 from oomload.ingest.columns import records_from_batch
-from oomload.ingest.heap import retain_freed_memory
 from oomload.ingest.inputs import InputPlan, plan_inputs
+from oomload.ingest.keepfreed import retain_freed_memory
 from oomload.ingest.mapping import ColumnMapping
 from oomload.ingest.parallel import (
     PARALLEL_MIN_BYTES,
@@ -47,8 +47,8 @@ from oomload.ingest.prefixes import build_hasher, header_prefix, input_prefix
 from oomload.ingest.skips import SkipLog, nothing_usable
 from oomload.ingest.tokens import TokenCounter
 from oomload.ingest.writer import TraceScratch, check_output_path, finish_trace, write_body
-from oomload.prefix import DEFAULT_BLOCK_TOKENS, BlockHasher
-from oomload.trace import PrefixInfo, TraceHeader, TraceRecord
+from oomload.trace.model import PrefixInfo, TraceHeader, TraceRecord
+from oomload.trace.prefix import DEFAULT_BLOCK_TOKENS, BlockHasher
 
 
 @dataclass(frozen=True, slots=True)

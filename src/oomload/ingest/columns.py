@@ -29,7 +29,7 @@ import pyarrow.json as pa_json
 
 from oomload.errors import TraceFormatError
 from oomload.ingest.source import LogSource
-from oomload.trace import (
+from oomload.trace.model import (
     MAX_HASH_IDS,
     MAX_ID_CHARS,
     MAX_TIME_S,
@@ -319,7 +319,7 @@ def read_trace_columns(path: str | Path, chunk_bytes: int = 8 * 1024 * 1024) -> 
     Fast path: pyarrow's JSON reader per chunk. On any chunk it cannot take — or on negative
     lengths — the file is re-read with ``iter_trace``, which raises ``TraceFormatError`` at the exact line.
     """
-    from oomload.trace import read_trace_header
+    from oomload.trace.model import read_trace_header
 
     read_trace_header(path)
     source = LogSource(Path(path))
@@ -351,7 +351,7 @@ def _check_trace_table(table: pa.Table) -> None:
 
 def batch_within_bounds(batch: pa.Table, *, time_column: str = "time_s") -> bool:
     """True when every row of a batch (``BATCH_SCHEMA``, or ``TRACE_SCHEMA`` with ``arrival_s``) keeps the
-    trace format's bounds (``oomload.trace``); a reader redoes a batch that does not line by line, so
+    trace format's bounds (``oomload.trace.model``); a reader redoes a batch that does not line by line, so
     each bad row is named (``values_bounds_reason``)."""
     times = batch.column(time_column)
     if times.null_count < len(times):

@@ -27,8 +27,8 @@ from oomload.ingest.source import LogSource
 from oomload.ingest.tabular import AZURE, BURSTGPT, CsvLayout, check_layout, read_csv_batches
 from oomload.ingest.tokens import TokenCounter
 from oomload.ingest.vllm_log import read_vllm_batches
-from oomload.prefix import BlockHasher
-from oomload.trace import iter_trace
+from oomload.trace.model import iter_trace
+from oomload.trace.prefix import BlockHasher
 
 
 @dataclass(frozen=True, slots=True)

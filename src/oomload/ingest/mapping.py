@@ -24,8 +24,8 @@ from oomload.errors import ConfigError, TraceFormatError
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, iter_json_objects
 from oomload.ingest.tabular import TIME_UNITS_S, CsvLayout, check_layout, csv_header, parse_datetime_s
-from oomload.prefix import BlockHasher
-from oomload.trace import TraceRecord, bounds_reason
+from oomload.trace.model import TraceRecord, bounds_reason
+from oomload.trace.prefix import BlockHasher
 
 MAP_KEYS = ("input", "output", "time", "id", "max_tokens", "model", "ok", "conversation")
 TIME_UNIT_ALIASES = {"iso": "datetime"}

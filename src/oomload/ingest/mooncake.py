@@ -23,7 +23,7 @@ import pyarrow.json as pa_json
 from oomload.ingest.columns import batch_within_bounds, make_batch
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import NOT_JSON_OBJECT, LogSource
-from oomload.trace import values_bounds_reason
+from oomload.trace.model import values_bounds_reason
 
 MOONCAKE_SCHEMA = pa.schema(
     [
@@ -112,7 +112,7 @@ def _batch_from_lines(chunk: bytes, first_line: int, source: LogSource, skips: S
 
 
 def _bounds_reason(obj: dict[str, Any]) -> str | None:
-    """The trace's bounds (``oomload.trace``) on a valid line (``_invalid_reason`` found nothing)."""
+    """The trace's bounds (``oomload.trace.model``) on a valid line (``_invalid_reason`` found nothing)."""
     chat_id, parent, turn = obj.get("chat_id"), obj.get("parent_chat_id"), obj.get("turn")
     return values_bounds_reason(
         time_s=float(obj["timestamp"]) / 1000.0,

@@ -62,8 +62,8 @@ from oomload.ingest.openai_schema import (
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import NOT_JSON_OBJECT, LogSource
 from oomload.ingest.tokens import TokenCounter
-from oomload.prefix import BlockHasher
-from oomload.trace import MAX_ID_CHARS, MAX_TIME_S, MAX_TOKENS, values_bounds_reason
+from oomload.trace.model import MAX_ID_CHARS, MAX_TIME_S, MAX_TOKENS, values_bounds_reason
+from oomload.trace.prefix import BlockHasher
 
 _Row = tuple[str | None, float, int, int, int | None, bool, str | None]  # what a line gives
 
@@ -405,8 +405,8 @@ def _row_bounds_reason(row: _Row) -> str | None:
 
 
 def _plain_within_bounds(columns: dict[str, list[Any]]) -> bool:
-    """The bounds (``oomload.trace``) on a piece read in columns; a piece over them is read line by line.
-    C-level passes only (``max``, ``sum``), so the usual piece costs little more than it did."""
+    """The bounds (``oomload.trace.model``) on a piece read in columns; a piece over them is read
+    line by line. C-level passes only (``max``, ``sum``), so the usual piece costs little more than it did."""
     for name in ("prompt_tokens", "output_tokens"):
         if max(columns[name], default=0) > MAX_TOKENS:
             return False

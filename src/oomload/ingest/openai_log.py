@@ -30,7 +30,7 @@ from oomload.ingest.skips import NO_TOKEN_COUNTS, SkipLog
 from oomload.ingest.source import LogSource, iter_json_objects
 from oomload.ingest.tabular import parse_datetime_s
 from oomload.ingest.tokens import TokenCounter
-from oomload.trace import TraceRecord, bounds_reason
+from oomload.trace.model import TraceRecord, bounds_reason
 
 TIME_KEYS = ("timestamp", "created_at", "start_time", "request_time", "time")
 ID_KEYS = ("custom_id", "request_id", "id")

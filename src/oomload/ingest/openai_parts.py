@@ -3,7 +3,7 @@
 A request's prompt, as a chat template lays it out, is its ``system`` (the Responses API's
 ``instructions``), its ``tools``, each of its ``messages`` (or of the Responses API's ``input``
 items) and its ``prompt``, in that order — the *parts*, kept as raw JSON (never decoded into
-text). ``PartMarks`` turns the parts of a chunk's requests into their ``hash_ids`` (``oomload.prefix``):
+text). ``PartMarks`` turns the parts of a chunk's requests into their ``hash_ids`` (``oomload.trace.prefix``):
 each piece's parts are reduced at once to their lengths and CRC-32s (and token counts), while the
 piece is still in the CPU cache; a part's tokens are counted with ``--tokenizer`` when given, else
 estimated as its JSON's bytes / ``CHARS_PER_TOKEN`` — the same for the same message in every
@@ -34,7 +34,7 @@ from oomload.ingest.openai_schema import (
     RequestBodyParts,
 )
 from oomload.ingest.tokens import TokenCounter
-from oomload.prefix import BlockHasher, chain_marks, message_block_ids, part_marks
+from oomload.trace.prefix import BlockHasher, chain_marks, message_block_ids, part_marks
 
 CHARS_PER_TOKEN = 4  # the estimate of a message's tokens without --tokenizer (its JSON's bytes / 4)
 
@@ -126,7 +126,7 @@ class PartMarks:
 
     ``add`` takes each piece's parts while its bytes are still in the CPU cache: each part's length,
     CRC-32 and token count go into arrays (C loops over the parts, ``np.fromiter``) and the raw
-    parts are let go; ``chains`` then chains a whole chunk's marks at once (``oomload.prefix``).
+    parts are let go; ``chains`` then chains a whole chunk's marks at once (``oomload.trace.prefix``).
     """
 
     def __init__(self, counter: TokenCounter | None) -> None:
@@ -147,7 +147,7 @@ class PartMarks:
             self.tokens.append(np.fromiter((_part_tokens(p, counter) for p in flat), np.int64, len(flat)))
 
     def chains(self, limits: list[int], hasher: BlockHasher) -> pa.Array:
-        """The ``hash_ids`` column of the prompts taken (``oomload.prefix``), each cut at its limit.
+        """The ``hash_ids`` column of the prompts taken (``oomload.trace.prefix``), each cut at its limit.
 
         A part's tokens are counted with the counter, else estimated as its JSON's bytes /
         ``CHARS_PER_TOKEN`` — the same for the same message in every request.

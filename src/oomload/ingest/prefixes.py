@@ -1,6 +1,6 @@
 """Where a build's prefix structure comes from: the per-build salt, and the header's ``prefix`` object.
 
-**Salt.** Block ids are keyed hashes (``oomload.prefix.BlockHasher``). ``build_hasher`` draws the
+**Salt.** Block ids are keyed hashes (``oomload.trace.prefix.BlockHasher``). ``build_hasher`` draws the
 key once per build in the main process (32 random bytes, never written anywhere) and the key
 travels inside the input plan to the read workers, so a build on 1 or N workers writes the same
 ids, while two builds of the same log share none (a trace's ids cannot be matched against another
@@ -26,8 +26,8 @@ import secrets
 from collections.abc import Mapping, Sequence
 
 from oomload.ingest.source import LogSource
-from oomload.prefix import DEFAULT_BLOCK_TOKENS, BlockHasher
-from oomload.trace import DEFAULT_PREFIX_BLOCK_TOKENS, PrefixInfo, read_trace_header
+from oomload.trace.model import DEFAULT_PREFIX_BLOCK_TOKENS, PrefixInfo, read_trace_header
+from oomload.trace.prefix import DEFAULT_BLOCK_TOKENS, BlockHasher
 
 PREFIX_SALT_ENV = "OOMLOAD_PREFIX_SALT"
 BAILIAN_BLOCK_TOKENS = 16

@@ -35,7 +35,7 @@ from oomload.errors import TraceFormatError
 from oomload.ingest.columns import make_batch
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import READ_ERRORS, LogSource
-from oomload.trace import (
+from oomload.trace.model import (
     MAX_ID_CHARS,
     MAX_TIME_S,
     MAX_TOKENS,
@@ -265,7 +265,8 @@ def _bounds(
     time_s: np.ndarray,
     **counts: pa.Array | None,
 ) -> None:
-    """Rows over the trace's bounds (``oomload.trace``), with the reasons ``values_bounds_reason`` gives."""
+    """Rows over the trace's bounds (``oomload.trace.model``), with the reasons
+    ``values_bounds_reason`` gives."""
     for name, values in counts.items():
         if values is not None:
             over = np.asarray(pc.fill_null(pc.greater(values, MAX_TOKENS), False))

@@ -31,7 +31,7 @@ log was probably written with ``--max-log-len`` at that length.
 **Reading.** Lines are taken as bytes; the markers are looked for in a line's first KB only (the log
 prefix and the start of the message), never in a 100 KB id list. The requests are gathered into
 batches of about 2 MB of id lists (``_Rows``), whose ids are counted — and, with a hasher, chained —
-for the whole batch at once (``oomload.blockhash``): a prompt's length is known, and its token bound
+for the whole batch at once (``oomload.trace.blockhash``): a prompt's length is known, and its token bound
 checked, when its batch is done (at once under ``--strict``, so that the first fault is the first
 line). The first pass finds aborted requests and failed access lines with ``bytes.find`` over
 whole chunks.
@@ -53,8 +53,8 @@ from oomload.ingest.columns import make_batch
 from oomload.ingest.skips import NO_TOKEN_COUNTS, SkipLog
 from oomload.ingest.source import LogSource
 from oomload.ingest.tokens import TokenCounter
-from oomload.prefix import BlockHasher, count_token_texts
-from oomload.trace import MAX_TOKENS, tokens_bound_reason, values_bounds_reason
+from oomload.trace.model import MAX_TOKENS, tokens_bound_reason, values_bounds_reason
+from oomload.trace.prefix import BlockHasher, count_token_texts
 
 LOG_PREFIX = re.compile(
     rb"^(?:\(\w+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d "

@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 
 from oomload.errors import ConfigError
 from oomload.ingest.columns import format_lines, lines_bytes
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 RENDER_SWITCH_S = 0.001
 
@@ -431,7 +431,7 @@ def _numbers_stay(arrival_s: npt.NDArray[np.float64], origin_s: float) -> bool:
 
 
 def write_trace_file(out: str | Path, records: Iterable[TraceRecord], header: TraceHeader) -> int:
-    """``oomload.trace.write_trace`` into ``out`` through a scratch file renamed into place."""
+    """``oomload.trace.model.write_trace`` into ``out`` through a scratch file renamed into place."""
     with TraceScratch(check_output_path(out)) as scratch:
         try:
             with open(scratch.final, "w", encoding="utf-8") as final:

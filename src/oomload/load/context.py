@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from oomload.load.payload import PreparedRequest, RequestOrder
 from oomload.outcome import Outcome, RequestResult
-from oomload.trace import TraceRecord
+from oomload.trace.model import TraceRecord
 
 if TYPE_CHECKING:
+    from oomload.capacity.schedule import StepPlan as StepPlanLike
     from oomload.load.shape import StepCount as StepCountLike
     from oomload.rundir.loadgenrecord import LoadgenLine
-    from oomload.schedule import StepPlan as StepPlanLike
 
 
 class PayloadBuilder(Protocol):

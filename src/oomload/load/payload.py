@@ -41,7 +41,7 @@ from ``/v1/models``) is sent as ``max_model_len + 1`` tokens: the server refuses
 overflow exactly as it would refuse the trace's length, and the result row keeps the length the trace
 asked for — so the verdict counts the same overflow while no token list longer than the server's
 window is ever built (a trace row of 10M tokens costs what a row of ``max_model_len + 1`` does). With
-no known limit the trace's own bound (``oomload.trace.MAX_TOKENS``) is the cap.
+no known limit the trace's own bound (``oomload.trace.model.MAX_TOKENS``) is the cap.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from oomload.errors import ConfigError
-from oomload.stats import percentile
-from oomload.trace import MAX_TOKENS, TraceRecord
+from oomload.trace.model import MAX_TOKENS, TraceRecord
+from oomload.trace.stats import percentile
 
 Api = Literal["completions", "chat"]
 API_PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}

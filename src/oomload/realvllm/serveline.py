@@ -20,8 +20,8 @@ from pathlib import Path
 from oomload.credentials import scrub
 from oomload.errors import OutputWriteError
 from oomload.outfile import write_text
+from oomload.realvllm.servecmd import FlagSource, ServeCommand
 from oomload.realvllm.server import harness_env
-from oomload.tune.servecmd import FlagSource, ServeCommand
 
 
 @dataclass(frozen=True, slots=True)

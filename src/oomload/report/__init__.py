@@ -1,5 +1,9 @@
 """Reports of one run: terminal summary, ``summary.json``, ``report.md``, ``report.html``, ``junit.xml``.
 
+Renderers: ``terminal``, ``summary`` (``summary.json``), ``markdown``, ``html``, ``junit``; what they
+share: ``findings`` (the verdict in words), ``metadata`` (the run block), ``plots`` (matplotlib).
+Besides a run's reports: ``tune`` renders a tune's record, ``tracestats`` what ``trace stats`` shows.
+
 ``finalize_run`` is the one entry point (``oomload replay`` calls it when a run ends, ``oomload
 report`` calls it on a saved run): it reads the run directory, computes the verdict and the
 recommendation, evaluates the gate rules, writes the requested files into the run directory, prints

@@ -441,7 +441,7 @@ def _why_not_higher(verdict: Verdict) -> str:
 
 
 def trace_odds(verdict: Verdict) -> Finding | None:
-    """The trace's odds on the server's pool beside what the run saw (``oomload.odds``)."""
+    """The trace's odds on the server's pool beside what the run saw (``oomload.capacity.odds``)."""
     with_odds = [lv for lv in verdict.level_summaries if lv.odds is not None]
     if not with_odds:
         return None

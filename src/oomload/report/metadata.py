@@ -15,7 +15,7 @@ from typing import Any
 
 from oomload import __version__
 from oomload.rundir.records import EventRow, GpuSampleRow, RunStatus, as_float, as_int
-from oomload.stats import LengthSummary
+from oomload.trace.stats import LengthSummary
 from oomload.verdict import Verdict
 from oomload.verdict.confidence import lost_worker
 from oomload.verdict.runview import RunView

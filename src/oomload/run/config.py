@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from oomload import __version__
+from oomload.capacity.schedule import DEFAULT_REPEATS, Hold, SchedulePlan, StopCondition
 from oomload.credentials import scrub
 from oomload.load.payload import Api, PayloadOptions
-from oomload.schedule import DEFAULT_REPEATS, Hold, SchedulePlan, StopCondition
-from oomload.trace import TraceRecord, read_trace_header
-from oomload.tune.servecmd import ServeCommand, parse_serve_command
+from oomload.realvllm.servecmd import ServeCommand, parse_serve_command
+from oomload.trace.model import TraceRecord, read_trace_header
 
 # The demo target: a simulated Llama-3.1-8B on an L4 (device memory as vLLM would use it, served on the
 # simulator's /dcgm/metrics) whose KV cache preempts on traces/sample-chat.jsonl within the first few

@@ -1,7 +1,7 @@
-"""The trace's odds for a live run, computed without stalling the load (``oomload.odds``).
+"""The trace's odds for a live run, computed without stalling the load (``oomload.capacity.odds``).
 
 A level's odds cost a tenth to half a second of CPU (more where it preempts often, or with shared
-prefixes; ``oomload.odds``). Computed inside the Locust process they would freeze every user for that
+prefixes; ``oomload.capacity.odds``). Computed inside the Locust process they would freeze every user for that
 long — measured: a 1 s step at concurrency 8 then held 4.8 requests in flight instead of 8, because the
 step's clock started before the freeze.
 So:
@@ -43,10 +43,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from oomload.capacity import PROMPT_SHAPES, PromptShape, SharedPrefixes
-from oomload.odds import LevelOdds, Pool, level_odds, predicted_onset, trace_prefixes
-from oomload.schedule import place_levels
-from oomload.trace import PrefixInfo, TraceRecord, read_trace, read_trace_header
+from oomload.capacity.blocks import PROMPT_SHAPES, PromptShape, SharedPrefixes
+from oomload.capacity.odds import LevelOdds, Pool, level_odds, predicted_onset, trace_prefixes
+from oomload.capacity.schedule import place_levels
+from oomload.trace.model import PrefixInfo, TraceRecord, read_trace, read_trace_header
 
 CHILD_NICE = 10
 

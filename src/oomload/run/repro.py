@@ -9,7 +9,14 @@ from pathlib import Path
 from oomload.errors import TraceFormatError
 from oomload.outfile import output_file, write_failure
 from oomload.rundir import RunReader
-from oomload.trace import PrefixInfo, TraceHeader, TraceRecord, iter_trace, read_trace_header, write_trace
+from oomload.trace.model import (
+    PrefixInfo,
+    TraceHeader,
+    TraceRecord,
+    iter_trace,
+    read_trace_header,
+    write_trace,
+)
 
 
 def write_repro(run_dir: Path) -> list[Path]:

@@ -47,6 +47,8 @@ from rich.markup import escape
 
 from oomload.credentials import read_api_key, scrub
 from oomload.errors import EndpointError, ExitCode, OutputWriteError, RunDirWriteError, ServeStartError
+from oomload.load.preflight import count_unfit, preflight, server_version, split_base_url
+from oomload.realvllm.servecmd import ServeCommand
 from oomload.realvllm.serveline import scrub_file
 from oomload.run.config import (
     DEMO_HOLD_S,
@@ -58,13 +60,11 @@ from oomload.run.config import (
     preflight_timeout_s,
     sim_flag,
 )
-from oomload.run.preflight import count_unfit, preflight, server_version, split_base_url
 from oomload.run.repro import write_repro
 from oomload.run.served import EXIT_WAIT_S, ServedProcess, exit_text, record_exit
 from oomload.run.session import Session, build_user_class
 from oomload.rundir import RunWriter, new_run_dir
-from oomload.trace import TraceHeader, TraceRecord, read_trace, read_trace_header, write_trace
-from oomload.tune.servecmd import ServeCommand
+from oomload.trace.model import TraceHeader, TraceRecord, read_trace, read_trace_header, write_trace
 from oomload.verdict.runview import SERVER_LOG
 
 

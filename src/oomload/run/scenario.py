@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oomload.capacity.schedule import Hold, SchedulePlan, parse_levels, parse_stop_condition
 from oomload.credentials import read_api_key
 from oomload.errors import ConfigError, EndpointError
 from oomload.load.context import ContextMeter, ReplayContext
@@ -28,6 +29,7 @@ from oomload.load.payload import (
     RequestOrder,
     parse_token_id_range,
 )
+from oomload.load.preflight import preflight, split_base_url
 from oomload.load.user import ReplayUser
 from oomload.run.config import (
     DEFAULT_API_KEY_ENV,
@@ -36,10 +38,8 @@ from oomload.run.config import (
     prefix_block_tokens,
     prefix_mode_of,
 )
-from oomload.run.preflight import preflight, split_base_url
 from oomload.rundir import RunWriter
-from oomload.schedule import Hold, SchedulePlan, parse_levels, parse_stop_condition
-from oomload.trace import TraceRecord, read_trace
+from oomload.trace.model import TraceRecord, read_trace
 
 ENV_PREFIX = "OOMLOAD_"
 _TRUE = ("1", "true", "yes", "on")
@@ -246,7 +246,7 @@ def _write_scenario_config(
     import time
 
     from oomload import __version__
-    from oomload.trace import TraceHeader, read_trace_header, write_trace
+    from oomload.trace.model import TraceHeader, read_trace_header, write_trace
 
     levels = [int(x) for x in parse_levels(settings.ramp)] if settings.ramp else []
     writer.write_json(

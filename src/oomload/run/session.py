@@ -42,13 +42,14 @@ from typing import Any
 
 from rich.console import Console
 
+from oomload.capacity.schedule import Hold, SchedulePlan, StopCondition
 from oomload.errors import ConfigError
 from oomload.load import wire
 from oomload.load.selfcheck import SelfCheck, start_selfcheck
 from oomload.load.wire import DEFAULT_MASTER_PORT
 from oomload.run.config import LoadOptions, ReplayConfig, prefix_mode
 from oomload.run.deathwatch import DeathWatch
-from oomload.run.master_gate import guarded_master_class
+from oomload.run.master_auth import guarded_master_class
 from oomload.run.master_meter import MasterMeter
 from oomload.run.served import ServedProcess
 from oomload.run.serverwatch import ServerEvidence
@@ -56,8 +57,7 @@ from oomload.run.snapshot import FinalState, PlanState, TelemetrySnapshot
 from oomload.run.worker_pool import WorkerPool, free_port
 from oomload.rundir import RunReader, RunWriter
 from oomload.rundir.records import ServerMemoryRow, StepEndLine
-from oomload.schedule import Hold, SchedulePlan, StopCondition
-from oomload.trace import TraceRecord
+from oomload.trace.model import TraceRecord
 
 
 class Session:
@@ -281,10 +281,11 @@ class Session:
             self.context.stopping = True
 
     def _evidence(self) -> Callable[[Any], int | None]:
-        """Requests a clean step must send, by the trace's odds on the server's pool (``oomload.odds``,
-        computed by ``OddsFeed`` without stalling the load; each level's odds go to ``odds.jsonl``);
-        nothing asked without a pool, when turned off, or while a level's odds are not known yet."""
-        from oomload.odds import Pool
+        """Requests a clean step must send, by the trace's odds on the server's pool
+        (``oomload.capacity.odds``, computed by ``OddsFeed`` without stalling the load; each level's
+        odds go to ``odds.jsonl``); nothing asked without a pool, when turned off, or while a level's
+        odds are not known yet."""
+        from oomload.capacity.odds import Pool
         from oomload.run.oddsfeed import OddsFeed
 
         cache_config = RunReader(self.writer.path).json("cache_config.json")
@@ -349,7 +350,7 @@ class Session:
         if port is None:
             port = DEFAULT_MASTER_PORT if config.workers else free_port()
         self.pool.prepare_token(lambda text: self.console.print(text, highlight=False, markup=False))
-        try:  # Locust's master behind oomload's gate (oomload.run.master_gate: the authenticated link)
+        try:  # Locust's master behind the link's checks (oomload.run.master_auth: the authenticated link)
             self.runner = self.env._create_runner(
                 guarded_master_class(), self.pool, master_bind_host=host, master_bind_port=port
             )

@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from oomload.capacity.schedule import StepPlan
 from oomload.rundir.records import GpuSampleRow, MetricsRow, ServerMemoryRow
-from oomload.schedule import StepPlan
-from oomload.stats import percentile
+from oomload.trace.stats import percentile
 
 
 @dataclass(frozen=True, slots=True)

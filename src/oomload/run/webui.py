@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from oomload.capacity.schedule import StepPlan
 from oomload.run.livefeed import LiveFeed
 from oomload.run.snapshot import FinalState, LatencyFigures, PlanState, TelemetrySnapshot
-from oomload.schedule import StepPlan
 from oomload.verdict import kv_percent
 
 TAB_KEY = "oomload"

@@ -469,7 +469,7 @@ class WorkerSession:
 
 
 def guarded_worker_class() -> Any:
-    """Locust's ``WorkerRunner`` with oomload's gate in front of its message handling: a frame it
+    """Locust's ``WorkerRunner`` with the link's checks in front of its message handling: a frame it
     cannot decode and a message whose handler fails are dropped and counted (Locust's own loop would
     die on some), and until the master proved the token only the handshake gets through."""
     import gevent

@@ -1,7 +1,7 @@
 """The master's side of distributed load: the pool of its Locust workers (local and on other hosts)
 and their results. Each worker is an ``oomload worker`` process (``oomload.run.worker_node``); the
 master's ``StepMeter`` over them is ``oomload.run.master_meter``, Locust's master behind the link's
-gate ``oomload.run.master_gate``.
+checks ``oomload.run.master_auth``.
 
 ``WorkerPool`` waits for ``K`` workers (``--workers K``; ``--processes N`` starts N of them on this
 host as ``oomload worker`` processes on 127.0.0.1, their output in ``worker.K.log``, SIGTERM when
@@ -17,7 +17,7 @@ missing ("1 of 2 Locust workers arrived within 60 s …"), never a traceback.
 hosts once; else, for ``--processes`` alone, a fresh one in memory that the local workers get
 through their environment). Before anything else each worker and the master prove to each other that
 they hold it (``oomload.load.wire``), and every oomload message after that is sealed with a key of
-that connection. ``GuardedMaster`` (``master_gate``) stands in front of Locust's own message
+that connection. ``GuardedMaster`` (``master_auth``) stands in front of Locust's own message
 handling: a peer that has not completed the handshake reaches nothing but the handshake (its
 ``client_ready`` is answered but held back from Locust until it has, so it never gets users), a
 frame that cannot be decoded or claims another peer's id, a message whose handler fails, an unsealed
@@ -250,7 +250,7 @@ class WorkerPool:
         info = self.workers.get(client_id)
         return info if info is not None and info.keys is not None else None
 
-    def gate(self, client_id: str, kind: str) -> str | None:
+    def admit(self, client_id: str, kind: str) -> str | None:
         """What ``GuardedMaster`` does with a Locust message of ``kind`` from ``client_id``: None to
         handle it, ``"hold"`` for the client_ready of a peer that has not proved the token yet, ``""``
         to drop it quietly (the heartbeats of a peer in its handshake), else the reason to count."""

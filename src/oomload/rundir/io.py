@@ -29,7 +29,7 @@ file                        content
                             ``server_dead``, ``first_preemption``, ``interrupted``,
                             ``sampler_unavailable``, ``stop_condition``
 ``cache_config.json``       the server's ``vllm:cache_config_info`` labels, read once
-``odds.jsonl``              the trace's odds per level on that pool (``oomload.odds.LevelOdds``),
+``odds.jsonl``              the trace's odds per level on that pool (``oomload.capacity.odds.LevelOdds``),
                             one line per level when the run first measures it
 ``repro/*.jsonl``           oomload traces of the requests in flight at the first preemption
                             and at a server death: minimal reproductions for ``oomload replay``

@@ -1,8 +1,9 @@
 """The simulated vLLM: a memory-faithful engine model, an OpenAI-compatible server and a planner.
 
 - ``geometry``: KV bytes per token, GPU/model presets, vLLM's start-up memory budget (pure).
-- ``scheduler``: vLLM V1's block pool and preemption behaviour (pure).
-- ``model``: the engine = scheduler + step-time model + modelled CUDA OOM + vLLM counters (pure).
+- ``build``: ``sim serve`` / ``plan`` options turned into a sized engine.
+- ``model``: the engine = scheduler (``oomload.capacity.scheduler``) + step-time model + modelled
+  CUDA OOM + vLLM counters (pure).
 - ``tokenizer``: the toy 4-characters-per-token tokenizer (pure).
 - ``planner``: ``oomload plan``'s offline closed-loop runs on a virtual clock (pure).
 - ``metrics``: Prometheus / DCGM exposition with vLLM's names.

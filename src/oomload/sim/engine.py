@@ -37,10 +37,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from oomload.capacity.scheduler import SimRequest
 from oomload.sim.hostmem import LEAK_TICK_S, AllocationFailed, HostMemory
 from oomload.sim.model import EngineModel, OomEvent
 from oomload.sim.openai_request import RequestError
-from oomload.sim.scheduler import SimRequest
 from oomload.sim.vllmlog import (
     FatalError,
     cpu_alloc_failure,

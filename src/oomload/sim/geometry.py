@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from oomload.capacity import blocks_for_tokens, usable_blocks
+from oomload.capacity.blocks import blocks_for_tokens, usable_blocks
 from oomload.errors import ConfigError
 
 GIB = 1024**3

@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from oomload.capacity.scheduler import EngineStepResult, Scheduler, SchedulerConfig, SimRequest
 from oomload.sim.geometry import (
     EngineConfig,
     GpuSpec,
@@ -42,7 +43,6 @@ from oomload.sim.geometry import (
     ModelSpec,
     step_activation_bytes,
 )
-from oomload.sim.scheduler import EngineStepResult, Scheduler, SchedulerConfig, SimRequest
 from oomload.sim.vllmlog import cuda_oom_message
 
 TTFT_BUCKETS_S = (

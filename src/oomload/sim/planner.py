@@ -40,20 +40,20 @@ from typing import Any
 
 import numpy as np
 
-from oomload.capacity import (
+from oomload.capacity.blocks import (
     OnsetPrediction,
     SharedPrefixes,
     blocks_for_tokens,
     predict_preemption_onset,
     single_request_limit_tokens,
 )
+from oomload.capacity.odds import block_token_ids
+from oomload.capacity.scheduler import SimRequest
 from oomload.errors import ConfigError
-from oomload.odds import block_token_ids
 from oomload.sim.build import BuiltEngine, EngineOptions, build_engine
 from oomload.sim.geometry import GPU_PRESETS
-from oomload.sim.scheduler import SimRequest
-from oomload.stats import MaxModelLenAdvice, percentile, recommend_max_model_len
-from oomload.trace import DEFAULT_PREFIX_BLOCK_TOKENS
+from oomload.trace.model import DEFAULT_PREFIX_BLOCK_TOKENS
+from oomload.trace.stats import MaxModelLenAdvice, percentile, recommend_max_model_len
 
 SATURATED_USAGE = 0.99
 SAFE_GPU_MEMORY_UTILIZATION = 0.95  # the highest utilization the plan suggests (headroom for spikes)

@@ -48,13 +48,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from oomload.capacity.scheduler import SimRequest
 from oomload.errors import ConfigError
 from oomload.sim.engine import EngineLoop, Flight
 from oomload.sim.hostmem import HostMemory, HostMemoryConfig
 from oomload.sim.metrics import EngineCollector, build_registry, cache_config_labels, dcgm_text
 from oomload.sim.model import EngineModel
 from oomload.sim.openai_request import Generation, RequestError, RequestRules, decode_body
-from oomload.sim.scheduler import SimRequest
 from oomload.sim.tokenizer import FIRST_ORDINARY_ID, ToyTokenizer
 from oomload.sim.vllmlog import log_lines
 

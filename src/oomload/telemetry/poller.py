@@ -8,7 +8,7 @@ patching its socket I/O is cooperative), parses it with ``parse_vllm_metrics`` a
   "generation_tokens_total", "generation_tokens_delta", "admission_rejections_total",
   "prefix_cache_queries_total", "prefix_cache_hits_total", "e2e_latency_seconds_sum",
   "inference_seconds_sum", "queue_seconds_sum", "restarted", "scrape_ms"}`` — the three ``*_sum``
-  fields are vLLM's latency histogram sums in seconds, from which ``oomload.serverside`` derives how
+  fields are vLLM's latency histogram sums in seconds, from which ``oomload.rundir.serverside`` derives how
   many requests the server itself held (Little's law)
 * failed: ``{"t_unix_s", "ok": false, "error": "<one sentence>", "scrape_ms"}``
 

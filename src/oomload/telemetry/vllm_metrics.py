@@ -66,7 +66,7 @@ NAME_CANDIDATES: dict[str, tuple[str, ...]] = {
         "vllm:gpu_prefix_cache_hits",
     ),
     # histogram sums in seconds: Little's law over two scrapes gives the mean requests in the server
-    # (``oomload.serverside``); the queue and inference phases exist in V1 only
+    # (``oomload.rundir.serverside``); the queue and inference phases exist in V1 only
     "e2e_latency_seconds_sum": ("vllm:e2e_request_latency_seconds_sum",),
     "inference_seconds_sum": ("vllm:request_inference_time_seconds_sum",),
     "queue_seconds_sum": ("vllm:request_queue_time_seconds_sum",),

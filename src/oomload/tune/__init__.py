@@ -3,9 +3,14 @@ the traffic (docs/tune.md).
 
 * ``search``   — which settings to start next and which one wins (pure; its docstring has every rule);
 * ``startup``  — a failed start classified from the server's own log (pure);
-* ``servecmd`` — the user's ``--serve`` line with a candidate's flags added or replaced (pure);
+* ``context``  — a tune's configuration and what every candidate of it shares;
+* ``rate``     — ``--target-rate``: the concurrency a request rate needs, measured on the server (pure);
 * ``record``   — ``tune.json`` (schema ``oomload.tune/1``), one typed value per candidate (pure);
-* ``run``      — the runner: per candidate start → pool → odds → replay → proof (I/O).
+* ``prove``    — one candidate's replay and what it proves (I/O);
+* ``run``      — the runner: per candidate start → pool → odds → replay → proof (I/O); it returns
+  the record, which the CLI renders (``oomload.report.tune``).
+
+The user's ``--serve`` line with a candidate's flags is ``oomload.realvllm.servecmd``.
 
 Nothing is imported here: the pure modules stay importable without the runner's I/O.
 """

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from oomload.capacity import SharedPrefixes
-from oomload.odds import trace_prefixes
-from oomload.trace import PrefixInfo, TraceRecord
+from oomload.capacity.blocks import SharedPrefixes
+from oomload.capacity.odds import trace_prefixes
+from oomload.realvllm.servecmd import ServeCommand
+from oomload.trace.model import PrefixInfo, TraceRecord
 from oomload.tune.search import SearchSpace
-from oomload.tune.servecmd import ServeCommand
 
 
 @dataclass(frozen=True)

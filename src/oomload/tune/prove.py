@@ -32,13 +32,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from oomload.capacity.odds import Pool
 from oomload.errors import ConfigError, ExitCode
-from oomload.odds import Pool
+from oomload.load.preflight import preflight
 from oomload.outfile import output_file
-from oomload.run.preflight import preflight
 from oomload.telemetry.scrape import fetch_text
 from oomload.telemetry.vllm_metrics import parse_vllm_metrics
-from oomload.trace import read_trace_header, write_trace
+from oomload.trace.model import read_trace_header, write_trace
 from oomload.tune.context import TuneContext
 from oomload.tune.rate import RateTarget, arrival_scale, calibration_requests, rate_target_from_summary
 from oomload.tune.search import Candidate, OddsGuide, Proof, headroom_level, odds_guide

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oomload.trace import TraceRecord
+from oomload.trace.model import TraceRecord
 
 CALIBRATION_WINDOW_S = 20.0  # the open-loop replay spans about this long at the target rate
 MIN_CALIBRATION_REQUESTS = 24

@@ -68,8 +68,8 @@ from oomload.errors import (
 from oomload.outfile import write_text
 from oomload.realvllm.serveline import ServeLine, scrub_file
 from oomload.realvllm.server import RealVllmServer, free_port
-from oomload.stats import recommend_max_model_len
-from oomload.trace import read_trace, read_trace_header
+from oomload.trace.model import read_trace, read_trace_header
+from oomload.trace.stats import recommend_max_model_len
 from oomload.tune.context import TuneConfig, TuneContext
 from oomload.tune.prove import measure_rate, prove, read_text
 from oomload.tune.rate import RateTarget
@@ -82,8 +82,10 @@ __all__ = ["TuneConfig", "check_port_free", "run_tune", "scrub_file"]
 SERVER_LOG = "server.log"
 
 
-def run_tune(config: TuneConfig, console: Console | None = None) -> int:
-    """Run the tune (module docstring) and return the exit code; SIGTERM counts as Ctrl-C meanwhile."""
+def run_tune(config: TuneConfig, console: Console | None = None) -> TuneRecord:
+    """Run the tune (module docstring) and return its record (also in ``tune.json``); SIGTERM counts
+    as Ctrl-C meanwhile. The caller renders the record (``oomload.report.tune``) and picks the exit
+    code (``tune_exit_code``)."""
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -96,7 +98,7 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _run_tune(config: TuneConfig, console: Console | None) -> int:
+def _run_tune(config: TuneConfig, console: Console | None) -> TuneRecord:
     console = console or Console()
     records = read_trace(config.trace_path)
     if not records:
@@ -168,10 +170,12 @@ def _run_tune(config: TuneConfig, console: Console | None) -> int:
         raise
     record = _record(ctx, history, status, notes)
     _write(config.run_dir, record)
-    from oomload.report.tune import write_tune_reports
+    return record
 
-    write_tune_reports(config.run_dir, record, console)
-    if status == "interrupted":
+
+def tune_exit_code(record: TuneRecord) -> int:
+    """Interrupted: ``INTERRUPTED``; a winner: ``OK``; else ``GATE_FAILED`` (nothing carried the target)."""
+    if record.status == "interrupted":
         return int(ExitCode.INTERRUPTED)
     return int(ExitCode.OK if record.winner is not None else ExitCode.GATE_FAILED)
 

@@ -67,10 +67,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from oomload.capacity import PromptShape, SharedPrefixes
-from oomload.odds import LevelOdds, Pool, level_odds
+from oomload.capacity.blocks import PromptShape, SharedPrefixes
+from oomload.capacity.odds import LevelOdds, Pool, level_odds
+from oomload.realvllm.servecmd import flag_text
 from oomload.tune.rate import RateTarget
-from oomload.tune.servecmd import flag_text
 from oomload.tune.startup import StartCause, StartupFailure
 
 MIN_BATCHED_TOKENS = 512

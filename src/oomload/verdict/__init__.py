@@ -8,19 +8,21 @@ Read in this order:
    what it died (cuda_oom, cpu_oom, oom_killed, killed, crash, no_cause) from the server's log, exit
    status and memory; ``deathlog`` — that log read: the root-cause line, its consequences kept out;
 3. ``stepfacts`` — one ``StepFacts`` per step: counts, latencies, KV and queue peaks (sustained ones
-   from ``gauges``), the server's side (``oomload.serverside``), whether the step can be trusted;
+   from ``gauges``), the server's side (``oomload.rundir.serverside``), whether the step can be trusted;
    ``loadgen`` — whether a step that did not hold its level had a starved load generator;
+   ``prefixrate`` — which prompt shape the run measured, and the server's prefix-cache hit rate;
+   ``servermem`` — the server's own host memory over the run;
 4. ``prediction`` — the block arithmetic's onset band, compared with the observed onset;
 5. ``confidence`` — the caveats and the confidence level;
 6. ``levels`` — each level over its steps: the onsets, the first unsafe and the last safe level;
    ``runinfo`` — the run as a whole: cut short where, context overflow;
 7. ``verdict`` — puts them together in the ``Verdict`` (its module docstring states every rule);
 8. ``recommend`` — the serving flags the verdict supports;
-9. ``gate`` — CI rules judged against the verdict;
+9. ``gate`` — CI rules judged against the verdict; ``gatesignals`` — what a rule can name;
 10. ``trend`` — a soak's memory series: growing, flat, shrinking or inconclusive, and when it meets its limit.
 
-The trace's odds (``oomload.odds``) and the statistics (``oomload.stats``) live in the core above:
-the live schedule uses them too. This package re-exports the verdict's public names.
+The trace's odds (``oomload.capacity.odds``) and the statistics (``oomload.trace.stats``) live on
+the floors below: the live schedule uses them too. This package re-exports the verdict's public names.
 """
 
 from oomload.verdict.verdict import (

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oomload.odds import LevelOdds
+from oomload.capacity.odds import LevelOdds
 from oomload.verdict.confidence import ConfidenceNote
 from oomload.verdict.death import EngineDeath
 from oomload.verdict.runview import RunView

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from oomload.capacity import OnsetPrediction, PromptShape, SharedPrefixes, predict_preemption_onset
+from oomload.capacity.blocks import OnsetPrediction, PromptShape, SharedPrefixes, predict_preemption_onset
 from oomload.rundir.records import CacheConfig
 
 DISAGREE_LEVELS = 1

@@ -11,7 +11,7 @@ by ``(pass, id)`` as the payload seeds them (pass = sequence number ÷ requests 
 trace, the sequence number being the part of the request id after the last ``#``; one pass in sample
 order). Its expected hit is the tokens of its leading ids already sent earlier in the run — an
 infinite-cache upper bound — rounded down to whole server blocks and capped at ``⌊(L − 1) / B⌋ · B``
-(vLLM always computes the last token): ``oomload.prefix.CacheModel`` (the one model of a prefix
+(vLLM always computes the last token): ``oomload.trace.prefix.CacheModel`` (the one model of a prefix
 cache), with ``hit_block_tokens`` the server's block size. The step's rate = expected hit tokens ÷
 prompt tokens of its requests. In a distinct run the expected rate is 0.
 
@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomload.outcome import RequestResult
-from oomload.prefix import CacheModel
 from oomload.rundir.records import CacheConfig, MetricsRow, PrefixSetting, RunConfig
-from oomload.stats import percentile
-from oomload.trace import PrefixInfo, TraceRecord
+from oomload.trace.model import PrefixInfo, TraceRecord
+from oomload.trace.prefix import CacheModel
+from oomload.trace.stats import percentile
 
 MEANINGFUL_RATE = 0.2  # below this expected rate, a shortfall is not judged
 SHORTFALL_FACTOR = 0.5  # the server's rate below this × expected is a disagreement

@@ -48,10 +48,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from oomload.capacity import single_request_limit_tokens
+from oomload.capacity.blocks import single_request_limit_tokens
+from oomload.realvllm.servecmd import flag_text, serve_line
 from oomload.rundir.records import CacheConfig
-from oomload.stats import MaxModelLenAdvice, recommend_max_model_len
-from oomload.tune.servecmd import flag_text, serve_line
+from oomload.trace.stats import MaxModelLenAdvice, recommend_max_model_len
 from oomload.verdict.death import EngineDeath
 from oomload.verdict.deathcause import DeathKind, format_bytes
 from oomload.verdict.verdict import Verdict, kv_peak_text

@@ -19,8 +19,8 @@ from typing import Any
 
 from oomload.errors import ConfigError
 from oomload.outcome import Outcome, RequestResult
+from oomload.realvllm.servecmd import parse_serve_command
 from oomload.rundir.records import CUT_SHORT_REASONS, RunStatus
-from oomload.tune.servecmd import parse_serve_command
 from oomload.verdict.death import EngineDeath
 from oomload.verdict.runview import RunView
 from oomload.verdict.stepfacts import END_REASON_WORDS, StepFacts

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oomload.capacity import PromptShape, SharedPrefixes
+from oomload.capacity.blocks import PromptShape, SharedPrefixes
+from oomload.capacity.odds import LevelOdds
 from oomload.errors import ConfigError, TraceFormatError
-from oomload.odds import LevelOdds
 from oomload.outcome import RequestResult
 from oomload.rundir import RunReader
 from oomload.rundir.records import (
@@ -54,7 +54,7 @@ from oomload.rundir.records import (
     parse_status,
     parse_step_lines,
 )
-from oomload.trace import PrefixInfo, TraceRecord, read_trace, read_trace_header
+from oomload.trace.model import PrefixInfo, TraceRecord, read_trace, read_trace_header
 
 LAST_STEP_TAIL_S = 5.0
 SERVER_LOG = "server.log"  # the server's log during the run (--serve writes it, --server-log copies it)

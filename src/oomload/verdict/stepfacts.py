@@ -25,7 +25,7 @@
 * rates, so levels compare whatever their length: ``preemptions_per_100`` (preemptions per 100 requests
   the step sent), ``waiting_share`` (the share of its scrapes with requests waiting) and
   ``kv_saturated_share`` (the share with KV usage ≥ ``KV_SATURATED``);
-* the trace's odds at the step's level (``oomload.odds``, from ``odds.jsonl``) and the evidence they
+* the trace's odds at the step's level (``oomload.capacity.odds``, from ``odds.jsonl``) and the evidence they
   asked for: a clean step that sent fewer requests than ``LevelOdds.requests_for()`` is *thin*
   (``evidence_thin``) — by the odds it could have missed a preemption more than 5 % of the time;
 * from the GPU samples: device total, max used, min free, and the largest process (the server);
@@ -33,7 +33,7 @@
   end line; ``oomload.verdict.loadgen`` judges whether it was starved);
 * the *achieved* concurrency: the time-weighted mean number of requests in flight during the step
   (from every request's own start/end times), to compare with the target;
-* the *server's* side (``oomload.serverside``): the mean requests in vLLM, in its engine and queued,
+* the *server's* side (``oomload.rundir.serverside``): the mean requests in vLLM, in its engine and queued,
   by Little's law on its latency-sum counters between the scrape that opened the step and the last
   one in it, and the server's share of the client's time for the requests that ended in between
   (only when at least ``SHARE_MIN_ROUNDS`` rounds of the level's requests ended there, and never in
@@ -68,18 +68,18 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from oomload.odds import LevelOdds
+from oomload.capacity.odds import LevelOdds
 from oomload.outcome import Outcome, RequestResult
 from oomload.rundir.loadgenrecord import LoadgenRow
 from oomload.rundir.records import MetricsRow, max_float, max_int, min_int
-from oomload.serverside import (
+from oomload.rundir.serverside import (
     SERVER_SHARE_MIN,
     ServerConcurrency,
     delivered_concurrency,
     server_concurrency,
     server_share,
 )
-from oomload.stats import percentile
+from oomload.trace.stats import percentile
 from oomload.verdict.gauges import sustained_level
 from oomload.verdict.loadgen import Starvation, starvation, starved_process
 from oomload.verdict.runview import StepData

@@ -88,9 +88,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from oomload.capacity import PromptShape
+from oomload.capacity.blocks import PromptShape
 from oomload.outcome import Outcome
-from oomload.stats import LengthSummary, summarize_lengths
+from oomload.trace.stats import LengthSummary, summarize_lengths
 from oomload.verdict.confidence import (
     ConfidenceNote,
     confidence_level,

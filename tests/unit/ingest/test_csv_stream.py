@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from oomload.errors import TraceFormatError
 from oomload.ingest import SkipLog, build_trace, iter_records
-from oomload.stats import GAP_BLOCK, ArrivalCounter
+from oomload.trace.stats import GAP_BLOCK, ArrivalCounter
 
 HEADER = b"TIMESTAMP,ContextTokens,GeneratedTokens\n"
 

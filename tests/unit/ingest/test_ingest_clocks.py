@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from oomload.ingest import ClockRange, align_clocks, build_trace, iter_records, load_columns
 from oomload.ingest.clocks import REBASED, SHARED
-from oomload.trace import read_trace, read_trace_header
+from oomload.trace.model import read_trace, read_trace_header
 
 AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 MOONCAKE = '{"timestamp": %d, "input_length": %d, "output_length": 1}\n'

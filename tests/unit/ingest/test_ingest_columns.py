@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from oomload.errors import ConfigError
 from oomload.ingest.columns import batch_from_records, format_lines, lines_bytes, records_from_batch
 from oomload.ingest.tokens import load_token_counter
-from oomload.trace import TraceRecord
+from oomload.trace.model import TraceRecord
 
 text = st.text(alphabet=st.characters(codec="utf-8"), max_size=12)
 record = st.builds(

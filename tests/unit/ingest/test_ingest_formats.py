@@ -20,7 +20,7 @@ from oomload.ingest import (
     writer,
 )
 from oomload.ingest.source import LogSource
-from oomload.trace import TraceRecord, read_trace, read_trace_header
+from oomload.trace.model import TraceRecord, read_trace, read_trace_header
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"  # real vLLM logs (tests/fixtures/regenerate.py)
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())

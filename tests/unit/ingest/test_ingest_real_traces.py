@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from oomload.ingest import build_trace, load_columns
-from oomload.stats import summarize_trace
-from oomload.trace import read_trace, read_trace_header
+from oomload.trace.model import read_trace, read_trace_header
+from oomload.trace.stats import summarize_trace
 
 
 def _azure_reference(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

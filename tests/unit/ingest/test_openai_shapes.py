@@ -29,7 +29,7 @@ from oomload.ingest.columns import batches_from_records
 from oomload.ingest.openai_fast import read_openai_batches
 from oomload.ingest.openai_log import read_openai_records
 from oomload.ingest.tabular import _parse_datetime_s, parse_datetime_s
-from oomload.prefix import BlockHasher
+from oomload.trace.prefix import BlockHasher
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: bench/
 logshapes: Any = importlib.import_module("bench.logshapes")

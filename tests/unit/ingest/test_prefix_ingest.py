@@ -8,8 +8,8 @@ import pytest
 
 from oomload.ingest import build_trace
 from oomload.ingest.prefixes import PREFIX_SALT_ENV
-from oomload.prefix import expected_hit_tokens
-from oomload.trace import read_trace, read_trace_header
+from oomload.trace.model import read_trace, read_trace_header
+from oomload.trace.prefix import expected_hit_tokens
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
@@ -362,7 +362,7 @@ def test_vllm_prompts_are_counted_a_batch_at_a_time_and_their_bound_kept_in_line
     from oomload.ingest.source import LogSource
 
     monkeypatch.setattr(vllm_log, "BATCH_ROWS", 3)
-    from oomload import trace
+    from oomload.trace import model as trace
 
     for module in (vllm_log, trace):  # the bound, scaled down to these prompts
         monkeypatch.setattr(module, "MAX_TOKENS", 20)

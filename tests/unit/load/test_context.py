@@ -33,7 +33,7 @@ def test_a_user_sends_its_conversations_turns_in_order_before_taking_another() -
     import json
 
     from oomload.load.payload import CompletionPayloads, PayloadOptions, RequestOrder
-    from oomload.trace import TraceRecord
+    from oomload.trace.model import TraceRecord
 
     def turn(rid: str, session: str | None, k: int | None, ids: tuple[int, ...]) -> TraceRecord:
         return TraceRecord(rid, 0.0, 64, 4, hash_ids=ids, session=session, turn=k)

@@ -17,7 +17,7 @@ from oomload.load.payload import (
     RequestOrder,
     parse_token_id_range,
 )
-from oomload.trace import TraceRecord
+from oomload.trace.model import TraceRecord
 
 
 def _record(prompt: int, output: int, rid: str = "r0", hash_ids: tuple[int, ...] = ()) -> TraceRecord:

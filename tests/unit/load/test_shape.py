@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from oomload.capacity.schedule import Hold, SchedulePlan, StepPlan, StopCondition
 from oomload.load.shape import StepCount, StepDriver
-from oomload.schedule import Hold, SchedulePlan, StepPlan, StopCondition
 
 
 class FakeMeter:

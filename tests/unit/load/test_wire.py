@@ -19,7 +19,7 @@ from oomload.load.resultstream import ResultStream
 from oomload.outcome import Outcome, RequestResult
 from oomload.run.config import LoadOptions, ReplayConfig
 from oomload.run.worker_node import _RowFile
-from oomload.trace import TraceRecord
+from oomload.trace.model import TraceRecord
 
 
 @pytest.mark.parametrize(

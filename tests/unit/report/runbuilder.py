@@ -9,7 +9,7 @@ from typing import Any
 
 from oomload.outcome import Outcome, RequestResult
 from oomload.rundir import RunWriter
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 T0 = 1_700_000_000.0
 GIB = 2**30

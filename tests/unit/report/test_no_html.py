@@ -13,7 +13,7 @@ from runbuilder import CPU_CACHE, cpu_knee_steps, write_run
 from oomload.cli import build_parser
 from oomload.cli.replay import build_config
 from oomload.run.runner import _finalize
-from oomload.trace import TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 from oomload.tune.prove import _replay_argv
 
 

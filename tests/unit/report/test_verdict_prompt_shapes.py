@@ -13,7 +13,7 @@ from typing import Any
 from runbuilder import StepSpec, write_run
 
 from oomload.report.findings import describe
-from oomload.trace import PrefixInfo, TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import PrefixInfo, TraceHeader, TraceRecord, write_trace
 from oomload.verdict import build_verdict
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from oomload.odds import LevelOdds, Pool, level_odds
+from oomload.capacity.odds import LevelOdds, Pool, level_odds
 from oomload.run.oddsfeed import OddsFeed, bisection_order, main
-from oomload.trace import PrefixInfo, TraceHeader, TraceRecord, write_trace
+from oomload.trace.model import PrefixInfo, TraceHeader, TraceRecord, write_trace
 
 
 def test_bisection_order_puts_each_gaps_midpoint_first() -> None:

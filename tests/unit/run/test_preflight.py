@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from oomload.errors import ConfigError, EndpointError
-from oomload.run.preflight import preflight, split_base_url
+from oomload.load.preflight import preflight, split_base_url
 
 
 @contextlib.contextmanager

@@ -7,7 +7,14 @@ from pathlib import Path
 
 from oomload.outcome import Outcome, RequestResult
 from oomload.run.repro import write_repro
-from oomload.trace import PrefixInfo, TraceHeader, TraceRecord, read_trace, read_trace_header, write_trace
+from oomload.trace.model import (
+    PrefixInfo,
+    TraceHeader,
+    TraceRecord,
+    read_trace,
+    read_trace_header,
+    write_trace,
+)
 
 
 def test_a_repro_keeps_the_runs_prefix_ids_and_block_size(tmp_path: Path) -> None:

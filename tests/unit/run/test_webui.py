@@ -7,9 +7,9 @@ import subprocess
 import sys
 from dataclasses import replace
 
+from oomload.capacity.schedule import StepPlan
 from oomload.run.snapshot import FinalState, LatencyFigures, PlanState, TelemetrySnapshot, TtftFigures
 from oomload.run.webui import cross_origin, plan_text, telemetry_rows, ttft_text
-from oomload.schedule import StepPlan
 
 PLAN = PlanState(levels=(1, 2, 4, 8, 16), planned_steps=5, refine=True)
 STEP = StepPlan(3, 8, "ramp")

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from oomload.odds import Pool, level_odds
-from oomload.sim.scheduler import Scheduler, SchedulerConfig, SimRequest
+from oomload.capacity.odds import Pool, level_odds
+from oomload.capacity.scheduler import Scheduler, SchedulerConfig, SimRequest
 
 
 def _state(sched: Scheduler, requests: list[SimRequest]) -> tuple[Any, ...]:

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from oomload.capacity.scheduler import SimRequest
 from oomload.sim.build import EngineOptions, build_engine
 from oomload.sim.model import EngineModel, Histogram, token_buckets
-from oomload.sim.scheduler import SimRequest
 from oomload.sim.tokenizer import GENERATION_PROMPT_TOKENS, MESSAGE_OVERHEAD_TOKENS, ToyTokenizer
 
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oomload.capacity import blocks_for_tokens, usable_blocks
-from oomload.sim.scheduler import RequestStatus, Scheduler, SchedulerConfig, SimRequest
+from oomload.capacity.blocks import blocks_for_tokens, usable_blocks
+from oomload.capacity.scheduler import RequestStatus, Scheduler, SchedulerConfig, SimRequest
 
 batched: list[int] = []  # tokens computed per step by the last closed_loop() call
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from oomload.odds import Pool
+from oomload.capacity.odds import Pool
 from oomload.tune.prove import proof_from_summary
 from oomload.tune.search import OddsGuide
 

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from oomload.capacity import SharedPrefixes
-from oomload.odds import Pool
-from oomload.trace import TraceRecord
+from oomload.capacity.blocks import SharedPrefixes
+from oomload.capacity.odds import Pool
+from oomload.trace.model import TraceRecord
 from oomload.tune.rate import (
     MIN_CALIBRATION_REQUESTS,
     RateTarget,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from oomload.errors import ConfigError
+from oomload.realvllm.servecmd import parse_serve_command
 from oomload.tune.search import Settings
-from oomload.tune.servecmd import parse_serve_command
 
 
 def test_flags_are_replaced_in_both_spellings_and_nothing_else_moves() -> None:

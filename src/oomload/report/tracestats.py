@@ -1,6 +1,6 @@
 """What ``oomload trace stats`` shows: the JSON document, the terminal tables and the length plot.
 
-``stats_document`` turns ``oomload.stats``' ``TraceStats`` of a trace (and what reading it found:
+``stats_document`` turns ``oomload.trace.stats``' ``TraceStats`` of a trace (and what reading it found:
 formats, skipped lines, input alignment) into the ``--json`` document (schema ``STATS_SCHEMA``,
 documented in docs/trace.md); ``print_stats`` renders that same document as tables with rich, so
 the terminal and JSON never disagree; ``plot_lengths`` draws the input, output and total length
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from oomload.capacity import single_request_limit_tokens
+from oomload.capacity.blocks import single_request_limit_tokens
 from oomload.errors import ConfigError
 
 if TYPE_CHECKING:
     from oomload.ingest import TraceCounts
-    from oomload.prefix import PrefixStats
-    from oomload.stats import LengthCounts, TraceStats
+    from oomload.trace.prefix import PrefixStats
+    from oomload.trace.stats import LengthCounts, TraceStats
 
 STATS_SCHEMA = "oomload.trace-stats/1"
 DEFAULT_BLOCK_SIZE = 16  # vLLM's block size on GPUs when --block-size is not given
@@ -49,7 +49,7 @@ def stats_document(
 
     Shares are fractions (0.25 = 25 %) and their keys end in ``_fraction``.
     """
-    from oomload.stats import round_up
+    from oomload.trace.stats import round_up
 
     advice = stats.advice
     alignment = columns.alignment
@@ -96,7 +96,7 @@ def stats_document(
 
 def prefix_document(prefix: PrefixStats) -> dict[str, Any]:
     """The ``prefix`` object of the stats document; ``source`` ``none`` when no request carries ids."""
-    from oomload.prefix import describe_prefix
+    from oomload.trace.prefix import describe_prefix
 
     doc = prefix.as_dict()
     if prefix.requests_with_ids == 0:
@@ -256,7 +256,7 @@ def plot_lengths(
     import numpy as np
 
     from oomload.ingest import TraceScratch, check_output_path
-    from oomload.stats import PERCENTILE_METHOD, PERCENTILES
+    from oomload.trace.stats import PERCENTILE_METHOD, PERCENTILES
 
     series = (("input tokens", prompt_tokens), ("output tokens", output_tokens), ("total tokens", total))
     panels = 3 if prefix is None else 4

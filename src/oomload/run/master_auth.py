@@ -1,9 +1,9 @@
-"""Locust's ``MasterRunner`` behind oomload's gate: the master's half of the authenticated worker link.
+"""Locust's ``MasterRunner`` behind the link's checks: the master's half of the authenticated worker link.
 
 Locust's master decodes every frame and hands every message to its own handlers. ``GuardedMaster``
 stands in front of that: frames are decoded here, so a frame that cannot be decoded, or that claims
 another peer's id, is dropped and counted (``WorkerPool.drop``) instead of ending Locust's receive
-loop; each message then asks ``WorkerPool.gate`` whether it may reach Locust — a peer still in its
+loop; each message then asks ``WorkerPool.admit`` whether it may reach Locust — a peer still in its
 handshake gets its ``client_ready`` answered but held back (so it never gets users), and a message
 Locust's handler fails on is dropped too. Frames bigger than ``MAX_FRAME_BYTES`` are refused by
 ZeroMQ itself. The rules of the link: ``oomload.run.worker_pool``'s module docstring.
@@ -22,9 +22,9 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024  # ZeroMQ drops a peer that sends a bigger fr
 
 
 def guarded_master_class() -> Any:
-    """Locust's ``MasterRunner`` with oomload's gate in front of its message handling (the module
+    """Locust's ``MasterRunner`` with the link's checks in front of its message handling (the module
     docstring): frames are decoded here, so one that cannot be is dropped and counted instead of
-    ending Locust's receive loop, and ``WorkerPool.gate`` decides what reaches Locust."""
+    ending Locust's receive loop, and ``WorkerPool.admit`` decides what reaches Locust."""
     import gevent
     import zmq.green as zmq
     from locust.exception import RPCError
@@ -68,7 +68,7 @@ def guarded_master_class() -> Any:
 
         def handle_message(self, client_id: str, msg: Any) -> None:
             pool = self.oomload_pool
-            why = pool.gate(client_id, msg.type)
+            why = pool.admit(client_id, msg.type)
             if why == "hold":
                 pool.hold(client_id, msg)  # answered, so that it can say hello; not a client yet
                 ack = Message("ack", {"index": -1}, client_id)  # type: ignore[no-untyped-call]

@@ -28,7 +28,7 @@ from typing import Any
 
 from oomload.credentials import redact_url, url_credentials_error, url_has_credentials
 from oomload.errors import ConfigError, EndpointError
-from oomload.trace import TraceRecord
+from oomload.trace.model import TraceRecord
 
 ENDPOINT_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/embeddings", "/metrics")
 

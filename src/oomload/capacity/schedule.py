@@ -26,12 +26,12 @@ Order of steps (``next_step``)
        fewer requests than the trace's odds asked for is not conclusive), so a repeat can move the
        bracket — 6 seen bad in 1 of 3 is good — and the bisection resumes from the new bracket.
        Every level is measured at most ``repeats`` times, so the refinement ends. With a real trace
-       one step is one draw (``oomload.odds``): repeating the two levels that decide the onset is
+       one step is one draw (``oomload.capacity.odds``): repeating the two levels that decide the onset is
        what makes it repeatable.
     A dead server ends the run at once (nothing more can be measured).
 
 Levels placed by the odds (``place_levels``)
-    When the trace's odds on the server's pool are known before the load (``oomload.odds``), they say
+    When the trace's odds on the server's pool are known before the load (``oomload.capacity.odds``), they say
     where the onset should be: the lowest level whose odds are not negligible (``odds.predicted_onset``,
     say 8). The ramp then measures that level and the one below it (7 and 8, added to the levels when
     missing), so the bisection between the ramp's 4 and 8 is not needed: the bracket is adjacent at once

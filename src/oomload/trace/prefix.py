@@ -1,6 +1,6 @@
 """Prefix reuse of a trace: how much of the prompts a prefix cache would hold, and the trace's prefix stats.
 
-The block ids come from ``oomload.blockhash`` (chained, salted: two prompts share block k exactly when
+The block ids come from ``oomload.trace.blockhash`` (chained, salted: two prompts share block k exactly when
 they are identical from token 0 through the end of block k); this module models the cache they feed.
 
 **Reuse** (``expected_hit_tokens``). Requests are taken in trace order; a request's cache hit is
@@ -35,15 +35,15 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-# The block hashing moved to ``oomload.blockhash``; these names stay importable from here for the
-# trace builders that import them from ``oomload.prefix`` (ingest/*).
-from oomload.blockhash import DEFAULT_BLOCK_TOKENS as DEFAULT_BLOCK_TOKENS
-from oomload.blockhash import BlockHasher as BlockHasher
-from oomload.blockhash import chain_marks as chain_marks
-from oomload.blockhash import count_token_texts as count_token_texts
-from oomload.blockhash import message_block_ids as message_block_ids
-from oomload.blockhash import part_marks as part_marks
-from oomload.trace import PrefixInfo, TraceRecord
+# The block hashing moved to ``oomload.trace.blockhash``; these names stay importable from here for the
+# trace builders that import them from ``oomload.trace.prefix`` (ingest/*).
+from oomload.trace.blockhash import DEFAULT_BLOCK_TOKENS as DEFAULT_BLOCK_TOKENS
+from oomload.trace.blockhash import BlockHasher as BlockHasher
+from oomload.trace.blockhash import chain_marks as chain_marks
+from oomload.trace.blockhash import count_token_texts as count_token_texts
+from oomload.trace.blockhash import message_block_ids as message_block_ids
+from oomload.trace.blockhash import part_marks as part_marks
+from oomload.trace.model import PrefixInfo, TraceRecord
 
 Key = TypeVar("Key", bound=Hashable)  # a block's key: a trace id, or (pass, id) in the verdict
 

@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from oomload.errors import ConfigError
-from oomload.trace import TraceRecord
+from oomload.trace.model import TraceRecord
 
 Z_99 = 2.3263478740408408  # Φ⁻¹(0.99)
 

@@ -56,7 +56,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from oomload.capacity import usable_blocks
+from oomload.capacity.blocks import usable_blocks
 
 
 class RequestStatus(enum.Enum):

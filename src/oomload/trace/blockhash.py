@@ -33,7 +33,7 @@ message that holds the block's last token with the block's end offset in that me
 match only when every message up to there is identical and starts at the same token, and a message
 is never split finer than its token count allows.
 
-``oomload.prefix`` models the cache these ids feed (reuse, the LRU pool, the trace's prefix stats).
+``oomload.trace.prefix`` models the cache these ids feed (reuse, the LRU pool, the trace's prefix stats).
 """
 
 from __future__ import annotations

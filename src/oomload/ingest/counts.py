@@ -49,9 +49,9 @@ from oomload.ingest.parallel import (
 from oomload.ingest.prefixes import build_hasher, header_prefix
 from oomload.ingest.skips import SkipLog, nothing_usable
 from oomload.ingest.tokens import TokenCounter
-from oomload.prefix import DEFAULT_BLOCK_TOKENS, PrefixStats, PrefixTally
-from oomload.stats import ArrivalCounter, ArrivalStats, LengthCounts, summarize_arrivals
-from oomload.trace import PrefixInfo, is_trace_file, read_trace_header
+from oomload.trace.model import PrefixInfo, is_trace_file, read_trace_header
+from oomload.trace.prefix import DEFAULT_BLOCK_TOKENS, PrefixStats, PrefixTally
+from oomload.trace.stats import ArrivalCounter, ArrivalStats, LengthCounts, summarize_arrivals
 
 
 @dataclass(slots=True)
@@ -185,7 +185,7 @@ def count_trace(
     """Counts per length, failures, arrival statistics and prefix reuse of a trace or logs (inputs aligned).
 
     Logs are read with prefix chains of ``DEFAULT_BLOCK_TOKENS`` (a salt of this read only);
-    ``kv_pool`` is the pool the reuse is also modelled in (``oomload.prefix``).
+    ``kv_pool`` is the pool the reuse is also modelled in (``oomload.trace.prefix``).
     """
     workers = default_workers() if workers is None else workers
     pool = ReadPool(

@@ -7,7 +7,7 @@ concurrency level, what a step of ``n`` requests should expect — from the trac
 server's pool alone, before (or without) any load.
 
 Algorithm (Monte Carlo, seeded): a closed loop of ``c`` clients on vLLM's V1 scheduler as the
-simulator models it (``oomload.sim.scheduler``, whose fidelity is measured against the real vLLM): each
+simulator models it (``oomload.capacity.scheduler``, whose fidelity is measured against the real vLLM): each
 client sends a request whose prompt and output lengths are drawn uniformly, with replacement, from the
 trace, and sends the next as soon as it finishes — exactly what a replay step does. A request holds
 ``blocks_held = ceil((P + O − 1) / block_size)`` blocks at its peak (the scheduler reaches that number
@@ -66,9 +66,9 @@ from typing import Any
 
 import numpy as np
 
-from oomload.capacity import PROMPT_SHAPES, PromptShape, SharedPrefixes
-from oomload.sim.scheduler import Scheduler, SchedulerConfig, SimRequest
-from oomload.trace import PrefixInfo, TraceRecord
+from oomload.capacity.blocks import PROMPT_SHAPES, PromptShape, SharedPrefixes
+from oomload.capacity.scheduler import Scheduler, SchedulerConfig, SimRequest
+from oomload.trace.model import PrefixInfo, TraceRecord
 
 # A clean level must have sent enough requests to see a preemption this surely if it preempted as the odds
 # say. The issue asked for ≥ 95 %; 99 % because the onset is a majority of repeats: at 95 % a level at the

@@ -1,0 +1,12 @@
+"""The trace: oomload's first stage — what a replay sends, as lengths, timing and ids, never text.
+
+Modules:
+
+- ``model``: the trace file format (header and records), reading and writing it.
+- ``blockhash``: chained, salted block ids of prompts — the prefix structure without the text.
+- ``prefix``: prefix reuse of a trace (what a prefix cache would hold) and its statistics.
+- ``stats``: length-distribution statistics and the ``max_model_len`` a trace implies.
+- ``synth``: synthetic traces from length-distribution specs, for users with no logs yet.
+
+Logs become traces in ``oomload.ingest``; ``oomload.report.tracestats`` renders ``trace stats``.
+"""

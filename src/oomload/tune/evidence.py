@@ -10,11 +10,13 @@ admits. Read from the replay's ``summary.json`` steps at the target (``judge_tar
   client's own burst of late sends.
 * **Capped** (``max_num_seqs`` below the target): the server admits at most its cap, so what the pool
   must hold is the cap, not the target, and the client's concurrency is not the question. The step
-  held when the engine ran at its cap: ``vllm:num_requests_running`` reached the cap and, by Little's
-  law on vLLM's inference-time sum (``serverside``: ``in_engine``), it ran at least 80 % of the cap on
-  average (the same line as the uncapped rule), the rest waiting; no preemption is the proof's own
-  test. Without the latency sums (an older vLLM) requests waiting in two consecutive scrapes stand in
-  for the mean, unless the client was starved.
+  held when the engine ran at its cap: ``vllm:num_requests_running`` reached the cap, and the rest
+  waited (requests waiting in two consecutive scrapes) — no preemption is the proof's own test. When
+  the load generator was starved that queue may be its own burst, so the server's mean must say it
+  instead: by Little's law on vLLM's inference-time sum (``serverside``: ``in_engine``) the engine ran
+  at least 80 % of its cap on average. (That mean alone is not the rule: over a step of a few request
+  lifetimes it reads low from edge effects — the simulator at cap 25, 4.6 waiting throughout, read
+  19.4, 78 %.)
 
 Either way the step must have completed and been mostly answered (``cut_short``, ``mostly_failed``).
 A step that did not hold is *no evidence*: not "carries", not "does not carry". When its load
@@ -83,12 +85,11 @@ def _judge_capped(step: Mapping[str, Any], target: int, cap: int, starved: str |
     server = step.get("server") or {}
     in_engine, queued = _num(server.get("in_engine")), _num(server.get("queued"))
     at_cap = isinstance(running, int) and running >= cap
-    if in_engine is not None:
-        ran = at_cap and in_engine >= CAP_HELD_SHARE * cap
-        mean = f", {in_engine:.1f} on average" + ("" if queued is None else f", {queued:.1f} waiting")
-    else:
-        ran = at_cap and int(step.get("waiting_sustained") or 0) > 0 and starved is None
-        mean = f", {int(step.get('waiting_sustained') or 0)} waiting in consecutive scrapes"
+    waited = int(step.get("waiting_sustained") or 0)
+    by_mean = in_engine is not None and in_engine >= CAP_HELD_SHARE * cap
+    ran = at_cap and ((waited > 0 and starved is None) or by_mean)
+    mean = "" if in_engine is None else f", {in_engine:.1f} on average"
+    mean += f", {waited} waiting in consecutive scrapes" if queued is None else f", {queued:.1f} waiting"
     shown = f"up to {'?' if running is None else running} running{mean}"
     if ran:
         return TargetEvidence(True, f"the server ran its cap {cap} ({shown})")

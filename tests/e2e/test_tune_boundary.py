@@ -11,18 +11,23 @@ measurements, and oomload's replay). Target 12.
   the winner's own replay at 12 shows no preemption on the server's counter and at least 9 requests
   running at once (``vllm:num_requests_running``). A candidate above it preempted: the search stopped
   for a reason.
-* **A starved load host.** The same tune with its load generator starved on purpose: every replay
-  child the tune starts is pinned, with its children, to one CPU at nice 10 beside three CPU-bound
-  neighbours pinned there too (bounded in time, killed with the tune); the server's processes are
-  pinned to the other CPU. The tune must say that the load host limits (exit 4, ``no_evidence``), and
-  name no winner — never a small cap that happened to pass.
+* **A starved load host.** The same tune, one rung (``--max-num-seqs 10``, the cap that carries
+  above), with its load generator starved on purpose: every replay child the tune starts is pinned,
+  with its children, to one CPU at nice 19 beside six CPU-bound neighbours pinned there too, and is
+  frozen (``SIGSTOP``) 0.9 s of every second, the server's processes pinned to the other CPU. (Pinning
+  and nice alone are not enough here: long requests need little client CPU, and a client that waited
+  95 % of the step for a CPU still kept 11.3 of 12 in flight, so the server ran its cap — evidence.)
+  The tune must say that the load host limits (exit 4, ``no_evidence``), and name no winner — never a
+  smaller cap for want of evidence.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -44,8 +49,10 @@ NUM_GPU_BLOCKS = 80
 SHARED_IDS = tuple(range(1, 17))  # the system prompt: 512 tokens
 TARGET = 12
 LARGEST_SAFE = 10  # (79 − 16) // 6: 10 requests' own blocks beside the shared ones
-NEIGHBOURS = 3
-CLIENT_NICE = 10
+NEIGHBOURS = 6
+CLIENT_NICE = 19
+STOP_CYCLE_TICKS = 20  # ticks of 0.05 s: one second
+RUN_TICKS = 2  # the replay runs 0.1 s of each second
 BURN_MAX_S = 420  # the neighbours end on their own after this, whatever happens
 TUNE_TIMEOUT_S = 480
 
@@ -58,7 +65,7 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _argv(trace: Path, vllm_python: Path, tiny_model: Path, out: Path) -> list[str]:
+def _argv(trace: Path, vllm_python: Path, tiny_model: Path, out: Path, *extra: str) -> list[str]:
     serve = shlex.join(
         [str(vllm_python), str(LAUNCHER), "serve", str(tiny_model), "--served-model-name", "tiny-model",
          "--enforce-eager", "--block-size", str(BLOCK), "--max-model-len", "2048",
@@ -68,7 +75,7 @@ def _argv(trace: Path, vllm_python: Path, tiny_model: Path, out: Path) -> list[s
         sys.executable, "-m", "oomload", "tune", str(trace), "--serve", serve,
         "--target-concurrency", str(TARGET), "--num-gpu-blocks", str(NUM_GPU_BLOCKS),
         "--startup-timeout-s", "180", "--replay-max-duration-s", "90", "--max-duration-s", "1500",
-        "--hold-s", "4", "--max-requests", "120", "--run-dir", str(out),
+        "--hold-s", "4", "--max-requests", "120", "--run-dir", str(out), *extra,
     ]  # fmt: skip
 
 
@@ -163,7 +170,7 @@ def _pin(pid: int, cpu: int, nice: int | None) -> None:
 
 
 class Starver:
-    """Pins the tune's replay children (and theirs) to ``client`` at nice 10 with CPU-bound neighbours
+    """Pins the tune's replay children (and theirs) to ``client`` at nice 19 with CPU-bound neighbours
     there, and every other process of the tune (the server) to ``server``, until stopped."""
 
     def __init__(self, tune_pid: int, client: int, server: int) -> None:
@@ -179,7 +186,9 @@ class Starver:
         self.thread.start()
 
     def _watch(self) -> None:
+        tick = 0
         while not self.stopped.wait(0.05):
+            tick += 1
             replays: set[int] = set()
             pids = _descendants(self.tune_pid)
             for pid in pids:
@@ -192,13 +201,25 @@ class Starver:
                 else:
                     _pin(pid, self.server, None)
             self.starved |= replays
+            # frozen 0.9 s of every second: the client cannot send what it owes (bounded: the replays'
+            # own --max-duration-s, and every process is resumed when the starver stops)
+            run = tick % STOP_CYCLE_TICKS < RUN_TICKS
+            for pid in replays:
+                _signal(pid, signal.SIGCONT if run else signal.SIGSTOP)
 
     def stop(self) -> None:
         self.stopped.set()
         self.thread.join(timeout=5)
+        for pid in self.starved:
+            _signal(pid, signal.SIGCONT)
         for n in self.neighbours:
             n.kill()
             n.wait()
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(OSError):  # ended meanwhile
+        os.kill(pid, sig)
 
 
 @pytest.fixture
@@ -219,20 +240,23 @@ def test_a_starved_load_host_is_named_instead_of_a_low_cap(
 ) -> None:
     vllm_servers.stop()
     out = tmp_path / "tune"
-    proc = subprocess.Popen(
-        _argv(trace, vllm_python, tiny_model, out),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    # one rung, max_num_seqs 10 (capped below the target): the cap that carries unstarved; starved, its
+    # step has no evidence, and the tune must stop there rather than go below it
+    argv = _argv(trace, vllm_python, tiny_model, out, "--max-num-seqs", str(LARGEST_SAFE))
+    argv[argv.index("--replay-max-duration-s") + 1] = "60"
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     starver = Starver(proc.pid, *cpus)
     try:
         output, _ = proc.communicate(timeout=TUNE_TIMEOUT_S)
     finally:
         starver.stop()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:  # SIGTERM: the tune stops its server (its whole group), then exits
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     record = json.loads((out / "tune.json").read_text())
     table = [
         (
@@ -250,5 +274,4 @@ def test_a_starved_load_host_is_named_instead_of_a_low_cap(
     assert last["no_evidence"] and last["remeasured"] and last["load_host_starved"], last
     assert "the load host limits" in record["notes"][-1] and "--processes" in record["notes"][-1]
     assert "the load host limits" in " ".join(output.split())
-    # no candidate was chosen for want of evidence: each one before the last preempted on the server
-    assert all(c["proof"]["preempted_at_target"] for c in record["candidates"][:-1] if c["started"]), table
+    assert len(record["candidates"]) == 1, table  # never a smaller setting for want of evidence

@@ -46,7 +46,7 @@ figure is always exact.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -88,7 +88,19 @@ class _Bloom:
     def maybe(self, key: int) -> bool:
         if self.empty:
             return False
-        return all(self.bits[bit >> 3] >> (bit & 7) & 1 for bit in self._probes(key))
+        h = ((key & _MASK64) * _MIX) & _MASK64  # ``_probes``, inline: one call a block of a prompt
+        h ^= h >> 29
+        h = (h * 0xBF58476D1CE4E5B9) & _MASK64
+        h ^= h >> 32
+        bits, mask = self.bits, self.mask
+        bit = h & mask
+        if not bits[bit >> 3] >> (bit & 7) & 1:
+            return False
+        bit = (h >> 21) & mask
+        if not bits[bit >> 3] >> (bit & 7) & 1:
+            return False
+        bit = ((h >> 42) ^ (h << 3)) & mask
+        return bool(bits[bit >> 3] >> (bit & 7) & 1)
 
 
 class _SeenBloom:
@@ -195,10 +207,13 @@ class _ChainTree:
         while len(self.depth) > self.max_nodes * 3 // 4:
             step = self.step * 2
             depth, parent, uses = self.depth, self.parent, self.uses
-            kept = {b: d for b, d in depth.items() if d % step == 0 or uses[b] >= step}
-            self.parent = {b: _kept_ancestor(parent, kept, b) for b in kept}
-            self.uses = Counter({b: uses[b] for b in kept})
-            self.depth = kept
+            dropped = [b for b, d in depth.items() if d % step and uses[b] < step]
+            for block_id in dropped:  # in place: no second copy of the tree while it is full
+                del depth[block_id]
+            for block_id in depth:  # a walk passes only dropped nodes, whose parents stay as they were
+                parent[block_id] = _kept_ancestor(parent, depth, block_id)
+            for block_id in dropped:
+                del parent[block_id], uses[block_id]
             self.step = step
 
     def run_bounds(self, ids: Sequence[int]) -> tuple[int, int]:
@@ -256,7 +271,7 @@ class _Conversations:
 
     def __init__(self, max_keys: int) -> None:
         self.max_keys = max_keys
-        self.keys: dict[object, int] = {}
+        self.keys: OrderedDict[object, int] = OrderedDict()  # popped from the front in O(1)
         self.live: dict[int, list[int]] = {}
         self.histogram: Counter[int] = Counter()
         self.started = 0
@@ -277,17 +292,18 @@ class _Conversations:
         entry = live[conversation]
         entry[0] += 1
         keys = self.keys
-        old = keys.pop(key, None)
+        old = keys.get(key)
         keys[key] = conversation
+        keys.move_to_end(key)
         if old != conversation:
             entry[1] += 1
             if old is not None:
                 self._unref(old)
         if len(keys) > self.max_keys:
-            first = next(iter(keys))
+            first, given_up = keys.popitem(last=False)
             self.gone.add(first if isinstance(first, int) else hash(first))
             self.given_up += 1
-            self._unref(keys.pop(first))
+            self._unref(given_up)
         return conversation
 
     def _unref(self, conversation: int) -> None:
@@ -460,13 +476,14 @@ class PrefixTally:
         (in doubt when a deeper block may be an end given up for room)."""
         chains = self.chains
         keys, gone = chains.keys, chains.gone
+        maybe_gone = None if gone.empty else gone.maybe
         doubt = False
         found = None
         for block_id in reversed(ids):
             found = keys.get(block_id)
             if found is not None:
                 break
-            if not doubt and gone.maybe(block_id):
+            if maybe_gone is not None and not doubt and maybe_gone(block_id):
                 doubt = True
         chains.join(found, ids[-1], doubt)
 

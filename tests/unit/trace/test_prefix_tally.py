@@ -339,7 +339,7 @@ def test_past_the_bound_a_gateway_log_gives_one_figure_however_it_is_read(
     import importlib
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: bench/
     logshapes = importlib.import_module("bench.logshapes")
     monkeypatch.setenv("OOMLOAD_PREFIX_SALT", "tally-test")
     log = tmp_path / "gateway.jsonl"

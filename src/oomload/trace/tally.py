@@ -46,9 +46,10 @@ figure is always exact.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 import numpy.typing as npt
@@ -207,13 +208,12 @@ class _ChainTree:
         while len(self.depth) > self.max_nodes * 3 // 4:
             step = self.step * 2
             depth, parent, uses = self.depth, self.parent, self.uses
-            dropped = [b for b, d in depth.items() if d % step and uses[b] < step]
-            for block_id in dropped:  # in place: no second copy of the tree while it is full
-                del depth[block_id]
-            for block_id in depth:  # a walk passes only dropped nodes, whose parents stay as they were
-                parent[block_id] = _kept_ancestor(parent, depth, block_id)
-            for block_id in dropped:
-                del parent[block_id], uses[block_id]
+            kept = {b: d for b, d in depth.items() if d % step == 0 or uses[b] >= step}
+            self.depth = kept  # rebuilt, not thinned in place: a dict keeps its table when emptied
+            self.parent = {b: _kept_ancestor(parent, kept, b) for b in kept}
+            del parent
+            self.uses = Counter({b: uses[b] for b in kept})
+            del uses, depth
             self.step = step
 
     def run_bounds(self, ids: Sequence[int]) -> tuple[int, int]:
@@ -271,7 +271,7 @@ class _Conversations:
 
     def __init__(self, max_keys: int) -> None:
         self.max_keys = max_keys
-        self.keys: OrderedDict[object, int] = OrderedDict()  # popped from the front in O(1)
+        self.keys: dict[object, int] = {}
         self.live: dict[int, list[int]] = {}
         self.histogram: Counter[int] = Counter()
         self.started = 0
@@ -292,18 +292,19 @@ class _Conversations:
         entry = live[conversation]
         entry[0] += 1
         keys = self.keys
-        old = keys.get(key)
+        old = keys.pop(key, None)  # then inserted again: the keys stay in order of last use
         keys[key] = conversation
-        keys.move_to_end(key)
         if old != conversation:
             entry[1] += 1
             if old is not None:
                 self._unref(old)
         if len(keys) > self.max_keys:
-            first, given_up = keys.popitem(last=False)
-            self.gone.add(first if isinstance(first, int) else hash(first))
-            self.given_up += 1
-            self._unref(given_up)
+            # the least recently used hundredth at once: the keys given up leave empty slots at the
+            # front of the dict, and each walk to the first key passes them
+            for first in list(islice(keys, max(1, self.max_keys // 100))):
+                self.gone.add(first if isinstance(first, int) else hash(first))
+                self.given_up += 1
+                self._unref(keys.pop(first))
         return conversation
 
     def _unref(self, conversation: int) -> None:

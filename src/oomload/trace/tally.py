@@ -19,11 +19,13 @@ then on a new block is added only at a depth that is a multiple of ``step``, and
 its uses exactly (a block's depth is fixed by its id, so a kept depth was held from its first use).
 A prompt has at most 1,000,000 blocks, so ``step`` is bounded and the tree holds at most
 ``EXACT_BLOCKS`` nodes. Once thinned, every block seen also goes into a Bloom filter (``_SeenBloom``,
-64 MiB, filled a batch at a time with numpy): it never says "no" to a block it was given. What that
-costs, and what the output states:
+64 MiB, filled ``PENDING_BLOCKS`` blocks at a time with numpy, those meanwhile held in a set): it never
+says "no" to a block it was given. When it is filled depends on the requests alone, so the figures
+do not depend on how the log was read (batches, workers, a log or its trace). What that costs, and
+what the output states:
 
 - **seen earlier**: a prompt's run of seen blocks is at least the depth of its deepest block held
-  (or seen earlier in the batch) and at most the depth before its first block that is at a kept
+  (or still in the set) and at most the depth before its first block that is at a kept
   depth and not held, or that the Bloom filter never saw. The figure is the middle of the summed
   intervals and ``seen_hit_tokens_error`` half their width: ``|figure − exact| ≤ error``, a bound
   that always holds (given chained ids), not a probability;
@@ -32,12 +34,13 @@ costs, and what the output states:
   have a held node at the next multiple of ``step``;
 - **conversations** (a ``session`` column, or inferred from the chains: a request whose chain holds an
   earlier request's last block is its next turn): at most ``EXACT_CONVERSATIONS`` keys (sessions;
-  chain ends) are held, the least recently used given up first. A request whose key was given up starts a
-  new conversation (or, inferred, joins the one a shallower end names). A Bloom filter (``_Bloom``,
-  fixed size, no false negatives) of the keys given up counts every request that may have gone
-  elsewhere; each moves one request (and its later turns) to another conversation, which changes the
-  count of conversations by at most one, so ``|count − exact| ≤ count_error`` (with sessions the
-  count is only ever too high). Their turns may be split too.
+  chain ends) are held, the least recently used given up first (a hundredth at a time). A request
+  whose key was given up starts a new conversation (or, inferred, joins the one a shallower end
+  names). A Bloom filter (``_Bloom``, fixed size, no false negatives) of the keys given up counts
+  every request that may have gone elsewhere; each moves one request (and its later turns) to
+  another conversation, which changes the count of conversations by at most one, so
+  ``|count − exact| ≤ count_error`` (with sessions the count is only ever too high). Their turns
+  may be split too.
 
 A conversation that can gain no more turns (no chain end points to it) is counted at once in a
 histogram, so conversations are held only while they can still grow, in exact mode too. The pool

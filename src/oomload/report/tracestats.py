@@ -205,8 +205,9 @@ def prefix_lines(prefix: dict[str, Any], requests: int) -> list[str]:
         )
     if sampled["approximate"]:
         lines.append(
-            f"  approximate: more than {sampled['exact_blocks_limit']:,} distinct blocks (then kept at every "
-            f"{sampled['sample_step_blocks']:,}th depth) or {sampled['exact_conversations_limit']:,} "
+            f"  approximate: more than {sampled['exact_blocks_limit']:,} distinct blocks (then kept at "
+            f"depths that are multiples of {sampled['sample_step_blocks']:,}) or "
+            f"{sampled['exact_conversations_limit']:,} "
             "conversations held (the least recent given up); the errors above are bounds (docs/trace.md)"
         )
     return lines

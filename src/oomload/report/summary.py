@@ -234,7 +234,9 @@ def summary_from_doc(doc: Mapping[str, Any], *, source: str = "summary.json") ->
     """The typed values of a ``summary.json`` document (``ConfigError`` for another schema)."""
     schema = doc.get("schema")
     if not isinstance(schema, str) or schema.split("/")[0] != SUMMARY_SCHEMA.split("/")[0]:
-        raise ConfigError(f"{source} is not an oomload summary (schema {schema!r}, expected {SUMMARY_SCHEMA})")
+        raise ConfigError(
+            f"{source} is not an oomload summary (schema {schema!r}, expected {SUMMARY_SCHEMA})"
+        )
     if schema != SUMMARY_SCHEMA:
         raise ConfigError(f"{source} has schema {schema}; this oomload reads {SUMMARY_SCHEMA}")
     verdict = _obj(doc.get("verdict"))
@@ -350,4 +352,3 @@ def _latency(obj: Any) -> Latency:
 
 def _obj(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
-

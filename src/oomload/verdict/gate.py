@@ -71,7 +71,9 @@ from pathlib import Path
 from typing import Literal, TypeAlias
 
 from oomload.errors import ConfigError, ExitCode
-from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, GateResult, GateStatus, Op
+from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, Op
+from oomload.verdict.gateresult import GateResult as GateResult  # re-exported
+from oomload.verdict.gateresult import GateStatus as GateStatus  # re-exported
 from oomload.verdict.gatesignals import EVENTS, METRICS, SHARE_METRICS, Event, Metric
 from oomload.verdict.relative import RelativeRule, is_relative
 from oomload.verdict.verdict import StepFacts, Verdict

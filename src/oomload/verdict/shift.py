@@ -248,7 +248,9 @@ class LatencyShift:
 
 
 def _ms(value_ms: float) -> str:
-    return f"{value_ms / 1000:.2f} s" if value_ms >= 1000 else f"{value_ms:.0f} ms"
+    if value_ms >= 1000:
+        return f"{value_ms / 1000:.2f} s"
+    return f"{value_ms:.0f} ms" if value_ms >= 100 else f"{value_ms:.3g} ms"
 
 
 def latency_shift(

@@ -238,7 +238,7 @@ def _run_with_server(
         raise failure
     try:
         _write_repro(run_dir)
-        code = _finalize(run_dir, config.gates, console, html=config.html)
+        code = _finalize(run_dir, config.gates, console, html=config.html, baseline=config.baseline)
         if session.web_ui is not None:
             from oomload.run.webui import final_state
 
@@ -283,11 +283,13 @@ def _write_repro(run_dir: Path) -> None:
         raise report_write_error(run_dir, name, err, ()) from err
 
 
-def _finalize(run_dir: Path, gates: Sequence[str], console: Console, *, html: bool = True) -> int:
+def _finalize(
+    run_dir: Path, gates: Sequence[str], console: Console, *, html: bool = True, baseline: Path | None = None
+) -> int:
     from oomload.report import RUN_FORMATS, finalize_run
 
     formats = tuple(f for f in RUN_FORMATS if html or f != "html")
-    return int(finalize_run(run_dir, gates=gates, console=console, formats=formats))
+    return int(finalize_run(run_dir, gates=gates, console=console, formats=formats, baseline=baseline))
 
 
 __all__ = [

@@ -43,8 +43,7 @@ requests do not make a level unsafe; they are reported separately.
 Queueing wins over last safe: a level where requests waited in the server's queue (sustained) did
 not run its concurrency in the engine — vLLM held some requests back, for want of KV blocks or of
 ``max_num_seqs`` — so it cannot vouch that the engine survives that many requests at once, and the
-last safe level is below it. (Before, "Queueing at concurrency 7" could stand beside "Last safe
-concurrency 7".)
+last safe level is below it.
 
 Per level (``LevelSummary``): the steps and how many preempted, the requests, preemptions per 100
 requests, the share of scrapes with requests waiting and with KV ≥ 99 %, and the trace's odds beside

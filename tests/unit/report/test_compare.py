@@ -9,7 +9,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from report.runbuilder import StepSpec, write_run
 
 from oomload.cli import main
 from oomload.errors import ConfigError, ExitCode
@@ -20,6 +19,7 @@ from oomload.verdict.gate import GateStatus, evaluate_gates, parse_gate
 from oomload.verdict.recommend import recommend
 from oomload.verdict.relative import RelativeRule
 from oomload.verdict.runview import load_run
+from runbuilder import StepSpec, write_run
 
 POOL = {"block_size": 16, "gpu_memory_utilization": 0.9}
 

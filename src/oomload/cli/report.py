@@ -35,6 +35,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--gate-file", type=Path, metavar="FILE", help="TOML file with [gate] rules = [...]")
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="RUN_DIR",
+        help="the run that relative rules (onset>=baseline, kv-blocks>=baseline*0.95, …) compare with "
+        "(default: the one config.json recorded)",
+    )
+    parser.add_argument(
         "--format",
         default="terminal,json,md,html,junit",
         metavar="LIST",
@@ -70,10 +77,14 @@ def run(args: argparse.Namespace) -> int:
     gates: list[Any] = [parse_gate(g) for g in args.gate]
     if args.gate_file is not None:
         gates.extend(load_gate_file(args.gate_file))
+    baseline = args.baseline
     if not gates:
         configured = reader.config().get("gates") or []
         if isinstance(configured, list):
             gates = [parse_gate(str(g)) for g in configured]
+        recorded = reader.config().get("baseline")
+        if baseline is None and isinstance(recorded, str) and recorded:
+            baseline = Path(recorded)
     files = [f for f in formats if f != "terminal"]
     if args.json and "json" not in files:
         files.append("json")
@@ -84,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         formats=files,
         terminal="terminal" in formats and not args.json,
         reporting_only=True,
+        baseline=baseline,
     )
     if args.json:
         sys.stdout.write((args.run_dir / FILE_NAMES["json"]).read_text(encoding="utf-8"))

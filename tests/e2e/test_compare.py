@@ -77,6 +77,7 @@ def test_the_same_configuration_twice_is_no_regression(runs: dict[str, Path], tm
     )  # fmt: skip
     rows = {r["key"]: r for r in doc["results"]}  # type: ignore[union-attr]
     assert [k for k in CAPACITY_ROWS if rows[k]["status"] == "regression"] == [], rows
+    assert doc["regressions"] == 0, doc["headline"]  # latency too: no false alarm (shift.across_levels)
     assert rows["kv_blocks"]["status"] == "unchanged"
     assert code in (ExitCode.OK, ExitCode.GATE_NOT_EVALUATED), doc["gates"]  # never a failed gate
 

@@ -24,7 +24,8 @@ as a typed ``Summary`` (``oomload.report.summary``). ``compare_runs`` puts two o
   - Latency — TTFT, TPOT (mean inter-token latency) and end-to-end P50 and P99 at every level both
     runs measured, on the per-request samples (the ok requests of the trusted steps at that level):
     ``oomload.verdict.shift.latency_shift`` (Mann–Whitney U for P50, bootstrap for P99; p < 0.01 and
-    a change of ≥ 10 %).
+    a change of ≥ 10 %); a statistic that moved both ways across the levels is the host's run-to-run
+    noise and judged at none of them (``shift.across_levels``).
 
 Comparable. Two runs are comparable when they replayed the same trace (the SHA-256 of the trace file
 as read, from ``provenance.json``; for a run from before that file, of its ``trace.jsonl`` copy, on
@@ -50,7 +51,7 @@ from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.recommend import recommend
 from oomload.verdict.relative import onset_steps
 from oomload.verdict.runview import RunView, load_run
-from oomload.verdict.shift import LatencyShift, OnsetShift, latency_shift, onset_shift
+from oomload.verdict.shift import LatencyShift, OnsetShift, across_levels, latency_shift, onset_shift
 
 Status = Literal["regression", "improvement", "not separated", "changed", "unchanged", "not measured"]
 LATENCIES = ("ttft", "tpot", "e2e")
@@ -235,7 +236,7 @@ def compare_runs(base: RunSide, new: RunSide, *, allow_different_trace: bool = F
     onset = onset_shift(
         onset_steps(base.verdict), _onset(base.summary), onset_steps(new.verdict), _onset(new.summary)
     )
-    latencies = tuple(
+    latencies = across_levels(
         latency_shift(
             metric,
             stat,
@@ -497,7 +498,9 @@ def _plain_row(key: str, label: str, b: int | None, n: int | None) -> ResultRow:
 def _latency_row(shift: LatencyShift) -> ResultRow:
     judgement = shift.judgement
     status: Status
-    if judgement == "slower":
+    if shift.mixed:
+        status = "unchanged"
+    elif judgement == "slower":
         status = "regression"
     elif judgement == "faster":
         status = "improvement"

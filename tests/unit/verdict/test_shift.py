@@ -7,6 +7,7 @@ import pytest
 
 from oomload.verdict.shift import (
     ALPHA_ONSET,
+    across_levels,
     fisher_greater,
     latency_shift,
     mann_whitney_p,
@@ -101,3 +102,21 @@ def test_an_onset_that_rose_or_stayed() -> None:
 def test_no_evidence_when_a_run_did_not_measure_between_the_onsets() -> None:
     shift = onset_shift([(10, True)], 10, [(4, True)], 4)  # the base never measured 4..9
     assert shift.separated is None and "no evidence either way" in shift.sentence
+
+
+def test_a_latency_that_moved_both_ways_across_levels_is_noise_not_a_regression() -> None:
+    """Seen on the real vLLM, one configuration run twice: P50 TPOT +21 % at 6, −12 % at 4."""
+    rng = np.random.default_rng(7)
+    sample = rng.normal(100.0, 5.0, 200)
+    base, slow, fast = list(sample), list(sample * 1.21), list(sample * 0.88)
+    slower = latency_shift("tpot", "p50", 6, base, slow)
+    faster = latency_shift("tpot", "p50", 4, base, fast)
+    other = latency_shift("ttft", "p50", 6, base, slow)  # another metric: its own verdict
+    marked = across_levels([slower, faster, other])
+    assert [s.moved for s in marked] == [True, True, True]
+    assert [s.mixed for s in marked] == [True, True, False]
+    assert not marked[0].regression and marked[2].regression
+    assert marked[0].judgement == "moved both ways across levels"
+    assert "run-to-run noise" in marked[0].sentence
+    one_way = across_levels([slower, latency_shift("tpot", "p50", 4, base, base)])
+    assert one_way[0].regression  # slower at 6, unchanged at 4: a regression

@@ -3,7 +3,8 @@
 Renderers: ``terminal``, ``summary`` (``summary.json``), ``markdown``, ``html``, ``junit``; what they
 share: ``findings`` (the verdict in words), ``metadata`` (the run block), ``plots`` (matplotlib).
 Besides a run's reports: ``tune`` renders a tune's record, ``tracestats`` what ``trace stats`` shows,
-``compare`` puts two runs side by side (``oomload compare``) and ``comparepage`` renders that.
+``compare`` puts two runs side by side (``oomload compare``) and ``comparepage`` renders that;
+``history`` lays several runs out in time order (``oomload report --history``).
 
 ``finalize_run`` is the one entry point (``oomload replay`` calls it when a run ends, ``oomload
 report`` calls it on a saved run): it reads the run directory, computes the verdict and the

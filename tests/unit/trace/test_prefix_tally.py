@@ -217,11 +217,19 @@ def _through_build(log: Path, tmp_path: Path, exact_blocks: int, **pool: int) ->
     return [_figures(count_trace([p], kv_pool=size).prefix) for p in (log, trace)]
 
 
-@pytest.mark.parametrize("name", ["mooncake_conversation_first10min.jsonl", "vllm-request-log-shared.txt"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mooncake_conversation_first10min.jsonl",
+        "vllm-request-log-shared.txt",
+        "sample-chat.jsonl",
+        "sample-fixed.jsonl",
+    ],
+)
 def test_real_logs_give_todays_figures_through_build_and_stats(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log = FIXTURES / name
+    log = FIXTURES / name if not name.startswith("sample") else FIXTURES.parents[1] / "traces" / name
     if name.startswith("mooncake"):
         missing = shared_traces_missing(SHARED)
         if missing:

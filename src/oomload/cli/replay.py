@@ -13,7 +13,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oomload.capacity.schedule import DEFAULT_REPEATS, MAX_REPEATS
 from oomload.cli.crash import save_internal_error
@@ -23,6 +23,9 @@ from oomload.credentials import read_api_key, url_credentials_error, url_has_cre
 from oomload.errors import ConfigError, OomloadError
 from oomload.outfile import is_disk_error
 from oomload.rundir import check_run_dir_creatable, new_run_dir
+
+if TYPE_CHECKING:
+    from oomload.run.config import ReplayConfig
 
 
 def api_key_value(args: argparse.Namespace) -> str | None:
@@ -239,11 +242,11 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any:
+def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> ReplayConfig:
     """Validate every flag and return a ``ReplayConfig``; raises ``ConfigError`` naming the bad value."""
     from oomload.capacity.schedule import Hold, parse_levels, parse_stop_condition
+    from oomload.load.baseurl import BaseUrl
     from oomload.load.payload import parse_token_id_range
-    from oomload.load.preflight import split_base_url
     from oomload.run.runner import DEMO_HOLD_S, DEMO_LEVELS, ReplayConfig
     from oomload.trace.model import read_trace_header
     from oomload.verdict.gate import parse_gate
@@ -289,8 +292,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         raise ConfigError(f"--gpu {gpu!r} is not one of auto, nvml, dcgm:URL, remote:URL, none")
     if url_has_credentials(gpu.partition(":")[2]):  # the sampler's URL lands in events and config.json
         raise url_credentials_error("--gpu", gpu.partition(":")[2])
-    if args.url is not None:
-        split_base_url(args.url)  # ConfigError for a URL that cannot be parsed
+    url = None if args.url is None else BaseUrl.parse(args.url)  # ConfigError naming the flag
     if not args.api_key_env.replace("_", "").isalnum():
         raise ConfigError(f"--api-key-env {args.api_key_env!r} is not an environment variable name")
     read_api_key(args.api_key_env, os.environ)  # ConfigError naming the variable, never its value
@@ -310,7 +312,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Any
         parse_gate(gate)
     return ReplayConfig(
         trace_path=args.trace,
-        url=args.url,
+        url=url,
         model=args.model,
         api=args.api,
         stream=not args.no_stream,
@@ -390,12 +392,9 @@ def _check_server_flags(args: argparse.Namespace) -> str | None:
     if spec not in ("auto", "none") and not spec.startswith("remote:"):
         raise ConfigError(f"--server-memory {spec!r} is not one of auto, none, remote:URL")
     if spec.startswith("remote:"):
-        from oomload.load.preflight import split_base_url
+        from oomload.load.baseurl import BaseUrl
 
-        remote = spec.partition(":")[2]
-        if url_has_credentials(remote):
-            raise url_credentials_error("--server-memory", remote)
-        split_base_url(remote)
+        BaseUrl.parse(spec.partition(":")[2], flag="--server-memory remote:")
     if args.server_log is not None and args.server_log.is_dir():
         raise ConfigError(f"--server-log {args.server_log} is a directory; give the log file")
     return str(args.serve) if args.serve is not None else None

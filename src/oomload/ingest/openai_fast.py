@@ -28,8 +28,8 @@ object, exactly as before. For every line the fast paths take, they compute what
 ``parse_openai_line`` computes (``tests/unit/ingest/test_openai_fast.py`` checks this on generated
 lines, ``test_openai_shapes.py`` on every shape of ``bench/logshapes.py``), and with a
 ``BlockHasher`` they take the prompt parts the exact path reads (``openai_parts``). One difference
-is deliberate: text that is not valid UTF-8 inside a skipped field no longer makes the line
-unusable — that text is never read.
+is deliberate: text that is not valid UTF-8 inside a skipped field does not make the line unusable
+here — that text is never read.
 """
 
 from __future__ import annotations

@@ -44,13 +44,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
-from urllib.parse import urlsplit
 
 import gevent
 import gevent.socket
 from geventhttpclient.response import HTTPSocketResponse
 
-from oomload.errors import ConfigError
+from oomload.load.baseurl import BaseUrl
 from oomload.load.classify import Observation, classify, error_fields
 from oomload.load.payload import PreparedRequest
 from oomload.load.sse import SseStream, error_message, error_type, parse_json_body
@@ -122,17 +121,13 @@ class Endpoint:
 
     @classmethod
     def from_url(cls, url: str, api_key: str | None = None) -> Endpoint:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"URL {url!r} must look like http://HOST:PORT")
-        tls = parts.scheme == "https"
-        port = parts.port or (443 if tls else 80)
-        default = (tls and port == 443) or (not tls and port == 80)
-        host_header = parts.hostname if default else f"{parts.hostname}:{port}"
+        base = BaseUrl.parse(url)
+        default = (base.tls and base.port == 443) or (not base.tls and base.port == 80)
+        host_header = base.host if default else f"{base.host}:{base.port}"
         lines = f"Host: {host_header}\r\n"
         if api_key:
             lines += f"Authorization: Bearer {api_key}\r\n"
-        return cls(parts.hostname, port, tls, parts.path.rstrip("/"), lines.encode("latin-1"))
+        return cls(base.host, base.port, base.tls, base.path, lines.encode("latin-1"))
 
 
 class _EndpointCache:

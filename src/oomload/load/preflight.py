@@ -5,11 +5,8 @@ goes wrong on the way — a refused connection, an unknown host name, a TLS fail
 timeout, an answer that is not HTTP at all (an SSH banner), an HTTP error, a body that is not JSON —
 becomes an ``EndpointError`` with one clear sentence (exit 3), never a traceback.
 
-``split_base_url`` checks a base URL before anything is sent (``ConfigError``, exit 2, for one that
-cannot be parsed, one with ``user:password@`` in it — refused, and never repeated — and one that names
-an endpoint such as ``/v1/completions`` instead of the server's base) and drops a trailing ``/v1`` —
-the OpenAI SDK's habit (``base_url=…/v1``) — since oomload appends ``/v1/…`` itself. A 404 on
-``/v1/models`` says to give the base URL. ``count_unfit`` says how many trace requests cannot fit
+The base URL it is given was checked once, before anything is sent (``oomload.load.baseurl``). A
+404 on ``/v1/models`` says to give the base URL. ``count_unfit`` says how many trace requests cannot fit
 ``max_model_len``.
 """
 
@@ -26,11 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oomload.credentials import redact_url, url_credentials_error, url_has_credentials
-from oomload.errors import ConfigError, EndpointError
+from oomload.errors import EndpointError
 from oomload.trace.model import TraceRecord
-
-ENDPOINT_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/embeddings", "/metrics")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,43 +34,6 @@ class Preflight:
     model: str
     max_model_len: int | None
     models: tuple[str, ...]
-
-
-def split_base_url(url: str) -> tuple[str, str | None]:
-    """The base URL oomload appends ``/v1/…`` to, and a note when a trailing ``/v1`` was dropped.
-
-    Raises ``ConfigError`` for a URL that is not ``http(s)://host[:port][/path]``, holds credentials,
-    or names an OpenAI endpoint rather than the base it hangs from.
-    """
-    if url_has_credentials(url):
-        raise url_credentials_error("--url", url)
-    shown = redact_url(url)
-    try:
-        parts = urllib.parse.urlsplit(url)
-        port = parts.port  # ValueError for a port that is not a number or out of range
-        host = parts.hostname
-        if host:
-            host.encode("idna")  # UnicodeError for an empty or overlong label ("a..b")
-    except ValueError as err:  # UnicodeError is a ValueError
-        raise ConfigError(f"--url {shown!r} is not a valid URL ({err})") from err
-    if parts.scheme not in ("http", "https"):
-        raise ConfigError(f"--url {shown!r} must start with http:// or https://")
-    if not host:
-        raise ConfigError(f"--url {shown!r} names no host (expected http://HOST[:PORT])")
-    if parts.query or parts.fragment:
-        raise ConfigError(f"--url {shown!r}: give the server's base URL, without ?query or #fragment")
-    del port
-    base = url.rstrip("/")
-    endpoint = next((e for e in ENDPOINT_PATHS if base.endswith(e)), None)
-    if endpoint is not None:
-        raise ConfigError(
-            f"--url {shown!r} names the endpoint {endpoint}; give the server's base URL "
-            f"({base[: -len(endpoint)] or 'http://HOST:PORT'}): oomload adds /v1/… itself"
-        )
-    if base.endswith("/v1"):
-        stripped = base[: -len("/v1")]
-        return stripped, f"--url ends in /v1: using {stripped} (oomload adds /v1/… itself)"
-    return base, None
 
 
 def get_json(url: str, *, timeout_s: float, api_key: str | None = None) -> Any:

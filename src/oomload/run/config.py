@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from oomload import __version__
 from oomload.capacity.schedule import DEFAULT_REPEATS, Hold, SchedulePlan, StopCondition
 from oomload.credentials import scrub
+from oomload.load.baseurl import BaseUrl
 from oomload.load.payload import Api, PayloadOptions
 from oomload.realvllm.servecmd import ServeCommand, parse_serve_command
 from oomload.trace.model import TraceRecord, read_trace_header
@@ -99,7 +100,7 @@ class ReplayConfig:
     """Everything one replay needs, validated (``oomload.cli.replay`` builds it from flags)."""
 
     trace_path: Path
-    url: str | None = None
+    url: BaseUrl | None = None  # --url, checked (None: the simulator, or --serve's server)
     model: str | None = None
     api: Api = "completions"
     stream: bool = True
@@ -150,7 +151,6 @@ class ReplayConfig:
     server_pid: int | None = None  # --server-pid: the server's process on this host
     server_memory: str = "auto"  # auto, none or remote:URL (an `oomload sample` beside the server)
     soak_s: float | None = None  # --soak: hold the one level this long and report memory's trend
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def serve_command(self) -> ServeCommand | None:
         """The ``--serve`` line, recognised (``None`` without one)."""

@@ -47,7 +47,7 @@ from rich.markup import escape
 
 from oomload.credentials import read_api_key, scrub
 from oomload.errors import EndpointError, ExitCode, OutputWriteError, RunDirWriteError, ServeStartError
-from oomload.load.preflight import count_unfit, preflight, server_version, split_base_url
+from oomload.load.preflight import count_unfit, preflight, server_version
 from oomload.realvllm.servecmd import ServeCommand
 from oomload.realvllm.serveline import scrub_file
 from oomload.run.config import (
@@ -77,12 +77,11 @@ def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
     import locust  # noqa: F401  (monkey-patches the process with gevent: before any socket is made)
 
     sim = served = None
-    url = config.url
     command = config.serve_command()
-    if url is not None:
-        url, note = split_base_url(url)
-        if note:
-            console.print(f"[yellow]note:[/] {note}")
+    if config.url is not None:
+        url = config.url.text
+        if config.url.note:
+            console.print(f"[yellow]note:[/] {config.url.note}")
     elif command is not None:
         served = _start_served(config, command, console)
         url = served.url

@@ -20,21 +20,22 @@ from typing import Any
 from oomload.capacity.schedule import Hold, SchedulePlan, parse_levels, parse_stop_condition
 from oomload.credentials import read_api_key
 from oomload.errors import ConfigError, EndpointError
+from oomload.load.baseurl import BaseUrl
 from oomload.load.context import ContextMeter, ReplayContext
 from oomload.load.http import Endpoint
 from oomload.load.payload import (
     ChatPayloads,
     CompletionPayloads,
-    PayloadOptions,
     RequestOrder,
     parse_token_id_range,
 )
-from oomload.load.preflight import preflight, split_base_url
+from oomload.load.preflight import preflight
 from oomload.load.user import ReplayUser
 from oomload.run.config import (
     DEFAULT_API_KEY_ENV,
     REQUEST_TIMEOUT_S,
     LoadOptions,
+    ReplayConfig,
     prefix_block_tokens,
     prefix_mode_of,
 )
@@ -96,7 +97,7 @@ def bind_user(
 
 def tokenize_counter(url: str, model: str, api_key: str | None) -> Callable[[str], int]:
     """``count_tokens(text)`` through the server's ``/tokenize`` (messages form: template counted)."""
-    target = url.rstrip("/") + "/tokenize"
+    target = url + "/tokenize"
 
     def count(text: str) -> int:
         body = json.dumps({"model": model, "messages": [{"role": "user", "content": text}]}).encode()
@@ -137,32 +138,27 @@ class ScenarioSettings:
 
     def resolve(self, host: str | None, api_key: str | None) -> LoadOptions:
         """The ``LoadOptions`` of this scenario: the endpoint (``OOMLOAD_URL`` or Locust's ``--host``),
-        the model (``OOMLOAD_MODEL`` or the first one ``/v1/models`` lists)."""
-        url = self.url or host
-        if not url:
+        the model (``OOMLOAD_MODEL`` or the first one ``/v1/models`` lists), built by the replay's own
+        ``ReplayConfig.load_options``."""
+        if not (self.url or host):
             raise ConfigError("give the endpoint with --host URL (or OOMLOAD_URL)")
-        url, _note = split_base_url(url)  # no credentials in it, not an endpoint's path
+        url = BaseUrl.parse(self.url, "OOMLOAD_URL") if self.url else BaseUrl.parse(str(host), "--host")
         model, max_model_len = self.model, None
         if not model:  # the server's first model, and its window (bounds what is sent)
-            info = preflight(url, model=None, api_key=api_key)
+            info = preflight(url.text, model=None, api_key=api_key)
             model, max_model_len = info.model, info.max_model_len
-        low, high = self.token_id_range
-        payload = PayloadOptions(
+        return self.replay_config().load_options(url.text, model, max_model_len)
+
+    def replay_config(self) -> ReplayConfig:
+        """The same settings as a replay's configuration (what is sent is decided in one place)."""
+        return ReplayConfig(
+            trace_path=Path(self.trace),
             api=self.api,  # type: ignore[arg-type]  # checked by PayloadOptions
-            model=model,
             stream=self.stream,
             exact_output=self.exact_output,
-            prefix_sharing=not self.distinct_prompts,
+            distinct_prompts=self.distinct_prompts,
             prefix_block_tokens=prefix_block_tokens(self.trace),
-            token_id_low=low,
-            token_id_high=high,
-            seed=self.seed,
-            max_model_len=max_model_len,
-        )
-        return LoadOptions(
-            url=url,
-            payload=payload,
-            trace_path=self.trace,
+            token_id_range=self.token_id_range,
             order=self.order,
             seed=self.seed,
             tail_percentile=self.tail_percentile,

@@ -38,7 +38,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -58,6 +58,19 @@ from oomload.run.worker_pool import WorkerPool, free_port
 from oomload.rundir import RunReader, RunWriter
 from oomload.rundir.records import ServerMemoryRow, StepEndLine
 from oomload.trace.model import TraceRecord
+
+if TYPE_CHECKING:
+    from locust.env import Environment
+    from locust.runners import Runner
+    from locust.web import WebUI
+
+    from oomload.load.context import ReplayContext
+    from oomload.load.shape import StepDriver
+    from oomload.run.livefeed import LiveFeed
+    from oomload.run.oddsfeed import OddsFeed
+    from oomload.run.progress import ProgressView
+    from oomload.telemetry.gpu import GpuSamplerProcess
+    from oomload.telemetry.poller import MetricsPoller
 
 
 class Session:
@@ -81,31 +94,31 @@ class Session:
         self.console = console
         self.writer = writer
         self.records = records
-        self.url = url.rstrip("/")
+        self.url = url  # the base URL, checked and trimmed once (oomload.load.baseurl)
         self.api_key = api_key
         self.model = model
         self.max_model_len = max_model_len
         self.simulated = simulated
-        self.poller: Any = None
-        self.gpu: Any = None
+        self.poller: MetricsPoller | None = None
+        self.gpu: GpuSamplerProcess | None = None
         self.server_evidence: ServerEvidence | None = None  # its host memory and its log, as they come
-        self.env: Any = None
-        self.runner: Any = None
-        self.web_ui: Any = None
+        self.env: Environment | None = None
+        self.runner: Runner | None = None
+        self.web_ui: WebUI | None = None
         self.distributed = config.expected_workers() > 0  # a Locust master with workers
         self.pool = WorkerPool(self)
         self.watch = DeathWatch(self)
-        self.context: Any = None
-        self.driver: Any = None
+        self.context: ReplayContext | None = None
+        self.driver: StepDriver | None = None
         self.plan: SchedulePlan | None = None  # the schedule the run follows (placed by the odds, if any)
-        self.odds: Any = None  # the trace's odds for this run (run.oddsfeed.OddsFeed), when the pool is known
+        self.odds: OddsFeed | None = None  # the trace's odds for this run, when the pool is known
         self.interrupted = False
-        self.progress: Any = None
+        self.progress: ProgressView | None = None
         self._saved_argv = sys.argv
         self.final: FinalState | None = None  # the verdict, once the run is over (web UI)
         self.lingering = False  # the run is over and the web UI serves its verdict until Ctrl-C
         self._linger_over = False
-        self.feed: Any = None  # the web UI's LiveFeed over the run directory
+        self.feed: LiveFeed | None = None  # the web UI's feed over the run directory
 
     @property
     def dead_evidence(self) -> str | None:
@@ -177,14 +190,15 @@ class Session:
         self._install_signals()  # first: a Ctrl-C during the set-up below ends the run the same way
         self._start_telemetry()
         config = self.config
-        user_class, self.context = build_user_class(
+        user_class, context = build_user_class(
             config.load_options(self.url, self.model, self.max_model_len),
             records=self.records,
             api_key=self.api_key,
             sink=self.writer,
         )
+        self.context = context
         self.writer.on_write_error = self._write_failed
-        meter: Any = ContextMeter(self.context)
+        meter: Any = ContextMeter(context)
         selfcheck: SelfCheck | None = None
         on_step: Callable[[Any], None] | None = self._on_step
         step_done = None
@@ -192,10 +206,10 @@ class Session:
         if config.open_loop:
             cap = max(config.levels)
             plan = SchedulePlan(levels=(cap,), warmup=False, refine=False, stop_on=(StopCondition("never"),))
-            self.context.start_open_loop(time.time() + 1.0, config.arrival_scale)
+            context.start_open_loop(time.time() + 1.0, config.arrival_scale)
 
             def step_done(_elapsed: float, _completed: int) -> bool:
-                return bool(self.context.exhausted and not self.context.in_flight)
+                return bool(context.open_loop_done)
 
         if self.distributed:
             meter = MasterMeter(self, user_class)
@@ -218,24 +232,24 @@ class Session:
             evidence=evidence,
             latest_scrape=self._latest_scrape,
         )
-        self.env = Environment(
+        self.env = env = Environment(
             user_classes=[user_class], shape_class=make_shape(self.driver, keep_open=True), host=self.url
         )
         # a step that lowers the user count lets the stopped users finish their request (capped)
-        self.env.stop_timeout = config.grace_s()
+        env.stop_timeout = config.grace_s()
         if self.distributed:
-            self._start_master(meter)
+            runner = self._start_master(env, meter)
         else:
-            self.runner = self.env.create_local_runner()
-            self.context.live_users = lambda: int(self.runner.user_count)
-            self.context.selfcheck = selfcheck = start_selfcheck()  # its CPU wait and loop lag, per step
+            self.runner = runner = env.create_local_runner()
+            context.live_users = lambda: int(runner.user_count)
+            context.selfcheck = selfcheck = start_selfcheck()  # its CPU wait and loop lag, per step
         if config.web:
             from oomload.run.webui import extend_web_ui
 
             # Locust's web UI re-parses sys.argv with its own parser on every page load
             self._saved_argv = sys.argv
             sys.argv = [sys.argv[0]]
-            self.web_ui = self.env.create_web_ui(config.web_host, config.web_port)
+            self.web_ui = env.create_web_ui(config.web_host, config.web_port)
             from oomload.run.livefeed import LiveFeed
 
             self.feed = LiveFeed(self.writer.path)
@@ -247,7 +261,7 @@ class Session:
             self.writer.event("interrupted")
             return "interrupted"
         self._start_progress()
-        self.runner.start_shape()
+        runner.start_shape()
         monitor = gevent.spawn(self.watch.run)
         deadline = None if config.max_duration_s is None else time.time() + config.max_duration_s + 30.0
         try:
@@ -340,7 +354,7 @@ class Session:
         )
         return placed
 
-    def _start_master(self, meter: MasterMeter) -> None:
+    def _start_master(self, env: Environment, meter: MasterMeter) -> Runner:
         """A Locust master: bind, start the local workers, wait for all K to be bound and ready."""
         from locust.exception import RPCError
 
@@ -351,7 +365,7 @@ class Session:
             port = DEFAULT_MASTER_PORT if config.workers else free_port()
         self.pool.prepare_token(lambda text: self.console.print(text, highlight=False, markup=False))
         try:  # Locust's master behind the link's checks (oomload.run.master_auth: the authenticated link)
-            self.runner = self.env._create_runner(
+            runner: Runner = env._create_runner(
                 guarded_master_class(), self.pool, master_bind_host=host, master_bind_port=port
             )
         except RPCError as err:
@@ -359,8 +373,9 @@ class Session:
                 f"the Locust master cannot listen on {host}:{port} ({err}); is the port in use? "
                 "Choose another with --master-bind-port"
             ) from err
-        meter.listen(self.env)
-        self.pool.listen(self.runner)
+        self.runner = runner
+        meter.listen(env)
+        self.pool.listen(runner)
         self.pool.spawn_local(port)
         address = f"{host}:{port}"
         remote = config.expected_workers() - config.local_workers()
@@ -372,6 +387,7 @@ class Session:
                 f"on each load host run `oomload worker --master {shown} --url {self.url} --token-file FILE`"
             )
         self.pool.wait_ready(config.worker_timeout_s, address)
+        return runner
 
     def _drain(self, grace_s: float) -> None:
         """No new requests; wait (at most ``grace_s``) for those in flight to end on their own."""
@@ -505,7 +521,7 @@ class Session:
 
     def close_web(self) -> None:
         if self.web_ui is not None:
-            self.web_ui.stop()
+            self.web_ui.stop()  # type: ignore[no-untyped-call]  # Locust's own, untyped
             self.web_ui = None
             sys.argv = self._saved_argv
 

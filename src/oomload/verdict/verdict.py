@@ -43,8 +43,7 @@ requests do not make a level unsafe; they are reported separately.
 Queueing wins over last safe: a level where requests waited in the server's queue (sustained) did
 not run its concurrency in the engine — vLLM held some requests back, for want of KV blocks or of
 ``max_num_seqs`` — so it cannot vouch that the engine survives that many requests at once, and the
-last safe level is below it. (Before, "Queueing at concurrency 7" could stand beside "Last safe
-concurrency 7".)
+last safe level is below it.
 
 Per level (``LevelSummary``): the steps and how many preempted, the requests, preemptions per 100
 requests, the share of scrapes with requests waiting and with KV ≥ 99 %, and the trace's odds beside
@@ -258,7 +257,7 @@ class Verdict:
             obj["waiting_share"] = _round(s.waiting_share)
             obj["kv_saturated_share"] = _round(s.kv_saturated_share)
             obj["evidence_thin"] = s.evidence_thin
-            obj["starved"] = None if s.starvation is None else asdict(s.starvation)
+            obj["starved"] = None if s.starvation is None else s.starvation.to_json()
             steps.append(obj)
         return {
             "run": {**asdict(self.run), "cache_config": _plain(self.run.cache_config)},

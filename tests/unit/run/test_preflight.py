@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from oomload.errors import ConfigError, EndpointError
-from oomload.load.preflight import preflight, split_base_url
+from oomload.load.baseurl import BaseUrl
+from oomload.load.preflight import preflight
 
 
 @contextlib.contextmanager
@@ -113,7 +114,22 @@ V1_NOTE = "--url ends in /v1: using http://h:8000 (oomload adds /v1/… itself)"
     ],
 )
 def test_a_base_url_ending_in_v1_is_accepted_and_said(url: str, expected: tuple[str, str | None]) -> None:
-    assert split_base_url(url) == expected
+    base = BaseUrl.parse(url)
+    assert (base.text, base.note) == expected
+
+
+def test_a_base_url_knows_its_parts() -> None:
+    assert BaseUrl.parse("https://h/proxy/v1/") == BaseUrl(
+        "https://h/proxy",
+        "h",
+        443,
+        True,
+        "/proxy",
+        "--url ends in /v1: using https://h/proxy (oomload adds /v1/… itself)",
+    )
+    assert BaseUrl.parse("http://127.0.0.1:8000").port == 8000
+    with pytest.raises(ConfigError, match=r"^--server-memory remote: 'ftp://h' must start with http"):
+        BaseUrl.parse("ftp://h", "--server-memory remote:")
 
 
 @pytest.mark.parametrize(
@@ -130,5 +146,5 @@ def test_a_base_url_ending_in_v1_is_accepted_and_said(url: str, expected: tuple[
 )
 def test_a_malformed_url_is_a_config_error(url: str, words: str) -> None:
     with pytest.raises(ConfigError, match=r".*") as info:
-        split_base_url(url)
+        BaseUrl.parse(url)
     assert words in str(info.value) and repr(url) in str(info.value)

@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runbuilder import CPU_CACHE, StepSpec, write_run
 
 from oomload.report.findings import STEP_COLUMNS, describe, load_delivered, step_row
 from oomload.verdict import build_verdict
 from oomload.verdict.gate import evaluate_gate, parse_gate
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run
+from runbuilder import CPU_CACHE, StepSpec, write_run
 
 
 def _verdict(tmp_path: Path, steps: list[StepSpec]) -> Any:

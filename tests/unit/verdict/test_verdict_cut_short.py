@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-from report.runbuilder import T0, StepSpec, request, write_run
 
 from oomload.errors import ExitCode
 from oomload.outcome import Outcome
@@ -20,6 +19,7 @@ from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.gate import GateStatus, evaluate_gate, evaluate_gates, gate_exit_code, parse_gate
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run
+from runbuilder import T0, StepSpec, request, write_run
 
 
 def verdict_of(path: Path) -> Verdict:

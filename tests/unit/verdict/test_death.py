@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from report.runbuilder import T0, StepSpec, request, write_run
 
 from oomload.outcome import Outcome
 from oomload.report.findings import describe, step_row
@@ -14,6 +13,7 @@ from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run
+from runbuilder import T0, StepSpec, request, write_run
 
 DEAD = Outcome.ENGINE_DEAD
 RESET = Outcome.TRANSPORT_ERROR

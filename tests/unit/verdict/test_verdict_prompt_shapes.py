@@ -10,13 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from runbuilder import StepSpec, write_run
-
 from oomload.report.findings import describe
 from oomload.trace.model import PrefixInfo, TraceHeader, TraceRecord, write_trace
 from oomload.verdict import build_verdict
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run
+from runbuilder import StepSpec, write_run
 
 POOL = {"num_gpu_blocks": 80, "block_size": 32, "kv_cache_size_tokens": 2560}
 STEPS = [

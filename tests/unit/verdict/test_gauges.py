@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from report.runbuilder import StepSpec, write_run
 
 from oomload.verdict import build_verdict
 from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
 from oomload.verdict.gauges import SUSTAINED_SCRAPES, sustained_level
 from oomload.verdict.runview import load_run
+from runbuilder import StepSpec, write_run
 
 
 def test_sustained_level_boundary() -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from report.runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
 
 from oomload.errors import ConfigError, ExitCode
 from oomload.outcome import Outcome
@@ -27,6 +26,7 @@ from oomload.verdict.gate import (
     parse_gate_toml,
 )
 from oomload.verdict.runview import load_run
+from runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +241,7 @@ def documented_rules(text: str) -> list[str]:
 
 
 def test_every_gate_example_in_the_docs_parses() -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     examples = [
         r
         for doc in ("docs/report.md", "docs/replay.md", "README.md")

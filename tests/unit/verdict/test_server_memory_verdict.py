@@ -8,17 +8,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from report.runbuilder import T0, StepSpec, request, write_run
-
 from oomload.outcome import Outcome
 from oomload.report.findings import describe
 from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run
+from runbuilder import T0, StepSpec, request, write_run
 
 GIB = 2**30
-LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "server-logs"
+LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "server-logs"
 
 
 def _memory(

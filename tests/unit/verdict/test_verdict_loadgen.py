@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from runbuilder import CPU_CACHE, StepSpec, write_run
-
 from oomload.report.findings import describe
 from oomload.verdict import build_verdict
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run
+from runbuilder import CPU_CACHE, StepSpec, write_run
 
 
 def _loadgen(wait_share: float, lag_ms: float) -> dict[str, Any]:

@@ -15,7 +15,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from report.runbuilder import T0, StepSpec, request, write_run
 from rich.console import Console
 
 from oomload.errors import ExitCode
@@ -27,6 +26,7 @@ from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run
 from oomload.verdict.stepfacts import MIN_ANSWERED_SHARE
+from runbuilder import T0, StepSpec, request, write_run
 
 # how a fault server fails → the outcome the client names it (tests/integration/test_fail_closed.py
 # checks the same mapping on the wire)

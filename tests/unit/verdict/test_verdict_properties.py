@@ -7,10 +7,10 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from report.runbuilder import StepSpec, write_run
 
 from oomload.verdict import build_verdict
 from oomload.verdict.runview import load_run
+from runbuilder import StepSpec, write_run
 
 step_specs = st.lists(
     st.tuples(

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from report.runbuilder import CPU_CACHE, GIB, StepSpec, cpu_knee_steps, request, write_run
 
 from oomload.outcome import Outcome
 from oomload.verdict import Verdict, build_verdict, kv_peak_text, kv_percent
 from oomload.verdict.runview import load_run
+from runbuilder import CPU_CACHE, GIB, StepSpec, cpu_knee_steps, request, write_run
 
 
 def verdict_of(path: Path) -> Verdict:

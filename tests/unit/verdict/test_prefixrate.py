@@ -7,8 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from report.runbuilder import StepSpec, write_run
-
 from oomload.outcome import Outcome, RequestResult
 from oomload.report.findings import describe
 from oomload.rundir.records import CacheConfig, MetricsRow, RunConfig
@@ -18,6 +16,7 @@ from oomload.verdict.prefixrate import StepWindow, expected_hits, prefix_check
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run
 from oomload.verdict.verdict import build_verdict
+from runbuilder import StepSpec, write_run
 
 SHARED = {"mode": "shared", "block_tokens": 256, "why_distinct": None}
 _SHARED_RUN = RunConfig.from_json({"prefix": SHARED})

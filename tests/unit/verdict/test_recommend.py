@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from report.runbuilder import CPU_CACHE, GIB, StepSpec, cpu_knee_steps, write_run
 
 from oomload.outcome import Outcome
 from oomload.trace.stats import percentile
 from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run
+from runbuilder import CPU_CACHE, GIB, StepSpec, cpu_knee_steps, write_run
 
 
 def verdict_of(path: Path) -> Verdict:

@@ -33,10 +33,10 @@ message that holds the block's last token with the block's end offset in that me
 match only when every message up to there is identical and starts at the same token, and a message
 is never split finer than its token count allows. That id is SipHash-1-3 (keyed) of one word, the
 message's chained key XOR the offset times an odd constant: keyed end to end, so without the salt
-neither the key nor the offset can be had back from an id — not from one, nor from two consecutive
-ids of one message (``tests/unit/test_trace_privacy.py`` tries it), so a trace does not tell where
-its messages start or how long they are. SipHash runs over ``SIP_CHUNK`` words at a time (its state
-stays in the CPU cache: about 0.7 of the time of one pass over a large batch).
+neither the key nor the offset can be had back from an id — not from one, nor from two consecutive ids
+of one message (``tests/unit/trace/test_trace_privacy.py`` tries it), so a trace does not tell where its
+messages start or how long they are. SipHash runs over ``SIP_CHUNK`` words at a time (its state stays in
+the CPU cache: about 0.7 of the time of one pass over a large batch).
 
 ``oomload.trace.prefix`` models the cache these ids feed (reuse, the LRU pool, the trace's prefix stats).
 """

@@ -232,7 +232,7 @@ def _count_trace(
         plans = plan_inputs(paths, format=format, mapping=mapping, hasher=hasher)
         formats = tuple(dict.fromkeys(plan.format for plan in plans))
         tokenizer = None if counter is None else counter.name
-        info, note = header_prefix([plan_prefix(p, hasher, counter is not None) for p in plans], 0)
+        info, note = header_prefix([plan_prefix(p, hasher) for p in plans], 0)
         if note is not None:
             notes.append(note)
 

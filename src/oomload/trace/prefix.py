@@ -282,7 +282,10 @@ def describe_prefix(info: PrefixInfo) -> str:
         text = f"chained ids of {block} from the prompt token ids (exact)"
     elif info.source == "messages":
         counts = "per-message token counts" + (
-            " from the tokenizer" if info.exact else " estimated from characters (not exact)"
+            " from the tokenizer"
+            if info.exact
+            else " estimated (from characters, or with --tokenizer from the messages' text without the "
+            "chat template's role and format tokens: not exact)"
         )
         text = f"chained ids of {block} over message boundaries, {counts}"
     elif info.source == "column":

@@ -32,15 +32,16 @@ what the output states:
 - **largest shared prefixes**: found among the nodes held (their uses exact), so each is up to
   ``step − 1`` blocks longer than listed (``tokens_error``): a deeper prefix with as many uses would
   have a held node at the next multiple of ``step``;
-- **conversations** (a ``session`` column, or inferred from the chains: a request whose chain holds an
-  earlier request's last block is its next turn): at most ``EXACT_CONVERSATIONS`` keys (sessions;
-  chain ends) are held, the least recently used given up first (a hundredth at a time). A request
-  whose key was given up starts a new conversation (or, inferred, joins the one a shallower end
-  names). A Bloom filter (``_Bloom``, fixed size, no false negatives) of the keys given up counts
-  every request that may have gone elsewhere; each moves one request (and its later turns) to
-  another conversation, which changes the count of conversations by at most one, so
-  ``|count − exact| ≤ count_error`` (with sessions the count is only ever too high). Their turns
-  may be split too.
+- **conversations** (a ``session`` column, or inferred from the chains: a request whose chain of
+  full blocks holds an earlier request's last full block is its next turn, and each turn is
+  continued once — the replay's rule, ``oomload.load.payload.conversation_units``): at most
+  ``EXACT_CONVERSATIONS`` keys (sessions; chain ends) are held, the least recently used given up
+  first (a hundredth at a time). A request whose key was given up starts a new conversation (or,
+  inferred, joins the one a shallower end names). A Bloom filter (``_Bloom``, fixed size, no false
+  negatives) of the keys given up counts every request that may have gone elsewhere; each moves one
+  request (and its later turns) to another conversation, which changes the count of conversations by
+  at most one, so ``|count − exact| ≤ count_error`` (with sessions the count is only ever too high).
+  Their turns may be split too.
 
 A conversation that can gain no more turns (no chain end points to it) is counted at once in a
 histogram, so conversations are held only while they can still grow, in exact mode too. The pool
@@ -310,6 +311,12 @@ class _Conversations:
                 self._unref(keys.pop(first))
         return conversation
 
+    def release(self, key: object) -> None:
+        """``key`` finds its conversation no more (a chain end that was continued)."""
+        conversation = self.keys.pop(key, None)
+        if conversation is not None:
+            self._unref(conversation)
+
     def _unref(self, conversation: int) -> None:
         entry = self.live[conversation]
         entry[1] -= 1
@@ -490,6 +497,8 @@ class PrefixTally:
             if maybe_gone is not None and not doubt and maybe_gone(block_id):
                 doubt = True
         chains.join(found, ids[-1], doubt)
+        if found is not None and block_id != ids[-1]:
+            chains.release(block_id)  # a turn is continued once (as the replay sends them)
 
     def add_without_ids(self, requests: int, prompt_tokens: int, total_blocks: int) -> None:
         """Many requests that carry no ids and no session at once (a length-only batch): they hit

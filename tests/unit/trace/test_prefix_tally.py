@@ -52,7 +52,7 @@ class _Unbounded:
                 conversation = len(self.turns)
                 for block_id in reversed(full):
                     if block_id in self.ends:
-                        conversation = self.ends[block_id]
+                        conversation = self.ends.pop(block_id)  # continued once
                         break
                 self.turns[conversation] += 1
                 self.ends[full[-1]] = conversation
@@ -283,7 +283,29 @@ def test_the_mooncake_trace_gives_the_figures_trace_stats_printed_before_the_bou
         (22220, 112640, 3),
         (9777, 24576, 13),
     ]
-    assert prefix.turns.histogram == {2: 6, 1728: 1}
+    # turns: each continued once, by full blocks (as the replay sends them); before that rule every
+    # request behind the shared system prompt was one conversation of 1,728 turns
+    assert prefix.turns.histogram == {2: 267, 3: 88, 4: 23, 5: 7, 6: 1, 7: 3, 8: 1, 9: 1}
+
+
+def test_trace_stats_counts_the_conversations_the_replay_sends(tmp_path: Path) -> None:
+    """The real Mooncake trace: the turns ``trace stats`` finds from the chains are the units the
+    replay sends from one user each (``conversation_units``), conversation for conversation."""
+    from oomload.load.payload import conversation_units
+    from oomload.trace.model import read_trace_header
+
+    missing = shared_traces_missing(SHARED)
+    if missing:
+        pytest.skip(missing)
+    log = SHARED / "traces" / "mooncake_conversation_first10min.jsonl"
+    prefix = count_trace([log]).prefix
+    assert prefix is not None
+    out = tmp_path / "t.jsonl"
+    build_trace([log], out)
+    records = read_trace(out)
+    block = read_trace_header(out).prefix_or_default().block_tokens
+    units = Counter(len(u) for u in conversation_units(records, block) if len(u) > 1)
+    assert dict(sorted(units.items())) == prefix.turns.histogram
 
 
 def test_a_log_past_the_bound_gives_the_same_approximation_through_build_and_stats(

@@ -19,7 +19,8 @@ grows with the input: where it pays is the in-process threshold); where the pool
 (main process, workers) and the bound that puts on more cores (``_spread_cost``); peak RSS of
 ``build`` and ``stats`` at 1M and 10M requests (Azure CSV), which must stay flat, and the 10M-row
 CSV built on 1, 2 and all cores (byte ranges of rows). ``BENCH_TRACE_ONLY=shapes`` prints the log shapes
-only, ``=vllm`` the vLLM log only (``BENCH_TRACE_ROUNDS``: their rounds). Goals (issue 15):
+only, ``=vllm`` the vLLM log only, ``=tally`` ``stats`` of a chained gateway log at two sizes (its peak
+RSS must not follow the log's size: ``bench_tally``) (``BENCH_TRACE_ROUNDS``: their rounds). Goals (issue 15):
 OpenAI-style logs with text ≥ 300 MB/s a core, CSV within 2× of pandas, flat memory, every core used.
 """
 
@@ -369,6 +370,35 @@ def bench_shapes(root: Path, out: Path) -> list[str]:
     ]
 
 
+TALLY_SIZES_MB = (100, 400)
+
+
+def bench_tally(root: Path, out: Path, *, rounds: int = 1) -> list[str]:
+    """``stats`` straight from a chained gateway log (``bench.logshapes``) of 100 and 400 MB: its CPU over
+    the orjson loop's and its peak RSS, which must not grow with the log once past the prefix tally's
+    exact bound (``oomload.trace.tally``: 2M distinct blocks, about 1.4M in 200 MB of this shape)."""
+    from bench.logshapes import write_log
+
+    cells = []
+    for size_mb in TALLY_SIZES_MB:
+        path = root / f"tally-{size_mb}.jsonl"
+        write_log(path, "gateway", size_mb * 1_000_000, seed=5)
+        r = runs(["orjson", "stats:1"], path, out, rounds, all_rows=False)
+        cpu, _median = cpu_ratios(r["stats:1"], r["orjson"])
+        rss = min(x["maxrss_mib"] for x in r["stats:1"])
+        print(
+            f"stats of a chained gateway log {size_mb:>5} MB: {cpu:.2f}× the orjson loop's CPU, "
+            f"peak RSS {rss:.0f} MiB"
+        )
+        cells.append((size_mb, cpu, rss))
+        path.unlink()
+    return [
+        "stats of a chained gateway log (prefix reuse, bounded tally): "
+        + "; ".join(f"{mb} MB {cpu:.2f}× the orjson loop's CPU, peak {rss:.0f} MiB" for mb, cpu, rss in cells)
+        + f"; peak RSS {cells[-1][2] / cells[0][2]:.2f}× for {cells[-1][0] / cells[0][0]:.0f}× the log"
+    ]
+
+
 def bench_vllm(root: Path, out: Path, rng: np.random.Generator, *, rounds: int = ROUNDS) -> list[str]:
     """A vLLM DEBUG request log (prompt_token_ids, eight shared system prompts), built with prefix chains
     and without them: both ratios, wall time and CPU (a vLLM log is not JSON: no orjson loop)."""
@@ -404,6 +434,10 @@ def main() -> None:
         out = root / "trace.jsonl"
         if os.environ.get("BENCH_TRACE_ONLY") == "shapes":
             for line in bench_shapes(root, out):
+                print(line)
+            return
+        if os.environ.get("BENCH_TRACE_ONLY") == "tally":
+            for line in bench_tally(root, out):
                 print(line)
             return
         if os.environ.get("BENCH_TRACE_ONLY") == "vllm":
@@ -466,6 +500,9 @@ def main() -> None:
 
         # 1b. vLLM request log (DEBUG prompt_token_ids) sharing system prompts: chains on and off.
         summary += bench_vllm(root, out, rng)
+
+        # 1c. stats of a chained log: the prefix tally's memory stays bounded.
+        summary += bench_tally(root, out)
 
         # 2. Mooncake JSONL.
         n = 1_000_000

@@ -147,7 +147,7 @@ def test_trace_build_skips_a_vllm_log_request_asking_for_an_absurd_max_tokens(
         "params: SamplingParams(n=1, max_tokens=100000000), prompt_token_ids: [1, 2], lora_request: None.\n"
     )
     out = tmp_path / "trace.jsonl"
-    code, stdout, err = run(["trace", "build", str(log), "-o", str(out)], capsys)
+    code, stdout, err = run(["trace", "build", str(log), "-o", str(out), "--keep-ids"], capsys)
     assert code == 0, err
     assert [r.id for r in read_trace(out)] == ["cmpl-a"]
     assert f"output_tokens over the limit of 10,000,000 tokens  (first: {log}:3)" in stdout

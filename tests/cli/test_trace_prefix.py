@@ -55,7 +55,12 @@ def test_stats_of_a_trace_show_the_share_of_prompt_tokens_seen_earlier(
     # 9 requests after the first find the 12 shared blocks: 9 × 192 of 10 × 300 prompt tokens
     assert (doc["seen_hit_tokens"], doc["prompt_tokens"], doc["source"]) == (9 * 192, 3000, "token-ids")
     assert doc["largest_shared_prefixes"] == [
-        {"block_id": doc["largest_shared_prefixes"][0]["block_id"], "tokens": 192, "uses": 10}
+        {
+            "block_id": doc["largest_shared_prefixes"][0]["block_id"],
+            "tokens": 192,
+            "uses": 10,
+            "tokens_error": 0,
+        }
     ]
     assert "prompt tokens in blocks seen earlier (infinite cache, upper bound): 57.6%" in text
     assert "192 tokens × 10 uses" in text and "give --kv-cache-tokens or --kv-blocks" in text
@@ -119,6 +124,7 @@ def test_stats_count_the_turns_of_conversations(tmp_path: Path, capsys: pytest.C
         "max_turns": 3,
         "turns_histogram": {"1": 1, "3": 1},
         "inferred_from_chains": False,
+        "count_error": 0,
     }
     assert doc["trace_block_tokens"] == 16 and doc["seen_hit_tokens"] == 32 + 48
     assert "conversations: 2, turns mean 2.0, max 3" in text

@@ -180,18 +180,38 @@ class SharedPrefixes:
 
     @cached_property
     def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(request index, group index, blocks) per carried group, and each group's share of requests."""
-        index: dict[tuple[int, int], int] = {}
+        """(request index, layer index, blocks) per carried layer, and each layer's share of requests.
+
+        A trace id's server blocks are counted once, whatever the two block sizes: a request carries
+        the first ``w`` of them (fewer than the id's all when its prompt ends on that trace block and
+        its last token is computed), so an id's groups ``(id, w₁) … (id, wₖ)``, ``w₁ < … < wₖ``, are cut
+        into layers ``[0, w₁), [w₁, w₂), …`` and a request with ``w`` carries the layers below ``w``.
+        Each layer is held with its own odds: ``(id, 31)`` beside ``(id, 32)`` is 31 blocks every such
+        request holds and one only the longer ones do — 32 blocks at most, not 63."""
+        widths: dict[int, set[int]] = {}
+        for groups in self.groups:
+            for chain_id, w in groups:
+                widths.setdefault(chain_id, set()).add(w)
+        layers: dict[tuple[int, int], int] = {}  # (id, layer's top) → layer index
+        weights: list[int] = []
+        for chain_id, tops in widths.items():
+            below = 0
+            for top in sorted(tops):
+                layers[(chain_id, top)] = len(weights)
+                weights.append(top - below)
+                below = top
         req: list[int] = []
         key: list[int] = []
         for i, groups in enumerate(self.groups):
-            for g in groups:
-                req.append(i)
-                key.append(index.setdefault(g, len(index)))
-        weights = np.fromiter((w for _, w in index), dtype=np.float64, count=len(index))
+            for chain_id, w in groups:
+                last = layers[(chain_id, w)]
+                first = last - sum(1 for top in widths[chain_id] if top < w)
+                for layer in range(first, last + 1):
+                    req.append(i)
+                    key.append(layer)
         keys = np.asarray(key, dtype=np.int64)
-        share = np.bincount(keys, minlength=len(index)) / max(len(self.groups), 1)
-        return np.asarray(req, dtype=np.int64), keys, weights[keys], share
+        share = np.bincount(keys, minlength=len(weights)) / max(len(self.groups), 1)
+        return np.asarray(req, dtype=np.int64), keys, np.asarray(weights, dtype=np.float64)[keys], share
 
 
 @dataclass(frozen=True, slots=True)

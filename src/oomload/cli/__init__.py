@@ -1,8 +1,8 @@
 """The ``oomload`` command line: a thin layer that parses flags and maps errors to exit codes.
 
 Each sub-command lives in its own module (``trace``, ``sim``, ``plan``, ``replay``, ``report``,
-``sample``, ``worker``, ``tune``) exposing ``register(subparsers)``; the handler it sets as ``func``
-takes the parsed ``argparse.Namespace`` and returns an exit code. ``flags`` holds the checks the
+``compare``, ``sample``, ``worker``, ``tune``) exposing ``register(subparsers)``; the handler it sets
+as ``func`` takes the parsed ``argparse.Namespace`` and returns an exit code. ``flags`` holds the checks the
 sub-commands' flags share. Heavy imports (Locust,
 pandas, NVML) happen inside the handlers, so ``oomload --help`` is fast and importing the CLI patches nothing.
 
@@ -29,13 +29,13 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from oomload import __version__
-from oomload.cli import plan, replay, report, sample, sim, trace, tune, worker
+from oomload.cli import compare, plan, replay, report, sample, sim, trace, tune, worker
 from oomload.cli.crash import save_internal_error
 from oomload.credentials import scrub
 from oomload.errors import ExitCode, OomloadError, OutputWriteError
 from oomload.outfile import is_disk_error, reason
 
-SUBCOMMANDS = (trace, replay, report, plan, sim, sample, worker, tune)
+SUBCOMMANDS = (trace, replay, report, compare, plan, sim, sample, worker, tune)
 
 
 def build_parser() -> argparse.ArgumentParser:

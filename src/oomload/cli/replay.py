@@ -22,7 +22,7 @@ from oomload.cli.flags import tcp_port
 from oomload.credentials import read_api_key, url_credentials_error, url_has_credentials
 from oomload.errors import ConfigError, OomloadError
 from oomload.outfile import is_disk_error
-from oomload.rundir import check_run_dir_creatable, new_run_dir
+from oomload.rundir import RunReader, check_run_dir_creatable, new_run_dir
 
 if TYPE_CHECKING:
     from oomload.run.config import ReplayConfig
@@ -181,6 +181,13 @@ def register(subparsers: Any) -> None:
     out = p.add_argument_group("run")
     out.add_argument("--run-dir", type=Path, help="run directory (default: a new one under ./runs)")
     out.add_argument("--gate", action="append", default=[], metavar="EXPR", help="CI gate rule; repeatable")
+    out.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="RUN_DIR",
+        help="a saved run that relative gate rules (onset>=baseline, kv-blocks>=baseline*0.95, …) "
+        "compare with",
+    )
     out.add_argument("--web", action="store_true", help="open the Locust web UI")
     out.add_argument("--web-host", default="127.0.0.1", help="web UI address (default 127.0.0.1)")
     out.add_argument("--web-port", type=int, default=8089, help="web UI port (default 8089)")
@@ -249,7 +256,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Rep
     from oomload.load.payload import parse_token_id_range
     from oomload.run.runner import DEMO_HOLD_S, DEMO_LEVELS, ReplayConfig
     from oomload.trace.model import read_trace_header
-    from oomload.verdict.gate import parse_gate
+    from oomload.verdict.gate import needs_baseline, parse_gate
 
     header = read_trace_header(args.trace)  # TraceFormatError (exit 2) before anything else
     if args.prefix_sharing:
@@ -308,8 +315,11 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Rep
     if soak_s is not None:
         hold_s = soak_s
     gates = tuple(args.gate)
-    for gate in gates:
-        parse_gate(gate)
+    relative = needs_baseline([parse_gate(gate) for gate in gates])
+    if relative and args.baseline is None:
+        raise ConfigError(f"gate {relative[0]!r} compares with a baseline run: give --baseline RUN_DIR")
+    if args.baseline is not None:
+        RunReader(args.baseline)  # ConfigError naming it when it is not a run directory
     return ReplayConfig(
         trace_path=args.trace,
         url=url,
@@ -338,6 +348,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Rep
         api_key_env=args.api_key_env,
         run_dir=args.run_dir,
         gates=gates,
+        baseline=args.baseline,
         web=args.web,
         web_host=args.web_host,
         web_port=args.web_port,

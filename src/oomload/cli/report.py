@@ -1,4 +1,6 @@
-"""``oomload report RUN_DIR``: re-render the verdict and reports of a saved (possibly partial) run."""
+"""``oomload report RUN_DIR``: re-render the verdict and reports of a saved (possibly partial) run;
+``oomload report --history RUN_DIR…``: the runs in time order, and where capacity moved
+(``oomload.report.history``)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,29 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument(
-        "run_dir", metavar="RUN_DIR", type=Path, help="a run directory written by oomload replay"
+        "run_dir",
+        metavar="RUN_DIR",
+        type=Path,
+        nargs="+",
+        help="a run directory written by oomload replay (with --history: several, or directories of them)",
+    )
+    history = parser.add_argument_group("history")
+    history.add_argument(
+        "--history",
+        action="store_true",
+        help="one page of the runs in time order: onset, last safe, KV blocks, P99 TTFT, what moved",
+    )
+    history.add_argument(
+        "--level",
+        type=int,
+        metavar="N",
+        help="--history: the P99 TTFT column's level (default: the highest level every run measured)",
+    )
+    history.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="--history: where history.json/.md/.html go (default ./history)",
     )
     parser.add_argument(
         "--gate",
@@ -34,6 +58,13 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("--gate-file", type=Path, metavar="FILE", help="TOML file with [gate] rules = [...]")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="RUN_DIR",
+        help="the run that relative rules (onset>=baseline, kv-blocks>=baseline*0.95, …) compare with "
+        "(default: the one config.json recorded)",
+    )
     parser.add_argument(
         "--format",
         default="terminal,json,md,html,junit",
@@ -55,6 +86,13 @@ def run(args: argparse.Namespace) -> int:
     from oomload.verdict.gate import load_gate_file, parse_gate
     from oomload.verdict.runview import config_problem
 
+    if args.history:
+        return _history(args)
+    if args.level is not None or args.out is not None:
+        raise ConfigError("--level and --out go with --history")
+    if len(args.run_dir) != 1:
+        raise ConfigError(f"give one RUN_DIR (got {len(args.run_dir)}); several make a page with --history")
+    args.run_dir = args.run_dir[0]
     if is_tune_dir(args.run_dir):  # an `oomload tune` directory: its table, tune.md and tune.html
         return render_tune_dir(args.run_dir, Console(stderr=False))
     formats = [f.strip() for f in str(args.format).split(",") if f.strip()]
@@ -70,10 +108,14 @@ def run(args: argparse.Namespace) -> int:
     gates: list[Any] = [parse_gate(g) for g in args.gate]
     if args.gate_file is not None:
         gates.extend(load_gate_file(args.gate_file))
+    baseline = args.baseline
     if not gates:
         configured = reader.config().get("gates") or []
         if isinstance(configured, list):
             gates = [parse_gate(str(g)) for g in configured]
+        recorded = reader.config().get("baseline")
+        if baseline is None and isinstance(recorded, str) and recorded:
+            baseline = Path(recorded)
     files = [f for f in formats if f != "terminal"]
     if args.json and "json" not in files:
         files.append("json")
@@ -84,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         formats=files,
         terminal="terminal" in formats and not args.json,
         reporting_only=True,
+        baseline=baseline,
     )
     if args.json:
         sys.stdout.write((args.run_dir / FILE_NAMES["json"]).read_text(encoding="utf-8"))
@@ -91,3 +134,22 @@ def run(args: argparse.Namespace) -> int:
         names = ", ".join(FILE_NAMES[f] for f in files)
         print(f"oomload: wrote {names} in {args.run_dir} (exit code {int(code)})")
     return int(code)
+
+
+def _history(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from oomload.report.history import history_of, print_history, write_history
+
+    if args.gate or args.gate_file or args.baseline or args.json:
+        raise ConfigError(
+            "--history takes no --gate, --gate-file, --baseline or --json (see oomload compare)"
+        )
+    if args.level is not None and args.level <= 0:
+        raise ConfigError(f"--level must be a concurrency level > 0, got {args.level}")
+    history = history_of(args.run_dir, args.level)
+    out = args.out if args.out is not None else Path("history")
+    print_history(Console(stderr=False), history)
+    written = write_history(out, history)
+    print(f"oomload: wrote {', '.join(written)} in {out}")
+    return 0

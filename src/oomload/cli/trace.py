@@ -55,6 +55,12 @@ def register(subparsers: Any) -> None:
         help="block size of the prefix chains (hash_ids) derived from token ids or messages; the trace "
         f"then predicts any multiple of it (default {DEFAULT_BLOCK_TOKENS}, vLLM's; 0: none)",
     )
+    build.add_argument(
+        "--keep-ids",
+        action="store_true",
+        help="write the logs' request ids, sessions and parents as they are (default: salted pseudonyms, "
+        "which tell nothing of them; keep them only for a trace that stays with the logs)",
+    )
     _add_workers_flag(build)
     build.set_defaults(func=run_build)
 
@@ -241,6 +247,7 @@ def run_build(args: argparse.Namespace) -> int:
             workers=workers,
             progress=progress,
             prefix_block_tokens=args.prefix_block_tokens or None,
+            keep_ids=args.keep_ids,
             **options,
         )
     print(

@@ -43,12 +43,13 @@ from oomload.ingest.parallel import (
     input_batches,
     prefetch,
 )
-from oomload.ingest.prefixes import build_hasher, header_prefix, input_prefix
+from oomload.ingest.prefixes import build_salt, header_prefix, input_prefix, salt_header
 from oomload.ingest.skips import SkipLog, nothing_usable
 from oomload.ingest.tokens import TokenCounter
 from oomload.ingest.writer import TraceScratch, check_output_path, finish_trace, write_body
 from oomload.trace.model import PrefixInfo, TraceHeader, TraceRecord
 from oomload.trace.prefix import DEFAULT_BLOCK_TOKENS, BlockHasher
+from oomload.trace.pseudonyms import Pseudonyms
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,25 +215,30 @@ def build_trace(
     parallel_min_bytes: int = PARALLEL_MIN_BYTES,
     span_bytes: int = SPAN_BYTES,
     prefix_block_tokens: int | None = DEFAULT_BLOCK_TOKENS,
+    keep_ids: bool = False,
 ) -> BuildResult:
     """Read the logs, write a trace to ``out``; raises ``TraceFormatError`` when nothing usable was found.
 
     A bad output path (a directory, a device, an uncreatable parent) is refused before any input is
     read (``ConfigError``); ``out`` is replaced only once the whole trace is written.
     ``prefix_block_tokens`` (``None``: off) is the block size of the prefix chains derived from the
-    logs (``oomload.ingest.prefixes``).
+    logs (``oomload.ingest.prefixes``). Request ids, sessions and parents are written as salted
+    pseudonyms (``oomload.trace.pseudonyms``), or as the logs have them with ``keep_ids``.
     """
     out = check_output_path(out)
     retain_freed_memory()
-    hasher = None if prefix_block_tokens is None else build_hasher(prefix_block_tokens)
-    plans = plan_inputs(paths, format=format, mapping=mapping, hasher=hasher)
+    salt = build_salt()
+    hasher = None if prefix_block_tokens is None else BlockHasher(salt.salt, prefix_block_tokens)
+    pseudonyms = None if keep_ids else Pseudonyms(salt.salt)
+    keyed = salt_header(salt, keyed_chains=hasher is not None, pseudonyms=not keep_ids)
+    plans = plan_inputs(paths, format=format, mapping=mapping, hasher=hasher, pseudonyms=pseudonyms)
     formats = tuple(dict.fromkeys(plan.format for plan in plans))
     tokenizer = None if counter is None else counter.name
     meters = [ClockMeter() for _ in plans] if len(plans) > 1 else None
     alignment = None
     sources = tuple(str(plan.source.path) for plan in plans)
     guess = TraceHeader(  # the header of a clean build; finish_trace rewrites the file when it is not
-        sources, "+".join(formats), tokenizer, _header_extra(SkipLog(), None, reordered=False)
+        sources, "+".join(formats), tokenizer, _header_extra(SkipLog(), None, keyed, reordered=False)
     )
     workers = default_workers() if workers is None else workers
     with (
@@ -261,7 +267,7 @@ def build_trace(
         if written.count == 0:
             raise TraceFormatError(nothing_usable(skips), ", ".join(str(p) for p in paths))
         prefix, prefix_note = header_prefix(
-            [plan_prefix(p, hasher, counter is not None) for p in plans],
+            [plan_prefix(p, hasher) for p in plans],
             skips.truncated_requests,
         )
         if prefix_note is not None:
@@ -270,7 +276,7 @@ def build_trace(
             source=sources,
             format="+".join(formats),
             tokenizer=tokenizer,
-            extra=_header_extra(skips, alignment, reordered=not written.in_order),
+            extra=_header_extra(skips, alignment, keyed, reordered=not written.in_order),
             prefix=prefix,
         )
         finish_trace(scratch, header, written)
@@ -288,14 +294,16 @@ def build_trace(
     )
 
 
-def plan_prefix(plan: InputPlan, hasher: BlockHasher | None, exact: bool) -> PrefixInfo:
+def plan_prefix(plan: InputPlan, hasher: BlockHasher | None) -> PrefixInfo:
     """What one input's ids mean (``oomload.ingest.prefixes.input_prefix``)."""
     conversation = plan.mapping is not None and plan.mapping.conversation is not None
-    return input_prefix(plan.source, plan.format, hasher, exact=exact, conversation=conversation)
+    return input_prefix(plan.source, plan.format, hasher, conversation=conversation)
 
 
-def _header_extra(skips: SkipLog, alignment: ClockAlignment | None, *, reordered: bool) -> dict[str, Any]:
-    extra: dict[str, Any] = {"skipped": skips.as_dict()}
+def _header_extra(
+    skips: SkipLog, alignment: ClockAlignment | None, keyed: dict[str, str], *, reordered: bool
+) -> dict[str, Any]:
+    extra: dict[str, Any] = {"skipped": skips.as_dict(), **keyed}
     if skips.notes:
         extra["notes"] = list(skips.notes)
     if reordered:

@@ -4,7 +4,9 @@
 into ``LengthCounts`` and its times into an ``ArrivalCounter``, then the batch is dropped. Several
 inputs are read twice: once for the lengths and their time ranges (which decide the alignment), then
 merged in time order (``build.merge_batches``) for the arrivals. Only when an input is not in time
-order are the times gathered whole, 8 bytes per request, in one more pass.
+order are the times gathered whole, 8 bytes per request, in one more pass. Prefix reuse goes to a
+``PrefixTally`` (``oomload.trace.tally``), exact up to ``PoolSize.exact_blocks`` distinct blocks, then
+sampled with a stated error: its memory is bounded too.
 
 ``load_columns`` reads an oomload trace with pyarrow's JSON reader, or each log input with its
 reader, keeping four columns per input: time, prompt and output tokens, success. Several inputs are
@@ -50,8 +52,9 @@ from oomload.ingest.prefixes import build_hasher, header_prefix
 from oomload.ingest.skips import SkipLog, nothing_usable
 from oomload.ingest.tokens import TokenCounter
 from oomload.trace.model import PrefixInfo, is_trace_file, read_trace_header
-from oomload.trace.prefix import DEFAULT_BLOCK_TOKENS, PrefixStats, PrefixTally
+from oomload.trace.prefix import DEFAULT_BLOCK_TOKENS
 from oomload.trace.stats import ArrivalCounter, ArrivalStats, LengthCounts, summarize_arrivals
+from oomload.trace.tally import EXACT_BLOCKS, EXACT_CONVERSATIONS, PrefixStats, PrefixTally
 
 
 @dataclass(slots=True)
@@ -153,6 +156,8 @@ class PoolSize:
     blocks: int | None = None
     tokens: int | None = None
     block_tokens: int | None = None  # None: the trace's prefix block size
+    exact_blocks: int = EXACT_BLOCKS  # distinct blocks the tally holds exactly (``oomload.trace.tally``)
+    exact_conversations: int = EXACT_CONVERSATIONS  # and conversations (sessions, or chain ends)
 
     def tally(self, info: PrefixInfo, notes: list[str]) -> PrefixTally:
         """The tally for a trace whose ids mean ``info`` (a server block that is no multiple: noted)."""
@@ -167,7 +172,13 @@ class PoolSize:
         blocks = (
             self.blocks if self.blocks is not None else None if self.tokens is None else self.tokens // block
         )
-        return PrefixTally(info, pool_blocks=blocks or None, server_block_tokens=server)
+        return PrefixTally(
+            info,
+            pool_blocks=blocks or None,
+            server_block_tokens=server,
+            exact_blocks=self.exact_blocks,
+            exact_conversations=self.exact_conversations,
+        )
 
 
 def count_trace(
@@ -221,7 +232,7 @@ def _count_trace(
         plans = plan_inputs(paths, format=format, mapping=mapping, hasher=hasher)
         formats = tuple(dict.fromkeys(plan.format for plan in plans))
         tokenizer = None if counter is None else counter.name
-        info, note = header_prefix([plan_prefix(p, hasher, counter is not None) for p in plans], 0)
+        info, note = header_prefix([plan_prefix(p, hasher) for p in plans], 0)
         if note is not None:
             notes.append(note)
 
@@ -297,7 +308,7 @@ def _tally(tally: PrefixTally, batch: pa.Table) -> None:
     ).as_py() in (0, None):
         p = np.asarray(batch.column("prompt_tokens"), dtype=np.int64)
         o = np.asarray(batch.column("output_tokens"), dtype=np.int64)
-        block = tally.seen.block_tokens
+        block = tally.block_tokens
         tally.add_without_ids(batch.num_rows, int(p.sum()), int((-(-(p + o) // block)).sum()))
         return
     prompt = batch.column("prompt_tokens").to_pylist()

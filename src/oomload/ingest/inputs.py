@@ -3,14 +3,16 @@
 ``plan_inputs`` opens every input *before* anything is written — an unknown format, an empty or
 unreadable file, or a mapping naming a missing column fails fast with one sentence — and gives an
 ``InputPlan`` per file (its source, format, CSV layout or column mapping, and the build's
-``BlockHasher``). ``iter_source_batches`` reads one planned input with the reader of its format,
-in this process; ``oomload.ingest.parallel`` runs the very same function in its workers (over a
-byte range of the file, or the whole file), and ``oomload.ingest.build`` merges what either gives.
+``BlockHasher`` and, unless ``--keep-ids``, its ``Pseudonyms``). ``iter_source_batches`` reads one
+planned input with the reader of its format, in this process, and gives each batch's ``id``, ``session``
+and ``parent`` as salted pseudonyms (``with_pseudonyms``; ``oomload.trace.pseudonyms``);
+``oomload.ingest.parallel`` runs the very same function in its workers (over a byte range of the file,
+or the whole file), and ``oomload.ingest.build`` merges what either gives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +29,11 @@ from oomload.ingest.source import LogSource
 from oomload.ingest.tabular import AZURE, BURSTGPT, CsvLayout, check_layout, read_csv_batches
 from oomload.ingest.tokens import TokenCounter
 from oomload.ingest.vllm_log import read_vllm_batches
-from oomload.trace.model import iter_trace
+from oomload.trace.model import iter_trace, read_trace_header
 from oomload.trace.prefix import BlockHasher
+from oomload.trace.pseudonyms import Pseudonyms
+
+NAME_COLUMNS = ("id", "session", "parent")  # the names a trace carries: pseudonyms unless --keep-ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,7 @@ class InputPlan:
     layout: CsvLayout | None = None
     mapping: ColumnMapping | None = None
     hasher: BlockHasher | None = None  # chains prompts into prefix block ids (salt shared by all workers)
+    pseudonyms: Pseudonyms | None = None  # None: the log's ids, sessions and parents kept as they are
 
 
 def plan_inputs(
@@ -48,6 +54,7 @@ def plan_inputs(
     format: str | None = None,
     mapping: ColumnMapping | None = None,
     hasher: BlockHasher | None = None,
+    pseudonyms: Pseudonyms | None = None,
 ) -> list[InputPlan]:
     """Detect and check every input up front (see the module docstring)."""
     if not paths:
@@ -69,12 +76,34 @@ def plan_inputs(
         elif fmt == "jsonl":
             assert mapping is not None
             check_jsonl_mapping(source, mapping)
-        plans.append(InputPlan(source, fmt, layout, mapping, hasher))
+        names = pseudonyms
+        if fmt == "oomload" and read_trace_header(source.path).extra.get("ids") == "pseudonyms":
+            names = None  # a trace whose names are pseudonyms already keeps them (a merge, a re-sort)
+        plans.append(InputPlan(source, fmt, layout, mapping, hasher, names))
     return plans
 
 
 def iter_source_batches(plan: InputPlan, skips: SkipLog, counter: TokenCounter | None) -> Iterator[pa.Table]:
-    """The batches of one input, ``time_s`` on that log's clock."""
+    """The batches of one input, ``time_s`` on that log's clock, its names as the plan says
+    (``with_pseudonyms``)."""
+    return with_pseudonyms(plan.pseudonyms, _read_batches(plan, skips, counter))
+
+
+def with_pseudonyms(pseudonyms: Pseudonyms | None, batches: Iterable[pa.Table]) -> Iterator[pa.Table]:
+    """``batches`` with every ``id``, ``session`` and ``parent`` replaced by its pseudonym (a null stays
+    null: a generated ``r<N>`` id stays generated); as they are when ``pseudonyms`` is ``None``."""
+    for batch in batches:
+        if pseudonyms is not None:
+            for name in NAME_COLUMNS:
+                index = batch.schema.get_field_index(name)
+                if index >= 0 and batch.column(index).null_count < batch.num_rows:
+                    batch = batch.set_column(
+                        index, batch.schema.field(index), pseudonyms.of(batch.column(index))
+                    )
+        yield batch
+
+
+def _read_batches(plan: InputPlan, skips: SkipLog, counter: TokenCounter | None) -> Iterator[pa.Table]:
     source = plan.source
     if plan.layout is not None:
         yield from read_csv_batches(source, plan.layout, skips)

@@ -135,7 +135,7 @@ def _count_prompt(request: dict[str, Any], counter: TokenCounter | None) -> int 
     if isinstance(messages, str):
         return counter.count(messages)
     if isinstance(messages, list):
-        return sum(counter.count(_content_text(m.get("content"))) for m in messages if isinstance(m, dict))
+        return sum(counter.count(message_text(m)) for m in messages if isinstance(m, dict))
     return None
 
 
@@ -145,7 +145,7 @@ def _count_output(response: dict[str, Any], chunks: list[Any], counter: TokenCou
     parts: list[str] = []
     for choice in response.get("choices") or ():
         message = choice.get("message") or {}
-        parts.append(_content_text(message.get("content")) or choice.get("text") or "")
+        parts.append(message_text(message) or choice.get("text") or "")
     for chunk in chunks:
         if not isinstance(chunk, dict):
             continue
@@ -155,6 +155,21 @@ def _count_output(response: dict[str, Any], chunks: list[Any], counter: TokenCou
     if not parts and "choices" not in response and not chunks:
         return None
     return counter.count("".join(parts))
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text a chat message carries: its content, then each tool call's function name and arguments
+    (a chat template renders both; the role and the template's own tokens are not counted)."""
+    text = _content_text(message.get("content"))
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                text += "".join(
+                    v for v in (function.get("name"), function.get("arguments")) if isinstance(v, str)
+                )
+    return text
 
 
 def _content_text(content: Any) -> str:

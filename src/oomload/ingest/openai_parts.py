@@ -23,7 +23,7 @@ import numpy.typing as npt
 import orjson
 import pyarrow as pa
 
-from oomload.ingest.openai_log import _content_text
+from oomload.ingest.openai_log import message_text
 from oomload.ingest.openai_schema import (
     PARTS_DECODER,
     UNSET,
@@ -108,13 +108,14 @@ def prompt_parts(line: bytes) -> list[Any]:
 
 
 def _part_tokens(part: Any, counter: TokenCounter) -> int:
-    """A part's tokens counted with ``--tokenizer`` (its text; tool definitions: their JSON)."""
+    """A part's tokens counted with ``--tokenizer``: a message's text (``message_text``: content and tool
+    calls), a text as it is, anything else (tool definitions) as its JSON."""
     try:
         value = orjson.loads(memoryview(part))
     except orjson.JSONDecodeError:
         value = None
     if isinstance(value, dict):
-        return counter.count(_content_text(value.get("content")))
+        return counter.count(message_text(value))
     if isinstance(value, str):
         return counter.count(value)
     return counter.count(bytes(part).decode("utf-8", errors="replace"))
@@ -158,7 +159,7 @@ class PartMarks:
         marks = part_marks(sizes, _joined(self.crcs, np.uint64))
         keys = chain_marks(hasher.sip_key, marks, per_prompt)
         values, offsets = message_block_ids(
-            keys, tokens, per_prompt, np.asarray(limits, dtype=np.int64), hasher.block_tokens
+            hasher.sip_key, keys, tokens, per_prompt, np.asarray(limits, dtype=np.int64), hasher.block_tokens
         )
         empty = np.diff(offsets) == 0  # no full block: null, as the other readers leave it
         mask = pa.array(empty) if empty.any() else None

@@ -71,7 +71,7 @@ import numpy as np
 import pyarrow as pa
 
 from oomload.errors import OomloadError, TraceFormatError
-from oomload.ingest.inputs import iter_source_batches
+from oomload.ingest.inputs import iter_source_batches, with_pseudonyms
 from oomload.ingest.openai_fast import untimed_note_text
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, ReadMeter
@@ -424,7 +424,8 @@ def _rest_in_process(
     source: LogSource = plan.source
     rest = LogSource(source.path, span=(start, _size(source)))
     shifted = _ShiftedSkips(skips, lines_before)
-    for batch in read_csv_batches(rest, plan.layout, shifted, names=csv_header(source)):
+    batches = read_csv_batches(rest, plan.layout, shifted, names=csv_header(source))
+    for batch in with_pseudonyms(plan.pseudonyms, batches):
         if progress is not None:
             progress(0, batch.num_rows)
         yield batch

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from oomload.errors import OomloadError, TraceFormatError
 from oomload.ingest.columns import BATCH_SCHEMA, format_lines, lines_bytes, make_batch
-from oomload.ingest.inputs import InputPlan, iter_source_batches
+from oomload.ingest.inputs import InputPlan, iter_source_batches, with_pseudonyms
 from oomload.ingest.openai_fast import read_openai_batches
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource
@@ -108,12 +108,16 @@ def span_task(
         counter = worker_counter(recipe)
         if plan.format == "openai":
             batches = list(
-                read_openai_batches(source, skips, counter, on_untimed=untimed.append, hasher=plan.hasher)
+                with_pseudonyms(
+                    plan.pseudonyms,
+                    read_openai_batches(
+                        source, skips, counter, on_untimed=untimed.append, hasher=plan.hasher
+                    ),
+                )
             )
         else:
-            batches = list(
-                iter_source_batches(InputPlan(source, plan.format, hasher=plan.hasher), skips, counter)
-            )
+            spanned = InputPlan(source, plan.format, hasher=plan.hasher, pseudonyms=plan.pseudonyms)
+            batches = list(iter_source_batches(spanned, skips, counter))
     except OomloadError as err:
         return SpanResult([], {}, {}, [], error=str(err))
     sent = _sent(batches, origin_s, scratch)
@@ -129,7 +133,9 @@ def _csv_span_task(
         return SpanResult([], {}, {}, [], quoted_newline=True)
     try:
         names = csv_header(LogSource(source.path))
-        batches = list(read_csv_batches(source, plan.layout, skips, names=names))
+        batches = list(
+            with_pseudonyms(plan.pseudonyms, read_csv_batches(source, plan.layout, skips, names=names))
+        )
     except OomloadError as err:
         return SpanResult([], {}, {}, [], error=str(err))
     rows = sum(batch.num_rows for batch in batches) + sum(skips.counts.values())

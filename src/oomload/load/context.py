@@ -6,7 +6,12 @@ every ``RequestResult`` to the run directory. All users of a process run as geve
 thread, so plain attributes need no locks.
 
 A process that measures itself (``oomload.load.selfcheck``) sets ``selfcheck``: its figures restart with
-every step and travel with the step's counts (``ContextMeter.count``, ``step_report``).
+every step and travel with the step's counts (``ContextMeter.count``, ``step_report``), with, in an
+open loop, how late the step's requests left against the trace's arrival times (``loadgen_report``):
+a request is *late* when it is sent ``LATE_SEND_S`` (100 ms) or more after its arrival time, and late
+*because every user was busy* when no user was free to take it until that long after (the replay's
+user cap was reached: a user sends one request at a time); otherwise the user took it in time and
+woke late from its sleep (the process did not get a CPU in time).
 
 Achieved concurrency is the time-weighted mean of the in-flight count over a step: the integral of
 ``in_flight(t)`` divided by the step's duration, updated at every start and end of a request.
@@ -23,6 +28,8 @@ from typing import TYPE_CHECKING, Protocol
 from oomload.load.payload import PreparedRequest, RequestOrder
 from oomload.outcome import Outcome, RequestResult
 from oomload.trace.model import TraceRecord
+
+LATE_SEND_S = 0.1  # an open-loop request sent this long after its arrival time is late
 
 if TYPE_CHECKING:
     from oomload.capacity.schedule import StepPlan as StepPlanLike
@@ -71,6 +78,10 @@ class StepCounters:
     in_flight_area: float = 0.0  # ∫ in_flight dt over the step
     in_flight_max: int = 0
     started_unix_s: float = 0.0
+    sends_timed: int = 0  # open loop: requests sent with an arrival time (module docstring)
+    sends_late: int = 0
+    sends_late_busy: int = 0
+    send_late_max_s: float = 0.0
 
 
 class ReplayContext:
@@ -108,6 +119,7 @@ class ReplayContext:
         self.declared_dead: Callable[[], bool] | None = None
         self._turns: dict[int, list[tuple[TraceRecord, int]]] = {}  # per user: its conversation's rest
         self.selfcheck: SelfMeasure | None = None  # this process measuring itself (module docstring)
+        self._due: dict[str, tuple[float, float]] = {}  # open loop: request id → (arrival time, taken at)
 
     def may_send(self) -> bool:
         """False once no request may be sent: the run is ending, or the server was declared dead — in
@@ -147,7 +159,15 @@ class ReplayContext:
             return None
         record, sequence = self.order.next()
         due = self.open_loop_start_s + record.arrival_s * self.arrival_scale
-        return self.payloads.build(record, sequence), max(0.0, due - self.clock())
+        request, now = self.payloads.build(record, sequence), self.clock()
+        self._due[request.request_id] = (due, now)
+        return request, max(0.0, due - now)
+
+    @property
+    def open_loop_done(self) -> bool:
+        """An open loop has sent the trace once: every request taken, none waiting for its arrival
+        time (taken by a sleeping user), none in flight."""
+        return self.exhausted and not self._due and not self.in_flight
 
     def forget(self, user: int) -> None:
         """A user stopped: the rest of its conversation is not sent."""
@@ -196,8 +216,9 @@ class ReplayContext:
             "started": self.counters.started,
             "outcomes": {o.value: n for o, n in self.counters.outcomes.items()},
         }
-        if self.selfcheck is not None:
-            report["loadgen"] = self.selfcheck.report()
+        loadgen = self.loadgen_report()
+        if loadgen is not None:
+            report["loadgen"] = loadgen
         return report
 
     def started(self, request: PreparedRequest, start_unix_s: float) -> None:
@@ -207,6 +228,34 @@ class ReplayContext:
         )
         self.counters.in_flight_max = max(self.counters.in_flight_max, len(self.in_flight))
         self.counters.started += 1
+        timed = self._due.pop(request.request_id, None)
+        if timed is not None:
+            self._count_lateness(start_unix_s, *timed)
+
+    def _count_lateness(self, sent_unix_s: float, due_unix_s: float, taken_unix_s: float) -> None:
+        """An open-loop send against its arrival time (module docstring)."""
+        c = self.counters
+        c.sends_timed += 1
+        late_s = sent_unix_s - due_unix_s
+        c.send_late_max_s = max(c.send_late_max_s, late_s)
+        if late_s >= LATE_SEND_S:
+            c.sends_late += 1
+            if taken_unix_s - due_unix_s >= LATE_SEND_S:
+                c.sends_late_busy += 1
+
+    def loadgen_report(self) -> LoadgenLine | None:
+        """This process's view of itself over the step so far (``selfcheck``), with the open loop's
+        lateness when the step sent timed requests; ``None`` when the process does not measure itself."""
+        if self.selfcheck is None:
+            return None
+        line = self.selfcheck.report()
+        c = self.counters
+        if c.sends_timed:
+            line["sends_timed"] = c.sends_timed
+            line["sends_late"] = c.sends_late
+            line["sends_late_busy"] = c.sends_late_busy
+            line["send_late_max_ms"] = round(1000.0 * max(0.0, c.send_late_max_s), 1)
+        return line
 
     def finished(self, result: RequestResult) -> None:
         """A request ended (``cancelled`` included: counted apart, written like every other)."""
@@ -268,5 +317,5 @@ class ContextMeter:
             cancelled=c.cancelled,
             started=c.started,
             outcomes={o.value: n for o, n in c.outcomes.items()},
-            loadgen=() if self.context.selfcheck is None else (self.context.selfcheck.report(),),
+            loadgen=() if (line := self.context.loadgen_report()) is None else (line,),
         )

@@ -281,8 +281,10 @@ class RequestOrder:
     nearest-rank percentile, so KV exhaustion is reached with far fewer requests.
 
     Conversations. Records that name a ``session`` form one *unit*: the session's turns in ``turn``
-    order (trace order where turns are missing), placed where its first turn is; every other record is
-    a unit of its own. ``next_unit`` hands out whole units, so one user sends a conversation's turns
+    order (trace order where turns are missing), placed where its first turn is; so do the turns of a
+    conversation found from the chains of records without a session (``conversation_units``: a
+    gateway or vLLM log's turns, whose chains hold the history); every other record is a unit of its
+    own. ``next_unit`` hands out whole units, so one user sends a conversation's turns
     one after the other (each after the previous one has ended, as a chat client does). A request's
     sequence number is ``pass × N + its position`` in the replayed records (N of them), so it is
     unique across the run and its pass through the trace is ``sequence // N`` (``trace_pass_of``).
@@ -303,6 +305,7 @@ class RequestOrder:
         tail_percentile: float | None = None,
         offset: int = 0,
         stride: int = 1,
+        block_tokens: int | None = None,
     ) -> None:
         if not records:
             raise ConfigError("the trace holds no requests to replay")
@@ -320,7 +323,7 @@ class RequestOrder:
         self._next = 0
         self._next_unit = 0
         self.offset, self.stride = offset, max(1, stride)
-        self.units = conversation_units(chosen)
+        self.units = conversation_units(chosen, block_tokens)
 
     @property
     def pass_length(self) -> int:
@@ -353,14 +356,36 @@ class RequestOrder:
         return [(self.records[p], base + p) for p in unit]
 
 
-def conversation_units(records: Sequence[TraceRecord]) -> list[tuple[int, ...]]:
-    """Positions of ``records`` grouped into units: a session's turns in turn order, where its first
-    turn is; each record without a session alone (``RequestOrder``)."""
+def conversation_units(
+    records: Sequence[TraceRecord], block_tokens: int | None = None
+) -> list[tuple[int, ...]]:
+    """Positions of ``records`` grouped into units, each where its first turn is: a session's turns in
+    turn order; the turns found from the chains of records without a session, in trace order (a
+    request whose chain starts with an earlier request's whole chain is that request's next turn —
+    the chain's last id is looked up at each depth of the new one, longest first — and each turn is
+    continued at most once, so a conversation is a line of turns, not every request that shares a
+    system prompt with a short one); each other record alone (``RequestOrder``). A chain is the ids
+    of the prompt's *full* blocks of ``block_tokens`` (``prompt_tokens // block_tokens`` of them): a
+    source whose ids also cover a partial last block (Mooncake) has that block grow in the next turn,
+    so its id never reappears; ``trace stats`` counts turns by the same rule (``oomload.trace.tally``)."""
     units: list[list[int]] = []
     by_session: dict[str, list[int]] = {}
+    ends: dict[int, list[int]] = {}  # last id of a chain not yet continued → its conversation
     for position, record in enumerate(records):
         if record.session is None:
-            units.append([position])
+            ids = (
+                record.hash_ids
+                if not block_tokens
+                else record.hash_ids[: record.prompt_tokens // block_tokens]
+            )
+            unit = next((ends.pop(i) for i in reversed(ids) if i in ends), None) if ids else None
+            if unit is None:
+                unit = [position]
+                units.append(unit)
+            else:
+                unit.append(position)
+            if ids:
+                ends[ids[-1]] = unit
             continue
         turns = by_session.get(record.session)
         if turns is None:

@@ -2,7 +2,9 @@
 
 Renderers: ``terminal``, ``summary`` (``summary.json``), ``markdown``, ``html``, ``junit``; what they
 share: ``findings`` (the verdict in words), ``metadata`` (the run block), ``plots`` (matplotlib).
-Besides a run's reports: ``tune`` renders a tune's record, ``tracestats`` what ``trace stats`` shows.
+Besides a run's reports: ``tune`` renders a tune's record, ``tracestats`` what ``trace stats`` shows,
+``compare`` puts two runs side by side (``oomload compare``) and ``comparepage`` renders that;
+``history`` lays several runs out in time order (``oomload report --history``).
 
 ``finalize_run`` is the one entry point (``oomload replay`` calls it when a run ends, ``oomload
 report`` calls it on a saved run): it reads the run directory, computes the verdict and the
@@ -43,7 +45,14 @@ from oomload.report.markdown import render_markdown
 from oomload.report.summary import SUMMARY_SCHEMA, build_summary, dump_summary
 from oomload.report.terminal import render_terminal
 from oomload.verdict import Verdict, build_verdict
-from oomload.verdict.gate import Gate, GateResult, evaluate_gates, gate_exit_code, parse_gate
+from oomload.verdict.gate import (
+    Gate,
+    GateResult,
+    evaluate_gates,
+    gate_exit_code,
+    needs_baseline,
+    parse_gate,
+)
 from oomload.verdict.recommend import Recommendation, recommend
 from oomload.verdict.runview import RunView, load_run
 
@@ -63,21 +72,25 @@ def finalize_run(
     terminal: bool = True,
     reporting_only: bool = False,
     now_unix_s: float | None = None,
+    baseline: Path | None = None,
 ) -> ExitCode:
     """Verdict + reports for ``run_dir``; returns the exit code (module docstring).
 
     ``gates`` are rule texts (``parse_gate``) or parsed ``Gate`` values; a bad rule raises
-    ``ConfigError`` before anything is written. ``formats`` picks the files (``json``, ``md``,
-    ``html``, ``junit``; ``terminal`` is accepted and means ``terminal=True``).
+    ``ConfigError`` before anything is written, and so does a rule relative to a baseline run
+    (``onset>=baseline``) without ``baseline`` (a run directory, judged afresh). ``formats`` picks
+    the files (``json``, ``md``, ``html``, ``junit``; ``terminal`` is accepted and means
+    ``terminal=True``).
     """
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise ConfigError(f"unknown report format(s) {', '.join(unknown)}; allowed: {', '.join(FORMATS)}")
     parsed = tuple(g if isinstance(g, Gate) else parse_gate(g) for g in gates)
+    base_verdict = baseline_verdict(parsed, baseline)
     view = load_run(run_dir)
     verdict = build_verdict(view)
     recommendation = recommend(verdict)
-    results = evaluate_gates(parsed, verdict)
+    results = evaluate_gates(parsed, verdict, base_verdict)
     code = run_exit_code(verdict, results, reporting_only=reporting_only)
     written = write_reports(
         view,
@@ -100,6 +113,17 @@ def finalize_run(
         except OutputWriteError as err:  # standard output, as the CLI guards it
             raise OutputWriteError(f"{err}{_kept_files(written, run_dir)}", err.path) from err
     return code
+
+
+def baseline_verdict(gates: Sequence[Gate], baseline: Path | None) -> Verdict | None:
+    """The baseline run's verdict for the relative rules among ``gates`` (``None`` when there are none);
+    ``ConfigError`` when such a rule has no baseline, or the baseline is not a run directory."""
+    relative = needs_baseline(gates)
+    if not relative:
+        return None
+    if baseline is None:
+        raise ConfigError(f"gate {relative[0]!r} compares with a baseline run: give --baseline RUN_DIR")
+    return build_verdict(load_run(baseline))
 
 
 def _kept_files(written: Sequence[str], run_dir: Path) -> str:

@@ -19,8 +19,8 @@ from oomload.errors import ConfigError
 
 if TYPE_CHECKING:
     from oomload.ingest import TraceCounts
-    from oomload.trace.prefix import PrefixStats
     from oomload.trace.stats import LengthCounts, TraceStats
+    from oomload.trace.tally import PrefixStats
 
 STATS_SCHEMA = "oomload.trace-stats/1"
 DEFAULT_BLOCK_SIZE = 16  # vLLM's block size on GPUs when --block-size is not given
@@ -158,9 +158,13 @@ def prefix_lines(prefix: dict[str, Any], requests: int) -> list[str]:
     if prefix["source"] == "none":
         return lines
     block = prefix["block_tokens"]
+    sampled = prefix["approximation"]
+    error = ""
+    if sampled["seen_hit_tokens_error"]:
+        error = f" ± {sampled['seen_hit_fraction_error']:.1%} (± {sampled['seen_hit_tokens_error']:,} tokens)"
     lines.append(
         f"  prompt tokens in blocks seen earlier (infinite cache, upper bound): "
-        f"[bold]{prefix['seen_hit_fraction']:.1%}[/bold] ({prefix['seen_hit_tokens']:,} of "
+        f"[bold]{prefix['seen_hit_fraction']:.1%}[/bold]{error} ({prefix['seen_hit_tokens']:,} of "
         f"{prefix['prompt_tokens']:,}; {block}-token blocks)"
     )
     if prefix["pool_blocks"] is not None:
@@ -178,9 +182,10 @@ def prefix_lines(prefix: dict[str, Any], requests: int) -> list[str]:
             f"  {requests - prefix['requests_with_ids']:,} of {requests:,} requests carry no prefix ids"
         )
     for shared in prefix["largest_shared_prefixes"]:
+        longer = f" (up to {shared['tokens_error']:,} more)" if shared["tokens_error"] else ""
         lines.append(
             f"  shared prefix …{str(shared['block_id'])[-6:]}: "
-            f"{shared['tokens']:,} tokens × {shared['uses']:,} uses"
+            f"{shared['tokens']:,} tokens{longer} × {shared['uses']:,} uses"
         )
     conversations = prefix["conversations"]
     if conversations["count"]:
@@ -189,9 +194,21 @@ def prefix_lines(prefix: dict[str, Any], requests: int) -> list[str]:
             if conversations["inferred_from_chains"]
             else ""
         )
+        over = (
+            f" (up to {conversations['count_error']:,} of them may be later turns of another)"
+            if conversations["count_error"]
+            else ""
+        )
         lines.append(
-            f"  conversations{how}: {conversations['count']:,}, turns mean "
+            f"  conversations{how}: {conversations['count']:,}{over}, turns mean "
             f"{conversations['mean_turns']:.1f}, max {conversations['max_turns']:,}"
+        )
+    if sampled["approximate"]:
+        lines.append(
+            f"  approximate: more than {sampled['exact_blocks_limit']:,} distinct blocks (then kept at "
+            f"depths that are multiples of {sampled['sample_step_blocks']:,}) or "
+            f"{sampled['exact_conversations_limit']:,} "
+            "conversations held (the least recent given up); the errors above are bounds (docs/trace.md)"
         )
     return lines
 

@@ -127,6 +127,7 @@ class ReplayConfig:
     run_dir: Path | None = None
     runs_parent: Path = Path("runs")
     gates: tuple[str, ...] = ()
+    baseline: Path | None = None  # the run relative gate rules compare with
     web: bool = False
     web_host: str = "127.0.0.1"
     web_port: int = 8089
@@ -299,6 +300,7 @@ def config_json(
         "max_duration_s": config.max_duration_s,
         "max_model_len": max_model_len,
         "gates": list(config.gates),
+        "baseline": None if config.baseline is None else str(config.baseline),
         "soak_s": config.soak_s,
         "server_memory": config.server_memory,
         "server_log": None if config.server_log is None else str(config.server_log),

@@ -145,6 +145,7 @@ def worker_loadgen(value: Any, index: int | None) -> LoadgenLine | None:
         "cpu_wait_share": row.cpu_wait_share,
         "loop_lag_max_ms": row.loop_lag_max_ms,
         "loop_lag_p99_ms": row.loop_lag_p99_ms,
+        **row.late_fields(),  # type: ignore[typeddict-item]  # the open loop's, when it sent any
     }
     if index is not None:
         line["worker"] = index

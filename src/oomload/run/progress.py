@@ -25,7 +25,7 @@ from rich.table import Table
 
 from oomload.rundir.loadgenrecord import parse_loadgen
 from oomload.verdict import kv_percent
-from oomload.verdict.loadgen import ADVICE, live_held, starvation
+from oomload.verdict.loadgen import live_held, starvation
 from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, per_second
 
 
@@ -170,4 +170,4 @@ def _starved(line: Mapping[str, Any]) -> str:
         min_share=ACHIEVED_CONCURRENCY_MIN_SHARE,
     )
     found = starvation(held, parse_loadgen(line.get("loadgen")))
-    return "" if found is None else f" · the load generator was starved ({found.text}): {ADVICE}"
+    return "" if found is None else f" · the load generator was starved ({found.text}): {found.advice}"

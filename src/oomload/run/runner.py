@@ -9,8 +9,10 @@
    simulates; a URL ending in ``/v1`` is used without it (said in one line);
 2. preflight the endpoint (``/v1/models``: model, ``max_model_len``; warn how many trace requests
    cannot fit), waiting at most ``preflight_timeout_s``;
-3. create the run directory, write ``config.json`` (no secrets: only the API key's variable name) and
-   copy the trace (``trace.jsonl``);
+3. create the run directory, write ``config.json`` (no secrets: only the API key's variable name),
+   ``provenance.json`` (what a comparison needs: the server's version, the scrubbed ``--serve`` line,
+   the trace's SHA-256, the levels and repeats; ``oomload.rundir.provenance``) and copy the trace
+   (``trace.jsonl``);
 4. run the ``oomload.run.session.Session`` (telemetry, Locust, the death watch, the workers);
 5. when oomload started the server and it died, wait for its exit status (``oomload.run.served``:
    ``server_exit.json``); write ``status.json``, the repro traces (``oomload.run.repro``), hand the
@@ -45,9 +47,18 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from oomload import __version__
 from oomload.credentials import read_api_key, scrub
-from oomload.errors import EndpointError, ExitCode, OutputWriteError, RunDirWriteError, ServeStartError
+from oomload.errors import (
+    ConfigError,
+    EndpointError,
+    ExitCode,
+    OutputWriteError,
+    RunDirWriteError,
+    ServeStartError,
+)
 from oomload.load.preflight import count_unfit, preflight, server_version
+from oomload.outfile import reason
 from oomload.realvllm.servecmd import ServeCommand
 from oomload.realvllm.serveline import scrub_file
 from oomload.run.config import (
@@ -64,6 +75,7 @@ from oomload.run.repro import write_repro
 from oomload.run.served import EXIT_WAIT_S, ServedProcess, exit_text, record_exit
 from oomload.run.session import Session, build_user_class
 from oomload.rundir import RunWriter, new_run_dir
+from oomload.rundir.provenance import PROVENANCE_FILE, Provenance, make_provenance
 from oomload.trace.model import TraceHeader, TraceRecord, read_trace, read_trace_header, write_trace
 from oomload.verdict.runview import SERVER_LOG
 
@@ -199,6 +211,7 @@ def _run_with_server(
         if simulated:
             document["sim_args"] = [*DEMO_SIM_ARGS, *config.sim_args]
         writer.write_json("config.json", document)
+        writer.write_json(PROVENANCE_FILE, _provenance(config, document).to_json())
         writer.write_file("trace.jsonl", lambda fh: write_trace(fh, records, header))
         console.print(
             f"run directory [bold]{run_dir}[/] · model {info.model} · max_model_len {info.max_model_len} · "
@@ -224,7 +237,7 @@ def _run_with_server(
         raise failure
     try:
         _write_repro(run_dir)
-        code = _finalize(run_dir, config.gates, console, html=config.html)
+        code = _finalize(run_dir, config.gates, console, html=config.html, baseline=config.baseline)
         if session.web_ui is not None:
             from oomload.run.webui import final_state
 
@@ -234,6 +247,29 @@ def _run_with_server(
     if end_reason == "interrupted":
         return int(ExitCode.INTERRUPTED)
     return code
+
+
+def _provenance(config: ReplayConfig, document: dict[str, Any]) -> Provenance:
+    """What a later ``oomload compare`` needs of this run (``oomload.rundir.provenance``), from the
+    ``config.json`` just written and the trace file's digest."""
+    try:
+        return make_provenance(
+            oomload_version=__version__,
+            trace_path=config.trace_path,
+            trace_requests=int(document["trace_count"]),
+            levels=config.levels,
+            repeats=config.repeats,
+            server_version=document.get("vllm_version"),
+            serve=document.get("serve"),
+            sim_args=document.get("sim_args"),
+            model=document.get("model"),
+            url=document.get("url"),
+            started_unix_s=document.get("started_unix_s"),
+        )
+    except OSError as err:
+        raise ConfigError(
+            f"cannot read the trace {config.trace_path} again for its digest ({reason(err)})"
+        ) from err
 
 
 def _write_repro(run_dir: Path) -> None:
@@ -246,11 +282,13 @@ def _write_repro(run_dir: Path) -> None:
         raise report_write_error(run_dir, name, err, ()) from err
 
 
-def _finalize(run_dir: Path, gates: Sequence[str], console: Console, *, html: bool = True) -> int:
+def _finalize(
+    run_dir: Path, gates: Sequence[str], console: Console, *, html: bool = True, baseline: Path | None = None
+) -> int:
     from oomload.report import RUN_FORMATS, finalize_run
 
     formats = tuple(f for f in RUN_FORMATS if html or f != "html")
-    return int(finalize_run(run_dir, gates=gates, console=console, formats=formats))
+    return int(finalize_run(run_dir, gates=gates, console=console, formats=formats, baseline=baseline))
 
 
 __all__ = [

@@ -74,6 +74,7 @@ def bind_user(
         tail_percentile=options.tail_percentile,
         offset=worker,
         stride=workers,
+        block_tokens=payload.prefix_block_tokens,
     )
     builder: Any
     if payload.api == "chat":

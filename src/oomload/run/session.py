@@ -209,7 +209,7 @@ class Session:
             context.start_open_loop(time.time() + 1.0, config.arrival_scale)
 
             def step_done(_elapsed: float, _completed: int) -> bool:
-                return bool(context.exhausted and not context.in_flight)
+                return bool(context.open_loop_done)
 
         if self.distributed:
             meter = MasterMeter(self, user_class)

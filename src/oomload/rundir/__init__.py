@@ -1,7 +1,8 @@
 """The run directory: the contract between the processes that write a run and the verdict that reads
 it. ``io`` writes and reads its files (the table of files is in its docstring); ``records`` types
 their lines; ``loadgenrecord`` types a step end line's ``loadgen`` entries (the load generator's own
-figures); ``serverside`` reads what the server itself held from its counters (pure)."""
+figures); ``provenance`` is what a comparison of two runs needs (``provenance.json``);
+``serverside`` reads what the server itself held from its counters (pure)."""
 
 from oomload.rundir.io import (
     RUN_SCHEMA_VERSION,

@@ -11,6 +11,9 @@ file                        content
 ==========================  ===================================================================
 ``config.json``             resolved run configuration (schema, argv without secrets, trace,
                             url, schedule, …); written once at the start
+``provenance.json``         what a comparison needs: the server's version, the scrubbed
+                            ``--serve`` line, the trace's SHA-256, levels and repeats
+                            (``oomload.rundir.provenance``); written once at the start
 ``requests*.jsonl``         one ``oomload.outcome.RequestResult`` per finished request; each
                             writing process has its own file (``requests.jsonl``,
                             ``requests.<worker>.jsonl``), readers take them all

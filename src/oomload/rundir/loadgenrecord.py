@@ -21,6 +21,11 @@ class LoadgenLine(TypedDict):
     loop_lag_max_ms: float | None  # how late its event loop's probe woke, at most (None: no tick)
     loop_lag_p99_ms: float | None
     worker: NotRequired[int]  # the worker process (--processes / --workers); absent in-process
+    # open loop only: the step's sends against the trace's arrival times (oomload.load.context)
+    sends_timed: NotRequired[int]  # requests sent with an arrival time
+    sends_late: NotRequired[int]  # of those, sent LATE_SEND_S or more after it
+    sends_late_busy: NotRequired[int]  # of those, taken late because every user was busy
+    send_late_max_ms: NotRequired[float]  # the latest send, ms after its arrival time
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +39,10 @@ class LoadgenRow:
     loop_lag_max_ms: float | None = None
     loop_lag_p99_ms: float | None = None
     worker: int | None = None
+    sends_timed: int = 0
+    sends_late: int = 0
+    sends_late_busy: int = 0
+    send_late_max_ms: float | None = None
 
     @classmethod
     def from_json(cls, obj: Any) -> LoadgenRow | None:
@@ -52,7 +61,24 @@ class LoadgenRow:
             loop_lag_max_ms=_number(obj.get("loop_lag_max_ms")),
             loop_lag_p99_ms=_number(obj.get("loop_lag_p99_ms")),
             worker=_index(obj.get("worker")),
+            sends_timed=_count(obj.get("sends_timed")),
+            sends_late=_count(obj.get("sends_late")),
+            sends_late_busy=_count(obj.get("sends_late_busy")),
+            send_late_max_ms=_number(obj.get("send_late_max_ms")),
         )
+
+    def late_fields(self) -> dict[str, int | float]:
+        """The open-loop lateness fields as a ``LoadgenLine`` carries them (none without timed sends)."""
+        if not self.sends_timed:
+            return {}
+        fields: dict[str, int | float] = {
+            "sends_timed": self.sends_timed,
+            "sends_late": self.sends_late,
+            "sends_late_busy": self.sends_late_busy,
+        }
+        if self.send_late_max_ms is not None:
+            fields["send_late_max_ms"] = self.send_late_max_ms
+        return fields
 
 
 def parse_loadgen(value: Any) -> tuple[LoadgenRow, ...]:
@@ -72,3 +98,7 @@ def _number(value: Any) -> float | None:
 
 def _index(value: Any) -> int | None:
     return value if type(value) is int else None
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int and value >= 0 else 0

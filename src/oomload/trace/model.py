@@ -8,12 +8,14 @@ File format (JSON Lines, UTF-8, version 1)::
 
 The first line is the header: ``oomload_trace`` is the schema version and the remaining keys describe
 where the trace came from (input files, detected format, tokenizer used to count tokens when the log
-carried text only, counts of skipped lines). Every following line is one request:
+carried text only, counts of skipped lines, and for a build from logs ``salt`` — ``random`` or ``fixed``,
+never its value — and ``ids`` — ``pseudonyms`` or ``kept``). Every following line is one request:
 
 =================  ========  ===========================================================================
 key                type      meaning
 =================  ========  ===========================================================================
-``id``             str       request id from the log, or a generated ``r<N>``
+``id``             str       request id (a salted pseudonym of the log's, or with ``--keep-ids`` the log's
+                             own), or a generated ``r<N>``
 ``arrival_s``      float     seconds since the first request of the trace (≥ 0, non-decreasing)
 ``prompt_tokens``  int       prompt length in tokens (≥ 0)
 ``output_tokens``  int       generated length in tokens (≥ 0; 0 for failed requests)
@@ -21,7 +23,7 @@ key                type      meaning
 ``ok``             bool      false when the original request failed (kept, marked, never dropped)
 ``model``          str|null  model name, when the log has it
 ``hash_ids``       [int]     prefix block ids, chained (see below), empty when unknown
-``session``        str|null  conversation id (Bailian ``chat_id``), when known
+``session``        str|null  conversation id (Bailian ``chat_id``; a pseudonym, as ``id``), when known
 ``parent``         str|null  parent request / chat id, when known
 ``turn``           int|null  turn number within the conversation, when known
 =================  ========  ===========================================================================

@@ -22,10 +22,11 @@ blocks rounded down to them: the verdict's expected hit rate, ``oomload.verdict.
 model too).
 
 ``shared_prefixes`` lists the longest prefixes that several requests share (ids only),
-``conversation_turns`` the turns per conversation; ``PrefixTally`` gathers all of it one request at
-a time for ``trace stats``. For the replay and the predictions: ``expected_hit_tokens(records,
-prefix_info, pool_blocks=None, server_block_tokens=None) -> PrefixReuse`` (per-request hit tokens
-and totals), ``CacheModel.admit`` for a request stream, ``full_block_ids`` and ``regroup``.
+``conversation_turns`` the turns per conversation (``oomload.trace.tally`` gathers all of it one
+request at a time, in bounded memory, for ``trace stats``). For the replay and the predictions:
+``expected_hit_tokens(records, prefix_info, pool_blocks=None, server_block_tokens=None) ->
+PrefixReuse`` (per-request hit tokens and totals), ``CacheModel.admit`` for a request stream,
+``full_block_ids`` and ``regroup``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 # The block hashing moved to ``oomload.trace.blockhash``; these names stay importable from here for the
 # trace builders that import them from ``oomload.trace.prefix`` (ingest/*).
@@ -253,7 +254,7 @@ class ConversationTurns:
     requests: int  # requests that belong to a conversation
     max_turns: int
     histogram: dict[int, int]  # turns → conversations
-    inferred: bool = False  # from the chains (no ``session`` in the trace): ``ConversationFinder``
+    inferred: bool = False  # from the chains (no ``session`` in the trace): ``oomload.trace.tally``
 
     @property
     def mean_turns(self) -> float:
@@ -272,156 +273,6 @@ def conversation_turns(records: Iterable[TraceRecord]) -> ConversationTurns:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class PrefixStats:
-    """What ``trace stats`` says about prefix reuse (``PrefixTally.result``)."""
-
-    info: PrefixInfo
-    block_tokens: int  # the block size hits are counted in (the server's when given, else the trace's)
-    requests: int
-    requests_with_ids: int
-    prompt_tokens: int
-    seen_hit_tokens: int  # infinite cache: the upper bound
-    pool_blocks: int | None
-    pool_hit_tokens: int | None
-    shared: tuple[SharedPrefix, ...]
-    turns: ConversationTurns
-
-    @property
-    def seen_share(self) -> float:
-        return self.seen_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    @property
-    def pool_share(self) -> float | None:
-        if self.pool_hit_tokens is None:
-            return None
-        return self.pool_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "source": self.info.source,
-            "trace_block_tokens": self.info.block_tokens,
-            "exact": self.info.exact,
-            "truncated_requests": self.info.truncated_requests,
-            "description": describe_prefix(self.info),
-            "block_tokens": self.block_tokens,
-            "requests_with_ids": self.requests_with_ids,
-            "prompt_tokens": self.prompt_tokens,
-            "seen_hit_tokens": self.seen_hit_tokens,
-            "seen_hit_fraction": self.seen_share,
-            "pool_blocks": self.pool_blocks,
-            "pool_hit_tokens": self.pool_hit_tokens,
-            "pool_hit_fraction": self.pool_share,
-            "largest_shared_prefixes": [
-                {"block_id": p.block_id, "tokens": p.tokens, "uses": p.uses} for p in self.shared
-            ],
-            "conversations": {
-                "count": self.turns.conversations,
-                "requests": self.turns.requests,
-                "mean_turns": self.turns.mean_turns,
-                "max_turns": self.turns.max_turns,
-                "turns_histogram": {str(k): v for k, v in self.turns.histogram.items()},
-                "inferred_from_chains": self.turns.inferred,
-            },
-        }
-
-
-class PrefixTally:
-    """Everything ``PrefixStats`` holds, gathered one request at a time in trace order."""
-
-    def __init__(
-        self,
-        info: PrefixInfo,
-        *,
-        pool_blocks: int | None = None,
-        server_block_tokens: int | None = None,
-        top: int = 5,
-    ) -> None:
-        self.info = info
-        self.seen = CacheModel(info, None, server_block_tokens)
-        self.pool = None if pool_blocks is None else CacheModel(info, pool_blocks, server_block_tokens)
-        self.tree = PrefixTree(info.block_tokens)
-        self.top = top
-        self.requests = self.with_ids = self.prompt_tokens = self.seen_hits = self.pool_hits = 0
-        self.sessions: Counter[str] = Counter()
-        self.finder = ConversationFinder()
-
-    def add(
-        self,
-        hash_ids: Sequence[int] | None,
-        prompt_tokens: int,
-        output_tokens: int,
-        session: str | None = None,
-    ) -> None:
-        ids = hash_ids or ()
-        self.requests += 1
-        self.with_ids += bool(ids)
-        self.prompt_tokens += prompt_tokens
-        self.seen_hits += self.seen.admit(ids, prompt_tokens, output_tokens)
-        if self.pool is not None:
-            self.pool_hits += self.pool.admit(ids, prompt_tokens, output_tokens)
-        self.tree.add(ids, prompt_tokens)
-        if session is not None:
-            self.sessions[session] += 1
-        elif not self.sessions:
-            self.finder.add(self.tree.full(ids, prompt_tokens))
-
-    def add_without_ids(self, requests: int, prompt_tokens: int, total_blocks: int) -> None:
-        """Many requests that carry no ids and no session at once (a length-only batch): they hit
-        nothing, and in a pool their ``total_blocks`` push cached blocks out."""
-        self.requests += requests
-        self.prompt_tokens += prompt_tokens
-        if self.pool is not None:
-            self.pool.take_private(total_blocks)
-
-    def result(self) -> PrefixStats:
-        inferred = not self.sessions
-        turns: Counter[Any] = self.finder.turns if inferred else self.sessions
-        turns = Counter({k: v for k, v in turns.items() if not inferred or v > 1})
-        return PrefixStats(
-            info=self.info,
-            block_tokens=self.seen.block_tokens,
-            requests=self.requests,
-            requests_with_ids=self.with_ids,
-            prompt_tokens=self.prompt_tokens,
-            seen_hit_tokens=self.seen_hits,
-            pool_blocks=None if self.pool is None else self.pool.pool_blocks,
-            pool_hit_tokens=None if self.pool is None else self.pool_hits,
-            shared=tuple(self.tree.top(self.top)),
-            turns=ConversationTurns(
-                conversations=len(turns),
-                requests=sum(turns.values()),
-                max_turns=max(turns.values(), default=0),
-                histogram=dict(sorted(Counter(turns.values()).items())),
-                inferred=inferred,
-            ),
-        )
-
-
-class ConversationFinder:
-    """Conversations inferred from chains, for traces without ``session``: a request whose chain
-    starts with an earlier request's whole chain is that request's next turn (the earlier chain's
-    last id is looked up at each depth of the new one, longest first: one dict probe a block)."""
-
-    def __init__(self) -> None:
-        self.ends: dict[int, int] = {}  # last id of a request's chain → its conversation
-        self.turns: Counter[int] = Counter()  # conversation → requests
-
-    def add(self, ids: Sequence[int]) -> int | None:
-        """The conversation the request joins or starts (``None`` without a chain)."""
-        if not ids:
-            return None
-        conversation = len(self.turns)
-        for block_id in reversed(ids):
-            found = self.ends.get(block_id)
-            if found is not None:
-                conversation = found
-                break
-        self.turns[conversation] += 1
-        self.ends[ids[-1]] = conversation
-        return conversation
-
-
 def describe_prefix(info: PrefixInfo) -> str:
     """One plain sentence: what a trace's prefix ids are (``trace build`` and ``trace stats`` print it)."""
     block = f"{info.block_tokens}-token blocks"
@@ -431,7 +282,10 @@ def describe_prefix(info: PrefixInfo) -> str:
         text = f"chained ids of {block} from the prompt token ids (exact)"
     elif info.source == "messages":
         counts = "per-message token counts" + (
-            " from the tokenizer" if info.exact else " estimated from characters (not exact)"
+            " from the tokenizer"
+            if info.exact
+            else " estimated (from characters, or with --tokenizer from the messages' text without the "
+            "chat template's role and format tokens: not exact)"
         )
         text = f"chained ids of {block} over message boundaries, {counts}"
     elif info.source == "column":

@@ -19,6 +19,8 @@ Read in this order:
 7. ``verdict`` — puts them together in the ``Verdict`` (its module docstring states every rule);
 8. ``recommend`` — the serving flags the verdict supports;
 9. ``gate`` — CI rules judged against the verdict; ``gatesignals`` — what a rule can name;
+   ``gateresult`` — a rule's result; ``relative`` — rules bounded by a baseline run's verdict, with
+   ``shift`` — whether an onset or a latency moved between two runs beyond noise (the statistics);
 10. ``trend`` — a soak's memory series: growing, flat, shrinking or inconclusive, and when it meets its limit.
 
 The trace's odds (``oomload.capacity.odds``) and the statistics (``oomload.trace.stats``) live on

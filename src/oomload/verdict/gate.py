@@ -9,6 +9,10 @@ Two shapes of rule (spaces around the operator are allowed; case does not matter
     max-kv-usage@32<0.95         the highest KV-cache usage seen at concurrency 32 is < 0.95
     last-safe-concurrency>=64    the verdict's last safe concurrency
 
+Rules relative to a baseline run (``onset>=baseline``, ``kv-blocks>=baseline*0.95``,
+``p99-ttft-s@8<=baseline*1.10``, ``no-new-death``, …) are parsed here too and judged by
+``oomload.verdict.relative`` against the baseline's verdict (``--baseline RUN_DIR``).
+
 Absence rules ``no-EVENT-below:N`` / ``no-EVENT-up-to:N`` with EVENT one of ``EVENTS``. Threshold
 rules ``METRIC[@CONCURRENCY] OP VALUE`` with OP one of ``<= < >= > ==``, METRIC one of ``METRICS``
 (latency metrics ``{p50,p99}-{ttft,tpot,e2e}-{ms,s}``), VALUE a number, ``%`` allowed for shares.
@@ -47,9 +51,10 @@ Values are shown in the rule's own unit (``error-rate<=0.1%`` prints ``0.54 %``)
 
 Rules also come from a scenario file (TOML): ``[gate]`` ``rules = ["no-preemption-below:64", …]``.
 
-Types. A parsed rule is one of three frozen values (``Gate`` is their union), each with its own
+Types. A parsed rule is one of four frozen values (``Gate`` is their union), each with its own
 ``parse`` and ``evaluate``: ``AbsenceRule`` (an ``Event``, a bound and a level), ``RunThreshold``
-(a ``Metric`` over the run) and ``LevelThreshold`` (a ``Metric`` at one level). An ``Event`` knows how
+(a ``Metric`` over the run), ``LevelThreshold`` (a ``Metric`` at one level) and ``RelativeRule``
+(a value bounded by the baseline's). An ``Event`` knows how
 a step shows it and when a step could have; a ``Metric`` knows its unit and how to read it from a step
 or from the whole run. The tables ``EVENTS`` and ``METRICS`` (``oomload.verdict.gatesignals``) hold
 every one the syntax accepts.
@@ -58,33 +63,28 @@ every one the syntax accepts.
 from __future__ import annotations
 
 import math
-import operator
 import re
 import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Literal, TypeAlias
 
 from oomload.errors import ConfigError, ExitCode
+from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, Op
+from oomload.verdict.gateresult import GateResult as GateResult  # re-exported
+from oomload.verdict.gateresult import GateStatus as GateStatus  # re-exported
 from oomload.verdict.gatesignals import EVENTS, METRICS, SHARE_METRICS, Event, Metric
+from oomload.verdict.relative import RelativeRule, is_relative
 from oomload.verdict.verdict import StepFacts, Verdict
 
 Bound = Literal["below", "up-to"]
-Op = Literal["<=", ">=", "==", "<", ">"]
-OPERATORS: dict[str, Callable[[float, float], bool]] = {
-    "<=": operator.le,
-    ">=": operator.ge,
-    "==": operator.eq,
-    "<": operator.lt,
-    ">": operator.gt,
-}
-UPPER_BOUNDS = ("<", "<=", "==")  # operators that bound a value from above
 SYNTAX_HELP = (
     "expected 'no-EVENT-below:N', 'no-EVENT-up-to:N' "
     "(EVENT: preemption, oom, queueing, kv-saturation, errors) "
-    "or 'METRIC[@CONCURRENCY] OP VALUE' (e.g. 'p99-ttft-s@64<=2', 'error-rate<=0.1%', 'max-kv-usage@32<0.95')"
+    "or 'METRIC[@CONCURRENCY] OP VALUE' "
+    "(e.g. 'p99-ttft-s@64<=2', 'error-rate<=0.1%', 'max-kv-usage@32<0.95'), "
+    "or relative to a baseline run ('onset>=baseline', 'kv-blocks>=baseline*0.95', 'no-new-death')"
 )
 
 _ABSENCE = re.compile(r"^no-(?P<event>[a-z-]+?)-(?P<bound>below|up-to):\s*(?P<n>\S+)$")
@@ -93,31 +93,8 @@ _THRESHOLD = re.compile(
 )
 
 
-class GateStatus(StrEnum):
-    PASS = "pass"
-    FAIL = "fail"
-    NOT_EVALUATED = "not_evaluated"
-
-
 # ---------------------------------------------------------------------------------------------------
 # Rules
-
-
-@dataclass(frozen=True, slots=True)
-class GateResult:
-    gate: Gate
-    status: GateStatus
-    reason: str
-    observed: float | None = None
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "rule": self.gate.text,
-            "status": self.status.value,
-            "reason": self.reason,
-            "observed": self.observed,
-            "unit": self.gate.unit,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +303,7 @@ class LevelThreshold(_Threshold):
         return worst if violated else None
 
 
-Gate: TypeAlias = AbsenceRule | RunThreshold | LevelThreshold
+Gate: TypeAlias = AbsenceRule | RunThreshold | LevelThreshold | RelativeRule
 
 
 def parse_threshold(text: str, match: re.Match[str]) -> RunThreshold | LevelThreshold:
@@ -355,6 +332,8 @@ def parse_gate(text: str) -> Gate:
         raise ConfigError(f"empty gate rule {text!r}: {SYNTAX_HELP}")
     clean = text.strip()
     lowered = clean.lower()
+    if is_relative(lowered):
+        return RelativeRule.parse(clean)
     absence = _ABSENCE.match(lowered)
     if absence:
         return AbsenceRule.parse(clean, absence)
@@ -402,19 +381,33 @@ def load_gate_file(path: str | Path) -> tuple[Gate, ...]:
     return parse_gate_toml(text, source=str(path))
 
 
-def evaluate_gate(gate: Gate, verdict: Verdict) -> GateResult:
-    """Judge one rule against a verdict: pass, fail, or not evaluated (missing evidence). On a run whose
-    prefix-cache behaviour was not what its prompt shape claims (``Verdict.prefix.problem``) a pass is
-    not evaluated: the run measured other traffic than it says; a failure seen is still a failure."""
-    result = gate.evaluate(verdict)
-    problem = None if verdict.prefix is None else verdict.prefix.problem
-    if problem is not None and result.status is GateStatus.PASS:
-        return GateResult(gate, GateStatus.NOT_EVALUATED, problem, result.observed)
+def evaluate_gate(gate: Gate, verdict: Verdict, baseline: Verdict | None = None) -> GateResult:
+    """Judge one rule against a verdict (and, for a relative rule, the baseline's): pass, fail, or not
+    evaluated (missing evidence). On a run whose prefix-cache behaviour was not what its prompt shape
+    claims (``Verdict.prefix.problem``) a pass is not evaluated: the run measured other traffic than it
+    says; a failure seen is still a failure. A relative rule checks the baseline's the same way."""
+    if isinstance(gate, RelativeRule):
+        result = gate.evaluate(verdict, baseline)
+        judged = (verdict, baseline)
+    else:
+        result = gate.evaluate(verdict)
+        judged = (verdict, None)
+    for which, v in zip(("", "the baseline: "), judged, strict=True):
+        problem = None if v is None or v.prefix is None else v.prefix.problem
+        if problem is not None and result.status is GateStatus.PASS:
+            return GateResult(gate, GateStatus.NOT_EVALUATED, which + problem, result.observed)
     return result
 
 
-def evaluate_gates(gates: Sequence[Gate], verdict: Verdict) -> tuple[GateResult, ...]:
-    return tuple(evaluate_gate(g, verdict) for g in gates)
+def evaluate_gates(
+    gates: Sequence[Gate], verdict: Verdict, baseline: Verdict | None = None
+) -> tuple[GateResult, ...]:
+    return tuple(evaluate_gate(g, verdict, baseline) for g in gates)
+
+
+def needs_baseline(gates: Sequence[Gate]) -> list[str]:
+    """The texts of the rules that are relative to a baseline run."""
+    return [g.text for g in gates if isinstance(g, RelativeRule)]
 
 
 def gate_exit_code(results: Sequence[GateResult]) -> ExitCode:

@@ -16,6 +16,14 @@ and said "not held" of demo steps that held 7.0 of 7) **and** one of its load-ge
 
 The worst process names the figures (the highest wait share; its loop lag).
 
+**In an open loop** the level is not the client's to hold (requests leave at the trace's arrival
+times), so the evidence is the sends themselves (``oomload.load.context``): a step whose processes
+sent at least ``LATE_SHARE_STARVED`` (5 %) of its requests ``LATE_SEND_S`` (100 ms) or more after
+their arrival time did not replay the asked rate, held or not. When most of those were late because
+every user was busy (one request at a time each), the user cap was the limit (advice: a higher cap);
+otherwise the process woke late from its sleeps (advice: a quieter or separate load host). 5 % keeps
+a stray late wake-up (a garbage collection, one slow scrape) from naming a step.
+
 **Why both halves.** A level that was held is evidence whatever the client's CPU: a client that waited
 64 % of a step for a CPU still kept 3.7 of 4 requests in flight (below), so its wait alone is no
 finding. A level that was not held is no evidence either way (``stepfacts``); what this rule adds is
@@ -53,13 +61,61 @@ threshold alone is no finding: its client waited up to 86 % and every level stil
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+from oomload.load.context import LATE_SEND_S
 from oomload.rundir.loadgenrecord import LoadgenRow
 
 WAIT_SHARE_STARVED = 0.5  # waited for a CPU at least half the step (module docstring)
 LOOP_LAG_STARVED_MS = 100.0  # the event loop woke at least this late once
+LATE_SHARE_STARVED = 0.05  # open loop: this share of a step's requests left late (module docstring)
 ADVICE = "more --processes, a separate load host, or --workers"
+ADVICE_USER_CAP = "a higher user cap (the largest --concurrency level)"
+ADVICE_OPEN_LOOP = "a quieter or separate load host"
+
+
+@dataclass(frozen=True, slots=True)
+class LateSends:
+    """An open-loop step's requests that left late (module docstring), over all its processes."""
+
+    timed: int
+    late: int
+    busy: int  # of the late ones, taken late because every user was busy
+    late_max_ms: float | None
+
+    @property
+    def share(self) -> float:
+        return self.late / self.timed if self.timed else 0.0
+
+    @property
+    def text(self) -> str:
+        """``sent 12 % of its requests ≥ 100 ms after their arrival time (up to 2.3 s; 9 of 10 because
+        every user was busy)``."""
+        most = "" if self.late_max_ms is None else f"up to {self.late_max_ms / 1000:.1f} s"
+        busy = f"{self.busy} of {self.late} because every user was busy" if self.busy else ""
+        detail = "; ".join(x for x in (most, busy) if x)
+        return (
+            f"sent {100 * self.share:.0f} % of its requests ≥ {1000 * LATE_SEND_S:.0f} ms after their "
+            f"arrival time" + (f" ({detail})" if detail else "")
+        )
+
+    @property
+    def advice(self) -> str:
+        return ADVICE_USER_CAP if 2 * self.busy > self.late else ADVICE_OPEN_LOOP
+
+
+def late_sends(rows: Sequence[LoadgenRow]) -> LateSends | None:
+    """The open-loop lateness of a step's processes, summed; ``None`` when none sent timed requests."""
+    timed = sum(r.sends_timed for r in rows)
+    if not timed:
+        return None
+    maxima = [r.send_late_max_ms for r in rows if r.sends_timed and r.send_late_max_ms is not None]
+    return LateSends(
+        timed,
+        sum(r.sends_late for r in rows),
+        sum(r.sends_late_busy for r in rows),
+        max(maxima) if maxima else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +125,31 @@ class Starvation:
     wait_share: float
     loop_lag_max_ms: float | None
     worker: int | None  # None: the in-process runner
+    late: LateSends | None = None  # open loop: its late sends, when they name the step
 
     @property
     def text(self) -> str:
-        """``waited 93 % of the step for a CPU; loop lag up to 210 ms`` (``worker 1 waited …``)."""
+        """``waited 93 % of the step for a CPU; loop lag up to 210 ms`` (``worker 1 waited …``); in an
+        open loop the late sends first."""
         who = "" if self.worker is None else f"worker {self.worker} "
         lag = "" if self.loop_lag_max_ms is None else f"; loop lag up to {self.loop_lag_max_ms:.0f} ms"
-        return f"{who}waited {100 * self.wait_share:.0f} % of the step for a CPU{lag}"
+        cpu = f"{who}waited {100 * self.wait_share:.0f} % of the step for a CPU{lag}"
+        return cpu if self.late is None else f"{self.late.text}; {cpu}"
+
+    @property
+    def advice(self) -> str:
+        return ADVICE if self.late is None else self.late.advice
+
+    def to_json(self) -> dict[str, object]:
+        """``summary.json``'s ``starved``: the figures, and ``late`` only in an open loop."""
+        obj: dict[str, object] = {
+            "wait_share": self.wait_share,
+            "loop_lag_max_ms": self.loop_lag_max_ms,
+            "worker": self.worker,
+        }
+        if self.late is not None:
+            obj["late"] = asdict(self.late)
+        return obj
 
 
 def starved_process(rows: Sequence[LoadgenRow]) -> Starvation | None:
@@ -93,8 +167,15 @@ def starved_process(rows: Sequence[LoadgenRow]) -> Starvation | None:
 
 
 def starvation(held: bool | None, rows: Sequence[LoadgenRow]) -> Starvation | None:
-    """The rule (module docstring): a step that did not hold (``held`` false) and whose client crossed
-    a threshold; ``None`` otherwise (held, unknown, or a client that had its CPU)."""
+    """The rule (module docstring): an open-loop step that sent late, or a step that did not hold
+    (``held`` false) and whose client crossed a threshold; ``None`` otherwise (held, unknown, or a
+    client that had its CPU)."""
+    late = late_sends(rows)
+    if late is not None:
+        if late.share < LATE_SHARE_STARVED:
+            return None
+        worst = max(rows, key=lambda r: (r.cpu_wait_share, r.loop_lag_max_ms or 0.0))
+        return Starvation(worst.cpu_wait_share, worst.loop_lag_max_ms, worst.worker, late)
     return None if held is not False else starved_process(rows)
 
 
@@ -108,4 +189,4 @@ def live_held(concurrency: int, achieved: float | None, *, min_share: float) -> 
 
 def starved_line(step: int, found: Starvation) -> str:
     """``the load generator was starved in step 3 (waited 93 % …): more --processes, …``."""
-    return f"the load generator was starved in step {step} ({found.text}): {ADVICE}"
+    return f"the load generator was starved in step {step} ({found.text}): {found.advice}"

@@ -258,7 +258,7 @@ class Verdict:
             obj["waiting_share"] = _round(s.waiting_share)
             obj["kv_saturated_share"] = _round(s.kv_saturated_share)
             obj["evidence_thin"] = s.evidence_thin
-            obj["starved"] = None if s.starvation is None else asdict(s.starvation)
+            obj["starved"] = None if s.starvation is None else s.starvation.to_json()
             steps.append(obj)
         return {
             "run": {**asdict(self.run), "cache_config": _plain(self.run.cache_config)},

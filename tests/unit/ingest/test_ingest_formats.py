@@ -496,10 +496,12 @@ def test_out_of_order_lines_are_sorted_byte_for_byte_like_an_in_order_build(
     ]
     by_time = sorted(range(len(lines)), key=lambda i: times[i])
     shuffled = build_trace(
-        [write(tmp_path / "shuffled.jsonl", "\n".join(lines) + "\n")], tmp_path / "a.jsonl"
+        [write(tmp_path / "shuffled.jsonl", "\n".join(lines) + "\n")], tmp_path / "a.jsonl", keep_ids=True
     )
     ordered = build_trace(
-        [write(tmp_path / "ordered.jsonl", "\n".join(lines[i] for i in by_time) + "\n")], tmp_path / "b.jsonl"
+        [write(tmp_path / "ordered.jsonl", "\n".join(lines[i] for i in by_time) + "\n")],
+        tmp_path / "b.jsonl",
+        keep_ids=True,
     )
     assert shuffled.reordered and not ordered.reordered
     body_a = (tmp_path / "a.jsonl").read_bytes().split(b"\n", 1)[1]

@@ -29,7 +29,10 @@ for workers in (1, 2):
     out = f"{spec['out']}.{workers}"
     sizes = {"parallel_min_bytes": 0, "span_bytes": 300}
     try:
-        r = build_trace(spec["inputs"], out, workers=workers, strict=spec["strict"], mapping=mapping, **sizes)
+        r = build_trace(
+            spec["inputs"], out, workers=workers, strict=spec["strict"], mapping=mapping,
+            keep_ids=spec["keep_ids"], **sizes,
+        )
         c = count_trace(spec["inputs"], workers=workers, mapping=mapping, **sizes)
     except Exception as err:
         results.append({"error": f"{type(err).__name__}: {err}"})
@@ -46,9 +49,15 @@ print(json.dumps(results))
 
 
 def _build_both(
-    inputs: list[Path], tmp_path: Path, *, strict: bool = False, mapping: str | None = None
+    inputs: list[Path],
+    tmp_path: Path,
+    *,
+    strict: bool = False,
+    mapping: str | None = None,
+    keep_ids: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     spec = {
+        "keep_ids": keep_ids,
         "inputs": [str(p) for p in inputs],
         "out": str(tmp_path / "t.jsonl"),
         "strict": strict,
@@ -108,7 +117,8 @@ def test_quoted_values_without_newlines_are_read_in_spans(tmp_path: Path) -> Non
     path = tmp_path / "m.csv"
     rows = [f'{i},{5 + i},{i % 9},"id {i}, ""q"""' for i in range(300)]
     path.write_text("t,inp,out,rid\n" + "\n".join(rows) + "\n")
-    single, spread = _build_both([path], tmp_path, mapping="input=inp,output=out,time=t,id=rid")
+    mapping = "input=inp,output=out,time=t,id=rid"
+    single, spread = _build_both([path], tmp_path, mapping=mapping, keep_ids=True)
     assert _same(single, spread) and spread["spread"] == 2
     assert spread["read_notes"] == [[], []]
     assert '"id":"id 7, \\"q\\""' in single["bytes"]
@@ -119,9 +129,12 @@ def test_a_quoted_newline_falls_back_to_one_process_with_a_note(tmp_path: Path) 
     rows = [f"{i},{5 + i},{i % 9},r{i}" for i in range(300)]
     rows[200] = '200,1,1,"two\nlines, 201,1,1,r201"'  # a span may start inside this value
     path.write_text("t,inp,out,rid\n" + "\n".join(rows) + "\n")
-    single, spread = _build_both([path], tmp_path, mapping="input=inp,output=out,time=t,id=rid")
+    mapping = "input=inp,output=out,time=t,id=rid"
+    single, spread = _build_both([path], tmp_path, mapping=mapping, keep_ids=True)
     assert _same(single, spread), (single, spread)
     assert '"id":"two\\nlines, 201,1,1,r201"' in single["bytes"]
+    named, named_spread = _build_both([path], tmp_path, mapping=mapping)  # pseudonyms: the same on 2 workers
+    assert _same(named, named_spread) and "two" not in named["bytes"] and '"id":"r1' not in named["bytes"]
     assert single["read_notes"] == [[], []]
     build_note, stats_note = spread["read_notes"]
     assert (

@@ -9,7 +9,7 @@ import pytest
 from oomload.ingest import build_trace
 from oomload.ingest.prefixes import PREFIX_SALT_ENV
 from oomload.trace.model import read_trace, read_trace_header
-from oomload.trace.prefix import expected_hit_tokens
+from oomload.trace.prefix import describe_prefix, expected_hit_tokens
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
@@ -298,7 +298,9 @@ def test_spans_read_by_several_workers_share_one_salt(
     assert len(recs) == 60 and len({r.hash_ids[:2] for r in recs}) == 1
 
 
-def test_a_tokenizer_counts_each_message_and_makes_the_chains_exact(tmp_path: Path) -> None:
+def test_a_tokenizer_counts_each_message_and_its_tool_calls_but_the_chains_are_not_exact(
+    tmp_path: Path,
+) -> None:
     class WordCounter:
         """A fake tokenizer: one token per whitespace-separated word."""
 
@@ -310,9 +312,17 @@ def test_a_tokenizer_counts_each_message_and_makes_the_chains_exact(tmp_path: Pa
     log = tmp_path / "gateway.jsonl"
     log.write_text(_chat_line(0, [SYSTEM_MESSAGE, {"role": "user", "content": "a b c"}], 100))
     result = build_trace([log], tmp_path / "t.jsonl", workers=1, counter=WordCounter())
-    assert result.prefix is not None and result.prefix.exact
+    # a chat template's role and format tokens are not counted: the header does not say exact
+    assert result.prefix is not None and not result.prefix.exact
+    assert "not exact" in describe_prefix(result.prefix)
     # whitespace tokens: 36 in the system message, 3 in the user's: 39 tokens, 2 full blocks
     assert len(read_trace(tmp_path / "t.jsonl")[0].hash_ids) == 2
+    call = {"function": {"name": "lookup", "arguments": '{"q": "w w w w w w w w w w w w"}'}}
+    assistant = {"role": "assistant", "content": None, "tool_calls": [call]}
+    log.write_text(_chat_line(0, [SYSTEM_MESSAGE, {"role": "user", "content": "a b c"}, assistant], 100))
+    build_trace([log], tmp_path / "t.jsonl", workers=1, counter=WordCounter())
+    # the tool call's name and arguments count too: 13 more words, 52 tokens, 3 full blocks
+    assert len(read_trace(tmp_path / "t.jsonl")[0].hash_ids) == 3
 
 
 # --- a mapped JSONL log with a conversation column ------------------------------------------------------
@@ -327,10 +337,15 @@ def test_a_conversation_column_gives_sessions_turns_and_chains(tmp_path: Path) -
         "".join(f'{{"t": {i}, "conv": "{c}", "in": {p}, "out": {o}}}\n' for i, (c, p, o) in enumerate(rows))
     )
     mapping = parse_mapping("input=in,output=out,time=t,conversation=conv")
-    result = build_trace([log], tmp_path / "t.jsonl", mapping=mapping, workers=1)
+    result = build_trace([log], tmp_path / "t.jsonl", mapping=mapping, workers=1, keep_ids=True)
     assert result.prefix is not None and (result.prefix.source, result.prefix.exact) == ("column", False)
     recs = read_trace(tmp_path / "t.jsonl")
     assert [(r.session, r.turn) for r in recs] == [("a", 0), ("b", 0), ("a", 1), ("a", 2)]
+    build_trace([log], tmp_path / "p.jsonl", mapping=mapping, workers=1)  # sessions as pseudonyms
+    named = read_trace(tmp_path / "p.jsonl")
+    a, b = named[0].session, named[1].session
+    assert [(r.session, r.turn) for r in named] == [(a, 0), (b, 0), (a, 1), (a, 2)]
+    assert a != b and a is not None and b is not None and {a, b}.isdisjoint({"a", "b"}) and len(a) == 16
     assert [len(r.hash_ids) for r in recs] == [2, 6, 4, 6]
     a0, b0, a1, a2 = (r.hash_ids for r in recs)
     assert a1[:2] == a0 and a2[:4] == a1 and not set(b0) & set(a2)

@@ -66,3 +66,65 @@ def test_a_user_sends_its_conversations_turns_in_order_before_taking_another() -
     assert send(3)[0] == "a0"  # the trace's second pass begins with conversation A
     ctx.forget(3)
     assert send(4)[0] == "b0"  # A's remaining turns went with user 3
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class _SelfCheck:
+    def begin(self) -> None:
+        pass
+
+    def report(self) -> dict[str, object]:
+        return {"duration_s": 1.0, "cpu_s": 0.1, "cpu_wait_s": 0.0, "cpu_wait_share": 0.0}
+
+
+def test_an_open_loop_counts_each_send_against_its_arrival_time_and_why_it_was_late() -> None:
+    """On time (woke 20 ms late), late from a late wake-up (taken in time, sent 300 ms late), and late
+    because no user was free (taken 500 ms after its arrival time): 3 timed, 2 late, 1 of them busy."""
+    from oomload.load.payload import CompletionPayloads, PayloadOptions, RequestOrder
+    from oomload.trace.model import TraceRecord
+
+    records = [TraceRecord(f"r{i}", float(i), 64, 4) for i in range(3)]  # arrivals 0, 1, 2 s
+    payloads = CompletionPayloads(PayloadOptions(model="m"), trace_requests=3)
+    clock = _Clock()
+    ctx = ReplayContext(order=RequestOrder(records), payloads=payloads, sink=None, clock=clock)
+    ctx.selfcheck = _SelfCheck()  # type: ignore[assignment]
+    assert ctx.loadgen_report() == _SelfCheck().report()  # closed loop so far: no lateness fields
+    ctx.start_open_loop(100.0, 1.0)
+    for taken_s, sent_s in ((100.0, 100.02), (100.5, 101.3), (102.5, 102.6)):
+        clock.now_s = taken_s
+        picked = ctx.next_request(0)
+        assert picked is not None
+        ctx.started(picked[0], sent_s)
+    line = ctx.loadgen_report()
+    assert line is not None
+    assert (line["sends_timed"], line["sends_late"], line["sends_late_busy"]) == (3, 2, 1)
+    assert line["send_late_max_ms"] == 600.0
+
+
+def test_an_open_loop_is_done_only_when_no_taken_request_waits_for_its_arrival_time() -> None:
+    """32 users take the last requests at once and sleep until their arrival times: the trace is
+    exhausted with nothing in flight, yet not sent (a step that ended there sent 39 of 64)."""
+    from oomload.load.payload import CompletionPayloads, PayloadOptions, RequestOrder
+    from oomload.trace.model import TraceRecord
+
+    records = [TraceRecord(f"r{i}", float(i), 64, 4) for i in range(2)]
+    payloads = CompletionPayloads(PayloadOptions(model="m"), trace_requests=2)
+    clock = _Clock()
+    ctx = ReplayContext(order=RequestOrder(records), payloads=payloads, sink=None, clock=clock)
+    ctx.start_open_loop(100.0, 1.0)
+    taken = [ctx.next_request(u) for u in range(3)]
+    assert taken[2] is None and ctx.exhausted and not ctx.in_flight
+    assert not ctx.open_loop_done  # two users still sleep on r0 and r1
+    for picked in taken[:2]:
+        assert picked is not None
+        ctx.started(picked[0], 101.0)
+    assert not ctx.open_loop_done  # in flight
+    ctx.in_flight.clear()
+    assert ctx.open_loop_done

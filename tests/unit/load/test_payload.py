@@ -15,6 +15,7 @@ from oomload.load.payload import (
     CompletionPayloads,
     PayloadOptions,
     RequestOrder,
+    conversation_units,
     parse_token_id_range,
 )
 from oomload.trace.model import TraceRecord
@@ -204,3 +205,25 @@ def test_conversations_are_whole_units_with_sequence_numbers_unique_across_worke
                 }
     assert len(sequences) == len(set(sequences))
     assert workers[0].pass_length == (4 if mode == "trace" else 0)
+
+
+def test_turns_found_from_the_chains_go_out_in_order_from_one_user() -> None:
+    records = [
+        TraceRecord("a", 0.0, 40, 1, hash_ids=(1, 2)),
+        TraceRecord("b", 1.0, 70, 1, hash_ids=(1, 2, 3, 4)),  # a's history and more: a's next turn
+        TraceRecord("c", 2.0, 50, 1, hash_ids=(1, 2, 5)),  # a's history again, but a went on with b
+        TraceRecord("s", 3.0, 8, 1, session="S", turn=0),
+        TraceRecord("d", 4.0, 90, 1, hash_ids=(1, 2, 3, 4, 6)),  # b's next turn
+        TraceRecord("e", 5.0, 8, 1),  # no chain: alone
+        TraceRecord("f", 6.0, 60, 1, hash_ids=(1, 2, 5, 7)),  # c's next turn
+        TraceRecord("g", 7.0, 40, 1, hash_ids=(1, 2)),  # a's chain once more: a was continued (by b)
+    ]
+    assert conversation_units(records) == [(0, 1, 4), (2, 6), (3,), (5,), (7,)]
+    order = RequestOrder(records)
+    assert [[r.id for r, _ in order.next_unit()] for _ in range(5)] == [
+        ["a", "b", "d"],
+        ["c", "f"],
+        ["s"],
+        ["e"],
+        ["g"],
+    ]

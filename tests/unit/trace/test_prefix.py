@@ -131,7 +131,7 @@ def test_conversation_turns() -> None:
 
 
 def test_conversations_are_inferred_from_chains_when_the_trace_has_no_sessions() -> None:
-    from oomload.trace.prefix import PrefixTally
+    from oomload.trace.tally import PrefixTally
 
     tally = PrefixTally(INFO)
     # a: turn 0; b: a's whole chain then more (turn 1); c: shares only a's first block (not a turn);
@@ -147,7 +147,7 @@ def test_conversations_are_inferred_from_chains_when_the_trace_has_no_sessions()
 
 
 def test_requests_without_ids_counted_at_once_push_the_pool_as_one_at_a_time() -> None:
-    from oomload.trace.prefix import PrefixTally
+    from oomload.trace.tally import PrefixTally
 
     def tally(bulk: bool) -> tuple[int, int, int | None]:
         t = PrefixTally(INFO, pool_blocks=5)

@@ -13,7 +13,6 @@ from oomload.trace.blockhash import (
     _GOLDEN,
     BlockHasher,
     _canonical_ids,
-    _mix,
     _multipliers,
     _siphash13,
     block_ids,
@@ -210,8 +209,8 @@ def _plain_message_ids(
             end = (block + 1) * size
             part = int(np.searchsorted(ends, end, side="left"))
             offset = end - (int(ends[part]) - tokens[at + part])
-            mixed = _mix(
-                np.array([own[part]], dtype=np.uint64) ^ (np.array([offset], dtype=np.uint64) * _GOLDEN)
+            mixed = _siphash13(
+                key, np.array([own[part]], dtype=np.uint64) ^ (np.array([offset], dtype=np.uint64) * _GOLDEN)
             )
             ids.append(int(block_ids(mixed)[0]))
         at += count
@@ -230,7 +229,7 @@ def test_message_chains_of_many_prompts_equal_the_plain_ones(block_tokens: int) 
     counts = np.array(per_prompt, dtype=np.int64)
     keys = chain_marks(key, marks, counts)
     ids, offsets = message_block_ids(
-        keys, np.array(tokens, dtype=np.int64), counts, np.array(limits, dtype=np.int64), block_tokens
+        key, keys, np.array(tokens, dtype=np.int64), counts, np.array(limits, dtype=np.int64), block_tokens
     )
     plain_keys, plain_ids = _plain_message_ids(key, marks.tolist(), tokens, per_prompt, limits, block_tokens)
     assert keys.tolist() == plain_keys
@@ -240,3 +239,15 @@ def test_message_chains_of_many_prompts_equal_the_plain_ones(block_tokens: int) 
         for a, n, limit in zip(np.cumsum([0, *per_prompt[:-1]]).tolist(), per_prompt, limits, strict=True)
     ]
     assert np.diff(offsets).tolist() == lengths
+
+
+def test_keyed_hash_in_slices_equals_one_pass() -> None:
+    from oomload.trace.blockhash import SIP_CHUNK, keyed_hash
+
+    key = BlockHasher(SALT).sip_key
+    rng = np.random.default_rng(5)
+    for count in (0, 1, SIP_CHUNK, SIP_CHUNK + 1, 3 * SIP_CHUNK + 17):
+        a = rng.integers(0, 2**64, count, dtype=np.uint64, endpoint=False)
+        b = rng.integers(0, 2**64, count, dtype=np.uint64, endpoint=False)
+        assert keyed_hash(key, a).tolist() == _siphash13(key, a).tolist()
+        assert keyed_hash(key, a, b).tolist() == _siphash13(key, a, b).tolist()

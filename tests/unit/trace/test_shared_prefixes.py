@@ -160,3 +160,24 @@ def test_block_token_ids_carry_one_value_per_server_block() -> None:
     other = block_token_ids(70, 16, ((7, 2),), tail=4)
     assert other[:32] == tokens[:32] and other[32:48] != tokens[32:48]
     assert block_token_ids(20, 16, ((7, 2),), tail=1) == [14] * 20  # never longer than the prompt
+
+
+def test_a_trace_block_a_prompt_ends_on_is_held_once_beside_the_whole_one() -> None:
+    # 512-token trace blocks on a server of 32: a 512-token prompt carries 15 of id 7's 16 server blocks
+    # (its last token is computed), a 600-token prompt all 16. Held at once they are 16 blocks, not 31:
+    # 15 that every request carries and one that only the longer half does, held with odds 1 − 0.5^n.
+    prompts = [512 if i % 2 else 600 for i in range(HAND)]
+    shared = SharedPrefixes.from_chains([(7,)] * HAND, prompts, block_tokens=512, block_size=32)
+    assert set(shared.groups) == {((7, 15),), ((7, 16),)}
+    held = np.array([blocks_held(p + 100, 32) for p in prompts])  # 20 and 22: own blocks 5 and 6
+    for n in (1, 3, 50):
+        expected = 5.5 * n + 15 + (1 - 0.5**n)
+        assert abs(float(shared.effective_blocks(held, n).sum()) / HAND * n - expected) < 1e-9
+    # and the same with several widths of one id and other ids beside it (48-token trace blocks, 32)
+    # 96 tokens: ⌊95 / 32⌋ = 2 blocks, the second id's one; 200 and 97 tokens: 3, the second id's two
+    mixed = SharedPrefixes.from_chains([(1, 2)] * 3, [96, 200, 97], block_tokens=48, block_size=32)
+    assert mixed.groups == (((1, 1), (2, 1)), ((1, 1), (2, 2)), ((1, 1), (2, 2)))
+    big = 10**6  # every layer held: id 1's one block and id 2's two, once
+    total = float(mixed.effective_blocks(np.array([3, 7, 4]), big).sum()) / 3 * big
+    own = np.maximum(np.array([3, 7, 4]) - mixed.shared_blocks, 0).mean() * big
+    assert abs(total - own - 3) < 1e-6

@@ -9,6 +9,7 @@ from oomload.verdict.loadgen import (
     LOOP_LAG_STARVED_MS,
     WAIT_SHARE_STARVED,
     Starvation,
+    late_sends,
     live_held,
     starvation,
     starved_line,
@@ -96,3 +97,38 @@ def test_end_line_entries_parse_and_bad_ones_are_dropped() -> None:
     assert rows == (LoadgenRow(4.0, 0.16, 3.84, 0.96, 148.2, None, 1),)
     assert parse_loadgen(None) == ()
     assert parse_loadgen({"cpu_s": 1}) == ()
+
+
+def _open_loop_row(timed: int, late: int, busy: int, wait_share: float = 0.02) -> LoadgenRow:
+    row = LoadgenRow.from_json(
+        {
+            "duration_s": 10.0,
+            "cpu_s": 1.0,
+            "cpu_wait_s": 10.0 * wait_share,
+            "cpu_wait_share": wait_share,
+            "loop_lag_max_ms": 4.0,
+            "sends_timed": timed,
+            "sends_late": late,
+            "sends_late_busy": busy,
+            "send_late_max_ms": 2300.0,
+        }
+    )
+    assert row is not None
+    return row
+
+
+def test_an_open_loop_step_that_sent_late_is_named_held_or_not_with_the_advice_that_fits() -> None:
+    busy = starvation(True, [_open_loop_row(100, 12, 10)])
+    assert busy is not None and busy.late is not None
+    assert busy.text.startswith("sent 12 % of its requests ≥ 100 ms after their arrival time (up to 2.3 s")
+    assert "10 of 12 because every user was busy" in busy.text
+    assert "higher user cap" in starved_line(4, busy)
+    woke = starvation(None, [_open_loop_row(100, 12, 1, wait_share=0.7)])
+    assert woke is not None and "quieter or separate load host" in starved_line(4, woke)
+    assert "waited 70 % of the step for a CPU" in woke.text
+
+
+def test_a_few_late_sends_or_a_closed_loop_are_not_an_open_loop_finding() -> None:
+    assert starvation(True, [_open_loop_row(100, 4, 4)]) is None  # 4 %: below 5 %
+    assert starvation(False, [_open_loop_row(100, 4, 4)]) is None  # the open loop's own rule decides
+    assert late_sends([_open_loop_row(0, 0, 0)]) is None  # closed loop: no timed sends

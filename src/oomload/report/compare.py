@@ -1,0 +1,587 @@
+"""``oomload compare BASE_RUN NEW_RUN``: what changed between two runs, and whether it is a regression.
+
+Each run directory is judged afresh, as ``oomload report`` judges it (``load_run`` → ``build_verdict``;
+a missing or stale ``summary.json`` changes nothing: both runs are judged by the same rules), then read
+as a typed ``Summary`` (``oomload.report.summary``). ``compare_runs`` puts two of them side by side:
+
+* **Setup** — the server's version (``provenance.json``, else ``config.json``'s ``vllm_version``), the
+  model, the ``--serve`` line or the simulator's flags, the pool the server reported
+  (``cache_config.json``: KV blocks, block size, memory utilization, …), ``max_model_len``, the trace's
+  digest, the levels and repeats, oomload's version. A row says whether it changed.
+* **Result** — each row with a status: ``regression`` / ``improvement`` (with evidence), ``not
+  separated`` (a change the evidence does not carry), ``changed`` (a figure that is one number per
+  run and has no test: shown, not judged), ``unchanged``, or ``not measured``.
+
+  - KV pool: the block counts; fewer blocks is a regression (the count is the server's own, exact).
+  - Preemption onset: ``oomload.verdict.shift.onset_shift`` — separated by the repeats of both runs
+    (Fisher's exact test on the steps between the two onsets) or not.
+  - Engine death: a death in the new run at a level where the base survived is a regression (as the
+    ``no-new-death`` rule); its kind is named.
+  - Last safe concurrency: lower is a regression when the onset's fall is separated or the engine
+    died anew; otherwise it is not separated (it moves with the onset).
+  - Queueing and KV-saturation onsets, throughput, prefix-cache hit rate, peak memory (the device's,
+    the server process's on the device, the server's host memory): changed or not, not judged.
+  - Latency — TTFT, TPOT (mean inter-token latency) and end-to-end P50 and P99 at every level both
+    runs measured, on the per-request samples (the ok requests of the trusted steps at that level):
+    ``oomload.verdict.shift.latency_shift`` (Mann–Whitney U for P50, bootstrap for P99; p < 0.01 and
+    a change of ≥ 10 %); a statistic that moved both ways across the levels is the host's run-to-run
+    noise and judged at none of them (``shift.across_levels``).
+
+Comparable. Two runs are comparable when they replayed the same trace (the SHA-256 of the trace file
+as read, from ``provenance.json``; for a run from before that file, of its ``trace.jsonl`` copy, on
+both sides) and measured at least one level in common. Otherwise ``compare_runs`` raises
+``ConfigError`` with one sentence (exit 2), unless ``allow_different_trace``: then the comparison is
+made and says why it may mislead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from oomload import __version__
+from oomload.errors import ConfigError
+from oomload.outcome import Outcome
+from oomload.report.summary import Summary, build_summary, summary_from_doc
+from oomload.rundir.provenance import Provenance, file_sha256, read_provenance
+from oomload.verdict import Verdict, build_verdict
+from oomload.verdict.recommend import recommend
+from oomload.verdict.relative import onset_steps
+from oomload.verdict.runview import RunView, load_run
+from oomload.verdict.shift import LatencyShift, OnsetShift, across_levels, latency_shift, onset_shift
+
+Status = Literal["regression", "improvement", "not separated", "changed", "unchanged", "not measured"]
+LATENCIES = ("ttft", "tpot", "e2e")
+POOL_KEYS = ("num_gpu_blocks", "block_size", "gpu_memory_utilization", "cache_dtype", "enable_prefix_caching")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSide:
+    """One run as the comparison reads it."""
+
+    path: Path
+    view: RunView
+    verdict: Verdict
+    summary: Summary
+    provenance: Provenance | None
+    trace_digest: str | None
+    digest_of: str  # "trace file" (provenance.json) | "trace.jsonl copy" | "none"
+    samples: Mapping[int, Mapping[str, tuple[float, ...]]]  # level → latency → ms of ok requests
+
+    @property
+    def label(self) -> str:
+        return self.path.name or str(self.path)
+
+
+def load_side(path: str | Path) -> RunSide:
+    """Read and judge one run directory (``ConfigError`` with one sentence when it is not one)."""
+    view = load_run(path)
+    verdict = build_verdict(view)
+    doc = build_summary(verdict, recommend(verdict), (), exit_code=0, generated_unix_s=time.time())
+    provenance = read_provenance(view.path)
+    digest, digest_of = _digest(view.path, provenance)
+    return RunSide(
+        path=view.path,
+        view=view,
+        verdict=verdict,
+        summary=summary_from_doc(doc, source=f"the verdict of {view.path}"),
+        provenance=provenance,
+        trace_digest=digest,
+        digest_of=digest_of,
+        samples=latency_samples(view, verdict),
+    )
+
+
+def _digest(run_dir: Path, provenance: Provenance | None) -> tuple[str | None, str]:
+    if provenance is not None:
+        return provenance.trace_sha256, "trace file"
+    try:
+        return file_sha256(run_dir / "trace.jsonl"), "trace.jsonl copy"
+    except OSError:
+        return None, "none"
+
+
+def latency_samples(view: RunView, verdict: Verdict) -> dict[int, dict[str, tuple[float, ...]]]:
+    """Per level, the per-request latencies (ms) of the ok requests in its trusted measured steps."""
+    trusted = {s.index for s in verdict.measured_steps if s.trusted}
+    out: dict[int, dict[str, list[float]]] = {}
+    for step in view.steps:
+        if step.boundary.index not in trusted:
+            continue
+        level = out.setdefault(step.boundary.concurrency, {k: [] for k in LATENCIES})
+        for r in step.requests:
+            if r.outcome is not Outcome.OK:
+                continue
+            for key, value in (("ttft", r.ttft_ms), ("tpot", r.tpot_ms), ("e2e", r.e2e_ms)):
+                if value is not None:
+                    level[key].append(float(value))
+    return {c: {k: tuple(v) for k, v in by.items()} for c, by in out.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class SetupRow:
+    label: str
+    base: str
+    new: str
+
+    @property
+    def changed(self) -> bool:
+        return self.base != self.new
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRow:
+    key: str
+    label: str
+    base: str
+    new: str
+    status: Status
+    evidence: str
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    base: RunSide
+    new: RunSide
+    setup: tuple[SetupRow, ...]
+    results: tuple[ResultRow, ...]
+    onset: OnsetShift
+    latencies: tuple[LatencyShift, ...]
+    common_levels: tuple[int, ...]
+    caveats: tuple[str, ...]  # sentences: cut short, another trace allowed, …
+
+    @property
+    def regressions(self) -> tuple[ResultRow, ...]:
+        return tuple(r for r in self.results if r.status == "regression")
+
+    @property
+    def headline(self) -> str:
+        """One sentence: the regressions found, or that none was."""
+        found = self.regressions
+        if not found:
+            return f"no regression found in {self.new.label} against {self.base.label}"
+        names = ", ".join(r.label for r in found)
+        return f"{len(found)} regression(s) in {self.new.label} against {self.base.label}: {names}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": "oomload.compare/1",
+            "oomload_version": __version__,
+            "base": str(self.base.path),
+            "new": str(self.new.path),
+            "headline": self.headline,
+            "regressions": len(self.regressions),
+            "common_levels": list(self.common_levels),
+            "caveats": list(self.caveats),
+            "setup": [
+                {"label": r.label, "base": r.base, "new": r.new, "changed": r.changed} for r in self.setup
+            ],
+            "results": [
+                {
+                    "key": r.key,
+                    "label": r.label,
+                    "base": r.base,
+                    "new": r.new,
+                    "status": r.status,
+                    "evidence": r.evidence,
+                }
+                for r in self.results
+            ],
+            "onset": {
+                "base": self.onset.base,
+                "new": self.onset.new,
+                "direction": self.onset.direction,
+                "separated": self.onset.separated,
+                "p_value": self.onset.p_value,
+                "steps": {
+                    "lower_run": [self.onset.low_hits, self.onset.low_steps],
+                    "higher_run": [self.onset.high_hits, self.onset.high_steps],
+                },
+            },
+            "latency": [
+                {
+                    "metric": s.metric,
+                    "stat": s.stat,
+                    "concurrency": s.concurrency,
+                    "base_ms": s.base_ms,
+                    "new_ms": s.new_ms,
+                    "base_n": s.base_n,
+                    "new_n": s.new_n,
+                    "ratio": s.ratio,
+                    "p_value": s.p_value,
+                    "test": s.test,
+                    "judgement": s.judgement,
+                }
+                for s in self.latencies
+            ],
+        }
+
+
+def compare_runs(base: RunSide, new: RunSide, *, allow_different_trace: bool = False) -> Comparison:
+    """Put two judged runs side by side (module docstring); ``ConfigError`` when they are not
+    comparable and ``allow_different_trace`` is not set."""
+    caveats = [*_comparability(base, new, allow_different_trace)]
+    for side, name in ((base, "base"), (new, "new")):
+        if side.summary.cut_short:
+            caveats.append(
+                f"the {name} run {side.label} was cut short ({side.summary.cut_short_detail}): "
+                "what it did not measure is not compared"
+            )
+        if side.summary.failed_run is not None:
+            caveats.append(f"the {name} run {side.label}: {side.summary.failed_run}")
+    common = tuple(sorted(set(base.summary.levels) & set(new.summary.levels)))
+    onset = onset_shift(
+        onset_steps(base.verdict), _onset(base.summary), onset_steps(new.verdict), _onset(new.summary)
+    )
+    latencies = across_levels(
+        latency_shift(
+            metric,
+            stat,
+            c,
+            base.samples.get(c, {}).get(metric, ()),
+            new.samples.get(c, {}).get(metric, ()),
+        )
+        for c in common
+        for metric in LATENCIES
+        for stat in ("p50", "p99")
+    )
+    results = (
+        *_pool_rows(base.summary, new.summary),
+        _onset_row(onset),
+        *_death_rows(base.summary, new.summary),
+        _last_safe_row(base.summary, new.summary, onset),
+        _plain_row("queueing", "queueing onset", base.summary.queueing_onset, new.summary.queueing_onset),
+        _plain_row(
+            "kv_saturation",
+            "KV saturation onset",
+            base.summary.kv_saturation_onset,
+            new.summary.kv_saturation_onset,
+        ),
+        *(_latency_row(s) for s in latencies),
+        *_throughput_rows(base.summary, new.summary, common),
+        _rate_row(base.summary.prefix_hit_rate, new.summary.prefix_hit_rate),
+        _bytes_row(
+            "device_peak",
+            "device memory used, peak",
+            base.summary.device_used_peak_bytes,
+            new.summary.device_used_peak_bytes,
+        ),
+        _bytes_row(
+            "server_device_peak",
+            "server process device memory, peak",
+            base.summary.server_device_peak_bytes,
+            new.summary.server_device_peak_bytes,
+        ),
+        _bytes_row(
+            "server_host_peak",
+            "server host memory, peak",
+            base.summary.server_host_peak_bytes,
+            new.summary.server_host_peak_bytes,
+        ),
+    )
+    return Comparison(
+        base=base,
+        new=new,
+        setup=_setup_rows(base, new),
+        results=results,
+        onset=onset,
+        latencies=latencies,
+        common_levels=common,
+        caveats=tuple(caveats),
+    )
+
+
+def _comparability(base: RunSide, new: RunSide, allow: bool) -> list[str]:
+    problems = []
+    if base.trace_digest is None or new.trace_digest is None:
+        missing = base.label if base.trace_digest is None else new.label
+        problems.append(f"{missing} holds no trace digest and no trace.jsonl: the traces cannot be compared")
+    elif base.trace_digest != new.trace_digest:
+        kind = "trace files" if base.digest_of == new.digest_of == "trace file" else "trace copies"
+        problems.append(
+            f"{base.label} and {new.label} replayed different traces (sha256 of the {kind}: "
+            f"{base.trace_digest[:12]}… and {new.trace_digest[:12]}…)"
+        )
+    if not set(base.summary.levels) & set(new.summary.levels):
+        problems.append(
+            f"{base.label} and {new.label} measured no level in common "
+            f"({_levels(base.summary.levels)} against {_levels(new.summary.levels)})"
+        )
+    if problems and not allow:
+        raise ConfigError(
+            "; ".join(problems) + ": their onsets and latencies are not comparable "
+            "(--allow-different-trace compares them anyway)"
+        )
+    return [p + " (compared anyway: --allow-different-trace)" for p in problems]
+
+
+def _levels(levels: Sequence[int]) -> str:
+    return ",".join(map(str, levels)) or "none"
+
+
+def _onset(summary: Summary) -> int | None:
+    return None if summary.preemption_onset is None else summary.preemption_onset.concurrency
+
+
+def _setup_rows(base: RunSide, new: RunSide) -> tuple[SetupRow, ...]:
+    def version(side: RunSide) -> str:
+        recorded = side.provenance.server_version if side.provenance else side.view.config.get("vllm_version")
+        return str(recorded) if recorded else "not reported"
+
+    def serve(side: RunSide) -> str:
+        line = side.provenance.serve if side.provenance else side.view.config.get("serve")
+        sim = side.view.config.get("sim_args")
+        if line:
+            return str(line)
+        if isinstance(sim, list) and sim:
+            return "oomload sim serve " + " ".join(map(str, sim))
+        return "not started by oomload"
+
+    def pool(side: RunSide, key: str) -> str:
+        cache = side.view.cache_config or {}
+        value = cache.get(key)
+        return "not reported" if value is None else str(value)
+
+    def schedule(side: RunSide, key: str) -> str:
+        sched = side.view.config.get("schedule")
+        value = sched.get(key) if isinstance(sched, Mapping) else None
+        if isinstance(value, list):
+            return _levels([int(v) for v in value if isinstance(v, int)])
+        return "not recorded" if value is None else str(value)
+
+    def digest(side: RunSide) -> str:
+        return (
+            "not recorded"
+            if side.trace_digest is None
+            else f"sha256 {side.trace_digest[:16]}… ({side.digest_of})"
+        )
+
+    rows = [
+        SetupRow("vLLM version", version(base), version(new)),
+        SetupRow("model", base.summary.model or "?", new.summary.model or "?"),
+        SetupRow("serve line", serve(base), serve(new)),
+        *(SetupRow(key, pool(base, key), pool(new, key)) for key in POOL_KEYS),
+        SetupRow("max_model_len", str(base.summary.max_model_len), str(new.summary.max_model_len)),
+        SetupRow("trace", digest(base), digest(new)),
+        SetupRow("levels", schedule(base, "levels"), schedule(new, "levels")),
+        SetupRow("repeats", schedule(base, "repeats"), schedule(new, "repeats")),
+        SetupRow(
+            "oomload version",
+            str(base.view.config.get("oomload_version") or "not recorded"),
+            str(new.view.config.get("oomload_version") or "not recorded"),
+        ),
+    ]
+    return tuple(rows)
+
+
+def _text(value: object) -> str:
+    return "none" if value is None else str(value)
+
+
+def _pool_rows(base: Summary, new: Summary) -> list[ResultRow]:
+    b = None if base.pool is None else base.pool.num_gpu_blocks
+    n = None if new.pool is None else new.pool.num_gpu_blocks
+    if b is None or n is None:
+        return [
+            ResultRow(
+                "kv_blocks", "KV pool (blocks)", _text(b), _text(n), "not measured", "no cache_config_info"
+            )
+        ]
+    if n == b:
+        return [
+            ResultRow("kv_blocks", "KV pool (blocks)", str(b), str(n), "unchanged", "the same block count")
+        ]
+    change = f"{n - b:+d} blocks ({(n - b) / b:+.0%})" if b else f"{n - b:+d} blocks"
+    status: Status = "regression" if n < b else "improvement"
+    word = "shrank" if n < b else "grew"
+    return [ResultRow("kv_blocks", "KV pool (blocks)", str(b), str(n), status, f"the pool {word}: {change}")]
+
+
+def _onset_row(shift: OnsetShift) -> ResultRow:
+    if shift.direction == "same":
+        status: Status = "unchanged"
+    elif shift.separated:
+        status = "regression" if shift.direction == "lower" else "improvement"
+    else:
+        status = "not separated"
+    return ResultRow(
+        "preemption_onset", "preemption onset", _text(shift.base), _text(shift.new), status, shift.sentence
+    )
+
+
+def _death_text(summary: Summary) -> str:
+    death = summary.death
+    if death is None:
+        return "none"
+    return f"at {_text(death.concurrency)} ({death.kind or 'cause unknown'})"
+
+
+def _death_rows(base: Summary, new: Summary) -> list[ResultRow]:
+    b, n = base.death, new.death
+    bt, nt = _death_text(base), _death_text(new)
+    if b is None and n is None:
+        return [ResultRow("engine_death", "engine death", bt, nt, "unchanged", "neither engine died")]
+    if n is None:
+        return [
+            ResultRow("engine_death", "engine death", bt, nt, "improvement", "the new run's engine survived")
+        ]
+    if b is None or (
+        b.concurrency is not None and n.concurrency is not None and n.concurrency < b.concurrency
+    ):
+        where = "survived" if b is None else f"died only at {b.concurrency}"
+        return [
+            ResultRow(
+                "engine_death",
+                "engine death",
+                bt,
+                nt,
+                "regression",
+                f"the new run's engine died; the base's {where}",
+            )
+        ]
+    same_kind = b.kind == n.kind
+    return [
+        ResultRow(
+            "engine_death",
+            "engine death",
+            bt,
+            nt,
+            "unchanged" if same_kind and b.concurrency == n.concurrency else "changed",
+            "both engines died" + ("" if same_kind else f"; the kind changed ({b.kind} → {n.kind})"),
+        )
+    ]
+
+
+def _last_safe_row(base: Summary, new: Summary, onset: OnsetShift) -> ResultRow:
+    b, n = base.last_safe_concurrency, new.last_safe_concurrency
+    label = "last safe concurrency"
+    if b is None or n is None:
+        return ResultRow(
+            "last_safe", label, _text(b), _text(n), "not measured", "a run has no last safe level"
+        )
+    if b == n:
+        return ResultRow("last_safe", label, str(b), str(n), "unchanged", "the same level")
+    new_death = new.death is not None and (
+        base.death is None or (base.death.concurrency or 0) > (new.death.concurrency or 0)
+    )
+    if n < b:
+        carried = onset.regression or new_death
+        status: Status = "regression" if carried else "not separated"
+        why = (
+            "with the onset's separated fall"
+            if onset.regression
+            else "with a new engine death"
+            if new_death
+            else ("but the onset's move is not separated by the repeats")
+        )
+        return ResultRow("last_safe", label, str(b), str(n), status, f"fell from {b} to {n}, {why}")
+    carried = onset.direction == "higher" and onset.separated is True
+    return ResultRow(
+        "last_safe",
+        label,
+        str(b),
+        str(n),
+        "improvement" if carried else "not separated",
+        f"rose from {b} to {n}",
+    )
+
+
+def _plain_row(key: str, label: str, b: int | None, n: int | None) -> ResultRow:
+    status: Status = "unchanged" if b == n else "changed"
+    evidence = "the same" if b == n else "one level per run: shown, not tested"
+    return ResultRow(key, label, _text(b), _text(n), status, evidence)
+
+
+def _latency_row(shift: LatencyShift) -> ResultRow:
+    judgement = shift.judgement
+    status: Status
+    if shift.mixed:
+        status = "unchanged"
+    elif judgement == "slower":
+        status = "regression"
+    elif judgement == "faster":
+        status = "improvement"
+    elif judgement == "too few samples" or shift.base_ms is None or shift.new_ms is None:
+        status = "not measured"
+    else:
+        status = "unchanged"
+    return ResultRow(
+        f"{shift.stat}_{shift.metric}@{shift.concurrency}",
+        f"{shift.stat.upper()} {shift.metric.upper()} @ {shift.concurrency}",
+        _ms(shift.base_ms),
+        _ms(shift.new_ms),
+        status,
+        shift.sentence,
+    )
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if value >= 1000:
+        return f"{value / 1000:.2f} s"
+    return f"{value:.0f} ms" if value >= 100 else f"{value:.3g} ms"
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _throughput_rows(base: Summary, new: Summary, levels: Sequence[int]) -> list[ResultRow]:
+    rows = []
+    for c in levels:
+        b = _mean([s.output_tokens_per_s for s in base.steps_at(c) if s.trusted])
+        n = _mean([s.output_tokens_per_s for s in new.steps_at(c) if s.trusted])
+        bt = "—" if b is None else f"{b:.0f} tok/s"
+        nt = "—" if n is None else f"{n:.0f} tok/s"
+        if b is None or n is None:
+            rows.append(
+                ResultRow(f"throughput@{c}", f"throughput @ {c}", bt, nt, "not measured", "no trusted step")
+            )
+            continue
+        change = (n - b) / b if b else 0.0
+        status: Status = "unchanged" if abs(change) < 0.005 else "changed"
+        rows.append(
+            ResultRow(
+                f"throughput@{c}",
+                f"throughput @ {c}",
+                bt,
+                nt,
+                status,
+                f"{change:+.0%} (output tokens per second of the trusted steps; not tested)",
+            )
+        )
+    return rows
+
+
+def _rate_row(b: float | None, n: float | None) -> ResultRow:
+    bt = "—" if b is None else f"{b:.1%}"
+    nt = "—" if n is None else f"{n:.1%}"
+    if b is None or n is None:
+        return ResultRow(
+            "prefix_hit_rate", "prefix-cache hit rate", bt, nt, "not measured", "no prefix-cache counters"
+        )
+    points = (n - b) * 100
+    status: Status = "unchanged" if abs(points) < 0.05 else "changed"
+    return ResultRow(
+        "prefix_hit_rate", "prefix-cache hit rate", bt, nt, status, f"{points:+.1f} points (not tested)"
+    )
+
+
+def _bytes_row(key: str, label: str, b: int | None, n: int | None) -> ResultRow:
+    bt = "—" if b is None else _gib(b)
+    nt = "—" if n is None else _gib(n)
+    if b is None or n is None:
+        return ResultRow(key, label, bt, nt, "not measured", "not sampled in both runs")
+    if b == n:
+        return ResultRow(key, label, bt, nt, "unchanged", "the same peak")
+    change = f"{(n - b) / 2**20:+.0f} MiB" + (f" ({(n - b) / b:+.1%})" if b else "")
+    return ResultRow(key, label, bt, nt, "changed", f"{change}; one peak per run: shown, not tested")
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.2f} GiB"

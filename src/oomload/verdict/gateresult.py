@@ -1,0 +1,64 @@
+"""What judging one gate rule gives: pass, fail or not evaluated, with the reason (pure).
+
+Shared by the absolute rules (``oomload.verdict.gate``) and the rules relative to a baseline run
+(``oomload.verdict.relative``), with the comparison operators both parse; ``oomload.verdict.gate``
+re-exports these names.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal, Protocol
+
+Op = Literal["<=", ">=", "==", "<", ">"]
+OPERATORS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "<": operator.lt,
+    ">": operator.gt,
+}
+UPPER_BOUNDS = ("<", "<=", "==")  # operators that bound a value from above
+
+
+def as_op(text: str) -> Op:
+    for op in ("<=", ">=", "==", "<", ">"):
+        if text == op:
+            return op
+    raise ValueError(f"unknown operator {text!r}")
+
+
+class GateStatus(StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    NOT_EVALUATED = "not_evaluated"
+
+
+class Rule(Protocol):
+    """What a result needs of its rule: the text as written and the unit of ``observed``."""
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def unit(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    gate: Rule
+    status: GateStatus
+    reason: str
+    observed: float | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "rule": self.gate.text,
+            "status": self.status.value,
+            "reason": self.reason,
+            "observed": self.observed,
+            "unit": self.gate.unit,
+        }

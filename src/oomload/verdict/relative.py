@@ -1,0 +1,299 @@
+"""Gate rules relative to a baseline run: did this release cost us an onset, memory or latency? (pure)
+
+A relative rule bounds a value of this run by the same value of a baseline run (``--baseline
+RUN_DIR`` on ``replay`` and ``report``; the base run of ``compare``)::
+
+    onset>=baseline                  the preemption onset did not fall (separated by the repeats)
+    onset>=baseline-1                … by more than one level
+    last-safe>=baseline-1            the last safe concurrency fell by at most one level
+    kv-blocks>=baseline*0.95         the KV pool kept at least 95 % of its blocks
+    p99-ttft-s@8<=baseline*1.10      P99 TTFT at concurrency 8 grew by at most 10 %
+    error-rate<=baseline*2           any threshold metric of ``oomload.verdict.gatesignals``
+    no-new-death                     the engine did not die where the baseline's survived
+
+Shape: ``QUANTITY[@CONCURRENCY] OP baseline[(*|+|-)NUMBER]``; QUANTITY is ``onset``
+(``preemption-onset``), ``last-safe`` (``last-safe-concurrency``), ``kv-blocks`` or a threshold
+metric (per step with ``@C``, over the run without).
+
+Evidence, as for every gate rule: a rule passes only on evidence, and missing evidence — a value
+either run did not measure — is *not evaluated*, never a pass.
+
+* ``onset`` (``>=`` or ``>`` only: an onset is bounded from below). A run without an onset counts
+  as clean up to its highest trusted level (its onset is above it). A new onset that meets the bound
+  passes; one that misses it **fails only when the repeats separate the two onsets**
+  (``oomload.verdict.shift.onset_shift``: Fisher's exact test on the steps between them, p ≤ 0.05),
+  and is not evaluated when they do not (one draw against another). A new run clean up to a level
+  below the bound is not evaluated (it did not measure high enough).
+* ``last-safe``, ``kv-blocks`` (``cache_config_info``'s ``num_gpu_blocks``) and metrics compare the
+  two numbers. A metric at ``@C`` is read from each run as the absolute rule reads it: its trusted
+  steps at C that decided a request, the worst of them (the highest against an upper bound).
+* ``no-new-death`` fails when this run's engine died at a level where the baseline's did not (the
+  baseline never died, or died higher); it passes when neither died over the levels the baseline
+  measured — this run reached the baseline's highest trusted level — or the baseline died as low.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from oomload.errors import ConfigError
+from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, GateResult, GateStatus, Op, as_op
+from oomload.verdict.gatesignals import METRICS, Metric
+from oomload.verdict.shift import onset_shift
+from oomload.verdict.verdict import Verdict
+
+BASELINE = "baseline"
+NO_NEW_DEATH = "no-new-death"
+QUANTITIES = {  # as a rule names them → the quantity
+    "onset": "onset",
+    "preemption-onset": "onset",
+    "last-safe": "last-safe",
+    "last-safe-concurrency": "last-safe",
+    "kv-blocks": "kv-blocks",
+}
+RELATIVE_HELP = (
+    "a relative rule reads 'QUANTITY[@CONCURRENCY] OP baseline[*F|+N|-N]' (QUANTITY: onset, last-safe, "
+    "kv-blocks or a metric, e.g. 'onset>=baseline', 'kv-blocks>=baseline*0.95', "
+    "'p99-ttft-s@8<=baseline*1.10') "
+    "or 'no-new-death'"
+)
+_RELATIVE = re.compile(
+    r"^(?P<q>[a-z0-9.-]+)\s*(?:@\s*(?P<c>[^\s<>=]+))?\s*(?P<op><=|>=|==|<|>)\s*baseline\s*"
+    r"(?:(?P<arith>[*+-])\s*(?P<num>\S+))?$"
+)
+
+
+def is_relative(lowered: str) -> bool:
+    """Whether a rule's text (lower case) is relative to a baseline."""
+    return lowered == NO_NEW_DEATH or re.search(r"[<>=]\s*baseline\b", lowered) is not None
+
+
+def onset_steps(verdict: Verdict) -> list[tuple[int, bool]]:
+    """``(level, preempted)`` of the verdict's conclusive steps: measured, with a ``/metrics`` scrape,
+    not clean-but-short of the odds' evidence (the steps the onset is decided on)."""
+    return [
+        (s.concurrency, (s.preemptions or 0) > 0)
+        for s in verdict.measured_steps
+        if s.preemptions is not None and not s.evidence_thin
+    ]
+
+
+def level_value(verdict: Verdict, metric: Metric, concurrency: int, op: Op) -> float | None:
+    """A metric at one level as the absolute rule reads it: the worst of the trusted steps at that
+    level that decided a request (``None``: no such step, or the metric not measured)."""
+    of_step = metric.of_step
+    assert of_step is not None
+    steps = [s for s in verdict.steps_at(concurrency) if s.trusted and s.decided_requests > 0]
+    values = [of_step(s) for s in steps]
+    if not values or any(v is None for v in values):
+        return None
+    known = [v for v in values if v is not None]
+    return max(known) if op in UPPER_BOUNDS else min(known)
+
+
+@dataclass(frozen=True, slots=True)
+class RelativeRule:
+    """``QUANTITY[@C] OP baseline[…]`` or ``no-new-death`` (module docstring)."""
+
+    text: str
+    quantity: str  # onset | last-safe | kv-blocks | metric | new-death
+    op: Op = ">="
+    scale: float = 1.0
+    offset: float = 0.0
+    concurrency: int | None = None
+    metric: Metric | None = None
+
+    @property
+    def unit(self) -> str | None:
+        if self.metric is not None:
+            return self.metric.unit
+        return {"onset": "concurrency", "last-safe": "concurrency", "kv-blocks": "blocks"}.get(self.quantity)
+
+    @classmethod
+    def parse(cls, text: str) -> RelativeRule:
+        lowered = text.strip().lower()
+        if lowered == NO_NEW_DEATH:
+            return cls(text, "new-death")
+        match = _RELATIVE.match(lowered)
+        if match is None:
+            raise ConfigError(f"gate {text!r} is not a rule: {RELATIVE_HELP}")
+        op = as_op(match["op"])
+        scale, offset = _arith(text, match["arith"], match["num"])
+        concurrency = None if match["c"] is None else _level(text, match["c"])
+        name = match["q"]
+        quantity = QUANTITIES.get(name)
+        if quantity is not None:
+            if concurrency is not None:
+                raise ConfigError(f"gate {text!r}: {name} is one number per run; drop '@{concurrency}'")
+            if quantity == "onset" and op not in (">=", ">"):
+                raise ConfigError(f"gate {text!r}: an onset is bounded from below: use >= or >")
+            return cls(text, quantity, op, scale, offset)
+        metric = METRICS.get(name)
+        if metric is None:
+            allowed = ", ".join([*QUANTITIES, *METRICS])
+            raise ConfigError(f"gate {text!r}: unknown quantity {name!r}; allowed: {allowed}")
+        if concurrency is None and metric.of_run is None:
+            raise ConfigError(f"gate {text!r}: {name} is measured per step; name the level, e.g. '{name}@8'")
+        if concurrency is not None and metric.of_step is None:
+            raise ConfigError(f"gate {text!r}: {name} is one number per run; drop '@{concurrency}'")
+        return cls(text, "metric", op, scale, offset, concurrency, metric)
+
+    def bound(self, base: float) -> float:
+        return base * self.scale + self.offset
+
+    def evaluate(self, verdict: Verdict, baseline: Verdict | None) -> GateResult:
+        if baseline is None:
+            return GateResult(
+                self, GateStatus.NOT_EVALUATED, "a rule relative to a baseline needs one (--baseline RUN_DIR)"
+            )
+        if self.quantity == "onset":
+            return self._onset(verdict, baseline)
+        if self.quantity == "new-death":
+            return self._new_death(verdict, baseline)
+        name, new, base = self._values(verdict, baseline)
+        if base is None or new is None:
+            which = " and ".join(w for w, v in (("the baseline", base), ("this run", new)) if v is None)
+            return GateResult(self, GateStatus.NOT_EVALUATED, f"{name} was not measured in {which}")
+        bound = self.bound(base)
+        text = f"{name} {_num(new)} against the baseline's {_num(base)}"
+        if OPERATORS[self.op](new, bound):
+            return GateResult(self, GateStatus.PASS, text, observed=new)
+        return GateResult(self, GateStatus.FAIL, f"{text}, not {self.op} {_num(bound)}", observed=new)
+
+    def _values(self, verdict: Verdict, baseline: Verdict) -> tuple[str, float | None, float | None]:
+        if self.quantity == "last-safe":
+            return (
+                "last safe concurrency",
+                _float(verdict.last_safe_concurrency),
+                _float(baseline.last_safe_concurrency),
+            )
+        if self.quantity == "kv-blocks":
+            return "KV blocks", _blocks(verdict), _blocks(baseline)
+        metric = self.metric
+        assert metric is not None
+        if self.concurrency is None:
+            assert metric.of_run is not None
+            return f"{metric.name} over the run", metric.of_run(verdict), metric.of_run(baseline)
+        c = self.concurrency
+        return (
+            f"{metric.name} at concurrency {c}",
+            level_value(verdict, metric, c, self.op),
+            level_value(baseline, metric, c, self.op),
+        )
+
+    def _onset(self, verdict: Verdict, baseline: Verdict) -> GateResult:
+        base = _onset(baseline)
+        new = _onset(verdict)
+        base_top, new_top = baseline.max_tested_concurrency, verdict.max_tested_concurrency
+        if base is None and base_top is None:
+            return GateResult(self, GateStatus.NOT_EVALUATED, "the baseline has no onset and no trusted step")
+        base_value = base if base is not None else (base_top or 0) + 1  # clean up to its top: above it
+        bound = self.bound(base_value)
+        base_text = f"concurrency {base}" if base is not None else f"none up to concurrency {base_top}"
+        if new is not None:
+            where = f"preemption onset at concurrency {new} against the baseline's {base_text}"
+            if OPERATORS[self.op](new, bound):
+                return GateResult(self, GateStatus.PASS, where, observed=float(new))
+            shift = onset_shift(onset_steps(baseline), base, onset_steps(verdict), new)
+            status = GateStatus.FAIL if shift.separated else GateStatus.NOT_EVALUATED
+            return GateResult(self, status, f"{shift.sentence} (this run against the baseline)", float(new))
+        if new_top is None:
+            return GateResult(self, GateStatus.NOT_EVALUATED, "this run has no onset and no trusted step")
+        if OPERATORS[self.op](new_top + 1, bound):
+            return GateResult(
+                self,
+                GateStatus.PASS,
+                f"no preemption up to concurrency {new_top} against the baseline's onset {base_text}",
+            )
+        return GateResult(
+            self,
+            GateStatus.NOT_EVALUATED,
+            f"no preemption up to concurrency {new_top}, below the bound {_num(bound)} from the "
+            f"baseline's onset ({base_text}): measure higher levels",
+        )
+
+    def _new_death(self, verdict: Verdict, baseline: Verdict) -> GateResult:
+        died, base_died = verdict.engine_death, baseline.engine_death
+        base_at = None if base_died is None else base_died.concurrency
+        if died is not None:
+            at = died.concurrency
+            kind = "" if died.kind is None else f" ({died.kind.value})"
+            if base_died is not None and (base_at is None or at is None or base_at <= at):
+                return GateResult(
+                    self,
+                    GateStatus.PASS,
+                    f"the engine died at concurrency {at}{kind}; the baseline's died too, at {base_at}",
+                )
+            base_text = "survived" if base_died is None else f"died only at concurrency {base_at}"
+            return GateResult(
+                self,
+                GateStatus.FAIL,
+                f"the engine died at concurrency {at}{kind}; the baseline's {base_text}",
+                observed=None if at is None else float(at),
+            )
+        reach = base_at if base_at is not None else baseline.max_tested_concurrency
+        top = verdict.max_tested_concurrency
+        if reach is None:
+            return GateResult(self, GateStatus.NOT_EVALUATED, "the baseline has no trusted step")
+        if top is not None and top >= reach:
+            return GateResult(self, GateStatus.PASS, f"no engine death up to concurrency {top}")
+        return GateResult(
+            self,
+            GateStatus.NOT_EVALUATED,
+            f"no engine death, but this run's highest trusted level ({top}) is below the "
+            f"baseline's ({reach})",
+        )
+
+
+def relative_rules(rules: Sequence[object]) -> list[RelativeRule]:
+    return [r for r in rules if isinstance(r, RelativeRule)]
+
+
+def _onset(verdict: Verdict) -> int | None:
+    return None if verdict.preemption_onset is None else verdict.preemption_onset.concurrency
+
+
+def _blocks(verdict: Verdict) -> float | None:
+    cache = verdict.run.cache_config or {}
+    value = cache.get("num_gpu_blocks")
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: int | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _num(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def _arith(text: str, arith: str | None, num: str | None) -> tuple[float, float]:
+    """(scale, offset) of ``baseline*F`` / ``baseline+N`` / ``baseline-N`` (``%`` allowed on F)."""
+    if arith is None or num is None:
+        return 1.0, 0.0
+    raw, unit = (num[:-1], 0.01) if num.endswith("%") and arith == "*" else (num, 1.0)
+    try:
+        value = float(raw) * unit
+    except ValueError as err:
+        raise ConfigError(f"gate {text!r}: {num!r} is not a number") from err
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"gate {text!r}: {num!r} must be a finite number ≥ 0")
+    if arith == "*":
+        return value, 0.0
+    return 1.0, value if arith == "+" else -value
+
+
+def _level(text: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError as err:
+        raise ConfigError(f"gate {text!r}: concurrency {raw!r} is not a whole number") from err
+    if value < 1:
+        raise ConfigError(f"gate {text!r}: concurrency must be ≥ 1, got {value}")
+    return value

@@ -1,0 +1,277 @@
+"""``oomload compare``, the typed summary reader and the relative gate rules, on hand-built run
+directories (``runbuilder``: the real ``RunWriter``, the real verdict)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from oomload.cli import main
+from oomload.errors import ConfigError, ExitCode
+from oomload.report.summary import SUMMARY_SCHEMA, build_summary, dump_summary, read_summary
+from oomload.rundir.provenance import Provenance, file_sha256, read_provenance
+from oomload.verdict import build_verdict
+from oomload.verdict.gate import GateStatus, evaluate_gates, parse_gate
+from oomload.verdict.recommend import recommend
+from oomload.verdict.relative import RelativeRule
+from oomload.verdict.runview import load_run
+from runbuilder import StepSpec, write_run
+
+POOL = {"block_size": 16, "gpu_memory_utilization": 0.9}
+
+
+def _steps(onset: int, repeats: int) -> list[StepSpec]:
+    """Levels 2, 4, 6, 8: clean below ``onset``, preempting from it; the level below the onset and the
+    onset measured ``repeats`` times (as the refinement does)."""
+    steps = []
+    for c in (2, 4, 6, 8):
+        times = repeats if c in (onset - 2, onset) else 1
+        steps += [StepSpec(c, preemptions=3 if c >= onset else 0) for _ in range(times)]
+    return steps
+
+
+def _run(path: Path, onset: int, blocks: int, repeats: int = 3, **kw: object) -> Path:
+    return write_run(path, _steps(onset, repeats), cache_config={**POOL, "num_gpu_blocks": blocks}, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> tuple[Path, Path]:
+    return _run(tmp_path / "base", onset=8, blocks=100), _run(tmp_path / "new", onset=6, blocks=80)
+
+
+def _compare(*args: str | Path) -> int:
+    return main(["compare", *map(str, args)])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The summary reader
+
+
+def test_read_summary_gives_back_what_build_summary_wrote(tmp_path: Path) -> None:
+    run = _run(tmp_path / "run", onset=6, blocks=80)
+    verdict = build_verdict(load_run(run))
+    results = evaluate_gates([parse_gate("no-preemption-below:4")], verdict)
+    doc = build_summary(verdict, recommend(verdict), results, exit_code=0, generated_unix_s=1.0)
+    (run / "summary.json").write_text(dump_summary(doc))
+    summary = read_summary(run)
+    assert summary.schema == SUMMARY_SCHEMA and summary.exit_code == 0
+    assert summary.levels == verdict.levels == (2, 4, 6, 8)
+    assert summary.preemption_onset is not None and verdict.preemption_onset is not None
+    assert (summary.preemption_onset.concurrency, summary.preemption_onset.seen_in) == (6, 3)
+    assert summary.preemption_onset.measurements == 3
+    assert summary.last_safe_concurrency == verdict.last_safe_concurrency == 4
+    assert summary.pool is not None and summary.pool.num_gpu_blocks == 80 and summary.pool.block_size == 16
+    assert summary.death is None and summary.max_model_len == 4096
+    assert len(summary.steps) == len(verdict.steps)
+    for mine, theirs in zip(summary.steps, verdict.steps, strict=True):
+        assert (mine.concurrency, mine.preemptions, mine.trusted) == (
+            theirs.concurrency,
+            theirs.preemptions,
+            theirs.trusted,
+        )
+        assert (mine.ttft.p50_ms, mine.ttft.p99_ms, mine.e2e.count) == (
+            theirs.ttft.p50_ms,
+            theirs.ttft.p99_ms,
+            theirs.e2e.count,
+        )
+        assert mine.output_tokens_per_s == theirs.output_tokens_per_s
+    assert summary.device_used_peak_bytes == max(s.device_used_max_bytes or 0 for s in verdict.steps)
+    assert [(g.rule, g.status) for g in summary.gates] == [("no-preemption-below:4", "pass")]
+
+
+def test_read_summary_refuses_what_is_not_one_in_one_sentence(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot read .*summary.json \(No such file"):
+        read_summary(tmp_path)
+    (tmp_path / "summary.json").write_text('{"schema": "oomload.tune/1"}')
+    with pytest.raises(ConfigError, match="is not an oomload summary"):
+        read_summary(tmp_path)
+    (tmp_path / "summary.json").write_text('{"schema": "oomload.summary/2"}')
+    with pytest.raises(ConfigError, match=r"has schema oomload\.summary/2; this oomload reads"):
+        read_summary(tmp_path)
+
+
+def test_provenance_round_trip_and_older_runs(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("x\n")
+    record = Provenance("0.1.0", str(trace), file_sha256(trace), 1, (2, 4), 3, "0.32.0", "vllm serve m")
+    (tmp_path / "provenance.json").write_text(json.dumps(record.to_json()))
+    assert read_provenance(tmp_path) == record
+    assert record.trace_sha256 == __import__("hashlib").sha256(b"x\n").hexdigest()
+    assert read_provenance(tmp_path / "older") is None  # a run from before provenance.json
+
+
+# ---------------------------------------------------------------------------------------------------
+# Relative rules
+
+
+def test_relative_rules_parse_and_bad_ones_are_one_sentence() -> None:
+    rule = parse_gate("kv-blocks >= baseline*0.95")
+    assert isinstance(rule, RelativeRule) and rule.scale == 0.95 and rule.quantity == "kv-blocks"
+    assert isinstance(parse_gate("last-safe>=baseline-1"), RelativeRule)
+    assert isinstance(parse_gate("p99-ttft-s@8<=baseline*1.10"), RelativeRule)
+    assert isinstance(parse_gate("no-new-death"), RelativeRule)
+    for bad, said in (
+        ("onset<=baseline", "bounded from below"),
+        ("onset@4>=baseline", "one number per run"),
+        ("p99-ttft-s<=baseline", "measured per step"),
+        ("speed>=baseline", "unknown quantity"),
+        ("kv-blocks>=baseline*x", "is not a number"),
+    ):
+        with pytest.raises(ConfigError, match=said):
+            parse_gate(bad)
+
+
+def test_relative_rules_on_a_release_that_shrank_the_pool(runs: tuple[Path, Path]) -> None:
+    base, new = (build_verdict(load_run(r)) for r in runs)
+    rules = [
+        parse_gate(r)
+        for r in (
+            "onset>=baseline",
+            "onset>=baseline-2",
+            "kv-blocks>=baseline*0.95",
+            "last-safe>=baseline-1",
+            "no-new-death",
+            "p50-ttft-ms@4<=baseline*1.10",
+        )
+    ]
+    results = {r.gate.text: r for r in evaluate_gates(rules, new, base)}
+    onset = results["onset>=baseline"]
+    assert onset.status is GateStatus.FAIL
+    assert "fell from concurrency 8 to concurrency 6, separated by the repeats" in onset.reason
+    assert results["onset>=baseline-2"].status is GateStatus.PASS
+    assert results["kv-blocks>=baseline*0.95"].status is GateStatus.FAIL
+    assert "KV blocks 80 against the baseline's 100, not >= 95" in results["kv-blocks>=baseline*0.95"].reason
+    assert results["last-safe>=baseline-1"].status is GateStatus.FAIL
+    assert results["no-new-death"].status is GateStatus.PASS
+    assert results["p50-ttft-ms@4<=baseline*1.10"].status is GateStatus.PASS
+    # the same run against itself passes every rule
+    same = evaluate_gates(rules, base, base)
+    assert [r.status for r in same] == [GateStatus.PASS] * len(rules)
+
+
+def test_an_onset_rule_on_one_draw_each_is_not_evaluated(tmp_path: Path) -> None:
+    base = build_verdict(load_run(_run(tmp_path / "b", onset=8, blocks=100, repeats=1)))
+    new = build_verdict(load_run(_run(tmp_path / "n", onset=6, blocks=100, repeats=1)))
+    [result] = evaluate_gates([parse_gate("onset>=baseline")], new, base)
+    assert result.status is GateStatus.NOT_EVALUATED
+    assert "not separated by the repeats" in result.reason
+
+
+def test_a_relative_rule_without_a_baseline_is_exit_2(
+    runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(runs[1]), "--gate", "onset>=baseline", "--format", "json"]) == ExitCode.USAGE
+    assert "give --baseline RUN_DIR" in capsys.readouterr().err
+    code = main(
+        ["report", str(runs[1]), "--gate", "onset>=baseline", "--baseline", str(runs[0]), "--format", "json"]
+    )
+    assert code == ExitCode.GATE_FAILED
+
+
+# ---------------------------------------------------------------------------------------------------
+# compare
+
+
+def test_compare_reports_the_pool_shrink_and_the_onset_with_evidence(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, new = runs
+    out = tmp_path / "out"
+    code = _compare(
+        base, new, "--out", out, "--format", "terminal,json,md,html,junit", "--gate", "onset>=baseline"
+    )
+    assert code == ExitCode.GATE_FAILED
+    doc = json.loads((out / "compare.json").read_text())
+    rows = {r["key"]: r for r in doc["results"]}
+    assert (
+        rows["kv_blocks"]["status"] == "regression" and "shrank: -20 blocks" in rows["kv_blocks"]["evidence"]
+    )
+    assert rows["preemption_onset"]["status"] == "regression"
+    assert (rows["preemption_onset"]["base"], rows["preemption_onset"]["new"]) == ("8", "6")
+    assert doc["onset"]["p_value"] == pytest.approx(0.05)
+    assert doc["gates"][0]["status"] == "fail" and doc["exit_code"] == 1
+    changed = {r["label"] for r in doc["setup"] if r["changed"]}
+    assert "num_gpu_blocks" in changed and "trace" not in changed
+    assert "regression" in (out / "compare.md").read_text()
+    html = (out / "compare.html").read_text()
+    assert html.count('class="plot"') == 2 and "data:image/png;base64," in html
+    suite = ET.parse(out / "junit.xml").getroot()
+    assert suite.get("failures") == "1"
+    printed = capsys.readouterr().out
+    assert "regression" in printed and "onset>=baseline" in printed
+
+
+def test_a_run_against_itself_finds_no_regression(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    copy = tmp_path / "again"
+    shutil.copytree(runs[0], copy)
+    out = tmp_path / "out"
+    code = _compare(
+        runs[0], copy, "--out", out, "--format", "json", "--gate", "onset>=baseline", "--gate", "no-new-death"
+    )
+    assert code == ExitCode.OK
+    doc = json.loads((out / "compare.json").read_text())
+    assert doc["regressions"] == 0 and doc["headline"].startswith("no regression found")
+    assert {r["status"] for r in doc["results"]} <= {"unchanged", "not measured"}
+
+
+def test_runs_of_different_traces_are_exit_2_unless_allowed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = _run(tmp_path / "b", onset=8, blocks=100)
+    other = _run(tmp_path / "o", onset=8, blocks=100, lengths=((512, 128),) * 20)
+    assert _compare(base, other, "--out", tmp_path / "x", "--format", "json") == ExitCode.USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "replayed different traces" in err and "--allow-different-trace" in err
+    assert "Traceback" not in err
+    out = tmp_path / "allowed"
+    assert _compare(base, other, "--out", out, "--format", "json", "--allow-different-trace") == ExitCode.OK
+    assert "compared anyway" in json.loads((out / "compare.json").read_text())["caveats"][0]
+
+
+def test_runs_without_a_common_level_are_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = write_run(tmp_path / "b", [StepSpec(2), StepSpec(4)])
+    new = write_run(tmp_path / "n", [StepSpec(8), StepSpec(16)])
+    assert _compare(base, new, "--format", "json") == ExitCode.USAGE
+    assert "measured no level in common (2,4 against 8,16)" in capsys.readouterr().err
+
+
+def test_bad_run_directories_are_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = _run(tmp_path / "b", onset=8, blocks=100)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _compare(base, empty, "--format", "json") == ExitCode.USAGE
+    assert f"{empty} is not a run directory (no config.json)" in capsys.readouterr().err
+    assert _compare(base, tmp_path / "nowhere", "--format", "json") == ExitCode.USAGE
+    assert "no such directory" in capsys.readouterr().err
+
+
+def test_a_run_cut_short_and_one_without_summary_are_compared(tmp_path: Path) -> None:
+    """A run whose summary.json is missing is judged afresh (as ``report`` does); a run cut short is
+    compared on what it measured, and the page says so in one sentence."""
+    base = _run(tmp_path / "b", onset=8, blocks=100)
+    assert not (base / "summary.json").exists()
+    steps = _steps(8, 3)
+    steps[-1] = StepSpec(8, preemptions=3, cut_short=True)
+    cut = write_run(tmp_path / "cut", steps, cache_config={**POOL, "num_gpu_blocks": 100}, no_status=True)
+    out = tmp_path / "out"
+    assert _compare(base, cut, "--out", out, "--format", "json") == ExitCode.OK
+    caveats = json.loads((out / "compare.json").read_text())["caveats"]
+    assert any(c.startswith("the new run cut was cut short") for c in caveats), caveats
+    assert not (base / "summary.json").exists()  # compare writes nothing into the runs it reads
+
+
+def test_a_run_with_nothing_to_judge_is_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from oomload.outcome import Outcome
+
+    base = _run(tmp_path / "b", onset=8, blocks=100)
+    failed = write_run(
+        tmp_path / "f",
+        [StepSpec(c, failures={Outcome.SERVER_ERROR: 12}) for c in (2, 4)],
+        cache_config={**POOL, "num_gpu_blocks": 100},
+    )
+    assert _compare(base, failed, "--format", "json") == ExitCode.UNREACHABLE
+    assert "has nothing to judge" in capsys.readouterr().err

@@ -1,0 +1,122 @@
+"""The statistics of ``oomload compare`` and the relative gate rules (``oomload.verdict.shift``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from oomload.verdict.shift import (
+    ALPHA_ONSET,
+    across_levels,
+    fisher_greater,
+    latency_shift,
+    mann_whitney_p,
+    onset_shift,
+)
+
+SEEDS = range(20)
+
+
+def _latencies(seed: int, n: int = 200, scale: float = 1.0) -> list[float]:
+    """Per-request latencies (ms) with the spread of a loaded server: log-normal, sigma 0.4."""
+    return list(np.random.default_rng(seed).lognormal(np.log(100.0), 0.4, n) * scale)
+
+
+@pytest.mark.parametrize("stat", ["p50", "p99"])
+def test_identical_samples_never_flag(stat: str) -> None:
+    for seed in SEEDS:
+        sample = _latencies(seed)
+        shift = latency_shift("ttft", stat, 8, sample, list(sample))  # type: ignore[arg-type]
+        assert shift.p_value == 1.0 and shift.ratio == 1.0
+        assert not shift.moved and shift.judgement == "no change"
+
+
+def test_two_draws_of_one_distribution_do_not_flag() -> None:
+    flagged = [s for s in SEEDS if latency_shift("ttft", "p50", 8, _latencies(s), _latencies(s + 100)).moved]
+    assert flagged == []
+
+
+def test_a_20_percent_shift_on_200_requests_flags() -> None:
+    for seed in SEEDS:
+        shift = latency_shift("e2e", "p50", 8, _latencies(seed), _latencies(seed + 100, scale=1.2))
+        assert shift.moved and shift.regression, shift.sentence
+        assert shift.p_value is not None and shift.p_value < 0.01
+        assert "slower" in shift.sentence and "Mann–Whitney U" in shift.sentence
+
+
+def test_a_small_shift_is_not_a_regression_however_significant() -> None:
+    """The effect floor: 5 % on 5000 requests is real (p tiny) but below 10 %."""
+    shift = latency_shift("ttft", "p50", 8, _latencies(1, 5000), _latencies(2, 5000, scale=1.05))
+    assert shift.p_value is not None and shift.p_value < 0.01
+    assert not shift.moved and "within noise" in shift.sentence
+
+
+def test_too_few_requests_are_not_tested() -> None:
+    shift = latency_shift("ttft", "p99", 8, _latencies(1, 50), _latencies(2, 50, scale=2.0))
+    assert shift.p_value is None and shift.judgement == "too few samples"
+    assert "too few requests" in shift.sentence
+
+
+def test_a_p99_shift_of_half_on_400_requests_flags_by_the_bootstrap() -> None:
+    shift = latency_shift("ttft", "p99", 8, _latencies(1, 400), _latencies(2, 400, scale=1.5))
+    assert shift.moved and shift.test == "bootstrap", shift.sentence
+
+
+def test_mann_whitney_matches_the_normal_approximation_by_hand() -> None:
+    # U = 0, mean 12.5, sd sqrt(25 * 11 / 12): z = (12.5 - 0.5) / 4.787 = 2.507, p = 0.0122
+    assert mann_whitney_p([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(0.01219, abs=2e-4)
+    assert mann_whitney_p([3.0] * 10, [3.0] * 10) == 1.0  # every value ties
+
+
+def test_fisher_exact_by_hand() -> None:
+    assert fisher_greater(1, 1, 0, 1) == pytest.approx(0.5)
+    assert fisher_greater(3, 3, 0, 3) == pytest.approx(1 / 20)
+    assert fisher_greater(0, 3, 3, 3) == pytest.approx(1.0)
+
+
+def test_an_onset_decided_by_one_draw_each_is_not_separated() -> None:
+    base = [(4, False), (6, False), (8, True)]
+    new = [(4, False), (6, True), (8, True)]
+    shift = onset_shift(base, 8, new, 6)
+    assert shift.direction == "lower" and shift.separated is False and not shift.regression
+    assert shift.p_value == pytest.approx(0.5)
+    assert "not separated" in shift.sentence and "one draw against another" in shift.sentence
+
+
+def test_an_onset_the_repeats_separate() -> None:
+    base = [(8, False), (9, False), (9, False), (9, False), (10, True), (10, True), (10, True)]
+    new = [(8, True), (8, True), (8, True), (9, True)]
+    shift = onset_shift(base, 10, new, 8)
+    assert shift.separated is True and shift.regression
+    assert shift.p_value is not None and shift.p_value <= ALPHA_ONSET
+    assert (shift.low_hits, shift.low_steps, shift.high_hits, shift.high_steps) == (4, 4, 0, 4)
+    assert "fell from concurrency 10 to concurrency 8, separated" in shift.sentence
+
+
+def test_an_onset_that_rose_or_stayed() -> None:
+    assert onset_shift([(4, True)], 4, [(4, True)], 4).direction == "same"
+    rose = onset_shift([(4, True)] * 3, 4, [(4, False)] * 3, None)
+    assert rose.direction == "higher" and rose.separated is True and not rose.regression
+
+
+def test_no_evidence_when_a_run_did_not_measure_between_the_onsets() -> None:
+    shift = onset_shift([(10, True)], 10, [(4, True)], 4)  # the base never measured 4..9
+    assert shift.separated is None and "no evidence either way" in shift.sentence
+
+
+def test_a_latency_that_moved_both_ways_across_levels_is_noise_not_a_regression() -> None:
+    """Seen on the real vLLM, one configuration run twice: P50 TPOT +21 % at 6, −12 % at 4."""
+    rng = np.random.default_rng(7)
+    sample = rng.normal(100.0, 5.0, 200)
+    base, slow, fast = list(sample), list(sample * 1.21), list(sample * 0.88)
+    slower = latency_shift("tpot", "p50", 6, base, slow)
+    faster = latency_shift("tpot", "p50", 4, base, fast)
+    other = latency_shift("ttft", "p50", 6, base, slow)  # another metric: its own verdict
+    marked = across_levels([slower, faster, other])
+    assert [s.moved for s in marked] == [True, True, True]
+    assert [s.mixed for s in marked] == [True, True, False]
+    assert not marked[0].regression and marked[2].regression
+    assert marked[0].judgement == "moved both ways across levels"
+    assert "run-to-run noise" in marked[0].sentence
+    one_way = across_levels([slower, latency_shift("tpot", "p50", 4, base, base)])
+    assert one_way[0].regression  # slower at 6, unchanged at 4: a regression

@@ -71,7 +71,8 @@ def test_a_serve_line_that_exits_at_once_is_exit_3_with_its_own_words(tmp_path: 
 @pytest.mark.slow
 def test_tune_finds_proves_and_reports_the_winner_after_a_failed_start(tmp_path: Path) -> None:
     """4 GiB used by other processes: 0.9 cannot start; at 0.8 the pool (≈ 826 blocks of 16) holds 25
-    requests of 512 tokens (32 blocks each), so 32 in flight preempt and max_num_seqs 24 carries them."""
+    requests of 512 tokens (32 blocks each), so 32 in flight preempt; the odds' first guess (25) carries
+    them, and the bisection on the server ends with a carrier next to a setting that preempts."""
     out = tmp_path / "t"
     name = _name("tune-e2e-sim")
     marker = f"--served-model-name {name}"
@@ -86,17 +87,25 @@ def test_tune_finds_proves_and_reports_the_winner_after_a_failed_start(tmp_path:
     assert cands[0]["started"] is False and cands[0]["failure"]["cause"] == "free_memory"
     assert cands[1]["settings"] == {"gpu_memory_utilization": 0.8, "max_num_seqs": 32}
     assert cands[1]["proof"]["preempted_at_target"] is True
-    assert cands[2]["settings"] == {"gpu_memory_utilization": 0.8, "max_num_seqs": 24}
-    assert cands[2]["proof"]["preempted_at_target"] is False and cands[2]["proof"]["requests_at_target"] > 0
-    assert record["winner_index"] == 3 and len(cands) == 3
-    assert record["winner_line"].endswith("--gpu-memory-utilization 0.8 --max-num-seqs 24")
+    guess = cands[1]["proof"]["odds_safe_max_num_seqs"]
+    assert cands[2]["settings"] == {"gpu_memory_utilization": 0.8, "max_num_seqs": guess}
+    assert "first guess" in cands[2]["rule"]
+    winner = next(c for c in cands if c["index"] == record["winner_index"])
+    seqs = winner["settings"]["max_num_seqs"]
+    assert winner["proof"]["preempted_at_target"] is False and winner["proof"]["requests_at_target"] > 0
+    assert abs(seqs - 25) <= 1, [(c["settings"], c["proof"] and c["proof"]["outcome"]) for c in cands]
+    # the boundary, on the server: every larger setting preempted, the nearest one apart
+    larger = [c for c in cands if c["started"] and c["settings"]["max_num_seqs"] > seqs]
+    assert larger and all(c["proof"]["preempted_at_target"] for c in larger)
+    assert min(c["settings"]["max_num_seqs"] for c in larger) == seqs + 1
+    assert record["winner_line"].endswith(f"--gpu-memory-utilization 0.8 --max-num-seqs {seqs}")
     assert record["gate_rules"] == ["no-preemption-below:33", "no-oom-up-to:32"]
     for name in ("tune.md", "tune.html", "candidates/01/server.log", "candidates/03/run/summary.json"):
         assert (out / name).is_file(), name
     assert "Free memory on device cuda:0" in (out / "candidates/01/server.log").read_text()
     assert _sim_servers(name) == []
     again = oomload("report", str(out))
-    assert again.returncode == 0 and "Winner (candidate 3)" in again.stdout
+    assert again.returncode == 0 and f"Winner (candidate {winner['index']})" in again.stdout
 
 
 @pytest.mark.slow

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -268,6 +268,76 @@ def trace_prefixes(records: Sequence[TraceRecord], prefix: PrefixInfo, block_siz
         block_tokens=prefix.block_tokens,
         block_size=block_size,
     )
+
+
+class TraceOdds:
+    """The trace's odds on one pool: the one computation behind ``tune``, ``replay`` and ``plan``.
+
+    What may not differ between them is fixed here: ``DEFAULT_REQUESTS`` a level, the seed, the shared
+    prefixes (from the trace's ``hash_ids``, ``trace_prefixes``) and the prompt shape the run sends
+    (``production`` when the trace shares prefix blocks, else ``worst-case``). The request count
+    matters more than its noise: a level's first engine steps — every request admitted together,
+    before any prefix block is cached — add a handful of preemption episodes whatever the run's length,
+    and on the shared-prefix reference case (600-token prompts sharing 512, 100 output, 80 blocks of
+    32) 400 requests a level count them above the negligible line from level 8, 1000 only from 12 (the
+    real vLLM: 11). Levels are computed once and cached; ``max_num_seqs`` caps admission (a cap at or
+    above the level never binds: those share one Monte Carlo)."""
+
+    def __init__(
+        self,
+        prompt_tokens: Sequence[int],
+        output_tokens: Sequence[int],
+        pool: Pool,
+        *,
+        shared: SharedPrefixes | None = None,
+        seed: int = DEFAULT_SEED,
+    ) -> None:
+        self.prompts = list(prompt_tokens)
+        self.outputs = list(output_tokens)
+        self.pool = pool
+        self.shared = shared if shared is not None and shared.any else None
+        self.seed = seed
+        self._cache: dict[tuple[PromptShape, int, int], LevelOdds] = {}
+
+    @classmethod
+    def of_records(
+        cls, records: Sequence[TraceRecord], prefix: PrefixInfo, pool: Pool, *, seed: int = DEFAULT_SEED
+    ) -> TraceOdds:
+        """From trace records: their lengths as the replay sends them, their shared prefix blocks."""
+        shared = (
+            trace_prefixes(records, prefix, pool.block_size) if any(r.hash_ids for r in records) else None
+        )
+        return cls(
+            [r.prompt_tokens for r in records],
+            [r.output_tokens for r in records],
+            pool,
+            shared=shared,
+            seed=seed,
+        )
+
+    @property
+    def shape(self) -> PromptShape:
+        """The shape a replay sends: the trace's shared prefixes cached when it has any."""
+        return "production" if self.shared is not None else "worst-case"
+
+    def at(
+        self, level: int, *, shape: PromptShape | None = None, max_num_seqs: int | None = None
+    ) -> LevelOdds:
+        """The odds of ``level`` (``shape``: default the replayed one; ``max_num_seqs``: the pool's)."""
+        shape = shape or self.shape
+        seqs = min(max(max_num_seqs or self.pool.max_num_seqs, 1), level)
+        key = (shape, seqs, level)
+        if key not in self._cache:
+            pool = replace(self.pool, max_num_seqs=seqs)
+            shared = self.shared if shape == "production" else None
+            self._cache[key] = level_odds(
+                self.prompts, self.outputs, pool, level, seed=self.seed, shared=shared
+            )
+        return self._cache[key]
+
+    def onset(self, levels: Sequence[int], *, shape: PromptShape | None = None) -> int | None:
+        """Where the odds put the onset within ``levels`` (``predicted_onset``: bisected between them)."""
+        return predicted_onset(levels, lambda c: self.at(c, shape=shape))
 
 
 def trace_odds(

@@ -54,7 +54,7 @@ def _levels(spec: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     from oomload.capacity.blocks import SharedPrefixes
-    from oomload.capacity.odds import Pool, trace_odds
+    from oomload.capacity.odds import Pool, TraceOdds
     from oomload.sim.build import build_engine
     from oomload.sim.planner import default_levels, plan
     from oomload.trace.model import iter_trace, read_trace_header
@@ -94,11 +94,14 @@ def run(args: argparse.Namespace) -> int:
     shared = SharedPrefixes.from_chains(
         chains, prompts, block_tokens=block_tokens, block_size=result.block_size
     )
-    odds = trace_odds(prompts, outputs, pool, levels, shared=shared)
-    worst = trace_odds(prompts, outputs, pool, levels) if shared.any else ()
+    trace = TraceOdds(prompts, outputs, pool, shared=shared)  # the odds tune and replay compute too
+    odds = [trace.at(c) for c in sorted(set(levels))]
+    worst = [trace.at(c, shape="worst-case") for c in sorted(set(levels))] if shared.any else []
     if args.json:
         obj = {**result.as_dict(), "odds": [o.to_json() for o in odds]}
         obj["odds_worst_case"] = [o.to_json() for o in worst] if worst else None
+        obj["odds_onset"] = trace.onset(levels)  # bisected between the levels, as tune and replay do
+        obj["odds_onset_worst_case"] = trace.onset(levels, shape="worst-case") if worst else None
         print(json.dumps(obj, indent=2))
     else:
         _print(result, built.layout.startup_lines(), len(prompts))

@@ -84,6 +84,13 @@ def register(subparsers: Any) -> None:
     bounds.add_argument(
         "--max-requests", type=int, default=400, help="requests per replay step at most (default 400)"
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="load-generating processes of each candidate's replay (default 1; more when the tune says "
+        "the load host limits)",
+    )
     net = parser.add_argument_group("server")
     net.add_argument("--host", default="127.0.0.1", help="where the server listens (default 127.0.0.1)")
     net.add_argument("--port", type=int, help="the server's port (default: a free one)")
@@ -153,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         replay_max_duration_s=args.replay_max_duration_s,
         hold_s=args.hold_s,
         max_requests=args.max_requests,
+        replay_args=_processes_args(args.processes),
         slo_ttft_p99_s=args.slo_ttft_p99_s,
         target_rate_rps=rate,
         max_num_seqs_given=bool(args.max_num_seqs),
@@ -195,3 +203,10 @@ def _utilization(text: str) -> float:
     if not 0 < value <= 1:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {value}")
     return value
+
+
+def _processes_args(processes: int) -> tuple[str, ...]:
+    """``--processes N`` for each candidate's replay (``oomload replay``'s own bound: 1..64)."""
+    if not 1 <= processes <= 64:
+        raise ConfigError(f"--processes must be within 1..64, got {processes}")
+    return () if processes == 1 else ("--processes", str(processes))

@@ -28,10 +28,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from oomload.errors import ConfigError, OutputWriteError
+from oomload.errors import ConfigError, ExitCode, OutputWriteError
 from oomload.outfile import write_text
 from oomload.tune.record import TuneRecord
-from oomload.tune.search import Candidate
+from oomload.tune.search import Candidate, Proof
 
 NO_SHARING = " (no shared prefixes)"  # the production-shaped onset of a trace without hash_ids
 TUNE_JSON = "tune.json"
@@ -65,9 +65,12 @@ def load_tune_record(path: Path) -> TuneRecord:
 
 
 def render_tune_dir(path: Path, console: Console) -> int:
-    """``oomload report TUNE_DIR``: re-render the tune's reports; exit 0 with a winner, else 1."""
+    """``oomload report TUNE_DIR``: re-render the tune's reports; exit 0 with a winner, 4 when the tune
+    stopped without evidence (search rule 5), else 1."""
     record = load_tune_record(path)
     write_tune_reports(path, record, console)
+    if record.status == "no_evidence":
+        return int(ExitCode.GATE_NOT_EVALUATED)
     return 0 if record.winner is not None else 1
 
 
@@ -122,7 +125,7 @@ def _row(c: Candidate, goal: int | None) -> list[str]:
     if p.prompts != "production":
         predicted += NO_SHARING
     observed = "none" if p.observed_onset is None else str(p.observed_onset)
-    verdict = "carries" if p.carries else "rejected"
+    verdict = _verdict(p)
     return [
         str(c.index),
         c.settings.label(),
@@ -137,6 +140,14 @@ def _row(c: Candidate, goal: int | None) -> list[str]:
         "—" if p.ttft_p99_ms is None else f"{p.ttft_p99_ms:.0f} ms",
         f"{verdict}: {p.evidence}",
     ]
+
+
+def _verdict(p: Proof) -> str:
+    """``carries``, ``rejected`` (preempted, died, SLO, overflow) or ``no evidence`` (the step held
+    neither the target nor its cap: no verdict, search rule 5), with the load host when it limited."""
+    if p.no_evidence:
+        return "no evidence (the load host limits)" if p.starved else "no evidence"
+    return "carries" if p.carries else "rejected"
 
 
 def _onset(value: int | None, target: int) -> str:
@@ -154,7 +165,11 @@ def _headline(record: TuneRecord) -> list[str]:
         lines.append(f"Winner (candidate {record.winner_index}): {record.winner_line}")
         lines.append("Gate: " + " ".join(f"--gate '{g}'" for g in record.gate_rules()))
     else:
-        lines.append(f"No candidate carried {_goal(record)}.")
+        lines.append(
+            "No winner: the tune stopped without evidence (the last note says why)."
+            if record.status == "no_evidence"
+            else f"No candidate carried {_goal(record)}."
+        )
     lines.extend(record.notes)
     return lines
 
@@ -176,7 +191,7 @@ def print_tune(record: TuneRecord, console: Console) -> None:
     ):
         table.add_column(name, overflow="fold")
     for c, row in zip(record.candidates, rows(record), strict=True):
-        verdict = "carries" if c.carries else ("no start" if not c.started else "rejected")
+        verdict = "no start" if not c.started or c.proof is None else _verdict(c.proof)
         cells = [cell.replace(NO_SHARING, "") for cell in row[5:11]]
         table.add_row(*(escape(cell) for cell in (row[0], _short(c), row[2], *cells, verdict)))
     console.print(table)
@@ -243,8 +258,19 @@ def plot_candidates(record: TuneRecord) -> bytes:
     ax = fig.add_subplot(1, 1, 1)
     xs = [c.index for c in record.candidates]
     blocks = [c.proof.num_gpu_blocks or 0 if c.proof else 0 for c in record.candidates]
-    colors = ["#c44" if not c.started else ("#4a4" if c.carries else "#e90") for c in record.candidates]
-    ax.bar(xs, blocks, color=colors, alpha=0.5, label="KV blocks (green carries, orange rejected)")
+    colors = [
+        "#c44"
+        if not c.started
+        else ("#4a4" if c.carries else ("#999" if c.proof is not None and c.proof.no_evidence else "#e90"))
+        for c in record.candidates
+    ]
+    ax.bar(
+        xs,
+        blocks,
+        color=colors,
+        alpha=0.5,
+        label="KV blocks (green carries, orange rejected, grey no evidence)",
+    )
     for c in record.candidates:
         if not c.started:
             ax.annotate("did not\nstart", (c.index, 0), ha="center", va="bottom", color="#c44", fontsize=8)

@@ -20,10 +20,11 @@ So:
    the requests a clean step at that level must send, or ``None`` while its odds are not known yet
    (the step driver asks again when the hold is done, before it decides to extend).
 
-The odds are for the prompts the run sends (``shape``: the trace's shared prefixes, cached by the
-server — ``production`` — or all distinct — ``worst-case``); only those answer ``requests_for``. When the
-trace shares prefix blocks, the child then computes every level for the other shape too (one
-``odds.jsonl`` line each, ``"prompts"`` naming the shape), so the verdict can say what prefix caching
+The odds are ``capacity.odds.TraceOdds``' (the one computation the tune and the plan use too), for
+the prompts the run sends (``shape``: the trace's shared prefixes, cached by the server —
+``production`` — or all distinct — ``worst-case``); only those answer ``requests_for``. When the trace
+shares prefix blocks, the child then computes every level for the other shape too (one ``odds.jsonl``
+line each, ``"prompts"`` naming the shape), so the verdict can say what prefix caching
 buys at this traffic.
 
 The child reads the run directory's ``trace.jsonl`` (lengths, ``hash_ids`` and the header's prefix block
@@ -43,8 +44,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from oomload.capacity.blocks import PROMPT_SHAPES, PromptShape, SharedPrefixes
-from oomload.capacity.odds import LevelOdds, Pool, level_odds, predicted_onset, trace_prefixes
+from oomload.capacity.blocks import PROMPT_SHAPES, PromptShape
+from oomload.capacity.odds import LevelOdds, Pool, TraceOdds, predicted_onset
 from oomload.capacity.schedule import place_levels
 from oomload.trace.model import PrefixInfo, TraceRecord, read_trace, read_trace_header
 
@@ -85,14 +86,12 @@ class OddsFeed:
         self.record = record
         self.shape = shape
         self._known: dict[tuple[str, int], LevelOdds] = {}
-        prompts, outputs = [r.prompt_tokens for r in records], [r.output_tokens for r in records]
-        prefixes = trace_prefixes(records, _prefix_info(trace_path), pool.block_size)
-        shared = prefixes if shape == "production" else None
+        odds = TraceOdds.of_records(records, _prefix_info(trace_path), pool, seed=seed)
 
         def odds_at(level: int) -> LevelOdds:  # before any load: computed here, at once
             known = self._known.get((shape, level))
             if known is None:
-                known = level_odds(prompts, outputs, pool, level, seed=seed, shared=shared)
+                known = odds.at(level, shape=shape)
                 self._add(known)
             return known
 
@@ -106,7 +105,8 @@ class OddsFeed:
         self._child: Any = None
         self._reader: Any = None  # the greenlet reading the child's lines
         rest = [c for c in [*self.levels, *bisection_order(self.levels)] if (shape, c) not in self._known]
-        other = sorted(set(self.levels) | set(bisection_order(self.levels))) if prefixes.any else []
+        shares = odds.shared is not None
+        other = sorted(set(self.levels) | set(bisection_order(self.levels))) if shares else []
         if rest or other:
             self._start_child(trace_path, rest, other, seed)
 
@@ -175,17 +175,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with contextlib.suppress(OSError):
         os.nice(CHILD_NICE)  # the load generator shares this host: it comes first
-    records = read_trace(args.trace)
-    prompts = [r.prompt_tokens for r in records]
-    outputs = [r.output_tokens for r in records]
     pool = Pool(args.num_gpu_blocks, args.block_size, args.max_model_len)
-    prefixes = trace_prefixes(records, _prefix_info(args.trace), args.block_size)
-    other = "worst-case" if args.prompts == "production" else "production"
+    trace = TraceOdds.of_records(read_trace(args.trace), _prefix_info(args.trace), pool, seed=args.seed)
+    other: PromptShape = "worst-case" if args.prompts == "production" else "production"
     for shape, spec in ((args.prompts, args.levels), (other, args.other_levels)):
-        shared: SharedPrefixes | None = prefixes if shape == "production" else None
         for c in (int(x) for x in spec.split(",") if x):
-            odds = level_odds(prompts, outputs, pool, c, seed=args.seed, shared=shared)
-            print(json.dumps(odds.to_json()), flush=True)
+            print(json.dumps(trace.at(c, shape=shape).to_json()), flush=True)
     return 0
 
 

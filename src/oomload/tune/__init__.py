@@ -2,6 +2,8 @@
 the traffic (docs/tune.md).
 
 * ``search``   — which settings to start next and which one wins (pure; its docstring has every rule);
+* ``guide``    — the trace's odds on a candidate's pool: onsets, the first guess, the evidence (pure);
+* ``evidence`` — whether a replay held the target, or a capped candidate its cap (pure);
 * ``startup``  — a failed start classified from the server's own log (pure);
 * ``context``  — a tune's configuration and what every candidate of it shares;
 * ``rate``     — ``--target-rate``: the concurrency a request rate needs, measured on the server (pure);

@@ -4,15 +4,22 @@
 
 * the pool from ``/metrics`` (``vllm:cache_config_info``; the start-up log's "KV cache size" line when
   the metric is missing) and the served ``max_model_len`` (``/v1/models``);
-* the trace's odds on it (``search.odds_guide``): the predicted onset production-shaped (the trace's
-  shared prefixes held once, when it carries them) and worst case (every prompt distinct), the
-  largest ``max_num_seqs`` they call safe, and the requests a 99 % claim needs;
+* the trace's odds on it (``tune.guide``, through ``capacity.odds.TraceOdds`` as replay and plan):
+  the predicted onset production-shaped (the trace's shared prefixes held once, when it carries them)
+  and worst case (every prompt distinct), the largest ``max_num_seqs`` they call safe (the search's
+  first guess), and the requests a 99 % claim needs;
 * a replay at the target (``oomload replay`` in a child process, its run directory
   ``candidates/NN/run``; ``--min-requests`` is what the odds need for 99 % evidence, between
   ``2 × target`` and ``max_requests``), and at the headroom level above it only when the candidate's
   ``max_num_seqs`` admits more than the target (a server capped at the target holds the same requests
   there: a needless hold); ``--stop-on first-preemption``: the level above is not sent once the target
-  preempted. Read back from its ``summary.json`` (``proof_from_summary``).
+  preempted. Read back from its ``summary.json`` (``proof_from_summary``), judged by
+  ``tune.evidence`` (a capped candidate by the cap the server ran);
+* no evidence at the target (no preemption, no death, the level or cap not held): the target is
+  measured again, a step ``REMEASURE_HOLD_FACTOR`` times longer (``candidates/NN/remeasure``); the
+  proof is the second measurement's, marked ``remeasured`` and, when it still has no evidence, with
+  the starved load generator's figures when there were any (``starved``: the search then stops and
+  says the load host limits).
 
 ``measure_rate``: for ``--target-rate``, the short open-loop replay that measures the concurrency the
 rate needs on this server (``oomload.tune.rate``), in ``candidates/NN/rate``.
@@ -28,23 +35,27 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from oomload.capacity.odds import Pool
+from oomload.capacity.odds import Pool, TraceOdds
 from oomload.errors import ConfigError, ExitCode
 from oomload.load.preflight import preflight
 from oomload.outfile import output_file
 from oomload.telemetry.scrape import fetch_text
 from oomload.telemetry.vllm_metrics import parse_vllm_metrics
-from oomload.trace.model import read_trace_header, write_trace
+from oomload.trace.model import PrefixInfo, TraceRecord, read_trace_header, write_trace
 from oomload.tune.context import TuneContext
+from oomload.tune.evidence import judge_target
+from oomload.tune.guide import OddsGuide, headroom_level, odds_guide
 from oomload.tune.rate import RateTarget, arrival_scale, calibration_requests, rate_target_from_summary
-from oomload.tune.search import Candidate, OddsGuide, Proof, headroom_level, odds_guide
+from oomload.tune.search import Candidate, Proof
 from oomload.tune.startup import pool_from_log
 
 ERROR_PREFIX = "oomload: error: "
+REMEASURE_HOLD_FACTOR = 3  # a step without evidence is measured again this many times longer
 
 
 def prove(ctx: TuneContext, candidate: Candidate, url: str, log_path: Path, cand_dir: Path) -> Proof:
@@ -52,35 +63,15 @@ def prove(ctx: TuneContext, candidate: Candidate, url: str, log_path: Path, cand
     config = ctx.config
     target = ctx.target or candidate.settings.max_num_seqs or 1  # without a target: its own max_num_seqs
     pool = server_pool(url, log_path, candidate)
+    seqs = candidate.settings.max_num_seqs
     guide = None
     if pool is not None:
-        ladder = [v for v in ctx.space.max_num_seqs if ctx.target is None or v <= target]
-        guide = odds_guide(
-            ctx.prompts, ctx.outputs, pool, ctx.target, ladder, shared=ctx.shared(pool.block_size)
-        )
+        guide = candidate_guide(ctx.records, ctx.prefix, pool, ctx.target, seqs)
     evidence = None if guide is None else guide.requests_for_evidence
     min_requests = min(max(evidence or 0, 2 * target), config.max_requests)
     above = headroom_level(target) or target + 1
-    seqs = candidate.settings.max_num_seqs
     # a server that admits at most the target holds the same requests one level above: a needless hold
     levels = f"{target}" if seqs is not None and seqs <= target else f"{target},{above}"
-    run_dir = cand_dir / "run"
-    argv = [
-        *_replay_argv(ctx, url, run_dir),
-        "--concurrency",
-        levels,
-        "--no-refine",
-        "--repeats",
-        "1",
-        "--no-evidence",
-        "--min-requests",
-        str(min_requests),
-        "--hold-s",
-        f"{config.hold_s:g}",
-        "--stop-on",
-        "first-preemption",
-        *config.replay_args,
-    ]
     onsets = "?"
     if guide is not None:
         onsets = f"{_onset(guide.onset, target)} ({guide.shape})"
@@ -90,17 +81,54 @@ def prove(ctx: TuneContext, candidate: Candidate, url: str, log_path: Path, cand
         f"  pool {pool.num_gpu_blocks if pool else '?'} blocks × {pool.block_size if pool else '?'} tokens"
         f" · odds: onset {onsets} · replay {levels} with ≥ {min_requests} requests a step"
     )
-    exit_code = run_replay_child(ctx, argv, cand_dir / "replay.log")
-    return proof_from_summary(
-        read_json(run_dir / "summary.json"),
-        target=target,
-        pool=pool,
-        guide=guide,
-        slo_ttft_p99_s=config.slo_ttft_p99_s,
-        run_dir=str(run_dir),
-        replay_exit=exit_code,
-        recommended_max_model_len=ctx.space.recommended_max_model_len,
+
+    def measure(run_dir: Path, levels: str, hold_s: float, log_name: str) -> Proof:
+        argv = [
+            *_replay_argv(ctx, url, run_dir),
+            *("--concurrency", levels, "--no-refine", "--repeats", "1", "--no-evidence"),
+            *("--min-requests", str(min_requests), "--hold-s", f"{hold_s:g}"),
+            *("--stop-on", "first-preemption", *config.replay_args),
+        ]
+        exit_code = run_replay_child(ctx, argv, cand_dir / log_name)
+        return proof_from_summary(
+            read_json(run_dir / "summary.json"),
+            target=target,
+            pool=pool,
+            guide=guide,
+            slo_ttft_p99_s=config.slo_ttft_p99_s,
+            run_dir=str(run_dir),
+            replay_exit=exit_code,
+            recommended_max_model_len=ctx.space.recommended_max_model_len,
+            max_num_seqs=seqs,
+        )
+
+    proof = measure(cand_dir / "run", levels, config.hold_s, "replay.log")
+    if not proof.no_evidence:
+        return proof
+    # no evidence is no verdict: measure the target again, a longer step (search rule 5)
+    hold_s = REMEASURE_HOLD_FACTOR * config.hold_s
+    ctx.console.print(f"  no evidence at {target} ({proof.evidence}): measured again, a {hold_s:g} s step")
+    again = measure(cand_dir / "remeasure", str(target), hold_s, "remeasure.log")
+    return replace(
+        again,
+        remeasured=True,
+        observed_onset=again.observed_onset or proof.observed_onset,
+        starved=again.starved or (proof.starved if again.no_evidence else None),
+        evidence=f"{again.evidence} (measured again, a {hold_s:g} s step; the first: {proof.evidence})",
     )
+
+
+def candidate_guide(
+    records: Sequence[TraceRecord],
+    prefix: PrefixInfo,
+    pool: Pool,
+    target: int | None,
+    max_num_seqs: int | None,
+) -> OddsGuide:
+    """The trace's odds on a candidate's pool (``tune.guide``), through ``TraceOdds``: the computation
+    ``oomload replay`` and ``oomload plan`` use for the same trace and pool."""
+    odds = TraceOdds.of_records(records, prefix, pool)
+    return odds_guide(odds, target, max_num_seqs or pool.max_num_seqs)
 
 
 def measure_rate(ctx: TuneContext, url: str, cand_dir: Path) -> RateTarget | None:
@@ -202,13 +230,16 @@ def proof_from_summary(
     run_dir: str,
     replay_exit: int | None,
     recommended_max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
 ) -> Proof:
-    """The proof from a candidate replay's ``summary.json`` (``None``: the replay wrote no verdict)."""
+    """The proof from a candidate replay's ``summary.json`` (``None``: the replay wrote no verdict);
+    ``max_num_seqs`` below the target: judged as capped (``oomload.tune.evidence``)."""
     evidence = None if guide is None else guide.requests_for_evidence
     verdict = (summary or {}).get("verdict") or {}
     steps = [s for s in verdict.get("steps") or [] if not s.get("warmup") and s.get("concurrency") == target]
     requests = sum(int(s.get("requests") or 0) for s in steps)
-    held = bool(steps) and all(s.get("trusted") is not False for s in steps)
+    judged = judge_target(steps, target, max_num_seqs)
+    held = judged.held
     preemptions = sum(int(s.get("preemptions") or 0) for s in steps)
     onsets = verdict.get("onsets") or {}
     pre = onsets.get("preemption") or {}
@@ -239,17 +270,24 @@ def proof_from_summary(
             f"{requests} requests at {target}: {preemptions} preemption{'s' if preemptions != 1 else ''}"
             + (f" (the odds ask {evidence} for 99 %)" if evidence else " (the odds call it safe)")
             + ("; the server died" if died else "")
-            + ("" if held else f"; the step did not hold concurrency {target}: no evidence")
+            + (f"; {judged.how}" if held else f"; the step did not hold concurrency {target} ({judged.how})")
             + (f"; {overflowed} of {sent} overflowed max_model_len {served_limit}" if overflowed else "")
         )
+    preempted = preemptions > 0 or 0 < int(pre.get("concurrency") or 0) <= target
+    no_evidence = not held and not preempted and not died
+    if no_evidence and summary is not None:
+        evidence_text += f": no evidence{'' if judged.starved is None else ' — the load host limits'}"
     return Proof(
+        no_evidence=no_evidence,
+        starved=judged.starved if no_evidence else None,
+        running_max=judged.running_max,
         num_gpu_blocks=None if pool is None else pool.num_gpu_blocks,
         block_size=None if pool is None else pool.block_size,
         predicted_onset=None if guide is None else guide.onset,
         odds_safe_max_num_seqs=None if guide is None else guide.safe_max_num_seqs,
         requests_for_evidence=evidence,
         observed_onset=pre.get("concurrency"),
-        preempted_at_target=preemptions > 0 or 0 < int(pre.get("concurrency") or 0) <= target,
+        preempted_at_target=preempted,
         died=died,
         overflow_at_target=overflow_blocks,
         slo_met=slo_met,
@@ -265,8 +303,9 @@ def proof_from_summary(
 
 
 def server_pool(url: str, log_path: Path, candidate: Candidate) -> Pool | None:
-    """The started server's pool: ``cache_config_info`` on ``/metrics``, else its start-up log."""
-    max_num_seqs = candidate.settings.max_num_seqs
+    """The started server's pool: ``cache_config_info`` on ``/metrics``, else its start-up log (its
+    admission limit left at vLLM's default: the candidate's ``max_num_seqs`` is asked of the odds
+    explicitly, so the onset is the pool's, the one ``oomload replay`` computes)."""
     limit = candidate.settings.max_model_len
     with contextlib.suppress(Exception):  # the served limit, as /v1/models reports it
         limit = preflight(url, model=None, api_key=None, timeout_s=10.0).max_model_len or limit
@@ -280,8 +319,6 @@ def server_pool(url: str, log_path: Path, candidate: Candidate) -> Pool | None:
         logged = pool_from_log(read_text(log_path))  # numbers only: no secret leaves here
         if logged.num_gpu_blocks is not None and logged.kv_cache_tokens:
             pool = Pool(logged.num_gpu_blocks, logged.kv_cache_tokens // logged.num_gpu_blocks, limit)
-    if pool is not None and max_num_seqs is not None:
-        pool = replace(pool, max_num_seqs=max_num_seqs)
     if pool is not None and candidate.settings.max_num_batched_tokens is not None:
         pool = replace(pool, max_num_batched_tokens=candidate.settings.max_num_batched_tokens)
     return pool

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from oomload.errors import ExitCode
 from oomload.tune.rate import RateTarget
 from oomload.tune.search import Candidate, Proof, Settings
 from oomload.tune.startup import StartCause, StartupFailure
@@ -36,7 +37,8 @@ class TuneRecord:
     slo_ttft_p99_s: float | None
     candidates: tuple[Candidate, ...]
     # "running" | "finished" | "interrupted" | "bounded" (the wall-time bound ended it) | "stopped" (an
-    # error ended it, e.g. a full disk: the last note says which)
+    # error ended it, e.g. a full disk: the last note says which) | "no_evidence" (the last candidate's
+    # steps held neither the target nor its cap: the last note says why, the load host or the server)
     status: str
     winner_index: int | None = None
     winner_line: str | None = None
@@ -52,6 +54,15 @@ class TuneRecord:
     @property
     def winner(self) -> Candidate | None:
         return next((c for c in self.candidates if c.index == self.winner_index), None)
+
+    def exit_code(self) -> int:
+        """Interrupted: ``INTERRUPTED``; stopped without evidence: ``GATE_NOT_EVALUATED`` (search
+        rule 5); a winner: ``OK``; else ``GATE_FAILED`` (nothing carried the target)."""
+        if self.status == "interrupted":
+            return int(ExitCode.INTERRUPTED)
+        if self.status == "no_evidence":
+            return int(ExitCode.GATE_NOT_EVALUATED)
+        return int(ExitCode.OK if self.winner is not None else ExitCode.GATE_FAILED)
 
     def gate_rules(self) -> tuple[str, ...]:
         if self.winner is None:
@@ -154,6 +165,11 @@ def candidate_to_json(c: Candidate) -> dict[str, Any]:
             "run_dir": proof.run_dir,
             "evidence": proof.evidence,
             "carries": proof.carries,
+            "outcome": proof.outcome,
+            "no_evidence": proof.no_evidence,
+            "load_host_starved": proof.starved,
+            "remeasured": proof.remeasured,
+            "running_max": proof.running_max,
         },
     }
 
@@ -192,6 +208,10 @@ def candidate_from_json(obj: Mapping[str, Any]) -> Candidate:
             predicted_onset_worst_case=p.get("predicted_onset_worst_case", p.get("predicted_onset")),
             prompts=str(p.get("prompts", "worst-case")),
             odds_safe_above=p.get("odds_safe_above"),
+            no_evidence=bool(p.get("no_evidence")),
+            starved=p.get("load_host_starved"),
+            remeasured=bool(p.get("remeasured")),
+            running_max=p.get("running_max"),
         )
     return Candidate(
         index=int(obj["index"]),

@@ -60,7 +60,6 @@ from oomload.credentials import scrub
 from oomload.errors import (
     ConfigError,
     EndpointError,
-    ExitCode,
     OomloadError,
     OutputWriteError,
     ServeStartError,
@@ -74,7 +73,7 @@ from oomload.tune.context import TuneConfig, TuneContext
 from oomload.tune.prove import measure_rate, prove, read_text
 from oomload.tune.rate import RateTarget
 from oomload.tune.record import TuneRecord
-from oomload.tune.search import Candidate, next_proposal, pick_winner, seqs_ladder
+from oomload.tune.search import Candidate, evidence_stop, next_proposal, pick_winner, seqs_ladder
 from oomload.tune.startup import StartCause, classify_startup_failure
 
 __all__ = ["TuneConfig", "check_port_free", "run_tune", "scrub_file"]
@@ -160,7 +159,10 @@ def _run_tune(config: TuneConfig, console: Console | None) -> TuneRecord:
             _say(console, candidate)
             _write(config.run_dir, _record(ctx, history, status, notes))
         if status == "running":
-            status = "finished"
+            stop = evidence_stop(history)  # no evidence is no verdict: say why, name no winner
+            status = "finished" if stop is None else "no_evidence"
+            if stop is not None:
+                notes.append(stop)
     except KeyboardInterrupt:
         status = "interrupted"
         notes.append("interrupted (Ctrl-C): the server was stopped; the table holds the candidates so far")
@@ -174,10 +176,8 @@ def _run_tune(config: TuneConfig, console: Console | None) -> TuneRecord:
 
 
 def tune_exit_code(record: TuneRecord) -> int:
-    """Interrupted: ``INTERRUPTED``; a winner: ``OK``; else ``GATE_FAILED`` (nothing carried the target)."""
-    if record.status == "interrupted":
-        return int(ExitCode.INTERRUPTED)
-    return int(ExitCode.OK if record.winner is not None else ExitCode.GATE_FAILED)
+    """The tune's exit code (``TuneRecord.exit_code``)."""
+    return record.exit_code()
 
 
 def with_rate_target(ctx: TuneContext, rate: RateTarget) -> TuneContext:
@@ -300,8 +300,8 @@ def _started(server: RealVllmServer) -> Any:
 def _record(ctx: TuneContext, history: list[Candidate], status: str, notes: list[str]) -> TuneRecord:
     config, space = ctx.config, ctx.space
     done = status != "running"
-    winner = pick_winner(space, history) if done else None
-    if done and winner is None and history and status == "finished":
+    winner = pick_winner(space, history, ctx.target) if done else None
+    if done and winner is None and history and status == "finished":  # no_evidence: its note says why
         if not any(c.started for c in history):
             last = history[-1].failure
             why = "" if last is None else f" (the last: {last.reason})"
@@ -339,7 +339,13 @@ def _say(console: Console, c: Candidate) -> None:
         console.print(f"  [red]did not start[/]: {c.failure.reason} — {c.failure.message}")
         return
     assert c.proof is not None
-    verdict = "[green]carries the target[/]" if c.proof.carries else "[red]does not carry the target[/]"
+    verdict = (
+        "[green]carries the target[/]"
+        if c.proof.carries
+        else "[yellow]no evidence[/]"
+        if c.proof.no_evidence
+        else "[red]does not carry the target[/]"
+    )
     console.print(f"  started in {c.startup_s or 0:.1f} s · {verdict}: {c.proof.evidence}")
 
 

@@ -27,11 +27,14 @@ The rules, in order — every candidate records the rule that produced it, and t
      "estimated maximum model length" when even that does not fit;
    * the weights do not fit, or any other error → no next candidate (nothing oomload can tune).
 3. **A started candidate** is proved on load at the target and at the headroom level above it (a
-   quarter more, ``headroom_level``). Then:
+   quarter more, ``headroom_level``) and judged (``oomload.tune.evidence``): a candidate whose
+   ``max_num_seqs`` is below the target is judged as capped — the server ran its cap (running at the
+   cap, the rest waiting) with no preemption — not by the client's concurrency. Then:
 
-   * it carried the target (no preemption, no death, no overflow, the SLO met): the search seeks the
-     most headroom within its bounds —
+   * it carried the target (no preemption, no death, no overflow, the SLO met, the level or cap
+     held): the search seeks the most headroom within its bounds —
 
+     - a larger ``max_num_seqs`` that preempted at the same memory → rule 4, the bisection;
      - a larger ``max_num_seqs`` on the ladder not tried yet → the next one, to show where the headroom
        ends (the search stops for a reason: the next setting preempts, or the ladder ends);
      - at the target itself, the top of the ladder → ``max_num_seqs`` raised to the headroom level,
@@ -40,12 +43,24 @@ The rules, in order — every candidate records the rule that produced it, and t
      - above the target (a headroom candidate, or ``--target-rate``'s first one, which ran at the
        ladder's top): it held the level above too → stop, headroom seen; it preempted there, within
        what it admits → back to ``max_num_seqs`` at the target (which queues such bursts instead);
-   * it did not carry it, and a smaller ``max_num_seqs`` at the same memory already did → stop (that
-     one wins, this one is why the search stopped);
-   * it did not carry it → the largest smaller ``max_num_seqs`` that the trace's odds on *this* pool
-     call safe at the target (``odds``: negligible preemption), else simply the next smaller one;
-     a missed SLO without any preemption moves up instead (queueing, not memory, was the limit).
-4. **Bounds**: at most ``max_starts`` candidates (the runner also stops at its wall-time bound); both
+   * it preempted (or the server died) and nothing smaller carried yet → the first guess: the largest
+     ``max_num_seqs`` the trace's odds on *this* pool call safe at the target (``tune.guide``); the
+     odds seed the search, they do not end it: when the guess preempts too, the next is 1 below it,
+     then 2, 4 … below (the odds are usually off by a level or two: a step of one finds such a
+     boundary in one more start, the doubling bounds the rest) until one carries;
+   * a missed SLO without any preemption moves up instead (queueing, not memory, was the limit).
+4. **The boundary, on the server**: between the largest ``max_num_seqs`` that carried and the smallest
+   that preempted (``bracket``, at one memory setting; a candidate without evidence bounds nothing),
+   the midpoint — any integer, not only the ladder's — until the two are one apart. The winner is then
+   the largest cap that does not preempt on this server, whatever the odds said: they are a model of
+   the engine, the counter is the engine.
+5. **No evidence is no verdict**: a step that did not hold the target (or its cap) and saw no
+   preemption says nothing about the memory. The proof measures it again (a longer step, ``prove``);
+   still without evidence, the search stops — it never moves to a smaller setting for want of evidence
+   — and ``evidence_stop`` says why: the load host limits (the load generator was starved,
+   ``verdict.loadgen``: add ``--processes``, ``--workers`` or a separate load host), or the server
+   held less than was sent. No winner is named then (exit 4: missing evidence never passes).
+6. **Bounds**: at most ``max_starts`` candidates (the runner also stops at its wall-time bound); both
    are printed before the first start.
 
 Without a target the question is the highest preemption-free concurrency: every candidate is proved
@@ -53,11 +68,12 @@ at its own ``max_num_seqs`` (the most requests it holds at once), the ladder is 
 same rules find the largest ``max_num_seqs`` that carries itself, next to a larger one that preempts.
 
 The winner (``pick_winner``): among the candidates that carried the target, the one with the most
-memory (ladder order: the most KV headroom), then one whose replay saw no preemption at the level
-above either (headroom seen, not assumed: a ``max_num_seqs`` above the target that preempted there
-loses to the capped one), then the largest ``max_num_seqs`` (the most requests served at once, so the
-least queueing), then the higher throughput. No candidate carried the target →
-no winner, and the CLI says so (exit 1).
+memory (ladder order: the most KV headroom), then the most concurrency carried (``min(max_num_seqs,
+target)``: the requests it runs at once — a lower cap that happened to pass never beats a higher one
+that carried), then one whose replay saw no preemption at the level above either (headroom seen, not
+assumed: a ``max_num_seqs`` above the target that preempted there loses to the capped one), then the
+largest ``max_num_seqs``, then the higher throughput. No candidate carried the target → no winner,
+and the CLI says so (exit 1).
 """
 
 from __future__ import annotations
@@ -67,9 +83,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from oomload.capacity.blocks import PromptShape, SharedPrefixes
-from oomload.capacity.odds import LevelOdds, Pool, level_odds
 from oomload.realvllm.servecmd import flag_text
+from oomload.tune.guide import headroom_level
 from oomload.tune.rate import RateTarget
 from oomload.tune.startup import StartCause, StartupFailure
 
@@ -177,6 +192,22 @@ class Proof:
     predicted_onset_worst_case: int | None = None  # the same odds with every prompt distinct
     prompts: str = "worst-case"  # the shape the odds and the replay used: "production" or "worst-case"
     odds_safe_above: bool | None = None  # the odds at the headroom level, max_num_seqs raised to it
+    # no preemption, no death, and the step did not hold the target (or the cap): neither verdict
+    no_evidence: bool = False
+    starved: str | None = None  # the load generator's figures when it was starved (verdict.loadgen)
+    remeasured: bool = False  # the target was measured again after a step without evidence
+    running_max: int | None = None  # vLLM's most requests running at once at the target
+
+    @property
+    def outcome(self) -> str:
+        """``carried``, ``preempted``, ``died``, ``no evidence``, or ``rejected`` (SLO, overflow)."""
+        if self.preempted_at_target:
+            return "preempted"
+        if self.died:
+            return "died"
+        if self.no_evidence:
+            return "no evidence"
+        return "carried" if self.carries else "rejected"
 
     @property
     def carries(self) -> bool:
@@ -238,110 +269,27 @@ def next_proposal(space: SearchSpace, target: int | None, history: Sequence[Cand
     return proposal
 
 
-def pick_winner(space: SearchSpace, history: Sequence[Candidate]) -> Candidate | None:
-    """The carrying candidate with the most memory, then no preemption at the level above either, then
-    the largest max_num_seqs, then throughput."""
+def pick_winner(
+    space: SearchSpace, history: Sequence[Candidate], target: int | None = None
+) -> Candidate | None:
+    """The carrying candidate with the most memory, then the most concurrency carried (the requests it
+    runs at once at the target: ``min(max_num_seqs, target)``), then no preemption at the level above
+    either, then the largest max_num_seqs, then throughput. ``None`` when the search stopped without
+    evidence (``evidence_stop``): the boundary is not known, and a smaller setting that carried is no
+    answer."""
     carriers = [c for c in history if c.carries]
-    if not carriers:
+    if not carriers or evidence_stop(history) is not None:
         return None
 
-    def key(c: Candidate) -> tuple[int, bool, int, float]:
+    def key(c: Candidate) -> tuple[int, int, bool, int, float]:
         rank = _memory_rank(space, c.settings)
         seqs = c.settings.max_num_seqs or 0
         assert c.proof is not None
+        carried = seqs if target is None or not seqs else min(seqs, target)
         clean = c.proof.observed_onset is None  # the level above held too: headroom seen, not assumed
-        return (-rank, clean, seqs, c.proof.throughput_tokens_per_s or 0.0)
+        return (-rank, carried, clean, seqs, c.proof.throughput_tokens_per_s or 0.0)
 
     return max(carriers, key=key)
-
-
-@dataclass(frozen=True, slots=True)
-class OddsGuide:
-    """The trace's odds on one started candidate's pool (``odds_guide``)."""
-
-    onset: int | None  # the first non-negligible level, the production shape (prefix reuse) when shared
-    onset_worst_case: int | None  # the same with every prompt distinct
-    safe_max_num_seqs: int | None  # the largest ladder value negligible at the target (replayed shape)
-    requests_for_evidence: int | None  # what a 99 % claim at the target needs (None: negligible)
-    shape: PromptShape  # the replayed shape: "production" when the trace carries shared prefixes
-    safe_above: bool | None = None  # the headroom level, max_num_seqs raised to it, negligible?
-
-
-def odds_guide(
-    prompt_tokens: Sequence[int],
-    output_tokens: Sequence[int],
-    pool: Pool,
-    target: int | None,
-    ladder: Sequence[int],
-    *,
-    shared: SharedPrefixes | None = None,
-    requests: int = 400,
-    max_level: int | None = None,
-) -> OddsGuide:
-    """The trace's odds on ``pool``: both predicted onsets, the safe ``max_num_seqs`` and the evidence.
-
-    An onset is the first level (1 … ``max_level``, default twice the target) whose odds on ``pool``
-    are not negligible: once production-shaped (``shared``: the trace's shared prefix blocks held once,
-    as the replay sends them) and once worst case (every prompt distinct); without shared prefixes
-    the two are one. The safe ``max_num_seqs`` is the largest ladder value whose odds at the target
-    (with that many sequences admitted) are negligible; the evidence is what the odds at the target,
-    all its requests admitted, need for a 99 % chance to see a preemption if the level preempts as they
-    say (None: negligible). Both use the replayed shape (production when the trace shares prefixes).
-    """
-    if pool.max_model_len is None:  # no served limit known: none of the trace's requests is refused
-        longest = max(p + o for p, o in zip(prompt_tokens, output_tokens, strict=True))
-        pool = replace(pool, max_model_len=longest + 1)
-    production = shared if shared is not None and shared.any else None
-    cache: dict[tuple[int, int, bool], LevelOdds] = {}
-
-    def odds(seqs: int, level: int, with_shared: SharedPrefixes | None) -> LevelOdds:
-        # a cap at or above the level never binds: one Monte Carlo serves every such max_num_seqs
-        key = (min(seqs, level), level, with_shared is not None)
-        if key not in cache:
-            capped = replace(pool, max_num_seqs=seqs)
-            cache[key] = level_odds(
-                prompt_tokens, output_tokens, capped, level, requests=requests, shared=with_shared
-            )
-        return cache[key]
-
-    def onset(with_shared: SharedPrefixes | None) -> int | None:
-        # the first non-negligible level by bisection: the odds grow with the level (above max_num_seqs
-        # they plateau), the same order the safe ladder below relies on — 3-4 Monte Carlos, not 2 × target
-        hi = min(max_level or 2 * (target or pool.max_num_seqs), pool.max_num_seqs)
-        if hi < 1 or odds(pool.max_num_seqs, hi, with_shared).negligible:
-            return None
-        lo = 0  # nothing in flight: negligible
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if odds(pool.max_num_seqs, mid, with_shared).negligible:
-                lo = mid
-            else:
-                hi = mid
-        return hi
-
-    worst = onset(None)
-    safe = None
-    for seqs in sorted(ladder, reverse=True):  # preemption only grows with admitted sequences
-        level = target or seqs  # without a target each setting is proved at its own max_num_seqs
-        if odds(seqs, level, production).negligible:
-            safe = seqs
-            break
-    # evidence for a clean claim: enough requests to see the preemption the pool would give at the
-    # target if max_num_seqs did not hold the requests back
-    level = target or pool.max_num_seqs
-    at_target = odds(max(pool.max_num_seqs, level), level, production)
-    above = headroom_level(target)
-    safe_above = None
-    if above is not None and target is not None and pool.max_num_seqs >= target:  # rule 3's headroom step
-        safe_above = odds(above, above, production).negligible
-    return OddsGuide(
-        safe_above=safe_above,
-        onset=worst if production is None else onset(production),
-        onset_worst_case=worst,
-        safe_max_num_seqs=safe,
-        requests_for_evidence=at_target.requests_for(),
-        shape="worst-case" if production is None else "production",
-    )
 
 
 def _after_failure(space: SearchSpace, last: Candidate) -> Proposal | None:
@@ -422,20 +370,22 @@ def _lower_memory(space: SearchSpace, s: Settings, failure: StartupFailure | Non
 def _after_proof(
     space: SearchSpace, target: int | None, history: Sequence[Candidate], last: Candidate
 ) -> Proposal | None:
+    """Rules 3-5 after a proved candidate (module docstring)."""
     if "max_num_seqs" in space.fixed or last.proof is None:
         return None
     s = last.settings
     seqs = s.max_num_seqs
+    proof = last.proof
+    if seqs is None or proof.no_evidence:  # no evidence is no verdict: never a step down (rule 5)
+        return None
     ladder = [v for v in space.max_num_seqs if target is None or v <= target]
     same_memory = [c for c in history if c.started and c.settings.memory_key() == s.memory_key()]
     tried = {c.settings.max_num_seqs for c in same_memory}
-    proof = last.proof
-    if seqs is None:
-        return None
+    lo, hi = bracket(same_memory, target)
     if proof.carries:
+        if hi is not None and lo is not None and hi > seqs == lo:
+            return _bisect(s, lo, hi, proof, tried, f"carried the target with max_num_seqs {seqs}")
         return _after_carry(target, s, seqs, proof, ladder, tried)
-    if any(c.carries and (c.settings.max_num_seqs or 0) < seqs for c in same_memory):
-        return None
     if not proof.preempted_at_target and not proof.died and proof.slo_met is False:
         larger = [v for v in ladder if v > seqs and v not in tried]
         if not larger:
@@ -444,23 +394,98 @@ def _after_proof(
             replace(s, max_num_seqs=larger[0]),
             f"SLO missed without preemption (queueing): max_num_seqs raised to {larger[0]}",
         )
-    smaller = [v for v in ladder if v < seqs and v not in tried]
-    if not smaller:
+    if target is not None and seqs > target:  # above the target the target's level is the capped one's
         return None
-    safe = proof.odds_safe_max_num_seqs
-    guided = [v for v in smaller if safe is not None and v <= safe]
-    value = guided[-1] if guided else smaller[-1]
+    if hi is None or hi != seqs:  # rejected (an overflow), or not the smallest that failed: stop
+        return None
     what = (
-        "preempted" if proof.preempted_at_target else ("died" if proof.died else "did not carry the target")
+        f"{'preempted' if proof.preempted_at_target else 'died'} at {target or seqs} with max_num_seqs {seqs}"
     )
-    why = (
-        f"the trace's odds on {proof.num_gpu_blocks} blocks call {value} safe"
-        if guided
-        else "the next smaller on the ladder"
-    )
+    if lo is None:  # nothing carried yet: the odds seed the first guess, the server decides
+        guess = proof.odds_safe_max_num_seqs
+        if guess is not None and 1 <= guess < seqs and guess not in tried:
+            return Proposal(
+                replace(s, max_num_seqs=guess),
+                f"{what}: lowered to {guess}, the first guess — the trace's odds on "
+                f"{proof.num_gpu_blocks} blocks call {guess} safe (the server decides)",
+            )
+        if guess is not None and seqs <= guess:  # the guess preempted: step down, doubling each time
+            missed = sum(1 for c in same_memory if _failed(c) and (c.settings.max_num_seqs or 0) <= guess)
+            step = 2 ** max(missed - 1, 0)
+            lower = max(seqs - step, 1)
+            if lower < seqs and lower not in tried:
+                return Proposal(
+                    replace(s, max_num_seqs=lower),
+                    f"{what}, below the odds' guess {guess}: lowered by {step} to {lower} "
+                    "(doubling the step until one carries, then bisect)",
+                )
+        lo = 0
+    return _bisect(s, lo, hi, proof, tried, what)
+
+
+def _failed(c: Candidate) -> bool:
+    return c.proof is not None and (c.proof.preempted_at_target or c.proof.died)
+
+
+def bracket(same_memory: Sequence[Candidate], target: int | None) -> tuple[int | None, int | None]:
+    """``(lo, hi)`` at one memory setting: the largest ``max_num_seqs`` (≤ the target) that carried,
+    and the smallest above it that preempted or died (``None``: none yet). A candidate without
+    evidence bounds nothing."""
+    carried = [
+        c.settings.max_num_seqs
+        for c in same_memory
+        if c.carries
+        and c.settings.max_num_seqs is not None
+        and (target is None or c.settings.max_num_seqs <= target)
+    ]
+    lo = max(carried) if carried else None
+    failed = [
+        c.settings.max_num_seqs
+        for c in same_memory
+        if c.proof is not None
+        and (c.proof.preempted_at_target or c.proof.died)
+        and c.settings.max_num_seqs is not None
+        and (lo is None or c.settings.max_num_seqs > lo)
+    ]
+    return lo, (min(failed) if failed else None)
+
+
+def _bisect(
+    s: Settings, lo: int, hi: int, proof: Proof, tried: set[int | None], what: str
+) -> Proposal | None:
+    """Rule 4: the midpoint of ``(lo, hi)`` (``lo`` carried, ``hi`` preempted), on the real server;
+    the search ends when they are one apart (``lo`` is then the largest cap that does not preempt)."""
+    if hi - lo <= 1:
+        return None
+    mid = (lo + hi) // 2
+    if mid in tried:
+        return None
+    below = f"max_num_seqs {lo} carried" if lo else "nothing smaller proved yet"
     return Proposal(
-        replace(s, max_num_seqs=value),
-        f"{what} at {target or seqs} with max_num_seqs {seqs}: lowered to {value}, {why}",
+        replace(s, max_num_seqs=mid),
+        f"{what}: bisect — {below}, {hi} preempted: max_num_seqs {mid}",
+    )
+
+
+def evidence_stop(history: Sequence[Candidate]) -> str | None:
+    """Why the search stopped without a verdict, when its last candidate had no evidence (rule 5):
+    one sentence naming the load host when its load generator was starved; ``None`` otherwise."""
+    last = history[-1] if history else None
+    proof = None if last is None else last.proof
+    if last is None or proof is None or not proof.no_evidence:
+        return None
+    seqs = last.settings.max_num_seqs
+    again = " even when measured again" if proof.remeasured else ""
+    if proof.starved is not None:
+        return (
+            f"the load host limits: candidate {last.index} (max_num_seqs {seqs}) had no evidence{again} — "
+            f"the load generator {proof.starved}. The tune stopped rather than name a smaller setting: "
+            "give the load generator more CPU: `oomload tune --processes N` (N load-generating "
+            "processes per replay), fewer other jobs on this host, or a host with more cores"
+        )
+    return (
+        f"no evidence: candidate {last.index} (max_num_seqs {seqs}){again}: {proof.evidence}. "
+        "The tune stopped rather than name a smaller setting"
     )
 
 
@@ -494,11 +519,6 @@ def _after_carry(
         f"{proof.num_gpu_blocks} blocks call {above} safe: max_num_seqs {above}, above the target, "
         "for headroom over bursts",
     )
-
-
-def headroom_level(target: int | None) -> int | None:
-    """The level above the target a proof also replays (a quarter more, at least one): the headroom."""
-    return None if target is None else target + max(1, target // 4)
 
 
 def _seqs_at_most(space: SearchSpace, target: int | None) -> int | None:

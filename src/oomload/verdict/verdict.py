@@ -245,6 +245,7 @@ class Verdict:
             obj["warmup"] = s.warmup
             obj["error_rate"] = s.error_rate
             obj["trusted"] = s.trusted
+            obj["mostly_failed"] = s.mostly_failed
             obj["concurrency_held"] = s.concurrency_held
             obj["server"] = None if s.server is None else s.server.to_json()
             obj["server_share"] = None if s.server_share is None else round(s.server_share, 3)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from oomload.capacity.odds import Pool
+from oomload.tune.guide import OddsGuide
 from oomload.tune.prove import proof_from_summary
-from oomload.tune.search import OddsGuide
 
 POOL = Pool(num_gpu_blocks=12, block_size=256, max_model_len=768)
 

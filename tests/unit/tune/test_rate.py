@@ -1,5 +1,5 @@
 """``--target-rate``: the open-loop replay's measurement turned into the target concurrency (tune.rate),
-and the trace's odds on a candidate's pool in both shapes (search.odds_guide)."""
+and its record in tune.json."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import math
 
 import pytest
 
-from oomload.capacity.blocks import SharedPrefixes
-from oomload.capacity.odds import Pool
 from oomload.trace.model import TraceRecord
 from oomload.tune.rate import (
     MIN_CALIBRATION_REQUESTS,
@@ -18,7 +16,7 @@ from oomload.tune.rate import (
     rate_target_from_summary,
 )
 from oomload.tune.record import candidate_from_json, candidate_to_json
-from oomload.tune.search import Candidate, Settings, odds_guide
+from oomload.tune.search import Candidate, Settings
 
 
 def _records(arrivals: list[float]) -> list[TraceRecord]:
@@ -72,24 +70,3 @@ def test_a_candidate_keeps_its_rate_measurement_in_tune_json() -> None:
     obj = candidate_to_json(cand)
     assert obj["rate"]["concurrency"] == 6 and math.isclose(obj["rate"]["latency_s"], 1.3)
     assert candidate_from_json(obj).rate == rate
-
-
-HAND = 50
-
-
-def test_the_odds_guide_gives_both_onsets_on_a_shared_prefix_trace() -> None:
-    """The hand case (test_shared_prefixes): 600-token prompts sharing 512, 100 output, 80 blocks of 32.
-    Distinct prompts preempt from 4; the shared prefix held once moves the onset later (the guide's
-    400-request odds: 8), and the safe max_num_seqs up with it."""
-    prompts, outputs = [600] * HAND, [100] * HAND
-    pool = Pool(num_gpu_blocks=80, block_size=32, max_model_len=2048, max_num_seqs=16)
-    shared = SharedPrefixes.from_chains(
-        [(7, 100 + i) for i in range(HAND)], [600] * HAND, block_tokens=512, block_size=32
-    )
-    guide = odds_guide(prompts, outputs, pool, 8, [2, 4, 6, 8], shared=shared)
-    assert guide.shape == "production"
-    assert guide.onset_worst_case == 4
-    assert guide.onset is not None and guide.onset >= 8
-    worst = odds_guide(prompts, outputs, pool, 8, [2, 4, 6, 8])
-    assert worst.shape == "worst-case" and worst.onset == worst.onset_worst_case == 4
-    assert guide.safe_max_num_seqs == 6 and worst.safe_max_num_seqs == 2

@@ -80,3 +80,32 @@ def test_a_rate_target_is_reported_with_its_measured_concurrency() -> None:
     assert obj["candidates"][0]["proof"]["predicted_onset_worst_case"] == 4
     back = TuneRecord.from_json(obj)
     assert back.rate == record.rate and back.candidates[0].proof == record.candidates[0].proof
+
+
+def test_a_tune_stopped_for_the_load_host_says_so_on_every_page_and_in_tune_json() -> None:
+    starved = "waited 93 % of the step for a CPU; loop lag up to 210 ms"
+    proof = replace(
+        _proof(12, 4, "production"), requests_at_target=0, no_evidence=True, starved=starved, remeasured=True
+    )
+    note = (
+        f"the load host limits: candidate 1 (max_num_seqs 12) had no evidence — the load generator {starved}"
+    )
+    record = replace(
+        _record(),
+        candidates=(Candidate(1, Settings(max_num_seqs=12), "first", started=True, proof=proof),),
+        status="no_evidence",
+        winner_index=None,
+        winner_line=None,
+        notes=(note,),
+    )
+    assert record.exit_code() == 4
+    for page in (render_markdown(record), render_html(record)):
+        assert (
+            "no evidence (the load host limits)" in page
+            and "No winner: the tune stopped without evidence" in page
+        )
+        assert "the load host limits: candidate 1" in page
+    obj = json.loads(json.dumps(record.to_json()))
+    assert obj["status"] == "no_evidence" and obj["candidates"][0]["proof"]["outcome"] == "no evidence"
+    assert obj["candidates"][0]["proof"]["load_host_starved"] == starved
+    assert TuneRecord.from_json(obj).candidates[0].proof == proof

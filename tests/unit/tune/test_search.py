@@ -114,8 +114,11 @@ def test_a_preempting_candidate_moves_to_the_seqs_the_odds_call_safe_and_the_sea
     up = next_proposal(SPACE, 8, history)
     assert up is not None and up.settings.max_num_seqs == 6  # where does the headroom end?
     history.append(_proved(3, up.settings, _proof(preempted=True)))
-    assert next_proposal(SPACE, 8, history) is None  # 4 carried, 6 preempted: stop
-    winner = pick_winner(SPACE, history)
+    mid = next_proposal(SPACE, 8, history)  # 4 carried, 6 preempted: the boundary is bisected, off the ladder
+    assert mid is not None and mid.settings.max_num_seqs == 5 and "bisect" in mid.rule
+    history.append(_proved(4, mid.settings, _proof(preempted=True)))
+    assert next_proposal(SPACE, 8, history) is None  # 4 carried, 5 preempted: one apart, stop
+    winner = pick_winner(SPACE, history, 8)
     assert winner is not None and winner.index == 2
 
 
@@ -124,14 +127,14 @@ def test_the_start_bound_is_respected_and_no_carrier_means_no_winner() -> None:
     first = Settings(gpu_memory_utilization=0.95, max_num_seqs=8)
     history = [_proved(1, first, _proof(preempted=True, safe=2))]
     assert next_proposal(bounded, 8, history) is None
-    assert pick_winner(bounded, history) is None
+    assert pick_winner(bounded, history, 8) is None
 
 
 def test_the_winner_prefers_more_memory_then_more_seqs() -> None:
     a = _proved(1, Settings(gpu_memory_utilization=0.8, max_num_seqs=6), _proof(preempted=False))
     b = _proved(2, Settings(gpu_memory_utilization=0.9, max_num_seqs=4), _proof(preempted=False))
     c = _proved(3, Settings(gpu_memory_utilization=0.9, max_num_seqs=6), _proof(preempted=False))
-    winner = pick_winner(SPACE, [a, b, c])
+    winner = pick_winner(SPACE, [a, b, c], 8)
     assert winner is not None and winner.index == 3
 
 
@@ -149,10 +152,14 @@ def test_without_a_target_each_setting_is_proved_at_its_own_max_num_seqs() -> No
     assert nxt is not None and nxt.settings.max_num_seqs == 4 and "at 32 with max_num_seqs 32" in nxt.rule
     history.append(_proved(2, nxt.settings, _proof(preempted=False)))
     up = next_proposal(space, None, history)
-    assert up is not None and up.settings.max_num_seqs == 8
+    assert up is not None and up.settings.max_num_seqs == 18  # bisect 4 (carried) … 32 (preempted)
     history.append(_proved(3, up.settings, _proof(preempted=True)))
+    for seqs in (11, 7, 5):  # each preempts: the bracket narrows to 4 … 5
+        nxt = next_proposal(space, None, history)
+        assert nxt is not None and nxt.settings.max_num_seqs == seqs
+        history.append(_proved(len(history) + 1, nxt.settings, _proof(preempted=True)))
     assert next_proposal(space, None, history) is None
-    winner = pick_winner(space, history)
+    winner = pick_winner(space, history, None)
     assert winner is not None and winner.settings.max_num_seqs == 4
 
 
@@ -173,11 +180,11 @@ def test_headroom_above_the_target_wins_only_when_the_level_above_held() -> None
     first = _proved(1, at8, replace(_proof(preempted=False), odds_safe_above=True))
     held = _proved(2, replace(at8, max_num_seqs=10), _proof(preempted=False))
     assert next_proposal(SPACE, 8, [first, held]) is None  # headroom shown: stop
-    assert pick_winner(SPACE, [first, held]) == held
+    assert pick_winner(SPACE, [first, held], 8) == held
     # carried 8 but preempted at 10, the level it admits: the capped setting wins, the search stops
     burst = _proved(2, replace(at8, max_num_seqs=10), replace(_proof(preempted=False), observed_onset=10))
     assert next_proposal(SPACE, 8, [first, burst]) is None
-    assert pick_winner(SPACE, [first, burst]) == first
+    assert pick_winner(SPACE, [first, burst], 8) == first
 
 
 def test_a_rate_target_measured_above_the_ladder_falls_back_to_the_target_after_a_burst() -> None:

@@ -42,8 +42,9 @@ from oomload.errors import ConfigError, ExitCode, OutputWriteError
 from oomload.outfile import reason, write_text
 from oomload.report.junit import render_junit
 from oomload.report.markdown import render_markdown
-from oomload.report.summary import SUMMARY_SCHEMA, build_summary, dump_summary
+from oomload.report.summary import build_summary, dump_summary
 from oomload.report.terminal import render_terminal
+from oomload.rundir.summary import SUMMARY_SCHEMA
 from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.gate import (
     Gate,

@@ -45,8 +45,9 @@ from typing import Any, Literal
 from oomload import __version__
 from oomload.errors import ConfigError
 from oomload.outcome import Outcome
-from oomload.report.summary import Summary, build_summary, summary_from_doc
+from oomload.report.summary import build_summary
 from oomload.rundir.provenance import Provenance, file_sha256, read_provenance
+from oomload.rundir.summary import Summary, summary_from_doc
 from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.recommend import recommend
 from oomload.verdict.relative import onset_steps

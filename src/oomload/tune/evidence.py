@@ -26,10 +26,10 @@ generator was starved (``verdict.loadgen``'s rule: not delivered and a CPU wait 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from oomload.rundir.summary import Starved, StepSummary
 from oomload.verdict.loadgen import Starvation
 from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE
 
@@ -46,12 +46,12 @@ class TargetEvidence:
     running_max: int | None = None  # vLLM's most requests running at once over the steps
 
 
-def judge_target(steps: Sequence[Mapping[str, Any]], target: int, cap: int | None) -> TargetEvidence:
+def judge_target(steps: Sequence[StepSummary], target: int, cap: int | None) -> TargetEvidence:
     """Whether the target's steps held (module docstring); no steps: no evidence."""
     if not steps:
         return TargetEvidence(False, f"no step at {target} ran")
     judged = [_judge(s, target, cap) for s in steps]
-    running = [int(r) for s in steps if isinstance(r := s.get("running_max"), int)]
+    running = [s.running_max for s in steps if s.running_max is not None]
     running_max = max(running) if running else None
     failed = next((j for j in judged if not j.held), None)
     if failed is not None:
@@ -59,20 +59,20 @@ def judge_target(steps: Sequence[Mapping[str, Any]], target: int, cap: int | Non
     return TargetEvidence(True, "; ".join(j.how for j in judged), None, running_max)
 
 
-def _judge(step: Mapping[str, Any], target: int, cap: int | None) -> TargetEvidence:
-    starved = _starved_text(step.get("starved"))
-    if step.get("cut_short"):
-        return TargetEvidence(False, f"the step at {target} was cut short ({step.get('end_reason')})")
-    if step.get("mostly_failed"):
+def _judge(step: StepSummary, target: int, cap: int | None) -> TargetEvidence:
+    starved = _starved_text(step.starved)
+    if step.cut_short:
+        return TargetEvidence(False, f"the step at {target} was cut short ({step.end_reason})")
+    if step.mostly_failed:
         return TargetEvidence(False, f"most requests at {target} failed: the server was not loaded")
-    delivered = _num(step.get("delivered_concurrency"))
     if cap is not None and cap < target:
-        return _judge_capped(step, target, cap, starved)
-    held = step.get("concurrency_held")
+        return _judge_capped(step, cap, starved)
+    held = step.concurrency_held
     if held is None:
-        held = step.get("trusted") is not False  # an older summary: its own word
+        held = step.trusted  # an older summary: its own word
     if held and starved is not None:  # held by vLLM's queue only, the client starved: maybe its own burst
         held = False
+    delivered = step.delivered_concurrency
     shown = "?" if delivered is None else f"{delivered:.1f}"
     if held:
         return TargetEvidence(True, f"held {shown} of {target}")
@@ -80,12 +80,10 @@ def _judge(step: Mapping[str, Any], target: int, cap: int | None) -> TargetEvide
     return TargetEvidence(False, f"{who}: {shown} of {target} in flight", starved)
 
 
-def _judge_capped(step: Mapping[str, Any], target: int, cap: int, starved: str | None) -> TargetEvidence:
-    running = step.get("running_max")
-    server = step.get("server") or {}
-    in_engine, queued = _num(server.get("in_engine")), _num(server.get("queued"))
-    at_cap = isinstance(running, int) and running >= cap
-    waited = int(step.get("waiting_sustained") or 0)
+def _judge_capped(step: StepSummary, cap: int, starved: str | None) -> TargetEvidence:
+    running, in_engine, queued = step.running_max, step.server_in_engine, step.server_queued
+    at_cap = running is not None and running >= cap
+    waited = step.waiting_sustained
     by_mean = in_engine is not None and in_engine >= CAP_HELD_SHARE * cap
     ran = at_cap and ((waited > 0 and starved is None) or by_mean)
     mean = "" if in_engine is None else f", {in_engine:.1f} on average"
@@ -97,19 +95,7 @@ def _judge_capped(step: Mapping[str, Any], target: int, cap: int, starved: str |
     return TargetEvidence(False, f"{who}: cap {cap}, {shown}", starved)
 
 
-def _starved_text(obj: object) -> str | None:
-    if not isinstance(obj, Mapping):
+def _starved_text(starved: Starved | None) -> str | None:
+    if starved is None:
         return None
-    share = _num(obj.get("wait_share"))
-    if share is None:
-        return None
-    worker = obj.get("worker")
-    return Starvation(
-        share, _num(obj.get("loop_lag_max_ms")), worker if isinstance(worker, int) else None
-    ).text
-
-
-def _num(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
+    return Starvation(starved.wait_share, starved.loop_lag_max_ms, starved.worker).text

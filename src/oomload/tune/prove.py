@@ -30,7 +30,6 @@ A Ctrl-C reaches the replay child too: it writes its partial report before the t
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -38,12 +37,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from oomload.capacity.odds import Pool, TraceOdds
 from oomload.errors import ConfigError, ExitCode
 from oomload.load.preflight import preflight
 from oomload.outfile import output_file
+from oomload.rundir.summary import Summary, read_summary
 from oomload.telemetry.scrape import fetch_text
 from oomload.telemetry.vllm_metrics import parse_vllm_metrics
 from oomload.trace.model import PrefixInfo, TraceRecord, read_trace_header, write_trace
@@ -91,7 +90,7 @@ def prove(ctx: TuneContext, candidate: Candidate, url: str, log_path: Path, cand
         ]
         exit_code = run_replay_child(ctx, argv, cand_dir / log_name)
         return proof_from_summary(
-            read_json(run_dir / "summary.json"),
+            read_replay_summary(run_dir),
             target=target,
             pool=pool,
             guide=guide,
@@ -156,7 +155,7 @@ def measure_rate(ctx: TuneContext, url: str, cand_dir: Path) -> RateTarget | Non
     ctx.console.print(f"  target rate {rate:g} req/s: an open-loop replay of {count} requests measures W")
     run_replay_child(ctx, argv, rate_dir / "replay.log")
     return rate_target_from_summary(
-        read_json(rate_dir / "run" / "summary.json"), rate_rps=rate, run_dir=str(rate_dir / "run")
+        read_replay_summary(rate_dir / "run"), rate_rps=rate, run_dir=str(rate_dir / "run")
     )
 
 
@@ -221,7 +220,7 @@ def _child_error(log_path: Path) -> str:
 
 
 def proof_from_summary(
-    summary: dict[str, Any] | None,
+    summary: Summary | None,
     *,
     target: int,
     pool: Pool | None,
@@ -235,31 +234,30 @@ def proof_from_summary(
     """The proof from a candidate replay's ``summary.json`` (``None``: the replay wrote no verdict);
     ``max_num_seqs`` below the target: judged as capped (``oomload.tune.evidence``)."""
     evidence = None if guide is None else guide.requests_for_evidence
-    verdict = (summary or {}).get("verdict") or {}
-    steps = [s for s in verdict.get("steps") or [] if not s.get("warmup") and s.get("concurrency") == target]
-    requests = sum(int(s.get("requests") or 0) for s in steps)
+    steps = [] if summary is None else [s for s in summary.steps if not s.warmup and s.concurrency == target]
+    requests = sum(s.requests for s in steps)
     judged = judge_target(steps, target, max_num_seqs)
     held = judged.held
-    preemptions = sum(int(s.get("preemptions") or 0) for s in steps)
-    onsets = verdict.get("onsets") or {}
-    pre = onsets.get("preemption") or {}
-    death = onsets.get("engine_death") or {}
-    died = bool(death) and int(death.get("concurrency") or 0) <= target
-    overflow = verdict.get("context_overflow") or {}
-    overflowed = int(overflow.get("refused") or 0) + int(overflow.get("clamped") or 0)
-    sent = int((verdict.get("requests") or {}).get("total") or 0)
-    served_limit = overflow.get("model_limit")
+    preemptions = sum(s.preemptions or 0 for s in steps)
+    observed_onset = (
+        None if summary is None or summary.preemption_onset is None else summary.preemption_onset.concurrency
+    )
+    death = None if summary is None else summary.death
+    died = death is not None and (death.concurrency or 0) <= target
+    overflowed = 0 if summary is None else summary.context_refused + summary.context_clamped
+    sent = 0 if summary is None else summary.requests_total
+    served_limit = None if summary is None else summary.context_model_limit
     # the trace's own tail beyond its recommended max_model_len overflows any setting: evidence, not a
     # rejection; a limit the tune cut below the recommendation refuses the traffic the target carries
     overflow_blocks = (
         overflowed > 0
         and recommended_max_model_len is not None
-        and isinstance(served_limit, int)
+        and served_limit is not None
         and served_limit < recommended_max_model_len
     )
-    ttfts = [float(t) for s in steps if (t := (s.get("ttft") or {}).get("p99_ms")) is not None]
+    ttfts = [s.ttft.p99_ms for s in steps if s.ttft.p99_ms is not None]
     ttft = max(ttfts) if ttfts else None
-    tput = [float(s["output_tokens_per_s"]) for s in steps if s.get("output_tokens_per_s") is not None]
+    tput = [s.output_tokens_per_s for s in steps if s.output_tokens_per_s is not None]
     slo_met = None
     if slo_ttft_p99_s is not None:
         slo_met = ttft is not None and ttft <= slo_ttft_p99_s * 1000.0
@@ -273,7 +271,7 @@ def proof_from_summary(
             + (f"; {judged.how}" if held else f"; the step did not hold concurrency {target} ({judged.how})")
             + (f"; {overflowed} of {sent} overflowed max_model_len {served_limit}" if overflowed else "")
         )
-    preempted = preemptions > 0 or 0 < int(pre.get("concurrency") or 0) <= target
+    preempted = preemptions > 0 or 0 < (observed_onset or 0) <= target
     no_evidence = not held and not preempted and not died
     if no_evidence and summary is not None:
         evidence_text += f": no evidence{'' if judged.starved is None else ' — the load host limits'}"
@@ -286,7 +284,7 @@ def proof_from_summary(
         predicted_onset=None if guide is None else guide.onset,
         odds_safe_max_num_seqs=None if guide is None else guide.safe_max_num_seqs,
         requests_for_evidence=evidence,
-        observed_onset=pre.get("concurrency"),
+        observed_onset=observed_onset,
         preempted_at_target=preempted,
         died=died,
         overflow_at_target=overflow_blocks,
@@ -331,12 +329,13 @@ def read_text(path: Path) -> str:
         return ""
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_replay_summary(run_dir: Path) -> Summary | None:
+    """A candidate replay's ``summary.json`` as typed values; ``None`` when the replay wrote none (it
+    failed before its verdict) or wrote what is not one (the proof then says so)."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_summary(run_dir / "summary.json")
+    except ConfigError:
         return None
-    return value if isinstance(value, dict) else None
 
 
 def _onset(value: int | None, target: int) -> str:

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from oomload.rundir.summary import Summary
 from oomload.trace.model import TraceRecord
 
 CALIBRATION_WINDOW_S = 20.0  # the open-loop replay spans about this long at the target rate
@@ -108,25 +109,22 @@ def arrival_scale(records: Sequence[TraceRecord], rate_rps: float) -> float:
     return own_rps / rate_rps
 
 
-def rate_target_from_summary(
-    summary: Mapping[str, Any] | None, *, rate_rps: float, run_dir: str
-) -> RateTarget | None:
+def rate_target_from_summary(summary: Summary | None, *, rate_rps: float, run_dir: str) -> RateTarget | None:
     """The translation from the open-loop replay's ``summary.json`` (``None``: nothing measured)."""
-    verdict = (summary or {}).get("verdict") or {}
-    steps = [s for s in verdict.get("steps") or [] if not s.get("warmup")]
+    steps = [] if summary is None else [s for s in summary.steps if not s.warmup]
     if not steps:
         return None
     step = steps[0]
-    in_flight = step.get("achieved_concurrency")
-    if not isinstance(in_flight, (int, float)) or not in_flight > 0:
+    in_flight = step.achieved_concurrency
+    if in_flight is None or not in_flight > 0:
         return None
-    achieved = step.get("req_per_s")
+    achieved = step.req_per_s
     return RateTarget(
         rate_rps=rate_rps,
-        concurrency=max(1, math.ceil(float(in_flight) - 1e-9)),
-        in_flight_mean=float(in_flight),
-        achieved_rps=float(achieved) if isinstance(achieved, (int, float)) and achieved > 0 else None,
-        requests=int(step.get("requests") or 0),
-        preemptions=int(step.get("preemptions") or 0),
+        concurrency=max(1, math.ceil(in_flight - 1e-9)),
+        in_flight_mean=in_flight,
+        achieved_rps=achieved if achieved is not None and achieved > 0 else None,
+        requests=step.requests,
+        preemptions=step.preemptions or 0,
         run_dir=run_dir,
     )

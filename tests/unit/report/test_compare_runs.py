@@ -12,8 +12,9 @@ import pytest
 
 from oomload.cli import main
 from oomload.errors import ConfigError, ExitCode
-from oomload.report.summary import SUMMARY_SCHEMA, build_summary, dump_summary, read_summary
+from oomload.report.summary import build_summary, dump_summary
 from oomload.rundir.provenance import Provenance, file_sha256, read_provenance
+from oomload.rundir.summary import SUMMARY_SCHEMA, read_summary
 from oomload.verdict import build_verdict
 from oomload.verdict.gate import GateStatus, evaluate_gates, parse_gate
 from oomload.verdict.recommend import recommend

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from oomload.capacity.odds import Pool
+from oomload.rundir.summary import SUMMARY_SCHEMA, StepSummary, Summary, summary_from_doc
 from oomload.tune.evidence import judge_target
 from oomload.tune.guide import OddsGuide
 from oomload.tune.prove import proof_from_summary
@@ -109,7 +110,7 @@ def test_the_winner_prefers_more_concurrency_carried_over_a_lower_cap_that_passe
     assert pick_winner(SPACE, [fast_low, high], TARGET) == high
 
 
-def _step(**kw: Any) -> dict[str, Any]:
+def _step_doc(**kw: Any) -> dict[str, Any]:
     step: dict[str, Any] = {
         "concurrency": TARGET,
         "warmup": False,
@@ -129,6 +130,15 @@ def _step(**kw: Any) -> dict[str, Any]:
     }
     step.update(kw)
     return step
+
+
+def _step(**kw: Any) -> StepSummary:
+    return _typed({"verdict": {"steps": [_step_doc(**kw)]}}).steps[0]
+
+
+def _typed(doc: dict[str, Any]) -> Summary:
+    """A hand-made summary through the real reader (``summary_from_doc``), as the tuner reads it."""
+    return summary_from_doc({"schema": SUMMARY_SCHEMA, **doc})
 
 
 def test_a_capped_candidate_is_judged_by_the_cap_the_server_held() -> None:
@@ -158,15 +168,17 @@ def test_a_queue_that_held_a_starved_client_is_no_evidence() -> None:
     assert not found.held and found.starved == STARVED
 
 
-def _summary(step: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "verdict": {
-            "steps": [step],
-            "onsets": {"preemption": None, "engine_death": None},
-            "context_overflow": {"refused": 0, "clamped": 0, "model_limit": 2048},
-            "requests": {"total": step["requests"]},
+def _summary(step: dict[str, Any]) -> Summary:
+    return _typed(
+        {
+            "verdict": {
+                "steps": [step],
+                "onsets": {"preemption": None, "engine_death": None},
+                "context_overflow": {"refused": 0, "clamped": 0, "model_limit": 2048},
+                "requests": {"total": step["requests"]},
+            }
         }
-    }
+    )
 
 
 def _from_summary(step: dict[str, Any], seqs: int) -> Proof:
@@ -186,10 +198,10 @@ def _from_summary(step: dict[str, Any], seqs: int) -> Proof:
 
 
 def test_the_proof_carries_a_held_cap_and_marks_a_starved_step_as_no_evidence() -> None:
-    assert _from_summary(_step(), 8).carries
+    assert _from_summary(_step_doc(), 8).carries
     starved = {"wait_share": 0.93, "loop_lag_max_ms": 210.0, "worker": None}
-    proof = _from_summary(_step(running_max=5, server={"in_engine": 4.0}, starved=starved), 8)
+    proof = _from_summary(_step_doc(running_max=5, server={"in_engine": 4.0}, starved=starved), 8)
     assert proof.no_evidence and not proof.carries and proof.starved == STARVED
     assert proof.outcome == "no evidence" and "the load host limits" in proof.evidence
-    preempted = _from_summary(_step(running_max=5, preemptions=2, starved=starved), 8)
+    preempted = _from_summary(_step_doc(running_max=5, preemptions=2, starved=starved), 8)
     assert not preempted.no_evidence and preempted.outcome == "preempted"  # a preemption is evidence

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from oomload.capacity.odds import Pool
+from oomload.rundir.summary import SUMMARY_SCHEMA, Summary, summary_from_doc
 from oomload.tune.guide import OddsGuide
 from oomload.tune.prove import proof_from_summary
 
@@ -18,7 +19,7 @@ def _summary(
     refused: int = 0,
     limit: int = 768,
     onset: int | None = None,
-) -> dict[str, Any]:
+) -> Summary:
     step = {
         "concurrency": 8,
         "warmup": False,
@@ -28,17 +29,27 @@ def _summary(
         "ttft": {"p99_ms": 1500.0},
         "output_tokens_per_s": 300.0,
     }
-    return {
-        "verdict": {
-            "steps": [step, {**step, "concurrency": 10, "preemptions": 3}],
-            "onsets": {"preemption": None if onset is None else {"concurrency": onset}, "engine_death": None},
-            "context_overflow": {"refused": refused, "clamped": 0, "model_limit": limit},
-            "requests": {"total": 80},
+    return _typed(
+        {
+            "verdict": {
+                "steps": [step, {**step, "concurrency": 10, "preemptions": 3}],
+                "onsets": {
+                    "preemption": None if onset is None else {"concurrency": onset},
+                    "engine_death": None,
+                },
+                "context_overflow": {"refused": refused, "clamped": 0, "model_limit": limit},
+                "requests": {"total": 80},
+            }
         }
-    }
+    )
 
 
-def _proof(summary: dict[str, Any] | None, **kw: Any) -> Any:
+def _typed(doc: dict[str, Any]) -> Summary:
+    """A hand-made summary through the real reader (``summary_from_doc``), as the tuner reads it."""
+    return summary_from_doc({"schema": SUMMARY_SCHEMA, **doc})
+
+
+def _proof(summary: Summary | None, **kw: Any) -> Any:
     args: dict[str, Any] = {
         "target": 8,
         "pool": POOL,
@@ -78,3 +89,30 @@ def test_the_slo_and_a_missing_verdict() -> None:
     assert _proof(_summary(), slo_ttft_p99_s=2.0).carries
     missing = _proof(None, replay_exit=3)
     assert not missing.carries and "no verdict (exit 3)" in missing.evidence
+
+
+def test_the_proof_reads_a_real_summary_json(tmp_path: Any) -> None:
+    """``build_summary``'s own document, written and read back as the tuner reads a candidate's replay:
+    a schema change that drops what the proof needs fails here, not only in a hand-made dict."""
+    from oomload.report.summary import build_summary, dump_summary
+    from oomload.tune.prove import read_replay_summary
+    from oomload.verdict import build_verdict
+    from oomload.verdict.recommend import recommend
+    from oomload.verdict.runview import load_run
+    from runbuilder import StepSpec, write_run
+
+    run = write_run(
+        tmp_path / "run",
+        [StepSpec(4), StepSpec(8), StepSpec(10, preemptions=3)],
+        cache_config={"block_size": 256, "num_gpu_blocks": 12},
+    )
+    verdict = build_verdict(load_run(run))
+    doc = build_summary(verdict, recommend(verdict), (), exit_code=0, generated_unix_s=1.0)
+    (run / "summary.json").write_text(dump_summary(doc))
+    proof = _proof(read_replay_summary(run))
+    # the made-up step at 8 delivered 6.0 of 8 (its requests' own timings): no evidence, said in
+    # figures the reader took from the document (delivered_concurrency, concurrency_held, onsets)
+    assert proof.observed_onset == 10 and not proof.preempted_at_target and proof.running_max == 8
+    assert proof.no_evidence and "the level was not delivered: 6.0 of 8 in flight" in proof.evidence
+    assert proof.ttft_p99_ms is not None and proof.throughput_tokens_per_s is not None
+    assert read_replay_summary(tmp_path / "nothing") is None  # the replay wrote no verdict

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from oomload.rundir.summary import SUMMARY_SCHEMA, Summary, summary_from_doc
 from oomload.trace.model import TraceRecord
 from oomload.tune.rate import (
     MIN_CALIBRATION_REQUESTS,
@@ -38,11 +39,11 @@ def test_the_open_loop_replay_sends_about_twenty_seconds_of_the_rate_within_the_
     assert calibration_requests(10.0, 30, 400) == 30  # the trace's size
 
 
-def _summary(achieved: float | None, rate: float = 4.0) -> dict[str, object]:
+def _summary(achieved: float | None, rate: float = 4.0) -> Summary:
     step = {"concurrency": 40, "warmup": False, "requests": 80, "req_per_s": rate, "preemptions": 2}
     if achieved is not None:
         step["achieved_concurrency"] = achieved
-    return {"verdict": {"steps": [step]}}
+    return summary_from_doc({"schema": SUMMARY_SCHEMA, "verdict": {"steps": [step]}})
 
 
 def test_littles_law_the_measured_mean_in_flight_rounds_up_to_the_target() -> None:
@@ -61,7 +62,8 @@ def test_littles_law_the_measured_mean_in_flight_rounds_up_to_the_target() -> No
 def test_nothing_measured_is_no_target() -> None:
     assert rate_target_from_summary(None, rate_rps=4.0, run_dir="r") is None
     assert rate_target_from_summary(_summary(None), rate_rps=4.0, run_dir="r") is None
-    assert rate_target_from_summary({"verdict": {"steps": []}}, rate_rps=4.0, run_dir="r") is None
+    empty = summary_from_doc({"schema": SUMMARY_SCHEMA, "verdict": {"steps": []}})
+    assert rate_target_from_summary(empty, rate_rps=4.0, run_dir="r") is None
 
 
 def test_a_candidate_keeps_its_rate_measurement_in_tune_json() -> None:

@@ -361,8 +361,9 @@ def conversation_units(
 ) -> list[tuple[int, ...]]:
     """Positions of ``records`` grouped into units, each where its first turn is: a session's turns in
     turn order; the turns found from the chains of records without a session, in trace order (a
-    request whose chain starts with an earlier request's whole chain is that request's next turn —
-    the chain's last id is looked up at each depth of the new one, longest first — and each turn is
+    request whose chain starts with an earlier request's whole chain and goes on past it is that
+    request's next turn — the chain's last id is looked up at each depth of the new one but its own
+    last, longest first; a request with the same chain is a repeat, not a turn — and each turn is
     continued at most once, so a conversation is a line of turns, not every request that shares a
     system prompt with a short one); each other record alone (``RequestOrder``). A chain is the ids
     of the prompt's *full* blocks of ``block_tokens`` (``prompt_tokens // block_tokens`` of them): a
@@ -378,7 +379,7 @@ def conversation_units(
                 if not block_tokens
                 else record.hash_ids[: record.prompt_tokens // block_tokens]
             )
-            unit = next((ends.pop(i) for i in reversed(ids) if i in ends), None) if ids else None
+            unit = next((ends.pop(i) for i in reversed(ids[:-1]) if i in ends), None)
             if unit is None:
                 unit = [position]
                 units.append(unit)

@@ -490,14 +490,14 @@ class PrefixTally:
         maybe_gone = None if gone.empty else gone.maybe
         doubt = False
         found = None
-        for block_id in reversed(ids):
+        for block_id in reversed(ids[:-1]):  # a chain equal to an earlier one is a repeat, not a turn
             found = keys.get(block_id)
             if found is not None:
                 break
             if maybe_gone is not None and not doubt and maybe_gone(block_id):
                 doubt = True
         chains.join(found, ids[-1], doubt)
-        if found is not None and block_id != ids[-1]:
+        if found is not None:
             chains.release(block_id)  # a turn is continued once (as the replay sends them)
 
     def add_without_ids(self, requests: int, prompt_tokens: int, total_blocks: int) -> None:

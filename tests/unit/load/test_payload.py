@@ -227,3 +227,17 @@ def test_turns_found_from_the_chains_go_out_in_order_from_one_user() -> None:
         ["e"],
         ["g"],
     ]
+
+
+def test_requests_with_one_chain_are_repeats_not_one_conversation() -> None:
+    """2,000 requests that share only a system prompt's chain (the issue-32 traffic): each is a
+    conversation of its own, sent at the level's concurrency — not one conversation of 2,000 turns sent
+    one at a time. A request that goes on past an earlier chain is still its next turn."""
+    from oomload.load.payload import conversation_units
+    from oomload.trace.model import TraceRecord
+
+    shared = tuple(range(1, 17))
+    same = [TraceRecord(f"r{i}", 0.0, 600, 100, hash_ids=shared) for i in range(50)]
+    assert all(len(u) == 1 for u in conversation_units(same, 32))
+    turn = TraceRecord("t", 0.0, 700, 100, hash_ids=(*shared, 99, 100, 101))
+    assert conversation_units([*same[:2], turn], 32) == [(0,), (1, 2)]  # the latest end is continued

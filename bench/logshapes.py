@@ -13,7 +13,11 @@ carry an unusual value (a millisecond timestamp, a ``null`` model).
 ``completions`` (``prompt`` and ``choices[].text`` with a float ``timestamp``), ``batch`` (OpenAI
 Batch output: ``custom_id``, ``response.status_code``, ``response.body.usage``), ``responses``
 (the Responses API: ``input``, ``max_output_tokens``, ``usage.input_tokens``/``output_tokens``) and
-``flat`` (the request body itself with ``messages`` and ``usage`` beside it, times in ms).
+``flat`` (the request body itself with ``messages`` and ``usage`` beside it, times in ms); and two
+shapes written the way other software writes them, not tuned for: ``litellm`` (a LiteLLM spend log:
+``messages`` at the top, the response and its ``usage`` nested, cost, float ``startTime`` and nested
+``metadata``) and ``access-log`` (an API gateway's access log: request and response bodies as escaped
+JSON strings, times in ms as ``started_at``).
 """
 
 from __future__ import annotations
@@ -213,6 +217,101 @@ def flat(rng: random.Random, i: int, time_s: float) -> dict[str, Any]:
     return line
 
 
+def litellm(rng: random.Random, i: int, time_s: float) -> dict[str, Any]:
+    """A LiteLLM-style spend log (its ``StandardLoggingPayload``): ``messages`` at the top, the model's
+    response nested with its ``usage``, token counts and cost beside them, nested ``metadata``."""
+    messages = _messages(rng)
+    choice = _choice(rng, _text(rng, rng.randint(1, 80)), True)
+    prompt, output = _tokens(rng, messages), _tokens(rng, choice)
+    response = {
+        "id": f"chatcmpl-{i:x}",
+        "object": "chat.completion",
+        "created": int(time_s),
+        "model": "gpt-4o-mini",
+        "choices": [choice],
+        "usage": _usage(rng, prompt, output, _CHAT),
+    }
+    metadata = {
+        "user_api_key_hash": f"{rng.getrandbits(128):032x}",
+        "user_api_key_alias": rng.choice(["team-a", None]),
+        "user_api_key_team_id": f"team-{rng.randint(1, 9)}",
+        "user_api_key_user_id": None,
+        "spend_logs_metadata": rng.choice([None, {"env": "prod", "tags": ["chat", "beta"]}]),
+        "requester_ip_address": "",
+        "requester_metadata": {"headers": {"x-request-source": "sdk"}},
+    }
+    line = {
+        "id": f"{rng.getrandbits(64):016x}",
+        "trace_id": f"{rng.getrandbits(64):016x}",
+        "call_type": "acompletion",
+        "stream": rng.random() < 0.3,
+        "response_cost": round(rng.uniform(0, 0.01), 8),
+        "status": "success",
+        "total_tokens": prompt + output,
+        "prompt_tokens": prompt,
+        "completion_tokens": output,
+        "startTime": time_s,
+        "endTime": time_s + rng.uniform(0.2, 9.0),
+        "completionStartTime": time_s + rng.uniform(0.05, 0.5),
+        "model": "gpt-4o-mini",
+        "model_id": f"{rng.getrandbits(64):x}",
+        "model_group": "gpt-4o-mini",
+        "custom_llm_provider": "openai",
+        "api_base": "https://api.openai.com/v1/",
+        "metadata": _shuffled(rng, metadata),
+        "cache_hit": None,
+        "cache_key": None,
+        "request_tags": rng.choice([[], ["prod"]]),
+        "end_user": "",
+        "messages": messages,
+        "response": _shuffled(rng, response),
+        "model_parameters": {"temperature": 0.2, "max_tokens": rng.choice([256, 1024])},
+        "hidden_params": {"model_id": None, "cache_key": None, "api_base": None, "response_cost": None},
+        "error_str": None,
+    }
+    _odd(rng, line, response)
+    return line
+
+
+def access_log(rng: random.Random, i: int, time_s: float) -> dict[str, Any]:
+    """An API gateway's access log (Kong's or APISIX's http-logger): method, headers, latencies, and the
+    request and response bodies as escaped JSON strings (a reader must decode them a second time)."""
+    request = {"model": "m", "max_tokens": rng.choice([256, 1024]), "messages": _messages(rng)}
+    choice = _choice(rng, _text(rng, rng.randint(1, 80)), True)
+    body = {
+        "id": f"chatcmpl-{i}",
+        "object": "chat.completion",
+        "created": int(time_s),
+        "model": "m",
+        "choices": [choice],
+        "usage": _usage(rng, _tokens(rng, request["messages"]), _tokens(rng, choice), _CHAT),
+    }
+    request_body = _dump(rng, _shuffled(rng, request))
+    response_body = _dump(rng, _shuffled(rng, body))
+    stamp = datetime.fromtimestamp(time_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:23] + "Z"
+    return {
+        "@timestamp": stamp,
+        "client_ip": f"10.0.{rng.randint(0, 255)}.{rng.randint(1, 254)}",
+        "service": {"name": "llm", "host": "vllm.internal", "port": 8000},
+        "route": {"paths": ["/v1/chat/completions"]},
+        "request": {
+            "method": "POST",
+            "uri": "/v1/chat/completions",
+            "size": len(request_body),
+            "headers": {"content-type": "application/json", "user-agent": "openai-python/1.54"},
+            "body": request_body,
+        },
+        "response": {
+            "status": 200,
+            "size": len(response_body),
+            "headers": {"content-type": "application/json"},
+            "body": response_body,
+        },
+        "latencies": {"request": rng.randint(200, 9000), "proxy": rng.randint(200, 9000), "kong": 1},
+        "started_at": int(time_s * 1000),
+    }
+
+
 Shape = Callable[[random.Random, int, float], dict[str, Any]]
 SHAPES: dict[str, Shape] = {
     "gateway": gateway,
@@ -221,7 +320,12 @@ SHAPES: dict[str, Shape] = {
     "batch": batch,
     "responses": responses,
     "flat": flat,
+    "litellm": litellm,
+    "access-log": access_log,
 }
+# Shapes ``trace build`` does not read yet: the access log's bodies are JSON inside a JSON string, which
+# the reader does not decode a second time (every line is skipped: "no token counts").
+UNREAD = frozenset({"access-log"})
 
 
 def lines(shape: str, count: int, seed: int = 0) -> Iterator[str]:

@@ -13,7 +13,6 @@ request, so identical histories line up block for block — and each chain stops
 
 from __future__ import annotations
 
-import zlib
 from itertools import chain
 from typing import Any
 
@@ -34,6 +33,7 @@ from oomload.ingest.openai_schema import (
     RequestBodyParts,
 )
 from oomload.ingest.tokens import TokenCounter
+from oomload.trace.blockhash import crc32
 from oomload.trace.prefix import BlockHasher, chain_marks, message_block_ids, part_marks
 
 CHARS_PER_TOKEN = 4  # the estimate of a message's tokens without --tokenizer (its JSON's bytes / 4)
@@ -142,7 +142,7 @@ class PartMarks:
         self.parts_per_prompt.append(np.fromiter(map(len, prompts), np.int64, len(prompts)))
         flat = list(chain.from_iterable(prompts))
         self.sizes.append(np.fromiter(map(len, flat), np.int64, len(flat)))
-        self.crcs.append(np.fromiter(map(zlib.crc32, flat), np.uint64, len(flat)))
+        self.crcs.append(np.fromiter(map(crc32, flat), np.uint64, len(flat)))
         if self.counter is not None:
             counter = self.counter
             self.tokens.append(np.fromiter((_part_tokens(p, counter) for p in flat), np.int64, len(flat)))

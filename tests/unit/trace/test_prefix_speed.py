@@ -251,3 +251,23 @@ def test_keyed_hash_in_slices_equals_one_pass() -> None:
         b = rng.integers(0, 2**64, count, dtype=np.uint64, endpoint=False)
         assert keyed_hash(key, a).tolist() == _siphash13(key, a).tolist()
         assert keyed_hash(key, a, b).tolist() == _siphash13(key, a, b).tolist()
+
+
+def test_the_crc_of_a_message_is_zlibs_whichever_library_computes_it() -> None:
+    """Every id depends on each message's CRC-32: ISA-L's (``isal``, when installed) must be zlib's."""
+    import zlib
+
+    import msgspec
+
+    from oomload.trace.blockhash import crc32, part_mark
+
+    rng = np.random.default_rng(7)
+    sizes = (0, 1, 7, 8, 15, 64, 333, 4096, 70_001)
+    parts = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+    parts += [b'{"role":"user","content":"h\\u00e9 \\"x\\""}', "日本語 🙂".encode()]
+    for part in parts:
+        assert crc32(part) == zlib.crc32(part)
+        assert crc32(memoryview(part)) == zlib.crc32(part)
+        assert part_mark(part) == (len(part) << 32 | zlib.crc32(part))
+    raws = msgspec.json.decode(b'[{"a": "\\u00e9"}, "text", [1, 2]]', type=list[msgspec.Raw])
+    assert [crc32(r) for r in raws] == [zlib.crc32(bytes(r)) for r in raws]

@@ -190,5 +190,5 @@ def test_an_access_log_with_bodies_as_strings_is_refused_in_one_sentence(tmp_pat
 
     assert "access-log" in logshapes.UNREAD
     log = _log(tmp_path / "access.jsonl", "access-log", 50)
-    with pytest.raises(TraceFormatError, match="no usable requests.*no token counts"):
+    with pytest.raises(TraceFormatError, match=r"no usable requests.*no token counts"):
         build_trace([str(log)], tmp_path / "trace.jsonl")

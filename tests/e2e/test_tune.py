@@ -7,8 +7,9 @@ Trace: fixed 256 + 256 tokens, so a request holds 2 blocks of 256 tokens. The us
 one such request, and vLLM refuses to start ("… the estimated maximum model length is …"). The tuner
 cuts ``max_model_len`` to the trace's recommended value and starts; 12 blocks (11 usable) preempt at
 concurrency 6 and above, so at the target 8 ``max_num_seqs`` 8 preempts, 5 carries (10 blocks), and 6,
-the next larger setting, preempts again — the search stops for a reason. (When the API server starves
-on 2 busy cores, the step with 5 does not hold concurrency 8 and proves nothing: the winner is then 4.)
+the next larger setting, preempts again — the search stops for a reason. When vLLM starves the load
+client on these 2 cores, the step with 5 proves nothing even when measured again, and the tune must
+stop there saying the load host limits (exit 4), never fall back to a smaller setting.
 """
 
 from __future__ import annotations
@@ -52,19 +53,20 @@ def test_tune_over_kv_cache_size_and_max_num_seqs(
     assert "estimated maximum model length" in first["failure"]["message"]
     five = [c for c in cands.values() if c["started"] and c["settings"].get("max_num_seqs") == 5]
     assert five and five[0]["proof"]["preempted_at_target"] is False  # 10 blocks of 11: never preempts
-    four = [c for c in cands.values() if c["started"] and c["settings"].get("max_num_seqs") == 4]
-    if four and all("did not hold" in c["proof"]["evidence"] for c in (five[0], four[0])):
-        # The starved load client of the comment below, at both 5 and 4 (seen once in CI, 2026-12-02):
-        # no setting has evidence, and the tuner must say so and fail, never name one.
-        assert result.returncode == ExitCode.GATE_FAILED, result.stdout[-4000:] + result.stderr[-2000:]
-        assert record["winner_index"] is None and "No candidate carried" in result.stdout
+    if five[0]["proof"]["no_evidence"]:
+        # On this 2-core box vLLM's CPU build can starve the load client beside it (seen: it waited
+        # 79–98 % of the step for a CPU, loop lag up to 10.8 s; the server ran its cap of 5 at moments
+        # but 1.9 on average): 5 has no evidence even when measured again. The tuner must say the load
+        # host limits and stop — never name a smaller setting for want of evidence (issue 32).
+        assert result.returncode == ExitCode.GATE_NOT_EVALUATED, result.stdout[-4000:] + result.stderr[-2000:]
+        assert record["status"] == "no_evidence" and record["winner_index"] is None
+        assert five[0]["proof"]["remeasured"] and "the load host limits" in record["notes"][-1]
+        later = [c for c in cands.values() if c["index"] > five[0]["index"]]
+        assert later == [], later  # nothing smaller tried after it
         return
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     winner = cands[record["winner_index"]]
-    # On 2 busy cores vLLM's API server can starve: the step at 8 then does not hold with 5 sequences
-    # (seen once in three CI runs on 2026-12-02: the server held 4.3 of the client's 7.9), the tuner has
-    # no evidence for 5 and must fall back to 4, the largest setting proven, never to one that preempts.
-    expected = 4 if "did not hold" in five[0]["proof"]["evidence"] else 5
+    expected = 5
     assert winner["settings"]["max_num_seqs"] == expected, five[0]["proof"]["evidence"]
     assert winner["settings"]["max_model_len"] < 4096
     # zero preemptions at the target by the server's own counter, in the winner's replay

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from harness import FIGURES, ServerPool
 
+from oomload.errors import ExitCode
 from oomload.realvllm.server import LAUNCHER
 from oomload.trace.model import PrefixInfo, TraceHeader, TraceRecord, write_trace
 
@@ -89,6 +90,16 @@ def test_the_winner_is_within_one_of_the_largest_cap_that_never_preempts(
         )
         for c in record["candidates"]
     ]
+    if record["status"] == "no_evidence":
+        # vLLM's CPU build starved the load client beside it on these 2 cores (seen in CI-like runs:
+        # the client waited 79–98 % of its steps for a CPU): the candidate the search reached had no
+        # evidence even measured again, and the tune must say so and stop — never name a smaller cap.
+        last = record["candidates"][-1]
+        FIGURES.append(f"tune, shared prefix on 80 × 32, target 12: the load host limited; {table}")
+        assert result.returncode == ExitCode.GATE_NOT_EVALUATED, (table, result.stdout[-4000:])
+        assert record["winner_index"] is None and last["proof"]["no_evidence"], table
+        assert last["proof"]["remeasured"] and "the load host limits" in record["notes"][-1], table
+        return
     assert result.returncode == 0, (table, result.stdout[-4000:], result.stderr[-2000:])
     winner = next(c for c in record["candidates"] if c["index"] == record["winner_index"])
     seqs = winner["settings"]["max_num_seqs"]

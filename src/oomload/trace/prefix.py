@@ -32,7 +32,7 @@ PrefixReuse`` (per-request hit tokens and totals), ``CacheModel.admit`` for a re
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -220,18 +220,7 @@ class PrefixTree:
 
     def top(self, count: int = 5) -> list[SharedPrefix]:
         """The ``count`` shared prefixes with the most tokens × uses (``shared_prefixes``)."""
-        child_best: dict[int, int] = {}
-        for block_id, uses in self.uses.items():
-            up = self.parent[block_id]
-            if up is not None and uses > child_best.get(up, 0):
-                child_best[up] = uses
-        found = [
-            SharedPrefix(block_id, self.depth[block_id] * self.block_tokens, uses)
-            for block_id, uses in self.uses.items()
-            if uses >= 2 and child_best.get(block_id, 0) < uses
-        ]
-        found.sort(key=lambda p: (-p.tokens * p.uses, -p.tokens, p.block_id))
-        return found[:count]
+        return top_prefixes(self.uses, self.parent, self.depth, self.block_tokens, count)
 
 
 def shared_prefixes(records: Iterable[TraceRecord], prefix: PrefixInfo, top: int = 5) -> list[SharedPrefix]:
@@ -271,6 +260,30 @@ def conversation_turns(records: Iterable[TraceRecord]) -> ConversationTurns:
         max_turns=max(turns.values(), default=0),
         histogram=dict(sorted(histogram.items())),
     )
+
+
+def top_prefixes(
+    uses: Mapping[int, int],
+    parent: Mapping[int, int | None],
+    depth: Mapping[int, int],
+    block_tokens: int,
+    count: int,
+) -> list[SharedPrefix]:
+    """The ``count`` prefixes (nodes of a chain tree: ``uses``, ``parent``, ``depth`` per block id) with
+    the most tokens × uses, each the longest its users share: a node is listed when at least two
+    requests use it and no child is used as often."""
+    child_best: dict[int, int] = {}
+    for block_id, n in uses.items():
+        up = parent[block_id]
+        if up is not None and n > child_best.get(up, 0):
+            child_best[up] = n
+    found = [
+        SharedPrefix(block_id, depth[block_id] * block_tokens, n)
+        for block_id, n in uses.items()
+        if n >= 2 and child_best.get(block_id, 0) < n
+    ]
+    found.sort(key=lambda p: (-p.tokens * p.uses, -p.tokens, p.block_id))
+    return found[:count]
 
 
 def describe_prefix(info: PrefixInfo) -> str:

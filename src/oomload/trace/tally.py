@@ -59,7 +59,7 @@ import numpy as np
 import numpy.typing as npt
 
 from oomload.trace.model import PrefixInfo
-from oomload.trace.prefix import CacheModel, ConversationTurns, SharedPrefix, describe_prefix
+from oomload.trace.prefix import CacheModel, ConversationTurns, SharedPrefix, describe_prefix, top_prefixes
 
 EXACT_BLOCKS = 2_000_000  # distinct blocks held exactly: ~165 bytes each (measured)
 EXACT_CONVERSATIONS = 500_000  # sessions, or chain ends, held at once: ~200 bytes each (measured)
@@ -243,18 +243,7 @@ class _ChainTree:
 
     def top(self, count: int) -> list[SharedPrefix]:
         """The ``count`` held prefixes with the most tokens × uses that no longer held one matches in uses."""
-        child_best: dict[int, int] = {}
-        for block_id, uses in self.uses.items():
-            up = self.parent[block_id]
-            if up is not None and uses > child_best.get(up, 0):
-                child_best[up] = uses
-        found = [
-            SharedPrefix(block_id, self.depth[block_id] * self.block_tokens, uses)
-            for block_id, uses in self.uses.items()
-            if uses >= 2 and child_best.get(block_id, 0) < uses
-        ]
-        found.sort(key=lambda p: (-p.tokens * p.uses, -p.tokens, p.block_id))
-        return found[:count]
+        return top_prefixes(self.uses, self.parent, self.depth, self.block_tokens, count)
 
 
 def _kept_ancestor(parent: dict[int, int | None], kept: dict[int, int], block_id: int) -> int | None:

@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Literal, TypeAlias
 
 from oomload.errors import ConfigError, ExitCode
-from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, Op
+from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, Op, rule_int
 from oomload.verdict.gateresult import GateResult as GateResult  # re-exported
 from oomload.verdict.gateresult import GateStatus as GateStatus  # re-exported
 from oomload.verdict.gatesignals import EVENTS, METRICS, SHARE_METRICS, Event, Metric
@@ -115,7 +115,7 @@ class AbsenceRule:
             raise ConfigError(
                 f"gate {text!r}: unknown event {match['event']!r}; allowed: {', '.join(sorted(EVENTS))}"
             )
-        n = _positive_int(match["n"], text, "concurrency")
+        n = rule_int(match["n"], text, "concurrency")
         bound: Bound = "below" if match["bound"] == "below" else "up-to"
         if bound == "below" and n < 2:
             raise ConfigError(f"gate {text!r}: 'below:{n}' covers no concurrency; use a value ≥ 2")
@@ -311,7 +311,7 @@ def parse_threshold(text: str, match: re.Match[str]) -> RunThreshold | LevelThre
     metric = METRICS.get(match["metric"])
     if metric is None:
         raise ConfigError(f"gate {text!r}: unknown metric {match['metric']!r}; allowed: {', '.join(METRICS)}")
-    concurrency = None if match["c"] is None else _positive_int(match["c"], text, "concurrency")
+    concurrency = None if match["c"] is None else rule_int(match["c"], text, "concurrency")
     if concurrency is None and metric.of_run is None:
         raise ConfigError(
             f"gate {text!r}: {metric.name} is measured per step; name the level, e.g. '{metric.name}@64'"
@@ -416,16 +416,6 @@ def gate_exit_code(results: Sequence[GateResult]) -> ExitCode:
     if any(r.status is GateStatus.NOT_EVALUATED for r in results):
         return ExitCode.GATE_NOT_EVALUATED
     return ExitCode.OK
-
-
-def _positive_int(text: str, rule: str, what: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as err:
-        raise ConfigError(f"gate {rule!r}: {what} {text!r} is not a whole number") from err
-    if value < 1:
-        raise ConfigError(f"gate {rule!r}: {what} must be ≥ 1, got {value}")
-    return value
 
 
 def _number(text: str, rule: str, *, percent_ok: bool) -> float:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal, Protocol
 
+from oomload.errors import ConfigError
+
 Op = Literal["<=", ">=", "==", "<", ">"]
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le,
@@ -22,6 +24,17 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
 }
 UPPER_BOUNDS = ("<", "<=", "==")  # operators that bound a value from above
+
+
+def rule_int(text: str, rule: str, what: str) -> int:
+    """A whole number ≥ 1 in a gate rule (a level, a count); ``ConfigError`` naming the rule otherwise."""
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise ConfigError(f"gate {rule!r}: {what} {text!r} is not a whole number") from err
+    if value < 1:
+        raise ConfigError(f"gate {rule!r}: {what} must be ≥ 1, got {value}")
+    return value
 
 
 def as_op(text: str) -> Op:

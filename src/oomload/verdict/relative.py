@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from oomload.errors import ConfigError
-from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, GateResult, GateStatus, Op, as_op
+from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, GateResult, GateStatus, Op, as_op, rule_int
 from oomload.verdict.gatesignals import METRICS, Metric
 from oomload.verdict.shift import onset_shift
 from oomload.verdict.verdict import Verdict
@@ -122,7 +122,7 @@ class RelativeRule:
             raise ConfigError(f"gate {text!r} is not a rule: {RELATIVE_HELP}")
         op = as_op(match["op"])
         scale, offset = _arith(text, match["arith"], match["num"])
-        concurrency = None if match["c"] is None else _level(text, match["c"])
+        concurrency = None if match["c"] is None else rule_int(match["c"], text, "concurrency")
         name = match["q"]
         quantity = QUANTITIES.get(name)
         if quantity is not None:
@@ -287,13 +287,3 @@ def _arith(text: str, arith: str | None, num: str | None) -> tuple[float, float]
     if arith == "*":
         return value, 0.0
     return 1.0, value if arith == "+" else -value
-
-
-def _level(text: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError as err:
-        raise ConfigError(f"gate {text!r}: concurrency {raw!r} is not a whole number") from err
-    if value < 1:
-        raise ConfigError(f"gate {text!r}: concurrency must be ≥ 1, got {value}")
-    return value

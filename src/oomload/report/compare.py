@@ -52,7 +52,14 @@ from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.recommend import recommend
 from oomload.verdict.relative import onset_steps
 from oomload.verdict.runview import RunView, load_run
-from oomload.verdict.shift import LatencyShift, OnsetShift, across_levels, latency_shift, onset_shift
+from oomload.verdict.shift import (
+    LatencyShift,
+    OnsetShift,
+    across_levels,
+    format_ms,
+    latency_shift,
+    onset_shift,
+)
 
 Status = Literal["regression", "improvement", "not separated", "changed", "unchanged", "not measured"]
 LATENCIES = ("ttft", "tpot", "e2e")
@@ -520,11 +527,7 @@ def _latency_row(shift: LatencyShift) -> ResultRow:
 
 
 def _ms(value: float | None) -> str:
-    if value is None:
-        return "—"
-    if value >= 1000:
-        return f"{value / 1000:.2f} s"
-    return f"{value:.0f} ms" if value >= 100 else f"{value:.3g} ms"
+    return "—" if value is None else format_ms(value)
 
 
 def _mean(values: Sequence[float | None]) -> float | None:

@@ -245,7 +245,7 @@ class LatencyShift:
         name = f"{self.stat.upper()} {self.metric.upper()} at concurrency {self.concurrency}"
         if self.base_ms is None or self.new_ms is None:
             return f"{name}: not measured in both runs"
-        values = f"{_ms(self.base_ms)} → {_ms(self.new_ms)}"
+        values = f"{format_ms(self.base_ms)} → {format_ms(self.new_ms)}"
         if self.p_value is None:
             need = MIN_SAMPLES_P50 if self.stat == "p50" else MIN_SAMPLES_P99
             return (
@@ -263,7 +263,8 @@ class LatencyShift:
         return f"{name}: {values} ({change}, within noise: {why})"
 
 
-def _ms(value_ms: float) -> str:
+def format_ms(value_ms: float) -> str:
+    """``850 ms``, ``12.3 ms``, ``1.25 s``: a latency as the compare page shows it."""
     if value_ms >= 1000:
         return f"{value_ms / 1000:.2f} s"
     return f"{value_ms:.0f} ms" if value_ms >= 100 else f"{value_ms:.3g} ms"

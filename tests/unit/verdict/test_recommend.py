@@ -44,20 +44,21 @@ def test_preemption_run_caps_max_num_seqs_and_max_model_len(tmp_path: Path) -> N
 
 def test_real_oom_advises_gpu_memory_utilization_and_a_prefill_bound_not_a_cap(tmp_path: Path) -> None:
     """An activation peak (a CUDA allocation that failed at runtime) is bounded by the prefill batch:
-    half of what the last safe level prefilled at once (2 × 256-token prompts = 512 → the 2048 floor)."""
+    a quarter of what the last safe level prefilled at once, on multiples of 256."""
     oom = "CUDA out of memory. Tried to allocate 1.00 GiB"
     lengths = [(3000, 256)] * 20
-    steps = [StepSpec(1), StepSpec(2), StepSpec(4, failures={Outcome.ENGINE_DEAD: 4}, error_text=oom)]
-    cache = {**CPU_CACHE, "gpu_memory_utilization": 0.92, "max_num_batched_tokens": 8192}
+    died = StepSpec(8, failures={Outcome.ENGINE_DEAD: 8}, error_text=oom)
+    steps = [StepSpec(1), StepSpec(2), StepSpec(4), died]
+    cache = {**CPU_CACHE, "gpu_memory_utilization": 0.92, "max_num_batched_tokens": 16384}
     rec = recommend(verdict_of(write_run(tmp_path / "r", steps, cache_config=cache, lengths=lengths)))
     assert rec.gpu_memory_utilization.value == 0.87
-    # concurrency 2 prefilled up to min(8192, 2 × 3000) = 6000 tokens and survived: half, on 256s
+    # concurrency 4 prefilled up to min(16384, 4 × 3000) = 12000 tokens and survived: a quarter, on 256s
     assert rec.max_num_batched_tokens.value == 2816
     assert rec.max_num_seqs.value is None  # the death is answered by the prefill bound
     assert "--gpu-memory-utilization 0.87" in rec.flag_line
     assert "--max-num-batched-tokens 2816" in rec.flag_line
-    assert "an activation peak: CUDA could not allocate 1.0 GiB) at concurrency 4" in rec.reasoning
-    assert "concurrency 2 prefilled up to 6000 tokens at once" in rec.max_num_batched_tokens.reason
+    assert "an activation peak: CUDA could not allocate 1.0 GiB) at concurrency 8" in rec.reasoning
+    assert "concurrency 4 prefilled up to 12000 tokens at once" in rec.max_num_batched_tokens.reason
 
 
 def test_an_activation_peak_within_a_small_prefill_budget_caps_concurrency_instead(tmp_path: Path) -> None:

@@ -167,7 +167,8 @@ def _line_time(line: Line) -> float | None:
     """``_to_seconds`` of the first time key a line has, in ``parse_openai_line``'s order; a number
     (the usual time) converted here, without the call."""
     value: Any
-    for value in (line.timestamp, line.created_at, line.start_time, line.request_time, line.time):
+    times = (line.timestamp, line.created_at, line.start_time, line.request_time, line.time, line.startTime)
+    for value in times:
         if value is UNSET:
             continue
         kind = value.__class__

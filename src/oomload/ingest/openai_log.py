@@ -11,8 +11,8 @@ One JSON object per line. The reader looks for, in order:
   ``output_tokens``), in the response, the last streamed chunk, or the line itself;
 - **status**: ``status_code`` / ``status`` (line or Batch response), a non-null ``error``;
   a failed request is kept with ``ok=false`` and its output counted as 0 tokens;
-- **time**: ``timestamp``, ``created_at``, ``start_time``, ``request_time``, ``time`` (epoch s/ms/µs
-  or ISO-8601), else the response's ``created``;
+- **time**: ``timestamp``, ``created_at``, ``start_time``, ``request_time``, ``time``, ``startTime``
+  (LiteLLM's spend log; epoch s/ms/µs or ISO-8601), else the response's ``created``;
 - **id**: ``custom_id``, ``request_id``, ``id``, or the response's ``id``.
 
 When a count is missing but the text is there (streaming logs often lack ``usage``), the text is
@@ -32,7 +32,7 @@ from oomload.ingest.tabular import parse_datetime_s
 from oomload.ingest.tokens import TokenCounter
 from oomload.trace.model import TraceRecord, bounds_reason
 
-TIME_KEYS = ("timestamp", "created_at", "start_time", "request_time", "time")
+TIME_KEYS = ("timestamp", "created_at", "start_time", "request_time", "time", "startTime")
 ID_KEYS = ("custom_id", "request_id", "id")
 MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 INT64_LIMIT = 2**63

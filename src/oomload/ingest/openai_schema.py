@@ -101,6 +101,7 @@ class Line(msgspec.Struct, gc=False):
     start_time: Time = UNSET
     request_time: Time = UNSET
     time: Time = UNSET
+    startTime: Time = UNSET  # LiteLLM spend logs
     custom_id: Key = UNSET
     request_id: Key = UNSET
     id: Key = UNSET

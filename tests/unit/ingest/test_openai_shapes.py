@@ -192,3 +192,16 @@ def test_an_access_log_with_bodies_as_strings_is_refused_in_one_sentence(tmp_pat
     log = _log(tmp_path / "access.jsonl", "access-log", 50)
     with pytest.raises(TraceFormatError, match=r"no usable requests.*no token counts"):
         build_trace([str(log)], tmp_path / "trace.jsonl")
+
+
+def test_a_litellm_spend_log_is_timed_by_its_start_time_on_both_paths(tmp_path: Path) -> None:
+    """LiteLLM's ``startTime`` is when the request arrived; the response's ``created`` (here 100 s
+    later) is only the fallback. The fast path and ``parse_openai_line`` agree."""
+    usage = {"prompt_tokens": 5, "completion_tokens": 2}
+    line = {"startTime": 1_700_000_000.25, "response": {"created": 1_700_000_100, "usage": usage}}
+    log = tmp_path / "litellm.jsonl"
+    log.write_text(json.dumps(line) + "\n")
+    source = LogSource(log)
+    fast = _table(list(read_openai_batches(source, SkipLog(), None)))
+    exact = _table(list(batches_from_records(read_openai_records(source, SkipLog(), None))))
+    assert [r["time_s"] for r in fast] == [r["time_s"] for r in exact] == [1_700_000_000.25]

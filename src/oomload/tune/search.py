@@ -480,8 +480,9 @@ def evidence_stop(history: Sequence[Candidate]) -> str | None:
         return (
             f"the load host limits: candidate {last.index} (max_num_seqs {seqs}) had no evidence{again} — "
             f"the load generator {proof.starved}. The tune stopped rather than name a smaller setting: "
-            "give the load generator more CPU: `oomload tune --processes N` (N load-generating "
-            "processes per replay), fewer other jobs on this host, or a host with more cores"
+            "give the load generator more CPU: the server a lower priority (`nice -n 10` in front of "
+            "--serve), `oomload tune --processes N` (N load-generating processes per replay), fewer "
+            "other jobs on this host, or a host with more cores"
         )
     return (
         f"no evidence: candidate {last.index} (max_num_seqs {seqs}){again}: {proof.evidence}. "

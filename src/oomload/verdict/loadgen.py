@@ -69,7 +69,7 @@ from oomload.rundir.loadgenrecord import LoadgenRow
 WAIT_SHARE_STARVED = 0.5  # waited for a CPU at least half the step (module docstring)
 LOOP_LAG_STARVED_MS = 100.0  # the event loop woke at least this late once
 LATE_SHARE_STARVED = 0.05  # open loop: this share of a step's requests left late (module docstring)
-ADVICE = "more --processes, a separate load host, or --workers"
+ADVICE = "more --processes, a separate load host, --workers, or a server here at nice -n 10"
 ADVICE_USER_CAP = "a higher user cap (the largest --concurrency level)"
 ADVICE_OPEN_LOOP = "a quieter or separate load host"
 

@@ -146,7 +146,7 @@ def test_the_step_line_says_when_the_load_generator_was_starved() -> None:
     line = step_line(_starving_end(2.4, 0.93), 12.0, 0.5)
     assert line.endswith(
         " · hold_done · the load generator was starved (waited 93 % of the step for a CPU; loop lag up to "
-        "210 ms): more --processes, a separate load host, or --workers"
+        "210 ms): more --processes, a separate load host, --workers, or a server here at nice -n 10"
     )
 
 

@@ -34,7 +34,7 @@ def test_a_step_not_held_by_a_client_that_waited_for_a_cpu_is_starved() -> None:
     assert found == Starvation(0.93, 210.0, None)
     assert starved_line(3, found) == (
         "the load generator was starved in step 3 (waited 93 % of the step for a CPU; loop lag up to "
-        "210 ms): more --processes, a separate load host, or --workers"
+        "210 ms): more --processes, a separate load host, --workers, or a server here at nice -n 10"
     )
 
 

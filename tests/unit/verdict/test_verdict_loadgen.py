@@ -41,7 +41,7 @@ def test_a_starved_step_is_named_with_what_to_do(tmp_path: Path) -> None:
     assert s8.concurrency_held is False and len(s8.loadgen) == 1
     line = (
         "the load generator was starved in step 1 (waited 93 % of the step for a CPU; loop lag up to "
-        "210 ms): more --processes, a separate load host, or --workers"
+        "210 ms): more --processes, a separate load host, --workers, or a server here at nice -n 10"
     )
     findings = {f.key: f for f in describe(verdict, recommend(verdict))}
     assert findings["load_generator"].text == line and findings["load_generator"].severity == "warn"

@@ -9,8 +9,9 @@ cuts ``max_model_len`` to the trace's recommended value and starts; 12 blocks (1
 concurrency 6 and above, so at the target 8 ``max_num_seqs`` 8 preempts, 5 carries (10 blocks), and 6,
 the next larger setting, preempts again — the search stops for a reason. The server runs at ``nice
 -n 10``, which keeps the load client fed on a host it shares (``oomload.realvllm.server``). When vLLM
-still starves the load client on these 2 cores, the step with 5 proves nothing even when measured again, and the tune must
-stop there saying the load host limits (exit 4), never fall back to a smaller setting.
+still starves the load client on these 2 cores, the step with 5 proves nothing even when measured
+again, and the tune must stop there saying the load host limits (exit 4), never fall back to a
+smaller setting.
 """
 
 from __future__ import annotations

@@ -12,12 +12,14 @@ measurements, and oomload's replay). Target 12.
   running at once (``vllm:num_requests_running``). A candidate above it preempted: the search stopped
   for a reason.
 
-The starved-load-host half of issue 32's "Done when" has no test here: starving the client on purpose
-was not reliable on this 2-core host (pinned at nice 19 beside six CPU-bound neighbours, the client
-still held 11.5 of 12 — long requests need little client CPU, so the server ran its cap: real
-evidence; frozen 0.9 s a second, the replays outran an 8-minute bound). The rule is unit-tested
-(``tests/unit/tune/test_boundary.py``) and was seen on the real vLLM on a busy host ("the load host
-limits": candidate 10 waited 94 % of its step for a CPU, loop lag 1,168 ms).
+The server runs at ``nice -n 10``: on a host the server shares with the load generator that keeps
+the client fed (``oomload.realvllm.server``: the server stays in oomload's CPU autogroup, so its nice
+counts; measured there, the client waited 3 % of a step for a CPU instead of 63 %, and this tune named
+10 where it had stopped for want of evidence in 4 runs of 5).
+
+The starved load host, on purpose, is ``tests/integration/test_starved_tune.py`` (slow suite, on the
+simulator: the client pinned beside CPU-bound neighbours). Here it cannot be forced: with the tune at
+nice 10 or 19 and the server at 0 in the same autogroup, the client still held 11.8–11.9 of 12.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from typing import Any
 import pytest
 from harness import FIGURES, ServerPool
 
-from oomload.errors import ExitCode
 from oomload.realvllm.server import LAUNCHER
 from oomload.trace.model import PrefixInfo, TraceHeader, TraceRecord, write_trace
 
@@ -54,9 +55,10 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _argv(trace: Path, vllm_python: Path, tiny_model: Path, out: Path, *extra: str) -> list[str]:
+def _argv(trace: Path, vllm_python: Path, tiny_model: Path, out: Path, server_nice: int) -> list[str]:
     serve = shlex.join(
-        [str(vllm_python), str(LAUNCHER), "serve", str(tiny_model), "--served-model-name", "tiny-model",
+        ["nice", "-n", str(server_nice), str(vllm_python), str(LAUNCHER), "serve", str(tiny_model),
+         "--served-model-name", "tiny-model",
          "--enforce-eager", "--block-size", str(BLOCK), "--max-model-len", "2048",
          "--kv-cache-memory-bytes", str(16 * 1024 * 1024)]
     )  # fmt: skip
@@ -64,8 +66,19 @@ def _argv(trace: Path, vllm_python: Path, tiny_model: Path, out: Path, *extra: s
         sys.executable, "-m", "oomload", "tune", str(trace), "--serve", serve,
         "--target-concurrency", str(TARGET), "--num-gpu-blocks", str(NUM_GPU_BLOCKS),
         "--startup-timeout-s", "180", "--replay-max-duration-s", "90", "--max-duration-s", "1500",
-        "--hold-s", "4", "--max-requests", "120", "--run-dir", str(out), *extra,
+        "--hold-s", "4", "--max-requests", "120", "--run-dir", str(out),
     ]  # fmt: skip
+
+
+def _table(record: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return [
+        (
+            c["settings"].get("max_num_seqs"),
+            c["proof"] and c["proof"]["outcome"],
+            c["proof"] and c["proof"]["evidence"],
+        )
+        for c in record["candidates"]
+    ]
 
 
 def _summary(candidate: dict[str, Any]) -> dict[str, Any]:
@@ -78,28 +91,11 @@ def test_the_winner_is_within_one_of_the_largest_cap_that_never_preempts(
     vllm_servers.stop()  # one vLLM at a time on this machine: the tuner starts its own
     out = tmp_path / "tune"
     result = subprocess.run(
-        _argv(trace, vllm_python, tiny_model, out),
+        _argv(trace, vllm_python, tiny_model, out, server_nice=10),
         capture_output=True, text=True, timeout=TUNE_TIMEOUT_S, check=False,
     )  # fmt: skip
     record = json.loads((out / "tune.json").read_text())
-    table = [
-        (
-            c["settings"].get("max_num_seqs"),
-            c["proof"] and c["proof"]["outcome"],
-            c["proof"] and c["proof"]["evidence"],
-        )
-        for c in record["candidates"]
-    ]
-    if record["status"] == "no_evidence":
-        # vLLM's CPU build starved the load client beside it on these 2 cores (seen in CI-like runs:
-        # the client waited 79–98 % of its steps for a CPU): the candidate the search reached had no
-        # evidence even measured again, and the tune must say so and stop — never name a smaller cap.
-        last = record["candidates"][-1]
-        FIGURES.append(f"tune, shared prefix on 80 × 32, target 12: the load host limited; {table}")
-        assert result.returncode == ExitCode.GATE_NOT_EVALUATED, (table, result.stdout[-4000:])
-        assert record["winner_index"] is None and last["proof"]["no_evidence"], table
-        assert last["proof"]["remeasured"] and "the load host limits" in record["notes"][-1], table
-        return
+    table = _table(record)
     assert result.returncode == 0, (table, result.stdout[-4000:], result.stderr[-2000:])
     winner = next(c for c in record["candidates"] if c["index"] == record["winner_index"])
     seqs = winner["settings"]["max_num_seqs"]

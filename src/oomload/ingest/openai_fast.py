@@ -49,11 +49,13 @@ from oomload.ingest.columns import make_batch
 from oomload.ingest.openai_log import _int_or_none, _to_seconds, parse_openai_line
 from oomload.ingest.openai_parts import PartMarks, line_parts, parts_of, prompt_parts
 from oomload.ingest.openai_schema import (
+    BODY_DECODER,
     LINE_DECODER,
     NULL,
     PARTS_LINE_DECODER,
     PLAIN_DECODER,
     PLAIN_PARTS_DECODER,
+    REQUEST_BODY_DECODER,
     UNSET,
     Line,
     Plain,
@@ -110,9 +112,18 @@ def _fast_row(line: Line) -> _Row | None:
     response: Any = line.response
     if response is UNSET:
         response = None
-    elif response is not None and response.body is not UNSET and response.status_code is not UNSET:
-        status_code = _int_or_none(response.status_code)  # the Batch API's output shape
-        response = response.body
+    elif response is not None and response.body is not UNSET:
+        status = response.status_code
+        if status is UNSET:
+            status = response.status
+        if status is not UNSET:  # the Batch API's output shape, or an access log's
+            status_code = _int_or_none(status)
+            response = response.body
+            if response.__class__ is str:  # an access log's body: JSON in a string
+                try:
+                    response = BODY_DECODER.decode(response)
+                except msgspec.DecodeError:
+                    return None
     usage: Any = None
     if response is not None:
         error = response.error
@@ -150,6 +161,11 @@ def _fast_row(line: Line) -> _Row | None:
         request = line if (line.messages is not UNSET or line.prompt is not UNSET) else None
     elif request.body is not UNSET:
         request = request.body
+        if request.__class__ is str:  # an access log's body: JSON in a string
+            try:
+                request = REQUEST_BODY_DECODER.decode(request)
+            except msgspec.DecodeError:
+                return None
     model = None
     max_tokens = None
     if request is not None:
@@ -167,7 +183,10 @@ def _line_time(line: Line) -> float | None:
     """``_to_seconds`` of the first time key a line has, in ``parse_openai_line``'s order; a number
     (the usual time) converted here, without the call."""
     value: Any
-    times = (line.timestamp, line.created_at, line.start_time, line.request_time, line.time, line.startTime)
+    times = (
+        *(line.timestamp, line.created_at, line.start_time, line.request_time, line.time),
+        *(line.startTime, line.started_at, line.at_timestamp),
+    )
     for value in times:
         if value is UNSET:
             continue

@@ -3,16 +3,20 @@
 One JSON object per line. The reader looks for, in order:
 
 - **request body**: ``request`` (or ``request.body``), or the line itself when it has ``messages`` /
-  ``prompt``; gives ``model``, ``max_tokens`` (or ``max_completion_tokens`` / ``max_output_tokens``),
-  and the prompt (text, chat messages, or token ids);
+  ``prompt``; a body logged as a JSON *string* (an API gateway's access log: Kong's or APISIX's
+  http-logger) is decoded a second time; gives ``model``, ``max_tokens`` (or
+  ``max_completion_tokens`` / ``max_output_tokens``), and the prompt (text, chat messages, or token
+  ids);
 - **response**: ``response`` — the OpenAI Batch output shape ``response.status_code`` +
-  ``response.body`` is unwrapped — or a list of streamed chunks (``response`` / ``chunks``);
+  ``response.body`` is unwrapped, and so is an access log's ``response.status`` + ``response.body``
+  (a string, decoded) — or a list of streamed chunks (``response`` / ``chunks``);
 - **token counts**: ``usage.prompt_tokens`` / ``usage.completion_tokens`` (or ``input_tokens`` /
   ``output_tokens``), in the response, the last streamed chunk, or the line itself;
 - **status**: ``status_code`` / ``status`` (line or Batch response), a non-null ``error``;
   a failed request is kept with ``ok=false`` and its output counted as 0 tokens;
 - **time**: ``timestamp``, ``created_at``, ``start_time``, ``request_time``, ``time``, ``startTime``
-  (LiteLLM's spend log; epoch s/ms/µs or ISO-8601), else the response's ``created``;
+  (LiteLLM's spend log), ``started_at``, ``@timestamp`` (an access log; epoch s/ms/µs or ISO-8601),
+  else the response's ``created``;
 - **id**: ``custom_id``, ``request_id``, ``id``, or the response's ``id``.
 
 When a count is missing but the text is there (streaming logs often lack ``usage``), the text is
@@ -26,13 +30,24 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+import orjson
+
 from oomload.ingest.skips import NO_TOKEN_COUNTS, SkipLog
 from oomload.ingest.source import LogSource, iter_json_objects
 from oomload.ingest.tabular import parse_datetime_s
 from oomload.ingest.tokens import TokenCounter
 from oomload.trace.model import TraceRecord, bounds_reason
 
-TIME_KEYS = ("timestamp", "created_at", "start_time", "request_time", "time", "startTime")
+TIME_KEYS = (
+    "timestamp",
+    "created_at",
+    "start_time",
+    "request_time",
+    "time",
+    "startTime",
+    "started_at",
+    "@timestamp",
+)
 ID_KEYS = ("custom_id", "request_id", "id")
 MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 INT64_LIMIT = 2**63
@@ -66,16 +81,21 @@ def parse_openai_line(
 ) -> tuple[TraceRecord | None, str | None]:
     """One log object → a record, or ``(None, reason)``. ``arrival_s`` is −1 when the line has no time."""
     request = obj.get("request")
-    if isinstance(request, dict) and isinstance(request.get("body"), dict):
-        request = request["body"]
+    if isinstance(request, dict) and isinstance(body := _body(request.get("body")), dict):
+        request = body
     if not isinstance(request, dict):
         request = obj if ("messages" in obj or "prompt" in obj) else {}
     response = obj.get("response")
     status = _int_or_none(obj.get("status_code", obj.get("status")))
     chunks: list[Any] = []
-    if isinstance(response, dict) and "body" in response and "status_code" in response:  # Batch output
-        status = _int_or_none(response.get("status_code"))
-        response = response.get("body")
+    if (
+        isinstance(response, dict)
+        and "body" in response
+        and ("status_code" in response or "status" in response)
+    ):
+        # the Batch output (status_code), or an access log (status, and the body as a string)
+        status = _int_or_none(response.get("status_code", response.get("status")))
+        response = _body(response.get("body"))
     if isinstance(response, list):
         chunks, response = response, {}
     elif isinstance(obj.get("chunks"), list):
@@ -111,6 +131,16 @@ def parse_openai_line(
     )
     reason = bounds_reason(record)
     return (None, reason) if reason is not None else (record, None)
+
+
+def _body(value: Any) -> Any:
+    """A body an access log wrote as a JSON string, decoded (``value`` itself when it is not one)."""
+    if isinstance(value, str) and value[:1] == "{":
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+    return value
 
 
 def _chunk_usage(chunks: list[Any]) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from oomload.ingest.openai_log import message_text
 from oomload.ingest.openai_schema import (
+    PARTS_BODY_DECODER,
     PARTS_DECODER,
     UNSET,
     LineParts,
@@ -46,8 +47,20 @@ def line_parts(line: LineParts) -> list[Any]:
     if request is None:
         return []
     if request is not UNSET:
-        return parts_of(request.body if request.body is not UNSET else request)
+        body = request.body
+        if isinstance(body, str):
+            return body_text_parts(body)
+        return parts_of(body if body is not UNSET else request)
     return parts_of(line)
+
+
+def body_text_parts(body: str) -> list[Any]:
+    """The prompt parts of a request body an access log wrote as a JSON string (empty when it is not
+    a request object)."""
+    try:
+        return parts_of(PARTS_BODY_DECODER.decode(body.encode()))
+    except msgspec.DecodeError:
+        return []
 
 
 def parts_of(body: PartsBody | PlainPartsRequest | RequestBodyParts | LineParts) -> list[Any]:
@@ -103,6 +116,8 @@ def prompt_parts(line: bytes) -> list[Any]:
         return []
     request = obj.request
     if isinstance(request, PartsRequest):
+        if isinstance(request.body, str):
+            return body_text_parts(request.body)
         return parts_of(request.body if isinstance(request.body, PartsBody) else request)
     return parts_of(obj)
 

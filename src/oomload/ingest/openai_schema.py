@@ -51,8 +51,9 @@ class Body(msgspec.Struct, gc=False):
 
 
 class Response(Body):
-    body: Body | Unset | None = UNSET
+    body: Body | str | Unset | None = UNSET  # a string: a gateway's access log (``openai_log._body``)
     status_code: IntLike = UNSET
+    status: IntLike = UNSET  # an access log's HTTP status beside its ``body``
 
 
 class RequestBody(msgspec.Struct, gc=False):
@@ -63,7 +64,7 @@ class RequestBody(msgspec.Struct, gc=False):
 
 
 class Request(RequestBody):
-    body: RequestBody | Unset = UNSET
+    body: RequestBody | str | Unset = UNSET
 
 
 class PartsBody(msgspec.Struct, gc=False):
@@ -78,7 +79,7 @@ class PartsBody(msgspec.Struct, gc=False):
 
 
 class PartsRequest(PartsBody):
-    body: PartsBody | Unset = UNSET
+    body: PartsBody | str | Unset = UNSET
 
 
 class PartsLine(PartsBody):
@@ -86,6 +87,7 @@ class PartsLine(PartsBody):
 
 
 PARTS_DECODER = msgspec.json.Decoder(PartsLine)
+PARTS_BODY_DECODER = msgspec.json.Decoder(PartsBody)
 
 
 class Line(msgspec.Struct, gc=False):
@@ -102,6 +104,8 @@ class Line(msgspec.Struct, gc=False):
     request_time: Time = UNSET
     time: Time = UNSET
     startTime: Time = UNSET  # LiteLLM spend logs
+    started_at: Time = UNSET  # an API gateway's access log (Kong's http-log)
+    at_timestamp: Time = msgspec.field(default=UNSET, name="@timestamp")  # the same, as ISO-8601
     custom_id: Key = UNSET
     request_id: Key = UNSET
     id: Key = UNSET
@@ -125,7 +129,7 @@ class RequestBodyParts(RequestBody):
 
 
 class RequestParts(RequestBodyParts):
-    body: RequestBodyParts | Unset = UNSET
+    body: RequestBodyParts | str | Unset = UNSET
 
 
 class LineParts(Line):
@@ -140,6 +144,8 @@ class LineParts(Line):
 
 
 LINE_DECODER = msgspec.json.Decoder(Line)
+REQUEST_BODY_DECODER = msgspec.json.Decoder(RequestBody)
+BODY_DECODER = msgspec.json.Decoder(Body)
 NULL = msgspec.Raw(b"null")
 PARTS_LINE_DECODER = msgspec.json.Decoder(LineParts)
 

@@ -182,16 +182,30 @@ def test_every_shape_builds_the_same_bytes_in_byte_ranges_on_2_workers(tmp_path:
     assert single["count"] > 6 * 22 and '"hash_ids":[' in single["bytes"]
 
 
-def test_an_access_log_with_bodies_as_strings_is_refused_in_one_sentence(tmp_path: Path) -> None:
-    """``access-log`` (``logshapes.UNREAD``): the format is told (it has ``request``/``response``), but
-    the token counts are inside a JSON string, so every line is skipped and the build says why."""
-    from oomload.errors import TraceFormatError
-    from oomload.ingest import build_trace
-
-    assert "access-log" in logshapes.UNREAD
-    log = _log(tmp_path / "access.jsonl", "access-log", 50)
-    with pytest.raises(TraceFormatError, match=r"no usable requests.*no token counts"):
-        build_trace([str(log)], tmp_path / "trace.jsonl")
+def test_an_access_log_reads_its_bodies_from_their_strings(tmp_path: Path) -> None:
+    """``access-log``: the token counts, id, model and status are inside JSON strings; both paths read
+    them, and a failed request's status comes from ``response.status``."""
+    usage = {"prompt_tokens": 7, "completion_tokens": 3}
+    ok = {"id": "chatcmpl-1", "model": "m", "usage": usage}
+    request = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+    lines = [
+        {"started_at": 1_700_000_000_500, "request": {"body": json.dumps(request)},
+         "response": {"status": 200, "body": json.dumps(ok)}},
+        {"@timestamp": "2023-11-14T22:13:21.000Z", "request": {"body": json.dumps(request)},
+         "response": {"status": 500, "body": json.dumps({"error": {"message": "x"}, "usage": usage})}},
+    ]  # fmt: skip
+    log = tmp_path / "access.jsonl"
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    source = LogSource(log)
+    fast = _table(list(read_openai_batches(source, SkipLog(), None)))
+    exact = _table(list(batches_from_records(read_openai_records(source, SkipLog(), None))))
+    assert fast == exact
+    assert [
+        (r["id"], r["time_s"], r["prompt_tokens"], r["output_tokens"], r["max_tokens"], r["ok"]) for r in fast
+    ] == [
+        ("chatcmpl-1", 1_700_000_000.5, 7, 3, 64, True),
+        (None, 1_700_000_001.0, 7, 3, 64, False),  # failed, its usage kept as the exact path keeps it
+    ]
 
 
 def test_a_litellm_spend_log_is_timed_by_its_start_time_on_both_paths(tmp_path: Path) -> None:

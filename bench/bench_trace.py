@@ -306,10 +306,10 @@ def _head(path: Path, size: int, out: Path) -> Path:
 
 
 SHAPE_BYTES = 48_000_000
-# BENCH_TRACE_ONLY=shapes runs only the log shapes (1a), =vllm only the vLLM log (1b);
-# BENCH_TRACE_ROUNDS sets their rounds (default
-# 5): the shapes' ratios need more rounds than the rest to settle — with 3, one shape read 1.43× and
-# 1.92× in two runs of the same code on this 2-core VM; with 5, the worst shape read 1.88× and 1.92×.
+# BENCH_TRACE_ONLY=shapes runs only the log shapes (1a; BENCH_SHAPES=a,b only those), =vllm only the
+# vLLM log (1b); BENCH_TRACE_ROUNDS sets their rounds (default 5): the shapes' ratios need more rounds
+# than the rest to settle — with 3, one shape read 1.43× and 1.92× in two runs of the same code on this
+# 2-core VM; with 5, the worst shape read 1.88× and 1.92×.
 SHAPE_ROUNDS = int(os.environ.get("BENCH_TRACE_ROUNDS", 5))
 HELD_OUT = ("chat-iso", "completions", "batch")  # the shapes of issue 25's 409 MB log
 
@@ -340,6 +340,8 @@ def bench_shapes(root: Path, out: Path) -> list[str]:
 
     ratios: dict[str, tuple[float, float, float]] = {}
     names = [*(s for s in SHAPES if s not in UNREAD), "+".join(HELD_OUT)]
+    if only := os.environ.get("BENCH_SHAPES"):  # e.g. BENCH_SHAPES=access-log,flat: these shapes alone
+        names = [n for n in names if n in only.split(",")]
     for shape in sorted(UNREAD):
         print(f"shape {shape:<34}not read by trace build (bench/logshapes.py UNREAD): no ratio", flush=True)
     paths = {name: root / f"shape-{index}.jsonl" for index, name in enumerate(names)}

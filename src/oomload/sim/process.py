@@ -104,8 +104,8 @@ class SimServer:
             ) from exc
         with err:
             self._proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True
-            )
+                cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err, process_group=0
+            )  # oomload's session, as --serve's (oomload.realvllm.server: a session is a CPU autogroup)
         self.pid = self._proc.pid
         try:
             self._wait_ready(port_file)

@@ -126,7 +126,7 @@ class MemoryTrend:
     fitted_from_unix_s: float | None = None
     fitted_to_unix_s: float | None = None
     bins: int = 0
-    df: int = 0  # the interval's degrees of freedom (bins − 2, fewer when memory wanders)
+    df: int = 0  # the interval's degrees of freedom (bins − 2)
     step: MemoryStep | None = None
     reason: str | None = None  # inconclusive only: why
 
@@ -154,7 +154,11 @@ class _Fit:
     first_s: float
     last_s: float
     samples: int
-    df: int  # the interval's degrees of freedom: bins − 2, or fewer (``_fit``)
+
+    @property
+    def df(self) -> int:
+        """The interval's degrees of freedom: bins − 2."""
+        return len(self.y_mean) - 2
 
     def level_at(self, t_unix_s: float) -> float:
         return self.level_at_ref + self.slope_per_s * (t_unix_s - self.t_ref_s - self.t_mean_s)
@@ -408,9 +412,7 @@ def _line(t: FloatArray, y: FloatArray) -> FloatArray:
     return line
 
 
-def _fit_bins(
-    t: FloatArray, y: FloatArray, num_bins: int, phi: float = 0.0, df: int | None = None
-) -> _Fit | str:
+def _fit_bins(t: FloatArray, y: FloatArray, num_bins: int, phi: float = 0.0) -> _Fit | str:
     """The least-squares line through ``num_bins`` equal-time bin means, or why there is none."""
     if len(t) < MIN_SAMPLES:
         return f"{len(t)} samples left (needs {MIN_SAMPLES})"
@@ -453,7 +455,6 @@ def _fit_bins(
         first_s=float(t[0]),
         last_s=float(t[-1]),
         samples=len(t),
-        df=dof if df is None else min(df, dof),
     )
 
 

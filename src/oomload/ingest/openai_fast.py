@@ -119,11 +119,8 @@ def _fast_row(line: Line) -> _Row | None:
         if status is not UNSET:  # the Batch API's output shape, or an access log's
             status_code = _int_or_none(status)
             response = response.body
-            if response.__class__ is str:  # an access log's body: JSON in a string
-                try:
-                    response = BODY_DECODER.decode(response)
-                except msgspec.DecodeError:
-                    return None
+            if response.__class__ is str and (response := _in_string(response, BODY_DECODER)) is None:
+                return None
     usage: Any = None
     if response is not None:
         error = response.error
@@ -161,11 +158,8 @@ def _fast_row(line: Line) -> _Row | None:
         request = line if (line.messages is not UNSET or line.prompt is not UNSET) else None
     elif request.body is not UNSET:
         request = request.body
-        if request.__class__ is str:  # an access log's body: JSON in a string
-            try:
-                request = REQUEST_BODY_DECODER.decode(request)
-            except msgspec.DecodeError:
-                return None
+        if request.__class__ is str and (request := _in_string(request, REQUEST_BODY_DECODER)) is None:
+            return None
     model = None
     max_tokens = None
     if request is not None:
@@ -177,6 +171,15 @@ def _fast_row(line: Line) -> _Row | None:
         model = _str(response.model)
     failed = status_code is not None and not 200 <= status_code < 300
     return record_id, arrival_s, prompt_tokens, output_tokens, max_tokens, not failed, model
+
+
+def _in_string(text: str, decoder: msgspec.json.Decoder[Any]) -> Any:
+    """An access log's body, JSON written as a string, decoded; ``None`` when it is not that shape (the
+    exact path decides the line)."""
+    try:
+        return decoder.decode(text)
+    except msgspec.DecodeError:
+        return None
 
 
 def _line_time(line: Line) -> float | None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from burners import TWO_CPUS, burn
 from oomload.sim.process import SimServer
 from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 from oomload.verdict.loadgen import LOOP_LAG_STARVED_MS, WAIT_SHARE_STARVED
@@ -35,13 +36,7 @@ CLIENT_NICE = 10
 BURN_MAX_S = 90
 DEADLINE_S = 240.0  # a hang detector, not a timing assertion
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-        reason="needs two CPUs to pin the client and the server apart",
-    ),
-]
+pytestmark = [pytest.mark.slow, TWO_CPUS]
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +52,6 @@ def sim(cpus: tuple[int, int]) -> Iterator[SimServer]:
         for tid in os.listdir(f"/proc/{server.pid}/task"):  # every thread of the server on its own CPU
             os.sched_setaffinity(int(tid), {cpus[1]})
         yield server
-
-
-def _burn(cpu: int) -> subprocess.Popen[bytes]:
-    code = (
-        f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + {BURN_MAX_S}\n"
-        "while time.time() < end:\n    pass\n"
-    )
-    return subprocess.Popen([sys.executable, "-c", code])
 
 
 def _ended_steps(run_dir: Path) -> int:
@@ -101,7 +88,7 @@ def _replay(sim: SimServer, tmp_path: Path, cpu: int, *, starve: bool) -> tuple[
             while not (run_dir / "steps.jsonl").exists() and proc.poll() is None and time.time() < deadline:
                 time.sleep(0.1)
             os.setpriority(os.PRIO_PROCESS, proc.pid, CLIENT_NICE)  # the thread that runs the users
-            neighbours = [_burn(cpu) for _ in range(NEIGHBOURS)]
+            neighbours = [burn(cpu, BURN_MAX_S) for _ in range(NEIGHBOURS)]
             while _ended_steps(run_dir) < len(LEVELS.split(",")) and proc.poll() is None:
                 assert time.time() < deadline, "the starved replay did not end its steps"
                 time.sleep(0.2)

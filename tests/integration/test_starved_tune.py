@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from burners import TWO_CPUS, burn
 from oomload.errors import ExitCode
 from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
@@ -33,21 +34,7 @@ CLIENT_NICE = 10
 BURN_MAX_S = 600
 DEADLINE_S = 700.0  # a hang detector, not a timing assertion
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-        reason="needs two CPUs to pin the client and the server apart",
-    ),
-]
-
-
-def _burn(cpu: int) -> subprocess.Popen[bytes]:
-    code = (
-        f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + {BURN_MAX_S}\n"
-        "while time.time() < end:\n    pass\n"
-    )
-    return subprocess.Popen([sys.executable, "-c", code])
+pytestmark = [pytest.mark.slow, TWO_CPUS]
 
 
 def _starve(cpu: int) -> None:
@@ -72,7 +59,7 @@ def test_a_starved_load_host_stops_the_tune_instead_of_naming_a_smaller_setting(
         "--run-dir", str(out),
     ]  # fmt: skip
     env = {**os.environ, "OPENAI_API_KEY": "sk-oomload-test"}
-    neighbours = [_burn(client_cpu) for _ in range(NEIGHBOURS)]
+    neighbours = [burn(client_cpu, BURN_MAX_S) for _ in range(NEIGHBOURS)]
     try:
         proc = subprocess.run(
             argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=DEADLINE_S, check=False,

@@ -201,6 +201,7 @@ def _tail_pieces(batch: pa.Table, origin_s: float) -> list[pa.Array | pa.Chunked
 
 _SIXTEEN_DIGITS = (10**15, 10**16)  # the range of derived prefix ids (blockhash.ID_BASE)
 _FOUR_DIGITS = np.frombuffer("".join(f"{i:04d}" for i in range(10_000)).encode(), dtype="<u4")
+_ID_CELL = np.dtype([("separator", "u1"), *((f"digits{row}", "<u4") for row in range(4))])  # packed: 17 bytes
 
 
 def _sixteen_digit_lists(hash_ids: pa.Array | pa.ChunkedArray) -> pa.Array | None:
@@ -220,18 +221,23 @@ def _sixteen_digit_lists(hash_ids: pa.Array | pa.ChunkedArray) -> pa.Array | Non
     ids = values.to_numpy()
     if not len(ids) or not (_SIXTEEN_DIGITS[0] <= ids.min() and ids.max() < _SIXTEEN_DIGITS[1]):
         return None
-    groups = np.empty((len(ids), 4), dtype=np.int64)  # the id's four 4-digit groups, high first
-    high, low = np.divmod(ids, 10**8)
-    np.divmod(high, 10**4, out=(groups[:, 0], groups[:, 1]))
-    np.divmod(low, 10**4, out=(groups[:, 2], groups[:, 3]))
-    text = np.empty((len(ids), 17), dtype=np.uint8)
-    text[:, 0] = ord(",")
-    text[:, 1:] = _FOUR_DIGITS[groups].view(np.uint8)
+    # the id's four 4-digit groups, high first: floor division by a constant then a multiply-subtract,
+    # each into a contiguous row (numpy divides by a scalar with libdivide, a multiply; np.divmod, or an
+    # output with a stride, divides element by element: ~4x the time)
+    groups = np.empty((4, len(ids)), dtype=np.int64)
+    for row, value in ((0, ids // 10**8), (2, ids % 10**8)):
+        np.floor_divide(value, 10**4, out=groups[row])
+        np.subtract(value, groups[row] * 10**4, out=groups[row + 1])
+    cells = np.empty(len(ids), dtype=_ID_CELL)  # 17 bytes an id: a separator, then 16 digits
+    cells["separator"] = ord(",")
+    for row in range(4):
+        cells[f"digits{row}"] = _FOUR_DIGITS[groups[row]]
+    text = cells.view(np.uint8)
     starts = (offsets - first) * 17
     filled = np.diff(offsets) > 0
     if lists.null_count:
         filled &= np.asarray(lists.is_valid())
-    text.reshape(-1)[starts[:-1][filled]] = ord("[")
+    text[starts[:-1][filled]] = ord("[")
     return pa.StringArray.from_buffers(
         len(lists),
         pa.py_buffer(starts.astype(np.int32)),

@@ -172,9 +172,10 @@ class PartMarks:
         per_prompt = _joined(self.parts_per_prompt, np.int64)
         tokens = -(-sizes // CHARS_PER_TOKEN) if self.counter is None else _joined(self.tokens, np.int64)
         marks = part_marks(sizes, _joined(self.crcs, np.uint64))
-        keys = chain_marks(hasher.sip_key, marks, per_prompt)
+        keys = chain_marks(hasher.chain_key, marks, per_prompt)
+        limit_tokens = np.asarray(limits, dtype=np.int64)
         values, offsets = message_block_ids(
-            hasher.sip_key, keys, tokens, per_prompt, np.asarray(limits, dtype=np.int64), hasher.block_tokens
+            hasher.block_key, keys, tokens, per_prompt, limit_tokens, hasher.block_tokens
         )
         empty = np.diff(offsets) == 0  # no full block: null, as the other readers leave it
         mask = pa.array(empty) if empty.any() else None

@@ -4,9 +4,9 @@
 only full blocks get an id (a partial last block is never shared, as in vLLM). Block k's id is a
 keyed hash of everything from token 0 through the end of block k, so — like vLLM's block hashes —
 two prompts share block k exactly when they are identical from token 0 through the end of block k.
-The keyed step is SipHash-1-3 (a keyed PRF; Python's own string hash) under a 128-bit key derived
-from the build's salt, computed with numpy over all blocks at once — no Python work per block, so
-hashing keeps the build's speed. The salt is random per build and never written (ingest/prefixes.py
+The keyed step is AES-128 (``keyed_hash``: a keyed permutation, so a PRF) under a 128-bit key derived
+from the build's salt for that use alone, run over all blocks at once on the CPU's AES instructions
+(``cryptography``) — no Python work per block, a few ns a block, so hashing keeps the build's speed. The salt is random per build and never written (ingest/prefixes.py
 makes it; ``OOMLOAD_PREFIX_SALT`` fixes it for reproducible builds): without it an id reveals
 nothing of the text or token ids, a guessed prompt cannot be tested, and ids cannot be matched
 against another trace's. The id written is ``ID_BASE`` (10¹⁵) plus the top ``ID_BITS`` (52) bits:
@@ -28,16 +28,14 @@ word by SWAR, ``_comma_byte``). Two different prefixes share a digest with odds 
 When only message boundaries are known
 (``chain_messages`` / ``message_block_ids``), each message enters a keyed chain by its length and
 CRC-32 (``message_keys``: one fast pass over its raw bytes — ISA-L's CRC-32 when ``isal`` is
-installed, zlib's otherwise, the same values — then SipHash over 16 bytes, one step
-per message position for a whole batch of requests), and block k's id mixes the chained key of the
-message that holds the block's last token with the block's end offset in that message. So blocks
-match only when every message up to there is identical and starts at the same token, and a message
-is never split finer than its token count allows. That id is SipHash-1-3 (keyed) of one word, the
-message's chained key XOR the offset times an odd constant: keyed end to end, so without the salt
-neither the key nor the offset can be had back from an id — not from one, nor from two consecutive ids
-of one message (``tests/unit/trace/test_trace_privacy.py`` tries it), so a trace does not tell where its
-messages start or how long they are. SipHash runs over ``SIP_CHUNK`` words at a time (its state stays in
-the CPU cache: about 0.7 of the time of one pass over a large batch).
+installed, zlib's otherwise, the same values — then the keyed hash of the previous key and that mark,
+one step per message position for a whole batch of requests), and block k's id is the keyed hash (under
+a key of its own) of the chained key of the message that holds the block's last token and the block's
+end offset in that message. So blocks match only when every message up to there is identical and
+starts at the same token, and a message is never split finer than its token count allows. Keyed end to
+end, so without the salt neither the key nor the offset can be had back from an id — not from one, nor
+from two consecutive ids of one message (``tests/unit/trace/test_trace_privacy.py`` tries it), so a
+trace does not tell where its messages start or how long they are.
 
 ``oomload.trace.prefix`` models the cache these ids feed (reuse, the LRU pool, the trace's prefix stats).
 """
@@ -53,13 +51,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 DEFAULT_BLOCK_TOKENS = 16  # vLLM's default block size: the trace then predicts any multiple of it
 ID_BITS = 52  # of the keyed hash in an id
 ID_BASE = 10**15  # ids are ID_BASE + the hash's top ID_BITS bits: 16 digits, all below 2**53
 _ID_SHIFT = 64 - ID_BITS
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_START = b"oomload-prefix-v1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +116,7 @@ class BlockHasher:
         end += word * 8
         first_word = np.repeat(starts[:-1], full)
         digests = _token_digests(self.salt, text.words, starts, word, end, first_word)
-        return block_ids(keyed_hash(self.sip_key, digests)), offsets, ids_in
+        return block_ids(keyed_hash(self.token_key, digests)), offsets, ids_in
 
     def conversation_chain(self, conversation: str, prompt_tokens: int) -> tuple[int, ...]:
         """The ids of the first ``prompt_tokens // block_tokens`` blocks of a conversation's token stream:
@@ -130,18 +127,28 @@ class BlockHasher:
             return ()
         digest = hashlib.blake2b(conversation.encode(), digest_size=8, key=self.salt, person=b"conversation")
         base = np.full(full, int.from_bytes(digest.digest(), "big"), dtype=np.uint64)
-        keyed = _siphash13(self.sip_key, base, np.arange(full, dtype=np.uint64))
+        keyed = keyed_hash(prf_key(self.salt, b"oomload-convers"), base, np.arange(full, dtype=np.uint64))
         return tuple(block_ids(keyed).tolist())
 
     @property
-    def sip_key(self) -> tuple[np.uint64, np.uint64]:
-        """The two 64-bit words of the SipHash key, derived from the salt."""
-        return _sip_key(self.salt)
+    def chain_key(self) -> bytes:
+        """The key of the message chains (``chain_marks``), derived from the salt."""
+        return prf_key(self.salt, b"oomload-chain")
+
+    @property
+    def block_key(self) -> bytes:
+        """The key of the message-path block ids (``message_block_ids``), derived from the salt."""
+        return prf_key(self.salt, b"oomload-block")
+
+    @property
+    def token_key(self) -> bytes:
+        """The key of the token-text block ids (``token_text_chains``), derived from the salt."""
+        return prf_key(self.salt, b"oomload-tokens")
 
     def message_keys(self, parts: Sequence[bytes]) -> list[int]:
         """The chained keyed digest of each message (of every message up to it): 64-bit integers."""
         marks = np.array([part_mark(p) for p in parts], dtype=np.uint64)
-        keys = chain_marks(self.sip_key, marks, np.array([len(parts)], dtype=np.int64))
+        keys = chain_marks(self.chain_key, marks, np.array([len(parts)], dtype=np.int64))
         return [int(k) for k in keys]
 
     def chain_messages(
@@ -156,7 +163,7 @@ class BlockHasher:
         tokens = np.array([max(t, 0) for _, t in messages], dtype=np.int64)
         limit = int(tokens.sum()) if limit_tokens is None else limit_tokens
         values, _ = message_block_ids(
-            self.sip_key, keys, tokens, np.array([len(messages)]), np.array([limit]), self.block_tokens
+            self.block_key, keys, tokens, np.array([len(messages)]), np.array([limit]), self.block_tokens
         )
         return tuple(values.tolist())
 
@@ -335,12 +342,6 @@ def _token_digests(
     return digests
 
 
-@functools.lru_cache(maxsize=8)
-def _sip_key(salt: bytes) -> tuple[np.uint64, np.uint64]:
-    words = hashlib.blake2b(salt, digest_size=16, person=b"oomload-prefix").digest()
-    return np.uint64(int.from_bytes(words[:8], "big")), np.uint64(int.from_bytes(words[8:], "big"))
-
-
 def _crc32_function() -> Callable[[Any], int]:
     """ISA-L's CRC-32 (``isal``, the ``fast`` extra: zlib's polynomial and values, by carry-less
     multiplication: 4-5x zlib's speed on messages of a few hundred bytes), else zlib's."""
@@ -368,57 +369,58 @@ def part_marks(sizes: npt.NDArray[np.int64], crcs: npt.NDArray[np.uint64]) -> np
 _U = np.uint64
 
 
-def _siphash13(key: tuple[np.uint64, np.uint64], *words: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """SipHash-1-3 of the ``8 × len(words)`` bytes ``words[0] words[1] …`` (little-endian 64-bit words)
-    under ``key``, for arrays of messages at once (in place: four state arrays and one scratch array,
-    whatever the rounds)."""
-    k0, k1 = key
-    shape = words[0].shape
-    v0 = np.full(shape, k0 ^ _U(0x736F6D6570736575), dtype=np.uint64)
-    v1 = np.full(shape, k1 ^ _U(0x646F72616E646F6D), dtype=np.uint64)
-    v2 = np.full(shape, k0 ^ _U(0x6C7967656E657261), dtype=np.uint64)
-    v3 = np.full(shape, k1 ^ _U(0x7465646279746573), dtype=np.uint64)
-    scratch = np.empty(shape, dtype=np.uint64)
+@functools.lru_cache(maxsize=16)
+def _cipher(key: bytes) -> Cipher[modes.ECB]:
+    return Cipher(algorithms.AES(key), modes.ECB())
 
-    def rotl(v: npt.NDArray[np.uint64], bits: int) -> None:
-        np.left_shift(v, _U(bits), out=scratch)
-        np.right_shift(v, _U(64 - bits), out=v)
-        v |= scratch
 
-    def rounds(count: int) -> None:
-        for _ in range(count):
-            np.add(v0, v1, out=v0)
-            rotl(v1, 13)
-            np.bitwise_xor(v1, v0, out=v1)
-            rotl(v0, 32)
-            np.add(v2, v3, out=v2)
-            rotl(v3, 16)
-            np.bitwise_xor(v3, v2, out=v3)
-            np.add(v0, v3, out=v0)
-            rotl(v3, 21)
-            np.bitwise_xor(v3, v0, out=v3)
-            np.add(v2, v1, out=v2)
-            rotl(v1, 17)
-            np.bitwise_xor(v1, v2, out=v1)
-            rotl(v2, 32)
+def prf_key(salt: bytes, purpose: bytes) -> bytes:
+    """The 128-bit AES key of one use of the salt (``purpose``: at most 16 bytes), so that the uses never
+    share a keyed function: the ids of blocks, of message chains, of token texts, of conversations, and
+    the pseudonyms of names each have their own."""
+    return hashlib.blake2b(salt, digest_size=16, person=purpose).digest()
 
-    message: tuple[npt.NDArray[np.uint64] | np.uint64, ...] = (*words, _U((8 * len(words)) << 56))
-    for m in message:
-        v3 ^= m
-        rounds(1)
-        v0 ^= m
-    v2 ^= _U(0xFF)
-    rounds(3)
-    v0 ^= v1
-    v0 ^= v2
-    v0 ^= v3
-    return v0
+
+PRF_CHUNK = 32_768  # 16-byte blocks encrypted at a time (two 512 KiB buffers: in the CPU cache)
+
+
+def keyed_hash(key: bytes, *words: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """A keyed pseudo-random function of one or two 64-bit words, for every ``i`` at once: AES-128 under
+    ``key`` of the 16 bytes ``words[0][i] words[1][i]`` (little-endian; a missing second word is 0), the
+    first 8 bytes of the ciphertext read as a little-endian word.
+
+    AES is a keyed permutation of 128-bit blocks, so different inputs never share a ciphertext, and
+    without the key an output says nothing of its input; 64 bits of it are a PRF (two inputs share an
+    output with odds 2⁻⁶⁴). ``cryptography``'s AES runs on the CPU's AES instructions at several GB/s:
+    the whole batch is one ECB pass in slices of ``PRF_CHUNK`` blocks (buffers reused, so no page of
+    them is faulted in twice), a few ns a word."""
+    if not 1 <= len(words) <= 2:
+        raise ValueError("keyed_hash takes one or two words an input")
+    count = len(words[0])
+    out = np.empty(count, dtype=np.uint64)
+    if count == 0:
+        return out
+    step = min(count, PRF_CHUNK)
+    plain = np.zeros((step, 2), dtype="<u8")
+    sealed = np.empty(2 * step + 2, dtype="<u8")  # update_into wants a block's room more than its input
+    encryptor = _cipher(key).encryptor()
+    for start in range(0, count, step):
+        stop = min(start + step, count)
+        rows = plain[: stop - start]
+        rows[:, 0] = words[0][start:stop]
+        if len(words) == 2:
+            rows[:, 1] = words[1][start:stop]
+        # ECB: each block on its own, so the slices chain nothing
+        encryptor.update_into(rows.data.cast("B"), sealed.data.cast("B"))
+        out[start:stop] = sealed[0 : 2 * (stop - start) : 2]
+    return out
 
 
 def chain_marks(
-    key: tuple[np.uint64, np.uint64], marks: npt.NDArray[np.uint64], parts_per_prompt: npt.NDArray[np.int64]
+    key: bytes, marks: npt.NDArray[np.uint64], parts_per_prompt: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.uint64]:
-    """Each message's chained key: SipHash-1-3 (keyed) of the previous message's key and its mark,
+    """Each message's chained key: ``keyed_hash`` under ``key`` (``BlockHasher.chain_key``) of the previous
+    message's key and its mark,
     for many prompts at once — one vectorized step per message position, all prompts together.
 
     The prompts are taken longest first, so the prompts that have a message at position j are the
@@ -434,7 +436,7 @@ def chain_marks(
     previous = np.zeros(len(order), dtype=np.uint64)
     for j, n in enumerate(alive.tolist()):  # n prompts have a message at position j
         at = first[:n] + j
-        chained = _siphash13(key, previous[:n], marks[at])
+        chained = keyed_hash(key, previous[:n], marks[at])
         keys[at] = chained
         previous[:n] = chained
     return keys
@@ -447,23 +449,8 @@ def block_ids(keyed: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
     return keyed.view(np.int64)
 
 
-SIP_CHUNK = 16_384  # words a SipHash pass takes at a time (five 128 KiB arrays: in the CPU cache)
-
-
-def keyed_hash(key: tuple[np.uint64, np.uint64], *words: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """SipHash-1-3 under ``key`` of ``words[0][i] words[1][i] …`` for every ``i`` (``_siphash13``), in
-    slices of ``SIP_CHUNK``: on a large batch each of its passes then stays in the CPU cache."""
-    count = len(words[0])
-    if count <= SIP_CHUNK:
-        return _siphash13(key, *words)
-    out = np.empty(count, dtype=np.uint64)
-    for start in range(0, count, SIP_CHUNK):
-        out[start : start + SIP_CHUNK] = _siphash13(key, *(w[start : start + SIP_CHUNK] for w in words))
-    return out
-
-
 def message_block_ids(
-    key: tuple[np.uint64, np.uint64],
+    key: bytes,
     keys: npt.NDArray[np.uint64],
     tokens: npt.NDArray[np.int64],
     parts_per_prompt: npt.NDArray[np.int64],
@@ -472,7 +459,7 @@ def message_block_ids(
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
     """Block ids of many prompts at once, as a list column: flat ids and ``len + 1`` offsets.
 
-    ``key`` is the build's SipHash key (``BlockHasher.sip_key``); ``keys``/``tokens`` are every prompt's
+    ``key`` is the build's block key (``BlockHasher.block_key``); ``keys``/``tokens`` are every prompt's
     messages in order (``BlockHasher.message_keys``, token counts); ``parts_per_prompt`` says how many
     belong to each prompt; a prompt's chain covers its full blocks up to the smaller of its messages'
     tokens and ``limit_tokens``.
@@ -506,7 +493,4 @@ def message_block_ids(
     first_offset = (start // size + 1) * size - start - before * size
     offset = np.repeat(first_offset, held)
     offset += np.arange(0, total * size, size, dtype=np.int64)
-    words = offset.view(np.uint64)
-    words *= _GOLDEN
-    words ^= np.repeat(keys, held)
-    return block_ids(keyed_hash(key, words)), offsets
+    return block_ids(keyed_hash(key, np.repeat(keys, held), offset.view(np.uint64))), offsets

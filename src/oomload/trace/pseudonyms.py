@@ -9,8 +9,8 @@ How, for a whole column at once (numpy, no Python work per name): each name's by
 8-byte little-endian words (zero-padded); word j's term is ``oomload.trace.blockhash``'s keyed
 bijection under a keyed odd multiplier for position j, and a name's digest is the wrapping sum of its
 words' terms (two names share a digest with odds about 2⁻⁶³; the length goes in below, so padding is
-never ambiguous). The pseudonym is SipHash-1-3 (keyed, a PRF) of the digest and the byte length, under
-a key of its own derived from the salt, written as 16 hex digits.
+never ambiguous). The pseudonym is ``keyed_hash`` (AES-128, keyed: a PRF) of the digest and the byte
+length, under a key of its own derived from the salt, written as 16 hex digits.
 """
 
 from __future__ import annotations
@@ -24,17 +24,11 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from oomload.trace.blockhash import keyed_hash, mixed_words
+from oomload.trace.blockhash import keyed_hash, mixed_words, prf_key
 
 PSEUDONYM_CHARS = 16
 WIDE_FACTOR = 3  # a matrix of names padded to the longest may take this many times their bytes
 _HEX = np.frombuffer(b"".join(f"{i:02x}".encode() for i in range(256)), dtype="<u2")
-
-
-@functools.lru_cache(maxsize=8)
-def _name_key(salt: bytes) -> tuple[np.uint64, np.uint64]:
-    words = hashlib.blake2b(salt, digest_size=16, person=b"oomload-names").digest()
-    return np.uint64(int.from_bytes(words[:8], "big")), np.uint64(int.from_bytes(words[8:], "big"))
 
 
 @functools.lru_cache(maxsize=4)
@@ -69,7 +63,7 @@ class Pseudonyms:
         lengths = np.diff(offsets)
         data = data[int(offsets[0]) : int(offsets[-1])]
         digests = _digests(data, lengths, self.salt)
-        hashed = keyed_hash(_name_key(self.salt), digests, lengths.astype(np.uint64))
+        hashed = keyed_hash(prf_key(self.salt, b"oomload-names"), digests, lengths.astype(np.uint64))
         text = _HEX[hashed.astype(">u8").view(np.uint8)].reshape(n, 8)  # 2 hex digits a byte, high first
         mask = None
         if array.null_count:

@@ -7,16 +7,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from oomload.ingest import LogSource, SkipLog, openai_fast
 from oomload.trace.blockhash import (
-    _GOLDEN,
+    PRF_CHUNK,
     BlockHasher,
     _canonical_ids,
     _multipliers,
-    _siphash13,
     block_ids,
     chain_marks,
+    keyed_hash,
     message_block_ids,
 )
 
@@ -26,7 +27,7 @@ SALT = b"speed-salt"
 def _plain_chain(hasher: BlockHasher, ids_text: str) -> tuple[int, ...]:
     """The ids computed the plain way, one prompt and one block at a time: the ids joined by ", ", read
     as little-endian 8-byte words; block k's digest sums each word's keyed term up to the block's end
-    (the last word cut there), and its id is SipHash of the digest."""
+    (the last word cut there), and its id is the keyed hash of the digest (``_aes_reference``)."""
     data = _canonical_ids(ids_text)
     ids = data.split(b", ") if data else []
     size = hasher.block_tokens
@@ -48,7 +49,7 @@ def _plain_chain(hasher: BlockHasher, ids_text: str) -> tuple[int, ...]:
             summed += term(words[whole], whole)
             whole += 1
         digest = summed + term(words[end // 8] & ((1 << (8 * (end % 8))) - 1), end // 8)
-        keyed = _siphash13(hasher.sip_key, np.array([digest & mask], np.uint64))
+        keyed = np.array([_aes_reference(hasher.token_key, digest & mask)], np.uint64)
         out.append(int(block_ids(keyed)[0]))
     return tuple(out)
 
@@ -139,69 +140,48 @@ def test_prompts_sharing_a_start_share_its_blocks_and_match_the_plain_ones(block
     assert not set(chains[5][len(chains[0]) + 1 :]) & set(chains[0])
 
 
-def _siphash13_reference(k0: int, k1: int, *words: int) -> int:
-    """SipHash-1-3 of the little-endian 64-bit ``words`` (8 bytes each), in plain Python."""
-    mask = (1 << 64) - 1
-
-    def rotl(x: int, b: int) -> int:
-        return ((x << b) | (x >> (64 - b))) & mask
-
-    v = [k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573]
-
-    def sip_round() -> None:
-        v[0] = (v[0] + v[1]) & mask
-        v[1] = rotl(v[1], 13) ^ v[0]
-        v[0] = rotl(v[0], 32)
-        v[2] = (v[2] + v[3]) & mask
-        v[3] = rotl(v[3], 16) ^ v[2]
-        v[0] = (v[0] + v[3]) & mask
-        v[3] = rotl(v[3], 21) ^ v[0]
-        v[2] = (v[2] + v[1]) & mask
-        v[1] = rotl(v[1], 17) ^ v[2]
-        v[2] = rotl(v[2], 32)
-
-    for m in (*words, (8 * len(words)) << 56):
-        v[3] ^= m
-        sip_round()
-        v[0] ^= m
-    v[2] ^= 0xFF
-    for _ in range(3):
-        sip_round()
-    return v[0] ^ v[1] ^ v[2] ^ v[3]
+def _aes_reference(key: bytes, first: int, second: int = 0) -> int:
+    """The keyed hash of one input the plain way: AES-128 of its 16 bytes (two little-endian words), the
+    ciphertext's first 8 bytes as a little-endian integer."""
+    encryptor = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    sealed = encryptor.update(first.to_bytes(8, "little") + second.to_bytes(8, "little"))
+    return int.from_bytes(sealed[:8], "little")
 
 
-def test_the_vectorised_siphash_is_siphash_1_3() -> None:
-    key = (np.uint64(0x0706050403020100), np.uint64(0x0F0E0D0C0B0A0908))
+def test_the_keyed_hash_is_aes_128_of_the_two_words() -> None:
+    # FIPS-197, appendix C.1: key 00 01 … 0f, plaintext 00 11 … ff → 69c4e0d86a7b0430 d8cdb78070b4c55a
+    key = bytes(range(16))
+    plain = np.frombuffer(bytes.fromhex("00112233445566778899aabbccddeeff"), dtype="<u8").astype(np.uint64)
+    assert int(keyed_hash(key, plain[:1], plain[1:])[0]).to_bytes(8, "little").hex() == "69c4e0d86a7b0430"
     m0 = np.array([0, 1, 2**64 - 1, 0x0706050403020100], dtype=np.uint64)
     m1 = np.array([0, 2**63, 12345, 0x0F0E0D0C0B0A0908], dtype=np.uint64)
-    expected = [
-        _siphash13_reference(int(key[0]), int(key[1]), int(a), int(b)) for a, b in zip(m0, m1, strict=True)
-    ]
-    assert _siphash13(key, m0, m1).tolist() == expected
-    assert _siphash13(key, m0[:0], m1[:0]).tolist() == []
-    one_word = [_siphash13_reference(int(key[0]), int(key[1]), int(a)) for a in m0]
-    assert _siphash13(key, m0.copy()).tolist() == one_word != expected
+    expected = [_aes_reference(key, int(a), int(b)) for a, b in zip(m0, m1, strict=True)]
+    assert keyed_hash(key, m0, m1).tolist() == expected
+    assert keyed_hash(key, m0[:0], m1[:0]).tolist() == []
+    one_word = [_aes_reference(key, int(a)) for a in m0]
+    assert keyed_hash(key, m0).tolist() == one_word != expected
+    assert keyed_hash(bytes(16), m0, m1).tolist() != expected  # another key, other outputs
 
 
 def _plain_message_ids(
-    key: tuple[np.uint64, np.uint64],
+    hasher: BlockHasher,
     marks: list[int],
     tokens: list[int],
     per_prompt: list[int],
     limits: list[int],
     size: int,
 ) -> tuple[list[int], list[int]]:
-    """Message chains as first written: one prompt at a time, SipHash message by message, and each
+    """Message chains as first written: one prompt at a time, the keyed hash message by message, and each
     block's message found by a search over the prompt's message ends."""
     ids: list[int] = []
     keys: list[int] = []
     at = 0
     for count, limit in zip(per_prompt, limits, strict=True):
-        previous = np.zeros(1, dtype=np.uint64)
+        previous = 0
         own = []
         for mark in marks[at : at + count]:
-            previous = _siphash13(key, previous, np.array([mark], dtype=np.uint64))
-            own.append(int(previous[0]))
+            previous = _aes_reference(hasher.chain_key, previous, mark)
+            own.append(previous)
         keys += own
         ends = np.cumsum(tokens[at : at + count])
         full = min(int(ends[-1]) if count else 0, max(limit, 0)) // size
@@ -209,17 +189,15 @@ def _plain_message_ids(
             end = (block + 1) * size
             part = int(np.searchsorted(ends, end, side="left"))
             offset = end - (int(ends[part]) - tokens[at + part])
-            mixed = _siphash13(
-                key, np.array([own[part]], dtype=np.uint64) ^ (np.array([offset], dtype=np.uint64) * _GOLDEN)
-            )
-            ids.append(int(block_ids(mixed)[0]))
+            keyed = np.array([_aes_reference(hasher.block_key, own[part], offset)], dtype=np.uint64)
+            ids.append(int(block_ids(keyed)[0]))
         at += count
     return keys, ids
 
 
 @pytest.mark.parametrize("block_tokens", [1, 3, 16])
 def test_message_chains_of_many_prompts_equal_the_plain_ones(block_tokens: int) -> None:
-    key = BlockHasher(SALT).sip_key
+    hasher = BlockHasher(SALT)
     rng = np.random.default_rng(block_tokens)
     per_prompt = rng.integers(0, 7, 300).tolist()  # prompts of 0 to 6 messages, in any order
     marks = rng.integers(0, 2**63, sum(per_prompt), dtype=np.uint64)
@@ -227,11 +205,18 @@ def test_message_chains_of_many_prompts_equal_the_plain_ones(block_tokens: int) 
     tokens = rng.integers(0, 40, len(marks)).tolist()  # empty messages too
     limits = rng.integers(-3, 150, len(per_prompt)).tolist()  # chains cut inside and past the prompt
     counts = np.array(per_prompt, dtype=np.int64)
-    keys = chain_marks(key, marks, counts)
+    keys = chain_marks(hasher.chain_key, marks, counts)
     ids, offsets = message_block_ids(
-        key, keys, np.array(tokens, dtype=np.int64), counts, np.array(limits, dtype=np.int64), block_tokens
+        hasher.block_key,
+        keys,
+        np.array(tokens, dtype=np.int64),
+        counts,
+        np.array(limits, dtype=np.int64),
+        block_tokens,
     )
-    plain_keys, plain_ids = _plain_message_ids(key, marks.tolist(), tokens, per_prompt, limits, block_tokens)
+    plain_keys, plain_ids = _plain_message_ids(
+        hasher, marks.tolist(), tokens, per_prompt, limits, block_tokens
+    )
     assert keys.tolist() == plain_keys
     assert ids.tolist() == plain_ids
     lengths = [
@@ -242,15 +227,17 @@ def test_message_chains_of_many_prompts_equal_the_plain_ones(block_tokens: int) 
 
 
 def test_keyed_hash_in_slices_equals_one_pass() -> None:
-    from oomload.trace.blockhash import SIP_CHUNK, keyed_hash
-
-    key = BlockHasher(SALT).sip_key
+    key = BlockHasher(SALT).block_key
     rng = np.random.default_rng(5)
-    for count in (0, 1, SIP_CHUNK, SIP_CHUNK + 1, 3 * SIP_CHUNK + 17):
+    for count in (0, 1, PRF_CHUNK, PRF_CHUNK + 1, 3 * PRF_CHUNK + 17):
         a = rng.integers(0, 2**64, count, dtype=np.uint64, endpoint=False)
         b = rng.integers(0, 2**64, count, dtype=np.uint64, endpoint=False)
-        assert keyed_hash(key, a).tolist() == _siphash13(key, a).tolist()
-        assert keyed_hash(key, a, b).tolist() == _siphash13(key, a, b).tolist()
+        for words in ((a,), (a, b)):
+            plain = np.zeros((count, 2), dtype="<u8")
+            for column, word in enumerate(words):
+                plain[:, column] = word
+            sealed = Cipher(algorithms.AES(key), modes.ECB()).encryptor().update(plain.tobytes())
+            assert keyed_hash(key, *words).tolist() == np.frombuffer(sealed, "<u8")[::2].tolist()
 
 
 def test_the_crc_of_a_message_is_zlibs_whichever_library_computes_it() -> None:

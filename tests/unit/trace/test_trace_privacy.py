@@ -33,9 +33,10 @@ U = np.uint64
 FACTORS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
 
-def _unkeyed(key: tuple[np.uint64, np.uint64], words: np.ndarray) -> np.ndarray:
-    """The old per-block step, the reference: SplitMix64's finalizer, which ignores the key."""
-    x = words.copy()
+def _unkeyed(key: bytes, words: np.ndarray, offsets: np.ndarray | None = None) -> np.ndarray:
+    """The old per-block step, the reference: SplitMix64's finalizer of ``offset · GOLDEN ^ key``, which
+    ignores the build's key (given a message's key and the block's offset; else of the one word)."""
+    x = words.copy() if offsets is None else (offsets * U(GOLDEN)) ^ words
     x ^= x >> U(30)
     x *= U(FACTORS[0])
     x ^= x >> U(27)
@@ -71,7 +72,7 @@ def _recovered_starts(chain: tuple[int, ...]) -> set[int]:
         first = U(chain[k] - ID_BASE) << U(CUT)
         x = _unmix(first | guesses)  # every candidate for offset · GOLDEN ^ key
         keys = x[:, None] ^ (offsets[None, :] * U(GOLDEN))
-        predicted = _unkeyed((U(0), U(0)), (((offsets + U(BLOCK)) * U(GOLDEN))[None, :] ^ keys).ravel())
+        predicted = _unkeyed(b"", (((offsets + U(BLOCK)) * U(GOLDEN))[None, :] ^ keys).ravel())
         hits = np.flatnonzero((predicted >> U(CUT)) + U(ID_BASE) == U(chain[k + 1]))
         for hit in hits.tolist():
             offset = int(offsets[hit % BLOCK])

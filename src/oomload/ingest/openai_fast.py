@@ -56,8 +56,10 @@ from oomload.ingest.openai_schema import (
     PLAIN_DECODER,
     PLAIN_PARTS_DECODER,
     REQUEST_BODY_DECODER,
+    REQUEST_BODY_PARTS_DECODER,
     UNSET,
     Line,
+    LineParts,
     Plain,
     Usage,
 )
@@ -97,6 +99,10 @@ def _counts(usage: Usage) -> tuple[int, int] | None:
 
 def _fast_row(line: Line) -> _Row | None:
     """``parse_openai_line``'s record for a decoded line, or ``None`` when the exact path must decide.
+
+    A request body written as a string (an access log's) is decoded here; on a ``LineParts`` line it is
+    decoded with its prompt parts and put in the line's place of the string, so ``line_parts`` reads
+    them without decoding the body a second time.
 
     Written for speed (it runs once per line of every shape but the usual one): identity tests
     against ``UNSET`` and ``None`` where ``parse_openai_line`` tests types, which the schema
@@ -157,9 +163,17 @@ def _fast_row(line: Line) -> _Row | None:
     if request is UNSET or request is None:
         request = line if (line.messages is not UNSET or line.prompt is not UNSET) else None
     elif request.body is not UNSET:
-        request = request.body
-        if request.__class__ is str and (request := _in_string(request, REQUEST_BODY_DECODER)) is None:
-            return None
+        text = request.body
+        if text.__class__ is str:  # an access log's: decoded once, with its parts when the line has them
+            parts = line.__class__ is LineParts
+            body = _in_string(text, REQUEST_BODY_PARTS_DECODER if parts else REQUEST_BODY_DECODER)
+            if body is None:
+                return None
+            if parts:
+                request.body = body  # ``line_parts`` reads the parts from it
+            request = body
+        else:
+            request = text
     model = None
     max_tokens = None
     if request is not None:

@@ -57,8 +57,8 @@ def line_parts(line: LineParts) -> list[Any]:
 def body_text_parts(body: str) -> list[Any]:
     """The prompt parts of a request body an access log wrote as a JSON string (empty when it is not
     a request object)."""
-    try:
-        return parts_of(PARTS_BODY_DECODER.decode(body.encode()))
+    try:  # from the string itself: msgspec reads its UTF-8 form, and the raw parts point into it
+        return parts_of(PARTS_BODY_DECODER.decode(body))
     except msgspec.DecodeError:
         return []
 

@@ -145,6 +145,7 @@ class LineParts(Line):
 
 LINE_DECODER = msgspec.json.Decoder(Line)
 REQUEST_BODY_DECODER = msgspec.json.Decoder(RequestBody)
+REQUEST_BODY_PARTS_DECODER = msgspec.json.Decoder(RequestBodyParts)
 BODY_DECODER = msgspec.json.Decoder(Body)
 NULL = msgspec.Raw(b"null")
 PARTS_LINE_DECODER = msgspec.json.Decoder(LineParts)

@@ -8,8 +8,8 @@ LiteLLM spend log (``messages`` at the top, the response nested, float ``startTi
 shape the column reader must give the rows and skips of ``parse_openai_line``, its prompt parts
 (hence ``hash_ids``) must be those the exact path reads, and a build on 2 workers in byte ranges
 must write the trace of one process. ISO stamps parsed once per second must give the same float as
-the full parse. An API gateway's access log (bodies as escaped JSON strings) is not read yet: a
-build of it says so in one sentence.
+the full parse. An API gateway's access log (bodies as escaped JSON strings) is read on both paths, its
+request body decoded once with chains.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from spreadrun import run_both
 
-from oomload.ingest import LogSource, SkipLog, openai_fast
+from oomload.ingest import LogSource, SkipLog, openai_fast, openai_parts
 from oomload.ingest.columns import batches_from_records
 from oomload.ingest.openai_fast import read_openai_batches
 from oomload.ingest.openai_log import read_openai_records
@@ -206,6 +206,26 @@ def test_an_access_log_reads_its_bodies_from_their_strings(tmp_path: Path) -> No
         ("chatcmpl-1", 1_700_000_000.5, 7, 3, 64, True),
         (None, 1_700_000_001.0, 7, 3, 64, False),  # failed, its usage kept as the exact path keeps it
     ]
+
+
+def test_an_access_logs_request_body_is_decoded_once_with_its_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With chains, the fast path decodes a string request body once, with its prompt parts, for the row
+    and the parts alike: the parts decoder of the exact path is never called, and the chains are those
+    it would give."""
+    source = LogSource(_log(tmp_path / "log.jsonl", "access-log", 200))
+    hasher = BlockHasher(b"s" * 32, 4)
+    expected = _table(list(read_openai_batches(source, SkipLog(), None, hasher=hasher)))
+
+    class Refuse:
+        def decode(self, *args: Any) -> Any:
+            raise AssertionError("the request body was decoded a second time for its parts")
+
+    monkeypatch.setattr(openai_parts, "PARTS_BODY_DECODER", Refuse())
+    fast = _table(list(read_openai_batches(source, SkipLog(), None, hasher=hasher)))
+    assert fast == expected
+    assert len(fast) == 200 and all(row["hash_ids"] for row in fast)
 
 
 def test_a_litellm_spend_log_is_timed_by_its_start_time_on_both_paths(tmp_path: Path) -> None:

@@ -6,13 +6,14 @@ keyed hash of everything from token 0 through the end of block k, so — like vL
 two prompts share block k exactly when they are identical from token 0 through the end of block k.
 The keyed step is AES-128 (``keyed_hash``: a keyed permutation, so a PRF) under a 128-bit key derived
 from the build's salt for that use alone, run over all blocks at once on the CPU's AES instructions
-(``cryptography``) — no Python work per block, a few ns a block, so hashing keeps the build's speed. The salt is random per build and never written (ingest/prefixes.py
-makes it; ``OOMLOAD_PREFIX_SALT`` fixes it for reproducible builds): without it an id reveals
-nothing of the text or token ids, a guessed prompt cannot be tested, and ids cannot be matched
-against another trace's. The id written is ``ID_BASE`` (10¹⁵) plus the top ``ID_BITS`` (52) bits:
-always 16 digits (the trace writer renders them as fixed-width text, ``ingest.columns``) and below
-2⁵³, so every JSON reader holds it exactly (JavaScript's too); two different prefixes collide with
-odds of about n²/2⁵³ for n distinct blocks (one in 9,000 for a million).
+(``cryptography``) — no Python work per block, a few ns a block, so hashing keeps the build's speed.
+The salt is random per build and never written (ingest/prefixes.py makes it; ``OOMLOAD_PREFIX_SALT``
+fixes it for reproducible builds): without it an id reveals nothing of the text or token ids, a
+guessed prompt cannot be tested, and ids cannot be matched against another trace's. The id written
+is ``ID_BASE`` (10¹⁵) plus the top ``ID_BITS`` (52) bits: always 16 digits (the trace writer renders
+them as fixed-width text, ``ingest.columns``) and below 2⁵³, so every JSON reader holds it exactly
+(JavaScript's too); two different prefixes collide with odds of about n²/2⁵³ for n distinct blocks
+(one in 9,000 for a million).
 
 What is keyed: for token ids (``chain_tokens``; ``token_text_chains`` reads a vLLM log's id lists
 as bytes, never parsing them), a 64-bit digest of the prefix's text in vLLM's own form ``"1, 2, 3"``
@@ -47,11 +48,13 @@ import hashlib
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers import Cipher, modes
 
 DEFAULT_BLOCK_TOKENS = 16  # vLLM's default block size: the trace then predicts any multiple of it
 ID_BITS = 52  # of the keyed hash in an id
@@ -371,6 +374,10 @@ _U = np.uint64
 
 @functools.lru_cache(maxsize=16)
 def _cipher(key: bytes) -> Cipher[modes.ECB]:
+    """AES-128 under ``key``, in ECB (each 16-byte block on its own). ``cryptography`` is imported here,
+    by the first build that hashes: ~22 ms that a command without a trace to build does not pay."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
     return Cipher(algorithms.AES(key), modes.ECB())
 
 

@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from oomload.capacity.blocks import PROMPT_SHAPES, PromptShape, SharedPrefixes
+from oomload.capacity.blocks import PROMPT_SHAPES, PromptShape, SharedPrefixes, single_request_limit_tokens
 from oomload.capacity.scheduler import Scheduler, SchedulerConfig, SimRequest
 from oomload.trace.model import PrefixInfo, TraceRecord
 
@@ -78,8 +78,9 @@ EVIDENCE_CONFIDENCE = 0.99
 # evidence: a rarer burst cannot be confirmed or refuted by a bounded hold (it would need > 460 requests).
 NEGLIGIBLE_EPISODES_PER_REQUEST = 0.01
 DEFAULT_REQUESTS = 1000
-DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default; the cache config does not carry the server's setting
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM V1's default chunked-prefill budget
+# When neither the serve line nor the server's log gives them (``realvllm.limits``; /metrics does not):
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default on most GPUs
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM V1's chunked-prefill budget on an H100 (2048 on smaller GPUs)
 DEFAULT_SEED = 0
 
 
@@ -106,6 +107,15 @@ class Pool:
             return None
         limit = max_model_len or _positive_int(cache_config.get("max_model_len"))
         return cls(num_gpu_blocks=blocks, block_size=block_size, max_model_len=limit)
+
+    def with_limits(self, max_num_seqs: int | None, max_num_batched_tokens: int | None) -> Pool:
+        """This pool under the server's own scheduler limits, where known (``None`` keeps the default:
+        ``realvllm.limits`` reads them from the serve line or the server's log)."""
+        return replace(
+            self,
+            max_num_seqs=max_num_seqs or self.max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens or self.max_num_batched_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +198,12 @@ def level_odds(
     ):
         raise ValueError("shared prefixes must have one entry per request, for the pool's block size")
     caching = shared is not None and shared.any
-    limit = pool.max_model_len or 2**31
+    # a server of this pool refuses (at start-up) a max_model_len it cannot hold: a trace's request longer
+    # than that is refused or cut whatever the server's setting (and one the pool could never hold would
+    # be preempted and readmitted for ever)
+    limit = min(
+        pool.max_model_len or 2**31, single_request_limit_tokens(pool.num_gpu_blocks, pool.block_size)
+    )
     sched = Scheduler(
         SchedulerConfig(
             num_gpu_blocks=pool.num_gpu_blocks,

@@ -12,14 +12,12 @@ are short responses. The rules and their reasons: ``oomload.verdict.verdict``'s 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oomload.errors import ConfigError
 from oomload.outcome import Outcome, RequestResult
-from oomload.realvllm.servecmd import parse_serve_command
+from oomload.realvllm.limits import served_limits
 from oomload.rundir.records import CUT_SHORT_REASONS, RunStatus
 from oomload.verdict.death import EngineDeath
 from oomload.verdict.runview import RunView
@@ -173,22 +171,8 @@ def _total(r: RequestResult) -> int:
     return r.prompt_tokens_asked + r.output_tokens_asked
 
 
-_BATCHED_IN_LOG = re.compile(r"max_num_batched_tokens=(\d+)")
-
-
 def served_batched_tokens(view: RunView) -> int | None:
     """``max_num_batched_tokens`` as the ``--serve`` line set it, else as the server's log said it at
-    start-up ("Chunked prefill is enabled with max_num_batched_tokens=N"); ``None`` when neither says."""
-    line = view.config.get("serve")
-    if isinstance(line, str):
-        try:
-            value = parse_serve_command(line).value("--max-num-batched-tokens")
-        except ConfigError:
-            value = None
-        if value is not None and value.isdigit():
-            return int(value)
-    if view.server_log:
-        found = _BATCHED_IN_LOG.findall(view.server_log)
-        if found:
-            return int(found[-1])
-    return None
+    start-up (``realvllm.limits``); ``None`` when neither says."""
+    serve = view.config.get("serve")
+    return served_limits(serve if isinstance(serve, str) else None, view.server_log).max_num_batched_tokens

@@ -42,6 +42,16 @@ def test_prompts_over_max_model_len_are_refused_and_never_hold_blocks() -> None:
     assert (odds.requests, odds.preemptions) == (0, 0)
 
 
+def test_without_max_model_len_a_request_longer_than_the_pool_is_cut_to_it_and_ends() -> None:
+    """60 blocks (59 usable, 944 tokens): a server of this pool cannot start with a longer max_model_len,
+    so a 900 + 60 request is cut to 944 tokens and runs alone, where it was readmitted for ever."""
+    pool = Pool(num_gpu_blocks=60, block_size=16)
+    odds = level_odds([900], [60], pool, 1, requests=3)
+    assert (odds.requests, odds.preemptions) == (3, 0)
+    assert level_odds([944], [1], pool, 1, requests=3).requests == 0  # refused, as max_model_len would
+    assert odds == level_odds([900], [60], Pool(60, 16, max_model_len=944), 1, requests=3)
+
+
 def test_evidence_arithmetic() -> None:
     odds = LevelOdds(concurrency=8, requests=1000, preemptions=80, episodes=50)
     assert odds.per_100 == pytest.approx(8.0)

@@ -1,0 +1,85 @@
+"""A server's max_num_seqs and max_num_batched_tokens, read from its serve line, else its log, and the
+replay's odds computed under them (``oomload.realvllm.limits``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oomload.capacity.odds import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    LevelOdds,
+    Pool,
+    level_odds,
+)
+from oomload.realvllm.limits import ServerLimits, served_limits
+from oomload.run.oddsfeed import main
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
+
+# as vLLM's CPU build wrote them here (0.x, the e2e harness): its start-up lines
+STARTED = (
+    "(APIServer pid=1498) INFO 12-04 12:36:50 [api_utils.py:286] non-default args: {'model_tag': 'tiny', "
+    "'host': '127.0.0.1', 'port': 49457, 'model': 'tiny', 'max_model_len': 4096, 'enforce_eager': True, "
+    "'block_size': 256, 'max_num_batched_tokens': 3840, 'max_num_seqs': 64}\n"
+    "(APIServer pid=1498) INFO 12-04 12:36:50 [scheduler.py:307] Chunked prefill is enabled with "
+    "max_num_batched_tokens=3840.\n"
+)
+
+
+def test_the_serve_line_says_them() -> None:
+    line = "vllm serve m --max-num-seqs 12 --max-num-batched-tokens=4096 --port 8000"
+    assert served_limits(line, None) == ServerLimits(12, 4096)
+    assert served_limits("oomload sim serve --max-num-seqs 3", None) == ServerLimits(3, None)
+
+
+def test_the_log_completes_what_the_line_does_not_say() -> None:
+    assert served_limits(None, STARTED) == ServerLimits(64, 3840)
+    assert served_limits("vllm serve m --max-num-seqs 10", STARTED) == ServerLimits(10, 3840)
+    # the budget in effect: vLLM may change what was asked (the chunked-prefill line wins)
+    changed = STARTED.replace("max_num_batched_tokens=3840.", "max_num_batched_tokens=2048.")
+    assert served_limits(None, changed) == ServerLimits(64, 2048)
+    # a log of several starts describes the latest
+    again = STARTED + STARTED.replace("'max_num_seqs': 64", "'max_num_seqs': 8").replace("=3840", "=8192")
+    assert served_limits(None, again) == ServerLimits(8, 8192)
+
+
+@pytest.mark.parametrize(
+    ("line", "log"),
+    [
+        (None, None),
+        ("", ""),
+        ("not a server at all", "no start-up line here"),
+        ("vllm serve m --max-num-seqs 0 --max-num-batched-tokens many", None),
+        (None, "non-default args: {'model': 'm'}"),
+    ],
+)
+def test_nothing_said_is_nothing_known(line: str | None, log: str | None) -> None:
+    assert served_limits(line, log) == ServerLimits()
+
+
+def test_the_odds_use_the_servers_limits_and_the_defaults_otherwise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    lengths = [(400, 300), (900, 60), (200, 500)]
+    write_trace(trace, [TraceRecord(f"r{i}", 0.0, p, o) for i, (p, o) in enumerate(lengths)], TraceHeader())
+    argv = ["--trace", str(trace), "--num-gpu-blocks", "60", "--block-size", "16", "--levels", "8"]
+    prompts, outputs = [p for p, _ in lengths], [o for _, o in lengths]
+    pool = Pool(60, 16)
+    assert (pool.max_num_seqs, pool.max_num_batched_tokens) == (
+        DEFAULT_MAX_NUM_SEQS,
+        DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    )
+    assert pool.with_limits(None, None) == pool
+
+    assert main(argv) == 0
+    default = LevelOdds.from_json(json.loads(capsys.readouterr().out))
+    assert default == level_odds(prompts, outputs, pool, 8)
+
+    assert main([*argv, "--max-num-seqs", "2", "--max-num-batched-tokens", "512"]) == 0
+    served = LevelOdds.from_json(json.loads(capsys.readouterr().out))
+    assert served == level_odds(prompts, outputs, pool.with_limits(2, 512), 8)
+    assert served != default  # two running at a time on 60 blocks preempt less than eight

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +51,11 @@ def test_format_lines_matches_to_json(records: list[TraceRecord], first_index: i
         expected["arrival_s"] = round(rec.arrival_s - origin, 6)
         # Both round to 1 µs, but pyarrow rounds the scaled value (x·10⁶) while Python rounds the
         # binary value's exact decimal: near a half-way point the two can differ by that last µs
-        # (4398047.0104915 → …492 here, …491 in Python). The trace's resolution is the µs.
-        assert got.pop("arrival_s") == pytest.approx(expected.pop("arrival_s"), abs=1.000001e-6)
+        # (4398047.0104915 → …492 here, …491 in Python). The trace's resolution is the µs; the two
+        # decimals, read back as floats, are a µs apart give or take their last bits (4194304.974614
+        # and …613 are 1.00024 µs apart as doubles), hence the ulps.
+        want = expected.pop("arrival_s")
+        assert got.pop("arrival_s") == pytest.approx(want, abs=1e-6 + 4 * math.ulp(want))
         assert got == expected
 
 

@@ -1,0 +1,40 @@
+"""The replay's odds run under the server's own ``max_num_seqs`` (``oomload.realvllm.limits``): a
+simulated vLLM started with ``--serve … --max-num-seqs 2`` gets odds computed for two running at a
+time, not vLLM's default 256. The replay runs in a subprocess (Locust patches the process with gevent);
+its load is bounded by its two levels and ``--hold-s``."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from clirun import oomload
+from oomload.capacity.odds import LevelOdds, Pool, TraceOdds
+from oomload.errors import ExitCode
+from oomload.trace.model import read_trace, read_trace_header
+
+SAMPLE = Path(__file__).resolve().parents[2] / "traces" / "sample-chat.jsonl"
+SIM = "--model llama-3.1-8b --gpu l4 --max-model-len 4096 --num-gpu-blocks 300 --time-scale 0.02"
+
+
+def test_the_odds_take_the_serve_lines_max_num_seqs(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    serve = shlex.join(["oomload", "sim", "serve", *shlex.split(SIM), "--max-num-seqs", "2"])
+    proc = oomload(
+        *("replay", str(SAMPLE), "--serve", serve, "--concurrency", "2,8", "--hold-s", "2"),
+        *("--no-live", "--no-html", "--gpu", "none", "--no-evidence", "--run-dir", str(run)),
+    )
+    assert proc.returncode == ExitCode.OK, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [json.loads(x) for x in (run / "odds.jsonl").read_text().splitlines()]
+    recorded = {(o.shape, o.concurrency): o for o in filter(None, map(LevelOdds.from_json, lines))}
+    cache = json.loads((run / "cache_config.json").read_text())
+    pool = Pool.from_cache_config(cache, 4096)
+    assert pool is not None and pool.max_num_seqs == 256  # what /metrics alone would have given
+    trace = run / "trace.jsonl"
+    prefix = read_trace_header(trace).prefix_or_default()
+    served = TraceOdds.of_records(read_trace(trace), prefix, pool.with_limits(2, None))
+    default = TraceOdds.of_records(read_trace(trace), prefix, pool)
+    (shape, level), odds = next((k, v) for k, v in recorded.items() if k[1] == 8)
+    assert odds == served.at(level, shape=shape)
+    assert odds != default.at(level, shape=shape)  # 8 running at once on 300 blocks preempt more than 2

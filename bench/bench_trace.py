@@ -5,7 +5,8 @@ text (the gateway log of issue 15), Azure CSV and Mooncake JSONL. Every measurem
 subprocess, so its peak RSS (``VmHWM``, the main process; workers are separate processes) is its
 own. Baselines, on the same file, in the same run, interleaved with what they are compared with
 (the best of ``ROUNDS`` rounds of each: the least wall time, or for a CPU ratio the least CPU, which
-on two threads is not the same run): ``orjson.loads`` per line (and ``json.loads``) for JSONL,
+on two threads is not the same run): ``orjson.loads`` per line (and ``json.loads``) for JSONL — for
+an access log also a loop that parses each line's two JSON bodies too (``STRING_BODIES``) — and
 pandas ``read_csv(engine="pyarrow")`` for CSV. A CPU ratio also gives the median of its rounds' own
 ratios (``cpu_ratios``): this VM's CPU time moves by a third between identical runs, and the two runs
 of a round, seconds apart, move together more often than the two minima do.

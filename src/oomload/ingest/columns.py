@@ -223,7 +223,7 @@ def _sixteen_digit_lists(hash_ids: pa.Array | pa.ChunkedArray) -> pa.Array | Non
         return None
     # the id's four 4-digit groups, high first: floor division by a constant then a multiply-subtract,
     # each into a contiguous row (numpy divides by a scalar with libdivide, a multiply; np.divmod, or an
-    # output with a stride, divides element by element: ~4x the time)
+    # output with a stride, divides element by element: ~3x the time, 8.1 ms against 2.6 for 481k ids)
     groups = np.empty((4, len(ids)), dtype=np.int64)
     for row, value in ((0, ids // 10**8), (2, ids % 10**8)):
         np.floor_divide(value, 10**4, out=groups[row])

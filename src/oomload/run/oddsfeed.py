@@ -45,14 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from oomload.capacity.blocks import PROMPT_SHAPES, PromptShape
-from oomload.capacity.odds import (
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
-    LevelOdds,
-    Pool,
-    TraceOdds,
-    predicted_onset,
-)
+from oomload.capacity.odds import LevelOdds, Pool, TraceOdds, predicted_onset
 from oomload.capacity.schedule import place_levels
 from oomload.trace.model import PrefixInfo, TraceRecord, read_trace, read_trace_header
 
@@ -177,8 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-gpu-blocks", type=int, required=True)
     parser.add_argument("--block-size", type=int, required=True)
     parser.add_argument("--max-model-len", type=int)
-    parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    parser.add_argument("--max-num-seqs", type=int, help="the server's; default: vLLM's")
+    parser.add_argument("--max-num-batched-tokens", type=int, help="the server's; default: vLLM's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--levels", required=True, help="levels of the run's own prompt shape")
     parser.add_argument("--prompts", choices=PROMPT_SHAPES, default="worst-case")
@@ -186,8 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with contextlib.suppress(OSError):
         os.nice(CHILD_NICE)  # the load generator shares this host: it comes first
-    limits = (args.max_model_len, args.max_num_seqs, args.max_num_batched_tokens)
-    pool = Pool(args.num_gpu_blocks, args.block_size, *limits)
+    pool = Pool(args.num_gpu_blocks, args.block_size, args.max_model_len)
+    pool = pool.with_limits(args.max_num_seqs, args.max_num_batched_tokens)
     trace = TraceOdds.of_records(read_trace(args.trace), _prefix_info(args.trace), pool, seed=args.seed)
     other: PromptShape = "worst-case" if args.prompts == "production" else "production"
     for shape, spec in ((args.prompts, args.levels), (other, args.other_levels)):

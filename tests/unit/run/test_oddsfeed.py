@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from oomload.capacity.odds import LevelOdds, Pool, level_odds
+from oomload.capacity.odds import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    LevelOdds,
+    Pool,
+    level_odds,
+)
 from oomload.run.oddsfeed import OddsFeed, bisection_order, main
 from oomload.trace.model import PrefixInfo, TraceHeader, TraceRecord, write_trace
 
@@ -19,18 +25,47 @@ def test_bisection_order_puts_each_gaps_midpoint_first() -> None:
     assert bisection_order([5]) == []
 
 
+def _lengths_trace(path: Path, lengths: list[tuple[int, int]]) -> Path:
+    """A trace of requests of these (prompt, output) lengths, no shared prefix."""
+    write_trace(path, [TraceRecord(f"r{i}", 0.0, p, o) for i, (p, o) in enumerate(lengths)], TraceHeader())
+    return path
+
+
 def test_the_child_prints_the_odds_the_parent_would_compute(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    trace = tmp_path / "trace.jsonl"
     lengths = [(100, 155), (300, 60), (40, 400)]
-    write_trace(trace, [TraceRecord(f"r{i}", 0.0, p, o) for i, (p, o) in enumerate(lengths)], TraceHeader())
+    trace = _lengths_trace(tmp_path / "trace.jsonl", lengths)
     argv = ["--trace", str(trace), "--num-gpu-blocks", "40", "--block-size", "16", "--levels", "6,3"]
     assert main([*argv, "--max-model-len", "1024", "--seed", "2"]) == 0
     lines = [LevelOdds.from_json(json.loads(x)) for x in capsys.readouterr().out.splitlines()]
     pool = Pool(40, 16, 1024)
     prompts, outputs = [p for p, _ in lengths], [o for _, o in lengths]
     assert lines == [level_odds(prompts, outputs, pool, c, seed=2) for c in (6, 3)]
+
+
+def test_the_child_computes_under_the_servers_limits_and_the_defaults_otherwise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lengths = [(400, 300), (900, 60), (200, 500)]
+    trace = _lengths_trace(tmp_path / "trace.jsonl", lengths)
+    argv = ["--trace", str(trace), "--num-gpu-blocks", "60", "--block-size", "16", "--levels", "8"]
+    prompts, outputs = [p for p, _ in lengths], [o for _, o in lengths]
+    pool = Pool(60, 16)
+    assert (pool.max_num_seqs, pool.max_num_batched_tokens) == (
+        DEFAULT_MAX_NUM_SEQS,
+        DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    )
+    assert pool.with_limits(None, None) == pool
+
+    assert main(argv) == 0
+    default = LevelOdds.from_json(json.loads(capsys.readouterr().out))
+    assert default == level_odds(prompts, outputs, pool, 8)
+
+    assert main([*argv, "--max-num-seqs", "2", "--max-num-batched-tokens", "512"]) == 0
+    served = LevelOdds.from_json(json.loads(capsys.readouterr().out))
+    assert served == level_odds(prompts, outputs, pool.with_limits(2, 512), 8)
+    assert served != default  # two running at a time on 60 blocks preempt less than eight
 
 
 def test_the_feed_computes_the_ramp_levels_once_and_reports_each(tmp_path: Path) -> None:

@@ -1,23 +1,12 @@
-"""A server's max_num_seqs and max_num_batched_tokens, read from its serve line, else its log, and the
-replay's odds computed under them (``oomload.realvllm.limits``)."""
+"""A server's max_num_seqs and max_num_batched_tokens, read from its serve line, else its log
+(``oomload.realvllm.limits``); the odds child computing under them is tested with the child
+(``tests/unit/run/test_oddsfeed.py``)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from oomload.capacity.odds import (
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
-    LevelOdds,
-    Pool,
-    level_odds,
-)
 from oomload.realvllm.limits import ServerLimits, served_limits
-from oomload.run.oddsfeed import main
-from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 # as vLLM's CPU build wrote them here (0.x, the e2e harness): its start-up lines
 STARTED = (
@@ -58,28 +47,3 @@ def test_the_log_completes_what_the_line_does_not_say() -> None:
 )
 def test_nothing_said_is_nothing_known(line: str | None, log: str | None) -> None:
     assert served_limits(line, log) == ServerLimits()
-
-
-def test_the_odds_use_the_servers_limits_and_the_defaults_otherwise(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    trace = tmp_path / "trace.jsonl"
-    lengths = [(400, 300), (900, 60), (200, 500)]
-    write_trace(trace, [TraceRecord(f"r{i}", 0.0, p, o) for i, (p, o) in enumerate(lengths)], TraceHeader())
-    argv = ["--trace", str(trace), "--num-gpu-blocks", "60", "--block-size", "16", "--levels", "8"]
-    prompts, outputs = [p for p, _ in lengths], [o for _, o in lengths]
-    pool = Pool(60, 16)
-    assert (pool.max_num_seqs, pool.max_num_batched_tokens) == (
-        DEFAULT_MAX_NUM_SEQS,
-        DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    )
-    assert pool.with_limits(None, None) == pool
-
-    assert main(argv) == 0
-    default = LevelOdds.from_json(json.loads(capsys.readouterr().out))
-    assert default == level_odds(prompts, outputs, pool, 8)
-
-    assert main([*argv, "--max-num-seqs", "2", "--max-num-batched-tokens", "512"]) == 0
-    served = LevelOdds.from_json(json.loads(capsys.readouterr().out))
-    assert served == level_odds(prompts, outputs, pool.with_limits(2, 512), 8)
-    assert served != default  # two running at a time on 60 blocks preempt less than eight

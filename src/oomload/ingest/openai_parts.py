@@ -42,7 +42,9 @@ CHARS_PER_TOKEN = 4  # the estimate of a message's tokens without --tokenizer (i
 
 def line_parts(line: LineParts) -> list[Any]:
     """``prompt_parts`` of a line decoded as ``LineParts`` (which ``PartsLine`` decodes too, but for a
-    null ``request``, which it refuses: no parts)."""
+    null ``request``, which it refuses: no parts). A string request body is decoded here only when
+    ``openai_fast._fast_row`` has not already put it, decoded, in the string's place (every reader of
+    today calls this after ``_fast_row``)."""
     request = line.request
     if request is None:
         return []

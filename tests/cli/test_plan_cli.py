@@ -118,7 +118,7 @@ def test_plan_gives_both_prompt_shapes_for_a_shared_prefix_trace(
     ]  # fmt: skip
     assert main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["arithmetic"]["band"] == [11, 11] and out["arithmetic"]["shape"] == "production"
+    assert out["arithmetic"]["band"] == [11, 14] and out["arithmetic"]["shape"] == "production"
     assert out["arithmetic_worst_case"]["band"] == [4, 4]
     shared = {o["concurrency"]: o for o in out["odds"]}
     worst = {o["concurrency"]: o for o in out["odds_worst_case"]}
@@ -127,7 +127,7 @@ def test_plan_gives_both_prompt_shapes_for_a_shared_prefix_trace(
     assert worst[4]["requests_for_evidence"] is not None
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "Arithmetic band 11–11 with shared prefixes (worst case, nothing shared: 4)" in " ".join(
+    assert "Arithmetic band 11–14 with shared prefixes (worst case, nothing shared: 4)" in " ".join(
         text.split()
     )
     assert "12 with shared prefixes, 4 in the worst case" in " ".join(text.split())

@@ -34,7 +34,7 @@ def test_a_shared_prefix_replay_is_predicted_for_both_shapes(tmp_path: Path) -> 
     verdict = json.loads((run / "summary.json").read_text())["verdict"]
     assert verdict["prompt_shape"] == "production"
     prediction = verdict["prediction"]
-    assert (prediction["shape"], prediction["band_low"], prediction["band_high"]) == ("production", 11, 11)
+    assert (prediction["shape"], prediction["band_low"], prediction["band_high"]) == ("production", 11, 14)
     assert prediction["basis"] == "trace"
     assert prediction["other"]["shape"] == "worst-case" and prediction["other"]["band"] == [4, 4]
     report = (run / "report.md").read_text()

@@ -22,6 +22,15 @@ trace we report the onset for a mean request (a rough centre; it lands about one
 requests start staggered and do not all hold their full length at once) and for the P50 / P90
 requests, so the verdict can show the observed onset beside a band instead of one number.
 
+Decode phases. ``blocks_held`` is a request's peak, at its last token; it grows into it from its prompt
+blocks as it decodes. In a closed loop the requests' phases decide how many hold their peak at once: in
+phase (every request at its peak together) the onset is the one above; spread evenly over their decode,
+each holds its *mean* blocks over the decode (``blocks_over_decode``), and the onset is the lowest level
+whose mean demand exceeds the pool (``onset_spread``, for a mean request) — at that level every phase
+pattern overflows. The real vLLM lands anywhere between the two (seen on the CPU build, 80 blocks of 32,
+600-token prompts sharing 512 tokens, 100 output tokens: 11 in phase, 14 spread; runs gave 11, 12 and
+14), so ``onset_spread`` is the band's latest end. Where the output stays within one block the two agree.
+
 Shared prefixes (``SharedPrefixes``; reference ``prefix-caching.md``). vLLM V1 caches full prompt blocks
 by a chained hash: a block is held once while any running request uses it, and a cached block no request
 holds counts as free (it is evicted when a block is needed). A trace's ``hash_ids`` say which prompt
@@ -226,11 +235,14 @@ class OnsetPrediction:
     onset_p50: int
     onset_p90: int
     shape: PromptShape = "worst-case"
+    onset_spread: int | None = None  # decode phases spread evenly (module docstring); None: no prompts
 
     @property
     def band(self) -> tuple[int, int]:
-        """(earliest, latest) plausible onset: a P90-length mix preempts first, a P50 mix last."""
-        return (min(self.onset_p90, self.onset_mean), max(self.onset_p50, self.onset_mean))
+        """(earliest, latest) plausible onset: a P90-length mix preempts first; a P50 mix, or the
+        requests' decode phases spread evenly (``onset_spread``), last."""
+        latest = max(self.onset_p50, self.onset_mean, self.onset_spread or 0)
+        return (min(self.onset_p90, self.onset_mean), latest)
 
 
 def predict_preemption_onset(
@@ -238,26 +250,29 @@ def predict_preemption_onset(
     block_size: int,
     total_tokens: Sequence[int] | np.ndarray,
     shared: SharedPrefixes | None = None,
+    prompt_tokens: Sequence[int] | np.ndarray | None = None,
 ) -> OnsetPrediction:
     """Predict the preemption onset concurrency for requests of the given total (prompt + output)
     lengths, each holding ``blocks_held`` blocks — less the prefix blocks it shares with the others
-    when ``shared`` (one entry per length) is given (the ``production`` shape, module docstring)."""
+    when ``shared`` (one entry per length) is given (the ``production`` shape, module docstring).
+    With ``prompt_tokens`` (one per length) the onset with decode phases spread evenly is added
+    (``onset_spread``: each request's mean blocks over its decode, ``blocks_over_decode``)."""
     arr = np.asarray(total_tokens, dtype=np.int64)
     if arr.size == 0:
         raise ValueError("cannot predict an onset without request lengths")
     blocks = blocks_held_array(arr, block_size)
     usable = usable_blocks(num_gpu_blocks)
-    distinct = tuple(int(usable // max(float(_stat(blocks, s)), 1.0)) + 1 for s in ("mean", "p50", "p90"))
-    onsets = distinct
-    if shared is not None:
-        if len(shared.groups) != arr.size:
-            raise ValueError("shared prefixes must have one entry per request length")
-        if shared.any:
-            # sharing never makes an onset earlier; the max only guards float rounding at equality
-            onsets = tuple(
-                max(_shared_onset(blocks, shared, usable, s), d)
-                for s, d in zip(("mean", "p50", "p90"), distinct, strict=True)
-            )
+    if shared is not None and len(shared.groups) != arr.size:
+        raise ValueError("shared prefixes must have one entry per request length")
+    sharing = shared if shared is not None and shared.any else None
+    onsets = tuple(_onset(blocks, sharing, usable, s) for s in ("mean", "p50", "p90"))
+    spread: int | None = None
+    if prompt_tokens is not None:
+        prompts = np.asarray(prompt_tokens, dtype=np.int64)
+        if prompts.shape != arr.shape:
+            raise ValueError("prompt lengths must have one entry per request length")
+        # a request holds no more on average than at its peak: the max only guards float rounding
+        spread = max(_onset(blocks_over_decode(prompts, arr, block_size), sharing, usable, "mean"), onsets[0])
     return OnsetPrediction(
         num_gpu_blocks=num_gpu_blocks,
         block_size=block_size,
@@ -266,13 +281,44 @@ def predict_preemption_onset(
         onset_p50=onsets[1],
         onset_p90=onsets[2],
         shape="worst-case" if shared is None else "production",
+        onset_spread=spread,
     )
+
+
+def blocks_over_decode(prompt_tokens: np.ndarray, total_tokens: np.ndarray, block_size: int) -> np.ndarray:
+    """Each request's mean blocks over its decode: after its ``k``-th output token it holds the KV of
+    ``P + k − 1`` tokens, so the mean of ``ceil(t / bs)`` for ``t`` in ``[P, P + O − 1]`` (module
+    docstring; a request without output holds its ``blocks_held`` throughout). Closed form: with
+    ``S(n) = Σ_{t=1..n} ceil(t / bs) = bs·q(q+1)/2 + r(q+1)``, ``q, r = divmod(n, bs)``, the mean is
+    ``(S(b) − S(a − 1)) / (b − a + 1)``."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    last = np.where(total_tokens > 0, np.maximum(total_tokens - 1, 1), 0)  # peak KV tokens
+    first = np.clip(prompt_tokens, 1, np.maximum(last, 1))
+
+    def ceil_sum(n: np.ndarray) -> np.ndarray:
+        q, r = np.divmod(np.maximum(n, 0), block_size)
+        result: np.ndarray = block_size * q * (q + 1) // 2 + r * (q + 1)
+        return result
+
+    count = np.maximum(last - first + 1, 1)
+    mean: np.ndarray = (ceil_sum(last) - ceil_sum(first - 1)) / count
+    return np.where(last > 0, mean, 0.0)
 
 
 def _stat(values: np.ndarray, which: str) -> float:
     if which == "mean":
         return float(values.mean())
     return float(np.percentile(values, 50 if which == "p50" else 90, method="inverted_cdf"))
+
+
+def _onset(blocks: np.ndarray, shared: SharedPrefixes | None, usable: int, which: str) -> int:
+    """The onset for a ``which`` request of these per-request ``blocks`` (peak, or mean over decode)."""
+    distinct = int(usable // max(float(_stat(blocks, which)), 1.0)) + 1
+    if shared is None:
+        return distinct
+    # sharing never makes an onset earlier; the max only guards float rounding at equality
+    return max(_shared_onset(blocks, shared, usable, which), distinct)
 
 
 def _shared_onset(blocks: np.ndarray, shared: SharedPrefixes, usable: int, which: str) -> int:

@@ -185,7 +185,8 @@ def _print(result: Any, startup: list[str], trace_count: int) -> None:
     )
     console.print(
         f"Arithmetic band {a.band[0]}–{a.band[1]}{shape}: the onset from block counts alone (usable blocks ÷ "
-        "blocks per request, for P90- to P50-length requests), no simulation."
+        "blocks per request, from P90-length requests all at their peak to decode phases spread "
+        "evenly), no simulation."
     )
     _print_advice(console, result)
     for note in result.notes:

@@ -274,11 +274,12 @@ def prediction(verdict: Verdict) -> Finding | None:
         compared = f"no onset up to {p.highest_clean}: {agree}{apart}"
     basis = "the requests sent" if p.basis == "requests" else "the trace"
     other = "" if p.other is None else f"; {OTHER_SHAPE_WORDS[a.shape]} {_band(*p.other.band)}"
+    spread = "" if a.onset_spread in (None, a.onset_mean) else f", decode phases spread {a.onset_spread}"
     return Finding(
         "prediction",
         "Arithmetic",
         f"{a.num_gpu_blocks} blocks × {a.block_size} tokens, lengths of {basis} → onset {band} "
-        f"{SHAPE_WORDS[a.shape]} (mean-length {a.onset_mean}{other}); {compared}",
+        f"{SHAPE_WORDS[a.shape]} (mean-length {a.onset_mean}{spread}{other}); {compared}",
         "warn" if p.disagrees else "info",
     )
 

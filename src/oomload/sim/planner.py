@@ -389,13 +389,18 @@ def plan(
     if not fits.any():
         fits = np.ones_like(fits)
     kv_totals = np.minimum(totals[fits], cfg.max_model_len)
-    worst = predict_preemption_onset(layout.num_gpu_blocks, layout.block_size, kv_totals)
+    kv_prompts = np.minimum(prompts[fits], cfg.max_model_len)
+    worst = predict_preemption_onset(
+        layout.num_gpu_blocks, layout.block_size, kv_totals, prompt_tokens=kv_prompts
+    )
     arithmetic, arithmetic_worst = replace(worst, shape="production"), None
     if shared is not None and shared.any:
         kept = SharedPrefixes(
             shared.block_size, tuple(g for g, ok in zip(shared.groups, fits, strict=True) if ok)
         )
-        arithmetic = predict_preemption_onset(layout.num_gpu_blocks, layout.block_size, kv_totals, kept)
+        arithmetic = predict_preemption_onset(
+            layout.num_gpu_blocks, layout.block_size, kv_totals, kept, prompt_tokens=kv_prompts
+        )
         arithmetic_worst = worst
     check: CheckSweep | None = None
     rec_onset, rec_safe, rec_oom = onset, last_safe, oom_at

@@ -1,15 +1,15 @@
 """The observed preemption onset beside the arithmetic one from the KV pool (pure).
 
 ``capacity.predict_preemption_onset`` on the total lengths of the requests actually sent, less those the
-server refused (context overflow) and clamped at ``max_model_len`` (or, when none was sent, the trace's)
-and the pool from ``cache_config.json`` gives a band of plausible onsets — a P90-length mix preempts
-first, a P50-length mix last. Each end of the band is placed on the measured grid (the lowest measured
-level ≥ it) and the observed onset's distance from the band is counted in grid levels. With no onset
-observed, the distance is the number of trusted clean levels at or above the band's top (clean at the
-top puts the onset above the band); when the highest of them is still below the band, the run never
-reached the prediction and there is nothing to compare (``reached`` false, ``levels_apart`` None). More
-than one level apart is flagged (``disagrees``): the measured knee moves 1–2 levels between repeats on
-real vLLM, so one level is noise, more is a finding in itself.
+server refused (context overflow) and clamped at ``max_model_len`` (or, when none was sent, the trace's) and
+the pool from ``cache_config.json`` gives a band of plausible onsets — a P90-length mix preempts first; a
+P50-length mix, or the requests' decode phases spread evenly (``onset_spread``), last. Each end of the band is
+placed on the measured grid (the lowest measured level ≥ it) and the observed onset's distance from the band
+is counted in grid levels. With no onset observed, the distance is the number of trusted clean levels at or
+above the band's top (clean at the top puts the onset above the band); when the highest of them is still below
+the band, the run never reached the prediction and there is nothing to compare (``reached`` false,
+``levels_apart`` None). More than one level apart is flagged (``disagrees``): the measured knee moves 1–2
+levels between repeats on real vLLM, so one level is noise, more is a finding in itself.
 
 Prompt shape. The arithmetic is for the prompts the run sent (``shape``): with the trace's shared
 prefixes (``production``, the replay's default) the trace's ``hash_ids`` say which prompt blocks the
@@ -89,12 +89,15 @@ def compare_prediction(
     shape: PromptShape = "worst-case",
     trace_totals: Sequence[int] = (),
     trace_prefixes: Callable[[int], SharedPrefixes | None] | None = None,
+    prompts: Sequence[int] | None = None,
+    trace_prompts: Sequence[int] | None = None,
 ) -> Prediction | None:
     """The prediction beside ``observed_onset`` on the measured ``levels`` (module docstring).
 
     ``clean_levels`` are the trusted levels measured with metrics and no preemption; they count
     when no onset was observed. ``shape`` is the prompts the run sent; ``trace_prefixes`` gives the
     trace's shared blocks for a block size, one entry per ``trace_totals`` (the trace's lengths).
+    ``prompts`` and ``trace_prompts`` (one per total) give the band's spread end (``onset_spread``).
     ``None`` without a pool size or lengths.
     """
     if pool is None or not totals:
@@ -102,10 +105,14 @@ def compare_prediction(
     blocks, block_size = pool.num_gpu_blocks, pool.block_size
     if not blocks or not block_size or block_size < 0:
         return None
-    distinct = predict_preemption_onset(blocks, block_size, list(totals))
+    distinct = predict_preemption_onset(blocks, block_size, list(totals), prompt_tokens=prompts)
     shared = None if trace_prefixes is None or not trace_totals else trace_prefixes(block_size)
     production = (
-        None if shared is None else predict_preemption_onset(blocks, block_size, list(trace_totals), shared)
+        None
+        if shared is None
+        else predict_preemption_onset(
+            blocks, block_size, list(trace_totals), shared, prompt_tokens=trace_prompts
+        )
     )
     other: OnsetPrediction | None
     if shape == "worst-case":

@@ -361,18 +361,20 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     other_level_odds = [o for o in view.odds if o.shape == other_shape]
     other_odds = odds_onset_of(other_level_odds)
     run = run_info(view, steps, death)
-    totals, basis = _kv_totals(view, run.max_model_len), "requests"
-    if not totals:
-        totals, basis = _kv_totals(view, run.max_model_len, of_trace=True), "trace"
+    sent = _kv_lengths(view, run.max_model_len)
+    trace_lengths = _kv_lengths(view, run.max_model_len, of_trace=True)
+    (totals, prompts), basis = (sent, "requests") if sent[0] else (trace_lengths, "trace")
     prediction = compare_prediction(
         view.pool,
         totals,
+        prompts=prompts,
         basis=basis,
         observed_onset=None if onset is None else onset.concurrency,
         levels=levels,
         clean_levels=[s.concurrency for s in measured if s.trusted and s.preemptions == 0],
         shape=view.prompt_shape,
-        trace_totals=_kv_totals(view, run.max_model_len, of_trace=True),
+        trace_totals=trace_lengths[0],
+        trace_prompts=trace_lengths[1],
         trace_prefixes=view.trace_prefixes,
     )
     notes = [
@@ -446,18 +448,23 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     )
 
 
-def _kv_totals(view: RunView, limit: int | None, *, of_trace: bool = False) -> tuple[int, ...]:
-    """The KV tokens each request could hold at most: the ones sent without those the server refused
-    (context overflow: they never held a block), or the trace's; clamped at ``max_model_len``."""
+def _kv_lengths(
+    view: RunView, limit: int | None, *, of_trace: bool = False
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(totals, prompts): the KV tokens each request could hold at most and its prompt tokens, for the
+    ones sent without those the server refused (context overflow: they never held a block), or the
+    trace's; both clamped at ``max_model_len``."""
     if of_trace:
-        totals = list(view.trace_total_tokens)
+        pairs = [(r.prompt_tokens + r.output_tokens, r.prompt_tokens) for r in view.trace_records]
     else:
-        totals = [
-            r.prompt_tokens_asked + r.output_tokens_asked
+        pairs = [
+            (r.prompt_tokens_asked + r.output_tokens_asked, r.prompt_tokens_asked)
             for r in view.requests
             if r.outcome is not Outcome.CONTEXT_OVERFLOW
         ]
-    return tuple(totals if limit is None else (min(t, limit) for t in totals))
+    if limit is not None:
+        pairs = [(min(t, limit), min(p, limit)) for t, p in pairs]
+    return tuple(t for t, _ in pairs), tuple(p for _, p in pairs)
 
 
 def kv_percent(share: float) -> str:

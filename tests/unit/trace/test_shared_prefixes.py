@@ -14,12 +14,15 @@ from hypothesis import strategies as st
 from oomload.capacity.blocks import (
     SharedPrefixes,
     blocks_held,
+    blocks_over_decode,
     predict_preemption_onset,
     shared_groups,
     usable_blocks,
 )
 from oomload.capacity.odds import Pool, block_token_ids, level_odds, trace_prefixes
+from oomload.rundir.records import CacheConfig
 from oomload.trace.model import PrefixInfo, TraceRecord
+from oomload.verdict.prediction import compare_prediction
 
 HAND = 50  # requests in the hand trace
 
@@ -55,6 +58,53 @@ def test_the_arithmetic_gives_the_real_engines_onsets_for_the_hand_case() -> Non
     assert (production.onset_mean, production.onset_p50, production.onset_p90) == (11, 11, 11)
     assert (worst.onset_mean, worst.onset_p50, worst.onset_p90) == (4, 4, 4)
     assert (production.shape, worst.shape) == ("production", "worst-case")
+
+
+def test_the_band_ends_where_the_hand_cases_decode_phases_are_spread() -> None:
+    """The real vLLM preempted first at 11, 12 and 14 in different runs of the hand case: 11 when the
+    requests peak together, 14 when their decodes are spread (every pattern overflows there)."""
+    # over its decode a request holds ceil(t / 32) blocks for t = 600..699: 9×19, 32×20, 32×21, 27×22
+    held = blocks_over_decode(np.array([600]), np.array([700]), 32)
+    assert held[0] == (9 * 19 + 32 * 20 + 32 * 21 + 27 * 22) / 100 == 20.77
+    prompts = [600] * HAND
+    production = predict_preemption_onset(80, 32, [700] * HAND, _hand_prefixes(), prompt_tokens=prompts)
+    worst = predict_preemption_onset(80, 32, [700] * HAND, prompt_tokens=prompts)
+    # 4.77 own blocks on average: 16 + 13 × 4.77 = 78.0 ≤ 79 blocks, 16 + 14 × 4.77 = 82.8 overflows
+    assert (production.onset_mean, production.onset_spread, production.band) == (11, 14, (11, 14))
+    # distinct: 3 × 20.77 = 62.3 fits and 4 × 20.77 overflows, as at the peak
+    assert (worst.onset_mean, worst.onset_spread, worst.band) == (4, 4, (4, 4))
+    # without the prompts the band is the peak's alone
+    assert predict_preemption_onset(80, 32, [700] * HAND, _hand_prefixes()).band == (11, 11)
+    # CI's real vLLM run first preempted at 14 of the sweep 10, 11, 12, 14: inside the band, not 2
+    # levels from it as the in-phase onset alone would say
+    observed = compare_prediction(
+        CacheConfig(num_gpu_blocks=80, block_size=32),
+        [700] * HAND,
+        prompts=prompts,
+        basis="trace",
+        observed_onset=14,
+        levels=(10, 11, 12, 14),
+        clean_levels=(10, 11, 12),
+        shape="production",
+        trace_totals=[700] * HAND,
+        trace_prompts=prompts,
+        trace_prefixes=_hand_prefixes,
+    )
+    assert observed is not None and observed.levels_apart == 0 and not observed.disagrees
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=3000),
+    st.integers(min_value=0, max_value=700),
+    st.sampled_from([1, 16, 32, 256]),
+)
+def test_blocks_over_decode_is_the_mean_of_each_steps_blocks(prompt: int, output: int, bs: int) -> None:
+    total = prompt + output
+    steps = [blocks_held(prompt + k, bs) for k in range(1, output + 1)] or [blocks_held(total, bs)]
+    got = float(blocks_over_decode(np.array([prompt]), np.array([total]), bs)[0])
+    assert abs(got - sum(steps) / len(steps)) < 1e-9
+    assert got <= blocks_held(total, bs)
 
 
 def test_a_prefix_half_the_requests_carry_is_held_once_and_counted_by_its_odds() -> None:

@@ -60,7 +60,8 @@ def test_a_production_shaped_run_is_judged_by_the_shared_prefix_arithmetic(tmp_p
     p = v.prediction
     assert v.prompt_shape == "production"
     assert p is not None and p.arithmetic.shape == "production" and p.basis == "trace"
-    assert p.arithmetic.band == (11, 11) and p.observed_onset == 11 and not p.disagrees
+    # 11 with every request at its peak of 6 own blocks at once, 14 with their decode phases spread
+    assert p.arithmetic.band == (11, 14) and p.observed_onset == 11 and not p.disagrees
     assert p.other is not None and p.other.shape == "worst-case" and p.other.band == (4, 4)
     # the odds judged are the run's shape's; the worst case's onset stands beside them
     assert v.level(8) is not None and v.level(8).odds is not None  # type: ignore[union-attr]
@@ -68,14 +69,14 @@ def test_a_production_shaped_run_is_judged_by_the_shared_prefix_arithmetic(tmp_p
     assert (v.odds_onset, v.other_odds_onset, v.other_odds_onset_low) == (None, 4, 4)
     texts = _texts(v)
     assert (
-        "→ onset 11–11 with shared prefixes (mean-length 11; worst case, nothing shared: 4)"
-        in texts["prediction"]
+        "→ onset 11–14 with shared prefixes (mean-length 11, decode phases spread 14; worst case, "
+        "nothing shared: 4)" in texts["prediction"]
     )
     assert "with shared prefixes (worst case, nothing shared: 4)" in texts["trace_odds"]
     seqs = recommend(v).max_num_seqs
     assert seqs.value == 8
     assert "measured with the trace's shared prefixes cached" in seqs.reason
-    assert "falls from 11 to 4" in seqs.reason
+    assert "falls from 11–14 to 4" in seqs.reason
     out = v.to_json()
     assert out["prompt_shape"] == "production" and out["prediction"]["other"]["band"] == [4, 4]
 
@@ -86,12 +87,13 @@ def test_a_distinct_prompts_run_is_judged_by_the_worst_case(tmp_path: Path) -> N
     assert v.prompt_shape == "worst-case"
     assert p is not None and p.arithmetic.shape == "worst-case" and p.basis == "requests"
     assert p.arithmetic.band == (4, 4) and p.levels_apart == 1  # observed 11, one measured level above
-    assert p.other is not None and p.other.band == (11, 11)
+    assert p.other is not None and p.other.band == (11, 14)
     assert v.level(8).odds.shape == "worst-case"  # type: ignore[union-attr]
     assert (v.odds_onset, v.other_odds_onset) == (8, 12)
     texts = _texts(v)
     assert (
-        "with distinct prompts (mean-length 4; with the trace's shared prefixes: 11)" in texts["prediction"]
+        "with distinct prompts (mean-length 4; with the trace's shared prefixes: 11–14)"
+        in texts["prediction"]
     )
     assert "measured with distinct prompts, the worst case" in recommend(v).max_num_seqs.reason
 

@@ -137,7 +137,7 @@ def test_default_onset_is_where_the_real_counter_rose_and_later_than_the_worst_c
     shared_onset, distinct_onset = _onset(shared)["concurrency"], _onset(distinct)["concurrency"]
     FIGURES.append(
         f"shared system prompt: onset {shared_onset} (production shape) vs {distinct_onset} "
-        f"(--distinct-prompts); arithmetic 11 vs 4 (sweep {','.join(map(str, LEVELS))})"
+        f"(--distinct-prompts); arithmetic 11–14 vs 4 (sweep {','.join(map(str, LEVELS))})"
     )
     assert shared_onset > distinct_onset
     prefix = (shared.run.summary or {})["verdict"]["prefix"]

@@ -42,6 +42,9 @@ def trace(tmp_path: Path) -> Path:
         (["--web", "--web-keep-s", "-1"], "--web-keep-s"),
         (["--web", "--web-keep-s", "nan"], "--web-keep-s"),
         (["--prefix-sharing", "--distinct-prompts"], "contradict each other"),
+        (["--served-with", "vllm serve m --max-num-seqs 8"], "give its --url too"),
+        (["--serve", "vllm serve m", "--served-with", "vllm serve m"], "with --serve the line is already"),
+        (["--url", "http://127.0.0.1:1", "--served-with", "python app.py"], "--served-with 'python'"),
     ],
 )
 def test_bad_flags_are_one_sentence_and_exit_2(

@@ -103,6 +103,9 @@ def test_tune_finds_proves_and_reports_the_winner_after_a_failed_start(tmp_path:
     for name in ("tune.md", "tune.html", "candidates/01/server.log", "candidates/03/run/summary.json"):
         assert (out / name).is_file(), name
     assert "Free memory on device cuda:0" in (out / "candidates/01/server.log").read_text()
+    # each candidate's replay is told the line its server runs: its odds use that max_num_seqs
+    replayed = json.loads((out / "candidates/03/run/config.json").read_text())
+    assert replayed["served_with"].endswith(f"--gpu-memory-utilization 0.8 --max-num-seqs {guess}")
     assert _sim_servers(name) == []
     again = oomload("report", str(out))
     assert again.returncode == 0 and f"Winner (candidate {winner['index']})" in again.stdout

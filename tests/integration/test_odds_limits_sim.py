@@ -1,7 +1,8 @@
 """The replay's odds run under the server's own ``max_num_seqs`` (``oomload.realvllm.limits``): a
-simulated vLLM started with ``--serve … --max-num-seqs 2`` gets odds computed for two running at a
-time, not vLLM's default 256. The replay runs in a subprocess (Locust patches the process with gevent);
-its load is bounded by its two levels and ``--hold-s``."""
+simulated vLLM started with ``--serve … --max-num-seqs 2``, or started by someone else and described by
+``--url … --served-with …`` (what ``oomload tune`` tells each candidate's replay), gets odds computed
+for two running at a time, not vLLM's default 256. The replay runs in a subprocess (Locust patches the
+process with gevent); its load is bounded by its two levels and ``--hold-s``."""
 
 from __future__ import annotations
 
@@ -12,20 +13,41 @@ from pathlib import Path
 from clirun import oomload
 from oomload.capacity.odds import LevelOdds, Pool, TraceOdds
 from oomload.errors import ExitCode
+from oomload.sim.process import SimServer
 from oomload.trace.model import read_trace, read_trace_header
 
 SAMPLE = Path(__file__).resolve().parents[2] / "traces" / "sample-chat.jsonl"
 SIM = "--model llama-3.1-8b --gpu l4 --max-model-len 4096 --num-gpu-blocks 300 --time-scale 0.02"
 
 
+SERVE = shlex.join(["oomload", "sim", "serve", *shlex.split(SIM), "--max-num-seqs", "2"])
+FLAGS = ("--concurrency", "2,8", "--hold-s", "2", "--no-live", "--no-html", "--gpu", "none", "--no-evidence")
+
+
 def test_the_odds_take_the_serve_lines_max_num_seqs(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    serve = shlex.join(["oomload", "sim", "serve", *shlex.split(SIM), "--max-num-seqs", "2"])
-    proc = oomload(
-        *("replay", str(SAMPLE), "--serve", serve, "--concurrency", "2,8", "--hold-s", "2"),
-        *("--no-live", "--no-html", "--gpu", "none", "--no-evidence", "--run-dir", str(run)),
-    )
+    proc = oomload("replay", str(SAMPLE), "--serve", SERVE, *FLAGS, "--run-dir", str(run))
     assert proc.returncode == ExitCode.OK, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _odds_are_for_two_running(run)
+
+
+def test_the_odds_take_the_served_with_lines_max_num_seqs(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    # the key is scrubbed from everything the run writes; the line still gives the limits
+    served_with = f"{SERVE} --api-key sk-served-with-secret"
+    with SimServer([*shlex.split(SIM), "--max-num-seqs", "2"]) as sim:
+        proc = oomload(
+            *("replay", str(SAMPLE), "--url", sim.url, "--served-with", served_with, *FLAGS),
+            *("--run-dir", str(run)),
+        )
+    assert proc.returncode == ExitCode.OK, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _odds_are_for_two_running(run)
+    config = json.loads((run / "config.json").read_text())
+    assert config["served_with"] == f"{SERVE} --api-key ***"
+    assert not [p for p in run.rglob("*") if p.is_file() and b"sk-served-with-secret" in p.read_bytes()]
+
+
+def _odds_are_for_two_running(run: Path) -> None:
     lines = [json.loads(x) for x in (run / "odds.jsonl").read_text().splitlines()]
     recorded = {(o.shape, o.concurrency): o for o in filter(None, map(LevelOdds.from_json, lines))}
     cache = json.loads((run / "cache_config.json").read_text())

@@ -83,6 +83,12 @@ def register(subparsers: Any) -> None:
         "'prlimit --data=…'), measure it, keep its log, PID and exit status, and always stop it",
     )
     server.add_argument(
+        "--served-with",
+        metavar="CMD",
+        help="with --url: the line the server was started with ('vllm serve MODEL …'; nothing is started): "
+        "its --max-num-seqs and --max-num-batched-tokens set the odds' scheduler, and `compare` shows it",
+    )
+    server.add_argument(
         "--serve-timeout-s",
         type=float,
         default=900.0,
@@ -368,6 +374,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Rep
         live=not args.no_live,
         html=not args.no_html,
         serve=serve,
+        served_with=args.served_with,
         serve_timeout_s=args.serve_timeout_s,
         server_log=args.server_log,
         server_pid=args.server_pid,
@@ -397,6 +404,14 @@ def _check_server_flags(args: argparse.Namespace) -> str | None:
             )
         parse_serve_command(args.serve)  # ConfigError: not a vLLM server line
         _positive("--serve-timeout-s", args.serve_timeout_s)
+    if args.served_with is not None:
+        if args.url is None:
+            raise ConfigError(
+                "--served-with describes the server at --url; with --serve the line is already known"
+                if args.serve is not None
+                else "--served-with describes a server someone else started: give its --url too"
+            )
+        parse_serve_command(args.served_with, flag="--served-with")  # ConfigError: not a vLLM line
     if args.server_pid is not None and args.server_pid <= 0:
         raise ConfigError(f"--server-pid must be a process id > 0, got {args.server_pid}")
     spec = args.server_memory

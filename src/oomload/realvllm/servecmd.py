@@ -122,14 +122,15 @@ def flag_text(value: int | float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def parse_serve_command(text: str) -> ServeCommand:
-    """Split and recognise ``--serve`` (``ConfigError`` with one sentence when it is not a vLLM server)."""
+def parse_serve_command(text: str, *, flag: str = "--serve") -> ServeCommand:
+    """Split and recognise a serve line (``ConfigError`` with one sentence, naming ``flag``, when it is
+    not a vLLM server)."""
     try:
         argv = shlex.split(text)
     except ValueError as err:
-        raise ConfigError(f"--serve cannot be split like a shell line: {err}") from err
+        raise ConfigError(f"{flag} cannot be split like a shell line: {err}") from err
     if not argv:
-        raise ConfigError("--serve is empty: give the command that starts vLLM, e.g. 'vllm serve MODEL'")
+        raise ConfigError(f"{flag} is empty: give the command that starts vLLM, e.g. 'vllm serve MODEL'")
     starts = [0]
     if PurePath(argv[0]).name in WRAPPERS:  # e.g. prlimit --data=2G -- vllm serve …: the limit stays
         starts = list(range(1, len(argv)))
@@ -140,7 +141,7 @@ def parse_serve_command(text: str) -> ServeCommand:
             return ServeCommand(tuple(argv), kind, model, start)
     name = PurePath(argv[0]).name
     raise ConfigError(
-        f"--serve {name!r} is not a vLLM server command: give 'vllm serve MODEL …', "
+        f"{flag} {name!r} is not a vLLM server command: give 'vllm serve MODEL …', "
         "'python -m vllm.entrypoints.openai.api_server --model MODEL …' or 'oomload sim serve …'"
         + (f", after {name}'s own arguments" if name in WRAPPERS else "")
     )

@@ -51,6 +51,7 @@ from oomload.rundir.summary import Summary, summary_from_doc
 from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.recommend import recommend
 from oomload.verdict.relative import onset_steps
+from oomload.verdict.runinfo import served_line
 from oomload.verdict.runview import RunView, load_run
 from oomload.verdict.shift import (
     LatencyShift,
@@ -340,7 +341,7 @@ def _setup_rows(base: RunSide, new: RunSide) -> tuple[SetupRow, ...]:
         return str(recorded) if recorded else "not reported"
 
     def serve(side: RunSide) -> str:
-        line = side.provenance.serve if side.provenance else side.view.config.get("serve")
+        line = side.provenance.serve if side.provenance else served_line(side.view.config)
         sim = side.view.config.get("sim_args")
         if line:
             return str(line)

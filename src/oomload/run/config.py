@@ -147,6 +147,7 @@ class ReplayConfig:
     live: bool = True
     html: bool = True  # write report.html (its plots); --no-html: the other reports only
     serve: str | None = None  # --serve: the line oomload starts the server with (instead of --url)
+    served_with: str | None = None  # --served-with: the line the server at --url was started with
     serve_timeout_s: float = 900.0  # how long a --serve server may take to answer /health
     server_log: Path | None = None  # --server-log: a log of a server someone else started, followed
     server_pid: int | None = None  # --server-pid: the server's process on this host
@@ -157,10 +158,15 @@ class ReplayConfig:
         """The ``--serve`` line, recognised (``None`` without one)."""
         return None if self.serve is None else parse_serve_command(self.serve)
 
+    @property
+    def served_line(self) -> str | None:
+        """The line the server was started with: ``--serve``'s, else ``--served-with``'s."""
+        return self.serve if self.serve is not None else self.served_with
+
     def serve_secrets(self) -> tuple[str, ...]:
-        """The ``--serve`` line's secrets (its ``--api-key``): never written to the run directory."""
-        command = self.serve_command()
-        return () if command is None else command.secrets()
+        """The served line's secrets (its ``--api-key``): never written to the run directory."""
+        line = self.served_line
+        return () if line is None else parse_serve_command(line).secrets()
 
     def schedule(self) -> SchedulePlan:
         return SchedulePlan(
@@ -280,6 +286,9 @@ def config_json(
         "started_unix_s": time.time(),
         "argv": [scrub(a, config.serve_secrets()) for a in config.argv],
         "serve": None if config.serve is None else scrub(config.serve, config.serve_secrets()),
+        "served_with": None
+        if config.served_with is None
+        else scrub(config.served_with, config.serve_secrets()),
         "trace_path": str(config.trace_path),
         "trace_count": len(records),
         "url": url,

@@ -260,7 +260,7 @@ def _provenance(config: ReplayConfig, document: dict[str, Any]) -> Provenance:
             levels=config.levels,
             repeats=config.repeats,
             server_version=document.get("vllm_version"),
-            serve=document.get("serve"),
+            serve=document.get("serve") or document.get("served_with"),
             sim_args=document.get("sim_args"),
             model=document.get("model"),
             url=document.get("url"),

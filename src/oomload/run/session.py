@@ -309,9 +309,9 @@ class Session:
         pool = Pool.from_cache_config(cache_config, self.max_model_len)
         if pool is None or not self.records:
             return lambda _step: None
-        # the server's own max_num_seqs and max_num_batched_tokens, where its serve line or its log (so
-        # far: its start-up, which says them) gives them
-        limits = served_limits(self.config.serve, read_log_tail(self.writer.path / SERVER_LOG))
+        # the server's own max_num_seqs and max_num_batched_tokens, where its served line (--serve,
+        # --served-with) or its log (so far: its start-up, which says them) gives them
+        limits = served_limits(self.config.served_line, read_log_tail(self.writer.path / SERVER_LOG))
         pool = pool.with_limits(limits.max_num_seqs, limits.max_num_batched_tokens)
         self.odds = OddsFeed(
             self.records,

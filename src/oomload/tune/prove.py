@@ -83,7 +83,7 @@ def prove(ctx: TuneContext, candidate: Candidate, url: str, log_path: Path, cand
 
     def measure(run_dir: Path, levels: str, hold_s: float, log_name: str) -> Proof:
         argv = [
-            *_replay_argv(ctx, url, run_dir),
+            *_replay_argv(ctx, candidate, url, run_dir),
             *("--concurrency", levels, "--no-refine", "--repeats", "1", "--no-evidence"),
             *("--min-requests", str(min_requests), "--hold-s", f"{hold_s:g}"),
             *("--stop-on", "first-preemption", *config.replay_args),
@@ -130,7 +130,7 @@ def candidate_guide(
     return odds_guide(odds, target, max_num_seqs or pool.max_num_seqs)
 
 
-def measure_rate(ctx: TuneContext, url: str, cand_dir: Path) -> RateTarget | None:
+def measure_rate(ctx: TuneContext, candidate: Candidate, url: str, cand_dir: Path) -> RateTarget | None:
     """``--target-rate``: an open-loop replay of the trace's head at the rate; its mean in-flight count."""
     config = ctx.config
     rate = config.target_rate_rps
@@ -144,7 +144,7 @@ def measure_rate(ctx: TuneContext, url: str, cand_dir: Path) -> RateTarget | Non
     with output_file(trace) as fh:  # whole or absent: OutputWriteError on a full disk
         write_trace(fh, head, header)
     argv = [
-        *_replay_argv(ctx, url, rate_dir / "run", trace=trace),
+        *_replay_argv(ctx, candidate, url, rate_dir / "run", trace=trace),
         "--open-loop",
         "--arrival-scale",
         f"{arrival_scale(head, rate):.6g}",
@@ -159,7 +159,11 @@ def measure_rate(ctx: TuneContext, url: str, cand_dir: Path) -> RateTarget | Non
     )
 
 
-def _replay_argv(ctx: TuneContext, url: str, run_dir: Path, *, trace: Path | None = None) -> list[str]:
+def _replay_argv(
+    ctx: TuneContext, candidate: Candidate, url: str, run_dir: Path, *, trace: Path | None = None
+) -> list[str]:
+    """The replay child's common flags. ``--served-with`` gives it the candidate's line (secrets
+    scrubbed): its odds then run under the candidate's ``max_num_seqs``, as the tuner's own do."""
     config = ctx.config
     return [
         sys.executable,
@@ -175,6 +179,8 @@ def _replay_argv(ctx: TuneContext, url: str, run_dir: Path, *, trace: Path | Non
         f"{config.replay_max_duration_s:g}",
         "--no-live",
         "--no-html",  # the tuner reads summary.json; report.html's plots cost seconds per candidate
+        "--served-with",
+        config.serve.shell_line(candidate.settings),
     ]
 
 

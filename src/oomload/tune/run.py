@@ -266,7 +266,7 @@ def _run_candidate(
             return replace(candidate, failure=failure)
         candidate = replace(candidate, started=True, startup_s=server.startup_s)
         if ctx.waiting_for_rate:
-            rate = measure_rate(ctx, server.url, cand_dir)
+            rate = measure_rate(ctx, candidate, server.url, cand_dir)
             if rate is None:
                 return candidate  # started, not proved: the tune stops with a note
             candidate = replace(candidate, rate=rate)

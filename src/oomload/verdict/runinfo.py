@@ -172,7 +172,16 @@ def _total(r: RequestResult) -> int:
 
 
 def served_batched_tokens(view: RunView) -> int | None:
-    """``max_num_batched_tokens`` as the ``--serve`` line set it, else as the server's log said it at
-    start-up (``realvllm.limits``); ``None`` when neither says."""
-    serve = view.config.get("serve")
-    return served_limits(serve if isinstance(serve, str) else None, view.server_log).max_num_batched_tokens
+    """``max_num_batched_tokens`` as the served line set it (``--serve``, ``--served-with``), else as the
+    server's log said it at start-up (``realvllm.limits``); ``None`` when neither says."""
+    line = served_line(view.config)
+    return served_limits(line, view.server_log).max_num_batched_tokens
+
+
+def served_line(config: Mapping[str, Any]) -> str | None:
+    """The line ``config.json`` says the server was started with: ``serve``, else ``served_with``."""
+    for key in ("serve", "served_with"):
+        value = config.get(key)
+        if isinstance(value, str):
+            return value
+    return None

@@ -8,13 +8,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from rich.console import Console
-from runbuilder import CPU_CACHE, cpu_knee_steps, write_run
 
 from oomload.cli import build_parser
 from oomload.cli.replay import build_config
+from oomload.realvllm.servecmd import parse_serve_command
 from oomload.run.runner import _finalize
 from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 from oomload.tune.prove import _replay_argv
+from oomload.tune.search import Settings
+from runbuilder import CPU_CACHE, cpu_knee_steps, write_run
 
 
 def test_no_html_writes_every_report_but_report_html(tmp_path: Path) -> None:
@@ -30,6 +32,16 @@ def test_no_html_writes_every_report_but_report_html(tmp_path: Path) -> None:
 
 
 def test_the_tuners_candidate_replays_write_no_report_html(tmp_path: Path) -> None:
-    config = SimpleNamespace(trace_path=tmp_path / "t.jsonl", replay_max_duration_s=60.0)
-    argv = _replay_argv(SimpleNamespace(config=config), "http://127.0.0.1:9", tmp_path / "run")  # type: ignore[arg-type]
+    serve = parse_serve_command("vllm serve m --api-key sk-tune-secret")
+    config = SimpleNamespace(trace_path=tmp_path / "t.jsonl", replay_max_duration_s=60.0, serve=serve)
+    candidate = SimpleNamespace(settings=Settings(max_num_seqs=10))
+    argv = _replay_argv(
+        SimpleNamespace(config=config),  # type: ignore[arg-type]
+        candidate,  # type: ignore[arg-type]
+        "http://127.0.0.1:9",
+        tmp_path / "run",
+    )
     assert "--no-html" in argv
+    # the candidate's line, its key scrubbed: a child's arguments are readable by every local user
+    assert argv[argv.index("--served-with") + 1] == "vllm serve m --api-key *** --max-num-seqs 10"
+    assert not any("sk-tune-secret" in a for a in argv)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from oomload.realvllm.limits import ServerLimits, served_limits
+from oomload.verdict.runinfo import served_line
 
 # as vLLM's CPU build wrote them here (0.x, the e2e harness): its start-up lines
 STARTED = (
@@ -47,3 +48,9 @@ def test_the_log_completes_what_the_line_does_not_say() -> None:
 )
 def test_nothing_said_is_nothing_known(line: str | None, log: str | None) -> None:
     assert served_limits(line, log) == ServerLimits()
+
+
+def test_config_json_gives_the_started_line_before_the_described_one() -> None:
+    assert served_line({"serve": "vllm serve a", "served_with": "vllm serve b"}) == "vllm serve a"
+    assert served_line({"serve": None, "served_with": "vllm serve b"}) == "vllm serve b"
+    assert served_line({"serve": None}) is None and served_line({}) is None

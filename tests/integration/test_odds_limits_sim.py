@@ -44,6 +44,8 @@ def test_the_odds_take_the_served_with_lines_max_num_seqs(tmp_path: Path) -> Non
     _odds_are_for_two_running(run)
     config = json.loads((run / "config.json").read_text())
     assert config["served_with"] == f"{SERVE} --api-key ***"
+    # what `compare` shows as the server's line
+    assert json.loads((run / "provenance.json").read_text())["serve"] == config["served_with"]
     assert not [p for p in run.rglob("*") if p.is_file() and b"sk-served-with-secret" in p.read_bytes()]
 
 

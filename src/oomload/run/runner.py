@@ -77,6 +77,7 @@ from oomload.run.session import Session, build_user_class
 from oomload.rundir import RunWriter, new_run_dir
 from oomload.rundir.provenance import PROVENANCE_FILE, Provenance, make_provenance
 from oomload.trace.model import TraceHeader, TraceRecord, read_trace, read_trace_header, write_trace
+from oomload.verdict.runinfo import served_line
 from oomload.verdict.runview import SERVER_LOG
 
 
@@ -260,7 +261,7 @@ def _provenance(config: ReplayConfig, document: dict[str, Any]) -> Provenance:
             levels=config.levels,
             repeats=config.repeats,
             server_version=document.get("vllm_version"),
-            serve=document.get("serve") or document.get("served_with"),
+            serve=served_line(document),
             sim_args=document.get("sim_args"),
             model=document.get("model"),
             url=document.get("url"),

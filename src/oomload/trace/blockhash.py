@@ -130,7 +130,7 @@ class BlockHasher:
             return ()
         digest = hashlib.blake2b(conversation.encode(), digest_size=8, key=self.salt, person=b"conversation")
         base = np.full(full, int.from_bytes(digest.digest(), "big"), dtype=np.uint64)
-        keyed = keyed_hash(prf_key(self.salt, b"oomload-convers"), base, np.arange(full, dtype=np.uint64))
+        keyed = keyed_hash(self.conversation_key, base, np.arange(full, dtype=np.uint64))
         return tuple(block_ids(keyed).tolist())
 
     @property
@@ -147,6 +147,11 @@ class BlockHasher:
     def token_key(self) -> bytes:
         """The key of the token-text block ids (``token_text_chains``), derived from the salt."""
         return prf_key(self.salt, b"oomload-tokens")
+
+    @property
+    def conversation_key(self) -> bytes:
+        """The key of the conversations' block ids (``conversation_chain``), derived from the salt."""
+        return prf_key(self.salt, b"oomload-convers")
 
     def message_keys(self, parts: Sequence[bytes]) -> list[int]:
         """The chained keyed digest of each message (of every message up to it): 64-bit integers."""
@@ -182,10 +187,11 @@ _STRIPPED = np.zeros(256, dtype=bool)
 _STRIPPED[list(b" \t\n\r\x0b\x0c")] = True  # what bytes.strip() removes
 
 
-@functools.lru_cache(maxsize=4)
-def _multipliers(salt: bytes, size: int) -> npt.NDArray[np.uint64]:
-    """The keyed per-word-position odd multipliers of the token digest (``size`` of them)."""
-    seed = int.from_bytes(hashlib.blake2b(salt, digest_size=16, person=b"oomload-words").digest(), "big")
+@functools.lru_cache(maxsize=8)
+def keyed_multipliers(salt: bytes, purpose: bytes, size: int) -> npt.NDArray[np.uint64]:
+    """``size`` keyed odd 64-bit multipliers, one per word position, for one use of the salt
+    (``prf_key``): the token digest's (``oomload-words``) and the names' (``pseudonyms``)."""
+    seed = int.from_bytes(prf_key(salt, purpose), "big")
     return np.random.default_rng(seed).integers(0, 2**64, size, dtype=np.uint64, endpoint=False) | _U(1)
 
 
@@ -333,7 +339,7 @@ def _token_digests(
     word's bytes before the end, each word keyed by its position in the text. The terms of every word
     of the buffer are summed once (one cumsum); a digest is a difference of two of those sums."""
     widths = np.diff(starts)
-    multipliers = _multipliers(salt, 1 << max(int(widths.max()), 512).bit_length())
+    multipliers = keyed_multipliers(salt, b"oomload-words", 1 << max(int(widths.max()), 512).bit_length())
     keyed = mixed_words(words, np.concatenate([multipliers[:w] for w in widths.tolist()]))
     sums = np.empty(len(words) + 1, dtype=np.uint64)
     sums[0] = 0
@@ -427,8 +433,8 @@ def chain_marks(
     key: bytes, marks: npt.NDArray[np.uint64], parts_per_prompt: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.uint64]:
     """Each message's chained key: ``keyed_hash`` under ``key`` (``BlockHasher.chain_key``) of the previous
-    message's key and its mark,
-    for many prompts at once — one vectorized step per message position, all prompts together.
+    message's key and its mark, for many prompts at once — one vectorized step per message position, all
+    prompts together.
 
     The prompts are taken longest first, so the prompts that have a message at position j are the
     first ones of that order: their previous keys are one contiguous slice, updated in place.

@@ -15,8 +15,6 @@ length, under a key of its own derived from the salt, written as 16 hex digits.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,18 +22,11 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from oomload.trace.blockhash import keyed_hash, mixed_words, prf_key
+from oomload.trace.blockhash import keyed_hash, keyed_multipliers, mixed_words, prf_key
 
 PSEUDONYM_CHARS = 16
 WIDE_FACTOR = 3  # a matrix of names padded to the longest may take this many times their bytes
 _HEX = np.frombuffer(b"".join(f"{i:02x}".encode() for i in range(256)), dtype="<u2")
-
-
-@functools.lru_cache(maxsize=4)
-def _name_multipliers(salt: bytes, size: int) -> npt.NDArray[np.uint64]:
-    seed = int.from_bytes(hashlib.blake2b(salt, digest_size=16, person=b"oomload-nameword").digest(), "big")
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, 2**64, size, dtype=np.uint64, endpoint=False) | np.uint64(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +78,7 @@ def _digests(
     otherwise (a few long names among short ones) each name's words are placed end to end."""
     n = len(lengths)
     width = (int(lengths.max(initial=0)) + 7) // 8  # words a row
-    multipliers = _name_multipliers(salt, 1 << max(width, 64).bit_length())
+    multipliers = keyed_multipliers(salt, b"oomload-nameword", 1 << max(width, 64).bit_length())
     if n * width * 8 <= WIDE_FACTOR * len(data) + (1 << 16):
         rows = np.zeros((n, width * 8), dtype=np.uint8)
         rows[np.arange(width * 8)[None, :] < lengths[:, None]] = data

@@ -14,10 +14,10 @@ from oomload.trace.blockhash import (
     PRF_CHUNK,
     BlockHasher,
     _canonical_ids,
-    _multipliers,
     block_ids,
     chain_marks,
     keyed_hash,
+    keyed_multipliers,
     message_block_ids,
 )
 
@@ -33,7 +33,9 @@ def _plain_chain(hasher: BlockHasher, ids_text: str) -> tuple[int, ...]:
     size = hasher.block_tokens
     padded = data + bytes(16)
     words = [int.from_bytes(padded[i : i + 8], "little") for i in range(0, len(padded) - 8, 8)]
-    multipliers = _multipliers(SALT, 1 << max((len(data) + 2 + 7) // 8, 512).bit_length())
+    multipliers = keyed_multipliers(
+        SALT, b"oomload-words", 1 << max((len(data) + 2 + 7) // 8, 512).bit_length()
+    )
     mask = (1 << 64) - 1
 
     def term(word: int, at: int) -> int:

@@ -455,7 +455,7 @@ def _kv_lengths(
     ones sent without those the server refused (context overflow: they never held a block), or the
     trace's; both clamped at ``max_model_len``."""
     if of_trace:
-        pairs = [(r.prompt_tokens + r.output_tokens, r.prompt_tokens) for r in view.trace_records]
+        pairs = list(zip(view.trace_total_tokens, view.trace_prompt_tokens, strict=True))
     else:
         pairs = [
             (r.prompt_tokens_asked + r.output_tokens_asked, r.prompt_tokens_asked)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from oomload.capacity.blocks import OnsetPrediction
 from oomload.outcome import Outcome
 from oomload.verdict import PreemptionOnset, StepFacts, Verdict, kv_peak_text, kv_percent
 from oomload.verdict.deathcause import DeathKind
@@ -274,13 +275,28 @@ def prediction(verdict: Verdict) -> Finding | None:
         compared = f"no onset up to {p.highest_clean}: {agree}{apart}"
     basis = "the requests sent" if p.basis == "requests" else "the trace"
     other = "" if p.other is None else f"; {OTHER_SHAPE_WORDS[a.shape]} {_band(*p.other.band)}"
-    spread = "" if a.onset_spread in (None, a.onset_mean) else f", decode phases spread {a.onset_spread}"
     return Finding(
         "prediction",
         "Arithmetic",
         f"{a.num_gpu_blocks} blocks × {a.block_size} tokens, lengths of {basis} → onset {band} "
-        f"{SHAPE_WORDS[a.shape]} (mean-length {a.onset_mean}{spread}{other}); {compared}",
+        f"{SHAPE_WORDS[a.shape]} ({band_figures(a)}{other}); {compared}",
         "warn" if p.disagrees else "info",
+    )
+
+
+def band_figures(a: OnsetPrediction) -> str:
+    """The onsets an arithmetic band is made of, each named once where it differs from the mean request's:
+    ``P90-length 6, mean-length 11, P50-length 15, decode phases spread 12`` (``OnsetPrediction.band``)."""
+    figures: list[tuple[str, int | None]] = [
+        ("P90-length", a.onset_p90),
+        ("mean-length", a.onset_mean),
+        ("P50-length", a.onset_p50),
+        ("decode phases spread", a.onset_spread),
+    ]
+    return ", ".join(
+        f"{name} {onset}"
+        for name, onset in figures
+        if onset is not None and (name == "mean-length" or onset != a.onset_mean)
     )
 
 

@@ -9,16 +9,17 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
 
+from oomload.capacity.blocks import OnsetPrediction
 from oomload.errors import ConfigError, ExitCode
 from oomload.outcome import Outcome
 from oomload.report import SUMMARY_SCHEMA, finalize_run
-from oomload.report.findings import describe, fmt_bytes, fmt_ms
+from oomload.report.findings import band_figures, describe, fmt_bytes, fmt_ms
 from oomload.report.plots import figure_by_concurrency
 from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.recommend import Recommendation, recommend
 from oomload.verdict.runview import load_run
+from runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
 
 FILES = ("json", "md", "junit")
 
@@ -230,3 +231,13 @@ def test_report_md_escapes_what_came_from_the_server_so_no_html_or_markdown_surv
     assert "&lt;img src=x onerror=alert(1)&gt;" in text and "&lt;script&gt;" in text
     death = next(line for line in text.splitlines() if "OOM / engine death" in line)
     assert death.replace("\\|", "").count("|") == 4  # the error's pipe does not split the row
+
+
+def test_the_arithmetic_names_what_sets_each_end_of_its_band() -> None:
+    # the demo's distinct-prompts case: P90-length requests preempt first (6), P50-length ones last (15)
+    wide = OnsetPrediction(799, 16, 12_784, onset_mean=11, onset_p50=15, onset_p90=6, onset_spread=12)
+    assert wide.band == (6, 15)
+    assert band_figures(wide) == "P90-length 6, mean-length 11, P50-length 15, decode phases spread 12"
+    # where every figure is the mean request's, the mean alone
+    alike = OnsetPrediction(80, 32, 2_560, onset_mean=4, onset_p50=4, onset_p90=4)
+    assert band_figures(alike) == "mean-length 4"

@@ -88,12 +88,13 @@ def prefix_cache(verdict: Verdict) -> Finding | None:
         return "?" if value is None else f"{value:.0%}"
 
     head = f"server {pct(check.server_rate)}, trace expects {pct(check.expected_rate)}"
-    per_step = [
-        f"c{s.concurrency} {pct(s.server_rate)}/{pct(s.expected_rate)}"
-        for s in check.steps
-        if s.server_rate is not None or s.expected_rate is not None
-    ]
-    text = head + (" (per step, server/expected: " + ", ".join(per_step) + ")" if per_step else "")
+    measured = [s for s in check.steps if s.server_rate is not None or s.expected_rate is not None]
+    pairs = {(pct(s.server_rate), pct(s.expected_rate)) for s in measured}
+    if len(measured) > 1 and pairs == {(pct(check.server_rate), pct(check.expected_rate))}:
+        text = f"{head} at every step"  # the per-step list would repeat the run's figures
+    else:
+        per_step = [f"c{s.concurrency} {pct(s.server_rate)}/{pct(s.expected_rate)}" for s in measured]
+        text = head + (" (per step, server/expected: " + ", ".join(per_step) + ")" if per_step else "")
     return Finding("prefix_cache", "Prefix-cache hits", text, "warn" if check.problem else "info")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,10 @@ from oomload.capacity.blocks import OnsetPrediction
 from oomload.errors import ConfigError, ExitCode
 from oomload.outcome import Outcome
 from oomload.report import SUMMARY_SCHEMA, finalize_run
-from oomload.report.findings import band_figures, describe, fmt_bytes, fmt_ms
+from oomload.report.findings import band_figures, describe, fmt_bytes, fmt_ms, prefix_cache
 from oomload.report.plots import figure_by_concurrency
 from oomload.verdict import Verdict, build_verdict
+from oomload.verdict.prefixrate import PrefixCheck, StepPrefixRate
 from oomload.verdict.recommend import Recommendation, recommend
 from oomload.verdict.runview import load_run
 from runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
@@ -241,3 +243,17 @@ def test_the_arithmetic_names_what_sets_each_end_of_its_band() -> None:
     # where every figure is the mean request's, the mean alone
     alike = OnsetPrediction(80, 32, 2_560, onset_mean=4, onset_p50=4, onset_p90=4)
     assert band_figures(alike) == "mean-length 4"
+
+
+def test_the_prefix_cache_finding_lists_steps_only_where_they_differ(tmp_path: Path) -> None:
+    def check(*rates: tuple[float, float]) -> PrefixCheck:
+        steps = tuple(
+            StepPrefixRate(i, 2**i, server, 100, expected) for i, (server, expected) in enumerate(rates)
+        )
+        return PrefixCheck("distinct", "no hash_ids", None, True, steps, 0.0, 0.0, None)
+
+    verdict = build_verdict(load_run(write_run(tmp_path / "run", cpu_knee_steps(), cache_config=CPU_CACHE)))
+    flat = replace(verdict, prefix=check((0.0, 0.0), (0.0, 0.0), (0.001, 0.0)))
+    assert prefix_cache(flat).text == "server 0%, trace expects 0% at every step"  # type: ignore[union-attr]
+    moved = replace(verdict, prefix=check((0.0, 0.0), (0.3, 0.0)))
+    assert prefix_cache(moved).text.endswith("(per step, server/expected: c1 0%/0%, c2 30%/0%)")  # type: ignore[union-attr]

@@ -63,7 +63,8 @@ def run_status(verdict: Verdict) -> Finding:
         return Finding("run_status", "Run", f"NOTHING TO JUDGE: {verdict.failed_run}", "bad")
     if run.cut_short:
         return Finding("run_status", "Run", f"CUT SHORT: {run.cut_short_detail}", "warn")
-    return Finding("run_status", "Run", f"complete ({run.end_reason or 'finished'})", "ok")
+    reason = "" if run.end_reason in (None, "completed") else f" ({run.end_reason})"
+    return Finding("run_status", "Run", f"complete{reason}", "ok")
 
 
 def prompt_shape(verdict: Verdict) -> Finding | None:

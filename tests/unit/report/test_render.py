@@ -33,6 +33,11 @@ def run_report(run: Path, **kwargs: object) -> tuple[ExitCode, str]:
     return code, out.getvalue()
 
 
+def _verdict_and_advice(run: Path) -> tuple[Verdict, Recommendation]:
+    verdict = build_verdict(load_run(run))
+    return verdict, recommend(verdict)
+
+
 def test_finalize_writes_summary_md_junit_and_prints_one_screen(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", cpu_knee_steps(), cache_config=CPU_CACHE)
     code, screen = run_report(run, formats=FILES)
@@ -58,6 +63,7 @@ def test_finalize_writes_summary_md_junit_and_prints_one_screen(tmp_path: Path) 
     assert "Preemption onset" in screen and "concurrency 6" in screen
     assert "Last safe concurrency" in screen
     assert "vllm serve tiny-model" in screen
+    assert next(f.text for f in describe(*_verdict_and_advice(run)) if f.key == "run_status") == "complete"
     head = screen.split("Per step")[0]
     assert head.count("\n") <= 40  # the summary fits one screen
 

@@ -13,7 +13,9 @@
   memory (``--gpu-memory-utilization``, a bigger GPU, tensor parallelism), not a shorter window.
 * ``max_num_seqs`` — the last safe concurrency, when something broke above it (preemption, engine
   death, admission rejections): capping running sequences there keeps the KV pool from preempting at
-  the replayed lengths. Nothing broke → no cap is advised, and the highest clean level is named. A run
+  the replayed lengths. A server whose own cap (``RunInfo.max_num_seqs``: its serve line's, the
+  simulator's flags', else its log's) is already at or below that level gets no number: a cap there
+  would not lower what broke. Nothing broke → no cap is advised, and the highest clean level is named. A run
   that replayed only the trace's tail (``tail_percentile`` in ``config.json``) or its arrival times
   (``open_loop``) measured no production concurrency: no cap is advised, and the reason says why.
   The cap holds for the prompts the run sent; when the trace shares prefixes, the reason says which
@@ -33,7 +35,7 @@
   the CPU harness (a 1.3 GB data limit, 4,000-token prompts, death at 16 after 8 carried 32,000
   tokens): half, 15,872, died again under 20 s holds at 16 or 32 in 2 runs of 2; a quarter, 7,936,
   carried 16, 32 and 64. The server's value comes from the cache config, the
-  ``--serve`` line or its start-up log (``runinfo.served_batched_tokens``); a server already at or
+  ``--serve`` line or its start-up log (``runinfo.served_scheduler``); a server already at or
   below the advice gets no number and is told to cap ``max_num_seqs`` instead. Such a death is then
   not a reason for a ``max_num_seqs`` cap (preemption still is). Otherwise, when transient spikes are
   implicated — a real OOM, or device memory that rose during the run by more than ``SPIKE_SHARE`` of
@@ -212,9 +214,10 @@ def _max_model_len(
 
 
 def _max_num_seqs(verdict: Verdict) -> Setting:
+    current = verdict.run.max_num_seqs  # the server's own cap, where its serve line or log says it
     unrepresentative = _unrepresentative_mix(verdict)
     if unrepresentative is not None:
-        return Setting("--max-num-seqs", None, None, unrepresentative)
+        return Setting("--max-num-seqs", None, current, unrepresentative)
     safe = verdict.last_safe_concurrency
     death = None if _activation_death(verdict) else verdict.engine_death  # answered by the prefill bound
     broke = (
@@ -228,12 +231,12 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
             f" up to the highest level tested ({top})" if top is not None else ""
         )
         why += _shape_clause(verdict)
-        return Setting("--max-num-seqs", None, None, why)
+        return Setting("--max-num-seqs", None, current, why)
     if safe is None:
         return Setting(
             "--max-num-seqs",
             None,
-            None,
+            current,
             "the lowest level tested already broke: test lower concurrency first",
         )
     what = "preemption" if verdict.preemption_onset is not None else "failures"
@@ -247,12 +250,22 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
     if death is not None and death.concurrency is not None:
         bad_levels.append(death.concurrency)
     first_bad = min(bad_levels) if bad_levels else "an unknown level"
-    return Setting(
-        "--max-num-seqs",
-        safe,
-        None,
-        f"the last safe concurrency was {safe}; {what} began at {first_bad}{_shape_clause(verdict)}",
-    )
+    measured = f"the last safe concurrency was {safe}; {what} began at {first_bad}{_shape_clause(verdict)}"
+    if _capped_at_or_below(verdict, safe):  # a cap at the safe level would not lower the server's
+        return Setting(
+            "--max-num-seqs",
+            None,
+            current,
+            f"{measured}; the server already runs at most {current} sequences at once, so a cap at {safe} "
+            "changes nothing: what broke above it was not the number running",
+        )
+    return Setting("--max-num-seqs", safe, current, measured)
+
+
+def _capped_at_or_below(verdict: Verdict, safe: int | None) -> bool:
+    """The server's own ``max_num_seqs`` is known and no higher than the last safe concurrency."""
+    current = verdict.run.max_num_seqs
+    return current is not None and safe is not None and current <= safe
 
 
 def _shape_clause(verdict: Verdict) -> str:
@@ -483,6 +496,15 @@ def _reasoning(
         sentences.append(f"No max_num_seqs advice: {unrepresentative}.")
     if seqs.value is not None:
         sentences.append(f"Limit max_num_seqs to the last safe concurrency, {seqs.value}.")
+    elif (
+        unrepresentative is None
+        and (onset is not None or death is not None)
+        and _capped_at_or_below(verdict, verdict.last_safe_concurrency)
+    ):
+        sentences.append(
+            f"The server already runs at most {seqs.current} sequences at once: a max_num_seqs cap would "
+            "not lower what broke."
+        )
     activation = batched.value is not None and _activation_death(verdict) is not None
     extra = [s.reason for s in (util, batched) if s.value is not None and not (activation and s is batched)]
     if extra:

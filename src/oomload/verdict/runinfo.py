@@ -12,12 +12,13 @@ are short responses. The rules and their reasons: ``oomload.verdict.verdict``'s 
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from oomload.outcome import Outcome, RequestResult
-from oomload.realvllm.limits import served_limits
+from oomload.realvllm.limits import ServerLimits, served_limits
 from oomload.rundir.records import CUT_SHORT_REASONS, RunStatus
 from oomload.verdict.death import EngineDeath
 from oomload.verdict.runview import RunView
@@ -57,6 +58,7 @@ class RunInfo:
     config_note: str | None = None  # why config.json could not be read
     # the server's prefill budget: the cache config's, else the --serve line's, else its log's words
     max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None  # the server's cap on running sequences: its serve line's, else its log's
 
 
 def run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | None) -> RunInfo:
@@ -73,9 +75,10 @@ def run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | Non
         or death is not None
     )
     detail = _cut_short_detail(view, steps, death, status, end_reason) if cut_short else None
+    served = served_scheduler(view)
     batched = None if view.pool is None else view.pool.max_num_batched_tokens
     if batched is None:
-        batched = served_batched_tokens(view)
+        batched = served.max_num_batched_tokens
     limit = config.max_model_len  # from /v1/models, else the cache config
     if limit is None and view.pool is not None:
         limit = view.pool.max_model_len
@@ -93,6 +96,7 @@ def run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | Non
         cache_config=view.cache_config,
         max_model_len=limit,
         max_num_batched_tokens=batched,
+        max_num_seqs=served.max_num_seqs,
         tail_percentile=config.tail_percentile,
         open_loop=config.open_loop,
         config_note=view.config_note,
@@ -171,11 +175,15 @@ def _total(r: RequestResult) -> int:
     return r.prompt_tokens_asked + r.output_tokens_asked
 
 
-def served_batched_tokens(view: RunView) -> int | None:
-    """``max_num_batched_tokens`` as the served line set it (``--serve``, ``--served-with``), else as the
-    server's log said it at start-up (``realvllm.limits``); ``None`` when neither says."""
+def served_scheduler(view: RunView) -> ServerLimits:
+    """The server's scheduler limits as the line it was started with set them (``--serve``,
+    ``--served-with``, the simulator's flags), each else as its log said it at start-up
+    (``realvllm.limits``); ``None`` where neither says."""
     line = served_line(view.config)
-    return served_limits(line, view.server_log).max_num_batched_tokens
+    sim_args = view.config.get("sim_args")
+    if line is None and isinstance(sim_args, list):
+        line = shlex.join(["oomload", "sim", "serve", *map(str, sim_args)])
+    return served_limits(line, view.server_log)
 
 
 def served_line(config: Mapping[str, Any]) -> str | None:

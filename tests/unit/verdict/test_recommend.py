@@ -42,6 +42,37 @@ def test_preemption_run_caps_max_num_seqs_and_max_model_len(tmp_path: Path) -> N
     assert "preemption began at concurrency 6" in rec.reasoning
 
 
+@pytest.mark.parametrize(
+    ("config", "current"),
+    [
+        ({}, None),  # nothing says the server's cap
+        ({"sim_args": ["--model", "m", "--max-num-seqs", "64"]}, 64),  # the simulator's flags
+        ({"served_with": "vllm serve m --max-num-seqs 32 --api-key ***"}, 32),  # --served-with
+        ({"serve": "vllm serve m --max-num-seqs 16", "sim_args": ["--max-num-seqs", "64"]}, 16),
+    ],
+)
+def test_the_cap_shows_the_servers_own_max_num_seqs(
+    tmp_path: Path, config: dict[str, object], current: int | None
+) -> None:
+    rec = recommend(
+        verdict_of(write_run(tmp_path / "r", cpu_knee_steps(), cache_config=CPU_CACHE, config=config))
+    )
+    assert (rec.max_num_seqs.value, rec.max_num_seqs.current) == (5, current)
+
+
+def test_a_server_already_capped_at_the_safe_level_gets_no_cap(tmp_path: Path) -> None:
+    # the server ran at most 4 at once; preemption began at 6 all the same: a cap at 5 would not lower it
+    config = {"served_with": "vllm serve m --max-num-seqs 4"}
+    rec = recommend(
+        verdict_of(write_run(tmp_path / "r", cpu_knee_steps(), cache_config=CPU_CACHE, config=config))
+    )
+    assert (rec.max_num_seqs.value, rec.max_num_seqs.current) == (None, 4)
+    assert "--max-num-seqs" not in rec.flag_line
+    assert (
+        "already runs at most 4 sequences at once, so a cap at 5 changes nothing" in rec.max_num_seqs.reason
+    )
+
+
 def test_real_oom_advises_gpu_memory_utilization_and_a_prefill_bound_not_a_cap(tmp_path: Path) -> None:
     """An activation peak (a CUDA allocation that failed at runtime) is bounded by the prefill batch:
     a quarter of what the last safe level prefilled at once, on multiples of 256."""

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -174,29 +175,41 @@ def _headline(record: TuneRecord) -> list[str]:
     return lines
 
 
+# The terminal table's columns: (header, may wrap). Every header fits on one line; only the flags and the
+# verdict wrap, so the table fits an 80-column CI log (the pages keep COLUMNS' full names).
+TERMINAL_COLUMNS = (
+    ("#", False),
+    ("flags", True),
+    ("started", False),
+    ("KV blocks", False),
+    ("prod.", False),
+    ("worst", False),
+    ("seen", False),
+    ("tok/s", False),
+    ("TTFT p99", False),
+    ("verdict", True),
+)
+
+
 def print_tune(record: TuneRecord, console: Console) -> None:
     """A compact table (one line per candidate), then each candidate's rule and evidence in words."""
-    table = Table(title="oomload tune: candidates")
-    for name in (
-        "#",
-        "flags",
-        "started",
-        "KV blocks",
-        "predicted prod.",
-        "predicted worst",
-        "observed",
-        "tok/s",
-        "TTFT p99",
-        "verdict",
-    ):
-        table.add_column(name, overflow="fold")
+    table = Table(
+        title="oomload tune: candidates (onsets: prod. = predicted with the trace's shared prefixes, "
+        "worst = predicted with nothing shared, seen = observed)",
+        box=box.SIMPLE_HEAD,
+        padding=0,  # the box's one-space divider alone
+        show_edge=False,
+    )
+    for name, wraps in TERMINAL_COLUMNS:
+        words = name in ("flags", "started", "verdict")  # the rest are numbers: right-justified
+        table.add_column(name, no_wrap=not wraps, min_width=len(name), justify="left" if words else "right")
     for c, row in zip(record.candidates, rows(record), strict=True):
         verdict = "no start" if not c.started or c.proof is None else _verdict(c.proof)
         cells = [cell.replace(NO_SHARING, "") for cell in row[5:11]]
         table.add_row(*(escape(cell) for cell in (row[0], _short(c), row[2], *cells, verdict)))
     console.print(table)
     if any(NO_SHARING in row[6] for row in rows(record)):
-        console.print("  predicted prod.: the trace carries no shared prefixes (= worst case)")
+        console.print("  prod.: the trace carries no shared prefixes (= worst case)")
     for c in record.candidates:
         why = c.failure.message if c.failure is not None else (c.proof.evidence if c.proof else "")
         console.print(f"  #{c.index} {escape(c.rule)}: {escape(why)}", soft_wrap=True)

@@ -3,10 +3,13 @@ in tune.json, tune.md and tune.html alike (report.tune, tune.record)."""
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import replace
 
-from oomload.report.tune import COLUMNS, render_html, render_markdown
+from rich.console import Console
+
+from oomload.report.tune import COLUMNS, print_tune, render_html, render_markdown
 from oomload.tune.rate import RateTarget
 from oomload.tune.record import TuneRecord
 from oomload.tune.search import Candidate, Proof, Settings
@@ -109,3 +112,45 @@ def test_a_tune_stopped_for_the_load_host_says_so_on_every_page_and_in_tune_json
     assert obj["status"] == "no_evidence" and obj["candidates"][0]["proof"]["outcome"] == "no evidence"
     assert obj["candidates"][0]["proof"]["load_host_starved"] == starved
     assert TuneRecord.from_json(obj).candidates[0].proof == proof
+
+
+def test_the_terminal_table_fits_80_columns_with_whole_headers_and_cells() -> None:
+    record = _record()
+    out = io.StringIO()
+    print_tune(record, Console(file=out, width=80, color_system=None))
+    lines = out.getvalue().splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("#"))
+    assert header.split() == [
+        "#",
+        "flags",
+        "started",
+        "KV",
+        "blocks",
+        "prod.",
+        "worst",
+        "seen",
+        "tok/s",
+        "TTFT",
+        "p99",
+        "verdict",
+    ]
+    table = lines[: lines.index(next(line for line in lines if line.startswith("  #1 ")))]
+    assert max(map(len, table)) <= 80
+    rows = [line.split() for line in table if line.lstrip()[:2] in ("1 ", "2 ")]
+    assert rows[0] == [
+        "1",
+        "seqs",
+        "256",
+        "yes",
+        "80",
+        "×",
+        "32",
+        "11",
+        "4",
+        "none",
+        "100",
+        "900",
+        "ms",
+        "carries",
+    ]
+    assert rows[1][-1] == "carries" and rows[1][1:3] == ["seqs", "8"]

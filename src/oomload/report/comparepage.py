@@ -27,6 +27,7 @@ from pathlib import Path
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -71,14 +72,23 @@ def render_compare_terminal(console: Console, cmp: Comparison, gates: Sequence[G
     for row in cmp.setup:
         setup.add_row(row.label, row.base, Text(row.new, style="bold yellow" if row.changed else ""))
     console.print(setup)
-    result = Table(title="Result")
-    for col in ("", "base", "new", "status", "evidence"):
-        result.add_column(col)
-    for r in cmp.results:
-        if r.status in ("not measured", "unchanged") and "@" in r.key:
-            continue  # per-level rows without news: in compare.md
-        result.add_row(r.label, r.base, r.new, Text(r.status, style=STATUS_STYLES[r.status]), r.evidence)
+    # The evidence goes in a table of its own, under the result: as a fifth column it wrapped to a word
+    # or two a line in an 80-column log.
+    shown = [r for r in cmp.results if not (r.status in ("not measured", "unchanged") and "@" in r.key)]
+    result = Table(
+        title="Result", box=box.SIMPLE_HEAD, show_edge=False
+    )  # per-level rows without news: in compare.md
+    for col in ("", "base", "new", "status"):
+        result.add_column(col, no_wrap=col in ("", "status"))
+    for r in shown:
+        result.add_row(r.label, r.base, r.new, Text(r.status, style=STATUS_STYLES[r.status]))
     console.print(result)
+    evidence = Table(title="Evidence", box=None, show_header=False, padding=(0, 1))
+    evidence.add_column(no_wrap=True, style="bold")
+    evidence.add_column()
+    for r in shown:
+        evidence.add_row(r.label, Text(r.evidence, style="bold red" if r.status == "regression" else ""))
+    console.print(evidence)
     for g in gates:
         text = f"{g.status.value.upper().replace('_', ' ')}  {g.gate.text} — {g.reason}"
         console.print(Text(f"Gate  {text}", style=GATE_STYLES[g.status]))

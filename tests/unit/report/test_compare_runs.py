@@ -3,15 +3,19 @@ directories (``runbuilder``: the real ``RunWriter``, the real verdict)."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from oomload.cli import main
 from oomload.errors import ConfigError, ExitCode
+from oomload.report.compare import compare_runs, load_side
+from oomload.report.comparepage import render_compare_terminal
 from oomload.report.summary import build_summary, dump_summary
 from oomload.rundir.provenance import Provenance, file_sha256, read_provenance
 from oomload.rundir.summary import SUMMARY_SCHEMA, read_summary
@@ -276,3 +280,19 @@ def test_a_run_with_nothing_to_judge_is_exit_3(tmp_path: Path, capsys: pytest.Ca
     )
     assert _compare(base, failed, "--format", "json") == ExitCode.UNREACHABLE
     assert "has nothing to judge" in capsys.readouterr().err
+
+
+def test_the_terminal_puts_each_rows_evidence_in_one_readable_line_at_80_columns(
+    runs: tuple[Path, Path],
+) -> None:
+    cmp = compare_runs(load_side(runs[0]), load_side(runs[1]))
+    out = io.StringIO()
+    render_compare_terminal(Console(file=out, width=80, color_system=None), cmp)
+    lines = out.getvalue().splitlines()
+    assert max(map(len, lines)) <= 80
+    pool = next(r for r in cmp.results if r.label == "KV pool (blocks)")
+    assert pool.status == "regression"
+    # the result table: a row's label, values and status on one line
+    assert any(line.split() == ["KV", "pool", "(blocks)", "100", "80", "regression"] for line in lines)
+    # its evidence beside its label, whole on the line (it was folded to a word or two a line)
+    assert any(line.split()[:3] == ["KV", "pool", "(blocks)"] and pool.evidence in line for line in lines)

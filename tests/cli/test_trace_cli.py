@@ -28,7 +28,7 @@ def test_build_writes_a_trace_and_reports_skips(
     code, stdout, _ = run(["trace", "build", str(log), "-o", str(out)], capsys)
     assert code == 0
     assert f"wrote 3 requests to {out} (format mooncake)" in stdout
-    assert "skipped 1 lines:" in stdout and f"not a JSON object  (first: {log}:2)" in stdout
+    assert "skipped 1 line:" in stdout and f"not a JSON object  (first: {log}:2)" in stdout
     assert [r.prompt_tokens for r in read_trace(out)] == [10, 20, 9000]
     assert read_trace_header(out).extra["skipped"] == {"not a JSON object": 1}
 

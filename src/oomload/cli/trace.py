@@ -258,7 +258,7 @@ def run_build(args: argparse.Namespace) -> int:
     )
     skips = result.skips
     if skips.total:
-        print(f"skipped {skips.total} lines:")
+        print(f"skipped {skips.total} line{'' if skips.total == 1 else 's'}:")
         for reason, count in skips.as_dict().items():
             print(f"  {count:>8}  {reason}  (first: {', '.join(skips.examples.get(reason, []))})")
     else:

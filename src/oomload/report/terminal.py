@@ -93,7 +93,9 @@ def step_table(verdict: Verdict) -> Table:
         if name not in ("cancel", "server", "dev used") or _says_something(rows, STEP_COLUMNS.index(name))
     ]
     for _index, short in columns:
-        table.add_column("dev GiB" if short == "dev" else short, justify="right", no_wrap=True)
+        # only err may wrap: "0 (+1 at death)" (requests that died with the engine in a later step)
+        # would otherwise push the table past 80 columns and cut the last column
+        table.add_column("dev GiB" if short == "dev" else short, justify="right", no_wrap=short != "err")
     onset = None if verdict.preemption_onset is None else verdict.preemption_onset.step
     death = None if verdict.engine_death is None else verdict.engine_death.step
     for s, row in zip(verdict.steps, rows, strict=True):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from oomload.outcome import Outcome
 from oomload.report.findings import describe, step_row
+from oomload.report.terminal import step_table
 from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
 from oomload.verdict.recommend import recommend
@@ -19,18 +22,17 @@ DEAD = Outcome.ENGINE_DEAD
 RESET = Outcome.TRANSPORT_ERROR
 
 
-@pytest.fixture(scope="module")
-def died(tmp_path_factory: pytest.TempPathFactory) -> Verdict:
+def _died(path: Path, server_share: float | None = None) -> Verdict:
     """Steps 1, 2, 4 (0–10 s, 10–20 s, 20–30 s), a refine step at 3 (30–40 s); the server dies at 27 s.
 
     In flight at the death: one request from step 1 (started 19 s), two from step 2. A new request
     at 27.5 s is refused. An earlier, unrelated reset at 3 s is a real client transport error.
     """
     steps = [
-        StepSpec(1),
-        StepSpec(2),
-        StepSpec(4, requests=0),
-        StepSpec(3, requests=0, phase="refine"),
+        StepSpec(1, server_share=server_share),
+        StepSpec(2, server_share=server_share),
+        StepSpec(4, requests=0, server_share=server_share),
+        StepSpec(3, requests=0, phase="refine", server_share=server_share),
     ]
     extra = [
         request("early-reset", 0, 1, 3.0, 3.5, RESET),
@@ -43,8 +45,12 @@ def died(tmp_path_factory: pytest.TempPathFactory) -> Verdict:
         request("after", 3, 3, 31.0, 31.1, DEAD),
     ]
     events = [{"kind": "server_dead", "t_unix_s": T0 + 28.0, "evidence": "/health connection refused (2x)"}]
-    run = write_run(tmp_path_factory.mktemp("died") / "run", steps, extra_requests=extra, events=events)
-    return build_verdict(load_run(run))
+    return build_verdict(load_run(write_run(path, steps, extra_requests=extra, events=events)))
+
+
+@pytest.fixture(scope="module")
+def died(tmp_path_factory: pytest.TempPathFactory) -> Verdict:
+    return _died(tmp_path_factory.mktemp("died") / "run")
 
 
 def test_death_moment_is_the_first_break_and_lands_in_its_step(died: Verdict) -> None:
@@ -66,6 +72,16 @@ def test_requests_in_flight_at_the_death_are_its_casualties(died: Verdict) -> No
     )
     text = next(f.text for f in describe(died, recommend(died)) if f.key == "engine_death")
     assert "4 request(s) in flight failed with it" in text
+
+
+def test_the_terminal_wraps_a_casualty_cell_rather_than_cut_the_last_column(tmp_path: Path) -> None:
+    # with vLLM's own running count (srv) beside device memory, "0 (+1 at death)" took the table past 80
+    verdict = _died(tmp_path / "run", server_share=0.9)
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(step_table(verdict))
+    text = out.getvalue()
+    assert "srv" in text and "dev GiB" in text and "…" not in text
+    assert max(map(len, text.splitlines())) <= 80
 
 
 def test_a_casualty_is_not_charged_to_the_step_it_started_in(died: Verdict) -> None:

@@ -79,7 +79,8 @@ def step_table(verdict: Verdict) -> Table:
     table = Table(
         title=(
             "Per step (* = cut short; † = after the engine died; cncl = cancelled; held = in flight at "
-            "the client; srv = in vLLM, by its counters; /100 = preemptions per 100 requests)"
+            "the client; srv = in vLLM, by its counters; /100 = preemptions per 100 requests; err +N at "
+            "death = N more died with the engine in a later step)"
         ),
         header_style="bold",
         box=box.SIMPLE_HEAD,

@@ -74,10 +74,9 @@ def render_compare_terminal(console: Console, cmp: Comparison, gates: Sequence[G
     console.print(setup)
     # The evidence goes in a table of its own, under the result: as a fifth column it wrapped to a word
     # or two a line in an 80-column log.
+    # per-level rows without news are left to compare.md
     shown = [r for r in cmp.results if not (r.status in ("not measured", "unchanged") and "@" in r.key)]
-    result = Table(
-        title="Result", box=box.SIMPLE_HEAD, show_edge=False
-    )  # per-level rows without news: in compare.md
+    result = Table(title="Result", box=box.SIMPLE_HEAD, show_edge=False)
     for col in ("", "base", "new", "status"):
         result.add_column(col, no_wrap=col in ("", "status"))
     for r in shown:

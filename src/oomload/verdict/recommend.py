@@ -15,9 +15,9 @@
   death, admission rejections): capping running sequences there keeps the KV pool from preempting at
   the replayed lengths. A server whose own cap (``RunInfo.max_num_seqs``: its serve line's, the
   simulator's flags', else its log's) is already at or below that level gets no number: a cap there
-  would not lower what broke. Nothing broke → no cap is advised, and the highest clean level is named. A run
-  that replayed only the trace's tail (``tail_percentile`` in ``config.json``) or its arrival times
-  (``open_loop``) measured no production concurrency: no cap is advised, and the reason says why.
+  would not lower what broke. Nothing broke → no cap is advised, and the highest clean level is named.
+  A run that replayed only the trace's tail (``tail_percentile`` in ``config.json``) or its arrival
+  times (``open_loop``) measured no production concurrency: no cap is advised, and the reason says why.
   The cap holds for the prompts the run sent; when the trace shares prefixes, the reason says which
   shape was measured and what the arithmetic gives for the other (``prediction.other``): a cap
   measured with distinct prompts is the worst case, one measured with shared prefixes holds only

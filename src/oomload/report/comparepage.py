@@ -66,9 +66,10 @@ def render_compare_terminal(console: Console, cmp: Comparison, gates: Sequence[G
     console.print(Text(f"base {cmp.base.path}  ·  new {cmp.new.path}", style="dim"))
     for caveat in cmp.caveats:
         console.print(Text(f"• {caveat}", style="yellow"))
-    setup = Table(title="Setup", show_lines=False)
-    for col in ("", "base", "new"):
-        setup.add_column(col)
+    setup = Table(title="Setup", box=box.SIMPLE_HEAD, show_edge=False)
+    setup.add_column("", no_wrap=True)
+    for col in ("base", "new"):
+        setup.add_column(col, overflow="fold")  # a long model name folds: never cut to "…"
     for row in cmp.setup:
         setup.add_row(row.label, row.base, Text(row.new, style="bold yellow" if row.changed else ""))
     console.print(setup)

@@ -296,3 +296,22 @@ def test_the_terminal_puts_each_rows_evidence_in_one_readable_line_at_80_columns
     assert any(line.split() == ["KV", "pool", "(blocks)", "100", "80", "regression"] for line in lines)
     # its evidence beside its label, whole on the line (it was folded to a word or two a line)
     assert any(line.split()[:3] == ["KV", "pool", "(blocks)"] and pool.evidence in line for line in lines)
+
+
+def test_the_terminal_setup_folds_a_long_model_name_rather_than_cut_it(tmp_path: Path) -> None:
+    model = "meta-llama/Llama-3.1-8B-Instruct-with-a-long-fine-tune-suffix"
+    base, new = (
+        _run(tmp_path / name, onset=8, blocks=100, config={"model": model}) for name in ("base", "new")
+    )
+    out = io.StringIO()
+    cmp = compare_runs(load_side(base), load_side(new))
+    render_compare_terminal(Console(file=out, width=80, color_system=None), cmp)
+    setup = out.getvalue().split("Result")[0].splitlines()
+    assert not [line for line in setup if "…" in line and "sha256" not in line]  # only the digest is short
+    first = next(i for i, line in enumerate(setup) if line.split()[:1] == ["model"])
+    rows = [setup[first].split()[1:]]  # the label's line, then the folded lines: two pieces each
+    for line in setup[first + 1 :]:
+        if len(line.split()) != 2:
+            break
+        rows.append(line.split())
+    assert ["".join(column) for column in zip(*rows, strict=True)] == [model, model]  # folded, whole

@@ -8,6 +8,7 @@ process with gevent).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -64,6 +65,12 @@ def test_replay_onset_matches_the_arithmetic(replayed: tuple[Path, subprocess.Co
     assert summary(run)["gates"][0]["status"] == "pass"
     rec = summary(run)["recommendation"]
     assert rec["flag_line"].endswith(f"--max-num-seqs {verdict['last_safe_concurrency']}")
+    # the simulator states its prefill budget at start-up, as vLLM V1 does; the advice's current is it
+    said = re.findall(
+        r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)\.", (run / "server.log").read_text()
+    )
+    settings = {s["flag"]: s for s in rec["settings"]}
+    assert len(said) == 1 and settings["--max-num-batched-tokens"]["current"] == int(said[0])
     # 512 tokens P99 + 10 % → 768 (a multiple of 256 and of the 16-token block), below the 1024 limit
     assert rec["max_model_len"]["max_model_len"] == 768
 

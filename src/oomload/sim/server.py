@@ -479,6 +479,10 @@ async def serve(service: SimService, host: str, port: int, port_file: Path | Non
         with contextlib.suppress(NotImplementedError, RuntimeError):  # non-main thread
             loop.add_signal_handler(sig, service.stop_event.set)
     pid, now = os.getpid(), time.time()
+    # vLLM V1 states its prefill budget at start-up: a reader of the log (``realvllm.limits``) takes it
+    tokens = service.engine.engine.max_num_batched_tokens
+    budget = f"Chunked prefill is enabled with max_num_batched_tokens={tokens}."
+    service.log("\n".join(log_lines("APIServer", pid, "INFO", "scheduler.py:233", budget, now)))
     for line in service.engine.layout.startup_lines():
         service.log("\n".join(log_lines("EngineCore", pid, "INFO", "kv_cache_utils.py:1087", line, now)))
     shown = f"[{host}]" if ":" in host else host

@@ -26,7 +26,8 @@ demo: $(STAMP) ## The main job on built-in defaults: replay a sample trace again
 
 demo-oom: $(STAMP) ## The simulated vLLM under a host-memory limit: preemption, then a memory death, named and sized
 	$(BIN)/oomload replay traces/sample-chat.jsonl --max-duration-s 180 \
-	  --sim="--host-memory-limit-mib 400 --host-limit-kind process --host-bytes-per-token 16384"
+	  --sim="--host-memory-limit-mib 400 --host-limit-kind process --host-bytes-per-token 16384 \
+	  --gpu-memory-utilization 0.9 --max-num-batched-tokens 8192"
 
 demo-soak: $(STAMP) ## A 150 s soak at concurrency 4 against a simulated vLLM that leaks 30 MiB a minute
 	$(BIN)/oomload replay traces/sample-chat.jsonl --soak 150s --concurrency 4 --sim="--host-leak-mib-per-min 30"

@@ -23,6 +23,10 @@ LEVELS = "1,2,4,8,16,32"
 # requests (mean 1,283 tokens) need about 300 MiB at 16 in flight (median), beside ~100 MiB of
 # interpreter: a busy client that holds 12 of 16 may stay under it, 32 in flight (~600 MiB) never do.
 PROCESS_LIMIT = "--host-memory-limit-mib 400 --host-limit-kind process --host-bytes-per-token 16384"
+# a prefill budget above the L4's default (2048, the advice's floor), with the device memory its activations
+# take: the death is then bounded by a smaller budget (the default's death is answered by a max_num_seqs cap)
+BUDGET = 8192
+BOUNDED = f"{PROCESS_LIMIT} --gpu-memory-utilization 0.9 --max-num-batched-tokens {BUDGET}"
 # a container's limit (lower: a kill needs no allocation to fail): SIGKILLed, as the kernel's OOM killer does
 CONTAINER_LIMIT = "--host-memory-limit-mib 250 --host-limit-kind container --host-bytes-per-token 16384"
 SAMPLE = Path(__file__).resolve().parents[2] / "traces" / "sample-chat.jsonl"
@@ -36,7 +40,7 @@ def _summary(run: Path) -> dict[str, Any]:
 def test_an_allocation_that_fails_is_named_sized_and_bounded(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = oomload(
-        *("replay", str(SAMPLE), "--sim", PROCESS_LIMIT, "--concurrency", LEVELS, "--hold-s", "2"),
+        *("replay", str(SAMPLE), "--sim", BOUNDED, "--concurrency", LEVELS, "--hold-s", "2"),
         *("--no-live", "--no-html", "--run-dir", str(run), "--gate", "no-oom-up-to:32"),
     )
     assert proc.returncode == ExitCode.GATE_FAILED, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -50,7 +54,9 @@ def test_an_allocation_that_fails_is_named_sized_and_bounded(tmp_path: Path) -> 
     memory = doc["verdict"]["server_memory"]
     assert memory["samples"] >= 10 and memory["peak_bytes"] > memory["first_bytes"]
     settings = {s["flag"]: s for s in doc["recommendation"]["settings"]}
-    assert isinstance(settings["--max-num-batched-tokens"]["value"], int)
+    bound = settings["--max-num-batched-tokens"]
+    assert bound["current"] == BUDGET  # the simulator's start-up log says it, as vLLM's does
+    assert isinstance(bound["value"], int) and 2048 <= bound["value"] <= BUDGET // 4, bound
     assert "activation peak" in settings["--max-num-batched-tokens"]["reason"]
     gate = doc["gates"][0]
     assert gate["status"] == "fail" and "an OOM (an activation peak" in gate["reason"]

@@ -36,7 +36,9 @@
   tokens): half, 15,872, died again under 20 s holds at 16 or 32 in 2 runs of 2; a quarter, 7,936,
   carried 16, 32 and 64. The server's value comes from the cache config, the
   ``--serve`` line or its start-up log (``runinfo.served_scheduler``); a server already at or
-  below the advice gets no number and is told to cap ``max_num_seqs`` instead. Such a death is then
+  below the advice gets no number and is told to cap ``max_num_seqs`` instead, and without the
+  server's value the bound is given in words only ("at most N, below the server's value"): a
+  number above the server's own would raise it. Such a death is then
   not a reason for a ``max_num_seqs`` cap (preemption still is). Otherwise, when transient spikes are
   implicated — a real OOM, or device memory that rose during the run by more than ``SPIKE_SHARE`` of
   the device beyond its first sample (vLLM preallocates the KV cache, so used memory should stay flat)
@@ -354,28 +356,45 @@ def _prefill_bound(verdict: Verdict, death: EngineDeath, current: int | None) ->
     flag = "--max-num-batched-tokens"
     cause = death.cause.sentence if death.cause is not None else "an allocation failed"
     where = "" if death.concurrency is None else f" at concurrency {death.concurrency}"
-    value, body = _prefill_advice(verdict, death, current)
-    action = None if value is not None or current is not None else BATCHED_TOKENS_ACTION
-    return Setting(flag, value, current, f"{cause}{where}: {body}", action=action)
+    advice = _prefill_advice(verdict, death, current)
+    action = advice.action if current is None else None
+    return Setting(flag, advice.value, current, f"{cause}{where}: {advice.body}", action=action)
 
 
-def _prefill_advice(verdict: Verdict, death: EngineDeath, current: int | None) -> tuple[int | None, str]:
-    """The prefill bound and why, in words that follow the death's own sentence."""
+@dataclass(frozen=True, slots=True)
+class _PrefillAdvice:
+    value: int | None  # the flag's number: only when the server's own value is known and above it
+    body: str  # why, in words that follow the death's own sentence
+    action: str | None = None  # the bound in words, when the server's value is not known
+
+
+def _prefill_advice(verdict: Verdict, death: EngineDeath, current: int | None) -> _PrefillAdvice:
+    """The prefill bound and why. Without the server's own value (no cache config, serve line or start-up
+    log said it) the bound is given in words only: a number above that value would raise it."""
     safe = _level_below(verdict, death.concurrency)
     prompt = None if verdict.trace_prompt is None else verdict.trace_prompt.p99
     if safe is None or not prompt:
-        return None, "smaller prefill batches lower that peak (no clean level below it to size them from)"
+        body = "smaller prefill batches lower that peak (no clean level below it to size them from)"
+        return _PrefillAdvice(None, body, None if current is not None else BATCHED_TOKENS_ACTION)
     carried = int(safe * prompt) if current is None else min(current, int(safe * prompt))
     share = int(carried * PREFILL_SHARE)
     value = max(MIN_BATCHED_TOKENS, share // PREFILL_ROUND_TOKENS * PREFILL_ROUND_TOKENS)
     if current is not None and value >= current:
-        return None, f"the prefill batch is already at {current} tokens: cap max_num_seqs instead"
+        return _PrefillAdvice(
+            None, f"the prefill batch is already at {current} tokens: cap max_num_seqs instead"
+        )
     within = "" if current is None else f", within the server's {current}"
-    return value, (
+    bound = f"{value}" if current is not None else f"at most {value} and below the server's own value"
+    body = (
         f"the prefill batch sizes that peak; concurrency {safe} prefilled up to {carried} tokens at once "
         f"({safe} × the trace's P99 prompt, {int(prompt)}{within}) and survived; a heap that grows "
-        f"with the load's history leaves less, so bound it at a quarter of that, {value}, before cutting "
+        f"with the load's history leaves less, so bound it at a quarter of that, {bound}, before cutting "
         "max_num_seqs"
+    )
+    if current is not None:
+        return _PrefillAdvice(value, body)
+    return _PrefillAdvice(
+        None, f"{body} ({BATCHED_TOKENS_UNKNOWN})", f"at most {value}, below the server's value"
     )
 
 
@@ -505,16 +524,16 @@ def _reasoning(
             f"The server already runs at most {seqs.current} sequences at once: a max_num_seqs cap would "
             "not lower what broke."
         )
-    activation = batched.value is not None and _activation_death(verdict) is not None
+    death_now = _activation_death(verdict)  # its prefill bound, a number or in words, comes first
+    activation = death_now is not None and (batched.value is not None or batched.action is not None)
     extra = [s.reason for s in (util, batched) if s.value is not None and not (activation and s is batched)]
     if extra:
         sentences.append(_capitalize("; ".join(extra)) + ".")
     if memory is not None:
         sentences.insert(1, memory)
-    death_now = _activation_death(verdict)
     if activation and death_now is not None:  # the first thing to change: right after what happened
         current = None if batched.current is None else int(batched.current)
-        sentences.insert(1, _capitalize(_prefill_advice(verdict, death_now, current)[1]) + ".")
+        sentences.insert(1, _capitalize(_prefill_advice(verdict, death_now, current).body) + ".")
     return " ".join(sentences[:5]) if sentences else "Nothing was measured; no recommendation."
 
 

@@ -101,6 +101,24 @@ def test_an_activation_peak_within_a_small_prefill_budget_caps_concurrency_inste
     assert "already at 2048 tokens: cap max_num_seqs instead" in rec.max_num_batched_tokens.reason
 
 
+def test_an_activation_peak_on_a_server_of_unknown_budget_is_bounded_in_words(tmp_path: Path) -> None:
+    """No cache config, serve line or start-up log says the server's prefill budget (a --url run whose
+    --server-log began after start-up): 12000 tokens carried at 4 allows 2816, but a server running
+    vLLM's 2048 would be *raised* by it. The bound goes in words, never in the flag line."""
+    oom = "CUDA out of memory. Tried to allocate 1.00 GiB"
+    died = StepSpec(8, failures={Outcome.ENGINE_DEAD: 8}, error_text=oom)
+    steps = [StepSpec(1), StepSpec(2), StepSpec(4), died]
+    run = write_run(tmp_path / "r", steps, cache_config=CPU_CACHE, lengths=[(3000, 256)] * 20)
+    rec = recommend(verdict_of(run))
+    batched = rec.max_num_batched_tokens
+    assert (batched.value, batched.current) == (None, None)
+    assert batched.shown == "at most 2816, below the server's value"
+    assert "--max-num-batched-tokens" not in rec.flag_line
+    assert "bound it at a quarter of that, at most 2816 and below the server's own value" in rec.reasoning
+    assert "vLLM does not export the server's value" in batched.reason
+    assert rec.max_num_seqs.value is None  # still answered by the prefill bound, not a cap
+
+
 def test_engine_death_without_oom_text_gets_no_memory_advice(tmp_path: Path) -> None:
     steps = [StepSpec(1), StepSpec(2, failures={Outcome.ENGINE_DEAD: 2}, error_text="connection refused")]
     rec = recommend(verdict_of(write_run(tmp_path / "r", steps, cache_config=CPU_CACHE)))

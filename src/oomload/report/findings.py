@@ -261,7 +261,7 @@ def prediction(verdict: Verdict) -> Finding | None:
     if p is None:
         return None
     a = p.arithmetic
-    band = f"{p.band_low}–{p.band_high}"
+    band = _band(p.band_low, p.band_high)  # "32", not "32–32"
     apart = "" if p.levels_apart is None else f", {p.levels_apart} level(s) apart"
     agree = "disagrees" if p.disagrees else "agrees"
     if p.observed_onset is not None:

@@ -92,7 +92,7 @@ def test_a_distinct_prompts_run_is_judged_by_the_worst_case(tmp_path: Path) -> N
     assert (v.odds_onset, v.other_odds_onset) == (8, 12)
     texts = _texts(v)
     assert (
-        "with distinct prompts (mean-length 4; with the trace's shared prefixes: 11–14)"
+        "→ onset 4 with distinct prompts (mean-length 4; with the trace's shared prefixes: 11–14)"
         in texts["prediction"]
     )
     assert "measured with distinct prompts, the worst case" in recommend(v).max_num_seqs.reason

@@ -470,9 +470,10 @@ def trace_odds(verdict: Verdict) -> Finding | None:
         if lv.odds is not None and (lv.odds.per_100 >= 0.05 or lv.steps_preempted)
     ]
     onset = verdict.preemption_onset
-    observed = "none" if onset is None else str(onset.concurrency)
+    observed = "none observed" if onset is None else f"observed {onset.concurrency}"
     low, high = verdict.odds_onset_low, verdict.odds_onset
-    odds_onset = "none" if high is None else (str(high) if low in (None, high) else f"{low}–{high}")
+    top = max(lv.concurrency for lv in with_odds)
+    odds_onset = f"no onset up to {top}" if high is None else f"onset {_band(low, high)}"
     apart = verdict.odds_levels_apart
     disagree = [lv for lv in with_odds if lv.agreement not in (None, "agrees")]
     if (apart is not None and apart > 1) or disagree:
@@ -484,8 +485,8 @@ def trace_odds(verdict: Verdict) -> Finding | None:
         other_onset = _band(verdict.other_odds_onset_low, verdict.other_odds_onset)
         other = f" ({OTHER_SHAPE_WORDS[verdict.prompt_shape]} {other_onset})"
     text = (
-        f"onset {odds_onset} {SHAPE_WORDS[verdict.prompt_shape]}{other} (≥ 1 preemption per 100 requests), "
-        f"observed {observed}: {verdict_word}"
+        f"{odds_onset} {SHAPE_WORDS[verdict.prompt_shape]}{other} (≥ 1 preemption per 100 requests), "
+        f"{observed}: {verdict_word}"
     ) + ("" if not parts else f"; preemptions per 100 requests, odds vs seen — {', '.join(parts)}")
     return Finding("trace_odds", "The trace's odds", text, status)
 

@@ -121,6 +121,16 @@ def test_the_odds_onset_agrees_within_one_level(tmp_path: Path) -> None:
     assert v.to_json()["odds_onset"] == 8
 
 
+def test_no_onset_on_either_side_reads_as_such(tmp_path: Path) -> None:
+    # seen on the real vLLM: "onset none with distinct prompts (...), observed none: agrees"
+    odds = [_odds(1, 0), _odds(2, 0), _odds(4, 0)]
+    v = _verdict(tmp_path, [StepSpec(1), StepSpec(2), StepSpec(4)], odds)
+    finding = trace_odds(v)
+    assert finding is not None and finding.text == (
+        "no onset up to 4 with distinct prompts (≥ 1 preemption per 100 requests), none observed: agrees"
+    )
+
+
 def test_odds_distance_counts_measured_levels_around_the_range() -> None:
     from oomload.verdict.levels import odds_distance
 

@@ -357,8 +357,7 @@ def _prefill_bound(verdict: Verdict, death: EngineDeath, current: int | None) ->
     cause = death.cause.sentence if death.cause is not None else "an allocation failed"
     where = "" if death.concurrency is None else f" at concurrency {death.concurrency}"
     advice = _prefill_advice(verdict, death, current)
-    action = advice.action if current is None else None
-    return Setting(flag, advice.value, current, f"{cause}{where}: {advice.body}", action=action)
+    return Setting(flag, advice.value, current, f"{cause}{where}: {advice.body}", action=advice.action)
 
 
 @dataclass(frozen=True, slots=True)

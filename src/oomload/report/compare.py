@@ -51,7 +51,7 @@ from oomload.rundir.summary import Summary, summary_from_doc
 from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.recommend import recommend
 from oomload.verdict.relative import onset_steps
-from oomload.verdict.runinfo import served_line
+from oomload.verdict.runinfo import served_line, sim_line
 from oomload.verdict.runview import RunView, load_run
 from oomload.verdict.shift import (
     LatencyShift,
@@ -342,12 +342,7 @@ def _setup_rows(base: RunSide, new: RunSide) -> tuple[SetupRow, ...]:
 
     def serve(side: RunSide) -> str:
         line = side.provenance.serve if side.provenance else served_line(side.view.config)
-        sim = side.view.config.get("sim_args")
-        if line:
-            return str(line)
-        if isinstance(sim, list) and sim:
-            return "oomload sim serve " + " ".join(map(str, sim))
-        return "not started by oomload"
+        return str(line or sim_line(side.view.config) or "not started by oomload")
 
     def pool(side: RunSide, key: str) -> str:
         cache = side.view.cache_config or {}

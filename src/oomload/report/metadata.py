@@ -18,6 +18,7 @@ from oomload.rundir.records import EventRow, GpuSampleRow, RunStatus, as_float, 
 from oomload.trace.stats import LengthSummary
 from oomload.verdict import Verdict
 from oomload.verdict.confidence import lost_worker
+from oomload.verdict.runinfo import sim_line
 from oomload.verdict.runview import RunView
 
 NOT_RECORDED = "not recorded"
@@ -65,8 +66,8 @@ def run_metadata(view: RunView, verdict: Verdict) -> list[tuple[str, str]]:
     rows.append(("versions", versions))
     target = f"{verdict.run.model or '?'} at {verdict.run.url or '?'}"
     if verdict.run.simulated:
-        sim = cfg.get("sim_args")
-        target += " · SIMULATED vLLM" + (f" (oomload sim serve {' '.join(map(str, sim))})" if sim else "")
+        sim = sim_line(cfg)
+        target += " · SIMULATED vLLM" + (f" ({sim})" if sim else "")
     rows.append(("model and server", target))
     rows.append(("server flags (as reported)", _server_flags(verdict)))
     rows.append(("GPU", _gpu_text(view.gpu)))

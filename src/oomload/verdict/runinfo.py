@@ -179,11 +179,7 @@ def served_scheduler(view: RunView) -> ServerLimits:
     """The server's scheduler limits as the line it was started with set them (``--serve``,
     ``--served-with``, the simulator's flags), each else as its log said it at start-up
     (``realvllm.limits``); ``None`` where neither says."""
-    line = served_line(view.config)
-    sim_args = view.config.get("sim_args")
-    if line is None and isinstance(sim_args, list):
-        line = shlex.join(["oomload", "sim", "serve", *map(str, sim_args)])
-    return served_limits(line, view.server_log)
+    return served_limits(served_line(view.config) or sim_line(view.config), view.server_log)
 
 
 def served_line(config: Mapping[str, Any]) -> str | None:
@@ -193,3 +189,11 @@ def served_line(config: Mapping[str, Any]) -> str | None:
         if isinstance(value, str):
             return value
     return None
+
+
+def sim_line(config: Mapping[str, Any]) -> str | None:
+    """The simulator's command line when ``config.json`` says oomload started one (``sim_args``)."""
+    sim_args = config.get("sim_args")
+    if not isinstance(sim_args, list) or not sim_args:
+        return None
+    return shlex.join(["oomload", "sim", "serve", *map(str, sim_args)])

@@ -222,12 +222,7 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
         return Setting("--max-num-seqs", None, current, unrepresentative)
     safe = verdict.last_safe_concurrency
     death = None if _activation_death(verdict) else verdict.engine_death  # answered by the prefill bound
-    broke = (
-        verdict.preemption_onset is not None
-        or death is not None
-        or any(s.unsafe_requests for s in verdict.measured_steps if not _death_step(verdict, s.index))
-    )
-    if not broke:
+    if not _broke(verdict):
         top = verdict.max_tested_concurrency
         why = "nothing broke in this run; no cap is needed" + (
             f" up to the highest level tested ({top})" if top is not None else ""
@@ -262,6 +257,16 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
             "changes nothing: what broke above it was not the number running",
         )
     return Setting("--max-num-seqs", safe, current, measured)
+
+
+def _broke(verdict: Verdict) -> bool:
+    """Something a ``max_num_seqs`` cap answers broke: preemption, a death other than an activation peak
+    (that one is answered by the prefill bound), or unsafe requests outside the death's step."""
+    return (
+        verdict.preemption_onset is not None
+        or (verdict.engine_death is not None and _activation_death(verdict) is None)
+        or any(s.unsafe_requests for s in verdict.measured_steps if not _death_step(verdict, s.index))
+    )
 
 
 def _capped_at_or_below(verdict: Verdict, safe: int | None) -> bool:
@@ -516,9 +521,9 @@ def _reasoning(
         sentences.append(f"Limit max_num_seqs to the last safe concurrency, {seqs.value}.")
     elif (
         unrepresentative is None
-        and (onset is not None or death is not None)
+        and _broke(verdict)
         and _capped_at_or_below(verdict, verdict.last_safe_concurrency)
-    ):
+    ):  # the cap _max_num_seqs declined: the server's own is no higher
         sentences.append(
             f"The server already runs at most {seqs.current} sequences at once: a max_num_seqs cap would "
             "not lower what broke."

@@ -119,6 +119,24 @@ def test_an_activation_peak_on_a_server_of_unknown_budget_is_bounded_in_words(tm
     assert rec.max_num_seqs.value is None  # still answered by the prefill bound, not a cap
 
 
+def test_an_activation_peak_on_a_capped_server_is_not_called_a_cap_question(tmp_path: Path) -> None:
+    # the death is the prefill bound's to answer: no "a cap would not lower what broke" beside it
+    oom = "CUDA out of memory. Tried to allocate 1.00 GiB"
+    steps = [
+        StepSpec(1),
+        StepSpec(2),
+        StepSpec(4),
+        StepSpec(8, failures={Outcome.ENGINE_DEAD: 8}, error_text=oom),
+    ]
+    cache = {**CPU_CACHE, "max_num_batched_tokens": 16384}
+    config = {"served_with": "vllm serve m --max-num-seqs 2"}
+    run = write_run(tmp_path / "r", steps, cache_config=cache, lengths=[(3000, 256)] * 20, config=config)
+    rec = recommend(verdict_of(run))
+    assert rec.max_num_batched_tokens.value == 2816 and rec.max_num_seqs.value is None
+    assert rec.max_num_seqs.reason.startswith("nothing broke")
+    assert "already runs at most" not in rec.reasoning
+
+
 def test_engine_death_without_oom_text_gets_no_memory_advice(tmp_path: Path) -> None:
     steps = [StepSpec(1), StepSpec(2, failures={Outcome.ENGINE_DEAD: 2}, error_text="connection refused")]
     rec = recommend(verdict_of(write_run(tmp_path / "r", steps, cache_config=CPU_CACHE)))

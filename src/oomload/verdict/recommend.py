@@ -36,10 +36,11 @@
   tokens): half, 15,872, died again under 20 s holds at 16 or 32 in 2 runs of 2; a quarter, 7,936,
   carried 16, 32 and 64. The server's value comes from the cache config, the
   ``--serve`` line or its start-up log (``runinfo.served_scheduler``); a server already at or
-  below the advice gets no number and is told to cap ``max_num_seqs`` instead, and without the
-  server's value the bound is given in words only ("at most N, below the server's value"): a
-  number above the server's own would raise it. Such a death is then
-  not a reason for a ``max_num_seqs`` cap (preemption still is). Otherwise, when transient spikes are
+  below the advice gets no number and is told to cap ``max_num_seqs`` instead (the death is then
+  the cap's to answer, as any other death is), and without the server's value the bound is given in
+  words only ("at most N, below the server's value"): a number above the server's own would raise
+  it. A death the prefill bound answers is not a reason for a ``max_num_seqs`` cap (preemption
+  still is). Otherwise, when transient spikes are
   implicated — a real OOM, or device memory that rose during the run by more than ``SPIKE_SHARE`` of
   the device beyond its first sample (vLLM preallocates the KV cache, so used memory should stay flat)
   — half the current value, never below 2048; unless the cache config names one the flag gets no
@@ -150,7 +151,7 @@ def recommend(verdict: Verdict, *, margin: float = DEFAULT_MARGIN) -> Recommenda
     )
     seqs = _max_num_seqs(verdict)
     util = _gpu_memory_utilization(verdict, cache)
-    batched = _max_num_batched_tokens(verdict, cache)
+    batched = _max_num_batched_tokens(verdict)
     flag_line = _flag_line(verdict.run.model, (mml, seqs, util, batched))
     return Recommendation(
         max_model_len=mml,
@@ -221,12 +222,20 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
     if unrepresentative is not None:
         return Setting("--max-num-seqs", None, current, unrepresentative)
     safe = verdict.last_safe_concurrency
-    death = None if _activation_death(verdict) else verdict.engine_death  # answered by the prefill bound
+    bounded = _bounded_by_prefill(verdict)
+    death = None if bounded is not None else verdict.engine_death
     if not _broke(verdict):
         top = verdict.max_tested_concurrency
-        why = "nothing broke in this run; no cap is needed" + (
-            f" up to the highest level tested ({top})" if top is not None else ""
-        )
+        if bounded is not None:
+            at = "" if bounded.concurrency is None else f" at {bounded.concurrency}"
+            why = (
+                f"only the activation peak{at} broke, and the prefill bound (--max-num-batched-tokens) "
+                "answers it; no preemption or failed request calls for a cap"
+            )
+        else:
+            why = "nothing broke in this run; no cap is needed" + (
+                f" up to the highest level tested ({top})" if top is not None else ""
+            )
         why += _shape_clause(verdict)
         return Setting("--max-num-seqs", None, current, why)
     if safe is None:
@@ -261,12 +270,28 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
 
 def _broke(verdict: Verdict) -> bool:
     """Something a ``max_num_seqs`` cap answers broke: preemption, a death other than an activation peak
-    (that one is answered by the prefill bound), or unsafe requests outside the death's step."""
+    the prefill bound answers (``_bounded_by_prefill``), or unsafe requests outside the death's step."""
     return (
         verdict.preemption_onset is not None
-        or (verdict.engine_death is not None and _activation_death(verdict) is None)
+        or (verdict.engine_death is not None and _bounded_by_prefill(verdict) is None)
         or any(s.unsafe_requests for s in verdict.measured_steps if not _death_step(verdict, s.index))
     )
+
+
+def _bounded_by_prefill(verdict: Verdict) -> EngineDeath | None:
+    """The activation-peak death, when a prefill bound answers it (a number, or one in words); ``None``
+    when there is none, or the server's prefill batch is already at the bound: the cap answers it then."""
+    death = _activation_death(verdict)
+    if death is None:
+        return None
+    advice = _prefill_advice(verdict, death, _prefill_budget(verdict))
+    return death if advice.value is not None or advice.action is not None else None
+
+
+def _prefill_budget(verdict: Verdict) -> int | None:
+    """The server's ``max_num_batched_tokens``: its cache config's, else its serve line's or log's."""
+    cache = CacheConfig.from_json(verdict.run.cache_config or {})
+    return cache.max_num_batched_tokens or verdict.run.max_num_batched_tokens
 
 
 def _capped_at_or_below(verdict: Verdict, safe: int | None) -> bool:
@@ -335,9 +360,9 @@ def _gpu_memory_utilization(verdict: Verdict, cache: CacheConfig) -> Setting:
     return Setting(flag, value, current, why)
 
 
-def _max_num_batched_tokens(verdict: Verdict, cache: CacheConfig) -> Setting:
+def _max_num_batched_tokens(verdict: Verdict) -> Setting:
     flag = "--max-num-batched-tokens"
-    current = cache.max_num_batched_tokens or verdict.run.max_num_batched_tokens
+    current = _prefill_budget(verdict)
     activation = _activation_death(verdict)
     if activation is not None:
         return _prefill_bound(verdict, activation, current)

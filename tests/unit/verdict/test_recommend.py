@@ -99,6 +99,9 @@ def test_an_activation_peak_within_a_small_prefill_budget_caps_concurrency_inste
     rec = recommend(verdict_of(write_run(tmp_path / "r", steps, cache_config=cache)))
     assert rec.max_num_batched_tokens.value is None
     assert "already at 2048 tokens: cap max_num_seqs instead" in rec.max_num_batched_tokens.reason
+    # and the cap it points to is given: the death is the cap's to answer now
+    assert rec.max_num_seqs.value == 2 and "--max-num-seqs 2" in rec.flag_line
+    assert "Limit max_num_seqs to the last safe concurrency, 2." in rec.reasoning
 
 
 def test_an_activation_peak_on_a_server_of_unknown_budget_is_bounded_in_words(tmp_path: Path) -> None:
@@ -133,7 +136,8 @@ def test_an_activation_peak_on_a_capped_server_is_not_called_a_cap_question(tmp_
     run = write_run(tmp_path / "r", steps, cache_config=cache, lengths=[(3000, 256)] * 20, config=config)
     rec = recommend(verdict_of(run))
     assert rec.max_num_batched_tokens.value == 2816 and rec.max_num_seqs.value is None
-    assert rec.max_num_seqs.reason.startswith("nothing broke")
+    assert rec.max_num_seqs.reason.startswith("only the activation peak at 8 broke, and the prefill bound")
+    assert "nothing broke" not in rec.max_num_seqs.reason
     assert "already runs at most" not in rec.reasoning
 
 

@@ -108,6 +108,8 @@ def test_an_activation_peak_is_found_named_and_bounded(
         assert "could not create a primitive" in log and cause["tried_bytes"] is None
     memory = summary["verdict"]["server_memory"]
     assert memory is not None and memory["samples"] >= 10, memory
+    assert memory["data_limit_bytes"] == DATA_LIMIT_BYTES, memory  # the limit it died under, read
+    assert 0 < memory["data_peak_bytes"] <= DATA_LIMIT_BYTES, memory
     assert (run / "server_exit.json").is_file()  # oomload started it: its end is known
 
     settings = {s["flag"]: s for s in summary["recommendation"]["settings"]}

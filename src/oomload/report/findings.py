@@ -151,6 +151,10 @@ def server_memory(verdict: Verdict) -> Finding | None:
         memory.limit_bytes is not None
         and memory.peak_bytes is not None
         and memory.peak_bytes >= NEAR_LIMIT_SHARE * memory.limit_bytes
+    ) or (
+        memory.data_limit_bytes is not None
+        and memory.data_peak_bytes is not None
+        and memory.data_peak_bytes >= NEAR_LIMIT_SHARE * memory.data_limit_bytes
     )
     severity = "bad" if memory.oom_kills else ("warn" if near or memory.peak_bytes is None else "info")
     return Finding("server_memory", "Server memory", memory.summary_text, severity)

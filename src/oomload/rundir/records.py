@@ -222,8 +222,11 @@ class ServerMemoryLine(TypedDict):
     ``None`` means no limit; ``cgroup_oom_kill`` counts the kernel's OOM kills in it (v2
     ``memory.events`` ``oom_kill``, v1 ``memory.oom_control`` ``oom_kill``), ``cgroup_events_max``
     the times usage hit the limit (v2 ``max``, v1 ``memory.failcnt``); ``pss_bytes`` is also ``None`` in
-    lines that did not read it (PSS is read at a bounded share of the time). ``alive`` is false once the
-    server's root process is gone; ``error`` says in one sentence what could not be read."""
+    lines that did not read it (PSS is read at a bounded share of the time). ``data_bytes`` /
+    ``data_limit_bytes`` are the ``VmData`` and soft ``RLIMIT_DATA`` of the tree's process nearest its
+    data limit (``data_limit_bytes`` ``None``: no process has one; both absent where not read, as in a
+    simulator's lines or older runs). ``alive`` is false once the server's root process is gone;
+    ``error`` says in one sentence what could not be read."""
 
     t_unix_s: float
     source: str  # "local", "sim" or "remote:URL"
@@ -238,6 +241,8 @@ class ServerMemoryLine(TypedDict):
     cgroup_oom_kill: int | None
     cgroup_events_max: int | None
     alive: bool
+    data_bytes: NotRequired[int]
+    data_limit_bytes: NotRequired[int | None]
     error: NotRequired[str]
 
 
@@ -259,6 +264,8 @@ class ServerMemoryRow:
     cgroup_events_max: int | None = None
     alive: bool = True
     error: str | None = None
+    data_bytes: int | None = None
+    data_limit_bytes: int | None = None
 
     @property
     def used_bytes(self) -> int | None:
@@ -290,6 +297,8 @@ class ServerMemoryRow:
             cgroup_events_max=as_int(obj.get("cgroup_events_max")),
             alive=obj.get("alive") is not False,
             error=as_str(obj.get("error")),
+            data_bytes=as_int(obj.get("data_bytes")),
+            data_limit_bytes=as_int(obj.get("data_limit_bytes")),
         )
 
 

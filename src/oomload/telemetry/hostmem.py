@@ -18,7 +18,7 @@ The process tree
     (a reused pid is not the server).
 
 Per process
-    ``VmRSS`` of ``/proc/PID/status`` (readable for any process) and ``Pss`` of
+    ``VmRSS`` and ``VmData`` of ``/proc/PID/status`` (readable for any process) and ``Pss`` of
     ``/proc/PID/smaps_rollup`` (the owner's or root's only; kernel ≥ 4.14). RSS counts a shared
     page in every process that maps it, so the tree's sum overstates; PSS splits it among them, so
     the sum is exact. ``pss_bytes`` is ``None`` unless every process's PSS was read. Reading PSS
@@ -27,6 +27,14 @@ Per process
     a PSS read that took d seconds, the next is due ``d / pss_share`` later (2 %: a tree whose PSS
     takes 5 ms to read has it every 0.25 s, one that takes 100 ms every 5 s). The reads between say
     ``pss_bytes: null`` without an error; ``pss_share=0`` never reads it, ``1`` at every read.
+
+The per-process data limit
+    ``RLIMIT_DATA`` (``prlimit --data``, ``ulimit -d``; inherited by the engine and its workers) bounds
+    each process's ``VmData`` (its private writable memory), not the tree's sum: past it an allocation
+    fails in that process (vLLM's CPU allocator: reference/oom-kinds.md), with no OOM kill and no
+    cgroup event. Each process's soft limit is read from ``/proc/PID/limits`` once (kept by pid and
+    start time). The line carries the process nearest its limit: its ``VmData`` as ``data_bytes`` and
+    its limit as ``data_limit_bytes``; with no limited process, the largest ``VmData`` and ``None``.
 
 The memory cgroup
     The root's line of ``/proc/PID/cgroup`` for the v1 ``memory`` controller (``N:memory:/path``,
@@ -80,6 +88,7 @@ from oomload.telemetry.procfs import (
     descendants,
     memory_cgroup_entry,
     parse_cgroup_bytes,
+    parse_data_limit,
     parse_flat_keyed,
     parse_mountinfo,
     parse_proc_cgroup,
@@ -365,6 +374,7 @@ class LocalServerMemory:
         self._pss_due = 0.0  # time.monotonic() when PSS may be read again
         self._root_start: int | None = None
         self._members: dict[int, int] = {}  # pid → start ticks, as counted by the last read
+        self._data_limits: dict[tuple[int, int], int | None] = {}  # (pid, start ticks) → RLIMIT_DATA
         self.cgroup: MemoryCgroup | None = None
 
     def describe(self) -> str:
@@ -401,9 +411,10 @@ class LocalServerMemory:
         """The server's memory now (never raises: what cannot be read is ``None`` and the ``error``)."""
         notes: list[str] = []  # whole statements ("pid 12 is not running")
         unread: list[str] = []  # what could not be read, as clauses
-        alive, processes, rss, pss = True, None, None, None
+        tree = _Tree()
         if self.pid is not None:
-            alive, processes, rss, pss = self._read_tree(notes, unread)
+            tree = self._read_tree(notes, unread)
+        alive = tree.alive
         if self.cgroup is None:
             self._find_cgroup(unread, root_alive=alive)
         memory = CgroupMemory()
@@ -416,9 +427,9 @@ class LocalServerMemory:
             "t_unix_s": self._clock(),
             "source": self.source,
             "pid": self.pid,
-            "processes": processes,
-            "rss_bytes": rss,
-            "pss_bytes": pss,
+            "processes": tree.processes,
+            "rss_bytes": tree.rss_bytes,
+            "pss_bytes": tree.pss_bytes,
             "cgroup": None if self.cgroup is None else self.cgroup.label,
             "cgroup_current_bytes": memory.current_bytes,
             "cgroup_limit_bytes": memory.limit_bytes,
@@ -427,6 +438,9 @@ class LocalServerMemory:
             "cgroup_events_max": memory.events_max,
             "alive": alive,
         }
+        if tree.data_bytes is not None:
+            line["data_bytes"] = tree.data_bytes
+            line["data_limit_bytes"] = tree.data_limit_bytes
         if unread:
             notes.append("cannot read " + "; ".join(unread))
         if notes:
@@ -447,10 +461,8 @@ class LocalServerMemory:
         else:
             self.cgroup = found
 
-    def _read_tree(
-        self, notes: list[str], unread: list[str]
-    ) -> tuple[bool, int | None, int | None, int | None]:
-        """(alive, processes, rss_bytes, pss_bytes) of the tree; see the module docstring."""
+    def _read_tree(self, notes: list[str], unread: list[str]) -> _Tree:
+        """What the tree holds now; see the module docstring."""
         assert self.pid is not None
         stats = scan_processes(self._proc_root)
         root = stats.get(self.pid)
@@ -458,7 +470,7 @@ class LocalServerMemory:
             self._root_start = root.start_ticks
         if self._root_start is None:
             notes.append(f"pid {self.pid} is not running")
-            return False, None, None, None
+            return _Tree(alive=False)
         same_root = root is not None and root.start_ticks == self._root_start
         alive = same_root and root is not None and root.state not in DEAD_STATES
         members = descendants(self.pid, stats) if same_root else []
@@ -469,6 +481,7 @@ class LocalServerMemory:
         ]
         counted: dict[int, int] = {}
         rss_total, pss_total = 0, 0
+        nearest: tuple[int, int | None] | None = None  # (VmData, limit) of the process nearest its limit
         pss_denied: list[int] = []
         pss_problem: str | None = None
         with_pss = self.pss_share >= 1 or (self.pss_share > 0 and time.monotonic() >= self._pss_due)
@@ -479,23 +492,64 @@ class LocalServerMemory:
             read = _read_process(pid, self._proc_root, with_pss=with_pss)
             if read is None:
                 continue  # exited since the scan: a race, not an error
-            rss_bytes, pss_bytes, why = read
+            rss_bytes, pss_bytes, why, data_bytes = read
             counted[pid] = stats[pid].start_ticks
             rss_total += rss_bytes
+            if data_bytes is not None:
+                limit = self._data_limit(pid, stats[pid].start_ticks)
+                if nearest is None or _nearer((data_bytes, limit), nearest):
+                    nearest = (data_bytes, limit)
             if pss_bytes is None:
                 pss_denied.append(pid)
                 pss_problem = pss_problem or why
             else:
                 pss_total += pss_bytes
         self._members = counted
+        self._data_limits = {k: v for k, v in self._data_limits.items() if counted.get(k[0]) == k[1]}
+        data, data_limit = (None, None) if nearest is None else nearest
+        tree = _Tree(alive, len(counted), rss_total, None, data, data_limit)
         if not with_pss:
-            return alive, len(counted), rss_total, None
+            return tree
         now = time.monotonic()
         self._pss_due = now + (now - started) / self.pss_share
         if pss_denied:
             pids = ", ".join(str(p) for p in pss_denied[:5]) + (", …" if len(pss_denied) > 5 else "")
             unread.append(f"the PSS of pid {pids} ({pss_problem})")
-        return alive, len(counted), rss_total, None if pss_denied else pss_total
+            return tree
+        return _Tree(alive, len(counted), rss_total, pss_total, data, data_limit)
+
+    def _data_limit(self, pid: int, start_ticks: int) -> int | None:
+        """The process's soft ``RLIMIT_DATA`` (``None``: unlimited or unreadable), read once a process."""
+        key = (pid, start_ticks)
+        if key not in self._data_limits:
+            try:
+                text = _read_proc_file(self._proc_root / str(pid) / "limits")
+                self._data_limits[key] = parse_data_limit(text)
+            except (OSError, ValueError):
+                self._data_limits[key] = None
+        return self._data_limits[key]
+
+
+@dataclass(frozen=True, slots=True)
+class _Tree:
+    """One read of the server's process tree (``None``: not read)."""
+
+    alive: bool = True
+    processes: int | None = None
+    rss_bytes: int | None = None
+    pss_bytes: int | None = None
+    data_bytes: int | None = None  # VmData of the process nearest its data limit (the largest without one)
+    data_limit_bytes: int | None = None  # that process's RLIMIT_DATA (None: no process has one)
+
+
+def _nearer(a: tuple[int, int | None], b: tuple[int, int | None]) -> bool:
+    """Whether process ``a`` (VmData, limit) is nearer its data limit than ``b``: a limited process
+    before an unlimited one, then the smaller headroom; of unlimited ones, the larger VmData."""
+    if (a[1] is None) != (b[1] is None):
+        return a[1] is not None
+    if a[1] is None or b[1] is None:
+        return a[0] > b[0]
+    return a[1] - a[0] < b[1] - b[0]
 
 
 def read_server_memory(
@@ -513,8 +567,10 @@ def read_server_memory(
     return reader.read()
 
 
-def _read_process(pid: int, proc_root: Path, *, with_pss: bool) -> tuple[int, int | None, str] | None:
-    """(rss_bytes, pss_bytes or None, why PSS is None) of one process; ``None`` when it is gone."""
+def _read_process(
+    pid: int, proc_root: Path, *, with_pss: bool
+) -> tuple[int, int | None, str, int | None] | None:
+    """(rss_bytes, pss_bytes or None, why PSS is None, VmData) of one process; ``None`` when it is gone."""
     base = proc_root / str(pid)
     try:
         status = parse_proc_status(_read_proc_file(base / "status"))
@@ -523,20 +579,21 @@ def _read_process(pid: int, proc_root: Path, *, with_pss: bool) -> tuple[int, in
     except OSError:
         return None  # hidden (hidepid): as good as gone from here
     if status.rss_bytes is None:
-        return 0, 0, ""  # no memory map (exiting, or a kernel thread)
+        return 0, 0, "", None  # no memory map (exiting, or a kernel thread)
+    data = status.data_bytes
     if not with_pss:
-        return status.rss_bytes, None, ""
+        return status.rss_bytes, None, "", data
     try:
         pss = parse_smaps_rollup(_read_proc_file(base / "smaps_rollup"))
     except (FileNotFoundError, ProcessLookupError):
         if not base.exists():
             return None
-        return status.rss_bytes, None, "no smaps_rollup: Linux < 4.14"
+        return status.rss_bytes, None, "no smaps_rollup: Linux < 4.14", data
     except OSError as err:
-        return status.rss_bytes, None, _why(err)
+        return status.rss_bytes, None, _why(err), data
     if pss is None:
-        return status.rss_bytes, None, "no Pss line in smaps_rollup"
-    return status.rss_bytes, pss, ""
+        return status.rss_bytes, None, "no Pss line in smaps_rollup", data
+    return status.rss_bytes, pss, "", data
 
 
 def _read_proc_file(path: Path) -> str:

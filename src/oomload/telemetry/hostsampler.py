@@ -85,6 +85,18 @@ SERIES: tuple[tuple[str, str, str, str], ...] = (
         "Times the memory cgroup's usage hit its limit.",
         "counter",
     ),
+    (
+        "oomload_server_data_bytes",
+        "data_bytes",
+        "VmData of the server's process nearest its data limit (the largest without one).",
+        "gauge",
+    ),
+    (
+        "oomload_server_data_limit_bytes",
+        "data_limit_bytes",
+        "That process's soft RLIMIT_DATA (absent: no process has one).",
+        "gauge",
+    ),
 )
 INFO_SERIES = "oomload_server_memory_info"
 TIMESTAMP_SERIES = "oomload_server_memory_sample_timestamp_seconds"
@@ -452,6 +464,10 @@ def parse_server_memory_text(text: str, *, t_unix_s: float, source: str) -> Serv
         "cgroup_events_max": number("oomload_cgroup_memory_max_events_total"),
         "alive": values.get("oomload_server_alive", 1.0) != 0,
     }
+    data = number("oomload_server_data_bytes")
+    if data is not None:
+        line["data_bytes"] = data
+        line["data_limit_bytes"] = number("oomload_server_data_limit_bytes")
     if info.get("error"):
         line["error"] = info["error"]
     return line

@@ -8,7 +8,11 @@ file                             what is kept
                                  *last* ``)``: it may hold spaces and parentheses of its own
 ``/proc/PID/task/*/schedstat``   a thread's time on a CPU, time runnable but waiting for one (the
                                  run-queue delay), time slices (``Schedstat``, nanoseconds)
-``/proc/PID/status``             ``Name``, ``VmRSS``, ``VmHWM`` (``kB`` lines; the kernel's kB is KiB)
+``/proc/PID/status``             ``Name``, ``VmRSS``, ``VmHWM``, ``VmData`` (``kB`` lines; the kernel's
+                                 kB is KiB)
+``/proc/PID/limits``             the soft limit of ``Max data size`` (``RLIMIT_DATA``: ``prlimit
+                                 --data``, ``ulimit -d``), ``unlimited`` = no limit; columns aligned
+                                 by spaces after a name that holds spaces
 ``/proc/PID/smaps_rollup``       ``Pss``
 ``/proc/PID/cgroup``             ``hierarchy:controllers:path`` lines: v2 ``0::/path``, v1
                                  ``4:memory:/path`` or ``4:cpu,memory:/path``
@@ -100,6 +104,7 @@ class ProcStatus:
     name: str | None
     rss_bytes: int | None  # VmRSS
     hwm_bytes: int | None  # VmHWM, the peak RSS
+    data_bytes: int | None = None  # VmData: private writable memory, what RLIMIT_DATA bounds
 
 
 def parse_proc_status(text: str) -> ProcStatus:
@@ -109,7 +114,21 @@ def parse_proc_status(text: str) -> ProcStatus:
         name=fields.get("Name"),
         rss_bytes=_kib_bytes(fields.get("VmRSS")),
         hwm_bytes=_kib_bytes(fields.get("VmHWM")),
+        data_bytes=_kib_bytes(fields.get("VmData")),
     )
+
+
+DATA_LIMIT = "Max data size"
+
+
+def parse_data_limit(text: str) -> int | None:
+    """``/proc/PID/limits`` → the soft ``Max data size`` in bytes (``None``: unlimited, or no such
+    line). ``ValueError`` for a line that is neither a number nor ``unlimited``."""
+    for line in text.splitlines():
+        if line.startswith(DATA_LIMIT):
+            soft = line[len(DATA_LIMIT) :].split()[0]
+            return None if soft == "unlimited" else int(soft)
+    return None
 
 
 def parse_smaps_rollup(text: str) -> int | None:

@@ -470,6 +470,13 @@ def _memory_advice(verdict: Verdict) -> str | None:
             "CPU-side caches (swap space, the CPU KV cache) inside the limit."
         )
     if cause.kind is DeathKind.CPU_OOM:
+        memory = verdict.server_memory
+        if memory is not None and memory.data_limit_text is not None:
+            return (
+                f"The server's host memory ran out under a per-process data limit ({memory.data_limit_text}; "
+                "prlimit --data or ulimit -d): besides the prefill bound, raise that limit above what a "
+                "process needs with headroom."
+            )
         return (
             "The server's host memory ran out: besides the prefill bound, check the process or container "
             "limit it runs under."

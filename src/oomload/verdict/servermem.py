@@ -9,6 +9,10 @@ host's, shared with other processes (``ServerMemoryRow.used_bytes``).
 ``summarize_server_memory(view)`` gives ``ServerMemory``:
 
 * the samples, the first and the peak used bytes, and the limit (the cgroup's, when it has one);
+* a per-process data limit (``RLIMIT_DATA``: ``prlimit --data``, ``ulimit -d``), when a process of the
+  tree has one: the smallest limit seen and the highest ``VmData`` a process near its limit reached
+  (``data_limit_bytes``, ``data_peak_bytes``). It bounds each process apart, not the tree's sum, so
+  it is stated beside the tree's peak, never as its limit;
 * per measured step, the used bytes at its first sample and its peak (``StepMemory``), so the death
   line can say "the server's memory rose from 1.7 to 2.0 GiB of its 2.1 GiB limit over step 4";
 * ``oom_kills``: how far the cgroup's ``oom_kill`` counter rose during the run (the kernel killed a
@@ -56,6 +60,16 @@ class ServerMemory:
     oom_kills: int  # rise of the cgroup's oom_kill counter over the run
     by_step: tuple[StepMemory, ...] = ()
     problems: tuple[str, ...] = ()
+    data_limit_bytes: int | None = None  # the smallest per-process RLIMIT_DATA seen (None: none)
+    data_peak_bytes: int | None = None  # the highest VmData of a process under that limit
+
+    @property
+    def data_limit_text(self) -> str | None:
+        """ "each process's data limit 1.2 GiB, the fullest at 1.1 GiB" (``None``: no limit)."""
+        if self.data_limit_bytes is None:
+            return None
+        fullest = "" if self.data_peak_bytes is None else f", the fullest at {gib(self.data_peak_bytes)}"
+        return f"each process's data limit {gib(self.data_limit_bytes)}{fullest}"
 
     def step(self, index: int) -> StepMemory | None:
         return next((s for s in self.by_step if s.step == index), None)
@@ -80,7 +94,11 @@ class ServerMemory:
         """One line for the report: the peak, the limit, the samples, OOM kills."""
         if self.peak_bytes is None:
             return f"{self.samples} samples, none readable" + _problems(self.problems)
-        limit = "no limit" if self.limit_bytes is None else f"limit {gib(self.limit_bytes)}"
+        limit = "no cgroup limit" if self.limit_bytes is None else f"limit {gib(self.limit_bytes)}"
+        if self.data_limit_text is not None:
+            limit += f", {self.data_limit_text}"
+        elif self.limit_bytes is None:
+            limit = "no limit"
         kills = f"; the kernel's OOM killer fired {self.oom_kills}×" if self.oom_kills else ""
         first = "" if self.first_bytes is None else f"{gib(self.first_bytes)} at the start, "
         return f"{first}peak {gib(self.peak_bytes)} ({limit}; {self.samples} samples){kills}"
@@ -93,6 +111,8 @@ class ServerMemory:
             "peak_bytes": self.peak_bytes,
             "limit_bytes": self.limit_bytes,
             "oom_kills": self.oom_kills,
+            "data_limit_bytes": self.data_limit_bytes,
+            "data_peak_bytes": self.data_peak_bytes,
             "by_step": [
                 {
                     "step": s.step,
@@ -114,6 +134,7 @@ def summarize_server_memory(view: RunView) -> ServerMemory | None:
         return None
     used = [r.used_bytes for r in rows if r.used_bytes is not None]
     limits = [r.cgroup_limit_bytes for r in rows if r.cgroup_limit_bytes is not None]
+    limited = [r for r in rows if r.data_limit_bytes is not None]
     by_step = []
     for step in view.steps:
         values = [r.used_bytes for r in step.server_memory if r.used_bytes is not None]
@@ -129,6 +150,8 @@ def summarize_server_memory(view: RunView) -> ServerMemory | None:
         oom_kills=_counter_rise([r.cgroup_oom_kill for r in rows]),
         by_step=tuple(by_step),
         problems=tuple(dict.fromkeys(r.error for r in rows if r.error)),
+        data_limit_bytes=min((r.data_limit_bytes or 0 for r in limited), default=None),
+        data_peak_bytes=max((r.data_bytes for r in limited if r.data_bytes is not None), default=None),
     )
 
 

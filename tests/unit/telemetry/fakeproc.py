@@ -42,7 +42,15 @@ def stat_text(pid: int, comm: str, state: str, ppid: int, start_ticks: int) -> s
     return f"{pid} ({comm}) " + " ".join(fields) + "\n"
 
 
-def status_text(pid: int, ppid: int, name: str, state: str, rss_kib: int | None, hwm_kib: int | None) -> str:
+def status_text(
+    pid: int,
+    ppid: int,
+    name: str,
+    state: str,
+    rss_kib: int | None,
+    hwm_kib: int | None,
+    data_kib: int | None = None,
+) -> str:
     """``/proc/PID/status``; a process without a memory map (a zombie) has no ``Vm*``/``Rss*`` lines."""
     states = {"R": "R (running)", "S": "S (sleeping)", "Z": "Z (zombie)", "D": "D (disk sleep)"}
     lines = [
@@ -73,11 +81,35 @@ def status_text(pid: int, ppid: int, name: str, state: str, rss_kib: int | None,
             f"RssAnon:\t{rss_kib // 2:8d} kB",
             f"RssFile:\t{rss_kib - rss_kib // 2:8d} kB",
             f"RssShmem:\t{0:8d} kB",
-            f"VmData:\t{rss_kib:8d} kB",
+            f"VmData:\t{rss_kib if data_kib is None else data_kib:8d} kB",
             f"VmStk:\t{132:8d} kB",
             f"VmSwap:\t{0:8d} kB",
         ]
     lines += ["Threads:\t1", "SigQ:\t0/63421", "voluntary_ctxt_switches:\t12"]
+    return "\n".join(lines) + "\n"
+
+
+LIMITS = (  # (name, units) in fs/proc/base.c's order
+    ("Max cpu time", "seconds"),
+    ("Max file size", "bytes"),
+    ("Max data size", "bytes"),
+    ("Max stack size", "bytes"),
+    ("Max core file size", "bytes"),
+    ("Max resident set", "bytes"),
+    ("Max processes", "processes"),
+    ("Max open files", "files"),
+    ("Max locked memory", "bytes"),
+    ("Max address space", "bytes"),
+)
+
+
+def limits_text(data_limit: int | None) -> str:
+    """``/proc/PID/limits`` as ``proc_pid_limits`` writes it: fixed-width columns, ``unlimited`` for
+    RLIM_INFINITY; only the data size limited (soft and hard alike) when ``data_limit`` is given."""
+    lines = [f"{'Limit':<25s} {'Soft Limit':<20s} {'Hard Limit':<20s} {'Units':<10s}"]
+    for name, units in LIMITS:
+        value = str(data_limit) if name == "Max data size" and data_limit is not None else "unlimited"
+        lines.append(f"{name:<25s} {value:<20s} {value:<20s} {units:<10s}")
     return "\n".join(lines) + "\n"
 
 
@@ -131,16 +163,20 @@ class FakeHost:
         pss_kib: int | None = 600,
         cgroup: str = "0::/\n",
         sockets: tuple[int, ...] = (),
+        data_kib: int | None = None,
+        data_limit: int | None = None,
     ) -> Path:
-        """A process directory: ``stat``, ``status``, ``smaps_rollup`` (unless ``pss_kib`` is None),
-        ``cgroup``, and ``fd/`` with a ``socket:[inode]`` link per socket (plus stdin/out/err); an
-        existing one is replaced."""
+        """A process directory: ``stat``, ``status`` (``VmData`` ``data_kib``, else ``rss_kib``),
+        ``smaps_rollup`` (unless ``pss_kib`` is None), ``limits`` (``Max data size`` ``data_limit``
+        bytes, else unlimited), ``cgroup``, and ``fd/`` with a ``socket:[inode]`` link per socket (plus
+        stdin/out/err); an existing one is replaced."""
         base = self.proc / str(pid)
         shutil.rmtree(base, ignore_errors=True)
         (base / "fd").mkdir(parents=True)
         (base / "net").mkdir()
         (base / "stat").write_text(stat_text(pid, comm, state, ppid, start_ticks))
-        (base / "status").write_text(status_text(pid, ppid, comm[:15], state, rss_kib, None))
+        (base / "status").write_text(status_text(pid, ppid, comm[:15], state, rss_kib, None, data_kib))
+        (base / "limits").write_text(limits_text(data_limit))
         if pss_kib is not None and rss_kib is not None:
             (base / "smaps_rollup").write_text(smaps_rollup_text(rss_kib, pss_kib))
         elif rss_kib is None:

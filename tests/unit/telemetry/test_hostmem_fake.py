@@ -66,8 +66,28 @@ def test_tree_sums_and_v2_cgroup_with_peak_limit_and_oom_kills(host: FakeHost) -
         "cgroup_oom_kill": 2,
         "cgroup_events_max": 12,
         "alive": True,
+        "data_bytes": 2_000_000 * KIB,  # no process has a data limit: the largest VmData
+        "data_limit_bytes": None,
     }
     assert read(host, 100)["processes"] == 5  # from the launcher: it and the whole server
+
+
+def test_the_process_nearest_its_data_limit(host: FakeHost) -> None:
+    """``prlimit --data`` on the launcher: every process inherits it and each is bounded apart; the line
+    names the one with the least headroom, not the largest, and not the tree's sum."""
+    limit = 1_300_000_000
+    cgroup = "0::/user.slice\n"
+    host.process(100, 1, comm="prlimit", rss_kib=3000, data_kib=500, data_limit=limit, cgroup=cgroup)
+    host.process(200, 100, comm="vllm", rss_kib=400_000, data_kib=1_000_000, data_limit=limit, cgroup=cgroup)
+    host.process(300, 200, comm="VLLM::EngineCor", rss_kib=900_000, data_kib=1_250_000, data_limit=limit)
+    host.process(400, 300, comm="VLLM::Worker", rss_kib=1_500_000, data_kib=1_200_000, data_limit=2 * limit)
+    host.cgroup_v2("/user.slice", current=6 * GIB, max_bytes=None, peak=None, oom_kill=0)
+    line = read(host, 100)
+    assert (line["data_bytes"], line["data_limit_bytes"]) == (1_250_000 * KIB, limit)
+    assert line["rss_bytes"] == (3000 + 400_000 + 900_000 + 1_500_000) * KIB
+    # a limit set on a running process (prlimit --pid) is read for a process seen for the first time
+    host.process(401, 300, comm="VLLM::Worker", rss_kib=10, data_kib=1_000, data_limit=1_100_000)
+    assert (read(host, 100)["data_bytes"], read(host, 100)["data_limit_bytes"]) == (1_000 * KIB, 1_100_000)
 
 
 def test_v2_without_peak_and_without_limit(host: FakeHost) -> None:

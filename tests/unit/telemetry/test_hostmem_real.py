@@ -4,6 +4,7 @@ grandchild, a child that listens on a loopback port and forks."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -47,10 +48,19 @@ time.sleep(300)
 
 
 @contextmanager
-def program(source: str, others: slice) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
-    """Run ``source`` in a child Python; yield it and the words of its first line; kill it and the
-    processes whose pids are ``others`` of those words."""
-    proc = subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE, text=True)
+def program(
+    source: str, others: slice, data_limit: int | None = None
+) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """Run ``source`` in a child Python (under an ``RLIMIT_DATA`` of ``data_limit`` bytes, its own and
+    its children's); yield it and the words of its first line; kill it and the processes whose pids are
+    ``others`` of those words."""
+
+    def limit() -> None:
+        if data_limit is not None:
+            resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
+
+    command = [sys.executable, "-c", source]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, preexec_fn=limit)
     assert proc.stdout is not None
     words = proc.stdout.readline().split()
     try:
@@ -83,6 +93,20 @@ def test_a_real_tree_holds_what_it_allocated() -> None:
         if line["cgroup_current_bytes"] is not None:  # this machine's memory cgroup holds the child
             assert line["cgroup"] is not None and line["cgroup"][:3] in ("v1:", "v2:")
             assert line["cgroup_current_bytes"] >= HOLD_BYTES
+
+
+def test_a_real_data_limit_and_the_process_nearest_it() -> None:
+    """``prlimit --data`` as the memory-death harness uses it: the limit is inherited, and the line
+    carries the holder's VmData (it allocated HOLD_BYTES) against it."""
+    data_limit = 1024 * MIB
+    with program(HOLDER, slice(0, 1), data_limit=data_limit) as (proc, _):
+        line = read_server_memory(proc.pid)
+        assert line["data_limit_bytes"] == data_limit
+        assert "data_bytes" in line and HOLD_BYTES <= line["data_bytes"] <= data_limit
+    with program(HOLDER, slice(0, 1)) as (proc, _):  # this test's own limit, inherited: usually none
+        own = resource.getrlimit(resource.RLIMIT_DATA)[0]
+        line = read_server_memory(proc.pid)
+        assert line["data_limit_bytes"] == (None if own == resource.RLIM_INFINITY else own)
 
 
 def test_a_dead_real_root_leaves_its_orphan_counted() -> None:

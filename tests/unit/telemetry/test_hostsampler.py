@@ -256,6 +256,8 @@ def sample_line(**changes: object) -> ServerMemoryLine:
         "cgroup_oom_kill": 1,
         "cgroup_events_max": 12,
         "alive": True,
+        "data_bytes": 1_200_000_000,
+        "data_limit_bytes": 1_300_000_000,
     }
     line.update(changes)  # type: ignore[typeddict-item]
     return line
@@ -287,6 +289,16 @@ def test_unknown_values_are_absent_series_and_come_back_none() -> None:
     assert "oomload_cgroup_memory_limit_bytes" not in text
     assert "oomload_server_alive 0\n" in text
     assert parse_server_memory_text(text, t_unix_s=1.5, source="local") == line
+
+
+def test_a_data_limit_travels_and_its_absence_too() -> None:
+    unlimited = sample_line(data_limit_bytes=None)
+    text = render_server_memory_text(unlimited)
+    assert "oomload_server_data_bytes 1200000000\n" in text and "oomload_server_data_limit_bytes" not in text
+    assert parse_server_memory_text(text, t_unix_s=1.5, source="local") == unlimited
+    unread = sample_line()
+    del unread["data_bytes"], unread["data_limit_bytes"]  # a simulator's line, or an older sampler's
+    assert parse_server_memory_text(render_server_memory_text(unread), t_unix_s=1.5, source="local") == unread
 
 
 def test_text_that_is_not_a_server_memory_endpoint() -> None:

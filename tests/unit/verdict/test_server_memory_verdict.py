@@ -40,6 +40,9 @@ def _memory(
                 "cgroup_events_max": None,
                 "alive": alive,
             }
+            if "data_limit" in extra:  # the worker, nearest its data limit, holds 0.7 of the tree
+                line["data_bytes"] = int(used * 0.7) if alive else 0
+                line["data_limit_bytes"] = extra["data_limit"]
             fh.write(json.dumps(line) + "\n")
 
 
@@ -80,6 +83,22 @@ def test_a_cpu_allocation_in_the_log_names_the_kind_the_size_and_the_memory_of_t
     rule = parse_gate("no-oom-up-to:4")
     result = evaluate_gate(rule, v)
     assert result.status is GateStatus.FAIL and "an OOM (an activation peak" in result.reason
+
+
+def test_a_cpu_allocation_under_a_data_limit_names_the_limit_not_no_limit(tmp_path: Path) -> None:
+    """``prlimit --data`` as the memory-death harness runs it: no cgroup limit, a per-process one. The
+    finding states it beside the tree's peak, and the advice names it instead of "check the limit"."""
+    limit = int(1.45 * GIB)
+    v = _died(tmp_path, log=(LOGS / "cpu-oom-0.32.txt").read_text(), exit_status=0, data_limit=limit)
+    memory = next(f for f in describe(v, recommend(v)) if f.key == "server_memory")
+    said = "(no cgroup limit, each process's data limit 1.4 GiB, the fullest at 1.4 GiB; 60 samples)"
+    assert said in memory.text
+    assert "no limit;" not in memory.text
+    assert memory.severity == "warn"  # the fullest process within NEAR_LIMIT_SHARE of its limit
+    reasoning = recommend(v).reasoning
+    assert "ran out under a per-process data limit (each process's data limit 1.4 GiB" in reasoning
+    assert "check the process or container limit" not in reasoning
+    assert v.server_memory is not None and v.server_memory.to_json()["data_limit_bytes"] == limit
 
 
 def test_a_silent_sigkill_at_the_containers_limit_is_the_kernels_oom_kill(tmp_path: Path) -> None:

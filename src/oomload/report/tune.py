@@ -143,11 +143,17 @@ def _row(c: Candidate, goal: int | None) -> list[str]:
     ]
 
 
-def _verdict(p: Proof) -> str:
+STARVED_MARK = "*"  # the terminal's short "(the load host limits)", explained under its table
+
+
+def _verdict(p: Proof, *, short: bool = False) -> str:
     """``carries``, ``rejected`` (preempted, died, SLO, overflow) or ``no evidence`` (the step held
-    neither the target nor its cap: no verdict, search rule 5), with the load host when it limited."""
+    neither the target nor its cap: no verdict, search rule 5), with the load host when it limited
+    (``short``: marked ``STARVED_MARK``, for an 80-column table)."""
     if p.no_evidence:
-        return "no evidence (the load host limits)" if p.starved else "no evidence"
+        if not p.starved:
+            return "no evidence"
+        return f"no evidence{STARVED_MARK}" if short else "no evidence (the load host limits)"
     return "carries" if p.carries else "rejected"
 
 
@@ -204,12 +210,14 @@ def print_tune(record: TuneRecord, console: Console) -> None:
         words = name in ("flags", "started", "verdict")  # the rest are numbers: right-justified
         table.add_column(name, no_wrap=not wraps, min_width=len(name), justify="left" if words else "right")
     for c, row in zip(record.candidates, rows(record), strict=True):
-        verdict = "no start" if not c.started or c.proof is None else _verdict(c.proof)
+        verdict = "no start" if not c.started or c.proof is None else _verdict(c.proof, short=True)
         cells = [cell.replace(NO_SHARING, "") for cell in row[5:11]]
         table.add_row(*(escape(cell) for cell in (row[0], _short(c), row[2], *cells, verdict)))
     console.print(table)
     if any(NO_SHARING in row[6] for row in rows(record)):
         console.print("  prod.: the trace carries no shared prefixes (= worst case)")
+    if any(c.proof is not None and c.proof.no_evidence and c.proof.starved for c in record.candidates):
+        console.print(f"  {STARVED_MARK}: the load host limits, not the server (its line below says how)")
     for c in record.candidates:
         why = c.failure.message if c.failure is not None else (c.proof.evidence if c.proof else "")
         console.print(f"  #{c.index} {escape(c.rule)}: {escape(why)}", soft_wrap=True)

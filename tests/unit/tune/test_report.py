@@ -108,6 +108,13 @@ def test_a_tune_stopped_for_the_load_host_says_so_on_every_page_and_in_tune_json
             and "No winner: the tune stopped without evidence" in page
         )
         assert "the load host limits: candidate 1" in page
+    out = io.StringIO()  # the terminal marks it and says what the mark means: one line a candidate
+    print_tune(record, Console(file=out, width=80, color_system=None))
+    lines = out.getvalue().splitlines()
+    row = next(line for line in lines if line.startswith("1 "))
+    table = lines[: lines.index(next(line for line in lines if line.startswith("  #1 ")))]
+    assert row.endswith("ms no evidence*") and max(map(len, table)) <= 80
+    assert any(line.startswith("  *: the load host limits, not the server") for line in table)
     obj = json.loads(json.dumps(record.to_json()))
     assert obj["status"] == "no_evidence" and obj["candidates"][0]["proof"]["outcome"] == "no evidence"
     assert obj["candidates"][0]["proof"]["load_host_starved"] == starved

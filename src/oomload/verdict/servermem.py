@@ -65,10 +65,12 @@ class ServerMemory:
 
     @property
     def data_limit_text(self) -> str | None:
-        """ "each process's data limit 1.2 GiB, the fullest at 1.1 GiB" (``None``: no limit)."""
+        """ "each process's data limit 1.2 GiB, the fullest at 1.2 GiB (98%)" (``None``: no limit)."""
         if self.data_limit_bytes is None:
             return None
-        fullest = "" if self.data_peak_bytes is None else f", the fullest at {gib(self.data_peak_bytes)}"
+        peak = self.data_peak_bytes
+        share = f" ({peak / self.data_limit_bytes:.0%})" if self.data_limit_bytes else ""
+        fullest = "" if peak is None else f", the fullest at {gib(peak)}{share}"
         return f"each process's data limit {gib(self.data_limit_bytes)}{fullest}"
 
     def step(self, index: int) -> StepMemory | None:

@@ -91,7 +91,7 @@ def test_a_cpu_allocation_under_a_data_limit_names_the_limit_not_no_limit(tmp_pa
     limit = int(1.45 * GIB)
     v = _died(tmp_path, log=(LOGS / "cpu-oom-0.32.txt").read_text(), exit_status=0, data_limit=limit)
     memory = next(f for f in describe(v, recommend(v)) if f.key == "server_memory")
-    said = "(no cgroup limit, each process's data limit 1.4 GiB, the fullest at 1.4 GiB; 60 samples)"
+    said = "(no cgroup limit, each process's data limit 1.4 GiB, the fullest at 1.4 GiB (95%); 60 samples)"
     assert said in memory.text
     assert "no limit;" not in memory.text
     assert memory.severity == "warn"  # the fullest process within NEAR_LIMIT_SHARE of its limit

@@ -335,7 +335,7 @@ def _up_to(verdict: Verdict) -> str:
 def load_delivered(verdict: Verdict) -> Finding:
     """Whether the server held the load each level asked for, by its own counters (``serverside``)."""
     label = "Load delivered"
-    steps = [s for s in verdict.measured_steps if s.requests]
+    steps = [s for s in verdict.measured_steps if s.requests and not s.reached_at_death]
     short = [s for s in steps if s.concurrency_held is False]
     if short:
         worst = min(short, key=lambda s: (s.delivered_concurrency or 0.0) / s.concurrency)

@@ -34,7 +34,11 @@ included, as a cgroup counts it. When a growth would take RSS over it:
   with the CPU allocator's words (``oomload.sim.vllmlog``) and exits 1.
 
 Not modelled: page cache and kernel memory a cgroup also charges, swap, a step's transient host
-activations (the CPU build's largest allocation), and memory that falls back after a leak.
+activations (the CPU build's largest allocation), memory that falls back after a leak, and the limit
+itself: ``process`` refuses growth in the model, with no real ``RLIMIT_DATA`` (one would fail the
+interpreter's own allocations at random places first), so the sampler reads none in
+``/proc/PID/limits`` and the "Server memory" finding says "no limit" where a real server under
+``prlimit --data`` states it.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ Warnings (they lower the level):
 
 Information (no effect on the level): ``transport_errors`` (client-side, not casualties of an engine
 death), ``preemption_counter_mismatch``, ``after_death`` (a step that measured a dead server),
+``held_until_death`` (the step the engine died in, below the line only because the death ended it:
+its level was in flight when it died, ``StepFacts.reached_at_death``),
 ``cancelled`` (requests oomload abandoned), ``no_cache_config``, ``no_trace``, ``unassigned_requests``.
 
 Level: **high** without warnings; **low** with a critical warning (``no_steps``, ``non_monotone``,
@@ -82,7 +84,13 @@ def step_notes(steps: Sequence[StepFacts], min_requests: int) -> list[Confidence
             notes.append(_warn("few_requests", f"{where} {text}; its numbers are anecdotal", s))
         if s.mostly_failed:
             notes.append(_warn("requests_failed", f"{where}: {s.failed_text}; it is no evidence", s))
-        if s.concurrency_held is False:  # the text names the figure that decided, and whose it is
+        if s.concurrency_held is False and s.reached_at_death:  # the death cut the mean, not the client
+            text = (
+                f"{where}: the engine died with {s.in_flight_at_death} requests in flight; "
+                f"{s.not_held_text} ends with the death"
+            )
+            notes.append(_info("held_until_death", text, s))
+        elif s.concurrency_held is False:  # the text names the figure that decided, and whose it is
             share = f"{ACHIEVED_CONCURRENCY_MIN_SHARE:.0%}"
             text = f"{where}: {s.not_held_text}, below {share} of the target {s.concurrency}: not trusted"
             notes.append(_warn("concurrency_not_held", text, s))

@@ -68,9 +68,12 @@ class ServerMemory:
         """ "each process's data limit 1.2 GiB, the fullest at 1.2 GiB (98%)" (``None``: no limit)."""
         if self.data_limit_bytes is None:
             return None
-        peak = self.data_peak_bytes
-        share = f" ({peak / self.data_limit_bytes:.0%})" if self.data_limit_bytes else ""
-        fullest = "" if peak is None else f", the fullest at {gib(peak)}{share}"
+        peak, limit = self.data_peak_bytes, self.data_limit_bytes
+        fullest = (
+            ""
+            if peak is None
+            else f", the fullest at {gib(peak)}" + (f" ({peak / limit:.0%})" if limit else "")
+        )
         return f"each process's data limit {gib(self.data_limit_bytes)}{fullest}"
 
     def step(self, index: int) -> StepMemory | None:

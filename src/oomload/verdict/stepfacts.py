@@ -32,7 +32,11 @@
 * the load generator's own figures per process (``loadgen``: CPU used, CPU wait, loop lag, from the
   end line; ``oomload.verdict.loadgen`` judges whether it was starved);
 * the *achieved* concurrency: the time-weighted mean number of requests in flight during the step
-  (from every request's own start/end times), to compare with the target;
+  (from every request's own start/end times), to compare with the target. In the step the engine died
+  in, the death ends that mean early (requests fail fast, the step is cut): when the requests in
+  flight at the death (``in_flight_at_death``, the death's casualties) reached the held share of the
+  level, the level was reached when it mattered (``reached_at_death``), and its low mean is the
+  death's, not the load generator's;
 * the *server's* side (``oomload.rundir.serverside``): the mean requests in vLLM, in its engine and queued,
   by Little's law on its latency-sum counters between the scrape that opened the step and the last
   one in it, and the server's share of the client's time for the requests that ended in between
@@ -157,6 +161,7 @@ class StepFacts:
     server_process_used_max_bytes: int | None
     casualties: Mapping[str, int] = field(default_factory=dict)  # failed because the engine died
     died_here: bool = False  # the engine died in this step (its casualties are charged here)
+    in_flight_at_death: int | None = None  # the death's casualties, in the step it died in
     after_death: bool = False  # started after the engine died: measures a dead server
     counter_mismatch: tuple[int, int] | None = None  # (delta sum, counter rise) when they disagree
     waiting_sustained: int | None = None  # waiting reached in consecutive scrapes (oomload.verdict.gauges)
@@ -263,6 +268,15 @@ class StepFacts:
         if delivered is None:
             return None
         return delivered >= ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency or self.held_by_saturation
+
+    @property
+    def reached_at_death(self) -> bool:
+        """The engine died in this step with at least the held share of its level in flight (module
+        docstring): a mean below the line here is the death's doing."""
+        return (
+            self.in_flight_at_death is not None
+            and self.in_flight_at_death >= ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency
+        )
 
     @property
     def held_by_saturation(self) -> bool:
@@ -437,6 +451,7 @@ def summarize_step(
         ),
         casualties=casualties,
         died_here=died_here,
+        in_flight_at_death=len(casualty_ids) if died_here else None,
         after_death=after_death,
         counter_mismatch=mismatch,
         waiting_sustained=_int_or_none(sustained_level([_num(m.num_requests_waiting) for m in ok_metrics])),

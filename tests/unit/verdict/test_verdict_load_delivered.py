@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
+from oomload.outcome import Outcome
 from oomload.report.findings import STEP_COLUMNS, describe, load_delivered, step_row
 from oomload.verdict import build_verdict
 from oomload.verdict.gate import evaluate_gate, parse_gate
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run
-from runbuilder import CPU_CACHE, StepSpec, write_run
+from runbuilder import CPU_CACHE, T0, StepSpec, request, write_run
 
 
 def _verdict(tmp_path: Path, steps: list[StepSpec]) -> Any:
@@ -166,3 +167,37 @@ def test_a_level_held_only_by_the_servers_queue_says_so(tmp_path: Path) -> None:
     assert step.concurrency_held is True and step.held_by_saturation
     assert not [n for n in verdict.notes if n.kind == "concurrency_not_held"]
     assert "held: requests waited in vLLM in" in load_delivered(verdict).text
+
+
+def _death_at_8(tmp_path: Path, in_flight: int) -> Any:
+    """Steps 2, 4, 8 of 10 s each; at 8 the engine dies 1 s in with ``in_flight`` requests under it, so
+    the step's mean in flight is a tenth of that, whatever the load generator could do."""
+    extra = [request(f"dead{i}", 2, 8, 20.0, 21.0, Outcome.ENGINE_DEAD) for i in range(in_flight)]
+    events = [{"kind": "server_dead", "t_unix_s": T0 + 21.5, "evidence": "/health HTTP 503"}]
+    steps = [StepSpec(2, requests=24), StepSpec(4, requests=24), StepSpec(8, requests=0)]
+    run = write_run(tmp_path / "run", steps, extra_requests=extra, events=events, cache_config=CPU_CACHE)
+    return build_verdict(load_run(run))
+
+
+def test_the_step_the_engine_died_in_with_its_level_in_flight_is_not_a_load_caveat(tmp_path: Path) -> None:
+    """Seen on the real vLLM: a death at 16 with 16 requests in flight, a mean of 6.0 over the step. The
+    mean is the death's: an informational note, no "not trusted" warning, no "not held" level."""
+    verdict = _death_at_8(tmp_path, in_flight=8)
+    step = verdict.steps[2]
+    assert verdict.engine_death is not None and verdict.engine_death.concurrency == 8
+    assert step.died_here and step.in_flight_at_death == 8 and step.reached_at_death
+    assert step.concurrency_held is False  # the figure itself stays what it was
+    assert not [n for n in verdict.notes if n.kind == "concurrency_not_held"]
+    note = next(n for n in verdict.notes if n.kind == "held_until_death")
+    assert note.severity == "info" and note.message.startswith(
+        "step 2 (concurrency 8): the engine died with 8 requests in flight; the load generator held 0.8"
+    )
+    assert "not held" not in load_delivered(verdict).text
+
+
+def test_a_death_before_its_level_was_reached_keeps_the_warning(tmp_path: Path) -> None:
+    verdict = _death_at_8(tmp_path, in_flight=3)  # 3 of 8 in flight when it died: the level never stood
+    step = verdict.steps[2]
+    assert step.in_flight_at_death == 3 and not step.reached_at_death
+    assert [n.step for n in verdict.notes if n.kind == "concurrency_not_held"] == [2]
+    assert "1 of 3 level(s) not held: concurrency 8 (step 2)" in load_delivered(verdict).text

@@ -25,7 +25,7 @@ from typing import Any
 from rich.markup import escape
 
 from oomload.errors import OomloadError
-from oomload.rundir.records import ServerMemoryRow
+from oomload.rundir.servermemory import ServerMemoryRow
 from oomload.verdict.runview import SERVER_LOG
 
 MEMORY_FILE = "server_memory.jsonl"

@@ -56,7 +56,8 @@ from oomload.run.serverwatch import ServerEvidence
 from oomload.run.snapshot import FinalState, PlanState, TelemetrySnapshot
 from oomload.run.worker_pool import WorkerPool, free_port
 from oomload.rundir import RunReader, RunWriter
-from oomload.rundir.records import ServerMemoryRow, StepEndLine
+from oomload.rundir.records import StepEndLine
+from oomload.rundir.servermemory import ServerMemoryRow
 from oomload.trace.model import TraceRecord
 
 if TYPE_CHECKING:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oomload.capacity.schedule import StepPlan
-from oomload.rundir.records import GpuSampleRow, MetricsRow, ServerMemoryRow
+from oomload.rundir.records import GpuSampleRow, MetricsRow
+from oomload.rundir.servermemory import ServerMemoryRow
 from oomload.trace.stats import percentile
 
 

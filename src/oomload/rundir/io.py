@@ -23,7 +23,7 @@ file                        content
 ``metrics.jsonl``           vLLM ``/metrics`` scrapes: ``{"t_unix_s", "ok", …}`` (see
                             ``oomload.telemetry``)
 ``gpu.jsonl``               GPU memory samples (NVML, DCGM or a remote sampler)
-``server_memory.jsonl``     the server's own host memory (``rundir.records.ServerMemoryLine``)
+``server_memory.jsonl``     the server's own host memory (``rundir.servermemory.ServerMemoryLine``)
 ``server.log``              the server's log during the run (``--serve``, the simulator, a
                             followed ``--server-log``)
 ``server_exit.json``        how a server oomload started ended (``oomload.run.served``)

@@ -16,8 +16,9 @@
   they stay out of Locust's gevent loop) and streams ``gpu.jsonl``; ``ServerMemoryProcess`` does the
   same for the server's host memory (``oomload sample --no-gpu``: ``server_memory.jsonl``).
 * ``procfs`` (pure): the kernel's ``/proc`` and memory cgroup files, parsed as Linux writes them.
-* ``hostmem``: the server's own host memory (its process tree's RSS/PSS, its memory cgroup) read
-  from ``/proc`` and ``/sys/fs/cgroup`` into one ``server_memory.jsonl`` line; the listener of a port.
+* ``proctree``: the processes from ``/proc``: every process, one's tree, the listener of a port.
+* ``hostmem``: the server's own host memory (its process tree's RSS/PSS and data limit, its memory
+  cgroup) read from ``/proc`` and ``/sys/fs/cgroup`` into one ``server_memory.jsonl`` line.
 * ``hostsampler``: what server memory to watch (``MemoryTarget``), ``ServerMemorySampler`` (a thread
   appending ``server_memory.jsonl``) and ``RemoteServerMemory`` (another host's ``oomload sample``).
 * ``serverlog``: ``ServerLogFollower`` copies what the server appends to its log during a run into

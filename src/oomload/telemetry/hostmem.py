@@ -3,7 +3,7 @@
 GPU memory says little about a server that dies of *host* memory (vLLM's CPU build, CPU-side caches,
 a container's limit: reference/oom-kinds.md). This module reads what the kernel says about one
 server, given its root process ``pid`` (the API server, or a launcher above it), into one
-``server_memory.jsonl`` line (``oomload.rundir.records.ServerMemoryLine``). Every file system root is
+``server_memory.jsonl`` line (``oomload.rundir.servermemory.ServerMemoryLine``). Every file system root is
 a parameter (``proc_root``, ``cgroup_root``) so tests lay out fake trees as the kernel writes them;
 the files' text is parsed by ``oomload.telemetry.procfs`` (pure).
 
@@ -64,14 +64,11 @@ Failures
     names what could not be read (permission, no such file) in one sentence. A descendant that
     exits mid-read is a race, not an error. A root pid that never ran says so (``alive`` false).
 
-``find_listening_pid`` finds the local process that listens on a TCP port: the port's LISTEN
-sockets in ``/proc/net/tcp`` and ``tcp6`` (state ``0A``), their inodes, and the processes whose
-``/proc/PID/fd/*`` link to ``socket:[inode]`` (another user's process needs root to be seen).
+Finding the processes (the tree, the listener of a port) is ``oomload.telemetry.proctree``'s.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import time
 from collections.abc import Callable
@@ -80,10 +77,8 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from oomload.errors import ConfigError
-from oomload.rundir.records import ServerMemoryLine
+from oomload.rundir.servermemory import ServerMemoryLine
 from oomload.telemetry.procfs import (
-    TCP_LISTEN,
-    ProcStat,
     cgroup_mount_dir,
     descendants,
     memory_cgroup_entry,
@@ -92,14 +87,19 @@ from oomload.telemetry.procfs import (
     parse_flat_keyed,
     parse_mountinfo,
     parse_proc_cgroup,
-    parse_proc_net_tcp,
-    parse_proc_stat,
     parse_proc_status,
     parse_smaps_rollup,
     parse_v1_limit,
 )
+from oomload.telemetry.proctree import (
+    PROC_ROOT,
+    listening_inodes,
+    read_proc_file,
+    scan_processes,
+    socket_inodes,
+    why_unreadable,
+)
 
-PROC_ROOT = Path("/proc")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 DEAD_STATES = frozenset({"Z", "X", "x"})
 PSS_SHARE = 0.02  # at most this share of one CPU (and of the server's time under mmap_lock) reading PSS
@@ -168,7 +168,7 @@ def _cgroup_of(pid: int, proc_root: Path, cgroup_root: Path) -> MemoryCgroup | s
     try:
         entry = memory_cgroup_entry(parse_proc_cgroup(source.read_text()))
     except OSError as err:
-        return f"{source} ({_why(err)})"
+        return f"{source} ({why_unreadable(err)})"
     if entry is None:
         return f"{source} (no memory cgroup in it)"
     version, path = entry
@@ -182,7 +182,7 @@ def _cgroup_directory(version: Literal[1, 2], path: str, proc_root: Path, cgroup
     v1 mount shows its own cgroup at the mount point, not under its full path), else under
     ``cgroup_root`` (v2) or ``cgroup_root/memory`` (v1)."""
     try:
-        mounts = parse_mountinfo(_read_proc_file(proc_root / "self" / "mountinfo"))
+        mounts = parse_mountinfo(read_proc_file(proc_root / "self" / "mountinfo"))
     except OSError:
         mounts = ()
     seen = cgroup_mount_dir(mounts, version, path)
@@ -251,98 +251,16 @@ def _read_number(
         text = path.read_text()
     except FileNotFoundError as err:
         if not optional:
-            problems.append(f"{path} ({_why(err)})")
+            problems.append(f"{path} ({why_unreadable(err)})")
         return None
     except OSError as err:
-        problems.append(f"{path} ({_why(err)})")
+        problems.append(f"{path} ({why_unreadable(err)})")
         return None
     try:
         return parse(text)
     except ValueError:
         problems.append(f"{path} (not a number: {text.strip()[:40]!r})")
         return None
-
-
-# -- processes ---------------------------------------------------------------------------------------
-def scan_processes(proc_root: Path = PROC_ROOT) -> dict[int, ProcStat]:
-    """Every process whose ``/proc/PID/stat`` can be read now (threads are not listed)."""
-    stats: dict[int, ProcStat] = {}
-    try:
-        names = os.listdir(proc_root)
-    except OSError:
-        return stats
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            stats[int(name)] = parse_proc_stat(_read_proc_file(proc_root / name / "stat"))
-        except (OSError, ValueError):
-            continue  # gone since the listing, or not readable
-    return stats
-
-
-def process_tree(root_pid: int, proc_root: Path = PROC_ROOT) -> list[int]:
-    """The pids of ``root_pid`` and all its descendants now, root first (``[]`` when it is not running)."""
-    return descendants(root_pid, scan_processes(proc_root))
-
-
-def listening_inodes(net_dir: Path, port: int | None = None) -> dict[int, int]:
-    """Socket inode → port of the LISTEN sockets in ``net_dir/tcp`` and ``tcp6`` (on ``port`` only, if
-    given). A missing file (no IPv6) is skipped."""
-    found: dict[int, int] = {}
-    for name in ("tcp", "tcp6"):
-        try:
-            text = (net_dir / name).read_text()
-        except OSError:
-            continue
-        for sock in parse_proc_net_tcp(text):
-            if sock.state == TCP_LISTEN and sock.inode and (port is None or sock.local_port == port):
-                found[sock.inode] = sock.local_port
-    return found
-
-
-def socket_inodes(pid: int, proc_root: Path = PROC_ROOT) -> set[int] | None:
-    """The socket inodes process ``pid`` holds open (``None``: its fds cannot be read)."""
-    fd_dir = proc_root / str(pid) / "fd"
-    try:
-        fds = os.listdir(fd_dir)
-    except OSError:
-        return None
-    inodes = set()
-    for fd in fds:
-        try:
-            target = os.readlink(fd_dir / fd)
-        except OSError:
-            continue  # closed since the listing
-        if target.startswith("socket:[") and target.endswith("]"):
-            inodes.add(int(target[len("socket:[") : -1]))
-    return inodes
-
-
-def find_listening_pids(port: int, proc_root: Path = PROC_ROOT) -> list[int]:
-    """Every process visible here that holds a LISTEN socket on TCP ``port`` (in this network namespace)."""
-    wanted = set(listening_inodes(proc_root / "net", port))
-    if not wanted:
-        return []
-    holders = []
-    for pid in sorted(scan_processes(proc_root)):
-        inodes = socket_inodes(pid, proc_root)
-        if inodes and inodes & wanted:
-            holders.append(pid)
-    return holders
-
-
-def find_listening_pid(port: int, proc_root: Path = PROC_ROOT) -> int | None:
-    """The process that listens on TCP ``port`` here: of several holders of the socket (forked
-    children), the topmost (its parent is not one of them; the lowest pid of several). ``None`` when
-    none can be seen (not listening, or another user's process without root)."""
-    holders = find_listening_pids(port, proc_root)
-    if not holders:
-        return None
-    stats = scan_processes(proc_root)
-    held = set(holders)
-    top = [pid for pid in holders if pid not in stats or stats[pid].ppid not in held]
-    return min(top or holders)
 
 
 # -- one read of the server's memory -------------------------------------------------------------------
@@ -523,7 +441,7 @@ class LocalServerMemory:
         key = (pid, start_ticks)
         if key not in self._data_limits:
             try:
-                text = _read_proc_file(self._proc_root / str(pid) / "limits")
+                text = read_proc_file(self._proc_root / str(pid) / "limits")
                 self._data_limits[key] = parse_data_limit(text)
             except (OSError, ValueError):
                 self._data_limits[key] = None
@@ -573,7 +491,7 @@ def _read_process(
     """(rss_bytes, pss_bytes or None, why PSS is None, VmData) of one process; ``None`` when it is gone."""
     base = proc_root / str(pid)
     try:
-        status = parse_proc_status(_read_proc_file(base / "status"))
+        status = parse_proc_status(read_proc_file(base / "status"))
     except (FileNotFoundError, ProcessLookupError):
         return None
     except OSError:
@@ -584,36 +502,13 @@ def _read_process(
     if not with_pss:
         return status.rss_bytes, None, "", data
     try:
-        pss = parse_smaps_rollup(_read_proc_file(base / "smaps_rollup"))
+        pss = parse_smaps_rollup(read_proc_file(base / "smaps_rollup"))
     except (FileNotFoundError, ProcessLookupError):
         if not base.exists():
             return None
         return status.rss_bytes, None, "no smaps_rollup: Linux < 4.14", data
     except OSError as err:
-        return status.rss_bytes, None, _why(err), data
+        return status.rss_bytes, None, why_unreadable(err), data
     if pss is None:
         return status.rss_bytes, None, "no Pss line in smaps_rollup", data
     return status.rss_bytes, pss, "", data
-
-
-def _read_proc_file(path: Path) -> str:
-    """A small ``/proc`` file in one read: about half the cost of ``Path.read_text`` (a read scans
-    every process on the host)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks = [os.read(fd, 65536)]
-        while len(chunks[-1]) == 65536:
-            chunks.append(os.read(fd, 65536))
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode("utf-8", errors="replace")
-
-
-def _why(err: OSError) -> str:
-    if err.errno in (errno.EACCES, errno.EPERM):
-        return "permission denied"
-    if err.errno == errno.ENOENT:
-        return "no such file"
-    if err.errno == errno.ESRCH:
-        return "the process is gone"
-    return err.strerror or type(err).__name__

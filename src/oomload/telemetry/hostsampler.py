@@ -55,16 +55,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from oomload.errors import ConfigError, OomloadError, SamplerUnavailableError
 from oomload.rundir import RunWriter
-from oomload.rundir.records import ServerMemoryLine
+from oomload.rundir.servermemory import ServerMemoryLine
 from oomload.telemetry.dcgm import dcgm_url
-from oomload.telemetry.hostmem import (
-    CGROUP_ROOT,
-    PROC_ROOT,
-    LocalServerMemory,
-    find_listening_pid,
-    memory_cgroup_at,
-    scan_processes,
-)
+from oomload.telemetry.hostmem import CGROUP_ROOT, LocalServerMemory, memory_cgroup_at
+from oomload.telemetry.proctree import PROC_ROOT, find_listening_pid, scan_processes
 from oomload.telemetry.scrape import fetch_text
 
 MEMORY_SPECS = ("auto", "none", "pid:N", "port:N", "cgroup:DIR", "remote:URL")

@@ -40,7 +40,7 @@ from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
 from oomload.errors import ConfigError, SamplerUnavailableError
-from oomload.rundir.records import ServerMemoryLine
+from oomload.rundir.servermemory import ServerMemoryLine
 from oomload.telemetry.gpu_sample import GpuSample, GpuSource
 
 if TYPE_CHECKING:

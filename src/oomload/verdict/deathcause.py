@@ -47,7 +47,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, TypedDict
 
-from oomload.rundir.records import ServerMemoryRow, as_int, as_str
+from oomload.rundir.records import as_int, as_str
+from oomload.rundir.servermemory import ServerMemoryRow
 from oomload.verdict.deathlog import allocation, allocator_failure, death_excerpt, quote, read_death_log
 
 __all__ = ["DeathCause", "DeathCauseJson", "DeathKind", "classify_death", "death_excerpt", "exit_signal"]

@@ -48,12 +48,12 @@ from oomload.rundir.records import (
     MetricsRow,
     RunConfig,
     RunStatus,
-    ServerMemoryRow,
     StepBoundary,
     as_int,
     parse_status,
     parse_step_lines,
 )
+from oomload.rundir.servermemory import ServerMemoryRow
 from oomload.trace.model import PrefixInfo, TraceRecord, read_trace, read_trace_header
 
 LAST_STEP_TAIL_S = 5.0

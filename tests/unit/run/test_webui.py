@@ -72,7 +72,7 @@ def test_the_snapshot_json_is_what_the_page_reads() -> None:
 
 
 def test_the_servers_memory_is_a_row_with_its_limit_and_oom_kills() -> None:
-    from oomload.rundir.records import ServerMemoryRow
+    from oomload.rundir.servermemory import ServerMemoryRow
 
     host = ServerMemoryRow(
         t_unix_s=5.0,

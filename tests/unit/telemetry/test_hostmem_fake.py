@@ -10,12 +10,10 @@ import pytest
 from oomload.errors import ConfigError
 from oomload.telemetry.hostmem import (
     LocalServerMemory,
-    find_listening_pid,
-    find_listening_pids,
     memory_cgroup_at,
-    process_tree,
     read_server_memory,
 )
+from oomload.telemetry.proctree import find_listening_pid, find_listening_pids, process_tree
 
 from .fakeproc import V1_UNLIMITED, FakeHost
 

@@ -13,11 +13,9 @@ from contextlib import contextmanager, suppress
 
 from oomload.telemetry.hostmem import (
     LocalServerMemory,
-    find_listening_pid,
-    find_listening_pids,
-    process_tree,
     read_server_memory,
 )
+from oomload.telemetry.proctree import find_listening_pid, find_listening_pids, process_tree
 
 MIB = 1024 * 1024
 HOLD_BYTES = 200 * MIB

@@ -11,7 +11,7 @@ import pytest
 
 from oomload.errors import ConfigError, EndpointError, SamplerUnavailableError
 from oomload.rundir import RunWriter
-from oomload.rundir.records import ServerMemoryLine, ServerMemoryRow
+from oomload.rundir.servermemory import ServerMemoryLine, ServerMemoryRow
 from oomload.telemetry.hostmem import LocalServerMemory
 from oomload.telemetry.hostsampler import (
     MemoryTarget,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oomload.rundir.records import ServerMemoryRow
+from oomload.rundir.servermemory import ServerMemoryRow
 from oomload.verdict.deathcause import DeathCause, DeathKind, classify_death, death_excerpt, exit_signal
 
 LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "server-logs"

@@ -255,9 +255,22 @@ def last_safe(verdict: Verdict) -> Finding:
     if untrusted:
         more = f" (+{len(untrusted) - 2} more)" if len(untrusted) > 2 else ""
         return Finding("last_safe", label, "unknown: " + "; ".join(untrusted[:2]) + more, "warn")
-    if any(s.requests and s.trusted for s in verdict.measured_steps):
-        return Finding("last_safe", label, "none (the lowest level already broke)", "bad")
-    return Finding("last_safe", label, "unknown (no completed step with requests)", "warn")
+    trusted = [s.concurrency for s in verdict.measured_steps if s.requests and s.trusted]
+    if not trusted:
+        return Finding("last_safe", label, "unknown (no completed step with requests)", "warn")
+    lowest = min(trusted)
+    if first_unsafe is not None and first_unsafe <= lowest:
+        return Finding("last_safe", label, f"none (the lowest level already broke, at {first_unsafe})", "bad")
+    queueing = verdict.queueing
+    if queueing is not None and queueing.concurrency <= lowest:  # waiting is no breakage: say which
+        text = (
+            f"none: requests queued in vLLM from {queueing.concurrency}, the lowest level tested (nothing "
+            "broke, but a level that queues does not run its concurrency in the engine); test lower levels"
+        )
+        return Finding("last_safe", label, text, "warn")
+    if any(lv.evidence_thin for lv in verdict.level_summaries if lv.concurrency == lowest):
+        return Finding("last_safe", label, f"none: not enough evidence at {lowest}, the lowest level", "warn")
+    return Finding("last_safe", label, "none (no level qualified)", "warn")
 
 
 def prediction(verdict: Verdict) -> Finding | None:

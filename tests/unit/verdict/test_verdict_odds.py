@@ -82,6 +82,23 @@ def test_queueing_caps_last_safe(tmp_path: Path) -> None:
     assert "queueing began at 4" in _texts(v)["last_safe"]
 
 
+def test_queueing_from_the_lowest_level_is_no_breakage(tmp_path: Path) -> None:
+    """Seen on the real vLLM (a prefill budget of 7,936 tokens, 16 and 32 tested): 7 requests waited at
+    16 and nothing broke. No level is safe, but the finding says why, as a warning: not "already broke"."""
+    v = _verdict(
+        tmp_path, [StepSpec(16, waiting_max=7, requests=48), StepSpec(32, waiting_max=11, requests=96)]
+    )
+    assert v.last_safe_concurrency is None and v.first_unsafe_concurrency is None
+    finding = next(f for f in describe(v, recommend(v)) if f.key == "last_safe")
+    assert finding.severity == "warn" and "already broke" not in finding.text
+    assert finding.text.startswith(
+        "none: requests queued in vLLM from 16, the lowest level tested (nothing broke"
+    )
+    broke = _verdict(tmp_path / "2", [StepSpec(4, preemptions=2), StepSpec(8, preemptions=5)])
+    finding = next(f for f in describe(broke, recommend(broke)) if f.key == "last_safe")
+    assert (finding.text, finding.severity) == ("none (the lowest level already broke, at 4)", "bad")
+
+
 def test_a_clean_level_short_of_the_odds_evidence_is_not_safe(tmp_path: Path) -> None:
     """The odds expect 4 per 100 at 6 (116 requests for 99 %); 12 requests without one prove little."""
     odds = [_odds(4, 0), _odds(6, 40), _odds(8, 200)]

@@ -86,8 +86,8 @@ def step_notes(steps: Sequence[StepFacts], min_requests: int) -> list[Confidence
             notes.append(_warn("requests_failed", f"{where}: {s.failed_text}; it is no evidence", s))
         if s.concurrency_held is False and s.reached_at_death:  # the death cut the mean, not the client
             text = (
-                f"{where}: the engine died with {s.in_flight_at_death} requests in flight; "
-                f"{s.not_held_text} ends with the death"
+                f"{where}: the engine died with {s.in_flight_at_death} requests in flight, so the level was "
+                f"reached; {s.not_held_text} because the death ended the step"
             )
             notes.append(_info("held_until_death", text, s))
         elif s.concurrency_held is False:  # the text names the figure that decided, and whose it is

@@ -190,7 +190,8 @@ def test_the_step_the_engine_died_in_with_its_level_in_flight_is_not_a_load_cave
     assert not [n for n in verdict.notes if n.kind == "concurrency_not_held"]
     note = next(n for n in verdict.notes if n.kind == "held_until_death")
     assert note.severity == "info" and note.message.startswith(
-        "step 2 (concurrency 8): the engine died with 8 requests in flight; the load generator held 0.8"
+        "step 2 (concurrency 8): the engine died with 8 requests in flight, so the level was reached; the "
+        "load generator held 0.8 requests in flight on average because the death ended the step"
     )
     assert "not held" not in load_delivered(verdict).text
 

@@ -91,16 +91,27 @@ def prefix_cache(verdict: Verdict) -> Finding | None:
     head = f"server {pct(check.server_rate)}, trace expects {pct(check.expected_rate)}"
     measured = [s for s in check.steps if s.server_rate is not None or s.expected_rate is not None]
     pairs = {(pct(s.server_rate), pct(s.expected_rate)) for s in measured}
-    if len(measured) > 1 and pairs == {(pct(check.server_rate), pct(check.expected_rate))}:
-        text = f"{head} at every step"  # the per-step list would repeat the run's figures
+    if pairs == {(pct(check.server_rate), pct(check.expected_rate))}:  # a list would repeat the head
+        text = head if len(measured) == 1 else f"{head} at every step"
     else:
         per_step = [f"c{s.concurrency} {pct(s.server_rate)}/{pct(s.expected_rate)}" for s in measured]
         text = head + (" (per step, server/expected: " + ", ".join(per_step) + ")" if per_step else "")
     return Finding("prefix_cache", "Prefix-cache hits", text, "warn" if check.problem else "info")
 
 
+NOT_JUDGED = "not judged: the requests failed, so the server was not loaded (Run)"
+
+
+def _not_judged(verdict: Verdict, key: str, label: str) -> Finding | None:
+    """For a run with nothing to judge (``Verdict.failed_run``), the finding of an event it did not see:
+    a warning that says so, never "none" in green."""
+    return None if verdict.failed_run is None else Finding(key, label, NOT_JUDGED, "warn")
+
+
 def preemption_onset(verdict: Verdict) -> Finding:
     onset = verdict.preemption_onset
+    if onset is None and (unjudged := _not_judged(verdict, "preemption_onset", "Preemption onset")):
+        return unjudged
     if onset is not None:
         kv = "" if onset.kv_usage_max is None else f", {kv_peak_text(onset.kv_usage_max)}"
         return Finding(
@@ -174,7 +185,9 @@ def kv_saturation(verdict: Verdict) -> Finding:
     level = verdict.kv_saturation
     label = "KV saturation (≥99 %)"
     if level is None:
-        return Finding("kv_saturation", label, "not seen", "ok")
+        return _not_judged(verdict, "kv_saturation", label) or Finding(
+            "kv_saturation", label, "not seen", "ok"
+        )
     return Finding(
         "kv_saturation", label, f"concurrency {level.concurrency} ({kv_percent(level.value)})", "warn"
     )
@@ -184,7 +197,7 @@ def queueing(verdict: Verdict) -> Finding:
     level = verdict.queueing
     label = "Queueing (waiting > 0)"
     if level is None:
-        return Finding("queueing", label, "not seen", "ok")
+        return _not_judged(verdict, "queueing", label) or Finding("queueing", label, "not seen", "ok")
     return Finding("queueing", label, f"concurrency {level.concurrency} ({level.value:.0f} waiting)", "warn")
 
 
@@ -487,6 +500,8 @@ def trace_odds(verdict: Verdict) -> Finding | None:
         if lv.odds is not None and (lv.odds.per_100 >= 0.05 or lv.steps_preempted)
     ]
     onset = verdict.preemption_onset
+    if onset is None and (unjudged := _not_judged(verdict, "trace_odds", "The trace's odds")):
+        return unjudged
     observed = "none observed" if onset is None else f"observed {onset.concurrency}"
     low, high = verdict.odds_onset_low, verdict.odds_onset
     top = max(lv.concurrency for lv in with_odds)

@@ -261,5 +261,7 @@ def test_the_prefix_cache_finding_lists_steps_only_where_they_differ(tmp_path: P
     verdict = build_verdict(load_run(write_run(tmp_path / "run", cpu_knee_steps(), cache_config=CPU_CACHE)))
     flat = replace(verdict, prefix=check((0.0, 0.0), (0.0, 0.0), (0.001, 0.0)))
     assert prefix_cache(flat).text == "server 0%, trace expects 0% at every step"  # type: ignore[union-attr]
+    one = replace(verdict, prefix=check((0.0, 0.0)))  # one step: its figures are the head's
+    assert prefix_cache(one).text == "server 0%, trace expects 0%"  # type: ignore[union-attr]
     moved = replace(verdict, prefix=check((0.0, 0.0), (0.3, 0.0)))
     assert prefix_cache(moved).text.endswith("(per step, server/expected: c1 0%/0%, c2 30%/0%)")  # type: ignore[union-attr]

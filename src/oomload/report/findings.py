@@ -255,6 +255,12 @@ def failed_requests(verdict: Verdict) -> Finding | None:
 
 def last_safe(verdict: Verdict) -> Finding:
     label = "Last safe concurrency"
+    if verdict.run.open_loop:
+        text = (
+            "not measured: an open loop replays the trace's arrival times, so its level only capped the "
+            "requests in flight (Load delivered)"
+        )
+        return Finding("last_safe", label, text, "info")
     safe = verdict.last_safe_concurrency
     if safe is not None:
         return Finding("last_safe", label, f"{safe}{_why_not_higher(verdict)}", "ok")
@@ -361,6 +367,14 @@ def _up_to(verdict: Verdict) -> str:
 def load_delivered(verdict: Verdict) -> Finding:
     """Whether the server held the load each level asked for, by its own counters (``serverside``)."""
     label = "Load delivered"
+    if verdict.run.open_loop:  # the arrivals set the load: there was no level to hold
+        held = "; ".join(
+            f"{fmt_num(s.achieved_concurrency)} in flight on average in step {s.index} (cap {s.concurrency})"
+            for s in verdict.measured_steps
+            if s.requests
+        )
+        text = "an open loop: the trace's arrival times set the load" + (f" — {held}" if held else "")
+        return Finding("load_delivered", label, text, "info")
     steps = [s for s in verdict.measured_steps if s.requests and not s.reached_at_death]
     short = [s for s in steps if s.concurrency_held is False]
     if short:

@@ -162,6 +162,7 @@ class StepFacts:
     casualties: Mapping[str, int] = field(default_factory=dict)  # failed because the engine died
     died_here: bool = False  # the engine died in this step (its casualties are charged here)
     in_flight_at_death: int | None = None  # the death's casualties, in the step it died in
+    open_loop: bool = False  # the trace's arrivals set the load; ``concurrency`` only capped it
     after_death: bool = False  # started after the engine died: measures a dead server
     counter_mismatch: tuple[int, int] | None = None  # (delta sum, counter rise) when they disagree
     waiting_sustained: int | None = None  # waiting reached in consecutive scrapes (oomload.verdict.gauges)
@@ -263,9 +264,10 @@ class StepFacts:
     @property
     def concurrency_held(self) -> bool | None:
         """Delivered ≥ 80 % of the target, or the server saturated (it queued what it could not run)
-        while the load generator had its CPU; ``None`` when the achieved concurrency is unknown."""
+        while the load generator had its CPU; ``None`` when the achieved concurrency is unknown, and in
+        an open loop, whose level is a cap on the requests in flight, not a target to hold."""
         delivered = self.delivered_concurrency
-        if delivered is None:
+        if delivered is None or self.open_loop:
             return None
         return delivered >= ACHIEVED_CONCURRENCY_MIN_SHARE * self.concurrency or self.held_by_saturation
 
@@ -384,6 +386,7 @@ def summarize_step(
     died_here: bool = False,
     after_death: bool = False,
     odds: LevelOdds | None = None,
+    open_loop: bool = False,
 ) -> StepFacts:
     """Facts of one step; requests in ``casualty_ids`` failed because the engine died (module doc)."""
     b = step.boundary
@@ -452,6 +455,7 @@ def summarize_step(
         casualties=casualties,
         died_here=died_here,
         in_flight_at_death=len(casualty_ids) if died_here else None,
+        open_loop=open_loop,
         after_death=after_death,
         counter_mismatch=mismatch,
         waiting_sustained=_int_or_none(sustained_level([_num(m.num_requests_waiting) for m in ok_metrics])),

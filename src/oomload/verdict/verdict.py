@@ -38,7 +38,9 @@ as the odds say); a clean level short of that is reported as "not enough evidenc
 unsafe when a step at it preempted (in any of its repeats) or had a charged engine death, admission
 rejection, server error or timeout, or when the engine died in it — in any step, cut short or not:
 a failure seen is a failure. Context overflow, truncation, client transport errors and cancelled
-requests do not make a level unsafe; they are reported separately.
+requests do not make a level unsafe; they are reported separately. An open loop (``--open-loop``)
+has no last safe concurrency: the trace's arrival times set its load, and its level only capped the
+requests in flight (nor does it judge whether a step held that cap: ``StepFacts.concurrency_held``).
 
 Queueing wins over last safe: a level where requests waited in the server's queue (sustained) did
 not run its concurrency in the engine — vLLM held some requests back, for want of KV blocks or of
@@ -337,6 +339,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
             died_here=step.boundary.index == died_at,
             after_death=step.boundary.index != died_at and step.boundary.start_unix_s > died_t,
             odds=view.odds_at(step.boundary.concurrency),
+            open_loop=view.settings.open_loop,
         )
         for step in view.steps
     )
@@ -347,12 +350,14 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     onset = preemption_onset(view, measured)
     kv_sat = level_onset(measured, lambda s: s.kv_usage_sustained, lambda v: v >= KV_SATURATED)
     queueing = level_onset(measured, lambda s: s.waiting_sustained, lambda v: v > 0)
-    last_safe = last_safe_concurrency(
-        measured,
-        death,
-        queueing=None if queueing is None else queueing.concurrency,
-        thin={lv.concurrency for lv in summaries if lv.evidence_thin},
-    )
+    last_safe = None  # an open loop ran no concurrency level: its cap vouches for nothing
+    if not view.settings.open_loop:
+        last_safe = last_safe_concurrency(
+            measured,
+            death,
+            queueing=None if queueing is None else queueing.concurrency,
+            thin={lv.concurrency for lv in summaries if lv.evidence_thin},
+        )
     odds_low, odds_onset = measured_odds_onset(summaries)
     trusted = [s.concurrency for s in measured if s.trusted]
     max_tested = max(trusted) if trusted else None

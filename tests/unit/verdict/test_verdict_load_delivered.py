@@ -202,3 +202,26 @@ def test_a_death_before_its_level_was_reached_keeps_the_warning(tmp_path: Path) 
     assert step.in_flight_at_death == 3 and not step.reached_at_death
     assert [n.step for n in verdict.notes if n.kind == "concurrency_not_held"] == [2]
     assert "1 of 3 level(s) not held: concurrency 8 (step 2)" in load_delivered(verdict).text
+
+
+def test_an_open_loop_has_no_level_to_hold_and_no_last_safe(tmp_path: Path) -> None:
+    """Seen on the real vLLM: an --open-loop replay capped at 20 users whose arrivals kept 0.7 in flight
+    read "1 of 1 level(s) not held", "last safe unknown … below 80% of 20" and medium confidence. The
+    arrivals set an open loop's load; its level only caps it."""
+    steps = [StepSpec(20, requests=40, in_flight=1)]
+    run = write_run(tmp_path / "run", steps, cache_config=CPU_CACHE, config={"open_loop": True})
+    verdict = build_verdict(load_run(run))
+    step = verdict.steps[0]
+    assert step.open_loop and step.concurrency_held is None and step.trusted
+    assert not [n for n in verdict.notes if n.kind == "concurrency_not_held"]
+    assert verdict.last_safe_concurrency is None and verdict.confidence == "high"
+    texts = {f.key: f.text for f in describe(verdict, recommend(verdict))}
+    assert texts["load_delivered"] == (
+        "an open loop: the trace's arrival times set the load — 1.0 in flight on average in step 0 (cap 20)"
+    )
+    assert texts["last_safe"].startswith("not measured: an open loop replays the trace's arrival times")
+    gate = evaluate_gate(parse_gate("last-safe-concurrency>=1"), verdict)
+    assert gate.status.name == "NOT_EVALUATED"
+    # the same step in a closed loop did not hold its level
+    closed = build_verdict(load_run(write_run(tmp_path / "closed", steps, cache_config=CPU_CACHE)))
+    assert closed.steps[0].concurrency_held is False

@@ -99,6 +99,7 @@ def prefix_cache(verdict: Verdict) -> Finding | None:
     return Finding("prefix_cache", "Prefix-cache hits", text, "warn" if check.problem else "info")
 
 
+OPEN_LOOP_NOT_COMPARED = "not compared: an open loop's requests in flight followed the arrivals, not levels"
 NOT_JUDGED = "not judged: the requests failed, so the server was not loaded (Run)"
 
 
@@ -114,10 +115,15 @@ def preemption_onset(verdict: Verdict) -> Finding:
         return unjudged
     if onset is not None:
         kv = "" if onset.kv_usage_max is None else f", {kv_peak_text(onset.kv_usage_max)}"
+        where = f"concurrency {onset.concurrency}{_held(verdict, onset.step)}{_seen(onset)}"
+        if verdict.run.open_loop:  # the level only capped the arrivals' requests in flight
+            step = next((s for s in verdict.steps if s.index == onset.step), None)
+            mean = "" if step is None else f", {fmt_num(step.achieved_concurrency)} in flight on average"
+            where = f"in the open loop (cap {onset.concurrency}{mean})"
         return Finding(
             "preemption_onset",
             "Preemption onset",
-            f"concurrency {onset.concurrency}{_held(verdict, onset.step)}{_seen(onset)} — step "
+            f"{where} — step "
             f"{onset.step}, {_count(onset.requests_in_step, 'request')}, "
             f"{_count(onset.preemptions_in_step, 'preemption')}{kv}",
             "bad",
@@ -300,7 +306,9 @@ def prediction(verdict: Verdict) -> Finding | None:
     band = _band(p.band_low, p.band_high)  # "32", not "32–32"
     apart = "" if p.levels_apart is None else f", {p.levels_apart} level(s) apart"
     agree = "disagrees" if p.disagrees else "agrees"
-    if p.observed_onset is not None:
+    if verdict.run.open_loop:
+        compared = OPEN_LOOP_NOT_COMPARED
+    elif p.observed_onset is not None:
         compared = f"observed {p.observed_onset}: {agree}{apart}"
     elif p.highest_clean is None:
         compared = "no trusted level without preemption to compare"
@@ -516,6 +524,14 @@ def trace_odds(verdict: Verdict) -> Finding | None:
     onset = verdict.preemption_onset
     if onset is None and (unjudged := _not_judged(verdict, "trace_odds", "The trace's odds")):
         return unjudged
+    if verdict.run.open_loop:
+        top = max(lv.concurrency for lv in with_odds)
+        high = verdict.odds_onset
+        odds_onset = (
+            f"no onset up to {top}" if high is None else f"onset {_band(verdict.odds_onset_low, high)}"
+        )
+        text = f"{odds_onset} {SHAPE_WORDS[verdict.prompt_shape]}; {OPEN_LOOP_NOT_COMPARED}"
+        return Finding("trace_odds", "The trace's odds", text, "info")
     observed = "none observed" if onset is None else f"observed {onset.concurrency}"
     low, high = verdict.odds_onset_low, verdict.odds_onset
     top = max(lv.concurrency for lv in with_odds)

@@ -40,7 +40,8 @@ rejection, server error or timeout, or when the engine died in it — in any ste
 a failure seen is a failure. Context overflow, truncation, client transport errors and cancelled
 requests do not make a level unsafe; they are reported separately. An open loop (``--open-loop``)
 has no last safe concurrency: the trace's arrival times set its load, and its level only capped the
-requests in flight (nor does it judge whether a step held that cap: ``StepFacts.concurrency_held``).
+requests in flight (nor does it judge whether a step held that cap: ``StepFacts.concurrency_held``),
+and its onset is not compared with the arithmetic's or the odds' (both are per level of a closed loop).
 
 Queueing wins over last safe: a level where requests waited in the server's queue (sustained) did
 not run its concurrency in the engine — vLLM held some requests back, for want of KV blocks or of
@@ -369,14 +370,17 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     sent = _kv_lengths(view, run.max_model_len)
     trace_lengths = _kv_lengths(view, run.max_model_len, of_trace=True)
     (totals, prompts), basis = (sent, "requests") if sent[0] else (trace_lengths, "trace")
+    open_loop = view.settings.open_loop  # its in-flight count followed the arrivals: no level to compare
     prediction = compare_prediction(
         view.pool,
         totals,
         prompts=prompts,
         basis=basis,
-        observed_onset=None if onset is None else onset.concurrency,
+        observed_onset=None if onset is None or open_loop else onset.concurrency,
         levels=levels,
-        clean_levels=[s.concurrency for s in measured if s.trusted and s.preemptions == 0],
+        clean_levels=[]
+        if open_loop
+        else [s.concurrency for s in measured if s.trusted and s.preemptions == 0],
         shape=view.prompt_shape,
         trace_totals=trace_lengths[0],
         trace_prompts=trace_lengths[1],
@@ -393,7 +397,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         ),
         *data_notes(view),
         *worker_notes(view, steps),
-        *level_notes(summaries, onset, (odds_low, odds_onset), levels),
+        *([] if open_loop else level_notes(summaries, onset, (odds_low, odds_onset), levels)),
     ]
     prefix = prefix_check(
         view.settings,

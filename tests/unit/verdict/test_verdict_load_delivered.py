@@ -225,3 +225,26 @@ def test_an_open_loop_has_no_level_to_hold_and_no_last_safe(tmp_path: Path) -> N
     # the same step in a closed loop did not hold its level
     closed = build_verdict(load_run(write_run(tmp_path / "closed", steps, cache_config=CPU_CACHE)))
     assert closed.steps[0].concurrency_held is False
+
+
+def test_an_open_loops_onset_is_named_by_its_cap_and_not_compared_with_levels(tmp_path: Path) -> None:
+    """The simulator's open loop at a cap of 16 preempted with 4.3 in flight: "concurrency 16 … observed
+    16: agrees" beside the odds (23.7 per 100 at 16 against 1.2 seen) compared levels it never ran."""
+    steps = [StepSpec(16, requests=64, in_flight=4, preemptions=2)]
+    odds = [{"concurrency": 16, "requests": 1000, "preemptions": 237, "episodes": 237}]
+    config = {"open_loop": True}
+    run = write_run(tmp_path / "run", steps, cache_config=CPU_CACHE, config=config, odds=odds)
+    verdict = build_verdict(load_run(run))
+    assert verdict.preemption_onset is not None
+    assert not [n for n in verdict.notes if n.kind in ("odds_disagree", "odds_disagree_level")]
+    assert not [n for n in verdict.notes if n.kind == "prediction_disagrees"]
+    texts = {f.key: f.text for f in describe(verdict, recommend(verdict))}
+    assert texts["preemption_onset"].startswith(
+        "in the open loop (cap 16, 4.0 in flight on average) — step 0"
+    )
+    assert texts["trace_odds"].endswith(
+        "not compared: an open loop's requests in flight followed the arrivals, not levels"
+    )
+    assert texts["prediction"].endswith(
+        "not compared: an open loop's requests in flight followed the arrivals, not levels"
+    )

@@ -10,9 +10,10 @@ import base64
 import html
 from collections.abc import Sequence
 
-from oomload.report.findings import STEP_COLUMNS, STEP_LEGEND, describe, step_row
+from oomload.report.findings import describe
 from oomload.report.metadata import run_metadata
 from oomload.report.plots import plot_by_concurrency, plot_lengths, plot_timeline
+from oomload.report.steptable import STEP_COLUMNS, STEP_LEGEND, step_row
 from oomload.verdict import Verdict
 from oomload.verdict.gate import GateResult, GateStatus
 from oomload.verdict.recommend import Recommendation

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from oomload.report.findings import STEP_COLUMNS, STEP_LEGEND, describe, step_row
+from oomload.report.findings import describe
+from oomload.report.steptable import STEP_COLUMNS, STEP_LEGEND, step_row
 from oomload.verdict import Verdict
 from oomload.verdict.gate import GateResult, GateStatus
 from oomload.verdict.recommend import Recommendation

@@ -10,7 +10,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from oomload.report.findings import STEP_COLUMNS, describe, step_row
+from oomload.report.findings import describe
+from oomload.report.steptable import STEP_COLUMNS, step_row
 from oomload.verdict import Verdict
 from oomload.verdict.gate import GateResult, GateStatus
 from oomload.verdict.recommend import Recommendation

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runbuilder import CPU_CACHE, StepSpec, write_run
-
-from oomload.report.findings import STEP_COLUMNS, describe, step_row
+from oomload.report.findings import describe
+from oomload.report.steptable import STEP_COLUMNS, step_row
 from oomload.run.progress import step_line
 from oomload.run.snapshot import TelemetrySnapshot
 from oomload.run.webui import telemetry_rows
@@ -16,6 +15,7 @@ from oomload.rundir import RunReader
 from oomload.verdict import build_verdict
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run
+from runbuilder import CPU_CACHE, StepSpec, write_run
 
 KV = 0.9887
 

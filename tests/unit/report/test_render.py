@@ -15,8 +15,9 @@ from oomload.capacity.blocks import OnsetPrediction
 from oomload.errors import ConfigError, ExitCode
 from oomload.outcome import Outcome
 from oomload.report import SUMMARY_SCHEMA, finalize_run
-from oomload.report.findings import band_figures, describe, fmt_bytes, fmt_ms, prefix_cache
+from oomload.report.findings import band_figures, describe, prefix_cache
 from oomload.report.plots import figure_by_concurrency
+from oomload.report.steptable import fmt_bytes, fmt_ms
 from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.prefixrate import PrefixCheck, StepPrefixRate
 from oomload.verdict.recommend import Recommendation, recommend

@@ -10,10 +10,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
-
 from oomload.report import finalize_run
-from oomload.report.findings import fmt_ms
+from oomload.report.steptable import fmt_ms
+from runbuilder import CPU_CACHE, StepSpec, cpu_knee_steps, write_run
 
 
 def test_report_html_in_chromium_shows_the_numbers_of_summary_json(tmp_path: Path, browser_page: Any) -> None:

@@ -10,7 +10,8 @@ import pytest
 from rich.console import Console
 
 from oomload.outcome import Outcome
-from oomload.report.findings import describe, step_row
+from oomload.report.findings import describe
+from oomload.report.steptable import step_row
 from oomload.report.terminal import step_table
 from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate

@@ -13,8 +13,9 @@ import pytest
 
 from oomload.errors import ExitCode
 from oomload.outcome import Outcome
-from oomload.report.findings import describe, step_row
+from oomload.report.findings import describe
 from oomload.report.markdown import render_markdown
+from oomload.report.steptable import step_row
 from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.gate import GateStatus, evaluate_gate, evaluate_gates, gate_exit_code, parse_gate
 from oomload.verdict.recommend import recommend

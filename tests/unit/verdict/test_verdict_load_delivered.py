@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from oomload.outcome import Outcome
-from oomload.report.findings import STEP_COLUMNS, describe, load_delivered, step_row
+from oomload.report.findings import describe, load_delivered
+from oomload.report.steptable import STEP_COLUMNS, step_row
 from oomload.verdict import build_verdict
 from oomload.verdict.gate import evaluate_gate, parse_gate
 from oomload.verdict.recommend import recommend

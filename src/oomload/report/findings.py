@@ -118,7 +118,7 @@ def preemption_onset(verdict: Verdict) -> Finding:
         kv = "" if onset.kv_usage_max is None else f", {kv_peak_text(onset.kv_usage_max)}"
         where = f"concurrency {onset.concurrency}{_held(verdict, onset.step)}{_seen(onset)}"
         if verdict.run.open_loop:  # the level only capped the arrivals' requests in flight
-            step = next((s for s in verdict.steps if s.index == onset.step), None)
+            step = _step(verdict, onset.step)
             mean = "" if step is None else f", {fmt_num(step.achieved_concurrency)} in flight on average"
             where = f"in the open loop (cap {onset.concurrency}{mean})"
         return Finding(
@@ -165,17 +165,16 @@ def server_memory(verdict: Verdict) -> Finding | None:
     memory = verdict.server_memory
     if memory is None:
         return None
-    near = (
-        memory.limit_bytes is not None
-        and memory.peak_bytes is not None
-        and memory.peak_bytes >= NEAR_LIMIT_SHARE * memory.limit_bytes
-    ) or (
-        memory.data_limit_bytes is not None
-        and memory.data_peak_bytes is not None
-        and memory.data_peak_bytes >= NEAR_LIMIT_SHARE * memory.data_limit_bytes
+    near = _near(memory.peak_bytes, memory.limit_bytes) or _near(
+        memory.data_peak_bytes, memory.data_limit_bytes
     )
     severity = "bad" if memory.oom_kills else ("warn" if near or memory.peak_bytes is None else "info")
     return Finding("server_memory", "Server memory", memory.summary_text, severity)
+
+
+def _near(peak_bytes: int | None, limit_bytes: int | None) -> bool:
+    """A peak within ``NEAR_LIMIT_SHARE`` of its limit (``False`` when either is unknown)."""
+    return peak_bytes is not None and limit_bytes is not None and peak_bytes >= NEAR_LIMIT_SHARE * limit_bytes
 
 
 def memory_trends(verdict: Verdict) -> list[Finding]:
@@ -436,10 +435,14 @@ def _delivery(s: StepFacts) -> str:
     return f"concurrency {s.concurrency} (step {s.index}): client {fmt_num(s.achieved_concurrency)}{server}"
 
 
+def _step(verdict: Verdict, index: int) -> StepFacts | None:
+    return next((s for s in verdict.steps if s.index == index), None)
+
+
 def _held(verdict: Verdict, step_index: int) -> str:
     """``", the server held 1.6"`` when the step did not hold its level (the figure that decided, and
     whose), else nothing."""
-    step = next((s for s in verdict.steps if s.index == step_index), None)
+    step = _step(verdict, step_index)
     text = None if step is None else step.held_text
     return "" if text is None else f", {text}"
 
@@ -503,18 +506,13 @@ def trace_odds(verdict: Verdict) -> Finding | None:
     onset = verdict.preemption_onset
     if onset is None and (unjudged := _not_judged(verdict, "trace_odds", "The trace's odds")):
         return unjudged
-    if verdict.run.open_loop:
-        top = max(lv.concurrency for lv in with_odds)
-        high = verdict.odds_onset
-        odds_onset = (
-            f"no onset up to {top}" if high is None else f"onset {_band(verdict.odds_onset_low, high)}"
-        )
-        text = f"{odds_onset} {SHAPE_WORDS[verdict.prompt_shape]}; {OPEN_LOOP_NOT_COMPARED}"
-        return Finding("trace_odds", "The trace's odds", text, "info")
-    observed = "none observed" if onset is None else f"observed {onset.concurrency}"
     low, high = verdict.odds_onset_low, verdict.odds_onset
     top = max(lv.concurrency for lv in with_odds)
     odds_onset = f"no onset up to {top}" if high is None else f"onset {_band(low, high)}"
+    if verdict.run.open_loop:
+        text = f"{odds_onset} {SHAPE_WORDS[verdict.prompt_shape]}; {OPEN_LOOP_NOT_COMPARED}"
+        return Finding("trace_odds", "The trace's odds", text, "info")
+    observed = "none observed" if onset is None else f"observed {onset.concurrency}"
     apart = verdict.odds_levels_apart
     disagree = [lv for lv in with_odds if lv.agreement not in (None, "agrees")]
     if (apart is not None and apart > 1) or disagree:

@@ -72,7 +72,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -434,7 +434,7 @@ class LocalServerMemory:
             pids = ", ".join(str(p) for p in pss_denied[:5]) + (", …" if len(pss_denied) > 5 else "")
             unread.append(f"the PSS of pid {pids} ({pss_problem})")
             return tree
-        return _Tree(alive, len(counted), rss_total, pss_total, data, data_limit)
+        return replace(tree, pss_bytes=pss_total)
 
     def _data_limit(self, pid: int, start_ticks: int) -> int | None:
         """The process's soft ``RLIMIT_DATA`` (``None``: unlimited or unreadable), read once a process."""

@@ -515,8 +515,15 @@ def trace_odds(verdict: Verdict) -> Finding | None:
     observed = "none observed" if onset is None else f"observed {onset.concurrency}"
     apart = verdict.odds_levels_apart
     disagree = [lv for lv in with_odds if lv.agreement not in (None, "agrees")]
-    if (apart is not None and apart > 1) or disagree:
+    if apart is not None and apart > 1:
         verdict_word, status = "DISAGREES", "warn"
+    elif disagree:  # the onsets agree (or none was seen): name the levels that do not
+        by_word: dict[str, list[str]] = {}
+        for lv in disagree:
+            by_word.setdefault(str(lv.agreement), []).append(str(lv.concurrency))
+        levels = "; ".join(f"{word} at {', '.join(at)}" for word, at in by_word.items())
+        verdict_word = f"{'' if onset is None else 'the onset agrees, but '}DISAGREES ({levels})"
+        status = "warn"
     else:
         verdict_word, status = "agrees", "ok"
     other = ""

@@ -17,6 +17,8 @@ Warnings (they lower the level):
 * ``metrics_missing`` — a step (or the whole run) without a successful ``/metrics`` scrape;
 * ``non_monotone`` — a clean level above the onset; ``noisy_repeat`` — repeats at one level disagree
   (one step at a level is one draw of the trace: the onset is what most repeats saw, ``oomload.verdict``);
+  both read the conclusive steps only (``StepFacts.conclusive``: a clean step that was not trusted or
+  was short of the odds' evidence is no vote);
 * ``sporadic_preemption`` — a level below the onset preempted in fewer than half of its steps;
 * ``thin_evidence`` — a clean level sent fewer requests than the trace's odds need to trust it;
 * ``odds_disagree_level`` — a level's observation was < 1 % likely by the trace's odds;
@@ -135,8 +137,10 @@ def evidence_notes(
             if s.preemptions is None:
                 text = f"step {s.index} (concurrency {s.concurrency}) has no successful /metrics scrape"
                 notes.append(_warn("metrics_missing", text, s))
+    conclusive = [s for s in with_metrics if s.conclusive]  # a clean step short of evidence, or
+    # not trusted, contradicts nothing
     if onset_concurrency is not None:
-        above = {s.concurrency for s in with_metrics if s.concurrency > onset_concurrency}
+        above = {s.concurrency for s in conclusive if s.concurrency > onset_concurrency}
         clean_above = sorted(above - {s.concurrency for s in with_metrics if s.preemptions})
         if clean_above:
             text = (
@@ -146,9 +150,8 @@ def evidence_notes(
             )
             notes.append(ConfidenceNote("non_monotone", text))
     by_level: dict[int, list[bool]] = {}
-    for s in with_metrics:
-        if not s.evidence_thin:  # a clean step short of the odds' evidence contradicts nothing
-            by_level.setdefault(s.concurrency, []).append((s.preemptions or 0) > 0)
+    for s in conclusive:
+        by_level.setdefault(s.concurrency, []).append((s.preemptions or 0) > 0)
     for level, seen in sorted(by_level.items()):
         if len(set(seen)) > 1:
             text = (

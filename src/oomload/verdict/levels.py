@@ -65,6 +65,7 @@ class LevelSummary:
     waiting_share: float | None
     kv_saturated_share: float | None
     odds: LevelOdds | None
+    trusted_requests: int = 0  # of its trusted steps with a scrape: what a clean level's absence rests on
 
     @property
     def evidence_needed(self) -> int | None:
@@ -76,9 +77,16 @@ class LevelSummary:
         return per_100(self.preemptions, self.requests)
 
     @property
+    def judged_requests(self) -> int:
+        """The requests the odds are held against: every one sent at a level that preempted (a
+        preemption is one wherever it was seen), only the trusted steps' at a clean level (a step whose
+        requests mostly failed, or that was cut short or not held, is no evidence of a clean level)."""
+        return self.requests if self.steps_preempted else self.trusted_requests
+
+    @property
     def odds_p_seen(self) -> float | None:
-        """The odds' chance that the requests sent here see at least one preemption."""
-        return None if self.odds is None else self.odds.p_seen(self.requests)
+        """The odds' chance that ``judged_requests`` see at least one preemption."""
+        return None if self.odds is None else self.odds.p_seen(self.judged_requests)
 
     @property
     def evidence_thin(self) -> bool:
@@ -94,7 +102,7 @@ class LevelSummary:
     def agreement(self) -> str | None:
         """``"agrees"``, ``"fewer than the odds"``, ``"more than the odds"``; ``None`` without odds."""
         p = self.odds_p_seen
-        if p is None or self.steps_with_metrics == 0:
+        if p is None or self.steps_with_metrics == 0 or self.judged_requests == 0:
             return None
         if self.steps_preempted == 0 and p >= 1.0 - ODDS_UNLIKELY:
             return "fewer than the odds"
@@ -113,6 +121,7 @@ class LevelSummary:
             "waiting_share": _round(self.waiting_share),
             "kv_saturated_share": _round(self.kv_saturated_share),
             "odds": None if self.odds is None else self.odds.to_json(),
+            "trusted_requests": self.trusted_requests,
             "odds_p_seen": _round(self.odds_p_seen),
             "evidence_needed_requests": self.evidence_needed,
             "evidence_thin": self.evidence_thin,
@@ -177,6 +186,7 @@ def level_summaries(measured: Sequence[StepFacts]) -> tuple[LevelSummary, ...]:
                 waiting_share=_weighted(steps, lambda s: s.waiting_share),
                 kv_saturated_share=_weighted(steps, lambda s: s.kv_saturated_share),
                 odds=odds,
+                trusted_requests=sum(s.requests for s in with_metrics if s.trusted),
             )
         )
     return tuple(out)
@@ -251,7 +261,7 @@ def level_notes(
             notes.append(ConfidenceNote("thin_evidence", text))
         if lv.agreement not in (None, "agrees") and lv.odds is not None:
             text = (
-                f"{where}: {lv.preemptions or 0} preemption(s) in {lv.requests} request(s), "
+                f"{where}: {lv.preemptions or 0} preemption(s) in {lv.judged_requests} request(s), "
                 f"{lv.agreement}: they expected {lv.odds.per_100:.1f} per 100 requests and gave "
                 f"{lv.odds_p_seen:.0%} to see at least one"
             )
@@ -277,7 +287,7 @@ def preemption_onset(view: RunView, measured: Sequence[StepFacts]) -> Preemption
     """The lowest level preempting in at least half of its conclusive steps (module docstring)."""
     by_level: dict[int, list[StepFacts]] = {}
     for s in measured:
-        if s.preemptions is not None and not s.evidence_thin:
+        if s.conclusive:
             by_level.setdefault(s.concurrency, []).append(s)
     onset_level = next(
         (

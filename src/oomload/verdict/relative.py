@@ -72,13 +72,9 @@ def is_relative(lowered: str) -> bool:
 
 
 def onset_steps(verdict: Verdict) -> list[tuple[int, bool]]:
-    """``(level, preempted)`` of the verdict's conclusive steps: measured, with a ``/metrics`` scrape,
-    not clean-but-short of the odds' evidence (the steps the onset is decided on)."""
-    return [
-        (s.concurrency, (s.preemptions or 0) > 0)
-        for s in verdict.measured_steps
-        if s.preemptions is not None and not s.evidence_thin
-    ]
+    """``(level, preempted)`` of the verdict's conclusive steps (``StepFacts.conclusive``: the steps the
+    onset is decided on)."""
+    return [(s.concurrency, (s.preemptions or 0) > 0) for s in verdict.measured_steps if s.conclusive]
 
 
 def level_value(verdict: Verdict, metric: Metric, concurrency: int, op: Op) -> float | None:

@@ -11,7 +11,8 @@ test (one-sided: the lower run's steps there preempt more often) on that 2×2 ta
 p-value; the onsets are **separated** when ``p ≤ ALPHA_ONSET`` (0.05). Preemption is taken to grow
 with concurrency (as the gate's absence rules do), so the steps of all those levels are pooled. The
 steps counted are the verdict's conclusive ones: measured (not warmup, not after the engine's
-death), with a ``/metrics`` scrape, and not a clean step short of the odds' evidence. One step each
+death), with a ``/metrics`` scrape, and not a clean step short of the odds' evidence or untrusted
+(``StepFacts.conclusive``). One step each
 (1 of 1 against 0 of 1, p = 0.5) is *not separated*; the default refinement's three repeats on each
 side (3 of 3 against 0 of 3) give p = 0.05.
 

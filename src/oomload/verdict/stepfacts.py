@@ -193,6 +193,15 @@ class StepFacts:
         return self.preemptions == 0 and needed is not None and self.requests < needed
 
     @property
+    def conclusive(self) -> bool:
+        """Counts for or against a preemption at its level: it has a ``/metrics`` scrape, and it either
+        preempted (a preemption is one wherever it was seen) or ran clean as trusted evidence with the
+        requests the odds ask for (a clean step that was not trusted, or was thin, contradicts nothing)."""
+        if self.preemptions is None:
+            return False
+        return self.preemptions > 0 or (self.trusted and not self.evidence_thin)
+
+    @property
     def delivered_concurrency(self) -> float | None:
         """The load the server held: achieved × min(1, server share) (achieved when the share is unknown)."""
         return delivered_concurrency(self.achieved_concurrency, self.server_share)

@@ -20,7 +20,10 @@ bisects the preemption onset afterwards, so "first in time" and "first in concur
   preempted: one step at a level is one draw of the trace's lengths, and the refinement repeats the
   two levels around the onset (``--repeats``), so the onset is what most repeats saw ("seen at 7 in
   3 of 3"). A clean step that sent fewer requests than the trace's odds asked for
-  (``StepFacts.evidence_thin``) is not conclusive: it is no vote that the level is clean. The onset
+  (``StepFacts.evidence_thin``), or that is not trusted (its requests mostly failed, it was cut short
+  or did not hold its level), is not conclusive (``StepFacts.conclusive``): it is no vote that the
+  level is clean. The same steps decide the knee's caveats (a clean level above the onset, repeats
+  that disagree) and whether a clean level saw fewer preemptions than the odds. The onset
   names the level's first preempting step, its request count and the KV usage of the scrape that
   first showed the preemption. A lower level that preempted in fewer than half of its steps is
   *sporadic*: named in the notes, and never safe;

@@ -12,9 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from runbuilder import CPU_CACHE, cpu_knee_steps, write_run
 
 from oomload.report import finalize_run
+from runbuilder import CPU_CACHE, cpu_knee_steps, write_run
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 

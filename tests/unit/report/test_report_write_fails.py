@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from runbuilder import StepSpec, write_run
 
 from oomload.errors import ExitCode, OutputWriteError
 from oomload.report import finalize_run
 from oomload.report.tune import write_tune_reports
 from oomload.tune.record import TuneRecord
+from runbuilder import StepSpec, write_run
 
 
 def _console() -> Console:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from oomload.outcome import Outcome
 from oomload.report.findings import describe, trace_odds
 from oomload.verdict import build_verdict
 from oomload.verdict.recommend import recommend
@@ -183,3 +184,38 @@ def test_a_clean_repeat_short_of_evidence_does_not_outvote_a_sighting(tmp_path: 
     assert v.preemption_onset is not None and v.preemption_onset.concurrency == 8
     assert v.preemption_onset.seen_text == "seen at 8 in 1 of 1, 2 more clean step(s) short of evidence"
     assert not any(n.kind == "noisy_repeat" for n in v.notes)
+
+
+def test_a_level_whose_requests_mostly_failed_contradicts_nothing(tmp_path: Path) -> None:
+    """Seen on the simulator with a Mooncake trace at max_model_len 8192: most requests of 4 and 8
+    were refused as too long, so those levels sent no load. They did not preempt, and that is no
+    evidence: neither a clean level above the onset (non_monotone), nor fewer than the odds, nor a
+    repeat that disagrees. A preemption in such a step is still one."""
+    odds = [_odds(2, 10), _odds(4, 71), _odds(8, 115)]
+    refused = {Outcome.CONTEXT_OVERFLOW: 60}
+    steps = [
+        StepSpec(2, preemptions=1, requests=100),
+        StepSpec(4, requests=100, failures=refused),
+        StepSpec(8, requests=100, failures=refused),
+        StepSpec(2, preemptions=1, requests=100, failures=refused, phase="refine"),
+    ]
+    v = _verdict(tmp_path, steps, odds)
+    assert [s.conclusive for s in v.steps] == [True, False, False, True]
+    assert v.preemption_onset is not None and v.preemption_onset.concurrency == 2
+    assert v.preemption_onset.seen_text == "seen at 2 in 2 of 2"
+    kinds = {n.kind for n in v.notes}
+    assert not kinds & {"non_monotone", "odds_disagree_level", "noisy_repeat"}, kinds
+    level4 = v.level(4)
+    assert level4 is not None and level4.judged_requests == 0 and level4.agreement is None
+    finding = trace_odds(v)
+    assert finding is not None and finding.severity == "ok" and "observed 2: agrees" in finding.text
+    # the same levels answered: now their silence is evidence against the odds
+    answered = [StepSpec(2, preemptions=1, requests=100), *(StepSpec(c, requests=100) for c in (4, 8))]
+    v2 = _verdict(tmp_path / "2", answered, odds)
+    assert {"non_monotone", "odds_disagree_level"} <= {n.kind for n in v2.notes}
+    level4 = v2.level(4)
+    assert level4 is not None and level4.judged_requests == 100
+    assert level4.agreement == "fewer than the odds"
+    finding = trace_odds(v2)
+    assert finding is not None and finding.severity == "warn"
+    assert "observed 2: the onset agrees, but DISAGREES (fewer than the odds at 4, 8)" in finding.text

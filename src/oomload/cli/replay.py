@@ -172,6 +172,13 @@ def register(subparsers: Any) -> None:
         "--tail-percentile", type=float, metavar="P", help="replay only requests ≥ the P-th percentile"
     )
     req.add_argument(
+        "--only-fitting",
+        action="store_true",
+        help="replay only the requests that fit the server's max_model_len (prompt + output); the rest "
+        "are counted in the report, not sent (default: send them all, as production does, and count "
+        "the refusals)",
+    )
+    req.add_argument(
         "--distinct-prompts",
         action="store_true",
         help="the worst case: every prompt distinct from token 0 (default: the trace's shared prefixes "
@@ -345,6 +352,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Rep
         order=args.order,
         seed=args.seed,
         tail_percentile=args.tail_percentile,
+        only_fitting=args.only_fitting,
         open_loop=args.open_loop,
         arrival_scale=args.arrival_scale,
         distinct_prompts=args.distinct_prompts,

@@ -277,8 +277,10 @@ class Calibrator:
 class RequestOrder:
     """Which trace request comes next: in trace order (cycling) or sampled with replacement.
 
-    ``tail_percentile`` keeps only requests whose total length (prompt + output) is at or above that
-    nearest-rank percentile, so KV exhaustion is reached with far fewer requests.
+    ``fit_within`` (``--only-fitting``: the server's ``max_model_len``) keeps only the requests that fit
+    it (``TraceRecord.fits``); ``tail_percentile`` then keeps only requests whose total length (prompt +
+    output) is at or above that nearest-rank percentile, so KV exhaustion is reached with far fewer
+    requests.
 
     Conversations. Records that name a ``session`` form one *unit*: the session's turns in ``turn``
     order (trace order where turns are missing), placed where its first turn is; so do the turns of a
@@ -303,6 +305,7 @@ class RequestOrder:
         mode: Literal["trace", "sample"] = "trace",
         seed: int = 0,
         tail_percentile: float | None = None,
+        fit_within: int | None = None,
         offset: int = 0,
         stride: int = 1,
         block_tokens: int | None = None,
@@ -311,7 +314,11 @@ class RequestOrder:
             raise ConfigError("the trace holds no requests to replay")
         if mode not in ("trace", "sample"):
             raise ConfigError(f"unknown order {mode!r}; allowed: trace, sample")
-        chosen = list(records)
+        chosen = list(records) if fit_within is None else [r for r in records if r.fits(fit_within)]
+        if not chosen:
+            raise ConfigError(
+                f"none of the trace's {len(records)} requests fits the server's max_model_len {fit_within}"
+            )
         if tail_percentile is not None:
             if not 0.0 <= tail_percentile < 100.0:
                 raise ConfigError(f"tail percentile must be within [0, 100), got {tail_percentile}")

@@ -124,4 +124,4 @@ def count_unfit(records: Sequence[TraceRecord], max_model_len: int | None) -> in
     """How many requests need more than ``max_model_len`` tokens (prompt + output)."""
     if max_model_len is None:
         return 0
-    return sum(1 for r in records if max(1, r.prompt_tokens) + max(1, r.output_tokens) > max_model_len)
+    return sum(1 for r in records if not r.fits(max_model_len))

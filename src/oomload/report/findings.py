@@ -225,6 +225,7 @@ def context_overflow(verdict: Verdict) -> Finding:
         parts.append(
             f"{ctx.trace_over_limit} of {ctx.trace_count} trace requests "
             f"exceed max_model_len {ctx.model_limit}"
+            + (": left out of the replay (--only-fitting)" if ctx.left_out else "")
         )
     return Finding("context_overflow", "Context overflow", "; ".join(parts), "warn")
 

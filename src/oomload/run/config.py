@@ -70,6 +70,7 @@ class LoadOptions:
     order: str = "trace"
     seed: int = 0
     tail_percentile: float | None = None
+    only_fitting: bool = False  # send only the requests that fit the server's max_model_len (payload's)
     request_timeout_s: float = REQUEST_TIMEOUT_S
     api_key_env: str = DEFAULT_API_KEY_ENV  # the variable's name, never its value
     open_loop: bool = False
@@ -117,6 +118,7 @@ class ReplayConfig:
     order: str = "trace"
     seed: int = 0
     tail_percentile: float | None = None
+    only_fitting: bool = False  # leave out the trace's requests longer than the server's max_model_len
     open_loop: bool = False
     arrival_scale: float = 1.0
     distinct_prompts: bool = False  # the worst case; by default the trace's shared prefixes are replayed
@@ -195,6 +197,7 @@ class ReplayConfig:
             order=self.order,
             seed=self.seed,
             tail_percentile=self.tail_percentile,
+            only_fitting=self.only_fitting,
             request_timeout_s=self.request_timeout_s,
             api_key_env=self.api_key_env,
             open_loop=self.open_loop,
@@ -318,6 +321,7 @@ def config_json(
         "order": config.order,
         "seed": config.seed,
         "tail_percentile": config.tail_percentile,
+        "only_fitting": config.only_fitting,
         "open_loop": config.open_loop,
         "arrival_scale": config.arrival_scale,
         "prefix": prefix_mode(config, records),

@@ -29,7 +29,8 @@ buys at this traffic.
 
 The child reads the run directory's ``trace.jsonl`` (lengths, ``hash_ids`` and the header's prefix block
 size) and is given the pool on its command line; it writes one ``LevelOdds`` JSON line per level and
-exits.
+exits. With ``only_fitting`` (``--only-fitting``) both draw from the requests that fit the pool's
+``max_model_len`` only, as the replay sends them.
 """
 
 from __future__ import annotations
@@ -81,8 +82,11 @@ class OddsFeed:
         record: Callable[[LevelOdds], None],
         shape: PromptShape = "worst-case",
         place: bool = False,
+        only_fitting: bool = False,
     ) -> None:
         self.pool = pool
+        self.only_fitting = only_fitting and pool.max_model_len is not None
+        records = _fitting(records, pool) if self.only_fitting else records
         self.record = record
         self.shape = shape
         self._known: dict[tuple[str, int], LevelOdds] = {}
@@ -142,6 +146,8 @@ class OddsFeed:
         ]
         if self.pool.max_model_len is not None:
             argv += ["--max-model-len", str(self.pool.max_model_len)]
+        if self.only_fitting:
+            argv.append("--only-fitting")
         argv += ["--max-num-seqs", str(self.pool.max_num_seqs)]
         argv += ["--max-num-batched-tokens", str(self.pool.max_num_batched_tokens)]
         self._child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -156,6 +162,12 @@ class OddsFeed:
                     continue
                 if odds is not None:
                     self._add(odds)
+
+
+def _fitting(records: Sequence[TraceRecord], pool: Pool) -> list[TraceRecord]:
+    """The records that fit the pool's ``max_model_len`` (all of them when it has none)."""
+    limit = pool.max_model_len
+    return list(records) if limit is None else [r for r in records if r.fits(limit)]
 
 
 def _prefix_info(trace_path: Path) -> PrefixInfo:
@@ -176,12 +188,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--levels", required=True, help="levels of the run's own prompt shape")
     parser.add_argument("--prompts", choices=PROMPT_SHAPES, default="worst-case")
     parser.add_argument("--other-levels", default="", help="levels of the other shape, after those")
+    parser.add_argument("--only-fitting", action="store_true", help="only requests within --max-model-len")
     args = parser.parse_args(argv)
     with contextlib.suppress(OSError):
         os.nice(CHILD_NICE)  # the load generator shares this host: it comes first
     pool = Pool(args.num_gpu_blocks, args.block_size, args.max_model_len)
     pool = pool.with_limits(args.max_num_seqs, args.max_num_batched_tokens)
-    trace = TraceOdds.of_records(read_trace(args.trace), _prefix_info(args.trace), pool, seed=args.seed)
+    records = read_trace(args.trace)
+    if args.only_fitting:
+        records = _fitting(records, pool)
+    trace = TraceOdds.of_records(records, _prefix_info(args.trace), pool, seed=args.seed)
     other: PromptShape = "worst-case" if args.prompts == "production" else "production"
     for shape, spec in ((args.prompts, args.levels), (other, args.other_levels)):
         for c in (int(x) for x in spec.split(",") if x):

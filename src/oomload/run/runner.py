@@ -8,7 +8,9 @@
    the demo's settings (``oomload.run.config.DEMO_SIM_ARGS``) and say so — the model and the GPU it
    simulates; a URL ending in ``/v1`` is used without it (said in one line);
 2. preflight the endpoint (``/v1/models``: model, ``max_model_len``; warn how many trace requests
-   cannot fit), waiting at most ``preflight_timeout_s``;
+   cannot fit — with ``--only-fitting`` say how many are left out, every process's
+   ``load.payload.RequestOrder`` leaving them out, and refuse a trace none of whose requests fits),
+   waiting at most ``preflight_timeout_s``;
 3. create the run directory, write ``config.json`` (no secrets: only the API key's variable name),
    ``provenance.json`` (what a comparison needs: the server's version, the scrubbed ``--serve`` line,
    the trace's SHA-256, the levels and repeats; ``oomload.rundir.provenance``) and copy the trace
@@ -178,6 +180,32 @@ def _start_served(config: ReplayConfig, command: ServeCommand, console: Console)
     return server
 
 
+def _say_unfit(
+    console: Console, config: ReplayConfig, records: Sequence[TraceRecord], max_model_len: int | None
+) -> None:
+    """Say how many trace requests do not fit the server's window, and what becomes of them: refused
+    (or clamped) by the server, or, with ``--only-fitting``, left out (``ConfigError`` when none fits)."""
+    if config.only_fitting and max_model_len is None:
+        console.print(
+            "[yellow]warning:[/] the server does not say its max_model_len (/v1/models): --only-fitting "
+            "leaves nothing out"
+        )
+        return
+    unfit = count_unfit(records, max_model_len)
+    if not unfit:
+        return
+    need = f"{unfit} of {len(records)} trace requests need more than max_model_len={max_model_len} tokens"
+    if not config.only_fitting:
+        console.print(
+            f"[yellow]warning:[/] {need} (prompt + output); the server will reject or clamp them "
+            "(--only-fitting replays only the ones that fit)"
+        )
+    elif unfit == len(records):
+        raise ConfigError(f"{need} (prompt + output): with --only-fitting nothing is left to replay")
+    else:
+        console.print(f"{need} (prompt + output): left out (--only-fitting); {len(records) - unfit} replayed")
+
+
 def _run_with_server(
     config: ReplayConfig,
     console: Console,
@@ -190,12 +218,7 @@ def _run_with_server(
     served: ServedProcess | None = None,
 ) -> int:
     info = preflight(url, model=config.model, api_key=api_key, timeout_s=preflight_timeout_s(config))
-    unfit = count_unfit(records, info.max_model_len)
-    if unfit:
-        console.print(
-            f"[yellow]warning:[/] {unfit} of {len(records)} trace requests need more than max_model_len="
-            f"{info.max_model_len} tokens (prompt + output); the server will reject or clamp them"
-        )
+    _say_unfit(console, config, records, info.max_model_len)
     run_dir = config.run_dir if config.run_dir is not None else new_run_dir(config.runs_parent)
     run_dir.mkdir(parents=True, exist_ok=True)
     writer = RunWriter(run_dir)

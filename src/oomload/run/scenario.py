@@ -72,6 +72,7 @@ def bind_user(
         mode=options.order,  # type: ignore[arg-type]  # checked by RequestOrder
         seed=options.seed,
         tail_percentile=options.tail_percentile,
+        fit_within=payload.max_model_len if options.only_fitting else None,
         offset=worker,
         stride=workers,
         block_tokens=payload.prefix_block_tokens,
@@ -130,6 +131,7 @@ class ScenarioSettings:
     order: str = "trace"
     seed: int = 0
     tail_percentile: float | None = None
+    only_fitting: bool = False  # needs the server's max_model_len: from /v1/models when no model is set
     request_timeout_s: float = REQUEST_TIMEOUT_S
     api_key_env: str = DEFAULT_API_KEY_ENV
     run_dir: str | None = None
@@ -163,6 +165,7 @@ class ScenarioSettings:
             order=self.order,
             seed=self.seed,
             tail_percentile=self.tail_percentile,
+            only_fitting=self.only_fitting,
             request_timeout_s=self.request_timeout_s,
             api_key_env=self.api_key_env,
         )
@@ -196,6 +199,7 @@ def scenario_settings(environ: Mapping[str, str]) -> ScenarioSettings:
         order=str(raw.get("order", "trace")),
         seed=int(raw.get("seed", 0)),
         tail_percentile=None if tail in (None, "") else float(tail),
+        only_fitting=_flag(raw.get("only_fitting", False)),
         request_timeout_s=float(raw.get("request_timeout_s", REQUEST_TIMEOUT_S)),
         api_key_env=str(raw.get("api_key_env", DEFAULT_API_KEY_ENV)),
         run_dir=raw.get("run_dir") or None,

@@ -325,6 +325,7 @@ class Session:
             if prefix_mode(self.config, self.records)["mode"] == "shared"
             else "worst-case",
             place=self.config.evidence and self.config.place_levels and not self.config.open_loop,
+            only_fitting=self.config.only_fitting,
         )
         if not self.config.evidence or self.config.open_loop:
             return lambda _step: None

@@ -303,6 +303,7 @@ class RunConfig:
     started_unix_s: float | None = None
     max_model_len: int | None = None  # from /v1/models
     tail_percentile: float | None = None
+    only_fitting: bool = False  # --only-fitting: the trace's requests over max_model_len were not sent
     open_loop: bool = False
     soak_s: float | None = None  # --soak: one level held this long to watch memory's trend
     min_requests: int | None = None  # ``schedule.min_requests``: the evidence a clean level needs
@@ -324,6 +325,7 @@ class RunConfig:
             started_unix_s=as_float(obj.get("started_unix_s")),
             max_model_len=as_int(obj.get("max_model_len")),
             tail_percentile=as_float(obj.get("tail_percentile")),
+            only_fitting=obj.get("only_fitting") is True,
             open_loop=obj.get("open_loop") is True,
             soak_s=as_float(obj.get("soak_s")),
             min_requests=as_int(schedule.get("min_requests")) if isinstance(schedule, Mapping) else None,

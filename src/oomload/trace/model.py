@@ -101,6 +101,11 @@ class TraceRecord:
         """Prompt plus output: the KV-cache tokens the request holds at its end."""
         return self.prompt_tokens + self.output_tokens
 
+    def fits(self, max_model_len: int) -> bool:
+        """Whether the request, as it is sent (at least one prompt and one output token), fits a server's
+        window: longer, vLLM refuses it (or clamps its output)."""
+        return max(1, self.prompt_tokens) + max(1, self.output_tokens) <= max_model_len
+
     def to_json(self) -> dict[str, Any]:
         """The JSON object for one trace line (optional keys omitted when empty)."""
         obj: dict[str, Any] = {

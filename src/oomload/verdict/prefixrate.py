@@ -141,7 +141,7 @@ def prefix_check(
     caching = None if pool is None else pool.enable_prefix_caching
     block_size = None if pool is None else pool.block_size
     server_block = block_size if block_size is not None and block_size > 0 else 1
-    replayed = _replayed(records, settings.tail_percentile)
+    replayed = _replayed(records, settings)
     pass_length = len(replayed) if settings.order == "trace" else 0
     expected = (
         expected_hits(steps, replayed, block_tokens, server_block, pass_length=pass_length)
@@ -275,9 +275,11 @@ def expected_hits(
     return out
 
 
-def _replayed(records: Sequence[TraceRecord], tail_percentile: float | None) -> list[TraceRecord]:
-    """The records the replay cycled through (``--tail-percentile`` keeps the long ones only)."""
-    chosen = list(records)
+def _replayed(records: Sequence[TraceRecord], settings: RunConfig) -> list[TraceRecord]:
+    """The records the replay cycled through, as ``load.payload.RequestOrder`` chose them
+    (``--only-fitting`` keeps those within max_model_len, then ``--tail-percentile`` the long ones)."""
+    limit, tail_percentile = settings.max_model_len, settings.tail_percentile
+    chosen = [r for r in records if r.fits(limit)] if settings.only_fitting and limit else list(records)
     if tail_percentile is not None and tail_percentile > 0 and chosen:
         cut = percentile([r.total_tokens for r in chosen], tail_percentile)
         chosen = [r for r in chosen if r.total_tokens >= cut]

@@ -197,10 +197,21 @@ def _max_model_len(
         )
         return Setting("--max-model-len", None, limit, why), advice
     if limit is not None and advice.max_model_len >= limit:
+        fate = (
+            "would be refused at it (left out of this replay: --only-fitting)"
+            if verdict.context_overflow.left_out
+            else "are refused at it"
+        )
+        pool = (
+            f" and a KV pool that holds one such request (the usable pool holds {kv_tokens} tokens: more "
+            "memory for the KV cache, a bigger GPU or tensor parallelism)"
+            if kv_tokens is not None and p99 > kv_tokens
+            else ", and it leaves fewer full-length sequences in the KV pool"
+        )
         why = (
             f"the trace's P99 total length ({p99} tokens) exceeds the current max_model_len {limit}: "
-            f"{advice.refused_count} requests ({advice.refused_share:.2%}) are refused at it; a longer "
-            "window needs a model that allows it and leaves fewer full-length sequences in the KV pool"
+            f"{advice.refused_count} requests ({advice.refused_share:.2%}) {fate}; a longer window needs "
+            f"a model that allows it{pool}"
         )
         return Setting("--max-model-len", None, limit, why), advice
     share = f"{advice.refused_share:.2%}"

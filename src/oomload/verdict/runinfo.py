@@ -37,6 +37,7 @@ class ContextOverflow:
     trace_over_limit: int  # trace requests whose total length exceeds the model limit
     trace_count: int
     short_responses: int = 0  # other truncated answers (not clamped, not casualties of a death)
+    left_out: bool = False  # --only-fitting: the trace's requests over the limit were not sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +169,7 @@ def context_overflow(view: RunView, limit: int | None, death: EngineDeath | None
         trace_over_limit=0 if limit is None else sum(1 for t in totals if t > limit),
         trace_count=len(totals),
         short_responses=len(truncated) - len(clamped),
+        left_out=view.settings.only_fitting and limit is not None,
     )
 
 

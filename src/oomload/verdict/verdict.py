@@ -73,7 +73,10 @@ safe or that a gate passes there.
 
 Context overflow: ``context_overflow`` outcomes are refusals; a ``truncated`` answer counts as
 *clamped* only when its prompt + asked output exceeds ``max_model_len`` (that is what clamping is);
-other truncated answers that were not casualties of an engine death are *short responses*.
+other truncated answers that were not casualties of an engine death are *short responses*. The
+trace's requests longer than ``max_model_len`` are counted, and marked ``left_out`` when
+``--only-fitting`` did not send them. A failed run whose failures were mostly refusals as too long
+says so: ``--only-fitting`` replays what fits.
 
 The arithmetic prediction uses the lengths of the requests actually sent (``requests*.jsonl``),
 falling back to ``trace.jsonl`` when no request was sent: a ``--tail-percentile`` run replays only the
@@ -232,11 +235,15 @@ class Verdict:
         for s in self.measured_steps:
             for name, n in s.unexplained_by_outcome().items():
                 counts[name] = counts.get(name, 0) + n
-        kinds = ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-        return (
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        kinds = ", ".join(f"{name} {n}" for name, n in ranked)
+        text = (
             f"{self.requests_unexplained} of {decided} requests failed ({kinds}): the server was not "
             "loaded, so nothing about its memory can be judged"
         )
+        if ranked and ranked[0][0] == Outcome.CONTEXT_OVERFLOW.value:  # the trace, not the server
+            text += "; --only-fitting replays only the requests within its max_model_len"
+        return text
 
     def steps_at(self, concurrency: int) -> tuple[StepFacts, ...]:
         return tuple(s for s in self.measured_steps if s.concurrency == concurrency)

@@ -241,3 +241,17 @@ def test_requests_with_one_chain_are_repeats_not_one_conversation() -> None:
     assert all(len(u) == 1 for u in conversation_units(same, 32))
     turn = TraceRecord("t", 0.0, 700, 100, hash_ids=(*shared, 99, 100, 101))
     assert conversation_units([*same[:2], turn], 32) == [(0,), (1, 2)]  # the latest end is continued
+
+
+def test_request_order_keeps_only_the_requests_that_fit() -> None:
+    """``--only-fitting``: prompt + output within the window (each at least one token, as sent); the
+    tail percentile is then taken over what fits. None fitting is a ``ConfigError`` naming the limit."""
+    records = [_record(p, 100, f"r{p}") for p in (100, 900, 1948, 1949, 5000)]
+    fitting = RequestOrder(records, fit_within=2048)
+    assert [r.id for r in fitting.records] == ["r100", "r900", "r1948"]
+    tail = RequestOrder(records, fit_within=2048, tail_percentile=60)
+    assert [r.id for r in tail.records] == ["r900", "r1948"]
+    assert [r.id for r in RequestOrder([_record(0, 0, "empty")], fit_within=2).records] == ["empty"]
+    none_fit = "none of the trace's 5 requests fits the server's max_model_len 64"
+    with pytest.raises(ConfigError, match=none_fit):
+        RequestOrder(records, fit_within=64)

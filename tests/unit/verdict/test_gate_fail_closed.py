@@ -230,3 +230,17 @@ def test_an_interrupted_replay_is_130_before_anything_else(tmp_path: Path) -> No
     assert finalize_run(run, gates=["no-oom-up-to:2"], console=console, formats=()) is ExitCode.INTERRUPTED
     again = finalize_run(run, gates=["no-oom-up-to:2"], console=console, formats=(), reporting_only=True)
     assert again is ExitCode.UNREACHABLE
+
+
+def test_a_run_refused_as_too_long_names_the_way_out(tmp_path: Path) -> None:
+    """Seen on the simulator: a Mooncake trace at max_model_len 8192, 237 of 418 requests refused as
+    too long. The trace, not the server, left nothing to judge: the sentence says how to replay what
+    fits. Other failures get no such hint."""
+    refused = build_verdict(load_run(_run(tmp_path, Outcome.CONTEXT_OVERFLOW, 7)))
+    assert refused.failed_run is not None
+    assert refused.failed_run.endswith(
+        "nothing about its memory can be judged; --only-fitting replays only the requests within its "
+        "max_model_len"
+    )
+    other = build_verdict(load_run(_run(tmp_path, Outcome.TRANSPORT_ERROR, 7)))
+    assert other.failed_run is not None and "--only-fitting" not in other.failed_run

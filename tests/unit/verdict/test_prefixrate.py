@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from oomload.load.payload import RequestOrder
 from oomload.outcome import Outcome, RequestResult
 from oomload.report.findings import describe
 from oomload.rundir.records import CacheConfig, MetricsRow, RunConfig
 from oomload.trace.model import TraceRecord
 from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
-from oomload.verdict.prefixrate import StepWindow, expected_hits, prefix_check
+from oomload.verdict.prefixrate import StepWindow, _replayed, expected_hits, prefix_check
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run
 from oomload.verdict.verdict import build_verdict
@@ -163,3 +164,13 @@ def test_evictions_in_a_preempting_step_are_not_a_setup_problem() -> None:
     assert check.server_rate is not None and check.server_rate < 0.5 * (check.expected_rate or 0)  # run-wide
     only_busy = prefix_check(_SHARED_RUN, _POOL_32, records, [busy])
     assert only_busy.problem is not None and "did not measure production" in only_busy.problem
+
+
+def test_the_verdict_counts_the_records_the_order_replayed() -> None:
+    """The expected hits cycle through the records ``RequestOrder`` chose: fitting, then the tail."""
+    records = [TraceRecord(f"r{i}", 0.0, 100 * i + 1, 50) for i in range(40)]
+    for only_fitting in (False, True):
+        for tail in (None, 0.0, 50.0):
+            settings = RunConfig(max_model_len=2048, only_fitting=only_fitting, tail_percentile=tail)
+            order = RequestOrder(records, tail_percentile=tail, fit_within=2048 if only_fitting else None)
+            assert _replayed(records, settings) == order.records, (only_fitting, tail)

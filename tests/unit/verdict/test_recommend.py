@@ -293,3 +293,21 @@ def test_flag_line_is_shell_quoted_so_a_hostile_model_name_stays_one_argument(tm
     argv = shlex.split(rec.flag_line)
     assert argv[:3] == ["vllm", "serve", model]
     assert argv[3:] == ["--max-model-len", "768", "--max-num-seqs", "5"]
+
+
+def test_a_window_the_pool_could_not_hold_either_is_told_so(tmp_path: Path) -> None:
+    """Seen on the simulator: a Mooncake trace (P99 100,333 total tokens) at max_model_len 8192 on a
+    pool of 12,768 tokens. "A longer window needs a model that allows it" was not all: the pool could
+    not hold one such request either. With --only-fitting the long ones were left out, not refused."""
+    lengths = [(3900, 190)] * 90 + [(5000, 100)] * 10
+    cache = {**CPU_CACHE, "num_gpu_blocks": 150, "kv_cache_size_tokens": 4800}  # 4768 usable: under 5100
+    config = {"max_model_len": 4096, "only_fitting": True}
+    run = write_run(tmp_path / "r", [StepSpec(1)], lengths=lengths, cache_config=cache, config=config)
+    rec = recommend(verdict_of(run))
+    assert rec.max_model_len.value is None
+    assert rec.max_model_len.reason == (
+        "the trace's P99 total length (5100 tokens) exceeds the current max_model_len 4096: 10 requests "
+        "(10.00%) would be refused at it (left out of this replay: --only-fitting); a longer window needs "
+        "a model that allows it and a KV pool that holds one such request (the usable pool holds 4768 "
+        "tokens: more memory for the KV cache, a bigger GPU or tensor parallelism)"
+    )

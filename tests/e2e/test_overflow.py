@@ -69,3 +69,26 @@ def test_overflow_is_counted_with_lengths_and_max_model_len_covers_p99(
     assert p99 <= advice["max_model_len"] < MAX_MODEL_LEN
     setting = next(s for s in run.summary["recommendation"]["settings"] if s["flag"] == "--max-model-len")
     assert setting["value"] == advice["max_model_len"]
+
+
+def test_only_fitting_sends_none_of_them(vllm_servers: ServerPool, tmp_path: Path) -> None:
+    """The same trace with ``--only-fitting``: the real server's ``/v1/models`` gives the window, the
+    three long requests are never sent, and the report counts them as left out, not refused."""
+    server = vllm_servers.get()
+    trace = write_trace_file(tmp_path / "t.jsonl", _lengths())
+    run_dir = tmp_path / "run"
+    proc = replay(
+        server.url,
+        trace,
+        run_dir,
+        *("--concurrency", "4", "--hold-s", "4", "--warmup-s", "0", "--no-refine", "--order", "trace"),
+        *("--stop-on", "never", "--only-fitting"),
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "left out (--only-fitting); 297 replayed" in " ".join(proc.stdout.split())
+    run = Run.read(run_dir)
+    assert run.requests and {r["outcome"] for r in run.requests} == {"ok"}
+    assert max(r["prompt_tokens_asked"] for r in run.requests) < OVERFLOW_PROMPT
+    assert run.summary is not None
+    overflow = run.summary["verdict"]["context_overflow"]
+    assert (overflow["refused"], overflow["trace_over_limit"], overflow["left_out"]) == (0, 3, True)

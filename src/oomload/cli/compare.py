@@ -70,13 +70,14 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from oomload.report import run_exit_code
-    from oomload.report.compare import compare_runs, load_side
+    from oomload.report.compare import compare_runs
     from oomload.report.comparepage import (
         COMPARE_FILES,
         COMPARE_FORMATS,
         render_compare_terminal,
         write_compare,
     )
+    from oomload.report.compareside import load_side
     from oomload.verdict.gate import evaluate_gates, gate_exit_code, load_gate_file, parse_gate
 
     formats = [f.strip() for f in str(args.format).split(",") if f.strip()]

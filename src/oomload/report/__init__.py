@@ -4,7 +4,8 @@ Renderers: ``terminal``, ``summary`` (``summary.json``), ``markdown``, ``html``,
 share: ``findings`` (the verdict in words), ``steptable`` (the per-step table and its cell formats),
 ``metadata`` (the run block), ``plots`` (matplotlib).
 Besides a run's reports: ``tune`` renders a tune's record, ``tracestats`` what ``trace stats`` shows,
-``compare`` puts two runs side by side (``oomload compare``) and ``comparepage`` renders that;
+``compare`` puts two runs side by side (``oomload compare``; each read by ``compareside``, which
+also says whether they are comparable and lays out their setup) and ``comparepage`` renders that;
 ``history`` lays several runs out in time order (``oomload report --history``).
 
 ``finalize_run`` is the one entry point (``oomload replay`` calls it when a run ends, ``oomload

@@ -2,7 +2,7 @@
 release where capacity moved.
 
 Each run directory is judged afresh (as ``oomload report`` and ``oomload compare`` judge it:
-``oomload.report.compare.load_side``) and becomes one row:
+``oomload.report.compareside.load_side``) and becomes one row:
 
 - when it started (``provenance.json``; else its first step) and what it ran against — the server's
   own version (``/version``), else "simulated" or "not recorded" — and the trace's digest;
@@ -40,7 +40,7 @@ from rich.table import Table
 
 from oomload.errors import ConfigError, OutputWriteError
 from oomload.outfile import write_text
-from oomload.report.compare import RunSide, load_side
+from oomload.report.compareside import RunSide, load_side
 from oomload.report.plots import DPI, _png
 from oomload.trace.stats import percentile
 from oomload.verdict.relative import onset_steps

@@ -14,8 +14,9 @@ from rich.console import Console
 
 from oomload.cli import main
 from oomload.errors import ConfigError, ExitCode
-from oomload.report.compare import compare_runs, load_side
+from oomload.report.compare import compare_runs
 from oomload.report.comparepage import render_compare_terminal
+from oomload.report.compareside import load_side
 from oomload.report.summary import build_summary, dump_summary
 from oomload.rundir.provenance import Provenance, file_sha256, read_provenance
 from oomload.rundir.summary import SUMMARY_SCHEMA, read_summary

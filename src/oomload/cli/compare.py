@@ -61,7 +61,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--allow-different-trace",
         action="store_true",
-        help="compare runs of different traces or without a common level (said on every page)",
+        help="compare runs of different traces or traffic, or without a common level (said on every page)",
     )
     parser.set_defaults(func=run)
 

@@ -7,7 +7,9 @@ as a typed ``Summary`` (``oomload.report.summary``). ``compare_runs`` puts two o
 * **Setup** — the server's version (``provenance.json``, else ``config.json``'s ``vllm_version``), the
   model, the ``--serve`` line or the simulator's flags, the pool the server reported
   (``cache_config.json``: KV blocks, block size, memory utilization, …), ``max_model_len``, the trace's
-  digest, the levels and repeats, oomload's version. A row says whether it changed.
+  digest, the traffic sent from it (``Verdict.traffic``: the prompts — the trace's shared prefixes
+  or distinct — and which requests, how: the whole trace, ``--only-fitting``, ``--tail-percentile``,
+  ``--open-loop``), the levels and repeats, oomload's version. A row says whether it changed.
 * **Result** — each row with a status: ``regression`` / ``improvement`` (with evidence), ``not
   separated`` (a change the evidence does not carry), ``changed`` (a figure that is one number per
   run and has no test: shown, not judged), ``unchanged``, or ``not measured``.
@@ -29,9 +31,10 @@ as a typed ``Summary`` (``oomload.report.summary``). ``compare_runs`` puts two o
 
 Comparable. Two runs are comparable when they replayed the same trace (the SHA-256 of the trace file
 as read, from ``provenance.json``; for a run from before that file, of its ``trace.jsonl`` copy, on
-both sides) and measured at least one level in common. Otherwise ``compare_runs`` raises
-``ConfigError`` with one sentence (exit 2), unless ``allow_different_trace``: then the comparison is
-made and says why it may mislead.
+both sides) as the same traffic (distinct prompts preempt levels earlier than shared prefixes, a
+trace's tail earlier than the whole of it) and measured at least one level in common. Otherwise
+``compare_runs`` raises ``ConfigError`` with one sentence (exit 2), unless ``allow_different_trace``:
+then the comparison is made and says why it may mislead.
 """
 
 from __future__ import annotations

@@ -109,6 +109,11 @@ def comparability(base: RunSide, new: RunSide, allow: bool) -> list[str]:
             f"{base.label} and {new.label} replayed different traces (sha256 of the {kind}: "
             f"{base.trace_digest[:12]}… and {new.trace_digest[:12]}…)"
         )
+    if base.verdict.traffic != new.verdict.traffic:
+        problems.append(
+            f"{base.label} and {new.label} sent different traffic from the trace ({base.verdict.traffic} "
+            f"against {new.verdict.traffic})"
+        )
     if not set(base.summary.levels) & set(new.summary.levels):
         problems.append(
             f"{base.label} and {new.label} measured no level in common "
@@ -161,6 +166,7 @@ def setup_rows(base: RunSide, new: RunSide) -> tuple[SetupRow, ...]:
         *(SetupRow(key, pool(base, key), pool(new, key)) for key in POOL_KEYS),
         SetupRow("max_model_len", str(base.summary.max_model_len), str(new.summary.max_model_len)),
         SetupRow("trace", digest(base), digest(new)),
+        SetupRow("traffic", base.verdict.traffic, new.verdict.traffic),
         SetupRow("levels", schedule(base, "levels"), schedule(new, "levels")),
         SetupRow("repeats", schedule(base, "repeats"), schedule(new, "repeats")),
         SetupRow(

@@ -16,7 +16,10 @@ Shape: ``QUANTITY[@CONCURRENCY] OP baseline[(*|+|-)NUMBER]``; QUANTITY is ``onse
 metric (per step with ``@C``, over the run without).
 
 Evidence, as for every gate rule: a rule passes only on evidence, and missing evidence — a value
-either run did not measure — is *not evaluated*, never a pass.
+either run did not measure — is *not evaluated*, never a pass. So is every rule but ``kv-blocks`` (the
+server's own pool) when the two runs sent different traffic from their trace (``Verdict.traffic``:
+shared prefixes or distinct prompts, ``--only-fitting``, ``--tail-percentile``, ``--open-loop``): the
+same server preempts earlier under distinct prompts, so such an onset says nothing about the release.
 
 * ``onset`` (``>=`` or ``>`` only: an onset is bounded from below). A run without an onset counts
   as clean up to its highest trusted level (its onset is above it). A new onset that meets the bound
@@ -144,6 +147,13 @@ class RelativeRule:
         if baseline is None:
             return GateResult(
                 self, GateStatus.NOT_EVALUATED, "a rule relative to a baseline needs one (--baseline RUN_DIR)"
+            )
+        if self.quantity != "kv-blocks" and baseline.traffic != verdict.traffic:  # the pool is the server's
+            return GateResult(
+                self,
+                GateStatus.NOT_EVALUATED,
+                f"the baseline sent different traffic from its trace ({baseline.traffic} against "
+                f"{verdict.traffic})",
             )
         if self.quantity == "onset":
             return self._onset(verdict, baseline)

@@ -245,6 +245,19 @@ class Verdict:
             text += "; --only-fitting replays only the requests within its max_model_len"
         return text
 
+    @property
+    def traffic(self) -> str:
+        """What the run sent from its trace, in words: the prompts and the selection of requests. Two
+        runs compare (``compare``, a rule relative to a baseline) only when theirs is the same."""
+        parts = ["shared prefixes" if self.prompt_shape == "production" else "distinct prompts"]
+        if self.context_overflow.left_out:
+            parts.append("only requests within max_model_len (--only-fitting)")
+        if self.run.tail_percentile:
+            parts.append(f"only requests ≥ P{self.run.tail_percentile:g} (--tail-percentile)")
+        if self.run.open_loop:
+            parts.append("the trace's arrival times (--open-loop)")
+        return ", ".join(parts)
+
     def steps_at(self, concurrency: int) -> tuple[StepFacts, ...]:
         return tuple(s for s in self.measured_steps if s.concurrency == concurrency)
 

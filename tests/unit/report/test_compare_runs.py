@@ -167,6 +167,25 @@ def test_an_onset_rule_on_one_draw_each_is_not_evaluated(tmp_path: Path) -> None
     assert "not separated by the repeats" in result.reason
 
 
+def test_a_baseline_that_sent_other_traffic_judges_only_the_pool(tmp_path: Path) -> None:
+    """The same server preempts earlier under distinct prompts than under the trace's shared
+    prefixes: against such a baseline an onset, last-safe or latency rule is not evaluated (never a
+    pass, never a fail); the pool, the server's own, is still compared."""
+    base = build_verdict(
+        load_run(_run(tmp_path / "b", onset=8, blocks=100, config={"prefix": {"mode": "distinct"}}))
+    )
+    shared = {"prefix": {"mode": "shared", "block_tokens": 16}}
+    new = build_verdict(load_run(_run(tmp_path / "n", onset=6, blocks=80, config=shared)))
+    rules = [parse_gate(r) for r in ("onset>=baseline", "last-safe>=baseline-1", "kv-blocks>=baseline*0.95")]
+    results = {r.gate.text: r for r in evaluate_gates(rules, new, base)}
+    for text in ("onset>=baseline", "last-safe>=baseline-1"):
+        assert results[text].status is GateStatus.NOT_EVALUATED, results[text]
+        assert results[text].reason == (
+            "the baseline sent different traffic from its trace (distinct prompts against shared prefixes)"
+        )
+    assert results["kv-blocks>=baseline*0.95"].status is GateStatus.FAIL
+
+
 def test_a_relative_rule_without_a_baseline_is_exit_2(
     runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -236,6 +255,34 @@ def test_runs_of_different_traces_are_exit_2_unless_allowed(
     out = tmp_path / "allowed"
     assert _compare(base, other, "--out", out, "--format", "json", "--allow-different-trace") == ExitCode.OK
     assert "compared anyway" in json.loads((out / "compare.json").read_text())["caveats"][0]
+
+
+def test_runs_that_sent_different_traffic_from_one_trace_are_exit_2_unless_allowed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One trace sent two ways is two workloads: distinct prompts preempt levels earlier than shared
+    prefixes, and --only-fitting or --tail-percentile sends another selection of it. Seen on the
+    simulator: a Mooncake trace sent whole and with --only-fitting compared as "the same trace"."""
+    shared = {"prefix": {"mode": "shared", "block_tokens": 16}}
+    base = _run(tmp_path / "b", onset=8, blocks=100, config=shared)
+    fitting = _run(tmp_path / "f", onset=8, blocks=100, config={**shared, "only_fitting": True})
+    assert _compare(base, fitting, "--out", tmp_path / "x", "--format", "json") == ExitCode.USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--allow-different-trace" in err
+    assert (
+        "sent different traffic from the trace (shared prefixes against shared prefixes, only requests "
+        "within max_model_len (--only-fitting))"
+    ) in err
+    distinct = _run(tmp_path / "d", onset=8, blocks=100, config={"prefix": {"mode": "distinct"}})
+    out = tmp_path / "allowed"
+    assert (
+        _compare(base, distinct, "--out", out, "--format", "json", "--allow-different-trace") == ExitCode.OK
+    )
+    doc = json.loads((out / "compare.json").read_text())
+    assert any("shared prefixes against distinct prompts" in c for c in doc["caveats"])
+    setup = {r["label"]: r for r in doc["setup"]}
+    assert setup["traffic"]["changed"]
+    assert _compare(base, base, "--out", tmp_path / "same", "--format", "json") == ExitCode.OK
 
 
 def test_runs_without_a_common_level_are_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

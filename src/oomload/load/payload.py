@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from oomload.errors import ConfigError
-from oomload.trace.model import MAX_TOKENS, TraceRecord
+from oomload.trace.model import MAX_TOKENS, TraceRecord, fitting
 from oomload.trace.stats import percentile
 
 Api = Literal["completions", "chat"]
@@ -314,7 +314,7 @@ class RequestOrder:
             raise ConfigError("the trace holds no requests to replay")
         if mode not in ("trace", "sample"):
             raise ConfigError(f"unknown order {mode!r}; allowed: trace, sample")
-        chosen = list(records) if fit_within is None else [r for r in records if r.fits(fit_within)]
+        chosen = fitting(records, fit_within)
         if not chosen:
             raise ConfigError(
                 f"none of the trace's {len(records)} requests fits the server's max_model_len {fit_within}"

@@ -48,7 +48,7 @@ from typing import Any
 from oomload.capacity.blocks import PROMPT_SHAPES, PromptShape
 from oomload.capacity.odds import LevelOdds, Pool, TraceOdds, predicted_onset
 from oomload.capacity.schedule import place_levels
-from oomload.trace.model import PrefixInfo, TraceRecord, read_trace, read_trace_header
+from oomload.trace.model import PrefixInfo, TraceRecord, fitting, read_trace, read_trace_header
 
 CHILD_NICE = 10
 
@@ -86,7 +86,7 @@ class OddsFeed:
     ) -> None:
         self.pool = pool
         self.only_fitting = only_fitting and pool.max_model_len is not None
-        records = _fitting(records, pool) if self.only_fitting else records
+        records = fitting(records, pool.max_model_len) if self.only_fitting else records
         self.record = record
         self.shape = shape
         self._known: dict[tuple[str, int], LevelOdds] = {}
@@ -164,12 +164,6 @@ class OddsFeed:
                     self._add(odds)
 
 
-def _fitting(records: Sequence[TraceRecord], pool: Pool) -> list[TraceRecord]:
-    """The records that fit the pool's ``max_model_len`` (all of them when it has none)."""
-    limit = pool.max_model_len
-    return list(records) if limit is None else [r for r in records if r.fits(limit)]
-
-
 def _prefix_info(trace_path: Path) -> PrefixInfo:
     """What the trace's ``hash_ids`` mean (its header), or the default for a trace not written yet."""
     return read_trace_header(trace_path).prefix_or_default() if trace_path.is_file() else PrefixInfo()
@@ -196,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pool = pool.with_limits(args.max_num_seqs, args.max_num_batched_tokens)
     records = read_trace(args.trace)
     if args.only_fitting:
-        records = _fitting(records, pool)
+        records = fitting(records, pool.max_model_len)
     trace = TraceOdds.of_records(records, _prefix_info(args.trace), pool, seed=args.seed)
     other: PromptShape = "worst-case" if args.prompts == "production" else "production"
     for shape, spec in ((args.prompts, args.levels), (other, args.other_levels)):

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, cast
@@ -383,6 +383,12 @@ def iter_trace(path: str | Path) -> Iterator[TraceRecord]:
                 raise TraceFormatError(f"malformed trace record (no {err})", path, lineno) from err
             except (ValueError, TypeError, AttributeError, OverflowError, RecursionError) as err:
                 raise TraceFormatError(f"malformed trace record ({err})", path, lineno) from err
+
+
+def fitting(records: Sequence[TraceRecord], max_model_len: int | None) -> list[TraceRecord]:
+    """The records that fit a server's ``max_model_len`` (``TraceRecord.fits``; all of them without one):
+    what ``--only-fitting`` replays."""
+    return list(records) if max_model_len is None else [r for r in records if r.fits(max_model_len)]
 
 
 def read_trace(path: str | Path) -> list[TraceRecord]:

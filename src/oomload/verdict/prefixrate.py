@@ -38,7 +38,7 @@ from typing import Any
 
 from oomload.outcome import RequestResult
 from oomload.rundir.records import CacheConfig, MetricsRow, PrefixSetting, RunConfig
-from oomload.trace.model import PrefixInfo, TraceRecord
+from oomload.trace.model import PrefixInfo, TraceRecord, fitting
 from oomload.trace.prefix import CacheModel
 from oomload.trace.stats import percentile
 
@@ -279,7 +279,7 @@ def _replayed(records: Sequence[TraceRecord], settings: RunConfig) -> list[Trace
     """The records the replay cycled through, as ``load.payload.RequestOrder`` chose them
     (``--only-fitting`` keeps those within max_model_len, then ``--tail-percentile`` the long ones)."""
     limit, tail_percentile = settings.max_model_len, settings.tail_percentile
-    chosen = [r for r in records if r.fits(limit)] if settings.only_fitting and limit else list(records)
+    chosen = fitting(records, limit) if settings.only_fitting else list(records)
     if tail_percentile is not None and tail_percentile > 0 and chosen:
         cut = percentile([r.total_tokens for r in chosen], tail_percentile)
         chosen = [r for r in chosen if r.total_tokens >= cut]

@@ -71,25 +71,22 @@ def parts_of(body: PartsBody | PlainPartsRequest | RequestBodyParts | LineParts)
     The Responses API's ``instructions`` is its system prompt and its ``input`` its messages: a list
     of items (each a part, as a message is) or one text (one part).
     """
-    messages = body.messages
-    if (
-        body.system is UNSET
-        and body.tools is UNSET
-        and body.prompt is UNSET
-        and body.instructions is UNSET
-        and body.input is UNSET
-    ):
-        return [] if messages is UNSET else messages  # the usual chat request
-    return _every_part(body, messages)
+    if body.system is UNSET and body.tools is UNSET and body.instructions is UNSET:
+        messages, prompt, items = body.messages, body.prompt, body.input
+        if items is UNSET:
+            if prompt is UNSET:
+                return [] if messages is UNSET else messages  # the usual chat request
+            return [prompt] if messages is UNSET else [*messages, prompt]  # a completions request
+        if messages is UNSET and prompt is UNSET:  # the usual Responses API request
+            return [items] if memoryview(items)[0] != _LIST else _items(items)
+    return _every_part(body)
 
 
-def _every_part(body: Any, messages: Any) -> list[Any]:
-    """``parts_of`` a request that is not the usual chat request (a completions ``prompt`` first)."""
-    if body.system is UNSET and body.tools is UNSET and body.instructions is UNSET and body.input is UNSET:
-        return [body.prompt] if messages is UNSET else [*messages, body.prompt]  # a completions request
+def _every_part(body: Any) -> list[Any]:
+    """``parts_of`` a request of any other shape: every part present, in a chat template's order."""
     parts: list[Any] = [p for p in (body.system, body.instructions, body.tools) if p is not UNSET]
-    if messages is not UNSET:
-        parts += messages
+    if body.messages is not UNSET:
+        parts += body.messages
     if body.input is not UNSET:
         parts += _items(body.input)
     if body.prompt is not UNSET:
@@ -98,11 +95,12 @@ def _every_part(body: Any, messages: Any) -> list[Any]:
 
 
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+_LIST = ord("[")
 
 
 def _items(value: msgspec.Raw) -> list[Any]:
     """The Responses API's ``input``: its items when it is a list, else itself (one text)."""
-    if memoryview(value)[:1].tobytes() != b"[":  # a Raw starts at its value's first byte (no leading space)
+    if memoryview(value)[0] != _LIST:  # a Raw starts at its value's first byte (no leading space)
         return [value]
     try:
         return _ITEMS.decode(value)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from spreadrun import run_both
 
@@ -140,6 +140,17 @@ def test_prompt_parts_of_any_request_shape_match_the_exact_path(lines: list[str]
         _all_exact(patch)
         exact = _table(list(read_openai_batches(LogSource(path), SkipLog(), None, hasher=hasher)))
     assert fast == exact
+
+
+@given(body=request_parts)
+def test_the_usual_requests_parts_are_every_part_in_order(body: dict[str, Any]) -> None:
+    """``parts_of``'s short cuts (a chat, a completions, a Responses API request) give what the
+    general walk gives: every part present, in a chat template's order."""
+    assume(not isinstance(body.get("messages"), str))  # not a request object: no parts (the readers' skip)
+    decoded = openai_parts.PARTS_BODY_DECODER.decode(json.dumps(body))
+    assert list(map(bytes, openai_parts.parts_of(decoded))) == list(
+        map(bytes, openai_parts._every_part(decoded))
+    )
 
 
 def _scratch_dir() -> str:

@@ -112,6 +112,10 @@ CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECOD
 
 
 def measure(kind: str, path: Path, out: Path) -> dict[str, float]:
+    """One run of ``kind`` in a fresh interpreter. A build's output is removed first: every build
+    writes a new file, and none pays for deleting the trace the run before it wrote (a trace with
+    chains is 2-3 times the size of one without, so that cost had been charged to the other kind)."""
+    out.unlink(missing_ok=True)
     done = subprocess.run(
         [sys.executable, "-c", CHILD, kind, str(path), str(out)],
         capture_output=True,

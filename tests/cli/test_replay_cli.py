@@ -183,3 +183,16 @@ def test_a_bad_sim_flag_is_a_usage_error(
     err = capsys.readouterr().err
     assert "unrecognized arguments: --bogus-flag" in err and "Traceback" not in err
     assert not run_dir.exists()
+
+
+def test_a_simulator_that_does_not_start_leaves_no_run_directory(
+    trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default run directory (``runs/<stamp>``, made before the server starts) is gone again when
+    the simulator refuses its flags: its words are in the error, and ``compare`` or ``report`` finds no
+    half-made run to trip on."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["replay", str(trace), "--sim=--gpu-memory-utilization 0.05"]) == 2
+    err = capsys.readouterr().err
+    assert "at start-up" in err and "Traceback" not in err, err
+    assert not any((tmp_path / "runs").glob("*")), list((tmp_path / "runs").glob("*/*"))

@@ -134,7 +134,11 @@ def _start_sim(config: ReplayConfig, console: Console) -> Any:
     try:
         return SimServer(args, log_path=log_path).start()
     except BaseException:
-        if made and config.run_dir is not None:  # nothing was run: no run directory left behind
+        # nothing was run, and the error already holds the simulator's words: no log left behind, and
+        # no run directory this call made (``oomload.cli.replay`` removes the one it made, now empty)
+        if log_path is not None:
+            log_path.unlink(missing_ok=True)
+        if made and config.run_dir is not None:
             shutil.rmtree(config.run_dir, ignore_errors=True)
         raise
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from oomload.cli import main
+from oomload.run.config import DEMO_SIM_ARGS, sim_flag, sim_line_args
 from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 
 
@@ -196,3 +197,13 @@ def test_a_simulator_that_does_not_start_leaves_no_run_directory(
     err = capsys.readouterr().err
     assert "at start-up" in err and "Traceback" not in err, err
     assert not any((tmp_path / "runs").glob("*")), list((tmp_path / "runs").glob("*/*"))
+
+
+@pytest.mark.parametrize("given", [("--gpu-memory-utilization", "0.75"), ("--gpu-memory-utilization=0.75",)])
+def test_a_sim_flag_given_again_replaces_the_demos(given: tuple[str, ...]) -> None:
+    """The line a run shows and records names each setting once (it named the demo's 0.8, then 0.75)."""
+    args = sim_line_args((*given, "--host-leak-mib-per-min", "30"))
+    assert sum(a.startswith("--gpu-memory-utilization") for a in args) == 1, args
+    assert sim_flag(args, "--gpu-memory-utilization") == "0.75"
+    assert sim_flag(args, "--max-num-seqs") == "64" and args[-2:] == ("--host-leak-mib-per-min", "30")
+    assert sim_line_args(()) == DEMO_SIM_ARGS

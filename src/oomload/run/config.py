@@ -264,6 +264,20 @@ def preflight_timeout_s(config: ReplayConfig) -> float:
     return min(limits)
 
 
+def sim_line_args(sim_args: Sequence[str]) -> tuple[str, ...]:
+    """The simulator's flags for a replay without a URL: ``DEMO_SIM_ARGS`` but each demo flag the user's
+    ``--sim`` gives again (``--flag VALUE`` or ``--flag=VALUE``), then the user's flags — so the line a
+    run shows and records names each setting once, with the value the simulator uses."""
+    given = {arg.partition("=")[0] for arg in sim_args if arg.startswith("--")}
+    kept = [
+        token
+        for flag, value in zip(DEMO_SIM_ARGS[::2], DEMO_SIM_ARGS[1::2], strict=True)
+        if flag not in given
+        for token in (flag, value)
+    ]
+    return (*kept, *sim_args)
+
+
 def sim_flag(args: Sequence[str], flag: str) -> str | None:
     """The value the simulator will use for ``flag`` (the last one given, as argparse does)."""
     value = None

@@ -5,8 +5,9 @@
 1. read the trace; with ``--serve`` start the user's server line (``oomload.realvllm.serveline``: its
    log is the run directory's ``server.log``, a failed start is ``ServeStartError`` with the cause the
    log gives); without a URL start the simulated vLLM (``oomload.sim.process.SimServer``) with
-   the demo's settings (``oomload.run.config.DEMO_SIM_ARGS``) and say so — the model and the GPU it
-   simulates; a URL ending in ``/v1`` is used without it (said in one line);
+   the demo's settings (``oomload.run.config.DEMO_SIM_ARGS``, less each flag ``--sim`` gives again:
+   ``sim_line_args``) and say so — the model and the GPU it simulates; a URL ending in ``/v1`` is
+   used without it (said in one line);
 2. preflight the endpoint (``/v1/models``: model, ``max_model_len``; warn how many trace requests
    cannot fit — with ``--only-fitting`` say how many are left out, every process's
    ``load.payload.RequestOrder`` leaving them out, and refuse a trace none of whose requests fits),
@@ -72,6 +73,7 @@ from oomload.run.config import (
     config_json,
     preflight_timeout_s,
     sim_flag,
+    sim_line_args,
 )
 from oomload.run.repro import write_repro
 from oomload.run.served import EXIT_WAIT_S, ServedProcess, exit_text, record_exit
@@ -120,7 +122,7 @@ def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
 def _start_sim(config: ReplayConfig, console: Console) -> Any:
     from oomload.sim.process import SimServer
 
-    args = (*DEMO_SIM_ARGS, *config.sim_args)
+    args = sim_line_args(config.sim_args)
     model, gpu = sim_flag(args, "--model"), sim_flag(args, "--gpu")
     console.print(
         f"[bold yellow]No --url: replaying against a SIMULATED vLLM server[/] — model {model}, "
@@ -237,7 +239,7 @@ def _run_with_server(
         # what the report's run block shows of the server: its version, and the simulator's flags
         document["vllm_version"] = server_version(url, api_key=api_key)
         if simulated:
-            document["sim_args"] = [*DEMO_SIM_ARGS, *config.sim_args]
+            document["sim_args"] = list(sim_line_args(config.sim_args))
         writer.write_json("config.json", document)
         writer.write_json(PROVENANCE_FILE, _provenance(config, document).to_json())
         writer.write_file("trace.jsonl", lambda fh: write_trace(fh, records, header))

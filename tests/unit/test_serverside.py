@@ -46,7 +46,7 @@ def test_littles_law_between_two_scrapes() -> None:
         (None, scrape(110.0, 90.0), ()),  # no scrape opened the window
         (scrape(100.0, 50.0, ok=False), scrape(110.0, 90.0), ()),  # a failed scrape
         (scrape(100.0, None), scrape(110.0, None), ()),  # no latency sums: not vLLM, or too old
-        (scrape(100.0, 50.0), scrape(100.5, 90.0), ()),  # a window shorter than MIN_WINDOW_S
+        (scrape(100.0, 50.0), scrape(100.4, 90.0), ()),  # a window shorter than MIN_WINDOW_S
         (scrape(100.0, 50.0), scrape(110.0, 10.0), ()),  # the sums went back: a restart
         (scrape(100.0, 50.0), scrape(110.0, 90.0), (scrape(105.0, 1.0, restarted=True),)),
     ],
@@ -72,3 +72,10 @@ def test_delivered_never_exceeds_achieved(achieved: float, server_s: float, clie
     assert server is not None
     delivered = delivered_concurrency(achieved, server_share(server, client_s))
     assert delivered is not None and 0.0 <= delivered <= achieved
+
+
+def test_a_one_second_step_has_its_mean_whichever_side_of_a_second_it_ended() -> None:
+    """A short check's scrapes were 0.998 s apart in one run and 1.003 s in the next: both are told."""
+    for window_s in (0.998, 1.003):
+        server = server_concurrency(scrape(100.0, 0.0), scrape(100.0 + window_s, 8.0))
+        assert server is not None and server.in_server == pytest.approx(8.0 / window_s)

@@ -39,6 +39,7 @@ class StepSpec:
     # vLLM's share of the client's seconds for the requests that end in this step: when set (in any
     # step), every scrape carries the latency sums (``e2e_latency_seconds_sum`` …) accordingly
     server_share: float | None = None
+    queued_share: float = 0.1  # the share of those seconds vLLM counts as queued (queue_seconds_sum)
     end_extra: Mapping[str, Any] = field(default_factory=dict)  # more fields for the step's end line
 
 
@@ -83,7 +84,8 @@ def write_run(
     t = T0
     counter = 0
     sums = any(spec.server_share is not None for spec in steps)
-    server_s: list[tuple[float, float]] = []  # (end, server seconds) of every answered request so far
+    # (end, server seconds, queued seconds) of every answered request so far
+    server_s: list[tuple[float, float, float]] = []
     with RunWriter(path) as w:
         w.write_json("config.json", cfg)
         if cache_config is not None:
@@ -96,11 +98,11 @@ def write_run(
             ],
             TraceHeader(source=("test",)),
         )
-        w.append("metrics", _scrape(t - 0.5, counter, 0, 0.0, 0, 0, 0.0 if sums else None))
+        w.append("metrics", _scrape(t - 0.5, counter, 0, 0.0, 0, 0, (0.0, 0.0) if sums else None))
         for index, spec in enumerate(steps):
             start = t
             if sums and index > 0:  # the boundary scrape that closes one step and opens the next
-                seconds = sum(x for end, x in server_s if end <= start)
+                seconds = _sums(server_s, start)
                 w.append("metrics", _scrape(start - 1e-6, counter, 0, 0.0, 0, 0, seconds))
             w.append(
                 "steps",
@@ -113,7 +115,10 @@ def write_run(
                 },
             )
             share = 1.0 if spec.server_share is None else spec.server_share
-            server_s += [(end, e2e_s * share) for end, e2e_s in _write_requests(w, index, spec, start)]
+            server_s += [
+                (end, e2e_s * share, e2e_s * share * spec.queued_share)
+                for end, e2e_s in _write_requests(w, index, spec, start)
+            ]
             for k in range(spec.scrapes):
                 ts = start + spec.duration_s * (k + 1) / (spec.scrapes + 1)
                 delta = spec.preemptions if k == spec.scrapes // 2 else 0
@@ -121,7 +126,7 @@ def write_run(
                 at_peak = spec.scrapes // 2 <= k < spec.scrapes // 2 + spec.peak_scrapes
                 kv = spec.kv_max if at_peak else spec.kv_max * 0.8
                 waiting = spec.waiting_max if at_peak else 0
-                seconds = sum(x for end, x in server_s if end <= ts) if sums else None
+                seconds = _sums(server_s, ts) if sums else None
                 running = min(spec.concurrency, 8)
                 w.append("metrics", _scrape(ts, counter, delta, kv, running, waiting, seconds))
             if spec.scrapes == 0:
@@ -249,13 +254,24 @@ def request(
     )
 
 
+def _sums(server_s: Sequence[tuple[float, float, float]], t: float) -> tuple[float, float]:
+    """(server seconds, queued seconds) of the requests answered by ``t``: what vLLM's sums hold then."""
+    return sum(x for end, x, _ in server_s if end <= t), sum(q for end, _, q in server_s if end <= t)
+
+
 def _scrape(
-    t: float, counter: int, delta: int, kv: float, running: int, waiting: int, server_s: float | None = None
+    t: float,
+    counter: int,
+    delta: int,
+    kv: float,
+    running: int,
+    waiting: int,
+    sums_s: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
-    sums = {} if server_s is None else {
-        "e2e_latency_seconds_sum": server_s,
-        "inference_seconds_sum": server_s * 0.9,
-        "queue_seconds_sum": server_s * 0.1,
+    sums = {} if sums_s is None else {
+        "e2e_latency_seconds_sum": sums_s[0],
+        "inference_seconds_sum": sums_s[0] - sums_s[1],
+        "queue_seconds_sum": sums_s[1],
     }  # fmt: skip
     return {
         **sums,

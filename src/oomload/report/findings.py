@@ -204,7 +204,13 @@ def queueing(verdict: Verdict) -> Finding:
     label = "Queueing (waiting > 0)"
     if level is None:
         return _not_judged(verdict, "queueing", label) or Finding("queueing", label, "not seen", "ok")
-    return Finding("queueing", label, f"concurrency {level.concurrency} ({level.value:.0f} waiting)", "warn")
+    step = next((s for s in verdict.steps if s.index == level.step), None)
+    depth = (
+        f"{level.value:.1f} waiting on average, by vLLM's queue time"
+        if step is not None and step.queued_by_mean
+        else f"{level.value:.0f} waiting"
+    )
+    return Finding("queueing", label, f"concurrency {level.concurrency} ({depth})", "warn")
 
 
 def context_overflow(verdict: Verdict) -> Finding:

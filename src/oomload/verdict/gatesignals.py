@@ -2,11 +2,12 @@
 
 An ``Event`` (``no-EVENT-below:N``) knows how a step shows it and whether a step could have shown it:
 preemption needs a ``/metrics`` scrape, queueing and KV saturation a sustained gauge (two consecutive
-scrapes, ``oomload.verdict.gauges``), engine death also counts at the verdict's death level. A
-``Metric`` (``METRIC[@C] OP VALUE``) knows its base unit, how to read it from one step and from the
-whole run, and how a missing or partial measurement is judged (``monotone``: only grows as a step goes
-on; ``fails_where_engine_died``; ``from_trusted_steps``). The tables ``EVENTS`` and ``METRICS`` hold
-every one the syntax accepts; ``oomload.verdict.gate`` parses the rules and judges them.
+scrapes, ``oomload.verdict.gauges``; for queueing also vLLM's queue-time sum, ``StepFacts.queue_depth``),
+engine death also counts at the verdict's death level. A ``Metric`` (``METRIC[@C] OP VALUE``) knows
+its base unit, how to read it from one step and from the whole run, and how a missing or partial
+measurement is judged (``monotone``: only grows as a step goes on; ``fails_where_engine_died``;
+``from_trusted_steps``). The tables ``EVENTS`` and ``METRICS`` hold every one the syntax accepts;
+``oomload.verdict.gate`` parses the rules and judges them.
 """
 
 from __future__ import annotations
@@ -78,11 +79,11 @@ PREEMPTION = Event(
     observable=lambda s: s.preemptions is not None,
 )
 ENGINE_DEATH = Event("engine_death", shows=_death_shown, phrase=_death_phrase, at_death=True)
-QUEUEING = Event(  # sustained: two consecutive scrapes (oomload.verdict.gauges)
+QUEUEING = Event(  # sustained: two consecutive scrapes, or vLLM's queue-time sum (StepFacts.queue_depth)
     "queueing",
-    shows=lambda s, v: (s.waiting_sustained or 0) > 0,
+    shows=lambda s, v: (s.queue_depth or 0.0) > 0,
     phrase=lambda v: "queueing",
-    observable=lambda s: s.waiting_sustained is not None,
+    observable=lambda s: s.queue_depth is not None,
 )
 KV_SATURATION = Event(
     "kv_saturation",

@@ -92,6 +92,9 @@ ACHIEVED_CONCURRENCY_MIN_SHARE = 0.8
 # A step whose scrapes showed requests waiting in vLLM this often (and in two consecutive scrapes) had
 # a saturated engine: it held its level whatever the server share, since the engine ran all it admitted.
 SATURATED_WAITING_SHARE = 0.5
+# Requests waiting in vLLM on average over a step, by its queue-time sum (Little's law), from which a
+# step queued even when no two consecutive scrapes caught the queue (``StepFacts.queue_depth``).
+QUEUED_MEAN_MIN = 1.0
 # A step (or a run, ``oomload.verdict``) is evidence only when at least this share of its decided
 # requests was answered (ok or truncated) or lost to an engine death; below it, it "mostly failed".
 MIN_ANSWERED_SHARE = 0.5
@@ -246,6 +249,30 @@ class StepFacts:
 
     def casualties_of(self, outcome: Outcome) -> int:
         return int(self.casualties.get(outcome.value, 0))
+
+    @property
+    def queue_depth(self) -> float | None:
+        """How deep vLLM's waiting queue was in this step, as the queueing finding judges it: the waiting
+        gauge's sustained level (two consecutive scrapes, ``oomload.verdict.gauges``) when it is above 0;
+        else the mean requests queued by vLLM's queue-time sum (``server.queued``, Little's law) when it
+        reached ``QUEUED_MEAN_MIN`` and a scrape saw the queue too; else 0 (``None``: neither observed).
+
+        A one-second step has about two scrapes: on the simulator, level 8 read 0 then 7 waiting (no
+        queueing) while vLLM's sum said 2.3 waited throughout; the next run read 3 then 5 (queueing),
+        3.7 by the sum. On 25 real-vLLM runs the sum never reached 1 where the gauge had not."""
+        mean = None if self.server is None else self.server.queued
+        if self.waiting_sustained is None and mean is None:
+            return None
+        if self.waiting_sustained:
+            return float(self.waiting_sustained)
+        if mean is not None and mean >= QUEUED_MEAN_MIN and (self.waiting_max or 0) > 0:
+            return mean
+        return 0.0
+
+    @property
+    def queued_by_mean(self) -> bool:
+        """The queue depth is the queue-time sum's mean, not two scrapes' reading."""
+        return not self.waiting_sustained and (self.queue_depth or 0.0) > 0
 
     @property
     def server_saturated(self) -> bool:

@@ -29,7 +29,9 @@ bisects the preemption onset afterwards, so "first in time" and "first in concur
   *sporadic*: named in the notes, and never safe;
 * KV saturation — a step whose KV usage was ≥ 0.99, and queueing — a step whose waiting was > 0, each
   *sustained*: in at least two consecutive scrapes of the step (``oomload.verdict.gauges``; one momentary
-  reading, such as a request caught between arrival and admission, is not a finding);
+  reading, such as a request caught between arrival and admission, is not a finding) — or, for
+  queueing, at least one request waiting on average by vLLM's queue-time sum, with a scrape that saw
+  the queue (``StepFacts.queue_depth``: a short step's two scrapes can miss a standing queue);
 * engine death — ``oomload.verdict.death``.
 
 Last safe concurrency: the highest level ``c`` below the first unsafe level and below the queueing
@@ -373,7 +375,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     summaries = level_summaries(measured)
     onset = preemption_onset(view, measured)
     kv_sat = level_onset(measured, lambda s: s.kv_usage_sustained, lambda v: v >= KV_SATURATED)
-    queueing = level_onset(measured, lambda s: s.waiting_sustained, lambda v: v > 0)
+    queueing = level_onset(measured, lambda s: s.queue_depth, lambda v: v > 0)
     last_safe = None  # an open loop ran no concurrency level: its cap vouches for nothing
     if not view.settings.open_loop:
         last_safe = last_safe_concurrency(

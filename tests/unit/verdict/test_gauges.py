@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from oomload.report.findings import queueing
 from oomload.verdict import build_verdict
 from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
 from oomload.verdict.gauges import SUSTAINED_SCRAPES, sustained_level
@@ -63,3 +64,39 @@ def test_one_scrape_at_full_kv_is_not_saturation(tmp_path: Path, peak_scrapes: i
     assert (verdict.kv_saturation is not None) is saturated
     status = evaluate_gate(parse_gate("no-kv-saturation-up-to:4"), verdict).status
     assert status is (GateStatus.FAIL if saturated else GateStatus.PASS)
+
+
+@pytest.mark.parametrize(
+    ("queued_share", "waiting_max", "queueing_at"),
+    [(0.3, 7, 8), (0.1, 7, None), (0.3, 0, None)],
+    ids=["a standing queue", "under one request on average", "no scrape saw it"],
+)
+def test_a_queue_two_scrapes_missed_is_found_by_vllms_queue_time(
+    tmp_path: Path, queued_share: float, waiting_max: int, queueing_at: int | None
+) -> None:
+    """A short step's scrapes read 0 then 7 waiting (not sustained) while vLLM's queue-time sum says
+    requests waited throughout: at least one on average, and a scrape saw the queue, is queueing."""
+    steps = [
+        StepSpec(4, kv_max=0.5, server_share=1.0, requests=32),
+        StepSpec(6, kv_max=0.6, server_share=1.0, requests=32),
+        StepSpec(
+            8,
+            kv_max=0.9,
+            waiting_max=waiting_max,
+            peak_scrapes=1,
+            server_share=1.0,
+            queued_share=queued_share,
+            requests=32,
+        ),
+    ]
+    verdict = build_verdict(load_run(write_run(tmp_path / "run", steps)))
+    at_eight = next(s for s in verdict.steps if s.concurrency == 8)
+    assert at_eight.trusted and at_eight.waiting_sustained == 0 and at_eight.server is not None
+    assert (at_eight.server.queued >= 1.0) is (queued_share == 0.3), at_eight.server.queued
+    assert (verdict.queueing.concurrency if verdict.queueing else None) == queueing_at
+    assert verdict.last_safe_concurrency == (6 if queueing_at else 8)
+    status = evaluate_gate(parse_gate("no-queueing-below:9"), verdict).status
+    assert status is (GateStatus.PASS if queueing_at is None else GateStatus.FAIL)
+    if queueing_at is not None:
+        mean = f"{at_eight.server.queued:.1f}"
+        assert queueing(verdict).text == f"concurrency 8 ({mean} waiting on average, by vLLM's queue time)"

@@ -204,7 +204,7 @@ def queueing(verdict: Verdict) -> Finding:
     label = "Queueing (waiting > 0)"
     if level is None:
         return _not_judged(verdict, "queueing", label) or Finding("queueing", label, "not seen", "ok")
-    step = next((s for s in verdict.steps if s.index == level.step), None)
+    step = _step(verdict, level.step)
     depth = (
         f"{level.value:.1f} waiting on average, by vLLM's queue time"
         if step is not None and step.queued_by_mean

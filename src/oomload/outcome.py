@@ -10,6 +10,10 @@ ended without its usage chunk).
 ``cancelled`` is not the server's doing: oomload itself abandoned the request (a user stopped at the end
 of the run or by Ctrl-C while the request was in flight). It is recorded so that nothing sent is lost,
 and it is neither a success nor an error: the verdict leaves it out of error rates.
+
+A 200 whose ``usage`` contradicts the lengths sent is a ``server_error`` with the reason
+``USAGE_DISAGREES`` (``oomload.load.classify``): the server did not run the trace's lengths, or
+miscounts them, so that request is no evidence of the trace's load.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
+
+USAGE_DISAGREES = "usage disagrees"  # the reason of a server_error whose usage contradicts the request
 
 
 class Outcome(StrEnum):

@@ -161,6 +161,16 @@ def test_ok_stream_with_exact_usage(serve: Callable[[Handler], RawServer]) -> No
         ),
         (_answer("500 Internal Server Error", "application/json", b""), Outcome.ENGINE_DEAD),
         (_sse([_chunk("a"), _usage(5, 1), b"[DONE]"]), Outcome.TRUNCATED),  # clamped: 1 < 3
+        (_sse([_chunk("a"), _usage(10**12, 3), b"[DONE]"]), Outcome.SERVER_ERROR),  # usage disagrees
+        (_sse([_chunk("a"), _usage(5, 10**12), b"[DONE]"]), Outcome.SERVER_ERROR),
+        (
+            _answer(
+                "200 OK",
+                "application/json",
+                b'{"choices":[{}],"usage":{"prompt_tokens":4,"completion_tokens":3}}',
+            ),
+            Outcome.SERVER_ERROR,
+        ),  # a prompt shorter than sent
         (_sse([_chunk("a"), _chunk("b")], cut=True), Outcome.TRANSPORT_ERROR),  # stream broke: no [DONE]
         (
             _sse([b'{"error":{"message":"busy","type":"Service Unavailable","code":503}}', b"[DONE]"]),

@@ -25,6 +25,10 @@ the request timeout elapsed                        timeout
 connect failed / reset / closed before an answer   transport_error
 a 200 whose stream (or body) broke — EOF or reset  transport_error, reason "stream broke"
 before ``[DONE]`` and without a usage chunk        (a dying server cuts its streams)
+a complete 200 whose usage contradicts what was    server_error, reason "usage disagrees"
+sent: ``completion_tokens`` > ``max_tokens``, or   (the server did not run the lengths
+``prompt_tokens`` ≠ the prompt sent beyond the     sent, or its usage is wrong: either
+request's slack (``PreparedRequest``)              way the load was not the trace's)
 a complete 200 (``[DONE]`` seen or usage present)  truncated
 without usage, or with ``usage.completion_tokens``  (e.g. max_tokens clamped silently
 < what was asked (exact output only)               near max_model_len)
@@ -45,7 +49,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from oomload.outcome import Outcome
+from oomload.outcome import USAGE_DISAGREES, Outcome
 
 ENGINE_DEAD_MARKS = (
     "cuda out of memory",
@@ -90,6 +94,8 @@ class Observation:
     usage_completion_tokens: int | None = None
     output_tokens_asked: int = 0
     exact_output: bool = True
+    prompt_tokens_sent: int | None = None  # what usage.prompt_tokens must say (None: not known)
+    prompt_slack_tokens: int = 0  # how far it may be off (a calibrated chat prompt)
 
 
 def classify(obs: Observation) -> tuple[Outcome, str | None, str | None]:
@@ -125,10 +131,24 @@ def classify(obs: Observation) -> tuple[Outcome, str | None, str | None]:
         return Outcome.TRANSPORT_ERROR, "stream broke", obs.transport_error or "EOF before [DONE]"
     if obs.usage_completion_tokens is None:
         return Outcome.TRUNCATED, "no usage", None
+    disagreement = _usage_disagreement(obs)
+    if disagreement is not None:
+        return Outcome.SERVER_ERROR, USAGE_DISAGREES, disagreement
     if obs.exact_output and obs.usage_completion_tokens < obs.output_tokens_asked:
         detail = f"completion_tokens {obs.usage_completion_tokens} < max_tokens {obs.output_tokens_asked}"
         return Outcome.TRUNCATED, "fewer tokens than asked", detail
     return Outcome.OK, None, None
+
+
+def _usage_disagreement(obs: Observation) -> str | None:
+    """How the answer's usage contradicts what was sent (token counts only), or ``None``."""
+    completion = obs.usage_completion_tokens
+    if completion is not None and completion > obs.output_tokens_asked:
+        return f"completion_tokens {completion} > max_tokens {obs.output_tokens_asked}"
+    prompt, sent = obs.usage_prompt_tokens, obs.prompt_tokens_sent
+    if prompt is not None and sent is not None and abs(prompt - sent) > obs.prompt_slack_tokens:
+        return f"prompt_tokens {prompt}, {sent} sent"
+    return None
 
 
 def _detail(obs: Observation, mark: str | None) -> str | None:

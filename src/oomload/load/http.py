@@ -213,13 +213,7 @@ def send(
     progress.t0 = time.perf_counter()
     wire = _exchange(endpoint, message, stream=stream, timeout_s=timeout_s, progress=progress)
     t_end = time.perf_counter()
-    obs = _observation(
-        wire,
-        progress.sse,
-        output_tokens_asked=request.output_tokens,
-        exact_output=exact_output,
-        server_answered_before=server_answered_before,
-    )
+    obs = _observation(wire, progress.sse, request, exact_output, server_answered_before)
     return _result(progress, obs, t_end, stream=stream)
 
 
@@ -386,12 +380,12 @@ def _read_body(
 def _observation(
     wire: _Wire,
     sse: SseStream,
-    *,
-    output_tokens_asked: int,
+    request: PreparedRequest,
     exact_output: bool,
     server_answered_before: bool,
 ) -> Observation:
-    """What ``classify`` judges: the wire's ending and the answer, an SSE error event and usage first."""
+    """What ``classify`` judges: the wire's ending and the answer, an SSE error event and usage first,
+    and what the request sent for its usage to be held to."""
     answer = wire.answer
     error, error_in_200 = answer.error, answer.error_in_200
     if sse.error is not None:
@@ -415,8 +409,10 @@ def _observation(
         stream_complete=wire.complete,
         usage_prompt_tokens=usage_prompt,
         usage_completion_tokens=usage_completion,
-        output_tokens_asked=output_tokens_asked,
+        output_tokens_asked=request.output_tokens,
         exact_output=exact_output,
+        prompt_tokens_sent=request.usage_prompt_tokens,
+        prompt_slack_tokens=request.usage_slack_tokens,
     )
 
 

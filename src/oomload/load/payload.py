@@ -31,8 +31,15 @@
     The text comes from a ``Calibrator`` that finds, through the server's ``/tokenize`` (messages form,
     so the chat template is counted), a word sequence whose token count is exactly ``P``; it is cached
     per length. Each request shuffles the words (same multiset, so the same count for tokenizers that
-    split on spaces, but a different prefix), and ``usage.prompt_tokens`` shows any deviation. Chat
-    replays are therefore always the worst case: calibrated text cannot carry the trace's blocks.
+    split on spaces, but a different prefix). Chat replays are therefore always the worst case:
+    calibrated text cannot carry the trace's blocks.
+
+Usage to expect. ``PreparedRequest.usage_prompt_tokens`` is the prompt count the server's
+``usage.prompt_tokens`` must report (``oomload.load.classify`` holds every answer to it): the ids sent
+on ``/v1/completions``, exactly; on the chat API the count the calibration measured, within
+``CHAT_SLACK_TOKENS`` — a shuffle changes which word starts the text, and a byte-level BPE counts the
+first word (no space before it) one token apart: −1…+1 over 200 shuffles of every length on the tiny
+Llama's tokenizer (``realvllm.tinymodel``).
 
 Bodies are built as bytes by hand: ``json.dumps`` of a 8k-id list costs more than the join below.
 
@@ -68,6 +75,7 @@ _WORD_TEXT = (
     "research girl guy moment air teacher force "
 )
 WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split(" ")[:-1])
+CHAT_SLACK_TOKENS = 4  # a shuffled chat prompt's count may differ this much from the calibrated one
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +115,17 @@ class PayloadOptions:
 
 @dataclass(frozen=True, slots=True)
 class PreparedRequest:
-    """One request ready to send: its id, endpoint path, JSON body and the lengths it asks for."""
+    """One request ready to send: its id, endpoint path, JSON body, the lengths it asks for (the
+    trace's), and the prompt count the server's usage must report (module docstring, "Usage to
+    expect"; ``None``: not known)."""
 
     request_id: str
     path: str
     body: bytes
     prompt_tokens: int
     output_tokens: int
+    usage_prompt_tokens: int | None = None
+    usage_slack_tokens: int = 0
 
 
 def parse_token_id_range(text: str) -> tuple[int, int]:
@@ -164,7 +176,7 @@ class CompletionPayloads:
             parts.append(",".join(map(str, _draw_ids(rng, lo, hi, rest))))
         body = self._head + ",".join(parts).encode() + b"]" + self._tail(output_tokens)
         return PreparedRequest(
-            f"{record.id}#{sequence}", self.options.path, body, prompt_tokens, output_tokens
+            f"{record.id}#{sequence}", self.options.path, body, prompt_tokens, output_tokens, sent_tokens
         )
 
     def _block(self, trace_pass: int, hash_id: int) -> str:
@@ -215,12 +227,19 @@ class ChatPayloads:
 
     def build(self, record: TraceRecord, sequence: int) -> PreparedRequest:
         prompt_tokens, output_tokens = asked_lengths(record)
-        words = list(self.calibrator.words_for(self.options.sent_prompt_tokens(prompt_tokens)))
+        calibrated, counted = self.calibrator.calibrated(self.options.sent_prompt_tokens(prompt_tokens))
+        words = list(calibrated)
         random.Random(self.options.seed * 1_000_003 + sequence).shuffle(words)
         messages = json.dumps([{"role": "user", "content": " ".join(words)}]).encode()
         body = self._head + messages + self._tail(output_tokens)
         return PreparedRequest(
-            f"{record.id}#{sequence}", self.options.path, body, prompt_tokens, output_tokens
+            f"{record.id}#{sequence}",
+            self.options.path,
+            body,
+            prompt_tokens,
+            output_tokens,
+            counted,
+            CHAT_SLACK_TOKENS,
         )
 
 
@@ -231,17 +250,22 @@ class Calibrator:
     template included). The count grows with the number of words, so a binary search on the number of
     words finds the longest list that does not exceed the target; words are then swapped for other
     words until the count is exact or the budget of probes is spent (the nearest count is kept).
+    ``calibrated`` returns the words with their measured count: the server's usage is held to it.
     """
 
     def __init__(self, count_tokens: Callable[[str], int], *, seed: int = 0, max_probes: int = 24) -> None:
         self._count = count_tokens
-        self._cache: dict[int, tuple[str, ...]] = {}
+        self._cache: dict[int, tuple[tuple[str, ...], int]] = {}
         self._rng = random.Random(seed)
         self._pool = list(WORDS)
         self._rng.shuffle(self._pool)
         self.max_probes = max_probes
 
     def words_for(self, prompt_tokens: int) -> tuple[str, ...]:
+        return self.calibrated(prompt_tokens)[0]
+
+    def calibrated(self, prompt_tokens: int) -> tuple[tuple[str, ...], int]:
+        """The words for ``prompt_tokens`` and the count the server gave them (cached per length)."""
         cached = self._cache.get(prompt_tokens)
         if cached is None:
             cached = self._calibrate(prompt_tokens)
@@ -252,26 +276,32 @@ class Calibrator:
         pool = self._pool
         return [pool[i % len(pool)] for i in range(n)]
 
-    def _calibrate(self, target: int) -> tuple[str, ...]:
+    def _calibrate(self, target: int) -> tuple[tuple[str, ...], int]:
         lo, hi = 0, max(1, target)
         probes = 0
+        counted: dict[int, int] = {}  # number of words → their count, as measured
         while lo < hi and probes < self.max_probes:  # largest n with count(n words) <= target
             mid = (lo + hi + 1) // 2
             probes += 1
-            if self._count(" ".join(self._words(mid))) <= target:
+            counted[mid] = self._count(" ".join(self._words(mid)))
+            if counted[mid] <= target:
                 lo = mid
             else:
                 hi = mid - 1
         words = self._words(lo)
+        count = counted.get(lo)
         for extra in ("a", "I", "x", "1"):
-            if probes >= self.max_probes:
-                break
-            probes += 1
-            count = self._count(" ".join(words))
+            if count is None:
+                if probes >= self.max_probes:
+                    break
+                probes += 1
+                count = self._count(" ".join(words))
             if count >= target:
                 break
-            words = [*words, extra]
-        return tuple(words)
+            words, count = [*words, extra], None
+        if count is None:  # the probes ran out after a word was added: measure what is sent
+            count = self._count(" ".join(words))
+        return tuple(words), count
 
 
 class RequestOrder:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from oomload.errors import ConfigError
 from oomload.load.payload import (
+    CHAT_SLACK_TOKENS,
     Calibrator,
     ChatPayloads,
     CompletionPayloads,
@@ -36,6 +37,7 @@ def test_completion_body_has_exact_lengths(prompt: int, output: int, seq: int) -
     assert body["ignore_eos"] is True and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
     assert req.path == "/v1/completions" and body["model"] == "m"
+    assert (req.usage_prompt_tokens, req.usage_slack_tokens) == (len(body["prompt"]), 0)  # held exactly
 
 
 def test_prompts_are_distinct_and_reproducible() -> None:
@@ -116,6 +118,7 @@ def test_chat_calibration_hits_the_exact_count() -> None:
     content = body["messages"][0]["content"]
     assert 5 + len(content.split()) == 120
     assert req.path == "/v1/chat/completions"
+    assert (req.usage_prompt_tokens, req.usage_slack_tokens) == (120, CHAT_SLACK_TOKENS)
     n = len(calls)
     other = json.loads(payloads.build(_record(120, 3), 1).body)["messages"][0]["content"]
     assert len(calls) == n  # cached per length
@@ -128,6 +131,25 @@ def test_calibrator_pads_when_words_cost_two_tokens() -> None:
 
     words = Calibrator(count).words_for(11)
     assert count(" ".join(words)) == 11
+
+
+@given(
+    template=st.integers(0, 40),
+    word_cost=st.integers(1, 3),
+    target=st.integers(0, 400),
+    max_probes=st.integers(0, 24),
+)
+def test_the_calibrated_count_is_the_count_of_the_words_sent(
+    template: int, word_cost: int, target: int, max_probes: int
+) -> None:
+    """The server's usage is held to ``calibrated``'s count: it must be what the words measure, also
+    when the template alone exceeds the target or the probes run out."""
+
+    def count(text: str) -> int:
+        return template + sum(1 if len(w) == 1 else word_cost for w in text.split())
+
+    words, counted = Calibrator(count, max_probes=max_probes).calibrated(target)
+    assert counted == count(" ".join(words))
 
 
 def test_request_order_trace_sample_and_tail() -> None:
@@ -172,15 +194,15 @@ def test_a_chat_prompt_over_max_model_len_is_calibrated_to_one_token_over_it() -
     payloads = ChatPayloads(
         PayloadOptions(api="chat", model="m", max_model_len=100), lambda text: len(text.split())
     )
-    original = payloads.calibrator.words_for
+    original = payloads.calibrator.calibrated
 
-    def spy(prompt_tokens: int) -> tuple[str, ...]:
+    def spy(prompt_tokens: int) -> tuple[tuple[str, ...], int]:
         asked.append(prompt_tokens)
         return original(prompt_tokens)
 
-    payloads.calibrator.words_for = spy  # type: ignore[method-assign]
+    payloads.calibrator.calibrated = spy  # type: ignore[method-assign]
     req = payloads.build(_record(10_000_000, 5), 0)
-    assert asked == [101] and req.prompt_tokens == 10_000_000
+    assert asked == [101] and req.prompt_tokens == 10_000_000 and req.usage_prompt_tokens == 101
     assert len(json.loads(req.body)["messages"][0]["content"].split()) == 101
 
 

@@ -125,6 +125,32 @@ def test_each_outcome_class() -> None:
     assert _outcome(**clamped, exact_output=False) is Outcome.OK
 
 
+def test_usage_that_contradicts_what_was_sent_is_a_server_error() -> None:
+    """A 200 whose usage says other lengths than were sent did not carry the trace's load (the hostile
+    drill's 10¹² tokens counted ok before): prompt off by more than the slack, or output over max_tokens."""
+    sent = {"http_status": 200, "output_tokens_asked": 8, "prompt_tokens_sent": 812}
+    assert _outcome(**sent, usage_prompt_tokens=812, usage_completion_tokens=8) is Outcome.OK
+    liar = classify(Observation(**sent, usage_prompt_tokens=10**12, usage_completion_tokens=8))
+    assert liar == (Outcome.SERVER_ERROR, "usage disagrees", "prompt_tokens 1000000000000, 812 sent")
+    short = classify(Observation(**sent, usage_prompt_tokens=811, usage_completion_tokens=8))
+    assert short[:2] == (Outcome.SERVER_ERROR, "usage disagrees")  # a truncated prompt is one too
+    over = classify(Observation(**sent, usage_prompt_tokens=812, usage_completion_tokens=9))
+    assert over == (Outcome.SERVER_ERROR, "usage disagrees", "completion_tokens 9 > max_tokens 8")
+    loose = {**sent, "exact_output": False}  # --no-exact-output allows fewer tokens, never more
+    assert _outcome(**loose, usage_prompt_tokens=812, usage_completion_tokens=9) is Outcome.SERVER_ERROR
+    # a calibrated chat prompt: within its slack is ok, beyond it is not
+    chat = {**sent, "prompt_slack_tokens": 4, "usage_completion_tokens": 8}
+    assert (
+        _outcome(**chat, usage_prompt_tokens=808) is _outcome(**chat, usage_prompt_tokens=816) is Outcome.OK
+    )
+    assert _outcome(**chat, usage_prompt_tokens=817) is Outcome.SERVER_ERROR
+    # nothing to hold it to: the prompt sent unknown, or the usage without prompt_tokens
+    assert _outcome(**{**chat, "prompt_tokens_sent": None}, usage_prompt_tokens=5) is Outcome.OK
+    assert _outcome(**chat, usage_prompt_tokens=None) is Outcome.OK
+    # a clamped answer with a wrong prompt count: the disagreement is the finding
+    assert _outcome(**sent, usage_prompt_tokens=5, usage_completion_tokens=3) is Outcome.SERVER_ERROR
+
+
 def test_precedence_engine_dead_beats_everything() -> None:
     obs = Observation(http_status=503, error_text="EngineDeadError: maximum context length", timed_out=True)
     assert classify(obs)[0] is Outcome.ENGINE_DEAD

@@ -16,6 +16,7 @@ from oomload.verdict import PreemptionOnset, StepFacts, Verdict, kv_peak_text, k
 from oomload.verdict.deathcause import DeathKind
 from oomload.verdict.loadgen import starved_line
 from oomload.verdict.recommend import Recommendation
+from oomload.verdict.verdict import USAGE_HINT
 
 NEAR_LIMIT_SHARE = 0.9  # a peak at 90 % of the server's memory limit is worth a warning
 # outcomes that are not failures, or that a finding of their own already tells
@@ -46,6 +47,7 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
         queueing(verdict),
         context_overflow(verdict),
         short_responses(verdict),
+        usage_disagrees(verdict),
         failed_requests(verdict),
         load_delivered(verdict),
         load_generator(verdict),
@@ -101,7 +103,7 @@ def prefix_cache(verdict: Verdict) -> Finding | None:
 
 
 OPEN_LOOP_NOT_COMPARED = "not compared: an open loop's requests in flight followed the arrivals, not levels"
-NOT_JUDGED = "not judged: the requests failed, so the server was not loaded (Run)"
+NOT_JUDGED = "not judged: the requests failed, so the run is no evidence (Run)"
 
 
 def _not_judged(verdict: Verdict, key: str, label: str) -> Finding | None:
@@ -246,6 +248,21 @@ def short_responses(verdict: Verdict) -> Finding | None:
         f"{short} response(s) ended with fewer tokens than asked "
         "(within max_model_len, not casualties of an engine death)",
         "warn",
+    )
+
+
+def usage_disagrees(verdict: Verdict) -> Finding | None:
+    """Answers whose usage contradicted the lengths sent: server errors, and why they matter."""
+    n = verdict.usage_disagrees
+    if not n:
+        return None
+    example = "" if verdict.usage_disagrees_example is None else f", e.g. {verdict.usage_disagrees_example}"
+    return Finding(
+        "usage_disagrees",
+        "Usage",
+        f"{n} of {verdict.requests_total} answers reported other lengths than were sent{example}; "
+        f"counted as server errors: {USAGE_HINT}",
+        "bad",
     )
 
 

@@ -123,7 +123,7 @@ def evidence_notes(
     decided = sum(s.decided_requests for s in measured)
     failed = sum(s.unexplained_failures for s in measured)
     if decided and failed > (1.0 - MIN_ANSWERED_SHARE) * decided:
-        text = f"{failed} of {decided} requests failed: the server was not loaded, nothing to judge"
+        text = f"{failed} of {decided} requests failed: nothing to judge (Run)"
         notes.append(ConfidenceNote("run_failed", text))
     if cut_short_detail is not None:
         text = f"the run was cut short: {cut_short_detail}"

@@ -73,6 +73,11 @@ is low (``run_failed``), and the run exits 3 whatever its gate rules say (``ooml
 step whose requests mostly failed is untrusted (``StepFacts.trusted``): no evidence that its level is
 safe or that a gate passes there.
 
+Usage. Every answer's ``usage`` is held to what its request sent (``oomload.load.classify``): an
+answer whose usage contradicts it is a ``server_error`` with the reason "usage disagrees", counted in
+``usage_disagrees`` with the first one's token counts; when they are most of a failed run's failures
+its sentence says so (``USAGE_HINT``).
+
 Context overflow: ``context_overflow`` outcomes are refusals; a ``truncated`` answer counts as
 *clamped* only when its prompt + asked output exceeds ``max_model_len`` (that is what clamping is);
 other truncated answers that were not casualties of an engine death are *short responses*. The
@@ -99,7 +104,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from oomload.capacity.blocks import PromptShape
-from oomload.outcome import Outcome
+from oomload.outcome import USAGE_DISAGREES, Outcome, RequestResult
 from oomload.trace.stats import LengthSummary, summarize_lengths
 from oomload.verdict.confidence import (
     ConfidenceNote,
@@ -140,6 +145,10 @@ from oomload.verdict.stepfacts import (
 from oomload.verdict.trend import MemoryTrend
 
 DEFAULT_MIN_REQUESTS = 3
+USAGE_HINT = (
+    "the server did not run the trace's lengths or miscounts them: something between oomload and "
+    "the engine that rewrites prompts or output limits, or a server that is not vLLM"
+)
 
 __all__ = [
     "DEFAULT_MIN_REQUESTS",
@@ -188,6 +197,8 @@ class Verdict:
     requests_cancelled: int = 0
     requests_failed: int = 0  # every error outcome over the measured steps, casualties included
     requests_unexplained: int = 0  # decided, neither answered nor lost to an engine death (StepFacts)
+    usage_disagrees: int = 0  # server errors whose usage contradicted the lengths sent (oomload.outcome)
+    usage_disagrees_example: str | None = None  # the first one's counts ("prompt_tokens 9, 8 sent")
     first_unsafe_concurrency: int | None = None  # lowest level that preempted or failed
     level_summaries: tuple[LevelSummary, ...] = ()
     odds_onset: int | None = None  # lowest measured level with non-negligible odds (module docstring)
@@ -239,10 +250,14 @@ class Verdict:
                 counts[name] = counts.get(name, 0) + n
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         kinds = ", ".join(f"{name} {n}" for name, n in ranked)
-        text = (
-            f"{self.requests_unexplained} of {decided} requests failed ({kinds}): the server was not "
-            "loaded, so nothing about its memory can be judged"
-        )
+        failed = f"{self.requests_unexplained} of {decided} requests failed ({kinds})"
+        if 2 * self.usage_disagrees > self.requests_unexplained:  # loaded, but not with the trace
+            return (
+                f"{failed}: {self.usage_disagrees} answers' usage contradicted the lengths sent "
+                f"({USAGE_HINT}), so the load was not the trace's and nothing about the server's memory "
+                "under it can be judged"
+            )
+        text = f"{failed}: the server was not loaded, so nothing about its memory can be judged"
         if ranked and ranked[0][0] == Outcome.CONTEXT_OVERFLOW.value:  # the trace, not the server
             text += "; --only-fitting replays only the requests within its max_model_len"
         return text
@@ -335,6 +350,7 @@ class Verdict:
                 "cancelled": self.requests_cancelled,
                 "failed": self.requests_failed,
                 "unexplained": self.requests_unexplained,
+                "usage_disagrees": self.usage_disagrees,
                 "error_rate": self.error_rate,
                 "failed_run": self.failed_run,
             },
@@ -445,6 +461,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     key_levels = {c for c in (last_safe, None if onset is None else onset.concurrency) if c is not None}
     measured_ids = {s.index for s in measured}
     requests = [r for d in view.steps if d.boundary.index in measured_ids for r in d.requests]
+    disagreeing = [r for r in requests if _reason_of(r) == USAGE_DISAGREES]
     return Verdict(
         run=run,
         steps=steps,
@@ -468,6 +485,8 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         requests_cancelled=sum(1 for r in requests if r.outcome is Outcome.CANCELLED),
         requests_failed=sum(1 for r in requests if r.outcome.is_error),
         requests_unexplained=sum(s.unexplained_failures for s in measured),
+        usage_disagrees=len(disagreeing),
+        usage_disagrees_example=_detail_of(disagreeing[0]) if disagreeing else None,
         first_unsafe_concurrency=first_unsafe_concurrency(measured, death),
         level_summaries=summaries,
         odds_onset=odds_onset,
@@ -499,6 +518,15 @@ def _kv_lengths(
     if limit is not None:
         pairs = [(min(t, limit), min(p, limit)) for t, p in pairs]
     return tuple(t for t, _ in pairs), tuple(p for _, p in pairs)
+
+
+def _reason_of(r: RequestResult) -> str | None:
+    """A failed request's short reason (``error`` is "reason" or "reason: detail")."""
+    return None if r.error is None else r.error.partition(": ")[0]
+
+
+def _detail_of(r: RequestResult) -> str | None:
+    return None if r.error is None else r.error.partition(": ")[2] or None
 
 
 def kv_percent(share: float) -> str:

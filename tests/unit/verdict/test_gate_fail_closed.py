@@ -244,3 +244,45 @@ def test_a_run_refused_as_too_long_names_the_way_out(tmp_path: Path) -> None:
     )
     other = build_verdict(load_run(_run(tmp_path, Outcome.TRANSPORT_ERROR, 7)))
     assert other.failed_run is not None and "--only-fitting" not in other.failed_run
+
+
+def test_answers_whose_usage_contradicts_the_request_are_named_and_judge_nothing(tmp_path: Path) -> None:
+    """The hostile drill: 200s claiming 10¹² prompt tokens counted ok. They are server errors now
+    (``oomload.load.classify``), and the verdict says what they were: a run of them is nothing to
+    judge, its sentence says the usage disagreed, and a few of them are a finding of their own."""
+    lie = "usage disagrees: prompt_tokens 1000000000000, 256 sent"
+    spec = {"requests": REQUESTS, "error_text": lie}
+    all_run = write_run(
+        tmp_path / "all", [StepSpec(c, failures={Outcome.SERVER_ERROR: REQUESTS}, **spec) for c in (2, 4)]
+    )
+    verdict = build_verdict(load_run(all_run))
+    assert verdict.usage_disagrees == 2 * REQUESTS
+    assert verdict.failed_run == (
+        "24 of 24 requests failed (server_error 24): 24 answers' usage contradicted the lengths sent (the "
+        "server did not run the trace's lengths or miscounts them: something between oomload and the "
+        "engine that rewrites prompts or output limits, or a server that is not vLLM), so the load was "
+        "not the trace's and nothing about the server's memory under it can be judged"
+    )
+    findings = {f.key: f for f in describe(verdict, recommend(verdict))}
+    assert findings["usage_disagrees"].severity == "bad"
+    assert findings["usage_disagrees"].text.startswith(
+        "24 of 24 answers reported other lengths than were sent, e.g. prompt_tokens 1000000000000, 256 "
+        "sent; counted as server errors"
+    )
+    code = finalize_run(
+        all_run, gates=["no-errors-up-to:4"], console=Console(file=io.StringIO()), formats=("json",)
+    )
+    assert code is ExitCode.UNREACHABLE
+    summary = json.loads((all_run / "summary.json").read_text())
+    assert summary["verdict"]["requests"]["usage_disagrees"] == 24
+
+    few_run = write_run(
+        tmp_path / "few", [StepSpec(c, failures={Outcome.SERVER_ERROR: 2}, **spec) for c in (2, 4)]
+    )
+    few = build_verdict(load_run(few_run))
+    assert few.failed_run is None and few.usage_disagrees == 4
+    assert "usage_disagrees" in {f.key for f in describe(few, recommend(few))}
+    # other server errors are not called a disagreement
+    other = build_verdict(load_run(_run(tmp_path, Outcome.SERVER_ERROR, 7)))
+    assert other.usage_disagrees == 0 and other.failed_run is not None
+    assert "usage" not in other.failed_run

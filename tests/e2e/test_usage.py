@@ -123,5 +123,6 @@ def test_a_gateway_that_lengthens_prompts_is_caught_by_the_real_usage(
     verdict = run.summary["verdict"]
     assert verdict["requests"]["usage_disagrees"] == len(answered)
     assert "answers' usage contradicted the lengths sent" in verdict["requests"]["failed_run"]
-    assert "NOTHING TO JUDGE" in proc.stdout and "the load was not the trace's" in proc.stdout
+    assert "NOTHING TO JUDGE" in proc.stdout
+    assert "so the load was not the trace's" in (tmp_path / "run" / "report.md").read_text(encoding="utf-8")
     FIGURES.append(f"rewriting gateway: {len(answered)} answers, all 'usage disagrees' (+7 tokens)")

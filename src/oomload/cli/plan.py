@@ -128,7 +128,7 @@ def _print_odds(odds: Sequence[LevelOdds], worst: Sequence[LevelOdds]) -> None:
         row = [
             str(o.concurrency),
             f"{o.per_100:.1f}",
-            "– (negligible)" if needed is None else f"{needed:,}",
+            "– (< 1 per 100)" if needed is None else f"{needed:,}",
             f"{o.p_seen(50):.0%}",
         ]
         table.add_row(*row, *([f"{worst[i].per_100:.1f}"] if worst else []))

@@ -250,9 +250,9 @@ class Calibrator:
     ``count_tokens(text)`` returns the server's count for a one-message chat with that text (chat
     template included). The words are always the first ``n`` of one shuffled pool, cycled, so the count
     is a function of ``n`` alone that grows with it: the calibration looks for the largest ``n`` whose
-    count does not exceed the target, then appends short fillers ("a", "I", "x", "1"), each only when
-    it does not overshoot, until the count is exact or the probes run out (the nearest count below is
-    kept; a template longer than the target gives no words at all).
+    count does not exceed the target (in at most ``max_probes`` probes), then appends short fillers
+    ("a", "I", "x", "1"), each once and only when it does not overshoot, until the count is exact (the
+    nearest count below is kept; a template longer than the target gives no words at all).
 
     Every count measured is kept (``n`` → count), for every length, so a new length starts from the
     nearest counts already known on both sides; between them the next ``n`` to probe is interpolated
@@ -301,13 +301,18 @@ class Calibrator:
         return self._count(" ".join(words))
 
     def _tokens_of(self, n: int) -> int:
-        """The count of the first ``n`` pool words, measured once and kept."""
+        """The count of the first ``n`` pool words, measured once and kept.
+
+        Users share one calibrator and ``count_tokens`` waits on the network, so other users' counts
+        may be kept while this one is measured: the place to keep it is found after."""
         i = bisect.bisect_left(self._known_n, n)
         if i < len(self._known_n) and self._known_n[i] == n:
             return self._known_tokens[i]
         tokens = self._measure(self.pool_words(n))
-        self._known_n.insert(i, n)
-        self._known_tokens.insert(i, tokens)
+        i = bisect.bisect_left(self._known_n, n)
+        if i == len(self._known_n) or self._known_n[i] != n:
+            self._known_n.insert(i, n)
+            self._known_tokens.insert(i, tokens)
         return tokens
 
     def _bracket(self, target: int) -> tuple[int, int]:
@@ -335,10 +340,9 @@ class Calibrator:
         return min(hi, max(lo + 1, guess))
 
     def _calibrate(self, target: int) -> tuple[tuple[str, ...], int]:
-        start = self.probes
         lo, hi = self._bracket(target)
-        tries = 0
-        while lo < hi and self.probes - start < self.max_probes:  # largest n whose count fits
+        tries = 0  # this length's own (other users' probes are not its budget)
+        while lo < hi and tries < self.max_probes:  # largest n whose count fits
             n = self._guess(lo, hi, target, bisect_now=tries >= self.SECANT_TRIES)
             tries += 1
             tokens = self._tokens_of(n)
@@ -350,7 +354,7 @@ class Calibrator:
                 hi = n - 1
         words, count = self.pool_words(lo), self._tokens_of(lo)
         for filler in self.FILLERS:  # each at most once, when its cost (as last measured) fits the gap
-            if count >= target or self.probes - start >= self.max_probes:
+            if count >= target:
                 break
             if self._filler_tokens.get(filler, 1) > target - count:
                 continue

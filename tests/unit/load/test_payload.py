@@ -184,6 +184,27 @@ def test_calibration_finds_the_longest_fitting_words_whatever_it_already_knows(
             assert counted == target or len(words) - n == len(Calibrator.FILLERS)
 
 
+def test_counts_kept_while_another_user_waits_on_its_own_stay_in_order() -> None:
+    """Users (greenlets) share a calibrator and each waits on /tokenize: here every count lets another
+    length be calibrated meanwhile, as another user would. Before, the waiting one kept its count where
+    it had looked before the wait, so the table went out of order and later lengths came out wrong."""
+    calibrator: Calibrator
+    pending = [3000, 40, 1700, 900, 2500, 10]
+
+    def count(text: str) -> int:
+        if pending:
+            calibrator.calibrated(pending.pop())  # another user's calibration, during this wait
+        return 7 + 2 * len(text.split())
+
+    calibrator = Calibrator(count)
+    targets = [1201, 333, 2999, 57, 1800, 1201]
+    results = [calibrator.calibrated(t) for t in targets]
+    assert calibrator._known_n == sorted(calibrator._known_n)
+    assert calibrator._known_tokens == sorted(calibrator._known_tokens)
+    for target, (words, counted) in zip(targets, results, strict=True):
+        assert counted == count(" ".join(words)) <= target and target - counted <= 1
+
+
 def test_a_warm_calibrator_needs_a_few_probes_a_length() -> None:
     """A bisection per length needs about log₂ 4000 = 12 probes; with the counts kept, a few (fillers
     included). The tiny Llama's tokenizer on the Azure code trace's lengths: 10.7 → 1.8."""

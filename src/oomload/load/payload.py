@@ -261,8 +261,8 @@ class Calibrator:
     first 1,500 prompt lengths of the Azure code trace (877 distinct) with the tiny Llama's tokenizer:
     1.8 probes a length, against 10.7 for a bisection per length; 1,491 of the 1,500 exact, against 810
     when fillers were appended whether or not they overshot (the 9 others are shorter than the chat
-    template). ``calibrated`` returns the words with their measured count:
-    the server's usage is held to it.
+    template). ``calibrated`` returns the words with their measured count: the server's usage is held
+    to it.
     """
 
     FILLERS = ("a", "I", "x", "1")

@@ -146,8 +146,8 @@ from oomload.verdict.trend import MemoryTrend
 
 DEFAULT_MIN_REQUESTS = 3
 USAGE_HINT = (
-    "the server did not run the trace's lengths or miscounts them: something between oomload and "
-    "the engine that rewrites prompts or output limits, or a server that is not vLLM"
+    "the server ran other lengths than the trace's or miscounts them — a proxy that rewrites prompts "
+    "or max_tokens, or a server that is not vLLM"
 )
 
 __all__ = [

@@ -310,6 +310,8 @@ class RunConfig:
     prompt_shape: str = "worst-case"  # prompts sent: "production" (the trace's shared prefixes) or not
     prefix: PrefixSetting | None = None  # ``prefix`` (None: a run written before it was recorded)
     order: str = "trace"  # the replay's order: "trace" (passes over the trace) or a sample
+    api: str = "completions"  # "chat": calibrated text over /v1/chat/completions
+    exact_output: bool = True  # False: --no-exact-output, the model ends its outputs
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> RunConfig:
@@ -331,6 +333,8 @@ class RunConfig:
             min_requests=as_int(schedule.get("min_requests")) if isinstance(schedule, Mapping) else None,
             prefix=PrefixSetting.from_json(prefix) if isinstance(prefix, Mapping) and prefix else None,
             order=str(obj.get("order", "trace")),
+            api="chat" if obj.get("api") == "chat" else "completions",
+            exact_output=obj.get("exact_output") is not False,
         )
 
 

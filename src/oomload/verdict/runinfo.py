@@ -56,6 +56,8 @@ class RunInfo:
     max_model_len: int | None
     tail_percentile: float | None = None  # the order replayed only the trace's tail (config.json)
     open_loop: bool = False  # the trace's arrival times were replayed, not fixed concurrency levels
+    api: str = "completions"  # "chat": calibrated text over the chat API (config.json)
+    exact_output: bool = True  # False: --no-exact-output
     config_note: str | None = None  # why config.json could not be read
     # the server's prefill budget: the cache config's, else the --serve line's, else its log's words
     max_num_batched_tokens: int | None = None
@@ -100,6 +102,8 @@ def run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | Non
         max_num_seqs=served.max_num_seqs,
         tail_percentile=config.tail_percentile,
         open_loop=config.open_loop,
+        api=config.api,
+        exact_output=config.exact_output,
         config_note=view.config_note,
     )
 

@@ -264,9 +264,14 @@ class Verdict:
 
     @property
     def traffic(self) -> str:
-        """What the run sent from its trace, in words: the prompts and the selection of requests. Two
-        runs compare (``compare``, a rule relative to a baseline) only when theirs is the same."""
+        """What the run sent from its trace, in words: the prompts, how (chat text, outputs the model
+        ended) and the selection of requests. Two runs compare (``compare``, a rule relative to a
+        baseline) only when theirs is the same."""
         parts = ["shared prefixes" if self.prompt_shape == "production" else "distinct prompts"]
+        if self.run.api == "chat":
+            parts.append("calibrated chat text (--api chat)")
+        if not self.run.exact_output:
+            parts.append("outputs the model ended (--no-exact-output)")
         if self.context_overflow.left_out:
             parts.append("only requests within max_model_len (--only-fitting)")
         if self.run.tail_percentile:

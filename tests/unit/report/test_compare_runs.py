@@ -285,6 +285,25 @@ def test_runs_that_sent_different_traffic_from_one_trace_are_exit_2_unless_allow
     assert _compare(base, base, "--out", tmp_path / "same", "--format", "json") == ExitCode.OK
 
 
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ({"api": "chat"}, "distinct prompts, calibrated chat text (--api chat)"),
+        ({"exact_output": False}, "distinct prompts, outputs the model ended (--no-exact-output)"),
+    ],
+)
+def test_a_chat_or_loose_output_run_is_other_traffic_than_a_completions_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], config: dict[str, object], words: str
+) -> None:
+    """Chat text goes through the template and the server's tokenizer; outputs the model ends are
+    shorter than the trace's. Both were "distinct prompts" beside a --distinct-prompts completions run."""
+    distinct = {"prefix": {"mode": "distinct"}}
+    base = _run(tmp_path / "b", onset=8, blocks=100, config=distinct)
+    other = _run(tmp_path / "o", onset=8, blocks=100, config={**distinct, **config})
+    assert _compare(base, other, "--out", tmp_path / "x", "--format", "json") == ExitCode.USAGE
+    assert f"(distinct prompts against {words})" in capsys.readouterr().err
+
+
 def test_runs_without_a_common_level_are_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = write_run(tmp_path / "b", [StepSpec(2), StepSpec(4)])
     new = write_run(tmp_path / "n", [StepSpec(8), StepSpec(16)])

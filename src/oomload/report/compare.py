@@ -9,7 +9,8 @@ as a typed ``Summary`` (``oomload.report.summary``). ``compare_runs`` puts two o
   (``cache_config.json``: KV blocks, block size, memory utilization, …), ``max_model_len``, the trace's
   digest, the traffic sent from it (``Verdict.traffic``: the prompts — the trace's shared prefixes
   or distinct, calibrated chat text, outputs the model ended — and which requests, how: the whole
-  trace, ``--only-fitting``, ``--tail-percentile``, ``--open-loop``), the levels and repeats, oomload's version. A row says whether it changed.
+  trace, ``--only-fitting``, ``--tail-percentile``, ``--open-loop``), the levels and repeats,
+  oomload's version. A row says whether it changed.
 * **Result** — each row with a status: ``regression`` / ``improvement`` (with evidence), ``not
   separated`` (a change the evidence does not carry), ``changed`` (a figure that is one number per
   run and has no test: shown, not judged), ``unchanged``, or ``not measured``.

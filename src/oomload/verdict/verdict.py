@@ -146,8 +146,8 @@ from oomload.verdict.trend import MemoryTrend
 
 DEFAULT_MIN_REQUESTS = 3
 USAGE_HINT = (
-    "the server ran other lengths than the trace's or miscounts them — a proxy that rewrites prompts "
-    "or max_tokens, or a server that is not vLLM"
+    "the server ran other lengths than the trace's or miscounts them — a proxy that rewrites prompts, "
+    "max_tokens or usage (point --url at the vLLM server itself), or a server that is not vLLM"
 )
 
 __all__ = [

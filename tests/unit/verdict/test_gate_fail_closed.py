@@ -259,9 +259,9 @@ def test_answers_whose_usage_contradicts_the_request_are_named_and_judge_nothing
     assert verdict.usage_disagrees == 2 * REQUESTS
     assert verdict.failed_run == (
         "24 of 24 requests failed (server_error 24): 24 answers' usage contradicted the lengths sent (the "
-        "server ran other lengths than the trace's or miscounts them — a proxy that rewrites prompts or "
-        "max_tokens, or a server that is not vLLM), so the load was not the trace's and nothing about the "
-        "server's memory under it can be judged"
+        "server ran other lengths than the trace's or miscounts them — a proxy that rewrites prompts, "
+        "max_tokens or usage (point --url at the vLLM server itself), or a server that is not vLLM), so "
+        "the load was not the trace's and nothing about the server's memory under it can be judged"
     )
     findings = {f.key: f for f in describe(verdict, recommend(verdict))}
     assert findings["usage_disagrees"].severity == "bad"

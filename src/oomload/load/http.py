@@ -191,6 +191,16 @@ def cancelled_exchange(progress: ExchangeProgress, reason: str = "abandoned by o
     )
 
 
+def unsent_exchange(reason: str, detail: str, *, refused: bool, server_answered_before: bool) -> Exchange:
+    """The result of a request that could not be built because the server did not help (a chat
+    prompt whose ``/tokenize`` failed): judged as a send that got no answer (``reason``), so a refusal
+    after the server had answered is the engine's death, as for a send."""
+    now = time.time()
+    obs = Observation(transport_error=reason, refused=refused, server_answered_before=server_answered_before)
+    outcome, judged, _ = classify(obs)
+    return Exchange(outcome, judged, detail, now, now, None, None, None, None, None, None, 0.0)
+
+
 def send(
     endpoint: Endpoint,
     request: PreparedRequest,

@@ -60,7 +60,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from oomload.errors import ConfigError
+from oomload.errors import ConfigError, EndpointError
 from oomload.trace.model import MAX_TOKENS, TraceRecord, fitting
 from oomload.trace.stats import percentile
 
@@ -217,8 +217,30 @@ def _body_tail(options: PayloadOptions) -> Callable[[int], bytes]:
     return tail
 
 
+class TokenizeError(EndpointError):
+    """A chat prompt's ``count_tokens`` failed (``oomload.load.preflight.tokenize_counter``): ``short``
+    says how in a few words, ``refused`` when nothing answered."""
+
+    def __init__(self, message: str, short: str, *, refused: bool) -> None:
+        super().__init__(message)
+        self.short = short
+        self.refused = refused
+
+
+class PromptBuildError(EndpointError):
+    """A chat prompt could not be calibrated (``/tokenize`` failed mid-run): ``request`` is the one that
+    was to be sent, with no body; ``short`` and ``refused`` say how ``/tokenize`` failed."""
+
+    def __init__(self, request: PreparedRequest, short: str, *, refused: bool) -> None:
+        super().__init__(f"{request.request_id}: /tokenize {short}")
+        self.request = request
+        self.short = short
+        self.refused = refused
+
+
 class ChatPayloads:
-    """Builds ``/v1/chat/completions`` bodies whose prompt text is calibrated to an exact token count."""
+    """Builds ``/v1/chat/completions`` bodies whose prompt text is calibrated to an exact token count.
+    A ``count_tokens`` that raises ``TokenizeError`` makes ``build`` raise ``PromptBuildError``."""
 
     def __init__(self, options: PayloadOptions, count_tokens: Callable[[str], int]) -> None:
         self.options = options
@@ -228,13 +250,18 @@ class ChatPayloads:
 
     def build(self, record: TraceRecord, sequence: int) -> PreparedRequest:
         prompt_tokens, output_tokens = asked_lengths(record)
-        calibrated, counted = self.calibrator.calibrated(self.options.sent_prompt_tokens(prompt_tokens))
+        request_id = f"{record.id}#{sequence}"
+        try:
+            calibrated, counted = self.calibrator.calibrated(self.options.sent_prompt_tokens(prompt_tokens))
+        except TokenizeError as err:
+            unbuilt = PreparedRequest(request_id, self.options.path, b"", prompt_tokens, output_tokens)
+            raise PromptBuildError(unbuilt, err.short, refused=err.refused) from err
         words = list(calibrated)
         random.Random(self.options.seed * 1_000_003 + sequence).shuffle(words)
         messages = json.dumps([{"role": "user", "content": " ".join(words)}]).encode()
         body = self._head + messages + self._tail(output_tokens)
         return PreparedRequest(
-            f"{record.id}#{sequence}",
+            request_id,
             self.options.path,
             body,
             prompt_tokens,

@@ -19,11 +19,12 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from oomload.errors import EndpointError
+from oomload.load.payload import TokenizeError
 from oomload.trace.model import TraceRecord
 
 
@@ -107,6 +108,48 @@ def preflight(base_url: str, *, model: str | None, api_key: str | None, timeout_
         max_model_len=max_len if isinstance(max_len, int) and max_len > 0 else None,
         models=ids,
     )
+
+
+def tokenize_counter(base_url: str, model: str, api_key: str | None) -> Callable[[str], int]:
+    """``count_tokens(text)`` through vLLM's ``POST /tokenize`` in its messages form (the chat template
+    counted): what ``--api chat`` calibrates its prompts with. ``TokenizeError`` on any failure."""
+    target = base_url.rstrip("/") + "/tokenize"
+
+    def count(text: str) -> int:
+        body = json.dumps({"model": model, "messages": [{"role": "user", "content": text}]}).encode()
+        request = urllib.request.Request(target, data=body, headers={"Content-Type": "application/json"})
+        if api_key:
+            request.add_header("Authorization", f"Bearer {api_key}")
+        try:
+            with urllib.request.urlopen(request, timeout=30.0) as resp:
+                obj = json.loads(resp.read(1 << 20))
+            return int(obj["count"])
+        except urllib.error.HTTPError as err:
+            short, refused = f"answered HTTP {err.code}", False
+        except (ValueError, KeyError, TypeError):
+            short, refused = "did not answer a token count", False
+        except Exception as err:  # every way a POST can fail: one short phrase
+            reason: object = err.reason if isinstance(err, urllib.error.URLError) else err
+            refused = isinstance(reason, ConnectionRefusedError)
+            short = "refused the connection" if refused else f"failed ({type(reason).__name__})"
+        raise TokenizeError(
+            f"{target} {short}; chat mode needs the server's /tokenize", short, refused=refused
+        )
+
+    return count
+
+
+def check_tokenize(base_url: str, model: str, api_key: str | None) -> None:
+    """Before a chat replay: one count through ``/tokenize``, so a server without it (not vLLM, or a
+    gateway that does not pass it on) is one sentence before any load."""
+    try:
+        tokenize_counter(base_url, model, api_key)("")
+    except TokenizeError as err:
+        raise EndpointError(
+            f"--api chat calibrates every prompt through the server's /tokenize, and "
+            f"{base_url.rstrip('/')}/tokenize {err.short}: replay over the completions API (the default), "
+            "or point --url at the vLLM server itself"
+        ) from err
 
 
 def server_version(base_url: str, *, api_key: str | None, timeout_s: float = 5.0) -> str | None:

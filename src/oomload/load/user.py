@@ -21,6 +21,11 @@ it is declared dead no request is sent, in any process: a user takes its start t
 ``ReplayContext.may_send`` (the workers of ``--processes N`` see the master's marker file in the run
 directory before its stop message arrives).
 
+A chat prompt that could not be built (its ``/tokenize`` failed mid-run: ``PromptBuildError``) is
+recorded as a send that got no answer (``http.unsent_exchange``: ``transport_error`` "tokenize
+failed", or ``engine_dead`` when refused after the server had answered), and the user sleeps
+``DEAD_BACKOFF_S`` too: before, each attempt raised in the Locust task and printed a traceback.
+
 Conversations: a user sends a conversation's turns one after the other (``ReplayContext.next_request``
 keyed by the user), so turn k goes out after turn k − 1 ended and from the same user; a user stopped by
 a lower step drops the rest of its conversation (``on_stop``).
@@ -39,8 +44,15 @@ from gevent import GreenletExit
 from locust import User, constant, task
 
 from oomload.load.context import ReplayContext
-from oomload.load.http import Endpoint, Exchange, ExchangeProgress, cancelled_exchange, send
-from oomload.load.payload import PreparedRequest
+from oomload.load.http import (
+    Endpoint,
+    Exchange,
+    ExchangeProgress,
+    cancelled_exchange,
+    send,
+    unsent_exchange,
+)
+from oomload.load.payload import PreparedRequest, PromptBuildError
 from oomload.outcome import Outcome, RequestResult
 
 DEAD_BACKOFF_S = 0.5  # pause after a refused connection / engine_dead outcome
@@ -70,7 +82,11 @@ class ReplayUser(User):
         if ctx.stopping or ctx.between_steps:
             gevent.sleep(IDLE_S)
             return
-        picked = ctx.next_request(id(self))
+        try:
+            picked = ctx.next_request(id(self))
+        except PromptBuildError as err:  # /tokenize failed: recorded as a send that got no answer
+            self._unsent(ctx, err)
+            return
         if picked is None:  # open loop: the trace has been sent once
             gevent.sleep(IDLE_S)
             return
@@ -107,6 +123,18 @@ class ReplayUser(User):
         if needs_backoff(ex):
             ctx.death_suspected = True
             gevent.sleep(DEAD_BACKOFF_S)
+
+    def _unsent(self, ctx: ReplayContext, err: PromptBuildError) -> None:
+        if not ctx.may_send():
+            return
+        answered = ctx.server_answered
+        ex = unsent_exchange(
+            "tokenize failed", err.short, refused=err.refused, server_answered_before=answered
+        )
+        ctx.started(err.request, ex.start_unix_s)
+        ctx.finished(_result(err.request, ctx.step, ctx.concurrency, ex))
+        self._report(err.request, ex)
+        gevent.sleep(DEAD_BACKOFF_S)  # never a tight loop of failing /tokenize calls
 
     def on_stop(self) -> None:
         if self.replay is not None:

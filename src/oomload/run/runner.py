@@ -11,7 +11,8 @@
 2. preflight the endpoint (``/v1/models``: model, ``max_model_len``; warn how many trace requests
    cannot fit — with ``--only-fitting`` say how many are left out, every process's
    ``load.payload.RequestOrder`` leaving them out, and refuse a trace none of whose requests fits),
-   waiting at most ``preflight_timeout_s``;
+   waiting at most ``preflight_timeout_s``; for ``--api chat``, one count through ``/tokenize``, which
+   every chat prompt is calibrated with (``load.preflight.check_tokenize``);
 3. create the run directory, write ``config.json`` (no secrets: only the API key's variable name),
    ``provenance.json`` (what a comparison needs: the server's version, the scrubbed ``--serve`` line,
    the trace's SHA-256, the levels and repeats; ``oomload.rundir.provenance``) and copy the trace
@@ -60,7 +61,7 @@ from oomload.errors import (
     RunDirWriteError,
     ServeStartError,
 )
-from oomload.load.preflight import count_unfit, preflight, server_version
+from oomload.load.preflight import check_tokenize, count_unfit, preflight, server_version
 from oomload.outfile import reason
 from oomload.realvllm.servecmd import ServeCommand
 from oomload.realvllm.serveline import scrub_file
@@ -224,6 +225,8 @@ def _run_with_server(
     served: ServedProcess | None = None,
 ) -> int:
     info = preflight(url, model=config.model, api_key=api_key, timeout_s=preflight_timeout_s(config))
+    if config.api == "chat":
+        check_tokenize(url, info.model, api_key)
     _say_unfit(console, config, records, info.max_model_len)
     run_dir = config.run_dir if config.run_dir is not None else new_run_dir(config.runs_parent)
     run_dir.mkdir(parents=True, exist_ok=True)

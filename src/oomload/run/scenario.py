@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from oomload.capacity.schedule import Hold, SchedulePlan, parse_levels, parse_stop_condition
 from oomload.credentials import read_api_key
-from oomload.errors import ConfigError, EndpointError
+from oomload.errors import ConfigError
 from oomload.load.baseurl import BaseUrl
 from oomload.load.context import ContextMeter, ReplayContext
 from oomload.load.http import Endpoint
@@ -29,7 +28,7 @@ from oomload.load.payload import (
     RequestOrder,
     parse_token_id_range,
 )
-from oomload.load.preflight import preflight
+from oomload.load.preflight import preflight, tokenize_counter
 from oomload.load.user import ReplayUser
 from oomload.run.config import (
     DEFAULT_API_KEY_ENV,
@@ -95,25 +94,6 @@ def bind_user(
     user_class.replay_path = payload.path
     user_class.host = options.url
     return context
-
-
-def tokenize_counter(url: str, model: str, api_key: str | None) -> Callable[[str], int]:
-    """``count_tokens(text)`` through the server's ``/tokenize`` (messages form: template counted)."""
-    target = url + "/tokenize"
-
-    def count(text: str) -> int:
-        body = json.dumps({"model": model, "messages": [{"role": "user", "content": text}]}).encode()
-        request = urllib.request.Request(target, data=body, headers={"Content-Type": "application/json"})
-        if api_key:
-            request.add_header("Authorization", f"Bearer {api_key}")
-        try:
-            with urllib.request.urlopen(request, timeout=30.0) as resp:
-                obj = json.loads(resp.read())
-        except (OSError, ValueError) as err:
-            raise EndpointError(f"{target} failed ({err}); chat mode needs the server's /tokenize") from err
-        return int(obj["count"])
-
-    return count
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,10 @@
 from __future__ import annotations
 
 import json
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from harness import FIGURES, Run, ServerPool, replay, write_trace_file
 from probe import scrape
 
 from oomload.load.payload import CHAT_SLACK_TOKENS
+from stubserver import stdlib_server
 
 pytestmark = pytest.mark.e2e
 
@@ -89,14 +89,8 @@ class _RewritingProxy(BaseHTTPRequestHandler):
 @pytest.fixture
 def rewriting_proxy(vllm_servers: ServerPool) -> Iterator[str]:
     handler = type("Proxy", (_RewritingProxy,), {"upstream": vllm_servers.get().url})
-    proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{proxy.server_address[1]}"
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
+    with stdlib_server(handler) as url:
+        yield url
 
 
 def test_a_gateway_that_lengthens_prompts_is_caught_by_the_real_usage(

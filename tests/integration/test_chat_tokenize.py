@@ -136,3 +136,36 @@ def test_an_unbuilt_request_is_judged_as_a_send_without_an_answer(
         "tokenize failed", "refused the connection", refused=refused, server_answered_before=answered
     )
     assert (ex.outcome, ex.reason) == expected and ex.http_status is None
+
+
+@pytest.mark.parametrize(
+    ("refused", "outcome"), [(True, Outcome.ENGINE_DEAD), (False, Outcome.TRANSPORT_ERROR)]
+)
+def test_a_user_records_an_unbuilt_request_and_a_refusal_wakes_the_monitor(
+    refused: bool, outcome: Outcome
+) -> None:
+    """The user's side: the request is recorded once, and a refused /tokenize (a dead server) flags a
+    /health check as a refused send does; a 404 does not."""
+    from locust.env import Environment
+
+    from oomload.load.context import ReplayContext
+    from oomload.load.http import Endpoint
+    from oomload.load.payload import PreparedRequest, PromptBuildError, RequestOrder
+    from oomload.load.user import ReplayUser
+
+    class Unbuildable:
+        def build(self, record: TraceRecord, sequence: int) -> PreparedRequest:
+            request = PreparedRequest(f"{record.id}#{sequence}", "/v1/chat/completions", b"", 5, 3)
+            raise PromptBuildError(request, "refused the connection", refused=refused)
+
+    ctx = ReplayContext(order=RequestOrder([TraceRecord("r", 0.0, 5, 3)]), payloads=Unbuildable(), sink=None)
+    ctx.server_answered = True
+    user_class = type(
+        "U",
+        (ReplayUser,),
+        {"abstract": False, "replay": ctx, "endpoint": Endpoint.from_url("http://127.0.0.1:1")},
+    )
+    user = user_class(Environment(user_classes=[user_class]))
+    user.replay_one()
+    assert dict(ctx.outcomes) == {outcome: 1} and not ctx.in_flight
+    assert ctx.death_suspected is refused

@@ -134,6 +134,8 @@ class ReplayUser(User):
         ctx.started(err.request, ex.start_unix_s)
         ctx.finished(_result(err.request, ctx.step, ctx.concurrency, ex))
         self._report(err.request, ex)
+        if err.refused:  # as after a refused send: the monitor checks /health now
+            ctx.death_suspected = True
         gevent.sleep(DEAD_BACKOFF_S)  # never a tight loop of failing /tokenize calls
 
     def on_stop(self) -> None:

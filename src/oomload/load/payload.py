@@ -307,9 +307,6 @@ class Calibrator:
         self.probes = 0  # counts asked of the server, over every length
         self._filler_tokens: dict[str, int] = {}  # what each filler added when last measured
 
-    def words_for(self, prompt_tokens: int) -> tuple[str, ...]:
-        return self.calibrated(prompt_tokens)[0]
-
     def calibrated(self, prompt_tokens: int) -> tuple[tuple[str, ...], int]:
         """The words for ``prompt_tokens`` and the count the server gave them (cached per length)."""
         cached = self._cache.get(prompt_tokens)

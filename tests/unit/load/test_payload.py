@@ -131,8 +131,8 @@ def test_calibrator_pads_when_words_cost_two_tokens() -> None:
     def count(text: str) -> int:  # each pool word 2 tokens, single letters 1
         return sum(1 if len(w) == 1 else 2 for w in text.split())
 
-    words = Calibrator(count).words_for(11)
-    assert count(" ".join(words)) == 11
+    words, counted = Calibrator(count).calibrated(11)
+    assert count(" ".join(words)) == counted == 11
 
 
 @given(

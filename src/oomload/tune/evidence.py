@@ -46,11 +46,15 @@ class TargetEvidence:
     running_max: int | None = None  # vLLM's most requests running at once over the steps
 
 
-def judge_target(steps: Sequence[StepSummary], target: int, cap: int | None) -> TargetEvidence:
-    """Whether the target's steps held (module docstring); no steps: no evidence."""
+def judge_target(
+    steps: Sequence[StepSummary], target: int, cap: int | None, failed_run: str | None = None
+) -> TargetEvidence:
+    """Whether the target's steps held (module docstring); no steps: no evidence. ``failed_run`` is the
+    replay's sentence when the whole run was nothing to judge (``Verdict.failed_run``): what a step
+    whose requests mostly failed says of why."""
     if not steps:
         return TargetEvidence(False, f"no step at {target} ran")
-    judged = [_judge(s, target, cap) for s in steps]
+    judged = [_judge(s, target, cap, failed_run) for s in steps]
     running = [s.running_max for s in steps if s.running_max is not None]
     running_max = max(running) if running else None
     failed = next((j for j in judged if not j.held), None)
@@ -59,12 +63,13 @@ def judge_target(steps: Sequence[StepSummary], target: int, cap: int | None) -> 
     return TargetEvidence(True, "; ".join(j.how for j in judged), None, running_max)
 
 
-def _judge(step: StepSummary, target: int, cap: int | None) -> TargetEvidence:
+def _judge(step: StepSummary, target: int, cap: int | None, failed_run: str | None) -> TargetEvidence:
     starved = _starved_text(step.starved)
     if step.cut_short:
         return TargetEvidence(False, f"the step at {target} was cut short ({step.end_reason})")
-    if step.mostly_failed:
-        return TargetEvidence(False, f"most requests at {target} failed: the server was not loaded")
+    if step.mostly_failed:  # the run's sentence says why (an unloaded server, or answers not the trace's)
+        why = failed_run or f"most requests at {target} failed, so the step is no evidence"
+        return TargetEvidence(False, why)
     if cap is not None and cap < target:
         return _judge_capped(step, cap, starved)
     held = step.concurrency_held

@@ -242,7 +242,7 @@ def proof_from_summary(
     evidence = None if guide is None else guide.requests_for_evidence
     steps = [] if summary is None else [s for s in summary.steps if not s.warmup and s.concurrency == target]
     requests = sum(s.requests for s in steps)
-    judged = judge_target(steps, target, max_num_seqs)
+    judged = judge_target(steps, target, max_num_seqs, None if summary is None else summary.failed_run)
     held = judged.held
     preemptions = sum(s.preemptions or 0 for s in steps)
     observed_onset = (

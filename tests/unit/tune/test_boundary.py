@@ -205,3 +205,23 @@ def test_the_proof_carries_a_held_cap_and_marks_a_starved_step_as_no_evidence() 
     assert proof.outcome == "no evidence" and "the load host limits" in proof.evidence
     preempted = _from_summary(_step_doc(running_max=5, preemptions=2, starved=starved), 8)
     assert not preempted.no_evidence and preempted.outcome == "preempted"  # a preemption is evidence
+
+
+def test_a_failed_step_says_why_in_the_replays_words_not_that_the_server_was_idle() -> None:
+    # a proxy rewrote every answer's usage: the server was loaded, but not with the trace
+    said = (
+        "60 of 60 requests failed (server_error 60): 60 answers' usage contradicted the lengths sent "
+        "(…), so the load was not the trace's and nothing about the server's memory under it can be judged"
+    )
+    found = judge_target([_step(mostly_failed=True)], TARGET, None, said)
+    assert not found.held and found.how == said
+    bare = judge_target([_step(mostly_failed=True)], TARGET, None)
+    assert not bare.held and bare.how == f"most requests at {TARGET} failed, so the step is no evidence"
+    doc = _step_doc(mostly_failed=True)
+    summary = _typed(
+        {"verdict": {"steps": [doc], "requests": {"total": 60, "failed": 60, "failed_run": said}}}
+    )
+    proof = proof_from_summary(
+        summary, target=TARGET, pool=None, guide=None, slo_ttft_p99_s=None, run_dir="r", replay_exit=3
+    )
+    assert not proof.carries and said in proof.evidence and "not loaded" not in proof.evidence

@@ -37,6 +37,7 @@ from harness import FIGURES, ServerPool, write_trace_file
 
 from clirun import oomload
 from oomload.errors import ExitCode
+from oomload.load.payload import CHAT_SLACK_TOKENS
 from oomload.realvllm.server import LAUNCHER
 
 pytestmark = pytest.mark.e2e
@@ -59,11 +60,11 @@ def _serve_line(python: Path, model: Path, batched_tokens: int) -> str:
     return shlex.join(argv)
 
 
-def _replay(trace: Path, run_dir: Path, serve: str, levels: tuple[int, ...], gate: str) -> Any:
+def _replay(trace: Path, run_dir: Path, serve: str, levels: tuple[int, ...], gate: str, *extra: str) -> Any:
     return oomload(
         *("replay", str(trace), "--serve", serve, "--run-dir", str(run_dir), "--gpu", "none"),
         *("--concurrency", ",".join(map(str, levels)), "--hold-s", str(HOLD_S), "--no-refine"),
-        *("--no-live", "--no-html", "--gate", gate),
+        *("--no-live", "--no-html", "--gate", gate, *extra),
         timeout_s=REPLAY_TIMEOUT_S,
     )
 
@@ -73,6 +74,16 @@ def _first_worker_error_unix_s(log: str, year: int) -> float:
     match = re.search(r"^\((?:Worker|EngineCore)[^)]*\) ERROR (\d\d-\d\d \d\d:\d\d:\d\d)", log, re.M)
     assert match, "the server's log holds no ERROR line of its worker or engine"
     return datetime.strptime(f"{year}-{match[1]}", "%Y-%m-%d %H:%M:%S").timestamp()
+
+
+def _assert_died_where_the_log_says(run: Path, death: dict[str, Any]) -> None:
+    """The level where the server really died: its own log says when, the steps say which level then."""
+    log = (run / "server.log").read_text(errors="replace")
+    died_at = _first_worker_error_unix_s(log, time.localtime().tm_year)
+    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    starts = sorted((s["t_unix_s"], s["step"], s["concurrency"]) for s in steps if s["event"] == "start")
+    in_step = [c for t, _, c in starts if t <= died_at + 1.0]  # the log's clock has whole seconds
+    assert in_step and death["concurrency"] == in_step[-1], (died_at, starts, death)
 
 
 def test_an_activation_peak_is_found_named_and_bounded(
@@ -91,13 +102,8 @@ def test_an_activation_peak_is_found_named_and_bounded(
     cause = death["cause"]
     assert (death["kind"], death["memory"]) == ("cpu_oom", True), cause
 
-    # the level where the server really died: its own log says when, the steps say which level then
+    _assert_died_where_the_log_says(run, death)
     log = (run / "server.log").read_text(errors="replace")
-    died_at = _first_worker_error_unix_s(log, time.localtime().tm_year)
-    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
-    starts = sorted((s["t_unix_s"], s["step"], s["concurrency"]) for s in steps if s["event"] == "start")
-    in_step = [c for t, _, c in starts if t <= died_at + 1.0]  # the log's clock has whole seconds
-    assert in_step and death["concurrency"] == in_step[-1], (died_at, starts, death)
 
     # the size, from the server's words when they carry one
     said = re.findall(r"you tried to allocate (\d+) bytes", log)
@@ -133,3 +139,36 @@ def test_an_activation_peak_is_found_named_and_bounded(
     assert bounded["onsets"]["engine_death"] is None
     assert bounded["levels"] == list(carried)
     FIGURES.append(f"memory death: with --max-num-batched-tokens {batched}, levels {carried} carried")
+
+
+def test_a_chat_replay_finds_the_same_death_while_it_still_calibrates(
+    vllm_python: Path, tiny_model: Path, vllm_servers: ServerPool, tmp_path: Path
+) -> None:
+    """The chat API under the same limit, with 100 distinct prompt lengths: each is calibrated through
+    ``/tokenize`` the first time a user needs it, so calibration goes on during the ramp. Every new
+    length is a new shape for the worker, and its memory grew with them: the first run died at
+    concurrency 1, after 29 answers, of oneDNN's "could not create a primitive". The replay names that
+    death as the completions replay does, at the level the server's log puts it in, and every answer's
+    usage is within the chat slack of what was sent (none "usage disagrees")."""
+    vllm_servers.stop()
+    lengths = [(PROMPT_TOKENS - 100 + i % 100, OUTPUT_TOKENS) for i in range(400)]
+    trace = write_trace_file(tmp_path / "chat.jsonl", lengths)
+    run = tmp_path / "chat-died"
+    serve = _serve_line(vllm_python, tiny_model, 65536)
+    result = _replay(trace, run, serve, LEVELS, f"no-oom-up-to:{LEVELS[-1]}", "--api", "chat")
+    assert result.returncode == ExitCode.GATE_FAILED, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    verdict = json.loads((run / "summary.json").read_text())["verdict"]
+    death = verdict["onsets"]["engine_death"]
+    assert death is not None and (death["kind"], death["memory"]) == ("cpu_oom", True), death
+    _assert_died_where_the_log_says(run, death)
+    assert verdict["requests"]["usage_disagrees"] == 0, verdict["requests"]
+    rows = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
+    answered = [r for r in rows if r["outcome"] == "ok"]
+    deltas = [r["usage_prompt_tokens"] - r["prompt_tokens_asked"] for r in answered]
+    assert answered and max(map(abs, deltas)) <= CHAT_SLACK_TOKENS, (min(deltas), max(deltas))
+    assert len({r["prompt_tokens_asked"] for r in answered}) >= 10  # calibration went on in the ramp
+    FIGURES.append(
+        f"memory death over the chat API: {death['kind']} at concurrency {death['concurrency']}; "
+        f"{len(answered)} answers, usage − trace prompt {min(deltas):+d}…{max(deltas):+d}"
+    )

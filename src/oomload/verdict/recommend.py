@@ -250,12 +250,13 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
         why += _shape_clause(verdict)
         return Setting("--max-num-seqs", None, current, why)
     if safe is None:
-        return Setting(
-            "--max-num-seqs",
-            None,
-            current,
-            "the lowest level tested already broke: test lower concurrency first",
+        lowest = min((s.concurrency for s in verdict.measured_steps), default=None)
+        why = (
+            "one request at a time already broke: no cap avoids it (the settings beside it say what may)"
+            if lowest == 1
+            else "the lowest level tested already broke: test lower concurrency first"
         )
+        return Setting("--max-num-seqs", None, current, why)
     what = "preemption" if verdict.preemption_onset is not None else "failures"
     bad_levels = [
         s.concurrency

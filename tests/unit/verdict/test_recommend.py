@@ -311,3 +311,21 @@ def test_a_window_the_pool_could_not_hold_either_is_told_so(tmp_path: Path) -> N
         "a model that allows it and a KV pool that holds one such request (the usable pool holds 4768 "
         "tokens: more memory for the KV cache, a bigger GPU or tensor parallelism)"
     )
+
+
+@pytest.mark.parametrize(
+    ("level", "said"),
+    [
+        (1, "one request at a time already broke: no cap avoids it"),
+        (2, "the lowest level tested already broke: test lower concurrency first"),
+    ],
+)
+def test_a_death_at_the_first_level_is_told_whether_a_lower_one_exists(
+    tmp_path: Path, level: int, said: str
+) -> None:
+    # the real vLLM under a data limit died at concurrency 1 of distinct prompt shapes (tests/e2e)
+    oom = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 2000000 bytes"
+    died = StepSpec(level, failures={Outcome.ENGINE_DEAD: level}, error_text=oom)
+    cache = {**CPU_CACHE, "max_num_batched_tokens": 65536}  # known: no prefill bound in words either
+    rec = recommend(verdict_of(write_run(tmp_path / "r", [died], cache_config=cache)))
+    assert rec.max_num_seqs.value is None and rec.max_num_seqs.reason.startswith(said)

@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from oomload.errors import ConfigError, ExitCode
+from oomload.cli.flags import add_format_flag, format_list
+from oomload.errors import ExitCode
 
 
 def register(subparsers: Any) -> None:
@@ -46,12 +47,7 @@ def register(subparsers: Any) -> None:
         help="a gate rule, absolute or relative to the base run, e.g. 'onset>=baseline' (repeatable)",
     )
     parser.add_argument("--gate-file", type=Path, metavar="FILE", help="TOML file with [gate] rules = [...]")
-    parser.add_argument(
-        "--format",
-        default="terminal,json,md,html,junit",
-        metavar="LIST",
-        help="comma-separated outputs: terminal,json,md,html,junit (default: all)",
-    )
+    add_format_flag(parser)
     parser.add_argument(
         "--json", action="store_true", help="print compare.json to stdout instead of the terminal view"
     )
@@ -80,12 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from oomload.report.compareside import load_side
     from oomload.verdict.gate import evaluate_gates, gate_exit_code, load_gate_file, parse_gate
 
-    formats = [f.strip() for f in str(args.format).split(",") if f.strip()]
-    unknown = [f for f in formats if f not in COMPARE_FORMATS]
-    if unknown or not formats:
-        raise ConfigError(
-            f"--format {args.format!r}: allowed values are {', '.join(COMPARE_FORMATS)} (comma-separated)"
-        )
+    formats = format_list(args.format, COMPARE_FORMATS)
     gates: list[Any] = [parse_gate(g) for g in args.gate]
     if args.gate_file is not None:
         gates.extend(load_gate_file(args.gate_file))

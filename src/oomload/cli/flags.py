@@ -1,9 +1,32 @@
-"""Checks every sub-command's flags share (``replay``, ``tune``): one sentence naming the flag and the
-value, raised as ``ConfigError`` (exit 2) before anything runs."""
+"""Flags several sub-commands share, and their checks: one sentence naming the flag and the value,
+raised as ``ConfigError`` (exit 2) before anything runs."""
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
+
 from oomload.errors import ConfigError
+
+REPORT_FORMATS = "terminal,json,md,html,junit"  # what ``report`` and ``compare`` write by default
+
+
+def add_format_flag(parser: argparse.ArgumentParser) -> None:
+    """``--format LIST``: the outputs ``report`` and ``compare`` write (checked by ``format_list``)."""
+    parser.add_argument(
+        "--format",
+        default=REPORT_FORMATS,
+        metavar="LIST",
+        help=f"comma-separated outputs: {REPORT_FORMATS} (default: all)",
+    )
+
+
+def format_list(text: str, allowed: Sequence[str]) -> list[str]:
+    """``--format``'s outputs, each one of ``allowed``; at least one."""
+    formats = [f.strip() for f in str(text).split(",") if f.strip()]
+    if not formats or any(f not in allowed for f in formats):
+        raise ConfigError(f"--format {text!r}: allowed values are {', '.join(allowed)} (comma-separated)")
+    return formats
 
 
 def positive(flag: str, value: float) -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from oomload.cli.flags import add_format_flag, format_list
 from oomload.errors import ConfigError
 
 
@@ -65,12 +66,7 @@ def register(subparsers: Any) -> None:
         help="the run that relative rules (onset>=baseline, kv-blocks>=baseline*0.95, …) compare with "
         "(default: the one config.json recorded)",
     )
-    parser.add_argument(
-        "--format",
-        default="terminal,json,md,html,junit",
-        metavar="LIST",
-        help="comma-separated outputs: terminal,json,md,html,junit (default: all)",
-    )
+    add_format_flag(parser)
     parser.add_argument(
         "--json", action="store_true", help="print summary.json to stdout instead of the terminal view"
     )
@@ -95,12 +91,7 @@ def run(args: argparse.Namespace) -> int:
     args.run_dir = args.run_dir[0]
     if is_tune_dir(args.run_dir):  # an `oomload tune` directory: its table, tune.md and tune.html
         return render_tune_dir(args.run_dir, Console(stderr=False))
-    formats = [f.strip() for f in str(args.format).split(",") if f.strip()]
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown or not formats:
-        raise ConfigError(
-            f"--format {args.format!r}: allowed values are {', '.join(FORMATS)} (comma-separated)"
-        )
+    formats = format_list(args.format, FORMATS)
     reader = RunReader(args.run_dir)  # ConfigError with a clear sentence for a bad run dir
     problem = config_problem(reader.path)
     if problem is not None:

@@ -8,6 +8,20 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+class StubHandler(BaseHTTPRequestHandler):
+    """A handler for ``stdlib_server``: ``send_body`` answers with a whole body; nothing is logged."""
+
+    def send_body(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        del format, args
+
+
 @contextlib.contextmanager
 def stdlib_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     """Serve ``handler`` on 127.0.0.1 (a free port) in a daemon thread; yield its base URL."""

@@ -15,7 +15,6 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from harness import FIGURES, Run, ServerPool, replay, write_trace_file
 from probe import scrape
 
 from oomload.load.payload import CHAT_SLACK_TOKENS
-from stubserver import stdlib_server
+from stubserver import StubHandler, stdlib_server
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +50,7 @@ def test_chat_prompts_are_held_to_their_calibrated_count(vllm_servers: ServerPoo
     FIGURES.append(f"chat usage: {len(answered)} answers, usage − trace prompt {min(off)}…{max(off)} tokens")
 
 
-class _RewritingProxy(BaseHTTPRequestHandler):
+class _RewritingProxy(StubHandler):
     """Forwards everything to ``upstream``; a ``/v1/completions`` prompt gets ``ADDED_IDS`` appended.
     Answers are buffered whole (the client reads an event stream all the same)."""
 
@@ -76,14 +75,7 @@ class _RewritingProxy(BaseHTTPRequestHandler):
                 status, ctype, data = resp.status, resp.headers.get("Content-Type"), resp.read()
         except urllib.error.HTTPError as err:
             status, ctype, data = err.code, err.headers.get("Content-Type"), err.read()
-        self.send_response(status)
-        self.send_header("Content-Type", ctype or "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.send_body(status, ctype or "application/json", data)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,29 +21,22 @@ from oomload.errors import ExitCode
 from oomload.load.http import unsent_exchange
 from oomload.outcome import Outcome
 from oomload.trace.model import TraceHeader, TraceRecord, write_trace
-from stubserver import stdlib_server
+from stubserver import StubHandler, stdlib_server
 
 HOLD_S = 2.0
 
 
-class _ChatStub(BaseHTTPRequestHandler):
+class _ChatStub(StubHandler):
     """A chat server whose ``/tokenize`` answers its first ``tokenize_calls`` calls, then 404s."""
 
     tokenize_calls: ClassVar[int] = 0
     calls: ClassVar[list[int]] = [0]
 
-    def _send(self, code: int, ctype: str, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
     def do_GET(self) -> None:
         if self.path == "/v1/models":
-            self._send(200, "application/json", b'{"data":[{"id":"m","max_model_len":4096}]}')
+            self.send_body(200, "application/json", b'{"data":[{"id":"m","max_model_len":4096}]}')
         else:
-            self._send(404, "application/json", b'{"detail":"Not Found"}')
+            self.send_body(404, "application/json", b'{"detail":"Not Found"}')
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
@@ -52,20 +44,17 @@ class _ChatStub(BaseHTTPRequestHandler):
         if self.path == "/tokenize":
             self.calls[0] += 1
             if self.calls[0] <= self.tokenize_calls:
-                self._send(200, "application/json", json.dumps({"count": 5 + words}).encode())
+                self.send_body(200, "application/json", json.dumps({"count": 5 + words}).encode())
             else:
-                self._send(404, "application/json", b'{"detail":"Not Found"}')
+                self.send_body(404, "application/json", b'{"detail":"Not Found"}')
         elif self.path == "/v1/chat/completions":
             out = int(body.get("max_tokens", 1))
             chunks = [{"choices": [{"index": 0, "delta": {"content": "x"}}]}] * out
             chunks.append({"choices": [], "usage": {"prompt_tokens": 5 + words, "completion_tokens": out}})
             text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-            self._send(200, "text/event-stream", text.encode())
+            self.send_body(200, "text/event-stream", text.encode())
         else:
-            self._send(404, "application/json", b'{"detail":"Not Found"}')
-
-    def log_message(self, format: str, *args: Any) -> None:
-        del format, args
+            self.send_body(404, "application/json", b'{"detail":"Not Found"}')
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -26,7 +25,7 @@ import pytest
 from clirun import oomload
 from oomload.errors import ExitCode
 from oomload.trace.model import TraceHeader, TraceRecord, write_trace
-from stubserver import stdlib_server
+from stubserver import StubHandler, stdlib_server
 
 METRICS = (Path(__file__).parents[1] / "fixtures" / "vllm-metrics.txt").read_bytes()
 STALL_S = 3.0  # how long the "timeout" mode holds a request (bounded; the client gives up after 1 s)
@@ -44,7 +43,7 @@ EXPECTED = {
 MODES = tuple(sorted(EXPECTED))
 
 
-class FaultHandler(BaseHTTPRequestHandler):
+class FaultHandler(StubHandler):
     """vLLM-shaped GETs; every completion fails the way ``mode`` says."""
 
     protocol_version = "HTTP/1.1"
@@ -54,15 +53,15 @@ class FaultHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path.startswith("/v1/models"):
-            self._send(200, "application/json", json.dumps(
+            self.send_body(200, "application/json", json.dumps(
                 {"object": "list", "data": [{"id": "tiny-model", "object": "model", "max_model_len": 2048}]}
             ).encode())  # fmt: skip
         elif self.path.startswith("/metrics"):
-            self._send(200, "text/plain; version=0.0.4", METRICS)
+            self.send_body(200, "text/plain; version=0.0.4", METRICS)
         elif self.path.startswith("/health"):
-            self._send(200, "application/json", b"{}")
+            self.send_body(200, "application/json", b"{}")
         else:
-            self._send(404, "text/plain", b"not found")
+            self.send_body(404, "text/plain", b"not found")
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -78,7 +77,7 @@ class FaultHandler(BaseHTTPRequestHandler):
         if mode.startswith("http-"):
             status = int(mode[5:])
             error = {"message": "request failed", "type": "ServiceError", "code": status}
-            self._send(status, "application/json", json.dumps({"error": error}).encode())
+            self.send_body(status, "application/json", json.dumps({"error": error}).encode())
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -105,16 +104,6 @@ class FaultHandler(BaseHTTPRequestHandler):
         if mode == "stream-closed":
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
-
-    def _send(self, status: int, ctype: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        del args
 
 
 @contextlib.contextmanager

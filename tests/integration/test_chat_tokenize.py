@@ -139,13 +139,14 @@ def test_a_user_records_an_unbuilt_request_and_a_refusal_wakes_the_monitor(
 
     from oomload.load.context import ReplayContext
     from oomload.load.http import Endpoint
-    from oomload.load.payload import PreparedRequest, PromptBuildError, RequestOrder
+    from oomload.load.payload import PreparedRequest, PromptBuildError, RequestOrder, TokenizeError
     from oomload.load.user import ReplayUser
 
     class Unbuildable:
         def build(self, record: TraceRecord, sequence: int) -> PreparedRequest:
             request = PreparedRequest(f"{record.id}#{sequence}", "/v1/chat/completions", b"", 5, 3)
-            raise PromptBuildError(request, "refused the connection", refused=refused)
+            failed = TokenizeError("/tokenize refused", "refused the connection", refused=refused)
+            raise PromptBuildError(request, failed)
 
     ctx = ReplayContext(order=RequestOrder([TraceRecord("r", 0.0, 5, 3)]), payloads=Unbuildable(), sink=None)
     ctx.server_answered = True

@@ -198,7 +198,20 @@ def unsent_exchange(reason: str, detail: str, *, refused: bool, server_answered_
     now = time.time()
     obs = Observation(transport_error=reason, refused=refused, server_answered_before=server_answered_before)
     outcome, judged, _ = classify(obs)
-    return Exchange(outcome, judged, detail, now, now, None, None, None, None, None, None, 0.0)
+    return Exchange(
+        outcome=outcome,
+        reason=judged,
+        detail=detail,
+        start_unix_s=now,
+        end_unix_s=now,
+        http_status=None,
+        usage_prompt_tokens=None,
+        usage_completion_tokens=None,
+        ttft_ms=None,
+        tpot_ms=None,
+        itl_max_ms=None,
+        e2e_ms=0.0,
+    )
 
 
 def send(

@@ -229,13 +229,12 @@ class TokenizeError(EndpointError):
 
 class PromptBuildError(EndpointError):
     """A chat prompt could not be calibrated (``/tokenize`` failed mid-run): ``request`` is the one that
-    was to be sent, with no body; ``short`` and ``refused`` say how ``/tokenize`` failed."""
+    was to be sent, with no body; ``tokenize`` says how ``/tokenize`` failed."""
 
-    def __init__(self, request: PreparedRequest, short: str, *, refused: bool) -> None:
-        super().__init__(f"{request.request_id}: /tokenize {short}")
+    def __init__(self, request: PreparedRequest, tokenize: TokenizeError) -> None:
+        super().__init__(f"{request.request_id}: /tokenize {tokenize.short}")
         self.request = request
-        self.short = short
-        self.refused = refused
+        self.tokenize = tokenize
 
 
 class ChatPayloads:
@@ -255,7 +254,7 @@ class ChatPayloads:
             calibrated, counted = self.calibrator.calibrated(self.options.sent_prompt_tokens(prompt_tokens))
         except TokenizeError as err:
             unbuilt = PreparedRequest(request_id, self.options.path, b"", prompt_tokens, output_tokens)
-            raise PromptBuildError(unbuilt, err.short, refused=err.refused) from err
+            raise PromptBuildError(unbuilt, err) from err
         words = list(calibrated)
         random.Random(self.options.seed * 1_000_003 + sequence).shuffle(words)
         messages = json.dumps([{"role": "user", "content": " ".join(words)}]).encode()

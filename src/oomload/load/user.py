@@ -127,14 +127,15 @@ class ReplayUser(User):
     def _unsent(self, ctx: ReplayContext, err: PromptBuildError) -> None:
         if not ctx.may_send():
             return
+        failed = err.tokenize
         answered = ctx.server_answered
         ex = unsent_exchange(
-            "tokenize failed", err.short, refused=err.refused, server_answered_before=answered
+            "tokenize failed", failed.short, refused=failed.refused, server_answered_before=answered
         )
         ctx.started(err.request, ex.start_unix_s)
         ctx.finished(_result(err.request, ctx.step, ctx.concurrency, ex))
         self._report(err.request, ex)
-        if err.refused:  # as after a refused send: the monitor checks /health now
+        if failed.refused:  # as after a refused send: the monitor checks /health now
             ctx.death_suspected = True
         gevent.sleep(DEAD_BACKOFF_S)  # never a tight loop of failing /tokenize calls
 

@@ -7,6 +7,7 @@ of the verdict (``None`` when it has nothing to say); ``describe`` lists them in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from oomload.capacity.blocks import OnsetPrediction
@@ -131,9 +132,17 @@ def preemption_onset(verdict: Verdict) -> Finding:
             f"{_count(onset.preemptions_in_step, 'preemption')}{kv}",
             "bad",
         )
-    if verdict.preemptions_observed:
-        return Finding("preemption_onset", "Preemption onset", f"none{_up_to(verdict)}", "ok")
-    return Finding("preemption_onset", "Preemption onset", "unobserved (no /metrics scrape)", "warn")
+    if not verdict.preemptions_observed:
+        return Finding("preemption_onset", "Preemption onset", "unobserved (no /metrics scrape)", "warn")
+    judged = verdict.preemption_judged_up_to
+    if judged is None:
+        text = "none seen, but no level was judged (each clean step was untrusted or short of evidence)"
+        return Finding("preemption_onset", "Preemption onset", text, "warn")
+    if sporadic := verdict.preempted_levels:
+        seen = "; ".join(lv.preempted_text for lv in sporadic)
+        text = f"none in most repeats up to concurrency {judged}, but preempted {seen}: sporadic, not safe"
+        return Finding("preemption_onset", "Preemption onset", text, "warn")
+    return Finding("preemption_onset", "Preemption onset", f"none up to concurrency {judged}", "ok")
 
 
 def engine_death(verdict: Verdict) -> Finding:
@@ -307,6 +316,10 @@ def last_safe(verdict: Verdict) -> Finding:
     trusted = [s.concurrency for s in verdict.measured_steps if s.requests and s.trusted]
     if not trusted:
         return Finding("last_safe", label, "unknown (no completed step with requests)", "warn")
+    if not any(s.trusted and s.preemptions is not None for s in below) and verdict.unobserved_levels:
+        levels = _levels(verdict.unobserved_levels)
+        text = f"unknown: preemption was not observable at {levels} (no /metrics scrape)"
+        return Finding("last_safe", label, text, "warn")
     lowest = min(trusted)
     if first_unsafe is not None and first_unsafe <= lowest:
         return Finding("last_safe", label, f"none (the lowest level already broke, at {first_unsafe})", "bad")
@@ -376,6 +389,10 @@ OTHER_SHAPE_WORDS = {
     "production": "worst case, nothing shared:",
     "worst-case": "with the trace's shared prefixes:",
 }
+
+
+def _levels(levels: Sequence[int]) -> str:
+    return ", ".join(map(str, levels))
 
 
 def _band(low: int | None, high: int | None) -> str:
@@ -510,10 +527,20 @@ def _why_not_higher(verdict: Verdict) -> str:
     first_unsafe = verdict.first_unsafe_concurrency
     thin = [c for c in thin if first_unsafe is None or c < first_unsafe]
     if thin:
-        reasons.append(f"not enough evidence at {', '.join(map(str, thin))}")
+        reasons.append(f"not enough evidence at {_levels(thin)}")
+    unobserved = [
+        c for c in verdict.unobserved_levels if c > safe and (first_unsafe is None or c < first_unsafe)
+    ]
+    if unobserved:
+        reasons.append(f"preemption not observable at {_levels(unobserved)} (no /metrics scrape)")
     onset = verdict.preemption_onset
-    if first_unsafe is not None and onset is not None and first_unsafe < onset.concurrency:
-        reasons.append(f"sporadic preemption at {first_unsafe}")
+    sporadic = [
+        lv.concurrency
+        for lv in verdict.preempted_levels
+        if lv.concurrency > safe and (onset is None or lv.concurrency < onset.concurrency)
+    ]
+    if sporadic:
+        reasons.append(f"sporadic preemption at {sporadic[0]}")
     return "" if not reasons else f" ({'; '.join(reasons)})"
 
 

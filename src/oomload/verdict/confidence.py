@@ -19,7 +19,8 @@ Warnings (they lower the level):
   (one step at a level is one draw of the trace: the onset is what most repeats saw, ``oomload.verdict``);
   both read the conclusive steps only (``StepFacts.conclusive``: a clean step that was not trusted or
   was short of the odds' evidence is no vote);
-* ``sporadic_preemption`` — a level below the onset preempted in fewer than half of its steps;
+* ``sporadic_preemption`` — a level below the onset (or in a run with none) preempted in fewer than
+  half of its steps;
 * ``thin_evidence`` — a clean level sent fewer requests than the trace's odds need to trust it;
 * ``odds_disagree_level`` — a level's observation was < 1 % likely by the trace's odds;
   ``odds_disagree`` — the observed onset is more than one measured level from the odds' onset;

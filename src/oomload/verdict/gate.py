@@ -27,7 +27,9 @@ mostly failed exits 3 (``oomload.report.run_exit_code``):
   short: a failure seen is a failure. It passes only when a *trusted* step (completed, not cut short,
   and holding ≥ 80 % of its concurrency: ``StepFacts.trusted``) at concurrency ≥ N-1 was measured
   with the signal observable (so the highest level the rule covers is vouched for; the event is
-  assumed monotone in concurrency — the refinement pass tests the levels in between). ``up-to:N``
+  assumed monotone in concurrency — the refinement pass tests the levels in between; preemption is
+  observable in a step with a ``/metrics`` scrape that preempted, or ran clean with the requests the
+  trace's odds ask for, ``StepFacts.evidence_thin``). ``up-to:N``
   likewise with N. Otherwise it is *not evaluated*, naming the untrusted steps.
 * ``METRIC@C`` needs a trusted, non-warmup step at exactly C carrying the metric; with several
   (repeats) the worst one is judged. No step, only cut-short or under-held steps, a step in which no
@@ -74,7 +76,7 @@ from oomload.errors import ConfigError, ExitCode
 from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, Op, rule_int
 from oomload.verdict.gateresult import GateResult as GateResult  # re-exported
 from oomload.verdict.gateresult import GateStatus as GateStatus  # re-exported
-from oomload.verdict.gatesignals import EVENTS, METRICS, SHARE_METRICS, Event, Metric
+from oomload.verdict.gatesignals import EVENTS, METRICS, PREEMPTION, SHARE_METRICS, Event, Metric
 from oomload.verdict.relative import RelativeRule, is_relative
 from oomload.verdict.verdict import StepFacts, Verdict
 
@@ -161,6 +163,15 @@ class AbsenceRule:
                 self,
                 GateStatus.NOT_EVALUATED,
                 f"no trusted evidence at concurrency {top}: {'; '.join(untrusted[:2])}; {reached}",
+            )
+        thin = [s for s in verdict.measured_steps if s.concurrency >= top and s.trusted and s.evidence_thin]
+        if event is PREEMPTION and thin:
+            s = min(thin, key=lambda s: s.concurrency)
+            return GateResult(
+                self,
+                GateStatus.NOT_EVALUATED,
+                f"not enough evidence at concurrency {s.concurrency}: {s.requests} request(s) without a "
+                f"preemption, and the trace's odds ask for {s.evidence_needed}; {reached}",
             )
         why = "the run did not reach" if not tested or max(tested) < top else "no evidence at"
         return GateResult(self, GateStatus.NOT_EVALUATED, f"{why} concurrency {top}: {reached}")

@@ -1,8 +1,9 @@
 """What a gate rule can name: the events of absence rules and the metrics of threshold rules (pure).
 
 An ``Event`` (``no-EVENT-below:N``) knows how a step shows it and whether a step could have shown it:
-preemption needs a ``/metrics`` scrape, queueing and KV saturation a sustained gauge (two consecutive
-scrapes, ``oomload.verdict.gauges``; for queueing also vLLM's queue-time sum, ``StepFacts.queue_depth``),
+preemption needs a ``/metrics`` scrape and, in a clean step, the requests the trace's odds ask for
+(``StepFacts.evidence_thin``); queueing and KV saturation a sustained gauge (two consecutive scrapes,
+``oomload.verdict.gauges``; for queueing also vLLM's queue-time sum, ``StepFacts.queue_depth``);
 engine death also counts at the verdict's death level. A ``Metric`` (``METRIC[@C] OP VALUE``) knows
 its base unit, how to read it from one step and from the whole run, and how a missing or partial
 measurement is judged (``monotone``: only grows as a step goes on; ``fails_where_engine_died``;
@@ -76,7 +77,8 @@ PREEMPTION = Event(
     "preemption",
     shows=lambda s, v: (s.preemptions or 0) > 0,
     phrase=lambda v: "preemption",
-    observable=lambda s: s.preemptions is not None,
+    # a clean step short of the requests the trace's odds ask for could have missed it (``evidence_thin``)
+    observable=lambda s: s.preemptions is not None and not s.evidence_thin,
 )
 ENGINE_DEATH = Event("engine_death", shows=_death_shown, phrase=_death_phrase, at_death=True)
 QUEUEING = Event(  # sustained: two consecutive scrapes, or vLLM's queue-time sum (StepFacts.queue_depth)

@@ -77,6 +77,12 @@ class LevelSummary:
         return per_100(self.preemptions, self.requests)
 
     @property
+    def preempted_text(self) -> str:
+        """``"at concurrency 8 in 1 of 3 step(s)"``: where and how often the level preempted."""
+        c, preempted, of = self.concurrency, self.steps_preempted, self.steps_with_metrics
+        return f"at concurrency {c} in {preempted} of {of} step(s)"
+
+    @property
     def judged_requests(self) -> int:
         """The requests the odds are held against: every one sent at a level that preempted (a
         preemption is one wherever it was seen), only the trusted steps' at a clean level (a step whose
@@ -154,13 +160,19 @@ def last_safe_concurrency(
     thin: Collection[int] = (),
 ) -> int | None:
     """Highest level below the first unsafe one and below ``queueing``, backed by a trusted step with
-    ok answers, and not in ``thin`` (levels short of the evidence the trace's odds ask for)."""
+    ok answers whose ``/metrics`` scrape read the preemption counter (a level where preemption was not
+    observable is not safe, only unjudged), and not in ``thin`` (levels short of the evidence the
+    trace's odds ask for)."""
     first = first_unsafe_concurrency(measured, death)
     ceiling = min(math.inf if first is None else first, math.inf if queueing is None else queueing)
     safe = [
         s.concurrency
         for s in measured
-        if s.trusted and s.concurrency < ceiling and s.ok_requests > 0 and s.concurrency not in thin
+        if s.trusted
+        and s.preemptions is not None
+        and s.concurrency < ceiling
+        and s.ok_requests > 0
+        and s.concurrency not in thin
     ]
     return max(safe) if safe else None
 
@@ -241,16 +253,15 @@ def level_notes(
     odds_range: tuple[int | None, int | None],
     levels: Sequence[int],
 ) -> list[ConfidenceNote]:
-    """Caveats from the per-level view: sporadic preemption below the onset, thin evidence, the odds."""
+    """Caveats from the per-level view: sporadic preemption (below the onset, or with none), thin
+    evidence, the odds."""
     notes: list[ConfidenceNote] = []
     onset_c = None if onset is None else onset.concurrency
     for lv in summaries:
         where = f"concurrency {lv.concurrency}"
-        if onset_c is not None and lv.concurrency < onset_c and lv.steps_preempted:
-            text = (
-                f"preemption at {where} in {lv.steps_preempted} of {lv.steps_with_metrics} step(s), fewer "
-                f"than half: sporadic below the onset {onset_c}, and not safe"
-            )
+        if (onset_c is None or lv.concurrency < onset_c) and lv.steps_preempted:
+            below = "with no onset" if onset_c is None else f"below the onset {onset_c}"
+            text = f"preemption {lv.preempted_text}, fewer than half: sporadic {below}, and not safe"
             notes.append(ConfidenceNote("sporadic_preemption", text))
         if lv.evidence_thin and lv.odds is not None:
             text = (

@@ -236,17 +236,16 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
     bounded = _bounded_by_prefill(verdict)
     death = None if bounded is not None else verdict.engine_death
     if not _broke(verdict):
-        top = verdict.max_tested_concurrency
         if bounded is not None:
             at = "" if bounded.concurrency is None else f" at {bounded.concurrency}"
             why = (
                 f"only the activation peak{at} broke, and the prefill bound (--max-num-batched-tokens) "
                 "answers it; no preemption or failed request calls for a cap"
             )
+        elif (judged := verdict.preemption_judged_up_to) is None:
+            why = "nothing failed, but no level was judged for preemption: no cap can be named"
         else:
-            why = "nothing broke in this run; no cap is needed" + (
-                f" up to the highest level tested ({top})" if top is not None else ""
-            )
+            why = f"nothing broke in this run; no cap is needed up to the highest level judged ({judged})"
         why += _shape_clause(verdict)
         return Setting("--max-num-seqs", None, current, why)
     if safe is None:
@@ -257,14 +256,16 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
             else "the lowest level tested already broke: test lower concurrency first"
         )
         return Setting("--max-num-seqs", None, current, why)
-    what = "preemption" if verdict.preemption_onset is not None else "failures"
+    preempted = [lv.concurrency for lv in verdict.preempted_levels]
+    if verdict.preemption_onset is not None:
+        preempted.append(verdict.preemption_onset.concurrency)
+    what = "preemption" if preempted else "failures"
     bad_levels = [
         s.concurrency
         for s in verdict.measured_steps
         if s.unsafe_requests and not _death_step(verdict, s.index)
     ]
-    if verdict.preemption_onset is not None:
-        bad_levels.append(verdict.preemption_onset.concurrency)
+    bad_levels += preempted
     if death is not None and death.concurrency is not None:
         bad_levels.append(death.concurrency)
     first_bad = min(bad_levels) if bad_levels else "an unknown level"
@@ -281,10 +282,12 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
 
 
 def _broke(verdict: Verdict) -> bool:
-    """Something a ``max_num_seqs`` cap answers broke: preemption, a death other than an activation peak
-    the prefill bound answers (``_bounded_by_prefill``), or unsafe requests outside the death's step."""
+    """Something a ``max_num_seqs`` cap answers broke: preemption (at an onset, or sporadic), a death
+    other than an activation peak the prefill bound answers (``_bounded_by_prefill``), or unsafe
+    requests outside the death's step."""
     return (
         verdict.preemption_onset is not None
+        or bool(verdict.preempted_levels)
         or (verdict.engine_death is not None and _bounded_by_prefill(verdict) is None)
         or any(s.unsafe_requests for s in verdict.measured_steps if not _death_step(verdict, s.index))
     )
@@ -538,12 +541,18 @@ def _reasoning(
         sentences.append("No request succeeded, so nothing about KV memory was measured.")
     elif death is None and verdict.max_tested_concurrency is not None:
         top, unsafe = verdict.max_tested_concurrency, verdict.first_unsafe_concurrency
-        if unsafe is not None:
+        judged, sporadic = verdict.preemption_judged_up_to, verdict.preempted_levels
+        if sporadic:
+            sentences.append(
+                f"Preemption was sporadic ({sporadic[0].preempted_text}): no onset, and not safe."
+            )
+        elif unsafe is not None:
             sentences.append(f"No preemption, but requests failed from concurrency {unsafe}.")
-        elif not verdict.preemptions_observed:
-            sentences.append(f"No failed request up to concurrency {top}; preemption was not observable.")
+        elif judged is None:
+            sentences.append(f"No failed request up to concurrency {top}; preemption was not judged.")
         else:
-            sentences.append(f"No preemption or failure up to concurrency {top}.")
+            up_to = "" if judged == top else f" up to {judged} (not judged above it), and no failure"
+            sentences.append(f"No preemption{up_to or ' or failure'} up to concurrency {top}.")
     if advice is not None and advice.capped_by_kv_cache:
         sentences.append(_capitalize(mml.reason) + ".")
     elif mml.value is not None and advice is not None:

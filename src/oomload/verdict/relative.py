@@ -22,8 +22,10 @@ shared prefixes or distinct prompts, ``--only-fitting``, ``--tail-percentile``, 
 same server preempts earlier under distinct prompts, so such an onset says nothing about the release.
 
 * ``onset`` (``>=`` or ``>`` only: an onset is bounded from below). A run without an onset counts
-  as clean up to its highest trusted level (its onset is above it). A new onset that meets the bound
-  passes; one that misses it **fails only when the repeats separate the two onsets**
+  as clean up to its highest level judged for preemption (``Verdict.preemption_judged_up_to``: a
+  ``/metrics`` scrape, and a trusted clean step with the odds' evidence; its onset is above it), or
+  below its lowest sporadic preemption; a run with no level judged is not evaluated. A new onset
+  that meets the bound passes; one that misses it **fails only when the repeats separate the two onsets**
   (``oomload.verdict.shift.onset_shift``: Fisher's exact test on the steps between them, p ≤ 0.05),
   and is not evaluated when they do not (one draw against another). A new run clean up to a level
   below the bound is not evaluated (it did not measure high enough).
@@ -192,33 +194,36 @@ class RelativeRule:
 
     def _onset(self, verdict: Verdict, baseline: Verdict) -> GateResult:
         base = _onset(baseline)
-        new = _onset(verdict)
-        base_top, new_top = baseline.max_tested_concurrency, verdict.max_tested_concurrency
-        if base is None and base_top is None:
-            return GateResult(self, GateStatus.NOT_EVALUATED, "the baseline has no onset and no trusted step")
-        base_value = base if base is not None else (base_top or 0) + 1  # clean up to its top: above it
+        if base is not None:
+            base_value, base_text = base, f"onset at concurrency {base}"
+        elif (clean := _no_onset(baseline)) is not None:
+            base_value, base_text = clean  # clean up to its top: above it
+        else:
+            return GateResult(
+                self, GateStatus.NOT_EVALUATED, "the baseline has no onset and no level judged for preemption"
+            )
         bound = self.bound(base_value)
-        base_text = f"concurrency {base}" if base is not None else f"none up to concurrency {base_top}"
+        new = _onset(verdict)
         if new is not None:
-            where = f"preemption onset at concurrency {new} against the baseline's {base_text}"
+            where = f"preemption onset at concurrency {new} against the baseline ({base_text})"
             if OPERATORS[self.op](new, bound):
                 return GateResult(self, GateStatus.PASS, where, observed=float(new))
             shift = onset_shift(onset_steps(baseline), base, onset_steps(verdict), new)
             status = GateStatus.FAIL if shift.separated else GateStatus.NOT_EVALUATED
             return GateResult(self, status, f"{shift.sentence} (this run against the baseline)", float(new))
-        if new_top is None:
-            return GateResult(self, GateStatus.NOT_EVALUATED, "this run has no onset and no trusted step")
-        if OPERATORS[self.op](new_top + 1, bound):
+        clean = _no_onset(verdict)
+        if clean is None:
             return GateResult(
-                self,
-                GateStatus.PASS,
-                f"no preemption up to concurrency {new_top} against the baseline's onset {base_text}",
+                self, GateStatus.NOT_EVALUATED, "this run has no onset and no level judged for preemption"
             )
+        new_value, new_text = clean
+        if OPERATORS[self.op](new_value, bound):
+            return GateResult(self, GateStatus.PASS, f"{new_text} against the baseline ({base_text})")
+        todo = "repeat that level" if verdict.preempted_levels else "measure higher levels"
         return GateResult(
             self,
             GateStatus.NOT_EVALUATED,
-            f"no preemption up to concurrency {new_top}, below the bound {_num(bound)} from the "
-            f"baseline's onset ({base_text}): measure higher levels",
+            f"{new_text}, below the bound {_num(bound)} from the baseline ({base_text}): {todo}",
         )
 
     def _new_death(self, verdict: Verdict, baseline: Verdict) -> GateResult:
@@ -260,6 +265,21 @@ def relative_rules(rules: Sequence[object]) -> list[RelativeRule]:
 
 def _onset(verdict: Verdict) -> int | None:
     return None if verdict.preemption_onset is None else verdict.preemption_onset.concurrency
+
+
+def _no_onset(verdict: Verdict) -> tuple[int, str] | None:
+    """A run without an onset as an onset bound, with its words: one above its highest level judged for
+    preemption (``Verdict.preemption_judged_up_to``), or its lowest sporadic preemption when lower;
+    ``None`` when no level was judged (no ``/metrics`` scrape, or no clean step with the odds' evidence)."""
+    judged = verdict.preemption_judged_up_to
+    if judged is None:
+        return None
+    value, text = judged + 1, f"no onset up to concurrency {judged}"
+    if verdict.preempted_levels:
+        first = verdict.preempted_levels[0]
+        value = min(value, first.concurrency)
+        text += f" (sporadic preemption {first.preempted_text})"
+    return value, text
 
 
 def _blocks(verdict: Verdict) -> float | None:

@@ -26,7 +26,9 @@ bisects the preemption onset afterwards, so "first in time" and "first in concur
   that disagree) and whether a clean level saw fewer preemptions than the odds. The onset
   names the level's first preempting step, its request count and the KV usage of the scrape that
   first showed the preemption. A lower level that preempted in fewer than half of its steps is
-  *sporadic*: named in the notes, and never safe;
+  *sporadic*: named in the notes, and never safe — as is a level that preempted in fewer than half of
+its steps in a run with no onset. How far "no preemption" reaches is
+``Verdict.preemption_judged_up_to``: the highest level with a conclusive step;
 * KV saturation — a step whose KV usage was ≥ 0.99, and queueing — a step whose waiting was > 0, each
   *sustained*: in at least two consecutive scrapes of the step (``oomload.verdict.gauges``; one momentary
   reading, such as a request caught between arrival and admission, is not a finding) — or, for
@@ -36,8 +38,9 @@ bisects the preemption onset afterwards, so "first in time" and "first in concur
 
 Last safe concurrency: the highest level ``c`` below the first unsafe level and below the queueing
 onset, with a *trusted* measured step at ``c`` (completed — not cut short — and holding ≥ 80 % of its
-target concurrency, ``StepFacts.trusted``) that answered at least one request ok, and with enough
-evidence: its steps together sent at least the requests the trace's odds ask for
+target concurrency, ``StepFacts.trusted``) that answered at least one request ok and whose ``/metrics``
+scrape read the preemption counter (a level where preemption was not observable is unjudged, not
+safe), and with enough evidence: its steps together sent at least the requests the trace's odds ask for
 (``LevelOdds.requests_for``: enough to see a preemption with 99 % probability if the level preempted
 as the odds say); a clean level short of that is reported as "not enough evidence". A level is
 unsafe when a step at it preempted (in any of its repeats) or had a charged engine death, admission
@@ -232,6 +235,25 @@ class Verdict:
         return any(s.preemptions is not None for s in self.measured_steps)
 
     @property
+    def preemption_judged_up_to(self) -> int | None:
+        """How far "no preemption" reaches: the highest measured level with a conclusive step
+        (``StepFacts.conclusive``: a ``/metrics`` scrape, and a preemption or a trusted clean run with the
+        requests the trace's odds ask for). A level without one was not judged for preemption."""
+        judged = [s.concurrency for s in self.measured_steps if s.conclusive]
+        return max(judged) if judged else None
+
+    @property
+    def unobserved_levels(self) -> tuple[int, ...]:
+        """Levels with a trusted step where no step's ``/metrics`` scrape read the preemption counter."""
+        observed = {s.concurrency for s in self.measured_steps if s.preemptions is not None}
+        return tuple(sorted({s.concurrency for s in self.measured_steps if s.trusted} - observed))
+
+    @property
+    def preempted_levels(self) -> tuple[LevelSummary, ...]:
+        """The levels where some step preempted (below the onset, or with no onset: sporadic)."""
+        return tuple(lv for lv in self.level_summaries if lv.steps_preempted)
+
+    @property
     def error_rate(self) -> float | None:
         """Failed / decided requests over the measured steps (cancelled ones are neither)."""
         decided = self.requests_total - self.requests_cancelled
@@ -347,6 +369,7 @@ class Verdict:
             "last_safe_concurrency": self.last_safe_concurrency,
             "first_unsafe_concurrency": self.first_unsafe_concurrency,
             "max_tested_concurrency": self.max_tested_concurrency,
+            "preemption_judged_up_to": self.preemption_judged_up_to,
             "prediction": None if self.prediction is None else self.prediction.to_json(),
             "confidence": {"level": self.confidence, "notes": [asdict(n) for n in self.notes]},
             "requests": {

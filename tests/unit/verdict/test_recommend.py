@@ -171,7 +171,7 @@ def test_rising_device_memory_implicates_transient_spikes(tmp_path: Path) -> Non
 def test_clean_run_advises_no_cap(tmp_path: Path) -> None:
     rec = recommend(verdict_of(write_run(tmp_path / "r", [StepSpec(1), StepSpec(2), StepSpec(4)])))
     assert rec.max_num_seqs.value is None
-    assert "up to the highest level tested (4)" in rec.max_num_seqs.reason
+    assert "up to the highest level judged (4)" in rec.max_num_seqs.reason
 
 
 def test_trace_needing_the_full_window_keeps_the_limit(tmp_path: Path) -> None:

@@ -136,7 +136,7 @@ def preemption_onset(verdict: Verdict) -> Finding:
         return Finding("preemption_onset", "Preemption onset", "unobserved (no /metrics scrape)", "warn")
     judged = verdict.preemption_judged_up_to
     if judged is None:
-        text = "none seen, but no level was judged (each clean step was untrusted or short of evidence)"
+        text = "none seen, but no level was judged (no trusted clean step decided the requests it needed)"
         return Finding("preemption_onset", "Preemption onset", text, "warn")
     if sporadic := verdict.preempted_levels:
         seen = "; ".join(lv.preempted_text for lv in sporadic)

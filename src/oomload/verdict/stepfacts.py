@@ -198,11 +198,11 @@ class StepFacts:
     @property
     def conclusive(self) -> bool:
         """Counts for or against a preemption at its level: it has a ``/metrics`` scrape, and it either
-        preempted (a preemption is one wherever it was seen) or ran clean as trusted evidence with the
-        requests the odds ask for (a clean step that was not trusted, or was thin, contradicts nothing)."""
+        preempted (a preemption is one wherever it was seen) or ran clean, trusted, deciding requests
+        (not all cancelled), as many as the odds ask for; any other clean step contradicts nothing."""
         if self.preemptions is None:
             return False
-        return self.preemptions > 0 or (self.trusted and not self.evidence_thin)
+        return self.preemptions > 0 or (self.trusted and self.decided_requests > 0 and not self.evidence_thin)
 
     @property
     def delivered_concurrency(self) -> float | None:

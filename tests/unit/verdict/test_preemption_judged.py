@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from oomload.errors import ExitCode
+from oomload.outcome import Outcome
+from oomload.report import run_exit_code
 from oomload.report.findings import describe
 from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
@@ -102,3 +105,11 @@ def test_a_clean_step_short_of_the_odds_evidence_passes_no_absence_rule(tmp_path
         )
     assert _gate("no-preemption-up-to:4", v)[0] is GateStatus.PASS
     assert v.preemption_judged_up_to == 4
+
+
+def test_a_run_whose_requests_were_all_cancelled_judges_nothing_and_exits_3(tmp_path: Path) -> None:
+    cancelled = [_step(c, failures={Outcome.CANCELLED: 4 * c}) for c in (2, 4)]
+    v = _verdict(tmp_path / "r", cancelled)
+    assert v.preemption_judged_up_to is None and v.last_safe_concurrency is None
+    assert _finding(v, "preemption_onset").startswith("none seen, but no level was judged")
+    assert run_exit_code(v, []) is ExitCode.UNREACHABLE

@@ -27,8 +27,8 @@ as a typed ``Summary`` (``oomload.report.summary``). ``compare_runs`` puts two o
   - Latency — TTFT, TPOT (mean inter-token latency) and end-to-end P50 and P99 at every level both
     runs measured, on the per-request samples (the ok requests of the trusted steps at that level):
     ``oomload.verdict.shift.latency_shift`` (Mann–Whitney U for P50, bootstrap for P99; p < 0.01 and
-    a change of ≥ 10 %); a statistic that moved both ways across the levels is the host's run-to-run
-    noise and judged at none of them (``shift.across_levels``).
+    a change of ≥ 10 %); a statistic that moved both ways across the levels, by moves of like size, is
+    the host's run-to-run noise and not separated at any of them (``shift.across_levels``).
 
 Comparable. Two runs are comparable when they replayed the same trace (the SHA-256 of the trace file
 as read, from ``provenance.json``; for a run from before that file, of its ``trace.jsonl`` copy, on
@@ -280,9 +280,17 @@ def _death_rows(base: Summary, new: Summary) -> list[ResultRow]:
     if b is None and n is None:
         return [ResultRow("engine_death", "engine death", bt, nt, "unchanged", "neither engine died")]
     if n is None:
+        top = new.max_tested_concurrency
+        if b is not None and b.concurrency is not None and (top is None or top < b.concurrency):
+            why = f"the new run's engine survived, but only up to {_text(top)}, below the base's death"
+            return [ResultRow("engine_death", "engine death", bt, nt, "not measured", why)]
         return [
             ResultRow("engine_death", "engine death", bt, nt, "improvement", "the new run's engine survived")
         ]
+    top = base.max_tested_concurrency
+    if b is None and n.concurrency is not None and top is not None and n.concurrency > top:
+        why = f"the new run's engine died above the base's highest level tested ({top})"
+        return [ResultRow("engine_death", "engine death", bt, nt, "not measured", why)]
     if b is None or (
         b.concurrency is not None and n.concurrency is not None and n.concurrency < b.concurrency
     ):
@@ -310,13 +318,22 @@ def _death_rows(base: Summary, new: Summary) -> list[ResultRow]:
     ]
 
 
+def _broke_at_lowest(summary: Summary) -> int | None:
+    """The lowest level the run tested, when it already broke there (no last safe level: below it)."""
+    unsafe, levels = summary.first_unsafe_concurrency, summary.levels
+    if summary.last_safe_concurrency is None and unsafe is not None and levels and unsafe <= min(levels):
+        return min(levels)
+    return None
+
+
 def _last_safe_row(base: Summary, new: Summary, onset: OnsetShift) -> ResultRow:
     b, n = base.last_safe_concurrency, new.last_safe_concurrency
     label = "last safe concurrency"
+    n_text = _text(n)
+    if b is not None and n is None and (lowest := _broke_at_lowest(new)) is not None and lowest <= b:
+        n, n_text = lowest - 1, f"none (broke at {lowest})"  # below its lowest level: under the base's
     if b is None or n is None:
-        return ResultRow(
-            "last_safe", label, _text(b), _text(n), "not measured", "a run has no last safe level"
-        )
+        return ResultRow("last_safe", label, _text(b), n_text, "not measured", "a run has no last safe level")
     if b == n:
         return ResultRow("last_safe", label, str(b), str(n), "unchanged", "the same level")
     new_death = new.death is not None and (
@@ -332,7 +349,7 @@ def _last_safe_row(base: Summary, new: Summary, onset: OnsetShift) -> ResultRow:
             if new_death
             else ("but the onset's move is not separated by the repeats")
         )
-        return ResultRow("last_safe", label, str(b), str(n), status, f"fell from {b} to {n}, {why}")
+        return ResultRow("last_safe", label, str(b), n_text, status, f"fell from {b} to {n_text}, {why}")
     carried = onset.direction == "higher" and onset.separated is True
     return ResultRow(
         "last_safe",
@@ -354,7 +371,7 @@ def _latency_row(shift: LatencyShift) -> ResultRow:
     judgement = shift.judgement
     status: Status
     if shift.mixed:
-        status = "unchanged"
+        status = "not separated"
     elif judgement == "slower":
         status = "regression"
     elif judgement == "faster":

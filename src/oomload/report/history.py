@@ -10,13 +10,15 @@ Each run directory is judged afresh (as ``oomload report`` and ``oomload compare
   and kind), and the P99 TTFT at one level (``--level``; by default the highest level at which every
   run answered requests in a trusted step), from the ok requests of its trusted steps.
 
-Rows are sorted by start time. Between a run and the one before it on the same trace, a *move* is
-named with the evidence ``compare`` uses (``oomload.verdict.shift.onset_shift``): an onset that
-moved and is separated by the repeats of both runs ("onset 10 → 8 at run r3 (vLLM 0.33.0),
-separated: Fisher p = 0.05"), or one that moved without that evidence ("not separated"); a pool
-that changed size; a death that appeared or went. A run of another trace is marked, and no move is
-read across it. Several inputs may be run directories or directories that hold run directories
-(one level down).
+Rows are sorted by start time. Between a run and the latest run before it on the same trace, sent
+as the same traffic (``Verdict.traffic``: shared prefixes or distinct prompts, the trace's tail …, as
+``compare`` asks), a *move* is named with the evidence ``compare`` uses
+(``oomload.verdict.shift.onset_shift``): an onset that moved and is separated by the repeats of both
+runs ("onset 10 → 8 at run r3 (vLLM 0.33.0), separated: Fisher p = 0.05"), or one that moved without
+that evidence ("not separated"); a pool that changed size; a death that appeared or went. A run with
+no such run before it is marked, and no move is read for it; runs of other traces between two of one
+trace do not hide their move. Several inputs may be run directories or directories that hold run
+directories (one level down).
 
 Outputs (``write_history``): the terminal table, ``history.json`` (schema ``oomload.history/1``),
 ``history.md`` and ``history.html`` (the onset, last safe level and pool per run, and the P99 TTFT,
@@ -139,12 +141,14 @@ def build_history(sides: Sequence[RunSide], level: int | None = None) -> History
         level = max(common) if common else None
     first_digest = ordered[0].trace_digest if ordered else None
     rows: list[HistoryRow] = []
-    previous: RunSide | None = None
-    for side in ordered:
+    for index, side in enumerate(ordered):
         same = side.trace_digest is not None and side.trace_digest == first_digest
+        previous = next((p for p in reversed(ordered[:index]) if _comparable(p, side)), None)
         moves = _moves(previous, side) if previous is not None else ()
-        if previous is not None and side.trace_digest != previous.trace_digest:
-            moves = (f"{side.label} replayed another trace: nothing is read across it",)
+        if previous is None and index:
+            same_trace = any(p.trace_digest == side.trace_digest for p in ordered[:index])
+            what = f"sent other traffic ({side.verdict.traffic})" if same_trace else "replayed another trace"
+            moves = (f"{side.label} {what}: nothing is read across it",)
         s = side.summary
         ttft = side.samples.get(level, {}).get("ttft", ()) if level is not None else ()
         rows.append(
@@ -164,8 +168,16 @@ def build_history(sides: Sequence[RunSide], level: int | None = None) -> History
                 moves=moves,
             )
         )
-        previous = side
     return History(level, tuple(rows))
+
+
+def _comparable(before: RunSide, after: RunSide) -> bool:
+    """The same trace (digest) sent as the same traffic (``Verdict.traffic``), as ``compare`` asks."""
+    return (
+        after.trace_digest is not None
+        and before.trace_digest == after.trace_digest
+        and before.verdict.traffic == after.verdict.traffic
+    )
 
 
 def _started(side: RunSide) -> float | None:

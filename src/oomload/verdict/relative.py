@@ -30,11 +30,16 @@ same server preempts earlier under distinct prompts, so such an onset says nothi
   and is not evaluated when they do not (one draw against another). A new run clean up to a level
   below the bound is not evaluated (it did not measure high enough).
 * ``last-safe``, ``kv-blocks`` (``cache_config_info``'s ``num_gpu_blocks``) and metrics compare the
-  two numbers. A metric at ``@C`` is read from each run as the absolute rule reads it: its trusted
-  steps at C that decided a request, the worst of them (the highest against an upper bound).
+  two numbers. A metric over the run (no ``@C``) is compared only between two complete runs (neither
+  cut short, no step whose requests mostly failed) that measured the same levels: else a total over
+  other levels would pass or fail on what was not measured. A metric at ``@C`` is read from each run
+  as the absolute rule reads it: its trusted steps at C that decided a request, the worst of them
+  (the highest against an upper bound). ``last-safe`` of a run that broke at its lowest level is
+  below that level: it fails a bound that even the level below misses.
 * ``no-new-death`` fails when this run's engine died at a level where the baseline's did not (the
-  baseline never died, or died higher); it passes when neither died over the levels the baseline
-  measured — this run reached the baseline's highest trusted level — or the baseline died as low.
+  baseline survived it, or died higher), and is not evaluated when the baseline never ran that
+  level; it passes when neither died over the levels the baseline measured — this run reached the
+  baseline's highest trusted level — or the baseline died as low.
 """
 
 from __future__ import annotations
@@ -162,11 +167,19 @@ class RelativeRule:
         if self.quantity == "new-death":
             return self._new_death(verdict, baseline)
         name, new, base = self._values(verdict, baseline)
+        lowest = _broke_at_lowest(verdict) if self.quantity == "last-safe" and new is None else None
+        if base is not None and lowest is not None and not OPERATORS[self.op](lowest - 1, self.bound(base)):
+            text = f"no last safe concurrency: the lowest level tested ({lowest}) already broke"
+            return GateResult(self, GateStatus.FAIL, f"{text}, against the baseline's {_num(base)}")
         if base is None or new is None:
             which = " and ".join(w for w, v in (("the baseline", base), ("this run", new)) if v is None)
             return GateResult(self, GateStatus.NOT_EVALUATED, f"{name} was not measured in {which}")
         bound = self.bound(base)
         text = f"{name} {_num(new)} against the baseline's {_num(base)}"
+        if self.metric is not None and self.concurrency is None and not self.metric.from_trusted_steps:
+            partial = _unlike_runs(verdict, baseline)
+            if partial is not None:
+                return GateResult(self, GateStatus.NOT_EVALUATED, f"{text}, but {partial}", observed=new)
         if OPERATORS[self.op](new, bound):
             return GateResult(self, GateStatus.PASS, text, observed=new)
         return GateResult(self, GateStatus.FAIL, f"{text}, not {self.op} {_num(bound)}", observed=new)
@@ -232,6 +245,15 @@ class RelativeRule:
         if died is not None:
             at = died.concurrency
             kind = "" if died.kind is None else f" ({died.kind.value})"
+            base_top = baseline.max_tested_concurrency
+            if base_died is None and at is not None and base_top is not None and at > base_top:
+                return GateResult(
+                    self,
+                    GateStatus.NOT_EVALUATED,
+                    f"the engine died at concurrency {at}{kind}, above the baseline's highest trusted level "
+                    f"({base_top}): the baseline never ran it",
+                    observed=float(at),
+                )
             if base_died is not None and (base_at is None or at is None or base_at <= at):
                 return GateResult(
                     self,
@@ -261,6 +283,30 @@ class RelativeRule:
 
 def relative_rules(rules: Sequence[object]) -> list[RelativeRule]:
     return [r for r in rules if isinstance(r, RelativeRule)]
+
+
+def _broke_at_lowest(verdict: Verdict) -> int | None:
+    """The lowest level the run tested, when it already broke there (its last safe level is below it)."""
+    unsafe, levels = verdict.first_unsafe_concurrency, verdict.levels
+    if verdict.last_safe_concurrency is None and unsafe is not None and levels and unsafe <= levels[0]:
+        return levels[0]
+    return None
+
+
+def _unlike_runs(verdict: Verdict, baseline: Verdict) -> str | None:
+    """Why two runs' run-wide totals are not comparable (``None`` when they are): either run cut short or
+    with a step whose requests mostly failed, or the two measured different levels."""
+    for who, run in (("this run", verdict), ("the baseline", baseline)):
+        if run.run.cut_short:
+            detail = run.run.cut_short_detail
+            return f"{who} was cut short ({detail}): the levels it never reached could change it"
+        failed = [d for s in run.measured_steps if s.mostly_failed and (d := s.distrust) is not None]
+        if failed:
+            return f"in {who}, {failed[0]}"
+    if verdict.levels != baseline.levels:
+        levels = (", ".join(map(str, v.levels)) or "none" for v in (baseline, verdict))
+        return "the runs measured different levels ({} against {})".format(*levels)
+    return None
 
 
 def _onset(verdict: Verdict) -> int | None:

@@ -31,7 +31,9 @@ same configuration on a busy 2-core host moved P50 TPOT +21 % at one level (p < 
 at others. A latency that moved *both ways* across the levels both runs measured is the host's
 run-to-run noise, not a change of the server: ``across_levels`` marks every level of that statistic
 ``mixed``, and a mixed move is neither a regression nor an improvement ("moved both ways across
-levels"). A statistic that moved one way only (at one level or at all) keeps its verdict.
+levels") — unless it is more than ``MIXED_FACTOR`` (2) times the largest opposite move, in log ratio:
++700 % at one level beside −15 % at another is a change, not noise (+21 % beside −15 % is noise). A
+statistic that moved one way only (at one level or at all) keeps its verdict.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from oomload.trace.stats import percentile
 ALPHA_ONSET = 0.05
 ALPHA_LATENCY = 0.01
 EFFECT_FLOOR = 0.10
+MIXED_FACTOR = 2.0  # a move over twice the largest opposite one (log ratio) is not noise
 MIN_SAMPLES_P50 = 8
 MIN_SAMPLES_P99 = 100
 BOOTSTRAP_RESAMPLES = 2000
@@ -257,7 +260,7 @@ class LatencyShift:
         if self.moved and self.mixed:
             return (
                 f"{name}: {values} ({change}; {why}), but it moved the other way at another level: "
-                "the host's run-to-run noise, not a regression"
+                "the host's run-to-run noise, not a change of the server"
             )
         if self.moved:
             return f"{name}: {values} ({change}, {self.judgement}; {why})"
@@ -272,16 +275,20 @@ def format_ms(value_ms: float) -> str:
 
 
 def across_levels(shifts: Iterable[LatencyShift]) -> tuple[LatencyShift, ...]:
-    """The same shifts, each marked ``mixed`` when its metric and statistic moved slower at one level
-    and faster at another (module docstring)."""
+    """The same shifts, each move marked ``mixed`` when its metric and statistic moved the other way at
+    another level by at least 1 / ``MIXED_FACTOR`` of its own size, in log ratio (module docstring)."""
     shifts = tuple(shifts)
-    directions: dict[tuple[str, str], set[bool]] = {}
+    largest: dict[tuple[str, str, bool], float] = {}  # (metric, stat, slower) → the largest |log ratio|
     for s in shifts:
         if s.moved:
-            directions.setdefault((s.metric, s.stat), set()).add((s.ratio or 1.0) > 1.0)
-    return tuple(
-        replace(s, mixed=len(directions.get((s.metric, s.stat), ())) == 2) if s.moved else s for s in shifts
-    )
+            key = (s.metric, s.stat, (s.ratio or 1.0) > 1.0)
+            largest[key] = max(largest.get(key, 0.0), abs(math.log(s.ratio or 1.0)))
+
+    def mixed(s: LatencyShift) -> bool:
+        other = largest.get((s.metric, s.stat, not (s.ratio or 1.0) > 1.0))
+        return other is not None and abs(math.log(s.ratio or 1.0)) <= MIXED_FACTOR * other
+
+    return tuple(replace(s, mixed=mixed(s)) if s.moved else s for s in shifts)
 
 
 def latency_shift(

@@ -120,3 +120,17 @@ def test_a_latency_that_moved_both_ways_across_levels_is_noise_not_a_regression(
     assert "run-to-run noise" in marked[0].sentence
     one_way = across_levels([slower, latency_shift("tpot", "p50", 4, base, base)])
     assert one_way[0].regression  # slower at 6, unchanged at 4: a regression
+
+
+def test_a_large_move_beside_a_small_opposite_one_is_a_change_not_noise() -> None:
+    """A review found +700 % P99 TTFT at 8 beside −15 % at 2 read as noise at both levels."""
+    rng = np.random.default_rng(7)
+    sample = rng.normal(100.0, 5.0, 200)
+    base = list(sample)
+    huge = latency_shift("ttft", "p50", 8, base, list(sample * 8.0))
+    small = latency_shift("ttft", "p50", 2, base, list(sample * 0.85))
+    marked = across_levels([huge, small])
+    assert [s.moved for s in marked] == [True, True]
+    assert [s.mixed for s in marked] == [False, True]  # the −15 % is within twice +700 %'s opposite
+    assert marked[0].regression and marked[0].judgement == "slower"
+    assert marked[1].judgement == "moved both ways across levels"

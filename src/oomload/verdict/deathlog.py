@@ -83,6 +83,7 @@ _LEVEL = re.compile(
     r"|(?P<uvicorn>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+"
     r"|\[(?P<c10>[IWEF])\d{4} [\d:.]+ [\w.]+:\d+\]\s?)"
 )
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes vLLM writes around its process tag, even to files
 _REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]$")
 _QUIET = frozenset({"DEBUG", "INFO", "WARNING", "WARN", "I", "W"})
 
@@ -105,7 +106,9 @@ _CUDA_OLD = re.compile(r"\(GPU \d+; " + _size("total") + r" total capacity; .*?;
 _CPU_OOM = re.compile(
     r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate"
     r"|^(?:builtins\.)?MemoryError\b"
-    r"|^RuntimeError: could not create a primitive\b"  # oneDNN's failed allocation (docstring)
+    # oneDNN's failed allocation (docstring): the bare sentence; "could not create a primitive
+    # descriptor for …" is an unsupported ISA or data type (vLLM issue 24976), not memory
+    r"|^RuntimeError: could not create a primitive\.?$"
 )
 _CPU_TRIED = re.compile(r"you tried to allocate (?P<tried>\d+) bytes")
 _KERNEL = re.compile(r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|oom-kill:|OOMKilled")
@@ -204,7 +207,7 @@ def parse_log(text: str) -> list[LogLine]:
 
 
 def _parse_line(index: int, raw: str) -> LogLine:
-    rest, tag, level = raw.rstrip(), None, None
+    rest, tag, level = _ANSI.sub("", raw.rstrip()), None, None
     for _ in range(4):  # prefixes nest: a timestamp, a tag, a level, in a few orders
         before = rest
         rest = _STAMP.sub("", rest, count=1)

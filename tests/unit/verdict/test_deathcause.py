@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,33 @@ def test_onednn_failing_to_create_a_primitive_is_the_cpu_builds_allocation_failu
         cause.sentence
         == "an activation peak: host memory ran out (RuntimeError: could not create a primitive)"
     )
+
+
+def test_a_onednn_primitive_descriptor_error_is_no_memory_death() -> None:
+    """oneDNN's "could not create a primitive descriptor for …" is an unsupported ISA or data type
+    (vLLM issue 24976, on Graviton), not a failed allocation: a crash, with no memory advice."""
+    head = "(EngineCore_DP0 pid=647832) ERROR 09-16 12:42:26 [core.py:712] "
+    text = (
+        f"{head}EngineCore encountered a fatal error.\n{head}Traceback (most recent call last):\n"
+        f'{head}  File "x.py", line 1, in f\n'
+        "(EngineCore_DP0 pid=647832) ERROR 09-16 12:42:26 [core.py:712] RuntimeError: could not create a "
+        "primitive descriptor for the matmul primitive. Run workload with environment variable "
+        "ONEDNN_VERBOSE=all to get additional diagnostic information.\n"
+        "(APIServer pid=1) ERROR 09-16 12:42:26 [async_llm.py:480] AsyncLLM output_handler failed.\n"
+    )
+    cause = classify_death(log_text=text, exit_status=None, memory=[])
+    assert cause.kind is DeathKind.CRASH and not cause.memory
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in LOGS.glob("*.txt") if "pid=" in p.read_text()))
+def test_colour_codes_around_the_process_tag_change_nothing(name: str) -> None:
+    """vLLM 0.8–0.11 write its process tag in colour even to a file (and later ones on a TTY)."""
+    plain = log(name)
+    coloured = re.sub(r"\((\w[^()]*pid=\d+)\) ", "\x1b[1;36m(\\1)\x1b[0;0m ", plain)
+    assert coloured != plain
+    a = classify_death(log_text=plain, exit_status=None, memory=[])
+    b = classify_death(log_text=coloured, exit_status=None, memory=[])
+    assert (b.kind, b.quote) == (a.kind, a.quote)
 
 
 def test_the_engines_wrapper_alone_still_carries_the_cause() -> None:

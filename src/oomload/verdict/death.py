@@ -4,8 +4,11 @@ Evidence that the engine died (any one is enough):
 
 * ``engine_dead`` request outcomes, or CUDA OOM text in a request's error;
 * ``server_dead`` events, a step or the run (``status.json``) ending with reason ``server_dead``;
-* the server's process (the largest GPU process) vanishing from the GPU samples, or its root process
-  gone from the host-memory samples (``server_memory.jsonl``: ``alive`` false after true).
+* the server's process vanishing from the GPU samples — the largest GPU process, when it is the
+  server's own root pid (``server_memory.jsonl``) or was the only process listed on its device(s):
+  on a GPU shared with another job the largest process may be the other job's, so there its vanishing
+  is only supporting evidence, listed once a death is established — or the server's root process gone
+  from the host-memory samples (``server_memory.jsonl``: ``alive`` false after true).
 
 ``health_failed`` events alone are not enough (the runner writes one for every failed probe, a busy
 server fails one now and then); once a death is established they are listed as supporting evidence.
@@ -117,7 +120,9 @@ def detect_engine_death(view: RunView) -> EngineDeath | None:
     ]
     moment = min([t_evident, *(r.end_unix_s for r in casualties), *(t for t, _ in health)])
     outcomes = dict(Counter(r.outcome.value for r in casualties))
-    lines = sorted([*found, *health[:3]], key=lambda item: item[0])
+    vanished = _vanished_process(view.gpu, _server_pids(view))  # another job's process may be the largest
+    support = [] if vanished is None or vanished.known else [(vanished.t_unix_s, vanished.text)]
+    lines = sorted([*found, *health[:3], *support], key=lambda item: item[0])
     evidence = tuple(dict.fromkeys(text for _, text in lines))
     summary = casualty_text(len(casualties), outcomes)
     if summary is not None:
@@ -188,9 +193,9 @@ def _primary_evidence(view: RunView) -> tuple[list[tuple[float, str]], bool]:
     if status is not None and status.end_reason == "server_dead":
         t = status.ended_unix_s
         found.append((math.inf if t is None else t, "run ended with reason server_dead"))
-    vanished = _vanished_process(view.gpu)
-    if vanished is not None:
-        found.append(vanished)
+    vanished = _vanished_process(view.gpu, _server_pids(view))
+    if vanished is not None and vanished.known:
+        found.append((vanished.t_unix_s, vanished.text))
     gone = _server_gone(view)
     if gone is not None:
         found.append(gone)
@@ -209,8 +214,20 @@ def _server_gone(view: RunView) -> tuple[float, str] | None:
     return None
 
 
-def _vanished_process(gpu: Sequence[GpuSampleRow]) -> tuple[float, str] | None:
-    """The biggest GPU process (the server) missing from a later sample of a device it was seen on.
+@dataclass(frozen=True, slots=True)
+class _Vanished:
+    t_unix_s: float
+    text: str
+    known: bool  # the process is the server's: its root pid, or alone on its device(s)
+
+
+def _server_pids(view: RunView) -> set[int]:
+    return {row.pid for row in view.server_memory if row.pid is not None}
+
+
+def _vanished_process(gpu: Sequence[GpuSampleRow], server_pids: set[int]) -> _Vanished | None:
+    """The biggest GPU process missing from a later sample of a device it was seen on, and whether it
+    is known to be the server's (one of ``server_pids``, or the only process its devices listed).
 
     Only a sample that listed its device's processes counts: ``processes: null`` (the source could
     not tell: a DCGM exporter, NVML refusing the query once) is no evidence, and neither is a device
@@ -225,14 +242,19 @@ def _vanished_process(gpu: Sequence[GpuSampleRow]) -> tuple[float, str] | None:
         return None
     server_pid = max(biggest, key=lambda pid: biggest[pid])
     devices: set[int | None] = set()  # where the server was seen
+    alone = True  # no other process listed beside it while it was seen
     for g in gpu:
         if g.processes is None:
             continue
-        if server_pid in {p.pid for p in g.processes}:
+        pids = {p.pid for p in g.processes}
+        if server_pid in pids:
             devices.add(g.device)
+            alone = alone and pids == {server_pid}
         elif g.device in devices:
-            where = f"(device {g.device})"
-            return g.t_unix_s, f"server process {server_pid} vanished from the GPU samples {where}"
+            known = server_pid in server_pids or alone
+            who = "server process" if known else "the largest GPU process,"
+            text = f"{who} {server_pid} vanished from the GPU samples (device {g.device})"
+            return _Vanished(g.t_unix_s, text, known)
     return None
 
 

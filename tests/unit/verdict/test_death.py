@@ -176,3 +176,28 @@ def test_the_server_vanishes_only_from_a_device_it_was_on_that_listed_its_proces
     assert (death is not None) is dead, death
     if dead:
         assert death is not None and any("vanished from the GPU samples (device" in e for e in death.evidence)
+
+
+def test_a_larger_process_of_another_job_leaving_the_gpu_is_no_death(tmp_path: Path) -> None:
+    """A shared GPU: the server (pid 4242, 36 GiB) beside another job's process (777, 40 GiB) that
+    exits 12 s in. The largest process is not known to be the server's, so its going is no death;
+    once the server is seen dead (a server_dead event) it is listed, named as what it is."""
+    run = write_run(tmp_path / "run", [StepSpec(1), StepSpec(2), StepSpec(4)])
+    lines = []
+    for t in range(0, 30, 2):
+        procs = [{"pid": 4242, "used_bytes": 36 << 30}] + (
+            [{"pid": 777, "used_bytes": 40 << 30}] if t < 12 else []
+        )
+        lines.append(
+            {"t_unix_s": T0 + t, "source": "nvml", "device": 0, "total_bytes": 80 << 30,
+             "used_bytes": 76 << 30, "free_bytes": 4 << 30, "util_pct": None, "processes": procs}
+        )  # fmt: skip
+    (run / "gpu.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert build_verdict(load_run(run)).engine_death is None
+    with (run / "events.jsonl").open("a") as events:
+        events.write(
+            json.dumps({"t_unix_s": T0 + 25, "kind": "server_dead", "text": ["health failed 3x"]}) + "\n"
+        )
+    death = build_verdict(load_run(run)).engine_death
+    assert death is not None and death.step == 2
+    assert "the largest GPU process, 777 vanished from the GPU samples (device 0)" in death.evidence

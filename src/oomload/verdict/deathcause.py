@@ -20,7 +20,10 @@ kind            the rule, and why it stands where it does
                 counter rose during the run; or the log holds the kernel's line ("Out of memory: Killed
                 process", "OOMKilled"); or a SIGKILL (the exit status -9 / 137, a worker's logged exit
                 code -9, a shell's "Killed") came with memory at ≥ ``AT_LIMIT_SHARE`` of a known limit in
-                the last ``LAST_SAMPLES`` samples (or ``memory.peak`` rising there). A kill leaves no
+                the last ``LAST_SAMPLES`` samples (or ``memory.peak`` rising there) — unless the
+                ``oom_kill`` counter was read after the death and had not risen: a cgroup's memory
+                counts its page cache, so a container that read its weights sits near its limit, and
+                a SIGKILL then is someone else's (``killed``, the counter in its evidence). A kill leaves no
                 traceback: what the survivors print (EOFError, NCCL errors) follows from it, so this
                 stands above ``crash``.
 ``crash``       the log's root cause is another one (an NCCL error, a segfault, "Fatal Python error", the
@@ -136,6 +139,10 @@ class DeathCause:
                 parts.append(format_pair(self.peak_bytes, self.limit_bytes))
             return f"killed by the kernel's OOM killer ({'; '.join(parts)})"
         if self.kind is DeathKind.KILLED:
+            if any(e.startswith("cgroup oom_kill stayed") for e in self.evidence):
+                return (
+                    f"killed from outside by {self.basis or 'a signal'}: the cgroup's OOM killer did not fire"
+                )
             return f"killed from outside by {self.basis or 'a signal'}, with no memory evidence"
         if self.kind is DeathKind.CRASH:
             return f"a crash: {self.quote}" if self.quote else f"a crash: ended by {self.basis or 'a signal'}"
@@ -186,6 +193,7 @@ class _MemoryFacts:
     limit_bytes: int | None = None
     peak_bytes: int | None = None
     oom_kills: tuple[int, int] | None = None  # the cgroup's oom_kill counter: first and last seen
+    kills_read_after_death: bool = False  # the counter was read in a sample after the server died
     at_limit: str | None = None  # a sentence when memory was at its limit at the end
 
 
@@ -210,7 +218,8 @@ def _memory_facts(rows: Sequence[ServerMemoryRow]) -> _MemoryFacts:
             at_limit = (
                 f"cgroup memory.peak rose to {format_bytes(peaks[-1])} of its {format_bytes(limit)} limit"
             )
-    return _MemoryFacts(limit, peak, oom_kills, at_limit)
+    after = any(not r.alive and r.cgroup_oom_kill is not None for r in rows)
+    return _MemoryFacts(limit, peak, oom_kills, kills_read_after_death=after, at_limit=at_limit)
 
 
 def exit_signal(status: int | None) -> signal.Signals | None:
@@ -259,6 +268,9 @@ def classify_death(
         evidence.append("the log: a shell's 'Killed' (its child died of SIGKILL)")
     if kills is not None:
         evidence.append(f"cgroup oom_kill {kills[0]} → {kills[1]}")
+    no_kill = facts.kills_read_after_death and kills is None and facts.oom_kills is not None
+    if no_kill and facts.oom_kills is not None:
+        evidence.append(f"cgroup oom_kill stayed at {facts.oom_kills[1]} after the death")
     if facts.at_limit is not None:
         evidence.append(facts.at_limit)
     elif facts.peak_bytes is not None:
@@ -293,7 +305,7 @@ def classify_death(
         return cause(DeathKind.OOM_KILLED, "cgroup oom_kill rose")
     if found.sign == "kernel_kill":
         return cause(DeathKind.OOM_KILLED, "the kernel's line in the log", found.quote)
-    if killer is signal.SIGKILL and facts.at_limit is not None:
+    if killer is signal.SIGKILL and facts.at_limit is not None and not no_kill:
         return cause(DeathKind.OOM_KILLED, "SIGKILL at the memory limit")
     if found.sign == "crash":
         return cause(DeathKind.CRASH, "the log's root cause", found.quote)

@@ -204,6 +204,29 @@ def test_sigkill_with_memory_at_its_limit_and_no_traceback_is_the_oom_killer() -
     )
 
 
+def test_sigkill_near_the_limit_with_the_oom_kill_counter_still_at_zero_is_a_kill_from_outside() -> None:
+    """A cgroup's memory counts its page cache: a container that read its weights sits near its limit.
+    The counter read after the death, still 0, says the kernel's OOM killer did not kill it."""
+    alive = [(7.7, True), (7.8, True), (7.8, True), (7.8, True), (1.0, False)]
+    rows = [
+        ServerMemoryRow(
+            t_unix_s=1000.0 + i,
+            rss_bytes=6 * GIB,
+            cgroup_current_bytes=int(used * GIB),
+            cgroup_limit_bytes=8 * GIB,
+            cgroup_oom_kill=0,
+            alive=up,
+        )
+        for i, (used, up) in enumerate(alive)
+    ]
+    cause = classify_death(log_text="", exit_status=-9, memory=rows)
+    assert cause.kind is DeathKind.KILLED and not cause.memory
+    assert "cgroup oom_kill stayed at 0 after the death" in cause.evidence
+    assert cause.sentence == "killed from outside by SIGKILL: the cgroup's OOM killer did not fire"
+    before_death_only = classify_death(log_text="", exit_status=-9, memory=rows[:4])  # not read after it
+    assert before_death_only.kind is DeathKind.OOM_KILLED
+
+
 def test_a_shells_137_is_sigkill() -> None:
     cause = classify_death(log_text=log("oom-killed-silent.txt"), exit_status=137, memory=AT_LIMIT)
     assert (cause.kind, cause.exit_status) == (DeathKind.OOM_KILLED, -9)

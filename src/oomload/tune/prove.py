@@ -112,6 +112,7 @@ def prove(ctx: TuneContext, candidate: Candidate, url: str, log_path: Path, cand
         again,
         remeasured=True,
         observed_onset=again.observed_onset or proof.observed_onset,
+        died_above=again.died_above or proof.died_above,
         starved=again.starved or (proof.starved if again.no_evidence else None),
         evidence=f"{again.evidence} (measured again, a {hold_s:g} s step; the first: {proof.evidence})",
     )
@@ -250,6 +251,7 @@ def proof_from_summary(
     )
     death = None if summary is None else summary.death
     died = death is not None and (death.concurrency or 0) <= target
+    died_above = None if death is None or died else death.concurrency  # at the headroom level
     overflowed = 0 if summary is None else summary.context_refused + summary.context_clamped
     sent = 0 if summary is None else summary.requests_total
     served_limit = None if summary is None else summary.context_model_limit
@@ -273,7 +275,11 @@ def proof_from_summary(
         evidence_text = (
             f"{requests} requests at {target}: {preemptions} preemption{'s' if preemptions != 1 else ''}"
             + (f" (the odds ask {evidence} for 99 %)" if evidence else " (the odds call it safe)")
-            + ("; the server died" if died else "")
+            + (
+                ""
+                if death is None
+                else f"; the server died at {death.concurrency} ({death.kind or 'cause unknown'})"
+            )
             + (f"; {judged.how}" if held else f"; the step did not hold concurrency {target} ({judged.how})")
             + (f"; {overflowed} of {sent} overflowed max_model_len {served_limit}" if overflowed else "")
         )
@@ -285,6 +291,8 @@ def proof_from_summary(
         no_evidence=no_evidence,
         starved=judged.starved if no_evidence else None,
         running_max=judged.running_max,
+        died_above=died_above,
+        death_kind=None if death is None else death.kind,
         num_gpu_blocks=None if pool is None else pool.num_gpu_blocks,
         block_size=None if pool is None else pool.block_size,
         predicted_onset=None if guide is None else guide.onset,

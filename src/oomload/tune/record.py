@@ -170,6 +170,8 @@ def candidate_to_json(c: Candidate) -> dict[str, Any]:
             "load_host_starved": proof.starved,
             "remeasured": proof.remeasured,
             "running_max": proof.running_max,
+            "died_above": proof.died_above,
+            "death_kind": proof.death_kind,
         },
     }
 
@@ -212,6 +214,8 @@ def candidate_from_json(obj: Mapping[str, Any]) -> Candidate:
             starved=p.get("load_host_starved"),
             remeasured=bool(p.get("remeasured")),
             running_max=p.get("running_max"),
+            died_above=p.get("died_above"),
+            death_kind=p.get("death_kind"),
         )
     return Candidate(
         index=int(obj["index"]),

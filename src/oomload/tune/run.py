@@ -73,8 +73,9 @@ from oomload.tune.context import TuneConfig, TuneContext
 from oomload.tune.prove import measure_rate, prove, read_text
 from oomload.tune.rate import RateTarget
 from oomload.tune.record import TuneRecord
-from oomload.tune.search import Candidate, evidence_stop, next_proposal, pick_winner, seqs_ladder
+from oomload.tune.search import Candidate, next_proposal, pick_winner, seqs_ladder
 from oomload.tune.startup import StartCause, classify_startup_failure
+from oomload.tune.stops import death_stop, evidence_stop
 
 __all__ = ["TuneConfig", "check_port_free", "run_tune", "scrub_file"]
 
@@ -163,6 +164,8 @@ def _run_tune(config: TuneConfig, console: Console | None) -> TuneRecord:
             status = "finished" if stop is None else "no_evidence"
             if stop is not None:
                 notes.append(stop)
+            elif (died := death_stop(history)) is not None:
+                notes.append(died)
     except KeyboardInterrupt:
         status = "interrupted"
         notes.append("interrupted (Ctrl-C): the server was stopped; the table holds the candidates so far")

@@ -43,6 +43,12 @@ The rules, in order — every candidate records the rule that produced it, and t
      - above the target (a headroom candidate, or ``--target-rate``'s first one, which ran at the
        ladder's top): it held the level above too → stop, headroom seen; it preempted there, within
        what it admits → back to ``max_num_seqs`` at the target (which queues such bursts instead);
+   * its engine died of an activation peak (``cuda_oom``, ``cpu_oom``: an allocation failed at
+     runtime) → the same candidate with ``max_num_batched_tokens`` halved (not below
+     ``MIN_BATCHED_TOKENS``) before any ``max_num_seqs`` cut; of something no memory setting answers
+     (a crash, a kill from outside, no known cause) → the search stops and says so
+     (``oomload.tune.stops.death_stop``);
+     a death above the target, at the headroom level, counts there as a preemption does;
    * it preempted (or the server died) and nothing smaller carried yet → the first guess: the largest
      ``max_num_seqs`` the trace's odds on *this* pool call safe at the target (``tune.guide``); the
      odds seed the search, they do not end it: when the guess preempts too, the next is 1 below it,
@@ -57,7 +63,7 @@ The rules, in order — every candidate records the rule that produced it, and t
 5. **No evidence is no verdict**: a step that did not hold the target (or its cap) and saw no
    preemption says nothing about the memory. The proof measures it again (a longer step, ``prove``);
    still without evidence, the search stops — it never moves to a smaller setting for want of evidence
-   — and ``evidence_stop`` says why: the load host limits (the load generator was starved,
+   — and ``oomload.tune.stops.evidence_stop`` says why: the load host limits (the load generator was starved,
    ``verdict.loadgen``: add ``--processes``, ``--workers`` or a separate load host), or the server
    held less than was sent. No winner is named then (exit 4: missing evidence never passes).
 6. **Bounds**: at most ``max_starts`` candidates (the runner also stops at its wall-time bound); both
@@ -89,6 +95,8 @@ from oomload.tune.rate import RateTarget
 from oomload.tune.startup import StartCause, StartupFailure
 
 MIN_BATCHED_TOKENS = 512
+MEMORY_DEATHS = ("cuda_oom", "cpu_oom", "oom_killed")  # DeathKind values a memory setting answers
+ACTIVATION_DEATHS = ("cuda_oom", "cpu_oom")  # an allocation failed at runtime: the prefill batch sizes it
 DEFAULT_BATCHED_TOKENS = 2048  # vLLM V1's API-server default on most GPUs (vllm-facts §7)
 FREE_MEMORY_MARGIN = 0.005
 KNOBS = (
@@ -197,6 +205,20 @@ class Proof:
     starved: str | None = None  # the load generator's figures when it was starved (verdict.loadgen)
     remeasured: bool = False  # the target was measured again after a step without evidence
     running_max: int | None = None  # vLLM's most requests running at once at the target
+    died_above: int | None = None  # the level above the target where the engine died (the headroom's)
+    death_kind: str | None = None  # the death's kind (``DeathKind``'s value), at or above the target
+
+    @property
+    def broke_above(self) -> int | None:
+        """The lowest level above the target that preempted or killed the engine (``None``: none)."""
+        levels = [c for c in (self.observed_onset, self.died_above) if c is not None]
+        return min(levels) if levels else None
+
+    @property
+    def died_of_memory(self) -> bool:
+        """The engine died of memory (or of a cause not recorded): a smaller setting may carry. A crash,
+        a kill from outside or no known cause is nothing a memory setting answers."""
+        return self.death_kind is None or self.death_kind in MEMORY_DEATHS
 
     @property
     def outcome(self) -> str:
@@ -275,10 +297,11 @@ def pick_winner(
     """The carrying candidate with the most memory, then the most concurrency carried (the requests it
     runs at once at the target: ``min(max_num_seqs, target)``), then no preemption at the level above
     either, then the largest max_num_seqs, then throughput. ``None`` when the search stopped without
-    evidence (``evidence_stop``): the boundary is not known, and a smaller setting that carried is no
-    answer."""
+    evidence (``stops.evidence_stop``): the boundary is not known, and a smaller setting that carried
+    is no answer."""
     carriers = [c for c in history if c.carries]
-    if not carriers or evidence_stop(history) is not None:
+    last = history[-1].proof if history else None
+    if not carriers or (last is not None and last.no_evidence):  # ``stops.evidence_stop``'s case
         return None
 
     def key(c: Candidate) -> tuple[int, int, bool, int, float]:
@@ -286,7 +309,7 @@ def pick_winner(
         seqs = c.settings.max_num_seqs or 0
         assert c.proof is not None
         carried = seqs if target is None or not seqs else min(seqs, target)
-        clean = c.proof.observed_onset is None  # the level above held too: headroom seen, not assumed
+        clean = c.proof.broke_above is None  # the level above held too: headroom seen, not assumed
         return (-rank, carried, clean, seqs, c.proof.throughput_tokens_per_s or 0.0)
 
     return max(carriers, key=key)
@@ -396,6 +419,19 @@ def _after_proof(
         )
     if target is not None and seqs > target:  # above the target the target's level is the capped one's
         return None
+    if proof.died and not proof.preempted_at_target:
+        if not proof.died_of_memory:  # a crash or a kill: no memory setting answers it
+            return None
+        if proof.death_kind in ACTIVATION_DEATHS and "max_num_batched_tokens" not in space.fixed:
+            current = s.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS
+            halved = max(current // 2, MIN_BATCHED_TOKENS)
+            if halved < current:
+                return Proposal(
+                    replace(s, max_num_batched_tokens=halved),
+                    f"an activation peak ({proof.death_kind}) killed the engine at {target or seqs}: "
+                    f"max_num_batched_tokens halved to {halved} (the prefill batch sizes that peak) "
+                    "before max_num_seqs is cut",
+                )
     if hi is None or hi != seqs:  # rejected (an overflow), or not the smallest that failed: stop
         return None
     what = (
@@ -467,42 +503,20 @@ def _bisect(
     )
 
 
-def evidence_stop(history: Sequence[Candidate]) -> str | None:
-    """Why the search stopped without a verdict, when its last candidate had no evidence (rule 5):
-    one sentence naming the load host when its load generator was starved; ``None`` otherwise."""
-    last = history[-1] if history else None
-    proof = None if last is None else last.proof
-    if last is None or proof is None or not proof.no_evidence:
-        return None
-    seqs = last.settings.max_num_seqs
-    again = " even when measured again" if proof.remeasured else ""
-    if proof.starved is not None:
-        return (
-            f"the load host limits: candidate {last.index} (max_num_seqs {seqs}) had no evidence{again} — "
-            f"the load generator {proof.starved}. The tune stopped rather than name a smaller setting: "
-            "give the load generator more CPU: the server a lower priority (`nice -n 10` in front of "
-            "--serve), `oomload tune --processes N` (N load-generating processes per replay), fewer "
-            "other jobs on this host, or a host with more cores"
-        )
-    return (
-        f"no evidence: candidate {last.index} (max_num_seqs {seqs}){again}: {proof.evidence}. "
-        "The tune stopped rather than name a smaller setting"
-    )
-
-
 def _after_carry(
     target: int | None, s: Settings, seqs: int, proof: Proof, ladder: Sequence[int], tried: set[int | None]
 ) -> Proposal | None:
     """Rule 3, a carrier: seek the most headroom (module docstring)."""
     capped = [v for v in ladder if v not in tried]
     if target is not None and seqs > target:  # above the target: did it hold what it admits?
-        onset = proof.observed_onset
+        onset = proof.broke_above
         top = max(ladder, default=None)
         if onset is None or onset > seqs or top is None or top in tried:
             return None  # headroom seen; or the capped setting was proved already
+        broke = "died" if onset == proof.died_above else "preempted"
         return Proposal(
             replace(s, max_num_seqs=top),
-            f"carried the target with max_num_seqs {seqs} but preempted at {onset}, above the target: "
+            f"carried the target with max_num_seqs {seqs} but {broke} at {onset}, above the target: "
             f"max_num_seqs {top} (at most the target) queues such bursts instead",
         )
     larger = [v for v in capped if v > seqs]

@@ -18,11 +18,11 @@ from oomload.tune.search import (
     Proof,
     SearchSpace,
     Settings,
-    evidence_stop,
     next_proposal,
     pick_winner,
     seqs_ladder,
 )
+from oomload.tune.stops import evidence_stop
 
 TARGET = 12
 SPACE = SearchSpace(memory=(Settings(num_gpu_blocks=80),), max_num_seqs=seqs_ladder(TARGET), max_starts=12)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from oomload.capacity.odds import Pool
 from oomload.rundir.summary import SUMMARY_SCHEMA, Summary, summary_from_doc
 from oomload.tune.guide import OddsGuide
 from oomload.tune.prove import proof_from_summary
+from oomload.tune.search import Candidate, SearchSpace, Settings, next_proposal, pick_winner
+from oomload.tune.stops import death_stop
 
 POOL = Pool(num_gpu_blocks=12, block_size=256, max_model_len=768)
 
@@ -116,3 +119,68 @@ def test_the_proof_reads_a_real_summary_json(tmp_path: Any) -> None:
     assert proof.no_evidence and "the level was not delivered: 6.0 of 8 in flight" in proof.evidence
     assert proof.ttft_p99_ms is not None and proof.throughput_tokens_per_s is not None
     assert read_replay_summary(tmp_path / "nothing") is None  # the replay wrote no verdict
+
+
+# --- the engine's death, where and of what (a review found both read wrong) ----------------------------
+def _died(at: int | None, kind: str, seqs: int) -> Any:
+    """A proof at target 8 (and the headroom level 10) whose engine died at ``at`` of ``kind``."""
+    step = {
+        "concurrency": 8,
+        "warmup": False,
+        "requests": 40,
+        "preemptions": 0,
+        "trusted": True,
+        "ttft": {"p99_ms": 900.0},
+        "output_tokens_per_s": 300.0,
+    }
+    death = {"concurrency": at, "step": 1, "kind": kind, "memory": kind != "crash", "real_oom": False}
+    if at is None:
+        death = None  # type: ignore[assignment]
+    summary = _typed(
+        {
+            "verdict": {
+                "steps": [step, {**step, "concurrency": 10, "requests": 12}],
+                "onsets": {"preemption": None, "engine_death": death},
+                "context_overflow": {"refused": 0, "clamped": 0, "model_limit": 768},
+                "requests": {"total": 52},
+            }
+        }
+    )
+    return _proof(summary, max_num_seqs=seqs)
+
+
+SPACE = SearchSpace(memory=(Settings(gpu_memory_utilization=0.9),), max_num_seqs=(2, 4, 6, 8))
+
+
+def test_a_death_at_the_headroom_level_is_no_headroom() -> None:
+    """Target 8: max_num_seqs 8 carried; 10 carried 8 too but its engine died (CUDA OOM) at 10. The
+    capped 8 wins: the 10 that killed the engine one level up lost it its headroom."""
+    capped = replace(_died(None, "", 8), odds_safe_above=True)
+    above = _died(10, "cuda_oom", 10)
+    assert above.carries and above.died_above == 10 and above.broke_above == 10
+    assert "the server died at 10 (cuda_oom)" in above.evidence
+    history = [
+        Candidate(1, Settings(gpu_memory_utilization=0.9, max_num_seqs=8), "first", True, proof=capped),
+        Candidate(2, Settings(gpu_memory_utilization=0.9, max_num_seqs=10), "headroom", True, proof=above),
+    ]
+    assert next_proposal(SPACE, 8, history) is None
+    winner = pick_winner(SPACE, history, 8)
+    assert winner is not None and winner.index == 1
+
+
+def test_a_crash_at_the_target_stops_the_search_and_says_so() -> None:
+    proof = replace(_died(8, "crash", 8), odds_safe_max_num_seqs=6)
+    assert proof.died and not proof.died_of_memory
+    history = [Candidate(1, Settings(gpu_memory_utilization=0.9, max_num_seqs=8), "first", True, proof=proof)]
+    assert next_proposal(SPACE, 8, history) is None  # no max_num_seqs cut for a crash
+    stop = death_stop(history)
+    assert stop is not None and stop.startswith("candidate 1's engine died of crash, not of memory")
+
+
+def test_an_activation_peak_at_the_target_halves_the_prefill_batch_first() -> None:
+    proof = replace(_died(8, "cpu_oom", 8), odds_safe_max_num_seqs=6)
+    history = [Candidate(1, Settings(gpu_memory_utilization=0.9, max_num_seqs=8), "first", True, proof=proof)]
+    proposal = next_proposal(SPACE, 8, history)
+    assert proposal is not None and proposal.settings.max_num_batched_tokens == 1024
+    assert proposal.settings.max_num_seqs == 8 and "activation peak (cpu_oom)" in proposal.rule
+    assert death_stop(history) is None

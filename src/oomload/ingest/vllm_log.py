@@ -7,8 +7,9 @@ or ``LEVEL MM-DD HH:MM:SS file:line]`` in older releases):
   ``VLLM_LOGGING_LEVEL=DEBUG``) — the prompt length is the number of token ids;
 - ``Received request <id>: params: SamplingParams(…max_tokens=N…)`` (INFO) — one request; older
   releases put ``prompt: …, params: …, prompt_token_ids: [...]`` all on this line;
-- ``Aborted request <id>`` — the request is kept with ``ok=false`` (found in a first pass, so the
-  file is read twice; vLLM logs are files on disk);
+- ``Aborted request <id>`` (before 0.10) or ``Aborted request(s) <id>[,<id>…].`` (the V1 engine,
+  ``v1/engine/async_llm.py``) — each request named is kept with ``ok=false`` (found in a first
+  pass, so the file is read twice; vLLM logs are files on disk);
 - uvicorn access lines (``"POST /v1/completions HTTP/1.1" 200 OK``) carry no request id; their
   non-2xx count is reported as a note.
 
@@ -62,7 +63,7 @@ LOG_PREFIX = re.compile(
 _TIME = re.compile(rb"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) ")
 _DETAILS = re.compile(rb"Request (\S+) details: ")
 _RECEIVED = re.compile(rb"Received request (\S+?): ")
-_ABORTED = re.compile(rb"Aborted request (\S+?)\.?$")
+_ABORTED = re.compile(rb"Aborted request(?:\(s\))? (\S+?)\.?$")  # V1 (0.10+): ``request(s) a,b.``
 _MAX_TOKENS = re.compile(rb"\bmax_tokens=(\d+|None)")
 _ACCESS = re.compile(rb'"(?:POST|GET) [^"]*" (\d{3})')
 _MAX_LOG_LEN = re.compile(rb"'max_log_len': (\d+)")
@@ -308,7 +309,8 @@ def _first_pass(source: LogSource) -> tuple[set[str], int]:
             if b"Aborted request" in line:
                 match = _ABORTED.search(line.rstrip())
                 if match is not None:
-                    aborted.add(match.group(1).decode("utf-8", errors="replace"))
+                    ids = match.group(1).split(b",")
+                    aborted.update(i.decode("utf-8", errors="replace") for i in ids if i)
             else:
                 access = _ACCESS.search(line)
                 if access is not None and not access.group(1).startswith(b"2"):

@@ -1,0 +1,31 @@
+"""The vLLM server-log reader on the real fixture log with lines added: aborts, dates, prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from oomload.ingest import SkipLog, iter_records
+from oomload.trace.model import TraceRecord
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"  # real vLLM logs (tests/fixtures/regenerate.py)
+PREFIX = "(APIServer pid=7306) INFO 12-01 06:33:54 [v1/engine/async_llm.py:600] "
+
+
+def records(path: Path) -> tuple[list[TraceRecord], SkipLog]:
+    skips = SkipLog()
+    return list(iter_records([path], skips=skips)), skips
+
+
+def test_v1_aborted_requests_line_marks_every_request_it_names(tmp_path: Path) -> None:
+    """vLLM ≥ 0.10 logs ``Aborted request(s) a,b.``: each id named is a failed request."""
+    lines = (FIXTURES / "vllm-request-log.txt").read_text().splitlines(keepends=True)
+    lines += [
+        PREFIX + "Aborted request(s) cmpl-9042a2401c167e4f-0.\n",
+        PREFIX + "Aborted request(s) cmpl-a1d36b23ac0fef57-0,chatcmpl-9c9bc00d5b99e5cd.\n",
+    ]
+    path = tmp_path / "v1-aborts.log"
+    path.write_text("".join(lines))
+    recs, _ = records(path)
+    failed = sorted(r.id for r in recs if not r.ok)
+    assert failed == ["chatcmpl-9c9bc00d5b99e5cd", "cmpl-9042a2401c167e4f-0", "cmpl-a1d36b23ac0fef57-0"]
+    assert sum(r.ok for r in recs) == len(recs) - 3

@@ -46,7 +46,7 @@ import orjson
 import pyarrow as pa
 
 from oomload.ingest.columns import make_batch
-from oomload.ingest.openai_log import _int_or_none, _to_seconds, parse_openai_line
+from oomload.ingest.openai_log import _int_or_none, _to_seconds, parse_openai_line, untimed_note_text
 from oomload.ingest.openai_parts import PartMarks, line_parts, parts_of, prompt_parts
 from oomload.ingest.openai_schema import (
     BODY_DECODER,
@@ -489,7 +489,8 @@ def read_openai_batches(
     Each piece of ``PIECE_BYTES`` is decoded at once as ``Plain`` lines and read in columns; a
     piece holding another line goes line by line through ``_fast_row`` on the wider ``Line``
     schema and, failing that, ``parse_openai_line``. A request without a time gets the previous
-    request's time (0 at the start of ``source``); the batch's metadata ``leading_untimed`` counts
+    request's time; those before the first timed request of ``source`` get its time (their batches
+    are held until it comes; 0 when none does). The batch's metadata ``leading_untimed`` counts
     the rows at its start that had none before any timed row of ``source`` (the caller of a
     byte-range reader patches those from the range before).
 
@@ -504,6 +505,7 @@ def read_openai_batches(
     last_time = 0.0
     untimed = 0
     seen_timed = False
+    held: list[pa.Table] = []  # batches before the first timed request: they take its time
     for chunk in source.iter_views():
         columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
         marks = PartMarks(counter)  # each row's prompt parts (with ``hasher``): chained per chunk
@@ -551,21 +553,29 @@ def read_openai_batches(
             untimed += int(missing.sum())
             timed_at = np.where(missing, -1, np.arange(len(times)))
             np.maximum.accumulate(timed_at, out=timed_at)
-            times = np.where(timed_at >= 0, times[np.maximum(timed_at, 0)], last_time)
+            before_s = last_time if seen_timed or missing.all() else float(times[np.argmin(missing)])
+            times = np.where(timed_at >= 0, times[np.maximum(timed_at, 0)], before_s)
             if not seen_timed:
                 leading = int(np.count_nonzero(timed_at < 0))
             batch = batch.set_column(batch.schema.get_field_index("time_s"), "time_s", pa.array(times))
-        if not missing.all():
-            seen_timed = True
-        last_time = float(times[-1])
         if leading:
             batch = batch.replace_schema_metadata({b"leading_untimed": str(leading).encode()})
+        if not seen_timed and missing.all():  # no time yet in ``source``: wait for the first one
+            held.append(batch)
+            continue
+        yield from (with_time(h, float(times[0])) for h in held)
+        held = []
+        seen_timed = True
+        last_time = float(times[-1])
         yield batch
+    yield from held  # no time in the whole of ``source``: 0
     if untimed and on_untimed is not None:
         on_untimed(untimed)  # a span of the file: its caller notes the file's total
     elif untimed:
         skips.note(untimed_note_text(source.name, untimed))
 
 
-def untimed_note_text(name: str, untimed: int) -> str:
-    return f"{name}: {untimed} requests had no timestamp (each given the previous one's time)"
+def with_time(batch: pa.Table, time_s: float) -> pa.Table:
+    """``batch`` with every row at ``time_s`` (its metadata kept)."""
+    times = pa.array(np.full(batch.num_rows, time_s))
+    return batch.set_column(batch.schema.get_field_index("time_s"), "time_s", times)

@@ -16,7 +16,9 @@ One JSON object per line. The reader looks for, in order:
   a failed request is kept with ``ok=false`` and its output counted as 0 tokens;
 - **time**: ``timestamp``, ``created_at``, ``start_time``, ``request_time``, ``time``, ``startTime``
   (LiteLLM's spend log), ``started_at``, ``@timestamp`` (an access log; epoch s/ms/µs or ISO-8601),
-  else the response's ``created``;
+  else the response's ``created``. A request without a time takes the time of the request before
+  it; those before the first timed request take its time (0 when no request has one), so a log
+  that opens with untimed requests does not start at the epoch;
 - **id**: ``custom_id``, ``request_id``, ``id``, or the response's ``id``.
 
 When a count is missing but the text is there (streaming logs often lack ``usage``), the text is
@@ -57,7 +59,8 @@ def read_openai_records(
     source: LogSource, skips: SkipLog, counter: TokenCounter | None
 ) -> Iterator[TraceRecord]:
     """Records (``arrival_s`` on the log's clock, ``id`` ``""`` when absent) from an OpenAI-style log."""
-    last_time = 0.0
+    last_time: float | None = None  # None until the first timed request
+    held: list[TraceRecord] = []  # requests before the first timed one: they take its time
     untimed = 0
     for number, obj in iter_json_objects(source, skips):
         try:
@@ -69,11 +72,26 @@ def read_openai_records(
             continue
         if record.arrival_s < 0:
             untimed += 1
+            if last_time is None:
+                held.append(record)
+                continue
             record = replace(record, arrival_s=last_time)
+        elif held:
+            yield from (replace(r, arrival_s=record.arrival_s) for r in held)
+            held = []
         last_time = record.arrival_s
         yield record
+    yield from (replace(r, arrival_s=0.0) for r in held)  # no time in the whole log
     if untimed:
-        skips.note(f"{source.name}: {untimed} requests had no timestamp (each given the previous one's time)")
+        skips.note(untimed_note_text(source.name, untimed))
+
+
+def untimed_note_text(name: str, untimed: int) -> str:
+    """The note on requests without a time (the same from every reader of OpenAI-style logs)."""
+    return (
+        f"{name}: {untimed} requests had no timestamp (each given the previous one's time, "
+        "or the first timed one's when none came before)"
+    )
 
 
 def parse_openai_line(

@@ -13,7 +13,8 @@ forces many small spans to check it). How:
   the examples (counted only when a span skipped a line: ``_LineCount``), replays them into the
   caller's ``SkipLog`` (so ``--strict`` stops at the first bad line of the file, as it would
   single-process), gives a span's leading requests without a time the time of the request before
-  them, and notes the untimed total once, at the end, as the reader does. ``span_task`` reads
+  them (before the file's first timed request: its time, their batches held until it comes), and
+  notes the untimed total once, at the end, as the reader does. ``span_task`` reads
   Mooncake spans too, but Mooncake logs are read in-process: pyarrow's JSON reader already keeps
   2 cores busy there, and a 510 MB Mooncake build spread over 2 workers measured 1.3-1.4× slower.
 - **CSV spans** (uncompressed Azure, BurstGPT and mapped CSV of at least ``PARALLEL_MIN_BYTES``):
@@ -72,7 +73,8 @@ import pyarrow as pa
 
 from oomload.errors import OomloadError, TraceFormatError
 from oomload.ingest.inputs import iter_source_batches, with_pseudonyms
-from oomload.ingest.openai_fast import untimed_note_text
+from oomload.ingest.openai_fast import with_time
+from oomload.ingest.openai_log import untimed_note_text
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, ReadMeter
 from oomload.ingest.tabular import csv_header, read_csv_batches
@@ -288,6 +290,8 @@ def _span_batches(
     rows_before = 1  # a CSV's lines: its header, then each span's rows
     jsonl_lines = _LineCount(source.path)  # a JSONL's lines: counted only when a span skipped one
     last_time = 0.0
+    seen_timed = False  # a timed request in the spans read so far
+    held: list[pa.Table] = []  # batches before the file's first timed request: they take its time
     untimed = 0
     notes: list[str] = []
     origin_s: float | None = None  # the first request's time: workers render once it is known
@@ -350,16 +354,22 @@ def _span_batches(
                 continue
             batch = item.table()
             leading = int((batch.schema.metadata or {}).get(b"leading_untimed", b"0"))
-            if leading:
-                times = np.asarray(batch.column("time_s"), dtype=np.float64).copy()
-                times[:leading] = last_time
-                batch = batch.set_column(batch.schema.get_field_index("time_s"), "time_s", pa.array(times))
             batch = batch.replace_schema_metadata(None)
-            if origin_s is None and batch.num_rows:
-                origin_s = float(batch.column("time_s")[0].as_py())
-            last_time = float(batch.column("time_s")[-1].as_py())
             if progress is not None:
                 progress(0, batch.num_rows)
+            if leading and not seen_timed and leading == batch.num_rows:  # no time yet in the file
+                held.append(batch)
+                continue
+            if leading:
+                times = np.asarray(batch.column("time_s"), dtype=np.float64).copy()
+                times[:leading] = last_time if seen_timed else times[leading]
+                batch = batch.set_column(batch.schema.get_field_index("time_s"), "time_s", pa.array(times))
+            if origin_s is None and batch.num_rows:
+                origin_s = float(batch.column("time_s")[0].as_py())
+            yield from (with_time(h, float(batch.column("time_s")[0].as_py())) for h in held)
+            held = []
+            seen_timed = True
+            last_time = float(batch.column("time_s")[-1].as_py())
             yield batch
         if progress is not None:
             progress(span[1] - span[0], 0)
@@ -367,6 +377,7 @@ def _span_batches(
         while len(pending) < (2 * pool.workers if origin_s is not None or not pool.render else 1):
             if not submit():
                 break
+    yield from held  # no time in the whole file: 0
     for note in notes:
         skips.note(note)
     if untimed:

@@ -234,3 +234,20 @@ def test_merge_keeps_heapq_order_for_ties() -> None:
         )
     ]
     assert merged == expected
+
+
+def test_requests_before_the_first_timed_one_take_its_time_in_spans(tmp_path: Path) -> None:
+    """The first 40 requests, over several spans, have no time: they take the first timed one's."""
+    lines = [
+        {"response": {"id": f"c-{i}", "usage": {"prompt_tokens": i + 1, "completion_tokens": 2}}}
+        for i in range(80)
+    ]
+    for i, line in enumerate(lines[40:], start=40):
+        line["timestamp"] = 1_717_000_000.0 + i
+    log = tmp_path / "gw.jsonl"
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert len(plan_spans(log, log.stat().st_size, 700)) > 5
+    single, spread = _build_both([log], tmp_path)
+    assert spread == single
+    arrivals = [json.loads(x)["arrival_s"] for x in single["bytes"].splitlines()[1:]]
+    assert arrivals == [0.0] * 41 + [float(i) for i in range(1, 40)]

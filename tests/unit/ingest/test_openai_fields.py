@@ -1,0 +1,58 @@
+"""What an OpenAI-style line gives, read by both readers (columns and the line parser): its time,
+its status and its counts, where gateways and proxies put them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from oomload.ingest import LogSource, SkipLog, iter_records, openai_fast
+from oomload.ingest.columns import batches_from_records
+from oomload.ingest.openai_fast import read_openai_batches
+from oomload.ingest.openai_log import read_openai_records
+
+USAGE = {"usage": {"prompt_tokens": 5, "completion_tokens": 2}}
+
+
+def _both(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], SkipLog]:
+    """The rows of the column reader and of the line parser (which must agree), and the skips."""
+    source = LogSource(path)
+    fast_skips, exact_skips = SkipLog(), SkipLog()
+    fast = [b.replace_schema_metadata(None) for b in read_openai_batches(source, fast_skips, None)]
+    exact = list(batches_from_records(read_openai_records(source, exact_skips, None)))
+    rows = pa.concat_tables(fast).to_pylist() if fast else []
+    exact_rows = pa.concat_tables(exact).to_pylist() if exact else []
+    assert (fast_skips.counts, fast_skips.notes) == (exact_skips.counts, exact_skips.notes)
+    return rows, exact_rows, fast_skips
+
+
+def _write(path: Path, lines: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("piece_bytes", [64, 256 * 1024])
+def test_requests_before_the_first_timed_one_take_its_time(
+    tmp_path: Path, piece_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[untimed, untimed, 1700000000, untimed, 1700000002]: the trace spans 2 s, not 54 years."""
+    monkeypatch.setattr(openai_fast, "PIECE_BYTES", piece_bytes)
+    times: list[float | None] = [None, None, 1_700_000_000, None, 1_700_000_002]
+    lines = [{"response": USAGE} if t is None else {"timestamp": t, "response": USAGE} for t in times]
+    path = _write(tmp_path / "gw.jsonl", lines)
+    fast, exact, skips = _both(path)
+    assert [r["time_s"] for r in fast] == [1_700_000_000] * 4 + [1_700_000_002]
+    assert fast == exact
+    assert any("3 requests had no timestamp" in note for note in skips.notes)
+    recs = list(iter_records([path]))
+    assert [r.arrival_s for r in recs] == [0.0, 0.0, 0.0, 0.0, 2.0]
+
+
+def test_a_log_without_any_time_arrives_at_0(tmp_path: Path) -> None:
+    path = _write(tmp_path / "gw.jsonl", [{"response": USAGE}] * 3)
+    fast, exact, _ = _both(path)
+    assert [r["time_s"] for r in fast] == [0.0, 0.0, 0.0] and fast == exact

@@ -46,7 +46,13 @@ import orjson
 import pyarrow as pa
 
 from oomload.ingest.columns import make_batch
-from oomload.ingest.openai_log import _int_or_none, _to_seconds, parse_openai_line, untimed_note_text
+from oomload.ingest.openai_log import (
+    _int_or_none,
+    _to_seconds,
+    parse_openai_line,
+    status_failed,
+    untimed_note_text,
+)
 from oomload.ingest.openai_parts import PartMarks, line_parts, parts_of, prompt_parts
 from oomload.ingest.openai_schema import (
     BODY_DECODER,
@@ -114,7 +120,9 @@ def _fast_row(line: Line) -> _Row | None:
     status = line.status_code
     if status is UNSET:
         status = line.status
-    status_code = status if status.__class__ is int else None if status is UNSET else _int_or_none(status)
+    failed = (
+        not 200 <= status < 300 if status.__class__ is int else status is not UNSET and status_failed(status)
+    )
     response: Any = line.response
     if response is UNSET:
         response = None
@@ -123,7 +131,7 @@ def _fast_row(line: Line) -> _Row | None:
         if status is UNSET:
             status = response.status
         if status is not UNSET:  # the Batch API's output shape, or an access log's
-            status_code = _int_or_none(status)
+            failed = status_failed(status)
             response = response.body
             if response.__class__ is str and (response := _in_string(response, BODY_DECODER)) is None:
                 return None
@@ -135,16 +143,20 @@ def _fast_row(line: Line) -> _Row | None:
         usage = response.usage
     if usage is None or usage is UNSET:
         usage = line.usage
-        if usage is None or usage is UNSET:
+    if usage is None or usage is UNSET:
+        prompt_tokens = line.prompt_tokens  # LiteLLM's, at the top level
+        output_tokens = line.completion_tokens
+        if prompt_tokens.__class__ is not int or output_tokens.__class__ is not int:
             return None  # counted from the text, or 0 for a failed request: the exact path
-    prompt_tokens = usage.prompt_tokens
-    if prompt_tokens is UNSET:
-        prompt_tokens = usage.input_tokens
-    output_tokens = usage.completion_tokens
-    if output_tokens is UNSET:
-        output_tokens = usage.output_tokens
-    if prompt_tokens is UNSET or output_tokens is UNSET:
-        return None
+    else:
+        prompt_tokens = usage.prompt_tokens
+        if prompt_tokens is UNSET:
+            prompt_tokens = usage.input_tokens
+        output_tokens = usage.completion_tokens
+        if output_tokens is UNSET:
+            output_tokens = usage.output_tokens
+        if prompt_tokens is UNSET or output_tokens is UNSET:
+            return None
     arrival_s = line.timestamp
     if arrival_s.__class__ is not float or not arrival_s <= 1e11:  # else seconds already
         arrival_s = _line_time(line)
@@ -183,7 +195,6 @@ def _fast_row(line: Line) -> _Row | None:
             max_tokens = _first_int(max_tokens, request.max_completion_tokens, request.max_output_tokens)
     if model is None and response is not None:
         model = _str(response.model)
-    failed = status_code is not None and not 200 <= status_code < 300
     return record_id, arrival_s, prompt_tokens, output_tokens, max_tokens, not failed, model
 
 

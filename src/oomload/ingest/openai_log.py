@@ -11,9 +11,12 @@ One JSON object per line. The reader looks for, in order:
   ``response.body`` is unwrapped, and so is an access log's ``response.status`` + ``response.body``
   (a string, decoded) — or a list of streamed chunks (``response`` / ``chunks``);
 - **token counts**: ``usage.prompt_tokens`` / ``usage.completion_tokens`` (or ``input_tokens`` /
-  ``output_tokens``), in the response, the last streamed chunk, or the line itself;
-- **status**: ``status_code`` / ``status`` (line or Batch response), a non-null ``error``;
-  a failed request is kept with ``ok=false`` and its output counted as 0 tokens;
+  ``output_tokens``), in the response, the last streamed chunk, or the line itself; else the
+  line's own ``prompt_tokens`` / ``completion_tokens`` (LiteLLM's StandardLoggingPayload);
+- **status**: ``status_code`` / ``status`` (line or Batch response) — an HTTP code, or a word:
+  ``"failure"``, ``"failed"``, ``"error"`` (LiteLLM's ``status``) fail, any other (``"success"``)
+  does not — and a non-null ``error``; a failed request is kept with ``ok=false`` and its output
+  counted as 0 tokens;
 - **time**: ``timestamp``, ``created_at``, ``start_time``, ``request_time``, ``time``, ``startTime``
   (LiteLLM's spend log), ``started_at``, ``@timestamp`` (an access log; epoch s/ms/µs or ISO-8601),
   else the response's ``created``. A request without a time takes the time of the request before
@@ -52,6 +55,7 @@ TIME_KEYS = (
 )
 ID_KEYS = ("custom_id", "request_id", "id")
 MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+FAILED_STATUS = frozenset({"failure", "failed", "error"})  # a status in words (lower case)
 INT64_LIMIT = 2**63
 
 
@@ -104,7 +108,7 @@ def parse_openai_line(
     if not isinstance(request, dict):
         request = obj if ("messages" in obj or "prompt" in obj) else {}
     response = obj.get("response")
-    status = _int_or_none(obj.get("status_code", obj.get("status")))
+    status = obj.get("status_code", obj.get("status"))
     chunks: list[Any] = []
     if (
         isinstance(response, dict)
@@ -112,7 +116,7 @@ def parse_openai_line(
         and ("status_code" in response or "status" in response)
     ):
         # the Batch output (status_code), or an access log (status, and the body as a string)
-        status = _int_or_none(response.get("status_code", response.get("status")))
+        status = response.get("status_code", response.get("status"))
         response = _body(response.get("body"))
     if isinstance(response, list):
         chunks, response = response, {}
@@ -120,13 +124,9 @@ def parse_openai_line(
         chunks = obj["chunks"]
     if not isinstance(response, dict):
         response = {}
-    failed = (
-        (status is not None and not 200 <= status < 300)
-        or bool(obj.get("error"))
-        or bool(response.get("error"))
-    )
+    failed = status_failed(status) or bool(obj.get("error")) or bool(response.get("error"))
 
-    usage = response.get("usage") or obj.get("usage") or _chunk_usage(chunks) or {}
+    usage = response.get("usage") or obj.get("usage") or _chunk_usage(chunks) or _line_counts(obj)
     prompt_tokens = _int_or_none(usage.get("prompt_tokens", usage.get("input_tokens")))
     output_tokens = _int_or_none(usage.get("completion_tokens", usage.get("output_tokens")))
     if prompt_tokens is None:
@@ -149,6 +149,20 @@ def parse_openai_line(
     )
     reason = bounds_reason(record)
     return (None, reason) if reason is not None else (record, None)
+
+
+def status_failed(value: Any) -> bool:
+    """Whether a status says the request failed: an HTTP code outside 2xx (a number, or digits), or
+    one of ``FAILED_STATUS`` (LiteLLM's ``"failure"``); anything else (``"success"``, none) says no."""
+    if isinstance(value, str) and not value.isdigit():
+        return value.strip().lower() in FAILED_STATUS
+    code = _int_or_none(value)
+    return code is not None and not 200 <= code < 300
+
+
+def _line_counts(obj: dict[str, Any]) -> dict[str, Any]:
+    """The counts a line gives at its top level (LiteLLM's ``prompt_tokens`` / ``completion_tokens``)."""
+    return {key: obj[key] for key in ("prompt_tokens", "completion_tokens") if key in obj}
 
 
 def _body(value: Any) -> Any:

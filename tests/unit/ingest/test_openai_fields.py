@@ -56,3 +56,48 @@ def test_a_log_without_any_time_arrives_at_0(tmp_path: Path) -> None:
     path = _write(tmp_path / "gw.jsonl", [{"response": USAGE}] * 3)
     fast, exact, _ = _both(path)
     assert [r["time_s"] for r in fast] == [0.0, 0.0, 0.0] and fast == exact
+
+
+def _litellm(request_id: str, status: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """LiteLLM's StandardLoggingPayload: ``status`` in words, the counts at the top level."""
+    return {
+        "id": request_id,
+        "call_type": "acompletion",
+        "startTime": 1_700_000_000.5,
+        "status": status,
+        "model": "m",
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "messages": [{"role": "user", "content": "my secret question"}],
+        "response": {"choices": [{"message": {"content": "an answer"}}]} if status == "success" else None,
+        "error_str": None if status == "success" else "RateLimitError",
+    }
+
+
+def test_a_status_in_words_and_top_level_counts_litellm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = [
+        _litellm("a", "success", 10, 4),
+        _litellm("b", "failure", 12, 0),
+        {**_litellm("c", "success", 7, 3), "status": "failed"},
+        {**_litellm("d", "success", 8, 1), "status_code": "error"},
+        {"id": "e", "timestamp": 1_700_000_001, "status": "Failure", "response": USAGE},
+    ]
+    path = _write(tmp_path / "litellm.jsonl", lines)
+    fast, exact, skips = _both(path)
+    assert [(r["id"], r["prompt_tokens"], r["output_tokens"], r["ok"]) for r in fast] == [
+        ("a", 10, 4, True),
+        ("b", 12, 0, False),
+        ("c", 7, 3, False),
+        ("d", 8, 1, False),
+        ("e", 5, 2, False),
+    ]
+    assert fast == exact and skips.total == 0
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a LiteLLM line went to the exact path")
+
+    monkeypatch.setattr(openai_fast, "_exact_row", refuse)  # the schema reads them: no line is parsed whole
+    assert sum(b.num_rows for b in read_openai_batches(LogSource(path), SkipLog(), None)) == 5

@@ -17,7 +17,8 @@ vLLM writes no per-request completion count, so **the output length is the reque
 — exact for replays made with ``ignore_eos`` / ``min_tokens``, an upper bound otherwise; the trace
 header says so. A request without ``max_tokens`` (or without its prompt ids and no ``--tokenizer``
 for its prompt text) is skipped with the reason. The log's timestamps have no year and 1 s
-resolution; arrival times are therefore to the second.
+resolution; arrival times are therefore to the second, and a year is added where the month steps
+back (a log crossing New Year: ``_Years``).
 
 **Prompts cut by ``--max-log-len N``.** vLLM cuts ``prompt_token_ids`` (and a prompt's text) in its
 request log to ``N`` ids (characters), with no marker on the line; only the start-up line
@@ -74,6 +75,7 @@ SUSPECT_MIN_PROMPTS = 5
 BATCH_ROWS = 1024  # requests per batch: their chains are computed together (vectorized)
 BATCH_ID_BYTES = 2 << 20  # … and fewer when their id lists pass this many bytes (the arrays stay in cache)
 SUSPECT_MIN_SHARE = 0.05
+YEAR_S = 366 * 86400  # a year of the log's calendar (``_Years``)
 OUTPUT_NOTE = (
     "vLLM logs carry no completion counts: output_tokens is each request's max_tokens "
     "(exact for ignore_eos/min_tokens replays, an upper bound otherwise)"
@@ -176,6 +178,7 @@ def read_vllm_batches(
     prompts: dict[bytes, _Ids | str | None] = {}  # details seen, Received not yet: id → ids or text
     text_only = 0  # requests counted from prompt text: no prefix structure
     rows = _Rows()
+    years = _Years()
     emitted = 0
     max_log_len: int | None = None  # from the last start-up banner
     id_lengths: dict[int, int] = {}  # prompt length (counted from ids) → how many
@@ -200,7 +203,7 @@ def read_vllm_batches(
         if inline is not None:
             prompt = inline
         max_match = _MAX_TOKENS.search(line)
-        time_s = _time_s(line)
+        time_s = years.time_s(line)
         if time_s is None:
             skips.skip("no timestamp in the log line prefix", source.name, number)
             continue
@@ -359,16 +362,34 @@ def _prompt_from(line: bytes, at: int) -> _Ids | str | None:
     return text if isinstance(text, str) else None
 
 
-def _time_s(line: bytes) -> float | None:
-    match = _TIME.search(line)
-    if match is None:
-        return None
-    month, day, hour, minute, second = (int(g) for g in match.groups())
-    try:
-        # The log has no year; 2000 is a leap year, so 02-29 parses. Only differences matter.
-        return datetime(2000, month, day, hour, minute, second, tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
+@dataclass
+class _Years:
+    """The year of each year-less stamp, read in file order: the year that puts its month nearest
+    the line before's (a step back of 6 months or more is the next year: ``12-31`` → ``01-01``; a
+    step forward of 7 or more, a line of the year before written late). So a log may cross New
+    Year (or several) as long as no two requests in a row are half a year apart.
+
+    The calendar is 2000's (a leap year, so ``02-29`` parses) and each year counts 366 days: only
+    differences matter, and the same date a year later is then always ``YEAR_S`` later."""
+
+    year: int = 0
+    month: int = 0  # the month of the line before (0: none yet)
+
+    def time_s(self, line: bytes) -> float | None:
+        match = _TIME.search(line)
+        if match is None:
+            return None
+        month, day, hour, minute, second = (int(g) for g in match.groups())
+        try:
+            in_2000_s = datetime(2000, month, day, hour, minute, second, tzinfo=UTC).timestamp()
+        except ValueError:
+            return None
+        if self.month and month - self.month <= -6:
+            self.year += 1
+        elif self.month and month - self.month >= 7:
+            self.year -= 1
+        self.month = month
+        return in_2000_s + self.year * YEAR_S
 
 
 def is_vllm_log(lines: list[bytes]) -> bool:

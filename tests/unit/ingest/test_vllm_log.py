@@ -29,3 +29,28 @@ def test_v1_aborted_requests_line_marks_every_request_it_names(tmp_path: Path) -
     failed = sorted(r.id for r in recs if not r.ok)
     assert failed == ["chatcmpl-9c9bc00d5b99e5cd", "cmpl-9042a2401c167e4f-0", "cmpl-a1d36b23ac0fef57-0"]
     assert sum(r.ok for r in recs) == len(recs) - 3
+
+
+def _received(stamp: str, request_id: str) -> str:
+    """An older vLLM's one-line request (prompt ids on the ``Received request`` line)."""
+    return (
+        f"INFO {stamp} engine.py:267] Received request {request_id}: prompt: 'hi', "
+        "params: SamplingParams(n=1, max_tokens=16), prompt_token_ids: [1, 2, 3], lora_request: None.\n"
+    )
+
+
+def test_a_log_crossing_new_year_keeps_its_order(tmp_path: Path) -> None:
+    """The stamps have no year: 12-31 23:59:58 → 01-01 00:00:01 is 3 s later, not a year earlier."""
+    path = tmp_path / "new-year.log"
+    stamps = ["12-31 23:59:58", "01-01 00:00:01", "12-31 23:59:59", "01-01 00:00:05", "02-01 00:00:05"]
+    path.write_text("".join(_received(stamp, f"cmpl-{i}") for i, stamp in enumerate(stamps)))
+    recs, skips = records(path)
+    # the third is a line of the old year written late: it stays in that year
+    assert [(r.id, r.arrival_s) for r in recs] == [
+        ("cmpl-0", 0.0),
+        ("cmpl-1", 3.0),
+        ("cmpl-2", 1.0),
+        ("cmpl-3", 7.0),
+        ("cmpl-4", 7.0 + 31 * 86400),
+    ]
+    assert skips.total == 0

@@ -6,7 +6,9 @@ or ``LEVEL MM-DD HH:MM:SS file:line]`` in older releases):
 - ``Request <id> details: prompt: …, prompt_token_ids: [...]`` (DEBUG, vLLM ≥ 0.10 with
   ``VLLM_LOGGING_LEVEL=DEBUG``) — the prompt length is the number of token ids;
 - ``Received request <id>: params: SamplingParams(…max_tokens=N…)`` (INFO) — one request; older
-  releases put ``prompt: …, params: …, prompt_token_ids: [...]`` all on this line;
+  releases put ``prompt: …, params: …, prompt_token_ids: [...]`` all on this line, so
+  ``max_tokens`` is looked for only inside the line's last ``SamplingParams(`` (the prompt's text
+  before it may hold ``max_tokens=5``);
 - ``Aborted request <id>`` (before 0.10) or ``Aborted request(s) <id>[,<id>…].`` (the V1 engine,
   ``v1/engine/async_llm.py``) — each request named is kept with ``ok=false`` (found in a first
   pass, so the file is read twice; vLLM logs are files on disk);
@@ -65,7 +67,8 @@ _TIME = re.compile(rb"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +(\d\d)-(\d\d) (\d\d
 _DETAILS = re.compile(rb"Request (\S+) details: ")
 _RECEIVED = re.compile(rb"Received request (\S+?): ")
 _ABORTED = re.compile(rb"Aborted request(?:\(s\))? (\S+?)\.?$")  # V1 (0.10+): ``request(s) a,b.``
-_MAX_TOKENS = re.compile(rb"\bmax_tokens=(\d+|None)")
+_MAX_TOKENS = re.compile(rb"\bmax_tokens=(\d+|None)")  # looked for from ``_PARAMS`` on
+_PARAMS = b"SamplingParams("
 _ACCESS = re.compile(rb'"(?:POST|GET) [^"]*" (\d{3})')
 _MAX_LOG_LEN = re.compile(rb"'max_log_len': (\d+)")
 _IDS = b"prompt_token_ids: ["
@@ -202,7 +205,8 @@ def read_vllm_batches(
         inline = _prompt_from(line, received.end())  # older releases log the prompt on this line
         if inline is not None:
             prompt = inline
-        max_match = _MAX_TOKENS.search(line)
+        params_at = line.rfind(_PARAMS)  # the last: a prompt's text (before it) may hold the words
+        max_match = None if params_at < 0 else _MAX_TOKENS.search(line, params_at)
         time_s = years.time_s(line)
         if time_s is None:
             skips.skip("no timestamp in the log line prefix", source.name, number)

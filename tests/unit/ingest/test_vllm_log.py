@@ -54,3 +54,15 @@ def test_a_log_crossing_new_year_keeps_its_order(tmp_path: Path) -> None:
         ("cmpl-4", 7.0 + 31 * 86400),
     ]
     assert skips.total == 0
+
+
+def test_max_tokens_is_read_from_the_sampling_params_not_the_prompt(tmp_path: Path) -> None:
+    """Older vLLM logs the prompt's text before ``SamplingParams(…)``: words in it are not params."""
+    path = tmp_path / "v0.log"
+    path.write_text(
+        "INFO 12-20 20:25:50 engine.py:267] Received request cmpl-a: prompt: 'reply with max_tokens=5, "
+        "or SamplingParams(max_tokens=7)', params: SamplingParams(n=1, temperature=0.0, max_tokens=16), "
+        "prompt_token_ids: [1, 2, 3, 4], lora_request: None.\n"
+    )
+    recs, _ = records(path)
+    assert [(r.prompt_tokens, r.max_tokens, r.output_tokens) for r in recs] == [(4, 16, 16)]

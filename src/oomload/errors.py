@@ -18,12 +18,36 @@ Only the CLI turns these into messages and exit codes (``oomload.cli.main``); li
 them with ``raise … from err`` and a message that names the bad value and what is allowed. Any other
 exception is a bug: the CLI saves its traceback (in the run directory when there is one) and exits 70,
 a code no verdict or gate result uses, so a crash never reads as a pass, a failed gate or bad input.
+
+A message about a log never quotes what its lines hold (user text would reach stderr and CI logs):
+it says what was seen in shape only — a count, a type — and shows a header's column names or an
+object's keys only through ``names_shown``.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from enum import IntEnum
 from pathlib import Path
+
+_PLAIN_NAME = re.compile(r"[A-Za-z_@$][A-Za-z0-9_.@$-]{0,31}")
+SHOWN_NAMES_CHARS = 40  # at most this many characters of names in a message
+
+
+def names_shown(names: Sequence[str], what: str) -> str:
+    """``"columns a, b, c"`` — a header's names (or an object's keys, ``what`` says which) as a message
+    may show them: only when every one is a plain name (a letter, ``_``, ``@`` or ``$``, then letters,
+    digits and ``_.@$-``: no spaces, so no sentence of a user's), the first that fit in
+    ``SHOWN_NAMES_CHARS``; else only how many (``"7 columns"``): a data row is not a header."""
+    if not names or not all(_PLAIN_NAME.fullmatch(name) for name in names):
+        return f"{len(names)} {what}"
+    shown: list[str] = []
+    for name in names:
+        if len(", ".join([*shown, name])) > SHOWN_NAMES_CHARS:
+            return f"{len(names)} {what}: {', '.join(shown)}, …"
+        shown.append(name)
+    return f"{what} {', '.join(shown)}"
 
 
 class ExitCode(IntEnum):

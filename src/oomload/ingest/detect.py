@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from oomload.errors import ConfigError, TraceFormatError
+from oomload.errors import ConfigError, TraceFormatError, names_shown
 from oomload.ingest.source import LogSource
 from oomload.ingest.vllm_log import is_vllm_log
 
@@ -62,7 +62,7 @@ def detect_format(source: LogSource, *, forced: str | None = None, mapped: bool 
         return "burstgpt"
     if is_vllm_log(lines):
         return "vllm-log"
-    what = f"a CSV with columns {', '.join(header)}" if len(header) > 1 else "not a known log"
+    what = f"a CSV with {names_shown(header, 'columns')}" if len(header) > 1 else "not a known log"
     raise TraceFormatError(
         f"cannot tell the log format from its first lines ({what}); force one with --format "
         f"{'|'.join(k for k in FORMATS if k not in ('csv', 'jsonl'))}, or name the columns with "
@@ -99,7 +99,7 @@ def _json_format(obj: dict[str, Any], source: LogSource) -> str:
     if ("custom_id" in obj and "response" in obj) or any(key in obj for key in OPENAI_KEYS):
         return "openai"
     raise TraceFormatError(
-        f"JSON lines with keys {', '.join(obj)} match no known format; name the columns with "
+        f"JSON lines with {names_shown(list(obj), 'keys')} match no known format; name the columns with "
         "--map input=COL,output=COL,time=COL",
         source.path,
     )

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from oomload.errors import ConfigError, TraceFormatError
+from oomload.errors import ConfigError, TraceFormatError, names_shown
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, iter_json_objects
 from oomload.ingest.tabular import TIME_UNITS_S, CsvLayout, check_layout, csv_header, parse_datetime_s
@@ -134,9 +134,9 @@ def check_jsonl_mapping(source: LogSource, mapping: ColumnMapping) -> None:
         if isinstance(obj, dict):
             for column in mapping.columns():
                 if _lookup(obj, column) is _MISSING:
+                    keys = names_shown(list(obj), "keys")
                     raise TraceFormatError(
-                        f"--map names column {column!r}, but the first record's keys are: {', '.join(obj)}",
-                        source.path,
+                        f"--map names column {column!r}, but the first record has {keys}", source.path
                     )
             return
     raise TraceFormatError("no JSON object in the first lines", source.path)

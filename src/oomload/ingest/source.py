@@ -4,6 +4,7 @@ Compression is chosen by the file's magic bytes, not its name (``.gz`` = ``1f 8b
 ``28 b5 2f fd``), so a renamed file still reads. zstd needs the optional ``zstandard`` package; without
 it a ``.zst`` input is refused with a sentence saying what to install. Every ``OSError`` on open
 becomes a ``TraceFormatError`` naming the path, so the CLI prints a sentence, never a traceback.
+A leading UTF-8 byte-order mark is skipped on every path (``oomload.trace.streams``).
 A compressed stream that fails to decompress is "a damaged gzip/zstd file"; so is a file named
 ``.gz`` / ``.zst`` that lacks the signature and does not read as text either (``misnamed``).
 ``iter_json_objects`` is the line loop of the JSONL readers: it yields each line's object and
@@ -32,6 +33,7 @@ import orjson
 
 from oomload.errors import TraceFormatError
 from oomload.ingest.skips import SkipLog
+from oomload.trace.streams import UTF8_BOM, skip_bom
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -79,19 +81,21 @@ class LogSource:
         return None
 
     def open_binary(self) -> IO[bytes]:
-        """The decompressed content as a binary stream (only the span's bytes for a span)."""
+        """The decompressed content as a binary stream (only the span's bytes for a span), past a
+        leading UTF-8 byte-order mark."""
         if self.span is not None:
             raw = self._open_raw()
             raw.seek(self.span[0])
-            return cast(IO[bytes], io.BufferedReader(_SpanStream(raw, self.span[1] - self.span[0])))
+            spanned = cast(IO[bytes], io.BufferedReader(_SpanStream(raw, self.span[1] - self.span[0])))
+            return skip_bom(spanned) if self.span[0] == 0 else spanned
         kind = self.compression()
         if kind is None:
-            return self._open_raw()
+            return skip_bom(self._open_raw())
         if kind == "gzip":
             raw = self._open_raw()
             stream = gzip.GzipFile(fileobj=raw, mode="rb")
             stream.myfileobj = raw  # type: ignore[assignment]  # closed with the stream, as gzip.open does
-            return cast(IO[bytes], stream)
+            return skip_bom(cast(IO[bytes], stream))
         try:
             import zstandard
         except ImportError as err:
@@ -100,7 +104,9 @@ class LogSource:
                 "(pip install zstandard, or decompress it first with `zstd -d`)",
                 self.path,
             ) from err
-        return cast(IO[bytes], io.BufferedReader(ZstdStream(self._open_raw(), zstandard), 1024 * 1024))
+        return skip_bom(
+            cast(IO[bytes], io.BufferedReader(ZstdStream(self._open_raw(), zstandard), 1024 * 1024))
+        )
 
     def head(self, max_bytes: int = SNIFF_BYTES) -> bytes:
         """Up to ``max_bytes`` of decompressed content; raises ``TraceFormatError`` when empty or damaged."""
@@ -173,6 +179,8 @@ class LogSource:
                 data = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError) as err:
                 raise TraceFormatError(f"cannot read ({_describe(err)})", self.path) from err
+        if start == 0 and data[: len(UTF8_BOM)] == UTF8_BOM:
+            start = len(UTF8_BOM)
         lines = _ChunkLines(data, start, 1)
         data.madvise(mmap.MADV_SEQUENTIAL)
         page = mmap.PAGESIZE
@@ -239,6 +247,9 @@ class _MeteredFile(io.RawIOBase):
 
     def fileno(self) -> int:
         return self._raw.fileno()
+
+    def peek(self, size: int = 0) -> bytes:
+        return self._raw.peek(size)  # type: ignore[attr-defined,no-any-return]
 
     def readinto(self, buffer: Any) -> int:
         count = self._raw.readinto(buffer)  # type: ignore[attr-defined]

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
-from oomload.errors import TraceFormatError
+from oomload.errors import TraceFormatError, names_shown
 from oomload.ingest.columns import make_batch
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import READ_ERRORS, LogSource
@@ -93,7 +93,7 @@ def check_layout(source: LogSource, layout: CsvLayout, what: str) -> None:
     for column in layout.columns():
         if column not in header:
             raise TraceFormatError(
-                f"{what} names column {column!r}, but the file's columns are: {', '.join(header)}",
+                f"{what} names column {column!r}, but the file has {names_shown(header, 'columns')}",
                 source.path,
             )
 
@@ -146,7 +146,9 @@ def read_csv_batches(
                     yield batch
             _report(pending, [], skips, source, None)
         except pa.ArrowInvalid as err:
-            raise TraceFormatError(f"is not a readable CSV file ({err})", source.path) from err
+            # pyarrow ends a parse error with the row ("…, got 2: <the row>"): never shown
+            reason = ": ".join(str(err).split(": ")[:2])
+            raise TraceFormatError(f"is not a readable CSV file ({reason})", source.path) from err
         except READ_ERRORS as err:
             raise TraceFormatError(f"cannot read to the end ({err})", source.path) from err
 

@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, cast
 
 from oomload.errors import TraceFormatError
+from oomload.trace.streams import skip_bom
 
 TRACE_SCHEMA_VERSION = 1
 MAX_TOKENS = 10_000_000  # prompt, output and max_tokens of one request
@@ -238,7 +239,7 @@ class PrefixInfo:
     def from_json(cls, obj: Any) -> PrefixInfo:
         """Parse the header's ``prefix`` object; ``ValueError`` on a bad shape."""
         if not isinstance(obj, dict):
-            raise ValueError(f"prefix must be an object, got {obj!r}")
+            raise ValueError(f"prefix must be an object, got {type(obj).__name__}")
         block_tokens = _nonneg_int(
             obj.get("block_tokens", DEFAULT_PREFIX_BLOCK_TOKENS), "prefix.block_tokens"
         )
@@ -246,7 +247,7 @@ class PrefixInfo:
             raise ValueError("prefix.block_tokens must be ≥ 1")
         source = str(obj.get("source", "source-trace"))
         if source not in PREFIX_SOURCES:
-            raise ValueError(f"prefix.source must be one of {', '.join(PREFIX_SOURCES)}, got {source!r}")
+            raise ValueError(f"prefix.source must be one of {', '.join(PREFIX_SOURCES)}")
         return cls(
             block_tokens=block_tokens,
             source=source,
@@ -296,7 +297,7 @@ def _int(value: Any, name: str) -> int:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    shown = repr(value) if not isinstance(value, str) else f"the string {value[:40]!r}"
+    shown = repr(value) if isinstance(value, int | float | None) else f"a {type(value).__name__}"  # no text
     raise ValueError(f"{name} must be an integer, got {shown}")
 
 
@@ -435,9 +436,15 @@ def _open_trace(path: str | Path) -> BinaryIO:
     try:
         if str(path).endswith(".gz"):
             import gzip
+            import zlib
 
-            return cast(BinaryIO, gzip.open(path, "rb"))
-        return open(path, "rb")
+            stream = cast(BinaryIO, gzip.open(path, "rb"))  # noqa: SIM115  # the caller closes it
+            try:
+                return cast(BinaryIO, skip_bom(stream))
+            except (EOFError, zlib.error, OSError) as err:  # read at once: its first bytes
+                stream.close()
+                raise TraceFormatError(f"damaged or not a gzip file ({err})", path, 1) from err
+        return cast(BinaryIO, skip_bom(open(path, "rb")))  # the caller closes it
     except FileNotFoundError as err:
         raise TraceFormatError("no such file", path) from err
     except IsADirectoryError as err:

@@ -374,7 +374,7 @@ def test_mapped_jsonl_with_dotted_paths_and_ms(tmp_path: Path) -> None:
 
 def test_mapping_naming_a_missing_column_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path / "any.csv", "a,b\n1,2\n")
-    with pytest.raises(TraceFormatError, match="'tokens_in', but the file's columns are: a, b"):
+    with pytest.raises(TraceFormatError, match="'tokens_in', but the file has columns a, b"):
         list(iter_records([path], mapping=parse_mapping("input=tokens_in,output=b")))
     with pytest.raises(ConfigError, match="needs output"):
         parse_mapping("input=a")

@@ -125,8 +125,15 @@ def csv_layout(source: LogSource, mapping: ColumnMapping) -> CsvLayout:
 
 
 def check_jsonl_mapping(source: LogSource, mapping: ColumnMapping) -> None:
-    """Refuse a mapping whose columns the file's first object lacks."""
-    for line in source.head_lines(5):
+    """Refuse a mapping whose columns the file's first object lacks (read whole: a line may be longer
+    than the sniffed head)."""
+    tried = 0
+    for _, line in source.iter_lines():
+        if not line.strip():
+            continue
+        tried += 1
+        if tried > 5:
+            break
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError:

@@ -372,6 +372,14 @@ def test_mapped_jsonl_with_dotted_paths_and_ms(tmp_path: Path) -> None:
     assert [(r.arrival_s, r.prompt_tokens, r.ok) for r in recs] == [(0.0, 5, True), (2.5, 6, False)]
 
 
+def test_mapped_jsonl_whose_first_line_is_longer_than_the_sniffed_head(tmp_path: Path) -> None:
+    """A first line of 300 KiB (a long prompt logged with its counts): its columns are still found."""
+    lines = [{"t": i, "in": 5 + i, "out": 2, "text": "x" * 300 * 1024} for i in range(2)]
+    path = write(tmp_path / "long.jsonl", "".join(json.dumps(o) + "\n" for o in lines))
+    recs, _ = records(path, mapping=parse_mapping("input=in,output=out,time=t"))
+    assert [(r.arrival_s, r.prompt_tokens) for r in recs] == [(0.0, 5), (1.0, 6)]
+
+
 def test_mapping_naming_a_missing_column_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path / "any.csv", "a,b\n1,2\n")
     with pytest.raises(TraceFormatError, match="'tokens_in', but the file has columns a, b"):

@@ -1,7 +1,9 @@
 """Mooncake and Bailian JSONL traces: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``.
 
 Bailian adds ``chat_id``, ``parent_chat_id`` (−1 = none), ``turn`` and ``type``; they become the
-record's ``session``, ``parent`` and ``turn``. ``hash_ids`` (prefix block ids, 512-token blocks in
+record's ``session``, ``parent`` and ``turn``. A line whose ``turn`` is not an integer (a bool, a
+string, ``2.5``; ``3.0`` and ``2e6`` are integers) or beyond ±``MAX_TURN`` is skipped with that
+reason, like any invalid field. ``hash_ids`` (prefix block ids, 512-token blocks in
 the published traces) are kept for prefix-sharing replays.
 
 Speed: the file is read in chunks of whole lines and each chunk goes through pyarrow's JSON reader
@@ -107,7 +109,7 @@ def _batch_from_lines(chunk: bytes, first_line: int, source: LogSource, skips: S
         rows["session"].append(None if chat_id is None else str(chat_id))
         rows["parent"].append(None if parent is None or parent == -1 else str(parent))
         turn = obj.get("turn")
-        rows["turn"].append(turn if isinstance(turn, int) else None)
+        rows["turn"].append(None if turn is None else int(turn))
     return make_batch(len(rows["time_s"]), **rows)
 
 
@@ -123,7 +125,7 @@ def _bounds_reason(obj: dict[str, Any]) -> str | None:
             "parent": None if parent is None else str(parent),
         },
         hash_ids=len(obj.get("hash_ids") or ()),
-        turn=turn if isinstance(turn, int) else None,
+        turn=None if turn is None else int(turn),  # an integer (``_invalid_reason``): within ±MAX_TURN?
     )
 
 
@@ -144,4 +146,8 @@ def _invalid_reason(obj: Any) -> str | None:
         or not all(isinstance(h, int) and not isinstance(h, bool) for h in hash_ids)
     ):
         return "hash_ids is not a list of integers"
+    turn = obj.get("turn")
+    integral = isinstance(turn, int) and not isinstance(turn, bool)
+    if turn is not None and not (integral or (isinstance(turn, float) and turn.is_integer())):
+        return "turn is not an integer"  # a bool, a string, 2.5: never a turn number
     return None

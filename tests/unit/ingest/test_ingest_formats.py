@@ -187,6 +187,21 @@ def test_mooncake_bad_lines_counted_by_reason(tmp_path: Path) -> None:
     assert skips.examples["missing input_length"] == [f"{path}:4"]
 
 
+def test_bailian_turns_that_are_not_integers_or_beyond_the_bound_are_counted_skips(tmp_path: Path) -> None:
+    """``"turn": true`` crashed the build (a bool is an int to Python, not to Arrow); 2e6 is a turn."""
+    turns = ["1", "true", '"3"', "2.5", "3.0", "2000000", "2e6", "1e22", "null"]
+    path = write(
+        tmp_path / "bailian.jsonl",
+        "".join(
+            f'{{"timestamp": {i}, "input_length": 10, "output_length": 2, "turn": {t}}}\n'
+            for i, t in enumerate(turns)
+        ),
+    )
+    result = build_trace([path], tmp_path / "out.jsonl")
+    assert [r.turn for r in read_trace(tmp_path / "out.jsonl")] == [1, 3, None]
+    assert result.skips.counts == {"turn is not an integer": 3, "turn beyond ±1,000,000": 3}
+
+
 # --- OpenAI-style logs --------------------------------------------------------------------------------
 
 

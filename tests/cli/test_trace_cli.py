@@ -199,3 +199,28 @@ def test_build_says_in_one_line_that_mixed_clocks_were_rebased(
     assert (
         document["arrivals"]["span_s"] == 9.0 and document["aligned"] == "each input rebased to its own start"
     )
+
+
+@pytest.mark.parametrize("packing", ["p.trace.zst", "gzip-content.jsonl"])
+def test_a_compressed_trace_reads_back(
+    log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], packing: str
+) -> None:
+    """A trace compressed with zstd, or gzip content without a .gz name: opened by its content."""
+    import gzip
+
+    import zstandard
+
+    plain = tmp_path / "plain.jsonl"
+    assert run(["trace", "build", str(log), "-o", str(plain)], capsys)[0] == 0
+    packed = tmp_path / packing
+    data = plain.read_bytes()
+    packed.write_bytes(
+        zstandard.ZstdCompressor().compress(data) if packing.endswith(".zst") else gzip.compress(data)
+    )
+    assert [r.prompt_tokens for r in read_trace(packed)] == [10, 20, 9000]
+    code, stdout, _ = run(["trace", "stats", str(packed), "--json"], capsys)
+    assert code == 0 and json.loads(stdout)["count"] == 3
+    again = tmp_path / "again.jsonl"
+    code, stdout, _ = run(["trace", "build", str(packed), "-o", str(again)], capsys)
+    assert code == 0 and "(format oomload)" in stdout
+    assert [r.prompt_tokens for r in read_trace(again)] == [10, 20, 9000]

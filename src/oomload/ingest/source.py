@@ -33,29 +33,23 @@ import orjson
 
 from oomload.errors import TraceFormatError
 from oomload.ingest.skips import SkipLog
-from oomload.trace.streams import UTF8_BOM, skip_bom
+from oomload.trace.streams import (
+    GZIP_MAGIC,
+    READ_BUFFER_BYTES,
+    UTF8_BOM,
+    ZSTD_MAGIC,
+    read_errors,
+    skip_bom,
+    zstd_stream,
+)
 
-GZIP_MAGIC = b"\x1f\x8b"
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 SNIFF_BYTES = 256 * 1024
 CHUNK_BYTES = 8 * 1024 * 1024
-READ_BUFFER_BYTES = 1024 * 1024  # a line of a vLLM request log (its id list) can run to 100 KB: one fill
 
 NOT_JSON_OBJECT = "not a JSON object"
 _NEWLINE = ord("\n")
 
-# Errors a decompressing or plain stream raises on a damaged file while being read.
-READ_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, UnicodeDecodeError)
 COMPRESSED_SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-
-
-def _read_errors() -> tuple[type[BaseException], ...]:
-    """``READ_ERRORS`` plus zstandard's own error class when the package is installed."""
-    try:
-        from zstandard import ZstdError
-    except ImportError:
-        return READ_ERRORS
-    return (*READ_ERRORS, ZstdError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,24 +90,14 @@ class LogSource:
             stream = gzip.GzipFile(fileobj=raw, mode="rb")
             stream.myfileobj = raw  # type: ignore[assignment]  # closed with the stream, as gzip.open does
             return skip_bom(cast(IO[bytes], stream))
-        try:
-            import zstandard
-        except ImportError as err:
-            raise TraceFormatError(
-                "is zstd-compressed, but the zstandard package is not installed "
-                "(pip install zstandard, or decompress it first with `zstd -d`)",
-                self.path,
-            ) from err
-        return skip_bom(
-            cast(IO[bytes], io.BufferedReader(ZstdStream(self._open_raw(), zstandard), 1024 * 1024))
-        )
+        return skip_bom(zstd_stream(self._open_raw(), self.path))
 
     def head(self, max_bytes: int = SNIFF_BYTES) -> bytes:
         """Up to ``max_bytes`` of decompressed content; raises ``TraceFormatError`` when empty or damaged."""
         try:
             with self.open_binary() as fh:
                 data = fh.read(max_bytes)
-        except _read_errors() as err:
+        except read_errors() as err:
             raise self._damaged(err, "cannot read") from err
         if not data.strip():
             raise TraceFormatError("empty file: it holds no requests", self.path)
@@ -141,7 +125,7 @@ class LogSource:
             try:
                 for number, line in enumerate(fh, start=1):
                     yield number, line.rstrip(b"\r\n")
-            except _read_errors() as err:
+            except read_errors() as err:
                 raise self._damaged(err, "cannot read to the end") from err
 
     def iter_chunks(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, bytes]]:
@@ -157,7 +141,7 @@ class LogSource:
                         chunk += fh.readline()
                     yield first_line, chunk
                     first_line += chunk.count(b"\n")
-            except _read_errors() as err:
+            except read_errors() as err:
                 raise self._damaged(err, "cannot read to the end") from err
 
     def iter_views(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Chunk]:
@@ -309,54 +293,6 @@ class _SpanStream(io.RawIOBase):
         count = self._raw.readinto(view)  # type: ignore[attr-defined]
         self._left -= count or 0
         return count or 0
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
-
-
-class ZstdStream(io.RawIOBase):
-    """Decompressed zstd frames (one after another) that raise ``EOFError`` when the file stops mid-frame.
-
-    ``zstandard``'s own stream reader returns a truncated file's data without a word; a replay of
-    half a log would then look like a whole one.
-    """
-
-    def __init__(self, raw: IO[bytes], zstandard: Any, chunk_bytes: int = 64 * 1024) -> None:
-        super().__init__()
-        self._raw = raw
-        self._new = zstandard.ZstdDecompressor().decompressobj
-        self._frame = self._new()
-        self._in_frame = False
-        self._pending = memoryview(b"")
-        self._chunk_bytes = chunk_bytes
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._pending:
-            compressed = self._raw.read(self._chunk_bytes)
-            if not compressed:
-                if self._in_frame:
-                    raise EOFError("the data ends inside a zstd frame")
-                return 0
-            self._pending = memoryview(self._decompress(compressed))
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
-
-    def _decompress(self, compressed: bytes) -> bytes:
-        parts = []
-        while compressed:
-            parts.append(self._frame.decompress(compressed))
-            self._in_frame = not self._frame.eof
-            if self._in_frame:
-                break
-            compressed = self._frame.unused_data
-            self._frame = self._new()
-        return b"".join(parts)
 
     def close(self) -> None:
         self._raw.close()

@@ -34,7 +34,7 @@ import pyarrow.csv as pa_csv
 from oomload.errors import TraceFormatError, names_shown
 from oomload.ingest.columns import make_batch
 from oomload.ingest.skips import SkipLog
-from oomload.ingest.source import READ_ERRORS, LogSource
+from oomload.ingest.source import LogSource
 from oomload.trace.model import (
     MAX_ID_CHARS,
     MAX_TIME_S,
@@ -43,6 +43,7 @@ from oomload.trace.model import (
     text_bound_reason,
     tokens_bound_reason,
 )
+from oomload.trace.streams import READ_ERRORS
 
 INT_PATTERN = r"^\s*[0-9]+(\.0*)?\s*$"
 FLOAT_PATTERN = r"^\s*-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?\s*$"

@@ -3,7 +3,8 @@
 Modules:
 
 - ``model``: the trace file format (header and records), reading and writing it.
-- ``streams``: a file opened as its readers parse it (a leading UTF-8 byte-order mark skipped).
+- ``streams``: a file opened as its readers parse it: decompressed as its first bytes say (gzip,
+  zstd), a leading UTF-8 byte-order mark skipped.
 - ``blockhash``: chained, salted block ids of prompts — the prefix structure without the text.
 - ``pseudonyms``: salted pseudonyms of the names a trace carries (request ids, sessions, parents).
 - ``prefix``: prefix reuse of a trace (what a prefix cache would hold) and its statistics.

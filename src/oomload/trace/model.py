@@ -60,15 +60,17 @@ refused. A value over a bound is a ``TraceFormatError`` naming the file and line
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, BinaryIO, cast
+from typing import IO, Any
 
 from oomload.errors import TraceFormatError
-from oomload.trace.streams import skip_bom
+from oomload.trace.streams import open_decompressed, read_errors
 
 TRACE_SCHEMA_VERSION = 1
 MAX_TOKENS = 10_000_000  # prompt, output and max_tokens of one request
@@ -410,17 +412,15 @@ def is_trace_file(path: str | Path) -> bool:
         return False
 
 
-def _lines(fh: BinaryIO, path: str | Path) -> Iterator[tuple[int, str]]:
+def _lines(fh: IO[bytes], path: str | Path) -> Iterator[tuple[int, str]]:
     """``(line number, line)`` of an open trace, decoded line by line so that undecodable text names its
-    own line; that, or a damaged gzip stream, is a ``TraceFormatError``."""
-    import zlib
-
+    own line; that, or a damaged gzip or zstd stream, is a ``TraceFormatError``."""
     lineno = 0
     while True:
         try:
             raw = fh.readline(MAX_LINE_BYTES + 1)
-        except (EOFError, zlib.error, OSError) as err:  # gzip.BadGzipFile is an OSError
-            raise TraceFormatError(f"damaged or not a gzip file ({err})", path, lineno + 1) from err
+        except read_errors() as err:  # gzip.BadGzipFile is an OSError
+            raise TraceFormatError(_damaged(fh, err), path, lineno + 1) from err
         if not raw:
             return
         lineno += 1
@@ -432,25 +432,26 @@ def _lines(fh: BinaryIO, path: str | Path) -> Iterator[tuple[int, str]]:
             raise TraceFormatError("not UTF-8 text (is it an oomload trace?)", path, lineno) from err
 
 
-def _open_trace(path: str | Path) -> BinaryIO:
-    try:
-        if str(path).endswith(".gz"):
-            import gzip
-            import zlib
+def _damaged(fh: IO[bytes] | None, err: BaseException) -> str:
+    kind = "zstd" if fh is not None and not isinstance(fh, gzip.GzipFile) else "gzip"
+    return f"damaged or not a {kind} file ({err})"
 
-            stream = cast(BinaryIO, gzip.open(path, "rb"))  # noqa: SIM115  # the caller closes it
-            try:
-                return cast(BinaryIO, skip_bom(stream))
-            except (EOFError, zlib.error, OSError) as err:  # read at once: its first bytes
-                stream.close()
-                raise TraceFormatError(f"damaged or not a gzip file ({err})", path, 1) from err
-        return cast(BinaryIO, skip_bom(open(path, "rb")))  # the caller closes it
+
+def _open_trace(path: str | Path) -> IO[bytes]:
+    """The trace file, decompressed as its first bytes say (gzip or zstd, whatever its name), past a
+    leading byte-order mark (``oomload.trace.streams``)."""
+    try:
+        return open_decompressed(path)
     except FileNotFoundError as err:
         raise TraceFormatError("no such file", path) from err
     except IsADirectoryError as err:
         raise TraceFormatError("is a directory, not a trace file", path) from err
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:  # its first bytes, read at once
+        raise TraceFormatError(_damaged(None, err), path, 1) from err
     except OSError as err:
         raise TraceFormatError(f"cannot open ({err.strerror})", path) from err
+    except read_errors() as err:  # zstandard's ZstdError
+        raise TraceFormatError(f"damaged or not a zstd file ({err})", path, 1) from err
 
 
 def _parse_header(line: str, path: str | Path) -> TraceHeader:

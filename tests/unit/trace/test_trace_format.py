@@ -71,7 +71,12 @@ def test_missing_file(tmp_path: Path) -> None:
     [
         ("bytes.jsonl", b"\x8f\xff\x00 random bytes\n", r"bytes\.jsonl:1: not UTF-8 text"),
         ("late.jsonl", b'{"oomload_trace": 1}\n\xff\xfe bad\n', r"late\.jsonl:2: not UTF-8 text"),
-        ("plain.jsonl.gz", b"not gzip at all\n", r"plain\.jsonl\.gz:1: damaged or not a gzip file"),
+        ("plain.jsonl.gz", b"\x1f\x8bnot gzip at all\n", r"plain\.jsonl\.gz:1: damaged or not a gzip file"),
+        (
+            "text.jsonl.gz",
+            b"not gzip at all\n",
+            r"text\.jsonl\.gz:1: not an oomload trace",
+        ),  # content decides
     ],
 )
 def test_undecodable_traces_are_trace_errors_naming_the_line(

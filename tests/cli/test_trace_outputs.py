@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -59,6 +60,25 @@ def test_a_failed_build_keeps_the_old_trace_and_leaves_no_scratch(
     assert out.read_bytes() == good and [p.name for p in out.parent.iterdir()] == ["trace.jsonl"]
     code, _, err = run(["trace", "synth", "-o", str(out), "--count", "3", "--input", "fixed:0"], capsys)
     assert code == 2 and out.read_bytes() == good
+
+
+def test_a_read_only_directory_is_named_as_the_output_the_user_gave(
+    log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a read-only file system both making the scratch file and removing it (never made) fail with
+    EROFS: the sentence names the user's ``-o``, not a hidden scratch file. (Tests may run as root,
+    whom a read-only mode does not stop: the file system's answers are played here.)"""
+    from oomload.ingest import writer
+
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(writer, "_create", read_only)
+    monkeypatch.setattr(Path, "unlink", read_only)
+    out = tmp_path / "tiny" / "out.trace"
+    code, _, err = run(["trace", "build", str(log), "-o", str(out)], capsys)
+    assert code == 2 and f"cannot write to {out}: Read-only file system" in one_error_line(err)
+    assert ".tmp" not in err
 
 
 def test_plot_to_a_directory_is_refused_before_reading(

@@ -168,8 +168,13 @@ class TraceScratch:
 
     def _remove(self) -> None:
         for temp in (self._body, self._final):
-            if temp is not None:
+            if temp is None:
+                continue
+            try:
                 temp.unlink(missing_ok=True)
+            except OSError:  # a read-only file system refuses even a file that was never made
+                if temp.exists():
+                    raise
 
 
 def _create(path: Path) -> None:

@@ -161,9 +161,11 @@ def _fast_row(line: Line) -> _Row | None:
     if arrival_s.__class__ is not float or not arrival_s <= 1e11:  # else seconds already
         arrival_s = _line_time(line)
         if arrival_s is None:
-            arrival_s = -1.0 if response is None else _seconds(response.created)
+            arrival_s = None if response is None else _seconds(response.created)
             if arrival_s is None:
-                arrival_s = -1.0
+                arrival_s = None if response is None else _seconds(response.created_at)
+                if arrival_s is None:
+                    arrival_s = -1.0
     record_id = line.custom_id
     if record_id.__class__ is not str or not record_id:
         record_id = None

@@ -18,8 +18,9 @@ One JSON object per line. The reader looks for, in order:
   does not — and a non-null ``error``; a failed request is kept with ``ok=false`` and its output
   counted as 0 tokens;
 - **time**: ``timestamp``, ``created_at``, ``start_time``, ``request_time``, ``time``, ``startTime``
-  (LiteLLM's spend log), ``started_at``, ``@timestamp`` (an access log; epoch s/ms/µs or ISO-8601),
-  else the response's ``created``. A request without a time takes the time of the request before
+  (LiteLLM's spend log), ``started_at``, ``@timestamp`` (an access log; epoch s/ms/µs — a number
+  or a numeric string — or ISO-8601), else the response's ``created`` (``created_at`` in the
+  Responses API). A request without a time takes the time of the request before
   it; those before the first timed request take its time (0 when no request has one), so a log
   that opens with untimed requests does not start at the epoch;
 - **id**: ``custom_id``, ``request_id``, ``id``, or the response's ``id``.
@@ -31,6 +32,7 @@ counted with the ``--tokenizer`` the user named; without one the line is skipped
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -253,9 +255,10 @@ def _time_s(obj: dict[str, Any], response: dict[str, Any], chunks: list[Any]) ->
             if value is not None:
                 return value
     for holder in (response, chunks[0] if chunks and isinstance(chunks[0], dict) else {}):
-        value = _to_seconds(holder.get("created"))
-        if value is not None:
-            return value
+        for key in ("created", "created_at"):  # chat/completions', the Responses API's
+            value = _to_seconds(holder.get(key))
+            if value is not None:
+                return value
     return -1.0
 
 
@@ -272,8 +275,18 @@ def _to_seconds(value: Any) -> float | None:
             return number / 1e3
         return number
     if isinstance(value, str):
-        return parse_datetime_s(value)
+        seconds = parse_datetime_s(value)  # ISO-8601 first: "20240101" is a date
+        if seconds is None and value[:1].isdigit() and _is_number(value):  # an epoch as a string
+            return _to_seconds(float(value))
+        return seconds
     return None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def _first_str(obj: dict[str, Any], keys: tuple[str, ...]) -> str | None:

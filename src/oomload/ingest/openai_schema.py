@@ -47,6 +47,7 @@ class Body(msgspec.Struct, gc=False):
     model: Key = UNSET
     usage: Usage | Unset | None = UNSET
     created: Time = UNSET
+    created_at: Time = UNSET  # the Responses API's
     error: msgspec.Raw | Unset = UNSET  # any but null: the exact path decides (``_fast_row``)
 
 

@@ -101,3 +101,15 @@ def test_a_status_in_words_and_top_level_counts_litellm(
 
     monkeypatch.setattr(openai_fast, "_exact_row", refuse)  # the schema reads them: no line is parsed whole
     assert sum(b.num_rows for b in read_openai_batches(LogSource(path), SkipLog(), None)) == 5
+
+
+def test_a_responses_api_created_at_and_an_epoch_written_as_a_string_are_times(tmp_path: Path) -> None:
+    lines = [
+        {"response": {"object": "response", "created_at": 1_700_000_000, **USAGE}},  # the Responses API
+        {"timestamp": "1700000002", "response": USAGE},  # an epoch as a string
+        {"timestamp": "1700000003500", "response": USAGE},  # … in ms
+        {"timestamp": "20231114", "response": USAGE},  # a basic ISO-8601 date stays a date
+    ]
+    fast, exact, skips = _both(_write(tmp_path / "gw.jsonl", lines))
+    assert [r["time_s"] for r in fast] == [1_700_000_000, 1_700_000_002, 1_700_000_003.5, 1_699_920_000]
+    assert fast == exact and not any("no timestamp" in note for note in skips.notes)

@@ -17,7 +17,7 @@ The rules, in order — every candidate records the rule that produced it, and t
 
    * not enough free device memory → the highest utilization on the ladder that the free memory the
      server reported allows (free / total, less half a point), skipping the ones that cannot start;
-     with a pool-sized memory knob, the next smaller pool;
+     with a pool-sized knob (the CPU build) none: a smaller pool reserves no less of the node;
    * CUDA OOM at start-up (graph capture, profiling) → the same candidate in eager mode (no graph
      capture); already eager → the next smaller memory step;
    * no memory left for the KV cache → half the ``max_num_batched_tokens`` (the profile run's
@@ -369,8 +369,8 @@ def _lower_memory(space: SearchSpace, s: Settings, failure: StartupFailure | Non
     share = None if failure is None else failure.free_share
     for step in space.memory[rank + 1 :]:
         util = step.gpu_memory_utilization
-        if share is not None and util is not None and util > share - FREE_MEMORY_MARGIN:
-            continue
+        if share is not None and (util is None or util > share - FREE_MEMORY_MARGIN):
+            continue  # a pool-sized step reserves no less of the node than the share that failed
         settings = _merge(s, step)
         if (
             share is not None

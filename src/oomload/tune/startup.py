@@ -11,7 +11,9 @@ consequence, never the cause):
 cause               the words
 ==================  =========================================================================================
 ``free_memory``     "Free memory on device [cuda:0] (F/T GiB) on startup is less than desired GPU memory
-                    utilization (U, R GiB)": other processes hold memory, or two servers share the device
+                    utilization (U, R GiB)" — on the CPU build "Available memory on node 0 (F/T GiB) …
+                    desired CPU memory utilization (U, R GiB)": other processes hold memory, or two
+                    servers share the device
 ``weights``         "Failed to load model - not enough GPU memory": the weights alone do not fit
 ``cuda_oom``        "CUDA out of memory" / ``torch.OutOfMemoryError`` (graph capture, profiling, sampler
                     warm-up)
@@ -19,7 +21,8 @@ cause               the words
 ``context_too_long``  "To serve at least one request with the model's max seq len (L) … the estimated maximum
                     model length is N" (V1), or V0's "max seq len (L) is larger than the maximum number of
                     tokens that can be stored in KV cache (N)"
-``other``           anything else: the last line that names an error, verbatim (the last line otherwise)
+``other``           anything else: the last line that names an error and is not the API server's
+                    consequence ("Engine core initialization failed. See root cause above"), verbatim
 ==================  =========================================================================================
 
 Besides the cause, the numbers the message carries: free and total device GiB (``free_memory``), and
@@ -58,9 +61,10 @@ CAUSE_TEXT: dict[StartCause, str] = {
     StartCause.OTHER: "another error",
 }
 
-_FREE = re.compile(
-    r"Free memory on device(?: \S+)? \((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on startup is less than "
-    r"desired GPU memory utilization \((?P<util>[\d.]+), (?P<requested>[\d.]+) GiB\)"
+_FREE = re.compile(  # the GPU's words, and the CPU build's for its NUMA node (reference excerpt F)
+    r"(?:Free memory on device(?: \S+)?|Available memory on node \d+) \((?P<free>[\d.]+)/(?P<total>[\d.]+) "
+    r"GiB\) on startup is less than desired [GC]PU memory utilization \((?P<util>[\d.]+), "
+    r"(?P<requested>[\d.]+) GiB\)"
 )
 _WEIGHTS = re.compile(r"Failed to load model - not enough GPU memory")
 _CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError")
@@ -71,6 +75,11 @@ _CONTEXT_V0 = re.compile(
     r"cache \((?P<est>\d+)\)"
 )
 _ERRORISH = re.compile(r"error|exception|traceback|refused|failed|not found|no such", re.IGNORECASE)
+# what the API server says after any failed start: the consequence, never the cause
+_CONSEQUENCE = re.compile(
+    r"Engine core initialization failed|See root cause above|EngineCore failed to start"
+    r"|WorkerProc initialization failed|died unexpectedly|Failed core proc"
+)
 _KV_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: (?P<tokens>[\d,]+) tokens")
 _OVERRIDE = re.compile(r"Overriding num_gpu_blocks=\d+ with num_gpu_blocks_override=(?P<blocks>\d+)")
 _GIB = 1024**3
@@ -130,7 +139,8 @@ def classify_startup_failure(log_text: str) -> StartupFailure:
                 estimated_max_model_len=int(match["est"]),
             )
     errorish = [line for line in lines if _ERRORISH.search(line)]
-    last = errorish[-1] if errorish else (lines[-1] if lines else "the server printed nothing")
+    causes = [line for line in errorish if not _CONSEQUENCE.search(line)]
+    last = (causes or errorish)[-1] if errorish else (lines[-1] if lines else "the server printed nothing")
     return StartupFailure(StartCause.OTHER, _trim(last))
 
 

@@ -4,6 +4,7 @@ and on the simulator's."""
 
 from __future__ import annotations
 
+from oomload.tune.search import Candidate, SearchSpace, Settings, next_proposal
 from oomload.tune.startup import StartCause, classify_startup_failure, pool_from_log
 
 # the real CPU vLLM 0.32, run6 (--kv-cache-memory-bytes 1048576 with --max-model-len 2048), verbatim
@@ -71,3 +72,32 @@ def test_cuda_oom_no_kv_memory_weights_and_other() -> None:
 def test_pool_from_a_started_real_log() -> None:
     pool = pool_from_log(REAL_STARTED_LOG)
     assert (pool.num_gpu_blocks, pool.kv_cache_tokens) == (96, 3072)
+
+
+# the real CPU vLLM 0.32 with only --num-gpu-blocks-override (reference excerpt F), verbatim
+REAL_CPU_NODE_LOG = """\
+(VllmWorker-0 pid=16857) ERROR 11-30 01:58:54 [multiproc_executor.py:953] ValueError: Available memory on node 0 (7.65/8.96 GiB) on startup is less than desired CPU memory utilization (0.92, 8.25 GiB). On the CPU backend, the `--gpu-memory-utilization` flag controls the fraction of CPU memory reserved (despite its name). To resolve: decrease `--gpu-memory-utilization` (e.g. `--gpu-memory-utilization 0.5`) or reduce CPU memory used by other processes.
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}
+"""
+
+
+def test_the_cpu_builds_node_memory_refusal_is_free_memory_and_no_smaller_pool_follows() -> None:
+    """A review found it classified 'other' and quoted the API server's consequence line."""
+    failure = classify_startup_failure(REAL_CPU_NODE_LOG)
+    assert failure.cause is StartCause.FREE_MEMORY
+    assert failure.free_share is not None and abs(failure.free_share - 7.65 / 8.96) < 1e-9
+    assert "decrease `--gpu-memory-utilization`" in failure.message
+    pools = SearchSpace(
+        memory=(Settings(num_gpu_blocks=96), Settings(num_gpu_blocks=64)), max_num_seqs=(4, 8)
+    )
+    failed = Candidate(1, Settings(num_gpu_blocks=96, max_num_seqs=8), "first", False, failure=failure)
+    assert next_proposal(pools, 8, [failed]) is None  # a smaller pool reserves no less of the node
+
+
+def test_another_error_quotes_its_cause_not_the_api_servers_consequence() -> None:
+    log = (
+        "(EngineCore pid=1) ERROR [core.py:1] ImportError: libcudart.so.12: cannot open shared object file\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}\n"
+    )
+    failure = classify_startup_failure(log)
+    assert failure.cause is StartCause.OTHER and "ImportError: libcudart.so.12" in failure.message

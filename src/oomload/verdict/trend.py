@@ -38,13 +38,17 @@ built against what makes least squares on raw samples alarm on a steady server:
   (``inconclusive``) when a few long stairs fill it.
 
 The verdict is an equivalence test against ``M``, the material rate (``material_bytes_per_h``; by
-default 1 % per hour of the limit, or of the fitted samples' median level without a limit, and at
-least 1 MiB/h), with ``[lo, hi]`` the slope's interval at ``confidence`` (95 %):
+default 1 % per hour of the limit — or, when less, the headroom the fitted samples' median level
+leaves under it over ``MATERIAL_HORIZON_H`` (24 h): 600 MiB/h with 74 of 80 GiB used fills the card
+in about 10 h, and is material — or, without a limit, 1 % per hour of that median level; at least
+1 MiB/h), with ``[lo, hi]`` the slope's interval at ``confidence`` (95 %):
 
 - ``growing`` — ``lo ≥ M``: growth, and material, both beyond the noise;
 - ``shrinking`` — ``hi ≤ −M``;
 - ``flat`` — ``−M < lo`` and ``hi < M``: every rate the data allow is immaterial, so the verdict can
-  state "flat within ±max(|lo|, |hi|)" (``flat_within_bytes_per_h``);
+  state "flat within ±max(|lo|, |hi|)" (``flat_within_bytes_per_h``) — or, when ``lo > 0`` (growth
+  beyond the noise, only below ``M``), "grew S/h (CI …), below the material M", with the time to the
+  limit;
 - ``inconclusive`` — the interval reaches across ``±M`` (the data allow both a material and an
   immaterial rate), or fewer than ``MIN_SAMPLES`` (12) samples or ``MIN_FIT_SPAN_S`` (60 s) are left
   after the warm-up, or the memory wanders on the scale of the soak (above).
@@ -58,8 +62,7 @@ seconds until the line reaches the limit (0 when it already has); ``projected_s_
 uses the interval's ends (earliest with ``hi``, latest with ``lo``). It assumes the growth stays
 linear: the sentence says "about".
 
-The t quantile (``t_quantile``) is exact for integer degrees of freedom: the closed-form series of
-Student's t distribution (Abramowitz & Stegun 26.7.3–4) inverted by bisection; no scipy.
+The t quantile is ``oomload.verdict.studentt``'s: exact for integer degrees of freedom, no scipy.
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from oomload.verdict.studentt import t_quantile
 
 VERDICTS = ("growing", "flat", "shrinking", "inconclusive")
 KIB = 1024
@@ -86,6 +91,7 @@ WARMUP_MIN_S = 60.0
 WARMUP_FRACTION = 0.2
 MATERIAL_FRACTION_PER_H = 0.01
 MATERIAL_MIN_BYTES_PER_H = float(MIB)
+MATERIAL_HORIZON_H = 24.0  # a rate that fills the headroom left within a day is material, however small
 STEP_MIN_BINS = 3
 BIN_MEMORY_MULTIPLE = 2.0
 PHI_MAX = 0.9999
@@ -203,7 +209,10 @@ def memory_trend(
     material = material_bytes_per_h
     if material is None:
         reference = float(limit_bytes) if limit_bytes is not None else level
-        material = max(MATERIAL_FRACTION_PER_H * reference, MATERIAL_MIN_BYTES_PER_H)
+        material = MATERIAL_FRACTION_PER_H * reference
+        if limit_bytes is not None:  # near the limit, less growth fills what is left
+            material = min(material, max(limit_bytes - level, 0.0) / MATERIAL_HORIZON_H)
+        material = max(material, MATERIAL_MIN_BYTES_PER_H)
     base = _Base(subject, confidence, material, total, warmup, limit_bytes, series_start)
 
     first = _fit_bins(t, y, _num_bins(len(t)))
@@ -309,6 +318,15 @@ class _Base:
         if -m < lo and hi < m:
             within = max(abs(lo), abs(hi))
             sentence = f"{self.subject} was flat within ±{_rate(within)} ({self.ci_name} CI) {over}"
+            if lo > 0:  # growth beyond the noise, but below the material rate: say so, and where it leads
+                sentence = (
+                    f"{self.subject} grew {_rates(slope, lo, hi, self.ci_name)} {over}, below the material "
+                    f"{_rate(m)}"
+                )
+                if self.limit is not None and (left := self.limit - fit.level_at(fit.last_s)) > 0:
+                    sentence += (
+                        f": its {_bytes(self.limit)} limit in about {_duration(left / (slope / S_PER_H))}"
+                    )
             return MemoryTrend(verdict="flat", sentence=sentence, flat_within_bytes_per_h=within, **common)
         unit = _rate_unit(max(abs(lo), abs(hi), m))
         reason = (
@@ -502,50 +520,6 @@ def _find_step(fit: _Fit) -> MemoryStep | None:
         size_bytes=float(y[k + 1 :].mean() - y[:k].mean()),
         t_before_unix_s=float(fit.edges_s[k]),
     )
-
-
-# -- Student's t ----------------------------------------------------------------------------------
-def t_cdf(t: float, df: int) -> float:
-    """P(T ≤ t) for Student's t with integer ``df`` ≥ 1 (Abramowitz & Stegun 26.7.3–4, exact)."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    theta = math.atan(abs(t) / math.sqrt(df))
-    c2 = math.cos(theta) ** 2
-    if df % 2 == 0:
-        term = total = 1.0
-        for k in range(1, (df - 2) // 2 + 1):
-            term *= c2 * (2 * k - 1) / (2 * k)
-            total += term
-        inside = math.sin(theta) * total  # P(|T| ≤ |t|)
-    else:
-        total = 0.0
-        if df > 1:
-            term = total = math.cos(theta)
-            for k in range(1, (df - 3) // 2 + 1):
-                term *= c2 * (2 * k) / (2 * k + 1)
-                total += term
-        inside = 2.0 / math.pi * (theta + math.sin(theta) * total)
-    return 0.5 + math.copysign(inside / 2.0, t)
-
-
-def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile of Student's t with integer ``df``: ``t_cdf`` inverted by bisection (to 1e-12)."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"p must be in (0, 1), got {p}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    if p == 0.5:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        lo, hi = hi, hi * 2.0
-    while hi - lo > 1e-12 * max(1.0, hi):
-        mid = (lo + hi) / 2.0
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2.0
 
 
 # -- words ----------------------------------------------------------------------------------------

@@ -10,14 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oomload.verdict.studentt import t_cdf, t_quantile
 from oomload.verdict.trend import (
     GIB,
     MIB,
     VERDICTS,
     MemoryTrend,
     memory_trend,
-    t_cdf,
-    t_quantile,
 )
 
 T0 = 1_764_468_000.0  # a unix time: the fit must not lose precision to it
@@ -398,3 +397,22 @@ def test_a_straight_rise_that_dwarfs_its_wander_is_growing_not_inconclusive() ->
             hits += 1
             assert trend.ci_low_bytes_per_h <= 154 * MIB <= trend.ci_high_bytes_per_h, trend.sentence
     assert hits >= 19
+
+
+def test_growth_that_fills_the_headroom_within_a_day_is_material_near_the_limit() -> None:
+    """A review found a precise 600 MiB/h leak on a card at 74 of 80 GiB called "flat within ±601
+    MiB/h" (1 %/h of the limit is 819 MiB/h), though it fills the card in about 8 h."""
+    t = [T0 + 10.0 * i for i in range(720)]  # 2 h, one sample each 10 s
+    used = [int(74 * GIB + 600 * MIB * (s - T0) / 3600.0) for s in t]
+    trend = memory_trend(t, used, limit_bytes=80 * GIB, subject="GPU 0 memory")
+    assert trend.verdict == "growing", trend.sentence
+    assert trend.projected_s_to_limit is not None and 6 * 3600 < trend.projected_s_to_limit < 10 * 3600
+
+
+def test_growth_beyond_the_noise_but_immaterial_says_it_grew() -> None:
+    t = [T0 + 10.0 * i for i in range(720)]
+    used = [int(100 * GIB + 1000 * MIB * (s - T0) / 3600.0) for s in t]  # 1000 MiB/h on 256 GiB
+    trend = memory_trend(t, used, limit_bytes=256 * GIB, subject="host memory")
+    assert trend.verdict == "flat"
+    assert trend.sentence.startswith("host memory grew 1000 MiB/h") and "below the material" in trend.sentence
+    assert "limit in about" in trend.sentence

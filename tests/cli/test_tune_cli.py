@@ -213,3 +213,17 @@ def test_a_rate_target_is_measured_as_a_concurrency_and_proved_there(tmp_path: P
     said = " ".join(result.stdout.split())  # rich wraps the console at 80 columns
     assert f"8 req/s → concurrency {rate['concurrency']} (Little's law, measured" in said
     assert _sim_servers(name) == []
+
+
+def test_no_candidate_starts_without_room_for_its_worst_case(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A candidate may take its start-up and two replays (its proof measured again): 30 + 2 × 40 s does
+    not fit 100 s, so nothing starts and the tune says the bound stopped it (before, a start-up and one
+    replay were reserved, and a tune could run past its bound)."""
+    argv = ["tune", str(FIXED), "--serve", SIM, "--target-concurrency", "4", "--run-dir", str(tmp_path / "t")]
+    bounds = ["--max-duration-s", "100", "--startup-timeout-s", "30", "--replay-max-duration-s", "40"]
+    run([*argv, *bounds], capsys)
+    record = json.loads((tmp_path / "t" / "tune.json").read_text())
+    assert record["status"] == "bounded" and record["candidates"] == []
+    assert any("stopped by the wall-time bound (100 s)" in note for note in record["notes"])

@@ -45,9 +45,9 @@ def test_tune_over_kv_cache_size_and_max_num_seqs(
     result = subprocess.run(
         [sys.executable, "-m", "oomload", "tune", str(trace), "--serve", serve, "--target-concurrency", "8",
          "--kv-cache-memory-bytes", str(3 * 1024 * 1024), "--max-num-seqs", "4,5,6,8",
-         "--startup-timeout-s", "180", "--replay-max-duration-s", "150", "--max-duration-s", "1200",
+         "--startup-timeout-s", "180", "--replay-max-duration-s", "150", "--max-duration-s", "1400",
          "--hold-s", "5", "--run-dir", str(out)],
-        capture_output=True, text=True, timeout=1500, check=False,
+        capture_output=True, text=True, timeout=1700, check=False,
     )  # fmt: skip
     record = json.loads((out / "tune.json").read_text())
     cands = {c["index"]: c for c in record["candidates"]}

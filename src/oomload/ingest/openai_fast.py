@@ -47,6 +47,7 @@ import pyarrow as pa
 
 from oomload.ingest.columns import make_batch
 from oomload.ingest.openai_log import (
+    UNTIMED_HOLD_ROWS,
     _int_or_none,
     _to_seconds,
     parse_openai_line,
@@ -503,9 +504,9 @@ def read_openai_batches(
     piece holding another line goes line by line through ``_fast_row`` on the wider ``Line``
     schema and, failing that, ``parse_openai_line``. A request without a time gets the previous
     request's time; those before the first timed request of ``source`` get its time (their batches
-    are held until it comes; 0 when none does). The batch's metadata ``leading_untimed`` counts
-    the rows at its start that had none before any timed row of ``source`` (the caller of a
-    byte-range reader patches those from the range before).
+    held until it comes; 0 when none does, or none in ``UNTIMED_HOLD_ROWS``). The batch's metadata
+    ``leading_untimed`` counts the rows at its start that had none before any timed row of ``source``
+    (the caller of a byte-range reader patches those from the range before).
 
     With ``hasher``, each request's prompt parts (``system``, ``tools``, each message, or the
     ``prompt``: their raw JSON, never decoded into text) give its ``hash_ids``: a part's tokens are
@@ -519,6 +520,7 @@ def read_openai_batches(
     untimed = 0
     seen_timed = False
     held: list[pa.Table] = []  # batches before the first timed request: they take its time
+    held_rows = 0
     for chunk in source.iter_views():
         columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
         marks = PartMarks(counter)  # each row's prompt parts (with ``hasher``): chained per chunk
@@ -574,7 +576,10 @@ def read_openai_batches(
         if leading:
             batch = batch.replace_schema_metadata({b"leading_untimed": str(leading).encode()})
         if not seen_timed and missing.all():  # no time yet in ``source``: wait for the first one
-            held.append(batch)
+            held, held_rows = [*held, batch], held_rows + batch.num_rows
+            if held_rows > UNTIMED_HOLD_ROWS:  # none in that many: they keep 0 (bounded memory)
+                yield from held
+                held, seen_timed, last_time = [], True, 0.0
             continue
         yield from (with_time(h, float(times[0])) for h in held)
         held = []

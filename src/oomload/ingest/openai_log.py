@@ -78,9 +78,12 @@ def read_openai_records(
             continue
         if record.arrival_s < 0:
             untimed += 1
-            if last_time is None:
+            if last_time is None and len(held) < UNTIMED_HOLD_ROWS:
                 held.append(record)
                 continue
+            if last_time is None:  # no time in the first UNTIMED_HOLD_ROWS: they keep 0
+                yield from (replace(r, arrival_s=0.0) for r in held)
+                held, last_time = [], 0.0
             record = replace(record, arrival_s=last_time)
         elif held:
             yield from (replace(r, arrival_s=record.arrival_s) for r in held)
@@ -90,6 +93,11 @@ def read_openai_records(
     yield from (replace(r, arrival_s=0.0) for r in held)  # no time in the whole log
     if untimed:
         skips.note(untimed_note_text(source.name, untimed))
+
+
+# Requests held for the first timed one at most: past them a log with no time yet keeps 0 for them (as
+# it does for a log with no time at all), so the memory a build needs does not grow with such a log.
+UNTIMED_HOLD_ROWS = 100_000
 
 
 def untimed_note_text(name: str, untimed: int) -> str:

@@ -74,7 +74,7 @@ import pyarrow as pa
 from oomload.errors import OomloadError, TraceFormatError
 from oomload.ingest.inputs import iter_source_batches, with_pseudonyms
 from oomload.ingest.openai_fast import with_time
-from oomload.ingest.openai_log import untimed_note_text
+from oomload.ingest.openai_log import UNTIMED_HOLD_ROWS, untimed_note_text
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, ReadMeter
 from oomload.ingest.tabular import csv_header, read_csv_batches
@@ -292,6 +292,7 @@ def _span_batches(
     last_time = 0.0
     seen_timed = False  # a timed request in the spans read so far
     held: list[pa.Table] = []  # batches before the file's first timed request: they take its time
+    held_rows = 0
     untimed = 0
     notes: list[str] = []
     origin_s: float | None = None  # the first request's time: workers render once it is known
@@ -359,6 +360,12 @@ def _span_batches(
                 progress(0, batch.num_rows)
             if leading and not seen_timed and leading == batch.num_rows:  # no time yet in the file
                 held.append(batch)
+                held_rows += batch.num_rows
+                if held_rows <= UNTIMED_HOLD_ROWS:
+                    continue
+                origin_s = 0.0 if origin_s is None else origin_s  # none came: they keep 0 (bounded memory)
+                yield from held
+                held, seen_timed, last_time = [], True, 0.0
                 continue
             if leading:
                 times = np.asarray(batch.column("time_s"), dtype=np.float64).copy()

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from oomload.ingest import LogSource, SkipLog, iter_records, openai_fast
+from oomload.ingest import LogSource, SkipLog, iter_records, openai_fast, openai_log
 from oomload.ingest.columns import batches_from_records
 from oomload.ingest.openai_fast import read_openai_batches
 from oomload.ingest.openai_log import read_openai_records
@@ -56,6 +56,23 @@ def test_a_log_without_any_time_arrives_at_0(tmp_path: Path) -> None:
     path = _write(tmp_path / "gw.jsonl", [{"response": USAGE}] * 3)
     fast, exact, _ = _both(path)
     assert [r["time_s"] for r in fast] == [0.0, 0.0, 0.0] and fast == exact
+
+
+def test_past_the_hold_a_log_with_no_time_yet_keeps_0_and_is_not_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The requests before the first timed one are held for its time only up to ``UNTIMED_HOLD_ROWS``
+    (bounded memory on a log with no time at all): past it they keep 0, as a log without time does."""
+    monkeypatch.setattr(LogSource.iter_views, "__defaults__", (64,))  # chunks of a line or two
+    monkeypatch.setattr(openai_fast, "UNTIMED_HOLD_ROWS", 3)
+    monkeypatch.setattr(openai_log, "UNTIMED_HOLD_ROWS", 3)
+    lines = [{"response": USAGE}] * 5 + [{"timestamp": 1_700_000_000, "response": USAGE}]
+    source = LogSource(_write(tmp_path / "gw.jsonl", lines))
+    batches = read_openai_batches(source, SkipLog(), None)
+    first = next(batches)  # yielded before the timed line is read: nothing held past the bound
+    assert first.column("time_s").to_pylist()[0] == 0.0
+    fast, exact, _ = _both(source.path)
+    assert [r["time_s"] for r in fast] == [0.0] * 5 + [1_700_000_000] and fast == exact
 
 
 def _litellm(request_id: str, status: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

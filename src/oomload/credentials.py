@@ -12,12 +12,15 @@ A URL with ``user:password@`` in it would be echoed by every message that names 
 to ``config.json``; ``url_credentials_error`` says why it is refused without repeating it, and
 ``redact_url`` hides the user information in any URL that is shown anyway. ``scrub`` replaces a secret
 in text built from an exception that oomload did not word itself (the last line of defence for
-crash reports).
+crash reports). ``StreamScrubber`` does the same to bytes that arrive in chunks (a server's log as it
+is copied): a secret split between two chunks is still replaced, because the end of a chunk that could
+begin a secret is held back until the next one says whether it does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from oomload.errors import ConfigError
 
@@ -90,3 +93,40 @@ def scrub(text: str, secrets: Iterable[str | None]) -> str:
         if secret and len(secret) >= 4:
             text = text.replace(secret, REDACTED)
     return text
+
+
+def _secret_bytes(secrets: Iterable[str | None]) -> tuple[bytes, ...]:
+    """The secrets ``scrub`` replaces, as UTF-8 bytes."""
+    return tuple(s.encode() for s in secrets if s and len(s) >= 4)
+
+
+@dataclass
+class StreamScrubber:
+    """``scrub`` over a byte stream given in chunks (module docstring): ``feed`` returns what can be
+    written now, ``flush`` the held-back end (a proper prefix of a secret at most, so never a secret)."""
+
+    secrets: tuple[bytes, ...]
+    _held: bytes = field(default=b"", init=False)
+
+    @classmethod
+    def of(cls, secrets: Iterable[str | None]) -> StreamScrubber:
+        return cls(_secret_bytes(secrets))
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not self.secrets:
+            return chunk
+        data = self._held + chunk
+        for secret in self.secrets:
+            data = data.replace(secret, REDACTED.encode())
+        keep = 0  # the longest end of ``data`` that begins a secret
+        for secret in self.secrets:
+            for n in range(min(len(secret) - 1, len(data)), keep, -1):
+                if data.endswith(secret[:n]):
+                    keep = n
+                    break
+        self._held = data[len(data) - keep :] if keep else b""
+        return data[: len(data) - keep]
+
+    def flush(self) -> bytes:
+        held, self._held = self._held, b""
+        return held

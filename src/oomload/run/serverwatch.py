@@ -9,7 +9,8 @@
   for ``--server-memory remote:URL``, reads of an ``oomload sample --serve`` beside the server, on
   a thread (HTTP is cooperative under gevent);
 * **the server's log** (``--server-log FILE``): ``ServerLogFollower`` copies what the server writes
-  from now on into the run directory's ``server.log`` (``--serve`` writes there directly).
+  from now on into the run directory's ``server.log`` (``--serve`` writes there directly), the API key
+  and the served line's secrets (``--served-with … --api-key``) written as ``***`` as they are copied.
 
 What cannot be watched — no such process, a remote server with no sampler, a log that does not exist
 or stops growing — is one ``events.jsonl`` line and one console line, once; the run goes on with
@@ -126,7 +127,10 @@ class ServerEvidence:
         def problem(sentence: str) -> None:
             self._note("server_log_problem", sentence)
 
-        self.log = ServerLogFollower(path, self.session.writer.path / SERVER_LOG, on_problem=problem)
+        secrets = (self.session.api_key, *self.session.config.serve_secrets())
+        self.log = ServerLogFollower(
+            path, self.session.writer.path / SERVER_LOG, on_problem=problem, secrets=secrets
+        )
         self.log.start()
 
     def _note(self, kind: str, sentence: str) -> None:

@@ -8,8 +8,12 @@ grows, so a run cut short still has it. The rules:
   written before (an earlier life of the server, an earlier death) is not this run's. A file that does
   not exist at ``start()`` (``kubectl logs -f … > FILE`` creates it late) is copied from its first byte
   when it appears, with one problem sentence while it is missing.
-* **Bytes as written.** Chunks are copied as they arrive, a partial last line included (its rest follows
-  on the next read), so ``server.log`` is byte for byte what the server appended.
+* **Bytes as written, less the secrets.** Chunks are copied as they arrive, a partial last line
+  included (its rest follows on the next read), so ``server.log`` is byte for byte what the server
+  appended — except that each of ``secrets`` (the API key, the served line's ``--api-key``: vLLM logs
+  its non-default arguments at start-up) is written as ``***`` (``credentials.StreamScrubber``). The
+  scrub happens before the bytes reach the disk, so a run killed mid-way leaves no secret behind; the
+  end of a chunk that could begin a secret waits for the next chunk (or ``stop()``).
 * **Truncation and rotation.** The file is followed by path. A new file at the path (another inode:
   rotation by rename, or delete and re-create) is read from its start once what the old one still held
   is drained; a file that shrank below what was read, or whose first bytes changed (truncated and
@@ -36,10 +40,11 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
+from oomload.credentials import StreamScrubber
 from oomload.errors import ConfigError
 
 MIB = 1024**2
@@ -62,6 +67,7 @@ class ServerLogFollower:
         tail_bytes: int = DEFAULT_TAIL_BYTES,
         clock: Callable[[], float] = time.time,
         on_problem: Callable[[str], None] | None = None,
+        secrets: Iterable[str | None] = (),
     ) -> None:
         if poll_s <= 0 or max_bytes <= 0 or tail_bytes < 0:
             raise ConfigError(
@@ -77,6 +83,7 @@ class ServerLogFollower:
         self.tail_bytes = tail_bytes
         self._clock = clock
         self._on_problem = on_problem
+        self._scrub = StreamScrubber.of(secrets)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -120,6 +127,7 @@ class ServerLogFollower:
                 return
             self.poll_once()
             self._stopped = True
+            self._release()
             if self._skipped:
                 self._write(self._marker() + bytes(self._tail))
             for handle in (self._fh, self._out):
@@ -233,7 +241,12 @@ class ServerLogFollower:
         assert self._fh is not None
         while chunk := self._fh.read(READ_CHUNK):
             self._last_grew = self._clock()
-            self._accept(chunk)
+            self._accept(self._scrub.feed(chunk))
+
+    def _release(self) -> None:
+        """Copy the end the scrubber held back (the text it might have begun a secret with has ended)."""
+        if held := self._scrub.flush():
+            self._accept(held)
 
     def _accept(self, data: bytes) -> None:
         room = max(self.max_bytes - len(self._copied), 0)
@@ -253,6 +266,7 @@ class ServerLogFollower:
 
     def _newline(self) -> None:
         """Before text from a new file: end the old text's partial last line."""
+        self._release()
         last = self._tail[-1:] if self._skipped else self._copied[-1:]
         if last and last != b"\n":
             self._accept(b"\n")

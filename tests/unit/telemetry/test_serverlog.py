@@ -277,3 +277,27 @@ def test_what_it_follows_is_what_the_classifier_reads(
     wait_until(lambda: follower.copied_bytes == len(data), "the whole excerpt")
     cause = classify_death(log_text=follower.text(), exit_status=None, memory=[])
     assert cause.kind is DeathKind.CUDA_OOM and cause.tried_bytes == 2 * 1024**3
+
+
+SECRET = "sk-SECRET123abc"
+
+
+def test_secrets_never_reach_the_disk_even_split_between_reads(
+    paths: tuple[Path, Path], follow: Callable[..., ServerLogFollower]
+) -> None:
+    """vLLM's start-up line names its --api-key: the copy has ``***`` in its place before the run ends
+    (a killed oomload leaves no secret), also when the key arrives in two reads."""
+    source, dest = paths
+    follower = follow(secrets=(SECRET, None, "sk-other-key"))
+    line = f"INFO non-default args: {{'api_key': ['{SECRET}'], 'model': 'm'}}\n"
+    cut = line.index(SECRET) + 5
+    append(source, line[:cut])
+    wait_until(lambda: dest.read_bytes() != b"", "the first part copied")
+    append(source, line[cut:] + "key sk-other-key at the end: sk-SE")
+    wait_until(lambda: b"the end" in dest.read_bytes(), "the rest copied")
+    assert SECRET not in dest.read_text() and "sk-other-key" not in dest.read_text()
+    assert "'api_key': ['***']" in dest.read_text() and "key *** at" in dest.read_text()
+    assert dest.read_text().endswith("the end: ")  # a possible start of a secret waits
+    follower.stop()
+    assert dest.read_text().endswith("the end: sk-SE")  # it was not one: written as it came
+    assert SECRET not in follower.text()

@@ -13,7 +13,9 @@ read-only (``EROFS``), gone (``ENOENT``, ``EIO``, ``ENOTDIR``) — the scratch f
 target is left as it was, and ``OutputWriteError`` names the target and the OS's reason: one sentence,
 exit 2 (``oomload.errors``). Callers that know more (the run directory, what was kept) catch it and
 say so. ``write_failure`` is that sentence for an ``OSError`` met elsewhere; ``is_disk_error`` tells
-the CLI which ``OSError`` without a file name is a disk saying no rather than a bug.
+the CLI which ``OSError`` without a file name is a disk saying no rather than a bug. A process out of
+file descriptors (``EMFILE``, ``ENFILE``) is not a disk: ``reason`` says ``too many open files (raise
+ulimit -n)`` for it, and ``is_open_files_error`` tells it apart.
 """
 
 from __future__ import annotations
@@ -42,11 +44,22 @@ DISK_ERRNOS = frozenset(
     )
     if code is not None
 )
+# the process (or the host) has no file descriptor left: a limit to raise, not a disk to free
+OPEN_FILE_ERRNOS = frozenset((errno.EMFILE, errno.ENFILE))
+TOO_MANY_OPEN_FILES = "too many open files (raise ulimit -n)"
 
 
 def reason(err: OSError) -> str:
-    """The OS's words for ``err`` (``No space left on device``), never a traceback."""
+    """The OS's words for ``err`` (``No space left on device``), never a traceback; out of file
+    descriptors, ``TOO_MANY_OPEN_FILES`` (what to do about it)."""
+    if is_open_files_error(err):
+        return TOO_MANY_OPEN_FILES
     return err.strerror or str(err) or type(err).__name__
+
+
+def is_open_files_error(err: BaseException) -> bool:
+    """Whether ``err`` is the process or the host out of file descriptors (``EMFILE``, ``ENFILE``)."""
+    return isinstance(err, OSError) and err.errno in OPEN_FILE_ERRNOS
 
 
 def is_disk_error(err: BaseException) -> bool:

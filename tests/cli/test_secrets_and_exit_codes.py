@@ -193,3 +193,34 @@ def test_an_error_text_that_holds_the_key_is_scrubbed_everywhere(
         assert SECRET not in text and "Bearer ***" in text and "Traceback" in text
     finally:
         saved.unlink()
+
+
+def test_a_level_the_open_file_limit_cannot_carry_is_refused_before_any_load(
+    trace: Path, tmp_path: Path
+) -> None:
+    """Under ``ulimit -n 120`` (hard too: nothing to raise to) 150 users cannot each hold a socket: one
+    sentence, exit 2, before the endpoint is even asked (an unreachable one here)."""
+    import resource
+    import sys
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (120, 120))
+
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "oomload", "replay", str(trace), "--no-live", "--gpu", "none"),
+            *("--url", "http://127.0.0.1:1", "--concurrency", "4,150", "--hold-s", "1"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        preexec_fn=limit,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = proc.stderr.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert err.startswith("oomload: error: concurrency 150 needs about ") and "the limit is 120" in err
+    assert "ulimit -n" in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

@@ -91,3 +91,15 @@ def test_a_writer_that_never_fails_says_nothing(tmp_path: Path) -> None:
     with RunWriter(tmp_path / "run") as writer:
         writer.append("steps", {"event": "start"})
     assert writer.write_error is None and writer.write_failure() is None
+
+
+def test_out_of_file_descriptors_says_raise_ulimit_not_free_the_space(tmp_path: Path) -> None:
+    def open_file(path: Path) -> IO[str]:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    writer = RunWriter(tmp_path / "run", open_file=open_file)
+    writer.append("events", {"kind": "x"})
+    writer.close()
+    failure = str(writer.write_failure())
+    assert "(events.jsonl: too many open files (raise ulimit -n))" in failure, failure
+    assert "raise the limit, then `oomload report" in failure and "free the space" not in failure

@@ -54,6 +54,7 @@ from oomload.load.classify import Observation, classify, error_fields
 from oomload.load.payload import PreparedRequest
 from oomload.load.sse import SseStream, error_message, error_type, parse_json_body
 from oomload.outcome import Outcome
+from oomload.outfile import TOO_MANY_OPEN_FILES
 
 MAX_ERROR_BODY_BYTES = 1 << 20
 # socket errors, and geventhttpclient's parse errors (http.client.HTTPException subclasses)
@@ -276,6 +277,8 @@ class _Wire:
     def transport_error(self) -> str | None:
         """The short text of a failed connection (``None`` when answered or timed out)."""
         why = self.socket_error
+        if self.ending is Ending.CONNECT_FAILED and why in ("EMFILE", "ENFILE"):  # this host, not the server
+            return f"connect failed ({why}): {TOO_MANY_OPEN_FILES}"
         return {
             Ending.REFUSED: "connection refused",
             Ending.CONNECT_FAILED: f"connect failed ({why})",

@@ -2,12 +2,13 @@
 
 ``run_replay(config, console)`` does, in order:
 
-1. read the trace; with ``--serve`` start the user's server line (``oomload.realvllm.serveline``: its
-   log is the run directory's ``server.log``, a failed start is ``ServeStartError`` with the cause the
-   log gives); without a URL start the simulated vLLM (``oomload.sim.process.SimServer``) with
-   the demo's settings (``oomload.run.config.DEMO_SIM_ARGS``, less each flag ``--sim`` gives again:
-   ``sim_line_args``) and say so — the model and the GPU it simulates; a URL ending in ``/v1`` is
-   used without it (said in one line);
+1. read the trace; raise the open-file limit and refuse a level one process cannot carry under it
+   (``oomload.load.fdlimit``); with ``--serve`` start the user's server line
+   (``oomload.realvllm.serveline``: its log is the run directory's ``server.log``, a failed start is
+   ``ServeStartError`` with the cause the log gives); without a URL start the simulated vLLM
+   (``oomload.sim.process.SimServer``) with the demo's settings (``oomload.run.config.DEMO_SIM_ARGS``,
+   less each flag ``--sim`` gives again: ``sim_line_args``) and say so — the model and the GPU it
+   simulates; a URL ending in ``/v1`` is used without it (said in one line);
 2. preflight the endpoint (``/v1/models``: model, ``max_model_len``; warn how many trace requests
    cannot fit — with ``--only-fitting`` say how many are left out, every process's
    ``load.payload.RequestOrder`` leaving them out, and refuse a trace none of whose requests fits),
@@ -41,6 +42,7 @@ Importing Locust monkey-patches the process with gevent; it happens inside ``run
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
@@ -61,6 +63,7 @@ from oomload.errors import (
     RunDirWriteError,
     ServeStartError,
 )
+from oomload.load.fdlimit import open_files_problem, raise_open_files
 from oomload.load.preflight import check_tokenize, count_unfit, preflight, server_version
 from oomload.outfile import reason
 from oomload.realvllm.servecmd import ServeCommand
@@ -92,6 +95,7 @@ def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
     records = read_trace(config.trace_path)
     header = read_trace_header(config.trace_path)
     api_key = read_api_key(config.api_key_env, os.environ)
+    _check_open_files(config)
     import locust  # noqa: F401  (monkey-patches the process with gevent: before any socket is made)
 
     sim = served = None
@@ -118,6 +122,19 @@ def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
             scrub_file(served.log_path, config.serve_secrets())
             if served.tmp_dir is not None:
                 shutil.rmtree(served.tmp_dir, ignore_errors=True)
+
+
+def _check_open_files(config: ReplayConfig) -> None:
+    """Raise this process's open-file limit (its children inherit it) and refuse a top level that one
+    process still cannot carry (``oomload.load.fdlimit``): ``ConfigError``, before any load."""
+    files = raise_open_files()
+    top = max(config.levels)
+    workers = config.expected_workers()
+    users = math.ceil(top / workers) if workers else top
+    what = f"concurrency {top}" + (f" over {workers} workers ({users} users each)" if workers else "")
+    problem = open_files_problem(files, users, what)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def _start_sim(config: ReplayConfig, console: Console) -> Any:

@@ -63,6 +63,7 @@ from oomload import __version__
 from oomload.credentials import read_api_key
 from oomload.errors import ConfigError, EndpointError, LinkRefusedError, OomloadError, OutputWriteError
 from oomload.load import wire
+from oomload.load.fdlimit import raise_open_files
 from oomload.load.resultstream import BATCH_INTERVAL_S, ResultStream
 from oomload.load.selfcheck import start_selfcheck
 from oomload.outfile import reason
@@ -137,6 +138,7 @@ def run_worker(
 ) -> int:
     """Serve the master at ``master`` (``HOST[:PORT]``) until it ends the run; returns the exit code."""
     host, port = wire.parse_master_address(master)
+    raise_open_files()  # one socket per user (oomload.load.fdlimit); Locust's CLI would have raised it
     import gevent
     import locust.runners
     import locust.stats

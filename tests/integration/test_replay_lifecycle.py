@@ -163,6 +163,47 @@ def test_the_web_ui_shows_the_servers_telemetry(sim_with_gpu: SimServer, tmp_pat
     assert "<title>oomload cockpit</title>" in page and "/oomload/telemetry" in page
 
 
+def test_the_web_uis_stop_ends_the_run_as_an_interruption(sim: SimServer, tmp_path: Path) -> None:
+    """Locust's STOP button (``POST /stop`` from the UI's own page) stopped Locust's shape, and the run
+    sat idle until --max-duration-s + 30 s, its step recorded as max_duration. Now it ends the run as
+    Ctrl-C does: within the bound below (a hang detector: the run would otherwise last 10 minutes)."""
+    trace = _trace(tmp_path / "t.jsonl", 20, 32, 200)
+    run_dir = tmp_path / "run"
+    port = _free_port()
+    web = f"http://127.0.0.1:{port}"
+    argv = _cmd(str(trace), "--url", sim.url, "--concurrency", "1,2", "--hold-s", "300", "--no-refine",
+                "--web", "--web-port", str(port), "--web-keep-s", "0", "--gpu", "none",
+                "--max-duration-s", "600", "--no-html", "--run-dir", str(run_dir))  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                snapshot = _get_json(web + "/oomload/telemetry")
+            except (urllib.error.URLError, OSError, ValueError):
+                snapshot = {}
+            if snapshot.get("plan", {}).get("state") == "running" and snapshot.get("outcomes"):
+                break
+            time.sleep(0.3)
+        stop = urllib.request.Request(web + "/stop", method="POST", headers={"Origin": web})
+        with urllib.request.urlopen(stop, timeout=60) as resp:
+            assert resp.status == 200
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, out[-3000:] + err[-3000:]
+    assert "stopped from the web UI" in out and "Traceback" not in out + err
+    reader = RunReader(run_dir)
+    assert reader.json("status.json")["end_reason"] == "interrupted"
+    ends = [line for line in reader.stream("steps") if line.get("event") == "end"]
+    assert ends and ends[-1]["reason"] == "interrupted", ends
+    events = [e for e in reader.stream("events") if e.get("kind") == "interrupted"]
+    assert [e.get("by") for e in events] == ["web_ui"], events
+    assert (run_dir / "summary.json").is_file() and (run_dir / "report.md").is_file()
+
+
 def test_a_failing_worker_is_one_sentence(sim: SimServer, tmp_path: Path) -> None:
     # every worker process dies at start as the integration review saw it (a KeyError in Locust)
     hook = tmp_path / "hook"

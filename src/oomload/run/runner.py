@@ -22,8 +22,8 @@
 5. when oomload started the server and it died, wait for its exit status (``oomload.run.served``:
    ``server_exit.json``); write ``status.json``, the repro traces (``oomload.run.repro``), hand the
    run directory to ``oomload.report.finalize_run`` for the verdict and the exit code (130 when
-   interrupted); with ``--web`` (and a run that ended on its own, not by Ctrl-C) the web UI then
-   keeps serving the verdict until Ctrl-C or ``--web-keep-s``; last, stop the server oomload
+   interrupted); with ``--web`` (and a run not ended by Ctrl-C: on its own, or by the web UI's STOP)
+   the web UI then keeps serving the verdict until Ctrl-C or ``--web-keep-s``; last, stop the server oomload
    started (its whole process group), and scrub the ``--serve`` line's secrets from its log.
 
 From the moment the run directory exists, a Ctrl-C or SIGTERM — whenever it comes — ends in
@@ -274,7 +274,8 @@ def _run_with_server(
     finally:
         # with --web the web UI outlives the load: it serves the verdict once the report exists
         full = writer.write_error is not None
-        session.shutdown(keep_web=end_reason not in ("interrupted", "error") and not full)
+        keep_web = end_reason not in ("interrupted", "error") or session.stopped_from_web
+        session.shutdown(keep_web=keep_web and not full)
         if served is not None:  # its exit is evidence when it died (oomload.run.served)
             died = session.dead_evidence is not None or served.poll() is not None
             record_exit(writer, served, wait_s=EXIT_WAIT_S if died else 0.0)

@@ -10,9 +10,10 @@ writes the results they stream, ``oomload.run.worker_pool``; with ``--web`` the 
 ``DeathWatch`` greenlet checks ``/health``, detects the first preemption and server death, and feeds
 the live view. It returns the end reason.
 
-On the way out — the schedule's end, a dead server, the maximum duration, Ctrl-C or SIGTERM — the
-requests in flight may finish (at most ``ramp_down_grace_s``; none for Ctrl-C), the rest are
-abandoned (written as ``cancelled``), and ``shutdown()`` stops Locust, the workers and the samplers.
+On the way out — the schedule's end, a dead server, the maximum duration, Ctrl-C, SIGTERM or the web
+UI's STOP (``stop_from_web``: as Ctrl-C) — the requests in flight may finish (at most
+``ramp_down_grace_s``; none for an interruption), the rest are abandoned (written as ``cancelled``),
+and ``shutdown()`` stops Locust, the workers and the samplers.
 With ``--web`` the web UI outlives them: once the report is written, ``serve_verdict`` keeps it
 serving the verdict until Ctrl-C / SIGTERM (or ``--web-keep-s``), then ``close_web`` stops it.
 
@@ -114,6 +115,7 @@ class Session:
         self.plan: SchedulePlan | None = None  # the schedule the run follows (placed by the odds, if any)
         self.odds: OddsFeed | None = None  # the trace's odds for this run, when the pool is known
         self.interrupted = False
+        self.stopped_from_web = False  # the interruption came from the web UI's STOP button
         self.progress: ProgressView | None = None
         self._saved_argv = sys.argv
         self.final: FinalState | None = None  # the verdict, once the run is over (web UI)
@@ -254,7 +256,9 @@ class Session:
             from oomload.run.livefeed import LiveFeed
 
             self.feed = LiveFeed(self.writer.path)
-            extend_web_ui(self.web_ui, self.telemetry_snapshot, self.feed, self.writer.path)
+            extend_web_ui(
+                self.web_ui, self.telemetry_snapshot, self.feed, self.writer.path, on_stop=self.stop_from_web
+            )
             self.console.print(
                 f"Locust web UI: http://{config.web_host}:{config.web_port} (telemetry: the oomload tab)"
             )
@@ -283,7 +287,7 @@ class Session:
             return "error"
         if self.interrupted:
             self.driver.interrupt("interrupted")
-            self.writer.event("interrupted")
+            self.writer.event("interrupted", **({"by": "web_ui"} if self.stopped_from_web else {}))
             return "interrupted"
         reason = self.driver.end_reason or "completed"
         if reason.startswith("stop_condition:"):
@@ -482,21 +486,33 @@ class Session:
         if self.progress is not None:
             self.progress.step_ended(line)
 
+    def _interrupt(self) -> None:
+        """End the run now (Ctrl-C, SIGTERM, the web UI's STOP): the loop in ``run`` ends within its
+        tick, the requests in flight are abandoned (written as cancelled), the end reason is
+        ``interrupted``."""
+        if self.lingering:  # the run is over: Ctrl-C only stops the web UI serving its verdict
+            self._linger_over = True
+            return
+        self.interrupted = True
+        if self.context is not None:
+            self.context.stopping = True
+        if self.env is not None:
+            self.env.stop_timeout = 0.0  # abandon what is in flight (written as cancelled)
+
+    def stop_from_web(self) -> None:
+        """The web UI's STOP (``POST /stop``) while the run goes on: an interruption, said once; the
+        web UI then serves the verdict as after a run that ended on its own."""
+        if self.interrupted or self.lingering:
+            return
+        self.stopped_from_web = True
+        self.console.print("[yellow]stopped from the web UI[/]: the run ends here (interrupted)")
+        self._interrupt()
+
     def _install_signals(self) -> None:
         import gevent
 
-        def interrupt() -> None:
-            if self.lingering:  # the run is over: Ctrl-C only stops the web UI serving its verdict
-                self._linger_over = True
-                return
-            self.interrupted = True
-            if self.context is not None:
-                self.context.stopping = True
-            if self.env is not None:
-                self.env.stop_timeout = 0.0  # abandon what is in flight (written as cancelled)
-
         for sig in (signal.SIGINT, signal.SIGTERM):
-            gevent.signal_handler(sig, interrupt)
+            gevent.signal_handler(sig, self._interrupt)
 
     def _start_progress(self) -> None:
         from oomload.run.progress import ProgressView
@@ -514,7 +530,7 @@ class Session:
         if self.web_ui is None:
             return
         self.final = final
-        if self.interrupted or (keep_s is not None and keep_s <= 0):  # Ctrl-C came while reporting
+        if (self.interrupted and not self.stopped_from_web) or (keep_s is not None and keep_s <= 0):
             return
         self.lingering = True
         web = f"http://{self.config.web_host}:{self.config.web_port}/?tab=oomload"

@@ -19,6 +19,9 @@ run goes and after it ends (following Locust's ``examples/extend_web_ui``):
   directory as it grows — the same files the report draws;
 * ``GET /oomload/report``: the run's ``report.html`` once written.
 
+Locust's STOP button (``POST /stop``) stops Locust's users and its shape; while the run goes on it
+first calls ``on_stop`` (``Session.stop_from_web``), which ends the run as Ctrl-C does (interrupted,
+the requests in flight abandoned, the reports written), so the run does not sit idle without a shape.
 When the run is over Locust is stopped but its web server keeps answering (``Session.serve_verdict``):
 its NEW button cannot start anything, so ``POST /swarm`` answers that the run is over and the page
 script hides the button.
@@ -241,11 +244,13 @@ def extend_web_ui(
     snapshot: Callable[[], TelemetrySnapshot],
     feed: LiveFeed | None = None,
     run_dir: Path | None = None,
+    on_stop: Callable[[], None] | None = None,
 ) -> None:
     """Add the oomload tab and the ``/oomload…`` routes to a Locust ``WebUI`` (module docstring).
 
     ``feed`` is a ``LiveFeed`` over the run directory (the charts and TTFT); ``run_dir`` holds
-    ``report.html`` once the run is over.
+    ``report.html`` once the run is over; ``on_stop`` is called by an accepted ``POST /stop`` while
+    the run goes on, before Locust's own handler stops its runner.
     """
     from flask import Response, jsonify, request
 
@@ -306,6 +311,12 @@ def extend_web_ui(
             )
         return None
 
+    def stop_the_run() -> Any:
+        stop = request.path.rstrip("/").endswith("/stop") and request.method == "POST"
+        if stop and on_stop is not None and snapshot().final is None:
+            on_stop()
+        return None  # Locust's handler then stops its runner
+
     def after(response: Response) -> Response:
         if request.path == "/" and response.mimetype == "text/html":
             _add_tab_script(response)
@@ -329,6 +340,7 @@ def extend_web_ui(
     app.add_url_rule(REPORT_PATH, "oomload_report", oomload_report)
     app.before_request(refuse_cross_origin)
     app.before_request(refuse_new_run)
+    app.before_request(stop_the_run)  # after the cross-origin refusal: a refused stop stops nothing
     app.after_request(after)
 
 

@@ -311,9 +311,8 @@ def _exchange(
     timer = gevent.Timeout(timeout_s)
     timer.start()
     try:
-        sock = _connect(endpoint.cache.addresses, wire)
+        sock = _connect(endpoint, wire)
         if sock is not None:
-            sock = _wrap_tls(endpoint, sock)
             response = _send(sock, message, wire)
             if response is not None:
                 wire.http_status = progress.http_status = response.status_code
@@ -330,17 +329,32 @@ def _exchange(
     return wire
 
 
-def _connect(addresses: AddressCache, wire: _Wire) -> gevent.socket.socket | None:
-    """A connected socket, or ``None`` with the failure in ``wire`` (the name is resolved anew next time)."""
+def _connect(endpoint: Endpoint, wire: _Wire) -> socket.socket | None:
+    """A connected socket, its TLS handshake done when the endpoint is ``https``; or ``None`` with the
+    failure in ``wire`` (the name is resolved anew next time). A handshake that fails (reset, closed,
+    a certificate refused) is a failed connect like an unreachable host: nothing was sent."""
+    addresses = endpoint.cache.addresses
     try:
-        return connect(addresses.addresses())
+        sock = connect(addresses.addresses())
     except ConnectionRefusedError:
         addresses.forget()
         wire.ending = Ending.REFUSED
+        return None
     except OSError as err:
         addresses.forget()
         wire.ending, wire.socket_error = Ending.CONNECT_FAILED, _errname(err)
-    return None
+        return None
+    try:
+        return _wrap_tls(endpoint, sock)
+    except (OSError, ValueError) as err:  # ssl.SSLError is an OSError; a bad server name a ValueError
+        sock.close()
+        addresses.forget()
+        why = (err.reason or type(err).__name__) if isinstance(err, ssl.SSLError) else _errname(err)
+        wire.ending, wire.socket_error = Ending.CONNECT_FAILED, f"TLS handshake: {why}"
+        return None
+    except BaseException:  # the request timeout, a kill: the socket still closes
+        sock.close()
+        raise
 
 
 def _wrap_tls(endpoint: Endpoint, sock: socket.socket) -> socket.socket:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import socket
+import struct
+import threading
 from collections.abc import Iterator
 
 import pytest
 
-from oomload.load.http import AddressCache, Endpoint, connect
+from oomload.load.http import AddressCache, Endpoint, connect, send
+from oomload.load.payload import PreparedRequest
+from oomload.outcome import Outcome
 
 
 class FakeClock:
@@ -95,3 +99,41 @@ def test_connect_raises_the_last_refusal(closed_port: int) -> None:
         connect([(socket.AF_INET, ("127.0.0.1", closed_port))])
     with pytest.raises(OSError):
         connect([])
+
+
+def _serve_once(listener: socket.socket, answer: bytes | None) -> threading.Thread:
+    """Accept one connection and read the ClientHello; answer ``answer`` (not TLS), or ``None``: reset
+    the connection (RST)."""
+
+    def run() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)
+            if answer is None:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return
+            conn.sendall(answer)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [(None, "TLS handshake: ECONNRESET"), (b"HTTP/1.1 400 Bad Request\r\n\r\n", "TLS handshake: ")],
+)
+def test_a_failed_tls_handshake_is_a_failed_connect(
+    listener: socket.socket, answer: bytes | None, why: str
+) -> None:
+    """A reset or a plain-HTTP answer during the handshake was raised out of ``send`` (recorded as
+    cancelled, a traceback from Locust); it is a connect that failed: nothing was sent, no HTTP status
+    (so the user backs off and the death watch checks /health, as for a refused connect)."""
+    port = listener.getsockname()[1]
+    thread = _serve_once(listener, answer)
+    endpoint = Endpoint.from_url(f"https://127.0.0.1:{port}")
+    request = PreparedRequest("r0", "/v1/completions", b"{}", 10, 5)
+    ex = send(endpoint, request, timeout_s=10, stream=True, exact_output=False, server_answered_before=True)
+    thread.join(10)
+    assert ex.outcome is Outcome.TRANSPORT_ERROR and ex.http_status is None
+    assert ex.reason is not None and ex.reason.startswith(f"connect failed ({why}"), ex.reason

@@ -242,3 +242,20 @@ def test_a_worker_without_a_master_is_one_sentence() -> None:
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert f"no oomload master answered at 127.0.0.1:{port}" in proc.stderr
+
+
+def test_local_workers_reach_a_master_bound_to_a_specific_address(tmp_path: Path) -> None:
+    """``--master-bind-host 127.0.0.2 --processes 2``: the master listens on 127.0.0.2 only; its local
+    workers connected to 127.0.0.1 and never arrived. 127.0.0.2 stands in for a host's own address."""
+    trace = fixed_trace(tmp_path / "t.jsonl", 4)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        _replay_cmd(trace, run_dir, "--processes", "2", "--master-bind-host", "127.0.0.2",
+                    "--master-bind-port", str(free_port()), "--worker-timeout-s", "30"),
+        capture_output=True, text=True, timeout=240, env=_env(), cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    ends = [s for s in RunReader(run_dir).stream("steps") if s["event"] == "end"]
+    assert [s["concurrency"] for s in ends] == [2, 8]
+    assert _rows(run_dir / "requests.jsonl")  # both workers' rows, written by the master

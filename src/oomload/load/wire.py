@@ -106,6 +106,19 @@ def parse_master_address(text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+WILDCARD_HOSTS = frozenset({"", "*", "0.0.0.0", "::"})  # a master bound to every address
+
+
+def local_master_address(bind_host: str, port: int) -> str:
+    """Where a worker on the master's own host reaches a master bound to ``bind_host``: that address
+    when it is a specific one (a master bound to 10.0.0.5 listens on nothing else), ``127.0.0.1``
+    for a wildcard bind; ``--master``'s form (``[v6]:PORT`` for an IPv6 address)."""
+    host = bind_host.strip()
+    if host in WILDCARD_HOSTS:
+        host = "127.0.0.1"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def url_key(url: str) -> str:
     """A URL in the form two URLs of the same server share: scheme and host in lower case, the
     scheme's default port made explicit, no trailing slash, no query or fragment."""

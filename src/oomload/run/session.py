@@ -393,7 +393,7 @@ class Session:
         address = f"{host}:{port}"
         remote = config.expected_workers() - config.local_workers()
         if remote:
-            shown = address if host not in ("*", "0.0.0.0", "::") else f"{socket.gethostname()}:{port}"
+            shown = address if host not in wire.WILDCARD_HOSTS else f"{socket.gethostname()}:{port}"
             self.console.print(
                 f"Locust master on {address}: waiting for {config.expected_workers()} workers "
                 f"({config.local_workers()} local) at most {config.worker_timeout_s:g} s; "

@@ -4,9 +4,10 @@ master's ``StepMeter`` over them is ``oomload.run.master_meter``, Locust's maste
 checks ``oomload.run.master_auth``.
 
 ``WorkerPool`` waits for ``K`` workers (``--workers K``; ``--processes N`` starts N of them on this
-host as ``oomload worker`` processes on 127.0.0.1, their output in ``worker.K.log``, SIGTERM when
-oomload dies). Each says hello (``oomload.load.wire``); the master checks its versions, gives it an
-index ``k`` (local workers keep their own; remote ones take the next free one) and sends it the run's
+host as ``oomload worker`` processes that reach the master on its ``--master-bind-host`` address, or
+127.0.0.1 when it binds every address; their output in ``worker.K.log``, SIGTERM when oomload dies).
+Each says hello (``oomload.load.wire``); the master checks its versions, gives it an index ``k``
+(local workers keep their own; remote ones take the next free one) and sends it the run's
 ``LoadOptions`` and the trace's lengths; the load starts once all K are bound and ready. A worker
 that fails before the load, a refusal or a timeout ends the run with one sentence that names what is
 missing ("1 of 2 Locust workers arrived within 60 s …"), never a traceback.
@@ -165,8 +166,10 @@ class WorkerPool:
         runner.register_message(wire.DRAINED, self.on_drained)
 
     def spawn_local(self, port: int) -> None:
-        """Start the local worker processes: ``oomload worker`` against this master on 127.0.0.1."""
+        """Start the local worker processes: ``oomload worker`` against this master on its bind address
+        (127.0.0.1 for a wildcard bind: ``wire.local_master_address``)."""
         s = self.session
+        master = wire.local_master_address(s.config.master_bind_host, port)
         for k in range(s.config.local_workers()):
             cmd = [
                 sys.executable,
@@ -174,7 +177,7 @@ class WorkerPool:
                 "oomload",
                 "worker",
                 "--master",
-                f"127.0.0.1:{port}",
+                master,
                 "--local-index",
                 str(k),
                 "--local-run-dir",

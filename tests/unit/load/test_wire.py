@@ -336,3 +336,21 @@ def test_sealed_messages_may_arrive_out_of_order_but_never_twice() -> None:
         master.open(wire.RESULTS, worker.seal(wire.RESULTS, {}))
     with pytest.raises(wire.LinkRejected, match="replayed"):
         master.open(wire.RESULTS, held)
+
+
+@pytest.mark.parametrize(
+    ("bind_host", "expected"),
+    [
+        ("127.0.0.1", "127.0.0.1:5557"),
+        ("127.0.0.2", "127.0.0.2:5557"),  # a specific address: the master listens there only
+        ("10.0.0.5", "10.0.0.5:5557"),
+        ("0.0.0.0", "127.0.0.1:5557"),  # every address: loopback is one of them
+        ("*", "127.0.0.1:5557"),
+        ("::", "127.0.0.1:5557"),
+        ("::1", "[::1]:5557"),
+    ],
+)
+def test_local_workers_reach_the_master_where_it_listens(bind_host: str, expected: str) -> None:
+    address = wire.local_master_address(bind_host, 5557)
+    assert address == expected
+    assert wire.parse_master_address(address) == (expected.rpartition(":")[0].strip("[]"), 5557)

@@ -224,3 +224,25 @@ def test_a_level_the_open_file_limit_cannot_carry_is_refused_before_any_load(
     assert err.startswith("oomload: error: concurrency 150 needs about ") and "the limit is 120" in err
     assert "ulimit -n" in err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_web_port_in_use_is_refused_before_anything_starts(trace: Path, tmp_path: Path) -> None:
+    """``--web`` on a port another program listens on: gevent's tracebacks, that program's URL printed
+    as the UI's, and a run that went on to exit 0. Now one sentence, exit 2, before the endpoint is
+    asked (an unreachable one here)."""
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen(1)
+        port = other.getsockname()[1]
+        proc = _replay(
+            trace, "--url", "http://127.0.0.1:1", "--web", "--web-port", str(port), env={}, cwd=tmp_path
+        )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = proc.stderr.strip()
+    assert "\n" not in err and "Traceback" not in proc.stdout + err
+    assert err == (
+        f"oomload: error: the web UI cannot listen on 127.0.0.1:{port} (Address already in use); is the "
+        "port in use? Choose another with --web-port (or --web-host)"
+    )

@@ -3,7 +3,8 @@
 ``run_replay(config, console)`` does, in order:
 
 1. read the trace; raise the open-file limit and refuse a level one process cannot carry under it
-   (``oomload.load.fdlimit``); with ``--serve`` start the user's server line
+   (``oomload.load.fdlimit``); with ``--web``, refuse a web port that is taken
+   (``webui.check_web_port``); with ``--serve`` start the user's server line
    (``oomload.realvllm.serveline``: its log is the run directory's ``server.log``, a failed start is
    ``ServeStartError`` with the cause the log gives); without a URL start the simulated vLLM
    (``oomload.sim.process.SimServer``) with the demo's settings (``oomload.run.config.DEMO_SIM_ARGS``,
@@ -82,6 +83,7 @@ from oomload.run.config import (
 from oomload.run.repro import write_repro
 from oomload.run.served import EXIT_WAIT_S, ServedProcess, exit_text, record_exit
 from oomload.run.session import Session, build_user_class
+from oomload.run.webui import check_web_port
 from oomload.rundir import RunWriter, new_run_dir
 from oomload.rundir.provenance import PROVENANCE_FILE, Provenance, make_provenance
 from oomload.trace.model import TraceHeader, TraceRecord, read_trace, read_trace_header, write_trace
@@ -96,6 +98,8 @@ def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
     header = read_trace_header(config.trace_path)
     api_key = read_api_key(config.api_key_env, os.environ)
     _check_open_files(config)
+    if config.web:  # as the master's port: before anything starts, not a traceback mid-run
+        check_web_port(config.web_host, config.web_port)
     import locust  # noqa: F401  (monkey-patches the process with gevent: before any socket is made)
 
     sim = served = None

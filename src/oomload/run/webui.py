@@ -36,6 +36,10 @@ through. A web UI bound to loopback (the default) also wants a loopback ``Host``
 ``127.x``, ``[::1]``): a page whose own name was re-pointed at 127.0.0.1 (DNS rebinding) is its own
 origin, but not under such a name.
 
+``check_web_port`` binds the web UI's address once before anything starts (``oomload.run.runner``): a
+port another program holds is one sentence (``ConfigError``, exit 2), not gevent's tracebacks and
+another program's URL printed as the UI's.
+
 ``snapshot`` is the runner's ``telemetry_snapshot``: it only reads the latest samples, never scrapes. It
 is a typed ``oomload.run.snapshot.TelemetrySnapshot``; JSON is made only where it leaves over HTTP.
 """
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import socket
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -51,6 +56,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from oomload.capacity.schedule import StepPlan
+from oomload.errors import ConfigError
 from oomload.run.livefeed import LiveFeed
 from oomload.run.snapshot import FinalState, LatencyFigures, PlanState, TelemetrySnapshot
 from oomload.verdict import kv_percent
@@ -237,6 +243,25 @@ def final_state(run_dir: Path, exit_code: int) -> FinalState:
 
 def _static(name: str) -> str:
     return resources.files("oomload.run").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def check_web_port(host: str, port: int) -> None:
+    """``ConfigError`` when the web UI could not listen on ``host:port`` (bound as gevent's server
+    binds, with ``SO_REUSEADDR``: a port in ``TIME_WAIT`` is free, one with a listener is not)."""
+    bind_host = "" if host in ("*", "") else host
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            bind_host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as err:
+        why = err.strerror or type(err).__name__
+        raise ConfigError(
+            f"the web UI cannot listen on {host}:{port} ({why}); is the port in use? Choose another with "
+            "--web-port (or --web-host)"
+        ) from err
 
 
 def extend_web_ui(

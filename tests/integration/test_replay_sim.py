@@ -440,3 +440,33 @@ def test_a_trace_row_far_over_max_model_len_replays_in_bounded_memory(sim: SimSe
     assert huge and all(r.outcome.value == "context_overflow" for r in huge), huge
     # a 10M-id body alone is ~1 GiB of Python objects; the whole replay stays well under that
     assert maxrss_mib < 400, f"the replay peaked at {maxrss_mib:.0f} MiB"
+
+
+def test_proxy_variables_do_not_reroute_the_checks_the_load_does_not_take(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    """The load (raw sockets) ignores http_proxy; the preflight, /health and /metrics went through
+    urllib, which honours it: with a dead proxy the replay called the server unreachable. Now every
+    request goes direct, and the run scrapes and judges as without the variables."""
+    trace = _trace(tmp_path / "t.jsonl", [(32, 16)] * 8)
+    run_dir = tmp_path / "run"
+    dead_proxy = "http://127.0.0.1:9"
+    proc = oomload(
+        *("replay", str(trace), "--url", sim.url, "--concurrency", "1", "--hold-s", "2", "--no-refine"),
+        *("--no-live", "--no-html", "--gpu", "none", "--run-dir", str(run_dir)),
+        env={
+            "http_proxy": dead_proxy,
+            "HTTP_PROXY": dead_proxy,
+            "https_proxy": dead_proxy,
+            "no_proxy": "",
+            "NO_PROXY": "",
+        },
+        cwd=REPO,
+        timeout_s=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    reader = RunReader(run_dir)
+    scrapes = list(reader.stream("metrics"))
+    assert scrapes and all(s["ok"] for s in scrapes), scrapes[:3]
+    assert not [e for e in reader.stream("events") if e["kind"] in ("health_failed", "server_dead")]
+    assert [r["outcome"] for r in reader.stream("requests")].count("ok") > 0

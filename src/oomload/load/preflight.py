@@ -1,6 +1,7 @@
 """Before the first request: is the endpoint there, which model does it serve, how long a context?
 
-Plain HTTP (``urllib``): ``GET /v1/models`` gives the model id and vLLM's ``max_model_len``. Whatever
+Plain HTTP (``urllib``, never through a proxy, as the load: ``telemetry.scrape.open_direct``):
+``GET /v1/models`` gives the model id and vLLM's ``max_model_len``. Whatever
 goes wrong on the way — a refused connection, an unknown host name, a TLS failure, no answer within the
 timeout, an answer that is not HTTP at all (an SSH banner), an HTTP error, a body that is not JSON —
 becomes an ``EndpointError`` with one clear sentence (exit 3), never a traceback.
@@ -25,6 +26,7 @@ from typing import Any
 
 from oomload.errors import EndpointError
 from oomload.load.payload import TokenizeError
+from oomload.telemetry.scrape import open_direct
 from oomload.trace.model import TraceRecord
 
 
@@ -43,7 +45,7 @@ def get_json(url: str, *, timeout_s: float, api_key: str | None = None) -> Any:
     if api_key:
         request.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+        with open_direct(request, timeout_s) as resp:
             body = resp.read(4 << 20)
     except urllib.error.HTTPError as err:
         hint = " (check the API key: --api-key-env)" if err.code in (401, 403) else ""
@@ -121,7 +123,7 @@ def tokenize_counter(base_url: str, model: str, api_key: str | None) -> Callable
         if api_key:
             request.add_header("Authorization", f"Bearer {api_key}")
         try:
-            with urllib.request.urlopen(request, timeout=30.0) as resp:
+            with open_direct(request, 30.0) as resp:
                 obj = json.loads(resp.read(1 << 20))
             return int(obj["count"])
         except urllib.error.HTTPError as err:

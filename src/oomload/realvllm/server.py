@@ -50,6 +50,7 @@ from typing import IO, Protocol
 from oomload.errors import EndpointError, ExitCode, OomloadError
 from oomload.realvllm.install import DEFAULT_ROOT, ensure_venv
 from oomload.realvllm.tinymodel import ensure_tiny_model
+from oomload.telemetry.scrape import open_direct
 
 LAUNCHER = Path(__file__).with_name("launcher.py")
 KV_BYTES_PER_TOKEN_TINY = 1024  # the tiny model: 2 (K, V) × 2 layers × 4 heads × 32 × 2 bytes
@@ -259,7 +260,7 @@ class RealVllmServer:
     def healthy(self, timeout_s: float = 2.0) -> bool:
         """True when ``GET /health`` answers 200 now."""
         try:
-            with urllib.request.urlopen(self.url + "/health", timeout=timeout_s) as resp:
+            with open_direct(self.url + "/health", timeout_s) as resp:
                 return int(resp.status) == 200
         except (OSError, urllib.error.URLError, ValueError):
             return False

@@ -28,6 +28,7 @@ from typing import Any
 from oomload.outcome import Outcome
 from oomload.run.served import exit_text
 from oomload.rundir import mark_server_dead
+from oomload.telemetry.scrape import open_direct
 
 HEALTH_INTERVAL_S = 1.0
 MONITOR_TICK_S = 0.2
@@ -104,7 +105,7 @@ class DeathWatch:
             self.declare_dead(f"the server process {exit_text(status)}", False, False, exited=True)
             return
         try:
-            with urllib.request.urlopen(s.url + "/health", timeout=5.0) as resp:
+            with open_direct(s.url + "/health", 5.0) as resp:
                 resp.read()
             self._health_failures = self._health_refused = 0
             return

@@ -132,3 +132,15 @@ def test_a_corrupt_config_is_warned_about_and_the_rest_rendered(
     notes = json.loads((run / "summary.json").read_text())["verdict"]["confidence"]["notes"]
     assert "config_unreadable" in {n["kind"] for n in notes}
     assert "| 2 | 4 |" in (run / "report.md").read_text()  # the steps are still there
+
+
+def test_a_model_name_or_path_with_brackets_is_text_not_markup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A review found "org/model[/]" (a model name, or a run directory's path) crash the terminal view
+    with rich's MarkupError (exit 70), and "[bold]" vanish from a name."""
+    run = make_run(tmp_path / "runs[/x]" / "r")
+    doc = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**doc, "model": "org/[bold]model[v2][/]"}))
+    assert main(["report", str(run), "--format", "terminal"]) == 0  # no gate: exit 0
+    assert "org/[bold]model[v2][/]" in capsys.readouterr().out

@@ -227,3 +227,19 @@ def test_no_candidate_starts_without_room_for_its_worst_case(
     record = json.loads((tmp_path / "t" / "tune.json").read_text())
     assert record["status"] == "bounded" and record["candidates"] == []
     assert any("stopped by the wall-time bound (100 s)" in note for note in record["notes"])
+
+
+def test_report_on_a_tune_directory_refuses_a_replays_flags(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`report TUNE_DIR --json | jq` got the table, and a --gate was dropped, exit 0: now one sentence."""
+    argv = ["tune", str(FIXED), "--serve", SIM, "--target-concurrency", "4", "--run-dir", str(tmp_path / "t")]
+    run(
+        [*argv, "--max-duration-s", "100", "--startup-timeout-s", "30", "--replay-max-duration-s", "40"],
+        capsys,
+    )
+    for flags in (["--json"], ["--gate", "error-rate<=1%"], ["--format", "md"]):
+        code, _, err = run(["report", str(tmp_path / "t"), *flags], capsys)
+        assert code == 2 and f"is an `oomload tune` directory: {flags[0]}" in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert run(["report", str(tmp_path / "t")], capsys)[0] == 1  # its table, and the tune's exit: no winner

@@ -147,11 +147,13 @@ def _odds_onset(odds: Sequence[LevelOdds]) -> str:
 
 def _print(result: Any, startup: list[str], trace_count: int) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console(highlight=False)
     gpu = result.gpu or "no GPU (CPU backend)"
     console.print(
-        f"[bold]{result.model}[/] on [bold]{gpu}[/] × {result.tensor_parallel_size}, {trace_count:,} requests"
+        f"[bold]{escape(result.model)}[/] on [bold]{escape(gpu)}[/] × {result.tensor_parallel_size}, "
+        f"{trace_count:,} requests"
     )
     for line in startup:
         console.print(f"  {line}")

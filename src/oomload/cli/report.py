@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from oomload.cli.flags import add_format_flag, format_list
+from oomload.cli.flags import REPORT_FORMATS, add_format_flag, format_list
 from oomload.errors import ConfigError
 
 
@@ -90,6 +90,22 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"give one RUN_DIR (got {len(args.run_dir)}); several make a page with --history")
     args.run_dir = args.run_dir[0]
     if is_tune_dir(args.run_dir):  # an `oomload tune` directory: its table, tune.md and tune.html
+        given = [
+            flag
+            for flag, used in (
+                ("--json", args.json),
+                ("--gate", args.gate),
+                ("--gate-file", args.gate_file is not None),
+                ("--baseline", args.baseline is not None),
+                ("--format", args.format != REPORT_FORMATS),
+            )
+            if used
+        ]
+        if given:
+            raise ConfigError(
+                f"{args.run_dir} is an `oomload tune` directory: {', '.join(given)} go with a replay's run "
+                "directory (a tune's reports are its table, tune.md and tune.html; its tune.json the data)"
+            )
         return render_tune_dir(args.run_dir, Console(stderr=False))
     formats = format_list(args.format, FORMATS)
     reader = RunReader(args.run_dir)  # ConfigError with a clear sentence for a bad run dir

@@ -104,7 +104,7 @@ def prefix_cache(verdict: Verdict) -> Finding | None:
 
 
 OPEN_LOOP_NOT_COMPARED = "not compared: an open loop's requests in flight followed the arrivals, not levels"
-NOT_JUDGED = "not judged: the requests failed, so the run is no evidence (Run)"
+NOT_JUDGED = "not judged: the run is nothing to judge, so it is no evidence (Run)"
 
 
 def _not_judged(verdict: Verdict, key: str, label: str) -> Finding | None:

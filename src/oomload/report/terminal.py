@@ -52,11 +52,12 @@ def render_terminal(
                 style=GATE_STYLES[result.status],
             ),
         )
-    title = f"oomload verdict — {verdict.run.model or 'model ?'} @ {verdict.run.url or '?'}"
+    # a model name or path is text, never rich markup ("org/model[v2]" is a name, "[/]" would raise)
+    title = Text(f"oomload verdict — {verdict.run.model or 'model ?'} @ {verdict.run.url or '?'}")
     parts: list[Table | Text] = [grid]
     if written:
         parts.append(Text("written: " + ", ".join(written), style="dim"))
-    console.print(Panel(Group(*parts), title=title, subtitle=verdict.run.path, expand=False))
+    console.print(Panel(Group(*parts), title=title, subtitle=Text(verdict.run.path), expand=False))
     console.print(step_table(verdict))
 
 

@@ -72,7 +72,8 @@ Failed run. A run whose decided requests mostly failed — more than half (``MIN
 counting every failure but an engine death's own (its casualties and ``engine_dead`` answers: the
 death is the finding), so ``ok`` and ``truncated`` answers are the evidence — put no load on the
 server: ``Verdict.failed_run`` says so in one sentence naming the failures by outcome, the confidence
-is low (``run_failed``), and the run exits 3 whatever its gate rules say (``oomload.report``). Each
+is low (``run_failed``), and the run exits 3 whatever its gate rules say (``oomload.report``). So
+is a run where no measured step decided a request (every one cancelled, or none sent). Each
 step whose requests mostly failed is untrusted (``StepFacts.trusted``): no evidence that its level is
 safe or that a gate passes there.
 
@@ -262,9 +263,12 @@ class Verdict:
     @property
     def failed_run(self) -> str | None:
         """Why the run is nothing to judge, in one sentence, when its requests mostly failed (module
-        docstring, "Failed run"); ``None`` otherwise."""
+        docstring, "Failed run") or no measured step decided one; ``None`` otherwise."""
         decided = self.requests_total - self.requests_cancelled
-        if decided == 0 or self.requests_unexplained <= (1.0 - MIN_ANSWERED_SHARE) * decided:
+        if not any(s.decided_requests for s in self.measured_steps):
+            sent = f"all {self.requests_total} cancelled" if self.requests_total else "none was sent"
+            return f"no measured step decided a request ({sent}), so nothing about the server can be judged"
+        if self.requests_unexplained <= (1.0 - MIN_ANSWERED_SHARE) * decided:
             return None
         counts: dict[str, int] = {}
         for s in self.measured_steps:

@@ -15,7 +15,8 @@ from pathlib import Path
 from oomload.errors import ExitCode
 from oomload.outcome import Outcome
 from oomload.report import run_exit_code
-from oomload.report.findings import describe
+from oomload.report.findings import NOT_JUDGED, describe
+from oomload.report.junit import render_junit
 from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
 from oomload.verdict.recommend import recommend
@@ -111,5 +112,11 @@ def test_a_run_whose_requests_were_all_cancelled_judges_nothing_and_exits_3(tmp_
     cancelled = [_step(c, failures={Outcome.CANCELLED: 4 * c}) for c in (2, 4)]
     v = _verdict(tmp_path / "r", cancelled)
     assert v.preemption_judged_up_to is None and v.last_safe_concurrency is None
-    assert _finding(v, "preemption_onset").startswith("none seen, but no level was judged")
+    assert _finding(v, "preemption_onset") == NOT_JUDGED
     assert run_exit_code(v, []) is ExitCode.UNREACHABLE
+    assert v.failed_run is not None and v.failed_run.startswith(
+        "no measured step decided a request (all 24 cancelled)"
+    )
+    assert _finding(v, "run_status").startswith("NOTHING TO JUDGE: no measured step decided a request")
+    junit = render_junit(v, recommend(v))
+    assert 'type="nothing_to_judge"' in junit and 'errors="1"' in junit

@@ -101,6 +101,11 @@ def parse_levels(spec: str) -> tuple[int, ...]:
                 raise ConfigError(f"ramp {spec!r}: FACTOR must be a number > 1, got {parts[2]!r}") from err
             if not factor > 1.0 or not math.isfinite(factor):
                 raise ConfigError(f"ramp {spec!r}: FACTOR must be a number > 1, got {parts[2]!r}")
+            if math.log(max(stop, 2) / start) / math.log(factor) > MAX_GEOMETRIC_STEPS:
+                raise ConfigError(
+                    f"ramp {spec!r}: FACTOR {parts[2]} is too close to 1 (over {MAX_GEOMETRIC_STEPS:,} steps "
+                    f"from {start} to {stop}); use a larger factor or a linear ramp"
+                )
             levels = _geometric(start, stop, factor)
     else:
         items = [p.strip() for p in text.split(",") if p.strip()]
@@ -112,6 +117,9 @@ def parse_levels(spec: str) -> tuple[int, ...]:
     if len(levels) > MAX_LEVELS:
         raise ConfigError(f"ramp {spec!r} has {len(levels)} levels; at most {MAX_LEVELS} are allowed")
     return levels
+
+
+MAX_GEOMETRIC_STEPS = 10_000  # multiplications a geometric ramp may take (each level is ≥ 1 above the last)
 
 
 def _geometric(start: int, stop: int, factor: float) -> tuple[int, ...]:

@@ -245,3 +245,10 @@ def test_a_short_check_holds_a_share_of_the_hold_and_only_at_ramp_levels() -> No
     assert plan.check_hold(Hold(4.0, 3)) == Hold(1.0, 3)
     with pytest.raises(ConfigError):
         SchedulePlan(levels=(1, 2, 7, 8), checks=frozenset({3}))
+
+
+def test_a_geometric_factor_a_hair_above_1_is_refused_not_looped_on() -> None:
+    """A review found 'geometric:1:100:1.0000001' hang (46 M multiplications); now one sentence."""
+    with pytest.raises(ConfigError, match=r"FACTOR 1\.0000001 is too close to 1"):
+        parse_levels("geometric:1:100:1.0000001")
+    assert parse_levels("geometric:1:100:1.05")[-1] <= 100  # 95 steps: fine

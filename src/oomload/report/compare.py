@@ -53,6 +53,7 @@ from oomload.report.compareside import (
     setup_rows,
 )
 from oomload.rundir.summary import Summary
+from oomload.verdict.levels import broke_at_lowest
 from oomload.verdict.relative import onset_steps
 from oomload.verdict.shift import (
     LatencyShift,
@@ -318,19 +319,12 @@ def _death_rows(base: Summary, new: Summary) -> list[ResultRow]:
     ]
 
 
-def _broke_at_lowest(summary: Summary) -> int | None:
-    """The lowest level the run tested, when it already broke there (no last safe level: below it)."""
-    unsafe, levels = summary.first_unsafe_concurrency, summary.levels
-    if summary.last_safe_concurrency is None and unsafe is not None and levels and unsafe <= min(levels):
-        return min(levels)
-    return None
-
-
 def _last_safe_row(base: Summary, new: Summary, onset: OnsetShift) -> ResultRow:
     b, n = base.last_safe_concurrency, new.last_safe_concurrency
     label = "last safe concurrency"
     n_text = _text(n)
-    if b is not None and n is None and (lowest := _broke_at_lowest(new)) is not None and lowest <= b:
+    lowest = broke_at_lowest(n, new.first_unsafe_concurrency, new.levels)
+    if b is not None and lowest is not None and lowest <= b:
         n, n_text = lowest - 1, f"none (broke at {lowest})"  # below its lowest level: under the base's
     if b is None or n is None:
         return ResultRow("last_safe", label, _text(b), n_text, "not measured", "a run has no last safe level")

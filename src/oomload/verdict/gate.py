@@ -235,7 +235,7 @@ class RunThreshold(_Threshold):
                 f"({verdict.run.cut_short_detail}): the levels it never reached could change it",
                 observed=observed,
             )
-        failed = [d for s in verdict.measured_steps if s.mostly_failed and (d := s.distrust) is not None]
+        failed = verdict.mostly_failed_steps
         if failed:
             return GateResult(
                 self,

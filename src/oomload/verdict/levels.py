@@ -152,6 +152,14 @@ def first_unsafe_concurrency(measured: Sequence[StepFacts], death: EngineDeath |
     return min(unsafe_levels) if unsafe_levels else None
 
 
+def broke_at_lowest(last_safe: int | None, first_unsafe: int | None, levels: Sequence[int]) -> int | None:
+    """The lowest level a run measured, when it already broke there: the run has no last safe level
+    because that level is below every one it measured (``None`` otherwise)."""
+    if last_safe is None and first_unsafe is not None and levels and first_unsafe <= min(levels):
+        return min(levels)
+    return None
+
+
 def last_safe_concurrency(
     measured: Sequence[StepFacts],
     death: EngineDeath | None,

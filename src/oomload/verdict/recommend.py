@@ -256,9 +256,7 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
             else "the lowest level tested already broke: test lower concurrency first"
         )
         return Setting("--max-num-seqs", None, current, why)
-    preempted = [lv.concurrency for lv in verdict.preempted_levels]
-    if verdict.preemption_onset is not None:
-        preempted.append(verdict.preemption_onset.concurrency)
+    preempted = [lv.concurrency for lv in verdict.preempted_levels]  # the onset's level among them
     what = "preemption" if preempted else "failures"
     bad_levels = [
         s.concurrency
@@ -286,8 +284,7 @@ def _broke(verdict: Verdict) -> bool:
     other than an activation peak the prefill bound answers (``_bounded_by_prefill``), or unsafe
     requests outside the death's step."""
     return (
-        verdict.preemption_onset is not None
-        or bool(verdict.preempted_levels)
+        bool(verdict.preempted_levels)  # the onset's level is one of them
         or (verdict.engine_death is not None and _bounded_by_prefill(verdict) is None)
         or any(s.unsafe_requests for s in verdict.measured_steps if not _death_step(verdict, s.index))
     )
@@ -550,9 +547,12 @@ def _reasoning(
             sentences.append(f"No preemption, but requests failed from concurrency {unsafe}.")
         elif judged is None:
             sentences.append(f"No failed request up to concurrency {top}; preemption was not judged.")
+        elif judged == top:
+            sentences.append(f"No preemption or failure up to concurrency {top}.")
         else:
-            up_to = "" if judged == top else f" up to {judged} (not judged above it), and no failure"
-            sentences.append(f"No preemption{up_to or ' or failure'} up to concurrency {top}.")
+            sentences.append(
+                f"No preemption up to {judged} (not judged above it), and no failure up to concurrency {top}."
+            )
     if advice is not None and advice.capped_by_kv_cache:
         sentences.append(_capitalize(mml.reason) + ".")
     elif mml.value is not None and advice is not None:

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from oomload.errors import ConfigError
 from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, GateResult, GateStatus, Op, as_op, rule_int
 from oomload.verdict.gatesignals import METRICS, Metric
+from oomload.verdict.levels import broke_at_lowest
 from oomload.verdict.shift import onset_shift
 from oomload.verdict.verdict import Verdict
 
@@ -167,7 +168,11 @@ class RelativeRule:
         if self.quantity == "new-death":
             return self._new_death(verdict, baseline)
         name, new, base = self._values(verdict, baseline)
-        lowest = _broke_at_lowest(verdict) if self.quantity == "last-safe" and new is None else None
+        lowest = None
+        if self.quantity == "last-safe":
+            lowest = broke_at_lowest(
+                verdict.last_safe_concurrency, verdict.first_unsafe_concurrency, verdict.levels
+            )
         if base is not None and lowest is not None and not OPERATORS[self.op](lowest - 1, self.bound(base)):
             text = f"no last safe concurrency: the lowest level tested ({lowest}) already broke"
             return GateResult(self, GateStatus.FAIL, f"{text}, against the baseline's {_num(base)}")
@@ -285,14 +290,6 @@ def relative_rules(rules: Sequence[object]) -> list[RelativeRule]:
     return [r for r in rules if isinstance(r, RelativeRule)]
 
 
-def _broke_at_lowest(verdict: Verdict) -> int | None:
-    """The lowest level the run tested, when it already broke there (its last safe level is below it)."""
-    unsafe, levels = verdict.first_unsafe_concurrency, verdict.levels
-    if verdict.last_safe_concurrency is None and unsafe is not None and levels and unsafe <= levels[0]:
-        return levels[0]
-    return None
-
-
 def _unlike_runs(verdict: Verdict, baseline: Verdict) -> str | None:
     """Why two runs' run-wide totals are not comparable (``None`` when they are): either run cut short or
     with a step whose requests mostly failed, or the two measured different levels."""
@@ -300,9 +297,8 @@ def _unlike_runs(verdict: Verdict, baseline: Verdict) -> str | None:
         if run.run.cut_short:
             detail = run.run.cut_short_detail
             return f"{who} was cut short ({detail}): the levels it never reached could change it"
-        failed = [d for s in run.measured_steps if s.mostly_failed and (d := s.distrust) is not None]
-        if failed:
-            return f"in {who}, {failed[0]}"
+        if run.mostly_failed_steps:
+            return f"in {who}, {run.mostly_failed_steps[0]}"
     if verdict.levels != baseline.levels:
         levels = (", ".join(map(str, v.levels)) or "none" for v in (baseline, verdict))
         return "the runs measured different levels ({} against {})".format(*levels)

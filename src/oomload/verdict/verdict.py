@@ -250,8 +250,14 @@ class Verdict:
         return tuple(sorted({s.concurrency for s in self.measured_steps if s.trusted} - observed))
 
     @property
+    def mostly_failed_steps(self) -> tuple[str, ...]:
+        """Why each measured step whose requests mostly failed is no evidence (``StepFacts.distrust``)."""
+        return tuple(d for s in self.measured_steps if s.mostly_failed and (d := s.distrust) is not None)
+
+    @property
     def preempted_levels(self) -> tuple[LevelSummary, ...]:
-        """The levels where some step preempted (below the onset, or with no onset: sporadic)."""
+        """The levels where some step preempted: the onset's and those above it, and the sporadic ones
+        (below the onset, or in a run with none)."""
         return tuple(lv for lv in self.level_summaries if lv.steps_preempted)
 
     @property

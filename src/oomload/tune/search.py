@@ -93,10 +93,11 @@ from oomload.realvllm.servecmd import flag_text
 from oomload.tune.guide import headroom_level
 from oomload.tune.rate import RateTarget
 from oomload.tune.startup import StartCause, StartupFailure
+from oomload.verdict.deathcause import DeathKind
 
 MIN_BATCHED_TOKENS = 512
-MEMORY_DEATHS = ("cuda_oom", "cpu_oom", "oom_killed")  # DeathKind values a memory setting answers
-ACTIVATION_DEATHS = ("cuda_oom", "cpu_oom")  # an allocation failed at runtime: the prefill batch sizes it
+MEMORY_DEATHS = frozenset(k.value for k in DeathKind if k.memory)  # the kinds a memory setting answers
+ACTIVATION_DEATHS = (DeathKind.CUDA_OOM.value, DeathKind.CPU_OOM.value)  # the prefill batch sizes them
 DEFAULT_BATCHED_TOKENS = 2048  # vLLM V1's API-server default on most GPUs (vllm-facts §7)
 FREE_MEMORY_MARGIN = 0.005
 KNOBS = (
@@ -330,16 +331,8 @@ def _after_failure(space: SearchSpace, last: Candidate) -> Proposal | None:
             )
         return _lower_memory(space, s, None)
     if cause is StartCause.NO_KV_MEMORY:
-        if "max_num_batched_tokens" in space.fixed:
-            return None
-        current = s.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS
-        halved = max(current // 2, MIN_BATCHED_TOKENS)
-        if halved >= current:
-            return None
-        return Proposal(
-            replace(s, max_num_batched_tokens=halved),
-            f"no memory left for the KV cache: max_num_batched_tokens halved to {halved} "
-            "(smaller profiled activations)",
+        return _halve_batched_tokens(
+            space, s, "no memory left for the KV cache", "smaller profiled activations"
         )
     if cause is StartCause.CONTEXT_TOO_LONG:
         if "max_model_len" in space.fixed:
@@ -359,6 +352,18 @@ def _after_failure(space: SearchSpace, last: Candidate) -> Proposal | None:
             f"max_model_len longer than the KV cache holds: cut to {value}, {why}",
         )
     return None
+
+
+def _halve_batched_tokens(space: SearchSpace, s: Settings, what: str, why: str) -> Proposal | None:
+    """``max_num_batched_tokens`` halved (not below ``MIN_BATCHED_TOKENS``), unless the user fixed it."""
+    current = s.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS
+    halved = max(current // 2, MIN_BATCHED_TOKENS)
+    if "max_num_batched_tokens" in space.fixed or halved >= current:
+        return None
+    return Proposal(
+        replace(s, max_num_batched_tokens=halved),
+        f"{what}: max_num_batched_tokens halved to {halved} ({why})",
+    )
 
 
 def _lower_memory(space: SearchSpace, s: Settings, failure: StartupFailure | None) -> Proposal | None:
@@ -422,16 +427,10 @@ def _after_proof(
     if proof.died and not proof.preempted_at_target:
         if not proof.died_of_memory:  # a crash or a kill: no memory setting answers it
             return None
-        if proof.death_kind in ACTIVATION_DEATHS and "max_num_batched_tokens" not in space.fixed:
-            current = s.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS
-            halved = max(current // 2, MIN_BATCHED_TOKENS)
-            if halved < current:
-                return Proposal(
-                    replace(s, max_num_batched_tokens=halved),
-                    f"an activation peak ({proof.death_kind}) killed the engine at {target or seqs}: "
-                    f"max_num_batched_tokens halved to {halved} (the prefill batch sizes that peak) "
-                    "before max_num_seqs is cut",
-                )
+        peak = f"an activation peak ({proof.death_kind}) killed the engine at {target or seqs}"
+        halved = _halve_batched_tokens(space, s, peak, "the prefill batch sizes that peak")
+        if proof.death_kind in ACTIVATION_DEATHS and halved is not None:
+            return replace(halved, rule=f"{halved.rule} before max_num_seqs is cut")
     if hi is None or hi != seqs:  # rejected (an overflow), or not the smallest that failed: stop
         return None
     what = (

@@ -100,7 +100,8 @@ class EngineDeath:
 
 def detect_engine_death(view: RunView) -> EngineDeath | None:
     """The engine death of a run with its evidence and casualties, or ``None`` (module docstring)."""
-    found, real_oom = _primary_evidence(view)
+    vanished = _vanished_process(view.gpu, _server_pids(view))
+    found, real_oom = _primary_evidence(view, vanished)
     if not found:
         return None
     t_evident = min(t for t, _ in found)
@@ -120,7 +121,7 @@ def detect_engine_death(view: RunView) -> EngineDeath | None:
     ]
     moment = min([t_evident, *(r.end_unix_s for r in casualties), *(t for t, _ in health)])
     outcomes = dict(Counter(r.outcome.value for r in casualties))
-    vanished = _vanished_process(view.gpu, _server_pids(view))  # another job's process may be the largest
+    # another job's process may be the largest: then its vanishing only supports a death found otherwise
     support = [] if vanished is None or vanished.known else [(vanished.t_unix_s, vanished.text)]
     lines = sorted([*found, *health[:3], *support], key=lambda item: item[0])
     evidence = tuple(dict.fromkeys(text for _, text in lines))
@@ -167,7 +168,7 @@ def step_at(boundaries: Sequence[StepBoundary], t: float) -> StepBoundary | None
     return max(started, key=lambda b: b.start_unix_s) if started else boundaries[0]
 
 
-def _primary_evidence(view: RunView) -> tuple[list[tuple[float, str]], bool]:
+def _primary_evidence(view: RunView, vanished: _Vanished | None) -> tuple[list[tuple[float, str]], bool]:
     """(time, sentence) of every sufficient piece of evidence, and whether OOM text was seen."""
     found: list[tuple[float, str]] = []
     groups: dict[str, list[RequestResult]] = {}
@@ -193,7 +194,6 @@ def _primary_evidence(view: RunView) -> tuple[list[tuple[float, str]], bool]:
     if status is not None and status.end_reason == "server_dead":
         t = status.ended_unix_s
         found.append((math.inf if t is None else t, "run ended with reason server_dead"))
-    vanished = _vanished_process(view.gpu, _server_pids(view))
     if vanished is not None and vanished.known:
         found.append((vanished.t_unix_s, vanished.text))
     gone = _server_gone(view)

@@ -21,11 +21,14 @@ as vLLM does. The loop runs on engine steps (no clock: only the order of block a
   engine steps; a burst is one *episode*), so ``λ = episodes / requests`` is the chance per request
   sent that the step's counter starts rising.
 
-A step of ``n`` requests sees at least one preemption with probability ``1 − exp(−λ n)`` (episodes as
-a Poisson stream over the requests sent), and ``requests_for(0.99) = ceil(ln 100 / λ)`` requests make a
-preemption 99 % certain *if the level preempts as the trace's odds say*. The odds at ``c`` are
-deterministic for a given trace, pool and seed; the Monte Carlo's own noise at ``requests`` = 1000 is
-about ±√episodes.
+A level preempting less than once per 100 requests is *negligible*: the odds call it safe and ask for
+no evidence. Above that, a step of ``n`` requests sees at least one preemption with probability
+``1 − exp(−λ n)`` (episodes as a Poisson stream over the requests sent), and ``requests_for(0.99) =
+ceil(ln 100 / λ)`` requests make a preemption 99 % certain *if the level preempts as the trace's odds
+say* — on the safe side when the bursts come once a round of ``c`` requests (short requests admitted
+together), where a step of a few rounds sees one for certain. The loop sends ``requests_at(c)``
+requests: 1,000, and 4 a client above concurrency 250. The odds at ``c`` are deterministic for a given
+trace, pool and seed; the Monte Carlo's own noise is about ±√episodes.
 
 Shared prefixes (the ``production`` shape, ``shared``): the trace's ``hash_ids`` say which full prompt
 blocks two requests share (``capacity.SharedPrefixes``: chained ids, full blocks only, the last prompt
@@ -74,10 +77,15 @@ from oomload.trace.model import PrefixInfo, TraceRecord
 # say. The issue asked for ≥ 95 %; 99 % because the onset is a majority of repeats: at 95 % a level at the
 # odds' threshold came out clean in 2 of 3 repeats often enough to move the demo's onset (bench_onset_repeat).
 EVIDENCE_CONFIDENCE = 0.99
-# Below this many preemption episodes per request the odds call a level safe without asking for more
-# evidence: a rarer burst cannot be confirmed or refuted by a bounded hold (it would need > 460 requests).
-NEGLIGIBLE_EPISODES_PER_REQUEST = 0.01
+# Below this many preemptions per request (one per 100 requests) the odds call a level safe without asking
+# for evidence. Preemptions, not episodes: short requests admitted together preempt in one burst a round, so
+# 10 + 20-token requests on 201 blocks of 16 at concurrency 128 preempted 24 per 100 requests in 9 bursts.
+NEGLIGIBLE_PREEMPTIONS_PER_REQUEST = 0.01
 DEFAULT_REQUESTS = 1000
+# At least this many requests per client: a level above DEFAULT_REQUESTS / 4 draws more, so that its clients
+# refill the loop as a step's do (10 + 20-token requests on 2,201 blocks of 16 at concurrency 1,200: 1,000
+# requests never refilled and preempted 0 times, 4,800 preempted 400 times).
+REQUESTS_PER_CLIENT = 4
 # When neither the serve line nor the server's log gives them (``realvllm.limits``; /metrics does not):
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default on most GPUs
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM V1's chunked-prefill budget on an H100 (2048 on smaller GPUs)
@@ -139,8 +147,8 @@ class LevelOdds:
 
     @property
     def negligible(self) -> bool:
-        """Preemption too rare at this level for a bounded hold to confirm or refute."""
-        return self.episodes_per_request < NEGLIGIBLE_EPISODES_PER_REQUEST
+        """Fewer than one preemption per 100 requests: the odds call the level safe."""
+        return self.per_100 < 100.0 * NEGLIGIBLE_PREEMPTIONS_PER_REQUEST
 
     def p_seen(self, requests_sent: int) -> float:
         """Probability that a step sending ``requests_sent`` requests sees at least one preemption."""
@@ -182,15 +190,18 @@ def level_odds(
     pool: Pool,
     concurrency: int,
     *,
-    requests: int = DEFAULT_REQUESTS,
+    requests: int | None = None,
     seed: int = DEFAULT_SEED,
     shared: SharedPrefixes | None = None,
 ) -> LevelOdds:
     """Run the closed loop for one level (module docstring). Lengths are the trace's, in any order;
     ``shared`` (one entry per length, for the pool's block size) turns on the prefix cache: the
-    production shape. Without it, or when nothing is shared, every prompt is distinct (the worst case)."""
+    production shape. Without it, or when nothing is shared, every prompt is distinct (the worst case).
+    ``requests`` defaults to ``requests_at(concurrency)``."""
     if concurrency <= 0:
         raise ValueError(f"concurrency must be positive, got {concurrency}")
+    if requests is None:
+        requests = requests_at(concurrency)
     if len(prompt_tokens) != len(output_tokens) or not prompt_tokens:
         raise ValueError("odds need the same, non-zero number of prompt and output lengths")
     if shared is not None and (
@@ -257,6 +268,12 @@ def level_odds(
     )
 
 
+def requests_at(concurrency: int) -> int:
+    """The requests the loop sends at ``concurrency``: ``DEFAULT_REQUESTS``, and at least
+    ``REQUESTS_PER_CLIENT`` a client (so that the loop refills, as a step does)."""
+    return max(DEFAULT_REQUESTS, REQUESTS_PER_CLIENT * concurrency)
+
+
 def block_token_ids(
     prompt_tokens: int, block_size: int, groups: Sequence[tuple[int, int]], *, tail: int
 ) -> list[int]:
@@ -288,7 +305,7 @@ def trace_prefixes(records: Sequence[TraceRecord], prefix: PrefixInfo, block_siz
 class TraceOdds:
     """The trace's odds on one pool: the one computation behind ``tune``, ``replay`` and ``plan``.
 
-    What may not differ between them is fixed here: ``DEFAULT_REQUESTS`` a level, the seed, the shared
+    What may not differ between them is fixed here: ``requests_at`` a level, the seed, the shared
     prefixes (from the trace's ``hash_ids``, ``trace_prefixes``) and the prompt shape the run sends
     (``production`` when the trace shares prefix blocks, else ``worst-case``). The request count
     matters more than its noise: a level's first engine steps — every request admitted together,
@@ -361,7 +378,7 @@ def trace_odds(
     pool: Pool,
     levels: Sequence[int],
     *,
-    requests: int = DEFAULT_REQUESTS,
+    requests: int | None = None,
     seed: int = DEFAULT_SEED,
     shared: SharedPrefixes | None = None,
 ) -> tuple[LevelOdds, ...]:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from oomload.capacity.blocks import blocks_held, usable_blocks
-from oomload.capacity.odds import LevelOdds, Pool, level_odds, predicted_onset, trace_odds
+from oomload.capacity.odds import LevelOdds, Pool, level_odds, predicted_onset, requests_at, trace_odds
 
 
 def test_fixed_lengths_preempt_exactly_above_the_arithmetic_onset() -> None:
@@ -61,6 +61,36 @@ def test_evidence_arithmetic() -> None:
     assert odds.p_seen(0) == 0.0
     rare = LevelOdds(concurrency=4, requests=1000, preemptions=5, episodes=5)
     assert rare.negligible and rare.requests_for() is None
+
+
+def test_a_level_is_negligible_by_its_preemptions_not_its_bursts() -> None:
+    # short requests admitted together preempt once a round: 9 bursts of 240 preemptions in 1,000 requests
+    clumped = LevelOdds(concurrency=128, requests=1000, preemptions=240, episodes=9)
+    assert not clumped.negligible
+    assert clumped.requests_for() == math.ceil(math.log(100) / 0.009) == 512
+    assert LevelOdds(concurrency=4, requests=1000, preemptions=9, episodes=1).negligible
+    assert not LevelOdds(concurrency=4, requests=1000, preemptions=10, episodes=1).negligible
+    assert LevelOdds(concurrency=4, requests=0, preemptions=0, episodes=0).negligible
+
+
+def test_short_requests_admitted_together_preempt_above_the_pool() -> None:
+    # 10 + 20 tokens hold 2 blocks of 16: 200 usable blocks carry 100 requests, and 128 thrash in rounds
+    pool = Pool(num_gpu_blocks=201, block_size=16, max_num_seqs=256)
+    assert level_odds([10], [20], pool, 100).preemptions == 0
+    odds = level_odds([10], [20], pool, 128)
+    assert odds.per_100 > 10 and odds.episodes < odds.requests // 100
+    assert not odds.negligible
+    # at 101 the one request over the pool preempts once a round: 9 in 1,000 requests, under 1 per 100
+    assert predicted_onset([64, 128], lambda c: level_odds([10], [20], pool, c)) == 102
+
+
+def test_a_level_above_the_default_requests_still_refills_its_clients() -> None:
+    # 1,200 clients of 2 blocks on 2,200 usable: 1,000 requests would never fill the loop (0 preemptions)
+    pool = Pool(num_gpu_blocks=2201, block_size=16, max_num_seqs=4096)
+    assert requests_at(250) == 1000 and requests_at(1200) == 4800
+    odds = level_odds([10], [20], pool, 1200)
+    assert odds.requests == 4800 and odds.preemptions > 0 and not odds.negligible
+    assert level_odds([10], [20], pool, 1200, requests=1000).preemptions == 0
 
 
 def test_json_round_trip_and_malformed_lines() -> None:

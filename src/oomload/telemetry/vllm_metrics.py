@@ -10,9 +10,12 @@ Algorithm
 2. Keep the ``vllm:`` samples, keyed by their exposed *sample* name (``vllm:num_preemptions_total``;
    ``*_created`` series are never looked up, so they are ignored).
 3. Filter by the ``model_name`` label when a model is given (series without that label, such as
-   ``cache_config_info``, always pass). A filter that matches nothing raises ``ConfigError`` naming
-   the models that are there. Without a filter, several models raise ``ConfigError`` too: adding
-   two models' KV usage would be meaningless.
+   ``cache_config_info``, always pass). vLLM labels every series of a server with its first served
+   name, so a model it serves under another name — a LoRA adapter, the second of
+   ``--served-model-name a b`` — has no label of its own: when the text has one ``model_name`` only,
+   that label is the server's and is read whatever the model. Among several labels, a filter that
+   matches none raises ``ConfigError`` naming them. Without a filter, several models raise
+   ``ConfigError`` too: adding two models' KV usage would be meaningless.
 4. For each field, take the first candidate name present (``NAME_CANDIDATES``: the current name
    first, then older ones — ``kv_cache_usage_perc`` then the pre-0.11 ``gpu_cache_usage_perc``;
    counters with and without ``_total``; ``prefix_cache_*`` then the 0.8-era ``gpu_prefix_cache_*``).
@@ -133,6 +136,8 @@ def parse_vllm_metrics(text: str, *, t_unix_s: float, model_name: str | None = N
             "(start it without that flag) or it is not a vLLM server"
         )
     models = sorted({labels["model_name"] for _, labels, _ in samples if "model_name" in labels})
+    if model_name is not None and models and model_name not in models and len(models) == 1:
+        model_name = models[0]  # a LoRA adapter or another served name: counted under the server's one label
     if model_name is not None:
         if models and model_name not in models:
             raise ConfigError(

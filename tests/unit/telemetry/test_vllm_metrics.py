@@ -139,6 +139,13 @@ def test_model_filter_matching_nothing_names_the_models() -> None:
         parse_vllm_metrics(text, t_unix_s=0.0, model_name="c")
 
 
+def test_a_model_served_under_another_name_reads_the_servers_one_label() -> None:
+    # vLLM labels its series with the first served name: a LoRA adapter or alias has no label of its own
+    snap = parse_vllm_metrics(vllm_text(model="base", preemptions=3), t_unix_s=0.0, model_name="sql-lora")
+    assert snap.num_preemptions_total == 3
+    assert snap.model_names == ("base",)
+
+
 def test_several_models_without_a_filter_is_refused() -> None:
     with pytest.raises(ConfigError, match="several models"):
         parse_vllm_metrics(vllm_text(model="a", extra_models=("b",)), t_unix_s=0.0)

@@ -15,7 +15,8 @@ without a GPU. Its pieces, each usable alone:
 - ``serveline``: ``ServeLine``, a user's ``--serve`` line (``oomload tune``, ``oomload replay --serve``) as
   ``RealVllmServer`` starts it.
 - ``server``: ``RealVllmServer``, a context manager that starts ``vllm serve`` on loopback with an
-  explicit tiny KV cache, waits for ``/health`` and always stops the whole process group.
+  explicit tiny KV cache, waits for ``/health``, keeps its line's secrets out of its log and always
+  stops the whole process group.
 
 Import the pieces from their modules (``from oomload.realvllm.server import RealVllmServer``); this
 package file imports nothing, so ``python -m oomload.realvllm.install`` runs cleanly. The stages above

@@ -12,6 +12,18 @@ would override both and is removed from the child's environment. ``--enforce-eag
 Ready: ``GET /health`` answers 200. If the process exits first, or the timeout passes, the start
 raises ``EndpointError`` with the tail of the server log.
 
+The log: stdout and stderr go to ``log_path`` as the server writes them — unless the line holds
+``secrets`` (its ``--api-key``, which vLLM logs at start-up among its non-default arguments). Then
+the server writes to a file of a private directory of its own (``tempfile.mkdtemp``: mode 0700,
+outside the log directory), and ``ServerLogFollower`` copies what it gains into ``log_path`` every
+half second with each secret written as ``***``, so ``log_path`` never holds a secret, not even for
+a moment: a run killed hard (SIGKILL, a CI job's timeout) leaves none in the run directory. The copy
+is the follower's in every other way too: past 64 MiB only the last MiB is kept, and a write that
+fails stops the copy with one sentence (``on_log_problem``). ``sync_log()`` brings the copy up to
+now (``start()`` does before it returns, so the start-up lines are there; a reader of a death does
+before it reads), ``log_text()`` is the log so far with the secrets as ``***``, and ``stop()``
+finishes the copy (the last chunk, the scrubber's held-back end) and removes the private directory.
+
 The server runs in a process group of its own but in oomload's session. Not a session of its own:
 on Linux a session is a CPU autogroup, and the scheduler shares the CPUs fairly between autogroups
 before it reads any ``nice`` inside them, so a server in its own session takes its share whatever
@@ -34,23 +46,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
+from oomload.credentials import scrub
 from oomload.errors import EndpointError, ExitCode, OomloadError
 from oomload.realvllm.install import DEFAULT_ROOT, ensure_venv
 from oomload.realvllm.tinymodel import ensure_tiny_model
 from oomload.telemetry.scrape import open_direct
+from oomload.telemetry.serverlog import ServerLogFollower
 
 LAUNCHER = Path(__file__).with_name("launcher.py")
 KV_BYTES_PER_TOKEN_TINY = 1024  # the tiny model: 2 (K, V) × 2 layers × 4 heads × 32 × 2 bytes
@@ -159,9 +175,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 class RealVllmServer:
     """A running ``vllm serve`` for one configuration; use as a context manager.
 
-    ``log_dir`` receives ``vllm-server.log`` (stdout and stderr) and the server's ``TMPDIR``. The
-    command comes from ``config`` (any ``ServeSpec``: the harness's ``VllmServerConfig`` or the user's
-    line in ``oomload tune``, which starts the simulator through the same class).
+    ``log_dir`` receives ``vllm-server.log`` (stdout and stderr; with ``secrets``, a copy without them:
+    module docstring) and the server's ``TMPDIR``. The command comes from ``config`` (any
+    ``ServeSpec``: the harness's ``VllmServerConfig`` or the user's line in ``oomload tune`` and
+    ``oomload replay --serve``, which may start the simulator through the same class).
     """
 
     def __init__(
@@ -176,6 +193,8 @@ class RealVllmServer:
         log_name: str = "vllm-server.log",
         cwd: Path | None = None,
         tmp_dir: Path | None = None,
+        secrets: Iterable[str | None] = (),
+        on_log_problem: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
         self.log_dir = Path(log_dir)
@@ -187,11 +206,15 @@ class RealVllmServer:
         self.cwd = cwd  # None: the log directory (the harness); oomload tune: the user's directory
         # the server's TMPDIR: vLLM puts ZMQ IPC sockets there, whose paths must stay under 107 bytes
         self.tmp_dir = tmp_dir
+        self.secrets = tuple(s for s in secrets if s)  # never in log_path (module docstring)
+        self.on_log_problem = on_log_problem
         self.startup_s: float | None = None
         self.exit_code: int | None = None  # set once the server is seen to have exited (``poll``)
         self._proc: subprocess.Popen[bytes] | None = None
         self._pgid: int | None = None
-        self._log: IO[bytes] | None = None
+        self._log: IO[bytes] | None = None  # what the server writes to: log_path, or the raw log
+        self._raw_dir: Path | None = None  # with secrets: the private directory of the raw log
+        self._copy: ServerLogFollower | None = None  # with secrets: raw log → log_path, scrubbed
 
     @property
     def url(self) -> str:
@@ -213,7 +236,7 @@ class RealVllmServer:
         if self.port is None:
             self.port = free_port(self.host)
         env = self.config.serve_env(dict(os.environ), tmp)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - held open while the server runs
+        self._open_log()
         started = time.monotonic()
         try:
             self._proc = subprocess.Popen(
@@ -235,7 +258,22 @@ class RealVllmServer:
             self.stop()
             raise
         self.startup_s = time.monotonic() - started
+        self.sync_log()  # its start-up lines (the limits it took) are in log_path for whoever reads them
         return self
+
+    def _open_log(self) -> None:
+        """Open what the server writes to: ``log_path``, or with secrets a raw log in a private directory
+        that ``ServerLogFollower`` copies into ``log_path`` without them (module docstring)."""
+        if not self.secrets:
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - held open while the server runs
+            return
+        self._raw_dir = Path(tempfile.mkdtemp(prefix="oomload-log-"))  # 0700, removed by stop()
+        raw = self._raw_dir / self.log_path.name
+        self._log = open(raw, "ab")  # noqa: SIM115 - held open while the server runs
+        self._copy = ServerLogFollower(
+            raw, self.log_path, secrets=self.secrets, on_problem=self.on_log_problem
+        )
+        self._copy.start()  # from the raw log's end: its first byte, it was just made
 
     def _wait_healthy(self, started: float) -> None:
         assert self._proc is not None
@@ -276,12 +314,30 @@ class RealVllmServer:
                 self.exit_code = code
         return self.exit_code
 
-    def log_tail(self, lines: int = 40) -> str:
+    def sync_log(self) -> None:
+        """Copy into ``log_path`` what the server wrote since the last copy (with secrets; without them
+        the server writes there itself). What could begin a secret waits for the next byte or ``stop()``."""
+        if self._copy is not None:
+            self._copy.poll_once()
+
+    def log_text(self) -> str:
+        """The server's log up to now, each secret as ``***`` (``""`` without a log). While it runs with
+        secrets, the raw log read whole (nothing held back); otherwise ``log_path``."""
+        path = self._log_source()
         try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+            text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
+            return ""
+        return scrub(text, self.secrets)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` of ``log_text()`` (``(no log)`` without one)."""
+        if not self._log_source().is_file():
             return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def _log_source(self) -> Path:
+        return self.log_path if self._raw_dir is None else self._raw_dir / self.log_path.name
 
     def pause(self) -> None:
         """SIGSTOP every process of the server: nothing more is computed or sent (a hung server)."""
@@ -328,9 +384,17 @@ class RealVllmServer:
             time.sleep(0.1)
 
     def _close_log(self) -> None:
+        """Close the server's log; with secrets finish the copy (the last chunk, the scrubber's held-back
+        end) and remove the raw log with its private directory."""
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self._copy is not None:
+            self._copy.stop()
+            self._copy = None
+        if self._raw_dir is not None:
+            shutil.rmtree(self._raw_dir, ignore_errors=True)
+            self._raw_dir = None
 
     def __enter__(self) -> RealVllmServer:
         return self.start()

@@ -5,11 +5,13 @@
 1. read the trace; raise the open-file limit and refuse a level one process cannot carry under it
    (``oomload.load.fdlimit``); with ``--web``, refuse a web port that is taken
    (``webui.check_web_port``); with ``--serve`` start the user's server line
-   (``oomload.realvllm.serveline``: its log is the run directory's ``server.log``, a failed start is
-   ``ServeStartError`` with the cause the log gives); without a URL start the simulated vLLM
-   (``oomload.sim.process.SimServer``) with the demo's settings (``oomload.run.config.DEMO_SIM_ARGS``,
-   less each flag ``--sim`` gives again: ``sim_line_args``) and say so — the model and the GPU it
-   simulates; a URL ending in ``/v1`` is used without it (said in one line);
+   (``oomload.realvllm.serveline``: its log is the run directory's ``server.log``, which never holds
+   the line's secrets or the API key — ``RealVllmServer`` copies the log there without them as it
+   grows; a failed start is ``ServeStartError`` with the cause the log gives); without a URL start
+   the simulated vLLM (``oomload.sim.process.SimServer``) with the demo's settings
+   (``oomload.run.config.DEMO_SIM_ARGS``, less each flag ``--sim`` gives again: ``sim_line_args``)
+   and say so — the model and the GPU it simulates; a URL ending in ``/v1`` is used without it (said
+   in one line);
 2. preflight the endpoint (``/v1/models``: model, ``max_model_len``; warn how many trace requests
    cannot fit — with ``--only-fitting`` say how many are left out, every process's
    ``load.payload.RequestOrder`` leaving them out, and refuse a trace none of whose requests fits),
@@ -21,11 +23,12 @@
    (``trace.jsonl``);
 4. run the ``oomload.run.session.Session`` (telemetry, Locust, the death watch, the workers);
 5. when oomload started the server and it died, wait for its exit status (``oomload.run.served``:
-   ``server_exit.json``); write ``status.json``, the repro traces (``oomload.run.repro``), hand the
+   ``server_exit.json``), and bring its ``server.log`` up to its last line (the verdict reads the
+   death's cause there); write ``status.json``, the repro traces (``oomload.run.repro``), hand the
    run directory to ``oomload.report.finalize_run`` for the verdict and the exit code (130 when
    interrupted); with ``--web`` (and a run not ended by Ctrl-C: on its own, or by the web UI's STOP)
    the web UI then keeps serving the verdict until Ctrl-C or ``--web-keep-s``; last, stop the server oomload
-   started (its whole process group), and scrub the ``--serve`` line's secrets from its log.
+   started (its whole process group; the copy of its log is finished, its raw log removed).
 
 From the moment the run directory exists, a Ctrl-C or SIGTERM — whenever it comes — ends in
 ``status.json`` (``interrupted``) and a partial report. A run directory that stops taking writes
@@ -68,7 +71,6 @@ from oomload.load.fdlimit import open_files_problem, raise_open_files
 from oomload.load.preflight import check_tokenize, count_unfit, preflight, server_version
 from oomload.outfile import reason
 from oomload.realvllm.servecmd import ServeCommand
-from oomload.realvllm.serveline import scrub_file
 from oomload.run.config import (
     DEMO_HOLD_S,
     DEMO_LEVELS,
@@ -109,7 +111,7 @@ def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
         if config.url.note:
             console.print(f"[yellow]note:[/] {config.url.note}")
     elif command is not None:
-        served = _start_served(config, command, console)
+        served = _start_served(config, command, console, (api_key, *config.serve_secrets()))
         url = served.url
     else:
         sim = _start_sim(config, console)
@@ -123,7 +125,6 @@ def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
             sim.stop()
         if served is not None:
             served.stop()
-            scrub_file(served.log_path, config.serve_secrets())
             if served.tmp_dir is not None:
                 shutil.rmtree(served.tmp_dir, ignore_errors=True)
 
@@ -167,9 +168,12 @@ def _start_sim(config: ReplayConfig, console: Console) -> Any:
         raise
 
 
-def _start_served(config: ReplayConfig, command: ServeCommand, console: Console) -> Any:
-    """Start the ``--serve`` line (its log in the run directory) and wait for ``/health``; a start that
-    fails is ``ServeStartError`` with the cause its log gives (``oomload.tune.startup``)."""
+def _start_served(
+    config: ReplayConfig, command: ServeCommand, console: Console, secrets: tuple[str | None, ...]
+) -> Any:
+    """Start the ``--serve`` line (its log in the run directory, never with ``secrets`` in it) and wait
+    for ``/health``; a start that fails is ``ServeStartError`` with the cause its log gives
+    (``oomload.tune.startup``)."""
     from oomload.realvllm.serveline import ServeLine
     from oomload.realvllm.server import RealVllmServer, free_port
     from oomload.tune.startup import classify_startup_failure
@@ -185,17 +189,16 @@ def _start_served(config: ReplayConfig, command: ServeCommand, console: Console)
         log_name=SERVER_LOG,
         cwd=Path.cwd(),  # the user's line may name relative paths
         tmp_dir=Path(tmp),
+        secrets=secrets,
+        on_log_problem=lambda sentence: console.print(f"[yellow]note:[/] {escape(sentence)}"),
     )
     line = scrub(config.serve or "", config.serve_secrets())
     console.print(f"starting the server: [bold]{escape(line)}[/] (its log: {server.log_path})")
     try:
         server.start()
     except EndpointError as err:
-        scrub_file(server.log_path, config.serve_secrets())
-        log = (
-            server.log_path.read_text(encoding="utf-8", errors="replace") if server.log_path.is_file() else ""
-        )
-        failure = classify_startup_failure(log)
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing runs in it any more
+        failure = classify_startup_failure(server.log_text())  # stopped: the whole log, without secrets
         how = (
             "no answer on /health in time"
             if server.exit_code is None
@@ -283,6 +286,7 @@ def _run_with_server(
         if served is not None:  # its exit is evidence when it died (oomload.run.served)
             died = session.dead_evidence is not None or served.poll() is not None
             record_exit(writer, served, wait_s=EXIT_WAIT_S if died else 0.0)
+            served.sync_log()  # the verdict reads a death's cause in server.log: up to its last line
         finished = end_reason not in ("interrupted", "error")
         with contextlib.suppress(RunDirWriteError):  # a full disk: said below, once
             writer.write_status(finished=finished, end_reason=end_reason)

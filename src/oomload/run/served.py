@@ -33,6 +33,9 @@ class ServedProcess(Protocol):
 
     def poll(self) -> int | None: ...
 
+    def sync_log(self) -> None:
+        """Bring the run directory's ``server.log`` up to what the server has written."""
+
 
 def exit_text(status: int) -> str:
     """``exited with status 0`` / ``was killed by SIGKILL (exit status -9)``."""

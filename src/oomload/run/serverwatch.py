@@ -9,7 +9,8 @@
   for ``--server-memory remote:URL``, reads of an ``oomload sample --serve`` beside the server, on
   a thread (HTTP is cooperative under gevent);
 * **the server's log** (``--server-log FILE``): ``ServerLogFollower`` copies what the server writes
-  from now on into the run directory's ``server.log`` (``--serve`` writes there directly), the API key
+  from now on into the run directory's ``server.log`` (``--serve``'s server writes there itself, or,
+  with secrets in its line, ``RealVllmServer`` copies its log there the same way), the API key
   and the served line's secrets (``--served-with … --api-key``) written as ``***`` as they are copied.
 
 What cannot be watched — no such process, a remote server with no sampler, a log that does not exist

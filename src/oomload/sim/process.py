@@ -177,6 +177,9 @@ class SimServer:
         """``returncode`` (``oomload.run.served.ServedProcess``: the death watch and the runner ask)."""
         return self.returncode
 
+    def sync_log(self) -> None:
+        """Nothing to do (``oomload.run.served.ServedProcess``): the process writes its log itself."""
+
     def wait(self, timeout_s: float) -> int | None:
         """Wait up to ``timeout_s`` for the server to end by itself; its exit status, or ``None``."""
         if self._proc is None:

@@ -12,8 +12,9 @@
    * the free device memory (NVML, when there is a GPU) just before the start;
    * start the user's ``--serve`` line with the candidate's flags (``servecmd``) through
      ``oomload.realvllm.server.RealVllmServer`` — its own process group, loopback and a free port
-     unless told otherwise, ``/health`` awaited, the log in ``candidates/NN/server.log`` — and a
-     failed start is classified from that log (``oomload.tune.startup``);
+     unless told otherwise, ``/health`` awaited, the log in ``candidates/NN/server.log`` (copied there
+     without the line's ``--api-key`` as it grows, so that file never holds it) — and a failed start
+     is classified from that log (``oomload.tune.startup``);
    * with ``--target-rate`` and no concurrency measured yet: the short open-loop replay that turns
      the rate into a concurrency (``oomload.tune.rate``; the tune goes on with that target);
    * the proof (``oomload.tune.prove``): the pool, the trace's odds on it (production-shaped and
@@ -27,8 +28,7 @@ stopped by its ``with``; ``tune.json`` says ``interrupted`` and holds every cand
 
 A disk that refuses a write (full, read-only, gone, a file size limit) stops the tune at once, with the
 server stopped and one sentence naming the file, exit 2: ``tune.json`` (written whole, so the last one
-that fit stays readable), a server log that cannot be rewritten without its secrets (removed rather
-than kept with them), a candidate's replay that exited 2 (``prove.run_replay_child``: its own sentence
+that fit stays readable), a candidate's replay that exited 2 (``prove.run_replay_child``: its own sentence
 quoted — a replay that cannot write is no finding about the candidate), ``tune.md`` / ``tune.html``
 (``oomload.report.tune``). An error that ends the tune before its last candidate (these, a
 ``ServeStartError``) leaves ``tune.json`` saying ``stopped`` and why, when that still fits.
@@ -65,19 +65,19 @@ from oomload.errors import (
     ServeStartError,
 )
 from oomload.outfile import write_text
-from oomload.realvllm.serveline import ServeLine, scrub_file
+from oomload.realvllm.serveline import ServeLine
 from oomload.realvllm.server import RealVllmServer, free_port
 from oomload.trace.model import read_trace, read_trace_header
 from oomload.trace.stats import recommend_max_model_len
 from oomload.tune.context import TuneConfig, TuneContext
-from oomload.tune.prove import measure_rate, prove, read_text
+from oomload.tune.prove import measure_rate, prove
 from oomload.tune.rate import RateTarget
 from oomload.tune.record import TuneRecord
 from oomload.tune.search import Candidate, next_proposal, pick_winner, seqs_ladder
 from oomload.tune.startup import StartCause, classify_startup_failure
 from oomload.tune.stops import death_stop, evidence_stop
 
-__all__ = ["TuneConfig", "check_port_free", "run_tune", "scrub_file"]
+__all__ = ["TuneConfig", "check_port_free", "run_tune"]
 
 SERVER_LOG = "server.log"
 
@@ -239,17 +239,11 @@ def _try_candidate(ctx: TuneContext, candidate: Candidate, *, first: bool) -> Ca
         log_name=SERVER_LOG,
         cwd=Path.cwd(),  # the user's line may name relative paths
         tmp_dir=Path(short_tmp.name),  # short: vLLM's ZMQ IPC socket paths must fit 107 bytes
+        secrets=config.serve.secrets(),  # vLLM logs its non-default args, --api-key too: never copied
+        on_log_problem=lambda sentence: ctx.console.print(f"  [yellow]note:[/] {escape(sentence)}"),
     )
-    secrets = config.serve.secrets()  # vLLM logs its non-default args, --api-key too: scrubbed after
     try:
-        try:
-            done = _run_candidate(ctx, candidate, server, cand_dir, first=first)
-        except BaseException:
-            with contextlib.suppress(OutputWriteError):  # the error already on its way is the one said
-                scrub_file(server.log_path, secrets)
-            raise
-        scrub_file(server.log_path, secrets)
-        return done
+        return _run_candidate(ctx, candidate, server, cand_dir, first=first)
     finally:
         short_tmp.cleanup()
 
@@ -258,11 +252,8 @@ def _run_candidate(
     ctx: TuneContext, candidate: Candidate, server: RealVllmServer, cand_dir: Path, *, first: bool
 ) -> Candidate:
     with _started(server) as start_error:
-        if start_error is not None:
-            secrets = ctx.config.serve.secrets()
-            failure = classify_startup_failure(
-                scrub(read_text(server.log_path).strip() or start_error, secrets)
-            )
+        if start_error is not None:  # stopped: its whole log, without secrets (so is the error)
+            failure = classify_startup_failure(server.log_text().strip() or start_error)
             if first and failure.cause is StartCause.OTHER:
                 raise ServeStartError(
                     f"the --serve command did not start ({_exit_text(server.exit_code)}): "

@@ -57,7 +57,7 @@ from oomload.rundir.servermemory import ServerMemoryRow
 from oomload.trace.model import PrefixInfo, TraceRecord, read_trace, read_trace_header
 
 LAST_STEP_TAIL_S = 5.0
-SERVER_LOG = "server.log"  # the server's log during the run (--serve writes it, --server-log copies it)
+SERVER_LOG = "server.log"  # the server's log during the run (--serve's, --server-log's copy)
 SERVER_EXIT = "server_exit.json"  # oomload.run.served
 LOG_TAIL_BYTES = 8 * 1024 * 1024
 

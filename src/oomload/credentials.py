@@ -14,7 +14,8 @@ to ``config.json``; ``url_credentials_error`` says why it is refused without rep
 in text built from an exception that oomload did not word itself (the last line of defence for
 crash reports). ``StreamScrubber`` does the same to bytes that arrive in chunks (a server's log as it
 is copied): a secret split between two chunks is still replaced, because the end of a chunk that could
-begin a secret is held back until the next one says whether it does.
+begin a secret is held back until the next one says whether it does; a stream that ends there (its
+writer killed mid-secret) ends with ``***``, never with the start of the secret.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def _secret_bytes(secrets: Iterable[str | None]) -> tuple[bytes, ...]:
 @dataclass
 class StreamScrubber:
     """``scrub`` over a byte stream given in chunks (module docstring): ``feed`` returns what can be
-    written now, ``flush`` the held-back end (a proper prefix of a secret at most, so never a secret)."""
+    written now; ``flush`` ends the stream, the held-back end (the start of a secret cut off, when the
+    writer was killed in the middle of writing it) as ``***``."""
 
     secrets: tuple[bytes, ...]
     _held: bytes = field(default=b"", init=False)
@@ -129,4 +131,4 @@ class StreamScrubber:
 
     def flush(self) -> bytes:
         held, self._held = self._held, b""
-        return held
+        return REDACTED.encode() if held else b""

@@ -13,7 +13,8 @@ grows, so a run cut short still has it. The rules:
   appended — except that each of ``secrets`` (the API key, the served line's ``--api-key``: vLLM logs
   its non-default arguments at start-up) is written as ``***`` (``credentials.StreamScrubber``). The
   scrub happens before the bytes reach the disk, so a run killed mid-way leaves no secret behind; the
-  end of a chunk that could begin a secret waits for the next chunk (or ``stop()``).
+  end of a chunk that could begin a secret waits for the next chunk; at ``stop()`` it is written as
+  ``***`` (the server may have been killed in the middle of the secret).
 * **Truncation and rotation.** The file is followed by path. A new file at the path (another inode:
   rotation by rename, or delete and re-create) is read from its start once what the old one still held
   is drained; a file that shrank below what was read, or whose first bytes changed (truncated and
@@ -244,7 +245,8 @@ class ServerLogFollower:
             self._accept(self._scrub.feed(chunk))
 
     def _release(self) -> None:
-        """Copy the end the scrubber held back (the text it might have begun a secret with has ended)."""
+        """Copy the end the scrubber held back, as ``***`` (the text it might have begun a secret with
+        has ended)."""
         if held := self._scrub.flush():
             self._accept(held)
 

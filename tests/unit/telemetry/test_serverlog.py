@@ -299,5 +299,6 @@ def test_secrets_never_reach_the_disk_even_split_between_reads(
     assert "'api_key': ['***']" in dest.read_text() and "key *** at" in dest.read_text()
     assert dest.read_text().endswith("the end: ")  # a possible start of a secret waits
     follower.stop()
-    assert dest.read_text().endswith("the end: sk-SE")  # it was not one: written as it came
+    # the log ended there: what began a secret is written as *** (the writer may have been killed in it)
+    assert dest.read_text().endswith("the end: ***")
     assert SECRET not in follower.text()

@@ -3,39 +3,20 @@
 ``memory_trend(t_unix_s, used_bytes, limit_bytes=…)`` answers ``growing``, ``flat``, ``shrinking`` or
 ``inconclusive`` with the slope in bytes per hour, its confidence interval, and, for growth towards a
 known limit, when the fitted line reaches it. Honesty comes before sensitivity: a steady server must
-not raise an alarm, and "inconclusive" is a good answer when the data cannot tell. The method is
-built against what makes least squares on raw samples alarm on a steady server:
+not raise an alarm, and "inconclusive" is a good answer when the data cannot tell.
 
 - **Warm-up.** A server's memory steps up in its first minutes (allocator caches, CUDA graphs, the
   first long requests) and then plateaus. The first ``max(60 s, 20 %)`` of the series is dropped
   (``warmup_s`` overrides it).
-- **Autocorrelation.** Consecutive samples are not independent (memory changes slowly, samplers are
-  fast), so an interval over raw samples is far too narrow. The fit is a straight line through the
-  means of equal-time bins: ``DEFAULT_BINS`` (12), fewer when samples are scarce (at least two a bin)
-  or when the noise remembers long — each bin is at least ``BIN_MEMORY_MULTIPLE`` (2) × the noise's
-  memory ``τ = −Δt / ln φ``, ``φ`` an *upper* estimate of the lag-1 autocorrelation of the samples'
-  residuals around a line (estimate + its small-sample bias + two standard errors: a short series
-  underestimates a long memory). The slope's interval is Student's t on the bins' ``n − 2`` degrees
-  of freedom, its variance inflated by ``(1 + ρ) / (1 − ρ)``, ``ρ`` (at most 0.9) the larger of the
-  bin residuals' lag-1 autocorrelation and the correlation of adjacent bin means that an AR(1) noise
-  of that ``φ`` implies. When the span holds fewer than ``MIN_BINS`` (6) such bins, the memory
-  "wanders" on the scale of the soak: ``inconclusive``, unless the line rises (or falls) by at least
-  ``WANDER_RISE_MULTIPLE`` (8) × the residuals' standard deviation σ — a trend that dwarfs the
-  wander — in which case 6 bins are fitted and the slope's standard error is at least ``Σ|w| σ``, the
-  most a stationary noise of SD σ can move a least-squares slope whose weights on the bin means are
-  ``w`` (about ``3 σ / span``), on the bins' 4 degrees of freedom. (It gave the interval only
-  ``max(k − 2, 1)`` degrees of freedom, ``k`` the independent stretches ``span / (2 τ)``, before: on
-  a real vLLM soak whose memory rose in a straight line, +154 MiB/h with residuals of 0.54 MiB and
-  a lag-1 autocorrelation of 0.992 at 0.5 s, that was 1 degree of freedom and "inconclusive: −145 to
-  +453 MiB/h"; now "grew 154 MiB/h (95 % CI 89–219)".)
+- **The fit.** The slope and its interval come from a straight line through equal-time bin means,
+  its interval widened for noise that remembers (``oomload.verdict.trendfit`` has the method): when
+  the span holds too few independent stretches, memory "wanders" on the scale of the soak and the
+  answer is ``inconclusive``, unless the trend dwarfs the wander.
 - **One step.** A cache that fills once mid-run lifts memory by a step and leaves it flat; a line
-  through it would extrapolate a leak. The first 12 bins are also fitted with two levels (at least
-  ``STEP_MIN_BINS`` (3) bins each, the bin the step happened in left out); when that leaves at most
-  ``STEP_SSE_RATIO`` (¼) of the line's squared residuals, the step is reported (``step``: where, how
-  big) and the trend is judged on the plateau after it alone (the noise's memory still estimated
-  around both levels) — ``inconclusive`` when that plateau is too short. Only one step is taken out:
-  a staircase reads as growth when its stairs are short against the span, and as memory that wanders
-  (``inconclusive``) when a few long stairs fill it.
+  through it would extrapolate a leak. When two levels explain the bins far better than a line
+  (``trendfit.find_step``), the step is reported (``step``: where, how big) and the trend is judged on
+  the plateau after it alone (the noise's memory still estimated around both levels) —
+  ``inconclusive`` when that plateau is too short.
 
 The verdict is an equivalence test against ``M``, the material rate (``material_bytes_per_h``; by
 default 1 % per hour of the limit — or, when less, the headroom the fitted samples' median level
@@ -67,48 +48,35 @@ The t quantile is ``oomload.verdict.studentt``'s: exact for integer degrees of f
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from oomload.verdict.studentt import t_quantile
+from oomload.verdict.trendfit import (
+    S_PER_H,
+    Fit,
+    MemoryStep,
+    Noise,
+    bin_count,
+    duration_text,
+    find_step,
+    fit_bins,
+    fit_line,
+    raw_line,
+)
 
 VERDICTS = ("growing", "flat", "shrinking", "inconclusive")
 KIB = 1024
 MIB = 1024**2
 GIB = 1024**3
-S_PER_H = 3600.0
-DEFAULT_BINS = 12
-MIN_BINS = 6
-MIN_SAMPLES_PER_BIN = 2
-MIN_SAMPLES = MIN_BINS * MIN_SAMPLES_PER_BIN
-MIN_FIT_SPAN_S = 60.0
 WARMUP_MIN_S = 60.0
 WARMUP_FRACTION = 0.2
 MATERIAL_FRACTION_PER_H = 0.01
 MATERIAL_MIN_BYTES_PER_H = float(MIB)
 MATERIAL_HORIZON_H = 24.0  # a rate that fills the headroom left within a day is material, however small
-STEP_MIN_BINS = 3
-BIN_MEMORY_MULTIPLE = 2.0
-PHI_MAX = 0.9999
-WANDER_RISE_MULTIPLE = 8.0
-STEP_SSE_RATIO = 0.25
-MAX_LAG1_AUTOCORRELATION = 0.9
-
-FloatArray = npt.NDArray[np.float64]
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryStep:
-    """The one step the fit took out: the plateau starts at ``t_unix_s``; ``size_bytes`` = after − before."""
-
-    t_unix_s: float
-    size_bytes: float
-    t_before_unix_s: float  # the first sample of the bin the step happened in (left out of both levels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,32 +110,6 @@ class MemoryTrend:
         if self.projected_s_to_limit_range is not None:
             data["projected_s_to_limit_range"] = list(self.projected_s_to_limit_range)
         return data
-
-
-@dataclass(frozen=True, slots=True)
-class _Fit:
-    """A least-squares line through bin means; the time origin is ``t_ref_s``."""
-
-    t_mid_s: FloatArray  # bin means of time, relative to t_ref_s
-    y_mean: FloatArray
-    edges_s: FloatArray  # each non-empty bin's first sample time (absolute)
-    slope_per_s: float
-    level_at_ref: float  # the line's value at t = t_ref_s + mean(t_mid_s)
-    t_mean_s: float
-    se_slope_per_s: float
-    sse: float
-    t_ref_s: float
-    first_s: float
-    last_s: float
-    samples: int
-
-    @property
-    def df(self) -> int:
-        """The interval's degrees of freedom: bins − 2."""
-        return len(self.y_mean) - 2
-
-    def level_at(self, t_unix_s: float) -> float:
-        return self.level_at_ref + self.slope_per_s * (t_unix_s - self.t_ref_s - self.t_mean_s)
 
 
 def memory_trend(
@@ -215,17 +157,19 @@ def memory_trend(
         material = max(material, MATERIAL_MIN_BYTES_PER_H)
     base = _Base(subject, confidence, material, total, warmup, limit_bytes, series_start)
 
-    first = _fit_bins(t, y, _num_bins(len(t)))
+    first = fit_bins(t, y, bin_count(len(t)))
     if isinstance(first, str):
         return base.inconclusive(f"{first}{_after_warmup(warmup)}", samples_used=len(t))
-    step = _find_step(first)
+    step = find_step(first)
     if step is None:
-        noise = _Noise.of(t, [y - _line(t, y)])
+        noise = Noise.of(t, [y - raw_line(t, y)])
     else:  # the noise's memory around both levels, on the whole series (the plateau alone is short)
         before, after = t < step.t_before_unix_s, t >= step.t_unix_s
-        noise = _Noise.of(t, [y[before] - _line(t[before], y[before]), y[after] - _line(t[after], y[after])])
+        noise = Noise.of(
+            t, [y[before] - raw_line(t[before], y[before]), y[after] - raw_line(t[after], y[after])]
+        )
         t, y = t[after], y[after]
-    fit = _fit(t, y, noise)
+    fit = fit_line(t, y, noise)
     if isinstance(fit, str):
         if step is None:
             reason = f"{fit}{_after_warmup(warmup)}"
@@ -252,11 +196,11 @@ class _Base:
     def step_text(self, step: MemoryStep) -> str:
         """``a 200 MiB step up 30 min in`` (from the series' first sample)."""
         way = "up" if step.size_bytes >= 0 else "down"
-        when = _duration(step.t_unix_s - self.series_start_s)
+        when = duration_text(step.t_unix_s - self.series_start_s)
         return f"a {_bytes(abs(step.size_bytes))} step {way} {when} in"
 
     def inconclusive(
-        self, reason: str, *, samples_used: int, step: MemoryStep | None = None, fit: _Fit | None = None
+        self, reason: str, *, samples_used: int, step: MemoryStep | None = None, fit: Fit | None = None
     ) -> MemoryTrend:
         extra: dict[str, Any] = {}
         if fit is not None:
@@ -275,7 +219,7 @@ class _Base:
             **extra,
         )
 
-    def judge(self, fit: _Fit, step: MemoryStep | None) -> MemoryTrend:
+    def judge(self, fit: Fit, step: MemoryStep | None) -> MemoryTrend:
         fields = _fit_fields(fit, self.confidence)
         slope, lo, hi = (
             fields["slope_bytes_per_h"],
@@ -283,11 +227,11 @@ class _Base:
             fields["ci_high_bytes_per_h"],
         )
         m = self.material
-        over = f"over {_duration(fit.last_s - fit.first_s)}"
+        over = f"over {duration_text(fit.last_s - fit.first_s)}"
         if step is not None:
             over += f" after {self.step_text(step)}"
         elif self.warmup > 0:
-            over += f" after a {_duration(self.warmup)} warm-up"
+            over += f" after a {duration_text(self.warmup)} warm-up"
         common = {
             "confidence": self.confidence,
             "material_bytes_per_h": m,
@@ -310,7 +254,7 @@ class _Base:
                 if remaining <= 0:
                     sentence += f" and has reached its {_bytes(self.limit)} limit"
                 else:
-                    sentence += f" and reaches its {_bytes(self.limit)} limit in about {_duration(s_mid)}"
+                    sentence += f" and reaches its {_bytes(self.limit)} limit in about {duration_text(s_mid)}"
             return MemoryTrend(verdict="growing", sentence=sentence, **common, **projection)
         if hi <= -m:
             sentence = f"{self.subject} fell {_rates(-slope, -hi, -lo, self.ci_name)} {over}"
@@ -325,7 +269,7 @@ class _Base:
                 )
                 if self.limit is not None and (left := self.limit - fit.level_at(fit.last_s)) > 0:
                     sentence += (
-                        f": its {_bytes(self.limit)} limit in about {_duration(left / (slope / S_PER_H))}"
+                        f": its {_bytes(self.limit)} limit in about {duration_text(left / (slope / S_PER_H))}"
                     )
             return MemoryTrend(verdict="flat", sentence=sentence, flat_within_bytes_per_h=within, **common)
         unit = _rate_unit(max(abs(lo), abs(hi), m))
@@ -336,7 +280,7 @@ class _Base:
         return self.inconclusive(reason, samples_used=fit.samples, step=step, fit=fit)
 
 
-def _fit_fields(fit: _Fit, confidence: float) -> dict[str, Any]:
+def _fit_fields(fit: Fit, confidence: float) -> dict[str, Any]:
     half = t_quantile(0.5 + confidence / 2.0, fit.df) * fit.se_slope_per_s * S_PER_H
     slope = fit.slope_per_s * S_PER_H
     return {
@@ -348,178 +292,6 @@ def _fit_fields(fit: _Fit, confidence: float) -> dict[str, Any]:
         "bins": len(fit.y_mean),
         "df": fit.df,
     }
-
-
-def _num_bins(samples: int) -> int:
-    return min(DEFAULT_BINS, samples // MIN_SAMPLES_PER_BIN)
-
-
-@dataclass(frozen=True, slots=True)
-class _Noise:
-    """How long the noise around the trend remembers (module docstring, "Autocorrelation").
-
-    ``phi``: an upper estimate of the residuals' lag-1 autocorrelation — the estimate, plus its
-    small-sample bias ``(1 + 3φ) / n``, plus two of its standard errors ``√((1 − φ²) / n)`` — because a
-    short series underestimates a long memory, and an underestimate fakes precision. ``memory_s``:
-    ``−Δt / ln φ`` with ``Δt`` the median sampling interval (0 when ``φ ≤ 0``, ∞ when ``φ ≈ 1``).
-    """
-
-    phi: float
-    memory_s: float
-    sd: float  # the residuals' standard deviation
-
-    @classmethod
-    def of(cls, t: FloatArray, pieces: Sequence[FloatArray]) -> _Noise:
-        """From residuals in ``pieces`` (each a run of consecutive samples) of the samples at ``t``."""
-        n = sum(len(r) for r in pieces)
-        sse = sum(float((r * r).sum()) for r in pieces)
-        if sse <= 0 or n < 3:
-            return cls(0.0, 0.0, 0.0)
-        sd = math.sqrt(sse / n)
-        estimate = sum(float((r[:-1] * r[1:]).sum()) for r in pieces) / sse
-        if estimate <= 0:
-            return cls(0.0, 0.0, sd)
-        phi = min(estimate + (1 + 3 * estimate) / n + 2 * math.sqrt(max(1 - estimate**2, 0.0) / n), PHI_MAX)
-        if phi >= PHI_MAX:
-            return cls(PHI_MAX, math.inf, sd)
-        return cls(phi, float(np.median(np.diff(t))) / -math.log(phi), sd)
-
-
-def _fit(t: FloatArray, y: FloatArray, noise: _Noise) -> _Fit | str:
-    """The line through bin means, each bin ``BIN_MEMORY_MULTIPLE`` × longer than the noise's memory."""
-    if len(t) < MIN_SAMPLES:
-        return f"{len(t)} samples left (needs {MIN_SAMPLES})"
-    span = float(t[-1] - t[0])
-    tau = noise.memory_s
-    num_bins = _num_bins(len(t))
-    if tau > 0:
-        num_bins = min(num_bins, int(span / (BIN_MEMORY_MULTIPLE * tau)) if math.isfinite(tau) else 0)
-    if span >= MIN_FIT_SPAN_S and num_bins < MIN_BINS:
-        line = _line(t, y)
-        if abs(float(line[-1] - line[0])) >= WANDER_RISE_MULTIPLE * noise.sd:  # the trend dwarfs the wander
-            return _dwarfed_fit(t, y, noise)
-        if not math.isfinite(tau):
-            return f"memory wanders on the scale of the whole {_duration(span)}: no trend can be told from it"
-        return (
-            f"memory wanders on a scale of {_duration(tau)} (samples stay correlated that long): "
-            f"{_duration(span)} holds fewer than {MIN_BINS} independent stretches (a trend needs "
-            f"{_duration(MIN_BINS * BIN_MEMORY_MULTIPLE * tau)})"
-        )
-    return _fit_bins(t, y, num_bins, noise.phi)
-
-
-def _dwarfed_fit(t: FloatArray, y: FloatArray, noise: _Noise) -> _Fit | str:
-    """A trend that dwarfs the wander (module docstring): the line through ``MIN_BINS`` bin means, its
-    standard error at least ``Σ|w| σ`` — the most a stationary noise of the residuals' SD ``σ`` can
-    move a least-squares slope whose weights on the bin means are ``w`` — on the bins' own degrees of
-    freedom."""
-    fit = _fit_bins(t, y, min(_num_bins(len(t)), MIN_BINS), noise.phi)
-    if isinstance(fit, str):
-        return fit
-    x = fit.t_mid_s - fit.t_mean_s
-    bound = noise.sd * float(np.abs(x).sum() / (x * x).sum())
-    return replace(fit, se_slope_per_s=max(fit.se_slope_per_s, bound))
-
-
-def _line(t: FloatArray, y: FloatArray) -> FloatArray:
-    """The least-squares line through the raw samples, evaluated at ``t``."""
-    x = t - t.mean()
-    sxx = float((x * x).sum())
-    slope = float((x * (y - y.mean())).sum() / sxx) if sxx > 0 else 0.0
-    line: FloatArray = y.mean() + slope * x
-    return line
-
-
-def _fit_bins(t: FloatArray, y: FloatArray, num_bins: int, phi: float = 0.0) -> _Fit | str:
-    """The least-squares line through ``num_bins`` equal-time bin means, or why there is none."""
-    if len(t) < MIN_SAMPLES:
-        return f"{len(t)} samples left (needs {MIN_SAMPLES})"
-    span = float(t[-1] - t[0])
-    if span < MIN_FIT_SPAN_S:
-        return f"{_duration(span)} left (needs {_duration(MIN_FIT_SPAN_S)})"
-    edges = np.linspace(t[0], t[-1], num_bins + 1)
-    index = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, num_bins - 1)
-    counts = np.bincount(index, minlength=num_bins)
-    full = counts > 0
-    if int(full.sum()) < MIN_BINS:
-        return f"samples in only {int(full.sum())} of {num_bins} time bins (needs {MIN_BINS})"
-    t_ref = float(t[0])
-    t_mid = (np.bincount(index, weights=t - t_ref, minlength=num_bins)[full] / counts[full]).astype(
-        np.float64
-    )
-    y_mean = (np.bincount(index, weights=y, minlength=num_bins)[full] / counts[full]).astype(np.float64)
-    starts = np.searchsorted(index, np.flatnonzero(full), side="left")
-    first_times = t[starts].astype(np.float64)
-    t_mean = float(t_mid.mean())
-    x = t_mid - t_mean
-    sxx = float((x * x).sum())
-    y_bar = float(y_mean.mean())
-    slope = float((x * (y_mean - y_bar)).sum() / sxx)
-    resid = y_mean - (y_bar + slope * x)
-    sse = float((resid * resid).sum())
-    dof = len(y_mean) - 2
-    rho = _bin_correlation(resid, phi, len(t) / num_bins)
-    variance = sse / dof / sxx * (1 + rho) / (1 - rho)
-    return _Fit(
-        t_mid_s=t_mid,
-        y_mean=y_mean,
-        edges_s=first_times,
-        slope_per_s=slope,
-        level_at_ref=y_bar,
-        t_mean_s=t_mean,
-        se_slope_per_s=math.sqrt(variance),
-        sse=sse,
-        t_ref_s=t_ref,
-        first_s=float(t[0]),
-        last_s=float(t[-1]),
-        samples=len(t),
-    )
-
-
-def _bin_correlation(bin_resid: FloatArray, phi: float, per_bin: float) -> float:
-    """The correlation of adjacent bin means' residuals, the larger of two estimates, in [0, 0.9].
-
-    From the bins: the lag-1 autocorrelation of their residuals (biased low with a dozen bins). From
-    the raw samples: their residuals read as an AR(1) process of lag-1 autocorrelation ``phi``
-    (``_Noise``), which puts the correlation of two adjacent means of ``W`` samples at
-    ``φ (1 − φ^W)² / (W (1 − φ²) − 2 φ (1 − φ^W))``.
-    """
-    estimates = [0.0]
-    bin_sse = float((bin_resid * bin_resid).sum())
-    if bin_sse > 0:
-        estimates.append(float((bin_resid[:-1] * bin_resid[1:]).sum() / bin_sse))
-    if phi > 0:
-        w = max(per_bin, 1.0)
-        decay = 1.0 - phi**w
-        estimates.append(phi * decay * decay / (w * (1.0 - phi * phi) - 2.0 * phi * decay))
-    return min(max(estimates), MAX_LAG1_AUTOCORRELATION)
-
-
-def _find_step(fit: _Fit) -> MemoryStep | None:
-    """The one step that explains the bins far better than the line, if any (module docstring).
-
-    Two levels, each over at least ``STEP_MIN_BINS`` bins, with the bin between them left out: the
-    step happens inside it, so its mean is a mix of both levels. The plateau starts after it.
-    """
-    y = fit.y_mean
-    n = len(y)
-    if n < 2 * STEP_MIN_BINS + 1 or fit.sse <= 0:
-        return None
-    best: tuple[float, int] | None = None
-    for k in range(STEP_MIN_BINS, n - STEP_MIN_BINS):
-        left, right = y[:k], y[k + 1 :]
-        sse = float(((left - left.mean()) ** 2).sum() + ((right - right.mean()) ** 2).sum())
-        if best is None or sse < best[0]:
-            best = (sse, k)
-    assert best is not None
-    sse, k = best
-    if sse > STEP_SSE_RATIO * fit.sse:
-        return None
-    return MemoryStep(
-        t_unix_s=float(fit.edges_s[k + 1]),
-        size_bytes=float(y[k + 1 :].mean() - y[:k].mean()),
-        t_before_unix_s=float(fit.edges_s[k]),
-    )
 
 
 # -- words ----------------------------------------------------------------------------------------
@@ -560,15 +332,4 @@ def _bytes(num_bytes: float) -> str:
 
 
 def _after_warmup(warmup_s: float) -> str:
-    return f"; the first {_duration(warmup_s)} were dropped as warm-up" if warmup_s > 0 else ""
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * S_PER_H:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 48 * S_PER_H:
-        hours = seconds / S_PER_H
-        return f"{hours:.1f} h" if hours < 10 else f"{hours:.0f} h"
-    return f"{seconds / 86400:.1f} d"
+    return f"; the first {duration_text(warmup_s)} were dropped as warm-up" if warmup_s > 0 else ""

@@ -21,9 +21,9 @@ Read in this order:
 9. ``gate`` — CI rules judged against the verdict; ``gatesignals`` — what a rule can name;
    ``gateresult`` — a rule's result; ``relative`` — rules bounded by a baseline run's verdict, with
    ``shift`` — whether an onset or a latency moved between two runs beyond noise (the statistics);
-10. ``trend`` — a soak's memory series: growing, flat, shrinking or inconclusive, and when it meets its limit;
-    ``trendfit`` — the line through its bin means and its noise model; ``studentt`` — Student's t (cdf,
-    quantile) for its interval, exact, without scipy.
+10. ``trend`` — a soak's memory series: growing, levelled off, flat, shrinking or inconclusive, and when
+    it meets its limit; ``trendfit`` — the line through its bin means and its noise model; ``studentt``
+    — Student's t (cdf, quantile) for its interval, exact, without scipy.
 
 The trace's odds (``oomload.capacity.odds``) and the statistics (``oomload.trace.stats``) live on
 the floors below: the live schedule uses them too. This package re-exports the verdict's public names.

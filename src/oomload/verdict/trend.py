@@ -1,9 +1,9 @@
 """Is memory growing at a constant load? The trend of a soak's memory series, told honestly (pure).
 
-``memory_trend(t_unix_s, used_bytes, limit_bytes=…)`` answers ``growing``, ``flat``, ``shrinking`` or
-``inconclusive`` with the slope in bytes per hour, its confidence interval, and, for growth towards a
-known limit, when the fitted line reaches it. Honesty comes before sensitivity: a steady server must
-not raise an alarm, and "inconclusive" is a good answer when the data cannot tell.
+``memory_trend(t_unix_s, used_bytes, limit_bytes=…)`` answers ``growing``, ``levelled``, ``flat``,
+``shrinking`` or ``inconclusive`` with the slope in bytes per hour, its confidence interval, and, for
+growth towards a known limit, when the fitted line reaches it. Honesty comes before sensitivity: a
+steady server must not raise an alarm, and "inconclusive" is a good answer when the data cannot tell.
 
 - **Warm-up.** A server's memory steps up in its first minutes (allocator caches, CUDA graphs, the
   first long requests) and then plateaus. The first ``max(60 s, 20 %)`` of the series is dropped
@@ -31,8 +31,35 @@ in about 10 h, and is material — or, without a limit, 1 % per hour of that med
   beyond the noise, only below ``M``), "grew S/h (CI …), below the material M", with the time to the
   limit;
 - ``inconclusive`` — the interval reaches across ``±M`` (the data allow both a material and an
-  immaterial rate), or fewer than ``MIN_SAMPLES`` (12) samples or ``MIN_FIT_SPAN_S`` (60 s) are left
-  after the warm-up, or the memory wanders on the scale of the soak (above).
+  immaterial rate), or too few samples (12) or too short a span (60 s) are left after the warm-up,
+  or the memory wanders on the scale of the soak (above);
+- ``levelled`` — memory rose and then levelled off (below).
+
+**Levelling off.** A cache or an allocator pool that fills up gradually lifts memory along a curve
+that flattens towards a plateau, more slowly than the warm-up: a line through the span reads it as
+growth, or — the bend taken for noise that remembers — as memory that wanders. So when the span reads
+``growing`` or ``inconclusive``, its two halves (``LATE_SHARE``: the later half of the span judged) are
+fitted apart by the same method, both with the noise's memory estimated around a line through the
+late half (where a line fits best; pieces any shorter would absorb a wander that lasts minutes and
+fake precision). With ``[lo₁, hi₁]`` the early half's interval and ``[lo₂, hi₂]`` the late half's:
+
+- ``levelled`` — ``lo₁ > 0`` (memory rose beyond the noise) and ``−M < lo₂``, ``hi₂ < M`` (then every
+  rate the data allow is immaterial): "rose S₁/h (CI) over …, then levelled off: S₂/h (CI) over the
+  last N min, from T in, below the material M" ("slowed to" when ``lo₂ > 0``). The trend's slope,
+  interval and span are the late half's, ``flat_within_bytes_per_h`` is ``max(|lo₂|, |hi₂|)``,
+  ``rise`` holds the early half's; no projection;
+- ``inconclusive`` — memory slowed (the early slope exceeds the late one by more than the t quantile,
+  on the smaller degrees of freedom, × ``√(se₁² + se₂²)``) and ``lo₂ < M ≤ hi₂``: the late half is too
+  short or too noisy to tell levelling off from growth, and the reason says so with both slopes; or,
+  when the span did not read ``growing``, memory rose (``lo₁ > 0``) and the late half cannot be
+  fitted (the reason says why);
+- otherwise the span's own verdict stands: a steady leak grows in both halves alike and keeps it.
+
+Calling a leak "levelled off" is the worse error: a leak of rate ``r ≥ M`` reads ``levelled`` only
+when the late half's upper bound falls below ``M ≤ r``, which its interval allows with probability
+``(1 − confidence) / 2`` (nominally) at ``r = M`` and less above. A curve still bending in the late
+half is read as a wide interval there (or as wander): slow saturation over a short soak answers
+``inconclusive``. Memory that rose and then fell in the late half keeps the span's verdict.
 
 What it cannot do: memory that wanders on the scale of the whole run and happens to move in a straight
 line looks like a trend; the upper ``φ``, the bin widths and the inflation make that rare, not
@@ -48,6 +75,7 @@ The t quantile is ``oomload.verdict.studentt``'s: exact for integer degrees of f
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -58,6 +86,7 @@ from oomload.verdict.studentt import t_quantile
 from oomload.verdict.trendfit import (
     S_PER_H,
     Fit,
+    FloatArray,
     MemoryStep,
     Noise,
     bin_count,
@@ -68,7 +97,7 @@ from oomload.verdict.trendfit import (
     raw_line,
 )
 
-VERDICTS = ("growing", "flat", "shrinking", "inconclusive")
+VERDICTS = ("growing", "levelled", "flat", "shrinking", "inconclusive")
 KIB = 1024
 MIB = 1024**2
 GIB = 1024**3
@@ -77,6 +106,19 @@ WARMUP_FRACTION = 0.2
 MATERIAL_FRACTION_PER_H = 0.01
 MATERIAL_MIN_BYTES_PER_H = float(MIB)
 MATERIAL_HORIZON_H = 24.0  # a rate that fills the headroom left within a day is material, however small
+LATE_SHARE = 0.5  # levelling off: the later half of the judged span is judged alone
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRise:
+    """The early part of the judged span when memory rose and then levelled off or slowed (module
+    docstring, "Levelling off"): its slope and interval; the trend's own slope is the late part's."""
+
+    from_unix_s: float
+    to_unix_s: float
+    slope_bytes_per_h: float
+    ci_low_bytes_per_h: float
+    ci_high_bytes_per_h: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +135,7 @@ class MemoryTrend:
     slope_bytes_per_h: float | None = None
     ci_low_bytes_per_h: float | None = None
     ci_high_bytes_per_h: float | None = None
-    flat_within_bytes_per_h: float | None = None  # flat only: max(|lo|, |hi|)
+    flat_within_bytes_per_h: float | None = None  # flat and levelled: max(|lo|, |hi|)
     limit_bytes: int | None = None
     projected_s_to_limit: float | None = None  # growing with a limit: seconds after the last sample
     projected_s_to_limit_range: tuple[float, float] | None = None  # (earliest, latest)
@@ -102,10 +144,11 @@ class MemoryTrend:
     bins: int = 0
     df: int = 0  # the interval's degrees of freedom (bins − 2)
     step: MemoryStep | None = None
+    rise: MemoryRise | None = None  # levelled, or inconclusive because memory slowed: the early part
     reason: str | None = None  # inconclusive only: why
 
     def to_json(self) -> dict[str, Any]:
-        """Every field, JSON-ready (the step as an object, the projection range as a list)."""
+        """Every field, JSON-ready (the step and the rise as objects, the projection range as a list)."""
         data = asdict(self)
         if self.projected_s_to_limit_range is not None:
             data["projected_s_to_limit_range"] = list(self.projected_s_to_limit_range)
@@ -175,8 +218,12 @@ def memory_trend(
             reason = f"{fit}{_after_warmup(warmup)}"
         else:
             reason = f"after {base.step_text(step)}, the plateau cannot be judged: {fit}"
-        return base.inconclusive(reason, samples_used=len(t), step=step)
-    return base.judge(fit, step)
+        whole = base.inconclusive(reason, samples_used=len(t), step=step)
+    else:
+        whole = base.judge(fit, step)
+    if whole.verdict in ("growing", "inconclusive"):
+        return base.settle(t, y, step, growing=whole.verdict == "growing") or whole
+    return whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,8 +246,23 @@ class _Base:
         when = duration_text(step.t_unix_s - self.series_start_s)
         return f"a {_bytes(abs(step.size_bytes))} step {way} {when} in"
 
+    def over_text(self, fit: Fit, step: MemoryStep | None) -> str:
+        """``over 96 min after a 24 min warm-up`` (or ``after a 200 MiB step up 30 min in``)."""
+        over = f"over {duration_text(fit.last_s - fit.first_s)}"
+        if step is not None:
+            over += f" after {self.step_text(step)}"
+        elif self.warmup > 0:
+            over += f" after a {duration_text(self.warmup)} warm-up"
+        return over
+
     def inconclusive(
-        self, reason: str, *, samples_used: int, step: MemoryStep | None = None, fit: Fit | None = None
+        self,
+        reason: str,
+        *,
+        samples_used: int,
+        step: MemoryStep | None = None,
+        fit: Fit | None = None,
+        rise: MemoryRise | None = None,
     ) -> MemoryTrend:
         extra: dict[str, Any] = {}
         if fit is not None:
@@ -215,23 +277,16 @@ class _Base:
             warmup_s=self.warmup,
             limit_bytes=self.limit,
             step=step,
+            rise=rise,
             reason=reason,
             **extra,
         )
 
     def judge(self, fit: Fit, step: MemoryStep | None) -> MemoryTrend:
         fields = _fit_fields(fit, self.confidence)
-        slope, lo, hi = (
-            fields["slope_bytes_per_h"],
-            fields["ci_low_bytes_per_h"],
-            fields["ci_high_bytes_per_h"],
-        )
+        slope, lo, hi = _interval(fields)
         m = self.material
-        over = f"over {duration_text(fit.last_s - fit.first_s)}"
-        if step is not None:
-            over += f" after {self.step_text(step)}"
-        elif self.warmup > 0:
-            over += f" after a {duration_text(self.warmup)} warm-up"
+        over = self.over_text(fit, step)
         common = {
             "confidence": self.confidence,
             "material_bytes_per_h": m,
@@ -278,6 +333,69 @@ class _Base:
             f"{unit[0]}/h ({self.ci_name} CI) {over}: both immaterial and material (≥ {_rate(m)}) rates fit"
         )
         return self.inconclusive(reason, samples_used=fit.samples, step=step, fit=fit)
+
+    def settle(
+        self, t: FloatArray, y: FloatArray, step: MemoryStep | None, *, growing: bool
+    ) -> MemoryTrend | None:
+        """The judged span in two halves (module docstring, "Levelling off"): ``levelled``, or
+        ``inconclusive`` when memory rose but its late half cannot tell (or, unless the whole span
+        reads ``growing``, cannot be judged); ``None`` when the halves change nothing."""
+        if len(t) < 2:
+            return None
+        late = t >= float(t[-1]) - LATE_SHARE * float(t[-1] - t[0])
+        noise = Noise.of(t[late], [y[late] - raw_line(t[late], y[late])])  # where a line fits best
+        early_fit, late_fit = fit_line(t[~late], y[~late], noise), fit_line(t[late], y[late], noise)
+        if isinstance(early_fit, str):
+            return None
+        e_slope, e_lo, e_hi = _interval(_fit_fields(early_fit, self.confidence))
+        rise = MemoryRise(early_fit.first_s, early_fit.last_s, e_slope, e_lo, e_hi)
+        rose = f"rose {_rates(e_slope, e_lo, e_hi, self.ci_name)} {self.over_text(early_fit, step)}"
+        if isinstance(late_fit, str):
+            if growing or e_lo <= 0:
+                return None
+            late_span_s = float(t[late][-1] - t[late][0])
+            reason = f"memory {rose}, then its last {duration_text(late_span_s)} cannot be judged: {late_fit}"
+            return self.inconclusive(reason, samples_used=int(late.sum()), step=step, rise=rise)
+        fields = _fit_fields(late_fit, self.confidence)
+        slope, lo, hi = _interval(fields)
+        m = self.material
+        below = f"below the material {_rate(m)}"
+        late_span_s, late_start_s = late_fit.last_s - late_fit.first_s, late_fit.first_s - self.series_start_s
+        late_text = (
+            f"{_rates(slope, lo, hi, self.ci_name)} over the last {duration_text(late_span_s)}, "
+            f"from {duration_text(late_start_s)} in"
+        )
+        if -m < lo and hi < m and e_lo > 0:  # rose beyond the noise, then every rate allowed is immaterial
+            settled = "slowed to" if lo > 0 else "levelled off:"
+            return MemoryTrend(
+                verdict="levelled",
+                sentence=f"{self.subject} {rose}, then {settled} {late_text}, {below}",
+                confidence=self.confidence,
+                material_bytes_per_h=m,
+                samples_total=self.total,
+                samples_used=late_fit.samples,
+                warmup_s=self.warmup,
+                limit_bytes=self.limit,
+                step=step,
+                rise=rise,
+                flat_within_bytes_per_h=max(abs(lo), abs(hi)),
+                **fields,
+            )
+        se_difference = math.hypot(early_fit.se_slope_per_s, late_fit.se_slope_per_s) * S_PER_H
+        t_value = t_quantile(0.5 + self.confidence / 2.0, min(early_fit.df, late_fit.df))
+        slowed = e_slope - slope > t_value * se_difference
+        if not (slowed and lo < m <= hi):  # the late half's interval must reach across M
+            return None
+        reason = (
+            f"memory {rose}, then slowed to {late_text}: too short or too noisy to tell levelling off "
+            f"({below}) from growth"
+        )
+        return self.inconclusive(reason, samples_used=late_fit.samples, step=step, fit=late_fit, rise=rise)
+
+
+def _interval(fields: dict[str, Any]) -> tuple[float, float, float]:
+    """The slope and its interval's ends, from ``_fit_fields``."""
+    return fields["slope_bytes_per_h"], fields["ci_low_bytes_per_h"], fields["ci_high_bytes_per_h"]
 
 
 def _fit_fields(fit: Fit, confidence: float) -> dict[str, Any]:

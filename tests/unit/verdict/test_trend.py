@@ -416,3 +416,151 @@ def test_growth_beyond_the_noise_but_immaterial_says_it_grew() -> None:
     assert trend.verdict == "flat"
     assert trend.sentence.startswith("host memory grew 1000 MiB/h") and "below the material" in trend.sentence
     assert "limit in about" in trend.sentence
+
+
+# -- levelling off ---------------------------------------------------------------------------------
+def filling(
+    seed: int,
+    *,
+    duration_s: float = 7200,
+    dt_s: float = 2,
+    level: float = 2 * GIB,
+    rise: float = 512 * MIB,
+    tau_s: float = 1200,
+    leak_per_h: float = 0.0,
+    sigma: float = 2 * MIB,
+    memory_s: float = 60,
+    step: tuple[float, float] | None = None,
+) -> tuple[list[float], list[int]]:
+    """A cache or pool filling up: memory approaches ``level + rise`` with time constant ``tau_s`` (+ a
+    leak, + one step) under noise that remembers ``memory_s`` (AR(1) at ``dt_s``)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(0, duration_s, dt_s, dtype=float)
+    y = level + rise * (1 - np.exp(-t / tau_s)) + leak_per_h * t / 3600
+    y += ar1(rng, len(t), math.exp(-dt_s / memory_s), sigma)
+    if step is not None:
+        y += np.where(t >= step[0], step[1], 0.0)
+    return (T0 + t).tolist(), y.astype(np.int64).tolist()
+
+
+NOISES = [(0.5 * MIB, 5.0), (2 * MIB, 60.0), (8 * MIB, 60.0)]  # (SD, memory): 0.5 MiB at 5 s … 8 MiB at 1 min
+
+
+@pytest.mark.parametrize("tau_min", [15, 20, 25])
+@pytest.mark.parametrize(("sigma", "memory_s"), NOISES)
+def test_a_cache_that_fills_and_levels_off_is_levelled_not_growth(
+    tau_min: float, sigma: float, memory_s: float
+) -> None:
+    """2 h at one sample each 2 s, +512 MiB approached with a time constant of 15–25 min (longer than
+    the 24 min warm-up leaves behind): a line through it read memory that wanders, or a leak."""
+    limit = 8 * GIB  # material: 82 MiB/h
+    verdicts = []
+    for seed in range(8):
+        t, y = filling(seed, tau_s=tau_min * 60, sigma=sigma, memory_s=memory_s)
+        trend = memory_trend(t, y, limit_bytes=limit)
+        verdicts.append(trend.verdict)
+        if trend.verdict != "levelled":
+            continue
+        assert trend.rise is not None and trend.ci_high_bytes_per_h is not None
+        assert trend.rise.ci_low_bytes_per_h > 0  # rose beyond the noise
+        assert trend.ci_high_bytes_per_h < trend.material_bytes_per_h  # then every rate allowed is immaterial
+        assert trend.rise.slope_bytes_per_h > 3 * trend.slope_bytes_per_h  # type: ignore[operator]
+        late_from_s = T0 + 72 * 60  # the last half of what the warm-up leaves
+        assert trend.fitted_from_unix_s == pytest.approx(late_from_s, abs=2)
+        assert trend.rise.from_unix_s == pytest.approx(T0 + 24 * 60, abs=2)
+        assert trend.projected_s_to_limit is None
+    assert ALARMS.isdisjoint(verdicts) and set(verdicts) <= {"levelled", "inconclusive"}, verdicts
+    assert verdicts.count("levelled") >= 7, verdicts
+
+
+def test_the_levelled_sentence_gives_both_slopes_the_late_interval_and_when() -> None:
+    t, y = filling(1, tau_s=20 * 60)
+    trend = memory_trend(t, y, limit_bytes=8 * GIB)
+    assert trend.verdict == "levelled", trend.sentence
+    late = r"−?\d+(\.\d)?"
+    assert re.fullmatch(
+        r"server memory rose 1\d\d MiB/h \(95 % CI \d+–\d+\) over 48 min after a 24 min warm-up, then "
+        rf"(levelled off:|slowed to) {late} MiB/h \(95 % CI {late}–{late}\) over the last 48 min, from "
+        r"72 min in, below the material 82 MiB/h",
+        trend.sentence,
+    ), trend.sentence
+    lo, hi = trend.ci_low_bytes_per_h, trend.ci_high_bytes_per_h
+    assert lo is not None and hi is not None and trend.flat_within_bytes_per_h == max(abs(lo), abs(hi))
+    data = trend.to_json()
+    assert set(data) == set(MemoryTrend.__dataclass_fields__)
+    assert set(data["rise"]) == {"from_unix_s", "to_unix_s", "slope_bytes_per_h", "ci_low_bytes_per_h",
+                                 "ci_high_bytes_per_h"}  # fmt: skip
+    assert "levelled" in VERDICTS
+
+
+@pytest.mark.parametrize("material_multiple", [1.25, 1.5, 2.0])
+@pytest.mark.parametrize(("sigma", "memory_s"), NOISES)
+def test_a_leak_just_above_the_material_rate_grows_where_a_filling_cache_levels_off(
+    material_multiple: float, sigma: float, memory_s: float
+) -> None:
+    """Calling a real leak "levelled off" is the worse error: a steady leak grows in both halves."""
+    limit = 8 * GIB
+    leak = material_multiple * 0.01 * limit
+    for seed in range(12):
+        t, y = filling(seed, rise=300 * MIB, tau_s=150, leak_per_h=leak, sigma=sigma, memory_s=memory_s)
+        trend = memory_trend(t, y, limit_bytes=limit)
+        assert trend.verdict == "growing", (seed, trend.sentence)
+        assert trend.slope_bytes_per_h == pytest.approx(leak, rel=0.1)
+        t, y = filling(seed, tau_s=20 * 60, sigma=sigma, memory_s=memory_s)  # the same noise, filling a cache
+        filled = memory_trend(t, y, limit_bytes=limit)
+        assert filled.verdict == "levelled", (seed, filled.sentence)
+        assert trend.rise is None
+
+
+def test_a_flat_series_stays_flat_and_an_early_step_then_flat_levels_off() -> None:
+    """Flat is flat; a step that ``find_step`` cannot take out (too near the warm-up's end for three bins
+    before it) and then a plateau is memory that rose and levelled off — it read as wandering memory."""
+    for seed in range(10):
+        t, y = filling(seed, rise=0)
+        flat = memory_trend(t, y, limit_bytes=8 * GIB)
+        assert flat.verdict == "flat", flat.sentence
+        t, y = filling(seed, rise=0, step=(40 * 60, 200 * MIB))
+        stepped = memory_trend(t, y, limit_bytes=8 * GIB)
+        assert stepped.verdict == "levelled" and stepped.step is None, stepped.sentence
+        assert stepped.flat_within_bytes_per_h is not None and stepped.flat_within_bytes_per_h < 10 * MIB
+        assert flat.rise is None
+
+
+def test_memory_that_slowed_but_whose_late_half_cannot_tell_is_inconclusive_and_says_why() -> None:
+    """+1 GiB approached with a 30 min time constant: over the last 48 min it still rose about 93 MiB/h
+    on average, beside a material 82 MiB/h — the soak is too short to tell a plateau from a leak."""
+    for seed in range(6):
+        t, y = filling(seed, rise=1 * GIB, tau_s=30 * 60, sigma=8 * MIB)
+        trend = memory_trend(t, y, limit_bytes=8 * GIB)
+        assert trend.verdict == "inconclusive", trend.sentence
+        assert trend.reason is not None and re.fullmatch(
+            r"memory rose 4\d\d MiB/h \(95 % CI \d+–\d+\) over 48 min after a 24 min warm-up, then slowed to "
+            r"\d+ MiB/h \(95 % CI \d+–\d+\) over the last 48 min, from 72 min in: too short or too noisy to "
+            r"tell levelling off \(below the material 82 MiB/h\) from growth",
+            trend.reason,
+        ), trend.reason
+        lo, hi = trend.ci_low_bytes_per_h, trend.ci_high_bytes_per_h  # the late half's
+        assert lo is not None and hi is not None and lo < trend.material_bytes_per_h <= hi
+        assert trend.rise is not None and trend.rise.ci_low_bytes_per_h > trend.material_bytes_per_h
+
+
+def test_memory_that_rose_with_a_late_half_too_short_to_judge_says_so() -> None:
+    """1 h, +512 MiB approached with a 10 min time constant under noise that remembers 2 min: the
+    last 24 min hold too few independent stretches for a line; it read "memory wanders" or "could be
+    anything", as if nothing had been seen."""
+    said = 0
+    for seed in range(8):
+        t, y = filling(seed, duration_s=3600, tau_s=600, sigma=4 * MIB, memory_s=120)
+        trend = memory_trend(t, y, limit_bytes=8 * GIB)
+        assert trend.verdict == "inconclusive" and trend.reason is not None, trend.sentence
+        if not trend.reason.startswith("memory rose"):  # the early half's rise within its noise
+            continue
+        said += 1
+        assert re.fullmatch(
+            r"memory rose \d+ MiB/h \(95 % CI \d+(\.\d)?–\d+\) over 24 min after a 12 min warm-up, then "
+            r"its last 24 min cannot be judged: memory wanders on a scale of \d+ min .*",
+            trend.reason,
+        ), trend.reason
+        assert trend.slope_bytes_per_h is None and trend.rise is not None
+        assert trend.rise.ci_low_bytes_per_h > 0
+    assert said >= 4

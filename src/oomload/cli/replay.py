@@ -159,7 +159,7 @@ def register(subparsers: Any) -> None:
         "--soak",
         metavar="DURATION",
         help="hold one level (--concurrency N) this long (e.g. 600, 10m, 2h) and report each memory "
-        "series' trend: slope, projected time to the limit, or flat",
+        "series' trend: slope, projected time to the limit, levelled off, or flat",
     )
     shape.add_argument("--open-loop", action="store_true", help="replay the trace's own arrival times")
     shape.add_argument(

@@ -190,8 +190,8 @@ def _near(peak_bytes: int | None, limit_bytes: int | None) -> bool:
 
 def memory_trends(verdict: Verdict) -> list[Finding]:
     """A soak's memory trends, one finding each: growth is bad, an inconclusive answer a warning (it is
-    no pass), flat or shrinking fine."""
-    severity = {"growing": "bad", "inconclusive": "warn"}
+    no pass), memory that rose and levelled off worth knowing (no leak), flat or shrinking fine."""
+    severity = {"growing": "bad", "inconclusive": "warn", "levelled": "info"}
     return [
         Finding(f"memory_trend_{i}", "Memory trend (soak)", t.sentence, severity.get(t.verdict, "ok"))
         for i, t in enumerate(verdict.memory_trends)

@@ -24,7 +24,8 @@ No samples → ``None``: nothing is said about host memory (a remote server with
 A soak (``--soak``: one level held for a long time) also gets ``soak_trends``: the trend of the
 server's host memory and of each device's used memory over the held level, by
 ``oomload.verdict.trend.memory_trend`` (warm-up dropped, binned, an equivalence test against a
-material rate: "growing" only when growth beyond the noise is also material).
+material rate: "growing" only when growth beyond the noise is also material, "levelled" when memory
+rose and then stopped growing materially).
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ death's kind, and a soak's trend — run directories laid out as a replay writes
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -131,12 +133,19 @@ def test_a_death_with_no_log_says_where_the_cause_would_come_from(tmp_path: Path
     assert result.status is GateStatus.FAIL and "--serve or --server-log" in result.reason
 
 
-def _soak(tmp_path: Path, slope_bytes_per_s: float, limit: int | None) -> Verdict:
+def _soak(tmp_path: Path, slope_bytes_per_s: float, limit: int | None, *, fill_bytes: float = 0.0) -> Verdict:
+    """10 minutes at one sample each 2 s: 1.5 GiB, a slope, ``fill_bytes`` approached with a time constant
+    of 70 s (a cache filling up), and a 0–6 MiB sawtooth."""
     steps = [StepSpec(4, duration_s=600.0)]
     run = write_run(tmp_path / "soak", steps, gpu=False, config={"soak_s": 600.0})
-    samples = [
-        (t * 2.0, int(1.5 * GIB + slope_bytes_per_s * t * 2.0 + (t % 7) * 2**20), True) for t in range(300)
-    ]
+
+    def used(i: int) -> int:
+        s = 2.0 * i
+        return int(
+            1.5 * GIB + slope_bytes_per_s * s + fill_bytes * (1 - math.exp(-s / 70.0)) + (i % 7) * 2**20
+        )
+
+    samples = [(2.0 * i, used(i), True) for i in range(300)]
     _memory(run, samples, limit)
     return build_verdict(load_run(run))
 
@@ -161,6 +170,20 @@ def test_a_soak_with_a_leak_finds_it_and_projects_the_limit(tmp_path: Path) -> N
     assert abs(trend.projected_s_to_limit / 3600 - 12.6) < 1.5
     finding = next(f for f in describe(v, recommend(v)) if f.key == "memory_trend_0")
     assert finding.severity == "bad"
+
+
+def test_a_soak_whose_memory_levels_off_says_so_and_is_no_leak(tmp_path: Path) -> None:
+    v = _soak(tmp_path, 0.0, limit=4 * GIB, fill_bytes=150 * 2**20)
+    (trend,) = v.memory_trends
+    assert trend.verdict == "levelled", trend.sentence
+    assert trend.rise is not None and trend.rise.slope_bytes_per_h > trend.material_bytes_per_h
+    finding = next(f for f in describe(v, recommend(v)) if f.key == "memory_trend_0")
+    assert finding.severity == "info" and finding.text == trend.sentence
+    assert re.search(r" then (levelled off:|slowed to) .* below the material 41 MiB/h$", finding.text), (
+        finding.text
+    )
+    (data,) = v.to_json()["memory_trends"]
+    assert data["verdict"] == "levelled" and data["rise"]["slope_bytes_per_h"] == trend.rise.slope_bytes_per_h
 
 
 def test_a_run_that_is_no_soak_has_no_trend(tmp_path: Path) -> None:

@@ -10,11 +10,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from oomload.ingest import LogSource, SkipLog, build_trace, iter_records, openai_fast, openai_log, parallel
+from oomload.ingest import LogSource, SkipLog, iter_records, openai_fast, openai_log
 from oomload.ingest.columns import batches_from_records
 from oomload.ingest.openai_fast import read_openai_batches
 from oomload.ingest.openai_log import read_openai_records
-from oomload.trace.model import read_trace
 
 USAGE = {"usage": {"prompt_tokens": 5, "completion_tokens": 2}}
 
@@ -74,23 +73,6 @@ def test_past_the_hold_a_log_with_no_time_yet_keeps_0_and_is_not_held(
     assert first.column("time_s").to_pylist()[0] == 0.0
     fast, exact, _ = _both(source.path)
     assert [r["time_s"] for r in fast] == [0.0] * 5 + [1_700_000_000] and fast == exact
-
-
-def test_the_parallel_reader_holds_untimed_requests_up_to_the_same_bound(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The parallel reader's main process holds the spans read before any time up to
-    ``UNTIMED_HOLD_ROWS`` too: past it they keep 0, as the column reader's chunks do."""
-    lines = [{"response": USAGE}] * 5 + [{"timestamp": 1_700_000_000, "response": USAGE}]
-    log = _write(tmp_path / "gw.jsonl", lines)
-
-    def arrivals(name: str, workers: int) -> list[float]:
-        build_trace([log], tmp_path / name, workers=workers, parallel_min_bytes=1, span_bytes=120)
-        return [r.arrival_s for r in read_trace(tmp_path / name)]
-
-    assert arrivals("held.jsonl", 2) == [0.0] * 6  # within the bound: all take the first time
-    monkeypatch.setattr(parallel, "UNTIMED_HOLD_ROWS", 3)  # spans of about 2 lines: 4 rows held is past it
-    assert arrivals("capped.jsonl", 2) == [0.0] * 5 + [1_700_000_000.0]
 
 
 def _litellm(request_id: str, status: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

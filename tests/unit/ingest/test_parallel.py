@@ -194,6 +194,40 @@ def test_stats_straight_from_spans_match_the_single_process(tmp_path: Path) -> N
     assert (single[5], spread[5]) == (0, 1)  # the second read in byte ranges
 
 
+HOLD_RUNNER = r"""
+import json, sys
+from oomload.ingest import build_trace, parallel
+from oomload.trace.model import read_trace
+out = []
+for name, hold in (("held.jsonl", parallel.UNTIMED_HOLD_ROWS), ("capped.jsonl", 3)):
+    parallel.UNTIMED_HOLD_ROWS = hold
+    path = sys.argv[2] + "/" + name
+    build_trace([sys.argv[1]], path, workers=2, parallel_min_bytes=1, span_bytes=120)
+    out.append([r.arrival_s for r in read_trace(path)])
+print(json.dumps(out))
+"""
+
+
+def test_the_main_process_holds_untimed_spans_up_to_a_bound(tmp_path: Path) -> None:
+    """The spans read before any time are held for it up to ``UNTIMED_HOLD_ROWS`` rows: past it they keep
+    0, as the column reader's chunks do (bounded memory on a log with no time). In a fresh process: one
+    that gevent has patched reads in process."""
+    untimed = json.dumps({"usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+    timed = json.dumps({"timestamp": 1_700_000_000, "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+    log = tmp_path / "gw.jsonl"
+    log.write_text(f"{untimed}\n" * 5 + f"{timed}\n")
+    done = subprocess.run(
+        [sys.executable, "-c", HOLD_RUNNER, str(log), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    held, capped = json.loads(done.stdout.strip().splitlines()[-1])
+    assert held == [0.0] * 6  # within the bound: all take the first time
+    assert capped == [0.0] * 5 + [1_700_000_000.0]  # spans of about 2 lines: 4 rows held is past 3
+
+
 def test_a_gevent_patched_process_reads_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     from oomload.ingest import parallel
 

@@ -138,11 +138,11 @@ def test_parse_errors_are_scrape_failures(tmp_path: Path) -> None:
 
 
 def test_model_mismatch_is_a_scrape_failure_naming_the_models(tmp_path: Path) -> None:
-    p, writer = poller(tmp_path, [vllm_text(model="served")], model_name="other")
+    p, writer = poller(tmp_path, [vllm_text(model="served", extra_models=("second",))], model_name="other")
     record = p.poll_once()
     writer.close()
     assert record["ok"] is False
-    assert "'served'" in record["error"]
+    assert "'second', 'served'" in record["error"]
 
 
 def test_cache_config_written_once_with_max_model_len(tmp_path: Path) -> None:

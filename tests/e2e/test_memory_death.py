@@ -19,7 +19,8 @@ The replay must (issue 31, "Done when"):
 * name the kind from the server's words (``cpu_oom``) and, where the words carry one, the size they say;
 * hold ≥ 10 samples of the server's memory (its process tree, found from ``--serve``'s PID);
 * advise ``--max-num-batched-tokens`` (not a ``max_num_seqs`` cut), and that advice, started by oomload
-  under the same limit, carries the death's level and the next (gate ``no-oom-up-to``: exit 0).
+  under the same limit, carries the death's level and the next (gate ``no-oom-up-to``: exit 0);
+* leave the server's ``--api-key`` nowhere in the run directory, though vLLM prints it at start-up.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ PROMPT_TOKENS, OUTPUT_TOKENS = 4000, 16
 LEVELS = (1, 2, 4, 8, 16, 32)
 HOLD_S = 20
 REPLAY_TIMEOUT_S = 900.0  # a hang detector: two server starts and a ramp on 2 busy cores
+# The server asks for a key (vLLM logs it among its non-default args): oomload sends it, and copies the
+# server's log into the run directory without it while the server runs (realvllm.server)
+API_KEY = "sk-e2e-memory-death-key"
 
 
 def _serve_line(python: Path, model: Path, batched_tokens: int) -> str:
@@ -55,7 +59,7 @@ def _serve_line(python: Path, model: Path, batched_tokens: int) -> str:
         *(str(python), str(LAUNCHER), "serve", str(model), "--served-model-name", "tiny-model"),
         *("--enforce-eager", "--block-size", "256", "--kv-cache-memory-bytes", str(128 * 2**20)),
         *("--max-model-len", "4096", "--max-num-seqs", "64"),
-        *("--max-num-batched-tokens", str(batched_tokens)),
+        *("--max-num-batched-tokens", str(batched_tokens), "--api-key", API_KEY),
     ]
     return shlex.join(argv)
 
@@ -65,8 +69,16 @@ def _replay(trace: Path, run_dir: Path, serve: str, levels: tuple[int, ...], gat
         *("replay", str(trace), "--serve", serve, "--run-dir", str(run_dir), "--gpu", "none"),
         *("--concurrency", ",".join(map(str, levels)), "--hold-s", str(HOLD_S), "--no-refine"),
         *("--no-live", "--no-html", "--gate", gate, *extra),
+        env={"OPENAI_API_KEY": API_KEY},
         timeout_s=REPLAY_TIMEOUT_S,
     )
+
+
+def _assert_no_key(run: Path) -> None:
+    """The key is nowhere in the run directory; the server's log has ``***`` where vLLM printed it."""
+    assert re.search(r"'api_key': \[?'\*\*\*'", (run / "server.log").read_text(errors="replace"))
+    for path in run.rglob("*"):
+        assert not path.is_file() or API_KEY.encode() not in path.read_bytes(), path
 
 
 def _first_worker_error_unix_s(log: str, year: int) -> float:
@@ -103,6 +115,7 @@ def test_an_activation_peak_is_found_named_and_bounded(
     assert (death["kind"], death["memory"]) == ("cpu_oom", True), cause
 
     _assert_died_where_the_log_says(run, death)
+    _assert_no_key(run)
     log = (run / "server.log").read_text(errors="replace")
 
     # the size, from the server's words when they carry one
@@ -137,6 +150,7 @@ def test_an_activation_peak_is_found_named_and_bounded(
     assert result.returncode == ExitCode.OK, result.stdout[-3000:] + result.stderr[-3000:]
     bounded = json.loads((again / "summary.json").read_text())["verdict"]
     assert bounded["onsets"]["engine_death"] is None
+    _assert_no_key(again)
     assert bounded["levels"] == list(carried)
     FIGURES.append(f"memory death: with --max-num-batched-tokens {batched}, levels {carried} carried")
 
@@ -162,6 +176,7 @@ def test_a_chat_replay_finds_the_same_death_while_it_still_calibrates(
     death = verdict["onsets"]["engine_death"]
     assert death is not None and (death["kind"], death["memory"]) == ("cpu_oom", True), death
     _assert_died_where_the_log_says(run, death)
+    _assert_no_key(run)
     assert verdict["requests"]["usage_disagrees"] == 0, verdict["requests"]
     rows = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
     answered = [r for r in rows if r["outcome"] == "ok"]

@@ -189,11 +189,10 @@ def _started(side: RunSide) -> float | None:
 
 def _version(side: RunSide) -> str:
     p = side.provenance
-    if p is not None and p.server_version:
-        return f"vLLM {p.server_version}"
-    if side.summary.simulated:
-        return "simulated"
-    return "not recorded"
+    version = None if p is None else p.server_version
+    if side.summary.simulated:  # the simulator answers /version with the version it mimics
+        return "simulated" if version is None else f"simulated vLLM {version}"
+    return "not recorded" if version is None else f"vLLM {version}"
 
 
 def _death(side: RunSide) -> str | None:

@@ -18,13 +18,13 @@ POOL = {"block_size": 16, "gpu_memory_utilization": 0.9}
 DAY_S = 86_400.0
 
 
-def _run(path: Path, *, onset: int, blocks: int, version: str, day: int) -> Path:
+def _run(path: Path, *, onset: int, blocks: int, version: str, day: int, simulated: bool = False) -> Path:
     """Levels 2, 4, 6, 8, preempting from ``onset``; the level below it and the onset three times."""
     steps = []
     for c in (2, 4, 6, 8):
         times = 3 if c in (onset - 2, onset) else 1
         steps += [StepSpec(c, preemptions=3 if c >= onset else 0) for _ in range(times)]
-    write_run(path, steps, cache_config={**POOL, "num_gpu_blocks": blocks})
+    write_run(path, steps, cache_config={**POOL, "num_gpu_blocks": blocks}, config={"simulated": simulated})
     provenance = Provenance(
         oomload_version="0.1.0",
         trace_path="prod.jsonl",
@@ -47,6 +47,13 @@ def releases(tmp_path: Path) -> Path:
     _run(runs / "a-first", onset=8, blocks=100, version="0.31.0", day=1)
     _run(runs / "b-mid", onset=8, blocks=100, version="0.32.0", day=12)
     return runs
+
+
+def test_a_simulated_run_says_so_beside_the_version_it_mimics(tmp_path: Path) -> None:
+    # the simulator answers /version with the vLLM version it mimics
+    sim = _run(tmp_path / "sim", onset=8, blocks=100, version="0.32.0", day=1, simulated=True)
+    real = _run(tmp_path / "real", onset=8, blocks=100, version="0.32.0", day=2)
+    assert [r.version for r in history_of([sim, real]).rows] == ["simulated vLLM 0.32.0", "vLLM 0.32.0"]
 
 
 def test_the_runs_are_in_time_order_and_the_release_that_moved_is_named(releases: Path) -> None:

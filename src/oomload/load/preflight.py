@@ -1,7 +1,10 @@
 """Before the first request: is the endpoint there, which model does it serve, how long a context?
 
 Plain HTTP (``urllib``, never through a proxy, as the load: ``telemetry.scrape.open_direct``):
-``GET /v1/models`` gives the model id and vLLM's ``max_model_len``. Whatever
+``GET /v1/models`` gives the model id and vLLM's ``max_model_len``, and what ``vllm serve`` was given
+for it (``serve_args``, for the recommended line): vLLM's card has the path or Hub id it loaded
+(``root``) and, for a LoRA adapter, the base model's name (``parent``), so a name given with
+``--served-model-name`` or an adapter's name is not taken for a model to load. Whatever
 goes wrong on the way — a refused connection, an unknown host name, a TLS failure, no answer within the
 timeout, an answer that is not HTTP at all (an SSH banner), an HTTP error, a body that is not JSON —
 becomes an ``EndpointError`` with one clear sentence (exit 3), never a traceback.
@@ -37,6 +40,7 @@ class Preflight:
     model: str
     max_model_len: int | None
     models: tuple[str, ...]
+    serve_args: tuple[str, ...] = ()  # ``vllm serve``'s model (and served name) for this model; () unknown
 
 
 def get_json(url: str, *, timeout_s: float, api_key: str | None = None) -> Any:
@@ -109,7 +113,21 @@ def preflight(base_url: str, *, model: str | None, api_key: str | None, timeout_
         model=str(chosen["id"]),
         max_model_len=max_len if isinstance(max_len, int) and max_len > 0 else None,
         models=ids,
+        serve_args=serve_args(chosen, cards),
     )
+
+
+def serve_args(card: dict[str, Any], cards: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """What ``vllm serve`` was given for the model of ``card`` (module docstring): its ``root`` (a LoRA
+    adapter's: its ``parent``'s), with ``--served-model-name`` when the name differs; ``()`` when the
+    card does not say (a server that is not vLLM)."""
+    parent = card.get("parent")
+    if isinstance(parent, str) and parent:  # a LoRA adapter: the base model is what was served
+        card = next((c for c in cards if c.get("id") == parent), {"id": parent, "root": None})
+    name, root = str(card["id"]), card.get("root")
+    if not isinstance(root, str) or not root:
+        return ()
+    return (root,) if root == name else (root, "--served-model-name", name)
 
 
 def tokenize_counter(base_url: str, model: str, api_key: str | None) -> Callable[[str], int]:

@@ -7,6 +7,8 @@
 ``--host`` and ``--port`` are replaced by the tuner's (loopback and a free port unless the user gave
 them). Nothing else in the line moves, so the winning line is the user's line plus the winner's flags.
 An ``--api-key`` value in the line is a secret: shown and stored as ``***`` (``ServeCommand.secrets``).
+A verdict's recommendation is built the same way (``recommended_line``): the line the server was
+started with, with the recommended flags, or ``vllm serve`` with what the server was given for the model.
 
 Recognised servers (anything else is refused, before anything starts):
 
@@ -115,6 +117,31 @@ def serve_line(argv: Sequence[str], flags: Iterable[tuple[str, str | None]]) -> 
     for flag, value in flags:
         parts += [flag] if value is None else [flag, value]
     return shlex.join(parts)
+
+
+def recommended_line(
+    served_line: str | None, model_args: Sequence[str], flags: tuple[tuple[str, str | None], ...]
+) -> str:
+    """The line a verdict recommends: the line the server was started with (``served_line``: ``--serve``'s
+    or ``--served-with``'s) with ``flags`` set, as ``oomload tune`` sets a winner's; without one, or
+    one this module does not recognise, ``vllm serve`` with ``model_args`` (what the server was given
+    for the model: its path or Hub id, and ``--served-model-name`` when that differs) and ``flags``."""
+    if served_line is not None:
+        try:
+            return parse_serve_command(served_line).shell_line(_Flags(flags))
+        except ConfigError:
+            pass
+    return serve_line(["vllm", "serve", *model_args], flags)
+
+
+@dataclass(frozen=True, slots=True)
+class _Flags:
+    """Fixed flags as a ``FlagSource``."""
+
+    pairs: tuple[tuple[str, str | None], ...]
+
+    def flags(self) -> tuple[tuple[str, str | None], ...]:
+        return self.pairs
 
 
 def flag_text(value: int | float) -> str:

@@ -296,6 +296,7 @@ def config_json(
     max_model_len: int | None,
     simulated: bool,
     records: Sequence[TraceRecord],
+    serve_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     return {
         "schema": 1,
@@ -311,6 +312,7 @@ def config_json(
         "url": url,
         "simulated": simulated,
         "model": model,
+        "serve_args": list(serve_args),  # what ``vllm serve`` was given for it (``load.preflight``)
         "api": config.api,
         "stream": config.stream,
         "schedule": {

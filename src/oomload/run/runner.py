@@ -262,7 +262,9 @@ def _run_with_server(
     # from here on a Ctrl-C or SIGTERM, whenever it comes, ends in status.json and a (partial) report:
     # the session's handlers take over once it runs; until then Python's KeyboardInterrupt does
     try:
-        document = config_json(config, url, info.model, info.max_model_len, simulated, records)
+        document = config_json(
+            config, url, info.model, info.max_model_len, simulated, records, info.serve_args
+        )
         # what the report's run block shows of the server: its version, and the simulator's flags
         document["vllm_version"] = server_version(url, api_key=api_key)
         if simulated:

@@ -297,6 +297,8 @@ class RunConfig:
     raw object (``RunView.config``)."""
 
     model: str | None = None
+    serve_args: tuple[str, ...] = ()  # what ``vllm serve`` was given for the model (``load.preflight``)
+    served_line: str | None = None  # ``--serve``'s line, else ``--served-with``'s (secrets as ``***``)
     url: str | None = None
     simulated: bool | None = None  # the server was oomload's own simulator
     trace_path: str | None = None
@@ -321,6 +323,8 @@ class RunConfig:
         return cls(
             prompt_shape=_prompt_shape(obj),
             model=as_str(obj.get("model")),
+            serve_args=_strings(obj.get("serve_args")),
+            served_line=as_str(obj.get("serve")) or as_str(obj.get("served_with")),
             url=as_str(obj.get("url")),
             simulated=simulated if isinstance(simulated, bool) else None,
             trace_path=as_str(obj.get("trace_path")),
@@ -505,6 +509,13 @@ def as_int(value: Any) -> int | None:
 
 def as_str(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    """A JSON list of strings as a tuple; ``()`` for anything else."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return ()
+    return tuple(value)
 
 
 def max_int(values: Iterable[Any]) -> int | None:

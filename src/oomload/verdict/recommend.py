@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from oomload.capacity.blocks import single_request_limit_tokens
-from oomload.realvllm.servecmd import flag_text, serve_line
+from oomload.realvllm.servecmd import flag_text, recommended_line
 from oomload.rundir.records import CacheConfig
 from oomload.trace.stats import MaxModelLenAdvice, recommend_max_model_len
 from oomload.verdict.death import EngineDeath
@@ -152,7 +152,9 @@ def recommend(verdict: Verdict, *, margin: float = DEFAULT_MARGIN) -> Recommenda
     seqs = _max_num_seqs(verdict)
     util = _gpu_memory_utilization(verdict, cache)
     batched = _max_num_batched_tokens(verdict)
-    flag_line = _flag_line(verdict.run.model, (mml, seqs, util, batched))
+    flags = tuple((s.flag, flag_text(s.value)) for s in (mml, seqs, util, batched) if s.value is not None)
+    run = verdict.run
+    flag_line = recommended_line(run.served_line, run.serve_args or (run.model or "MODEL",), flags)
     return Recommendation(
         max_model_len=mml,
         max_model_len_advice=advice,
@@ -504,13 +506,6 @@ def _memory_rise_share(verdict: Verdict) -> float | None:
     base = steps[0].device_used_max_bytes or 0
     total = steps[0].device_total_bytes or 1
     return max((s.device_used_max_bytes or 0) - base for s in steps) / total
-
-
-def _flag_line(model: str | None, settings: tuple[Setting, ...]) -> str:
-    """The command line to paste, shell-quoted: a model name with spaces, quotes or ``;`` (it comes from
-    the server) stays one argument and runs nothing."""
-    flags = [(s.flag, flag_text(s.value)) for s in settings if s.value is not None]
-    return serve_line(["vllm", "serve", model or "MODEL"], flags)
 
 
 def _reasoning(

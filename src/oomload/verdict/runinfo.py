@@ -62,6 +62,8 @@ class RunInfo:
     # the server's prefill budget: the cache config's, else the --serve line's, else its log's words
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None  # the server's cap on running sequences: its serve line's, else its log's
+    serve_args: tuple[str, ...] = ()  # what ``vllm serve`` was given for the model (config.json)
+    served_line: str | None = None  # ``--serve``'s line, else ``--served-with``'s, secrets as ``***``
 
 
 def run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | None) -> RunInfo:
@@ -88,6 +90,8 @@ def run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | Non
     return RunInfo(
         path=str(view.path),
         model=config.model,
+        serve_args=config.serve_args,
+        served_line=config.served_line,
         url=config.url,
         simulated=config.simulated,
         trace_path=config.trace_path,

@@ -15,7 +15,7 @@ import pytest
 
 from oomload.errors import ConfigError, EndpointError
 from oomload.load.baseurl import BaseUrl
-from oomload.load.preflight import preflight
+from oomload.load.preflight import preflight, serve_args
 
 
 @contextlib.contextmanager
@@ -148,3 +148,16 @@ def test_a_malformed_url_is_a_config_error(url: str, words: str) -> None:
     with pytest.raises(ConfigError, match=r".*") as info:
         BaseUrl.parse(url)
     assert words in str(info.value) and repr(url) in str(info.value)
+
+
+def test_serve_args_are_what_vllm_serve_was_given_for_the_model() -> None:
+    """vLLM's /v1/models card: ``root`` is what it loaded, ``parent`` a LoRA adapter's base model."""
+    base = {"id": "llama", "root": "/models/llama-3.1-8b", "parent": None}
+    hub = {"id": "meta-llama/Llama-3.1-8B", "root": "meta-llama/Llama-3.1-8B", "parent": None}
+    lora = {"id": "sql-lora", "root": "/adapters/sql", "parent": "llama"}
+    cards = [base, lora]
+    assert serve_args(hub, [hub]) == ("meta-llama/Llama-3.1-8B",)
+    assert serve_args(base, cards) == ("/models/llama-3.1-8b", "--served-model-name", "llama")
+    assert serve_args(lora, cards) == ("/models/llama-3.1-8b", "--served-model-name", "llama")
+    assert serve_args({"id": "m"}, [{"id": "m"}]) == ()  # not vLLM: no root, nothing to say
+    assert serve_args({"id": "a", "root": "/r", "parent": "gone"}, []) == ()  # its base is not listed

@@ -67,10 +67,26 @@ def test_a_server_already_capped_at_the_safe_level_gets_no_cap(tmp_path: Path) -
         verdict_of(write_run(tmp_path / "r", cpu_knee_steps(), cache_config=CPU_CACHE, config=config))
     )
     assert (rec.max_num_seqs.value, rec.max_num_seqs.current) == (None, 4)
-    assert "--max-num-seqs" not in rec.flag_line
+    assert rec.flag_line == "vllm serve m --max-num-seqs 4 --max-model-len 768"  # its line, no cap added
     assert (
         "already runs at most 4 sequences at once, so a cap at 5 changes nothing" in rec.max_num_seqs.reason
     )
+
+
+def test_the_line_is_the_servers_own_or_what_vllm_serve_was_given_for_the_model(tmp_path: Path) -> None:
+    served = {"served_with": "prlimit --data=2G -- vllm serve /m --served-model-name m --max-num-seqs=64"}
+    rec = recommend(
+        verdict_of(write_run(tmp_path / "a", cpu_knee_steps(), cache_config=CPU_CACHE, config=served))
+    )
+    assert rec.flag_line == (
+        "prlimit --data=2G -- vllm serve /m --served-model-name m --max-model-len 768 --max-num-seqs 5"
+    )
+    # a name given with --served-model-name (or a LoRA adapter's) is not the model to load
+    alias = {"model": "llama", "serve_args": ["/models/llama", "--served-model-name", "llama"]}
+    rec = recommend(
+        verdict_of(write_run(tmp_path / "b", cpu_knee_steps(), cache_config=CPU_CACHE, config=alias))
+    )
+    assert rec.flag_line.startswith("vllm serve /models/llama --served-model-name llama --max-model-len 768")
 
 
 def test_real_oom_advises_gpu_memory_utilization_and_a_prefill_bound_not_a_cap(tmp_path: Path) -> None:

@@ -298,7 +298,6 @@ class RunConfig:
 
     model: str | None = None
     serve_args: tuple[str, ...] = ()  # what ``vllm serve`` was given for the model (``load.preflight``)
-    served_line: str | None = None  # ``--serve``'s line, else ``--served-with``'s (secrets as ``***``)
     url: str | None = None
     simulated: bool | None = None  # the server was oomload's own simulator
     trace_path: str | None = None
@@ -324,7 +323,6 @@ class RunConfig:
             prompt_shape=_prompt_shape(obj),
             model=as_str(obj.get("model")),
             serve_args=_strings(obj.get("serve_args")),
-            served_line=as_str(obj.get("serve")) or as_str(obj.get("served_with")),
             url=as_str(obj.get("url")),
             simulated=simulated if isinstance(simulated, bool) else None,
             trace_path=as_str(obj.get("trace_path")),

@@ -91,7 +91,7 @@ def run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | Non
         path=str(view.path),
         model=config.model,
         serve_args=config.serve_args,
-        served_line=config.served_line,
+        served_line=served_line(view.config),
         url=config.url,
         simulated=config.simulated,
         trace_path=config.trace_path,

@@ -3,9 +3,10 @@
 vLLM logs its non-default arguments at start-up, the key among them. The server oomload starts is a
 stand-in for ``vllm serve`` (``fakevllm``: a ``vllm`` on a path of its own that says its arguments as
 vLLM does, then serves the simulator and names the key again every 0.4 s, split between two writes).
-Each test runs oomload as a user would and reads every file of the run directory every
-``POLL_S`` while it runs — a run killed at any of those moments (SIGKILL, a CI job's timeout) would
-leave what was read — and again at the end; the error a failed start prints is checked too. The
+Each test runs oomload as a user would and reads every file of the run directory and of oomload's
+``TMPDIR`` (where the server's raw log is made, then unnamed) every ``POLL_S`` while it runs — a run
+killed at any of those moments (SIGKILL, a CI job's timeout) would leave what was read — and again at
+the end; the error a failed start prints is checked too. The
 replays run in subprocesses (Locust patches the process with gevent) and are bounded by ``--hold-s``.
 """
 
@@ -61,6 +62,7 @@ def _watch(argv: list[str], watched: Path, tmp_path: Path) -> tuple[int, str, st
             deadline = time.monotonic() + HANG_S
             while proc.poll() is None and time.monotonic() < deadline:
                 assert _files_holding(watched, KEY.encode()) == [], "the key is in the run directory mid-run"
+                assert _files_holding(temp, KEY.encode()) == [], "the key is in a file of TMPDIR mid-run"
                 logs = [p for p in watched.rglob("server.log") if p.is_file()]
                 scrubbed_reads += any(b"***" in p.read_bytes() for p in logs)
                 time.sleep(POLL_S)
@@ -74,7 +76,8 @@ def _watch(argv: list[str], watched: Path, tmp_path: Path) -> tuple[int, str, st
                     proc.wait()
             kill_fake_vllms(tmp_path / "bin")
     assert _files_holding(watched, KEY.encode()) == []
-    assert _files_holding(temp, KEY.encode()) == []  # the raw log went with its temporary directory
+    assert _files_holding(temp, KEY.encode()) == []
+    assert list(temp.glob("oomload-log-*")) == []  # the raw log had no name, nor a directory, after start
     return proc.returncode, out.read_text(), err.read_text(), scrubbed_reads
 
 

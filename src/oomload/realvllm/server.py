@@ -14,15 +14,18 @@ raises ``EndpointError`` with the tail of the server log.
 
 The log: stdout and stderr go to ``log_path`` as the server writes them — unless the line holds
 ``secrets`` (its ``--api-key``, which vLLM logs at start-up among its non-default arguments). Then
-the server writes to a file of a private directory of its own (``tempfile.mkdtemp``: mode 0700,
-outside the log directory), and ``ServerLogFollower`` copies what it gains into ``log_path`` every
-half second with each secret written as ``***``, so ``log_path`` never holds a secret, not even for
-a moment: a run killed hard (SIGKILL, a CI job's timeout) leaves none in the run directory. The copy
+the server writes to a file that has no name: made in a private directory (``tempfile.mkdtemp``:
+mode 0700), held open by oomload and removed with its directory before the server starts, so its
+bytes live only as long as an open descriptor (the server's, oomload's) and a run killed hard
+(SIGKILL, a CI job's timeout) leaves no secret on disk, in the run directory or elsewhere.
+``ServerLogFollower`` reads it back through ``/proc/PID/fd/N`` (where there is no ``/proc`` the file
+keeps its name until ``stop()``) and copies what it gains into ``log_path`` every half second with
+each secret written as ``***``, so ``log_path`` never holds a secret, not even for a moment. The copy
 is the follower's in every other way too: past 64 MiB only the last MiB is kept, and a write that
 fails stops the copy with one sentence (``on_log_problem``). ``sync_log()`` brings the copy up to
 now (``start()`` does before it returns, so the start-up lines are there; a reader of a death does
 before it reads), ``log_text()`` is the log so far with the secrets as ``***``, and ``stop()``
-finishes the copy (the last chunk, the scrubber's held-back end) and removes the private directory.
+finishes the copy (the last chunk, the scrubber's held-back end) and closes the raw log.
 
 The server runs in a process group of its own but in oomload's session. Not a session of its own:
 on Linux a session is a CPU autogroup, and the scheduler shares the CPUs fairly between autogroups
@@ -213,7 +216,8 @@ class RealVllmServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._pgid: int | None = None
         self._log: IO[bytes] | None = None  # what the server writes to: log_path, or the raw log
-        self._raw_dir: Path | None = None  # with secrets: the private directory of the raw log
+        self._raw_source: Path | None = None  # with secrets: where the raw log is read (/proc/PID/fd/N)
+        self._raw_fd: int | None = None  # with secrets: the descriptor that keeps an unnamed raw log
         self._copy: ServerLogFollower | None = None  # with secrets: raw log → log_path, scrubbed
 
     @property
@@ -267,11 +271,11 @@ class RealVllmServer:
         if not self.secrets:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - held open while the server runs
             return
-        self._raw_dir = Path(tempfile.mkdtemp(prefix="oomload-log-"))  # 0700, removed by stop()
-        raw = self._raw_dir / self.log_path.name
+        raw = Path(tempfile.mkdtemp(prefix="oomload-log-")) / self.log_path.name  # 0700
         self._log = open(raw, "ab")  # noqa: SIM115 - held open while the server runs
+        self._raw_source, self._raw_fd = _unnamed(raw)
         self._copy = ServerLogFollower(
-            raw, self.log_path, secrets=self.secrets, on_problem=self.on_log_problem
+            self._raw_source, self.log_path, secrets=self.secrets, on_problem=self.on_log_problem
         )
         self._copy.start()  # from the raw log's end: its first byte, it was just made
 
@@ -337,7 +341,7 @@ class RealVllmServer:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
     def _log_source(self) -> Path:
-        return self.log_path if self._raw_dir is None else self._raw_dir / self.log_path.name
+        return self.log_path if self._raw_source is None else self._raw_source
 
     def pause(self) -> None:
         """SIGSTOP every process of the server: nothing more is computed or sent (a hung server)."""
@@ -385,22 +389,40 @@ class RealVllmServer:
 
     def _close_log(self) -> None:
         """Close the server's log; with secrets finish the copy (the last chunk, the scrubber's held-back
-        end) and remove the raw log with its private directory."""
+        end) and let the raw log go (without ``/proc`` it still has its name: remove it and its directory)."""
         if self._log is not None:
             self._log.close()
             self._log = None
         if self._copy is not None:
             self._copy.stop()
             self._copy = None
-        if self._raw_dir is not None:
-            shutil.rmtree(self._raw_dir, ignore_errors=True)
-            self._raw_dir = None
+        if self._raw_fd is not None:
+            os.close(self._raw_fd)
+            self._raw_fd = None
+        elif self._raw_source is not None:
+            shutil.rmtree(self._raw_source.parent, ignore_errors=True)
+        self._raw_source = None
 
     def __enter__(self) -> RealVllmServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _unnamed(path: Path) -> tuple[Path, int | None]:
+    """Hold ``path`` open for reading and remove it with its directory: its bytes then live as long as a
+    descriptor on it (the writer's, this one), and nothing is left on disk when both processes are killed.
+    Returns where to read it (``/proc/PID/fd/N``) and the descriptor to close when done; where ``/proc``
+    has no such link, ``(path, None)``: the file keeps its name."""
+    fd = os.open(path, os.O_RDONLY)  # not inherited by the server (PEP 446)
+    view = Path(f"/proc/{os.getpid()}/fd/{fd}")
+    if not view.is_file():
+        os.close(fd)
+        return path, None
+    path.unlink()
+    path.parent.rmdir()
+    return view, fd
 
 
 def group_members(pgid: int) -> list[int]:

@@ -28,7 +28,7 @@
    run directory to ``oomload.report.finalize_run`` for the verdict and the exit code (130 when
    interrupted); with ``--web`` (and a run not ended by Ctrl-C: on its own, or by the web UI's STOP)
    the web UI then keeps serving the verdict until Ctrl-C or ``--web-keep-s``; last, stop the server oomload
-   started (its whole process group; the copy of its log is finished, its raw log removed).
+   started (its whole process group; the copy of its log is finished, its raw log closed).
 
 From the moment the run directory exists, a Ctrl-C or SIGTERM — whenever it comes — ends in
 ``status.json`` (``interrupted``) and a partial report. A run directory that stops taking writes

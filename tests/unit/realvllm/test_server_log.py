@@ -1,5 +1,6 @@
 """``RealVllmServer``'s log: byte for byte what the server wrote without secrets; with them a copy that
-never holds one, up to date whenever it is asked (``sync_log``), finished and its raw log gone at stop.
+never holds one, up to date whenever it is asked (``sync_log``), finished at stop; the raw log has no name
+while the server runs (it has one, in a 0700 directory, only where ``/proc`` cannot read it back).
 
 The server is a Python snippet (a ``ServeSpec`` of the test's) that answers ``/health`` on the host and
 port it is given, and ``/say``, for which it writes a line naming the key before it answers.
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from oomload.errors import EndpointError
+from oomload.realvllm import server as server_module
 from oomload.realvllm.server import RealVllmServer
 
 KEY = "sk-raw-log-only-4711"
@@ -109,13 +111,27 @@ def test_a_running_servers_copy_is_up_to_date_when_synced_and_never_holds_the_ke
         assert (
             server.log_path.read_text() == "INFO non-default args: {'api_key': ['***'], 'max_num_seqs': 7}\n"
         )
-        [raw_dir] = temp.iterdir()
-        assert raw_dir.stat().st_mode & 0o777 == 0o700
+        assert list(temp.iterdir()) == []  # the raw log has no name: a kill leaves nothing behind
         for n in range(3):
             urllib.request.urlopen(server.url + "/say", timeout=10).close()  # written before it answers
             server.sync_log()  # no waiting for the follower's next poll
             assert server.log_path.read_text().count("INFO asked, and says *** again\n") == n + 1
             assert server.log_text().count("says *** again") == n + 1
         assert "***" in server.log_tail(1) and KEY not in server.log_tail()
+    assert KEY not in server.log_path.read_text()
+    assert list(temp.iterdir()) == []
+
+
+def test_without_proc_links_the_raw_log_keeps_a_private_name_until_stop(
+    tmp_path: Path, temp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module.os, "getpid", lambda: 2**31 - 1)  # no /proc/PID/fd/N to read through
+    server = _server(tmp_path, SERVER, (KEY,))
+    with server:
+        [raw_dir] = temp.iterdir()
+        assert raw_dir.stat().st_mode & 0o777 == 0o700
+        urllib.request.urlopen(server.url + "/say", timeout=10).close()
+        server.sync_log()
+        assert server.log_path.read_text().count("INFO asked, and says *** again\n") == 1
     assert KEY not in server.log_path.read_text()
     assert list(temp.iterdir()) == []

@@ -46,14 +46,7 @@ import orjson
 import pyarrow as pa
 
 from oomload.ingest.columns import make_batch
-from oomload.ingest.openai_log import (
-    UNTIMED_HOLD_ROWS,
-    _int_or_none,
-    _to_seconds,
-    parse_openai_line,
-    status_failed,
-    untimed_note_text,
-)
+from oomload.ingest.openai_log import _int_or_none, _to_seconds, parse_openai_line, status_failed
 from oomload.ingest.openai_parts import PartMarks, line_parts, parts_of, prompt_parts
 from oomload.ingest.openai_schema import (
     BODY_DECODER,
@@ -73,6 +66,7 @@ from oomload.ingest.openai_schema import (
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import NOT_JSON_OBJECT, LogSource
 from oomload.ingest.tokens import TokenCounter
+from oomload.ingest.untimed import LeadingUntimed, untimed_note_text
 from oomload.trace.model import MAX_ID_CHARS, MAX_TIME_S, MAX_TOKENS, values_bounds_reason
 from oomload.trace.prefix import BlockHasher
 
@@ -516,11 +510,8 @@ def read_openai_batches(
     """
     decode_plain = (PLAIN_DECODER if hasher is None else PLAIN_PARTS_DECODER).decode_lines
     plain_again_in = 0  # pieces to read before trying ``Plain`` again (after one that was not)
-    last_time = 0.0
     untimed = 0
-    seen_timed = False
-    held: list[pa.Table] = []  # batches before the first timed request: they take its time
-    held_rows = 0
+    leading_untimed = LeadingUntimed()  # batches before the first timed request: they take its time
     for chunk in source.iter_views():
         columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
         marks = PartMarks(counter)  # each row's prompt parts (with ``hasher``): chained per chunk
@@ -568,32 +559,23 @@ def read_openai_batches(
             untimed += int(missing.sum())
             timed_at = np.where(missing, -1, np.arange(len(times)))
             np.maximum.accumulate(timed_at, out=timed_at)
-            before_s = last_time if seen_timed or missing.all() else float(times[np.argmin(missing)])
+            seen_timed = leading_untimed.seen_timed
+            before_s = (
+                leading_untimed.last_s if seen_timed or missing.all() else float(times[np.argmin(missing)])
+            )
             times = np.where(timed_at >= 0, times[np.maximum(timed_at, 0)], before_s)
             if not seen_timed:
                 leading = int(np.count_nonzero(timed_at < 0))
             batch = batch.set_column(batch.schema.get_field_index("time_s"), "time_s", pa.array(times))
         if leading:
             batch = batch.replace_schema_metadata({b"leading_untimed": str(leading).encode()})
-        if not seen_timed and missing.all():  # no time yet in ``source``: wait for the first one
-            held, held_rows = [*held, batch], held_rows + batch.num_rows
-            if held_rows > UNTIMED_HOLD_ROWS:  # none in that many: they keep 0 (bounded memory)
-                yield from held
-                held, seen_timed, last_time = [], True, 0.0
+        if not leading_untimed.seen_timed and missing.all():  # no time yet in ``source``: wait for one
+            yield from leading_untimed.hold(batch)
             continue
-        yield from (with_time(h, float(times[0])) for h in held)
-        held = []
-        seen_timed = True
-        last_time = float(times[-1])
+        yield from leading_untimed.timed(float(times[0]), float(times[-1]))
         yield batch
-    yield from held  # no time in the whole of ``source``: 0
+    yield from leading_untimed.finish()  # no time in the whole of ``source``: 0
     if untimed and on_untimed is not None:
         on_untimed(untimed)  # a span of the file: its caller notes the file's total
     elif untimed:
         skips.note(untimed_note_text(source.name, untimed))
-
-
-def with_time(batch: pa.Table, time_s: float) -> pa.Table:
-    """``batch`` with every row at ``time_s`` (its metadata kept)."""
-    times = pa.array(np.full(batch.num_rows, time_s))
-    return batch.set_column(batch.schema.get_field_index("time_s"), "time_s", times)

@@ -43,6 +43,7 @@ from oomload.ingest.skips import NO_TOKEN_COUNTS, SkipLog
 from oomload.ingest.source import LogSource, iter_json_objects
 from oomload.ingest.tabular import parse_datetime_s
 from oomload.ingest.tokens import TokenCounter
+from oomload.ingest.untimed import UNTIMED_HOLD_ROWS, untimed_note_text
 from oomload.trace.model import TraceRecord, bounds_reason
 
 TIME_KEYS = (
@@ -93,19 +94,6 @@ def read_openai_records(
     yield from (replace(r, arrival_s=0.0) for r in held)  # no time in the whole log
     if untimed:
         skips.note(untimed_note_text(source.name, untimed))
-
-
-# Requests held for the first timed one at most: past them a log with no time yet keeps 0 for them (as
-# it does for a log with no time at all), so the memory a build needs does not grow with such a log.
-UNTIMED_HOLD_ROWS = 100_000
-
-
-def untimed_note_text(name: str, untimed: int) -> str:
-    """The note on requests without a time (the same from every reader of OpenAI-style logs)."""
-    return (
-        f"{name}: {untimed} requests had no timestamp (each given the previous one's time, "
-        "or the first timed one's when none came before)"
-    )
 
 
 def parse_openai_line(

@@ -73,12 +73,11 @@ import pyarrow as pa
 
 from oomload.errors import OomloadError, TraceFormatError
 from oomload.ingest.inputs import iter_source_batches, with_pseudonyms
-from oomload.ingest.openai_fast import with_time
-from oomload.ingest.openai_log import UNTIMED_HOLD_ROWS, untimed_note_text
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, ReadMeter
 from oomload.ingest.tabular import csv_header, read_csv_batches
 from oomload.ingest.tokens import TokenCounter
+from oomload.ingest.untimed import LeadingUntimed, untimed_note_text
 from oomload.ingest.workertasks import (
     CounterRecipe,
     FileResult,
@@ -289,10 +288,7 @@ def _span_batches(
     todo = iter(spans)
     rows_before = 1  # a CSV's lines: its header, then each span's rows
     jsonl_lines = _LineCount(source.path)  # a JSONL's lines: counted only when a span skipped one
-    last_time = 0.0
-    seen_timed = False  # a timed request in the spans read so far
-    held: list[pa.Table] = []  # batches before the file's first timed request: they take its time
-    held_rows = 0
+    leading_untimed = LeadingUntimed()  # batches before the file's first timed request: they take its time
     untimed = 0
     notes: list[str] = []
     origin_s: float | None = None  # the first request's time: workers render once it is known
@@ -342,13 +338,13 @@ def _span_batches(
         untimed += result.untimed
         for item in result.batches:
             if isinstance(item, RenderedLines):
-                last_time = item.last_s
+                leading_untimed.last_s = item.last_s
                 if progress is not None:
                     progress(0, item.rows)
                 yield item
                 continue
             if isinstance(item, Stored):
-                last_time = item.times.last_s
+                leading_untimed.last_s = item.times.last_s
                 if progress is not None:
                     progress(0, item.times.rows)
                 yield LinesToRender(*item.times, start=_starter(pool, item.path, origin_s))
@@ -358,25 +354,21 @@ def _span_batches(
             batch = batch.replace_schema_metadata(None)
             if progress is not None:
                 progress(0, batch.num_rows)
+            seen_timed = leading_untimed.seen_timed
             if leading and not seen_timed and leading == batch.num_rows:  # no time yet in the file
-                held.append(batch)
-                held_rows += batch.num_rows
-                if held_rows <= UNTIMED_HOLD_ROWS:
-                    continue
-                origin_s = 0.0 if origin_s is None else origin_s  # none came: they keep 0 (bounded memory)
-                yield from held
-                held, seen_timed, last_time = [], True, 0.0
+                released = leading_untimed.hold(batch)
+                if released:  # none came in the bound: they keep 0 (bounded memory)
+                    origin_s = 0.0 if origin_s is None else origin_s
+                yield from released
                 continue
             if leading:
                 times = np.asarray(batch.column("time_s"), dtype=np.float64).copy()
-                times[:leading] = last_time if seen_timed else times[leading]
+                times[:leading] = leading_untimed.last_s if seen_timed else times[leading]
                 batch = batch.set_column(batch.schema.get_field_index("time_s"), "time_s", pa.array(times))
             if origin_s is None and batch.num_rows:
                 origin_s = float(batch.column("time_s")[0].as_py())
-            yield from (with_time(h, float(batch.column("time_s")[0].as_py())) for h in held)
-            held = []
-            seen_timed = True
-            last_time = float(batch.column("time_s")[-1].as_py())
+            first_s, last_s = (float(batch.column("time_s")[i].as_py()) for i in (0, -1))
+            yield from leading_untimed.timed(first_s, last_s)
             yield batch
         if progress is not None:
             progress(span[1] - span[0], 0)
@@ -384,7 +376,7 @@ def _span_batches(
         while len(pending) < (2 * pool.workers if origin_s is not None or not pool.render else 1):
             if not submit():
                 break
-    yield from held  # no time in the whole file: 0
+    yield from leading_untimed.finish()  # no time in the whole file: 0
     for note in notes:
         skips.note(note)
     if untimed:

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from oomload.ingest import LogSource, SkipLog, iter_records, openai_fast, openai_log
+from oomload.ingest import LogSource, SkipLog, iter_records, openai_fast, openai_log, untimed
 from oomload.ingest.columns import batches_from_records
 from oomload.ingest.openai_fast import read_openai_batches
 from oomload.ingest.openai_log import read_openai_records
@@ -64,8 +64,8 @@ def test_past_the_hold_a_log_with_no_time_yet_keeps_0_and_is_not_held(
     """The requests before the first timed one are held for its time only up to ``UNTIMED_HOLD_ROWS``
     (bounded memory on a log with no time at all): past it they keep 0, as a log without time does."""
     monkeypatch.setattr(LogSource.iter_views, "__defaults__", (64,))  # chunks of a line or two
-    monkeypatch.setattr(openai_fast, "UNTIMED_HOLD_ROWS", 3)
-    monkeypatch.setattr(openai_log, "UNTIMED_HOLD_ROWS", 3)
+    monkeypatch.setattr(untimed, "UNTIMED_HOLD_ROWS", 3)  # the column reader's hold
+    monkeypatch.setattr(openai_log, "UNTIMED_HOLD_ROWS", 3)  # the record reader's
     lines = [{"response": USAGE}] * 5 + [{"timestamp": 1_700_000_000, "response": USAGE}]
     source = LogSource(_write(tmp_path / "gw.jsonl", lines))
     batches = read_openai_batches(source, SkipLog(), None)

@@ -196,11 +196,11 @@ def test_stats_straight_from_spans_match_the_single_process(tmp_path: Path) -> N
 
 HOLD_RUNNER = r"""
 import json, sys
-from oomload.ingest import build_trace, parallel
+from oomload.ingest import build_trace, untimed
 from oomload.trace.model import read_trace
 out = []
-for name, hold in (("held.jsonl", parallel.UNTIMED_HOLD_ROWS), ("capped.jsonl", 3)):
-    parallel.UNTIMED_HOLD_ROWS = hold
+for name, hold in (("held.jsonl", untimed.UNTIMED_HOLD_ROWS), ("capped.jsonl", 3)):
+    untimed.UNTIMED_HOLD_ROWS = hold
     path = sys.argv[2] + "/" + name
     build_trace([sys.argv[1]], path, workers=2, parallel_min_bytes=1, span_bytes=120)
     out.append([r.arrival_s for r in read_trace(path)])

@@ -4,7 +4,8 @@ Plain HTTP (``urllib``, never through a proxy, as the load: ``telemetry.scrape.o
 ``GET /v1/models`` gives the model id and vLLM's ``max_model_len``, and what ``vllm serve`` was given
 for it (``serve_args``, for the recommended line): vLLM's card has the path or Hub id it loaded
 (``root``) and, for a LoRA adapter, the base model's name (``parent``), so a name given with
-``--served-model-name`` or an adapter's name is not taken for a model to load. Whatever
+``--served-model-name`` or an adapter's name is not taken for a model to load, and the adapters served
+on the base are named with their paths (``--lora-modules``). Whatever
 goes wrong on the way — a refused connection, an unknown host name, a TLS failure, no answer within the
 timeout, an answer that is not HTTP at all (an SSH banner), an HTTP error, a body that is not JSON —
 becomes an ``EndpointError`` with one clear sentence (exit 3), never a traceback.
@@ -25,6 +26,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from oomload.errors import EndpointError
@@ -119,15 +121,44 @@ def preflight(base_url: str, *, model: str | None, api_key: str | None, timeout_
 
 def serve_args(card: dict[str, Any], cards: Sequence[dict[str, Any]]) -> tuple[str, ...]:
     """What ``vllm serve`` was given for the model of ``card`` (module docstring): its ``root`` (a LoRA
-    adapter's: its ``parent``'s), with ``--served-model-name`` when the name differs; ``()`` when the
-    card does not say (a server that is not vLLM)."""
+    adapter's: its ``parent``'s), with ``--served-model-name`` when the name differs, and the adapters
+    served on that base (``--enable-lora --lora-modules NAME=ROOT …``, with ``--max-lora-rank`` when an
+    adapter's ``adapter_config.json`` is readable here and its rank is above vLLM's default); ``()``
+    when the card does not say (a server that is not vLLM)."""
     parent = card.get("parent")
     if isinstance(parent, str) and parent:  # a LoRA adapter: the base model is what was served
         card = next((c for c in cards if c.get("id") == parent), {"id": parent, "root": None})
     name, root = str(card["id"]), card.get("root")
     if not isinstance(root, str) or not root:
         return ()
-    return (root,) if root == name else (root, "--served-model-name", name)
+    args = [root] if root == name else [root, "--served-model-name", name]
+    adapters = [(str(c["id"]), c["root"]) for c in cards if c.get("parent") == name and _text(c.get("root"))]
+    if adapters:
+        args += ["--enable-lora", "--lora-modules", *(f"{a}={path}" for a, path in adapters)]
+        rank = max((_lora_rank(path) for _, path in adapters), default=0)
+        if rank > DEFAULT_LORA_RANK:
+            args += ["--max-lora-rank", str(min((r for r in LORA_RANKS if r >= rank), default=rank))]
+    return tuple(args)
+
+
+# vLLM's ``--max-lora-rank`` choices and default (``vllm/config/lora.py``, 0.11-0.13)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+DEFAULT_LORA_RANK = 16
+
+
+def _text(value: object) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def _lora_rank(root: str) -> int:
+    """A PEFT adapter's rank ``r`` from ``ROOT/adapter_config.json``; 0 when it cannot be read here (a
+    server on another host, a Hub id)."""
+    try:
+        obj = json.loads((Path(root) / "adapter_config.json").read_text(encoding="utf-8"))
+        rank = obj.get("r") if isinstance(obj, dict) else None
+    except (OSError, ValueError):
+        return 0
+    return rank if isinstance(rank, int) and rank > 0 else 0
 
 
 def tokenize_counter(base_url: str, model: str, api_key: str | None) -> Callable[[str], int]:

@@ -7,9 +7,11 @@ one that closes at once, one that speaks plain HTTP to an ``https://`` URL.
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -157,7 +159,27 @@ def test_serve_args_are_what_vllm_serve_was_given_for_the_model() -> None:
     lora = {"id": "sql-lora", "root": "/adapters/sql", "parent": "llama"}
     cards = [base, lora]
     assert serve_args(hub, [hub]) == ("meta-llama/Llama-3.1-8B",)
-    assert serve_args(base, cards) == ("/models/llama-3.1-8b", "--served-model-name", "llama")
-    assert serve_args(lora, cards) == ("/models/llama-3.1-8b", "--served-model-name", "llama")
+    served = ("/models/llama-3.1-8b", "--served-model-name", "llama")
+    adapters = ("--enable-lora", "--lora-modules", "sql-lora=/adapters/sql")
+    assert serve_args(base, [base]) == served
+    assert serve_args(base, cards) == (*served, *adapters)  # the server had its adapters: they stay
+    assert serve_args(lora, cards) == (*served, *adapters)
     assert serve_args({"id": "m"}, [{"id": "m"}]) == ()  # not vLLM: no root, nothing to say
     assert serve_args({"id": "a", "root": "/r", "parent": "gone"}, []) == ()  # its base is not listed
+
+
+def test_an_adapter_of_a_rank_above_the_default_gets_a_rank_vllm_accepts(tmp_path: Path) -> None:
+    """vLLM refuses an adapter above ``--max-lora-rank`` (16 unless given): the rank is read from the
+    adapter's ``adapter_config.json`` where oomload can read it, rounded up to one of vLLM's choices."""
+    ranks = {"r8": 8, "r24": 24, "unreadable": None}
+    cards = [{"id": "base", "root": "/m/base", "parent": None}]
+    for name, rank in ranks.items():
+        (tmp_path / name).mkdir()
+        if rank is not None:
+            (tmp_path / name / "adapter_config.json").write_text(json.dumps({"r": rank, "peft_type": "LORA"}))
+        cards.append({"id": name, "root": str(tmp_path / name), "parent": "base"})
+    args = serve_args(cards[1], cards)
+    assert args[:3] == ("/m/base", "--served-model-name", "base")
+    assert args[-2:] == ("--max-lora-rank", "32")  # 24 → vLLM's next choice
+    assert serve_args(cards[1], cards[:2]) == ("/m/base", "--served-model-name", "base", "--enable-lora",
+                                               "--lora-modules", f"r8={tmp_path / 'r8'}")  # fmt: skip

@@ -3,8 +3,9 @@
 Warnings (they lower the level):
 
 * ``no_steps`` — no measured step; ``cut_short`` — the run was cut short (by Ctrl-C, the time limit,
-  an error: levels the schedule asked for are missing. A run ended by the engine's death is
-  information instead: the death is the finding, and the steps before it stand);
+  an error, a kill of the server from outside: levels the schedule asked for are missing. A run
+  ended by any other engine death is information instead: the death is the finding, and the steps
+  before it stand);
 * ``few_requests`` — a step decided fewer requests than the schedule's ``min_requests``;
 * ``requests_failed`` — a step's requests mostly failed (``StepFacts.mostly_failed``): it is no
   evidence; ``run_failed`` — the run's requests mostly failed (``Verdict.failed_run``): nothing to judge;

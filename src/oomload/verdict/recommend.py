@@ -11,9 +11,11 @@
   concurrency, so keep it), and a KV pool too small to hold one P99-length request
   (``capped_by_kv_cache``: vLLM refuses to start with a longer limit) — then the advice is more KV
   memory (``--gpu-memory-utilization``, a bigger GPU, tensor parallelism), not a shorter window.
-* ``max_num_seqs`` — the last safe concurrency, when something broke above it (preemption, engine
+* ``max_num_seqs`` — the last safe concurrency, when something broke above it (preemption, a memory
   death, admission rejections): capping running sequences there keeps the KV pool from preempting at
-  the replayed lengths. A server whose own cap (``RunInfo.max_num_seqs``: its serve line's, the
+  the replayed lengths. A death that was not of memory (a kill from outside, a crash, no known cause:
+  ``EngineDeath.memory``) is no reason for a cap: the reason names it and says the levels above it
+  were not measured. A server whose own cap (``RunInfo.max_num_seqs``: its serve line's, the
   simulator's flags', else its log's) is already at or below that level gets no number: a cap there
   would not lower what broke. Nothing broke → no cap is advised, and the highest clean level is named.
   A run that replayed only the trace's tail (``tail_percentile`` in ``config.json``) or its arrival
@@ -30,14 +32,14 @@
   ``cpu_oom``: an allocation failed in a forward pass once concurrency rose), the prefill batch is
   bounded before concurrency is capped: the last level below the death that ran clean prefilled up
   to min(the server's value, level × the trace's P99 prompt) tokens at once and survived; the advice
-  is a quarter of that (``PREFILL_SHARE``), on multiples of 256, never below 2048. A quarter, not
+  is a quarter of that (``deathadvice.PREFILL_SHARE``), on multiples of 256, never below 2048. A quarter, not
   half: a heap that grows with the load's history leaves less than one step of it did. Measured on
   the CPU harness (a 1.3 GB data limit, 4,000-token prompts, death at 16 after 8 carried 32,000
   tokens): half, 15,872, died again under 20 s holds at 16 or 32 in 2 runs of 2; a quarter, 7,936,
   carried 16, 32 and 64. The server's value comes from the cache config, the
   ``--serve`` line or its start-up log (``runinfo.served_scheduler``); a server already at or
   below the advice gets no number and is told to cap ``max_num_seqs`` instead (the death is then
-  the cap's to answer, as any other death is), and without the server's value the bound is given in
+  the cap's to answer, as any other memory death is), and without the server's value the bound is given in
   words only ("at most N, below the server's value"): a number above the server's own would raise
   it. A death the prefill bound answers is not a reason for a ``max_num_seqs`` cap (preemption
   still is). Otherwise, when transient spikes are
@@ -61,7 +63,16 @@ from oomload.realvllm.servecmd import flag_text, recommended_line
 from oomload.rundir.records import CacheConfig
 from oomload.trace.stats import MaxModelLenAdvice, recommend_max_model_len
 from oomload.verdict.death import EngineDeath
-from oomload.verdict.deathcause import DeathKind, format_bytes
+from oomload.verdict.deathadvice import (
+    BATCHED_TOKENS_ACTION,
+    BATCHED_TOKENS_UNKNOWN,
+    MIN_BATCHED_TOKENS,
+    activation_death,
+    host_memory_advice,
+    not_memory_text,
+    prefill_advice,
+)
+from oomload.verdict.deathcause import DeathKind
 from oomload.verdict.verdict import Verdict, kv_peak_text
 
 DEFAULT_MARGIN = 0.10
@@ -69,14 +80,6 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 GPU_MEMORY_UTILIZATION_STEP = 0.05
 GPU_MEMORY_UTILIZATION_FLOOR = 0.5
 SPIKE_SHARE = 0.02
-MIN_BATCHED_TOKENS = 2048
-PREFILL_ROUND_TOKENS = 256
-PREFILL_SHARE = 0.25  # of what the last clean level prefilled at once (module docstring)
-BATCHED_TOKENS_ACTION = "half the server's value, not below 2048"
-BATCHED_TOKENS_UNKNOWN = (
-    "vLLM does not export the server's value; its API server's default is 2048 on most GPUs, 8192 on "
-    "H100/H200-class ones, 16384 on ≥ 160 GiB ones"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,13 +239,20 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
         return Setting("--max-num-seqs", None, current, unrepresentative)
     safe = verdict.last_safe_concurrency
     bounded = _bounded_by_prefill(verdict)
-    death = None if bounded is not None else verdict.engine_death
+    death = _capped_death(verdict)
     if not _broke(verdict):
+        other = verdict.engine_death
         if bounded is not None:
             at = "" if bounded.concurrency is None else f" at {bounded.concurrency}"
             why = (
                 f"only the activation peak{at} broke, and the prefill bound (--max-num-batched-tokens) "
                 "answers it; no preemption or failed request calls for a cap"
+            )
+        elif other is not None:  # not of memory (``_capped_death``)
+            at = "" if other.concurrency is None else f" at {other.concurrency}"
+            why = (
+                f"nothing broke below the engine's death{at}, and it was {not_memory_text(other)}: "
+                "a cap does not answer it, and the levels above it were not measured"
             )
         elif (judged := verdict.preemption_judged_up_to) is None:
             why = "nothing failed, but no level was judged for preemption: no cap can be named"
@@ -283,22 +293,31 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
 
 def _broke(verdict: Verdict) -> bool:
     """Something a ``max_num_seqs`` cap answers broke: preemption (at an onset, or sporadic), a death
-    other than an activation peak the prefill bound answers (``_bounded_by_prefill``), or unsafe
-    requests outside the death's step."""
+    a cap answers (``_capped_death``), or unsafe requests outside the death's step."""
     return (
         bool(verdict.preempted_levels)  # the onset's level is one of them
-        or (verdict.engine_death is not None and _bounded_by_prefill(verdict) is None)
+        or _capped_death(verdict) is not None
         or any(s.unsafe_requests for s in verdict.measured_steps if not _death_step(verdict, s.index))
     )
+
+
+def _capped_death(verdict: Verdict) -> EngineDeath | None:
+    """The engine's death when a ``max_num_seqs`` cap answers it: a memory death (``EngineDeath.memory``)
+    other than an activation peak the prefill bound answers (``_bounded_by_prefill``). A kill from
+    outside, a crash or a death of unknown cause says nothing about how many sequences fit."""
+    death = verdict.engine_death
+    if death is None or not death.memory or _bounded_by_prefill(verdict) is not None:
+        return None
+    return death
 
 
 def _bounded_by_prefill(verdict: Verdict) -> EngineDeath | None:
     """The activation-peak death, when a prefill bound answers it (a number, or one in words); ``None``
     when there is none, or the server's prefill batch is already at the bound: the cap answers it then."""
-    death = _activation_death(verdict)
+    death = activation_death(verdict)
     if death is None:
         return None
-    advice = _prefill_advice(verdict, death, _prefill_budget(verdict))
+    advice = prefill_advice(verdict, death, _prefill_budget(verdict))
     return death if advice.value is not None or advice.action is not None else None
 
 
@@ -377,7 +396,7 @@ def _gpu_memory_utilization(verdict: Verdict, cache: CacheConfig) -> Setting:
 def _max_num_batched_tokens(verdict: Verdict) -> Setting:
     flag = "--max-num-batched-tokens"
     current = _prefill_budget(verdict)
-    activation = _activation_death(verdict)
+    activation = activation_death(verdict)
     if activation is not None:
         return _prefill_bound(verdict, activation, current)
     spike = _memory_rise_share(verdict)
@@ -400,102 +419,13 @@ def _prefill_bound(verdict: Verdict, death: EngineDeath, current: int | None) ->
     flag = "--max-num-batched-tokens"
     cause = death.cause.sentence if death.cause is not None else "an allocation failed"
     where = "" if death.concurrency is None else f" at concurrency {death.concurrency}"
-    advice = _prefill_advice(verdict, death, current)
+    advice = prefill_advice(verdict, death, current)
     return Setting(flag, advice.value, current, f"{cause}{where}: {advice.body}", action=advice.action)
-
-
-@dataclass(frozen=True, slots=True)
-class _PrefillAdvice:
-    value: int | None  # the flag's number: only when the server's own value is known and above it
-    body: str  # why, in words that follow the death's own sentence
-    action: str | None = None  # the bound in words, when the server's value is not known
-
-
-def _prefill_advice(verdict: Verdict, death: EngineDeath, current: int | None) -> _PrefillAdvice:
-    """The prefill bound and why. Without the server's own value (no cache config, serve line or start-up
-    log said it) the bound is given in words only: a number above that value would raise it."""
-    safe = _level_below(verdict, death.concurrency)
-    prompt = None if verdict.trace_prompt is None else verdict.trace_prompt.p99
-    if safe is None or not prompt:
-        body = "smaller prefill batches lower that peak (no clean level below it to size them from)"
-        return _PrefillAdvice(None, body, None if current is not None else BATCHED_TOKENS_ACTION)
-    carried = int(safe * prompt) if current is None else min(current, int(safe * prompt))
-    share = int(carried * PREFILL_SHARE)
-    value = max(MIN_BATCHED_TOKENS, share // PREFILL_ROUND_TOKENS * PREFILL_ROUND_TOKENS)
-    if current is not None and value >= current:
-        return _PrefillAdvice(
-            None, f"the prefill batch is already at {current} tokens: cap max_num_seqs instead"
-        )
-    within = "" if current is None else f", within the server's {current}"
-    bound = f"{value}" if current is not None else f"at most {value} and below the server's own value"
-    body = (
-        f"the prefill batch sizes that peak; concurrency {safe} prefilled up to {carried} tokens at once "
-        f"({safe} × the trace's P99 prompt, {int(prompt)}{within}) and survived; a heap that grows "
-        f"with the load's history leaves less, so bound it at a quarter of that, {bound}, before cutting "
-        "max_num_seqs"
-    )
-    if current is not None:
-        return _PrefillAdvice(value, body)
-    return _PrefillAdvice(
-        None, f"{body} ({BATCHED_TOKENS_UNKNOWN})", f"at most {value}, below the server's value"
-    )
-
-
-def _activation_death(verdict: Verdict) -> EngineDeath | None:
-    """The engine death, when its cause is an activation peak (an allocation that failed at runtime)."""
-    death = verdict.engine_death
-    if death is not None and death.kind in (DeathKind.CUDA_OOM, DeathKind.CPU_OOM):
-        return death
-    return None
 
 
 def _death_step(verdict: Verdict, index: int) -> bool:
     death = verdict.engine_death
     return death is not None and death.step == index
-
-
-def _level_below(verdict: Verdict, concurrency: int | None) -> int | None:
-    """The highest level measured below ``concurrency`` without an unsafe request (``None``: none)."""
-    if concurrency is None:
-        return None
-    below = [
-        s.concurrency
-        for s in verdict.measured_steps
-        if s.concurrency < concurrency and s.trusted and not s.unsafe_requests
-    ]
-    return max(below, default=None)
-
-
-def _memory_advice(verdict: Verdict) -> str | None:
-    """What a death of the server's host memory asks for, in words (no ``vllm serve`` flag sets it)."""
-    death = verdict.engine_death
-    if death is None or death.cause is None:
-        return None
-    cause = death.cause
-    if cause.kind is DeathKind.OOM_KILLED:
-        peak = cause.peak_bytes or (
-            None if verdict.server_memory is None else verdict.server_memory.peak_bytes
-        )
-        need = "" if peak is None else f"; the server used {format_bytes(peak)} at its peak"
-        limit = "" if cause.limit_bytes is None else f" ({format_bytes(cause.limit_bytes)})"
-        return (
-            f"The kernel killed the server for memory: raise its container's memory limit{limit} above "
-            f"the peak it needs with headroom{need}, or lower the concurrency it is given, and keep "
-            "CPU-side caches (swap space, the CPU KV cache) inside the limit."
-        )
-    if cause.kind is DeathKind.CPU_OOM:
-        memory = verdict.server_memory
-        if memory is not None and memory.data_limit_text is not None:
-            return (
-                f"The server's host memory ran out under a per-process data limit ({memory.data_limit_text}; "
-                "prlimit --data or ulimit -d): besides the prefill bound, raise that limit above what a "
-                "process needs with headroom."
-            )
-        return (
-            "The server's host memory ran out: besides the prefill bound, check the process or container "
-            "limit it runs under."
-        )
-    return None
 
 
 def _memory_rise_share(verdict: Verdict) -> float | None:
@@ -525,7 +455,7 @@ def _reasoning(
         else:
             kind = "a CUDA OOM" if death.real_oom else "an engine death"
         sentences.append(f"The server hit {kind} at concurrency {death.concurrency}.")
-    memory = _memory_advice(verdict)
+    memory = host_memory_advice(verdict)
     if onset is not None:
         kv = "" if onset.kv_usage_max is None else f" ({kv_peak_text(onset.kv_usage_max)})"
         sentences.append(f"KV-cache preemption began at concurrency {onset.concurrency}{kv}.")
@@ -576,7 +506,7 @@ def _reasoning(
             f"The server already runs at most {seqs.current} sequences at once: a max_num_seqs cap would "
             "not lower what broke."
         )
-    death_now = _activation_death(verdict)  # its prefill bound, a number or in words, comes first
+    death_now = activation_death(verdict)  # its prefill bound, a number or in words, comes first
     activation = death_now is not None and (batched.value is not None or batched.action is not None)
     extra = [s.reason for s in (util, batched) if s.value is not None and not (activation and s is batched)]
     if extra:
@@ -585,7 +515,7 @@ def _reasoning(
         sentences.insert(1, memory)
     if activation and death_now is not None:  # the first thing to change: right after what happened
         current = None if batched.current is None else int(batched.current)
-        sentences.insert(1, _capitalize(_prefill_advice(verdict, death_now, current).body) + ".")
+        sentences.insert(1, _capitalize(prefill_advice(verdict, death_now, current).body) + ".")
     return " ".join(sentences[:5]) if sentences else "Nothing was measured; no recommendation."
 
 

@@ -21,6 +21,7 @@ from oomload.outcome import Outcome, RequestResult
 from oomload.realvllm.limits import ServerLimits, served_limits
 from oomload.rundir.records import CUT_SHORT_REASONS, RunStatus
 from oomload.verdict.death import EngineDeath
+from oomload.verdict.deathcause import DeathKind
 from oomload.verdict.runview import RunView
 from oomload.verdict.stepfacts import END_REASON_WORDS, StepFacts
 
@@ -113,8 +114,9 @@ def run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | Non
 
 
 def cut_only_by_death(run: RunInfo, steps: Sequence[StepFacts], death: EngineDeath | None) -> bool:
-    """The run finished its own way and nothing but the engine's death cut it short."""
-    if death is None or not run.finished:
+    """The run finished its own way and nothing but the engine's death cut it short — a death that is a
+    finding of the load: not a kill from outside (``DeathKind.KILLED``), which only ended the run."""
+    if death is None or not run.finished or death.kind is DeathKind.KILLED:
         return False
     return all(s.after_death or s.index == death.step for s in steps if s.cut_short)
 

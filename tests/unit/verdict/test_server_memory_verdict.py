@@ -190,3 +190,39 @@ def test_a_run_that_is_no_soak_has_no_trend(tmp_path: Path) -> None:
     run = write_run(tmp_path / "r", [StepSpec(1), StepSpec(2)], gpu=False)
     _memory(run, [(t, GIB + t * 2**20, True) for t in range(20)])
     assert build_verdict(load_run(run)).memory_trends == ()
+
+
+def test_a_death_that_was_not_memory_caps_nothing_and_a_kill_from_outside_lowers_confidence(
+    tmp_path: Path,
+) -> None:
+    """README: a kill from outside, a crash or no known cause get no memory advice — no ``max_num_seqs``
+    cut either (a kill says nothing about how many sequences fit). A kill is not the load's finding: the
+    levels it cut off were not measured, so the run reads cut short and the verdict is not "high"."""
+    said = {
+        "killed": "killed from outside by SIGKILL",
+        "crash": "a crash:",
+        "no_cause": "of no known cause (give oomload the server's log",
+    }
+    for kind, log, exit_status in (
+        ("killed", "INFO: serving\n", -9),
+        ("crash", (LOGS / "nccl-error.txt").read_text(), 1),
+        ("no_cause", None, None),
+    ):
+        v = _died(tmp_path / kind, log=log, exit_status=exit_status)
+        assert v.engine_death is not None and v.engine_death.kind == kind and not v.engine_death.memory
+        rec = recommend(v)
+        assert rec.max_num_seqs.value is None, kind
+        assert rec.max_num_seqs.reason.startswith("nothing broke below the engine's death at 4, and it was")
+        assert said[kind] in rec.max_num_seqs.reason
+        assert "--max-num-seqs" not in rec.flag_line
+        cut = [n.severity for n in v.notes if n.kind == "cut_short"]
+        assert cut == (["warning"] if kind == "killed" else ["info"]), kind
+        if kind == "killed":
+            assert v.confidence != "high"
+
+
+def test_a_memory_death_still_caps_at_the_last_safe_level(tmp_path: Path) -> None:
+    limit = int(1.95 * GIB)
+    v = _died(tmp_path, log="INFO: serving\n", exit_status=-9, limit=limit, oom_kill={27.0: 1})
+    rec = recommend(v)
+    assert rec.max_num_seqs.value == 2 and "--max-num-seqs 2" in rec.flag_line

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from clirun import HANG_S, default_sigint
 from fakevllm import install_fake_vllm, kill_fake_vllms
 from oomload.errors import ExitCode
@@ -145,3 +147,27 @@ def test_a_served_server_that_dies_is_judged_by_its_last_lines_without_its_key(t
     death = json.loads((run / "summary.json").read_text())["verdict"]["onsets"]["engine_death"]
     assert death is not None and death["kind"] == "cpu_oom", death
     assert said and death["cause"]["tried_bytes"] == said[0]  # the server's own words
+
+
+def test_secrets_set_in_front_of_the_served_command_are_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``env VLLM_API_KEY=… HF_TOKEN=… vllm serve …``: vLLM reads its key from ``VLLM_API_KEY``. A value
+    whose name says it is a secret, and the run's own API key wherever the line holds it, read ``***`` in
+    every file of the run directory and on the terminal."""
+    api_key, token = "sk-the-runs-own-api-key-4242", "hf_token_never_written_77"
+    monkeypatch.setenv("OPENAI_API_KEY", api_key)
+    run = tmp_path / "run"
+    sim = "oomload sim serve --time-scale 0.025"
+    serve = f"env VLLM_API_KEY={api_key} HF_TOKEN={token} SERVE_LABEL={api_key} {sim}"
+    argv = ["replay", str(FIXED), "--serve", serve, *REPLAY, "--run-dir", str(run)]
+    code, out, err, _ = _watch(argv, run, tmp_path)
+    assert code == ExitCode.OK, out[-3000:] + err[-3000:]
+    for secret in (api_key, token):
+        assert secret not in out + err
+        assert _files_holding(run, secret.encode()) == []
+    config = json.loads((run / "config.json").read_text())
+    assert (
+        config["serve"]
+        == "env VLLM_API_KEY=*** HF_TOKEN=*** SERVE_LABEL=*** oomload sim serve --time-scale 0.025"
+    )

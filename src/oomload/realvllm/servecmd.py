@@ -6,7 +6,9 @@
 ``--flag=value``, and the simulator's and vLLM's aliases) and appended with the candidate's value;
 ``--host`` and ``--port`` are replaced by the tuner's (loopback and a free port unless the user gave
 them). Nothing else in the line moves, so the winning line is the user's line plus the winner's flags.
-An ``--api-key`` value in the line is a secret: shown and stored as ``***`` (``ServeCommand.secrets``).
+Secrets in the line are shown and stored as ``***`` (``ServeCommand.secrets``): the value of a flag
+in ``SECRET_FLAGS`` (``--api-key``, ``--hf-token``) and of an environment assignment whose name says it
+holds one (``SECRET_NAME``: ``env VLLM_API_KEY=… HF_TOKEN=… vllm serve …``).
 A verdict's recommendation is built the same way (``recommended_line``): the line the server was
 started with, with the recommended flags, or ``vllm serve`` with what the server was given for the model.
 
@@ -24,6 +26,7 @@ its arguments stay in front, unchanged; flags are changed in the server's part o
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -51,6 +54,9 @@ SWITCHES = frozenset({"--enforce-eager", "--enable-prefix-caching", "--no-enable
 NETWORK_FLAGS = ("--host", "--port")
 # commands that run the server under a limit or in an environment: kept in front of it, never changed
 WRAPPERS = frozenset({"prlimit", "env", "nice", "taskset", "numactl", "ionice", "chrt"})
+SECRET_FLAGS = frozenset({"--api-key", "--hf-token"})  # vLLM's flags whose value is a secret
+# An environment variable whose name says it holds a secret: VLLM_API_KEY (vLLM's key), HF_TOKEN, …
+SECRET_NAME = re.compile(r"[A-Z0-9_]*(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)[A-Z0-9_]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,14 +74,18 @@ class ServeCommand:
         return self.argv[self.start :]
 
     def secrets(self) -> tuple[str, ...]:
-        """The line's secrets (vLLM's ``--api-key`` values): never written to a report, log or run dir."""
+        """The line's secrets (module docstring): never written to a report, log or run dir."""
         values = []
         for i, arg in enumerate(self.argv):
             head, eq, tail = arg.partition("=")
-            if head == "--api-key":
+            if head in SECRET_FLAGS:
                 value = tail if eq else (self.argv[i + 1] if i + 1 < len(self.argv) else "")
-                if value:
-                    values.append(value)
+            elif eq and SECRET_NAME.fullmatch(head):  # env VLLM_API_KEY=… (before the server's command)
+                value = tail
+            else:
+                continue
+            if value:
+                values.append(value)
         return tuple(values)
 
     def value(self, flag: str) -> str | None:

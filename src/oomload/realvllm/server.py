@@ -13,19 +13,19 @@ Ready: ``GET /health`` answers 200. If the process exits first, or the timeout p
 raises ``EndpointError`` with the tail of the server log.
 
 The log: stdout and stderr go to ``log_path`` as the server writes them — unless the line holds
-``secrets`` (its ``--api-key``, which vLLM logs at start-up among its non-default arguments). Then
-the server writes to a file that has no name: made in a private directory (``tempfile.mkdtemp``:
-mode 0700), held open by oomload and removed with its directory before the server starts, so its
-bytes live only as long as an open descriptor (the server's, oomload's) and a run killed hard
-(SIGKILL, a CI job's timeout) leaves no secret on disk, in the run directory or elsewhere.
-``ServerLogFollower`` reads it back through ``/proc/PID/fd/N`` (where there is no ``/proc`` the file
-keeps its name until ``stop()``) and copies what it gains into ``log_path`` every half second with
-each secret written as ``***``, so ``log_path`` never holds a secret, not even for a moment. The copy
-is the follower's in every other way too: past 64 MiB only the last MiB is kept, and a write that
-fails stops the copy with one sentence (``on_log_problem``). ``sync_log()`` brings the copy up to
-now (``start()`` does before it returns, so the start-up lines are there; a reader of a death does
-before it reads), ``log_text()`` is the log so far with the secrets as ``***``, and ``stop()``
-finishes the copy (the last chunk, the scrubber's held-back end) and closes the raw log.
+``secrets`` (``ServeCommand.secrets``: its ``--api-key``, which vLLM logs at start-up among its
+non-default arguments, and the like). Then the server writes to a file that has no name: made in a
+private directory (``tempfile.mkdtemp``: mode 0700), held open by oomload and removed with its directory
+before the server starts, so its bytes live only as long as an open descriptor (the server's, oomload's)
+and a run killed hard (SIGKILL, a CI job's timeout) leaves no secret on disk, in the run directory or
+elsewhere. ``ServerLogFollower`` reads it back through ``/proc/PID/fd/N`` (where there is no ``/proc``
+the file keeps its name until ``stop()``) and copies what it gains into ``log_path`` every half second
+with each secret written as ``***``, so ``log_path`` never holds a secret, not even for a moment. The
+copy is the follower's in every other way too: past 64 MiB only the last MiB is kept, and a write that
+fails stops the copy with one sentence (``on_log_problem``). ``sync_log()`` brings the copy up to now
+(``start()`` does before it returns, so the start-up lines are there; a reader of a death does before it
+reads), ``log_text()`` is the log so far with the secrets as ``***``, and ``stop()`` finishes the copy
+(the last chunk, the scrubber's held-back end) and closes the raw log.
 
 The server runs in a process group of its own but in oomload's session. Not a session of its own:
 on Linux a session is a CPU autogroup, and the scheduler shares the CPUs fairly between autogroups

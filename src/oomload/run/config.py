@@ -11,6 +11,7 @@ two forms a configuration leaves the process in.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
@@ -166,9 +167,14 @@ class ReplayConfig:
         return self.serve if self.serve is not None else self.served_with
 
     def serve_secrets(self) -> tuple[str, ...]:
-        """The served line's secrets (its ``--api-key``): never written to the run directory."""
+        """The served line's secrets (``ServeCommand.secrets``: its ``--api-key``, a ``VLLM_API_KEY=`` in
+        front of it, …) and the API key the run sends, wherever the line holds it: never written to the
+        run directory."""
         line = self.served_line
-        return () if line is None else parse_serve_command(line).secrets()
+        if line is None:
+            return ()
+        api_key = os.environ.get(self.api_key_env)
+        return (*parse_serve_command(line).secrets(), *((api_key,) if api_key else ()))
 
     def schedule(self) -> SchedulePlan:
         return SchedulePlan(

@@ -105,3 +105,9 @@ def test_an_api_key_in_the_line_is_a_secret_never_shown() -> None:
     line = cmd.shell_line(Settings(max_num_seqs=4))
     assert "sk-secret-123" not in line and "--api-key ***" in line
     assert parse_serve_command("vllm serve m --api-key=sk-secret-456").secrets() == ("sk-secret-456",)
+    wrapped = parse_serve_command(
+        "env VLLM_API_KEY=sk-env-789 HF_TOKEN=hf_abc1 TZ=UTC vllm serve m --hf-token hf_x2"
+    )
+    assert wrapped.secrets() == ("sk-env-789", "hf_abc1", "hf_x2")  # TZ is no secret
+    shown = wrapped.shell_line(Settings(max_num_seqs=4))
+    assert shown.startswith("env VLLM_API_KEY=*** HF_TOKEN=*** TZ=UTC vllm serve m --hf-token ***")

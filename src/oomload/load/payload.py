@@ -7,11 +7,14 @@
 
     *Production shape* (``prefix_sharing``, the default): the trace's ``hash_ids`` become shared
     blocks. Each id maps to ``prefix_block_tokens`` ids (the trace header's ``prefix.block_tokens``)
-    drawn by a generator seeded with ``(seed, pass, id)`` only — so the same id gives the same tokens
-    in every step, every ``--processes`` worker and every remote worker of the run, with no state
-    shared between them. Only full blocks are filled (a last id covering a partial block is left to the
-    random suffix), so the prompt has exactly the trace's token count. The rest of the prompt is
-    random, drawn by a generator seeded with ``(seed, sequence number)``: fresh for every send.
+    drawn by a generator seeded with ``(seed, prompt_salt, pass, id)`` only — so the same id gives the
+    same tokens in every step, every ``--processes`` worker and every remote worker of the run, with no
+    state shared between them. Only full blocks are filled (a last id covering a partial block is left to
+    the random suffix), so the prompt has exactly the trace's token count. The rest of the prompt is
+    random, drawn by a generator seeded with ``(seed, prompt_salt, sequence number)``: fresh for every
+    send. ``prompt_salt`` is the run's own (``ReplayConfig.prompt_salt``: random, drawn once per run and
+    sent to its workers), so a replay repeated against a long-lived server does not find the prompts of
+    the last one in its prefix cache; lengths and order do not depend on it.
 
     ``pass`` = sequence number ÷ the requests in the replayed trace (``trace_requests``; in sample order
     there is one pass, see ``RequestOrder``): the k-th time through the trace
@@ -92,6 +95,7 @@ class PayloadOptions:
     token_id_low: int = 100
     token_id_high: int = 2000
     seed: int = 0
+    prompt_salt: int = 0  # the run's own: its prompts are not the last run's (module docstring)
     max_model_len: int | None = None  # the server's window: longer prompts are sent one token over it
 
     def __post_init__(self) -> None:
@@ -107,6 +111,10 @@ class PayloadOptions:
     @property
     def path(self) -> str:
         return API_PATHS[self.api]
+
+    def sequence_seed(self, sequence: int) -> int:
+        """The seed of the ``sequence``-th request's random tokens (``seed``, ``prompt_salt``)."""
+        return (self.prompt_salt << 64) + self.seed * 1_000_003 + sequence
 
     def sent_prompt_tokens(self, prompt_tokens: int) -> int:
         """The prompt length actually sent for a trace's ``prompt_tokens`` (module docstring)."""
@@ -160,7 +168,7 @@ class CompletionPayloads:
         """The body for the ``sequence``-th request sent, replaying ``record``."""
         prompt_tokens, output_tokens = asked_lengths(record)
         sent_tokens = self.options.sent_prompt_tokens(prompt_tokens)
-        rng = random.Random(self.options.seed * 1_000_003 + sequence)
+        rng = random.Random(self.options.sequence_seed(sequence))
         parts: list[str] = []
         filled = 0
         if self.options.prefix_sharing and record.hash_ids:
@@ -184,7 +192,10 @@ class CompletionPayloads:
         key = (trace_pass, hash_id)
         text = self._blocks.get(key)
         if text is None:
-            rng = random.Random(f"block:{self.options.seed}:{trace_pass}:{hash_id}")
+            salt = self.options.prompt_salt
+            rng = random.Random(
+                f"block:{self.options.seed}:{trace_pass}:{hash_id}" + (f":{salt}" if salt else "")
+            )
             lo, hi = self.options.token_id_low, self.options.token_id_high
             text = ",".join(map(str, _draw_ids(rng, lo, hi, self.options.prefix_block_tokens)))
             if len(self._blocks) >= 100_000:
@@ -256,7 +267,7 @@ class ChatPayloads:
             unbuilt = PreparedRequest(request_id, self.options.path, b"", prompt_tokens, output_tokens)
             raise PromptBuildError(unbuilt, err) from err
         words = list(calibrated)
-        random.Random(self.options.seed * 1_000_003 + sequence).shuffle(words)
+        random.Random(self.options.sequence_seed(sequence)).shuffle(words)
         messages = json.dumps([{"role": "user", "content": " ".join(words)}]).encode()
         body = self._head + messages + self._tail(output_tokens)
         return PreparedRequest(

@@ -12,9 +12,10 @@ two forms a configuration leaves the process in.
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,8 @@ class ReplayConfig:
     max_duration_s: float | None = 1800.0
     order: str = "trace"
     seed: int = 0
+    # the run's own prompt tokens (payload's module docstring): a rerun does not hit the last one's cache
+    prompt_salt: int = field(default_factory=lambda: secrets.randbits(48))
     tail_percentile: float | None = None
     only_fitting: bool = False  # leave out the trace's requests longer than the server's max_model_len
     open_loop: bool = False
@@ -229,6 +232,7 @@ class ReplayConfig:
             token_id_low=self.token_id_range[0],
             token_id_high=self.token_id_range[1],
             seed=self.seed,
+            prompt_salt=self.prompt_salt,
             max_model_len=max_model_len,
         )
 
@@ -342,6 +346,7 @@ def config_json(
         "workers": config.expected_workers(),
         "order": config.order,
         "seed": config.seed,
+        "prompt_salt": config.prompt_salt,
         "tail_percentile": config.tail_percentile,
         "only_fitting": config.only_fitting,
         "open_loop": config.open_loop,

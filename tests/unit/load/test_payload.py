@@ -91,6 +91,25 @@ def test_an_id_gives_the_same_tokens_in_every_process_and_step() -> None:
     assert c[:8] != a[:8]
 
 
+def test_another_runs_salt_gives_other_tokens_of_the_same_shape() -> None:
+    """A rerun against a long-lived server must not find the last run's prompts cached: each run's salt
+    changes every token (shared blocks and suffixes alike) but neither a length nor what is shared."""
+    record = _record(40, 3, hash_ids=(5, 9))
+    bodies = []
+    for salt in (0, 1, 2**47):
+        payloads = CompletionPayloads(
+            PayloadOptions(model="m", prefix_block_tokens=16, seed=3, prompt_salt=salt)
+        )
+        first, second = (json.loads(payloads.build(record, n).body)["prompt"] for n in (0, 1))
+        assert len(first) == len(second) == 40 and first[:32] == second[:32] and first[32:] != second[32:]
+        bodies.append(first)
+    assert bodies[0][:16] != bodies[1][:16] != bodies[2][:16] and bodies[0][32:] != bodies[1][32:]
+    chat = [
+        PayloadOptions(api="chat", model="m", seed=3, prompt_salt=salt).sequence_seed(0) for salt in (0, 1)
+    ]
+    assert chat[0] != chat[1]  # the chat API's shuffle of its calibrated words is the run's own too
+
+
 def test_a_later_pass_through_the_trace_maps_ids_to_new_tokens() -> None:
     """Replaying the trace again must not hit blocks its own earlier copy left cached (vLLM #52884)."""
     payloads = CompletionPayloads(PayloadOptions(model="m", prefix_block_tokens=8), trace_requests=10)

@@ -65,7 +65,8 @@ def test_load_options_have_one_serialized_form_without_the_key(tmp_path: Any) ->
     )
     options = config.load_options("http://127.0.0.1:8000", "m")
     assert LoadOptions.from_json(options.to_json()) == options
-    assert options.payload == PayloadOptions(model="m", seed=7)
+    assert options.payload == PayloadOptions(model="m", seed=7, prompt_salt=config.prompt_salt)
+    assert config.prompt_salt != ReplayConfig(trace_path=tmp_path / "t.jsonl").prompt_salt  # each run its own
     assert options.api_key_env == "MY_KEY" and options.request_timeout_s == 30.0
     with pytest.raises(ConfigError, match="unknown shape"):
         LoadOptions.from_json({"url": "x"})

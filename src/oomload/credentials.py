@@ -10,7 +10,8 @@ value, not even part of it.
 
 A URL with ``user:password@`` in it would be echoed by every message that names the URL, and written
 to ``config.json``; ``url_credentials_error`` says why it is refused without repeating it, and
-``redact_url`` hides the user information in any URL that is shown anyway. ``scrub`` replaces a secret
+``redact_url`` hides the user information, and a query or fragment (``?api_key=…``), in any URL that is
+shown anyway. ``scrub`` replaces a secret
 in text built from an exception that oomload did not word itself (the last line of defence for
 crash reports). ``StreamScrubber`` does the same to bytes that arrive in chunks (a server's log as it
 is copied): a secret split between two chunks is still replaced, because the end of a chunk that could
@@ -61,23 +62,31 @@ def read_api_key(env_var: str, environ: Mapping[str, str]) -> str | None:
 
 def url_has_credentials(url: str) -> bool:
     """True when the URL's authority (between ``://`` and the next ``/``, ``?`` or ``#``) holds ``@``."""
-    return redact_url(url) != url
+    _, sep, rest = url.partition("://")
+    return bool(sep) and "@" in rest[: _authority_end(rest)]
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any ``user:password@`` replaced by ``***@``; otherwise unchanged."""
+    """``url`` as it may be shown: any ``user:password@`` as ``***@``, and a ``?query`` or ``#fragment``
+    (where a key is often put: ``?api_key=…``) as ``?***`` / ``#***``; otherwise unchanged."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    end = len(rest)
-    for stop in "/?#":
-        at = rest.find(stop)
-        if at >= 0:
-            end = min(end, at)
-    authority = rest[:end]
-    if "@" not in authority:
-        return url
-    return f"{scheme}://{REDACTED}@{authority.rpartition('@')[2]}{rest[end:]}"
+    end = _authority_end(rest)
+    authority, path = rest[:end], rest[end:]
+    if "@" in authority:
+        authority = f"{REDACTED}@{authority.rpartition('@')[2]}"
+    for mark in "?#":
+        if mark in path:
+            path = path[: path.index(mark)] + mark + REDACTED
+            break
+    return f"{scheme}://{authority}{path}"
+
+
+def _authority_end(rest: str) -> int:
+    """Where the authority of ``rest`` (a URL after ``://``) ends: at its first ``/``, ``?`` or ``#``."""
+    stops = [at for at in (rest.find(c) for c in "/?#") if at >= 0]
+    return min(stops, default=len(rest))
 
 
 def url_credentials_error(flag: str, url: str, key_env: str = "OPENAI_API_KEY") -> ConfigError:

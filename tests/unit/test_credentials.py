@@ -1,11 +1,11 @@
-"""``StreamScrubber``: chunked bytes scrubbed as ``scrub`` scrubs the whole text."""
+"""``StreamScrubber``: chunked bytes scrubbed as ``scrub`` scrubs the whole text; URLs as shown."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oomload.credentials import StreamScrubber, scrub
+from oomload.credentials import StreamScrubber, redact_url, scrub, url_has_credentials
 
 SECRETS = ("sk-SECRET123abc", "tok-ABAB")
 PIECES = ["sk-SE", "CRET123abc", "sk-", "tok-AB", "AB", "x", "\n", "tok-"]
@@ -38,3 +38,10 @@ def test_a_stream_cut_in_the_middle_of_a_secret_ends_with_stars() -> None:
 def test_without_secrets_nothing_is_held() -> None:
     scrubber = StreamScrubber.of((None, "", "abc"))  # none of them a secret scrub would replace
     assert scrubber.feed(b"sk-") == b"sk-" and scrubber.flush() == b""
+
+
+def test_a_shown_url_hides_user_information_and_any_query_or_fragment() -> None:
+    assert redact_url("http://u:pw@h:8000/v1?api_key=sk-1#x") == "http://***@h:8000/v1?***"
+    assert redact_url("https://h/p#token=abc") == "https://h/p#***"
+    assert redact_url("http://h:8000/proxy") == "http://h:8000/proxy"
+    assert url_has_credentials("http://u:pw@h") and not url_has_credentials("http://h/?user=a@b")

@@ -203,6 +203,7 @@ class Verdict:
     requests_unexplained: int = 0  # decided, neither answered nor lost to an engine death (StepFacts)
     usage_disagrees: int = 0  # server errors whose usage contradicted the lengths sent (oomload.outcome)
     usage_disagrees_example: str | None = None  # the first one's counts ("prompt_tokens 9, 8 sent")
+    refused_requests: int = 0  # server errors that were HTTP 400: the server refused the request itself
     first_unsafe_concurrency: int | None = None  # lowest level that preempted or failed
     level_summaries: tuple[LevelSummary, ...] = ()
     odds_onset: int | None = None  # lowest measured level with non-negligible odds (module docstring)
@@ -292,6 +293,11 @@ class Verdict:
         text = f"{failed}: the server was not loaded, so nothing about its memory can be judged"
         if ranked and ranked[0][0] == Outcome.CONTEXT_OVERFLOW.value:  # the trace, not the server
             text += "; --only-fitting replays only the requests within its max_model_len"
+        elif 2 * self.refused_requests > self.requests_unexplained and self.run.api == "completions":
+            text += (
+                f"; {self.refused_requests} were refused with HTTP 400 (the request itself): every token id "
+                "sent (--token-id-range, default 100:2000) must be inside the model's vocabulary"
+            )
         return text
 
     @property
@@ -525,6 +531,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         requests_unexplained=sum(s.unexplained_failures for s in measured),
         usage_disagrees=len(disagreeing),
         usage_disagrees_example=_detail_of(disagreeing[0]) if disagreeing else None,
+        refused_requests=sum(1 for r in requests if _reason_of(r) == "http 400"),
         first_unsafe_concurrency=first_unsafe_concurrency(measured, death),
         level_summaries=summaries,
         odds_onset=odds_onset,

@@ -286,3 +286,20 @@ def test_answers_whose_usage_contradicts_the_request_are_named_and_judge_nothing
     other = build_verdict(load_run(_run(tmp_path, Outcome.SERVER_ERROR, 7)))
     assert other.usage_disagrees == 0 and other.failed_run is not None
     assert "usage" not in other.failed_run
+
+
+def test_a_run_the_server_refused_with_http_400_points_at_the_token_ids(tmp_path: Path) -> None:
+    """Token ids outside the model's vocabulary (``--token-id-range 130000:140000`` on a 128k vocabulary)
+    make every prompt a 400: the sentence says what to check, not just that nothing was loaded."""
+    refused = {Outcome.SERVER_ERROR: 4}
+    steps = [
+        StepSpec(c, requests=4, failures=refused, error_text="http 400: BadRequestError") for c in (1, 2)
+    ]
+    verdict = build_verdict(load_run(write_run(tmp_path / "r", steps)))
+    assert verdict.failed_run is not None
+    assert "8 were refused with HTTP 400 (the request itself): every token id sent (--token-id-range" in (
+        verdict.failed_run
+    )
+    other = [StepSpec(c, requests=4, failures=refused, error_text="http 500: Internal") for c in (1, 2)]
+    failed = build_verdict(load_run(write_run(tmp_path / "o", other))).failed_run
+    assert failed is not None and "--token-id-range" not in failed  # a 500 is the server's own failure

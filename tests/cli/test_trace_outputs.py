@@ -81,6 +81,41 @@ def test_a_read_only_directory_is_named_as_the_output_the_user_gave(
     assert ".tmp" not in err
 
 
+AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:17:03.9799600,4808,10\r\n"
+
+
+@pytest.mark.parametrize("link", ["same path", "symlink", "hard link"])
+@pytest.mark.parametrize("what", ["log", "trace", "plot"])
+def test_an_output_that_is_one_of_the_inputs_is_refused_before_reading(
+    what: str, link: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``trace build LOG -o LOG`` wrote the trace over the log (exit 0, the log gone); so did a trace
+    rebuilt onto itself, and ``trace stats … --plot`` onto its input. Now exit 2 before anything is
+    read or written, whichever link leads to the input."""
+    source = tmp_path / ("log.csv" if what == "log" else "t.jsonl")
+    source.write_bytes(AZURE.encode() if what == "log" else SAMPLE.read_bytes())
+    before = source.read_bytes()
+    out = source
+    if link == "symlink":
+        out = tmp_path / "link"
+        out.symlink_to(source)
+    elif link == "hard link":
+        out = tmp_path / "hard"
+        out.hardlink_to(source)
+    other = tmp_path / "other.csv"  # another input before it: every input is checked
+    other.write_text(AZURE)
+    inputs = [str(other), str(source)]
+    if what == "plot":
+        argv = ["trace", "stats", *inputs, "--plot", str(out)]
+    else:
+        argv = ["trace", "build", *inputs, "-o", str(out)]
+    code, stdout, err = run(argv, capsys)
+    assert code == 2 and stdout == "", err
+    assert f"the output {out} is one of the inputs ({source})" in one_error_line(err)
+    assert source.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({source.name, out.name, other.name})
+
+
 def test_plot_to_a_directory_is_refused_before_reading(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

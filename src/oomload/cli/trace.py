@@ -232,7 +232,7 @@ def _input_options(args: argparse.Namespace) -> dict[str, Any]:
 def run_build(args: argparse.Namespace) -> int:
     from oomload.ingest import build_trace, check_output_path
 
-    check_output_path(args.out)  # before the tokenizer is loaded or any input is read
+    check_output_path(args.out, inputs=args.logs)  # before the tokenizer is loaded or any input is read
     if args.prefix_block_tokens < 0:
         raise ConfigError(
             f"--prefix-block-tokens must be ≥ 0 (0: no prefix chains), got {args.prefix_block_tokens}"
@@ -294,7 +294,7 @@ def run_stats(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of tokens, got {value}")
     margin = parse_fraction(args.margin, "--margin")
     if args.plot:
-        check_output_path(args.plot, example="lengths.png")
+        check_output_path(args.plot, example="lengths.png", inputs=args.inputs)
     workers = _workers(args)
     options = _input_options(args)
     with interrupts_latched(), ReadProgress.for_inputs(args.inputs, "reading") as progress:

@@ -219,13 +219,13 @@ def build_trace(
 ) -> BuildResult:
     """Read the logs, write a trace to ``out``; raises ``TraceFormatError`` when nothing usable was found.
 
-    A bad output path (a directory, a device, an uncreatable parent) is refused before any input is
-    read (``ConfigError``); ``out`` is replaced only once the whole trace is written.
+    A bad output path (a directory, a device, an uncreatable parent, one of ``paths``) is refused
+    before any input is read (``ConfigError``); ``out`` is replaced only once the whole trace is written.
     ``prefix_block_tokens`` (``None``: off) is the block size of the prefix chains derived from the
     logs (``oomload.ingest.prefixes``). Request ids, sessions and parents are written as salted
     pseudonyms (``oomload.trace.pseudonyms``), or as the logs have them with ``keep_ids``.
     """
-    out = check_output_path(out)
+    out = check_output_path(out, inputs=paths)
     retain_freed_memory()
     salt = build_salt()
     hasher = None if prefix_block_tokens is None else BlockHasher(salt.salt, prefix_block_tokens)

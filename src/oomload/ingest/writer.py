@@ -20,7 +20,9 @@
    at that path.
 
 ``check_output_path`` refuses an output path that cannot be a trace file (a directory, a device, a
-parent that cannot be created) before any input is read. ``TraceScratch`` creates the two scratch
+parent that cannot be created), or that is one of the inputs (the same file by device and inode, so
+also through a symbolic or hard link: renaming the new trace onto it would destroy that input),
+before any input is read. ``TraceScratch`` creates the two scratch
 files with unique hidden names in the output's own directory (so the rename is atomic), renames the
 final one into place on ``commit`` and removes both whatever happens. Every ``OSError`` while writing
 becomes a ``ConfigError`` naming the output path (``output_error``): one sentence, exit 2.
@@ -72,14 +74,23 @@ def output_error(out: Path, err: OSError) -> ConfigError:
     return ConfigError(f"cannot write to {out}: {reason}")
 
 
-def check_output_path(out: str | Path, example: str = "trace.jsonl") -> Path:
-    """``out`` as a ``Path`` once it can be an output file: not a directory or device; parents created.
+def check_output_path(
+    out: str | Path, example: str = "trace.jsonl", inputs: Iterable[str | Path] = ()
+) -> Path:
+    """``out`` as a ``Path`` once it can be an output file: not a directory or device, not one of
+    ``inputs`` (the files it is made from); parents created.
 
     ``example`` is the file name suggested when ``out`` is a directory.
     """
     if not str(out).strip():
         raise ConfigError(f"the output path is empty; name a file, e.g. {example}")
     path = Path(out)
+    for source in inputs:
+        if same_file(path, source):
+            raise ConfigError(
+                f"the output {path} is one of the inputs ({source}): writing it would destroy that "
+                "input; name another output file"
+            )
     if path.is_dir():
         raise ConfigError(f"cannot write to {path}: it is a directory; name a file, e.g. {path / example}")
     if path.exists() and not path.is_file():
@@ -95,6 +106,16 @@ def check_output_path(out: str | Path, example: str = "trace.jsonl") -> Path:
     if not parent.is_dir():
         raise ConfigError(f"cannot write to {path}: {parent} is not a directory")
     return path
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether ``a`` and ``b`` are one file: the same device and inode, whatever links lead to it
+    (``False`` when either cannot be looked at, e.g. does not exist yet)."""
+    try:
+        first, second = os.stat(a), os.stat(b)
+    except (OSError, ValueError):
+        return False
+    return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
 
 
 INTERRUPTED = threading.Event()

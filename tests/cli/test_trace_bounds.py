@@ -151,3 +151,42 @@ def test_trace_build_skips_a_vllm_log_request_asking_for_an_absurd_max_tokens(
     assert code == 0, err
     assert [r.id for r in read_trace(out)] == ["cmpl-a"]
     assert f"output_tokens over the limit of 10,000,000 tokens  (first: {log}:3)" in stdout
+
+
+SYNTH_OVER = {
+    "fixed": (["--input", "fixed:20000000"], "allows requests of 20,000,000 tokens, over the limit"),
+    "uniform": (["--output", "uniform:1:10000001"], "over the limit of 10,000,000 tokens"),
+    "lognormal P99": (["--input", "lognormal:600:20000000"], "over the limit of 10,000,000 tokens"),
+    "lognormal MAX": (["--input", "lognormal:600:6000:10000001"], "over the limit of 10,000,000 tokens"),
+    "a mix": (["--input", "fixed:5@1+fixed:10000001@1"], "over the limit of 10,000,000 tokens"),
+    "count": (["--count", "100000000000"], "--count must be at most 1,000,000 requests"),
+    "rate": (["--count", "1000", "--rate", "1e-9"], "past the limit of 1e+11 s"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SYNTH_OVER, ids=list(SYNTH_OVER))
+def test_trace_synth_refuses_what_a_trace_cannot_hold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """``synth --input fixed:20000000`` wrote a trace that ``stats`` then refused (exit 0, then 2);
+    ``--count 100000000000`` ran out of memory (exit 70). Both are exit 2 at synth time now, naming
+    the bound, and nothing is written."""
+    argv, message = SYNTH_OVER[case]
+    out = tmp_path / "s.jsonl"
+    argv = ["--count", "3", *argv] if "--count" not in argv else argv
+    code, _, err = run(["trace", "synth", "-o", str(out), *argv], capsys)
+    assert code == 2 and message in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_a_synthetic_trace_at_the_bounds_is_read_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "s.jsonl"
+    argv = ["--input", f"fixed:{MAX_TOKENS}", "--output", f"lognormal:9000000:{MAX_TOKENS}", "--rate", "1e-7"]
+    code, _, err = run(["trace", "synth", "-o", str(out), "--count", "1000", *argv], capsys)
+    assert code == 0, err
+    records = read_trace(out)
+    assert {r.prompt_tokens for r in records} == {MAX_TOKENS}
+    assert max(r.output_tokens for r in records) == MAX_TOKENS  # its 1 % over the P99, capped
+    assert run(["trace", "stats", str(out)], capsys)[0] == 0

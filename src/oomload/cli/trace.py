@@ -131,7 +131,9 @@ def register(subparsers: Any) -> None:
     synth.add_argument(
         "-o", "--out", required=True, help="trace file to write (JSONL; replaced only once complete)"
     )
-    synth.add_argument("--count", type=int, required=True, metavar="REQUESTS", help="number of requests")
+    synth.add_argument(
+        "--count", type=int, required=True, metavar="REQUESTS", help="number of requests (at most 1,000,000)"
+    )
     synth.add_argument(
         "--input",
         default="lognormal:600:6000",

@@ -15,6 +15,14 @@ spec                                  meaning
 Every length is at least 1 token: a request needs a prompt token (vLLM rejects an empty prompt) and an
 output of 0 tokens generates nothing, so ``fixed:0`` and ``uniform:0:HI`` are refused.
 
+Every synthetic trace is one ``oomload trace stats`` and ``replay`` read, so it stays within the trace
+format's bounds (``oomload.trace.model``): a spec that names a length over ``MAX_TOKENS`` (10,000,000 —
+``fixed:N``, ``uniform``'s ``HI``, ``lognormal``'s ``P50``, ``P99`` or ``MAX``) is refused, log-normal
+draws without a ``MAX`` are capped at ``MAX_TOKENS`` (far in the tail of any spec under it), and
+arrivals that would pass ``MAX_TIME_S`` (10¹¹ s: a very low rate over many requests) are refused. At
+most ``MAX_REQUESTS`` (1,000,000) requests: the trace is drawn and held in memory whole (about 400 MB
+at the bound).
+
 Log-normal from two quantiles: if ``ln X ~ N(μ, σ²)`` then ``P50 = e^μ`` and ``P99 = e^(μ + z·σ)`` with
 ``z = Φ⁻¹(0.99) ≈ 2.3263``, so ``μ = ln P50`` and ``σ = (ln P99 − ln P50) / z``. The sample's own
 nearest-rank percentiles converge to the targets as the count grows (for a few hundred requests the
@@ -36,9 +44,10 @@ import numpy as np
 import numpy.typing as npt
 
 from oomload.errors import ConfigError
-from oomload.trace.model import TraceRecord
+from oomload.trace.model import MAX_TIME_S, MAX_TOKENS, TraceRecord
 
 Z_99 = 2.3263478740408408  # Φ⁻¹(0.99)
+MAX_REQUESTS = 1_000_000  # --count: every record is held in memory (~400 MB RSS at this bound)
 
 IntArray = npt.NDArray[np.int64]
 
@@ -118,6 +127,11 @@ def parse_length_spec(text: str, *, name: str = "length spec") -> LengthMix:
             raise ConfigError(
                 f"{name} {text!r}: {spec!r} allows 0-token requests; lengths must be ≥ 1 ({why})"
             )
+        if _max_tokens(part) > MAX_TOKENS:
+            raise ConfigError(
+                f"{name} {text!r}: {spec!r} allows requests of {_max_tokens(part):,.0f} tokens, over the "
+                f"limit of {MAX_TOKENS:,} tokens a trace holds (no model serves a longer context)"
+            )
         parts.append(part)
         weights.append(weight)
     return LengthMix(tuple(parts), tuple(weights))
@@ -157,6 +171,16 @@ def _min_tokens(part: LengthPart) -> float:
     return 1  # log-normal draws are rounded to integers ≥ 1
 
 
+def _max_tokens(part: LengthPart) -> float:
+    """The longest length a spec names (draws of a log-normal without ``MAX`` are capped at
+    ``MAX_TOKENS``, which its ``P99`` must not pass)."""
+    if isinstance(part, FixedLength):
+        return part.tokens
+    if isinstance(part, UniformLength):
+        return part.high_tokens
+    return max(part.p50_tokens, part.p99_tokens, part.max_tokens or 0)
+
+
 def sample_lengths(mix: LengthMix, count: int, rng: np.random.Generator) -> IntArray:
     """``count`` integer lengths drawn from ``mix``."""
     if count < 0:
@@ -179,7 +203,8 @@ def _sample_part(part: LengthPart, count: int, rng: np.random.Generator) -> IntA
         return np.full(count, part.tokens, dtype=np.int64)
     if isinstance(part, UniformLength):
         return rng.integers(part.low_tokens, part.high_tokens, size=count, endpoint=True, dtype=np.int64)
-    values = np.maximum(np.rint(rng.lognormal(part.mu, part.sigma, size=count)), 1).astype(np.int64)
+    draws = np.clip(np.rint(rng.lognormal(part.mu, part.sigma, size=count)), 1, MAX_TOKENS)
+    values = draws.astype(np.int64)
     if part.max_tokens is not None:
         values = np.minimum(values, part.max_tokens)
     return values
@@ -193,7 +218,13 @@ def poisson_arrivals(count: int, rate_rps: float | None, rng: np.random.Generato
         raise ConfigError(f"--rate must be a positive number of requests per second, got {rate_rps}")
     gaps = rng.exponential(1.0 / rate_rps, size=count)
     gaps[0] = 0.0
-    return np.cumsum(gaps)
+    arrivals = np.cumsum(gaps)
+    if not arrivals[-1] <= MAX_TIME_S:
+        raise ConfigError(
+            f"--rate {rate_rps:g} spreads {count:,} requests over {arrivals[-1]:.3g} s, past the limit of "
+            f"{MAX_TIME_S:.0e} s a trace holds; give a higher --rate or a lower --count"
+        )
+    return arrivals
 
 
 def synthesize(
@@ -207,6 +238,11 @@ def synthesize(
     """A synthetic trace of ``count`` requests (ids ``r0``…), reproducible for a given ``seed``."""
     if count < 1:
         raise ConfigError(f"--count must be ≥ 1, got {count}")
+    if count > MAX_REQUESTS:
+        raise ConfigError(
+            f"--count must be at most {MAX_REQUESTS:,} requests (a synthetic trace is held in memory whole), "
+            f"got {count:,}"
+        )
     rng = np.random.default_rng(seed)
     prompt_tokens = sample_lengths(prompt, count, rng)
     output_tokens = sample_lengths(output, count, rng)
@@ -240,6 +276,7 @@ def _describe_part(part: LengthPart) -> str:
 
 
 __all__: Sequence[str] = (
+    "MAX_REQUESTS",
     "FixedLength",
     "LengthMix",
     "LogNormalLength",

@@ -52,6 +52,25 @@ def test_a_value_over_its_bound_in_a_trace_is_exit_2_naming_the_line(
     assert caught.value.line == 3
 
 
+@pytest.mark.parametrize(
+    ("line", "kind"), [("[1,2,3]", "an array"), ('"r1"', "a string"), ("7", "a number"), ("null", "null")]
+)
+def test_a_trace_line_that_is_not_an_object_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, kind: str
+) -> None:
+    """A line ``[1,2,3]`` gave "malformed trace record (list indices must be integers or slices, not
+    str)": Python's words. It names what the line is, in shape only, like every reader of logs."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(HEADER + GOOD + line + "\n")
+    message = f"{path}:3: malformed trace record (not a JSON object but {kind})"
+    for argv in (["trace", "stats", str(path)], ["trace", "build", str(path), "-o", str(tmp_path / "o")]):
+        code, _, err = run(argv, capsys)
+        assert code == 2 and err == f"oomload: error: {message}\n", err
+    with pytest.raises(TraceFormatError) as caught:
+        read_trace(path)
+    assert str(caught.value) == message
+
+
 def test_an_id_over_256_characters_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _trace(tmp_path, '"prompt_tokens":5,"output_tokens":3', record_id="r" * (MAX_ID_CHARS + 1))
     code, _, err = run(["trace", "stats", str(path)], capsys)

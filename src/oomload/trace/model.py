@@ -328,6 +328,19 @@ def _json_line(line: str) -> Any:
     return json.loads(line, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_int64ish)
 
 
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in words (``"an array"``), never what it holds."""
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return "a number"
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
@@ -381,7 +394,10 @@ def iter_trace(path: str | Path) -> Iterator[TraceRecord]:
             if not line.strip():
                 continue
             try:
-                yield TraceRecord.from_json(_json_line(line))
+                obj = _json_line(line)
+                if not isinstance(obj, dict):  # ``from_json`` would index a list or a number by name
+                    raise ValueError(f"not a JSON object but {_json_kind(obj)}")
+                yield TraceRecord.from_json(obj)
             except KeyError as err:
                 raise TraceFormatError(f"malformed trace record (no {err})", path, lineno) from err
             except (ValueError, TypeError, AttributeError, OverflowError, RecursionError) as err:

@@ -2,7 +2,11 @@
 
 Rules, first match wins:
 
-1. The first non-blank line is a JSON object →
+1. The first non-blank line starts like JSON, and the first of the first ``JSON_SNIFF_LINES`` (20)
+   lines that parses is a JSON object → (a line is parsed as its bytes say, else with any byte that is
+   not UTF-8 replaced — text in a log may be Latin-1, and the OpenAI reader never reads it; a line
+   that parses neither way, such as the cut first line of a rotated log, is passed over here and
+   skipped by the reader)
    ``oomload_trace`` key: an oomload trace · ``input_length`` + ``output_length``: Mooncake/Bailian ·
    ``custom_id`` + ``response``, or any of ``request``/``response``/``usage``/``messages``/``prompt``/
    ``choices``: OpenAI-style log · otherwise unknown (use ``--map``).
@@ -71,24 +75,48 @@ def detect_format(source: LogSource, *, forced: str | None = None, mapped: bool 
     )
 
 
+JSON_SNIFF_LINES = 20  # non-blank lines looked at for the first that parses
+
+
 def _first_object(source: LogSource) -> dict[str, Any]:
-    for _, line in source.iter_lines():
+    seen = 0
+    for number, line in source.iter_lines():
         if not line.strip():
             continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as err:
+        obj = _parsed(line)
+        if obj is not _UNPARSED:
+            if isinstance(obj, dict):
+                return obj
             raise TraceFormatError(
-                "the first line starts like JSON but does not parse; force a format with --format",
+                "the first line that parses is JSON but not an object; no known format starts so",
                 source.path,
-                1,
-            ) from err
-        if isinstance(obj, dict):
-            return obj
-        break
+                number,
+            )
+        seen += 1
+        if seen == JSON_SNIFF_LINES:
+            break
     raise TraceFormatError(
-        "the first line is JSON but not an object; no known format starts so", source.path, 1
+        f"the first line starts like JSON but none of the first {seen} lines parses; force a format "
+        "with --format",
+        source.path,
+        1,
     )
+
+
+_UNPARSED = object()
+
+
+def _parsed(line: bytes) -> Any:
+    """``line``'s JSON value; with any byte that is not UTF-8 replaced when only that stops it; else
+    ``_UNPARSED``."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return orjson.loads(line.decode("utf-8", errors="replace"))
+    except orjson.JSONDecodeError:
+        return _UNPARSED
 
 
 def _json_format(obj: dict[str, Any], source: LogSource) -> str:

@@ -555,6 +555,8 @@ def test_oomload_trace_as_input_round_trips(tmp_path: Path) -> None:
         (b"a,b,c\n1,2,3\n", "a CSV with columns a, b, c"),
         (b'{"foo": 1}\n', "keys foo match no known format"),
         (b"[1, 2]\n", "not an object"),
+        (b'{"cut\n[1, 2]\n', "the first line that parses is JSON but not an object"),
+        (b'{"cut\n{"cut, too\n', "none of the first 2 lines parses"),
     ],
 )
 def test_undetectable_inputs_fail_with_a_sentence(tmp_path: Path, content: bytes, message: str) -> None:

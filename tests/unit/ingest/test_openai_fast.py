@@ -195,3 +195,36 @@ def test_text_that_is_not_utf8_does_not_cost_the_request(tmp_path: Path) -> None
     batches = list(read_openai_batches(LogSource(path), skips, None))
     assert [b.num_rows for b in batches] == [1]
     assert skips.total == 0
+
+
+def test_a_first_line_with_text_that_is_not_utf8_is_detected_as_the_reader_reads_it(tmp_path: Path) -> None:
+    """Detection refused such a first line ("starts like JSON but does not parse", exit 2) although
+    ``--format openai`` read it: it now parses the line as the reader does, the broken byte unread."""
+    from oomload.ingest import build_trace, detect_format
+    from oomload.trace.model import read_trace
+
+    path = tmp_path / "log.jsonl"
+    line = (
+        b'{"timestamp": 1700000000, "request": {"messages": [{"content": "caf\xe9"}]}, '
+        b'"response": {"usage": {"prompt_tokens": 4, "completion_tokens": 2}}}\n'
+    )
+    path.write_bytes(line + line.replace(b"1700000000", b"1700000001"))
+    assert detect_format(LogSource(path)) == "openai"
+    result = build_trace([path], tmp_path / "t.jsonl")
+    assert result.records_written == 2 and result.skips.total == 0
+    assert [r.prompt_tokens for r in read_trace(tmp_path / "t.jsonl")] == [4, 4]
+
+
+def test_a_cut_first_line_is_passed_over_by_detection(tmp_path: Path) -> None:
+    """A log that starts inside a line (rotated, or cut with ``tail -c``): the format is told from the
+    first line that parses, and the cut line is skipped by the reader like any broken line."""
+    from oomload.ingest import build_trace, detect_format
+
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(
+        b'{"usage": {"prompt_tok\n'
+        b'{"timestamp": 5, "response": {"usage": {"prompt_tokens": 4, "completion_tokens": 2}}}\n'
+    )
+    assert detect_format(LogSource(path)) == "openai"
+    result = build_trace([path], tmp_path / "t.jsonl")
+    assert result.records_written == 1 and result.skips.examples == {"not a JSON object": [f"{path}:1"]}

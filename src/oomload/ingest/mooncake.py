@@ -24,7 +24,7 @@ import pyarrow.json as pa_json
 
 from oomload.ingest.columns import batch_within_bounds, make_batch
 from oomload.ingest.skips import SkipLog
-from oomload.ingest.source import NOT_JSON_OBJECT, LogSource
+from oomload.ingest.source import NOT_JSON_OBJECT, LogSource, unparsed_reason
 from oomload.trace.model import values_bounds_reason
 
 MOONCAKE_SCHEMA = pa.schema(
@@ -93,7 +93,7 @@ def _batch_from_lines(chunk: bytes, first_line: int, source: LogSource, skips: S
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError:
-            skips.skip(NOT_JSON_OBJECT, source.name, number)
+            skips.skip(unparsed_reason(line), source.name, number)
             continue
         reason = _invalid_reason(obj)
         if reason is None:

@@ -64,7 +64,7 @@ from oomload.ingest.openai_schema import (
     Usage,
 )
 from oomload.ingest.skips import SkipLog
-from oomload.ingest.source import NOT_JSON_OBJECT, LogSource
+from oomload.ingest.source import NOT_JSON_OBJECT, LogSource, unparsed_reason
 from oomload.ingest.tokens import TokenCounter
 from oomload.ingest.untimed import LeadingUntimed, untimed_note_text
 from oomload.trace.model import MAX_ID_CHARS, MAX_TIME_S, MAX_TOKENS, values_bounds_reason
@@ -237,7 +237,7 @@ def _exact_row(line: bytes, counter: TokenCounter | None) -> tuple[_Row | None, 
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
-        return None, NOT_JSON_OBJECT
+        return None, unparsed_reason(line)
     if not isinstance(obj, dict):
         return None, NOT_JSON_OBJECT
     try:

@@ -8,7 +8,9 @@ A leading UTF-8 byte-order mark is skipped on every path (``oomload.trace.stream
 A compressed stream that fails to decompress is "a damaged gzip/zstd file"; so is a file named
 ``.gz`` / ``.zst`` that lacks the signature and does not read as text either (``misnamed``).
 ``iter_json_objects`` is the line loop of the JSONL readers: it yields each line's object and
-counts every other non-blank line as "not a JSON object".
+counts every other non-blank line as "not a JSON object" — or, when what stops it from parsing is a
+number (``1e400``, past a float's range; ``NaN``, ``Infinity``, which JSON does not have), as
+``BAD_NUMBER`` (``unparsed_reason``, which only a line that does not parse pays for).
 
 A source may be a byte **span** of an uncompressed file (``LogSource(path, span=(start, end))``,
 both at line starts): the parallel build hands each worker one (``oomload.ingest.parallel``). Its
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
+import math
 import mmap
 import zlib
 from collections.abc import Iterator
@@ -47,6 +51,7 @@ SNIFF_BYTES = 256 * 1024
 CHUNK_BYTES = 8 * 1024 * 1024
 
 NOT_JSON_OBJECT = "not a JSON object"
+BAD_NUMBER = "a number out of range or not JSON (1e400, NaN)"
 _NEWLINE = ord("\n")
 
 COMPRESSED_SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd"}
@@ -307,11 +312,40 @@ def iter_json_objects(source: LogSource, skips: SkipLog) -> Iterator[tuple[int, 
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError:
-            obj = None
+            skips.skip(unparsed_reason(line), source.name, number)
+            continue
         if isinstance(obj, dict):
             yield number, obj
         else:
             skips.skip(NOT_JSON_OBJECT, source.name, number)
+
+
+class _NumberRefused(Exception):
+    """Raised from inside ``json.loads`` at a number orjson cannot take."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)  # an integer's digits too: a float of 400 digits is infinite, not an error
+    if not math.isfinite(value):
+        raise _NumberRefused
+    return value
+
+
+def _refused(text: str) -> float:
+    raise _NumberRefused
+
+
+def unparsed_reason(line: bytes) -> str:
+    """Why a line orjson refused is unusable: ``BAD_NUMBER`` when a number stops it (a float past
+    ±1.8e308, ``NaN``, ``Infinity``: Python's parser reads the line up to it), else ``NOT_JSON_OBJECT``.
+    Run only for a line that did not parse, so the lines that do pay nothing for it."""
+    try:
+        json.loads(line.decode("utf-8"), parse_float=_finite, parse_int=_finite, parse_constant=_refused)
+    except _NumberRefused:
+        return BAD_NUMBER
+    except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError too)
+        pass
+    return NOT_JSON_OBJECT
 
 
 def _looks_like_text(data: bytes) -> bool:

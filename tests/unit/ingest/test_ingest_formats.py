@@ -174,7 +174,8 @@ def test_mooncake_bad_lines_counted_by_reason(tmp_path: Path) -> None:
         '{"timestamp": 3000, "input_length": -6, "output_length": 1, "hash_ids": [0]}\n'
         '{"timestamp": 3000, "output_length": 1}\n'
         "\n"
-        '{"timestamp": 6000, "input_length": 9, "output_length": 2, "hash_ids": [1]}\n',
+        '{"timestamp": 6000, "input_length": 9, "output_length": 2, "hash_ids": [1]}\n'
+        '{"timestamp": 1e400, "input_length": 9, "output_length": 2}\n',
     )
     recs, skips = records(path)
     assert [r.prompt_tokens for r in recs] == [6, 9]
@@ -182,6 +183,7 @@ def test_mooncake_bad_lines_counted_by_reason(tmp_path: Path) -> None:
         "not a JSON object": 1,
         "input_length is not a non-negative integer": 1,
         "missing input_length": 1,
+        "a number out of range or not JSON (1e400, NaN)": 1,  # was "not a JSON object"
     }
     assert skips.examples["not a JSON object"] == [f"{path}:2"]
     assert skips.examples["missing input_length"] == [f"{path}:4"]

@@ -130,3 +130,24 @@ def test_a_responses_api_created_at_and_an_epoch_written_as_a_string_are_times(t
     fast, exact, skips = _both(_write(tmp_path / "gw.jsonl", lines))
     assert [r["time_s"] for r in fast] == [1_700_000_000, 1_700_000_002, 1_700_000_003.5, 1_699_920_000]
     assert fast == exact and not any("no timestamp" in note for note in skips.notes)
+
+
+def test_a_number_no_json_reader_holds_is_its_own_skip_reason(tmp_path: Path) -> None:
+    """``"timestamp": 1e400`` was skipped as "not a JSON object": the line is an object whose number
+    is past a float's range. Both readers now say so (and of ``NaN`` / ``Infinity``); a line that is
+    not JSON at all keeps its reason."""
+    good = json.dumps({"timestamp": 1_700_000_000, "response": USAGE})
+    lines = [
+        good,
+        good.replace("1700000000", "1e400"),
+        good.replace("1700000000", "NaN"),
+        good.replace('"prompt_tokens": 5', '"prompt_tokens": -Infinity'),
+        good.replace("5", "9" * 400),  # an integer of 400 digits: as a float, infinite
+        good[:-1],  # cut
+    ]
+    path = tmp_path / "gw.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    fast, exact, skips = _both(path)
+    assert len(fast) == 1 and fast == exact
+    assert skips.counts == {"a number out of range or not JSON (1e400, NaN)": 4, "not a JSON object": 1}
+    assert skips.examples["not a JSON object"] == [f"{path}:6"]

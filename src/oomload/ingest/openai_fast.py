@@ -46,7 +46,7 @@ import orjson
 import pyarrow as pa
 
 from oomload.ingest.columns import make_batch
-from oomload.ingest.openai_log import _int_or_none, _to_seconds, parse_openai_line, status_failed
+from oomload.ingest.openai_log import _int_or_none, _to_seconds, parse_openai_line, status_failed, time_given
 from oomload.ingest.openai_parts import PartMarks, line_parts, parts_of, prompt_parts
 from oomload.ingest.openai_schema import (
     BODY_DECODER,
@@ -66,7 +66,7 @@ from oomload.ingest.openai_schema import (
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import NOT_JSON_OBJECT, LogSource, unparsed_reason
 from oomload.ingest.tokens import TokenCounter
-from oomload.ingest.untimed import LeadingUntimed, untimed_note_text
+from oomload.ingest.untimed import UNREADABLE_S, UNTIMED_S, LeadingUntimed, split_untimed, untimed_notes
 from oomload.trace.model import MAX_ID_CHARS, MAX_TIME_S, MAX_TOKENS, values_bounds_reason
 from oomload.trace.prefix import BlockHasher
 
@@ -160,7 +160,7 @@ def _fast_row(line: Line) -> _Row | None:
             if arrival_s is None:
                 arrival_s = None if response is None else _seconds(response.created_at)
                 if arrival_s is None:
-                    arrival_s = -1.0
+                    arrival_s = _untimed_s(line, response)
     record_id = line.custom_id
     if record_id.__class__ is not str or not record_id:
         record_id = None
@@ -230,6 +230,18 @@ def _line_time(line: Line) -> float | None:
         if (seconds := _to_seconds(value)) is not None:
             return seconds
     return None
+
+
+def _untimed_s(line: Line, response: Any) -> float:
+    """``UNREADABLE_S`` when the line (or its response) has a time that could not be read, else
+    ``UNTIMED_S``: ``parse_openai_line``'s mark, for a line without a usable time (the rare case)."""
+    values = (
+        *(line.timestamp, line.created_at, line.start_time, line.request_time, line.time),
+        *(line.startTime, line.started_at, line.at_timestamp),
+        *(() if response is None else (response.created, response.created_at)),
+    )
+    given = any(value is not UNSET and time_given(value) for value in values)
+    return UNREADABLE_S if given else UNTIMED_S
 
 
 def _exact_row(line: bytes, counter: TokenCounter | None) -> tuple[_Row | None, str]:
@@ -489,7 +501,7 @@ def read_openai_batches(
     skips: SkipLog,
     counter: TokenCounter | None,
     *,
-    on_untimed: Callable[[int], None] | None = None,
+    on_untimed: Callable[[int, int], None] | None = None,
     hasher: BlockHasher | None = None,
 ) -> Iterator[pa.Table]:
     """Batches (``time_s`` on the log's clock) from an OpenAI-style log, one per chunk of lines.
@@ -510,7 +522,7 @@ def read_openai_batches(
     """
     decode_plain = (PLAIN_DECODER if hasher is None else PLAIN_PARTS_DECODER).decode_lines
     plain_again_in = 0  # pieces to read before trying ``Plain`` again (after one that was not)
-    untimed = 0
+    untimed = unreadable = 0  # requests without a time, and with one that could not be read
     leading_untimed = LeadingUntimed()  # batches before the first timed request: they take its time
     for chunk in source.iter_views():
         columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
@@ -556,7 +568,8 @@ def read_openai_batches(
         missing = times < 0
         leading = 0
         if missing.any():
-            untimed += int(missing.sum())
+            without, unread = split_untimed(times)
+            untimed, unreadable = untimed + without, unreadable + unread
             timed_at = np.where(missing, -1, np.arange(len(times)))
             np.maximum.accumulate(timed_at, out=timed_at)
             seen_timed = leading_untimed.seen_timed
@@ -575,7 +588,8 @@ def read_openai_batches(
         yield from leading_untimed.timed(float(times[0]), float(times[-1]))
         yield batch
     yield from leading_untimed.finish()  # no time in the whole of ``source``: 0
-    if untimed and on_untimed is not None:
-        on_untimed(untimed)  # a span of the file: its caller notes the file's total
-    elif untimed:
-        skips.note(untimed_note_text(source.name, untimed))
+    if (untimed or unreadable) and on_untimed is not None:
+        on_untimed(untimed, unreadable)  # a span of the file: its caller notes the file's totals
+    else:
+        for note in untimed_notes(source.name, untimed, unreadable):
+            skips.note(note)

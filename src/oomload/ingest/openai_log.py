@@ -22,7 +22,9 @@ One JSON object per line. The reader looks for, in order:
   or a numeric string — or ISO-8601), else the response's ``created`` (``created_at`` in the
   Responses API). A request without a time takes the time of the request before
   it; those before the first timed request take its time (0 when no request has one), so a log
-  that opens with untimed requests does not start at the epoch;
+  that opens with untimed requests does not start at the epoch; a time that is there but cannot
+  be read (not ISO-8601 or a number; a negative one) is treated so too, and counted apart
+  (``oomload.ingest.untimed``);
 - **id**: ``custom_id``, ``request_id``, ``id``, or the response's ``id``.
 
 When a count is missing but the text is there (streaming logs often lack ``usage``), the text is
@@ -43,7 +45,7 @@ from oomload.ingest.skips import NO_TOKEN_COUNTS, SkipLog
 from oomload.ingest.source import LogSource, iter_json_objects
 from oomload.ingest.tabular import parse_datetime_s
 from oomload.ingest.tokens import TokenCounter
-from oomload.ingest.untimed import UNTIMED_HOLD_ROWS, untimed_note_text
+from oomload.ingest.untimed import UNREADABLE_S, UNTIMED_HOLD_ROWS, UNTIMED_S, untimed_notes
 from oomload.trace.model import TraceRecord, bounds_reason
 
 TIME_KEYS = (
@@ -68,7 +70,7 @@ def read_openai_records(
     """Records (``arrival_s`` on the log's clock, ``id`` ``""`` when absent) from an OpenAI-style log."""
     last_time: float | None = None  # None until the first timed request
     held: list[TraceRecord] = []  # requests before the first timed one: they take its time
-    untimed = 0
+    untimed = unreadable = 0
     for number, obj in iter_json_objects(source, skips):
         try:
             record, reason = parse_openai_line(obj, counter)
@@ -78,7 +80,10 @@ def read_openai_records(
             skips.skip(reason or "unexpected shape of request/response", source.name, number)
             continue
         if record.arrival_s < 0:
-            untimed += 1
+            if record.arrival_s == UNTIMED_S:
+                untimed += 1
+            else:
+                unreadable += 1
             if last_time is None and len(held) < UNTIMED_HOLD_ROWS:
                 held.append(record)
                 continue
@@ -92,14 +97,15 @@ def read_openai_records(
         last_time = record.arrival_s
         yield record
     yield from (replace(r, arrival_s=0.0) for r in held)  # no time in the whole log
-    if untimed:
-        skips.note(untimed_note_text(source.name, untimed))
+    for note in untimed_notes(source.name, untimed, unreadable):
+        skips.note(note)
 
 
 def parse_openai_line(
     obj: dict[str, Any], counter: TokenCounter | None
 ) -> tuple[TraceRecord | None, str | None]:
-    """One log object → a record, or ``(None, reason)``. ``arrival_s`` is −1 when the line has no time."""
+    """One log object → a record, or ``(None, reason)``. ``arrival_s`` is ``UNTIMED_S`` (−1) when the
+    line has no time, ``UNREADABLE_S`` (−2) when the time it has cannot be read."""
     request = obj.get("request")
     if isinstance(request, dict) and isinstance(body := _body(request.get("body")), dict):
         request = body
@@ -245,17 +251,25 @@ def _content_text(content: Any) -> str:
 
 
 def _time_s(obj: dict[str, Any], response: dict[str, Any], chunks: list[Any]) -> float:
+    unreadable = False  # a time was there that could not be read
     for key in TIME_KEYS:
         if key in obj:
             value = _to_seconds(obj[key])
             if value is not None:
                 return value
+            unreadable = unreadable or time_given(obj[key])
     for holder in (response, chunks[0] if chunks and isinstance(chunks[0], dict) else {}):
         for key in ("created", "created_at"):  # chat/completions', the Responses API's
             value = _to_seconds(holder.get(key))
             if value is not None:
                 return value
-    return -1.0
+            unreadable = unreadable or time_given(holder.get(key))
+    return UNREADABLE_S if unreadable else UNTIMED_S
+
+
+def time_given(value: Any) -> bool:
+    """Whether a time key's value says a time was given: anything but nothing (absent, ``null``, ``""``)."""
+    return value is not None and value != ""
 
 
 def _to_seconds(value: Any) -> float | None:

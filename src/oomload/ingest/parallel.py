@@ -8,13 +8,14 @@ forces many small spans to check it). How:
 - **Spans** (uncompressed OpenAI-style JSONL of at least ``PARALLEL_MIN_BYTES``): the file is cut
   into about ``SPAN_BYTES`` spans at line starts; each worker reads its span with the ordinary
   reader (``LogSource(path, span=…)``) and sends back its batches, skip counts with the first
-  examples (line numbers counted from the span's start) and the number of requests it gave no
-  time. The main process takes the spans in file order: it adds the lines of the spans before to
-  the examples (counted only when a span skipped a line: ``_LineCount``), replays them into the
-  caller's ``SkipLog`` (so ``--strict`` stops at the first bad line of the file, as it would
-  single-process), gives a span's leading requests without a time the time of the request before
-  them (before the file's first timed request: its time, their batches held until it comes), and
-  notes the untimed total once, at the end, as the reader does. ``span_task`` reads
+  examples (line numbers counted from the span's start) and the numbers of requests it gave a
+  time: those without one, and those whose time could not be read. The main process takes the
+  spans in file order: it adds the lines of the spans before to the examples (counted only when a
+  span skipped a line: ``_LineCount``), replays them into the caller's ``SkipLog`` (so
+  ``--strict`` stops at the first bad line of the file, as it would single-process), gives a
+  span's leading requests without a time the time of the request before them (before the file's
+  first timed request: its time, their batches held until it comes), and
+  notes the two totals once, at the end, as the reader does. ``span_task`` reads
   Mooncake spans too, but Mooncake logs are read in-process: pyarrow's JSON reader already keeps
   2 cores busy there, and a 510 MB Mooncake build spread over 2 workers measured 1.3-1.4× slower.
 - **CSV spans** (uncompressed Azure, BurstGPT and mapped CSV of at least ``PARALLEL_MIN_BYTES``):
@@ -77,7 +78,7 @@ from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, ReadMeter
 from oomload.ingest.tabular import csv_header, read_csv_batches
 from oomload.ingest.tokens import TokenCounter
-from oomload.ingest.untimed import LeadingUntimed, untimed_note_text
+from oomload.ingest.untimed import LeadingUntimed, untimed_notes
 from oomload.ingest.workertasks import (
     CounterRecipe,
     FileResult,
@@ -289,7 +290,7 @@ def _span_batches(
     rows_before = 1  # a CSV's lines: its header, then each span's rows
     jsonl_lines = _LineCount(source.path)  # a JSONL's lines: counted only when a span skipped one
     leading_untimed = LeadingUntimed()  # batches before the file's first timed request: they take its time
-    untimed = 0
+    untimed = unreadable = 0
     notes: list[str] = []
     origin_s: float | None = None  # the first request's time: workers render once it is known
     scratch = pool.scratch if pool.render else None
@@ -335,7 +336,7 @@ def _span_batches(
             _replay(skips, source.name, result.counts, result.examples, before)
         notes += [n for n in result.notes if n not in notes]
         rows_before += result.lines or 0
-        untimed += result.untimed
+        untimed, unreadable = untimed + result.untimed, unreadable + result.unreadable_times
         for item in result.batches:
             if isinstance(item, RenderedLines):
                 leading_untimed.last_s = item.last_s
@@ -377,10 +378,8 @@ def _span_batches(
             if not submit():
                 break
     yield from leading_untimed.finish()  # no time in the whole file: 0
-    for note in notes:
+    for note in [*notes, *untimed_notes(source.name, untimed, unreadable)]:
         skips.note(note)
-    if untimed:
-        skips.note(untimed_note_text(source.name, untimed))
 
 
 def _starter(pool: ReadPool, stored: str, origin_s: float | None) -> Callable[[int], Future[str]]:

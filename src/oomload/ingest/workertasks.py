@@ -50,6 +50,7 @@ class SpanResult:
     examples: dict[str, list[int]]
     notes: list[str]
     untimed: int = 0
+    unreadable_times: int = 0  # requests whose time could not be read (``oomload.ingest.untimed``)
     lines: int | None = None  # a CSV span's rows (a JSONL span's lines: ``_LineCount``, when needed)
     error: str | None = None
     quoted_newline: bool = False  # a CSV span with a quoted value that may span lines: not read
@@ -101,7 +102,7 @@ def span_task(
     assert isinstance(plan, InputPlan)
     source = LogSource(plan.source.path, span=span)
     skips = _LineSkips()
-    untimed: list[int] = [0]
+    untimed: list[tuple[int, int]] = []  # (without a time, with one that could not be read) of the span
     if plan.layout is not None:
         return _csv_span_task(plan, source, skips, origin_s, scratch)
     try:
@@ -111,7 +112,11 @@ def span_task(
                 with_pseudonyms(
                     plan.pseudonyms,
                     read_openai_batches(
-                        source, skips, counter, on_untimed=untimed.append, hasher=plan.hasher
+                        source,
+                        skips,
+                        counter,
+                        on_untimed=lambda *counts: untimed.append(counts),
+                        hasher=plan.hasher,
                     ),
                 )
             )
@@ -121,7 +126,14 @@ def span_task(
     except OomloadError as err:
         return SpanResult([], {}, {}, [], error=str(err))
     sent = _sent(batches, origin_s, scratch)
-    return SpanResult(sent, skips.counts, skips.lines, list(skips.notes), sum(untimed))
+    return SpanResult(
+        sent,
+        skips.counts,
+        skips.lines,
+        list(skips.notes),
+        sum(n for n, _ in untimed),
+        sum(n for _, n in untimed),
+    )
 
 
 def _csv_span_task(

@@ -151,3 +151,32 @@ def test_a_number_no_json_reader_holds_is_its_own_skip_reason(tmp_path: Path) ->
     assert len(fast) == 1 and fast == exact
     assert skips.counts == {"a number out of range or not JSON (1e400, NaN)": 4, "not a JSON object": 1}
     assert skips.examples["not a JSON object"] == [f"{path}:6"]
+
+
+@pytest.mark.parametrize("piece_bytes", [64, 256 * 1024])
+def test_a_time_that_cannot_be_read_is_counted_apart_from_a_missing_one(
+    tmp_path: Path, piece_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``"timestamp": "2024-13-45T99:00:00Z"`` was counted in "had no timestamp" only: a bad time
+    looked like a missing one. It is kept and given a time the same way, and has its own note."""
+    monkeypatch.setattr(openai_fast, "PIECE_BYTES", piece_bytes)
+    bad_iso = "2024-13-45T99:00:00Z"
+    lines: list[dict[str, Any]] = [
+        {"response": USAGE},  # missing
+        {"timestamp": bad_iso, "response": USAGE},  # unreadable, before the first time
+        {"timestamp": 1_700_000_000, "response": USAGE},
+        {"timestamp": None, "created_at": "", "response": USAGE},  # missing: null and "" say nothing
+        {"timestamp": bad_iso, "response": {**USAGE, "created": 1_700_000_003}},  # the response's time
+        {"start_time": "yesterday", "response": USAGE},  # unreadable
+        {"timestamp": True, "response": USAGE},  # unreadable (the exact path: the schema refuses a bool)
+        {"timestamp": -5, "response": USAGE},  # a negative epoch: unreadable
+        {"response": {**USAGE, "created": "soon"}},  # unreadable, in the response
+        {"timestamp": 1_700_000_009, "response": USAGE},
+    ]
+    fast, exact, skips = _both(_write(tmp_path / "gw.jsonl", lines))
+    assert fast == exact and skips.total == 0
+    assert [r["time_s"] for r in fast] == [1_700_000_000] * 4 + [1_700_000_003] * 5 + [1_700_000_009]
+    assert [note.split(": ", 1)[1].split(" (")[0] for note in skips.notes] == [
+        "2 requests had no timestamp",
+        "5 requests had a time that could not be read",
+    ]

@@ -41,6 +41,8 @@ def _openai_log(
         }
         if i % 11 != 0:  # some requests have no time: they take the one before them
             line["timestamp"] = start_s + i * 0.5
+        if i % 17 == 5:  # … or one that cannot be read: the same, counted apart
+            line["timestamp"] = "2024-13-45T99:00:00Z"
         if i % 13 == 0:
             line["error"] = {"message": "overloaded"}
         lines.append(json.dumps(line))
@@ -116,6 +118,7 @@ def test_spans_of_an_openai_log_build_the_same_bytes(tmp_path: Path) -> None:
     assert spread == single
     assert single["counts"] == {"not a JSON object": 43}
     assert any("no timestamp" in note for note in single["notes"])
+    assert any("16 requests had a time that could not be read" in note for note in single["notes"])
 
 
 def test_lines_rendered_by_workers_are_the_same_bytes(tmp_path: Path) -> None:

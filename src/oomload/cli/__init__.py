@@ -12,8 +12,12 @@ file (a path under a regular file, a full disk, no permission) is a problem with
 path: one sentence, exit 2; so is one that names none but is a disk refusing a write (full, read-only,
 a file size limit, gone: ``oomload.outfile.is_disk_error``) — every write path names its file itself
 (``OutputWriteError``), this is the backstop. Standard output is guarded while a command runs
-(``GuardedStdout``): redirected to a full disk (or ``/dev/full``) it is one sentence and exit 2 too,
-and a reader that went away (``| head``) is exit 0. Anything else is a bug: one line, the traceback
+(``GuardedStdout``): redirected to a full disk (or ``/dev/full``) it is one sentence and exit 2 too.
+A reader that went away (``| head``, a closed pipe) is no failure: what is printed from then on is
+discarded and the command goes on as if nobody read it — a replay to its end, its run directory
+complete and its exit code its verdict's; a report command to exit 0 — except a command whose lines
+to standard output are its product (``sample``: ``stop_when_reader_goes``), which ends there, exit 0,
+as ``| head`` expects. Anything else is a bug: one line, the traceback
 saved to a file (``oomload.cli.crash``), exit 70 — never 0, 1 or 4, the codes of a verdict or gate
 result. Every message has the API key (the variable ``--api-key-env`` names) replaced by ``***``.
 """
@@ -63,7 +67,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run a parsed command (``args.func``), its errors turned into messages and exit codes (above)."""
     secrets = (replay.api_key_value(args),)
     stdout = sys.stdout
-    sys.stdout = GuardedStdout(stdout)
+    sys.stdout = GuardedStdout(stdout, stop_when_reader_goes=getattr(args, "stop_when_reader_goes", False))
     try:
         code = int(args.func(args))
         sys.stdout.flush()  # output still buffered fails here, not in Python's own flush at exit
@@ -74,7 +78,7 @@ def run_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("oomload: interrupted", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
-    except BrokenPipeError:
+    except BrokenPipeError:  # a pipe that broke outside GuardedStdout (a stream's own buffer): no failure
         return int(ExitCode.OK)
     except OSError as err:
         if err.filename is None:
@@ -99,40 +103,64 @@ def _internal(err: Exception, secrets: tuple[str | None, ...]) -> int:
 
 
 class GuardedStdout:
-    """``sys.stdout`` while a command runs: a write or flush the disk refuses (standard output
-    redirected to a full disk, ``/dev/full``) raises ``OutputWriteError`` — one sentence, exit 2 —
-    and points the descriptor at ``/dev/null``, so that Python's own flush at exit does not fail on
-    what is still buffered. A broken pipe stays a ``BrokenPipeError`` (exit 0); everything else is
-    the stream's own."""
+    """``sys.stdout`` while a command runs. A write or flush the disk refuses (standard output
+    redirected to a full disk, ``/dev/full``) raises ``OutputWriteError`` — one sentence, exit 2. A
+    broken pipe (the reader went away: ``| head``) raises nothing: the command goes on with its
+    output discarded. Either way the descriptor is pointed at ``/dev/null``, so that Python's own
+    flush at exit does not fail on what is still buffered; everything else is the stream's own.
+    ``stop_when_reader_goes``: a broken pipe is raised (``BrokenPipeError``, exit 0) once the
+    descriptor points at ``/dev/null`` — for a command whose output is only for that reader.
 
-    def __init__(self, inner: TextIO) -> None:
+    rich's ``Console`` writes through ``sys.stdout`` when it is made without a file, so a broken pipe
+    never reaches its ``on_broken_pipe`` (which would end the process with exit 1)."""
+
+    def __init__(self, inner: TextIO, *, stop_when_reader_goes: bool = False) -> None:
         self._inner = inner
+        self._stop = stop_when_reader_goes
+        self._reader_gone = False
 
     def write(self, text: str) -> int:
+        if self._reader_gone:
+            return len(text)
         try:
             return self._inner.write(text)
         except BrokenPipeError:
-            raise
+            self._discard()
+            if self._stop:
+                raise
+            return len(text)
         except OSError as err:
             raise self._failed(err) from err
 
     def flush(self) -> None:
+        if self._reader_gone:
+            return
         try:
             self._inner.flush()
         except BrokenPipeError:
-            raise
+            self._discard()
+            if self._stop:
+                raise
         except OSError as err:
             raise self._failed(err) from err
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def _failed(self, err: OSError) -> OutputWriteError:
+    def _discard(self) -> None:
+        """The reader went away: from now on nothing is written (the module docstring)."""
+        self._reader_gone = True
+        self._to_devnull()
+
+    def _to_devnull(self) -> None:
         with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
             devnull = os.open(os.devnull, os.O_WRONLY)
             try:
                 os.dup2(devnull, self._inner.fileno())
             finally:
                 os.close(devnull)
+
+    def _failed(self, err: OSError) -> OutputWriteError:
+        self._to_devnull()
         why = reason(err)
         return OutputWriteError(f"cannot write to standard output ({why})", "<stdout>", why)

@@ -107,7 +107,8 @@ def register(subparsers: Any) -> None:
         help="sample the server's memory only (with --server-pid, --server-port or --cgroup): no GPU source",
     )
     parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
-    parser.set_defaults(func=run)
+    # lines to stdout are for their reader: `oomload sample | head` ends when head does (oomload.cli)
+    parser.set_defaults(func=run, stop_when_reader_goes=True)
 
 
 def run(args: argparse.Namespace, nvml: Any = None) -> int:

@@ -265,7 +265,7 @@ def register(subparsers: Any) -> None:
 def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> ReplayConfig:
     """Validate every flag and return a ``ReplayConfig``; raises ``ConfigError`` naming the bad value."""
     from oomload.capacity.schedule import Hold, parse_levels, parse_stop_condition
-    from oomload.load.baseurl import BaseUrl
+    from oomload.load.baseurl import BaseUrl, http_url
     from oomload.load.payload import parse_token_id_range
     from oomload.run.runner import DEMO_HOLD_S, DEMO_LEVELS, ReplayConfig
     from oomload.trace.model import read_trace_header
@@ -312,6 +312,8 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Rep
         raise ConfigError(f"--gpu {gpu!r} is not one of auto, nvml, dcgm:URL, remote:URL, none")
     if url_has_credentials(gpu.partition(":")[2]):  # the sampler's URL lands in events and config.json
         raise url_credentials_error("--gpu", gpu.partition(":")[2])
+    if gpu.startswith(("dcgm:", "remote:")):
+        http_url(gpu.partition(":")[2], f"--gpu {gpu.partition(':')[0]}:URL")  # exit 2 before any load
     url = None if args.url is None else BaseUrl.parse(args.url)  # ConfigError naming the flag
     if not args.api_key_env.replace("_", "").isalnum():
         raise ConfigError(f"--api-key-env {args.api_key_env!r} is not an environment variable name")

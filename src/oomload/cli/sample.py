@@ -159,6 +159,10 @@ def _validate(args: argparse.Namespace) -> None:
         )
     if args.no_gpu and (args.dcgm_url or args.device):
         raise ConfigError("--no-gpu contradicts --dcgm-url and --device; drop one")
+    if args.dcgm_url is not None:
+        from oomload.load.baseurl import http_url
+
+        http_url(args.dcgm_url, "--dcgm-url")
 
 
 def memory_target(args: argparse.Namespace) -> MemoryTarget:

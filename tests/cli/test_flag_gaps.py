@@ -8,10 +8,12 @@ never) fails here instead of starting servers."""
 from __future__ import annotations
 
 import argparse
+import socket
 from pathlib import Path
 
 import pytest
 
+from clirun import run
 from fakesampler import run_sample
 from oomload.cli import build_parser
 from oomload.cli.replay import build_config
@@ -54,3 +56,52 @@ def test_sample_refuses_a_dcgm_url_that_is_not_http(capsys: pytest.CaptureFixtur
         err
         == "oomload: error: --dcgm-url must be an http(s) URL (http://HOST[:PORT][/PATH]), got 'notaurl'\n"
     )
+
+
+def _tune(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *flags: str
+) -> tuple[int, str]:
+    """``tune FIXED --serve SIM FLAGS`` in this process, refused before the tune starts: (code, stderr)."""
+    import oomload.tune.run
+
+    def started(*args: object, **kwargs: object) -> None:
+        pytest.fail("the tune started: its flags were not checked before it")
+
+    monkeypatch.setattr(oomload.tune.run, "run_tune", started)
+    code, _, err = run(["tune", str(FIXED), "--serve", SIM, *flags], capsys)
+    assert len(err.strip().splitlines()) == 1, err
+    return code, err
+
+
+@pytest.mark.parametrize(
+    ("host", "needle"),
+    [
+        ("8.8.8.8", "the server cannot listen on --host 8.8.8.8 (Cannot assign requested address)"),
+        ("no-such-host.invalid", "--host 'no-such-host.invalid' is not an address or a name"),
+    ],
+)
+def test_a_tune_host_this_machine_cannot_listen_on_is_exit_2_before_any_candidate(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    host: str,
+    needle: str,
+) -> None:
+    flags = ("--target-concurrency", "4", "--host", host, "--run-dir", str(tmp_path / "t"))
+    code, err = _tune(capsys, monkeypatch, *flags)
+    assert code == 2 and needle in err, err
+    assert not (tmp_path / "t").exists()
+
+
+def test_free_port_and_the_server_url_take_an_ipv6_host(tmp_path: Path) -> None:
+    from oomload.realvllm.server import RealVllmServer, free_port
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError as err:  # IPv6 configured off: nothing to check here
+        pytest.skip(f"::1 cannot be bound here ({err.strerror})")
+    port = free_port("::1")  # an IPv4 socket bound to an IPv6 address: an internal error before
+    assert 0 < port < 65536
+    server = RealVllmServer(None, tmp_path, host="::1", port=port)  # type: ignore[arg-type]
+    assert server.url == f"http://[::1]:{port}"

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     from oomload.realvllm.servecmd import parse_serve_command
     from oomload.report.tune import write_tune_reports
-    from oomload.tune.run import TuneConfig, run_tune, tune_exit_code
+    from oomload.tune.run import TuneConfig, check_listen_address, run_tune, tune_exit_code
     from oomload.tune.search import NO_TARGET_SEQS, SearchSpace, Settings, seqs_ladder
 
     if not args.trace.is_file():
@@ -146,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if not memory and "gpu_memory_utilization" not in fixed:
         raise ConfigError("the memory ladder is empty")
+    check_listen_address(args.host, args.port)  # exit 2 before any candidate starts
     run_dir = args.run_dir or Path("runs") / time.strftime("tune-%Y%m%d-%H%M%S")
     config = TuneConfig(
         trace_path=args.trace,

@@ -169,9 +169,11 @@ class ServeSpec(Protocol):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the server binds it shortly after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+    """A TCP port of ``host`` (an IPv4 or IPv6 address or a name) that was free a moment ago (the server
+    binds it shortly after)."""
+    family, _, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind(address)
         return int(sock.getsockname()[1])
 
 
@@ -224,7 +226,8 @@ class RealVllmServer:
     def url(self) -> str:
         if self.port is None:
             raise EndpointError("the vLLM server has not been started")
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address, bracketed
+        return f"http://{host}:{self.port}"
 
     @property
     def pid(self) -> int | None:

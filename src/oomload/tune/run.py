@@ -35,13 +35,16 @@ quoted — a replay that cannot write is no finding about the candidate), ``tune
 
 Errors that are not findings: a ``--serve`` line whose *first* start fails for a reason that is not a
 memory setting (it is not vLLM, it exits at once, it never answers) is ``ServeStartError`` (exit 3,
-the log's line quoted); a ``--port`` already in use is a usage error (exit 2), found before anything
-starts; no candidate that carries the target is exit 1 (like a failed gate), with the table.
+the log's line quoted); a ``--host`` this machine cannot listen on (not one of its addresses, no
+such name) or a ``--port`` already in use is a usage error (exit 2), found before anything starts
+(``check_listen_address``); no candidate that carries the target is exit 1 (like a failed gate),
+with the table.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import shlex
@@ -77,7 +80,7 @@ from oomload.tune.search import Candidate, next_proposal, pick_winner, seqs_ladd
 from oomload.tune.startup import StartCause, classify_startup_failure
 from oomload.tune.stops import death_stop, evidence_stop
 
-__all__ = ["TuneConfig", "check_port_free", "run_tune"]
+__all__ = ["TuneConfig", "check_listen_address", "run_tune"]
 
 SERVER_LOG = "server.log"
 
@@ -112,8 +115,7 @@ def _run_tune(config: TuneConfig, console: Console | None) -> TuneRecord:
         prefix=read_trace_header(config.trace_path).prefix_or_default(),
         console=console,
     )
-    if config.port is not None:
-        check_port_free(config.host, config.port)
+    check_listen_address(config.host, config.port)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     console.print(
         f"tune: {config.serve.kind} server {config.serve.model or ''} · {_goal(ctx)} · "
@@ -194,14 +196,28 @@ def with_rate_target(ctx: TuneContext, rate: RateTarget) -> TuneContext:
     return replace(ctx, target=rate.concurrency, space=space)
 
 
-def check_port_free(host: str, port: int) -> None:
-    """``ConfigError`` when ``host:port`` is taken (one sentence, before anything starts)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+def check_listen_address(host: str, port: int | None) -> None:
+    """``ConfigError`` when a server could not listen on ``host`` (not an address of this machine, no
+    such name) or on ``host:port`` (in use; ``None``: any free port): one sentence, before anything
+    starts — not an ``OSError`` from the first candidate's start."""
+    try:
+        infos = socket.getaddrinfo(host, port or 0, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as err:
+        raise ConfigError(
+            f"--host {host!r} is not an address or a name this machine resolves ({err})"
+        ) from err
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         try:
-            sock.bind((host, port))
+            sock.bind(address)
         except OSError as err:
+            if port is not None and err.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"--port {port} on {host} is in use ({err.strerror}): pick a free port or omit --port"
+                ) from err
             raise ConfigError(
-                f"--port {port} on {host} is in use ({err.strerror}): pick a free port or omit --port"
+                f"the server cannot listen on --host {host} ({err.strerror}): give an address of this "
+                "machine (127.0.0.1, 0.0.0.0 or one of its interfaces)"
             ) from err
 
 

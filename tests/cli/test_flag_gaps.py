@@ -105,3 +105,44 @@ def test_free_port_and_the_server_url_take_an_ipv6_host(tmp_path: Path) -> None:
     assert 0 < port < 65536
     server = RealVllmServer(None, tmp_path, host="::1", port=port)  # type: ignore[arg-type]
     assert server.url == f"http://[::1]:{port}"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--slo-ttft-p99-s", "-1"], "--slo-ttft-p99-s must be a finite number > 0, got -1.0"),
+        (["--slo-ttft-p99-s", "0"], "--slo-ttft-p99-s must be a finite number > 0, got 0.0"),
+        (["--slo-ttft-p99-s", "nan"], "--slo-ttft-p99-s must be a finite number > 0, got nan"),
+        (["--hold-s", "inf"], "--hold-s must be a finite number > 0, got inf"),
+        (["--max-duration-s", "inf"], "--max-duration-s must be a finite number > 0, got inf"),
+        (["--startup-timeout-s", "inf"], "--startup-timeout-s must be a finite number > 0, got inf"),
+    ],
+)
+def test_a_meaningless_tune_number_is_exit_2_at_once(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
+) -> None:
+    code, err = _tune(capsys, monkeypatch, "--target-concurrency", "4", *flags)
+    assert (code, err) == (2, f"oomload: error: {message}\n")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--warmup-s", "nan"], "--warmup-s must be a finite number ≥ 0, got nan"),
+        (["--warmup-s", "inf"], "--warmup-s must be a finite number ≥ 0, got inf"),
+        (["--seed", "-1"], "--seed must be an integer ≥ 0, got -1"),  # numpy's odds: exit 70 before
+        (["--max-duration-s", "inf"], "--max-duration-s must be a finite number > 0, got inf"),
+        (["--request-timeout-s", "inf"], "--request-timeout-s must be a finite number > 0, got inf"),
+        (["--metrics-interval-s", "inf"], "--metrics-interval-s must be a finite number > 0, got inf"),
+        (["--open-loop", "--arrival-scale", "inf"], "--arrival-scale must be a finite number > 0, got inf"),
+    ],
+)
+def test_a_meaningless_replay_number_is_refused(flags: list[str], message: str) -> None:
+    assert _refused("--url", URL, *flags) == message
+
+
+def test_trace_synth_refuses_a_negative_seed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(
+        ["trace", "synth", "--count", "3", "--seed", "-1", "-o", str(tmp_path / "t.jsonl")], capsys
+    )
+    assert (code, err) == (2, "oomload: error: --seed must be an integer ≥ 0, got -1\n")

@@ -4,6 +4,7 @@ raised as ``ConfigError`` (exit 2) before anything runs."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 
 from oomload.errors import ConfigError
@@ -30,9 +31,16 @@ def format_list(text: str, allowed: Sequence[str]) -> list[str]:
 
 
 def positive(flag: str, value: float) -> None:
-    """``value`` > 0 (NaN is not)."""
-    if not value > 0:
-        raise ConfigError(f"{flag} must be > 0, got {value}")
+    """``value`` > 0 and finite (NaN and infinity are not: no duration, rate or scale means them)."""
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{flag} must be a finite number > 0, got {value}")
+
+
+def non_negative(flag: str, value: float) -> None:
+    """``value`` ≥ 0 and finite (a seed, a warm-up: NaN, infinity and negatives mean nothing)."""
+    if not (value >= 0 and math.isfinite(value)):
+        what = "an integer" if isinstance(value, int) else "a finite number"
+        raise ConfigError(f"{flag} must be {what} ≥ 0, got {value}")
 
 
 def positive_int(flag: str, value: int) -> None:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from oomload.capacity.schedule import DEFAULT_REPEATS, MAX_REPEATS
 from oomload.cli.crash import save_internal_error
+from oomload.cli.flags import non_negative, tcp_port
 from oomload.cli.flags import positive as _positive
-from oomload.cli.flags import tcp_port
 from oomload.credentials import read_api_key, url_credentials_error, url_has_credentials
 from oomload.errors import ConfigError, OomloadError
 from oomload.outfile import is_disk_error
@@ -297,8 +297,8 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Rep
         raise ConfigError(f"--ramp-down-grace-s must be ≥ 0, got {args.ramp_down_grace_s}")
     _positive("--metrics-interval-s", args.metrics_interval_s)
     _positive("--arrival-scale", args.arrival_scale)
-    if args.warmup_s < 0:
-        raise ConfigError(f"--warmup-s must be ≥ 0, got {args.warmup_s}")
+    non_negative("--warmup-s", args.warmup_s)
+    non_negative("--seed", args.seed)  # numpy's generators take no negative seed
     if args.tail_percentile is not None and not 0 <= args.tail_percentile < 100:
         raise ConfigError(f"--tail-percentile must be within [0, 100), got {args.tail_percentile}")
     if not 1 <= args.repeats <= MAX_REPEATS:

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from oomload.cli.flags import non_negative
 from oomload.errors import ConfigError, ExitCode
 from oomload.trace.prefix import DEFAULT_BLOCK_TOKENS, describe_prefix
 
@@ -472,6 +473,7 @@ def run_synth(args: argparse.Namespace) -> int:
     from oomload.trace.synth import describe_spec, parse_length_spec, synthesize
 
     check_output_path(args.out)
+    non_negative("--seed", args.seed)  # numpy's generator takes no negative seed
     prompt = parse_length_spec(args.input, name="--input")
     output = parse_length_spec(args.output, name="--output")
     records = synthesize(args.count, prompt, output, rate_rps=args.rate, seed=args.seed)

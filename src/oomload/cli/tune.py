@@ -119,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
         positive_int(f"--{name.replace('_', '-')}", getattr(args, name))
     for name in ("max_duration_s", "startup_timeout_s", "replay_max_duration_s", "hold_s"):
         positive(f"--{name.replace('_', '-')}", getattr(args, name))
+    if args.slo_ttft_p99_s is not None:
+        positive("--slo-ttft-p99-s", args.slo_ttft_p99_s)  # no P99 is ≤ 0 s: every candidate would fail
     command = parse_serve_command(args.serve)
     fixed = set()
     for knob in args.fix:

@@ -146,3 +146,54 @@ def test_trace_synth_refuses_a_negative_seed(capsys: pytest.CaptureFixture[str],
         ["trace", "synth", "--count", "3", "--seed", "-1", "-o", str(tmp_path / "t.jsonl")], capsys
     )
     assert (code, err) == (2, "oomload: error: --seed must be an integer ≥ 0, got -1\n")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--concurrency", ""], "concurrency list '' is empty; give levels like 1,2,4,8"),
+        (["--concurrency", " "], "concurrency list ' ' is empty; give levels like 1,2,4,8"),
+        (["--concurrency", "1,,2"], "concurrency list '1,,2' has an empty item; give levels like 1,2,4,8"),
+        (["--concurrency", "1,2,"], "concurrency list '1,2,' has an empty item; give levels like 1,2,4,8"),
+        (["--ramp", ""], "--ramp is empty; give linear:START:STOP:STEP or geometric:START:STOP:FACTOR"),
+    ],
+)
+def test_an_empty_level_list_or_item_is_refused_not_the_default(flags: list[str], message: str) -> None:
+    assert _refused("--url", URL, *flags) == message
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-num-seqs", ""], "--max-num-seqs is empty; give comma-separated positive integers"),
+        (
+            ["--max-num-seqs", "4,,8"],
+            "--max-num-seqs '4,,8' has an empty item; give comma-separated positive integers",
+        ),
+        (["--utilization", ""], "--utilization is empty; give comma-separated values"),
+        (
+            ["--utilization", "0.9,,0.8"],
+            "--utilization '0.9,,0.8' has an empty item; give comma-separated values",
+        ),
+        (["--num-gpu-blocks", ","], "--num-gpu-blocks is empty; give comma-separated positive integers"),
+        (
+            ["--kv-cache-memory-bytes", "1,"],
+            "--kv-cache-memory-bytes '1,' has an empty item; give comma-separated positive integers",
+        ),
+    ],
+)
+def test_an_empty_tune_ladder_or_item_is_refused_not_the_default(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
+) -> None:
+    code, err = _tune(capsys, monkeypatch, "--target-concurrency", "4", *flags)
+    assert (code, err) == (2, f"oomload: error: {message}\n")
+
+
+def test_plan_refuses_an_empty_level_list(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(
+        ["plan", str(FIXED), "--concurrency", "", "--model", "llama-3.1-8b", "--gpu", "l4"], capsys
+    )
+    assert (code, err) == (
+        2,
+        "oomload: error: --concurrency concurrency list '' is empty; give levels like 1,2,4,8\n",
+    )

@@ -108,9 +108,11 @@ def parse_levels(spec: str) -> tuple[int, ...]:
                 )
             levels = _geometric(start, stop, factor)
     else:
-        items = [p.strip() for p in text.split(",") if p.strip()]
-        if not items:
+        items = [p.strip() for p in text.split(",")]
+        if not any(items):
             raise ConfigError(f"concurrency list {spec!r} is empty; give levels like 1,2,4,8")
+        if not all(items):  # "1,,2" or "1,2,": a level lost in typing is not silently dropped
+            raise ConfigError(f"concurrency list {spec!r} has an empty item; give levels like 1,2,4,8")
         levels = tuple(_positive_int(p, spec) for p in items)
         if any(b <= a for a, b in itertools.pairwise(levels)):
             raise ConfigError(f"concurrency levels {spec!r} must be strictly increasing")

@@ -55,11 +55,23 @@ def tcp_port(flag: str, value: int | None) -> None:
 
 
 def int_list(flag: str, text: str) -> tuple[int, ...]:
-    """Comma-separated positive integers, e.g. ``4,8,16``."""
+    """Comma-separated positive integers, e.g. ``4,8,16``; no empty list, no empty item (``4,,8``)."""
+    items = list_items(flag, text, "positive integers")
     try:
-        values = tuple(int(x) for x in str(text).split(",") if x.strip())
+        values = tuple(int(x) for x in items)
     except ValueError as err:
         raise ConfigError(f"{flag} {text!r}: give comma-separated positive integers") from err
-    if not values or any(v < 1 for v in values):
+    if any(v < 1 for v in values):
         raise ConfigError(f"{flag} {text!r}: give comma-separated positive integers")
     return values
+
+
+def list_items(flag: str, text: str, what: str = "values") -> list[str]:
+    """The stripped items of a comma-separated list; ``ConfigError`` for an empty list or an empty item
+    (``4,,8``, ``4,8,``): a value lost in typing is not silently dropped."""
+    items = [x.strip() for x in str(text).split(",")]
+    if not any(items):
+        raise ConfigError(f"{flag} is empty; give comma-separated {what}")
+    if not all(items):
+        raise ConfigError(f"{flag} {text!r} has an empty item; give comma-separated {what}")
+    return items

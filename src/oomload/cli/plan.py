@@ -76,7 +76,11 @@ def run(args: argparse.Namespace) -> int:
         )
     if not prompts:
         raise ConfigError(f"trace {args.trace} has no requests")
-    levels = _levels(args.concurrency) if args.concurrency else default_levels(built.config.max_num_seqs)
+    levels = (
+        _levels(args.concurrency)
+        if args.concurrency is not None
+        else default_levels(built.config.max_num_seqs)
+    )
     if args.requests_per_level is not None and args.requests_per_level < 1:
         raise ConfigError(f"--requests-per-level must be positive, got {args.requests_per_level}")
     block_tokens = read_trace_header(args.trace).prefix_or_default().block_tokens

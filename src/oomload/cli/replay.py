@@ -280,9 +280,11 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Rep
             file=sys.stderr,
         )
     demo = args.url is None and args.serve is None  # the built-in simulated server
-    if args.ramp:
+    if args.ramp is not None:  # given empty is refused, not the default: named levels are measured as named
+        if not args.ramp.strip():
+            raise ConfigError("--ramp is empty; give linear:START:STOP:STEP or geometric:START:STOP:FACTOR")
         levels = parse_levels(args.ramp)
-    elif args.concurrency:
+    elif args.concurrency is not None:
         levels = parse_levels(args.concurrency)
     else:
         levels = DEMO_LEVELS if demo else parse_levels(DEFAULT_LEVELS)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oomload.cli.flags import int_list, positive, positive_int, tcp_port
+from oomload.cli.flags import int_list, list_items, positive, positive_int, tcp_port
 from oomload.errors import ConfigError
 
 FIXABLE = {
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     memory = _memory_ladder(args, command.value("--gpu-memory-utilization"), fixed)
     if target is None and rate is None and "max_num_seqs" in fixed:
         raise ConfigError("without a target the tune searches max_num_seqs: do not --fix it")
-    if args.max_num_seqs:
+    if args.max_num_seqs is not None:
         seqs = int_list("--max-num-seqs", args.max_num_seqs)
     else:
         seqs = NO_TARGET_SEQS if target is None else seqs_ladder(target)
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         replay_args=_processes_args(args.processes),
         slo_ttft_p99_s=args.slo_ttft_p99_s,
         target_rate_rps=rate,
-        max_num_seqs_given=bool(args.max_num_seqs),
+        max_num_seqs_given=args.max_num_seqs is not None,
     )
     console = Console()
     record = run_tune(config, console)
@@ -177,21 +177,21 @@ def run(args: argparse.Namespace) -> int:
 def _memory_ladder(args: argparse.Namespace, own_utilization: str | None, fixed: set[str]) -> tuple[Any, ...]:
     from oomload.tune.search import Settings, utilization_ladder
 
-    given = [x for x in (args.utilization, args.num_gpu_blocks, args.kv_cache_memory_bytes) if x]
+    given = [x for x in (args.utilization, args.num_gpu_blocks, args.kv_cache_memory_bytes) if x is not None]
     if len(given) > 1:
         raise ConfigError(
             "give one memory ladder: --utilization, --num-gpu-blocks or --kv-cache-memory-bytes"
         )
     if "gpu_memory_utilization" in fixed:
         return (Settings(),)
-    if args.num_gpu_blocks:
+    if args.num_gpu_blocks is not None:
         values = sorted(set(int_list("--num-gpu-blocks", args.num_gpu_blocks)), reverse=True)
         return tuple(Settings(num_gpu_blocks=v) for v in values)
-    if args.kv_cache_memory_bytes:
+    if args.kv_cache_memory_bytes is not None:
         values = sorted(set(int_list("--kv-cache-memory-bytes", args.kv_cache_memory_bytes)), reverse=True)
         return tuple(Settings(kv_cache_memory_bytes=v) for v in values)
-    if args.utilization:
-        utils = sorted({_utilization(x) for x in str(args.utilization).split(",") if x.strip()}, reverse=True)
+    if args.utilization is not None:
+        utils = sorted({_utilization(x) for x in list_items("--utilization", args.utilization)}, reverse=True)
     else:
         start = _utilization(own_utilization) if own_utilization else 0.9
         utils = list(utilization_ladder(start))

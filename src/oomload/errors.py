@@ -101,14 +101,22 @@ class SamplerUnavailableError(OomloadError):
 
 class OutputWriteError(OomloadError):
     """A file oomload writes (a report, ``tune.json``, a worker's ``--results``, standard output) cannot
-    be written: a full, read-only or vanished disk, a file size limit. ``path`` names it and ``reason``
-    is the OS's word for it; what was written before stays as it was (``oomload.outfile``)."""
+    be written: a full, read-only or vanished disk, a file size limit. ``path`` names it, ``reason``
+    is the OS's word for it and ``remedy`` what to do about it (``oomload.outfile.remedy``: it follows
+    the errno); what was written before stays as it was (``oomload.outfile``)."""
 
     exit_code = ExitCode.USAGE
 
-    def __init__(self, message: str, path: str | Path | None = None, reason: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        path: str | Path | None = None,
+        reason: str | None = None,
+        remedy: str | None = None,
+    ) -> None:
         self.path = None if path is None else str(path)
         self.reason = reason
+        self.remedy = remedy
         super().__init__(message)
 
 

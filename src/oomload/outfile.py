@@ -12,7 +12,9 @@ When the disk says no — full (``ENOSPC``), over a quota or a file size limit (
 read-only (``EROFS``), gone (``ENOENT``, ``EIO``, ``ENOTDIR``) — the scratch file is removed, the old
 target is left as it was, and ``OutputWriteError`` names the target and the OS's reason: one sentence,
 exit 2 (``oomload.errors``). Callers that know more (the run directory, what was kept) catch it and
-say so. ``write_failure`` is that sentence for an ``OSError`` met elsewhere; ``is_disk_error`` tells
+say so, and ``remedy`` is the advice they give: it follows the errno (free the space, a file size
+limit, a read-only file system, no permission, no such directory, a path under a regular file, too
+many open files). ``write_failure`` is that sentence for an ``OSError`` met elsewhere; ``is_disk_error`` tells
 the CLI which ``OSError`` without a file name is a disk saying no rather than a bug. A process out of
 file descriptors (``EMFILE``, ``ENFILE``) is not a disk: ``reason`` says ``too many open files (raise
 ulimit -n)`` for it, and ``is_open_files_error`` tells it apart.
@@ -67,10 +69,34 @@ def is_disk_error(err: BaseException) -> bool:
     return isinstance(err, OSError) and not isinstance(err, BrokenPipeError) and err.errno in DISK_ERRNOS
 
 
+REMEDIES = {
+    errno.ENOSPC: "free the space",
+    errno.EDQUOT: "free the space (or raise the quota)",
+    errno.EFBIG: "raise the file size limit (ulimit -f)",
+    errno.EROFS: "write to a writable file system (this one is read-only)",
+    errno.EACCES: "write where you have permission (or fix the permissions)",
+    errno.EPERM: "write where you have permission (or fix the permissions)",
+    errno.ENOENT: "name a directory that exists or can be created",
+    errno.ENOTDIR: "name a directory (a part of that path is a file)",
+    errno.EEXIST: "name a directory (that path is a file)",
+    errno.EISDIR: "move away the directory in the file's place",
+    errno.EMFILE: "raise the limit",
+    errno.ENFILE: "raise the limit",
+    errno.EIO: "check the disk (it failed or went away)",
+}
+
+
+def remedy(err: OSError) -> str:
+    """What to do about ``err`` before trying again, as a verb phrase (``"free the space"``): it
+    follows the errno; one this module does not know is ``"fix that"``."""
+    return REMEDIES.get(err.errno or 0, "fix that")
+
+
 def write_failure(path: str | Path, err: OSError) -> OutputWriteError:
-    """One sentence for ``path`` that could not be written: ``cannot write PATH (REASON)``."""
+    """One sentence for ``path`` that could not be written: ``cannot write PATH (REASON)``; its
+    ``remedy`` follows the errno."""
     why = reason(err)
-    return OutputWriteError(f"cannot write {path} ({why})", path, why)
+    return OutputWriteError(f"cannot write {path} ({why})", path, why, remedy(err))
 
 
 def write_text(path: str | Path, text: str, *, mode: int = 0o666) -> None:

@@ -82,11 +82,12 @@ def test_a_run_directory_that_fills_up_stops_the_run_keeps_its_lines_and_exits_2
     with contextlib.ExitStack() as stack:
         if mechanism == "tmpfs":
             run_dir = stack.enter_context(small_tmpfs(tmp_path / "disk", 2 * LIMIT_BYTES)) / "run"
-            limit, why = None, "No space left on device"
+            limit, why, advice = None, "No space left on device", "free the space"
         else:
             if not hasattr(resource, "RLIMIT_FSIZE"):
                 pytest.skip("no RLIMIT_FSIZE on this platform")
             run_dir, limit, why = tmp_path / "run", _limit_file_size, "File too large"
+            advice = r"raise the file size limit \(ulimit -f\)"  # the advice follows the errno
         before = _requests_served(sim.url)
         argv = [
             *(
@@ -115,7 +116,7 @@ def test_a_run_directory_that_fills_up_stops_the_run_keeps_its_lines_and_exits_2
         sentence = re.fullmatch(
             rf"oomload: error: cannot write to the run directory {re.escape(str(run_dir))} "
             rf"\((?P<file>[a-z_.]+): {why}\); the run stopped and kept what it wrote before that — "
-            rf"free the space, then `oomload report {re.escape(str(run_dir))}` judges it",
+            rf"{advice}, then `oomload report {re.escape(str(run_dir))}` judges it",
             lines[0],
         )
         assert sentence is not None, lines[0]

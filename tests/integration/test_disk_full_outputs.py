@@ -47,6 +47,7 @@ SIM_ARGS = ("--model", "tiny", "--num-gpu-blocks", "128", "--block-size", "32", 
 REPORT_LIMIT = 150_000  # the run's files fit (requests.jsonl ≈ 40 KB); report.html (≈ 350 KB) does not
 TUNE_SIM = "oomload sim serve --model llama-3.1-8b --gpu l4 --max-model-len 2048 --time-scale 0.05"
 FILE_TOO_LARGE = "File too large"
+RAISE_FSIZE = "raise the file size limit (ulimit -f)"  # EFBIG's advice (oomload.outfile.remedy)
 DEV_FULL = Path("/dev/full")
 
 
@@ -122,7 +123,7 @@ def test_reports_that_do_not_fit_after_a_run_that_did_are_one_sentence_and_keep_
     run_dir, sentence, kept = full_run
     assert sentence == (
         f"cannot write report.html in the run directory {run_dir} ({FILE_TOO_LARGE}); the run's "
-        f"measurements, summary.json and report.md are kept as they were — free the space, then "
+        f"measurements, summary.json and report.md are kept as they were — {RAISE_FSIZE}, then "
         f"`oomload report {run_dir}` writes the reports"
     )
     assert kept >= 20  # two steps of requests, every line readable
@@ -142,7 +143,7 @@ def test_oomload_report_on_a_full_disk_is_one_sentence_and_keeps_the_older_repor
     again = oomload("report", str(run_dir), limit_bytes=REPORT_LIMIT)
     assert one_sentence(again) == (
         f"cannot write report.html in the run directory {run_dir} ({FILE_TOO_LARGE}); the run's "
-        f"measurements, summary.json and report.md are kept as they were — free the space, then "
+        f"measurements, summary.json and report.md are kept as they were — {RAISE_FSIZE}, then "
         f"`oomload report {run_dir}` writes the reports"
     )
     # space again: the sentence's advice works, and nothing the failed writes left trips it
@@ -228,7 +229,7 @@ def test_tune_pages_that_do_not_fit_are_one_sentence_and_tune_json_stays_readabl
     proc = _tune(out, serve, "--utilization", "0.9", limit_bytes=10_000)
     assert one_sentence(proc) == (
         f"cannot write tune.html in the tune directory {out} ({FILE_TOO_LARGE}); tune.json, tune.md and "
-        f"the candidates' files are kept as they were — free the space, then `oomload report {out}` "
+        f"the candidates' files are kept as they were — {RAISE_FSIZE}, then `oomload report {out}` "
         f"writes tune.md and tune.html"
     )
     record = json.loads((out / "tune.json").read_text())
@@ -262,8 +263,9 @@ def test_a_candidate_replay_that_cannot_write_stops_the_tune_instead_of_judging_
     assert re.fullmatch(
         rf"the replay in {re.escape(str(run_dir.parent))} stopped with exit 2: cannot write to the run "
         rf"directory {re.escape(str(run_dir))} \([a-z_.]+\.jsonl: {FILE_TOO_LARGE}\); the run stopped and "
-        rf"kept what it wrote before that — free the space, then `oomload report {re.escape(str(run_dir))}` "
-        rf"judges it — the tune stopped with no server left running",
+        rf"kept what it wrote before that — {re.escape(RAISE_FSIZE)}, then "
+        rf"`oomload report {re.escape(str(run_dir))}` judges it — the tune stopped with no server left "
+        rf"running",
         sentence,
     ), sentence
     record = json.loads((out / "tune.json").read_text())

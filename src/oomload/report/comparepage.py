@@ -33,7 +33,7 @@ from rich.table import Table
 from rich.text import Text
 
 from oomload.errors import OutputWriteError
-from oomload.outfile import write_text
+from oomload.outfile import write_failure, write_text
 from oomload.report.compare import Comparison
 from oomload.report.plots import DPI, _level_ticks, _png, _t0
 from oomload.verdict.gate import GateResult, GateStatus
@@ -362,13 +362,14 @@ def write_compare(
                 out_dir.mkdir(parents=True, exist_ok=True)
             write_text(out_dir / name, text)
         except (OutputWriteError, OSError) as err:
-            why = err.reason if isinstance(err, OutputWriteError) else (err.strerror or type(err).__name__)
+            failure = err if isinstance(err, OutputWriteError) else write_failure(out_dir, err)
             kept = ", ".join(written) if written else "nothing"
             raise OutputWriteError(
-                f"cannot write {name} in {out_dir} ({why}); written before it: {kept}; the two run "
-                "directories are untouched — free the space and run the compare again",
+                f"cannot write {name} in {out_dir} ({failure.reason}); written before it: {kept}; the two "
+                f"run directories are untouched — {failure.remedy or 'fix that'}, then run the compare again",
                 out_dir / name,
-                why,
+                failure.reason,
+                failure.remedy,
             ) from err
         written.append(name)
     return written

@@ -87,10 +87,11 @@ def write_tune_reports(path: Path, record: TuneRecord, console: Console) -> None
         except OutputWriteError as err:
             raise OutputWriteError(
                 f"cannot write {name} in the tune directory {path} ({err.reason}); {', '.join(kept)} "
-                f"and the candidates' files are kept as they were — free the space, then "
+                f"and the candidates' files are kept as they were — {err.remedy or 'fix that'}, then "
                 f"`oomload report {path}` writes {TUNE_MD} and {TUNE_HTML}",
                 err.path,
                 err.reason,
+                err.remedy,
             ) from err
         kept.append(name)
     console.print(f"wrote {TUNE_JSON}, {TUNE_MD}, {TUNE_HTML} in {path}")

@@ -66,7 +66,7 @@ from typing import IO, Any
 
 from oomload.errors import ConfigError, OutputWriteError, RunDirWriteError
 from oomload.outcome import RequestResult
-from oomload.outfile import is_open_files_error, output_file, reason, write_failure
+from oomload.outfile import output_file, reason, remedy, write_failure
 from oomload.rundir.records import StatusLine
 
 RUN_SCHEMA_VERSION = 1
@@ -195,11 +195,14 @@ class RunWriter:
         if err is None:
             return None
         why = reason(err)
-        remedy = "raise the limit" if is_open_files_error(err) else "free the space"
+        advice = remedy(err)
         return RunDirWriteError(
             f"cannot write to the run directory {self.path} ({self.failed_file}: {why}); the run "
-            f"stopped and kept what it wrote before that — {remedy}, then `oomload report "
-            f"{self.path}` judges it"
+            f"stopped and kept what it wrote before that — {advice}, then `oomload report "
+            f"{self.path}` judges it",
+            self.path,
+            why,
+            advice,
         )
 
     def request(self, result: RequestResult) -> None:

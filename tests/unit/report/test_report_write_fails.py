@@ -36,8 +36,8 @@ def test_a_report_that_cannot_be_written_keeps_the_others_and_says_what_next(tmp
         finalize_run(run, console=_console())
     assert str(caught.value) == (
         f"cannot write junit.xml in the run directory {run} (Is a directory); the run's measurements, "
-        f"summary.json, report.md and report.html are kept as they were — free the space, then "
-        f"`oomload report {run}` writes the reports"
+        f"summary.json, report.md and report.html are kept as they were — move away the directory in "
+        f"the file's place, then `oomload report {run}` writes the reports"
     )
     assert caught.value.exit_code is ExitCode.USAGE and caught.value.path == str(run / "junit.xml")
     assert json.loads((run / "summary.json").read_text())["verdict"]["steps"]
@@ -64,7 +64,7 @@ def test_a_tune_page_that_cannot_be_written_names_it_and_keeps_tune_json(tmp_pat
         write_tune_reports(tmp_path, record, _console())
     assert str(caught.value) == (
         f"cannot write tune.html in the tune directory {tmp_path} (Is a directory); tune.json, tune.md "
-        f"and the candidates' files are kept as they were — free the space, then `oomload report "
-        f"{tmp_path}` writes tune.md and tune.html"
+        f"and the candidates' files are kept as they were — move away the directory in the file's place, "
+        f"then `oomload report {tmp_path}` writes tune.md and tune.html"
     )
     assert (tmp_path / "tune.md").is_file() and _scratch(tmp_path) == []

@@ -197,3 +197,105 @@ def test_plan_refuses_an_empty_level_list(capsys: pytest.CaptureFixture[str]) ->
         2,
         "oomload: error: --concurrency concurrency list '' is empty; give levels like 1,2,4,8\n",
     )
+
+
+DISTRIBUTED = "--workers K or --processes N > 1"
+
+
+@pytest.mark.parametrize(
+    ("flags", "partner"),
+    [
+        (["--web-keep-s", "5"], "--web"),
+        (["--web-port", "20999"], "--web"),
+        (["--web-host", "127.0.0.1"], "--web"),
+        (["--arrival-scale", "3"], "--open-loop"),
+        (["--master-bind-port", "20999"], DISTRIBUTED),
+        (["--master-bind-host", "0.0.0.0"], DISTRIBUTED),
+        (["--worker-timeout-s", "5"], DISTRIBUTED),
+        (["--serve-timeout-s", "5"], "--serve"),
+    ],
+)
+def test_a_flag_without_its_partner_is_refused_not_ignored(flags: list[str], partner: str) -> None:
+    flag = flags[0]
+    assert (
+        _refused("--url", URL, *flags) == f"{flag} only applies with {partner}: give that too, or drop {flag}"
+    )
+
+
+REPEATS_OFF = "--repeats measures the refinement's levels again, which {} turns off: drop one"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--no-refine", "--repeats", "3"], REPEATS_OFF.format("--no-refine")),
+        (["--concurrency", "4", "--soak", "10m", "--repeats", "2"], REPEATS_OFF.format("--soak")),
+        (
+            ["--gpu", "none", "--require-gpu"],
+            "--require-gpu asks for GPU samples and --gpu none turns them off",
+        ),
+        (
+            ["--api", "chat", "--token-id-range", "1:50"],
+            "--token-id-range is for --api completions' token-id",
+        ),
+    ],
+)
+def test_a_flag_that_its_company_turns_off_is_refused_not_ignored(flags: list[str], message: str) -> None:
+    assert _refused("--url", URL, *flags).startswith(message)
+
+
+def test_flags_with_their_partners_pass_and_the_defaults_stay() -> None:
+    default = build_config(_replay_args("--url", URL))
+    assert (default.web_host, default.web_port, default.arrival_scale, default.repeats) == (
+        "127.0.0.1",
+        8089,
+        1.0,
+        3,
+    )
+    assert (default.master_bind_host, default.worker_timeout_s, default.serve_timeout_s) == (
+        "127.0.0.1",
+        60.0,
+        900.0,
+    )
+    assert default.token_id_range == (100, 2000)
+    given = build_config(
+        _replay_args("--url", URL, "--web", "--web-port", "20998", "--web-keep-s", "5", "--processes", "2",
+                     "--master-bind-port", "20999", "--worker-timeout-s", "5", "--no-refine", "--repeats",
+                     "1")
+    )  # fmt: skip
+    assert (given.web_port, given.web_keep_s, given.master_bind_port, given.worker_timeout_s) == (
+        20998,
+        5,
+        20999,
+        5,
+    )
+    assert (
+        build_config(_replay_args("--url", URL, "--open-loop", "--arrival-scale", "3")).arrival_scale == 3.0
+    )
+    soak = build_config(
+        _replay_args("--url", URL, "--concurrency", "4", "--soak", "10m", "--no-refine", "--no-evidence")
+    )
+    assert soak.soak_s == 600.0  # the documented harmless ones: they agree with --soak
+
+
+FIXED_LADDER = "{} is a ladder to search and --fix {} keeps that knob still: drop one"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--utilization", "0.9,0.8"], FIXED_LADDER.format("--utilization", "gpu-memory-utilization")),
+        (["--num-gpu-blocks", "80"], FIXED_LADDER.format("--num-gpu-blocks", "gpu-memory-utilization")),
+    ],
+)
+def test_a_tune_ladder_for_a_fixed_knob_is_refused_not_ignored(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
+) -> None:
+    code, err = _tune(
+        capsys, monkeypatch, "--target-concurrency", "4", "--fix", "gpu-memory-utilization", *flags
+    )
+    assert (code, err) == (2, f"oomload: error: {message}\n")
+    code, err = _tune(
+        capsys, monkeypatch, "--target-concurrency", "4", "--fix", "max-num-seqs", "--max-num-seqs", "4"
+    )
+    assert (code, err) == (2, f"oomload: error: {FIXED_LADDER.format('--max-num-seqs', 'max-num-seqs')}\n")

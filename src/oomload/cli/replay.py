@@ -91,7 +91,7 @@ def register(subparsers: Any) -> None:
     server.add_argument(
         "--serve-timeout-s",
         type=float,
-        default=900.0,
+        default=None,
         metavar="S",
         help="with --serve: how long the server may take to answer /health (default 900)",
     )
@@ -136,7 +136,7 @@ def register(subparsers: Any) -> None:
     shape.add_argument(
         "--repeats",
         type=int,
-        default=DEFAULT_REPEATS,
+        default=None,
         metavar="N",
         help=f"measure each of the two levels bracketing the onset N times; the onset is what most "
         f"repeats saw (default {DEFAULT_REPEATS}; 1: no repeats)",
@@ -163,7 +163,7 @@ def register(subparsers: Any) -> None:
     )
     shape.add_argument("--open-loop", action="store_true", help="replay the trace's own arrival times")
     shape.add_argument(
-        "--arrival-scale", type=float, default=1.0, help="open loop: arrival_s × F (default 1)"
+        "--arrival-scale", type=float, default=None, help="open loop: arrival_s × F (default 1)"
     )
     req = p.add_argument_group("requests")
     req.add_argument("--order", choices=("trace", "sample"), default="trace", help="default trace")
@@ -188,9 +188,7 @@ def register(subparsers: Any) -> None:
     req.add_argument(
         "--no-exact-output", action="store_true", help="no min_tokens/ignore_eos (non-vLLM servers)"
     )
-    req.add_argument(
-        "--token-id-range", default="100:2000", metavar="LO:HI", help="prompt token ids (100:2000)"
-    )
+    req.add_argument("--token-id-range", default=None, metavar="LO:HI", help="prompt token ids (100:2000)")
     out = p.add_argument_group("run")
     out.add_argument("--run-dir", type=Path, help="run directory (default: a new one under ./runs)")
     out.add_argument("--gate", action="append", default=[], metavar="EXPR", help="CI gate rule; repeatable")
@@ -202,8 +200,8 @@ def register(subparsers: Any) -> None:
         "compare with",
     )
     out.add_argument("--web", action="store_true", help="open the Locust web UI")
-    out.add_argument("--web-host", default="127.0.0.1", help="web UI address (default 127.0.0.1)")
-    out.add_argument("--web-port", type=int, default=8089, help="web UI port (default 8089)")
+    out.add_argument("--web-host", help="with --web: the web UI's address (default 127.0.0.1)")
+    out.add_argument("--web-port", type=int, help="with --web: the web UI's port (default 8089)")
     out.add_argument(
         "--web-keep-s",
         type=float,
@@ -228,7 +226,7 @@ def register(subparsers: Any) -> None:
     )
     dist.add_argument(
         "--master-bind-host",
-        default="127.0.0.1",
+        default=None,
         metavar="H",
         help="where the master listens for workers (default 127.0.0.1; workers must hold the worker token, "
         "but the link is not encrypted: a private network or a tunnel only)",
@@ -243,7 +241,7 @@ def register(subparsers: Any) -> None:
     dist.add_argument(
         "--worker-timeout-s",
         type=float,
-        default=60.0,
+        default=None,
         metavar="S",
         help="how long the master waits for its workers to arrive (default 60)",
     )
@@ -272,6 +270,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Rep
     from oomload.verdict.gate import needs_baseline, parse_gate
 
     header = read_trace_header(args.trace)  # TraceFormatError (exit 2) before anything else
+    args = _with_defaults(_check_partners(args))
     if args.prefix_sharing:
         if args.distinct_prompts:
             raise ConfigError("--prefix-sharing and --distinct-prompts contradict each other; drop one")
@@ -392,6 +391,58 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Rep
         server_pid=args.server_pid,
         server_memory=args.server_memory,
         soak_s=soak_s,
+    )
+
+
+# flags whose default is None so that _check_partners sees whether they were given
+PARTNER_DEFAULTS = {
+    "web_host": "127.0.0.1",
+    "web_port": 8089,
+    "arrival_scale": 1.0,
+    "master_bind_host": "127.0.0.1",
+    "worker_timeout_s": 60.0,
+    "serve_timeout_s": 900.0,
+    "repeats": DEFAULT_REPEATS,
+    "token_id_range": "100:2000",
+}
+
+
+def _check_partners(args: argparse.Namespace) -> argparse.Namespace:
+    """A flag that means something only beside another is refused without it: one sentence naming
+    the partner, exit 2 — never silently ignored. (``--no-refine`` or ``--no-evidence`` with
+    ``--soak`` agree with it, and ``--repeats 1`` with ``--no-refine``: those pass.)"""
+    distributed = args.workers > 0 or (args.processes or 1) > 1
+    needs = (
+        ("--web-host", args.web_host, "--web", args.web),
+        ("--web-port", args.web_port, "--web", args.web),
+        ("--web-keep-s", args.web_keep_s, "--web", args.web),
+        ("--arrival-scale", args.arrival_scale, "--open-loop", args.open_loop),
+        ("--master-bind-host", args.master_bind_host, "--workers K or --processes N > 1", distributed),
+        ("--master-bind-port", args.master_bind_port, "--workers K or --processes N > 1", distributed),
+        ("--worker-timeout-s", args.worker_timeout_s, "--workers K or --processes N > 1", distributed),
+        ("--serve-timeout-s", args.serve_timeout_s, "--serve", args.serve is not None),
+    )
+    for flag, value, partner, present in needs:
+        if value is not None and not present:
+            raise ConfigError(f"{flag} only applies with {partner}: give that too, or drop {flag}")
+    if args.repeats is not None and args.repeats > 1 and (args.no_refine or args.soak is not None):
+        other = "--no-refine" if args.no_refine else "--soak"
+        raise ConfigError(
+            f"--repeats measures the refinement's levels again, which {other} turns off: drop one"
+        )
+    if args.require_gpu and args.gpu == "none":
+        raise ConfigError("--require-gpu asks for GPU samples and --gpu none turns them off: drop one")
+    if args.token_id_range is not None and args.api == "chat":
+        raise ConfigError(
+            "--token-id-range is for --api completions' token-id prompts: drop it with --api chat"
+        )
+    return args
+
+
+def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    given = vars(args)
+    return argparse.Namespace(
+        **{**given, **{k: v for k, v in PARTNER_DEFAULTS.items() if given.get(k) is None}}
     )
 
 

@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
             if part.strip() not in FIXABLE:
                 raise ConfigError(f"--fix {part!r}: allowed knobs are {', '.join(FIXABLE)}")
             fixed.add(FIXABLE[part.strip()])
+    _check_fixed_ladders(args, fixed)
     memory = _memory_ladder(args, command.value("--gpu-memory-utilization"), fixed)
     if target is None and rate is None and "max_num_seqs" in fixed:
         raise ConfigError("without a target the tune searches max_num_seqs: do not --fix it")
@@ -172,6 +173,26 @@ def run(args: argparse.Namespace) -> int:
     record = run_tune(config, console)
     write_tune_reports(config.run_dir, record, console)
     return tune_exit_code(record)
+
+
+def _check_fixed_ladders(args: argparse.Namespace, fixed: set[str]) -> None:
+    """A ladder for a knob that ``--fix`` keeps at the line's value would be ignored: refused instead."""
+    ladders = (
+        ("--utilization", args.utilization, "gpu_memory_utilization", "gpu-memory-utilization"),
+        ("--num-gpu-blocks", args.num_gpu_blocks, "gpu_memory_utilization", "gpu-memory-utilization"),
+        (
+            "--kv-cache-memory-bytes",
+            args.kv_cache_memory_bytes,
+            "gpu_memory_utilization",
+            "gpu-memory-utilization",
+        ),
+        ("--max-num-seqs", args.max_num_seqs, "max_num_seqs", "max-num-seqs"),
+    )
+    for flag, value, knob, name in ladders:
+        if value is not None and knob in fixed:
+            raise ConfigError(
+                f"{flag} is a ladder to search and --fix {name} keeps that knob still: drop one"
+            )
 
 
 def _memory_ladder(args: argparse.Namespace, own_utilization: str | None, fixed: set[str]) -> tuple[Any, ...]:

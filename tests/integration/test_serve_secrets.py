@@ -38,12 +38,13 @@ REPLAY = ("--concurrency", "2", "--hold-s", "2", "--no-live", "--no-html", "--gp
 
 def _files_holding(directory: Path, secret: bytes) -> list[Path]:
     found = []
-    for path in directory.rglob("*"):
-        try:
-            if path.is_file() and secret in path.read_bytes():
-                found.append(path)
-        except OSError:  # removed between the listing and the read
-            continue
+    for root, _, names in os.walk(directory):  # a directory removed mid-walk is passed over, not an error
+        for path in (Path(root) / name for name in names):
+            try:
+                if path.is_file() and secret in path.read_bytes():
+                    found.append(path)
+            except OSError:  # removed between the listing and the read
+                continue
     return found
 
 

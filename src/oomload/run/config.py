@@ -177,7 +177,9 @@ class ReplayConfig:
         if line is None:
             return ()
         api_key = os.environ.get(self.api_key_env)
-        return (*parse_serve_command(line).secrets(), *((api_key,) if api_key else ()))
+        # only where the line holds it: a short key ("none") must not blank out the run's other arguments
+        held = (api_key,) if api_key and api_key in line else ()
+        return (*parse_serve_command(line).secrets(), *held)
 
     def schedule(self) -> SchedulePlan:
         return SchedulePlan(

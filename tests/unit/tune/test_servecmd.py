@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,15 @@ def test_an_api_key_in_the_line_is_a_secret_never_shown() -> None:
     assert wrapped.secrets() == ("sk-env-789", "hf_abc1", "hf_x2")  # TZ is no secret
     shown = wrapped.shell_line(Settings(max_num_seqs=4))
     assert shown.startswith("env VLLM_API_KEY=*** HF_TOKEN=*** TZ=UTC vllm serve m --hf-token ***")
+
+
+def test_the_runs_api_key_is_a_secret_of_the_served_line_only_where_the_line_holds_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from oomload.run.config import ReplayConfig
+
+    monkeypatch.setenv("OPENAI_API_KEY", "none")  # a placeholder key, and a word of other arguments
+    plain = ReplayConfig(trace_path=Path("t.jsonl"), served_with="vllm serve m --max-num-seqs 8")
+    assert plain.serve_secrets() == ()  # "--gpu none" in the run's argv stays as it is
+    held = ReplayConfig(trace_path=Path("t.jsonl"), served_with="env LABEL=none vllm serve m")
+    assert held.serve_secrets() == ("none",)

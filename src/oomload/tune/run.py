@@ -37,8 +37,8 @@ Errors that are not findings: a ``--serve`` line whose *first* start fails for a
 memory setting (it is not vLLM, it exits at once, it never answers) is ``ServeStartError`` (exit 3,
 the log's line quoted); a ``--host`` this machine cannot listen on (not one of its addresses, no
 such name) or a ``--port`` already in use is a usage error (exit 2), found before anything starts
-(``check_listen_address``); no candidate that carries the target is exit 1 (like a failed gate),
-with the table.
+(``check_listen_address``, which ``oomload tune`` runs on its flags before it calls ``run_tune``);
+no candidate that carries the target is exit 1 (like a failed gate), with the table.
 """
 
 from __future__ import annotations
@@ -115,7 +115,6 @@ def _run_tune(config: TuneConfig, console: Console | None) -> TuneRecord:
         prefix=read_trace_header(config.trace_path).prefix_or_default(),
         console=console,
     )
-    check_listen_address(config.host, config.port)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     console.print(
         f"tune: {config.serve.kind} server {config.serve.model or ''} · {_goal(ctx)} · "

@@ -99,6 +99,9 @@ class SamplerUnavailableError(OomloadError):
     exit_code = ExitCode.USAGE
 
 
+UNKNOWN_REMEDY = "fix that"  # ``OutputWriteError.remedy`` for a failure whose errno says nothing more
+
+
 class OutputWriteError(OomloadError):
     """A file oomload writes (a report, ``tune.json``, a worker's ``--results``, standard output) cannot
     be written: a full, read-only or vanished disk, a file size limit. ``path`` names it, ``reason``
@@ -112,7 +115,7 @@ class OutputWriteError(OomloadError):
         message: str,
         path: str | Path | None = None,
         reason: str | None = None,
-        remedy: str | None = None,
+        remedy: str = UNKNOWN_REMEDY,
     ) -> None:
         self.path = None if path is None else str(path)
         self.reason = reason

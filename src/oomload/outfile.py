@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from oomload.errors import OutputWriteError
+from oomload.errors import UNKNOWN_REMEDY, OutputWriteError
 
 # the OS's ways of saying a write cannot happen on this disk (not a bug in oomload)
 DISK_ERRNOS = frozenset(
@@ -88,8 +88,8 @@ REMEDIES = {
 
 def remedy(err: OSError) -> str:
     """What to do about ``err`` before trying again, as a verb phrase (``"free the space"``): it
-    follows the errno; one this module does not know is ``"fix that"``."""
-    return REMEDIES.get(err.errno or 0, "fix that")
+    follows the errno; one this module does not know is ``UNKNOWN_REMEDY`` (``"fix that"``)."""
+    return REMEDIES.get(err.errno or 0, UNKNOWN_REMEDY)
 
 
 def write_failure(path: str | Path, err: OSError) -> OutputWriteError:

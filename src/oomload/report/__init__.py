@@ -197,7 +197,7 @@ def report_write_error(
     """The sentence for a report file that could not be written: which, why, what is kept, what next."""
     why = err.reason or str(err)
     kept = _and(["the run's measurements", *written])
-    advice = err.remedy or "fix that"
+    advice = err.remedy
     return OutputWriteError(
         f"cannot write {name} in the run directory {run_dir} ({why}); {kept} are kept as they were — "
         f"{advice}, then `oomload report {run_dir}` writes the reports",

@@ -366,7 +366,7 @@ def write_compare(
             kept = ", ".join(written) if written else "nothing"
             raise OutputWriteError(
                 f"cannot write {name} in {out_dir} ({failure.reason}); written before it: {kept}; the two "
-                f"run directories are untouched — {failure.remedy or 'fix that'}, then run the compare again",
+                f"run directories are untouched — {failure.remedy}, then run the compare again",
                 out_dir / name,
                 failure.reason,
                 failure.remedy,

@@ -87,7 +87,7 @@ def write_tune_reports(path: Path, record: TuneRecord, console: Console) -> None
         except OutputWriteError as err:
             raise OutputWriteError(
                 f"cannot write {name} in the tune directory {path} ({err.reason}); {', '.join(kept)} "
-                f"and the candidates' files are kept as they were — {err.remedy or 'fix that'}, then "
+                f"and the candidates' files are kept as they were — {err.remedy}, then "
                 f"`oomload report {path}` writes {TUNE_MD} and {TUNE_HTML}",
                 err.path,
                 err.reason,

@@ -51,6 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from oomload import __version__
 from oomload.errors import ConfigError, RunAbortedError
 from oomload.load import wire
@@ -286,11 +288,10 @@ class WorkerPool:
         peer = printable(client_id, 100)
         s.writer.event("link_rejected", reason=reason, peer=peer)
         s.console.print(
-            f"[yellow]warning:[/] dropped a message on the worker port ({reason}) from {peer}; "
+            f"[yellow]warning:[/] dropped a message on the worker port ({reason}) from {escape(peer)}; "
             "further drops are counted (events.jsonl)",
             highlight=False,
-            markup=False,
-        )
+        )  # the peer's id is escaped: a stranger's bytes are never read as markup
 
     def report_drops(self) -> None:
         if self.dropped:

@@ -30,6 +30,17 @@ together), where a step of a few rounds sees one for certain. The loop sends ``r
 requests: 1,000, and 4 a client above concurrency 250. The odds at ``c`` are deterministic for a given
 trace, pool and seed; the Monte Carlo's own noise is about ±√episodes.
 
+Where the rate falls short of a live step's: when every request has one length. The loop refills a
+client in the engine step after its request finished, so identical requests that start together stay
+in lockstep, and one preemption a round frees enough for the rest of it. Live clients come back a few
+steps later and the lockstep breaks: on 12 blocks of 256 with requests of 256 + 256 tokens the odds give
+19.9 preemptions per 100 requests at concurrency 6 and 20.9 at 8, where the real vLLM's steps showed
+67.4 and 100 and the simulator's live steps 79.7 and 100.6 (the same onset, 6, all three). A client
+coming back 0–2 steps late gives 69.9 at 6 in the loop; a mixed trace's rates move little with that
+delay (half 100 + 100, half 400 + 300 tokens: 3.4 → 4.4 at 4, 32.0 → 30.0 at 6), and on the real vLLM
+they are close to the odds (3.7 vs 3.8 per 100 at 4, 30.6 vs 30.3 at 7, tests/e2e/test_onset_odds.py). The low rate errs on the safe side: the
+evidence a clean level is asked for is larger than the level needs, and the onset is unchanged.
+
 Shared prefixes (the ``production`` shape, ``shared``): the trace's ``hash_ids`` say which full prompt
 blocks two requests share (``capacity.SharedPrefixes``: chained ids, full blocks only, the last prompt
 token always computed). The loop then turns on the scheduler's prefix cache and gives each request

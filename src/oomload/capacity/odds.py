@@ -38,8 +38,9 @@ steps later and the lockstep breaks: on 12 blocks of 256 with requests of 256 + 
 67.4 and 100 and the simulator's live steps 79.7 and 100.6 (the same onset, 6, all three). A client
 coming back 0–2 steps late gives 69.9 at 6 in the loop; a mixed trace's rates move little with that
 delay (half 100 + 100, half 400 + 300 tokens: 3.4 → 4.4 at 4, 32.0 → 30.0 at 6), and on the real vLLM
-they are close to the odds (3.7 vs 3.8 per 100 at 4, 30.6 vs 30.3 at 7, tests/e2e/test_onset_odds.py). The low rate errs on the safe side: the
-evidence a clean level is asked for is larger than the level needs, and the onset is unchanged.
+they are close to the odds (3.7 vs 3.8 per 100 at 4, 30.6 vs 30.3 at 7, tests/e2e/test_onset_odds.py).
+The low rate errs on the safe side: the evidence a clean level is asked for is larger than the level
+needs, and the onset is unchanged.
 
 Shared prefixes (the ``production`` shape, ``shared``): the trace's ``hash_ids`` say which full prompt
 blocks two requests share (``capacity.SharedPrefixes``: chained ids, full blocks only, the last prompt

@@ -7,8 +7,13 @@ tokens (two blocks) would predict preemption from 6 concurrent requests on. Chec
 - plain HTTP bursts of 6 and 10 such requests: vLLM's preemption counter never rises, and every
   answer has the exact lengths;
 - ``oomload replay`` at 6 and 10: no preemption onset, and the verdict's prediction (from
-  ``vllm:cache_config_info`` and the lengths sent) puts the onset at 12, above the levels run — it
+  ``vllm:cache_config_info`` and the lengths sent) puts the pool's fill at 12, above the levels run — it
   agrees with what was seen (no ``disagrees``).
+
+Such a request also never grows: its prompt of 129 tokens already takes the one block it ends in, and
+vLLM admits a request only when its prompt's blocks are free. So past the pool (12 and 16 at once) the
+requests queue and none is preempted — the burst of 16 and the replay at 12 and 16 check it, and the
+arithmetic says "no onset" (``grows`` false) rather than 12.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ def test_bursts_one_token_past_a_block_boundary_never_preempt(vllm_servers: Serv
     assert predicted.onset_mean == 12
     rng = random.Random(129)
     seen = []
-    for concurrency in (6, 10):
+    for concurrency in (6, 10, 16):  # 16: past the pool, 5 wait for a block and none is preempted
         before = scrape(server.url)
         answers = burst(server.url, concurrency, PROMPT_TOKENS, OUTPUT_TOKENS, rng)
         after = scrape(server.url)
@@ -47,7 +52,7 @@ def test_bursts_one_token_past_a_block_boundary_never_preempt(vllm_servers: Serv
         ] * concurrency
         seen.append((concurrency, after[PREEMPTIONS] - before[PREEMPTIONS]))
     FIGURES.append(f"block boundary 129 + 128: preemptions per burst (concurrency, count) {seen}")
-    assert [count for _, count in seen] == [0, 0]
+    assert [count for _, count in seen] == [0, 0, 0]
 
 
 def test_replay_at_the_boundary_predicts_and_sees_no_preemption(
@@ -60,7 +65,7 @@ def test_replay_at_the_boundary_predicts_and_sees_no_preemption(
         server.url,
         trace,
         run_dir,
-        *("--concurrency", "6,10", "--hold-s", "4", "--warmup-s", "0", "--no-refine", "--no-live"),
+        *("--concurrency", "6,10,12,16", "--hold-s", "4", "--warmup-s", "0", "--no-refine", "--no-live"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = Run.read(run_dir).summary
@@ -68,5 +73,8 @@ def test_replay_at_the_boundary_predicts_and_sees_no_preemption(
     assert summary["verdict"]["onsets"]["preemption"] is None
     prediction = summary["verdict"]["prediction"]
     assert (prediction["num_gpu_blocks"], prediction["block_size"]) == (12, 256)
-    assert (prediction["band_low"], prediction["band_high"]) == (12, 12)
-    assert prediction["disagrees"] is False
+    assert (prediction["band_low"], prediction["band_high"]) == (12, 12)  # where the pool fills
+    assert prediction["grows"] is False  # no onset: past the pool the requests queue
+    assert prediction["disagrees"] is False and prediction["levels_apart"] == 0
+    waiting = max(s.get("waiting_max") or 0 for s in summary["verdict"]["steps"])
+    FIGURES.append(f"block boundary replay at 6,10,12,16: no onset, the most waiting at once {waiting}")

@@ -31,6 +31,16 @@ pattern overflows. The real vLLM lands anywhere between the two (seen on the CPU
 600-token prompts sharing 512 tokens, 100 output tokens: 11 in phase, 14 spread; runs gave 11, 12 and
 14), so ``onset_spread`` is the band's latest end. Where the output stays within one block the two agree.
 
+Requests that never grow. vLLM admits a request only when the blocks of its whole prompt are free, and
+preempts only when a running request needs a block the pool no longer has. A request whose output ends
+in its last prompt block (``blocks_held(P + O) == ceil(P / bs)``: one output token, as a classifier or a
+scorer asks for, or a short output in the last block's slack) needs no block after its prefill. When no
+request of the lengths grows (``OnsetPrediction.grows`` false; known only given the prompt lengths) a
+full pool queues new requests and preempts none, so there is no onset: the onsets above are then where
+the pool fills and queueing begins. Measured on the simulator (799 blocks of 16, 1000 + 1 tokens): no
+preemption up to 24, where the block counts put the onset at 13. Not counted: a prompt prefilled in
+chunks over several steps takes its blocks as it goes, so two such prompts can still meet a full pool.
+
 Shared prefixes (``SharedPrefixes``; reference ``prefix-caching.md``). vLLM V1 caches full prompt blocks
 by a chained hash: a block is held once while any running request uses it, and a cached block no request
 holds counts as free (it is evicted when a block is needed). A trace's ``hash_ids`` say which prompt
@@ -236,6 +246,7 @@ class OnsetPrediction:
     onset_p90: int
     shape: PromptShape = "worst-case"
     onset_spread: int | None = None  # decode phases spread evenly (module docstring); None: no prompts
+    grows: bool = True  # some request outgrows its prompt's blocks; False: a full pool only queues (no onset)
 
     @property
     def band(self) -> tuple[int, int]:
@@ -256,7 +267,8 @@ def predict_preemption_onset(
     lengths, each holding ``blocks_held`` blocks — less the prefix blocks it shares with the others
     when ``shared`` (one entry per length) is given (the ``production`` shape, module docstring).
     With ``prompt_tokens`` (one per length) the onset with decode phases spread evenly is added
-    (``onset_spread``: each request's mean blocks over its decode, ``blocks_over_decode``)."""
+    (``onset_spread``: each request's mean blocks over its decode, ``blocks_over_decode``), and whether
+    any request outgrows its prompt's blocks (``grows``; module docstring, "Requests that never grow")."""
     arr = np.asarray(total_tokens, dtype=np.int64)
     if arr.size == 0:
         raise ValueError("cannot predict an onset without request lengths")
@@ -267,10 +279,12 @@ def predict_preemption_onset(
     sharing = shared if shared is not None and shared.any else None
     onsets = tuple(_onset(blocks, sharing, usable, s) for s in ("mean", "p50", "p90"))
     spread: int | None = None
+    grows = True
     if prompt_tokens is not None:
         prompts = np.asarray(prompt_tokens, dtype=np.int64)
         if prompts.shape != arr.shape:
             raise ValueError("prompt lengths must have one entry per request length")
+        grows = bool(np.any(blocks > -(-np.maximum(prompts, 0) // block_size)))
         # a request holds no more on average than at its peak: the max only guards float rounding
         spread = max(_onset(blocks_over_decode(prompts, arr, block_size), sharing, usable, "mean"), onsets[0])
     return OnsetPrediction(
@@ -282,6 +296,7 @@ def predict_preemption_onset(
         onset_p90=onsets[2],
         shape="worst-case" if shared is None else "production",
         onset_spread=spread,
+        grows=grows,
     )
 
 

@@ -189,11 +189,17 @@ def _print(result: Any, startup: list[str], trace_count: int) -> None:
     shape = (
         "" if worst is None else f" with shared prefixes (worst case, nothing shared: {_band(worst.band)})"
     )
-    console.print(
-        f"Arithmetic band {a.band[0]}–{a.band[1]}{shape}: the onset from block counts alone (usable blocks ÷ "
-        "blocks per request, from P90-length requests all at their peak to decode phases spread "
-        "evenly), no simulation."
-    )
+    if a.grows:
+        console.print(
+            f"Arithmetic band {a.band[0]}–{a.band[1]}{shape}: the onset from block counts alone (usable "
+            "blocks ÷ blocks per request, from P90-length requests all at their peak to decode phases "
+            "spread evenly), no simulation."
+        )
+    else:
+        console.print(
+            "Arithmetic: no onset: no request outgrows its prompt's blocks, so a full pool queues new "
+            f"requests (from {_band(a.band)}) and preempts none; block counts alone, no simulation."
+        )
     _print_advice(console, result)
     for note in result.notes:
         console.print(f"Note: {note}")

@@ -347,6 +347,8 @@ def prediction(verdict: Verdict) -> Finding | None:
         compared = OPEN_LOOP_NOT_COMPARED
     elif p.observed_onset is not None:
         compared = f"observed {p.observed_onset}: {agree}{apart}"
+    elif not a.grows and p.highest_clean is not None:
+        compared = f"none observed up to {p.highest_clean}: agrees"
     elif p.highest_clean is None:
         compared = "no trusted level without preemption to compare"
     elif not p.reached:
@@ -358,11 +360,16 @@ def prediction(verdict: Verdict) -> Finding | None:
         compared = f"no onset up to {p.highest_clean}: {agree}{apart}"
     basis = "the requests sent" if p.basis == "requests" else "the trace"
     other = "" if p.other is None else f"; {OTHER_SHAPE_WORDS[a.shape]} {_band(*p.other.band)}"
+    onset = (
+        f"onset {band} {SHAPE_WORDS[a.shape]} ({band_figures(a)}{other})"
+        if a.grows
+        else f"no onset: no request outgrows its prompt's blocks, so a full pool queues new requests (from "
+        f"{band}) and preempts none"
+    )
     return Finding(
         "prediction",
         "Arithmetic",
-        f"{a.num_gpu_blocks} blocks × {a.block_size} tokens, lengths of {basis} → onset {band} "
-        f"{SHAPE_WORDS[a.shape]} ({band_figures(a)}{other}); {compared}",
+        f"{a.num_gpu_blocks} blocks × {a.block_size} tokens, lengths of {basis} → {onset}; {compared}",
         "warn" if p.disagrees else "info",
     )
 

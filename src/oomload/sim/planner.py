@@ -187,6 +187,7 @@ class PlanResult:
             "onset_p90": a.onset_p90,
             "band": list(a.band),
             "shape": a.shape,
+            "grows": a.grows,
         }
         adv = self.max_model_len_advice
         out["max_model_len_advice"] = {

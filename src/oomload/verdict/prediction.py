@@ -11,6 +11,11 @@ the band, the run never reached the prediction and there is nothing to compare (
 ``levels_apart`` None). More than one level apart is flagged (``disagrees``): the measured knee moves 1–2
 levels between repeats on real vLLM, so one level is noise, more is a finding in itself.
 
+When no request sent outgrows its prompt's blocks (``OnsetPrediction.grows`` false: the output ends in the
+last prompt block) the arithmetic expects no onset at all: a full pool queues. Then no onset observed on a
+trusted clean level agrees (0 levels apart), and any observed onset disagrees (``levels_apart`` None: there
+is no band to count from).
+
 Prompt shape. The arithmetic is for the prompts the run sent (``shape``): with the trace's shared
 prefixes (``production``, the replay's default) the trace's ``hash_ids`` say which prompt blocks the
 server holds once (``capacity.SharedPrefixes``), so the lengths are the trace's (only the trace carries
@@ -44,10 +49,12 @@ class Prediction:
 
     @property
     def reached(self) -> bool:
-        """An onset was observed, or a clean level at or above the band's low end was measured."""
-        return self.observed_onset is not None or (
-            self.highest_clean is not None and self.highest_clean >= self.band_low
-        )
+        """An onset was observed, or a clean level at or above the band's low end was measured (any clean
+        level when the arithmetic expects no onset)."""
+        if self.observed_onset is not None:
+            return True
+        low = self.band_low if self.arithmetic.grows else 0
+        return self.highest_clean is not None and self.highest_clean >= low
 
     @property
     def band_low(self) -> int:
@@ -59,6 +66,8 @@ class Prediction:
 
     @property
     def disagrees(self) -> bool:
+        if not self.arithmetic.grows:
+            return self.observed_onset is not None
         return self.levels_apart is not None and self.levels_apart > DISAGREE_LEVELS
 
     def to_json(self) -> dict[str, Any]:
@@ -123,7 +132,11 @@ def compare_prediction(
         arithmetic, other = production, distinct
     low, high = arithmetic.band
     apart: int | None = None
-    if levels and observed_onset is not None and observed_onset in levels:
+    if (
+        not arithmetic.grows
+    ):  # no onset expected: none observed agrees, one observed has no band to count from
+        apart = 0 if observed_onset is None and clean_levels else None
+    elif levels and observed_onset is not None and observed_onset in levels:
         lo_i, hi_i = _grid_index(levels, low), _grid_index(levels, high)
         i = list(levels).index(observed_onset)
         apart = 0 if lo_i <= i <= hi_i else min(abs(i - lo_i), abs(i - hi_i))

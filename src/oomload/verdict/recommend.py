@@ -337,7 +337,7 @@ def _shape_clause(verdict: Verdict) -> str:
     """Which prompts the cap was measured with, and the arithmetic's onset for the other shape ("" when
     the trace shares nothing: both shapes agree)."""
     p = verdict.prediction
-    if p is None or p.other is None:
+    if p is None or p.other is None or not p.arithmetic.grows:  # no onset in either shape when none grows
         return ""
     measured, other = p.arithmetic, p.other
     if verdict.prompt_shape == "production":

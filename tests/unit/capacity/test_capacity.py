@@ -73,3 +73,38 @@ def test_the_simulated_scheduler_agrees_at_the_boundary() -> None:
     assert _burst_preemptions(129, 128, 11) == 0  # 256 KV tokens: one block each, 11 fit
     assert _burst_preemptions(130, 128, 6) > 0  # 257 KV tokens: two blocks each, onset 6
     assert predict_preemption_onset(12, 256, [130 + 128]).onset_mean == 6
+
+
+def test_requests_that_never_outgrow_their_prompt_blocks_have_no_onset() -> None:
+    """A request whose output ends in its last prompt block takes no block after its prefill, and vLLM
+    admits one only when its prompt's blocks are free: past the pool it queues, nothing is preempted."""
+    boundary = predict_preemption_onset(12, 256, [129 + 128] * 4, prompt_tokens=[129] * 4)
+    assert not boundary.grows and boundary.band == (12, 12)  # the pool fills at 12: queueing, no onset
+    assert _burst_preemptions(129, 128, 16) == 0  # the scheduler model: 16 at once, 5 wait, none preempted
+    assert _burst_preemptions(130, 128, 16) > 0  # one token more grows into a second block
+    # one output token (a classifier), and a short output in the last prompt block's slack (1000 = 62.5 × 16)
+    assert not predict_preemption_onset(799, 16, [1000 + 1], prompt_tokens=[1000]).grows
+    assert not predict_preemption_onset(799, 16, [1000 + 9], prompt_tokens=[1000]).grows  # 1008 KV tokens
+    assert predict_preemption_onset(799, 16, [1000 + 10], prompt_tokens=[1000]).grows  # 1009: a 64th block
+    # one request that grows is enough; without the prompt lengths growth is assumed (the band as before)
+    assert predict_preemption_onset(799, 16, [1001, 1001, 1100], prompt_tokens=[1000, 1000, 1000]).grows
+    assert predict_preemption_onset(12, 256, [129 + 128]).grows
+
+
+def test_the_verdict_side_agrees_with_no_onset_and_flags_one_seen() -> None:
+    def compared(observed: int | None, clean: tuple[int, ...]) -> tuple[bool, int | None, bool]:
+        p = compare_prediction(
+            CacheConfig(num_gpu_blocks=12, block_size=256),
+            [129 + 128] * 50,
+            basis="test",
+            observed_onset=observed,
+            levels=(6, 10, 12, 16),
+            clean_levels=clean,
+            prompts=[129] * 50,
+        )
+        assert p is not None and not p.arithmetic.grows
+        return p.disagrees, p.levels_apart, p.reached
+
+    assert compared(None, (6, 10, 12, 16)) == (False, 0, True)  # clean past the pool: agrees
+    assert compared(None, (6,)) == (False, 0, True)  # below where the pool fills: agrees too
+    assert compared(12, (6, 10)) == (True, None, True)  # a preemption the arithmetic does not expect

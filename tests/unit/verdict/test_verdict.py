@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from oomload.outcome import Outcome
+from oomload.report.findings import describe
 from oomload.verdict import Verdict, build_verdict, kv_peak_text, kv_percent
+from oomload.verdict.recommend import recommend
 from oomload.verdict.runview import load_run
 from runbuilder import CPU_CACHE, GIB, StepSpec, cpu_knee_steps, request, write_run
 
@@ -352,3 +354,23 @@ def test_a_lost_locust_worker_is_a_warning_on_its_step(tmp_path: Path, level: in
     assert "12 of its results were received; 1 worker(s) left took over its users" in notes[0].message
     assert v.confidence == confidence
     assert v.last_safe_concurrency == 5  # the verdict itself stands; how far to trust it changed
+
+
+def test_one_token_outputs_that_never_grow_are_not_a_disagreement(tmp_path: Path) -> None:
+    """Seen on the simulator: 1000 + 1 tokens on 799 blocks of 16 ran clean up to 24, and the verdict read
+    "observed no onset is 3 levels from the arithmetic band 13–13", confidence low. Such requests never
+    take a block after their prefill, so a full pool queues them: no onset is what the arithmetic says."""
+    pool = {"num_gpu_blocks": 799, "block_size": 16}
+    steps = [StepSpec(c, requests=3 * c, prompt_tokens=1000, output_tokens=1) for c in (8, 13, 16, 24)]
+    v = verdict_of(write_run(tmp_path / "run", steps, cache_config=pool))
+    assert v.prediction is not None and not v.prediction.arithmetic.grows
+    assert (v.prediction.band_low, v.prediction.levels_apart, v.prediction.disagrees) == (13, 0, False)
+    assert "prediction_disagrees" not in kinds(v)
+    text = {f.key: f.text for f in describe(v, recommend(v))}["prediction"]
+    assert "no onset: no request outgrows its prompt's blocks" in text and "(from 13)" in text
+    assert "none observed up to 24: agrees" in text
+    steps[2] = StepSpec(16, requests=48, preemptions=2, prompt_tokens=1000, output_tokens=1)
+    v = verdict_of(write_run(tmp_path / "preempted", steps, cache_config=pool))
+    assert v.prediction is not None and v.prediction.disagrees and "prediction_disagrees" in kinds(v)
+    note = next(n.message for n in v.notes if n.kind == "prediction_disagrees")
+    assert "observed onset 16 where the arithmetic (799 blocks × 16 tokens) expects none" in note

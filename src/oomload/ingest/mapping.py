@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from oomload.errors import ConfigError, TraceFormatError, names_shown
+from oomload.ingest.openai_log import time_given
 from oomload.ingest.skips import SkipLog
 from oomload.ingest.source import LogSource, iter_json_objects
 from oomload.ingest.tabular import TIME_UNITS_S, CsvLayout, check_layout, csv_header, parse_datetime_s
@@ -172,8 +173,10 @@ def read_mapped_jsonl_records(
         if mapping.time is not None:
             raw = _lookup(obj, mapping.time)
             parsed = _time_value(raw, mapping.time_unit, scale)
-            if parsed is None:
-                skips.skip(f"not a time in {mapping.time!r}", source.name, number)
+            if parsed is None:  # a time that is missing is counted apart from one that cannot be read
+                given = raw is not _MISSING and time_given(raw)
+                what = "not a time in" if given else "no time in"
+                skips.skip(f"{what} {mapping.time!r}", source.name, number)
                 continue
             time_s = parsed
         max_tokens = None if mapping.max_tokens is None else _count(_lookup(obj, mapping.max_tokens))

@@ -312,7 +312,9 @@ def _times(text: pa.ChunkedArray, layout: CsvLayout, reasons: list[tuple[np.ndar
         valid = pc.match_substring_regex(text, FLOAT_PATTERN)
         bad = np.asarray(pc.invert(valid))
         if bad.any():
-            reasons.append((bad, f"not a number in time column {layout.time!r}"))
+            empty = _empty_cells(text)
+            reasons.append((bad & empty, f"no time in column {layout.time!r}"))
+            reasons.append((bad & ~empty, f"not a number in time column {layout.time!r}"))
         seconds = pc.cast(pc.utf8_trim_whitespace(pc.if_else(valid, text, "0")), pa.float64())
         return np.asarray(seconds, dtype=np.float64) * TIME_UNITS_S[layout.time_unit]
     stamps = _cast_stamps(text)  # trimmed only when the text as read does not parse (rarely needed)
@@ -329,8 +331,16 @@ def _times(text: pa.ChunkedArray, layout: CsvLayout, reasons: list[tuple[np.ndar
             bad[index] = True
         else:
             values[index] = parsed / 1e9  # as the vectorized cast gives it, bit for bit
-    reasons.append((bad, f"not a timestamp in column {layout.time!r}"))
+    empty = _empty_cells(text)
+    reasons.append((bad & empty, f"no time in column {layout.time!r}"))
+    reasons.append((bad & ~empty, f"not a timestamp in column {layout.time!r}"))
     return values
+
+
+def _empty_cells(text: pa.ChunkedArray) -> np.ndarray:
+    """Which cells hold nothing but blanks: a time that is missing, counted apart from one that is
+    there but cannot be read (as the OpenAI-style readers do)."""
+    return np.asarray(pc.equal(pc.utf8_trim_whitespace(text), ""), dtype=bool)
 
 
 def _cast_stamps(text: pa.ChunkedArray) -> pa.ChunkedArray | None:

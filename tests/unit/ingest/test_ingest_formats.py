@@ -397,6 +397,37 @@ def test_mapped_jsonl_whose_first_line_is_longer_than_the_sniffed_head(tmp_path:
     assert [(r.arrival_s, r.prompt_tokens) for r in recs] == [(0.0, 5), (1.0, 6)]
 
 
+@pytest.mark.parametrize(
+    ("header", "timed"),
+    [("100", "101"), ("2024-01-01T00:00:00Z", "2024-01-01T00:00:01Z")],
+    ids=["seconds", "datetime"],
+)
+def test_mapped_csv_counts_an_unreadable_time_apart_from_a_missing_one(
+    tmp_path: Path, header: str, timed: str
+) -> None:
+    """An empty time cell is "no time"; ``yesterday`` or ``12:xx`` is a time that cannot be read."""
+    path = write(
+        tmp_path / "m.csv", f"ts,in,out\n{header},5,3\n,5,3\n  ,5,3\nyesterday,5,3\n12:xx,5,3\n{timed},5,3\n"
+    )
+    recs, skips = records(path, mapping=parse_mapping("input=in,output=out,time=ts"))
+    assert len(recs) == 2
+    bad = "not a number in time column 'ts'" if header == "100" else "not a timestamp in column 'ts'"
+    assert skips.counts == {"no time in column 'ts'": 2, bad: 2}
+    assert skips.examples["no time in column 'ts'"] == [f"{path}:3", f"{path}:4"]
+    assert skips.examples[bad] == [f"{path}:5", f"{path}:6"]
+
+
+def test_mapped_jsonl_counts_an_unreadable_time_apart_from_a_missing_one(tmp_path: Path) -> None:
+    times: list[object] = [100, None, "", "yesterday", "12:xx", True, 101]
+    lines = [{"ts": t, "in": 5, "out": 3} for t in times]
+    lines.insert(1, {"in": 5, "out": 3})  # no ts at all (the first line names the file's columns)
+    path = write(tmp_path / "m.jsonl", "".join(json.dumps(o) + "\n" for o in lines))
+    recs, skips = records(path, mapping=parse_mapping("input=in,output=out,time=ts"))
+    assert len(recs) == 2
+    assert skips.counts == {"no time in 'ts'": 3, "not a time in 'ts'": 3}  # absent, null, "" / bad
+    assert skips.examples["no time in 'ts'"] == [f"{path}:2", f"{path}:3", f"{path}:4"]
+
+
 def test_mapping_naming_a_missing_column_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path / "any.csv", "a,b\n1,2\n")
     with pytest.raises(TraceFormatError, match="'tokens_in', but the file has columns a, b"):

@@ -93,6 +93,37 @@ def test_a_tune_host_this_machine_cannot_listen_on_is_exit_2_before_any_candidat
     assert not (tmp_path / "t").exists()
 
 
+@pytest.mark.parametrize(
+    ("host", "needle"),
+    [
+        ("8.8.8.8", "the Locust master cannot listen on --master-bind-host 8.8.8.8 (Cannot assign"),
+        ("no-such-host.invalid", "--master-bind-host 'no-such-host.invalid' is not an address or a name"),
+    ],
+)
+def test_a_master_bind_host_this_machine_cannot_listen_on_is_exit_2_before_any_load(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    host: str,
+    needle: str,
+) -> None:
+    """Before: the trace was read, the simulator started and the run directory written, then the
+    master's bind failed (exit 2, "is the port in use?")."""
+    import oomload.run.runner
+
+    def started(*args: object, **kwargs: object) -> None:
+        pytest.fail("the replay started: --master-bind-host was not checked before it")
+
+    monkeypatch.setattr(oomload.run.runner, "run_replay", started)
+    flags = ("--workers", "1", "--master-bind-host", host, "--run-dir", str(tmp_path / "r"))
+    code, _, err = run(["replay", str(FIXED), *flags], capsys)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "r").exists()
+    assert (
+        build_config(_replay_args("--url", URL, "--processes", "2", "--master-bind-host", "*")).processes == 2
+    )
+
+
 def test_free_port_and_the_server_url_take_an_ipv6_host(tmp_path: Path) -> None:
     from oomload.realvllm.server import RealVllmServer, free_port
 

@@ -195,15 +195,23 @@ def with_rate_target(ctx: TuneContext, rate: RateTarget) -> TuneContext:
     return replace(ctx, target=rate.concurrency, space=space)
 
 
-def check_listen_address(host: str, port: int | None) -> None:
-    """``ConfigError`` when a server could not listen on ``host`` (not an address of this machine, no
-    such name) or on ``host:port`` (in use; ``None``: any free port): one sentence, before anything
-    starts — not an ``OSError`` from the first candidate's start."""
+def check_listen_address(
+    host: str,
+    port: int | None,
+    *,
+    who: str = "the server",
+    host_flag: str = "--host",
+    port_flag: str = "--port",
+) -> None:
+    """``ConfigError`` when ``who`` could not listen on ``host`` (not an address of this machine, no
+    such name) or on ``host:port`` (in use; ``None``: any free port): one sentence naming the flags
+    (``host_flag``, ``port_flag``), before anything starts — not an ``OSError`` from the first
+    candidate's start (``oomload tune``) or the Locust master's bind (``oomload replay --workers``)."""
     try:
         infos = socket.getaddrinfo(host, port or 0, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as err:
         raise ConfigError(
-            f"--host {host!r} is not an address or a name this machine resolves ({err})"
+            f"{host_flag} {host!r} is not an address or a name this machine resolves ({err})"
         ) from err
     family, _, _, _, address = infos[0]
     with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -212,10 +220,11 @@ def check_listen_address(host: str, port: int | None) -> None:
         except OSError as err:
             if port is not None and err.errno == errno.EADDRINUSE:
                 raise ConfigError(
-                    f"--port {port} on {host} is in use ({err.strerror}): pick a free port or omit --port"
+                    f"{port_flag} {port} on {host} is in use ({err.strerror}): pick a free port or omit "
+                    f"{port_flag}"
                 ) from err
             raise ConfigError(
-                f"the server cannot listen on --host {host} ({err.strerror}): give an address of this "
+                f"{who} cannot listen on {host_flag} {host} ({err.strerror}): give an address of this "
                 "machine (127.0.0.1, 0.0.0.0 or one of its interfaces)"
             ) from err
 

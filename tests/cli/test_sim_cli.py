@@ -56,6 +56,45 @@ def test_bad_flags_are_one_line_errors(
     assert needle in err and err.startswith("oomload: error:")
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--seed", "-1", "--seed must be an integer ≥ 0, got -1"),
+        ("--parent-pid", "-1", "--parent-pid must be a positive integer, got -1"),
+        ("--parent-pid", "0", "--parent-pid must be a positive integer, got 0"),
+        ("--stream-reject-every", "-1", "--stream-reject-every must be an integer ≥ 0, got -1"),
+        ("--time-scale", "nan", "--time-scale must be a finite number ≥ 0, got nan"),
+        ("--time-scale", "inf", "--time-scale must be a finite number ≥ 0, got inf"),
+        ("--keepalive-timeout-s", "-1", "--keepalive-timeout-s must be a finite number ≥ 0, got -1.0"),
+        ("--exit-delay-s", "nan", "--exit-delay-s must be a finite number ≥ 0, got nan"),
+        ("--max-num-queued-reqs", "-1", "--max-num-queued-reqs must be an integer ≥ 0, got -1"),
+        ("--gpu-memory-gib", "inf", "--gpu-memory-gib must be a finite number > 0, got inf"),
+        ("--activation-scale", "inf", "--activation-scale must be a finite number > 0, got inf"),
+        ("--other-process-gib", "inf", "--other-process-gib must be a finite number ≥ 0, got inf"),
+        ("--cuda-graph-gib", "inf", "--cuda-graph-gib must be a finite number ≥ 0, got inf"),
+        ("--host-memory-limit-mib", "inf", "--host-memory-limit-mib must be a finite number > 0, got inf"),
+        ("--host-base-mib", "inf", "--host-base-mib must be a finite number ≥ 0, got inf"),
+        ("--host-leak-mib-per-min", "inf", "--host-leak-mib-per-min must be a finite number ≥ 0, got inf"),
+        ("--host-leak-cap-mib", "inf", "--host-leak-cap-mib must be a finite number ≥ 0, got inf"),
+    ],
+)
+def test_a_meaningless_sim_serve_number_is_exit_2_before_it_serves(
+    flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: these served (the seed, a negative every-Nth, NaN or infinite times and leaks), ended
+    at once (a --parent-pid that is no parent's) or were an internal error, exit 70 (an infinite size)."""
+    import oomload.sim.process
+    import oomload.sim.server
+
+    def started(*args: object, **kwargs: object) -> None:
+        pytest.fail(f"sim serve {flag} {value} went on: the value was not checked")
+
+    monkeypatch.setattr(oomload.sim.server, "serve", started)
+    monkeypatch.setattr(oomload.sim.process, "exit_with_parent", started)
+    assert main(["sim", "serve", "--port", "0", flag, value]) == 2
+    assert capsys.readouterr().err == f"oomload: error: {message}\n"
+
+
 def test_sim_without_action_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sim"]) == 2
     assert "serve" in capsys.readouterr().out

@@ -8,6 +8,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any
 
+from oomload.cli.flags import non_negative, positive, positive_int
 from oomload.errors import ConfigError
 
 
@@ -182,16 +183,16 @@ def host_memory_config(args: argparse.Namespace) -> Any:
     from oomload.sim.hostmem import MIB, HostMemoryConfig
 
     limit = args.host_memory_limit_mib
-    if limit is not None and not limit > 0:
-        raise ConfigError(f"--host-memory-limit-mib must be positive, got {limit:g}")
+    if limit is not None:
+        positive("--host-memory-limit-mib", limit)
     for flag, value in (
         ("--host-base-mib", args.host_base_mib),
         ("--host-bytes-per-token", args.host_bytes_per_token),
         ("--host-leak-mib-per-min", args.host_leak_mib_per_min),
         ("--host-leak-cap-mib", args.host_leak_cap_mib),
     ):
-        if value is not None and not value >= 0:
-            raise ConfigError(f"{flag} must be >= 0, got {value:g}")
+        if value is not None:
+            non_negative(flag, value)
     return HostMemoryConfig(
         base_bytes=int(args.host_base_mib * MIB),
         bytes_per_token=args.host_bytes_per_token,
@@ -203,8 +204,22 @@ def host_memory_config(args: argparse.Namespace) -> Any:
 
 
 def engine_options(args: argparse.Namespace) -> Any:
+    """``EngineOptions`` from the flags; ``ConfigError`` for a size or scale that is negative, zero
+    where it must not be, NaN or infinite (the counts and the utilization: ``build_engine``)."""
     from oomload.sim.build import EngineOptions
 
+    for flag, value in (
+        ("--gpu-memory-gib", args.gpu_memory_gib),
+        ("--activation-scale", args.activation_scale),
+    ):
+        if value is not None:
+            positive(flag, value)
+    for flag, value in (
+        ("--other-process-gib", getattr(args, "other_process_gib", 0.0)),
+        ("--cuda-graph-gib", getattr(args, "cuda_graph_gib", None)),
+    ):
+        if value is not None:
+            non_negative(flag, value)
     return EngineOptions(
         model=args.model,
         gpu=args.gpu,
@@ -248,22 +263,35 @@ def check_bind_host(host: str, allow_remote: bool) -> None:
         )
 
 
+def check_serve_numbers(args: argparse.Namespace) -> None:
+    """``sim serve``'s own numbers: ``ConfigError`` for a negative, NaN or infinite one (``--port`` is
+    checked apart: 0 picks a free one)."""
+    if args.parent_pid is not None:
+        positive_int("--parent-pid", args.parent_pid)
+    for flag, value in (
+        ("--max-num-queued-reqs", args.max_num_queued_reqs),
+        ("--max-num-queued-tokens", args.max_num_queued_tokens),
+        ("--stream-reject-every", args.stream_reject_every),
+        ("--seed", args.seed),
+        ("--time-scale", args.time_scale),
+        ("--keepalive-timeout-s", args.keepalive_timeout_s),
+        ("--exit-delay-s", args.exit_delay_s),
+    ):
+        if value is not None:
+            non_negative(flag, value)
+
+
 def run(args: argparse.Namespace) -> int:
     from oomload.sim.build import build_engine
     from oomload.sim.process import exit_with_parent
     from oomload.sim.server import ServerOptions, SimService, check_port_file, serve
 
+    check_serve_numbers(args)  # --parent-pid first: a pid that is not the parent's ends this at once
     if args.parent_pid is not None:
         exit_with_parent(args.parent_pid)
     check_bind_host(args.host, args.allow_remote)
     if args.port_file is not None:
         check_port_file(args.port_file)
-    for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
-        value = getattr(args, name)
-        if value is not None and value < 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
-    if args.time_scale < 0:
-        raise ConfigError(f"--time-scale must be >= 0, got {args.time_scale}")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     host_memory = host_memory_config(args)
@@ -278,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
         max_num_queued_reqs=args.max_num_queued_reqs,
         max_num_queued_tokens=args.max_num_queued_tokens,
         context_overflow=args.context_overflow,
-        stream_reject_every=max(args.stream_reject_every, 0),
+        stream_reject_every=args.stream_reject_every,
         keepalive_timeout_s=args.keepalive_timeout_s,
         exit_delay_s=args.exit_delay_s,
         vllm_version=version,

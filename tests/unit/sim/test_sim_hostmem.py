@@ -119,10 +119,10 @@ def test_an_unknown_limit_kind_is_refused() -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--host-memory-limit-mib", "0"], "--host-memory-limit-mib must be positive, got 0"),
-        (["--host-leak-mib-per-min", "-1"], "--host-leak-mib-per-min must be >= 0, got -1"),
-        (["--host-bytes-per-token", "-5"], "--host-bytes-per-token must be >= 0, got -5"),
-        (["--host-base-mib", "nan"], "--host-base-mib must be >= 0, got nan"),
+        (["--host-memory-limit-mib", "0"], "--host-memory-limit-mib must be a finite number > 0, got 0.0"),
+        (["--host-leak-mib-per-min", "-1"], "--host-leak-mib-per-min must be a finite number ≥ 0, got -1.0"),
+        (["--host-bytes-per-token", "-5"], "--host-bytes-per-token must be an integer ≥ 0, got -5"),
+        (["--host-base-mib", "nan"], "--host-base-mib must be a finite number ≥ 0, got nan"),
     ],
 )
 def test_bad_host_memory_flags_are_one_line_errors(

@@ -138,6 +138,31 @@ def test_free_port_and_the_server_url_take_an_ipv6_host(tmp_path: Path) -> None:
     assert server.url == f"http://[::1]:{port}"
 
 
+def test_the_listen_check_is_free_port_with_sentences(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One bind for both: ``free_port`` binds a given port too, and ``check_listen_address`` is it with
+    each ``OSError`` told in a sentence (tune's --host/--port, replay's --master-bind-host)."""
+    import errno
+
+    import oomload.realvllm.server as server
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"^--port {port} on 127.0.0.1 is in use "):
+            server.check_listen_address("127.0.0.1", port)
+    assert server.free_port("127.0.0.1", port) == port  # free again once closed
+
+    def refused(host: str, port: int = 0) -> int:
+        raise OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
+
+    monkeypatch.setattr(server, "free_port", refused)
+    with pytest.raises(
+        ConfigError, match=r"^the Locust master cannot listen on --master-bind-host 10\.9\.9\.9 "
+    ):
+        server.check_listen_address("10.9.9.9", None, who="the Locust master", host_flag="--master-bind-host")
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

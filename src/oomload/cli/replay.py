@@ -536,7 +536,7 @@ def _check_workers(args: argparse.Namespace) -> int:
     if not args.master_bind_host.strip() or any(c.isspace() for c in args.master_bind_host):
         raise ConfigError(f"--master-bind-host {args.master_bind_host!r} is not a host or address")
     if distributed and args.master_bind_host != "*":  # "*": Locust's every address (always there)
-        from oomload.tune.run import check_listen_address
+        from oomload.realvllm.server import check_listen_address
 
         # The host only: a port in use is told when the master binds it (with ZeroMQ's SO_REUSEADDR).
         check_listen_address(

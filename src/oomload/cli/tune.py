@@ -102,8 +102,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from oomload.realvllm.servecmd import parse_serve_command
+    from oomload.realvllm.server import check_listen_address
     from oomload.report.tune import write_tune_reports
-    from oomload.tune.run import TuneConfig, check_listen_address, run_tune, tune_exit_code
+    from oomload.tune.run import TuneConfig, run_tune, tune_exit_code
     from oomload.tune.search import NO_TARGET_SEQS, SearchSpace, Settings, seqs_ladder
 
     if not args.trace.is_file():

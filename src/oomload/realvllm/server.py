@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -65,7 +66,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from oomload.credentials import scrub
-from oomload.errors import EndpointError, ExitCode, OomloadError
+from oomload.errors import ConfigError, EndpointError, ExitCode, OomloadError
 from oomload.realvllm.install import DEFAULT_ROOT, ensure_venv
 from oomload.realvllm.tinymodel import ensure_tiny_model
 from oomload.telemetry.scrape import open_direct
@@ -168,13 +169,45 @@ class ServeSpec(Protocol):
     def serve_env(self, env: dict[str, str], tmp_dir: Path) -> dict[str, str]: ...
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port of ``host`` (an IPv4 or IPv6 address or a name) that was free a moment ago (the server
-    binds it shortly after)."""
-    family, _, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+def free_port(host: str = "127.0.0.1", port: int = 0) -> int:
+    """Bind ``host:port`` (``host`` an IPv4 or IPv6 address or a name; ``port`` 0: any free one) in the
+    host's own family and return the port bound: it was free a moment ago (the server binds it shortly
+    after). ``OSError`` when it cannot be bound — ``socket.gaierror`` (or ``UnicodeError``) for a name
+    that does not resolve; ``check_listen_address`` says so in a sentence."""
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind(address)
         return int(sock.getsockname()[1])
+
+
+def check_listen_address(
+    host: str,
+    port: int | None,
+    *,
+    who: str = "the server",
+    host_flag: str = "--host",
+    port_flag: str = "--port",
+) -> None:
+    """``ConfigError`` when ``who`` could not listen on ``host`` (not an address of this machine, no
+    such name) or on ``host:port`` (in use; ``None``: any free port): one sentence naming the flags
+    (``host_flag``, ``port_flag``), before anything starts — not an ``OSError`` from the first
+    candidate's start (``oomload tune``) or the Locust master's bind (``oomload replay --workers``)."""
+    try:
+        free_port(host, port or 0)
+    except (socket.gaierror, UnicodeError) as err:
+        raise ConfigError(
+            f"{host_flag} {host!r} is not an address or a name this machine resolves ({err})"
+        ) from err
+    except OSError as err:
+        if port is not None and err.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"{port_flag} {port} on {host} is in use ({err.strerror}): pick a free port or omit "
+                f"{port_flag}"
+            ) from err
+        raise ConfigError(
+            f"{who} cannot listen on {host_flag} {host} ({err.strerror}): give an address of this "
+            "machine (127.0.0.1, 0.0.0.0 or one of its interfaces)"
+        ) from err
 
 
 class RealVllmServer:

@@ -47,7 +47,7 @@ from oomload.capacity.schedule import Hold, SchedulePlan, StopCondition
 from oomload.errors import ConfigError
 from oomload.load import wire
 from oomload.load.selfcheck import SelfCheck, start_selfcheck
-from oomload.load.wire import DEFAULT_MASTER_PORT
+from oomload.realvllm.server import free_port
 from oomload.run.config import LoadOptions, ReplayConfig, prefix_mode
 from oomload.run.deathwatch import DeathWatch
 from oomload.run.master_auth import guarded_master_class
@@ -55,7 +55,7 @@ from oomload.run.master_meter import MasterMeter
 from oomload.run.served import ServedProcess
 from oomload.run.serverwatch import ServerEvidence
 from oomload.run.snapshot import FinalState, PlanState, TelemetrySnapshot
-from oomload.run.worker_pool import WorkerPool, free_port
+from oomload.run.worker_pool import WorkerPool
 from oomload.rundir import RunReader, RunWriter
 from oomload.rundir.records import StepEndLine
 from oomload.rundir.servermemory import ServerMemoryRow
@@ -375,7 +375,7 @@ class Session:
         host = config.master_bind_host
         port = config.master_bind_port
         if port is None:
-            port = DEFAULT_MASTER_PORT if config.workers else free_port()
+            port = wire.DEFAULT_MASTER_PORT if config.workers else free_port()
         self.pool.prepare_token(lambda text: self.console.print(text, highlight=False, markup=False))
         try:  # Locust's master behind the link's checks (oomload.run.master_auth: the authenticated link)
             runner: Runner = env._create_runner(

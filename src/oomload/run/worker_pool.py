@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -585,9 +584,3 @@ def last_error_line(log: Path) -> str | None:
         if text and not text.startswith(("File ", "Traceback", "^", "~")) and not line.startswith(" "):
             return text[:200]
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

@@ -37,19 +37,18 @@ Errors that are not findings: a ``--serve`` line whose *first* start fails for a
 memory setting (it is not vLLM, it exits at once, it never answers) is ``ServeStartError`` (exit 3,
 the log's line quoted); a ``--host`` this machine cannot listen on (not one of its addresses, no
 such name) or a ``--port`` already in use is a usage error (exit 2), found before anything starts
-(``check_listen_address``, which ``oomload tune`` runs on its flags before it calls ``run_tune``);
+(``realvllm.server.check_listen_address``, which ``oomload tune`` runs on its flags before it calls
+``run_tune``);
 no candidate that carries the target is exit 1 (like a failed gate), with the table.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import math
 import shlex
 import signal
-import socket
 import tempfile
 import time
 from dataclasses import replace
@@ -80,7 +79,7 @@ from oomload.tune.search import Candidate, next_proposal, pick_winner, seqs_ladd
 from oomload.tune.startup import StartCause, classify_startup_failure
 from oomload.tune.stops import death_stop, evidence_stop
 
-__all__ = ["TuneConfig", "check_listen_address", "run_tune"]
+__all__ = ["TuneConfig", "run_tune"]
 
 SERVER_LOG = "server.log"
 
@@ -193,40 +192,6 @@ def with_rate_target(ctx: TuneContext, rate: RateTarget) -> TuneContext:
     if not ctx.config.max_num_seqs_given and "max_num_seqs" not in space.fixed:
         space = replace(space, max_num_seqs=seqs_ladder(rate.concurrency))
     return replace(ctx, target=rate.concurrency, space=space)
-
-
-def check_listen_address(
-    host: str,
-    port: int | None,
-    *,
-    who: str = "the server",
-    host_flag: str = "--host",
-    port_flag: str = "--port",
-) -> None:
-    """``ConfigError`` when ``who`` could not listen on ``host`` (not an address of this machine, no
-    such name) or on ``host:port`` (in use; ``None``: any free port): one sentence naming the flags
-    (``host_flag``, ``port_flag``), before anything starts — not an ``OSError`` from the first
-    candidate's start (``oomload tune``) or the Locust master's bind (``oomload replay --workers``)."""
-    try:
-        infos = socket.getaddrinfo(host, port or 0, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as err:
-        raise ConfigError(
-            f"{host_flag} {host!r} is not an address or a name this machine resolves ({err})"
-        ) from err
-    family, _, _, _, address = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(address)
-        except OSError as err:
-            if port is not None and err.errno == errno.EADDRINUSE:
-                raise ConfigError(
-                    f"{port_flag} {port} on {host} is in use ({err.strerror}): pick a free port or omit "
-                    f"{port_flag}"
-                ) from err
-            raise ConfigError(
-                f"{who} cannot listen on {host_flag} {host} ({err.strerror}): give an address of this "
-                "machine (127.0.0.1, 0.0.0.0 or one of its interfaces)"
-            ) from err
 
 
 def free_device_bytes() -> int | None:

@@ -22,7 +22,8 @@ elsewhere. ``ServerLogFollower`` reads it back through ``/proc/PID/fd/N`` (where
 the file keeps its name until ``stop()``) and copies what it gains into ``log_path`` every half second
 with each secret written as ``***``, so ``log_path`` never holds a secret, not even for a moment. The
 copy is the follower's in every other way too: past 64 MiB only the last MiB is kept, and a write that
-fails stops the copy with one sentence (``on_log_problem``). ``sync_log()`` brings the copy up to now
+fails stops the copy with one sentence (``on_log_problem``; its sentences call the raw log "the
+server's log", never the ``/proc`` path). ``sync_log()`` brings the copy up to now
 (``start()`` does before it returns, so the start-up lines are there; a reader of a death does before it
 reads), ``log_text()`` is the log so far with the secrets as ``***``, and ``stop()`` finishes the copy
 (the last chunk, the scrubber's held-back end) and closes the raw log.
@@ -169,6 +170,9 @@ class ServeSpec(Protocol):
     def serve_env(self, env: dict[str, str], tmp_dir: Path) -> dict[str, str]: ...
 
 
+RAW_LOG_SHOWN = "the server's log"  # the raw log (with secrets) in the follower's sentences
+
+
 def free_port(host: str = "127.0.0.1", port: int = 0) -> int:
     """Bind ``host:port`` (``host`` an IPv4 or IPv6 address or a name; ``port`` 0: any free one) in the
     host's own family and return the port bound: it was free a moment ago (the server binds it shortly
@@ -311,7 +315,11 @@ class RealVllmServer:
         self._log = open(raw, "ab")  # noqa: SIM115 - held open while the server runs
         self._raw_source, self._raw_fd = _unnamed(raw)
         self._copy = ServerLogFollower(
-            self._raw_source, self.log_path, secrets=self.secrets, on_problem=self.on_log_problem
+            self._raw_source,
+            self.log_path,
+            secrets=self.secrets,
+            on_problem=self.on_log_problem,
+            shown=RAW_LOG_SHOWN,  # not /proc/PID/fd/N, a path the user never gave
         )
         self._copy.start()  # from the raw log's end: its first byte, it was just made
 

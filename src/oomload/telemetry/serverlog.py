@@ -24,6 +24,8 @@ grows, so a run cut short still has it. The rules:
 * **A size cap.** Past ``max_bytes`` copied, copying into ``server.log`` stops with one sentence; the
   follower keeps reading, and keeps the last ``tail_bytes`` in memory: ``text()`` ends with them and
   ``stop()`` appends them to ``server.log`` after a marker line, because a death is at the end.
+* **Sentences name what the user knows.** The source is ``the server log PATH`` in them, or what the
+  caller calls it (``shown``) when it reads the file through a path the user never gave.
 * **Failures are sentences.** A ``dest`` that cannot be opened or written stops the copy to disk (one
   sentence); the text is still followed in memory for ``text()``. Nothing here raises into the caller's
   thread once constructed; ``problems`` (and ``on_problem``, called from the follower's thread) get each
@@ -69,14 +71,18 @@ class ServerLogFollower:
         clock: Callable[[], float] = time.time,
         on_problem: Callable[[str], None] | None = None,
         secrets: Iterable[str | None] = (),
+        shown: str | None = None,
     ) -> None:
+        """``shown``: how the problem sentences name the source — ``the server log SOURCE`` unless the
+        caller reads it through a path the user never gave (``/proc/PID/fd/N``: ``RealVllmServer``)."""
         if poll_s <= 0 or max_bytes <= 0 or tail_bytes < 0:
             raise ConfigError(
                 "server log follower: poll_s and max_bytes must be > 0 and tail_bytes ≥ 0, got "
                 f"poll_s={poll_s}, max_bytes={max_bytes}, tail_bytes={tail_bytes}"
             )
+        self.shown = shown or f"the server log {source}"
         if source.resolve() == dest.resolve():
-            raise ConfigError(f"the server log {source} cannot be copied onto itself")
+            raise ConfigError(f"{self.shown} cannot be copied onto itself")
         self.source = source
         self.dest = dest
         self.poll_s = poll_s
@@ -113,7 +119,7 @@ class ServerLogFollower:
             try:
                 self._open_source(at_end=True)
             except OSError as err:
-                self._problem(f"cannot read the server log {self.source} ({_why(err)})")
+                self._problem(f"cannot read {self.shown} ({_why(err)})")
             self._thread = threading.Thread(target=self._run, name="oomload-serverlog", daemon=True)
             self._thread.start()
 
@@ -171,7 +177,7 @@ class ServerLogFollower:
             try:
                 self._poll()
             except OSError as err:  # unreadable for now (permissions, I/O): try again at the next poll
-                self._problem(f"cannot read the server log {self.source} ({_why(err)})")
+                self._problem(f"cannot read {self.shown} ({_why(err)})")
 
     def _poll(self) -> None:
         try:
@@ -180,17 +186,17 @@ class ServerLogFollower:
             if self._fh is not None:
                 self._drain()  # what the file got before it was removed
                 self._close_source()
-                self._problem(f"the server log {self.source} disappeared; waiting for it to come back")
+                self._problem(f"{self.shown} disappeared; waiting for it to come back")
             return
         if self._fh is None:
             self._open_source(at_end=False)
         elif (stat.st_dev, stat.st_ino) != self._ident:
             self._drain()  # what the old file got before it was moved away
             self._close_source()
-            self._problem(f"the server log {self.source} was replaced (rotated); reading the new file")
+            self._problem(f"{self.shown} was replaced (rotated); reading the new file")
             self._open_source(at_end=False)
         elif stat.st_size < self._fh.tell() or not self._same_head():
-            self._problem(f"the server log {self.source} was truncated; reading it again from its start")
+            self._problem(f"{self.shown} was truncated; reading it again from its start")
             self._fh.seek(0)
             self._head = b""
             self._newline()
@@ -213,7 +219,7 @@ class ServerLogFollower:
         try:
             handle = self.source.open("rb")
         except FileNotFoundError:
-            self._problem(f"the server log {self.source} does not exist yet; waiting for it to appear")
+            self._problem(f"{self.shown} does not exist yet; waiting for it to appear")
             return
         stat = os.fstat(handle.fileno())
         self._fh, self._ident, self._head = handle, (stat.st_dev, stat.st_ino), b""

@@ -135,3 +135,23 @@ def test_without_proc_links_the_raw_log_keeps_a_private_name_until_stop(
         assert server.log_path.read_text().count("INFO asked, and says *** again\n") == 1
     assert KEY not in server.log_path.read_text()
     assert list(temp.iterdir()) == []
+
+
+def test_a_sentence_about_the_unnamed_raw_log_names_the_servers_log_not_proc(
+    tmp_path: Path, temp: Path
+) -> None:
+    """The raw log is read through /proc/PID/fd/N, a path the user never gave: truncated under the
+    follower, its sentence says "the server's log" (before: "the server log /proc/…/fd/7 was …")."""
+    problems: list[str] = []
+    server = _server(tmp_path, SERVER, (KEY,))
+    server.on_log_problem = problems.append
+    with server:
+        raw = server._raw_source  # the follower's source: the test's one way to the unnamed file
+        assert raw is not None and str(raw).startswith("/proc/")
+        with open(raw, "r+b") as handle:  # reopens the unnamed file for writing
+            handle.truncate(0)
+        server.sync_log()
+        urllib.request.urlopen(server.url + "/say", timeout=10).close()
+        server.sync_log()
+        assert server.log_path.read_text().count("INFO asked, and says *** again\n") == 1  # still copied
+    assert problems == ["the server's log was truncated; reading it again from its start"]

@@ -389,6 +389,10 @@ def load_gate_file(path: str | Path) -> tuple[Gate, ...]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read gate file {path}: {err.strerror or err}") from err
+    except UnicodeDecodeError as err:  # TOML is UTF-8 (a UTF-16 file from an editor, a binary file)
+        raise ConfigError(
+            f"{path}: not a TOML file (byte {err.start} is not UTF-8; TOML files are UTF-8)"
+        ) from err
     return parse_gate_toml(text, source=str(path))
 
 

@@ -159,6 +159,14 @@ def test_gate_file_toml(tmp_path: Path) -> None:
         load_gate_file(tmp_path / "missing.toml")
 
 
+def test_gate_file_not_utf8_is_a_usage_error(tmp_path: Path) -> None:
+    """A gate file saved as UTF-16 (or a binary file) is one sentence (exit 2), not an internal error."""
+    path = tmp_path / "scenario.toml"
+    path.write_bytes('[gate]\nrules = ["no-oom-up-to:8"]\n'.encode("utf-16"))
+    with pytest.raises(ConfigError, match=r"scenario\.toml: not a TOML file \(byte 0 is not UTF-8"):
+        load_gate_file(path)
+
+
 rules = st.sampled_from(
     [
         "no-preemption-below:{n}",

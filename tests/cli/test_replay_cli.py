@@ -95,6 +95,21 @@ def test_the_odds_place_only_the_default_levels(trace: Path) -> None:
     assert not placed("--concurrency", "1,2,4") and not placed("--ramp", "linear:1:8:1")
 
 
+def test_a_gate_file_adds_its_rules_before_any_load(trace: Path, tmp_path: Path) -> None:
+    """The README's CI gate names ``--gate-file`` for replay: its rules join ``--gate``'s, and a bad one
+    is exit 2 before any load, as on ``report`` and ``compare``."""
+    from oomload.cli import build_parser
+    from oomload.cli.replay import build_config
+
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text('[gate]\nrules = ["no-oom-up-to:8", "error-rate<=1%"]\n')
+    flags = ["replay", str(trace), "--gate", "no-preemption-below:4", "--gate-file", str(scenario)]
+    config = build_config(build_parser().parse_args(flags))
+    assert config.gates == ("no-preemption-below:4", "no-oom-up-to:8", "error-rate<=1%")
+    scenario.write_text('[gate]\nrules = ["onset>=baseline"]\n')
+    assert main(["replay", str(trace), "--gate-file", str(scenario)]) == 2
+
+
 def test_missing_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err

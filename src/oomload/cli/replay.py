@@ -192,6 +192,7 @@ def register(subparsers: Any) -> None:
     out = p.add_argument_group("run")
     out.add_argument("--run-dir", type=Path, help="run directory (default: a new one under ./runs)")
     out.add_argument("--gate", action="append", default=[], metavar="EXPR", help="CI gate rule; repeatable")
+    out.add_argument("--gate-file", type=Path, metavar="FILE", help="TOML file with [gate] rules = [...]")
     out.add_argument(
         "--baseline",
         type=Path,
@@ -267,7 +268,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Rep
     from oomload.load.payload import parse_token_id_range
     from oomload.run.runner import DEMO_HOLD_S, DEMO_LEVELS, ReplayConfig
     from oomload.trace.model import read_trace_header
-    from oomload.verdict.gate import needs_baseline, parse_gate
+    from oomload.verdict.gate import load_gate_file, needs_baseline, parse_gate
 
     header = read_trace_header(args.trace)  # TraceFormatError (exit 2) before anything else
     args = _with_defaults(_check_partners(args))
@@ -331,6 +332,8 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Rep
     if soak_s is not None:
         hold_s = soak_s
     gates = tuple(args.gate)
+    if args.gate_file is not None:
+        gates += tuple(gate.text for gate in load_gate_file(args.gate_file))
     relative = needs_baseline([parse_gate(gate) for gate in gates])
     if relative and args.baseline is None:
         raise ConfigError(f"gate {relative[0]!r} compares with a baseline run: give --baseline RUN_DIR")

@@ -7,7 +7,8 @@ Both run directories are judged afresh (as ``oomload report`` judges them) and p
 the base run, absolute ones against the new run.
 
 Exit code, the first that applies: 2 — bad input (not a run directory, runs not comparable without
-``--allow-different-trace``, a bad rule, a file that cannot be written); 3 — a run has nothing to
+``--allow-different-trace``, a bad rule, an ``--out`` that is either run directory or inside the base
+run, a file that cannot be written); 3 — a run has nothing to
 judge (no measured step finished a request, or its requests mostly failed); 1 — a gate rule failed;
 4 — a gate rule lacked evidence; 0 — otherwise (regressions without ``--gate`` are reported, not
 failed).
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from oomload.cli.flags import add_format_flag, format_list
-from oomload.errors import ExitCode
+from oomload.errors import ConfigError, ExitCode
 
 
 def register(subparsers: Any) -> None:
@@ -95,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json and "json" not in files:
         files.append("json")
     out_dir = args.out if args.out is not None else new.path / "compare"
+    _check_out(out_dir, base.path, new.path)
     console = Console(file=sys.stderr) if args.json else Console(stderr=False)
     written = write_compare(out_dir, cmp, results, files, exit_code=int(code))
     if "terminal" in formats and not args.json:
@@ -104,3 +106,21 @@ def run(args: argparse.Namespace) -> int:
     elif written:
         print(f"oomload: wrote {', '.join(written)} in {out_dir} (exit code {int(code)})")
     return int(code)
+
+
+def _check_out(out_dir: Path, base: Path, new: Path) -> None:
+    """``ConfigError`` when ``--out`` would write into a run it compares: the base run (or a folder in
+    it: compare writes nothing there), or a run directory itself, whose own ``junit.xml`` compare's
+    would replace. The default, ``NEW_RUN/compare``, is neither."""
+    out = out_dir.resolve()
+    for run in (base, new):
+        if out == run.resolve():
+            raise ConfigError(
+                f"--out {out_dir} is the run directory {run}: compare's junit.xml would replace the run's "
+                f"own; name another directory (default: {new / 'compare'})"
+            )
+    if base.resolve() != new.resolve() and base.resolve() in out.parents:
+        raise ConfigError(
+            f"--out {out_dir} is inside the base run {base}: compare writes nothing into the base run; "
+            f"name another directory (default: {new / 'compare'})"
+        )

@@ -321,6 +321,23 @@ def test_bad_run_directories_are_one_sentence(tmp_path: Path, capsys: pytest.Cap
     assert "no such directory" in capsys.readouterr().err
 
 
+def test_out_into_a_run_it_compares_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--out`` naming either run directory would replace that run's own junit.xml with compare's, and
+    a folder in the base run breaks "compare writes nothing into the base run": exit 2, nothing written."""
+    base = _run(tmp_path / "b", onset=8, blocks=100)
+    new = _run(tmp_path / "n", onset=8, blocks=100)
+    for run in (base, new):
+        (run / "junit.xml").write_text("<the run's own/>")
+    for out in (base, new, base / "compare"):
+        assert _compare(base, new, "--out", out) == ExitCode.USAGE
+        err = capsys.readouterr().err
+        assert err.startswith("oomload: error: --out ") and err.count("\n") == 1, err
+    assert [(run / "junit.xml").read_text() for run in (base, new)] == ["<the run's own/>"] * 2
+    assert not (base / "compare").exists() and not (base / "compare.json").exists()
+    assert _compare(base, new, "--format", "json") == ExitCode.OK  # the default, NEW_RUN/compare
+    assert (new / "compare" / "compare.json").is_file()
+
+
 def test_a_run_cut_short_and_one_without_summary_are_compared(tmp_path: Path) -> None:
     """A run whose summary.json is missing is judged afresh (as ``report`` does); a run cut short is
     compared on what it measured, and the page says so in one sentence."""

@@ -215,29 +215,45 @@ def test_a_rate_target_is_measured_as_a_concurrency_and_proved_there(tmp_path: P
     assert _sim_servers(name) == []
 
 
-def test_no_candidate_starts_without_room_for_its_worst_case(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+@pytest.mark.parametrize(("target", "words"), [("--target-concurrency", "two"), ("--target-rate", "three")])
+def test_bounds_without_room_for_one_candidate_are_a_usage_error(
+    target: str, words: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """A candidate may take its start-up and two replays (its proof measured again): 30 + 2 × 40 s does
-    not fit 100 s, so nothing starts and the tune says the bound stopped it (before, a start-up and one
-    replay were reserved, and a tune could run past its bound)."""
-    argv = ["tune", str(FIXED), "--serve", SIM, "--target-concurrency", "4", "--run-dir", str(tmp_path / "t")]
+    """A candidate may take its start-up and two replays (its proof measured again; a rate target adds
+    its open-loop replay): 30 + 2 × 40 s does not fit 100 s. Before, nothing started and the tune said
+    "No candidate carried", exit 1, as if candidates had been measured; now one sentence, exit 2."""
+    out = tmp_path / "t"
+    argv = ["tune", str(FIXED), "--serve", SIM, target, "4", "--run-dir", str(out)]
     bounds = ["--max-duration-s", "100", "--startup-timeout-s", "30", "--replay-max-duration-s", "40"]
-    run([*argv, *bounds], capsys)
-    record = json.loads((tmp_path / "t" / "tune.json").read_text())
-    assert record["status"] == "bounded" and record["candidates"] == []
-    assert any("stopped by the wall-time bound (100 s)" in note for note in record["notes"])
+    code, _, err = run([*argv, *bounds], capsys)
+    assert code == 2, err
+    assert "--max-duration-s 100 leaves no room for one candidate, which may take" in err
+    assert f"{words} replays of --replay-max-duration-s 40" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()  # nothing started
 
 
 def test_report_on_a_tune_directory_refuses_a_replays_flags(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """`report TUNE_DIR --json | jq` got the table, and a --gate was dropped, exit 0: now one sentence."""
-    argv = ["tune", str(FIXED), "--serve", SIM, "--target-concurrency", "4", "--run-dir", str(tmp_path / "t")]
-    run(
-        [*argv, "--max-duration-s", "100", "--startup-timeout-s", "30", "--replay-max-duration-s", "40"],
-        capsys,
+    from oomload.tune.record import TuneRecord
+
+    (tmp_path / "t").mkdir()
+    record = TuneRecord(
+        serve_line=SIM,
+        kind="sim",
+        model="llama-3.1-8b",
+        target_concurrency=4,
+        trace_path=str(FIXED),
+        max_starts=8,
+        max_duration_s=1800.0,
+        slo_ttft_p99_s=None,
+        candidates=(),
+        status="bounded",
+        winner_index=None,
+        winner_line=None,
     )
+    (tmp_path / "t" / "tune.json").write_text(json.dumps(record.to_json()))
     for flags in (["--json"], ["--gate", "error-rate<=1%"], ["--format", "md"]):
         code, _, err = run(["report", str(tmp_path / "t"), *flags], capsys)
         assert code == 2 and f"is an `oomload tune` directory: {flags[0]}" in err, err

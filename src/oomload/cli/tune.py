@@ -170,6 +170,14 @@ def run(args: argparse.Namespace) -> int:
         target_rate_rps=rate,
         max_num_seqs_given=args.max_num_seqs is not None,
     )
+    worst_s = config.candidate_worst_case_s(measuring_rate=rate is not None)
+    if config.max_duration_s < worst_s:  # else the tune stops before its first start, "no candidate carried"
+        raise ConfigError(
+            f"--max-duration-s {config.max_duration_s:g} leaves no room for one candidate, which may take "
+            f"{worst_s:g} s (its start-up, --startup-timeout-s {config.startup_timeout_s:g}, and "
+            f"{'three' if rate is not None else 'two'} replays of --replay-max-duration-s "
+            f"{config.replay_max_duration_s:g}): raise --max-duration-s or lower those two"
+        )
     console = Console()
     record = run_tune(config, console)
     write_tune_reports(config.run_dir, record, console)

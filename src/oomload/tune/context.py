@@ -34,6 +34,12 @@ class TuneConfig:
     target_rate_rps: float | None = None  # --target-rate: translated to a concurrency (oomload.tune.rate)
     max_num_seqs_given: bool = False  # the user gave the ladder: a measured rate target keeps it
 
+    def candidate_worst_case_s(self, *, measuring_rate: bool) -> float:
+        """The longest one candidate may take: its start-up and two replays (its proof measured again),
+        and first the rate's open-loop replay while the rate target is being measured."""
+        replays = 2 + (1 if measuring_rate else 0)
+        return self.startup_timeout_s + replays * self.replay_max_duration_s
+
 
 @dataclass(frozen=True)
 class TuneContext:

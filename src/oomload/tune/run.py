@@ -133,9 +133,7 @@ def _run_tune(config: TuneConfig, console: Console | None) -> TuneRecord:
             if proposal is None:
                 break
             left_s = config.max_duration_s - (time.monotonic() - started_at)
-            # a candidate's worst case: its start, its proof measured again, and the rate's replay first
-            replays = 2 + (1 if ctx.waiting_for_rate else 0)
-            if left_s < config.startup_timeout_s + replays * config.replay_max_duration_s:
+            if left_s < config.candidate_worst_case_s(measuring_rate=ctx.waiting_for_rate):
                 notes.append(
                     f"stopped by the wall-time bound ({config.max_duration_s:.0f} s) "
                     "before the next candidate"

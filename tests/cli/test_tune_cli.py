@@ -68,6 +68,24 @@ def test_a_serve_line_that_exits_at_once_is_exit_3_with_its_own_words(tmp_path: 
     assert _sim_servers(name) == []
 
 
+def test_weights_that_do_not_fit_the_first_start_are_exit_3_as_documented(tmp_path: Path) -> None:
+    """docs/tune.md: "weights do not fit / other error — stop (on the first start: exit 3)". The first
+    candidate has the ladder's most memory, so no candidate can hold the weights; before, the tune
+    printed "No candidate carried", exit 1, as if a candidate had been measured."""
+    name = _name("weights-too-big")
+    marker = f"--served-model-name {name}"
+    result = oomload(
+        "tune", str(FIXED), "--serve", f"oomload sim serve --model llama-3.1-70b --gpu l4 {marker}",
+        "--target-concurrency", "4", "--run-dir", str(tmp_path / "t"),
+    )  # fmt: skip
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "the --serve command did not start (exit status 2)" in result.stderr
+    assert "Failed to load model - not enough GPU memory" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert json.loads((tmp_path / "t" / "tune.json").read_text())["status"] == "stopped"
+    assert _sim_servers(name) == []
+
+
 @pytest.mark.slow
 def test_tune_finds_proves_and_reports_the_winner_after_a_failed_start(tmp_path: Path) -> None:
     """4 GiB used by other processes: 0.9 cannot start; at 0.8 the pool (≈ 826 blocks of 16) holds 25

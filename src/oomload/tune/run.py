@@ -34,7 +34,8 @@ quoted — a replay that cannot write is no finding about the candidate), ``tune
 ``ServeStartError``) leaves ``tune.json`` saying ``stopped`` and why, when that still fits.
 
 Errors that are not findings: a ``--serve`` line whose *first* start fails for a reason that is not a
-memory setting (it is not vLLM, it exits at once, it never answers) is ``ServeStartError`` (exit 3,
+memory setting (it is not vLLM, it exits at once, it never answers) or of weights that do not fit the
+ladder's most memory (``_UNTUNABLE``) is ``ServeStartError`` (exit 3,
 the log's line quoted); a ``--host`` this machine cannot listen on (not one of its addresses, no
 such name) or a ``--port`` already in use is a usage error (exit 2), found before anything starts
 (``realvllm.server.check_listen_address``, which ``oomload tune`` runs on its flags before it calls
@@ -82,6 +83,8 @@ from oomload.tune.stops import death_stop, evidence_stop
 __all__ = ["TuneConfig", "run_tune"]
 
 SERVER_LOG = "server.log"
+# a first start that fails of these fails on every candidate: the first has the ladder's most memory
+_UNTUNABLE = frozenset({StartCause.OTHER, StartCause.WEIGHTS})
 
 
 def run_tune(config: TuneConfig, console: Console | None = None) -> TuneRecord:
@@ -241,7 +244,7 @@ def _run_candidate(
     with _started(server) as start_error:
         if start_error is not None:  # stopped: its whole log, without secrets (so is the error)
             failure = classify_startup_failure(server.log_text().strip() or start_error)
-            if first and failure.cause is StartCause.OTHER:
+            if first and failure.cause in _UNTUNABLE:
                 raise ServeStartError(
                     f"the --serve command did not start ({_exit_text(server.exit_code)}): "
                     f"{failure.message} (log: {server.log_path})"

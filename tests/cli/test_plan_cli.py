@@ -103,6 +103,29 @@ def test_plan_text_keeps_a_covering_max_model_len_and_shows_refusals_per_level(
     assert "Arithmetic band" in out and "Checked with --max-model-len" in out
 
 
+def test_a_trace_whose_every_prompt_is_refused_shows_no_level_safe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every prompt longer than max_model_len: each level refused all its requests and put nothing in the
+    KV pool. Before, the plan said "last safe concurrency: 256" and "the KV pool holds the highest
+    concurrency tried"; a level that finished no request is no evidence that it is safe."""
+    path = tmp_path / "huge.jsonl"
+    records = [
+        TraceRecord(id=f"r{i}", arrival_s=i, prompt_tokens=200_000 + i, output_tokens=80) for i in range(3)
+    ]
+    write_trace(path, records, TraceHeader(format="synthetic"))
+    base = ["plan", str(path), "--model", "llama-3.1-8b", "--gpu", "l4", "--concurrency", "1,4,16"]
+    assert main([*base, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [lv["requests_finished"] for lv in doc["levels"]] == [0, 0, 0]
+    assert doc["last_safe_concurrency"] is None and doc["check"]["last_safe_concurrency"] is None
+    assert main(base) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps at 80 columns
+    assert "last safe concurrency: unknown (no level finished a request)" in out
+    assert "the KV pool holds the highest concurrency tried" not in out
+    assert "Note: no level finished a request: every prompt is at least max_model_len 8,192 tokens" in out
+
+
 def test_plan_gives_both_prompt_shapes_for_a_shared_prefix_trace(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -21,6 +21,7 @@ from oomload.errors import ConfigError, ExitCode
 
 if TYPE_CHECKING:
     from oomload.capacity.odds import LevelOdds
+    from oomload.sim.planner import LevelResult
 
 
 def register(subparsers: Any) -> None:
@@ -182,7 +183,7 @@ def _print(result: Any, startup: list[str], trace_count: int) -> None:
     a = result.arithmetic
     console.print(
         f"Preemption onset: [bold]{result.onset_concurrency or 'none'}[/]; last safe concurrency: "
-        f"{result.last_safe_concurrency}; KV pool full (≥ 99 %) from: "
+        f"{_safe(result.last_safe_concurrency, result.levels)}; KV pool full (≥ 99 %) from: "
         f"{result.saturation_concurrency or 'never'}; modelled OOM: {result.oom_concurrency or 'none'}"
     )
     worst = result.arithmetic_worst_case
@@ -272,10 +273,20 @@ def _print_advice(console: Any, result: Any) -> None:
         console.print(
             f"Checked with --max-model-len {check.max_model_len:,} (every level again): preemption "
             f"onset {check.onset_concurrency or 'none'}, last safe concurrency "
-            f"{check.last_safe_concurrency}, modelled OOM {check.oom_concurrency or 'none'}; refuses "
+            f"{_safe(check.last_safe_concurrency, check.levels)}, "
+            f"modelled OOM {check.oom_concurrency or 'none'}; refuses "
             f"{check.trace_refused:,} of the {result.trace_requests:,} trace requests "
             f"({_share(check.trace_refused, result.trace_requests)})"
         )
+
+
+def _safe(level: int | None, levels: Sequence[LevelResult]) -> str:
+    """The last safe level in words: unknown when no level finished a request, none when the lowest broke."""
+    from oomload.sim.planner import served_nothing
+
+    if level is not None:
+        return str(level)
+    return "unknown (no level finished a request)" if served_nothing(levels) else "none"
 
 
 def _band(band: tuple[int, int]) -> str:

@@ -337,13 +337,24 @@ def sweep(
 
 
 def onsets(results: Sequence[LevelResult]) -> tuple[int | None, int | None, int | None]:
-    """(first level with a preemption, last level below it and below any OOM, first OOM level)."""
+    """(first level with a preemption, last level below it and below any OOM, first OOM level). A level
+    that finished no request (every prompt refused as longer than ``max_model_len``) put nothing in the
+    KV pool: it is no evidence that its concurrency is safe."""
     onset = next((lv.concurrency for lv in results if lv.preemptions > 0), None)
     oom_at = next((lv.concurrency for lv in results if lv.oom), None)
     bad = [c for c in (onset, oom_at) if c is not None]
     first_bad = min(bad) if bad else None
-    safe = [lv.concurrency for lv in results if first_bad is None or lv.concurrency < first_bad]
+    safe = [
+        lv.concurrency
+        for lv in results
+        if (first_bad is None or lv.concurrency < first_bad) and lv.requests_finished > 0
+    ]
     return onset, (max(safe) if safe else None), oom_at
+
+
+def served_nothing(results: Sequence[LevelResult]) -> bool:
+    """Whether no level finished a request: the trace's prompts are all longer than ``max_model_len``."""
+    return bool(results) and all(lv.requests_finished == 0 for lv in results)
 
 
 def plan(
@@ -427,7 +438,13 @@ def plan(
             f"modelled CUDA OOM at concurrency {oom_at or rec_oom}: lower gpu_memory_utilization or "
             "drop overrides"
         )
-    if rec_onset is None and rec_oom is None:
+    if served_nothing(results):
+        notes.append(
+            f"no level finished a request: every prompt is at least max_model_len {cfg.max_model_len:,} "
+            "tokens and was refused, so the levels put nothing in the KV pool and no concurrency is "
+            "shown safe"
+        )
+    elif rec_onset is None and rec_oom is None:
         notes.append("no preemption at any level: the KV pool holds the highest concurrency tried")
     rec_seqs = rec_safe if (rec_onset is not None or rec_oom is not None) else None
     flags = [f"vllm serve {shlex.quote(built.model.name)}", f"--max-model-len {advice.max_model_len}"]

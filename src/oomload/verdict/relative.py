@@ -17,9 +17,11 @@ metric (per step with ``@C``, over the run without).
 
 Evidence, as for every gate rule: a rule passes only on evidence, and missing evidence — a value
 either run did not measure — is *not evaluated*, never a pass. So is every rule but ``kv-blocks`` (the
-server's own pool) when the two runs sent different traffic from their trace (``Verdict.traffic``:
-shared prefixes or distinct prompts, ``--only-fitting``, ``--tail-percentile``, ``--open-loop``): the
-same server preempts earlier under distinct prompts, so such an onset says nothing about the release.
+server's own pool) when the two runs replayed different traces (``RunInfo.trace_sha256``, their
+``provenance.json`` digests, as ``oomload compare`` checks), or sent different traffic from their trace
+(``Verdict.traffic``: shared prefixes or distinct prompts, ``--only-fitting``, ``--tail-percentile``,
+``--open-loop``): the same server preempts earlier under distinct prompts, so such an onset says nothing
+about the release.
 
 * ``onset`` (``>=`` or ``>`` only: an onset is bounded from below). A run without an onset counts
   as clean up to its highest level judged for preemption (``Verdict.preemption_judged_up_to``: a
@@ -156,7 +158,10 @@ class RelativeRule:
             return GateResult(
                 self, GateStatus.NOT_EVALUATED, "a rule relative to a baseline needs one (--baseline RUN_DIR)"
             )
-        if self.quantity != "kv-blocks" and baseline.traffic != verdict.traffic:  # the pool is the server's
+        other_trace = _other_trace(verdict, baseline)
+        if self.quantity != "kv-blocks" and other_trace is not None:  # the pool is the server's
+            return GateResult(self, GateStatus.NOT_EVALUATED, other_trace)
+        if self.quantity != "kv-blocks" and baseline.traffic != verdict.traffic:
             return GateResult(
                 self,
                 GateStatus.NOT_EVALUATED,
@@ -303,6 +308,15 @@ def _unlike_runs(verdict: Verdict, baseline: Verdict) -> str | None:
         levels = (", ".join(map(str, v.levels)) or "none" for v in (baseline, verdict))
         return "the runs measured different levels ({} against {})".format(*levels)
     return None
+
+
+def _other_trace(verdict: Verdict, baseline: Verdict) -> str | None:
+    """Why the baseline's onset, levels and latencies say nothing of this run's: it replayed another trace
+    (their ``provenance.json`` digests differ; ``None`` when they agree or a run has none)."""
+    new, base = verdict.run.trace_sha256, baseline.run.trace_sha256
+    if new is None or base is None or new == base:
+        return None
+    return f"the baseline replayed another trace (sha256 {base[:12]}…, this run {new[:12]}…)"
 
 
 def _onset(verdict: Verdict) -> int | None:

@@ -65,6 +65,7 @@ class RunInfo:
     max_num_seqs: int | None = None  # the server's cap on running sequences: its serve line's, else its log's
     serve_args: tuple[str, ...] = ()  # what ``vllm serve`` was given for the model (config.json)
     served_line: str | None = None  # ``--serve``'s line, else ``--served-with``'s, secrets as ``***``
+    trace_sha256: str | None = None  # the trace file's digest (provenance.json; None: an older run)
 
 
 def run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | None) -> RunInfo:
@@ -110,6 +111,7 @@ def run_info(view: RunView, steps: Sequence[StepFacts], death: EngineDeath | Non
         api=config.api,
         exact_output=config.exact_output,
         config_note=view.config_note,
+        trace_sha256=view.trace_sha256,
     )
 
 

@@ -32,7 +32,7 @@ import bisect
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from oomload.capacity.odds import LevelOdds
 from oomload.errors import ConfigError, TraceFormatError
 from oomload.outcome import RequestResult
 from oomload.rundir import RunReader
+from oomload.rundir.provenance import read_provenance
 from oomload.rundir.records import (
     CacheConfig,
     EventRow,
@@ -100,6 +101,7 @@ class RunView:
     server_memory: tuple[ServerMemoryRow, ...] = ()  # server_memory.jsonl: the server's host memory
     server_log: str | None = None  # server.log: the server's own words during the run (its tail)
     server_exit_status: int | None = None  # server_exit.json: how a server oomload started ended
+    trace_sha256: str | None = None  # provenance.json's digest of the trace file (None: an older run)
 
     @property
     def trace_prompt_tokens(self) -> tuple[int, ...]:
@@ -182,7 +184,8 @@ def load_run(path: str | Path) -> RunView:
         )
     except (TypeError, ValueError, KeyError) as err:
         raise ConfigError(f"{reader.path} holds malformed run data ({err})") from err
-    return view
+    provenance = read_provenance(reader.path)
+    return view if provenance is None else replace(view, trace_sha256=provenance.trace_sha256)
 
 
 def assemble_run(

@@ -186,6 +186,29 @@ def test_a_baseline_that_sent_other_traffic_judges_only_the_pool(tmp_path: Path)
     assert results["kv-blocks>=baseline*0.95"].status is GateStatus.FAIL
 
 
+def test_a_baseline_of_another_trace_judges_only_the_pool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``compare`` refuses two runs of different traces (exit 2); ``report --baseline`` (and ``replay
+    --baseline``) judged its relative rules anyway — an onset rule passed, a latency rule failed, on two
+    runs of different traffic. Now they are not evaluated, as against a baseline that sent other traffic;
+    the pool, the server's own, is still compared."""
+    base = _run(tmp_path / "b", onset=6, blocks=100)
+    new = _run(tmp_path / "n", onset=8, blocks=100)
+    for run, text in ((base, b"last month's trace\n"), (new, b"this month's trace\n")):
+        trace = run / "source.jsonl"
+        trace.write_bytes(text)
+        record = Provenance("0.1.0", str(trace), file_sha256(trace), 20, (2, 4, 6, 8), 3, None, None)
+        (run / "provenance.json").write_text(json.dumps(record.to_json()))
+    rules = ["--gate", "onset>=baseline", "--gate", "kv-blocks>=baseline"]
+    code = main(["report", str(new), "--baseline", str(base), *rules, "--format", "json"])
+    assert code == ExitCode.GATE_NOT_EVALUATED, capsys.readouterr()
+    gates = {g["rule"]: g for g in json.loads((new / "summary.json").read_text())["gates"]}
+    assert gates["onset>=baseline"]["status"] == "not_evaluated"
+    assert gates["onset>=baseline"]["reason"].startswith("the baseline replayed another trace (sha256 ")
+    assert gates["kv-blocks>=baseline"]["status"] == "pass"
+
+
 def test_a_relative_rule_without_a_baseline_is_exit_2(
     runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -86,6 +86,26 @@ def test_weights_that_do_not_fit_the_first_start_are_exit_3_as_documented(tmp_pa
     assert _sim_servers(name) == []
 
 
+@pytest.mark.slow  # 20 s: two starts, one replay
+def test_max_starts_before_the_search_is_done_says_so(tmp_path: Path) -> None:
+    """--max-starts 2: 0.9 cannot start, 0.8 preempts at the target; the search's next candidate (the
+    odds' first guess) never runs. Before, tune.json said "finished" with no note; now "bounded", and
+    the note names the bound and the candidate it left out."""
+    out = tmp_path / "t"
+    name = _name("tune-max-starts")
+    marker = f"--served-model-name {name}"
+    result = oomload(
+        "tune", str(FIXED), "--serve", f"{SIM} --other-process-gib 4 {marker}",
+        "--target-concurrency", "32", "--utilization", "0.9,0.8", "--max-starts", "2", "--run-dir", str(out),
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    record = json.loads((out / "tune.json").read_text())
+    assert len(record["candidates"]) == 2 and record["status"] == "bounded", record["notes"]
+    assert record["notes"][-1].startswith("stopped at --max-starts 2 before the search was done: the next ")
+    assert "raise --max-starts to go on" in " ".join(result.stdout.split())
+    assert _sim_servers(name) == []
+
+
 @pytest.mark.slow
 def test_tune_finds_proves_and_reports_the_winner_after_a_failed_start(tmp_path: Path) -> None:
     """4 GiB used by other processes: 0.9 cannot start; at 0.8 the pool (≈ 826 blocks of 16) holds 25

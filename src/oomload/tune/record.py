@@ -36,9 +36,10 @@ class TuneRecord:
     max_duration_s: float
     slo_ttft_p99_s: float | None
     candidates: tuple[Candidate, ...]
-    # "running" | "finished" | "interrupted" | "bounded" (the wall-time bound ended it) | "stopped" (an
-    # error ended it, e.g. a full disk: the last note says which) | "no_evidence" (the last candidate's
-    # steps held neither the target nor its cap: the last note says why, the load host or the server)
+    # "running" | "finished" | "interrupted" | "bounded" (the wall-time bound, or --max-starts before the
+    # search was done, ended it) | "stopped" (an error ended it, e.g. a full disk: the last note says
+    # which) | "no_evidence" (the last candidate's steps held neither the target nor its cap: the last note
+    # says why, the load host or the server)
     status: str
     winner_index: int | None = None
     winner_line: str | None = None

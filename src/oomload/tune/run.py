@@ -78,7 +78,7 @@ from oomload.tune.rate import RateTarget
 from oomload.tune.record import TuneRecord
 from oomload.tune.search import Candidate, next_proposal, pick_winner, seqs_ladder
 from oomload.tune.startup import StartCause, classify_startup_failure
-from oomload.tune.stops import death_stop, evidence_stop
+from oomload.tune.stops import death_stop, evidence_stop, starts_stop
 
 __all__ = ["TuneConfig", "run_tune"]
 
@@ -169,6 +169,9 @@ def _run_tune(config: TuneConfig, console: Console | None) -> TuneRecord:
                 notes.append(stop)
             elif (died := death_stop(history)) is not None:
                 notes.append(died)
+            elif (cut := starts_stop(ctx.space, ctx.target, history)) is not None:
+                status = "bounded"  # the winner, if any, is the best so far, not the boundary
+                notes.append(cut)
     except KeyboardInterrupt:
         status = "interrupted"
         notes.append("interrupted (Ctrl-C): the server was stopped; the table holds the candidates so far")

@@ -5,13 +5,17 @@
   The search never steps down for want of evidence.
 * ``death_stop`` — the last candidate's engine died of something no memory setting answers: a crash,
   a kill from outside, or no known cause (``Proof.died_of_memory``).
+* ``starts_stop`` — ``--max-starts`` ended the search while its rules still had a next candidate (a
+  boundary not yet bisected, headroom not yet seen): the winner, if any, is the best so far, not the
+  boundary.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
-from oomload.tune.search import Candidate
+from oomload.tune.search import Candidate, SearchSpace, next_proposal
 
 
 def evidence_stop(history: Sequence[Candidate]) -> str | None:
@@ -47,4 +51,18 @@ def death_stop(history: Sequence[Candidate]) -> str | None:
     return (
         f"candidate {last.index}'s engine died of {proof.death_kind}, not of memory ({proof.evidence}): "
         f"no memory setting answers that; the tune stopped (its server log is in {proof.run_dir})"
+    )
+
+
+def starts_stop(space: SearchSpace, target: int | None, history: Sequence[Candidate]) -> str | None:
+    """Why the search ended before its rules did: ``--max-starts`` was reached while they still named a
+    next candidate; ``None`` otherwise."""
+    if not history or len(history) < space.max_starts:
+        return None
+    more = next_proposal(replace(space, max_starts=len(history) + 1), target, history)
+    if more is None:
+        return None
+    return (
+        f"stopped at --max-starts {space.max_starts} before the search was done: the next candidate "
+        f"would have been {more.settings.label()} ({more.rule}); raise --max-starts to go on"
     )

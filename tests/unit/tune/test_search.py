@@ -15,6 +15,7 @@ from oomload.tune.search import (
     utilization_ladder,
 )
 from oomload.tune.startup import StartCause, StartupFailure
+from oomload.tune.stops import starts_stop
 
 GIB = 1024**3
 SPACE = SearchSpace(
@@ -128,6 +129,26 @@ def test_the_start_bound_is_respected_and_no_carrier_means_no_winner() -> None:
     history = [_proved(1, first, _proof(preempted=True, safe=2))]
     assert next_proposal(bounded, 8, history) is None
     assert pick_winner(bounded, history, 8) is None
+
+
+def test_max_starts_in_the_middle_of_a_bisection_is_said_not_hidden() -> None:
+    """`tune --max-starts 4` without a target: 256 preempted, 5 carried, 130 and 67 preempted — the
+    bisection between 5 and 67 was not done, yet the tune said "status finished" with no note, and its
+    winner (5) read as the boundary. ``starts_stop`` names the bound and the next candidate."""
+    space = replace(SPACE, max_num_seqs=(1, 2, 4, 8, 16, 32), max_starts=3)
+    at = Settings(gpu_memory_utilization=0.95)
+    history = [
+        _proved(1, replace(at, max_num_seqs=32), _proof(preempted=True, safe=4)),
+        _proved(2, replace(at, max_num_seqs=4), _proof(preempted=False)),
+        _proved(3, replace(at, max_num_seqs=18), _proof(preempted=True)),
+    ]
+    assert next_proposal(space, None, history) is None  # the bound ends the search …
+    said = starts_stop(space, None, history)
+    assert said is not None and said.startswith("stopped at --max-starts 3 before the search was done: ")
+    assert "the next candidate would have been --gpu-memory-utilization 0.95 --max-num-seqs 11" in said
+    assert starts_stop(replace(space, max_starts=8), None, history) is None  # … not its own rules
+    done = [*history[:2], _proved(3, replace(at, max_num_seqs=5), _proof(preempted=True))]
+    assert starts_stop(space, None, done) is None  # 4 carried, 5 preempted: the boundary is found
 
 
 def test_the_winner_prefers_more_memory_then_more_seqs() -> None:

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
 def _history(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from oomload.report.history import history_of, print_history, write_history
+    from oomload.report.history import HISTORY_FILES, history_of, print_history, write_history
 
     if args.gate or args.gate_file or args.baseline or args.json:
         raise ConfigError(
@@ -154,9 +154,13 @@ def _history(args: argparse.Namespace) -> int:
         )
     if args.level is not None and args.level <= 0:
         raise ConfigError(f"--level must be a concurrency level > 0, got {args.level}")
+    allowed = ("terminal", *HISTORY_FILES)
+    formats = list(allowed) if args.format == REPORT_FORMATS else format_list(args.format, allowed)
     history = history_of(args.run_dir, args.level)
     out = args.out if args.out is not None else Path("history")
-    print_history(Console(stderr=False), history)
-    written = write_history(out, history)
-    print(f"oomload: wrote {', '.join(written)} in {out}")
+    if "terminal" in formats:
+        print_history(Console(stderr=False), history)
+    written = write_history(out, history, [f for f in formats if f != "terminal"])
+    if written:
+        print(f"oomload: wrote {', '.join(written)} in {out}")
     return 0

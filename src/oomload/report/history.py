@@ -325,11 +325,14 @@ def plot_history(h: History) -> bytes:
     return _png(fig)
 
 
-def write_history(out_dir: Path, h: History) -> list[str]:
-    """``history.json``, ``history.md`` and ``history.html`` into ``out_dir``; the names written.
-    ``OutputWriteError`` at the first that cannot be written, naming what was written before it."""
+def write_history(out_dir: Path, h: History, formats: Sequence[str] = tuple(HISTORY_FILES)) -> list[str]:
+    """``history.json``, ``history.md`` and ``history.html`` (those of ``formats``) into ``out_dir``; the
+    names written. ``OutputWriteError`` at the first that cannot be written, naming what was written
+    before it."""
     written: list[str] = []
     for fmt, name in HISTORY_FILES.items():
+        if fmt not in formats:
+            continue
         if fmt == "json":
             text = json.dumps(h.to_json(), indent=2, allow_nan=False) + "\n"
         else:

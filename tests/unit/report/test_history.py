@@ -82,6 +82,20 @@ def test_the_cli_writes_the_page_from_a_directory_of_runs(
     assert "vLLM 0.33.0" in capsys.readouterr().out
 
 
+def test_format_picks_the_history_files_as_it_picks_a_reports(
+    releases: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`report --history RUNS --format md` wrote history.json, .md and .html and printed the table: the
+    flag was silently ignored. Now it picks the outputs (terminal, json, md, html), and one that a
+    history has not (junit) is exit 2."""
+    out = tmp_path / "page"
+    assert main(["report", "--history", str(releases), "--out", str(out), "--format", "md"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["history.md"]
+    assert capsys.readouterr().out == f"oomload: wrote history.md in {out}\n"
+    assert main(["report", "--history", str(releases), "--out", str(out), "--format", "junit"]) == 2
+    assert "--format 'junit': allowed values are terminal, json, md, html" in capsys.readouterr().err
+
+
 def test_another_trace_is_marked_and_nothing_is_read_across_it(releases: Path) -> None:
     other = releases / "d-other"
     _run(other, onset=4, blocks=50, version="0.34.0", day=40)

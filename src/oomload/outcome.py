@@ -76,7 +76,52 @@ class RequestResult:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> RequestResult:
+        """A ``requests*.jsonl`` line; ``KeyError``/``ValueError``/``TypeError`` for one that is not a
+        result — a missing field, an unknown outcome, or a field of another kind (``"x"`` for a time,
+        ``null`` for a length): such a line would otherwise break the verdict's arithmetic."""
         data = dict(obj)
         data["outcome"] = Outcome(data["outcome"])
         known = cls.__dataclass_fields__
+        for name, kind in _FIELD_KINDS.items():
+            value = data.get(name)
+            if (value is not None or name in _REQUIRED) and not _is_kind(value, kind):
+                raise TypeError(f"{name} is {value!r}, not {kind}")
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+_REQUIRED = frozenset(
+    {
+        "request_id",
+        "step",
+        "concurrency",
+        "start_unix_s",
+        "end_unix_s",
+        "prompt_tokens_asked",
+        "output_tokens_asked",
+    }
+)
+_FIELD_KINDS = {
+    "request_id": "str",
+    "step": "int",
+    "concurrency": "int",
+    "start_unix_s": "number",
+    "end_unix_s": "number",
+    "prompt_tokens_asked": "int",
+    "output_tokens_asked": "int",
+    "usage_prompt_tokens": "int",
+    "usage_completion_tokens": "int",
+    "ttft_ms": "number",
+    "tpot_ms": "number",
+    "itl_max_ms": "number",
+    "e2e_ms": "number",
+    "http_status": "int",
+    "error": "str",
+}
+
+
+def _is_kind(value: object, kind: str) -> bool:
+    if kind == "str":
+        return isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) if kind == "int" else True

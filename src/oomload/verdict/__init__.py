@@ -22,6 +22,7 @@ Read in this order:
 9. ``gate`` — CI rules judged against the verdict; ``gatesignals`` — what a rule can name;
    ``gateresult`` — a rule's result; ``relative`` — rules bounded by a baseline run's verdict, with
    ``shift`` — whether an onset or a latency moved between two runs beyond noise (the statistics);
+   ``lastsafe`` — the range the true last safe level lies in, and a rule on it judged over that range;
 10. ``trend`` — a soak's memory series: growing, levelled off, flat, shrinking or inconclusive, and when
     it meets its limit; ``trendfit`` — the line through its bin means and its noise model; ``studentt``
     — Student's t (cdf, quantile) for its interval, exact, without scipy.

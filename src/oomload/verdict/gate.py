@@ -42,8 +42,10 @@ mostly failed exits 3 (``oomload.report.run_exit_code``):
 * A run-wide threshold (``error-rate<=0.1%``, ``max-kv-usage<0.95``, ``preemptions==0``) on a run
   that was cut short, or with a step whose requests mostly failed, is judged on the part measured: a
   violation fails, a pass is *not evaluated* (the levels never reached, or never loaded, could change
-  it). ``last-safe-concurrency`` is built from trusted steps
-  only and is judged as is.
+  it). ``last-safe-concurrency`` is judged over the range the measurements put the true last safe
+  level in (``oomload.verdict.lastsafe``: from the last safe level found to one below the first level
+  that broke or queued): it passes when every value there meets the bound, fails when none does, and
+  is not evaluated when the levels in between were never judged.
 
 Values are shown in the rule's own unit (``error-rate<=0.1%`` prints ``0.54 %``); ``observed`` in
 ``GateResult.to_json`` is in the metric's base unit, named by ``unit``.
@@ -77,6 +79,7 @@ from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, Op, rule_int
 from oomload.verdict.gateresult import GateResult as GateResult  # re-exported
 from oomload.verdict.gateresult import GateStatus as GateStatus  # re-exported
 from oomload.verdict.gatesignals import EVENTS, METRICS, PREEMPTION, SHARE_METRICS, Event, Metric
+from oomload.verdict.lastsafe import LastSafeRange, judge
 from oomload.verdict.relative import RelativeRule, is_relative
 from oomload.verdict.verdict import StepFacts, Verdict
 
@@ -221,6 +224,8 @@ class RunThreshold(_Threshold):
     def evaluate(self, verdict: Verdict) -> GateResult:
         assert self.metric.of_run is not None  # parse_gate accepts run-wide metrics only
         name = self.metric.name
+        if name == LAST_SAFE:
+            return self._last_safe(verdict)
         where = "over the run"
         observed = self.metric.of_run(verdict)
         if observed is None:
@@ -244,6 +249,21 @@ class RunThreshold(_Threshold):
                 observed=observed,
             )
         return GateResult(self, *self._judged(observed, where), observed=observed)
+
+    def _last_safe(self, verdict: Verdict) -> GateResult:
+        """The last safe level judged over its range (``oomload.verdict.lastsafe``)."""
+        value = LastSafeRange.of(verdict)
+        status = judge(value, self.op, self.threshold)
+        text = f"{self.metric.name} = {value.words()}"
+        if status is GateStatus.FAIL:
+            text += f", not {self.op} {self.show(self.threshold)}"
+        elif status is GateStatus.NOT_EVALUATED:
+            text += f": judge the levels that could meet {self.op} {self.show(self.threshold)}"
+        observed = None if verdict.last_safe_concurrency is None else float(verdict.last_safe_concurrency)
+        return GateResult(self, status, text, observed=observed)
+
+
+LAST_SAFE = "last-safe-concurrency"
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,8 +36,12 @@ about the release.
   cut short, no step whose requests mostly failed) that measured the same levels: else a total over
   other levels would pass or fail on what was not measured. A metric at ``@C`` is read from each run
   as the absolute rule reads it: its trusted steps at C that decided a request, the worst of them
-  (the highest against an upper bound). ``last-safe`` of a run that broke at its lowest level is
-  below that level: it fails a bound that even the level below misses.
+  (the highest against an upper bound). ``last-safe`` is judged over this run's range
+  (``oomload.verdict.lastsafe``: its true last safe level lies between its last safe level and one
+  below its first level that broke or queued) against the bound from the level the baseline proved
+  safe: it passes when it holds whatever the value, fails when it holds for none (a run that broke at
+  its lowest level ``B`` is below ``B``), and is not evaluated when levels in between were never judged
+  (a run cut short, a gap not refined).
 * ``no-new-death`` fails when this run's engine died at a level where the baseline's did not (the
   baseline survived it, or died higher), and is not evaluated when the baseline never ran that
   level; it passes when neither died over the levels the baseline measured — this run reached the
@@ -54,7 +58,7 @@ from dataclasses import dataclass
 from oomload.errors import ConfigError
 from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, GateResult, GateStatus, Op, as_op, rule_int
 from oomload.verdict.gatesignals import METRICS, Metric
-from oomload.verdict.levels import broke_at_lowest
+from oomload.verdict.lastsafe import LastSafeRange, judge
 from oomload.verdict.shift import onset_shift
 from oomload.verdict.verdict import Verdict
 
@@ -172,15 +176,9 @@ class RelativeRule:
             return self._onset(verdict, baseline)
         if self.quantity == "new-death":
             return self._new_death(verdict, baseline)
-        name, new, base = self._values(verdict, baseline)
-        lowest = None
         if self.quantity == "last-safe":
-            lowest = broke_at_lowest(
-                verdict.last_safe_concurrency, verdict.first_unsafe_concurrency, verdict.levels
-            )
-        if base is not None and lowest is not None and not OPERATORS[self.op](lowest - 1, self.bound(base)):
-            text = f"no last safe concurrency: the lowest level tested ({lowest}) already broke"
-            return GateResult(self, GateStatus.FAIL, f"{text}, against the baseline's {_num(base)}")
+            return self._last_safe(verdict, baseline)
+        name, new, base = self._values(verdict, baseline)
         if base is None or new is None:
             which = " and ".join(w for w, v in (("the baseline", base), ("this run", new)) if v is None)
             return GateResult(self, GateStatus.NOT_EVALUATED, f"{name} was not measured in {which}")
@@ -194,13 +192,24 @@ class RelativeRule:
             return GateResult(self, GateStatus.PASS, text, observed=new)
         return GateResult(self, GateStatus.FAIL, f"{text}, not {self.op} {_num(bound)}", observed=new)
 
+    def _last_safe(self, verdict: Verdict, baseline: Verdict) -> GateResult:
+        """This run's last safe range against the bound from the level the baseline proved safe
+        (``oomload.verdict.lastsafe``)."""
+        new, base = LastSafeRange.of(verdict), LastSafeRange.of(baseline)
+        observed = _float(verdict.last_safe_concurrency)
+        if base.low == 0:
+            reason = f"the baseline has no last safe concurrency ({base.words()}): it bounds nothing"
+            return GateResult(self, GateStatus.NOT_EVALUATED, reason, observed=observed)
+        bound = self.bound(base.low)
+        status = judge(new, self.op, bound)
+        text = f"last safe concurrency {new.words()} against the baseline's {base.low}"
+        if status is GateStatus.FAIL:
+            text += f", not {self.op} {_num(bound)}"
+        elif status is GateStatus.NOT_EVALUATED:
+            text += f": judge the levels that could meet {self.op} {_num(bound)}"
+        return GateResult(self, status, text, observed=observed)
+
     def _values(self, verdict: Verdict, baseline: Verdict) -> tuple[str, float | None, float | None]:
-        if self.quantity == "last-safe":
-            return (
-                "last safe concurrency",
-                _float(verdict.last_safe_concurrency),
-                _float(baseline.last_safe_concurrency),
-            )
         if self.quantity == "kv-blocks":
             return "KV blocks", _blocks(verdict), _blocks(baseline)
         metric = self.metric

@@ -151,7 +151,15 @@ def test_relative_rules_on_a_release_that_shrank_the_pool(runs: tuple[Path, Path
     assert results["onset>=baseline-2"].status is GateStatus.PASS
     assert results["kv-blocks>=baseline*0.95"].status is GateStatus.FAIL
     assert "KV blocks 80 against the baseline's 100, not >= 95" in results["kv-blocks>=baseline*0.95"].reason
-    assert results["last-safe>=baseline-1"].status is GateStatus.FAIL
+    # last safe 4 (5 never run, 6 broke) against the baseline's proven 6: a true 5 would meet 6 - 1, 4
+    # would not, and the run did not measure which it is
+    last_safe = results["last-safe>=baseline-1"]
+    assert last_safe.status is GateStatus.NOT_EVALUATED
+    assert last_safe.reason == (
+        "last safe concurrency 4, but 5 not judged (6 broke or queued) against the baseline's 6: judge the "
+        "levels that could meet >= 5"
+    )
+    assert results["last-safe>=baseline-1"].observed == 4.0
     assert results["no-new-death"].status is GateStatus.PASS
     assert results["p50-ttft-ms@4<=baseline*1.10"].status is GateStatus.PASS
     # the same run against itself passes every rule

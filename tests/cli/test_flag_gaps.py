@@ -355,3 +355,14 @@ def test_a_tune_ladder_for_a_fixed_knob_is_refused_not_ignored(
         capsys, monkeypatch, "--target-concurrency", "4", "--fix", "max-num-seqs", "--max-num-seqs", "4"
     )
     assert (code, err) == (2, f"oomload: error: {FIXED_LADDER.format('--max-num-seqs', 'max-num-seqs')}\n")
+
+
+def test_a_relative_baseline_is_recorded_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``config.json`` kept ``--baseline runs/last`` as given, so ``oomload report RUN`` (which takes the
+    baseline from there) failed from any other directory: "runs/last is not a run directory"."""
+    from runbuilder import StepSpec, write_run
+
+    write_run(tmp_path / "runs" / "last", [StepSpec(2)])
+    monkeypatch.chdir(tmp_path)
+    config = build_config(_replay_args("--url", URL, "--gate", "onset>=baseline", "--baseline", "runs/last"))
+    assert config.baseline == tmp_path / "runs" / "last"

@@ -144,3 +144,26 @@ def test_a_model_name_or_path_with_brackets_is_text_not_markup(
     (run / "config.json").write_text(json.dumps({**doc, "model": "org/[bold]model[v2][/]"}))
     assert main(["report", str(run), "--format", "terminal"]) == 0  # no gate: exit 0
     assert "org/[bold]model[v2][/]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "value"),
+    [
+        ("cache_config.json", "block_size", 1e308),
+        ("cache_config.json", "num_gpu_blocks", -5),
+        ("config.json", "tail_percentile", 1e308),
+        ("config.json", "max_model_len", 0),
+    ],
+)
+def test_a_value_no_server_has_is_left_unknown_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, field: str, value: float
+) -> None:
+    """Found by hand-editing a run: ``"block_size": 1e308`` made the arithmetic overflow and
+    ``"tail_percentile": 1e308`` the percentile refuse — "internal error … a bug in oomload", exit 70."""
+    run = make_run(tmp_path / "run")
+    path = run / name
+    doc = json.loads(path.read_text()) if path.exists() else {"num_gpu_blocks": 100, "block_size": 16}
+    path.write_text(json.dumps({**doc, field: value}))
+    assert main(["report", str(run), "--format", "md,json"]) == 0
+    assert "internal error" not in capsys.readouterr().err
+    assert json.loads((run / "summary.json").read_text())["verdict"]["steps"]

@@ -327,8 +327,8 @@ class RunConfig:
             simulated=simulated if isinstance(simulated, bool) else None,
             trace_path=as_str(obj.get("trace_path")),
             started_unix_s=as_float(obj.get("started_unix_s")),
-            max_model_len=as_int(obj.get("max_model_len")),
-            tail_percentile=as_float(obj.get("tail_percentile")),
+            max_model_len=as_count(obj.get("max_model_len")),
+            tail_percentile=_percentile(obj.get("tail_percentile")),
             only_fitting=obj.get("only_fitting") is True,
             open_loop=obj.get("open_loop") is True,
             soak_s=as_float(obj.get("soak_s")),
@@ -375,12 +375,12 @@ class CacheConfig:
             caching = caching == "True"
         return cls(
             enable_prefix_caching=caching if isinstance(caching, bool) else None,
-            num_gpu_blocks=as_int(obj.get("num_gpu_blocks")),
-            block_size=as_int(obj.get("block_size")),
-            kv_cache_size_tokens=as_int(obj.get("kv_cache_size_tokens")),
+            num_gpu_blocks=as_count(obj.get("num_gpu_blocks")),
+            block_size=as_count(obj.get("block_size")),
+            kv_cache_size_tokens=as_count(obj.get("kv_cache_size_tokens"), MAX_COUNT**2),
             gpu_memory_utilization=as_float(obj.get("gpu_memory_utilization")),
-            max_num_batched_tokens=as_int(obj.get("max_num_batched_tokens")),
-            max_model_len=as_int(obj.get("max_model_len")),
+            max_num_batched_tokens=as_count(obj.get("max_num_batched_tokens")),
+            max_model_len=as_count(obj.get("max_model_len")),
         )
 
 
@@ -503,6 +503,22 @@ def as_int(value: Any) -> int | None:
     """A finite JSON number as ``int`` (truncated); ``None`` for anything else (bools included)."""
     number = as_float(value)
     return None if number is None else int(value)
+
+
+MAX_COUNT = 2**31  # a pool's blocks, a block's tokens, a length: more is no server's (a file edited by hand)
+
+
+def as_count(value: Any, limit: int = MAX_COUNT) -> int | None:
+    """``as_int`` of a count a server reports, ``None`` unless it is 1 to ``limit``: a value no server
+    has (0, negative, ``1e308``) would break the arithmetic built on it."""
+    number = as_int(value)
+    return number if number is not None and 1 <= number <= limit else None
+
+
+def _percentile(value: Any) -> float | None:
+    """A percentile of ``(0, 100]``, ``None`` for anything else."""
+    number = as_float(value)
+    return number if number is not None and 0 < number <= 100 else None
 
 
 def as_str(value: Any) -> str | None:

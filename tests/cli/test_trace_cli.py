@@ -224,3 +224,15 @@ def test_a_compressed_trace_reads_back(
     code, stdout, _ = run(["trace", "build", str(packed), "-o", str(again)], capsys)
     assert code == 0 and "(format oomload)" in stdout
     assert [r.prompt_tokens for r in read_trace(again)] == [10, 20, 9000]
+
+
+@pytest.mark.parametrize(
+    ("name", "magic"), [("hist.svg", b"<?xml"), ("hist.PDF", b"%PDF"), ("hist", b"\x89PNG")]
+)
+def test_the_plot_is_written_in_the_format_its_name_says(
+    log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, magic: bytes
+) -> None:
+    """``--plot lengths.svg`` wrote a PNG under that name (found by a new user)."""
+    out = tmp_path / name
+    code, _, _ = run(["trace", "stats", str(log), "--plot", str(out)], capsys)
+    assert code == 0 and out.read_bytes().startswith(magic)

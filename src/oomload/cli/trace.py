@@ -75,7 +75,11 @@ def register(subparsers: Any) -> None:
     _add_input_flags(stats)
     _add_workers_flag(stats)
     stats.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    stats.add_argument("--plot", metavar="PNG", help="write a histogram picture with the percentiles marked")
+    stats.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="write a histogram with the percentiles marked: PNG, or SVG / PDF by the name's extension",
+    )
     stats.add_argument(
         "--margin",
         default="0.1",

@@ -12,6 +12,7 @@ Heavy imports (rich, matplotlib, numpy) happen inside the functions.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from oomload.capacity.blocks import single_request_limit_tokens
@@ -297,14 +298,18 @@ def plot_lengths(
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle(f"Request lengths ({prompt_tokens.count:,} requests; {PERCENTILE_METHOD})")
     try:
+        kind = PLOT_FORMATS.get(os.path.splitext(path)[1].lower(), "png")
         with TraceScratch(check_output_path(path, example="lengths.png")) as scratch:
             try:
-                fig.savefig(scratch.final, dpi=110, format="png")
+                fig.savefig(scratch.final, dpi=110, format=kind)
             except OSError as err:
                 raise ConfigError(f"cannot write the plot to {path} ({err.strerror or err})") from err
             scratch.commit()
     finally:
         plt.close(fig)
+
+
+PLOT_FORMATS = {".svg": "svg", ".pdf": "pdf"}  # by the file's extension; any other name gets a PNG
 
 
 def _plot_prefix(ax: Any, prefix: dict[str, Any]) -> None:

@@ -392,6 +392,10 @@ def parse_gate_toml(text: str, *, source: str = "<gate file>") -> tuple[Gate, ..
             f'{source}: no [gate] table; expected [gate] with rules = ["no-preemption-below:64", …]'
         )
     rules = table.get("rules")
+    if rules is None:
+        found = f" (it has {', '.join(repr(k) for k in sorted(table))})" if table else ""
+        expected = 'rules = ["no-preemption-below:64", …]'
+        raise ConfigError(f"{source}: [gate] has no rules{found}; expected {expected}")
     if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
         raise ConfigError(f"{source}: [gate] rules must be a list of strings, got {rules!r}")
     unknown = sorted(set(table) - {"rules"})

@@ -159,6 +159,15 @@ def test_gate_file_toml(tmp_path: Path) -> None:
         load_gate_file(tmp_path / "missing.toml")
 
 
+def test_a_gate_table_without_rules_names_what_it_has() -> None:
+    """``rule = [...]`` (one letter short) read "rules must be a list of strings, got None"."""
+    with pytest.raises(ConfigError) as info:
+        parse_gate_toml('[gate]\nrule = ["no-oom-up-to:8"]\n', source="s.toml")
+    assert str(info.value) == (
+        "s.toml: [gate] has no rules (it has 'rule'); expected rules = [\"no-preemption-below:64\", …]"
+    )
+
+
 def test_gate_file_not_utf8_is_a_usage_error(tmp_path: Path) -> None:
     """A gate file saved as UTF-16 (or a binary file) is one sentence (exit 2), not an internal error."""
     path = tmp_path / "scenario.toml"

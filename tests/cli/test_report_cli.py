@@ -120,6 +120,13 @@ def test_file_only_formats_print_what_was_written(tmp_path: Path, capsys: pytest
     assert out == f"oomload: wrote report.md, junit.xml, summary.json in {run} (exit code 0)\n"
 
 
+def test_a_format_named_twice_is_written_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--format junit,junit`` said "wrote junit.xml, junit.xml"."""
+    run = make_run(tmp_path / "run")
+    assert main(["report", str(run), "--format", "junit,md,junit"]) == 0
+    assert capsys.readouterr().out == f"oomload: wrote junit.xml, report.md in {run} (exit code 0)\n"
+
+
 def test_a_corrupt_config_is_warned_about_and_the_rest_rendered(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -27,7 +27,7 @@ def format_list(text: str, allowed: Sequence[str]) -> list[str]:
     formats = [f.strip() for f in str(text).split(",") if f.strip()]
     if not formats or any(f not in allowed for f in formats):
         raise ConfigError(f"--format {text!r}: allowed values are {', '.join(allowed)} (comma-separated)")
-    return formats
+    return list(dict.fromkeys(formats))  # each once: "junit,junit" writes junit.xml once
 
 
 def positive(flag: str, value: float) -> None:

@@ -176,7 +176,7 @@ def _headline(record: TuneRecord) -> list[str]:
         lines.append(
             "No winner: the tune stopped without evidence (the last note says why)."
             if record.status == "no_evidence"
-            else f"No candidate carried {_goal(record)}."
+            else f"No candidate carried the {_lower_first(_goal(record))}."
         )
     lines.extend(record.notes)
     return lines
@@ -360,6 +360,11 @@ def _goal(record: TuneRecord) -> str:
     if record.target_concurrency is None:
         return "No target: each candidate proved at its own max_num_seqs"
     return f"Target concurrency {record.target_concurrency}"
+
+
+def _lower_first(text: str) -> str:
+    """``Target concurrency 8`` as it reads inside a sentence: ``target concurrency 8``."""
+    return text[:1].lower() + text[1:]
 
 
 def _md(text: str) -> str:

@@ -161,3 +161,10 @@ def test_the_terminal_table_fits_80_columns_with_whole_headers_and_cells() -> No
         "carries",
     ]
     assert rows[1][-1] == "carries" and rows[1][1:3] == ["seqs", "8"]
+
+
+def test_no_carrier_reads_as_one_sentence() -> None:
+    """It read "No candidate carried Target concurrency 6." (the headline's words pasted in)."""
+    record = replace(_record(), winner_index=None, winner_line=None, target_rate_rps=None)
+    page = render_markdown(record)
+    assert "No candidate carried the target concurrency 6." in page and "carried Target" not in page

@@ -80,7 +80,7 @@ from oomload.verdict.gateresult import GateResult as GateResult  # re-exported
 from oomload.verdict.gateresult import GateStatus as GateStatus  # re-exported
 from oomload.verdict.gatesignals import EVENTS, METRICS, PREEMPTION, SHARE_METRICS, Event, Metric
 from oomload.verdict.lastsafe import LastSafeRange, judge
-from oomload.verdict.relative import RelativeRule, is_relative
+from oomload.verdict.relative import QUANTITIES, RELATIVE_HELP, RelativeRule, is_relative
 from oomload.verdict.verdict import StepFacts, Verdict
 
 Bound = Literal["below", "up-to"]
@@ -340,6 +340,9 @@ Gate: TypeAlias = AbsenceRule | RunThreshold | LevelThreshold | RelativeRule
 def parse_threshold(text: str, match: re.Match[str]) -> RunThreshold | LevelThreshold:
     """A ``METRIC[@CONCURRENCY] OP VALUE`` rule: run-wide without a level, else at that level."""
     metric = METRICS.get(match["metric"])
+    if metric is None and match["metric"] in QUANTITIES:  # 'onset>=baselin': a relative rule mistyped
+        name = match["metric"]
+        raise ConfigError(f"gate {text!r}: {name} is compared with a baseline run; {RELATIVE_HELP}")
     if metric is None:
         raise ConfigError(f"gate {text!r}: unknown metric {match['metric']!r}; allowed: {', '.join(METRICS)}")
     concurrency = None if match["c"] is None else rule_int(match["c"], text, "concurrency")

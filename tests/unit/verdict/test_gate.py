@@ -159,6 +159,12 @@ def test_gate_file_toml(tmp_path: Path) -> None:
         load_gate_file(tmp_path / "missing.toml")
 
 
+def test_a_mistyped_baseline_says_the_rule_is_relative() -> None:
+    """``onset>=baselin`` read "unknown metric 'onset'; allowed: p50-ttft-ms, …" (no onset in the list)."""
+    with pytest.raises(ConfigError, match=r"gate 'onset>=baselin': onset is compared with a baseline run; "):
+        parse_gate("onset>=baselin")
+
+
 def test_a_gate_table_without_rules_names_what_it_has() -> None:
     """``rule = [...]`` (one letter short) read "rules must be a list of strings, got None"."""
     with pytest.raises(ConfigError) as info:

@@ -31,15 +31,28 @@ pattern overflows. The real vLLM lands anywhere between the two (seen on the CPU
 600-token prompts sharing 512 tokens, 100 output tokens: 11 in phase, 14 spread; runs gave 11, 12 and
 14), so ``onset_spread`` is the band's latest end. Where the output stays within one block the two agree.
 
-Requests that never grow. vLLM admits a request only when the blocks of its whole prompt are free, and
-preempts only when a running request needs a block the pool no longer has. A request whose output ends
-in its last prompt block (``blocks_held(P + O) == ceil(P / bs)``: one output token, as a classifier or a
-scorer asks for, or a short output in the last block's slack) needs no block after its prefill. When no
-request of the lengths grows (``OnsetPrediction.grows`` false; known only given the prompt lengths) a
-full pool queues new requests and preempts none, so there is no onset: the onsets above are then where
-the pool fills and queueing begins. Measured on the simulator (799 blocks of 16, 1000 + 1 tokens): no
-preemption up to 24, where the block counts put the onset at 13. Not counted: a prompt prefilled in
-chunks over several steps takes its blocks as it goes, so two such prompts can still meet a full pool.
+Requests that never outgrow a full pool. vLLM admits a request only when the blocks of its whole prompt
+are free, and preempts only when a running request needs a block the pool no longer has. So a pool that
+admits ``k = ⌊usable / prompt blocks⌋`` prompts at most can be outgrown only when ``k`` requests at their
+peak need more than it has: for fixed lengths the onset above exists only when ``k × blocks_held >
+usable`` — else the request past ``k`` queues, its prompt does not fit, and the ``k`` running ones grow
+into the slack the pool left. A request whose output ends in its last prompt block (one output token, as
+a classifier or a scorer asks for) never grows at all; a long prompt with a short output (a summariser's
+or a RAG prompt's 4–7k tokens and 1–20 output tokens) grows by a block or two that the slack holds.
+``OnsetPrediction.grows`` is false (known only given the prompt lengths) when, for the mean, the P50 and
+the P90 prompt, the ``k`` prompts a full pool admits, each grown by the *largest* growth of any request,
+still fit. Then a full pool queues new requests and preempts none: there is no onset, and the onsets above
+are where the pool fills and queueing begins. For a mix it takes the worst growth, so a few short prompts
+with long outputs among long prompts with short ones keep their onset; a mix can still pack the pool
+tighter than its mean prompt, and then a rare preemption is possible (the trace's odds count those).
+
+For fixed lengths ``grows`` false means no preemption at any concurrency; ``grows`` true means the ``k``
+prompts preempt when admitted before any of them grows (all prefilled in one step) — a token budget that
+staggers their prefills lets the admission check see the first ones' growth, which can keep the last one
+waiting. Both checked on the simulator's scheduler (tests/unit/capacity), which also showed, in bursts of up
+to 24: 1000 + 1 and 1000 + 10 tokens on 799 blocks of 16 (63 prompt, 64 peak blocks: 12 fit either way) and
+5000 + 20 on 799 or 2,087 blocks never preempt; 5000 + 20 on 941 blocks (3 prompts fit, 3 peaks do not) and
+1000 + 100 on 799 do. Not counted: a prompt prefilled in chunks takes its blocks as it goes.
 
 Shared prefixes (``SharedPrefixes``; reference ``prefix-caching.md``). vLLM V1 caches full prompt blocks
 by a chained hash: a block is held once while any running request uses it, and a cached block no request
@@ -246,7 +259,7 @@ class OnsetPrediction:
     onset_p90: int
     shape: PromptShape = "worst-case"
     onset_spread: int | None = None  # decode phases spread evenly (module docstring); None: no prompts
-    grows: bool = True  # some request outgrows its prompt's blocks; False: a full pool only queues (no onset)
+    grows: bool = True  # a full pool's prompts can outgrow it; False: a full pool only queues (no onset)
 
     @property
     def band(self) -> tuple[int, int]:
@@ -268,7 +281,8 @@ def predict_preemption_onset(
     when ``shared`` (one entry per length) is given (the ``production`` shape, module docstring).
     With ``prompt_tokens`` (one per length) the onset with decode phases spread evenly is added
     (``onset_spread``: each request's mean blocks over its decode, ``blocks_over_decode``), and whether
-    any request outgrows its prompt's blocks (``grows``; module docstring, "Requests that never grow")."""
+    the prompts a full pool admits can outgrow it (``grows``; module docstring, "Requests that never
+    outgrow a full pool")."""
     arr = np.asarray(total_tokens, dtype=np.int64)
     if arr.size == 0:
         raise ValueError("cannot predict an onset without request lengths")
@@ -284,7 +298,11 @@ def predict_preemption_onset(
         prompts = np.asarray(prompt_tokens, dtype=np.int64)
         if prompts.shape != arr.shape:
             raise ValueError("prompt lengths must have one entry per request length")
-        grows = bool(np.any(blocks > -(-np.maximum(prompts, 0) // block_size)))
+        prompt_blocks = np.minimum(-(-np.maximum(prompts, 0) // block_size), blocks)
+        growth = int((blocks - prompt_blocks).max())
+        grows = growth > 0 and any(
+            _outgrown(prompt_blocks, growth, sharing, usable, s) for s in ("mean", "p50", "p90")
+        )
         # a request holds no more on average than at its peak: the max only guards float rounding
         spread = max(_onset(blocks_over_decode(prompts, arr, block_size), sharing, usable, "mean"), onsets[0])
     return OnsetPrediction(
@@ -334,6 +352,18 @@ def _onset(blocks: np.ndarray, shared: SharedPrefixes | None, usable: int, which
         return distinct
     # sharing never makes an onset earlier; the max only guards float rounding at equality
     return max(_shared_onset(blocks, shared, usable, which), distinct)
+
+
+def _outgrown(
+    prompt_blocks: np.ndarray, growth: int, shared: SharedPrefixes | None, usable: int, which: str
+) -> bool:
+    """Whether the ``which`` prompts a full pool admits — as many as fit, one fewer than where prompts alone
+    overflow — each grown by ``growth`` blocks, need more than the usable blocks (module docstring)."""
+    admitted = _onset(prompt_blocks, shared, usable, which) - 1
+    if admitted <= 0:
+        return False
+    held = prompt_blocks if shared is None else shared.effective_blocks(prompt_blocks, admitted)
+    return admitted * (max(_stat(held, which), 1.0) + growth) > usable
 
 
 def _shared_onset(blocks: np.ndarray, shared: SharedPrefixes, usable: int, which: str) -> int:

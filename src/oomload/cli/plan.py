@@ -198,8 +198,8 @@ def _print(result: Any, startup: list[str], trace_count: int) -> None:
         )
     else:
         console.print(
-            "Arithmetic: no onset: no request outgrows its prompt's blocks, so a full pool queues new "
-            f"requests (from {_band(a.band)}) and preempts none; block counts alone, no simulation."
+            "Arithmetic: no onset: the prompts a full pool admits leave room for their output, so it queues "
+            f"new requests (from {_band(a.band)}) and preempts none; block counts alone, no simulation."
         )
     _print_advice(console, result)
     for note in result.notes:

@@ -363,8 +363,8 @@ def prediction(verdict: Verdict) -> Finding | None:
     onset = (
         f"onset {band} {SHAPE_WORDS[a.shape]} ({band_figures(a)}{other})"
         if a.grows
-        else f"no onset: no request outgrows its prompt's blocks, so a full pool queues new requests (from "
-        f"{band}) and preempts none"
+        else f"no onset: the prompts a full pool admits leave room for their output, so it queues new "
+        f"requests (from {band}) and preempts none"
     )
     return Finding(
         "prediction",

@@ -11,8 +11,9 @@ the band, the run never reached the prediction and there is nothing to compare (
 ``levels_apart`` None). More than one level apart is flagged (``disagrees``): the measured knee moves 1–2
 levels between repeats on real vLLM, so one level is noise, more is a finding in itself.
 
-When no request sent outgrows its prompt's blocks (``OnsetPrediction.grows`` false: the output ends in the
-last prompt block) the arithmetic expects no onset at all: a full pool queues. Then no onset observed on a
+When the prompts a full pool admits leave room for their output (``OnsetPrediction.grows`` false: the output
+ends in the last prompt block, or grows into the slack the admitted prompts leave) the arithmetic expects no
+onset at all: a full pool queues. Then no onset observed on a
 trusted clean level agrees (0 levels apart), and any observed onset disagrees (``levels_apart`` None: there
 is no band to count from).
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given
+import numpy as np
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from oomload.capacity.blocks import blocks_held, concurrent_fit, kv_tokens_held, predict_preemption_onset
@@ -85,7 +86,9 @@ def test_requests_that_never_outgrow_their_prompt_blocks_have_no_onset() -> None
     # one output token (a classifier), and a short output in the last prompt block's slack (1000 = 62.5 × 16)
     assert not predict_preemption_onset(799, 16, [1000 + 1], prompt_tokens=[1000]).grows
     assert not predict_preemption_onset(799, 16, [1000 + 9], prompt_tokens=[1000]).grows  # 1008 KV tokens
-    assert predict_preemption_onset(799, 16, [1000 + 10], prompt_tokens=[1000]).grows  # 1009: a 64th block
+    # 1009 KV tokens take a 64th block, but the 12 prompts of 63 blocks a full pool admits grow into its slack
+    assert not predict_preemption_onset(799, 16, [1000 + 10], prompt_tokens=[1000]).grows
+    assert predict_preemption_onset(799, 16, [1000 + 100], prompt_tokens=[1000]).grows  # 12 × 69 > 798
     # one request that grows is enough; without the prompt lengths growth is assumed (the band as before)
     assert predict_preemption_onset(799, 16, [1001, 1001, 1100], prompt_tokens=[1000, 1000, 1000]).grows
     assert predict_preemption_onset(12, 256, [129 + 128]).grows
@@ -108,3 +111,69 @@ def test_the_verdict_side_agrees_with_no_onset_and_flags_one_seen() -> None:
     assert compared(None, (6, 10, 12, 16)) == (False, 0, True)  # clean past the pool: agrees
     assert compared(None, (6,)) == (False, 0, True)  # below where the pool fills: agrees too
     assert compared(12, (6, 10)) == (True, None, True)  # a preemption the arithmetic does not expect
+
+
+def _burst_on(
+    num_gpu_blocks: int, block_size: int, prompt: int, output: int, concurrency: int, budget: int = 2048
+) -> int:
+    """One burst of ``concurrency`` requests on the simulator's V1 scheduler (this pool and token budget)."""
+    sched = Scheduler(
+        SchedulerConfig(
+            num_gpu_blocks,
+            block_size,
+            max_num_seqs=256,
+            max_num_batched_tokens=budget,
+            max_model_len=num_gpu_blocks * block_size,
+        )
+    )
+    for i in range(concurrency):
+        sched.add(SimRequest(str(i), prompt, output))
+    while sched.has_work:
+        sched.step()
+    return sched.num_preemptions
+
+
+def test_long_prompts_with_short_outputs_fill_the_pool_without_preempting() -> None:
+    """Seen on the simulator: 4000–7000 + 1–20 tokens on 799 blocks of 16 ran clean up to 16 while the
+    arithmetic read "onset 2–3 … disagrees", confidence low. 5000 + 20 tokens take 313 prompt and 314 peak
+    blocks: 2 prompts fit, a third queues, and the 2 running grow into the 172 blocks left."""
+    fixed = predict_preemption_onset(799, 16, [5000 + 20], prompt_tokens=[5000])
+    assert not fixed.grows and fixed.band == (3, 3)  # where the pool fills and queueing begins
+    assert _burst_on(799, 16, 5000, 20, 16) == 0
+    assert not predict_preemption_onset(2087, 16, [5020], prompt_tokens=[5000]).grows  # 6 fit, 6 × 314 ≤ 2086
+    # 940 usable blocks admit 3 prompts (939) whose peaks need 942: the onset stands
+    assert predict_preemption_onset(941, 16, [5020], prompt_tokens=[5000]).grows
+    assert _burst_on(941, 16, 5000, 20, 3) > 0
+    # the mix the simulator ran: no onset expected
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(4000, 7001, 300)
+    outputs = rng.integers(1, 21, 300)
+    assert not predict_preemption_onset(799, 16, prompts + outputs, prompt_tokens=prompts).grows
+    # a few short prompts with long outputs among long prompts: two long ones admit a short one that grows
+    mixed = [5000] * 90 + [100] * 10
+    totals = [5020] * 90 + [3100] * 10
+    assert predict_preemption_onset(799, 16, totals, prompt_tokens=mixed).grows
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from([16, 32, 256]),
+    st.integers(min_value=8, max_value=120),
+    st.floats(min_value=0.0, max_value=0.5),
+    st.integers(min_value=1, max_value=768),
+)
+def test_for_fixed_lengths_grows_is_whether_the_scheduler_preempts(
+    block_size: int, num_gpu_blocks: int, prompt_share: float, output: int
+) -> None:
+    """For identical requests: where ``grows`` is false the simulator's scheduler never preempts a burst well
+    past the band; where it is true, a burst whose prompts all prefill in one step (a budget that holds them:
+    nothing staggers the admissions) preempts."""
+    usable = num_gpu_blocks - 1
+    prompt = max(1, int(prompt_share * usable * block_size))
+    assume(prompt + output - 1 <= usable * block_size)
+    p = predict_preemption_onset(num_gpu_blocks, block_size, [prompt + output], prompt_tokens=[prompt])
+    burst = min(p.band[1] + 3, 60)
+    if p.grows:
+        assert _burst_on(num_gpu_blocks, block_size, prompt, output, burst, budget=burst * prompt) > 0
+    else:
+        assert _burst_on(num_gpu_blocks, block_size, prompt, output, burst) == 0

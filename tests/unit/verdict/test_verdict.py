@@ -367,10 +367,31 @@ def test_one_token_outputs_that_never_grow_are_not_a_disagreement(tmp_path: Path
     assert (v.prediction.band_low, v.prediction.levels_apart, v.prediction.disagrees) == (13, 0, False)
     assert "prediction_disagrees" not in kinds(v)
     text = {f.key: f.text for f in describe(v, recommend(v))}["prediction"]
-    assert "no onset: no request outgrows its prompt's blocks" in text and "(from 13)" in text
+    assert "no onset: the prompts a full pool admits leave room for their output" in text
+    assert "(from 13)" in text
     assert "none observed up to 24: agrees" in text
     steps[2] = StepSpec(16, requests=48, preemptions=2, prompt_tokens=1000, output_tokens=1)
     v = verdict_of(write_run(tmp_path / "preempted", steps, cache_config=pool))
     assert v.prediction is not None and v.prediction.disagrees and "prediction_disagrees" in kinds(v)
     note = next(n.message for n in v.notes if n.kind == "prediction_disagrees")
     assert "observed onset 16 where the arithmetic (799 blocks × 16 tokens) expects none" in note
+
+
+def test_long_prompts_with_short_outputs_are_not_a_disagreement(tmp_path: Path) -> None:
+    """Seen on the simulator: 4000–7000 + 1–20 tokens on 799 blocks of 16 ran clean up to 16, and the
+    verdict read "onset 2–3 … disagrees, 3 level(s) apart", confidence low. Here 2000 + 20 tokens take 125
+    prompt and 127 peak blocks: a full pool admits 6 prompts, their growth fits its slack (762 ≤ 798), and
+    the 7th queues."""
+    pool = {"num_gpu_blocks": 799, "block_size": 16}
+    steps = [StepSpec(c, requests=3 * c, prompt_tokens=2000, output_tokens=20) for c in (4, 8, 16, 24)]
+    v = verdict_of(write_run(tmp_path / "run", steps, cache_config=pool))
+    assert v.prediction is not None and not v.prediction.arithmetic.grows
+    assert (v.prediction.band_low, v.prediction.levels_apart, v.prediction.disagrees) == (7, 0, False)
+    assert "prediction_disagrees" not in kinds(v)
+    text = {f.key: f.text for f in describe(v, recommend(v))}["prediction"]
+    assert "no onset: the prompts a full pool admits leave room for their output" in text
+    assert "(from 7)" in text and "none observed up to 24: agrees" in text
+    # 755 usable blocks also admit 6 prompts, but their peaks need 762: the onset stands, none seen disagrees
+    tight = {"num_gpu_blocks": 756, "block_size": 16}
+    v = verdict_of(write_run(tmp_path / "tight", steps, cache_config=tight))
+    assert v.prediction is not None and v.prediction.arithmetic.grows and v.prediction.disagrees

@@ -1,6 +1,7 @@
 """The replay's odds run under the server's own ``max_num_seqs`` (``oomload.realvllm.limits``): a
 simulated vLLM started with ``--serve … --max-num-seqs 2``, or started by someone else and described by
-``--url … --served-with …`` (what ``oomload tune`` tells each candidate's replay), gets odds computed
+``--url … --served-with …`` (what ``oomload tune`` tells each candidate's replay), or the one a replay
+without --url starts with ``--sim="… --max-num-seqs 2"``, gets odds computed
 for two running at a time, not vLLM's default 256. The replay runs in a subprocess (Locust patches the
 process with gevent); its load is bounded by its two levels and ``--hold-s``."""
 
@@ -47,6 +48,16 @@ def test_the_odds_take_the_served_with_lines_max_num_seqs(tmp_path: Path) -> Non
     # what `compare` shows as the server's line
     assert json.loads((run / "provenance.json").read_text())["serve"] == config["served_with"]
     assert not [p for p in run.rglob("*") if p.is_file() and b"sk-served-with-secret" in p.read_bytes()]
+
+
+def test_the_odds_take_the_simulators_own_max_num_seqs(tmp_path: Path) -> None:
+    """Without --url the simulator oomload starts has its flags (``--sim``) as its line, as the verdict
+    reads them (``runinfo.served_scheduler``): seen with --max-num-seqs 3 and 200 + 3000 tokens, the odds
+    ran 256 at a time ("onset 5–8 … DISAGREES", 108 preemptions per 100 expected at 8) where 3 ran."""
+    run = tmp_path / "run"
+    proc = oomload("replay", str(SAMPLE), f"--sim={SIM} --max-num-seqs 2", *FLAGS, "--run-dir", str(run))
+    assert proc.returncode == ExitCode.OK, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _odds_are_for_two_running(run)
 
 
 def _odds_are_for_two_running(run: Path) -> None:

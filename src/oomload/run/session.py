@@ -302,21 +302,21 @@ class Session:
     def _evidence(self) -> Callable[[Any], int | None]:
         """Requests a clean step must send, by the trace's odds on the server's pool
         (``oomload.capacity.odds``, computed by ``OddsFeed`` without stalling the load; each level's
-        odds go to ``odds.jsonl``) under its own scheduler limits where the serve line or the server's
-        log gives them (``realvllm.limits``); nothing asked without a pool, when turned off, or while a
-        level's odds are not known yet."""
+        odds go to ``odds.jsonl``) under its own scheduler limits where its line (the simulator's flags
+        too) or its log gives them (``runinfo.config_limits``); nothing asked without a pool, when turned
+        off, or while a level's odds are not known yet."""
         from oomload.capacity.odds import Pool
-        from oomload.realvllm.limits import served_limits
         from oomload.run.oddsfeed import OddsFeed
+        from oomload.verdict.runinfo import config_limits
         from oomload.verdict.runview import SERVER_LOG, read_log_tail
 
         cache_config = RunReader(self.writer.path).json("cache_config.json")
         pool = Pool.from_cache_config(cache_config, self.max_model_len)
         if pool is None or not self.records:
             return lambda _step: None
-        # the server's own max_num_seqs and max_num_batched_tokens, where its served line (--serve,
-        # --served-with) or its log (so far: its start-up, which says them) gives them
-        limits = served_limits(self.config.served_line, read_log_tail(self.writer.path / SERVER_LOG))
+        # the server's own max_num_seqs and max_num_batched_tokens, read as the verdict reads them
+        log = read_log_tail(self.writer.path / SERVER_LOG)  # so far: its start-up, which says them
+        limits = config_limits(RunReader(self.writer.path).config(), log)
         pool = pool.with_limits(limits.max_num_seqs, limits.max_num_batched_tokens)
         self.odds = OddsFeed(
             self.records,

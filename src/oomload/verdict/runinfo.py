@@ -193,7 +193,12 @@ def served_scheduler(view: RunView) -> ServerLimits:
     """The server's scheduler limits as the line it was started with set them (``--serve``,
     ``--served-with``, the simulator's flags), each else as its log said it at start-up
     (``realvllm.limits``); ``None`` where neither says."""
-    return served_limits(served_line(view.config) or sim_line(view.config), view.server_log)
+    return config_limits(view.config, view.server_log)
+
+
+def config_limits(config: Mapping[str, Any], server_log: str | None) -> ServerLimits:
+    """``served_scheduler`` from ``config.json`` and the server's log (the replay's odds use it live)."""
+    return served_limits(served_line(config) or sim_line(config), server_log)
 
 
 def served_line(config: Mapping[str, Any]) -> str | None:

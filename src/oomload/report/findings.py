@@ -347,7 +347,7 @@ def prediction(verdict: Verdict) -> Finding | None:
         compared = OPEN_LOOP_NOT_COMPARED
     elif p.observed_onset is not None:
         compared = f"observed {p.observed_onset}: {agree}{apart}"
-    elif not a.grows and p.highest_clean is not None:
+    elif not p.expects_onset and p.highest_clean is not None:
         compared = f"none observed up to {p.highest_clean}: agrees"
     elif p.highest_clean is None:
         compared = "no trusted level without preemption to compare"
@@ -362,9 +362,8 @@ def prediction(verdict: Verdict) -> Finding | None:
     other = "" if p.other is None else f"; {OTHER_SHAPE_WORDS[a.shape]} {_band(*p.other.band)}"
     onset = (
         f"onset {band} {SHAPE_WORDS[a.shape]} ({band_figures(a)}{other})"
-        if a.grows
-        else f"no onset: the prompts a full pool admits leave room for their output, so it queues new "
-        f"requests (from {band}) and preempts none"
+        if p.expects_onset
+        else f"no onset: {p.no_onset_reason(band)}"
     )
     return Finding(
         "prediction",

@@ -169,11 +169,10 @@ def evidence_notes(
             f"observed {observed} is {p.levels_apart} levels from the arithmetic band "
             f"{p.band_low}–{p.band_high} ({pool}): lengths replayed differently, or the server is not "
             "what cache_config_info says"
-            if p.arithmetic.grows
-            else f"observed {observed} where the arithmetic ({pool}) expects none, since the prompts a full "
-            "pool admits leave room for their output: lengths replayed differently, a mix of lengths packing "
-            "the pool tighter than its mean, prompts prefilled in chunks into a full pool, or the server is "
-            "not what cache_config_info says"
+            if p.expects_onset
+            else f"observed {observed} where the arithmetic ({pool}) expects none, since {p.no_onset_cause}: "
+            "lengths replayed differently, a mix of lengths packing the pool tighter than its mean, prompts "
+            "prefilled in chunks into a full pool, or the server is not what cache_config_info says"
         )
         other, observed_at = p.other, p.observed_onset
         if other is not None and observed_at is not None and other.band[0] <= observed_at <= other.band[1]:

@@ -15,7 +15,10 @@ When the prompts a full pool admits leave room for their output (``OnsetPredicti
 ends in the last prompt block, or grows into the slack the admitted prompts leave) the arithmetic expects no
 onset at all: a full pool queues. Then no onset observed on a
 trusted clean level agrees (0 levels apart), and any observed onset disagrees (``levels_apart`` None: there
-is no band to count from).
+is no band to count from). The same holds when the server's own ``max_num_seqs`` (its serve line's, the
+simulator's flags or its log: ``RunInfo.max_num_seqs``) is below the band's low end (``capped``): vLLM runs
+at most that many requests at once and queues the rest, and that many P90-length requests fit the pool at
+their peak, so no concurrency reaches the band.
 
 Prompt shape. The arithmetic is for the prompts the run sent (``shape``): with the trace's shared
 prefixes (``production``, the replay's default) the trace's ``hash_ids`` say which prompt blocks the
@@ -47,6 +50,28 @@ class Prediction:
     basis: str  # "requests" (the lengths sent) or "trace"
     highest_clean: int | None = None  # highest trusted level measured without preemption
     other: OnsetPrediction | None = None  # the other prompt shape's arithmetic (module docstring)
+    capped: int | None = None  # the server's max_num_seqs, below the band's low end (module docstring)
+
+    @property
+    def expects_onset(self) -> bool:
+        """Some request outgrows a full pool, and the server runs as many at once as the band needs."""
+        return self.arithmetic.grows and self.capped is None
+
+    @property
+    def no_onset_cause(self) -> str:
+        """Why the arithmetic expects no onset (``expects_onset`` false)."""
+        if self.capped is not None:
+            return (
+                f"the server runs at most {self.capped} requests at once (max_num_seqs) and {self.capped} "
+                "fit the pool at their peak"
+            )
+        return "the prompts a full pool admits leave room for their output"
+
+    def no_onset_reason(self, band: str) -> str:
+        """``no_onset_cause``, then what happens past it, with the band it replaces."""
+        if self.capped is not None:
+            return f"{self.no_onset_cause}, so more queue (onset {band} without the cap)"
+        return f"{self.no_onset_cause}, so it queues new requests (from {band}) and preempts none"
 
     @property
     def reached(self) -> bool:
@@ -54,7 +79,7 @@ class Prediction:
         level when the arithmetic expects no onset)."""
         if self.observed_onset is not None:
             return True
-        low = self.band_low if self.arithmetic.grows else 0
+        low = self.band_low if self.expects_onset else 0
         return self.highest_clean is not None and self.highest_clean >= low
 
     @property
@@ -67,7 +92,7 @@ class Prediction:
 
     @property
     def disagrees(self) -> bool:
-        if not self.arithmetic.grows:
+        if not self.expects_onset:
             return self.observed_onset is not None
         return self.levels_apart is not None and self.levels_apart > DISAGREE_LEVELS
 
@@ -84,6 +109,7 @@ class Prediction:
             "block_size_tokens": self.arithmetic.block_size,
             "highest_clean": self.highest_clean,
             "reached": self.reached,
+            "capped": self.capped,
             "other": None if self.other is None else {**asdict(self.other), "band": list(self.other.band)},
         }
 
@@ -101,6 +127,7 @@ def compare_prediction(
     trace_prefixes: Callable[[int], SharedPrefixes | None] | None = None,
     prompts: Sequence[int] | None = None,
     trace_prompts: Sequence[int] | None = None,
+    max_num_seqs: int | None = None,
 ) -> Prediction | None:
     """The prediction beside ``observed_onset`` on the measured ``levels`` (module docstring).
 
@@ -108,6 +135,7 @@ def compare_prediction(
     when no onset was observed. ``shape`` is the prompts the run sent; ``trace_prefixes`` gives the
     trace's shared blocks for a block size, one entry per ``trace_totals`` (the trace's lengths).
     ``prompts`` and ``trace_prompts`` (one per total) give the band's spread end (``onset_spread``).
+    ``max_num_seqs`` is the server's own cap where known (``capped`` when below the band).
     ``None`` without a pool size or lengths.
     """
     if pool is None or not totals:
@@ -132,10 +160,10 @@ def compare_prediction(
     else:
         arithmetic, other = production, distinct
     low, high = arithmetic.band
+    capped = max_num_seqs if arithmetic.grows and max_num_seqs is not None and max_num_seqs < low else None
     apart: int | None = None
-    if (
-        not arithmetic.grows
-    ):  # no onset expected: none observed agrees, one observed has no band to count from
+    if not arithmetic.grows or capped is not None:
+        # no onset expected: none observed agrees, one observed has no band to count from
         apart = 0 if observed_onset is None and clean_levels else None
     elif levels and observed_onset is not None and observed_onset in levels:
         lo_i, hi_i = _grid_index(levels, low), _grid_index(levels, high)
@@ -150,6 +178,7 @@ def compare_prediction(
         basis="trace" if arithmetic is production else basis,
         highest_clean=max(clean_levels, default=None),
         other=other,
+        capped=capped,
     )
 
 

@@ -470,6 +470,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         trace_totals=trace_lengths[0],
         trace_prompts=trace_lengths[1],
         trace_prefixes=view.trace_prefixes,
+        max_num_seqs=run.max_num_seqs,
     )
     notes = [
         *step_notes(steps, min_requests),

@@ -395,3 +395,28 @@ def test_long_prompts_with_short_outputs_are_not_a_disagreement(tmp_path: Path) 
     tight = {"num_gpu_blocks": 756, "block_size": 16}
     v = verdict_of(write_run(tmp_path / "tight", steps, cache_config=tight))
     assert v.prediction is not None and v.prediction.arithmetic.grows and v.prediction.disagrees
+
+
+def test_a_server_capped_below_the_band_expects_no_onset(tmp_path: Path) -> None:
+    """Seen on the simulator with --max-num-seqs 3: 200 + 3000 tokens on 829 blocks of 16 ran 3 at a time
+    and clean up to 16, and the verdict read "onset 5–8 … no onset up to 16: disagrees, 2 level(s) apart",
+    confidence low. vLLM runs at most max_num_seqs requests and queues the rest; 3 × 200 blocks fit 828."""
+    pool = {"num_gpu_blocks": 829, "block_size": 16}
+    steps = [StepSpec(c, requests=3 * c, prompt_tokens=200, output_tokens=3000) for c in (2, 4, 8, 16)]
+    capped = {"served_with": "vllm serve m --max-num-seqs 3"}
+    v = verdict_of(write_run(tmp_path / "run", steps, cache_config=pool, config=capped))
+    assert v.prediction is not None and v.prediction.capped == 3 and not v.prediction.disagrees
+    assert "prediction_disagrees" not in kinds(v)
+    text = {f.key: f.text for f in describe(v, recommend(v))}["prediction"]
+    assert "no onset: the server runs at most 3 requests at once (max_num_seqs) and 3 fit the pool" in text
+    assert "(onset 5–8 without the cap)" in text and "none observed up to 16: agrees" in text
+    # an onset seen all the same is a disagreement, with the cap as the reason the arithmetic gives
+    steps[3] = StepSpec(16, requests=48, preemptions=2, prompt_tokens=200, output_tokens=3000)
+    v = verdict_of(write_run(tmp_path / "preempted", steps, cache_config=pool, config=capped))
+    assert v.prediction is not None and v.prediction.disagrees
+    note = next(n.message for n in v.notes if n.kind == "prediction_disagrees")
+    assert "expects none, since the server runs at most 3 requests at once" in note
+    # a cap at or above the band's low end leaves the band as it was
+    loose = {"served_with": "vllm serve m --max-num-seqs 5"}
+    v = verdict_of(write_run(tmp_path / "loose", steps[:3], cache_config=pool, config=loose))
+    assert v.prediction is not None and v.prediction.capped is None and v.prediction.band_low == 5

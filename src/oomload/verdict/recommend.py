@@ -337,8 +337,8 @@ def _shape_clause(verdict: Verdict) -> str:
     """Which prompts the cap was measured with, and the arithmetic's onset for the other shape ("" when
     the trace shares nothing: both shapes agree)."""
     p = verdict.prediction
-    if p is None or p.other is None or not p.arithmetic.grows:  # no onset in either shape when none grows
-        return ""
+    if p is None or p.other is None or not p.expects_onset:  # no onset expected: the bands only say
+        return ""  # where the pool fills, or a capped server never reaches them
     measured, other = p.arithmetic, p.other
     if verdict.prompt_shape == "production":
         return (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -185,14 +186,15 @@ def host_memory_config(args: argparse.Namespace) -> Any:
     limit = args.host_memory_limit_mib
     if limit is not None:
         positive("--host-memory-limit-mib", limit)
-    for flag, value in (
-        ("--host-base-mib", args.host_base_mib),
-        ("--host-bytes-per-token", args.host_bytes_per_token),
-        ("--host-leak-mib-per-min", args.host_leak_mib_per_min),
-        ("--host-leak-cap-mib", args.host_leak_cap_mib),
-    ):
-        if value is not None:
-            non_negative(flag, value)
+    _given(
+        non_negative,
+        (
+            ("--host-base-mib", args.host_base_mib),
+            ("--host-bytes-per-token", args.host_bytes_per_token),
+            ("--host-leak-mib-per-min", args.host_leak_mib_per_min),
+            ("--host-leak-cap-mib", args.host_leak_cap_mib),
+        ),
+    )
     return HostMemoryConfig(
         base_bytes=int(args.host_base_mib * MIB),
         bytes_per_token=args.host_bytes_per_token,
@@ -208,18 +210,20 @@ def engine_options(args: argparse.Namespace) -> Any:
     where it must not be, NaN or infinite (the counts and the utilization: ``build_engine``)."""
     from oomload.sim.build import EngineOptions
 
-    for flag, value in (
-        ("--gpu-memory-gib", args.gpu_memory_gib),
-        ("--activation-scale", args.activation_scale),
-    ):
-        if value is not None:
-            positive(flag, value)
-    for flag, value in (
-        ("--other-process-gib", getattr(args, "other_process_gib", 0.0)),
-        ("--cuda-graph-gib", getattr(args, "cuda_graph_gib", None)),
-    ):
-        if value is not None:
-            non_negative(flag, value)
+    _given(
+        positive,
+        (
+            ("--gpu-memory-gib", args.gpu_memory_gib),
+            ("--activation-scale", args.activation_scale),
+        ),
+    )
+    _given(
+        non_negative,
+        (
+            ("--other-process-gib", getattr(args, "other_process_gib", 0.0)),
+            ("--cuda-graph-gib", getattr(args, "cuda_graph_gib", None)),
+        ),
+    )
     return EngineOptions(
         model=args.model,
         gpu=args.gpu,
@@ -263,22 +267,30 @@ def check_bind_host(host: str, allow_remote: bool) -> None:
         )
 
 
+def _given(check: Callable[[str, float], None], flags: Iterable[tuple[str, float | None]]) -> None:
+    """``check`` each flag's value that was given (``None``: not given, the default applies)."""
+    for flag, value in flags:
+        if value is not None:
+            check(flag, value)
+
+
 def check_serve_numbers(args: argparse.Namespace) -> None:
     """``sim serve``'s own numbers: ``ConfigError`` for a negative, NaN or infinite one (``--port`` is
     checked apart: 0 picks a free one)."""
     if args.parent_pid is not None:
         positive_int("--parent-pid", args.parent_pid)
-    for flag, value in (
-        ("--max-num-queued-reqs", args.max_num_queued_reqs),
-        ("--max-num-queued-tokens", args.max_num_queued_tokens),
-        ("--stream-reject-every", args.stream_reject_every),
-        ("--seed", args.seed),
-        ("--time-scale", args.time_scale),
-        ("--keepalive-timeout-s", args.keepalive_timeout_s),
-        ("--exit-delay-s", args.exit_delay_s),
-    ):
-        if value is not None:
-            non_negative(flag, value)
+    _given(
+        non_negative,
+        (
+            ("--max-num-queued-reqs", args.max_num_queued_reqs),
+            ("--max-num-queued-tokens", args.max_num_queued_tokens),
+            ("--stream-reject-every", args.stream_reject_every),
+            ("--seed", args.seed),
+            ("--time-scale", args.time_scale),
+            ("--keepalive-timeout-s", args.keepalive_timeout_s),
+            ("--exit-delay-s", args.exit_delay_s),
+        ),
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,7 +36,8 @@
   half: a heap that grows with the load's history leaves less than one step of it did. Measured on
   the CPU harness (a 1.3 GB data limit, 4,000-token prompts, death at 16 after 8 carried 32,000
   tokens): half, 15,872, died again under 20 s holds at 16 or 32 in 2 runs of 2; a quarter, 7,936,
-  carried 16, 32 and 64. The server's value comes from the cache config, the
+  carried 16, 32 and 64. Under 1.11 GB the death came at 8, and a quarter, 3,840, carried 8 and 16
+  (2 runs of 2). The server's value comes from the cache config, the
   ``--serve`` line or its start-up log (``runinfo.served_scheduler``); a server already at or
   below the advice gets no number and is told to cap ``max_num_seqs`` instead (the death is then
   the cap's to answer, as any other memory death is), and without the server's value the bound is given in

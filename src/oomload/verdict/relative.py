@@ -52,14 +52,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from oomload.errors import ConfigError
 from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, GateResult, GateStatus, Op, as_op, rule_int
 from oomload.verdict.gatesignals import METRICS, Metric
 from oomload.verdict.lastsafe import LastSafeRange, judge
-from oomload.verdict.shift import onset_shift
+from oomload.verdict.shift import format_ms, onset_shift
 from oomload.verdict.verdict import Verdict
 
 BASELINE = "baseline"
@@ -183,14 +183,15 @@ class RelativeRule:
             which = " and ".join(w for w, v in (("the baseline", base), ("this run", new)) if v is None)
             return GateResult(self, GateStatus.NOT_EVALUATED, f"{name} was not measured in {which}")
         bound = self.bound(base)
-        text = f"{name} {_num(new)} against the baseline's {_num(base)}"
+        show = _shown(self.metric)
+        text = f"{name} {show(new)} against the baseline's {show(base)}"
         if self.metric is not None and self.concurrency is None and not self.metric.from_trusted_steps:
             partial = _unlike_runs(verdict, baseline)
             if partial is not None:
                 return GateResult(self, GateStatus.NOT_EVALUATED, f"{text}, but {partial}", observed=new)
         if OPERATORS[self.op](new, bound):
             return GateResult(self, GateStatus.PASS, text, observed=new)
-        return GateResult(self, GateStatus.FAIL, f"{text}, not {self.op} {_num(bound)}", observed=new)
+        return GateResult(self, GateStatus.FAIL, f"{text}, not {self.op} {show(bound)}", observed=new)
 
     def _last_safe(self, verdict: Verdict, baseline: Verdict) -> GateResult:
         """This run's last safe range against the bound from the level the baseline proved safe
@@ -361,7 +362,22 @@ def _float(value: int | None) -> float | None:
 
 
 def _num(value: float) -> str:
-    return f"{value:.6g}"
+    return f"{value:.4g}"
+
+
+def _shown(metric: Metric | None) -> Callable[[float], str]:
+    """How a value of ``metric`` reads in a reason: latencies as the compare page shows them, shares in
+    %, rates with their unit, counts and levels as numbers (4 significant digits)."""
+    if metric is None:
+        return _num
+    if metric.share:
+        return lambda v: f"{v * 100:.3g} %"
+    if metric.unit in ("ms", "s"):
+        scale = 1000.0 if metric.unit == "s" else 1.0
+        return lambda v: format_ms(v * scale)
+    if "/" in metric.unit:
+        return lambda v: f"{_num(v)} {metric.unit}"
+    return _num
 
 
 def _arith(text: str, arith: str | None, num: str | None) -> tuple[float, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -165,6 +166,26 @@ def test_relative_rules_on_a_release_that_shrank_the_pool(runs: tuple[Path, Path
     # the same run against itself passes every rule
     same = evaluate_gates(rules, base, base)
     assert [r.status for r in same] == [GateStatus.PASS] * len(rules)
+
+
+def test_a_relative_reason_reads_its_values_in_their_unit(tmp_path: Path) -> None:
+    """A latency in the compare page's units, a share in %, a rate with its unit (they printed six
+    significant digits of the base unit: "p99-ttft-s at concurrency 4 0.0657 against the baseline's
+    0.340675")."""
+    base = build_verdict(load_run(write_run(tmp_path / "b", [StepSpec(4, ttft_ms=340.675, kv_max=0.3)])))
+    new = build_verdict(load_run(write_run(tmp_path / "n", [StepSpec(4, ttft_ms=1065.745, kv_max=0.65745)])))
+    rules = ("p99-ttft-s@4<=baseline*1.1", "max-kv-usage@4<=baseline*1.1", "req-per-s@4>=baseline*1.1")
+    results = {r.gate.text: r.reason for r in evaluate_gates([parse_gate(r) for r in rules], new, base)}
+    assert results[rules[0]] == (
+        "p99-ttft-s at concurrency 4 5.33 s against the baseline's 1.70 s, not <= 1.87 s"
+    )
+    assert (
+        results[rules[1]] == "max-kv-usage at concurrency 4 65.7 % against the baseline's 30 %, not <= 33 %"
+    )
+    assert re.fullmatch(
+        r"req-per-s at concurrency 4 [\d.]+ req/s against the baseline's [\d.]+ req/s, not >= [\d.]+ req/s",
+        results[rules[2]],
+    ), results[rules[2]]
 
 
 def test_an_onset_rule_on_one_draw_each_is_not_evaluated(tmp_path: Path) -> None:

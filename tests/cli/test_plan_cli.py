@@ -164,3 +164,35 @@ def test_plan_without_hash_ids_shows_one_shape(fixed_trace: Path, capsys: pytest
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["arithmetic_worst_case"] is None and out["odds_worst_case"] is None
+
+
+@pytest.mark.parametrize(
+    ("max_num_seqs", "said", "capped"),
+    [
+        (4, "Arithmetic: no onset: the server runs at most 4 requests at once (max_num_seqs) and 4 fit "
+            "the pool at their peak, so more queue (onset 11–14 without the cap)", 4),
+        (12, "Arithmetic band 11–14 with shared prefixes (worst case, nothing shared: 4): the onset from "
+             "block counts alone", None),
+        (48, "Arithmetic band 11–14 with shared prefixes (worst case, nothing shared: 4)", None),
+    ],
+)  # fmt: skip
+def test_plan_reads_the_band_through_the_servers_max_num_seqs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], max_num_seqs: int, said: str, capped: int | None
+) -> None:
+    """A server that runs fewer requests at once than the band's low end never preempts (the verdict's
+    ``Prediction.capped``): the plan said "Arithmetic band 11–14" whatever ``--max-num-seqs`` was."""
+    trace = tmp_path / "shared.jsonl"
+    records = [TraceRecord(f"r{i}", i * 0.1, 600, 100, hash_ids=(7, 100 + i)) for i in range(50)]
+    write_trace(trace, records, TraceHeader(format="synthetic", prefix=PrefixInfo(block_tokens=512)))
+    argv = [
+        "plan", str(trace), "--model", "tiny", "--num-gpu-blocks", "80", "--block-size", "32",
+        "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs), "--concurrency", "4",
+        "--requests-per-level", "16",
+    ]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["arithmetic"]["capped"] == capped
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert said in text
+    reach = "only 11–12 of the band is reached, above it more queue"
+    assert (reach in text) == (max_num_seqs == 12)

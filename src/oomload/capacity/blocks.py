@@ -268,6 +268,14 @@ class OnsetPrediction:
         latest = max(self.onset_p50, self.onset_mean, self.onset_spread or 0)
         return (min(self.onset_p90, self.onset_mean), latest)
 
+    def capped_at(self, max_num_seqs: int | None) -> int | None:
+        """The server's ``max_num_seqs`` when it keeps every concurrency below the band (``None``
+        otherwise): vLLM runs at most that many requests at once and queues the rest, and that many
+        P90-length requests fit the pool at their peak, so no level preempts."""
+        if not self.grows or max_num_seqs is None or max_num_seqs >= self.band[0]:
+            return None
+        return max_num_seqs
+
 
 def predict_preemption_onset(
     num_gpu_blocks: int,

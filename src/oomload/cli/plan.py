@@ -190,11 +190,25 @@ def _print(result: Any, startup: list[str], trace_count: int) -> None:
     shape = (
         "" if worst is None else f" with shared prefixes (worst case, nothing shared: {_band(worst.band)})"
     )
-    if a.grows:
+    capped = a.capped_at(result.max_num_seqs)
+    if capped is not None:
         console.print(
-            f"Arithmetic band {a.band[0]}–{a.band[1]}{shape}: the onset from block counts alone (usable "
+            f"Arithmetic: no onset: the server runs at most {capped} requests at once (max_num_seqs) and "
+            f"{capped} fit the pool at their peak, so more queue (onset {_band(a.band)} without the cap); "
+            "block counts alone, no simulation."
+        )
+    elif a.grows:
+        low, high = a.band
+        reach = (
+            f" The server runs at most {result.max_num_seqs} requests at once (max_num_seqs): only "
+            f"{_band((low, result.max_num_seqs))} of the band is reached, above it more queue."
+            if result.max_num_seqs < high
+            else ""
+        )
+        console.print(
+            f"Arithmetic band {low}–{high}{shape}: the onset from block counts alone (usable "
             "blocks ÷ blocks per request, from P90-length requests all at their peak to decode phases "
-            "spread evenly), no simulation."
+            f"spread evenly), no simulation.{reach}"
         )
     else:
         console.print(

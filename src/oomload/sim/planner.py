@@ -188,6 +188,7 @@ class PlanResult:
             "band": list(a.band),
             "shape": a.shape,
             "grows": a.grows,
+            "capped": a.capped_at(self.max_num_seqs),
         }
         adv = self.max_model_len_advice
         out["max_model_len_advice"] = {

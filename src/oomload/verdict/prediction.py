@@ -160,7 +160,7 @@ def compare_prediction(
     else:
         arithmetic, other = production, distinct
     low, high = arithmetic.band
-    capped = max_num_seqs if arithmetic.grows and max_num_seqs is not None and max_num_seqs < low else None
+    capped = arithmetic.capped_at(max_num_seqs)
     apart: int | None = None
     if not arithmetic.grows or capped is not None:
         # no onset expected: none observed agrees, one observed has no band to count from

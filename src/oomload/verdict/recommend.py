@@ -70,6 +70,7 @@ from oomload.verdict.deathadvice import (
     MIN_BATCHED_TOKENS,
     activation_death,
     host_memory_advice,
+    level_below,
     not_memory_text,
     prefill_advice,
 )
@@ -261,14 +262,6 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
             why = f"nothing broke in this run; no cap is needed up to the highest level judged ({judged})"
         why += _shape_clause(verdict)
         return Setting("--max-num-seqs", None, current, why)
-    if safe is None:
-        lowest = min((s.concurrency for s in verdict.measured_steps), default=None)
-        why = (
-            "one request at a time already broke: no cap avoids it (the settings beside it say what may)"
-            if lowest == 1
-            else "the lowest level tested already broke: test lower concurrency first"
-        )
-        return Setting("--max-num-seqs", None, current, why)
     preempted = [lv.concurrency for lv in verdict.preempted_levels]  # the onset's level among them
     what = "preemption" if preempted else "failures"
     bad_levels = [
@@ -279,8 +272,27 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
     bad_levels += preempted
     if death is not None and death.concurrency is not None:
         bad_levels.append(death.concurrency)
-    first_bad = min(bad_levels) if bad_levels else "an unknown level"
-    measured = f"the last safe concurrency was {safe}; {what} began at {first_bad}{_shape_clause(verdict)}"
+    first_bad = min(bad_levels) if bad_levels else None
+    if safe is None:
+        clean = _clean_but_queued(verdict, first_bad)
+        if clean is None:
+            lowest = min((s.concurrency for s in verdict.measured_steps), default=None)
+            why = (
+                "one request at a time already broke: no cap avoids it (the settings beside it say what may)"
+                if lowest == 1
+                else "the lowest level tested already broke: test lower concurrency first"
+            )
+            return Setting("--max-num-seqs", None, current, why)
+        below, queued = clean
+        why = (
+            f"{what} began at {first_bad}, but requests already queued in vLLM from {queued}, so no level "
+            f"proved a cap: level {below} ran without {what} while its engine ran fewer at times, and a "
+            f"server capped at {below} runs {below} all the time; oomload tune finds the highest cap "
+            "without preemption, starting the server with each"
+        )
+        return Setting("--max-num-seqs", None, current, why, action=f"below {first_bad}: oomload tune")
+    where = "an unknown level" if first_bad is None else first_bad
+    measured = f"the last safe concurrency was {safe}; {what} began at {where}{_shape_clause(verdict)}"
     if _capped_at_or_below(verdict, safe):  # a cap at the safe level would not lower the server's
         return Setting(
             "--max-num-seqs",
@@ -290,6 +302,19 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
             "changes nothing: what broke above it was not the number running",
         )
     return Setting("--max-num-seqs", safe, current, measured)
+
+
+def _clean_but_queued(verdict: Verdict, first_bad: int | None) -> tuple[int, int] | None:
+    """(the highest level below ``first_bad`` without an unsafe request, where queueing began) when
+    only queueing kept that level from being the last safe one: long prompts spending the prefill
+    budget queue requests from the lowest level while preemption begins far above it. That level
+    proves no cap: on the simulator a heavy-tailed mix preempted at 15 and ran clean at 14 with
+    requests waiting, and the server capped at 14 still preempted 3.2 times per 100 requests at 32."""
+    queued = verdict.queueing
+    clean = level_below(verdict, first_bad)
+    if queued is None or clean is None or queued.concurrency > clean:
+        return None
+    return clean, queued.concurrency
 
 
 def _broke(verdict: Verdict) -> bool:
@@ -498,6 +523,8 @@ def _reasoning(
         sentences.append(f"No max_num_seqs advice: {unrepresentative}.")
     if seqs.value is not None:
         sentences.append(f"Limit max_num_seqs to the last safe concurrency, {seqs.value}.")
+    elif seqs.action is not None:  # no level proved a cap, only because requests queued
+        sentences.append(_capitalize(seqs.reason) + ".")
     elif (
         unrepresentative is None
         and _broke(verdict)

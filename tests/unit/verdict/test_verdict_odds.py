@@ -100,6 +100,27 @@ def test_queueing_from_the_lowest_level_is_no_breakage(tmp_path: Path) -> None:
     assert (finding.text, finding.severity) == ("none (the lowest level already broke, at 4)", "bad")
 
 
+def test_queueing_below_the_onset_names_no_cap_and_says_why(tmp_path: Path) -> None:
+    """Long prompts spending the prefill budget: requests waited from the lowest level and preemption
+    began above it (the simulator: a heavy-tailed mix queued from 8 and preempted at 15). The advice said
+    "the lowest level tested already broke: test lower concurrency first", though nothing broke there. A
+    cap at the clean level 12 is not proven either: its engine ran fewer than 12 at times, and on the
+    simulator a server capped at 14 still preempted 3.2 times per 100 requests at 32."""
+    steps = [StepSpec(8, waiting_max=3, requests=48), StepSpec(12, waiting_max=3, requests=48)]
+    v = _verdict(tmp_path, [*steps, StepSpec(16, preemptions=5)])
+    assert v.last_safe_concurrency is None and v.queueing is not None and v.queueing.concurrency == 8
+    rec = recommend(v)
+    seqs = rec.max_num_seqs
+    assert (seqs.value, seqs.action) == (None, "below 16: oomload tune")
+    assert "already broke" not in seqs.reason
+    assert seqs.reason.startswith(
+        "preemption began at 16, but requests already queued in vLLM from 8, so no level proved a cap: "
+        "level 12 ran without preemption"
+    )
+    assert "Preemption began at 16, but requests already queued in vLLM from 8" in rec.reasoning
+    assert "--max-num-seqs" not in rec.flag_line
+
+
 def test_a_clean_level_short_of_the_odds_evidence_is_not_safe(tmp_path: Path) -> None:
     """The odds expect 4 per 100 at 6 (116 requests for 99 %); 12 requests without one prove little."""
     odds = [_odds(4, 0), _odds(6, 40), _odds(8, 200)]

@@ -17,8 +17,9 @@ onset at all: a full pool queues. Then no onset observed on a
 trusted clean level agrees (0 levels apart), and any observed onset disagrees (``levels_apart`` None: there
 is no band to count from). The same holds when the server's own ``max_num_seqs`` (its serve line's, the
 simulator's flags or its log: ``RunInfo.max_num_seqs``) is below the band's low end (``capped``): vLLM runs
-at most that many requests at once and queues the rest, and that many P90-length requests fit the pool at
-their peak, so no concurrency reaches the band.
+at most that many requests at once and queues the rest, and that many of the largest requests sent fit
+the pool together at their peak (``OnsetPrediction.capped_at``: P90-length ones fitting is not enough for a
+heavy-tailed mix), so no concurrency reaches the band.
 
 Prompt shape. The arithmetic is for the prompts the run sent (``shape``): with the trace's shared
 prefixes (``production``, the replay's default) the trace's ``hash_ids`` say which prompt blocks the

@@ -177,3 +177,54 @@ def test_for_fixed_lengths_grows_is_whether_the_scheduler_preempts(
         assert _burst_on(num_gpu_blocks, block_size, prompt, output, burst, budget=burst * prompt) > 0
     else:
         assert _burst_on(num_gpu_blocks, block_size, prompt, output, burst) == 0
+
+
+def _queue_on(num_gpu_blocks: int, prompts: np.ndarray, outputs: np.ndarray, max_num_seqs: int) -> int:
+    """Every request queued at once (in a shuffled order) on the simulator's V1 scheduler, blocks of 16,
+    at most ``max_num_seqs`` running: the preemptions until all finished."""
+    sched = Scheduler(SchedulerConfig(num_gpu_blocks, 16, max_num_seqs, 2048, num_gpu_blocks * 16))
+    for i in np.random.default_rng(1).permutation(len(prompts)):
+        sched.add(SimRequest(str(i), int(prompts[i]), int(outputs[i])))
+    while sched.has_work:
+        sched.step()
+    return sched.num_preemptions
+
+
+def test_a_cap_below_the_band_expects_no_onset_only_when_the_largest_requests_fit() -> None:
+    """95 % short requests and 5 % of 6,000–8,000 tokens on 823 blocks of 16: the band is 13–18, and a
+    server capped at 12 was called safe ("12 fit the pool at their peak": P90-length ones do). The
+    scheduler capped at 12 preempts whenever two long requests run together; one long one fits alone."""
+    rng = np.random.default_rng(0)
+    prompts = np.concatenate([rng.integers(100, 801, 380), rng.integers(6000, 7001, 20)])
+    outputs = np.concatenate([rng.integers(50, 401, 380), rng.integers(500, 1001, 20)])
+    p = predict_preemption_onset(823, 16, prompts + outputs, prompt_tokens=prompts)
+    assert p.band == (13, 18) and p.largest_fit == 1
+    assert p.capped_at(12) is None and _queue_on(823, prompts, outputs, 12) > 0
+    assert p.capped_at(1) == 1 and _queue_on(823, prompts, outputs, 1) == 0
+    # identical requests: the largest are the P90 ones, and a cap below the band holds
+    fixed = predict_preemption_onset(823, 16, [200 + 3000], prompt_tokens=[200])
+    assert fixed.largest_fit == fixed.band[0] - 1 and fixed.capped_at(fixed.band[0] - 1) == fixed.band[0] - 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=2000),
+    st.integers(min_value=1, max_value=2000),
+    st.integers(min_value=1, max_value=8000),
+    st.integers(min_value=1, max_value=3000),
+    st.integers(min_value=1, max_value=10),
+    st.integers(min_value=1, max_value=40),
+)
+def test_wherever_a_cap_expects_no_onset_the_scheduler_preempts_none(
+    short_prompt: int, short_output: int, long_prompt: int, long_output: int, long_every: int, cap: int
+) -> None:
+    """A two-length mix (one long request in ``long_every``) on 823 blocks of 16: where ``capped_at`` says
+    the cap keeps the server from preempting, the scheduler capped there preempts nothing."""
+    assume(long_prompt + long_output <= 822 * 16)
+    count = 60
+    is_long = np.arange(count) % long_every == 0
+    prompts = np.where(is_long, long_prompt, short_prompt)
+    outputs = np.where(is_long, long_output, short_output)
+    p = predict_preemption_onset(823, 16, prompts + outputs, prompt_tokens=prompts)
+    if p.capped_at(cap) is not None:
+        assert _queue_on(823, prompts, outputs, cap) == 0

@@ -84,7 +84,7 @@ from oomload.rundir.serverside import (
     server_share,
 )
 from oomload.trace.stats import percentile
-from oomload.verdict.gauges import sustained_level
+from oomload.verdict.gauges import sustained_level, waiting_sustained
 from oomload.verdict.loadgen import Starvation, starvation, starved_process
 from oomload.verdict.runview import StepData
 
@@ -253,13 +253,12 @@ class StepFacts:
     @property
     def queue_depth(self) -> float | None:
         """How deep vLLM's waiting queue was in this step, as the queueing finding judges it: the waiting
-        gauge's sustained level (two consecutive scrapes, ``oomload.verdict.gauges``) when it is above 0;
-        else the mean requests queued by vLLM's queue-time sum (``server.queued``, Little's law) when it
-        reached ``QUEUED_MEAN_MIN`` and a scrape saw the queue too; else 0 (``None``: neither observed).
-
-        A one-second step has about two scrapes: on the simulator, level 8 read 0 then 7 waiting (no
-        queueing) while vLLM's sum said 2.3 waited throughout; the next run read 3 then 5 (queueing),
-        3.7 by the sum. On 25 real-vLLM runs the sum never reached 1 where the gauge had not."""
+        gauge's sustained level (two consecutive scrapes past the step's opening admission,
+        ``oomload.verdict.gauges``) when it is above 0; else the mean requests queued by vLLM's
+        queue-time sum (``server.queued``, Little's law) when it reached ``QUEUED_MEAN_MIN`` and a scrape
+        saw the queue too; else 0 (``None``: neither observed). A one-second step has about two scrapes:
+        on the simulator, level 8 read 0 then 7 waiting while vLLM's sum said 2.3 waited throughout; the
+        next run read 3 then 5, 3.7 by the sum. On 25 real-vLLM runs the sum never reached 1 alone."""
         mean = None if self.server is None else self.server.queued
         if self.waiting_sustained is None and mean is None:
             return None
@@ -450,6 +449,7 @@ def summarize_step(
         mismatch = (delta_sum, counter)
     ok = [r for r in requests if r.outcome is Outcome.OK]
     server, share = _server_side(step, ok_metrics, all_requests)
+    waits = [(m.t_unix_s, _num(m.num_requests_waiting)) for m in ok_metrics]
     if preemptions:  # vLLM counts less of a preempted request's time than its client (seen: 0.70)
         share = None
     return StepFacts(
@@ -494,11 +494,11 @@ def summarize_step(
         open_loop=open_loop,
         after_death=after_death,
         counter_mismatch=mismatch,
-        waiting_sustained=_int_or_none(sustained_level([_num(m.num_requests_waiting) for m in ok_metrics])),
+        waiting_sustained=_int_or_none(waiting_sustained(waits, b.start_unix_s, duration)),
         kv_usage_sustained=sustained_level([m.kv_cache_usage for m in ok_metrics]),
         server=server,
         server_share=share,
-        waiting_share=_share([_num(m.num_requests_waiting) for m in ok_metrics], lambda v: v > 0),
+        waiting_share=_share([v for _, v in waits], lambda v: v > 0),
         kv_saturated_share=_share([m.kv_cache_usage for m in ok_metrics], lambda v: v >= KV_SATURATED),
         odds=odds,
         evidence_requests=b.evidence_requests,

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from oomload.report.findings import queueing
 from oomload.verdict import build_verdict
 from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
-from oomload.verdict.gauges import SUSTAINED_SCRAPES, sustained_level
+from oomload.verdict.gauges import SUSTAINED_SCRAPES, sustained_level, waiting_sustained
 from oomload.verdict.runview import load_run
 from runbuilder import StepSpec, write_run
 
@@ -100,3 +100,27 @@ def test_a_queue_two_scrapes_missed_is_found_by_vllms_queue_time(
     if queueing_at is not None:
         mean = f"{at_eight.server.queued:.1f}"
         assert queueing(verdict).text == f"concurrency 8 ({mean} waiting on average, by vLLM's queue time)"
+
+
+# the real vLLM, the first step of a ramp (6 users of 1,792-token prompts, 80 blocks of 256, a busy host):
+# seconds into the 8 s step and requests waiting; 6 ran from 2.76 s on
+OPENING = [(0.01, 0), (0.05, 0), (0.76, 3), (1.75, 1), (2.76, 0), (3.75, 0), (4.76, 0), (5.76, 0), (6.76, 0)]
+
+
+def _sustained(readings: list[tuple[float, float | None]], duration_s: float = 8.0) -> float | None:
+    return waiting_sustained([(100.0 + t, v) for t, v in readings], 100.0, duration_s)
+
+
+def test_a_steps_opening_admission_is_not_queueing() -> None:
+    """The opening burst of new users took two scrapes to admit: it read as "queueing at 6" and the run
+    lost its last safe level 8 (the same configuration run before read 8)."""
+    assert sustained_level([v for _, v in OPENING]) == 1  # what the step read before
+    assert _sustained(OPENING) == 0
+    # a queue that stands: it rises, it comes back later, it starts late, or it fills half the step
+    assert _sustained([(0.0, 0), (0.7, 1), (1.7, 3), (2.7, 0), *OPENING[5:]]) == 1  # rises
+    assert _sustained([*OPENING[:5], (3.75, 2), (4.76, 2), *OPENING[7:]]) == 2  # comes back
+    assert _sustained([(0.0, 0), *[(t + 2.0, v) for t, v in OPENING[1:]]]) == 1  # starts at 2.76 s of 8
+    assert _sustained([(0.0, 0), (0.7, 4), (1.7, 3), (2.7, 2), (3.7, 1), (4.7, 0), (5.7, 0)]) == 3  # half
+    assert _sustained([(0.0, 0), (0.7, 3), (1.7, 1)]) == 1  # never drained within the step
+    assert _sustained(OPENING, duration_s=0.0) == 1  # no duration: no opening to set apart
+    assert _sustained([(0.0, None), (0.7, 3), (1.7, 1), (2.7, 0)]) == 1  # an unread gauge first

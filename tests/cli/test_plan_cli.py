@@ -196,3 +196,32 @@ def test_plan_reads_the_band_through_the_servers_max_num_seqs(
     assert said in text
     reach = "only 11–12 of the band is reached, above it more queue"
     assert (reach in text) == (max_num_seqs == 12)
+
+
+def test_a_cap_below_the_band_that_the_largest_requests_overflow_stays_a_band(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """95 % short requests and 5 % of 3,000 + 500 tokens on 300 blocks of 16: a cap of 4 is below the
+    band, but two long requests do not fit together, so the plan keeps the band and says why (it read
+    "only 17–14 of the band is reached" on such a mix)."""
+    trace = tmp_path / "tail.jsonl"
+    lengths = [(3000, 500) if i % 20 == 0 else (100, 50) for i in range(200)]
+    write_trace(
+        trace,
+        [TraceRecord(f"r{i}", 0.0, p, o) for i, (p, o) in enumerate(lengths)],
+        TraceHeader(format="synthetic"),
+    )
+    argv = [
+        "plan", str(trace), "--model", "tiny", "--num-gpu-blocks", "300", "--block-size", "16",
+        "--max-model-len", "4096", "--max-num-seqs", "4", "--concurrency", "4", "--requests-per-level", "16",
+    ]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    arithmetic = json.loads(capsys.readouterr().out)["arithmetic"]
+    assert arithmetic["capped"] is None and arithmetic["band"][0] > 4
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "The server runs at most 4 requests at once (max_num_seqs), below the band, but 4 of the trace's"
+        in text
+    )
+    assert "of the band is reached" not in text

@@ -199,12 +199,18 @@ def _print(result: Any, startup: list[str], trace_count: int) -> None:
         )
     elif a.grows:
         low, high = a.band
-        reach = (
-            f" The server runs at most {result.max_num_seqs} requests at once (max_num_seqs): only "
-            f"{_band((low, result.max_num_seqs))} of the band is reached, above it more queue."
-            if result.max_num_seqs < high
-            else ""
-        )
+        cap = result.max_num_seqs
+        reach = ""
+        if cap < low:  # below the band, but its largest requests do not fit together (``capped_at``)
+            reach = (
+                f" The server runs at most {cap} requests at once (max_num_seqs), below the band, but {cap} "
+                "of the trace's largest requests do not fit the pool together: a preemption stays possible."
+            )
+        elif cap < high:
+            reach = (
+                f" The server runs at most {cap} requests at once (max_num_seqs): only "
+                f"{_band((low, cap))} of the band is reached, above it more queue."
+            )
         console.print(
             f"Arithmetic band {low}–{high}{shape}: the onset from block counts alone (usable "
             "blocks ÷ blocks per request, from P90-length requests all at their peak to decode phases "

@@ -18,6 +18,9 @@
   were not measured. A server whose own cap (``RunInfo.max_num_seqs``: its serve line's, the
   simulator's flags', else its log's) is already at or below that level gets no number: a cap there
   would not lower what broke. Nothing broke → no cap is advised, and the highest clean level is named.
+  Something broke but requests queued below it (long prompts spending the prefill budget), so no
+  level is safe → no number either: the clean level's engine ran fewer than its level at times, and
+  the cell says to find the cap with ``oomload tune`` (``_clean_but_queued``).
   A run that replayed only the trace's tail (``tail_percentile`` in ``config.json``) or its arrival
   times (``open_loop``) measured no production concurrency: no cap is advised, and the reason says why.
   The cap holds for the prompts the run sent; when the trace shares prefixes, the reason says which

@@ -386,9 +386,10 @@ def _largest_fit(blocks: np.ndarray, shared: SharedPrefixes | None, usable: int)
     are its effective blocks at ``n`` (its share of the groups ``n`` requests drawn at random hold: an
     expectation, not a worst case). A bisection finds ``n``."""
 
+    alone = np.sort(blocks)[::-1]  # without sharing, the same order at every n
+
     def fits(n: int) -> bool:
-        held = blocks if shared is None else shared.effective_blocks(blocks, n)
-        descending = np.sort(held)[::-1]
+        descending = alone if shared is None else np.sort(shared.effective_blocks(blocks, n))[::-1]
         return float(np.repeat(descending, -(-n // descending.size))[:n].sum()) <= usable
 
     lo, hi = 0, usable  # fits(0); every request owns a block

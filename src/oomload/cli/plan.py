@@ -154,6 +154,8 @@ def _print(result: Any, startup: list[str], trace_count: int) -> None:
     from rich.console import Console
     from rich.markup import escape
 
+    from oomload.verdict.prediction import no_onset_reason
+
     console = Console(highlight=False)
     gpu = result.gpu or "no GPU (CPU backend)"
     console.print(
@@ -191,13 +193,12 @@ def _print(result: Any, startup: list[str], trace_count: int) -> None:
         "" if worst is None else f" with shared prefixes (worst case, nothing shared: {_band(worst.band)})"
     )
     capped = a.capped_at(result.max_num_seqs)
-    if capped is not None:
+    if capped is not None or not a.grows:
         console.print(
-            f"Arithmetic: no onset: the server runs at most {capped} requests at once (max_num_seqs) and "
-            f"{capped} fit the pool at their peak, so more queue (onset {_band(a.band)} without the cap); "
-            "block counts alone, no simulation."
+            f"Arithmetic: no onset: {no_onset_reason(capped, _band(a.band))}; block counts alone, "
+            "no simulation."
         )
-    elif a.grows:
+    else:
         low, high = a.band
         cap = result.max_num_seqs
         reach = ""
@@ -215,11 +216,6 @@ def _print(result: Any, startup: list[str], trace_count: int) -> None:
             f"Arithmetic band {low}–{high}{shape}: the onset from block counts alone (usable "
             "blocks ÷ blocks per request, from P90-length requests all at their peak to decode phases "
             f"spread evenly), no simulation.{reach}"
-        )
-    else:
-        console.print(
-            "Arithmetic: no onset: the prompts a full pool admits leave room for their output, so it queues "
-            f"new requests (from {_band(a.band)}) and preempts none; block counts alone, no simulation."
         )
     _print_advice(console, result)
     for note in result.notes:

@@ -61,18 +61,11 @@ class Prediction:
     @property
     def no_onset_cause(self) -> str:
         """Why the arithmetic expects no onset (``expects_onset`` false)."""
-        if self.capped is not None:
-            return (
-                f"the server runs at most {self.capped} requests at once (max_num_seqs) and {self.capped} "
-                "fit the pool at their peak"
-            )
-        return "the prompts a full pool admits leave room for their output"
+        return no_onset_cause(self.capped)
 
     def no_onset_reason(self, band: str) -> str:
         """``no_onset_cause``, then what happens past it, with the band it replaces."""
-        if self.capped is not None:
-            return f"{self.no_onset_cause}, so more queue (onset {band} without the cap)"
-        return f"{self.no_onset_cause}, so it queues new requests (from {band}) and preempts none"
+        return no_onset_reason(self.capped, band)
 
     @property
     def reached(self) -> bool:
@@ -113,6 +106,24 @@ class Prediction:
             "capped": self.capped,
             "other": None if self.other is None else {**asdict(self.other), "band": list(self.other.band)},
         }
+
+
+def no_onset_cause(capped: int | None) -> str:
+    """Why block counts expect no onset: the server's cap (``OnsetPrediction.capped_at``), else prompts
+    that never outgrow a full pool (``OnsetPrediction.grows`` false). ``oomload plan`` says it too."""
+    if capped is not None:
+        return (
+            f"the server runs at most {capped} requests at once (max_num_seqs) and {capped} fit the pool at "
+            "their peak"
+        )
+    return "the prompts a full pool admits leave room for their output"
+
+
+def no_onset_reason(capped: int | None, band: str) -> str:
+    """``no_onset_cause``, then what happens past it, with the band it replaces."""
+    if capped is not None:
+        return f"{no_onset_cause(capped)}, so more queue (onset {band} without the cap)"
+    return f"{no_onset_cause(capped)}, so it queues new requests (from {band}) and preempts none"
 
 
 def compare_prediction(

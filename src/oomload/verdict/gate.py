@@ -47,8 +47,10 @@ mostly failed exits 3 (``oomload.report.run_exit_code``):
   that broke or queued): it passes when every value there meets the bound, fails when none does, and
   is not evaluated when the levels in between were never judged.
 
-Values are shown in the rule's own unit (``error-rate<=0.1%`` prints ``0.54 %``); ``observed`` in
-``GateResult.to_json`` is in the metric's base unit, named by ``unit``.
+Values are shown in their unit (``Metric.show``): latencies as ``850 ms`` or ``5.33 s``, shares in %
+(``0.54 %``, however the rule wrote its bound), rates with their unit; a failing value and its bound
+never read the same. ``observed`` in ``GateResult.to_json`` is in the metric's base unit, named by
+``unit``.
 
 ``gate_exit_code``: any failure → ``GATE_FAILED`` (1); else any rule not evaluated →
 ``GATE_NOT_EVALUATED`` (4); else ``OK``. A missing-evidence rule never turns into a pass.
@@ -188,7 +190,6 @@ class _Threshold:
     metric: Metric
     op: Op
     threshold: float
-    percent: bool  # the threshold was written in % (values are shown in %)
 
     @property
     def unit(self) -> str:
@@ -196,23 +197,18 @@ class _Threshold:
         return self.metric.unit
 
     def show(self, value: float) -> str:
-        """A value in the rule's own unit: ``0.54 %`` for a rule written in %, else the number."""
-        if self.percent:
-            return f"{value * 100:.3g} %"
-        return f"{value:.6g}"
+        """A value in the metric's unit (``Metric.show``): ``5.33 s``, ``0.54 %``, ``12``."""
+        return self.metric.show(value)
 
     def holds(self, value: float) -> bool:
         return OPERATORS[self.op](value, self.threshold)
 
     def _judged(self, observed: float, where: str) -> tuple[GateStatus, str]:
         """Pass or fail on a value measured ``where``, and the reason."""
-        shown = self.show(observed)
         if self.holds(observed):
-            return GateStatus.PASS, f"{self.metric.name} = {shown} {where}"
-        return (
-            GateStatus.FAIL,
-            f"{self.metric.name} = {shown} {where}, not {self.op} {self.show(self.threshold)}",
-        )
+            return GateStatus.PASS, f"{self.metric.name} = {self.show(observed)} {where}"
+        shown, bound = self.metric.show_apart(observed, self.threshold)
+        return GateStatus.FAIL, f"{self.metric.name} = {shown} {where}, not {self.op} {bound}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,11 +284,12 @@ class LevelThreshold(_Threshold):
         if not complete:
             seen = self._partial_violation(steps)
             if seen is not None:
+                shown, bound = self.metric.show_apart(seen, self.threshold)
                 return GateResult(
                     self,
                     GateStatus.FAIL,
-                    f"{self.metric.name} = {self.show(seen)} {where} already in an untrusted step, "
-                    f"not {self.op} {self.show(self.threshold)}",
+                    f"{self.metric.name} = {shown} {where} already in an untrusted step, "
+                    f"not {self.op} {bound}",
                     observed=seen,
                 )
             why = "; ".join(d for s in steps if (d := s.distrust) is not None) or (
@@ -354,10 +351,9 @@ def parse_threshold(text: str, match: re.Match[str]) -> RunThreshold | LevelThre
         raise ConfigError(f"gate {text!r}: {metric.name} is one number per run; drop '@{concurrency}'")
     value = _number(match["value"], text, percent_ok=metric.share)
     op = _op(match["op"])
-    percent = match["value"].endswith("%")
     if concurrency is None:
-        return RunThreshold(text, metric, op, value, percent)
-    return LevelThreshold(text, metric, op, value, percent, concurrency)
+        return RunThreshold(text, metric, op, value)
+    return LevelThreshold(text, metric, op, value, concurrency)
 
 
 def parse_gate(text: str) -> Gate:

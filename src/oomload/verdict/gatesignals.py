@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from oomload.outcome import Outcome
 from oomload.verdict.deathcause import DeathKind
+from oomload.verdict.shift import format_ms
 from oomload.verdict.verdict import KV_SATURATED, StepFacts, Verdict
 
 # ---------------------------------------------------------------------------------------------------
@@ -123,6 +124,39 @@ class Metric:
     monotone: bool = False  # only grows as a step goes on: an untrusted step's value already fails
     fails_where_engine_died: bool = False  # the step the engine died in is judged on it, trusted or not
     from_trusted_steps: bool = False  # built from trusted steps only: a cut-short run leaves it whole
+
+    def show(self, value: float) -> str:
+        """``value`` (in ``unit``) as a reason shows it: a latency as the compare page does (``850 ms``,
+        ``1.25 s``), a share in % (``0.54 %``), a rate with its unit, a count or level as a number."""
+        if self.share:
+            return f"{value * 100:.3g} %"
+        if self.unit in ("ms", "s"):
+            return format_ms(value * 1000.0 if self.unit == "s" else value)
+        if "/" in self.unit:
+            return f"{show_number(value)} {self.unit}"
+        return show_number(value)
+
+    def show_apart(self, value: float, bound: float) -> tuple[str, str]:
+        """``value`` and its bound shown in the unit, apart (``show_apart``)."""
+        unit = f" {self.unit}" if self.unit in ("ms", "s") or "/" in self.unit else ""
+        return show_apart(self.show, value, bound, unit)
+
+
+def show_apart(show: Callable[[float], str], value: float, bound: float, unit: str = "") -> tuple[str, str]:
+    """``value`` and the bound it is judged against, shown so that two different numbers never read
+    the same (``2.00 s, not <= 2.00 s``): where ``show`` would, both in six significant digits of the
+    base unit."""
+    value_text, bound_text = show(value), show(bound)
+    if value_text == bound_text and value != bound:
+        return f"{value:.6g}{unit}", f"{bound:.6g}{unit}"
+    return value_text, bound_text
+
+
+def show_number(value: float) -> str:
+    """A count or level as a whole number, anything else in four significant digits."""
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.4g}"
 
 
 def _as_float(value: int | None) -> float | None:

@@ -52,14 +52,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from oomload.errors import ConfigError
 from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, GateResult, GateStatus, Op, as_op, rule_int
-from oomload.verdict.gatesignals import METRICS, Metric
+from oomload.verdict.gatesignals import METRICS, Metric, show_apart, show_number
 from oomload.verdict.lastsafe import LastSafeRange, judge
-from oomload.verdict.shift import format_ms, onset_shift
+from oomload.verdict.shift import onset_shift
 from oomload.verdict.verdict import Verdict
 
 BASELINE = "baseline"
@@ -183,7 +183,7 @@ class RelativeRule:
             which = " and ".join(w for w, v in (("the baseline", base), ("this run", new)) if v is None)
             return GateResult(self, GateStatus.NOT_EVALUATED, f"{name} was not measured in {which}")
         bound = self.bound(base)
-        show = _shown(self.metric)
+        show = self.metric.show if self.metric is not None else show_number
         text = f"{name} {show(new)} against the baseline's {show(base)}"
         if self.metric is not None and self.concurrency is None and not self.metric.from_trusted_steps:
             partial = _unlike_runs(verdict, baseline)
@@ -191,7 +191,15 @@ class RelativeRule:
                 return GateResult(self, GateStatus.NOT_EVALUATED, f"{text}, but {partial}", observed=new)
         if OPERATORS[self.op](new, bound):
             return GateResult(self, GateStatus.PASS, text, observed=new)
-        return GateResult(self, GateStatus.FAIL, f"{text}, not {self.op} {show(bound)}", observed=new)
+        new_text, bound_text = (
+            self.metric.show_apart(new, bound) if self.metric is not None else show_apart(show, new, bound)
+        )
+        why = (
+            f"not {self.op} {bound_text}"
+            if new_text == show(new)
+            else f"{new_text} is not {self.op} {bound_text}"
+        )
+        return GateResult(self, GateStatus.FAIL, f"{text}, {why}", observed=new)
 
     def _last_safe(self, verdict: Verdict, baseline: Verdict) -> GateResult:
         """This run's last safe range against the bound from the level the baseline proved safe
@@ -205,9 +213,9 @@ class RelativeRule:
         status = judge(new, self.op, bound)
         text = f"last safe concurrency {new.words()} against the baseline's {base.low}"
         if status is GateStatus.FAIL:
-            text += f", not {self.op} {_num(bound)}"
+            text += f", not {self.op} {show_number(bound)}"
         elif status is GateStatus.NOT_EVALUATED:
-            text += f": judge the levels that could meet {self.op} {_num(bound)}"
+            text += f": judge the levels that could meet {self.op} {show_number(bound)}"
         return GateResult(self, status, text, observed=observed)
 
     def _values(self, verdict: Verdict, baseline: Verdict) -> tuple[str, float | None, float | None]:
@@ -256,7 +264,7 @@ class RelativeRule:
         return GateResult(
             self,
             GateStatus.NOT_EVALUATED,
-            f"{new_text}, below the bound {_num(bound)} from the baseline ({base_text}): {todo}",
+            f"{new_text}, below the bound {show_number(bound)} from the baseline ({base_text}): {todo}",
         )
 
     def _new_death(self, verdict: Verdict, baseline: Verdict) -> GateResult:
@@ -359,25 +367,6 @@ def _blocks(verdict: Verdict) -> float | None:
 
 def _float(value: int | None) -> float | None:
     return None if value is None else float(value)
-
-
-def _num(value: float) -> str:
-    return f"{value:.4g}"
-
-
-def _shown(metric: Metric | None) -> Callable[[float], str]:
-    """How a value of ``metric`` reads in a reason: latencies as the compare page shows them, shares in
-    %, rates with their unit, counts and levels as numbers (4 significant digits)."""
-    if metric is None:
-        return _num
-    if metric.share:
-        return lambda v: f"{v * 100:.3g} %"
-    if metric.unit in ("ms", "s"):
-        scale = 1000.0 if metric.unit == "s" else 1.0
-        return lambda v: format_ms(v * scale)
-    if "/" in metric.unit:
-        return lambda v: f"{_num(v)} {metric.unit}"
-    return _num
 
 
 def _arith(text: str, arith: str | None, num: str | None) -> tuple[float, float]:

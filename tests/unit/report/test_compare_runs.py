@@ -188,6 +188,15 @@ def test_a_relative_reason_reads_its_values_in_their_unit(tmp_path: Path) -> Non
     ), results[rules[2]]
 
 
+def test_a_relative_bound_that_reads_like_the_value_gets_more_digits(tmp_path: Path) -> None:
+    """2.02 s against a bound of 2.0196 s (the baseline's 1.836 s × 1.1): both read "2.02 s"."""
+    base = build_verdict(load_run(write_run(tmp_path / "b", [StepSpec(4, ttft_ms=367.2)])))  # P99 5×
+    new = build_verdict(load_run(write_run(tmp_path / "n", [StepSpec(4, ttft_ms=404.0)])))
+    [result] = evaluate_gates([parse_gate("p99-ttft-s@4<=baseline*1.1")], new, base)
+    assert result.status is GateStatus.FAIL
+    assert result.reason.endswith("1.84 s, not <= 2.0196 s"), result.reason
+
+
 def test_an_onset_rule_on_one_draw_each_is_not_evaluated(tmp_path: Path) -> None:
     base = build_verdict(load_run(_run(tmp_path / "b", onset=8, blocks=100, repeats=1)))
     new = build_verdict(load_run(_run(tmp_path / "n", onset=6, blocks=100, repeats=1)))

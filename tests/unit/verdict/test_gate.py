@@ -291,3 +291,23 @@ def test_a_level_the_server_did_not_hold_gives_no_evidence(tmp_path: Path) -> No
         )
     )
     assert status("p99-ttft-s@4<=10", held) is GateStatus.PASS
+
+
+def test_a_reason_shows_values_in_their_unit(knee: Verdict) -> None:
+    """A latency reads as the compare page shows it, a share in %, a rate with its unit — whatever
+    unit the rule wrote its bound in."""
+    reasons = {
+        rule: evaluate_gate(parse_gate(rule), knee).reason
+        for rule in ("p99-ttft-s@4<=0.01", "p99-ttft-ms@4<100", "max-kv-usage@6<0.95", "req-per-s@4>=1000")
+    }
+    assert reasons["p99-ttft-s@4<=0.01"] == "p99-ttft-s = 250 ms at concurrency 4, not <= 10 ms"
+    assert reasons["p99-ttft-ms@4<100"] == "p99-ttft-ms = 250 ms at concurrency 4, not < 100 ms"
+    assert reasons["max-kv-usage@6<0.95"] == "max-kv-usage = 100 % at concurrency 6, not < 95 %"
+    assert reasons["req-per-s@4>=1000"].endswith("req/s at concurrency 4, not >= 1000 req/s")
+
+
+def test_a_failing_value_never_reads_the_same_as_its_bound(knee: Verdict) -> None:
+    """250 ms against a bound of 249.9 ms: both read "250 ms" in the unit, so both get more digits."""
+    result = evaluate_gate(parse_gate("p99-ttft-ms@4<=249.9"), knee)
+    assert result.status is GateStatus.FAIL
+    assert result.reason == "p99-ttft-ms = 250 ms at concurrency 4, not <= 249.9 ms"

@@ -29,7 +29,7 @@ file                        content
 ``server_exit.json``        how a server oomload started ended (``oomload.run.served``)
 ``events.jsonl``            notable moments: ``{"t_unix_s", "kind", "step"?, "detail"?}`` —
                             kinds include ``scrape_failed``, ``server_restarted``,
-                            ``server_dead``, ``first_preemption``, ``interrupted``,
+                            ``metrics_invalid``, ``server_dead``, ``first_preemption``, ``interrupted``,
                             ``sampler_unavailable``, ``stop_condition``
 ``cache_config.json``       the server's ``vllm:cache_config_info`` labels, read once
 ``odds.jsonl``              the trace's odds per level on that pool (``oomload.capacity.odds.LevelOdds``),

@@ -16,7 +16,9 @@ Counters become per-interval deltas against the previous *ok* scrape (the first 
 are 0: what happened before oomload watched is not this run's). A counter that drops, or counters
 re-created (their ``_created`` timestamp moves), means the server restarted: the line says
 ``"restarted": true``, ``events.jsonl`` gets a ``server_restarted`` event, and the delta counts
-from the new value (never negative). Failures are recorded with their time and reason, the first
+from the new value (never negative). A sample no vLLM could expose (``VllmSnapshot.invalid``: a KV
+usage of 7.5, waiting −3) is left out of the line, and the first one of each field is a
+``metrics_invalid`` event. Failures are recorded with their time and reason, the first
 of a streak also as a ``scrape_failed`` event; they never stop the loop — ``consecutive_failures``
 lets the runner treat a streak as a sign of server death. ``t_unix_s`` is stamped when the answer
 arrives (under load vLLM can take 1–3 s to answer).
@@ -75,6 +77,7 @@ class MetricsPoller:
         self.scrapes = 0
         self.failures = 0
         self.restarts = 0
+        self._invalid_told: set[str] = set()  # fields whose impossible samples an event already named
         self._scrape_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -147,6 +150,10 @@ class MetricsPoller:
                     t_unix_s=snapshot.t_unix_s,
                     evidence=_restart_evidence(previous, snapshot),
                 )
+        for field, why in (snapshot.invalid or {}).items():
+            if field not in self._invalid_told and self._writer is not None:
+                self._writer.event("metrics_invalid", t_unix_s=snapshot.t_unix_s, field=field, detail=why)
+            self._invalid_told.add(field)
         if self._cache_config is None and snapshot.cache_config is not None:
             config = dict(snapshot.cache_config)
             if self.max_model_len is not None:

@@ -28,6 +28,10 @@ Algorithm
    ``"0.92"`` → 0.92, ``"True"`` → true, ``"None"`` → null; anything else stays a string). With
    several engines the first engine's labels are kept and ``engine_count`` says how many there were.
 
+A sample no vLLM can expose — a usage fraction outside 0–1, a negative or infinite count or
+sum — is dropped as a NaN sample is (a field with no other sample reads ``None``: not exposed),
+and ``VllmSnapshot.invalid`` names it: one sentence a field, for the run's events.
+
 ``vllm:cpu_cache_usage_perc`` (V0 only) measured the CPU *swap space*, not the KV pool, so it is
 reported separately as ``cpu_cache_usage`` and never used as the KV usage.
 """
@@ -121,6 +125,8 @@ class VllmSnapshot:
     counters_created_unix_s: float | None = None
     # exposed name each field was read from, e.g. {"kv_cache_usage": "vllm:gpu_cache_usage_perc"}
     sources: Mapping[str, str] | None = None
+    # field → why its samples were dropped: "vllm:kv_cache_usage_perc = 7.5, not a fraction in 0–1"
+    invalid: Mapping[str, str] | None = None
 
     def counters(self) -> dict[str, int | None]:
         """The monotonically increasing counters, by field name."""
@@ -156,11 +162,16 @@ def parse_vllm_metrics(text: str, *, t_unix_s: float, model_name: str | None = N
 
     fields: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    invalid: dict[str, str] = {}
     for field, candidates in NAME_CANDIDATES.items():
         for candidate in candidates:
             series = by_name.get(candidate)
             if series:
                 values = [v for _, v in series if not math.isnan(v)]
+                bad = [v for v in values if not _possible(field, v)]
+                if bad:
+                    invalid[field] = f"{candidate} = {bad[0]:g}, {_POSSIBLE_TEXT[field in FRACTION_FIELDS]}"
+                    values = [v for v in values if _possible(field, v)]
                 if not values:
                     break
                 sources[field] = candidate
@@ -185,7 +196,18 @@ def parse_vllm_metrics(text: str, *, t_unix_s: float, model_name: str | None = N
         engine_count=len(engines) if engines else 1,
         counters_created_unix_s=max(created) if created else None,
         sources=sources,
+        invalid=invalid or None,
     )
+
+
+_POSSIBLE_TEXT = {True: "not a fraction in 0–1", False: "not a finite number ≥ 0"}
+
+
+def _possible(field: str, value: float) -> bool:
+    """Whether any vLLM could expose ``value`` for ``field``: a fraction in 0–1, else finite ≥ 0."""
+    if field in FRACTION_FIELDS:
+        return 0.0 <= value <= 1.0
+    return 0.0 <= value < math.inf
 
 
 def parse_label_value(text: str) -> Any:

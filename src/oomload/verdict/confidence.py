@@ -27,6 +27,8 @@ Warnings (they lower the level):
   ``odds_disagree`` — the observed onset is more than one measured level from the odds' onset;
 * ``prediction_disagrees`` — the onset is more than one grid level from the arithmetic band;
 * ``config_unreadable`` — ``config.json`` is not a readable JSON object;
+* ``metrics_invalid`` — ``/metrics`` exposed a value no vLLM can (a KV usage of 7.5, waiting −3;
+  ``metrics_invalid`` events): those samples were left out, and the server's other figures are suspect;
 * ``worker_lost`` — a Locust worker of a distributed run was lost during a step (the others took
   over its users, or the run ended): that step's load changed under it.
 
@@ -194,6 +196,13 @@ def data_notes(view: RunView) -> list[ConfidenceNote]:
     if not view.cache_config:
         text = "vllm:cache_config_info was not read: no arithmetic prediction to check the onset against"
         notes.append(ConfidenceNote("no_cache_config", text, severity="info"))
+    for event in view.events:
+        if event.kind == "metrics_invalid":
+            text = (
+                f"/metrics exposed {event.fields.get('detail')}: those samples were left out; a server "
+                "(or a proxy in front of it) that reports impossible values may report the rest wrongly too"
+            )
+            notes.append(ConfidenceNote("metrics_invalid", text))
     if view.unassigned_requests:
         text = f"{view.unassigned_requests} request(s) could not be placed in any step"
         notes.append(ConfidenceNote("unassigned_requests", text, severity="info"))

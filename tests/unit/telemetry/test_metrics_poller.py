@@ -99,6 +99,18 @@ def test_counter_drop_is_a_restart_never_a_negative_delta(tmp_path: Path) -> Non
     assert events[0]["t_unix_s"] == records[1]["t_unix_s"]
 
 
+def test_an_impossible_gauge_is_left_out_and_told_once(tmp_path: Path) -> None:
+    p, writer = poller(tmp_path, [vllm_text(kv=7.5), vllm_text(kv=6.0), vllm_text(kv=0.5)])
+    records = [p.poll_once() for _ in range(3)]
+    writer.close()
+    assert [r["kv_cache_usage"] for r in records] == [None, None, 0.5]
+    assert all(r["ok"] for r in records)
+    events = lines(tmp_path / "events.jsonl")
+    assert [(e["kind"], e["field"], e["detail"]) for e in events] == [
+        ("metrics_invalid", "kv_cache_usage", "vllm:kv_cache_usage_perc = 7.5, not a fraction in 0–1")
+    ]
+
+
 def test_recreated_counters_are_a_restart_even_without_a_drop(tmp_path: Path) -> None:
     p, writer = poller(
         tmp_path, [vllm_text(preemptions=0, created=1.0e9), vllm_text(preemptions=0, created=2.0e9)]

@@ -117,6 +117,27 @@ def test_data_parallel_engines_are_summed_and_kv_takes_the_fullest() -> None:
     assert snap.cache_config["num_gpu_blocks"] == 96
 
 
+def test_values_no_vllm_can_expose_are_left_out_and_named() -> None:
+    """A KV usage of 7.5 read as "750 %", waiting −3 and an infinite counter: each sample is dropped
+    as a NaN one is, and ``invalid`` says which and why."""
+    snap = parse_vllm_metrics(vllm_text(kv=7.5, waiting=-3, preemptions=[2]), t_unix_s=0.0)
+    assert (snap.kv_cache_usage, snap.num_requests_waiting) == (None, None)
+    assert snap.num_preemptions_total == 2 and snap.num_requests_running == 3
+    assert snap.invalid == {
+        "kv_cache_usage": "vllm:kv_cache_usage_perc = 7.5, not a fraction in 0–1",
+        "num_requests_waiting": "vllm:num_requests_waiting = -3, not a finite number ≥ 0",
+    }
+    fullest = parse_vllm_metrics(vllm_text(engines=("0", "1"), kv=[0.5, 1.5]), t_unix_s=0.0)
+    assert fullest.kv_cache_usage == 0.5  # the other engine's impossible sample is not its maximum
+    text = vllm_text().replace("vllm:num_preemptions_total{", "vllm:num_preemptions_total_x{") + (
+        'vllm:num_preemptions_total{engine="0",model_name="m"} +Inf\n'
+    )
+    inf = parse_vllm_metrics(text, t_unix_s=0.0)
+    assert inf.num_preemptions_total is None and inf.invalid is not None
+    assert "num_preemptions_total" in inf.invalid
+    assert parse_vllm_metrics(vllm_text(kv=1.0, waiting=0), t_unix_s=0.0).invalid is None  # the edges
+
+
 def test_admission_rejections_summed_over_reasons() -> None:
     text = vllm_text() + (
         'vllm:admission_rejections_total{model_name="m",reason="max_num_queued_reqs"} 4.0\n'

@@ -356,6 +356,27 @@ def test_a_lost_locust_worker_is_a_warning_on_its_step(tmp_path: Path, level: in
     assert v.last_safe_concurrency == 5  # the verdict itself stands; how far to trust it changed
 
 
+def test_a_server_that_exposed_an_impossible_value_is_a_warning(tmp_path: Path) -> None:
+    """A ``metrics_invalid`` event (a KV usage of 7.5 left out by the poller) lowers the confidence:
+    a server or proxy that reports one impossible value may report the others wrongly too."""
+    run = write_run(tmp_path / "run", cpu_knee_steps(), cache_config=CPU_CACHE)
+    assert verdict_of(run).confidence == "high"
+    start = load_run(run).steps[0].boundary.start_unix_s
+    event = {
+        "t_unix_s": start + 1.0,
+        "kind": "metrics_invalid",
+        "field": "kv_cache_usage",
+        "detail": "vllm:kv_cache_usage_perc = 7.5, not a fraction in 0–1",
+    }
+    with open(run / "events.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(event) + "\n")
+    v = verdict_of(run)
+    [note] = [n for n in v.notes if n.kind == "metrics_invalid"]
+    assert note.severity == "warning"
+    assert note.message.startswith("/metrics exposed vllm:kv_cache_usage_perc = 7.5, not a fraction in 0–1:")
+    assert v.confidence == "medium"
+
+
 def test_one_token_outputs_that_never_grow_are_not_a_disagreement(tmp_path: Path) -> None:
     """Seen on the simulator: 1000 + 1 tokens on 799 blocks of 16 ran clean up to 24, and the verdict read
     "observed no onset is 3 levels from the arithmetic band 13–13", confidence low. Such requests never

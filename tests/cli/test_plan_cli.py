@@ -225,3 +225,57 @@ def test_a_cap_below_the_band_that_the_largest_requests_overflow_stays_a_band(
         in text
     )
     assert "of the band is reached" not in text
+
+
+class _FakeStatus:
+    def __init__(self, log: list[str], text: str) -> None:
+        self.log = log
+        log.append(f"start {text}")
+
+    def start(self) -> None:
+        pass
+
+    def update(self, text: str) -> None:
+        self.log.append(f"update {text}")
+
+    def stop(self) -> None:
+        self.log.append("stop")
+
+
+class _FakeConsole:
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def status(self, text: str) -> _FakeStatus:
+        return _FakeStatus(self.log, text)
+
+
+def test_a_long_plan_names_each_level_it_simulates(
+    fixed_trace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--concurrency 100000`` ran for minutes in silence: on a terminal each level (of both sweeps:
+    the check with the advised max_model_len runs them again) is named with its requests, and the
+    line is gone before the plan prints."""
+    from oomload.cli import plan as plan_cli
+
+    console = _FakeConsole()
+    monkeypatch.setattr(plan_cli.LevelStatus, "on_stderr", classmethod(lambda cls: cls(console)))
+    code = main([
+        "plan", str(fixed_trace), "--model", "tiny", "--num-gpu-blocks", "32", "--block-size", "128",
+        "--max-model-len", "2048", "--max-num-seqs", "64", "--concurrency", "1,80", "--json",
+    ])  # fmt: skip
+    assert code == 0
+    json.loads(capsys.readouterr().out)  # stdout stays the JSON alone
+    assert console.log[:2] == [
+        "start simulating concurrency 1: 40 requests",  # the trace's 40 requests
+        "update simulating concurrency 80: 80 requests",  # one a user at least
+    ]
+    assert len(console.log) == 5  # the check sweep with the advised max_model_len: both levels again
+    assert console.log[-1] == "stop" and console.log.count("stop") == 1
+
+
+def test_the_level_status_is_silent_off_a_terminal() -> None:
+    from oomload.cli.plan import LevelStatus
+
+    with LevelStatus(None) as status:
+        status(8, 1000)  # no console: nothing to draw, nothing raised

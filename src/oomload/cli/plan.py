@@ -6,6 +6,10 @@ the KV pool, the preemption onset, OOM risk, KV saturation and the ``vllm serve`
 When the trace carries ``hash_ids`` the arithmetic and the trace's odds are given for both prompt
 shapes: with the trace's shared prefixes held once (production) and with nothing shared (worst case),
 so the plan says what prefix caching buys at this traffic.
+
+A level of thousands of users simulates tens of thousands of requests (16 a user, at least 1000):
+on a terminal, a transient line on stderr names the level being simulated and its requests
+(``LevelStatus``), so a long plan is never silent.
 """
 
 from __future__ import annotations
@@ -85,10 +89,11 @@ def run(args: argparse.Namespace) -> int:
     if args.requests_per_level is not None and args.requests_per_level < 1:
         raise ConfigError(f"--requests-per-level must be positive, got {args.requests_per_level}")
     block_tokens = read_trace_header(args.trace).prefix_or_default().block_tokens
-    result = plan(
-        built, opts, prompts, outputs, levels, requests_per_level=args.requests_per_level,
-        chains=chains, chain_block_tokens=block_tokens,
-    )  # fmt: skip
+    with LevelStatus.on_stderr() as status:
+        result = plan(
+            built, opts, prompts, outputs, levels, requests_per_level=args.requests_per_level,
+            chains=chains, chain_block_tokens=block_tokens, progress=status,
+        )  # fmt: skip
     pool = Pool(
         num_gpu_blocks=result.num_gpu_blocks,
         block_size=result.block_size,
@@ -112,6 +117,41 @@ def run(args: argparse.Namespace) -> int:
         _print(result, built.layout.startup_lines(), len(prompts))
         _print_odds(odds, worst)
     return int(ExitCode.OK)
+
+
+class LevelStatus:
+    """``progress`` for ``plan``: one transient line naming the level being simulated (rich's status,
+    on a terminal only); a no-op elsewhere, so pipes and ``--json`` read as before."""
+
+    def __init__(self, console: Any = None) -> None:
+        self._console = console
+        self._status: Any = None
+
+    @classmethod
+    def on_stderr(cls) -> LevelStatus:
+        import sys
+
+        from rich.console import Console
+
+        return cls(Console(stderr=True) if sys.stderr.isatty() else None)
+
+    def __enter__(self) -> LevelStatus:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def __call__(self, concurrency: int, requests: int) -> None:
+        if self._console is None:
+            return
+        text = f"simulating concurrency {concurrency:,}: {requests:,} requests"
+        if self._status is None:
+            self._status = self._console.status(text)
+            self._status.start()
+        else:
+            self._status.update(text)
 
 
 def _print_odds(odds: Sequence[LevelOdds], worst: Sequence[LevelOdds]) -> None:

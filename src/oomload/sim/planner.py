@@ -34,7 +34,7 @@ each sized by the same start-up budget.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -325,12 +325,16 @@ def sweep(
     stop_after_oom: bool = True,
     stop_after_preemption: bool = False,
     shared: SharedPrefixes | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[LevelResult]:
-    """Run every level in order (stopping after a modelled OOM, or a preemption, when told)."""
+    """Run every level in order (stopping after a modelled OOM, or a preemption, when told);
+    ``progress(concurrency, requests)`` is told each level before it runs."""
     results: list[LevelResult] = []
     for c in sorted(set(levels)):
-        count = requests_per_level or min(max(1000, 16 * c), len(prompts))
-        level = run_level(built, options, prompts, outputs, c, max(count, c), shared)
+        count = max(requests_per_level or min(max(1000, 16 * c), len(prompts)), c)
+        if progress is not None:
+            progress(c, count)
+        level = run_level(built, options, prompts, outputs, c, count, shared)
         results.append(level)
         if (level.oom and stop_after_oom) or (level.preemptions and stop_after_preemption):
             break
@@ -369,9 +373,11 @@ def plan(
     stop_after_oom: bool = True,
     chains: Sequence[Sequence[int]] = (),
     chain_block_tokens: int = DEFAULT_PREFIX_BLOCK_TOKENS,
+    progress: Callable[[int, int], None] | None = None,
 ) -> PlanResult:
     """Run every level and derive the onsets and the recommended vLLM flags; ``chains`` are the trace's
-    ``hash_ids`` (one per request, ``chain_block_tokens`` tokens per id; empty: none)."""
+    ``hash_ids`` (one per request, ``chain_block_tokens`` tokens per id; empty: none); ``progress`` is
+    told each level of both sweeps before it runs (``sweep``)."""
     if len(prompt_tokens) == 0:
         raise ValueError("the trace has no requests")
     prompts = np.asarray(prompt_tokens, dtype=np.int64)
@@ -386,8 +392,8 @@ def plan(
             chains, prompt_list, block_tokens=chain_block_tokens, block_size=layout.block_size
         )
     results = sweep(
-        built, options, prompt_list, output_list, levels,
-        requests_per_level=requests_per_level, stop_after_oom=stop_after_oom, shared=shared,
+        built, options, prompt_list, output_list, levels, requests_per_level=requests_per_level,
+        stop_after_oom=stop_after_oom, shared=shared, progress=progress,
     )  # fmt: skip
     onset, last_safe, oom_at = onsets(results)
     saturated = next((lv.concurrency for lv in results if lv.saturation_s is not None), None)
@@ -422,7 +428,7 @@ def plan(
         check_built = build_engine(check_opts)
         check_levels = sweep(
             check_built, check_opts, prompt_list, output_list, levels, requests_per_level=requests_per_level,
-            stop_after_oom=True, stop_after_preemption=True, shared=shared,
+            stop_after_oom=True, stop_after_preemption=True, shared=shared, progress=progress,
         )  # fmt: skip
         rec_onset, rec_safe, rec_oom = onsets(check_levels)
         check_refused = int(np.count_nonzero(prompts >= advice.max_model_len))

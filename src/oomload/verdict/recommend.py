@@ -513,13 +513,15 @@ def _reasoning(
         freed = ""
         if advice.freed_concurrency is not None:
             freed = (
-                f", and lets the KV pool hold {advice.max_concurrency:.1f} instead of "
-                f"{advice.current_max_concurrency:.1f} full-length requests"
+                " (vLLM's maximum concurrency for full-length requests: "
+                f"{advice.current_max_concurrency:.1f}x → {advice.max_concurrency:.1f}x)"
             )
         sentences.append(
             f"Capping max_model_len at {mml.value} covers the trace's P99 "
             f"({int(advice.basis_tokens)} tokens) "
-            f"while refusing {advice.refused_share:.2%} of requests{freed}."
+            f"while refusing {advice.refused_share:.2%} of requests{freed}. It bounds the longest request, "
+            "not preemption: vLLM takes KV blocks for the tokens a request holds, not for max_model_len, "
+            "so the onset moves only by the requests it refuses."
         )
     unrepresentative = _unrepresentative_mix(verdict)
     if unrepresentative is not None:

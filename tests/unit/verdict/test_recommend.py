@@ -40,6 +40,10 @@ def test_preemption_run_caps_max_num_seqs_and_max_model_len(tmp_path: Path) -> N
     assert rec.max_num_batched_tokens.value is None
     assert rec.flag_line == "vllm serve tiny-model --max-model-len 1536 --max-num-seqs 5"
     assert "preemption began at concurrency 6" in rec.reasoning
+    # the limit is no preemption fix: vLLM takes blocks for the tokens held, not for max_model_len
+    assert "(vLLM's maximum concurrency for full-length requests: 0.7x → 2.0x)" in rec.reasoning
+    assert "It bounds the longest request, not preemption" in rec.reasoning
+    assert "lets the KV pool hold" not in rec.reasoning
 
 
 @pytest.mark.parametrize(

@@ -201,6 +201,24 @@ def test_gpu_and_server_memory_to_their_own_files(holder: int, tmp_path: Path) -
     assert mem_lines and all(line["pid"] == holder and "device" not in line for line in mem_lines)
 
 
+def test_out_files_in_a_new_folder_are_written_there(
+    holder: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out new/gpu.jsonl`` makes its folder, as ``trace build -o`` does (it was refused); a path
+    that cannot be made names its own flag."""
+    gpu, mem = tmp_path / "new" / "gpu.jsonl", tmp_path / "other" / "deeper" / "mem.jsonl"
+    flags = ["--server-pid", str(holder), "--out", str(gpu), "--server-out", str(mem), "--duration-s", "0.3"]
+    assert run_sample(ONE_GPU, [*flags, "--interval-s", "0.05", "--server-interval-s", "0.1"]) == 0
+    assert json_lines(gpu) and json_lines(mem)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    bad = ["--server-pid", str(holder), "--out", str(gpu), "--server-out", str(blocked / "m.jsonl")]
+    capsys.readouterr()
+    assert run_sample(ONE_GPU, [*bad, "--duration-s", "0.1"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write --server-out {blocked / 'm.jsonl'}: " in err and "Traceback" not in err
+
+
 def test_no_gpu_samples_the_server_only_even_where_a_gpu_is(holder: int, tmp_path: Path) -> None:
     out = tmp_path / "server_memory.jsonl"
     flags = ["--no-gpu", "--server-pid", str(holder), "--server-out", str(out), "--duration-s", "0.5"]

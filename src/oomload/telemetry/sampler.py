@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
@@ -95,8 +96,8 @@ def run_sampler(
     latest_lock = threading.Lock()
     try:
         with (
-            _output(options.out, default_stdout=not options.serve) as out,
-            _output(options.server_out, default_stdout=False) as server_out,
+            _output(options.out, "--out", default_stdout=not options.serve) as out,
+            _output(options.server_out, "--server-out", default_stdout=False) as server_out,
             _signals_stop(stop),
         ):
             memory_sampler = (
@@ -264,7 +265,8 @@ def _announce(
 
 
 @contextlib.contextmanager
-def _output(path: str | None, *, default_stdout: bool) -> Iterator[IO[str] | None]:
+def _output(path: str | None, flag: str, *, default_stdout: bool) -> Iterator[IO[str] | None]:
+    """``path`` opened to append (its folder made, as ``trace build -o`` makes one), stdout for ``-``."""
     if path is None and not default_stdout:
         yield None
         return
@@ -272,9 +274,10 @@ def _output(path: str | None, *, default_stdout: bool) -> Iterator[IO[str] | Non
         yield sys.stdout
         return
     try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed below
     except OSError as err:
-        raise ConfigError(f"cannot write --out {path}: {err.strerror}") from err
+        raise ConfigError(f"cannot write {flag} {path}: {err.strerror or err}") from err
     try:
         yield fh
     finally:

@@ -140,21 +140,21 @@ class MetricsRow:
             t_unix_s=t_unix_s,
             ok=bool(obj.get("ok")),
             error=as_str(obj.get("error")),
-            kv_cache_usage=as_float(obj.get("kv_cache_usage")),
-            num_requests_running=as_int(obj.get("num_requests_running")),
-            num_requests_waiting=as_int(obj.get("num_requests_waiting")),
-            num_preemptions_total=as_int(obj.get("num_preemptions_total")),
-            preemptions_delta=as_int(obj.get("preemptions_delta")),
-            prompt_tokens_total=as_int(obj.get("prompt_tokens_total")),
-            prompt_tokens_delta=as_int(obj.get("prompt_tokens_delta")),
-            generation_tokens_total=as_int(obj.get("generation_tokens_total")),
-            generation_tokens_delta=as_int(obj.get("generation_tokens_delta")),
-            admission_rejections_total=as_int(obj.get("admission_rejections_total")),
-            prefix_cache_queries_total=as_int(obj.get("prefix_cache_queries_total")),
-            prefix_cache_hits_total=as_int(obj.get("prefix_cache_hits_total")),
-            e2e_latency_seconds_sum=as_float(obj.get("e2e_latency_seconds_sum")),
-            inference_seconds_sum=as_float(obj.get("inference_seconds_sum")),
-            queue_seconds_sum=as_float(obj.get("queue_seconds_sum")),
+            kv_cache_usage=as_share(obj.get("kv_cache_usage")),
+            num_requests_running=as_tally(obj.get("num_requests_running")),
+            num_requests_waiting=as_tally(obj.get("num_requests_waiting")),
+            num_preemptions_total=as_tally(obj.get("num_preemptions_total")),
+            preemptions_delta=as_tally(obj.get("preemptions_delta")),
+            prompt_tokens_total=as_tally(obj.get("prompt_tokens_total")),
+            prompt_tokens_delta=as_tally(obj.get("prompt_tokens_delta")),
+            generation_tokens_total=as_tally(obj.get("generation_tokens_total")),
+            generation_tokens_delta=as_tally(obj.get("generation_tokens_delta")),
+            admission_rejections_total=as_tally(obj.get("admission_rejections_total")),
+            prefix_cache_queries_total=as_tally(obj.get("prefix_cache_queries_total")),
+            prefix_cache_hits_total=as_tally(obj.get("prefix_cache_hits_total")),
+            e2e_latency_seconds_sum=as_tally_float(obj.get("e2e_latency_seconds_sum")),
+            inference_seconds_sum=as_tally_float(obj.get("inference_seconds_sum")),
+            queue_seconds_sum=as_tally_float(obj.get("queue_seconds_sum")),
             restarted=bool(obj.get("restarted")),
             scrape_ms=as_float(obj.get("scrape_ms")),
         )
@@ -503,6 +503,25 @@ def as_int(value: Any) -> int | None:
     """A finite JSON number as ``int`` (truncated); ``None`` for anything else (bools included)."""
     number = as_float(value)
     return None if number is None else int(value)
+
+
+def as_share(value: Any) -> float | None:
+    """``as_float`` of a fraction a server reports, ``None`` outside 0–1 (a KV usage of 7.5 is no
+    server's: ``oomload.telemetry.vllm_metrics`` leaves such a sample out, and so does the reader)."""
+    number = as_float(value)
+    return number if number is not None and 0.0 <= number <= 1.0 else None
+
+
+def as_tally_float(value: Any) -> float | None:
+    """``as_float`` of a gauge, counter or sum a server reports, ``None`` below 0."""
+    number = as_float(value)
+    return number if number is not None and number >= 0.0 else None
+
+
+def as_tally(value: Any) -> int | None:
+    """``as_int`` of a gauge, counter or delta a server reports, ``None`` below 0 (waiting −3)."""
+    number = as_int(value)
+    return number if number is not None and number >= 0 else None
 
 
 MAX_COUNT = 2**31  # a pool's blocks, a block's tokens, a length: more is no server's (a file edited by hand)

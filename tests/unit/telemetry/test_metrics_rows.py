@@ -87,6 +87,32 @@ def test_loose_metrics_values_read_as_none() -> None:
     )
 
 
+def test_values_no_server_reports_read_as_none() -> None:
+    """A run directory written before the poller left such samples out (or edited by hand): a KV
+    usage of 7.5 was shown as a 750 % peak."""
+    row = MetricsRow.from_json(
+        {
+            "t_unix_s": 5,
+            "ok": True,
+            "kv_cache_usage": 7.5,
+            "num_requests_waiting": -3,
+            "preemptions_delta": -1,
+            "queue_seconds_sum": -0.5,
+            "num_requests_running": 4,
+        }
+    )
+    assert row is not None
+    assert (row.kv_cache_usage, row.num_requests_waiting, row.preemptions_delta, row.queue_seconds_sum) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    assert row.num_requests_running == 4
+    edges = MetricsRow.from_json({"t_unix_s": 5, "ok": True, "kv_cache_usage": 1, "num_requests_waiting": 0})
+    assert edges is not None and (edges.kv_cache_usage, edges.num_requests_waiting) == (1.0, 0)
+
+
 def test_a_gpu_sample_reads_back_with_its_processes() -> None:
     sample = GpuSample(1.5, "nvml", 0, 80, 30, 50, 12.0, (ProcessMemory(42, 20), ProcessMemory(7, None)))
     row = GpuSampleRow.from_json(json.loads(json.dumps(sample.to_json())))

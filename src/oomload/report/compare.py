@@ -28,7 +28,10 @@ as a typed ``Summary`` (``oomload.report.summary``). ``compare_runs`` puts two o
     runs measured, on the per-request samples (the ok requests of the trusted steps at that level):
     ``oomload.verdict.shift.latency_shift`` (Mann–Whitney U for P50, bootstrap for P99; p < 0.01 and
     a change of ≥ 10 %); a statistic that moved both ways across the levels, by moves of like size, is
-    the host's run-to-run noise and not separated at any of them (``shift.across_levels``).
+    the host's run-to-run noise and not separated at any of them (``shift.across_levels``). When
+    latencies moved one way only, a caveat says that a slower (or faster) host moves them alike — the
+    tests tell a shift from the scatter within each run, not a slower release from a slower host
+    (docs/compare.md, "Latency needs a quiet host"; ``host_caveat``).
 
 Comparable. Two runs are comparable when they replayed the same trace (the SHA-256 of the trace file
 as read, from ``provenance.json``; for a run from before that file, of its ``trace.jsonl`` copy, on
@@ -217,6 +220,9 @@ def compare_runs(base: RunSide, new: RunSide, *, allow_different_trace: bool = F
             new.summary.server_host_peak_bytes,
         ),
     )
+    host = host_caveat(latencies)
+    if host is not None:
+        caveats.append(host)
     return Comparison(
         base=base,
         new=new,
@@ -227,6 +233,32 @@ def compare_runs(base: RunSide, new: RunSide, *, allow_different_trace: bool = F
         common_levels=common,
         caveats=tuple(caveats),
     )
+
+
+def host_caveat(latencies: Sequence[LatencyShift]) -> str | None:
+    """One sentence when the latencies that moved (not ``mixed``) all moved one way: a host slower or
+    faster than the other run's moves them alike, so they are no proof of the server's change alone.
+    Two runs of one configuration on this 2-core host moved P50 TPOT and E2E +10…+37 % at three of six
+    levels (p ≤ 0.005), all slower."""
+    moved = [s for s in latencies if s.moved and not s.mixed]
+    ratios = [s.ratio for s in moved if s.ratio is not None]
+    if not ratios or (min(ratios) < 1.0 < max(ratios)):
+        return None
+    slower = ratios[0] > 1.0
+    way = "slower" if slower else "faster"
+    levels = ", ".join(map(str, sorted({s.concurrency for s in moved})))
+    return (
+        f"every latency that moved was {way} ({_span_pct(ratios)} at {levels}): a {way} host moves latency "
+        "alike, so compare runs made on the same quiet host, or rerun the baseline there, before "
+        "calling it the server's change (docs/compare.md, 'Latency needs a quiet host')"
+    )
+
+
+def _span_pct(ratios: Sequence[float]) -> str:
+    """``+10…+37 %`` (or one figure): the moves as changes in percent."""
+    pcts = sorted(round((r - 1.0) * 100) for r in ratios)
+    low, high = pcts[0], pcts[-1]
+    return f"{low:+d} %" if low == high else f"{low:+d}…{high:+d} %"
 
 
 def _onset(summary: Summary) -> int | None:

@@ -9,6 +9,7 @@ import re
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -460,3 +461,32 @@ def test_the_terminal_setup_folds_a_long_model_name_rather_than_cut_it(tmp_path:
             break
         rows.append(line.split())
     assert ["".join(column) for column in zip(*rows, strict=True)] == [model, model]  # folded, whole
+
+
+def test_latencies_that_moved_one_way_say_a_host_moves_them_alike(tmp_path: Path) -> None:
+    """Two runs of one configuration on this host moved P50 TPOT and E2E +10…+37 % at three levels, all
+    slower, and the page read "7 regression(s)" with nothing more: a caveat now says what else moves
+    latency that way. Moves both ways are the host's noise already (``across_levels``); none, nothing."""
+    from oomload.report.compare import host_caveat
+    from oomload.verdict.shift import across_levels, latency_shift
+
+    def shifts(factors: dict[int, float]) -> list[Any]:
+        base = [100.0 + i for i in range(40)]
+        return list(
+            across_levels(
+                latency_shift("tpot", "p50", c, base, [v * f for v in base]) for c, f in factors.items()
+            )
+        )
+
+    slower = host_caveat(shifts({7: 1.24, 8: 1.13, 9: 1.0}))
+    assert slower is not None and slower.startswith(
+        "every latency that moved was slower (+13…+24 % at 7, 8): "
+    )
+    assert "'Latency needs a quiet host'" in slower
+    faster = host_caveat(shifts({7: 0.8}))
+    assert faster is not None and faster.startswith("every latency that moved was faster (-20 % at 7)")
+    assert host_caveat(shifts({7: 1.24, 8: 0.8})) is None  # both ways: mixed, the host's noise already
+    assert host_caveat(shifts({7: 1.0, 8: 1.02})) is None  # nothing moved
+    runs = [write_run(tmp_path / n, [StepSpec(4, ttft_ms=ms)]) for n, ms in (("b2", 340.0), ("n", 1065.0))]
+    cmp = compare_runs(load_side(runs[0]), load_side(runs[1]))
+    assert any(c.startswith("every latency that moved was slower") for c in cmp.caveats), cmp.caveats

@@ -46,6 +46,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from oomload.errors import ConfigError, EndpointError
+from oomload.rundir.records import as_share, as_tally_float
 
 VLLM_PREFIX = "vllm:"
 
@@ -204,10 +205,9 @@ _POSSIBLE_TEXT = {True: "not a fraction in 0–1", False: "not a finite number �
 
 
 def _possible(field: str, value: float) -> bool:
-    """Whether any vLLM could expose ``value`` for ``field``: a fraction in 0–1, else finite ≥ 0."""
-    if field in FRACTION_FIELDS:
-        return 0.0 <= value <= 1.0
-    return 0.0 <= value < math.inf
+    """Whether any vLLM could expose ``value`` for ``field``: a fraction in 0–1, else finite ≥ 0 — the
+    rule the run directory's reader applies too (``rundir.records.as_share`` / ``as_tally_float``)."""
+    return (as_share if field in FRACTION_FIELDS else as_tally_float)(value) is not None
 
 
 def parse_label_value(text: str) -> Any:

@@ -44,6 +44,20 @@ class Outcome(StrEnum):
         return self not in (Outcome.OK, Outcome.CANCELLED)
 
 
+# the ways a request ends that are not a failure without an answer: an answer (short or not), the engine's
+# death (a finding of its own) and oomload's own cancellation (``capacity.schedule``, "No answer")
+NOT_UNANSWERED = frozenset(
+    o.value for o in (Outcome.OK, Outcome.TRUNCATED, Outcome.ENGINE_DEAD, Outcome.CANCELLED)
+)
+
+
+def unanswered(outcomes: Mapping[str, int]) -> tuple[int, int]:
+    """``(failed without an answer, ended)`` of requests counted by outcome value (``NOT_UNANSWERED``;
+    cancelled requests did not end: oomload abandoned them)."""
+    failed = sum(n for name, n in outcomes.items() if name not in NOT_UNANSWERED)
+    return failed, sum(outcomes.values()) - outcomes.get(Outcome.CANCELLED.value, 0)
+
+
 @dataclass(frozen=True, slots=True)
 class RequestResult:
     """One replayed request as the run directory stores it (``requests*.jsonl``, one JSON object a line).

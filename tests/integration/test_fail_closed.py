@@ -159,7 +159,7 @@ def test_a_server_that_fails_every_request_never_passes_a_gate(tmp_path: Path, m
     assert {(r["outcome"], r["error"].split(":")[0]) for r in decided} == {(outcome, reason)}
     _assert_nothing_to_judge(proc, run_dir, decided)
     failed_run = json.loads((run_dir / "summary.json").read_text())["verdict"]["requests"]["failed_run"]
-    assert f"({outcome} {len(decided)})" in failed_run
+    assert f"({outcome} {len(decided)} [{reason}" in failed_run  # with its reason (verdict.failures)
 
 
 def test_every_failure_kind_in_one_run_is_named_and_never_passes_a_gate(tmp_path: Path) -> None:
@@ -169,3 +169,31 @@ def test_every_failure_kind_in_one_run_is_named_and_never_passes_a_gate(tmp_path
     named = {(r["outcome"], r["error"].split(":")[0]) for r in decided}
     assert named == set(EXPECTED.values())
     _assert_nothing_to_judge(proc, run_dir, decided)
+
+
+def test_the_ramp_stops_after_a_step_in_which_no_request_was_answered(tmp_path: Path) -> None:
+    """Every completion a 500: the default run (``--stop-on oom``) used to climb every level, sending
+    thousands of requests a second for nothing. It stops after the first step (``capacity.schedule``,
+    "No answer"), says where and why, and names the failures' reason, not only their outcome."""
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, [TraceRecord(f"r{i}", 0.0, 32, 16) for i in range(6)], TraceHeader(format="synthetic"))
+    run_dir = tmp_path / "run"
+    with fault_server("http-500") as url:
+        proc = oomload(
+            *("replay", str(trace), "--url", url, "--run-dir", str(run_dir), "--gpu", "none", "--no-html"),
+            *("--concurrency", "1,2,4", "--hold-s", "2", "--no-evidence", "--metrics-interval-s", "0.5"),
+        )
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert proc.returncode == ExitCode.UNREACHABLE, proc.stdout + proc.stderr
+    assert json.loads((run_dir / "status.json").read_text())["end_reason"] == "no_answer"
+    ends = [line for line in _lines(run_dir / "steps.jsonl") if line["event"] == "end"]
+    assert [e["concurrency"] for e in ends] == [1], ends
+    summary = json.loads((run_dir / "summary.json").read_text())["verdict"]["requests"]
+    n = summary["failed"]
+    assert n >= 10 and summary["ok"] == 0
+    assert summary["top_errors"] == {"server_error": {"error": "http 500: ServiceError", "requests": n}}
+    assert summary["failed_run"].startswith(
+        f"{n} of {n} requests failed (server_error {n} [http 500: ServiceError])"
+    )
+    screen = " ".join(proc.stdout.replace("│", " ").split())
+    assert "the ramp stopped at concurrency 1 (step 0): no request that ended there was answered" in screen

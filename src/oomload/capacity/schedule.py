@@ -54,6 +54,15 @@ Stop conditions (``--stop-on``)
     stop on preemption or errors). A dead server always ends the run, whatever the conditions: later
     steps would measure nothing. Without a dead server, the refinement still bisects the first bad
     (preempted) level after the ramp.
+
+No answer
+    A step in which at least ``NO_ANSWER_MIN_FAILED`` requests ended and every one of them failed
+    without an answer (no ``ok`` or short answer, no engine death: a 500 or 404 for everything, a
+    proxy's HTML page, a gateway's 429 or 503 to every request) stops the ramp, whatever the
+    conditions but ``never``: a higher level would send more of the same, and the run learns nothing
+    from it. The end reason is ``no_answer``; the refinement still bisects a bracket found below it,
+    and a refinement (or warm-up) step with no answer ends the run at once — the server stopped
+    answering. Fewer failures than that (one long request that broke at concurrency 1) decide nothing.
 """
 
 from __future__ import annotations
@@ -68,6 +77,8 @@ from oomload.errors import ConfigError
 
 Phase = Literal["warmup", "ramp", "refine"]
 MAX_LEVELS = 1000
+NO_ANSWER_MIN_FAILED = 10  # failed requests, none answered, that make a step one with no answer
+NO_ANSWER = "no_answer"  # the end reason of a run stopped by such a step (module docstring)
 MAX_CONCURRENCY = 100_000
 STOP_NAMES = ("first-preemption", "oom", "error-rate", "never")
 MAX_REPEATS = 9
@@ -212,6 +223,7 @@ class StepOutcome:
     step: StepPlan
     completed: int = 0
     errors: int = 0
+    failed: int = 0  # of ``completed``, those that got no answer: neither ok, short nor an engine death
     preemptions: int = 0
     engine_dead: bool = False  # an engine_dead outcome (CUDA OOM, EngineDeadError, refused after answers)
     server_dead: bool = False  # the server is gone: nothing more can be measured
@@ -220,6 +232,16 @@ class StepOutcome:
     @property
     def error_rate(self) -> float:
         return self.errors / self.completed if self.completed else 0.0
+
+    @property
+    def no_answer(self) -> bool:
+        return no_answer(self.failed, self.completed)
+
+
+def no_answer(failed: int, ended: int) -> bool:
+    """A step with no answer: every request that ended failed without one, and enough did to say so
+    (module docstring, "No answer")."""
+    return failed >= NO_ANSWER_MIN_FAILED and failed == ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,11 +379,16 @@ def next_step(plan: SchedulePlan, history: Sequence[StepOutcome]) -> Decision:
     index = last.step.index + 1
     if last.server_dead:
         return Decision(None, "server_dead")
+    answers_matter = all(c.name != "never" for c in plan.stop_on)
+    if answers_matter and last.no_answer and last.step.phase != "ramp":
+        return Decision(None, NO_ANSWER)  # the server stopped answering: bisecting would learn nothing
     ramp = [f for f in history if f.step.phase == "ramp"]
     stopped = next((r for r in (stop_reason(plan.stop_on, f) for f in ramp) if r is not None), None)
-    if stopped is None and len(ramp) < len(plan.levels):
-        return Decision(StepPlan(index, plan.levels[len(ramp)], "ramp"))
     end_reason = "completed" if stopped is None else f"stop_condition:{stopped}"
+    if stopped is None and answers_matter and any(f.no_answer for f in ramp):
+        end_reason = NO_ANSWER
+    if end_reason == "completed" and len(ramp) < len(plan.levels):
+        return Decision(StepPlan(index, plan.levels[len(ramp)], "ramp"))
     if plan.refine:
         level = next_refine_level(plan.stop_on, history, plan.repeats)
         if level is not None:

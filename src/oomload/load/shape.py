@@ -79,6 +79,7 @@ from oomload.capacity.schedule import (
     max_duration_exceeded,
     next_step,
 )
+from oomload.outcome import unanswered
 from oomload.rundir.loadgenrecord import LoadgenLine
 from oomload.rundir.records import MetricsRow, StepEndLine, StepStartLine
 from oomload.rundir.serverside import ServerConcurrency, server_concurrency
@@ -356,6 +357,7 @@ class StepDriver:
                 step=step,
                 completed=count.completed,
                 errors=count.errors,
+                failed=unanswered(count.outcomes)[0],
                 preemptions=preemptions or 0,
                 engine_dead=count.engine_dead > 0,
                 server_dead=dead,

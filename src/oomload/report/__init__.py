@@ -1,7 +1,8 @@
 """Reports of one run: terminal summary, ``summary.json``, ``report.md``, ``report.html``, ``junit.xml``.
 
 Renderers: ``terminal``, ``summary`` (``summary.json``), ``markdown``, ``html``, ``junit``; what they
-share: ``findings`` (the verdict in words), ``steptable`` (the per-step table and its cell formats),
+share: ``findings`` (the verdict in words, each a ``finding``; those about the requests themselves in
+``requestfindings``), ``steptable`` (the per-step table and its cell formats),
 ``metadata`` (the run block), ``plots`` (matplotlib).
 Besides a run's reports: ``tune`` renders a tune's record, ``tracestats`` what ``trace stats`` shows,
 ``compare`` puts two runs side by side (``oomload compare``; each read by ``compareside``, which

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oomload.capacity.blocks import OnsetPrediction
+from oomload.capacity.schedule import NO_ANSWER, no_answer
+from oomload.outcome import unanswered
 from oomload.report.finding import Finding
 from oomload.report.requestfindings import (
     context_overflow,
@@ -56,11 +58,24 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
 def run_status(verdict: Verdict) -> Finding:
     run = verdict.run
     if verdict.failed_run is not None:
-        return Finding("run_status", "Run", f"NOTHING TO JUDGE: {verdict.failed_run}", "bad")
+        stopped = f"; {_no_answer_words(verdict)}" if run.end_reason == NO_ANSWER else ""
+        return Finding("run_status", "Run", f"NOTHING TO JUDGE: {verdict.failed_run}{stopped}", "bad")
     if run.cut_short:
         return Finding("run_status", "Run", f"CUT SHORT: {run.cut_short_detail}", "warn")
+    if run.end_reason == NO_ANSWER:
+        return Finding("run_status", "Run", f"complete: {_no_answer_words(verdict)}", "warn")
     reason = "" if run.end_reason in (None, "completed") else f" ({run.end_reason})"
     return Finding("run_status", "Run", f"complete{reason}", "ok")
+
+
+def _no_answer_words(verdict: Verdict) -> str:
+    """Where the ramp stopped on a step with no answer (``capacity.schedule``, "No answer")."""
+    stop = next((s for s in verdict.steps if no_answer(*unanswered(s.outcomes))), None)
+    where = "" if stop is None else f" at concurrency {stop.concurrency} (step {stop.index})"
+    return (
+        f"the ramp stopped{where}: no request that ended there was answered, and a higher level would "
+        "send more of the same (Failed requests)"
+    )
 
 
 def prompt_shape(verdict: Verdict) -> Finding | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from oomload.outcome import Outcome
 from oomload.report.finding import Finding
 from oomload.verdict import Verdict
+from oomload.verdict.failures import outcome_count
 from oomload.verdict.verdict import USAGE_HINT
 
 # outcomes that are not failures, or that a finding of their own already tells
@@ -70,7 +71,8 @@ def failed_requests(verdict: Verdict) -> Finding | None:
     if not failed:
         return None
     first_at = min(c for c, _ in failed.values())
-    by_outcome = ", ".join(f"{name} {n}" for name, (_, n) in sorted(failed.items(), key=lambda kv: -kv[1][1]))
+    ranked = sorted(failed.items(), key=lambda kv: -kv[1][1])
+    by_outcome = ", ".join(outcome_count(name, n, verdict.failure_texts) for name, (_, n) in ranked)
     total = sum(n for _, n in failed.values())
     none_ok = " — no request succeeded" if verdict.requests_ok == 0 else ""
     return Finding(

@@ -17,6 +17,7 @@ Read in this order:
 6. ``levels`` — each level over its steps: the onsets, the first unsafe and the last safe level;
    ``runinfo`` — the run as a whole: cut short where, context overflow;
 7. ``verdict`` — puts them together in the ``Verdict`` (its module docstring states every rule);
+   ``failures`` — the most common reason of each failed outcome, named beside its count;
 8. ``recommend`` — the serving flags the verdict supports; ``deathadvice`` — what an engine death asks
    of them;
 9. ``gate`` — CI rules judged against the verdict; ``gatesignals`` — what a rule can name;

@@ -108,7 +108,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from oomload.capacity.blocks import PromptShape
-from oomload.outcome import USAGE_DISAGREES, Outcome, RequestResult
+from oomload.outcome import USAGE_DISAGREES, Outcome
 from oomload.trace.stats import LengthSummary, summarize_lengths
 from oomload.verdict.confidence import (
     ConfidenceNote,
@@ -119,6 +119,7 @@ from oomload.verdict.confidence import (
     worker_notes,
 )
 from oomload.verdict.death import EngineDeath, detect_engine_death
+from oomload.verdict.failures import detail_of, failure_texts, outcome_count, reason_of
 from oomload.verdict.levels import (
     LevelOnset,
     LevelSummary,
@@ -203,6 +204,7 @@ class Verdict:
     requests_unexplained: int = 0  # decided, neither answered nor lost to an engine death (StepFacts)
     usage_disagrees: int = 0  # server errors whose usage contradicted the lengths sent (oomload.outcome)
     usage_disagrees_example: str | None = None  # the first one's counts ("prompt_tokens 9, 8 sent")
+    failure_texts: Mapping[str, tuple[str, int]] = field(default_factory=dict)  # failures.failure_texts
     refused_requests: int = 0  # server errors that were HTTP 400: the server refused the request itself
     first_unsafe_concurrency: int | None = None  # lowest level that preempted or failed
     level_summaries: tuple[LevelSummary, ...] = ()
@@ -282,7 +284,7 @@ class Verdict:
             for name, n in s.unexplained_by_outcome().items():
                 counts[name] = counts.get(name, 0) + n
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        kinds = ", ".join(f"{name} {n}" for name, n in ranked)
+        kinds = ", ".join(outcome_count(name, n, self.failure_texts) for name, n in ranked)
         failed = f"{self.requests_unexplained} of {decided} requests failed ({kinds})"
         if 2 * self.usage_disagrees > self.requests_unexplained:  # loaded, but not with the trace
             return (
@@ -397,6 +399,7 @@ class Verdict:
                 "usage_disagrees": self.usage_disagrees,
                 "error_rate": self.error_rate,
                 "failed_run": self.failed_run,
+                "top_errors": {k: {"error": e, "requests": n} for k, (e, n) in self.failure_texts.items()},
             },
             "trace": None
             if self.trace_total is None or self.trace_prompt is None or self.trace_output is None
@@ -506,7 +509,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     key_levels = {c for c in (last_safe, None if onset is None else onset.concurrency) if c is not None}
     measured_ids = {s.index for s in measured}
     requests = [r for d in view.steps if d.boundary.index in measured_ids for r in d.requests]
-    disagreeing = [r for r in requests if _reason_of(r) == USAGE_DISAGREES]
+    disagreeing = [r for r in requests if reason_of(r) == USAGE_DISAGREES]
     return Verdict(
         run=run,
         steps=steps,
@@ -531,8 +534,9 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         requests_failed=sum(1 for r in requests if r.outcome.is_error),
         requests_unexplained=sum(s.unexplained_failures for s in measured),
         usage_disagrees=len(disagreeing),
-        usage_disagrees_example=_detail_of(disagreeing[0]) if disagreeing else None,
-        refused_requests=sum(1 for r in requests if _reason_of(r) == "http 400"),
+        usage_disagrees_example=detail_of(disagreeing[0]) if disagreeing else None,
+        failure_texts=failure_texts(requests),
+        refused_requests=sum(1 for r in requests if reason_of(r) == "http 400"),
         first_unsafe_concurrency=first_unsafe_concurrency(measured, death),
         level_summaries=summaries,
         odds_onset=odds_onset,
@@ -564,15 +568,6 @@ def _kv_lengths(
     if limit is not None:
         pairs = [(min(t, limit), min(p, limit)) for t, p in pairs]
     return tuple(t for t, _ in pairs), tuple(p for _, p in pairs)
-
-
-def _reason_of(r: RequestResult) -> str | None:
-    """A failed request's short reason (``error`` is "reason" or "reason: detail")."""
-    return None if r.error is None else r.error.partition(": ")[0]
-
-
-def _detail_of(r: RequestResult) -> str | None:
-    return None if r.error is None else r.error.partition(": ")[2] or None
 
 
 def kv_percent(share: float) -> str:

@@ -252,3 +252,61 @@ def test_a_geometric_factor_a_hair_above_1_is_refused_not_looped_on() -> None:
     with pytest.raises(ConfigError, match=r"FACTOR 1\.0000001 is too close to 1"):
         parse_levels("geometric:1:100:1.0000001")
     assert parse_levels("geometric:1:100:1.05")[-1] <= 100  # 95 steps: fine
+
+
+def _no_answer_run(
+    plan: SchedulePlan, failing_from: int, onset: int = 10**6, failing_only: int | None = None
+) -> tuple[list[int], str]:
+    """Drive the schedule against a server that answers nothing from ``failing_from`` on (or only at
+    ``failing_only``; 10 failures a step, the least that counts) and preempts from ``onset``; the levels
+    measured and the end reason."""
+    history: list[StepOutcome] = []
+    for _ in range(100):
+        decision = next_step(plan, history)
+        if decision.step is None:
+            assert decision.end_reason is not None
+            return [f.step.concurrency for f in history], decision.end_reason
+        c = decision.step.concurrency
+        failing = c >= failing_from if failing_only is None else c == failing_only
+        history.append(
+            StepOutcome(
+                decision.step,
+                completed=10,
+                errors=10 if failing else 0,
+                failed=10 if failing else 0,
+                preemptions=int(c >= onset and not failing),
+            )
+        )
+    raise AssertionError("the schedule did not terminate")
+
+
+def test_a_step_with_no_answer_stops_the_ramp() -> None:
+    """A server that fails every request (a 500 or 404 for everything): higher levels learn nothing."""
+    plan = SchedulePlan(levels=(1, 2, 4, 8, 16))
+    assert _no_answer_run(plan, failing_from=1) == ([1], "no_answer")
+    assert _no_answer_run(plan, failing_from=8) == ([1, 2, 4, 8], "no_answer")
+    # `never` ramps through every level, as it says
+    never = SchedulePlan(levels=(1, 2, 4), stop_on=(StopCondition("never"),))
+    assert _no_answer_run(never, failing_from=1) == ([1, 2, 4], "completed")
+
+
+def test_the_refinement_still_bisects_below_a_step_with_no_answer() -> None:
+    plan = SchedulePlan(levels=(1, 2, 8, 16))
+    levels, reason = _no_answer_run(plan, failing_from=16, onset=5)
+    assert levels[:4] == [1, 2, 8, 16] and sorted(set(levels[4:])) == [3, 4, 5]
+    assert reason == "no_answer"
+    # a refinement step with no answer ends the run at once: the server stopped answering
+    levels, reason = _no_answer_run(plan, failing_from=0, onset=8, failing_only=5)
+    assert levels == [1, 2, 8, 16, 5] and reason == "no_answer"
+
+
+def test_too_few_failures_or_any_answer_is_not_a_step_with_no_answer() -> None:
+    step = StepPlan(0, 1, "ramp")
+    plan = SchedulePlan(levels=(1, 2))
+    for outcome in (
+        StepOutcome(step, completed=9, errors=9, failed=9),  # one long request that broke, say
+        StepOutcome(step, completed=30, errors=30, failed=29),  # one answer (a short one counts)
+        StepOutcome(step, completed=30, errors=30, failed=0),  # every answer short: answered
+    ):
+        assert not outcome.no_answer
+        assert next_step(plan, [outcome]).step == StepPlan(1, 2, "ramp")

@@ -258,7 +258,8 @@ def test_answers_whose_usage_contradicts_the_request_are_named_and_judge_nothing
     verdict = build_verdict(load_run(all_run))
     assert verdict.usage_disagrees == 2 * REQUESTS
     assert verdict.failed_run == (
-        "24 of 24 requests failed (server_error 24): 24 answers' usage contradicted the lengths sent (the "
+        f"24 of 24 requests failed (server_error 24 [{lie}]): 24 answers' usage contradicted the lengths "
+        "sent (the "
         "server ran other lengths than the trace's or miscounts them — a proxy that rewrites prompts, "
         "max_tokens or usage (point --url at the vLLM server itself), or a server that is not vLLM), so "
         "the load was not the trace's and nothing about the server's memory under it can be judged"

@@ -1,0 +1,67 @@
+"""Failed requests named by their reason, and the Run line of a ramp stopped by a step with no answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from oomload.outcome import Outcome, RequestResult, unanswered
+from oomload.report.findings import describe
+from oomload.verdict import build_verdict
+from oomload.verdict.failures import failure_texts, outcome_count
+from oomload.verdict.recommend import recommend
+from oomload.verdict.runview import load_run
+from runbuilder import StepSpec, write_run
+
+
+def _request(outcome: Outcome, error: str | None) -> RequestResult:
+    return RequestResult("r", 0, 1, 0.0, 1.0, outcome, 32, 16, error=error)
+
+
+def test_each_failed_outcome_is_named_by_its_most_common_reason() -> None:
+    requests = [
+        *[_request(Outcome.SERVER_ERROR, "http 500: InternalServerError")] * 5,
+        _request(Outcome.SERVER_ERROR, "not json or an event stream"),
+        # counts in the detail differ from request to request: the reason alone
+        _request(Outcome.SERVER_ERROR, "usage disagrees: prompt_tokens 9, 8 sent"),
+        *[_request(Outcome.TRANSPORT_ERROR, f"stream broke: EOF after {n}") for n in (1, 2, 3)],
+        _request(Outcome.OK, None),
+        _request(Outcome.CANCELLED, "cancelled"),  # not a failure
+        _request(Outcome.TIMEOUT, None),  # no reason kept: left out
+    ]
+    texts = failure_texts(requests)
+    assert texts == {
+        "server_error": ("http 500: InternalServerError", 5),
+        "transport_error": ("stream broke", 3),
+    }
+    assert outcome_count("server_error", 7, texts) == "server_error 7 [5 × http 500: InternalServerError]"
+    assert outcome_count("transport_error", 3, texts) == "transport_error 3 [stream broke]"
+    assert outcome_count("timeout", 2, texts) == "timeout 2"
+    # a reason that is only the outcome's name again adds nothing
+    assert outcome_count("timeout", 2, {"timeout": ("timeout", 2)}) == "timeout 2"
+
+
+def test_unanswered_counts_failures_without_an_answer() -> None:
+    outcomes = {"ok": 2, "truncated": 3, "engine_dead": 1, "cancelled": 4, "server_error": 5, "timeout": 6}
+    assert unanswered(outcomes) == (11, 17)  # cancelled requests did not end
+
+
+def test_a_run_stopped_by_a_step_with_no_answer_says_where(tmp_path: Path) -> None:
+    http_500 = {"failures": {Outcome.SERVER_ERROR: 12}, "error_text": "http 500: ServiceError"}
+    run = write_run(
+        tmp_path / "run",
+        [StepSpec(1), StepSpec(2), StepSpec(4, **http_500)],  # type: ignore[arg-type]
+        status={"finished": True, "end_reason": "no_answer", "ended_unix_s": 2e9},
+    )
+    verdict = build_verdict(load_run(run))
+    findings = {f.key: f for f in describe(verdict, recommend(verdict))}
+    assert findings["run_status"].text == (
+        "complete: the ramp stopped at concurrency 4 (step 2): no request that ended there was answered, "
+        "and a higher level would send more of the same (Failed requests)"
+    )
+    assert findings["run_status"].severity == "warn"
+    assert findings["failed_requests"].text.startswith(
+        "12 of 36: server_error 12 [http 500: ServiceError]; first at concurrency 4"
+    )
+    assert verdict.to_json()["requests"]["top_errors"] == {
+        "server_error": {"error": "http 500: ServiceError", "requests": 12}
+    }

@@ -369,7 +369,12 @@ def load_delivered(verdict: Verdict) -> Finding:
         )
         text = "an open loop: the trace's arrival times set the load" + (f" — {held}" if held else "")
         return Finding("load_delivered", label, text, "info")
-    steps = [s for s in verdict.measured_steps if s.requests and not s.reached_at_death]
+    if unjudged := _not_judged(verdict, "load_delivered", label):
+        return unjudged  # requests that fail at once leave few in flight: that is no finding of its own
+    # a step whose requests mostly failed is no evidence already (Failed requests), its level held or not
+    steps = [
+        s for s in verdict.measured_steps if s.requests and not s.reached_at_death and not s.mostly_failed
+    ]
     short = [s for s in steps if s.concurrency_held is False]
     if short:
         worst = min(short, key=lambda s: (s.delivered_concurrency or 0.0) / s.concurrency)

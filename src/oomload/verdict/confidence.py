@@ -96,7 +96,8 @@ def step_notes(steps: Sequence[StepFacts], min_requests: int) -> list[Confidence
                 f"reached; {s.not_held_text} because the death ended the step"
             )
             notes.append(_info("held_until_death", text, s))
-        elif s.concurrency_held is False:  # the text names the figure that decided, and whose it is
+        elif s.concurrency_held is False and not s.mostly_failed:  # failing requests leave few in flight
+            # the text names the figure that decided, and whose it is
             share = f"{ACHIEVED_CONCURRENCY_MIN_SHARE:.0%}"
             text = f"{where}: {s.not_held_text}, below {share} of the target {s.concurrency}: not trusted"
             notes.append(_warn("concurrency_not_held", text, s))

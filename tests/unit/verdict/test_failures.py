@@ -65,3 +65,21 @@ def test_a_run_stopped_by_a_step_with_no_answer_says_where(tmp_path: Path) -> No
     assert verdict.to_json()["requests"]["top_errors"] == {
         "server_error": {"error": "http 500: ServiceError", "requests": 12}
     }
+
+
+def test_a_step_whose_requests_mostly_failed_is_not_also_called_not_held(tmp_path: Path) -> None:
+    """Requests that fail at once leave few in flight: 0.5 of 1 read as "the load generator held 0.5 …:
+    not trusted" beside "1875 of 1875 failed", as if the client were the trouble. The failures say it."""
+    failing = {"failures": {Outcome.SERVER_ERROR: 12}, "error_text": "http 503", "in_flight": 1}
+    run = write_run(tmp_path / "run", [StepSpec(1), StepSpec(2), StepSpec(8, **failing)])  # type: ignore[arg-type]
+    verdict = build_verdict(load_run(run))
+    step = verdict.steps[2]
+    assert step.mostly_failed and step.concurrency_held is False
+    assert [n.kind for n in verdict.notes if n.step == 2] == ["requests_failed"]
+    findings = {f.key: f for f in describe(verdict, recommend(verdict))}
+    assert "not held" not in findings["load_delivered"].text
+    # nothing to judge at all: not judged, never "every level held"
+    nothing = write_run(tmp_path / "nothing", [StepSpec(1, **failing)])  # type: ignore[arg-type]
+    verdict = build_verdict(load_run(nothing))
+    findings = {f.key: f for f in describe(verdict, recommend(verdict))}
+    assert findings["load_delivered"].text.startswith("not judged")

@@ -24,6 +24,9 @@ from enum import StrEnum
 from typing import Any
 
 USAGE_DISAGREES = "usage disagrees"  # the reason of a server_error whose usage contradicts the request
+# the reasons of a server_error the server gave for refusing the request itself: HTTP 400 as the status,
+# or inside a 200 stream (vLLM streams a bad token id's 400 as an error event)
+REFUSED_REASONS = frozenset({"http 400", "400 inside a 200 stream"})
 
 
 class Outcome(StrEnum):

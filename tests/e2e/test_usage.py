@@ -112,3 +112,34 @@ def test_a_gateway_that_lengthens_prompts_is_caught_by_the_real_usage(
     assert "NOTHING TO JUDGE" in proc.stdout
     assert "so the load was not the trace's" in (tmp_path / "run" / "report.md").read_text(encoding="utf-8")
     FIGURES.append(f"rewriting gateway: {len(answered)} answers, all 'usage disagrees' (+7 tokens)")
+
+
+def test_a_server_that_refuses_every_request_stops_the_ramp_and_says_why(
+    vllm_servers: ServerPool, tmp_path: Path
+) -> None:
+    """Token ids outside the vocabulary (the tiny model has 2048): the real vLLM refuses every request
+    with HTTP 400. The run stops after its first level (``capacity.schedule``, "No answer") instead of
+    climbing the rest, exits 3, and the verdict names the reason and the flag to fix."""
+    server = vllm_servers.get()
+    trace = write_trace_file(tmp_path / "t.jsonl", [(64, 16)] * 50)
+    run_dir = tmp_path / "run"
+    proc = replay(
+        server.url,
+        trace,
+        run_dir,
+        *("--concurrency", "1,2,4", "--hold-s", "4", "--warmup-s", "0", "--no-evidence"),
+        *("--token-id-range", "3000:4000"),
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    run = Run.read(run_dir)
+    assert json.loads((run_dir / "status.json").read_text())["end_reason"] == "no_answer"
+    assert [s["concurrency"] for s in run.steps if s["event"] == "end"] == [1]
+    assert run.summary is not None
+    requests = run.summary["verdict"]["requests"]
+    top = requests["top_errors"]["server_error"]
+    # streamed (the default), vLLM 0.32 refuses inside a 200: an error event with code 400
+    assert top["error"] == "400 inside a 200 stream: BadRequestError", top
+    assert top["requests"] == requests["failed"] >= 10, requests
+    assert "were refused with a 400 (the request itself): every token id" in requests["failed_run"]
+    FIGURES.append(f"refused every request: {requests['failed']} × {top['error']}, the ramp stopped at 1")

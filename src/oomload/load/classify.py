@@ -20,7 +20,10 @@ HTTP 503, or an SSE error event with code 503 /    admission_rejected
 "Service Unavailable" / "engine is currently busy"
 any other HTTP status ≥ 400, an other SSE error,   server_error
 a 200 that is neither JSON nor an event stream,     (reason "malformed event stream" for
-an event stream with a malformed event               the last: an answer that is not one)
+an event stream with a malformed event               the last: an answer that is not one;
+                                                     "400 inside a 200 stream" for an event
+                                                     with a status code, as vLLM streams a
+                                                     refusal)
 the request timeout elapsed                        timeout
 connect failed / reset / closed before an answer   transport_error
 a 200 whose stream (or body) broke — EOF or reset  transport_error, reason "stream broke"
@@ -116,8 +119,11 @@ def classify(obs: Observation) -> tuple[Outcome, str | None, str | None]:
         return Outcome.ADMISSION_REJECTED, where, _detail(obs, admission_mark)
     if status is not None and status >= 400:
         return Outcome.SERVER_ERROR, f"http {status}", _detail(obs, None)
-    if obs.stream_error:
-        return Outcome.SERVER_ERROR, "error event in stream", _detail(obs, None)
+    if obs.stream_error:  # vLLM streams a refusal (a bad token id, …) as an event with its status code
+        code = obs.error_code
+        coded = code is not None and 400 <= code < 600
+        where = f"{code} inside a 200 stream" if coded else "error event in stream"
+        return Outcome.SERVER_ERROR, where, _detail(obs, None)
     if status is not None and not obs.body_ok:
         return Outcome.SERVER_ERROR, "not json or an event stream", None
     if status is not None and obs.malformed:

@@ -108,7 +108,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from oomload.capacity.blocks import PromptShape
-from oomload.outcome import USAGE_DISAGREES, Outcome
+from oomload.outcome import REFUSED_REASONS, USAGE_DISAGREES, Outcome
 from oomload.trace.stats import LengthSummary, summarize_lengths
 from oomload.verdict.confidence import (
     ConfidenceNote,
@@ -205,7 +205,7 @@ class Verdict:
     usage_disagrees: int = 0  # server errors whose usage contradicted the lengths sent (oomload.outcome)
     usage_disagrees_example: str | None = None  # the first one's counts ("prompt_tokens 9, 8 sent")
     failure_texts: Mapping[str, tuple[str, int]] = field(default_factory=dict)  # failures.failure_texts
-    refused_requests: int = 0  # server errors that were HTTP 400: the server refused the request itself
+    refused_requests: int = 0  # server errors that were a 400 (REFUSED_REASONS): the request itself refused
     first_unsafe_concurrency: int | None = None  # lowest level that preempted or failed
     level_summaries: tuple[LevelSummary, ...] = ()
     odds_onset: int | None = None  # lowest measured level with non-negligible odds (module docstring)
@@ -297,7 +297,7 @@ class Verdict:
             text += "; --only-fitting replays only the requests within its max_model_len"
         elif 2 * self.refused_requests > self.requests_unexplained and self.run.api == "completions":
             text += (
-                f"; {self.refused_requests} were refused with HTTP 400 (the request itself): every token id "
+                f"; {self.refused_requests} were refused with a 400 (the request itself): every token id "
                 "sent (--token-id-range, default 100:2000) must be inside the model's vocabulary"
             )
         return text
@@ -536,7 +536,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         usage_disagrees=len(disagreeing),
         usage_disagrees_example=detail_of(disagreeing[0]) if disagreeing else None,
         failure_texts=failure_texts(requests),
-        refused_requests=sum(1 for r in requests if reason_of(r) == "http 400"),
+        refused_requests=sum(1 for r in requests if reason_of(r) in REFUSED_REASONS),
         first_unsafe_concurrency=first_unsafe_concurrency(measured, death),
         level_summaries=summaries,
         odds_onset=odds_onset,

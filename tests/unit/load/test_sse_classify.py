@@ -65,6 +65,22 @@ def test_error_event_inside_a_200_stream() -> None:
     assert stream.token_events == 0
 
 
+def test_a_refusal_streamed_inside_a_200_is_named_by_its_code() -> None:
+    """The real vLLM streams an out-of-vocabulary token id's 400 as an error event (seen on 0.32): named
+    "400 inside a 200 stream", as a refusal sent as the status is "http 400"; an event without a
+    code stays "error event in stream"."""
+    stream = SseStream()
+    err = {"error": {"message": "Token id 3002 is out of vocabulary", "type": "BadRequestError", "code": 400}}
+    stream.feed(b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n", 0.0)
+    message, code, kind = error_fields(stream.error)
+    obs = Observation(
+        http_status=200, error_text=message, error_code=code, error_type=kind, stream_error=True
+    )
+    assert classify(obs) == (Outcome.SERVER_ERROR, "400 inside a 200 stream", "BadRequestError")
+    uncoded = Observation(http_status=200, error_text="boom", stream_error=True)
+    assert classify(uncoded)[:2] == (Outcome.SERVER_ERROR, "error event in stream")
+
+
 def test_multiline_data_and_comments() -> None:
     stream = SseStream()
     stream.feed(b': ping\nevent: x\ndata: {"choices":[],\ndata: "usage":{"completion_tokens":3}}\n\n', 0.0)

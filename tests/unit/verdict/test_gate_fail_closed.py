@@ -298,9 +298,16 @@ def test_a_run_the_server_refused_with_http_400_points_at_the_token_ids(tmp_path
     ]
     verdict = build_verdict(load_run(write_run(tmp_path / "r", steps)))
     assert verdict.failed_run is not None
-    assert "8 were refused with HTTP 400 (the request itself): every token id sent (--token-id-range" in (
+    assert "8 were refused with a 400 (the request itself): every token id sent (--token-id-range" in (
         verdict.failed_run
     )
+    # streamed, as oomload sends by default, the real vLLM refuses inside a 200: an event with code 400
+    streamed = [
+        StepSpec(c, requests=4, failures=refused, error_text="400 inside a 200 stream: BadRequestError")
+        for c in (1, 2)
+    ]
+    failed_run = build_verdict(load_run(write_run(tmp_path / "s", streamed))).failed_run
+    assert failed_run is not None and "8 were refused with a 400 (the request itself)" in failed_run
     other = [StepSpec(c, requests=4, failures=refused, error_text="http 500: Internal") for c in (1, 2)]
     failed = build_verdict(load_run(write_run(tmp_path / "o", other))).failed_run
     assert failed is not None and "--token-id-range" not in failed  # a 500 is the server's own failure

@@ -49,15 +49,15 @@ class Outcome(StrEnum):
 
 # the ways a request ends that are not a failure without an answer: an answer (short or not), the engine's
 # death (a finding of its own) and oomload's own cancellation (``capacity.schedule``, "No answer")
-NOT_UNANSWERED = frozenset(
+ANSWERED_OR_EXCUSED = frozenset(
     o.value for o in (Outcome.OK, Outcome.TRUNCATED, Outcome.ENGINE_DEAD, Outcome.CANCELLED)
 )
 
 
 def unanswered(outcomes: Mapping[str, int]) -> tuple[int, int]:
-    """``(failed without an answer, ended)`` of requests counted by outcome value (``NOT_UNANSWERED``;
+    """``(failed without an answer, ended)`` of requests counted by outcome value (``ANSWERED_OR_EXCUSED``;
     cancelled requests did not end: oomload abandoned them)."""
-    failed = sum(n for name, n in outcomes.items() if name not in NOT_UNANSWERED)
+    failed = sum(n for name, n in outcomes.items() if name not in ANSWERED_OR_EXCUSED)
     return failed, sum(outcomes.values()) - outcomes.get(Outcome.CANCELLED.value, 0)
 
 

@@ -142,4 +142,4 @@ def test_a_server_that_refuses_every_request_stops_the_ramp_and_says_why(
     assert top["error"] == "400 inside a 200 stream: BadRequestError", top
     assert top["requests"] == requests["failed"] >= 10, requests
     assert "were refused with a 400 (the request itself): every token id" in requests["failed_run"]
-    FIGURES.append(f"refused every request: {requests['failed']} × {top['error']}, the ramp stopped at 1")
+    FIGURES.append(f"refused every request: {requests['failed']} × {top['error']}, the run stopped at 1")

@@ -196,4 +196,4 @@ def test_the_ramp_stops_after_a_step_in_which_no_request_was_answered(tmp_path: 
         f"{n} of {n} requests failed (server_error {n} [http 500: ServiceError])"
     )
     screen = " ".join(proc.stdout.replace("│", " ").split())
-    assert "the ramp stopped at concurrency 1 (step 0): no request that ended there was answered" in screen
+    assert "the run stopped at concurrency 1 (step 0): no request that ended there was answered" in screen

@@ -60,7 +60,8 @@ No answer
     without an answer (no ``ok`` or short answer, no engine death: a 500 or 404 for everything, a
     proxy's HTML page, a gateway's 429 or 503 to every request) stops the ramp, whatever the
     conditions but ``never``: a higher level would send more of the same, and the run learns nothing
-    from it. The end reason is ``no_answer``; the refinement still bisects a bracket found below it,
+    from it. The step itself ends as soon as that is true (``oomload.load.shape``), not at its hold's
+    end. The end reason is ``no_answer``; the refinement still bisects a bracket found below it,
     and a refinement (or warm-up) step with no answer ends the run at once — the server stopped
     answering. Fewer failures than that (one long request that broke at concurrency 1) decide nothing.
 """
@@ -263,6 +264,12 @@ class SchedulePlan:
         if not self.checks <= set(self.levels):
             raise ConfigError("short checks must be at levels of the ramp")
 
+    @property
+    def stops_on_no_answer(self) -> bool:
+        """A step with no answer ends the ramp (module docstring, "No answer"): under every condition but
+        ``never``."""
+        return all(c.name != "never" for c in self.stop_on)
+
     def check_hold(self, hold: Hold) -> Hold:
         """The hold of a short check: ``CHECK_HOLD_SHARE`` of ``hold``'s time and at least
         ``CHECK_MIN_REQUESTS`` requests ended (never more than the full ``hold``: ``StepDriver``)."""
@@ -379,13 +386,12 @@ def next_step(plan: SchedulePlan, history: Sequence[StepOutcome]) -> Decision:
     index = last.step.index + 1
     if last.server_dead:
         return Decision(None, "server_dead")
-    answers_matter = all(c.name != "never" for c in plan.stop_on)
-    if answers_matter and last.no_answer and last.step.phase != "ramp":
+    if plan.stops_on_no_answer and last.no_answer and last.step.phase != "ramp":
         return Decision(None, NO_ANSWER)  # the server stopped answering: bisecting would learn nothing
     ramp = [f for f in history if f.step.phase == "ramp"]
     stopped = next((r for r in (stop_reason(plan.stop_on, f) for f in ramp) if r is not None), None)
     end_reason = "completed" if stopped is None else f"stop_condition:{stopped}"
-    if stopped is None and answers_matter and any(f.no_answer for f in ramp):
+    if stopped is None and plan.stops_on_no_answer and any(f.no_answer for f in ramp):
         end_reason = NO_ANSWER
     if end_reason == "completed" and len(ramp) < len(plan.levels):
         return Decision(StepPlan(index, plan.levels[len(ramp)], "ramp"))

@@ -12,7 +12,10 @@ that overflow (seen: concurrency 7 preempted right after 8 in 2 of 3 demo runs w
 with the tick, ``bench_onset_repeat`` kept 7 as the last safe level in 9 of 10 runs).
 
 On every tick the driver ends the current step when the server is dead, the run's maximum duration
-is spent, or the step's hold is done; it then writes the step's ``end`` line to ``steps.jsonl``
+is spent, the step's hold is done, or no request of it was answered (``oomload.capacity.schedule``, "No
+answer": at least ``NO_ANSWER_MIN_FAILED`` ended, every one a failure without an answer — reason
+``no_answer``, so a soak of hours or a 30 s hold does not send a thousand failures a second to a server
+that answers none); it then writes the step's ``end`` line to ``steps.jsonl``
 (``step_end_line``: the counts that step produced, its preemption delta, its achieved
 concurrency and each load-generating process's own figures: ``oomload.load.selfcheck``), hands that
 line to ``on_step_end`` (the progress view), asks ``oomload.capacity.schedule.next_step`` what comes next, and
@@ -71,6 +74,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from oomload.capacity.schedule import (
+    NO_ANSWER,
+    NO_ANSWER_MIN_FAILED,
     Decision,
     Hold,
     SchedulePlan,
@@ -78,6 +83,7 @@ from oomload.capacity.schedule import (
     StepPlan,
     max_duration_exceeded,
     next_step,
+    no_answer,
 )
 from oomload.outcome import unanswered
 from oomload.rundir.loadgenrecord import LoadgenLine
@@ -262,6 +268,9 @@ class StepDriver:
             return "max_duration"
         elapsed = now - self._held_from_s
         completed = self.meter.completed()
+        may_have_no_answer = completed >= NO_ANSWER_MIN_FAILED and self.plan.stops_on_no_answer
+        if may_have_no_answer and no_answer(*unanswered(self.meter.count().outcomes)):
+            return NO_ANSWER
         if self.current.phase == "refine" and elapsed >= PREEMPTED_MIN_S and self._preempted_since_start():
             return "preempted"
         if self._extended_from_s is not None and now < self._next_check_s:

@@ -69,11 +69,11 @@ def run_status(verdict: Verdict) -> Finding:
 
 
 def _no_answer_words(verdict: Verdict) -> str:
-    """Where the ramp stopped on a step with no answer (``capacity.schedule``, "No answer")."""
+    """Where the run stopped on a step with no answer (``capacity.schedule``, "No answer")."""
     stop = next((s for s in verdict.steps if no_answer(*unanswered(s.outcomes))), None)
     where = "" if stop is None else f" at concurrency {stop.concurrency} (step {stop.index})"
     return (
-        f"the ramp stopped{where}: no request that ended there was answered, and a higher level would "
+        f"the run stopped{where}: no request that ended there was answered, so more load would only "
         "send more of the same (Failed requests)"
     )
 

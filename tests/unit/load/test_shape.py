@@ -397,3 +397,41 @@ def test_the_locust_shape_returns_as_soon_as_the_driver_changes_its_answer() -> 
     answers[:] = [(4, 100.0)] * 3
     driver.calls, driver.draining_to = 0, StepPlan(3, 4, "refine")  # type: ignore[assignment]
     assert shape.tick() == (4, 100.0) and driver.calls == 1  # a drain keeps Locust's own tick
+
+
+class FailingMeter(FakeMeter):
+    """Every request the server answers nothing to: ``failed`` of them ended so far, none answered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = 0
+
+    def completed(self) -> int:
+        return self.failed
+
+    def count(self) -> StepCount:
+        outcomes = {"server_error": self.failed}
+        return StepCount(completed=self.failed, errors=self.failed, engine_dead=0, outcomes=outcomes)
+
+
+@pytest.mark.parametrize("never", [False, True])
+def test_a_step_that_answers_nothing_ends_at_once_and_ends_the_run(never: bool) -> None:
+    """A 30 s hold (a soak: hours) against a server that answers nothing ends once 10 requests failed
+    and none was answered (``capacity.schedule``, "No answer"); ``--stop-on never`` holds it."""
+    meter, sink, clock = FailingMeter(), Lines(), [0.0]
+    stop_on = (StopCondition("never" if never else "oom"),)
+    driver = StepDriver(SchedulePlan(levels=(1, 2), stop_on=stop_on), Hold(30.0), meter, sink,
+                        boundary_scrape=lambda: None, clock=lambda: clock[0])  # fmt: skip
+    assert driver.tick() == (1, 100.0)
+    meter.failed = 9  # too few to say
+    clock[0] += 0.2
+    assert driver.tick() == (1, 100.0)
+    meter.failed = 10
+    clock[0] += 0.2
+    if never:
+        assert driver.tick() == (1, 100.0) and not driver.finished
+        return
+    assert driver.tick() is None
+    assert driver.end_reason == "no_answer"
+    end = sink.lines[-1]
+    assert (end["event"], end["reason"], end["duration_s"]) == ("end", "no_answer", 0.4)

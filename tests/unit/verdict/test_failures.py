@@ -1,4 +1,4 @@
-"""Failed requests named by their reason, and the Run line of a ramp stopped by a step with no answer."""
+"""Failed requests named by their reason, and the Run line of a run stopped by a step with no answer."""
 
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ def test_a_run_stopped_by_a_step_with_no_answer_says_where(tmp_path: Path) -> No
     verdict = build_verdict(load_run(run))
     findings = {f.key: f for f in describe(verdict, recommend(verdict))}
     assert findings["run_status"].text == (
-        "complete: the ramp stopped at concurrency 4 (step 2): no request that ended there was answered, "
-        "and a higher level would send more of the same (Failed requests)"
+        "complete: the run stopped at concurrency 4 (step 2): no request that ended there was answered, "
+        "so more load would only send more of the same (Failed requests)"
     )
     assert findings["run_status"].severity == "warn"
     assert findings["failed_requests"].text.startswith(

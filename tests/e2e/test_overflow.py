@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
-from harness import Run, ServerPool, replay, write_trace_file
+from harness import FIGURES, Run, ServerPool, replay, write_trace_file
 
 from oomload.trace.stats import percentile
 
@@ -92,3 +92,34 @@ def test_only_fitting_sends_none_of_them(vllm_servers: ServerPool, tmp_path: Pat
     assert run.summary is not None
     overflow = run.summary["verdict"]["context_overflow"]
     assert (overflow["refused"], overflow["trace_over_limit"], overflow["left_out"]) == (0, 3, True)
+
+
+def test_long_answers_beside_fast_refusals_are_not_a_server_that_answers_nothing(
+    vllm_servers: ServerPool, tmp_path: Path
+) -> None:
+    """19 of 20 trace requests overflow the window (refused in milliseconds), one in 20 asks 1,000
+    output tokens (seconds on this CPU): each step's first seconds end in refusals only while the long
+    requests are being served. That is not a server that answers nothing (``capacity.schedule``, "No
+    answer": a request in flight for 2 s may yet be answered): every level is measured, with answers."""
+    server = vllm_servers.get()
+    trace = write_trace_file(
+        tmp_path / "t.jsonl", ([(OVERFLOW_PROMPT, OUTPUT_TOKENS)] * 19 + [(64, 1000)]) * 10
+    )
+    run_dir = tmp_path / "run"
+    proc = replay(
+        server.url,
+        trace,
+        run_dir,
+        *("--concurrency", "2,3", "--hold-s", "6", "--warmup-s", "0", "--no-refine", "--no-evidence"),
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    run = Run.read(run_dir)
+    ends = [s for s in run.steps if s["event"] == "end"]
+    assert [(s["concurrency"], s["reason"]) for s in ends] == [(2, "hold_done"), (3, "hold_done")], ends
+    ok = [r for r in run.requests if r["outcome"] == "ok"]
+    refused = [r for r in run.requests if r["outcome"] == "context_overflow"]
+    assert ok and len(refused) >= 10, sorted({r["outcome"] for r in run.requests})
+    FIGURES.append(
+        f"long answers beside refusals: {len(ok)} ok (e2e {min(r['e2e_ms'] for r in ok) / 1000:.1f}–"
+        f"{max(r['e2e_ms'] for r in ok) / 1000:.1f} s) and {len(refused)} refused, both levels measured"
+    )

@@ -58,7 +58,11 @@ Stop conditions (``--stop-on``)
 No answer
     A step in which at least ``NO_ANSWER_MIN_FAILED`` requests ended and every one of them failed
     without an answer (no ``ok`` or short answer, no engine death: a 500 or 404 for everything, a
-    proxy's HTML page, a gateway's 429 or 503 to every request) stops the ramp, whatever the
+    proxy's HTML page, a gateway's 429 or 503 to every request), once the step has run
+    ``NO_ANSWER_MIN_S`` and while no request has been in flight for ``NO_ANSWER_PENDING_S`` — so every
+    request sent before the last second ended, and failed (one still in flight may yet be answered: a
+    gateway that turns away the requests beyond its limit and serves the rest slowly, long outputs
+    with refused prompts beside them; a failure takes milliseconds) — stops the ramp, whatever the
     conditions but ``never``: a higher level would send more of the same, and the run learns nothing
     from it. The step itself ends as soon as that is true (``oomload.load.shape``), not at its hold's
     end. The end reason is ``no_answer``; the refinement still bisects a bracket found below it,
@@ -79,6 +83,8 @@ from oomload.errors import ConfigError
 Phase = Literal["warmup", "ramp", "refine"]
 MAX_LEVELS = 1000
 NO_ANSWER_MIN_FAILED = 10  # failed requests, none answered, that make a step one with no answer
+NO_ANSWER_MIN_S = 2.0  # a step runs this long before it can be one with no answer
+NO_ANSWER_PENDING_S = 1.0  # a request in flight this long may still be answered (a failure takes ms)
 NO_ANSWER = "no_answer"  # the end reason of a run stopped by such a step (module docstring)
 MAX_CONCURRENCY = 100_000
 STOP_NAMES = ("first-preemption", "oom", "error-rate", "never")
@@ -224,25 +230,24 @@ class StepOutcome:
     step: StepPlan
     completed: int = 0
     errors: int = 0
-    failed: int = 0  # of ``completed``, those that got no answer: neither ok, short nor an engine death
     preemptions: int = 0
     engine_dead: bool = False  # an engine_dead outcome (CUDA OOM, EngineDeadError, refused after answers)
     server_dead: bool = False  # the server is gone: nothing more can be measured
     evidence_short: bool = False  # clean, but it sent fewer requests than the trace's odds asked for
+    no_answer: bool = False  # no request of it was answered (module docstring, "No answer")
 
     @property
     def error_rate(self) -> float:
         return self.errors / self.completed if self.completed else 0.0
 
-    @property
-    def no_answer(self) -> bool:
-        return no_answer(self.failed, self.completed)
 
-
-def no_answer(failed: int, ended: int) -> bool:
-    """A step with no answer: every request that ended failed without one, and enough did to say so
-    (module docstring, "No answer")."""
-    return failed >= NO_ANSWER_MIN_FAILED and failed == ended
+def no_answer(failed: int, ended: int, oldest_in_flight_s: float | None, elapsed_s: float) -> bool:
+    """A step with no answer: every request that ended failed without one, enough did to say so, and
+    after ``elapsed_s`` of the step none in flight has waited long enough to be served (``None``:
+    unknown, so no) (module docstring, "No answer")."""
+    pending = oldest_in_flight_s is None or oldest_in_flight_s >= NO_ANSWER_PENDING_S
+    settled = elapsed_s >= NO_ANSWER_MIN_S and not pending
+    return failed >= NO_ANSWER_MIN_FAILED and failed == ended and settled
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,6 +204,12 @@ class ReplayContext:
         users = self.live_users() if self.live_users is not None else 0
         return max(len(self.in_flight), users)
 
+    def oldest_in_flight_s(self) -> float:
+        """How long the oldest request on the wire has been (0 when none is): one that has waited long
+        may still be answered, a failure takes milliseconds (``capacity.schedule``, "No answer")."""
+        oldest = min((f.start_unix_s for f in self.in_flight.values()), default=None)
+        return 0.0 if oldest is None else max(0.0, self.clock() - oldest)
+
     def step_report(self) -> dict[str, object]:
         """This process's view of the current step, for the master (a Locust worker's report)."""
         now = self.clock()
@@ -213,6 +219,7 @@ class ReplayContext:
             "elapsed_s": round(now - self.counters.started_unix_s, 3),
             "max": self.counters.in_flight_max,
             "in_flight": self.busy(),
+            "oldest_s": round(self.oldest_in_flight_s(), 3),
             "started": self.counters.started,
             "outcomes": {o.value: n for o, n in self.counters.outcomes.items()},
         }
@@ -317,5 +324,6 @@ class ContextMeter:
             cancelled=c.cancelled,
             started=c.started,
             outcomes={o.value: n for o, n in c.outcomes.items()},
+            oldest_in_flight_s=self.context.oldest_in_flight_s(),
             loadgen=() if (line := self.context.loadgen_report()) is None else (line,),
         )

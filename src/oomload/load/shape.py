@@ -13,7 +13,8 @@ with the tick, ``bench_onset_repeat`` kept 7 as the last safe level in 9 of 10 r
 
 On every tick the driver ends the current step when the server is dead, the run's maximum duration
 is spent, the step's hold is done, or no request of it was answered (``oomload.capacity.schedule``, "No
-answer": at least ``NO_ANSWER_MIN_FAILED`` ended, every one a failure without an answer — reason
+answer": at least ``NO_ANSWER_MIN_FAILED`` ended, every one a failure without an answer, and after
+``NO_ANSWER_MIN_S`` none in flight for ``NO_ANSWER_PENDING_S``: ``StepCount.oldest_in_flight_s``) — reason
 ``no_answer``, so a soak of hours or a 30 s hold does not send a thousand failures a second to a server
 that answers none); it then writes the step's ``end`` line to ``steps.jsonl``
 (``step_end_line``: the counts that step produced, its preemption delta, its achieved
@@ -110,6 +111,7 @@ class StepCount:
     cancelled: int = 0  # ended during the step as cancelled
     started: int | None = None  # sent by the step (None: unknown)
     outcomes: dict[str, int] = field(default_factory=dict)  # ended during the step, by outcome
+    oldest_in_flight_s: float | None = None  # how long the oldest request in flight has been (None: unknown)
     loadgen: tuple[LoadgenLine, ...] = ()  # each load-generating process's view of itself (selfcheck)
 
 
@@ -268,8 +270,11 @@ class StepDriver:
             return "max_duration"
         elapsed = now - self._held_from_s
         completed = self.meter.completed()
-        may_have_no_answer = completed >= NO_ANSWER_MIN_FAILED and self.plan.stops_on_no_answer
-        if may_have_no_answer and no_answer(*unanswered(self.meter.count().outcomes)):
+        if (
+            completed >= NO_ANSWER_MIN_FAILED
+            and self.plan.stops_on_no_answer
+            and _no_answer(self.meter.count(), now - self._step_start_s)
+        ):
             return NO_ANSWER
         if self.current.phase == "refine" and elapsed >= PREEMPTED_MIN_S and self._preempted_since_start():
             return "preempted"
@@ -366,13 +371,13 @@ class StepDriver:
                 step=step,
                 completed=count.completed,
                 errors=count.errors,
-                failed=unanswered(count.outcomes)[0],
                 preemptions=preemptions or 0,
                 engine_dead=count.engine_dead > 0,
                 server_dead=dead,
                 evidence_short=not preemptions
                 and self._needed is not None
                 and (count.started or 0) < self._needed,
+                no_answer=reason == NO_ANSWER or _no_answer(count, now - self._step_start_s),
             )
         )
         server = server_concurrency(self._scrape_at_start, scrape)
@@ -384,6 +389,11 @@ class StepDriver:
         self.sink.append("steps", line)
         if self.on_step_end is not None:
             self.on_step_end(line)
+
+
+def _no_answer(count: StepCount, elapsed_s: float) -> bool:
+    """The step's requests so far make it one with no answer (``capacity.schedule``, "No answer")."""
+    return no_answer(*unanswered(count.outcomes), count.oldest_in_flight_s, elapsed_s)
 
 
 def step_end_line(

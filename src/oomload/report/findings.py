@@ -70,7 +70,9 @@ def run_status(verdict: Verdict) -> Finding:
 
 def _no_answer_words(verdict: Verdict) -> str:
     """Where the run stopped on a step with no answer (``capacity.schedule``, "No answer")."""
-    stop = next((s for s in verdict.steps if no_answer(*unanswered(s.outcomes))), None)
+    stop = next((s for s in verdict.steps if s.end_reason == NO_ANSWER), None) or next(
+        (s for s in verdict.steps if no_answer(*unanswered(s.outcomes), 0.0, float("inf"))), None
+    )  # ended at once, or at its hold's end
     where = "" if stop is None else f" at concurrency {stop.concurrency} (step {stop.index})"
     return (
         f"the run stopped{where}: no request that ended there was answered, so more load would only "

@@ -129,8 +129,16 @@ class MasterMeter:
             started=sum(int(r.get("started", 0)) for r in mine) if mine else None,
             cancelled=outcomes["cancelled"],
             outcomes=dict(outcomes),
+            oldest_in_flight_s=self._oldest_in_flight_s(),
             loadgen=tuple(line for line in loadgen if line is not None),
         )
+
+    def _oldest_in_flight_s(self) -> float | None:
+        """The oldest request in flight over the live workers, as last reported (``None`` while a live
+        worker has not reported it)."""
+        live = self.session.pool.live_client_ids()
+        ages = [self.reports[c].get("oldest_s") if c in self.reports else None for c in live]
+        return None if not ages or None in ages else max(float(a) for a in ages if a is not None)
 
 
 def worker_loadgen(value: Any, index: int | None) -> LoadgenLine | None:
@@ -173,7 +181,10 @@ def report_ok(report: Mapping[str, Any]) -> bool:
     return (
         loadgen_ok
         and all(number(report.get(k)) for k in ("mean", "max"))
-        and all(report.get(k) is None or number(report.get(k)) for k in ("in_flight", "started", "elapsed_s"))
+        and all(
+            report.get(k) is None or number(report.get(k))
+            for k in ("in_flight", "oldest_s", "started", "elapsed_s")
+        )
         and isinstance(outcomes, dict)
         and all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in outcomes.items())
     )

@@ -405,13 +405,20 @@ class FailingMeter(FakeMeter):
     def __init__(self) -> None:
         super().__init__()
         self.failed = 0
+        self.oldest_s = 0.01  # the requests on the wire were just sent: failures come in milliseconds
 
     def completed(self) -> int:
         return self.failed
 
     def count(self) -> StepCount:
         outcomes = {"server_error": self.failed}
-        return StepCount(completed=self.failed, errors=self.failed, engine_dead=0, outcomes=outcomes)
+        return StepCount(
+            completed=self.failed,
+            errors=self.failed,
+            engine_dead=0,
+            outcomes=outcomes,
+            oldest_in_flight_s=self.oldest_s,
+        )
 
 
 @pytest.mark.parametrize("never", [False, True])
@@ -423,10 +430,16 @@ def test_a_step_that_answers_nothing_ends_at_once_and_ends_the_run(never: bool) 
     driver = StepDriver(SchedulePlan(levels=(1, 2), stop_on=stop_on), Hold(30.0), meter, sink,
                         boundary_scrape=lambda: None, clock=lambda: clock[0])  # fmt: skip
     assert driver.tick() == (1, 100.0)
+    meter.failed = 30  # before the step ran 2 s: a long request sent with them may not show yet
+    clock[0] += 1.0
+    assert driver.tick() == (1, 100.0)
     meter.failed = 9  # too few to say
+    clock[0] += 1.2
+    assert driver.tick() == (1, 100.0)
+    meter.failed, meter.oldest_s = 10, 1.1  # one request has waited 1.1 s: it may yet be answered
     clock[0] += 0.2
     assert driver.tick() == (1, 100.0)
-    meter.failed = 10
+    meter.oldest_s = 0.01  # it failed too
     clock[0] += 0.2
     if never:
         assert driver.tick() == (1, 100.0) and not driver.finished
@@ -434,4 +447,4 @@ def test_a_step_that_answers_nothing_ends_at_once_and_ends_the_run(never: bool) 
     assert driver.tick() is None
     assert driver.end_reason == "no_answer"
     end = sink.lines[-1]
-    assert (end["event"], end["reason"], end["duration_s"]) == ("end", "no_answer", 0.4)
+    assert (end["event"], end["reason"], end["duration_s"]) == ("end", "no_answer", 2.6)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import stat
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from oomload.errors import ConfigError
-from oomload.run.master_meter import report_ok, worker_loadgen
+from oomload.run.master_meter import MasterMeter, report_ok, worker_loadgen
 from oomload.run.worker_node import default_token_path, worker_token
 from oomload.run.worker_pool import master_token
 
@@ -64,8 +65,25 @@ def test_a_step_report_must_hold_finite_numbers() -> None:
         {"loadgen": "x"},
         {"loadgen": {**LOADGEN, "cpu_wait_share": float("inf")}},
         {"loadgen": {**LOADGEN, "loop_lag_max_ms": "210"}},
+        {"oldest_s": -0.5},
+        {"oldest_s": "1.0"},
     ):
         assert not report_ok(good | bad), bad
+    assert report_ok(good | {"oldest_s": 0.003})
+
+
+def test_the_oldest_request_in_flight_is_the_oldest_over_the_live_workers() -> None:
+    """What says whether a step answered nothing (``capacity.schedule``, "No answer"): unknown while a
+    live worker has not reported it, and a worker no longer live does not count."""
+    live = ["a", "b"]
+    session = SimpleNamespace(pool=SimpleNamespace(live_client_ids=lambda: live))
+    meter = MasterMeter(session, SimpleNamespace(replay_path=None))
+    meter.reports = {"a": {"oldest_s": 0.01}, "gone": {"oldest_s": 9.0}}
+    assert meter._oldest_in_flight_s() is None  # b has not said
+    meter.reports["b"] = {"oldest_s": 1.5}
+    assert meter._oldest_in_flight_s() == 1.5
+    live.remove("b")
+    assert meter._oldest_in_flight_s() == 0.01
 
 
 LOADGEN = {

@@ -152,7 +152,8 @@ def register(subparsers: Any) -> None:
         action="append",
         metavar="COND",
         help="oom (default: stop when the server dies), first-preemption, error-rate:F, never; "
-        "repeatable. A dead server always ends the ramp",
+        "repeatable. A dead server always ends the ramp; a step in which no request was answered "
+        "ends it too, unless never",
     )
     shape.add_argument("--max-duration-s", type=float, default=1800.0, help="whole run (default 1800)")
     shape.add_argument(

@@ -17,8 +17,11 @@ as the same traffic (``Verdict.traffic``: shared prefixes or distinct prompts, t
 runs ("onset 10 → 8 at run r3 (vLLM 0.33.0), separated: Fisher p = 0.05"), or one that moved without
 that evidence ("not separated"); a pool that changed size; a death that appeared or went. A run with
 no such run before it is marked, and no move is read for it; runs of other traces between two of one
-trace do not hide their move. Several inputs may be run directories or directories that hold run
-directories (one level down).
+trace do not hide their move. A run with nothing to judge (``Verdict.failed_run``: its requests mostly
+failed, as ``compare`` refuses it with exit 3) is marked so, shows no onset, last safe level or death
+("—": not "none", which would read as clean), and is skipped as the run before another: "onset 8 →
+none" across a server that answered nothing would read as a fix. Several inputs may be run
+directories or directories that hold run directories (one level down).
 
 Outputs (``write_history``): the terminal table, ``history.json`` (schema ``oomload.history/1``),
 ``history.md`` and ``history.html`` (the onset, last safe level and pool per run, and the P99 TTFT,
@@ -69,6 +72,7 @@ class HistoryRow:
     p99_ttft_ms: float | None
     cut_short: bool
     moves: tuple[str, ...]  # what moved against the run before it (module docstring)
+    nothing_to_judge: str | None = None  # the verdict's sentence when its requests mostly failed
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +88,7 @@ class HistoryRow:
             "engine_death": self.death,
             "p99_ttft_ms": self.p99_ttft_ms,
             "cut_short": self.cut_short,
+            "nothing_to_judge": self.nothing_to_judge,
             "moves": list(self.moves),
         }
 
@@ -145,7 +150,9 @@ def build_history(sides: Sequence[RunSide], level: int | None = None) -> History
         same = side.trace_digest is not None and side.trace_digest == first_digest
         previous = next((p for p in reversed(ordered[:index]) if _comparable(p, side)), None)
         moves = _moves(previous, side) if previous is not None else ()
-        if previous is None and index:
+        if side.verdict.failed_run is not None:
+            moves = (f"{side.label} has nothing to judge: nothing is read from it",)
+        elif previous is None and index:
             same_trace = any(p.trace_digest == side.trace_digest for p in ordered[:index])
             what = f"sent other traffic ({side.verdict.traffic})" if same_trace else "replayed another trace"
             moves = (f"{side.label} {what}: nothing is read across it",)
@@ -166,6 +173,7 @@ def build_history(sides: Sequence[RunSide], level: int | None = None) -> History
                 p99_ttft_ms=percentile(ttft, 99) if ttft else None,
                 cut_short=s.cut_short,
                 moves=moves,
+                nothing_to_judge=side.verdict.failed_run,
             )
         )
     return History(level, tuple(rows))
@@ -177,6 +185,7 @@ def _comparable(before: RunSide, after: RunSide) -> bool:
         after.trace_digest is not None
         and before.trace_digest == after.trace_digest
         and before.verdict.traffic == after.verdict.traffic
+        and before.verdict.failed_run is None
     )
 
 
@@ -243,15 +252,17 @@ def _when(unix_s: float | None) -> str:
 
 
 def _cells(r: HistoryRow) -> list[str]:
+    judged = r.nothing_to_judge is None  # else no level of it is evidence: "—", never "none"
+    mark = " (cut short)" if r.cut_short and judged else "" if judged else " (nothing to judge)"
     return [
-        r.label + (" (cut short)" if r.cut_short else ""),
+        r.label + mark,
         _when(r.started_unix_s),
         r.version,
         (r.trace_digest or "—")[:12] + ("" if r.same_trace else " (other trace)"),
-        _level(r.onset),
-        _level(r.last_safe),
+        _level(r.onset) if judged else "—",
+        _level(r.last_safe) if judged else "—",
         _level(r.kv_blocks),
-        r.death or "none",
+        (r.death or "none") if judged else "—",
         "—" if r.p99_ttft_ms is None else f"{r.p99_ttft_ms:.0f} ms",
     ]
 

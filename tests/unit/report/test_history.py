@@ -10,7 +10,8 @@ import pytest
 
 from oomload.cli import main
 from oomload.errors import ConfigError
-from oomload.report.history import history_of
+from oomload.outcome import Outcome
+from oomload.report.history import history_of, render_markdown
 from oomload.rundir.provenance import Provenance
 from runbuilder import StepSpec, write_run
 
@@ -18,12 +19,24 @@ POOL = {"block_size": 16, "gpu_memory_utilization": 0.9}
 DAY_S = 86_400.0
 
 
-def _run(path: Path, *, onset: int, blocks: int, version: str, day: int, simulated: bool = False) -> Path:
-    """Levels 2, 4, 6, 8, preempting from ``onset``; the level below it and the onset three times."""
+def _run(
+    path: Path,
+    *,
+    onset: int,
+    blocks: int,
+    version: str,
+    day: int,
+    simulated: bool = False,
+    failed: bool = False,
+) -> Path:
+    """Levels 2, 4, 6, 8, preempting from ``onset``; the level below it and the onset three times (with
+    ``failed``, every request a 500 instead)."""
     steps = []
     for c in (2, 4, 6, 8):
         times = 3 if c in (onset - 2, onset) else 1
         steps += [StepSpec(c, preemptions=3 if c >= onset else 0) for _ in range(times)]
+    if failed:
+        steps = [StepSpec(c, failures={Outcome.SERVER_ERROR: 12}, error_text="http 500") for c in (2, 4)]
     write_run(path, steps, cache_config={**POOL, "num_gpu_blocks": blocks}, config={"simulated": simulated})
     provenance = Provenance(
         oomload_version="0.1.0",
@@ -130,3 +143,19 @@ def test_a_directory_with_no_run_is_refused(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="neither a run directory nor holds any"):
         history_of([tmp_path / "empty"])
+
+
+def test_a_run_with_nothing_to_judge_is_marked_and_never_read_as_a_fix(releases: Path) -> None:
+    """A release whose server answered nothing (every request a 500) showed "onset none, last safe
+    none, death none" like a clean run, and the next release's onset was read against it. It is
+    marked, shows "—", and the run after it is compared with the last run that judged something."""
+    _run(releases / "b2-broken", onset=8, blocks=100, version="0.32.1", day=20, failed=True)
+    history = history_of([releases])
+    broken, late = history.rows[2], history.rows[3]
+    assert broken.nothing_to_judge is not None and broken.moves == (
+        "b2-broken has nothing to judge: nothing is read from it",
+    )
+    page = render_markdown(history)
+    assert "| b2-broken (nothing to judge) |" in page and "| — | — | 100 | — |" in page
+    # the release after it is read against 0.32.0 (onset 8), not against the run that judged nothing
+    assert late.moves[1].startswith("onset 8 → 6 at c-late (vLLM 0.33.0)")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 from oomload.load.context import ReplayContext
+from oomload.outcome import Outcome, RequestResult
 from oomload.rundir import mark_server_dead, server_marked_dead
 
 
@@ -128,3 +130,17 @@ def test_an_open_loop_is_done_only_when_no_taken_request_waits_for_its_arrival_t
     assert not ctx.open_loop_done  # in flight
     ctx.in_flight.clear()
     assert ctx.open_loop_done
+
+
+def test_the_oldest_request_in_flight_and_the_workers_report_of_it() -> None:
+    """What tells a server that answers nothing from one that serves slowly (``capacity.schedule``, "No
+    answer"): the age of the oldest request on the wire, 0 when none is."""
+    now = [100.0]
+    ctx = ReplayContext(order=None, payloads=None, sink=None, clock=lambda: now[0])  # type: ignore[arg-type]
+    assert ctx.oldest_in_flight_s() == 0.0
+    for name, at in (("a", 100.0), ("b", 101.0)):
+        ctx.started(SimpleNamespace(request_id=name, prompt_tokens=8, output_tokens=8), at)  # type: ignore[arg-type]
+    now[0] = 102.5
+    assert ctx.oldest_in_flight_s() == 2.5 and ctx.step_report()["oldest_s"] == 2.5
+    ctx.finished(RequestResult("a", 0, 2, 100.0, 102.5, Outcome.OK, 8, 8))
+    assert ctx.oldest_in_flight_s() == 1.5

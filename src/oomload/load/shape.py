@@ -181,6 +181,7 @@ class StepDriver:
         self.end_reason: str | None = None
         self.started_unix_s: float | None = None
         self._step_start_s = 0.0
+        self._unanswered_yet = True
         self._tick_s = 0.0  # when the current tick began (Locust ticks once a second)
         self._held_from_s = 0.0  # the tick that opened the current step: its hold counts from there
         self._scrape_at_start: MetricsRow | None = None
@@ -270,12 +271,12 @@ class StepDriver:
             return "max_duration"
         elapsed = now - self._held_from_s
         completed = self.meter.completed()
-        if (
-            completed >= NO_ANSWER_MIN_FAILED
-            and self.plan.stops_on_no_answer
-            and _no_answer(self.meter.count(), now - self._step_start_s)
-        ):
-            return NO_ANSWER
+        if completed >= NO_ANSWER_MIN_FAILED and self.plan.stops_on_no_answer and self._unanswered_yet:
+            count = self.meter.count()
+            failed, ended = unanswered(count.outcomes)
+            self._unanswered_yet = failed == ended  # an answer stays: no more counts for this step
+            if no_answer(failed, ended, count.oldest_in_flight_s, now - self._step_start_s):
+                return NO_ANSWER
         if self.current.phase == "refine" and elapsed >= PREEMPTED_MIN_S and self._preempted_since_start():
             return "preempted"
         if self._extended_from_s is not None and now < self._next_check_s:
@@ -340,6 +341,7 @@ class StepDriver:
         """Open ``step`` at ``now`` with the scrape read at this boundary."""
         self.current = step
         self._step_start_s = now
+        self._unanswered_yet = True  # no request of this step answered so far (``_step_end_reason``)
         self._held_from_s = min(self._tick_s, now)
         self._scrape_at_start = scrape
         self._needed = None if step.phase == "warmup" else self.evidence(step)
@@ -377,7 +379,7 @@ class StepDriver:
                 evidence_short=not preemptions
                 and self._needed is not None
                 and (count.started or 0) < self._needed,
-                no_answer=reason == NO_ANSWER or _no_answer(count, now - self._step_start_s),
+                no_answer=reason == NO_ANSWER,
             )
         )
         server = server_concurrency(self._scrape_at_start, scrape)
@@ -389,11 +391,6 @@ class StepDriver:
         self.sink.append("steps", line)
         if self.on_step_end is not None:
             self.on_step_end(line)
-
-
-def _no_answer(count: StepCount, elapsed_s: float) -> bool:
-    """The step's requests so far make it one with no answer (``capacity.schedule``, "No answer")."""
-    return no_answer(*unanswered(count.outcomes), count.oldest_in_flight_s, elapsed_s)
 
 
 def step_end_line(

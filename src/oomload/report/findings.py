@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oomload.capacity.blocks import OnsetPrediction
-from oomload.capacity.schedule import NO_ANSWER, no_answer
-from oomload.outcome import unanswered
+from oomload.capacity.schedule import NO_ANSWER
 from oomload.report.finding import Finding
 from oomload.report.requestfindings import (
     context_overflow,
@@ -70,9 +69,7 @@ def run_status(verdict: Verdict) -> Finding:
 
 def _no_answer_words(verdict: Verdict) -> str:
     """Where the run stopped on a step with no answer (``capacity.schedule``, "No answer")."""
-    stop = next((s for s in verdict.steps if s.end_reason == NO_ANSWER), None) or next(
-        (s for s in verdict.steps if no_answer(*unanswered(s.outcomes), 0.0, float("inf"))), None
-    )  # ended at once, or at its hold's end
+    stop = next((s for s in verdict.steps if s.end_reason == NO_ANSWER), None)  # the driver ended it at once
     where = "" if stop is None else f" at concurrency {stop.concurrency} (step {stop.index})"
     return (
         f"the run stopped{where}: no request that ended there was answered, so more load would only "

@@ -49,7 +49,7 @@ def test_a_run_stopped_by_a_step_with_no_answer_says_where(tmp_path: Path) -> No
     http_500 = {"failures": {Outcome.SERVER_ERROR: 12}, "error_text": "http 500: ServiceError"}
     run = write_run(
         tmp_path / "run",
-        [StepSpec(1), StepSpec(2), StepSpec(4, **http_500)],  # type: ignore[arg-type]
+        [StepSpec(1), StepSpec(2), StepSpec(4, end_reason="no_answer", **http_500)],  # type: ignore[arg-type]
         status={"finished": True, "end_reason": "no_answer", "ended_unix_s": 2e9},
     )
     verdict = build_verdict(load_run(run))

@@ -26,7 +26,8 @@ from rich.table import Table
 from oomload.rundir.loadgenrecord import parse_loadgen
 from oomload.verdict import kv_percent
 from oomload.verdict.loadgen import live_held, starvation
-from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, per_second
+from oomload.verdict.rates import per_second
+from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE
 
 
 class ProgressView:

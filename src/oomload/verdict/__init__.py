@@ -12,6 +12,7 @@ Read in this order:
    ``loadgen`` — whether a step that did not hold its level had a starved load generator;
    ``prefixrate`` — which prompt shape the run measured, and the server's prefix-cache hit rate;
    ``servermem`` — the server's own host memory over the run;
+   ``rates`` — per 100 requests, per second, the mean in flight: one definition of each;
 4. ``prediction`` — the block arithmetic's onset band, compared with the observed onset;
 5. ``confidence`` — the caveats and the confidence level;
 6. ``levels`` — each level over its steps: the onsets, the first unsafe and the last safe level;

@@ -20,8 +20,9 @@ from typing import Any
 from oomload.capacity.odds import LevelOdds
 from oomload.verdict.confidence import ConfidenceNote
 from oomload.verdict.death import EngineDeath
+from oomload.verdict.rates import per_100
 from oomload.verdict.runview import RunView
-from oomload.verdict.stepfacts import StepFacts, per_100
+from oomload.verdict.stepfacts import StepFacts
 
 ODDS_UNLIKELY = 0.01  # an observation the odds gave less than this chance is a disagreement
 

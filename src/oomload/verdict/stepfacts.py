@@ -68,8 +68,7 @@ seen in an untrusted step is still a failure.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from oomload.capacity.odds import LevelOdds
@@ -86,6 +85,7 @@ from oomload.rundir.serverside import (
 from oomload.trace.stats import percentile
 from oomload.verdict.gauges import sustained_level, waiting_sustained
 from oomload.verdict.loadgen import Starvation, starvation, starved_process
+from oomload.verdict.rates import achieved_concurrency, per_100, per_second, share_crossing
 from oomload.verdict.runview import StepData
 
 ACHIEVED_CONCURRENCY_MIN_SHARE = 0.8
@@ -498,33 +498,15 @@ def summarize_step(
         kv_usage_sustained=sustained_level([m.kv_cache_usage for m in ok_metrics]),
         server=server,
         server_share=share,
-        waiting_share=_share([v for _, v in waits], lambda v: v > 0),
-        kv_saturated_share=_share([m.kv_cache_usage for m in ok_metrics], lambda v: v >= KV_SATURATED),
+        waiting_share=share_crossing([v for _, v in waits], lambda v: v > 0),
+        kv_saturated_share=share_crossing(
+            [m.kv_cache_usage for m in ok_metrics], lambda v: v >= KV_SATURATED
+        ),
         odds=odds,
         evidence_requests=b.evidence_requests,
         extended_s=b.extended_s,
         loadgen=b.loadgen,
     )
-
-
-def _share(readings: Sequence[float | None], crossed: Callable[[float], bool]) -> float | None:
-    """The share of scrapes reporting a value whose value crossed the line (``None``: none reported)."""
-    values = [v for v in readings if v is not None]
-    return None if not values else sum(1 for v in values if crossed(v)) / len(values)
-
-
-def per_100(count: int | None, requests: int) -> float | None:
-    """``count`` per 100 requests (``None`` when the count is unknown or nothing was sent): the one
-    definition behind the per-step and per-level preemption rates."""
-    return None if count is None or not requests else 100.0 * count / requests
-
-
-def per_second(count: int | None, duration_s: float | None) -> float | None:
-    """A step's rate: ``count`` over ``duration_s`` (``None`` when either is unknown or the step had
-    no duration). The one definition behind req/s and tok/s in the live line and every report."""
-    if count is None or duration_s is None or duration_s <= 0:
-        return None
-    return count / duration_s
 
 
 def _server_side(
@@ -557,22 +539,6 @@ def _num(value: int | None) -> float | None:
 
 def _int_or_none(value: float | None) -> int | None:
     return None if value is None else int(value)
-
-
-def achieved_concurrency(
-    requests: Sequence[RequestResult], start_unix_s: float, end_unix_s: float
-) -> float | None:
-    """Time-weighted mean number of requests in flight within ``[start, end]`` (None for an empty window)."""
-    span = end_unix_s - start_unix_s
-    if not span > 0 or math.isinf(span):
-        return None
-    busy = 0.0
-    for r in requests:
-        lo = max(r.start_unix_s, start_unix_s)
-        hi = min(r.end_unix_s, end_unix_s)
-        if hi > lo:
-            busy += hi - lo
-    return busy / span
 
 
 def _preemptions(step: StepData, ok_metrics: Sequence[MetricsRow]) -> tuple[int | None, int | None]:

@@ -9,6 +9,7 @@ Read in this order:
    status and memory; ``deathlog`` — that log read: the root-cause line, its consequences kept out;
 3. ``stepfacts`` — one ``StepFacts`` per step: counts, latencies, KV and queue peaks (sustained ones
    from ``gauges``), the server's side (``oomload.rundir.serverside``), whether the step can be trusted;
+   ``stepsummary`` — a step's ``StepFacts`` from its requests, scrapes and samples;
    ``loadgen`` — whether a step that did not hold its level had a starved load generator;
    ``prefixrate`` — which prompt shape the run measured, and the server's prefix-cache hit rate;
    ``servermem`` — the server's own host memory over the run;

@@ -145,8 +145,8 @@ from oomload.verdict.stepfacts import (
     UNSAFE_OUTCOMES,
     LatencyStats,
     StepFacts,
-    summarize_step,
 )
+from oomload.verdict.stepsummary import summarize_step
 from oomload.verdict.trend import MemoryTrend
 
 DEFAULT_MIN_REQUESTS = 3
@@ -325,33 +325,10 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON (the ``verdict`` part of ``summary.json``; see docs/report.md)."""
-        steps = []
-        for s in self.steps:
-            obj = asdict(s)
-            obj["outcomes"] = dict(s.outcomes)
-            obj["casualties"] = dict(s.casualties)
-            obj["warmup"] = s.warmup
-            obj["error_rate"] = s.error_rate
-            obj["trusted"] = s.trusted
-            obj["mostly_failed"] = s.mostly_failed
-            obj["concurrency_held"] = s.concurrency_held
-            obj["server"] = None if s.server is None else s.server.to_json()
-            obj["server_share"] = None if s.server_share is None else round(s.server_share, 3)
-            obj["delivered_concurrency"] = (
-                None if s.delivered_concurrency is None else round(s.delivered_concurrency, 3)
-            )
-            obj["kv_usage_max_share"] = s.kv_usage_max
-            obj["odds"] = None if s.odds is None else s.odds.to_json()
-            obj["preemptions_per_100_requests"] = _round(s.preemptions_per_100)
-            obj["waiting_share"] = _round(s.waiting_share)
-            obj["kv_saturated_share"] = _round(s.kv_saturated_share)
-            obj["evidence_thin"] = s.evidence_thin
-            obj["starved"] = None if s.starvation is None else s.starvation.to_json()
-            steps.append(obj)
         return {
             "run": {**asdict(self.run), "cache_config": _plain(self.run.cache_config)},
             "levels": list(self.levels),
-            "steps": steps,
+            "steps": [s.to_json() for s in self.steps],
             "onsets": {
                 "preemption": None
                 if self.preemption_onset is None
@@ -583,10 +560,6 @@ def kv_peak_text(kv_usage_max: float) -> str:
 
 def _summary(values: Sequence[int]) -> LengthSummary | None:
     return summarize_lengths(values) if values else None
-
-
-def _round(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 def _plain(obj: Mapping[str, Any] | None) -> dict[str, Any] | None:

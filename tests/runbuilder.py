@@ -220,7 +220,7 @@ def _write_requests(w: RunWriter, index: int, spec: StepSpec, start: float) -> l
 def _http_status(outcome: Outcome) -> int | None:
     if outcome in (Outcome.CANCELLED, Outcome.TRANSPORT_ERROR, Outcome.TIMEOUT):
         return None
-    return 500 if outcome is Outcome.ENGINE_DEAD else 400
+    return {Outcome.ENGINE_DEAD: 500, Outcome.RATE_LIMITED: 429}.get(outcome, 400)
 
 
 def request(

@@ -68,6 +68,15 @@ No answer
     end. The end reason is ``no_answer``; the refinement still bisects a bracket found below it,
     and a refinement (or warm-up) step with no answer ends the run at once — the server stopped
     answering. Fewer failures than that (one long request that broke at concurrency 1) decide nothing.
+
+Rate limit
+    A step in which at least ``RATE_LIMITED_MIN`` requests were turned away with HTTP 429
+    (``rate_limited``: a rate or concurrency limit in front of the engine, a gateway's or a proxy's)
+    stops the ramp at its end, under the same conditions: the levels above it would measure that limit,
+    not the engine (a gateway that admits 4 at a time lets vLLM see 4 at level 8 and at 64). The step
+    keeps its hold — what reached the engine is still measured, and its in-flight mean says how much
+    did — and the end reason is ``rate_limited``; as after a step with no answer, the refinement
+    bisects a bracket below it, and a refinement (or warm-up) step turned away ends the run.
 """
 
 from __future__ import annotations
@@ -86,6 +95,8 @@ NO_ANSWER_MIN_FAILED = 10  # failed requests, none answered, that make a step on
 NO_ANSWER_MIN_S = 2.0  # a step runs this long before it can be one with no answer
 NO_ANSWER_PENDING_S = 1.0  # a request in flight this long may still be answered (a failure takes ms)
 NO_ANSWER = "no_answer"  # the end reason of a run stopped by such a step (module docstring)
+RATE_LIMITED_MIN = 3  # requests of a step turned away with HTTP 429 that make it a rate-limited step
+RATE_LIMITED = "rate_limited"  # the end reason of a run stopped by one (module docstring, "Rate limit")
 MAX_CONCURRENCY = 100_000
 STOP_NAMES = ("first-preemption", "oom", "error-rate", "never")
 MAX_REPEATS = 9
@@ -235,6 +246,7 @@ class StepOutcome:
     server_dead: bool = False  # the server is gone: nothing more can be measured
     evidence_short: bool = False  # clean, but it sent fewer requests than the trace's odds asked for
     no_answer: bool = False  # no request of it was answered (module docstring, "No answer")
+    rate_limited: bool = False  # a limit in front of the engine turned requests away ("Rate limit")
 
     @property
     def error_rate(self) -> float:
@@ -270,9 +282,9 @@ class SchedulePlan:
             raise ConfigError("short checks must be at levels of the ramp")
 
     @property
-    def stops_on_no_answer(self) -> bool:
-        """A step with no answer ends the ramp (module docstring, "No answer"): under every condition but
-        ``never``."""
+    def stops_unloaded(self) -> bool:
+        """A step that did not load the engine — no answer, or turned away by a limit in front of it —
+        ends the ramp (module docstring, "No answer", "Rate limit"): under every condition but ``never``."""
         return all(c.name != "never" for c in self.stop_on)
 
     def check_hold(self, hold: Hold) -> Hold:
@@ -391,13 +403,14 @@ def next_step(plan: SchedulePlan, history: Sequence[StepOutcome]) -> Decision:
     index = last.step.index + 1
     if last.server_dead:
         return Decision(None, "server_dead")
-    if plan.stops_on_no_answer and last.no_answer and last.step.phase != "ramp":
-        return Decision(None, NO_ANSWER)  # the server stopped answering: bisecting would learn nothing
+    if plan.stops_unloaded and last.step.phase != "ramp" and (last.no_answer or last.rate_limited):
+        return Decision(None, unloaded_reason(last))  # bisecting would learn nothing more
     ramp = [f for f in history if f.step.phase == "ramp"]
     stopped = next((r for r in (stop_reason(plan.stop_on, f) for f in ramp) if r is not None), None)
     end_reason = "completed" if stopped is None else f"stop_condition:{stopped}"
-    if stopped is None and plan.stops_on_no_answer and any(f.no_answer for f in ramp):
-        end_reason = NO_ANSWER
+    unloaded = next((f for f in ramp if f.no_answer or f.rate_limited), None)
+    if stopped is None and plan.stops_unloaded and unloaded is not None:
+        end_reason = unloaded_reason(unloaded)
     if end_reason == "completed" and len(ramp) < len(plan.levels):
         return Decision(StepPlan(index, plan.levels[len(ramp)], "ramp"))
     if plan.refine:
@@ -405,6 +418,12 @@ def next_step(plan: SchedulePlan, history: Sequence[StepOutcome]) -> Decision:
         if level is not None:
             return Decision(StepPlan(index, level, "refine"))
     return Decision(None, end_reason)
+
+
+def unloaded_reason(outcome: StepOutcome) -> str:
+    """The end reason of a run stopped by a step that did not load the engine: ``no_answer`` first (every
+    request failed: whether a limit turned them away, the top error says), else ``rate_limited``."""
+    return NO_ANSWER if outcome.no_answer else RATE_LIMITED
 
 
 def max_duration_exceeded(elapsed_s: float, max_duration_s: float | None) -> bool:

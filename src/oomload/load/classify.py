@@ -1,8 +1,8 @@
 """Every request ends in exactly one ``Outcome`` (pure).
 
 ``Observation`` is what the HTTP adapter saw; ``classify`` applies the precedence documented in
-``oomload.outcome`` — engine dead > context overflow > admission rejected > server error > timeout >
-transport error > truncated > ok — to these rules:
+``oomload.outcome`` — engine dead > context overflow > admission rejected > rate limited > server error >
+timeout > transport error > truncated > ok — to these rules:
 
 =================================================  =======================================
 observation                                        outcome
@@ -18,6 +18,9 @@ length" / "longer than the maximum model length" /
 "cannot be greater than max_model_len"
 HTTP 503, or an SSE error event with code 503 /    admission_rejected
 "Service Unavailable" / "engine is currently busy"
+HTTP 429, or an SSE error event with code 429      rate_limited (a rate or concurrency
+                                                   limit in front of the engine, a gateway's
+                                                   or a proxy's, turned it away)
 any other HTTP status ≥ 400, an other SSE error,   server_error
 a 200 that is neither JSON nor an event stream,     (reason "malformed event stream" for
 an event stream with a malformed event               the last: an answer that is not one;
@@ -117,6 +120,9 @@ def classify(obs: Observation) -> tuple[Outcome, str | None, str | None]:
     if status == 503 or obs.error_code == 503 or admission_mark is not None:
         where = "503 inside a 200 stream" if obs.stream_error else "http 503"
         return Outcome.ADMISSION_REJECTED, where, _detail(obs, admission_mark)
+    if status == 429 or (obs.stream_error and obs.error_code == 429):
+        where = "429 inside a 200 stream" if status != 429 else "http 429"
+        return Outcome.RATE_LIMITED, where, _detail(obs, None)
     if status is not None and status >= 400:
         return Outcome.SERVER_ERROR, f"http {status}", _detail(obs, None)
     if obs.stream_error:  # vLLM streams a refusal (a bad token id, …) as an event with its status code

@@ -16,7 +16,9 @@ is spent, the step's hold is done, or no request of it was answered (``oomload.c
 answer": at least ``NO_ANSWER_MIN_FAILED`` ended, every one a failure without an answer, and after
 ``NO_ANSWER_MIN_S`` none in flight for ``NO_ANSWER_PENDING_S``: ``StepCount.oldest_in_flight_s``) — reason
 ``no_answer``, so a soak of hours or a 30 s hold does not send a thousand failures a second to a server
-that answers none); it then writes the step's ``end`` line to ``steps.jsonl``
+that answers none); a step in which ``RATE_LIMITED_MIN`` requests were turned away with HTTP 429 keeps its
+hold, and its ``StepOutcome`` says so (``rate_limited``: the schedule stops the ramp after it). It then
+writes the step's ``end`` line to ``steps.jsonl``
 (``step_end_line``: the counts that step produced, its preemption delta, its achieved
 concurrency and each load-generating process's own figures: ``oomload.load.selfcheck``), hands that
 line to ``on_step_end`` (the progress view), asks ``oomload.capacity.schedule.next_step`` what comes next, and
@@ -77,6 +79,7 @@ from typing import Any, Protocol
 from oomload.capacity.schedule import (
     NO_ANSWER,
     NO_ANSWER_MIN_FAILED,
+    RATE_LIMITED_MIN,
     Decision,
     Hold,
     SchedulePlan,
@@ -86,7 +89,7 @@ from oomload.capacity.schedule import (
     next_step,
     no_answer,
 )
-from oomload.outcome import unanswered
+from oomload.outcome import Outcome, unanswered
 from oomload.rundir.loadgenrecord import LoadgenLine
 from oomload.rundir.records import MetricsRow, StepEndLine, StepStartLine
 from oomload.rundir.serverside import ServerConcurrency, server_concurrency
@@ -271,7 +274,7 @@ class StepDriver:
             return "max_duration"
         elapsed = now - self._held_from_s
         completed = self.meter.completed()
-        if completed >= NO_ANSWER_MIN_FAILED and self.plan.stops_on_no_answer and self._unanswered_yet:
+        if completed >= NO_ANSWER_MIN_FAILED and self.plan.stops_unloaded and self._unanswered_yet:
             count = self.meter.count()
             failed, ended = unanswered(count.outcomes)
             self._unanswered_yet = failed == ended  # an answer stays: no more counts for this step
@@ -380,6 +383,7 @@ class StepDriver:
                 and self._needed is not None
                 and (count.started or 0) < self._needed,
                 no_answer=reason == NO_ANSWER,
+                rate_limited=count.outcomes.get(Outcome.RATE_LIMITED.value, 0) >= RATE_LIMITED_MIN,
             )
         )
         server = server_concurrency(self._scrape_at_start, scrape)

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oomload.capacity.blocks import OnsetPrediction
-from oomload.capacity.schedule import NO_ANSWER
+from oomload.capacity.schedule import NO_ANSWER, RATE_LIMITED
 from oomload.report.finding import Finding
 from oomload.report.requestfindings import (
     context_overflow,
     failed_requests,
+    rate_limited,
     short_responses,
     usage_disagrees,
 )
@@ -42,6 +43,7 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
         context_overflow(verdict),
         short_responses(verdict),
         usage_disagrees(verdict),
+        rate_limited(verdict),
         failed_requests(verdict),
         load_delivered(verdict),
         load_generator(verdict),
@@ -57,24 +59,30 @@ def describe(verdict: Verdict, recommendation: Recommendation) -> list[Finding]:
 def run_status(verdict: Verdict) -> Finding:
     run = verdict.run
     if verdict.failed_run is not None:
-        stopped = f"; {_no_answer_words(verdict)}" if run.end_reason == NO_ANSWER else ""
+        stopped = f"; {_unloaded_words(verdict)}" if run.end_reason in (NO_ANSWER, RATE_LIMITED) else ""
         return Finding("run_status", "Run", f"NOTHING TO JUDGE: {verdict.failed_run}{stopped}", "bad")
     if run.cut_short:
         return Finding("run_status", "Run", f"CUT SHORT: {run.cut_short_detail}", "warn")
-    if run.end_reason == NO_ANSWER:
-        return Finding("run_status", "Run", f"complete: {_no_answer_words(verdict)}", "warn")
+    if run.end_reason in (NO_ANSWER, RATE_LIMITED):
+        return Finding("run_status", "Run", f"complete: {_unloaded_words(verdict)}", "warn")
     reason = "" if run.end_reason in (None, "completed") else f" ({run.end_reason})"
     return Finding("run_status", "Run", f"complete{reason}", "ok")
 
 
-def _no_answer_words(verdict: Verdict) -> str:
-    """Where the run stopped on a step with no answer (``capacity.schedule``, "No answer")."""
-    stop = next((s for s in verdict.steps if s.end_reason == NO_ANSWER), None)  # the driver ended it at once
+def _unloaded_words(verdict: Verdict) -> str:
+    """Where the run stopped on a step that did not load the engine (``capacity.schedule``, "No answer",
+    "Rate limit"): the step the driver ended at once, or the first one a limit turned requests away in."""
+    if verdict.run.end_reason == NO_ANSWER:
+        stop = next((s for s in verdict.steps if s.end_reason == NO_ANSWER), None)
+        why = "no request that ended there was answered, so more load would only send more of the same"
+    else:
+        stop = next((s for s in verdict.steps if s.rate_limited), None)
+        why = (
+            "a limit in front of the engine turned requests away there, so the levels above would measure it"
+        )
     where = "" if stop is None else f" at concurrency {stop.concurrency} (step {stop.index})"
-    return (
-        f"the run stopped{where}: no request that ended there was answered, so more load would only "
-        "send more of the same (Failed requests)"
-    )
+    see = "Rate limit" if stop is not None and stop.rate_limited else "Failed requests"
+    return f"the run stopped{where}: {why} ({see})"
 
 
 def prompt_shape(verdict: Verdict) -> Finding | None:
@@ -370,9 +378,12 @@ def load_delivered(verdict: Verdict) -> Finding:
         return Finding("load_delivered", label, text, "info")
     if unjudged := _not_judged(verdict, "load_delivered", label):
         return unjudged  # requests that fail at once leave few in flight: that is no finding of its own
-    # a step whose requests mostly failed is no evidence already (Failed requests), its level held or not
+    # a step whose requests mostly failed (Failed requests) or were turned away by a limit in front of the
+    # engine (Rate limit) is no evidence already, its level held or not
     steps = [
-        s for s in verdict.measured_steps if s.requests and not s.reached_at_death and not s.mostly_failed
+        s
+        for s in verdict.measured_steps
+        if s.requests and not s.reached_at_death and not s.mostly_failed and not s.rate_limited
     ]
     short = [s for s in steps if s.concurrency_held is False]
     if short:

@@ -1,5 +1,6 @@
 """The findings about the requests themselves: refused or clamped for their length, short answers,
-answers whose usage contradicted what was sent, and the failures no other finding explains."""
+answers whose usage contradicted what was sent, requests a limit in front of the engine turned away,
+and the failures no other finding explains."""
 
 from __future__ import annotations
 
@@ -7,11 +8,18 @@ from oomload.outcome import Outcome
 from oomload.report.finding import Finding
 from oomload.verdict import Verdict
 from oomload.verdict.failures import outcome_count
-from oomload.verdict.verdict import USAGE_HINT
+from oomload.verdict.verdict import RATE_LIMIT_HINT, USAGE_HINT
 
 # outcomes that are not failures, or that a finding of their own already tells
 NOT_FAILURES = frozenset(
-    o.value for o in (Outcome.OK, Outcome.CANCELLED, Outcome.CONTEXT_OVERFLOW, Outcome.TRUNCATED)
+    o.value
+    for o in (
+        Outcome.OK,
+        Outcome.CANCELLED,
+        Outcome.CONTEXT_OVERFLOW,
+        Outcome.TRUNCATED,
+        Outcome.RATE_LIMITED,
+    )
 )
 
 
@@ -63,6 +71,26 @@ def usage_disagrees(verdict: Verdict) -> Finding | None:
         f"{n} of {verdict.requests_total} answers reported other lengths than were sent{example}; "
         f"counted as server errors: {USAGE_HINT}",
         "bad",
+    )
+
+
+def rate_limited(verdict: Verdict) -> Finding | None:
+    """Requests a limit in front of the engine turned away (HTTP 429), where it began, and what the
+    engine's own counters saw running there: the most the limit let through."""
+    total = verdict.requests_rate_limited
+    if not total:
+        return None
+    limited = [s for s in verdict.measured_steps if s.rate_limited_requests]
+    kind = outcome_count(Outcome.RATE_LIMITED.value, total, verdict.failure_texts)
+    running = max((s.running_max or 0 for s in limited), default=0)  # 0: no scrape caught one running
+    engine = f" (its own counters saw at most {running} running there)" if running else ""
+    return Finding(
+        "rate_limited",
+        "Rate limit",
+        f"{total} of {verdict.requests_total} requests turned away ({kind}) from concurrency "
+        f"{min(s.concurrency for s in limited)}, so the load there did not reach the engine{engine} — "
+        f"{RATE_LIMIT_HINT}",
+        "warn",
     )
 
 

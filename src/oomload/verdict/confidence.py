@@ -9,6 +9,8 @@ Warnings (they lower the level):
 * ``few_requests`` — a step decided fewer requests than the schedule's ``min_requests``;
 * ``requests_failed`` — a step's requests mostly failed (``StepFacts.mostly_failed``): it is no
   evidence; ``run_failed`` — the run's requests mostly failed (``Verdict.failed_run``): nothing to judge;
+* ``rate_limited`` — a limit in front of the engine turned a step's requests away (HTTP 429,
+  ``StepFacts.rate_limited``): its level did not reach the engine, so it is no evidence;
 * ``concurrency_not_held`` — the delivered concurrency below 80 % of the target (the note names the
   figure that decided: the server's when its counters scaled the client's mean down, else the load
   generator's; a saturated server holds its level, ``StepFacts.server_saturated``);
@@ -90,13 +92,15 @@ def step_notes(steps: Sequence[StepFacts], min_requests: int) -> list[Confidence
             notes.append(_warn("few_requests", f"{where} {text}; its numbers are anecdotal", s))
         if s.mostly_failed:
             notes.append(_warn("requests_failed", f"{where}: {s.failed_text}; it is no evidence", s))
+        if s.rate_limited:
+            notes.append(_warn("rate_limited", f"{where}: {s.rate_limited_text}; it is no evidence", s))
         if s.concurrency_held is False and s.reached_at_death:  # the death cut the mean, not the client
             text = (
                 f"{where}: the engine died with {s.in_flight_at_death} requests in flight, so the level was "
                 f"reached; {s.not_held_text} because the death ended the step"
             )
             notes.append(_info("held_until_death", text, s))
-        elif s.concurrency_held is False and not s.mostly_failed:  # failing requests leave few in flight
+        elif s.concurrency_held is False and not (s.mostly_failed or s.rate_limited):  # few are in flight
             # the text names the figure that decided, and whose it is
             share = f"{ACHIEVED_CONCURRENCY_MIN_SHARE:.0%}"
             text = f"{where}: {s.not_held_text}, below {share} of the target {s.concurrency}: not trusted"

@@ -62,9 +62,15 @@ completed (not cut short: ``runview.CUT_SHORT_REASONS``), held its concurrency a
 least ``MIN_ANSWERED_SHARE`` (half) of its decided requests were answered by the server (``ok`` or
 ``truncated``: the server ran them) or failed because the engine died (``engine_dead`` answers and
 the casualties of a death: the death is the finding). A step whose requests mostly failed
-otherwise — transport errors, timeouts, 429/503, 500, malformed answers, refusals — put no load on
+otherwise — transport errors, timeouts, 503, 500, malformed answers, refusals — put no load on
 the KV cache, so its lack of a preemption or an OOM says nothing (``mostly_failed``). A failure
 seen in an untrusted step is still a failure.
+
+A step in which ``RATE_LIMITED_MIN`` requests were turned away with HTTP 429 (``rate_limited``: a rate or
+concurrency limit in front of the engine, a gateway's) is not trusted either: its level did not reach
+the engine, whatever reached it was answered. Those requests are no *unexplained* failure — the limit
+explains them, and the verdict names it — so they neither make the step "mostly failed" nor, being
+no failure of the engine, an unsafe one (``UNSAFE_OUTCOMES``).
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from oomload.capacity.odds import LevelOdds
+from oomload.capacity.schedule import RATE_LIMITED_MIN
 from oomload.outcome import Outcome
 from oomload.rundir.loadgenrecord import LoadgenRow
 from oomload.rundir.serverside import (
@@ -106,10 +113,12 @@ END_REASON_WORDS = {  # why a step or run ended early, as a phrase (runview.CUT_
     "error": "oomload stopped on an error",
     "server_dead": "the server died",
 }
-# outcomes that are no unexplained failure: answers, oomload's own cancellations, and the engine's
-# death (an ``engine_dead`` request is evidence of the death, which is a finding of its own)
+# outcomes that are no unexplained failure: answers, oomload's own cancellations, the engine's death (an
+# ``engine_dead`` request is evidence of the death, which is a finding of its own) and a limit in front of
+# the engine (``rate_limited``: that limit is the finding)
 NOT_FAILED = frozenset(
-    o.value for o in (Outcome.OK, Outcome.TRUNCATED, Outcome.CANCELLED, Outcome.ENGINE_DEAD)
+    o.value
+    for o in (Outcome.OK, Outcome.TRUNCATED, Outcome.CANCELLED, Outcome.ENGINE_DEAD, Outcome.RATE_LIMITED)
 )
 UNSAFE_OUTCOMES = frozenset(
     {Outcome.ENGINE_DEAD, Outcome.ADMISSION_REJECTED, Outcome.SERVER_ERROR, Outcome.TIMEOUT}
@@ -224,6 +233,22 @@ class StepFacts:
     @property
     def cancelled_requests(self) -> int:
         return self.count(Outcome.CANCELLED)
+
+    @property
+    def rate_limited_requests(self) -> int:
+        return self.count(Outcome.RATE_LIMITED)
+
+    @property
+    def rate_limited(self) -> bool:
+        """A limit in front of the engine turned at least ``RATE_LIMITED_MIN`` of its requests away (module
+        docstring): the level did not reach the engine."""
+        return self.rate_limited_requests >= RATE_LIMITED_MIN
+
+    @property
+    def rate_limited_text(self) -> str:
+        """``"32 of 32 requests were turned away with HTTP 429 …"``: why such a step is no evidence."""
+        turned = f"{self.rate_limited_requests} of {self.decided_requests} requests were turned away"
+        return f"{turned} with HTTP 429 by a limit in front of the engine — the level did not reach it"
 
     @property
     def decided_requests(self) -> int:
@@ -380,7 +405,12 @@ class StepFacts:
     def trusted(self) -> bool:
         """Completed, held its concurrency and was mostly answered: its absence of failures counts
         as evidence."""
-        return not self.cut_short and self.concurrency_held is not False and not self.mostly_failed
+        return (
+            not self.cut_short
+            and self.concurrency_held is not False
+            and not self.mostly_failed
+            and not self.rate_limited
+        )
 
     @property
     def distrust(self) -> str | None:
@@ -396,6 +426,8 @@ class StepFacts:
             return f"{where} was cut short ({how}{after}, {self.requests} request(s))"
         if self.mostly_failed:  # before "not held": failing requests end early, so few are in flight
             return f"{where}: {self.failed_text} — no evidence"
+        if self.rate_limited:  # before "not held": a turned-away user waits, so few are in flight
+            return f"{where}: {self.rate_limited_text}"
         if self.concurrency_held is False:
             line = f"{ACHIEVED_CONCURRENCY_MIN_SHARE:.0%} of {self.concurrency}"
             return f"{where}: {self.not_held_text}, below {line}"
@@ -418,6 +450,7 @@ class StepFacts:
         obj["error_rate"] = self.error_rate
         obj["trusted"] = self.trusted
         obj["mostly_failed"] = self.mostly_failed
+        obj["rate_limited"] = self.rate_limited
         obj["concurrency_held"] = self.concurrency_held
         obj["server"] = None if self.server is None else self.server.to_json()
         obj["server_share"] = None if self.server_share is None else round(self.server_share, 3)

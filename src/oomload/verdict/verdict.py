@@ -75,7 +75,9 @@ server: ``Verdict.failed_run`` says so in one sentence naming the failures by ou
 is low (``run_failed``), and the run exits 3 whatever its gate rules say (``oomload.report``). So
 is a run where no measured step decided a request (every one cancelled, or none sent). Each
 step whose requests mostly failed is untrusted (``StepFacts.trusted``): no evidence that its level is
-safe or that a gate passes there.
+safe or that a gate passes there. Requests turned away by a limit in front of the engine (HTTP 429,
+``rate_limited``) are left out of that count, as the engine never saw them (``RATE_LIMIT_HINT`` names
+the limit); a run whose every request was turned away is one with nothing to judge.
 
 Usage. Every answer's ``usage`` is held to what its request sent (``oomload.load.classify``): an
 answer whose usage contradicts it is a ``server_error`` with the reason "usage disagrees", counted in
@@ -150,6 +152,10 @@ from oomload.verdict.stepsummary import summarize_step
 from oomload.verdict.trend import MemoryTrend
 
 DEFAULT_MIN_REQUESTS = 3
+RATE_LIMIT_HINT = (
+    "a rate or concurrency limit in front of the engine (a gateway's or a proxy's) answers HTTP 429: "
+    "point --url at the vLLM server itself, or raise that limit for the test"
+)
 USAGE_HINT = (
     "the server ran other lengths than the trace's or miscounts them — a proxy that rewrites prompts, "
     "max_tokens or usage (point --url at the vLLM server itself), or a server that is not vLLM"
@@ -270,6 +276,11 @@ class Verdict:
         return None if decided == 0 else self.requests_failed / decided
 
     @property
+    def requests_rate_limited(self) -> int:
+        """Requests a limit in front of the engine turned away (HTTP 429) over the measured steps."""
+        return sum(s.rate_limited_requests for s in self.measured_steps)
+
+    @property
     def failed_run(self) -> str | None:
         """Why the run is nothing to judge, in one sentence, when its requests mostly failed (module
         docstring, "Failed run") or no measured step decided one; ``None`` otherwise."""
@@ -277,6 +288,12 @@ class Verdict:
         if not any(s.decided_requests for s in self.measured_steps):
             sent = f"all {self.requests_total} cancelled" if self.requests_total else "none was sent"
             return f"no measured step decided a request ({sent}), so nothing about the server can be judged"
+        limited = self.requests_rate_limited
+        if limited == decided:
+            kind = outcome_count(Outcome.RATE_LIMITED.value, limited, self.failure_texts)
+            turned = f"all {decided} requests were turned away ({kind})"
+            return f"{turned}, so none reached the engine — {RATE_LIMIT_HINT}"
+        decided -= limited  # what reached the engine: the limit in front of it is a finding of its own
         if self.requests_unexplained <= (1.0 - MIN_ANSWERED_SHARE) * decided:
             return None
         counts: dict[str, int] = {}
@@ -373,6 +390,7 @@ class Verdict:
                 "cancelled": self.requests_cancelled,
                 "failed": self.requests_failed,
                 "unexplained": self.requests_unexplained,
+                "rate_limited": self.requests_rate_limited,
                 "usage_disagrees": self.usage_disagrees,
                 "error_rate": self.error_rate,
                 "failed_run": self.failed_run,

@@ -301,6 +301,47 @@ def test_the_refinement_still_bisects_below_a_step_with_no_answer() -> None:
     assert levels == [1, 2, 8, 16, 5] and reason == "no_answer"
 
 
+def _limited_run(plan: SchedulePlan, limited_from: int, onset: int = 10**6) -> tuple[list[int], str]:
+    """Drive the schedule against a gateway that turns requests away from ``limited_from`` on (some still
+    answered) in front of an engine that preempts from ``onset``; the levels measured and the end reason."""
+    history: list[StepOutcome] = []
+    for _ in range(100):
+        decision = next_step(plan, history)
+        if decision.step is None:
+            assert decision.end_reason is not None
+            return [f.step.concurrency for f in history], decision.end_reason
+        c = decision.step.concurrency
+        limited = c >= limited_from
+        history.append(
+            StepOutcome(
+                decision.step,
+                completed=30,
+                errors=20 if limited else 0,
+                preemptions=int(c >= onset),
+                rate_limited=limited,
+            )
+        )
+    raise AssertionError("the schedule did not terminate")
+
+
+def test_a_step_a_limit_in_front_of_the_engine_turned_away_stops_the_ramp() -> None:
+    """A gateway that admits 4 at a time lets vLLM see 4 at level 8 and at 64: the levels above it
+    measure the gateway. The ramp ends after the first such step (its hold kept), end reason
+    ``rate_limited``; ``never`` still climbs every level."""
+    plan = SchedulePlan(levels=(1, 2, 4, 8, 16, 32))
+    assert _limited_run(plan, limited_from=8) == ([1, 2, 4, 8], "rate_limited")
+    never = SchedulePlan(levels=(1, 2, 4, 8), stop_on=(StopCondition("never"),))
+    assert _limited_run(never, limited_from=2) == ([1, 2, 4, 8], "completed")
+    # a stop condition met first names the end; a refinement step turned away ends the run
+    first = SchedulePlan(levels=(1, 2, 4, 8, 16), stop_on=(StopCondition("first-preemption"),))
+    assert _limited_run(first, limited_from=8, onset=4) == (
+        [1, 2, 4, 3],
+        "stop_condition:first-preemption",
+    )
+    levels, reason = _limited_run(SchedulePlan(levels=(1, 2, 8, 16)), limited_from=5, onset=5)
+    assert levels == [1, 2, 8, 5] and reason == "rate_limited"
+
+
 def test_too_few_failures_an_answer_or_a_request_still_pending_is_not_no_answer() -> None:
     assert no_answer(10, 10, 0.05, 2.0)  # ten fast failures, nothing else, after 2 s
     assert not no_answer(9, 9, 0.05, 2.0)  # one long request that broke, say: too few to say

@@ -448,3 +448,36 @@ def test_a_step_that_answers_nothing_ends_at_once_and_ends_the_run(never: bool) 
     assert driver.end_reason == "no_answer"
     end = sink.lines[-1]
     assert (end["event"], end["reason"], end["duration_s"]) == ("end", "no_answer", 2.6)
+
+
+class LimitedMeter(FailingMeter):
+    """Every step: 20 answers, and ``limited`` requests a gateway turned away with HTTP 429."""
+
+    limited = 0
+
+    def count(self) -> StepCount:
+        outcomes = {"ok": 20, "rate_limited": self.limited}
+        return StepCount(completed=20 + self.limited, errors=self.limited, engine_dead=0, outcomes=outcomes)
+
+
+@pytest.mark.parametrize(
+    ("limited", "levels", "end_reason"), [(3, [1], "rate_limited"), (2, [1, 2], "completed")]
+)
+def test_a_step_a_limit_turned_requests_away_keeps_its_hold_then_ends_the_ramp(
+    limited: int, levels: list[int], end_reason: str
+) -> None:
+    """Three 429s make the step one the gateway limited (``capacity.schedule``, "Rate limit"): it holds its
+    5 s — what reached the engine is measured — and no level above it is sent; two do not."""
+    meter, sink, clock = LimitedMeter(), Lines(), [0.0]
+    meter.limited = limited
+    driver = StepDriver(SchedulePlan(levels=(1, 2)), Hold(5.0), meter, sink,
+                        boundary_scrape=lambda: None, clock=lambda: clock[0])  # fmt: skip
+    assert driver.tick() == (1, 100.0)
+    clock[0] += 4.9
+    assert driver.tick() == (1, 100.0)  # the hold is kept
+    for _ in range(3):
+        clock[0] += 5.0
+        if driver.tick() is None:
+            break
+    assert driver.end_reason == end_reason
+    assert [line["concurrency"] for line in sink.lines if line["event"] == "end"] == levels

@@ -81,6 +81,26 @@ def test_a_refusal_streamed_inside_a_200_is_named_by_its_code() -> None:
     assert classify(uncoded)[:2] == (Outcome.SERVER_ERROR, "error event in stream")
 
 
+def test_a_429_is_a_limit_in_front_of_the_engine_as_status_or_streamed() -> None:
+    """A gateway's 429 read "server_error" like a 500, so the verdict told a limit in front of the engine
+    from the engine's own failure by nothing: now it is ``rate_limited``, and never an engine death or a
+    context overflow by mistake (a 429 whose text names neither)."""
+    obs = Observation(http_status=429, error_text="Too many requests", error_type="rate_limit_error")
+    assert classify(obs) == (Outcome.RATE_LIMITED, "http 429", "rate_limit_error")
+    stream = SseStream()
+    err = {"error": {"message": "Rate limit reached", "type": "RateLimitError", "code": 429}}
+    stream.feed(b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n", 0.0)
+    message, code, kind = error_fields(stream.error)
+    streamed = Observation(
+        http_status=200, error_text=message, error_code=code, error_type=kind, stream_error=True
+    )
+    assert classify(streamed) == (Outcome.RATE_LIMITED, "429 inside a 200 stream", "RateLimitError")
+    # what the engine says still comes first: its death, a prompt over its window
+    assert classify(Observation(http_status=429, error_text="EngineDeadError"))[0] is Outcome.ENGINE_DEAD
+    overflow = Observation(http_status=429, error_text="maximum context length is 2048 tokens")
+    assert classify(overflow)[0] is Outcome.CONTEXT_OVERFLOW
+
+
 def test_multiline_data_and_comments() -> None:
     stream = SseStream()
     stream.feed(b': ping\nevent: x\ndata: {"choices":[],\ndata: "usage":{"completion_tokens":3}}\n\n', 0.0)

@@ -83,3 +83,58 @@ def test_a_step_whose_requests_mostly_failed_is_not_also_called_not_held(tmp_pat
     verdict = build_verdict(load_run(nothing))
     findings = {f.key: f for f in describe(verdict, recommend(verdict))}
     assert findings["load_delivered"].text.startswith("not judged")
+
+
+def test_a_limit_in_front_of_the_engine_is_named_and_its_level_is_no_evidence(tmp_path: Path) -> None:
+    """A gateway that admits 4 at a time, at level 8: its 429s read "server_error" like the engine's
+    own failures, the ramp went on, and the advice capped max_num_seqs at the level below the gateway's
+    limit. Now the level is untrusted (not unsafe: the engine did not fail), the Run line says where the
+    ramp stopped, and the Rate limit finding says what the 429s were."""
+    limited = {
+        "failures": {Outcome.RATE_LIMITED: 20},
+        "requests": 24,
+        "error_text": "http 429: rate_limit_error",
+        "in_flight": 4,
+    }
+    run = write_run(
+        tmp_path / "run",
+        [StepSpec(1), StepSpec(2), StepSpec(4), StepSpec(8, **limited)],  # type: ignore[arg-type]
+        status={"finished": True, "end_reason": "rate_limited", "ended_unix_s": 2e9},
+    )
+    verdict = build_verdict(load_run(run))
+    step = verdict.steps[3]
+    assert step.rate_limited and not step.trusted and not step.mostly_failed
+    assert verdict.failed_run is None  # levels 1 to 4 were measured: the run is judged on them
+    assert verdict.first_unsafe_concurrency is None and verdict.last_safe_concurrency == 4
+    assert [n.kind for n in verdict.notes if n.step == 3] == ["rate_limited"]
+    findings = {f.key: f for f in describe(verdict, recommend(verdict))}
+    assert findings["run_status"].text == (
+        "complete: the run stopped at concurrency 8 (step 3): a limit in front of the engine turned requests "
+        "away there, so the levels above would measure it (Rate limit)"
+    )
+    assert findings["rate_limited"].text.startswith(
+        "20 of 60 requests turned away (rate_limited 20 [http 429: rate_limit_error]) from concurrency 8, "
+        "so the load there did not reach the engine"
+    )
+    assert "point --url at the vLLM server itself" in findings["rate_limited"].text
+    assert "failed_requests" not in findings and "not held" not in findings["load_delivered"].text
+    assert "--max-num-seqs" not in recommend(verdict).flag_line  # no failure of the engine to cap
+    assert verdict.to_json()["requests"]["rate_limited"] == 20
+
+
+def test_a_run_whose_every_request_was_turned_away_has_nothing_to_judge(tmp_path: Path) -> None:
+    limited = {"failures": {Outcome.RATE_LIMITED: 12}, "error_text": "http 429: rate_limit_error"}
+    run = write_run(
+        tmp_path / "run",
+        [StepSpec(1, end_reason="no_answer", **limited)],  # type: ignore[arg-type]
+        status={"finished": True, "end_reason": "no_answer", "ended_unix_s": 2e9},
+    )
+    verdict = build_verdict(load_run(run))
+    assert verdict.failed_run is not None
+    assert verdict.failed_run.startswith(
+        "all 12 requests were turned away (rate_limited 12 [http 429: rate_limit_error]), "
+        "so none reached the engine"
+    )
+    findings = {f.key: f for f in describe(verdict, recommend(verdict))}
+    assert findings["run_status"].text.startswith("NOTHING TO JUDGE: all 12 requests were turned away")
+    assert findings["run_status"].text.endswith("so more load would only send more of the same (Rate limit)")

@@ -1,0 +1,127 @@
+"""A limit in front of the engine, through the real Locust replay path: a gateway that admits 2 requests
+at a time to a simulated vLLM and answers HTTP 429 to the rest.
+
+Found by hand (a loopback gateway admitting 4 in front of the simulator, levels 1,2,4,8,16, 5 s holds):
+every 429 read "server_error" like an engine's failure; each turned-away user re-sent at once, so the
+step at 8 sent 2,490 requests (2,485 of them 429s) and the one at 16 as many; the ramp climbed on, though
+vLLM's own counters saw 4 running at both; the run read "NOTHING TO JUDGE: 4948 of 4954 requests
+failed", and the advice was ``--max-num-seqs 4`` — the gateway's limit, taken for the engine's.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+import pytest
+
+from clirun import oomload
+from oomload.sim.process import SimServer
+from oomload.trace.model import TraceHeader, TraceRecord, write_trace
+from stubserver import StubHandler, stdlib_server
+
+LIMIT = 2  # requests the gateway lets through at once
+HOLD_S = 3.0
+
+
+class GatewayHandler(StubHandler):
+    """Forwards to ``upstream`` (answers whole); a completion over ``LIMIT`` in flight gets a 429 at once."""
+
+    protocol_version = "HTTP/1.1"
+    upstream: ClassVar[str] = ""
+    in_flight: ClassVar[int] = 0
+    lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def _forward(self, body: bytes | None) -> tuple[int, str, bytes]:
+        target = urlsplit(self.upstream)
+        conn = http.client.HTTPConnection(target.hostname or "127.0.0.1", target.port, timeout=60)
+        try:
+            headers = {"Content-Type": self.headers.get("Content-Type") or "application/json"}
+            conn.request(self.command, self.path, body=body, headers=headers)
+            answer = conn.getresponse()
+            return answer.status, answer.getheader("Content-Type") or "text/plain", answer.read()
+        finally:
+            conn.close()
+
+    def do_GET(self) -> None:
+        self.send_body(*self._forward(None))
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with GatewayHandler.lock:
+            admitted = GatewayHandler.in_flight < LIMIT
+            GatewayHandler.in_flight += admitted
+        if not admitted:
+            error = {"error": {"message": "Too many requests", "type": "rate_limit_error", "code": 429}}
+            self.send_body(429, "application/json", json.dumps(error).encode())
+            return
+        try:
+            answer = self._forward(body)
+        finally:  # the slot is free before the client has its answer: it may send again at once
+            with GatewayHandler.lock:
+                GatewayHandler.in_flight -= 1
+        self.send_body(*answer)
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[str]:
+    args = ("--num-gpu-blocks", "400", "--block-size", "16", "--max-model-len", "2048", "--time-scale", ".3")
+    with SimServer(args) as sim:
+        GatewayHandler.upstream = sim.url
+        with stdlib_server(GatewayHandler) as url:
+            yield url
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def test_a_gateways_429s_stop_the_ramp_and_are_named_not_taken_for_the_engine(
+    gateway: str, tmp_path: Path
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, [TraceRecord(f"r{i}", 0.0, 64, 32) for i in range(20)], TraceHeader(format="test"))
+    run_dir = tmp_path / "run"
+    proc = oomload(
+        *("replay", str(trace), "--url", gateway, "--run-dir", str(run_dir), "--gpu", "none", "--no-html"),
+        *(
+            "--concurrency",
+            "1,2,4,8",
+            "--hold-s",
+            str(HOLD_S),
+            "--no-evidence",
+            "--metrics-interval-s",
+            "0.5",
+        ),
+    )
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out, out
+    assert proc.returncode == 0, out  # levels 1 and 2 were measured: a verdict, no gate
+    assert json.loads((run_dir / "status.json").read_text())["end_reason"] == "rate_limited"
+    ends = [line for line in _lines(run_dir / "steps.jsonl") if line["event"] == "end"]
+    assert [e["concurrency"] for e in ends] == [1, 2, 4], ends  # the ramp stopped after the step at 4
+    requests = [r for f in sorted(run_dir.glob("requests*.jsonl")) for r in _lines(f)]
+    limited = [r for r in requests if r["outcome"] == "rate_limited"]
+    assert limited and {r["error"] for r in limited} == {"http 429: rate_limit_error"}
+    assert {r["concurrency"] for r in limited} == {4}
+    # a turned-away user waits a second before it sends again: two of them over a 3 s hold send a
+    # handful, not the thousands a second they sent before
+    assert len(limited) <= 4 * (LIMIT * (HOLD_S + 2)), len(limited)
+    verdict = json.loads((run_dir / "summary.json").read_text())["verdict"]
+    assert verdict["requests"]["rate_limited"] == len(limited)
+    assert verdict["requests"]["failed_run"] is None
+    assert not verdict["steps"][2]["trusted"]  # the level the gateway limited is no evidence
+    assert verdict["first_unsafe_concurrency"] is None  # nor a failure of the engine's
+    assert [s["rate_limited"] for s in verdict["steps"]] == [False, False, True]
+    screen = " ".join(proc.stdout.replace("│", " ").split())
+    assert (
+        "the run stopped at concurrency 4 (step 2): a limit in front of the engine turned requests away"
+        in screen
+    )
+    assert "point --url at the vLLM server itself" in screen
+    assert "--max-num-seqs" not in screen

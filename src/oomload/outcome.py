@@ -25,9 +25,17 @@ from enum import StrEnum
 from typing import Any
 
 USAGE_DISAGREES = "usage disagrees"  # the reason of a server_error whose usage contradicts the request
+
+
+def status_reason(status: int, *, streamed: bool = False) -> str:
+    """The reason of a request failed with an HTTP status: ``"http 400"`` as the answer's status, or
+    ``"400 inside a 200 stream"`` as the code of an error event (vLLM streams a refusal so)."""
+    return f"{status} inside a 200 stream" if streamed else f"http {status}"
+
+
 # the reasons of a server_error the server gave for refusing the request itself: HTTP 400 as the status,
 # or inside a 200 stream (vLLM streams a bad token id's 400 as an error event)
-REFUSED_REASONS = frozenset({"http 400", "400 inside a 200 stream"})
+REFUSED_REASONS = frozenset({status_reason(400), status_reason(400, streamed=True)})
 
 
 class Outcome(StrEnum):

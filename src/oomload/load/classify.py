@@ -55,7 +55,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from oomload.outcome import USAGE_DISAGREES, Outcome
+from oomload.outcome import USAGE_DISAGREES, Outcome, status_reason
 
 ENGINE_DEAD_MARKS = (
     "cuda out of memory",
@@ -118,17 +118,20 @@ def classify(obs: Observation) -> tuple[Outcome, str | None, str | None]:
         return Outcome.CONTEXT_OVERFLOW, "maximum context length", _detail(obs, context_mark)
     admission_mark = next((m for m in ADMISSION_MARKS if m in text), None)
     if status == 503 or obs.error_code == 503 or admission_mark is not None:
-        where = "503 inside a 200 stream" if obs.stream_error else "http 503"
+        where = status_reason(503, streamed=obs.stream_error)
         return Outcome.ADMISSION_REJECTED, where, _detail(obs, admission_mark)
     if status == 429 or (obs.stream_error and obs.error_code == 429):
-        where = "429 inside a 200 stream" if status != 429 else "http 429"
+        where = status_reason(429, streamed=status != 429)
         return Outcome.RATE_LIMITED, where, _detail(obs, None)
     if status is not None and status >= 400:
-        return Outcome.SERVER_ERROR, f"http {status}", _detail(obs, None)
+        return Outcome.SERVER_ERROR, status_reason(status), _detail(obs, None)
     if obs.stream_error:  # vLLM streams a refusal (a bad token id, …) as an event with its status code
         code = obs.error_code
-        coded = code is not None and 400 <= code < 600
-        where = f"{code} inside a 200 stream" if coded else "error event in stream"
+        where = (
+            status_reason(code, streamed=True)
+            if code is not None and 400 <= code < 600
+            else "error event in stream"
+        )
         return Outcome.SERVER_ERROR, where, _detail(obs, None)
     if status is not None and not obs.body_ok:
         return Outcome.SERVER_ERROR, "not json or an event stream", None

@@ -236,7 +236,7 @@ class RunThreshold(_Threshold):
                 f"({verdict.run.cut_short_detail}): the levels it never reached could change it",
                 observed=observed,
             )
-        failed = verdict.mostly_failed_steps
+        failed = verdict.unloaded_steps
         if failed:
             return GateResult(
                 self,

@@ -315,13 +315,14 @@ def relative_rules(rules: Sequence[object]) -> list[RelativeRule]:
 
 def _unlike_runs(verdict: Verdict, baseline: Verdict) -> str | None:
     """Why two runs' run-wide totals are not comparable (``None`` when they are): either run cut short or
-    with a step whose requests mostly failed, or the two measured different levels."""
+    with a step that did not load the engine (``Verdict.unloaded_steps``), or the two measured different
+    levels."""
     for who, run in (("this run", verdict), ("the baseline", baseline)):
         if run.run.cut_short:
             detail = run.run.cut_short_detail
             return f"{who} was cut short ({detail}): the levels it never reached could change it"
-        if run.mostly_failed_steps:
-            return f"in {who}, {run.mostly_failed_steps[0]}"
+        if run.unloaded_steps:
+            return f"in {who}, {run.unloaded_steps[0]}"
     if verdict.levels != baseline.levels:
         levels = (", ".join(map(str, v.levels)) or "none" for v in (baseline, verdict))
         return "the runs measured different levels ({} against {})".format(*levels)

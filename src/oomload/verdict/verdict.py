@@ -259,9 +259,12 @@ class Verdict:
         return tuple(sorted({s.concurrency for s in self.measured_steps if s.trusted} - observed))
 
     @property
-    def mostly_failed_steps(self) -> tuple[str, ...]:
-        """Why each measured step whose requests mostly failed is no evidence (``StepFacts.distrust``)."""
-        return tuple(d for s in self.measured_steps if s.mostly_failed and (d := s.distrust) is not None)
+    def unloaded_steps(self) -> tuple[str, ...]:
+        """Why each measured step that did not load the engine is no evidence (``StepFacts.distrust``): its
+        requests mostly failed, or a limit in front of the engine turned them away. A rule over the whole
+        run is not judged beside one: the run's totals miss what that level would have added."""
+        unloaded = (s for s in self.measured_steps if s.mostly_failed or s.rate_limited)
+        return tuple(d for s in unloaded if (d := s.distrust) is not None)
 
     @property
     def preempted_levels(self) -> tuple[LevelSummary, ...]:

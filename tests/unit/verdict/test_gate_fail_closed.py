@@ -170,6 +170,26 @@ def test_one_failed_step_is_no_evidence_though_the_run_is(tmp_path: Path) -> Non
     assert code is ExitCode.GATE_NOT_EVALUATED
 
 
+def test_a_step_a_limit_turned_away_leaves_rules_over_it_and_the_run_unjudged(tmp_path: Path) -> None:
+    """Level 4 behind a gateway that turned most of its requests away (HTTP 429): its requests are not
+    "mostly failed" — the engine failed none — so a run-wide rule read the levels below as the run's
+    and passed ("max-kv-usage<0.95", PASS) on a run whose ramp the gateway had stopped. Now a rule over
+    that level or the whole run is not evaluated, naming the limit; the levels below still pass."""
+    steps = [
+        StepSpec(2, requests=REQUESTS),
+        StepSpec(4, requests=REQUESTS, failures={Outcome.RATE_LIMITED: 9}, error_text="http 429"),
+    ]
+    run = write_run(tmp_path / "run", steps, status={"finished": True, "end_reason": "rate_limited"})
+    verdict = build_verdict(load_run(run))
+    step4 = verdict.steps[1]
+    assert step4.rate_limited and not step4.mostly_failed and not step4.trusted
+    run_wide = evaluate_gate(parse_gate("max-kv-usage<0.95"), verdict)
+    assert run_wide.status is GateStatus.NOT_EVALUATED
+    assert "9 of 12 requests were turned away with HTTP 429" in run_wide.reason
+    assert evaluate_gate(parse_gate("no-oom-up-to:4"), verdict).status is GateStatus.NOT_EVALUATED
+    assert evaluate_gate(parse_gate("no-preemption-below:3"), verdict).status is GateStatus.PASS
+
+
 def test_failures_an_engine_death_explains_are_judged_by_the_gates(tmp_path: Path) -> None:
     """Every request of the death's step failed with the engine: that is the finding, not "nothing
     to judge" — the no-oom rule fails (1), as the README's precedence says."""

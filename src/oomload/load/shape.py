@@ -47,6 +47,8 @@ again every ``EXTEND_CHECK_S``, until the step has sent enough requests, ``EXTEN
 hold has passed, or the run's maximum duration is spent. The scrape that shows a preemption (or ends
 the extension) is the step's boundary. The end line says how long the step was extended and how many
 requests the odds asked for.
+A step in which a limit in front of the engine turned ``RATE_LIMITED_MIN`` requests away is never
+extended: it is no evidence, however long it runs.
 A step that already preempted needs no more evidence: it is unsafe. So an extension also ends as soon as
 the poller's latest scrape (``latest_scrape``) shows the counter above the step's baseline, not at its
 next ``EXTEND_CHECK_S`` read; and a *repeat* (a refinement step:
@@ -314,9 +316,13 @@ class StepDriver:
         before, after = _preemptions(self._scrape_at_start), _preemptions(boundary)
         if before is None or after is None or after > before:
             return False  # preempted (unsafe: no more evidence needed), or the counter is unreadable
-        sent = self.meter.count().started
-        if sent is not None and sent >= needed:
+        count = self.meter.count()
+        if count.started is not None and count.started >= needed:
             return False
+        if count.outcomes.get(Outcome.RATE_LIMITED.value, 0) >= RATE_LIMITED_MIN:
+            return (
+                False  # a limit in front of the engine: no evidence however long it runs, and the ramp ends
+            )
         hold_s = self.hold_for(self.current).hold_s
         if now - self._step_start_s >= max(hold_s, EXTEND_CHECK_S) * EXTEND_MAX_FACTOR:
             return False

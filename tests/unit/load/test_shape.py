@@ -178,9 +178,10 @@ def test_the_end_line_says_what_the_server_held_between_the_boundary_scrapes() -
 class SendingMeter(FakeMeter):
     """Counts the requests a step sent: ``rate`` per second of the fake clock since it began."""
 
-    def __init__(self, clock: list[float], rate: float) -> None:
+    def __init__(self, clock: list[float], rate: float, limited: int = 0) -> None:
         super().__init__()
         self.clock, self.rate, self.began_at = clock, rate, 0.0
+        self.limited = limited  # of them, turned away with HTTP 429
 
     def begin(self, step: StepPlan) -> None:
         super().begin(step)
@@ -188,7 +189,9 @@ class SendingMeter(FakeMeter):
 
     def count(self) -> StepCount:
         sent = int((self.clock[0] - self.began_at) * self.rate)
-        return StepCount(completed=sent, errors=0, engine_dead=0, started=sent)
+        limited = min(self.limited, sent)
+        outcomes = {"ok": sent - limited, "rate_limited": limited}
+        return StepCount(completed=sent, errors=limited, engine_dead=0, started=sent, outcomes=outcomes)
 
 
 def _evidence_run(
@@ -197,10 +200,12 @@ def _evidence_run(
     history: list[Any] | None = None,
     *,
     poller: bool = False,
+    limited: int = 0,
 ) -> tuple[list[dict[str, Any]], list[float]]:
-    """One 4-user step held 2 s at 5 requests/s; the odds ask for ``needed`` requests."""
+    """One 4-user step held 2 s at 5 requests/s (``limited`` of them turned away with HTTP 429); the odds
+    ask for ``needed`` requests."""
     clock = [100.0]
-    meter, sink = SendingMeter(clock, rate=5.0), Lines()
+    meter, sink = SendingMeter(clock, rate=5.0, limited=limited), Lines()
     scrapes: list[float] = []
 
     def scrape() -> dict[str, Any]:
@@ -252,6 +257,16 @@ def test_an_extension_ends_when_the_poller_sees_the_preemption() -> None:
     assert end["duration_s"] == 4.5 and end["preemptions"] == 1 and end["reason"] == "hold_done"
     lines, _ = _evidence_run(preempt_after_s=4.5)  # no poller: the next read ends it
     assert next(line for line in lines if line["event"] == "end")["duration_s"] == 6.0
+
+
+def test_a_step_a_limit_turned_requests_away_is_not_extended() -> None:
+    """Three requests turned away with HTTP 429 make the step no evidence (``capacity.schedule``, "Rate
+    limit"): running it on for the odds' 40 requests would only send more to the gateway."""
+    lines, _ = _evidence_run(preempt_after_s=None, limited=3)
+    end = next(line for line in lines if line["event"] == "end")
+    assert end["duration_s"] == 2.0 and "extended_s" not in end
+    lines, _ = _evidence_run(preempt_after_s=None, limited=2)  # two are not a limit: extended as before
+    assert next(line for line in lines if line["event"] == "end")["duration_s"] >= 8.0
 
 
 def test_an_extension_is_bounded() -> None:

@@ -170,6 +170,8 @@ def compare_runs(base: RunSide, new: RunSide, *, allow_different_trace: bool = F
             )
         if side.summary.failed_run is not None:
             caveats.append(f"the {name} run {side.label}: {side.summary.failed_run}")
+        elif unloaded := side.verdict.unloaded_steps:  # its level, and any above it, measured nothing
+            caveats.append(f"in the {name} run {side.label}, {unloaded[0]}: no evidence at that level")
     common = tuple(sorted(set(base.summary.levels) & set(new.summary.levels)))
     onset = onset_shift(
         onset_steps(base.verdict), _onset(base.summary), onset_steps(new.verdict), _onset(new.summary)

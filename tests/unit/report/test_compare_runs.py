@@ -415,6 +415,27 @@ def test_a_run_cut_short_and_one_without_summary_are_compared(tmp_path: Path) ->
     assert not (base / "summary.json").exists()  # compare writes nothing into the runs it reads
 
 
+def test_a_level_a_limit_turned_requests_away_in_is_a_caveat(tmp_path: Path) -> None:
+    """Two runs behind one gateway, stopped at 8 by its 429s: compare read "no regression found" with
+    nothing to say that neither run measured the engine at 8."""
+    from oomload.outcome import Outcome
+
+    base = _run(tmp_path / "b", onset=8, blocks=100)
+    steps = _steps(8, 3)
+    steps[-1] = StepSpec(8, failures={Outcome.RATE_LIMITED: 9}, error_text="http 429")
+    limited = write_run(tmp_path / "l", steps, cache_config={**POOL, "num_gpu_blocks": 100})
+    out = tmp_path / "out"
+    _compare(base, limited, "--out", out, "--format", "json")
+    caveats = json.loads((out / "compare.json").read_text())["caveats"]
+    assert any(
+        c.startswith(
+            "in the new run l, step 7 (concurrency 8): 9 of 12 requests were turned away with HTTP 429"
+        )
+        and c.endswith("no evidence at that level")
+        for c in caveats
+    ), caveats
+
+
 def test_a_run_with_nothing_to_judge_is_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from oomload.outcome import Outcome
 

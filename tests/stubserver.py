@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+from urllib.parse import urlsplit
 
 
 class StubHandler(BaseHTTPRequestHandler):
@@ -34,3 +38,56 @@ def stdlib_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _LimitingGateway(StubHandler):
+    """Forwards every request to ``upstream`` (answers buffered whole); a POST beyond ``limit`` in flight
+    gets an HTTP 429 at once, as a gateway's concurrency limit answers."""
+
+    protocol_version = "HTTP/1.1"
+    upstream: ClassVar[str] = ""
+    limit: ClassVar[int] = 1
+    in_flight: ClassVar[int] = 0
+    lock: ClassVar[threading.Lock]
+
+    def do_GET(self) -> None:
+        self.send_body(*self._forward(None))
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        cls = type(self)
+        with cls.lock:
+            admitted = cls.in_flight < cls.limit
+            cls.in_flight += admitted
+        if not admitted:
+            error = {"error": {"message": "Too many requests", "type": "rate_limit_error", "code": 429}}
+            self.send_body(429, "application/json", json.dumps(error).encode())
+            return
+        try:
+            answer = self._forward(body)
+        finally:  # the slot is free before the client has its answer: it may send again at once
+            with cls.lock:
+                cls.in_flight -= 1
+        self.send_body(*answer)
+
+    def _forward(self, body: bytes | None) -> tuple[int, str, bytes]:
+        target = urlsplit(self.upstream)
+        conn = http.client.HTTPConnection(target.hostname or "127.0.0.1", target.port, timeout=120)
+        try:
+            headers = {"Content-Type": self.headers.get("Content-Type") or "application/json"}
+            conn.request(self.command, self.path, body=body, headers=headers)
+            answer = conn.getresponse()
+            return answer.status, answer.getheader("Content-Type") or "application/json", answer.read()
+        finally:
+            conn.close()
+
+
+@contextlib.contextmanager
+def limiting_gateway(upstream: str, limit: int) -> Iterator[str]:
+    """A loopback gateway in front of ``upstream`` that lets ``limit`` requests through at a time and
+    answers HTTP 429 to the rest; yields its base URL."""
+    handler = type(
+        "Gateway", (_LimitingGateway,), {"upstream": upstream, "limit": limit, "lock": threading.Lock()}
+    )
+    with stdlib_server(handler) as url:
+        yield url

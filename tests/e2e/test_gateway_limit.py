@@ -9,17 +9,13 @@ what the verdict says: the limit's 2 running at the level of 4, not 4.
 from __future__ import annotations
 
 import json
-import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 from harness import FIGURES, Run, ServerPool, replay, write_trace_file
 
-from stubserver import StubHandler, stdlib_server
+from stubserver import limiting_gateway
 
 pytestmark = pytest.mark.e2e
 
@@ -27,46 +23,9 @@ LIMIT = 2  # requests the gateway lets through at once
 HOLD_S = 6.0
 
 
-class _LimitingGateway(StubHandler):
-    """Forwards to ``upstream`` (answers buffered whole); a completion over ``LIMIT`` in flight is a 429."""
-
-    upstream: ClassVar[str] = ""
-    in_flight: ClassVar[int] = 0
-    lock: ClassVar[threading.Lock] = threading.Lock()
-
-    def do_GET(self) -> None:
-        self.send_body(*self._forward(None))
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        with _LimitingGateway.lock:
-            admitted = _LimitingGateway.in_flight < LIMIT
-            _LimitingGateway.in_flight += admitted
-        if not admitted:
-            error = {"error": {"message": "Too many requests", "type": "rate_limit_error", "code": 429}}
-            self.send_body(429, "application/json", json.dumps(error).encode())
-            return
-        try:
-            answer = self._forward(body)
-        finally:  # the slot is free before the client has its answer: it may send again at once
-            with _LimitingGateway.lock:
-                _LimitingGateway.in_flight -= 1
-        self.send_body(*answer)
-
-    def _forward(self, body: bytes | None) -> tuple[int, str, bytes]:
-        request = urllib.request.Request(self.upstream + self.path, data=body, method=self.command)
-        request.add_header("Content-Type", self.headers.get("Content-Type") or "application/json")
-        try:
-            with urllib.request.urlopen(request, timeout=120) as resp:
-                return resp.status, resp.headers.get("Content-Type") or "application/json", resp.read()
-        except urllib.error.HTTPError as err:
-            return err.code, err.headers.get("Content-Type") or "application/json", err.read()
-
-
 @pytest.fixture
 def gateway(vllm_servers: ServerPool) -> Iterator[str]:
-    handler = type("Gateway", (_LimitingGateway,), {"upstream": vllm_servers.get().url})
-    with stdlib_server(handler) as url:
+    with limiting_gateway(vllm_servers.get().url, LIMIT) as url:
         yield url
 
 

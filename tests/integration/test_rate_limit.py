@@ -10,71 +10,27 @@ failed", and the advice was ``--max-num-seqs 4`` — the gateway's limit, taken 
 
 from __future__ import annotations
 
-import http.client
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
-from urllib.parse import urlsplit
+from typing import Any
 
 import pytest
 
 from clirun import oomload
 from oomload.sim.process import SimServer
 from oomload.trace.model import TraceHeader, TraceRecord, write_trace
-from stubserver import StubHandler, stdlib_server
+from stubserver import limiting_gateway
 
 LIMIT = 2  # requests the gateway lets through at once
 HOLD_S = 3.0
 
 
-class GatewayHandler(StubHandler):
-    """Forwards to ``upstream`` (answers whole); a completion over ``LIMIT`` in flight gets a 429 at once."""
-
-    protocol_version = "HTTP/1.1"
-    upstream: ClassVar[str] = ""
-    in_flight: ClassVar[int] = 0
-    lock: ClassVar[threading.Lock] = threading.Lock()
-
-    def _forward(self, body: bytes | None) -> tuple[int, str, bytes]:
-        target = urlsplit(self.upstream)
-        conn = http.client.HTTPConnection(target.hostname or "127.0.0.1", target.port, timeout=60)
-        try:
-            headers = {"Content-Type": self.headers.get("Content-Type") or "application/json"}
-            conn.request(self.command, self.path, body=body, headers=headers)
-            answer = conn.getresponse()
-            return answer.status, answer.getheader("Content-Type") or "text/plain", answer.read()
-        finally:
-            conn.close()
-
-    def do_GET(self) -> None:
-        self.send_body(*self._forward(None))
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        with GatewayHandler.lock:
-            admitted = GatewayHandler.in_flight < LIMIT
-            GatewayHandler.in_flight += admitted
-        if not admitted:
-            error = {"error": {"message": "Too many requests", "type": "rate_limit_error", "code": 429}}
-            self.send_body(429, "application/json", json.dumps(error).encode())
-            return
-        try:
-            answer = self._forward(body)
-        finally:  # the slot is free before the client has its answer: it may send again at once
-            with GatewayHandler.lock:
-                GatewayHandler.in_flight -= 1
-        self.send_body(*answer)
-
-
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[str]:
     args = ("--num-gpu-blocks", "400", "--block-size", "16", "--max-model-len", "2048", "--time-scale", ".3")
-    with SimServer(args) as sim:
-        GatewayHandler.upstream = sim.url
-        with stdlib_server(GatewayHandler) as url:
-            yield url
+    with SimServer(args) as sim, limiting_gateway(sim.url, LIMIT) as url:
+        yield url
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:

@@ -83,11 +83,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from oomload.errors import ConfigError
+from oomload.outcome import Outcome
 
 Phase = Literal["warmup", "ramp", "refine"]
 MAX_LEVELS = 1000
@@ -251,6 +252,13 @@ class StepOutcome:
     @property
     def error_rate(self) -> float:
         return self.errors / self.completed if self.completed else 0.0
+
+
+def rate_limited_step(outcomes: Mapping[str, int]) -> bool:
+    """A step in which a limit in front of the engine turned at least ``RATE_LIMITED_MIN`` requests away,
+    by its requests counted by outcome value (module docstring, "Rate limit"): the one rule the schedule,
+    the driver and the verdict read."""
+    return outcomes.get(Outcome.RATE_LIMITED.value, 0) >= RATE_LIMITED_MIN
 
 
 def no_answer(failed: int, ended: int, oldest_in_flight_s: float | None, elapsed_s: float) -> bool:

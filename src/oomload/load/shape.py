@@ -81,7 +81,6 @@ from typing import Any, Protocol
 from oomload.capacity.schedule import (
     NO_ANSWER,
     NO_ANSWER_MIN_FAILED,
-    RATE_LIMITED_MIN,
     Decision,
     Hold,
     SchedulePlan,
@@ -90,8 +89,9 @@ from oomload.capacity.schedule import (
     max_duration_exceeded,
     next_step,
     no_answer,
+    rate_limited_step,
 )
-from oomload.outcome import Outcome, unanswered
+from oomload.outcome import unanswered
 from oomload.rundir.loadgenrecord import LoadgenLine
 from oomload.rundir.records import MetricsRow, StepEndLine, StepStartLine
 from oomload.rundir.serverside import ServerConcurrency, server_concurrency
@@ -319,10 +319,8 @@ class StepDriver:
         count = self.meter.count()
         if count.started is not None and count.started >= needed:
             return False
-        if count.outcomes.get(Outcome.RATE_LIMITED.value, 0) >= RATE_LIMITED_MIN:
-            return (
-                False  # a limit in front of the engine: no evidence however long it runs, and the ramp ends
-            )
+        if rate_limited_step(count.outcomes):
+            return False  # no evidence however long it runs, and the ramp ends after it
         hold_s = self.hold_for(self.current).hold_s
         if now - self._step_start_s >= max(hold_s, EXTEND_CHECK_S) * EXTEND_MAX_FACTOR:
             return False
@@ -389,7 +387,7 @@ class StepDriver:
                 and self._needed is not None
                 and (count.started or 0) < self._needed,
                 no_answer=reason == NO_ANSWER,
-                rate_limited=count.outcomes.get(Outcome.RATE_LIMITED.value, 0) >= RATE_LIMITED_MIN,
+                rate_limited=rate_limited_step(count.outcomes),
             )
         )
         server = server_concurrency(self._scrape_at_start, scrape)

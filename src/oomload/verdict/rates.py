@@ -3,8 +3,8 @@
 ``per_100`` — a count per 100 requests sent (the preemption rates of a step and of a level);
 ``per_second`` — a count over a step's duration (req/s and output tokens/s, in the live line and every
 report); ``achieved_concurrency`` — the time-weighted mean number of requests in flight over a window,
-from each request's own start and end times; ``share_crossing`` — the share of scrapes whose reading crossed a
-line.
+from each request's own start and end times; ``share_crossing`` — the share of scrapes whose reading
+crossed a line.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from oomload.capacity.odds import LevelOdds
-from oomload.capacity.schedule import RATE_LIMITED_MIN
+from oomload.capacity.schedule import rate_limited_step
 from oomload.outcome import Outcome
 from oomload.rundir.loadgenrecord import LoadgenRow
 from oomload.rundir.serverside import (
@@ -242,7 +242,7 @@ class StepFacts:
     def rate_limited(self) -> bool:
         """A limit in front of the engine turned at least ``RATE_LIMITED_MIN`` of its requests away (module
         docstring): the level did not reach the engine."""
-        return self.rate_limited_requests >= RATE_LIMITED_MIN
+        return rate_limited_step(self.outcomes)
 
     @property
     def rate_limited_text(self) -> str:

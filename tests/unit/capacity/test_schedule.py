@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -255,30 +257,32 @@ def test_a_geometric_factor_a_hair_above_1_is_refused_not_looped_on() -> None:
     assert parse_levels("geometric:1:100:1.05")[-1] <= 100  # 95 steps: fine
 
 
-def _no_answer_run(
-    plan: SchedulePlan, failing_from: int, onset: int = 10**6, failing_only: int | None = None
-) -> tuple[list[int], str]:
-    """Drive the schedule against a server that answers nothing from ``failing_from`` on (or only at
-    ``failing_only``; 10 failures a step, the least that counts) and preempts from ``onset``; the levels
-    measured and the end reason."""
+def _drive(plan: SchedulePlan, outcome_of: Callable[[StepPlan], StepOutcome]) -> tuple[list[int], str]:
+    """Drive the schedule, each step ending as ``outcome_of`` says; the levels measured and the end reason."""
     history: list[StepOutcome] = []
     for _ in range(100):
         decision = next_step(plan, history)
         if decision.step is None:
             assert decision.end_reason is not None
             return [f.step.concurrency for f in history], decision.end_reason
-        c = decision.step.concurrency
-        failing = c >= failing_from if failing_only is None else c == failing_only
-        history.append(
-            StepOutcome(
-                decision.step,
-                completed=10,
-                errors=10 if failing else 0,
-                preemptions=int(c >= onset and not failing),
-                no_answer=failing,
-            )
-        )
+        history.append(outcome_of(decision.step))
     raise AssertionError("the schedule did not terminate")
+
+
+def _no_answer_run(
+    plan: SchedulePlan, failing_from: int, onset: int = 10**6, failing_only: int | None = None
+) -> tuple[list[int], str]:
+    """Drive the schedule against a server that answers nothing from ``failing_from`` on (or only at
+    ``failing_only``; 10 failures a step, the least that counts) and preempts from ``onset``; the levels
+    measured and the end reason."""
+
+    def outcome(step: StepPlan) -> StepOutcome:
+        c = step.concurrency
+        failing = c >= failing_from if failing_only is None else c == failing_only
+        preempted = int(c >= onset and not failing)
+        return StepOutcome(step, completed=10, errors=10 * failing, preemptions=preempted, no_answer=failing)
+
+    return _drive(plan, outcome)
 
 
 def test_a_step_with_no_answer_stops_the_ramp() -> None:
@@ -304,24 +308,14 @@ def test_the_refinement_still_bisects_below_a_step_with_no_answer() -> None:
 def _limited_run(plan: SchedulePlan, limited_from: int, onset: int = 10**6) -> tuple[list[int], str]:
     """Drive the schedule against a gateway that turns requests away from ``limited_from`` on (some still
     answered) in front of an engine that preempts from ``onset``; the levels measured and the end reason."""
-    history: list[StepOutcome] = []
-    for _ in range(100):
-        decision = next_step(plan, history)
-        if decision.step is None:
-            assert decision.end_reason is not None
-            return [f.step.concurrency for f in history], decision.end_reason
-        c = decision.step.concurrency
-        limited = c >= limited_from
-        history.append(
-            StepOutcome(
-                decision.step,
-                completed=30,
-                errors=20 if limited else 0,
-                preemptions=int(c >= onset),
-                rate_limited=limited,
-            )
+
+    def outcome(step: StepPlan) -> StepOutcome:
+        c, limited = step.concurrency, step.concurrency >= limited_from
+        return StepOutcome(
+            step, completed=30, errors=20 * limited, preemptions=int(c >= onset), rate_limited=limited
         )
-    raise AssertionError("the schedule did not terminate")
+
+    return _drive(plan, outcome)
 
 
 def test_a_step_a_limit_in_front_of_the_engine_turned_away_stops_the_ramp() -> None:

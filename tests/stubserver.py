@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,13 +39,29 @@ def stdlib_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         server.server_close()
 
 
+# what a gateway answers a request over its limit: ``(status, content type, body)``
+TOO_MANY = (
+    429,
+    "application/json",
+    b'{"error": {"message": "Too many requests", "type": "rate_limit_error", "code": 429}}',
+)
+NGINX_503 = (  # nginx's limit_req / limit_conn answer, by default
+    503,
+    "text/html",
+    b"<html>\r\n<head><title>503 Service Temporarily Unavailable</title></head>\r\n<body>\r\n"
+    b"<center><h1>503 Service Temporarily Unavailable</h1></center>\r\n<hr><center>nginx</center>\r\n"
+    b"</body>\r\n</html>\r\n",
+)
+
+
 class _LimitingGateway(StubHandler):
     """Forwards every request to ``upstream`` (answers buffered whole); a POST beyond ``limit`` in flight
-    gets an HTTP 429 at once, as a gateway's concurrency limit answers."""
+    gets ``refusal`` at once, as a gateway's concurrency limit answers."""
 
     protocol_version = "HTTP/1.1"
     upstream: ClassVar[str] = ""
     limit: ClassVar[int] = 1
+    refusal: ClassVar[tuple[int, str, bytes]] = TOO_MANY
     in_flight: ClassVar[int] = 0
     lock: ClassVar[threading.Lock]
 
@@ -60,8 +75,7 @@ class _LimitingGateway(StubHandler):
             admitted = cls.in_flight < cls.limit
             cls.in_flight += admitted
         if not admitted:
-            error = {"error": {"message": "Too many requests", "type": "rate_limit_error", "code": 429}}
-            self.send_body(429, "application/json", json.dumps(error).encode())
+            self.send_body(*cls.refusal)
             return
         try:
             answer = self._forward(body)
@@ -83,11 +97,10 @@ class _LimitingGateway(StubHandler):
 
 
 @contextlib.contextmanager
-def limiting_gateway(upstream: str, limit: int) -> Iterator[str]:
+def limiting_gateway(upstream: str, limit: int, refusal: tuple[int, str, bytes] = TOO_MANY) -> Iterator[str]:
     """A loopback gateway in front of ``upstream`` that lets ``limit`` requests through at a time and
-    answers HTTP 429 to the rest; yields its base URL."""
-    handler = type(
-        "Gateway", (_LimitingGateway,), {"upstream": upstream, "limit": limit, "lock": threading.Lock()}
-    )
+    answers ``refusal`` (an HTTP 429, or nginx's bare 503) to the rest; yields its base URL."""
+    attrs = {"upstream": upstream, "limit": limit, "refusal": refusal, "lock": threading.Lock()}
+    handler = type("Gateway", (_LimitingGateway,), attrs)
     with stdlib_server(handler) as url:
         yield url

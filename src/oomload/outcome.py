@@ -5,8 +5,9 @@ directory stores it (``requests*.jsonl``), the verdict counts it. Precedence whe
 apply to one request: engine dead > context overflow > admission rejected > rate limited > server error >
 timeout > transport error > truncated output > ok. "Truncated" means the server answered 200 but
 produced fewer tokens than asked (e.g. vLLM silently clamping ``max_tokens`` near ``max_model_len``, or
-a stream that ended without its usage chunk). "Rate limited" is an HTTP 429: a limit in front of the
-engine (a gateway's or a proxy's) turned the request away; the engine never saw it.
+a stream that ended without its usage chunk). "Rate limited" is an HTTP 429, or a 503 that is not vLLM's
+own queue-limit answer ("engine is currently busy"): a limit in front of the engine (a gateway's or a
+proxy's) turned the request away; the engine never saw it.
 
 ``cancelled`` is not the server's doing: oomload itself abandoned the request (a user stopped at the end
 of the run or by Ctrl-C while the request was in flight). It is recorded so that nothing sent is lost,
@@ -43,8 +44,8 @@ class Outcome(StrEnum):
 
     OK = "ok"
     CONTEXT_OVERFLOW = "context_overflow"  # HTTP 400 "maximum context length"
-    ADMISSION_REJECTED = "admission_rejected"  # HTTP 503, or an error event inside a 200 SSE stream
-    RATE_LIMITED = "rate_limited"  # HTTP 429: a limit in front of the engine (a gateway's) turned it away
+    ADMISSION_REJECTED = "admission_rejected"  # vLLM's 503 "engine is currently busy" (its queue limit)
+    RATE_LIMITED = "rate_limited"  # HTTP 429, a 503 not vLLM's: a limit in front of the engine turned it away
     SERVER_ERROR = "server_error"  # HTTP 5xx other than 503 while the engine lives
     ENGINE_DEAD = "engine_dead"  # CUDA OOM text, EngineDeadError, refused after the server had answered
     TRANSPORT_ERROR = "transport_error"  # connection reset/closed before an answer (keep-alive race, …)

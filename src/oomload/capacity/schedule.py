@@ -70,8 +70,8 @@ No answer
     answering. Fewer failures than that (one long request that broke at concurrency 1) decide nothing.
 
 Rate limit
-    A step in which at least ``RATE_LIMITED_MIN`` requests were turned away with HTTP 429
-    (``rate_limited``: a rate or concurrency limit in front of the engine, a gateway's or a proxy's)
+    A step in which at least ``RATE_LIMITED_MIN`` requests were turned away (``rate_limited``: HTTP 429,
+    or a 503 not vLLM's own; a rate or concurrency limit in front of the engine, a gateway's or a proxy's)
     stops the ramp at its end, under the same conditions: the levels above it would measure that limit,
     not the engine (a gateway that admits 4 at a time lets vLLM see 4 at level 8 and at 64). The step
     keeps its hold — what reached the engine is still measured, and its in-flight mean says how much
@@ -96,7 +96,7 @@ NO_ANSWER_MIN_FAILED = 10  # failed requests, none answered, that make a step on
 NO_ANSWER_MIN_S = 2.0  # a step runs this long before it can be one with no answer
 NO_ANSWER_PENDING_S = 1.0  # a request in flight this long may still be answered (a failure takes ms)
 NO_ANSWER = "no_answer"  # the end reason of a run stopped by such a step (module docstring)
-RATE_LIMITED_MIN = 3  # requests of a step turned away with HTTP 429 that make it a rate-limited step
+RATE_LIMITED_MIN = 3  # requests of a step turned away (rate_limited) that make it a rate-limited step
 RATE_LIMITED = "rate_limited"  # the end reason of a run stopped by one (module docstring, "Rate limit")
 MAX_CONCURRENCY = 100_000
 STOP_NAMES = ("first-preemption", "oom", "error-rate", "never")

@@ -16,11 +16,14 @@ connection refused after the server had answered   engine_dead (the API server e
 HTTP 400 (or an error event) with "maximum context  context_overflow
 length" / "longer than the maximum model length" /
 "cannot be greater than max_model_len"
-HTTP 503, or an SSE error event with code 503 /    admission_rejected
-"Service Unavailable" / "engine is currently busy"
-HTTP 429, or an SSE error event with code 429      rate_limited (a rate or concurrency
-                                                   limit in front of the engine, a gateway's
-                                                   or a proxy's, turned it away)
+vLLM's own queue-limit answer: "engine is          admission_rejected
+currently busy" in the text, or the error type
+"Service Unavailable" (HTTP 503, or an SSE error
+event with code 503)
+HTTP 429, or an SSE error event with code 429;     rate_limited (a rate or concurrency
+a 503 without vLLM's answer (nginx's limit_req     limit in front of the engine, a gateway's
+and limit_conn, Envoy's overflow, HAProxy's        or a proxy's, turned it away)
+"no server is available" all answer a bare 503)
 any other HTTP status ≥ 400, an other SSE error,   server_error
 a 200 that is neither JSON nor an event stream,     (reason "malformed event stream" for
 an event stream with a malformed event               the last: an answer that is not one;
@@ -72,7 +75,10 @@ CONTEXT_MARKS = (
     "longer than the maximum model length",
     "cannot be greater than max_model_len",
 )
-ADMISSION_MARKS = ("engine is currently busy", "service unavailable")
+ADMISSION_MARK = "engine is currently busy"  # vLLM's queue-limit message (``--max-num-queued-reqs``)
+ADMISSION_TYPE = "service unavailable"  # the error ``type`` vLLM gives it (never matched in free text)
+# a limit in front of the engine: a 429, or a 503 that is not vLLM's own answer (``ADMISSION_MARK``)
+TURNED_AWAY = frozenset({429, 503})
 MAX_DETAIL_NUMBERS = 4
 # token counts only ("2048 tokens", "200 input tokens"): other numbers may be a token-id prompt echoed
 _NUMBER = re.compile(r"(?<![\w.])(\d{1,9})(?=\s+(?:input\s+|prompt\s+|output\s+)?tokens?\b)")
@@ -116,13 +122,15 @@ def classify(obs: Observation) -> tuple[Outcome, str | None, str | None]:
     context_mark = next((m for m in CONTEXT_MARKS if m in text), None)
     if context_mark is not None:
         return Outcome.CONTEXT_OVERFLOW, "maximum context length", _detail(obs, context_mark)
-    admission_mark = next((m for m in ADMISSION_MARKS if m in text), None)
-    if status == 503 or obs.error_code == 503 or admission_mark is not None:
+    busy_mark = ADMISSION_MARK if ADMISSION_MARK in text else None
+    if busy_mark is not None or (obs.error_type or "").lower() == ADMISSION_TYPE:
         where = status_reason(503, streamed=obs.stream_error)
-        return Outcome.ADMISSION_REJECTED, where, _detail(obs, admission_mark)
-    if status == 429 or (obs.stream_error and obs.error_code == 429):
-        where = status_reason(429, streamed=status != 429)
-        return Outcome.RATE_LIMITED, where, _detail(obs, None)
+        return Outcome.ADMISSION_REJECTED, where, _detail(obs, busy_mark)
+    if status is not None and status in TURNED_AWAY:
+        return Outcome.RATE_LIMITED, status_reason(status), _detail(obs, None)
+    code = obs.error_code
+    if obs.stream_error and code is not None and code in TURNED_AWAY:
+        return Outcome.RATE_LIMITED, status_reason(code, streamed=True), _detail(obs, None)
     if status is not None and status >= 400:
         return Outcome.SERVER_ERROR, status_reason(status), _detail(obs, None)
     if obs.stream_error:  # vLLM streams a refusal (a bad token id, …) as an event with its status code

@@ -11,16 +11,15 @@ that began 0.2 s after a repeat ended on its preemption — the moment one reque
 that overflow (seen: concurrency 7 preempted right after 8 in 2 of 3 demo runs with the fast drain;
 with the tick, ``bench_onset_repeat`` kept 7 as the last safe level in 9 of 10 runs).
 
-On every tick the driver ends the current step when the server is dead, the run's maximum duration
-is spent, the step's hold is done, or no request of it was answered (``oomload.capacity.schedule``, "No
-answer": at least ``NO_ANSWER_MIN_FAILED`` ended, every one a failure without an answer, and after
-``NO_ANSWER_MIN_S`` none in flight for ``NO_ANSWER_PENDING_S``: ``StepCount.oldest_in_flight_s``) — reason
-``no_answer``, so a soak of hours or a 30 s hold does not send a thousand failures a second to a server
-that answers none); a step in which ``RATE_LIMITED_MIN`` requests were turned away with HTTP 429 keeps its
-hold, and its ``StepOutcome`` says so (``rate_limited``: the schedule stops the ramp after it). It then
-writes the step's ``end`` line to ``steps.jsonl``
-(``step_end_line``: the counts that step produced, its preemption delta, its achieved
-concurrency and each load-generating process's own figures: ``oomload.load.selfcheck``), hands that
+On every tick the driver ends the current step when the server is dead, the run's maximum duration is spent,
+the step's hold is done, or no request of it was answered (``oomload.capacity.schedule``, "No answer": at
+least ``NO_ANSWER_MIN_FAILED`` ended, every one a failure without an answer, and after ``NO_ANSWER_MIN_S``
+none in flight for ``NO_ANSWER_PENDING_S``: ``StepCount.oldest_in_flight_s``) — reason ``no_answer``, so a
+soak of hours or a 30 s hold does not send a thousand failures a second to a server that answers none); a step
+in which ``RATE_LIMITED_MIN`` requests were turned away (``rate_limited``) keeps its hold, and its
+``StepOutcome`` says so (``rate_limited``: the schedule stops the ramp after it). It then writes the step's
+``end`` line to ``steps.jsonl`` (``step_end_line``: the counts that step produced, its preemption delta, its
+achieved concurrency and each load-generating process's own figures: ``oomload.load.selfcheck``), hands that
 line to ``on_step_end`` (the progress view), asks ``oomload.capacity.schedule.next_step`` what comes next, and
 writes the next ``start`` line.
 

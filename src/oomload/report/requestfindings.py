@@ -75,7 +75,7 @@ def usage_disagrees(verdict: Verdict) -> Finding | None:
 
 
 def rate_limited(verdict: Verdict) -> Finding | None:
-    """Requests a limit in front of the engine turned away (HTTP 429), where it began, and what the
+    """Requests a limit in front of the engine turned away (``rate_limited``), where it began, and what the
     engine's own counters saw running there: the most the limit let through."""
     total = verdict.requests_rate_limited
     if not total:

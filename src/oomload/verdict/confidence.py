@@ -9,8 +9,8 @@ Warnings (they lower the level):
 * ``few_requests`` — a step decided fewer requests than the schedule's ``min_requests``;
 * ``requests_failed`` — a step's requests mostly failed (``StepFacts.mostly_failed``): it is no
   evidence; ``run_failed`` — the run's requests mostly failed (``Verdict.failed_run``): nothing to judge;
-* ``rate_limited`` — a limit in front of the engine turned a step's requests away (HTTP 429,
-  ``StepFacts.rate_limited``): its level did not reach the engine, so it is no evidence;
+* ``rate_limited`` — a limit in front of the engine turned a step's requests away (HTTP 429 or
+  a 503 not vLLM's own, ``StepFacts.rate_limited``): its level did not reach the engine, so it is no evidence;
 * ``concurrency_not_held`` — the delivered concurrency below 80 % of the target (the note names the
   figure that decided: the server's when its counters scaled the client's mean down, else the load
   generator's; a saturated server holds its level, ``StepFacts.server_saturated``);

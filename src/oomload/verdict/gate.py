@@ -18,7 +18,7 @@ rules ``METRIC[@CONCURRENCY] OP VALUE`` with OP one of ``<= < >= > ==``, METRIC 
 (latency metrics ``{p50,p99}-{ttft,tpot,e2e}-{ms,s}``), VALUE a number, ``%`` allowed for shares.
 
 Evidence. A rule passes only on evidence, never on its absence. A step whose requests mostly failed
-(``StepFacts.mostly_failed``: transport errors, timeouts, 429/503, 500, malformed answers — more than
+(``StepFacts.mostly_failed``: transport errors, timeouts, vLLM's 503, 500, malformed answers — more than
 half of its decided requests, an engine death's own failures aside) is untrusted: it loaded nothing, so
 it vouches for no "no preemption", "no OOM" or latency. Whatever the rules say, a run whose requests
 mostly failed exits 3 (``oomload.report.run_exit_code``):

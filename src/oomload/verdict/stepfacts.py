@@ -66,10 +66,10 @@ otherwise — transport errors, timeouts, 503, 500, malformed answers, refusals 
 the KV cache, so its lack of a preemption or an OOM says nothing (``mostly_failed``). A failure
 seen in an untrusted step is still a failure.
 
-A step in which ``RATE_LIMITED_MIN`` requests were turned away with HTTP 429 (``rate_limited``: a rate or
-concurrency limit in front of the engine, a gateway's) is not trusted either: its level did not reach
-the engine, whatever reached it was answered. Those requests are no *unexplained* failure — the limit
-explains them, and the verdict names it — so they neither make the step "mostly failed" nor, being
+A step in which ``RATE_LIMITED_MIN`` requests were turned away (``rate_limited``: HTTP 429, or a 503 that is
+not vLLM's own; a rate or concurrency limit in front of the engine, a gateway's) is not trusted either: its
+level did not reach the engine, whatever reached it was answered. Those requests are no *unexplained* failure
+— the limit explains them, and the verdict names it — so they neither make the step "mostly failed" nor, being
 no failure of the engine, an unsafe one (``UNSAFE_OUTCOMES``).
 """
 
@@ -246,9 +246,9 @@ class StepFacts:
 
     @property
     def rate_limited_text(self) -> str:
-        """``"32 of 32 requests were turned away with HTTP 429 …"``: why such a step is no evidence."""
+        """``"32 of 32 requests were turned away by a limit …"``: why such a step is no evidence."""
         turned = f"{self.rate_limited_requests} of {self.decided_requests} requests were turned away"
-        return f"{turned} with HTTP 429 by a limit in front of the engine — the level did not reach it"
+        return f"{turned} by a limit in front of the engine — the level did not reach it"
 
     @property
     def decided_requests(self) -> int:

@@ -68,16 +68,16 @@ Cut short. The run was cut short when ``status.json`` is missing, says ``finishe
 with a reason in ``runview.CUT_SHORT_REASONS``, when a step was cut short, or when the engine died;
 ``RunInfo.cut_short_detail`` says where (step, concurrency, seconds since the run started).
 
-Failed run. A run whose decided requests mostly failed — more than half (``MIN_ANSWERED_SHARE``),
-counting every failure but an engine death's own (its casualties and ``engine_dead`` answers: the
-death is the finding), so ``ok`` and ``truncated`` answers are the evidence — put no load on the
-server: ``Verdict.failed_run`` says so in one sentence naming the failures by outcome, the confidence
-is low (``run_failed``), and the run exits 3 whatever its gate rules say (``oomload.report``). So
-is a run where no measured step decided a request (every one cancelled, or none sent). Each
-step whose requests mostly failed is untrusted (``StepFacts.trusted``): no evidence that its level is
-safe or that a gate passes there. Requests turned away by a limit in front of the engine (HTTP 429,
-``rate_limited``) are left out of that count, as the engine never saw them (``RATE_LIMIT_HINT`` names
-the limit); a run whose every request was turned away is one with nothing to judge.
+Failed run. A run whose decided requests mostly failed — more than half (``MIN_ANSWERED_SHARE``), counting
+every failure but an engine death's own (its casualties and ``engine_dead`` answers: the death is the
+finding), so ``ok`` and ``truncated`` answers are the evidence — put no load on the server:
+``Verdict.failed_run`` says so in one sentence naming the failures by outcome, the confidence is low
+(``run_failed``), and the run exits 3 whatever its gate rules say (``oomload.report``). So is a run where no
+measured step decided a request (every one cancelled, or none sent). Each step whose requests mostly failed is
+untrusted (``StepFacts.trusted``): no evidence that its level is safe or that a gate passes there. Requests
+turned away by a limit in front of the engine (HTTP 429, or a 503 not vLLM's own: ``rate_limited``) are left
+out of that count, as the engine never saw them (``RATE_LIMIT_HINT`` names the limit); a run whose every
+request was turned away is one with nothing to judge.
 
 Usage. Every answer's ``usage`` is held to what its request sent (``oomload.load.classify``): an
 answer whose usage contradicts it is a ``server_error`` with the reason "usage disagrees", counted in
@@ -153,7 +153,8 @@ from oomload.verdict.trend import MemoryTrend
 
 DEFAULT_MIN_REQUESTS = 3
 RATE_LIMIT_HINT = (
-    "a rate or concurrency limit in front of the engine (a gateway's or a proxy's) answers HTTP 429: "
+    "a rate or concurrency limit in front of the engine (a gateway's or a proxy's) answers HTTP 429, or a "
+    "503 that is not vLLM's own: "
     "point --url at the vLLM server itself, or raise that limit for the test"
 )
 USAGE_HINT = (
@@ -280,7 +281,7 @@ class Verdict:
 
     @property
     def requests_rate_limited(self) -> int:
-        """Requests a limit in front of the engine turned away (HTTP 429) over the measured steps."""
+        """Requests a limit in front of the engine turned away (``rate_limited``) over the measured steps."""
         return sum(s.rate_limited_requests for s in self.measured_steps)
 
     @property

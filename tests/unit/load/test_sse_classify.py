@@ -101,6 +101,40 @@ def test_a_429_is_a_limit_in_front_of_the_engine_as_status_or_streamed() -> None
     assert classify(overflow)[0] is Outcome.CONTEXT_OVERFLOW
 
 
+VLLM_BUSY = (
+    "The engine is currently busy and cannot accept new requests. Please try again later or on a different "
+    "instance."
+)
+
+
+def test_a_503_is_the_engines_queue_limit_only_when_vllm_says_so() -> None:
+    """A bare 503 read ``admission_rejected``, vLLM's queue limit, so a gateway answering 503 at its own
+    limit (nginx's ``limit_req`` and ``limit_conn`` do by default, Envoy's overflow and HAProxy's "no
+    server is available" too) made the level unsafe and the advice a ``max_num_seqs`` cut. vLLM's own
+    answer says "engine is currently busy" with the type "Service Unavailable" (as the status or inside
+    a 200 stream); any other 503 is a limit in front of the engine, like a 429."""
+    vllm = Observation(http_status=503, error_text=VLLM_BUSY, error_type="Service Unavailable")
+    assert classify(vllm) == (Outcome.ADMISSION_REJECTED, "http 503", "engine is currently busy")
+    by_type = Observation(
+        http_status=200, error_text="x", error_code=503, error_type="Service Unavailable", stream_error=True
+    )
+    assert classify(by_type)[:2] == (Outcome.ADMISSION_REJECTED, "503 inside a 200 stream")
+    nginx = "<html><head><title>503 Service Temporarily Unavailable</title></head></html>"
+    haproxy = (
+        "<html><body><h1>503 Service Unavailable</h1>No server is available to handle this request.</body>"
+    )
+    envoy = "upstream connect error or disconnect/reset before headers. reset reason: overflow"
+    for text in (nginx, haproxy, envoy, ""):
+        assert classify(Observation(http_status=503, error_text=text))[:2] == (
+            Outcome.RATE_LIMITED,
+            "http 503",
+        )
+    streamed = Observation(http_status=200, error_text="upstream busy", error_code=503, stream_error=True)
+    assert classify(streamed)[:2] == (Outcome.RATE_LIMITED, "503 inside a 200 stream")
+    # the engine's death behind the 503 still comes first
+    assert classify(Observation(http_status=503, error_text="EngineDeadError"))[0] is Outcome.ENGINE_DEAD
+
+
 def test_multiline_data_and_comments() -> None:
     stream = SseStream()
     stream.feed(b': ping\nevent: x\ndata: {"choices":[],\ndata: "usage":{"completion_tokens":3}}\n\n', 0.0)
@@ -133,7 +167,7 @@ def test_each_outcome_class() -> None:
     assert _outcome(http_status=400, error_text="This model's maximum context length is 64") is (
         Outcome.CONTEXT_OVERFLOW
     )
-    assert _outcome(http_status=503, error_text="busy") is Outcome.ADMISSION_REJECTED
+    assert _outcome(http_status=503, error_text="The engine is currently busy") is Outcome.ADMISSION_REJECTED
     assert _outcome(http_status=500, error_text="") is Outcome.ENGINE_DEAD
     assert _outcome(http_status=500, error_text="EngineCore encountered an issue.") is Outcome.ENGINE_DEAD
     assert _outcome(http_status=200, stream_error=True, error_text="CUDA out of memory. Tried") is (

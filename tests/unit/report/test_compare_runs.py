@@ -429,7 +429,7 @@ def test_a_level_a_limit_turned_requests_away_in_is_a_caveat(tmp_path: Path) -> 
     caveats = json.loads((out / "compare.json").read_text())["caveats"]
     assert any(
         c.startswith(
-            "in the new run l, step 7 (concurrency 8): 9 of 12 requests were turned away with HTTP 429"
+            "in the new run l, step 7 (concurrency 8): 9 of 12 requests were turned away by a limit in front"
         )
         and c.endswith("no evidence at that level")
         for c in caveats

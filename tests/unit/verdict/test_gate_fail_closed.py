@@ -185,7 +185,7 @@ def test_a_step_a_limit_turned_away_leaves_rules_over_it_and_the_run_unjudged(tm
     assert step4.rate_limited and not step4.mostly_failed and not step4.trusted
     run_wide = evaluate_gate(parse_gate("max-kv-usage<0.95"), verdict)
     assert run_wide.status is GateStatus.NOT_EVALUATED
-    assert "9 of 12 requests were turned away with HTTP 429" in run_wide.reason
+    assert "9 of 12 requests were turned away by a limit in front of the engine" in run_wide.reason
     assert evaluate_gate(parse_gate("no-oom-up-to:4"), verdict).status is GateStatus.NOT_EVALUATED
     assert evaluate_gate(parse_gate("no-preemption-below:3"), verdict).status is GateStatus.PASS
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 from oomload.outcome import Outcome
 from oomload.report.finding import Finding
 from oomload.verdict import Verdict
-from oomload.verdict.failures import outcome_count
-from oomload.verdict.verdict import RATE_LIMIT_HINT, USAGE_HINT
+from oomload.verdict.failures import RATE_LIMIT_HINT, USAGE_HINT, outcome_count
 
 # outcomes that are not failures, or that a finding of their own already tells
 NOT_FAILURES = frozenset(

@@ -1,5 +1,7 @@
 """Failed requests in words: the most common reason of each failed outcome (``Verdict.failure_texts``),
-named beside the outcome's count in the verdict's sentences.
+named beside the outcome's count in the verdict's sentences, and what to do about the two kinds that are no
+failure of the engine (``RATE_LIMIT_HINT``: a limit in front of it; ``USAGE_HINT``: lengths other than the
+trace's).
 
 A request's ``error`` is oomload's own short reason, never the server's text (``oomload.load.classify``):
 ``http 500: InternalServerError``, ``not json or an event stream``, ``stream broke: EOF before [DONE]``.
@@ -14,6 +16,16 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from oomload.outcome import RequestResult
+
+# what to do about the failures that are no failure of the engine, named where they are counted
+RATE_LIMIT_HINT = (
+    "a rate or concurrency limit in front of the engine (a gateway's or a proxy's) answers HTTP 429, or a "
+    "503 that is not vLLM's own: point --url at the vLLM server itself, or raise that limit for the test"
+)
+USAGE_HINT = (
+    "the server ran other lengths than the trace's or miscounts them — a proxy that rewrites prompts, "
+    "max_tokens or usage (point --url at the vLLM server itself), or a server that is not vLLM"
+)
 
 
 def failure_texts(requests: Iterable[RequestResult]) -> dict[str, tuple[str, int]]:

@@ -121,7 +121,14 @@ from oomload.verdict.confidence import (
     worker_notes,
 )
 from oomload.verdict.death import EngineDeath, detect_engine_death
-from oomload.verdict.failures import detail_of, failure_texts, outcome_count, reason_of
+from oomload.verdict.failures import (
+    RATE_LIMIT_HINT,
+    USAGE_HINT,
+    detail_of,
+    failure_texts,
+    outcome_count,
+    reason_of,
+)
 from oomload.verdict.levels import (
     LevelOnset,
     LevelSummary,
@@ -152,15 +159,6 @@ from oomload.verdict.stepsummary import summarize_step
 from oomload.verdict.trend import MemoryTrend
 
 DEFAULT_MIN_REQUESTS = 3
-RATE_LIMIT_HINT = (
-    "a rate or concurrency limit in front of the engine (a gateway's or a proxy's) answers HTTP 429, or a "
-    "503 that is not vLLM's own: "
-    "point --url at the vLLM server itself, or raise that limit for the test"
-)
-USAGE_HINT = (
-    "the server ran other lengths than the trace's or miscounts them — a proxy that rewrites prompts, "
-    "max_tokens or usage (point --url at the vLLM server itself), or a server that is not vLLM"
-)
 
 __all__ = [
     "DEFAULT_MIN_REQUESTS",

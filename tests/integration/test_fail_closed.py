@@ -36,7 +36,8 @@ EXPECTED = {
     "stream-closed": ("transport_error", "stream broke"),
     "timeout": ("timeout", "request timeout"),
     "http-429": ("rate_limited", "http 429"),
-    "http-503": ("admission_rejected", "http 503"),
+    "http-503": ("rate_limited", "http 503"),  # not vLLM's own answer: a limit in front of it
+    "vllm-busy": ("admission_rejected", "http 503"),  # vLLM's queue limit
     "http-500": ("server_error", "http 500"),
     "malformed-sse": ("server_error", "malformed event stream"),
 }
@@ -73,6 +74,10 @@ class FaultHandler(StubHandler):
         if mode == "timeout":
             time.sleep(STALL_S)
             self.close_connection = True
+            return
+        if mode == "vllm-busy":
+            error = {"message": "The engine is currently busy", "type": "Service Unavailable", "code": 503}
+            self.send_body(503, "application/json", json.dumps({"error": error}).encode())
             return
         if mode.startswith("http-"):
             status = int(mode[5:])
@@ -144,8 +149,9 @@ def _assert_nothing_to_judge(proc: Any, run_dir: Path, decided: list[dict[str, A
     assert proc.returncode == ExitCode.UNREACHABLE == summary["exit_code"], proc.stdout
     assert summary["verdict"]["confidence"]["level"] == "low"
     failed_run = summary["verdict"]["requests"]["failed_run"]
-    # a request a limit in front of the engine turned away (HTTP 429) is no failure of the engine's
-    reached = [r for r in decided if r["outcome"] != "rate_limited"]
+    # a request turned away before it ran — by a limit in front of the engine, or by vLLM's queue limit
+    # (its engine was full) — is left out of what says whether the server was loaded
+    reached = [r for r in decided if r["outcome"] not in ("rate_limited", "admission_rejected")]
     assert failed_run.startswith(f"{len(reached)} of {len(reached)} requests failed (")
     assert "NOTHING TO JUDGE" in proc.stdout and "Failed requests" in proc.stdout
     assert "PASS" not in proc.stdout
@@ -165,7 +171,8 @@ def test_a_server_that_fails_every_request_never_passes_a_gate(tmp_path: Path, m
 
 
 def test_every_failure_kind_in_one_run_is_named_and_never_passes_a_gate(tmp_path: Path) -> None:
-    """Stream closed, timeout, 429, 503, 500 and malformed SSE in turn: each named as itself."""
+    """Stream closed, timeout, 429, a bare 503, vLLM's own 503, 500 and malformed SSE in turn: each named
+    as itself."""
     FaultHandler.posts = 0
     proc, run_dir, decided = _replay(tmp_path, "mixed")
     named = {(r["outcome"], r["error"].split(":")[0]) for r in decided}

@@ -236,10 +236,13 @@ def test_outcome_classes_from_the_simulator(tmp_path: Path) -> None:
         )
     results = RunReader(run_dir).requests()
     outcomes = Counter(r.outcome.value for r in results)
-    # most requests were refused (every 2nd stream, the one-slot queue, the overflows): the server was
-    # hardly loaded, so the run is "nothing to judge" (exit 3) — with or without a gate
-    assert outcomes["ok"] + outcomes["truncated"] < sum(outcomes.values()) / 2, outcomes
-    assert proc.returncode == 3, proc.stderr + proc.stdout
+    # the one-slot queue turned requests away: its engine was full, so the run loaded it and is judged
+    # (a rejected user waits a second before it sends again: before, each re-sent at once and the
+    # rejections outnumbered the answers, "nothing to judge")
+    assert outcomes["admission_rejected"] < outcomes["ok"], outcomes
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    verdict = json.loads((run_dir / "summary.json").read_text())["verdict"]
+    assert verdict["requests"]["failed_run"] is None and verdict["first_unsafe_concurrency"] == 8
     assert outcomes["context_overflow"] >= 1 and outcomes["truncated"] >= 1 and outcomes["ok"] >= 1, outcomes
     rejected = [r for r in results if r.outcome.value == "admission_rejected"]
     assert any(r.http_status == 503 for r in rejected), outcomes

@@ -21,13 +21,15 @@ it is declared dead no request is sent, in any process: a user takes its start t
 ``ReplayContext.may_send`` (the workers of ``--processes N`` see the master's marker file in the run
 directory before its stop message arrives).
 
-A limit in front of the engine is not hammered either: after a ``rate_limited`` outcome (HTTP 429, or a 503
-not vLLM's own: a gateway's or proxy's rate or concurrency limit) the user waits ``RATE_LIMITED_BACKOFF_S``
-before its next request, as a client of that gateway would. Without the wait a user turned away in a
-millisecond sent about 500 requests a second to a gateway that admits 4 at a time (seen: 2,490 requests in a 5
-s step at concurrency 8, 2,485 of them 429s); with it, a turned-away user sends one a second, and the step's
-in-flight mean says how much of the level reached the engine. The server's ``Retry-After`` is not read: the
-step, not the gateway, decides when the load ends (``oomload.capacity.schedule``, "Rate limit").
+A limit is not hammered either: after a ``rate_limited`` outcome (HTTP 429, or a 503 not vLLM's own: a
+gateway's or proxy's rate or concurrency limit), or vLLM's own ``admission_rejected`` ("try again later": its
+queue limit), the user waits ``TURNED_AWAY_BACKOFF_S`` before its next request, as a client of that gateway or
+of vLLM would. Without the wait a user turned away in a millisecond sent about 500 requests a second to a
+gateway that admits 4 at a time (seen: 2,490 requests in a 5 s step at concurrency 8, 2,485 of them 429s);
+with it, a turned-away user sends one a second, and the step's in-flight mean says how much of the level
+reached the engine. vLLM's own queue limit was stormed alike: at ``--max-num-seqs 2 --max-num-queued-reqs 2``
+a step at concurrency 4 sent 2,399 requests in 10 s, 2,361 of them rejected. The server's ``Retry-After`` is
+not read: the step, not the gateway, decides when the load ends (``oomload.capacity.schedule``, "Rate limit").
 
 A chat prompt that could not be built (its ``/tokenize`` failed mid-run: ``PromptBuildError``) is
 recorded as a send that got no answer (``http.unsent_exchange``: ``transport_error`` "tokenize
@@ -64,7 +66,8 @@ from oomload.load.payload import PreparedRequest, PromptBuildError
 from oomload.outcome import Outcome, RequestResult
 
 DEAD_BACKOFF_S = 0.5  # pause after a refused connection / engine_dead outcome
-RATE_LIMITED_BACKOFF_S = 1.0  # pause after a rate_limited outcome (HTTP 429, …)
+TURNED_AWAY_BACKOFF_S = 1.0  # pause after a rate_limited or admission_rejected outcome
+TURNED_AWAY = frozenset({Outcome.RATE_LIMITED, Outcome.ADMISSION_REJECTED})
 IDLE_S = 0.1  # how often an idle user (between steps, stopping, open loop done) looks again
 
 
@@ -132,8 +135,8 @@ class ReplayUser(User):
         if needs_backoff(ex):
             ctx.death_suspected = True
             gevent.sleep(DEAD_BACKOFF_S)
-        elif ex.outcome is Outcome.RATE_LIMITED:
-            gevent.sleep(RATE_LIMITED_BACKOFF_S)
+        elif ex.outcome in TURNED_AWAY:
+            gevent.sleep(TURNED_AWAY_BACKOFF_S)
 
     def _unsent(self, ctx: ReplayContext, err: PromptBuildError) -> None:
         if not ctx.may_send():

@@ -255,6 +255,8 @@ def last_safe(verdict: Verdict) -> Finding:
         for s in verdict.measured_steps
         if s.requests and (first_unsafe is None or s.concurrency < first_unsafe)
     ]
+    if first_unsafe is not None and not below:  # a failure in an untrusted step is still a failure
+        return Finding("last_safe", label, f"none (the lowest level already broke, at {first_unsafe})", "bad")
     untrusted = [d for s in below if (d := s.distrust) is not None]
     if untrusted:
         more = f" (+{len(untrusted) - 2} more)" if len(untrusted) > 2 else ""
@@ -267,8 +269,6 @@ def last_safe(verdict: Verdict) -> Finding:
         text = f"unknown: preemption was not observable at {levels} (no /metrics scrape)"
         return Finding("last_safe", label, text, "warn")
     lowest = min(trusted)
-    if first_unsafe is not None and first_unsafe <= lowest:
-        return Finding("last_safe", label, f"none (the lowest level already broke, at {first_unsafe})", "bad")
     queueing = verdict.queueing
     if queueing is not None and queueing.concurrency <= lowest:  # waiting is no breakage: say which
         text = (

@@ -58,7 +58,7 @@ from oomload.verdict.death import step_at
 from oomload.verdict.loadgen import starved_line
 from oomload.verdict.prediction import Prediction
 from oomload.verdict.runview import RunView
-from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, MIN_ANSWERED_SHARE, StepFacts
+from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, StepFacts, ran_tally, run_failed
 
 CRITICAL = frozenset(
     {"no_steps", "non_monotone", "prediction_disagrees", "odds_disagree", "run_failed", "prefix_mismatch"}
@@ -103,7 +103,8 @@ def step_notes(steps: Sequence[StepFacts], min_requests: int) -> list[Confidence
         elif s.concurrency_held is False and not (s.mostly_failed or s.rate_limited):  # few are in flight
             # the text names the figure that decided, and whose it is
             share = f"{ACHIEVED_CONCURRENCY_MIN_SHARE:.0%}"
-            text = f"{where}: {s.not_held_text}, below {share} of the target {s.concurrency}: not trusted"
+            below = f"below {share} of the target {s.concurrency}{s.queue_limit_text}"
+            text = f"{where}: {s.not_held_text}, {below}: not trusted"
             notes.append(_warn("concurrency_not_held", text, s))
         if (found := s.starvation) is not None:  # the client's doing, not the server's
             notes.append(_warn("loadgen_starved", starved_line(s.index, found), s))
@@ -129,11 +130,10 @@ def evidence_notes(
     notes: list[ConfidenceNote] = []
     if not measured:
         notes.append(ConfidenceNote("no_steps", "no measured (non-warmup) step: there is nothing to judge"))
-    decided = sum(s.decided_requests for s in measured)
-    failed = sum(s.unexplained_failures for s in measured)
-    if decided and failed > (1.0 - MIN_ANSWERED_SHARE) * decided:
-        text = f"{failed} of {decided} requests failed: nothing to judge (Run)"
-        notes.append(ConfidenceNote("run_failed", text))
+    if run_failed(measured):
+        failed, ran = ran_tally(measured)
+        what = f"{failed} of {ran} requests failed" if ran else "no request ran"
+        notes.append(ConfidenceNote("run_failed", f"{what}: nothing to judge (Run)"))
     if cut_short_detail is not None:
         text = f"the run was cut short: {cut_short_detail}"
         notes.append(ConfidenceNote("cut_short", text, severity="info" if died else "warning"))

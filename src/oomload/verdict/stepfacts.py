@@ -62,9 +62,11 @@ completed (not cut short: ``runview.CUT_SHORT_REASONS``), held its concurrency a
 least ``MIN_ANSWERED_SHARE`` (half) of its decided requests were answered by the server (``ok`` or
 ``truncated``: the server ran them) or failed because the engine died (``engine_dead`` answers and
 the casualties of a death: the death is the finding). A step whose requests mostly failed
-otherwise — transport errors, timeouts, 503, 500, malformed answers, refusals — put no load on
+otherwise — transport errors, timeouts, 500, malformed answers, refusals — put no load on
 the KV cache, so its lack of a preemption or an OOM says nothing (``mostly_failed``). A failure
-seen in an untrusted step is still a failure.
+seen in an untrusted step is still a failure. vLLM's own 503 (``admission_rejected``: its queue limit)
+counts among those failures here: a step whose requests the engine mostly turned away ran too few of
+them to vouch for the level (the run, though, was loaded: ``Verdict.failed_run``).
 
 A step in which ``RATE_LIMITED_MIN`` requests were turned away (``rate_limited``: HTTP 429, or a 503 that is
 not vLLM's own; a rate or concurrency limit in front of the engine, a gateway's) is not trusted either: its
@@ -75,7 +77,7 @@ no failure of the engine, an unsafe one (``UNSAFE_OUTCOMES``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -381,6 +383,17 @@ class StepFacts:
         return f"the load generator held {self.achieved_concurrency:.1f} requests in flight on average"
 
     @property
+    def queue_limit_text(self) -> str:
+        """``" (vLLM's queue limit turned 20 of 56 requests away)"``, when it turned any away: why the engine
+        held less than the level without the client's doing; ``""`` otherwise."""
+        rejected = int(self.outcomes.get(Outcome.ADMISSION_REJECTED.value, 0))
+        return (
+            f" (vLLM's queue limit turned {rejected} of {self.decided_requests} requests away)"
+            if rejected
+            else ""
+        )
+
+    @property
     def unexplained_failures(self) -> int:
         """Decided requests neither answered nor lost to an engine death."""
         return sum(self.unexplained_by_outcome().values())
@@ -430,7 +443,7 @@ class StepFacts:
             return f"{where}: {self.rate_limited_text}"
         if self.concurrency_held is False:
             line = f"{ACHIEVED_CONCURRENCY_MIN_SHARE:.0%} of {self.concurrency}"
-            return f"{where}: {self.not_held_text}, below {line}"
+            return f"{where}: {self.not_held_text}, below {line}{self.queue_limit_text}"
         return None
 
     @property
@@ -464,6 +477,26 @@ class StepFacts:
         obj["evidence_thin"] = self.evidence_thin
         obj["starved"] = None if self.starvation is None else self.starvation.to_json()
         return obj
+
+
+def ran_tally(steps: Iterable[StepFacts]) -> tuple[int, int]:
+    """``(failed, ran)`` over ``steps``: their unexplained failures and decided requests, both without
+    the requests turned away before they ran — by a limit in front of the engine (``rate_limited``) or
+    by vLLM's own queue limit (``admission_rejected``: the engine was full, so the run did load it).
+    Whether the run loaded the server at all is read on what ran (``run_failed``)."""
+    failed = ran = 0
+    for s in steps:
+        rejected = s.unexplained_by_outcome().get(Outcome.ADMISSION_REJECTED.value, 0)
+        failed += s.unexplained_failures - rejected
+        ran += s.decided_requests - s.rate_limited_requests - rejected
+    return failed, ran
+
+
+def run_failed(steps: Sequence[StepFacts]) -> bool:
+    """Nothing to judge: requests were decided, and none of them ran or more than half of those that ran
+    failed (``MIN_ANSWERED_SHARE``; ``Verdict.failed_run`` says why in words)."""
+    failed, ran = ran_tally(steps)
+    return any(s.decided_requests for s in steps) and (ran == 0 or failed > (1.0 - MIN_ANSWERED_SHARE) * ran)
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:

@@ -68,16 +68,16 @@ Cut short. The run was cut short when ``status.json`` is missing, says ``finishe
 with a reason in ``runview.CUT_SHORT_REASONS``, when a step was cut short, or when the engine died;
 ``RunInfo.cut_short_detail`` says where (step, concurrency, seconds since the run started).
 
-Failed run. A run whose decided requests mostly failed — more than half (``MIN_ANSWERED_SHARE``), counting
-every failure but an engine death's own (its casualties and ``engine_dead`` answers: the death is the
-finding), so ``ok`` and ``truncated`` answers are the evidence — put no load on the server:
+Failed run. A run whose requests mostly failed — more than half (``MIN_ANSWERED_SHARE``) of those that ran,
+counting every failure but an engine death's own (its casualties and ``engine_dead`` answers: the death is
+the finding), so ``ok`` and ``truncated`` answers are the evidence — put no load on the server:
 ``Verdict.failed_run`` says so in one sentence naming the failures by outcome, the confidence is low
 (``run_failed``), and the run exits 3 whatever its gate rules say (``oomload.report``). So is a run where no
-measured step decided a request (every one cancelled, or none sent). Each step whose requests mostly failed is
-untrusted (``StepFacts.trusted``): no evidence that its level is safe or that a gate passes there. Requests
-turned away by a limit in front of the engine (HTTP 429, or a 503 not vLLM's own: ``rate_limited``) are left
-out of that count, as the engine never saw them (``RATE_LIMIT_HINT`` names the limit); a run whose every
-request was turned away is one with nothing to judge.
+measured step decided a request (every one cancelled, or none sent), or where none ran. Requests turned away
+before they ran (``stepfacts.ran_tally``: by a limit in front of the engine, ``rate_limited``, or by vLLM's
+own queue limit, ``admission_rejected``: the engine was full, so the run did load it) are left out of that
+share. Each step whose requests mostly failed, rejections included, is untrusted (``StepFacts.trusted``):
+no evidence that its level is safe or that a gate passes there.
 
 Usage. Every answer's ``usage`` is held to what its request sent (``oomload.load.classify``): an
 answer whose usage contradicts it is a ``server_error`` with the reason "usage disagrees", counted in
@@ -150,10 +150,11 @@ from oomload.verdict.runview import RunView
 from oomload.verdict.servermem import ServerMemory, soak_trends, summarize_server_memory
 from oomload.verdict.stepfacts import (
     KV_SATURATED,
-    MIN_ANSWERED_SHARE,
     UNSAFE_OUTCOMES,
     LatencyStats,
     StepFacts,
+    ran_tally,
+    run_failed,
 )
 from oomload.verdict.stepsummary import summarize_step
 from oomload.verdict.trend import MemoryTrend
@@ -286,26 +287,23 @@ class Verdict:
     def failed_run(self) -> str | None:
         """Why the run is nothing to judge, in one sentence, when its requests mostly failed (module
         docstring, "Failed run") or no measured step decided one; ``None`` otherwise."""
-        decided = self.requests_total - self.requests_cancelled
         if not any(s.decided_requests for s in self.measured_steps):
             sent = f"all {self.requests_total} cancelled" if self.requests_total else "none was sent"
             return f"no measured step decided a request ({sent}), so nothing about the server can be judged"
-        limited = self.requests_rate_limited
-        if limited == decided:
-            kind = outcome_count(Outcome.RATE_LIMITED.value, limited, self.failure_texts)
-            turned = f"all {decided} requests were turned away ({kind})"
-            return f"{turned}, so none reached the engine — {RATE_LIMIT_HINT}"
-        decided -= limited  # what reached the engine: the limit in front of it is a finding of its own
-        if self.requests_unexplained <= (1.0 - MIN_ANSWERED_SHARE) * decided:
+        if not run_failed(self.measured_steps):
             return None
+        unexplained, ran = ran_tally(self.measured_steps)  # what ran: the limits are findings of their own
+        if ran == 0:
+            return self._turned_away_run()
         counts: dict[str, int] = {}
         for s in self.measured_steps:
             for name, n in s.unexplained_by_outcome().items():
-                counts[name] = counts.get(name, 0) + n
+                if name != Outcome.ADMISSION_REJECTED.value:
+                    counts[name] = counts.get(name, 0) + n
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         kinds = ", ".join(outcome_count(name, n, self.failure_texts) for name, n in ranked)
-        failed = f"{self.requests_unexplained} of {decided} requests failed ({kinds})"
-        if 2 * self.usage_disagrees > self.requests_unexplained:  # loaded, but not with the trace
+        failed = f"{unexplained} of {ran} requests failed ({kinds})"
+        if 2 * self.usage_disagrees > unexplained:  # loaded, but not with the trace
             return (
                 f"{failed}: {self.usage_disagrees} answers' usage contradicted the lengths sent "
                 f"({USAGE_HINT}), so the load was not the trace's and nothing about the server's memory "
@@ -314,12 +312,28 @@ class Verdict:
         text = f"{failed}: the server was not loaded, so nothing about its memory can be judged"
         if ranked and ranked[0][0] == Outcome.CONTEXT_OVERFLOW.value:  # the trace, not the server
             text += "; --only-fitting replays only the requests within its max_model_len"
-        elif 2 * self.refused_requests > self.requests_unexplained and self.run.api == "completions":
+        elif 2 * self.refused_requests > unexplained and self.run.api == "completions":
             text += (
                 f"; {self.refused_requests} were refused with a 400 (the request itself): every token id "
                 "sent (--token-id-range, default 100:2000) must be inside the model's vocabulary"
             )
         return text
+
+    def _turned_away_run(self) -> str:
+        """``failed_run``'s sentence for a run whose every decided request was turned away before it ran."""
+        limited = self.requests_rate_limited
+        admission = Outcome.ADMISSION_REJECTED.value
+        rejected = sum(s.unexplained_by_outcome().get(admission, 0) for s in self.measured_steps)
+        turned = [(Outcome.RATE_LIMITED.value, limited), (admission, rejected)]
+        kinds = ", ".join(outcome_count(name, n, self.failure_texts) for name, n in turned if n)
+        everything = f"all {limited + rejected} requests were turned away"
+        if limited:
+            return f"{everything} ({kinds}), so none reached the engine — {RATE_LIMIT_HINT}"
+        return (
+            f"{everything} by vLLM's own queue limit ({kinds}), so none ran: the engine was full before "
+            "this load reached it (another client's requests, or --max-num-queued-reqs / "
+            "--max-num-queued-tokens below the lowest level), and nothing about its memory can be judged"
+        )
 
     @property
     def traffic(self) -> str:

@@ -34,12 +34,15 @@ FAILURE_KINDS = {
     "stream-closed-mid-response": Outcome.TRANSPORT_ERROR,
     "connection-reset": Outcome.TRANSPORT_ERROR,
     "timeout": Outcome.TIMEOUT,
-    "http-429": Outcome.SERVER_ERROR,
-    "http-503": Outcome.ADMISSION_REJECTED,
+    "http-429": Outcome.RATE_LIMITED,
+    "http-503": Outcome.RATE_LIMITED,  # not vLLM's own answer: a limit in front of it
+    "vllm-busy": Outcome.ADMISSION_REJECTED,  # vLLM's queue limit
     "http-500-with-text": Outcome.SERVER_ERROR,
     "malformed-sse": Outcome.SERVER_ERROR,
     "context-overflow": Outcome.CONTEXT_OVERFLOW,
 }
+# turned away before they ran: a run of them is nothing to judge only when none ran (``stepfacts.ran_tally``)
+TURNED_AWAY = {"http-429", "http-503", "vllm-busy"}
 RULES = (
     # absence rules: every event
     "no-preemption-below:4",
@@ -99,7 +102,7 @@ def test_no_rule_passes_on_steps_whose_requests_mostly_failed(
 
 
 @pytest.mark.parametrize("share", sorted(SHARES))
-@pytest.mark.parametrize("kind", sorted(FAILURE_KINDS))
+@pytest.mark.parametrize("kind", sorted(set(FAILURE_KINDS) - TURNED_AWAY))
 def test_a_run_whose_requests_mostly_failed_exits_3_whatever_the_gates_say(
     tmp_path_factory: pytest.TempPathFactory, kind: str, share: str
 ) -> None:
@@ -126,6 +129,34 @@ def test_a_run_whose_requests_mostly_failed_exits_3_whatever_the_gates_say(
     assert summary["exit_code"] == 3
     assert summary["verdict"]["requests"]["failed_run"] == verdict.failed_run
     assert all(g["status"] != "pass" for g in summary["gates"])
+
+
+@pytest.mark.parametrize("kind", sorted(TURNED_AWAY))
+def test_a_run_turned_away_before_it_ran_is_nothing_to_judge_only_when_none_ran(
+    tmp_path_factory: pytest.TempPathFactory, kind: str
+) -> None:
+    """Requests turned away before they ran — by a limit in front of the engine, or by vLLM's own queue
+    limit, whose engine was full — say nothing of whether the server was loaded: seen on the real vLLM
+    (``--max-num-seqs 2 --max-num-queued-reqs 2``, levels 4 and 12), 120 rejections beside 78 answers read
+    "NOTHING TO JUDGE … the server was not loaded". A run of nothing else is still nothing to judge."""
+    outcome = FAILURE_KINDS[kind].value
+    run, verdict = _verdict(tmp_path_factory, kind, SHARES["all"])
+    assert verdict.failed_run is not None
+    assert verdict.failed_run.startswith("all 24 requests were turned away ")
+    assert f"({outcome} 24" in verdict.failed_run and "run_failed" in {n.kind for n in verdict.notes}
+    code = finalize_run(run, gates=RULES, console=Console(file=io.StringIO(), width=200), formats=())
+    assert code is ExitCode.UNREACHABLE
+    run, verdict = _verdict(tmp_path_factory, kind, SHARES["mostly"])  # 14 turned away, 10 answered
+    assert verdict.failed_run is None and "run_failed" not in {n.kind for n in verdict.notes}
+    assert not any(s.trusted for s in verdict.measured_steps)  # no rule passes on them (above)
+    last_safe = {f.key: f for f in describe(verdict, recommend(verdict))}["last_safe"]
+    if kind == "vllm-busy":  # rejected at the lowest level: a failure in an untrusted step is still one
+        assert verdict.first_unsafe_concurrency == 2  # it read "unknown (no completed step with requests)"
+        assert (last_safe.text, last_safe.severity) == ("none (the lowest level already broke, at 2)", "bad")
+    else:  # the limit in front of the engine failed nothing: no level is unsafe, none vouched for
+        assert verdict.first_unsafe_concurrency is None and last_safe.text.startswith("unknown: ")
+    code = finalize_run(run, gates=(), console=Console(file=io.StringIO(), width=200), formats=())
+    assert code is ExitCode.OK
 
 
 def test_the_threshold_is_more_than_half(tmp_path: Path) -> None:

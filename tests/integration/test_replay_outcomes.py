@@ -152,7 +152,18 @@ def test_ok_stream_with_exact_usage(serve: Callable[[Handler], RawServer]) -> No
     [
         (_answer("200 OK", "text/html", b"<html>login</html>"), Outcome.SERVER_ERROR),
         (_answer("502 Bad Gateway", "text/html", b"<html>bad gateway</html>"), Outcome.SERVER_ERROR),
-        (_answer("503 Service Unavailable", "text/html", b"<html>down</html>"), Outcome.ADMISSION_REJECTED),
+        (
+            _answer("503 Service Unavailable", "text/html", b"<html>down</html>"),
+            Outcome.RATE_LIMITED,
+        ),  # a proxy's
+        (
+            _answer(
+                "503 Service Unavailable",
+                "application/json",
+                b'{"error":{"message":"The engine is currently busy","type":"Service Unavailable"}}',
+            ),
+            Outcome.ADMISSION_REJECTED,  # vLLM's own
+        ),
         (
             _answer(
                 "400 Bad Request", "application/json", b'{"error":{"message":"maximum context length is 8"}}'

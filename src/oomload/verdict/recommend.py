@@ -11,22 +11,22 @@
   concurrency, so keep it), and a KV pool too small to hold one P99-length request
   (``capped_by_kv_cache``: vLLM refuses to start with a longer limit) — then the advice is more KV
   memory (``--gpu-memory-utilization``, a bigger GPU, tensor parallelism), not a shorter window.
-* ``max_num_seqs`` — the last safe concurrency, when something broke above it (preemption, a memory
-  death, admission rejections): capping running sequences there keeps the KV pool from preempting at
-  the replayed lengths. A death that was not of memory (a kill from outside, a crash, no known cause:
-  ``EngineDeath.memory``) is no reason for a cap: the reason names it and says the levels above it
-  were not measured. A server whose own cap (``RunInfo.max_num_seqs``: its serve line's, the
-  simulator's flags', else its log's) is already at or below that level gets no number: a cap there
-  would not lower what broke. Nothing broke → no cap is advised, and the highest clean level is named.
-  Something broke but requests queued below it (long prompts spending the prefill budget), so no
-  level is safe → no number either: the clean level's engine ran fewer than its level at times, and
-  the cell says to find the cap with ``oomload tune`` (``_clean_but_queued``).
-  A run that replayed only the trace's tail (``tail_percentile`` in ``config.json``) or its arrival
-  times (``open_loop``) measured no production concurrency: no cap is advised, and the reason says why.
-  The cap holds for the prompts the run sent; when the trace shares prefixes, the reason says which
-  shape was measured and what the arithmetic gives for the other (``prediction.other``): a cap
-  measured with distinct prompts is the worst case, one measured with shared prefixes holds only
-  while the server caches them.
+* ``max_num_seqs`` — the last safe concurrency, when something broke above it (preemption, a memory death,
+  server errors, timeouts): capping running sequences there keeps the KV pool from preempting at the replayed
+  lengths. vLLM's own queue limit turning requests away (``admission_rejected``) is no reason for a cap when
+  nothing else broke (``_only_queue_limit``). A death that was not of memory (a kill from outside, a crash, no
+  known cause: ``EngineDeath.memory``) is no reason for a cap: the reason names it and says the levels above
+  it were not measured. A server whose own cap (``RunInfo.max_num_seqs``: its serve line's, the simulator's
+  flags', else its log's) is already at or below that level gets no number: a cap there would not lower what
+  broke. Nothing broke → no cap is advised, and the highest clean level is named. Something broke but requests
+  queued below it (long prompts spending the prefill budget), so no level is safe → no number either: the
+  clean level's engine ran fewer than its level at times, and the cell says to find the cap with ``oomload
+  tune`` (``_clean_but_queued``). A run that replayed only the trace's tail (``tail_percentile`` in
+  ``config.json``) or its arrival times (``open_loop``) measured no production concurrency: no cap is advised,
+  and the reason says why. The cap holds for the prompts the run sent; when the trace shares prefixes, the
+  reason says which shape was measured and what the arithmetic gives for the other (``prediction.other``): a
+  cap measured with distinct prompts is the worst case, one measured with shared prefixes holds only while the
+  server caches them.
 * ``gpu_memory_utilization`` — only for a CUDA allocation that failed at runtime (the death's kind is
   ``cuda_oom``, or, without a classified cause, OOM text in a request): five points below the current
   value (default 0.9) to give activations / CUDA graphs the headroom they lacked. Any other death —
@@ -63,6 +63,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from oomload.capacity.blocks import single_request_limit_tokens
+from oomload.outcome import Outcome
 from oomload.realvllm.servecmd import flag_text, recommended_line
 from oomload.rundir.records import CacheConfig
 from oomload.trace.stats import MaxModelLenAdvice, recommend_max_model_len
@@ -265,6 +266,9 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
             why = f"nothing broke in this run; no cap is needed up to the highest level judged ({judged})"
         why += _shape_clause(verdict)
         return Setting("--max-num-seqs", None, current, why)
+    queue_limit = _only_queue_limit(verdict)
+    if queue_limit is not None:
+        return Setting("--max-num-seqs", None, current, queue_limit)
     preempted = [lv.concurrency for lv in verdict.preempted_levels]  # the onset's level among them
     what = "preemption" if preempted else "failures"
     bad_levels = [
@@ -305,6 +309,23 @@ def _max_num_seqs(verdict: Verdict) -> Setting:
             "changes nothing: what broke above it was not the number running",
         )
     return Setting("--max-num-seqs", safe, current, measured)
+
+
+def _only_queue_limit(verdict: Verdict) -> str | None:
+    """Why no cap, when all that broke was vLLM's own queue limit turning requests away (its 503,
+    ``admission_rejected``): the engine was running and queueing all it may, and a cap on the running
+    sequences would turn more away, not fewer. ``None`` when anything else broke too."""
+    if verdict.preempted_levels or _capped_death(verdict) is not None:
+        return None
+    broke = [s for s in verdict.measured_steps if s.unsafe_requests and not _death_step(verdict, s.index)]
+    rejected = sum(s.unexplained_by_outcome().get(Outcome.ADMISSION_REJECTED.value, 0) for s in broke)
+    if not broke or rejected < sum(s.unsafe_requests for s in broke):
+        return None
+    return (
+        f"what broke, from {min(s.concurrency for s in broke)}, was vLLM's own queue limit turning requests "
+        f"away ({rejected} admission rejections): a cap on running sequences would turn more away; raise "
+        "--max-num-queued-reqs / --max-num-queued-tokens, or add capacity, to serve that level"
+    )
 
 
 def _clean_but_queued(verdict: Verdict, first_bad: int | None) -> tuple[int, int] | None:

@@ -349,3 +349,21 @@ def test_a_death_at_the_first_level_is_told_whether_a_lower_one_exists(
     cache = {**CPU_CACHE, "max_num_batched_tokens": 65536}  # known: no prefill bound in words either
     rec = recommend(verdict_of(write_run(tmp_path / "r", [died], cache_config=cache)))
     assert rec.max_num_seqs.value is None and rec.max_num_seqs.reason.startswith(said)
+
+
+def test_vllms_queue_limit_turning_requests_away_is_no_reason_for_a_cap(tmp_path: Path) -> None:
+    """vLLM's own 503 ("engine is currently busy": ``--max-num-queued-reqs``) at 8, nothing else broken:
+    the advice read "--max-num-seqs 6" (the last safe level), though a cap on the running sequences turns
+    more away, not fewer. No cap now, and the reason names the queue limits. Preemption beside the
+    rejections still gets its cap."""
+    rejected = StepSpec(8, failures={Outcome.ADMISSION_REJECTED: 5}, error_text="http 503")
+    steps = [StepSpec(2), StepSpec(4), StepSpec(6), rejected]
+    rec = recommend(verdict_of(write_run(tmp_path / "r", steps, cache_config=CPU_CACHE)))
+    assert rec.max_num_seqs.value is None and "--max-num-seqs" not in rec.flag_line
+    assert rec.max_num_seqs.reason.startswith(
+        "what broke, from 8, was vLLM's own queue limit turning requests away (5 admission rejections)"
+    )
+    assert "raise --max-num-queued-reqs / --max-num-queued-tokens" in rec.max_num_seqs.reason
+    preempted = dataclasses.replace(rejected, preemptions=3)
+    rec = recommend(verdict_of(write_run(tmp_path / "p", [*steps[:3], preempted], cache_config=CPU_CACHE)))
+    assert rec.max_num_seqs.value == 6

@@ -78,7 +78,7 @@ CONTEXT_MARKS = (
 ADMISSION_MARK = "engine is currently busy"  # vLLM's queue-limit message (``--max-num-queued-reqs``)
 ADMISSION_TYPE = "service unavailable"  # the error ``type`` vLLM gives it (never matched in free text)
 # a limit in front of the engine: a 429, or a 503 that is not vLLM's own answer (``ADMISSION_MARK``)
-TURNED_AWAY = frozenset({429, 503})
+TURNED_AWAY_STATUSES = frozenset({429, 503})
 MAX_DETAIL_NUMBERS = 4
 # token counts only ("2048 tokens", "200 input tokens"): other numbers may be a token-id prompt echoed
 _NUMBER = re.compile(r"(?<![\w.])(\d{1,9})(?=\s+(?:input\s+|prompt\s+|output\s+)?tokens?\b)")
@@ -126,10 +126,10 @@ def classify(obs: Observation) -> tuple[Outcome, str | None, str | None]:
     if busy_mark is not None or (obs.error_type or "").lower() == ADMISSION_TYPE:
         where = status_reason(503, streamed=obs.stream_error)
         return Outcome.ADMISSION_REJECTED, where, _detail(obs, busy_mark)
-    if status is not None and status in TURNED_AWAY:
+    if status is not None and status in TURNED_AWAY_STATUSES:
         return Outcome.RATE_LIMITED, status_reason(status), _detail(obs, None)
     code = obs.error_code
-    if obs.stream_error and code is not None and code in TURNED_AWAY:
+    if obs.stream_error and code is not None and code in TURNED_AWAY_STATUSES:
         return Outcome.RATE_LIMITED, status_reason(code, streamed=True), _detail(obs, None)
     if status is not None and status >= 400:
         return Outcome.SERVER_ERROR, status_reason(status), _detail(obs, None)

@@ -58,7 +58,7 @@ from oomload.verdict.death import step_at
 from oomload.verdict.loadgen import starved_line
 from oomload.verdict.prediction import Prediction
 from oomload.verdict.runview import RunView
-from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, StepFacts, ran_tally, run_failed
+from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, StepFacts, ran_tally
 
 CRITICAL = frozenset(
     {"no_steps", "non_monotone", "prediction_disagrees", "odds_disagree", "run_failed", "prefix_mismatch"}
@@ -130,9 +130,8 @@ def evidence_notes(
     notes: list[ConfidenceNote] = []
     if not measured:
         notes.append(ConfidenceNote("no_steps", "no measured (non-warmup) step: there is nothing to judge"))
-    if run_failed(measured):
-        failed, ran = ran_tally(measured)
-        what = f"{failed} of {ran} requests failed" if ran else "no request ran"
+    if (tally := ran_tally(measured)).nothing_to_judge:
+        what = f"{tally.failed} of {tally.ran} requests failed" if tally.ran else "no request ran"
         notes.append(ConfidenceNote("run_failed", f"{what}: nothing to judge (Run)"))
     if cut_short_detail is not None:
         text = f"the run was cut short: {cut_short_detail}"

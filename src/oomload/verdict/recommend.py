@@ -63,7 +63,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from oomload.capacity.blocks import single_request_limit_tokens
-from oomload.outcome import Outcome
 from oomload.realvllm.servecmd import flag_text, recommended_line
 from oomload.rundir.records import CacheConfig
 from oomload.trace.stats import MaxModelLenAdvice, recommend_max_model_len
@@ -318,7 +317,7 @@ def _only_queue_limit(verdict: Verdict) -> str | None:
     if verdict.preempted_levels or _capped_death(verdict) is not None:
         return None
     broke = [s for s in verdict.measured_steps if s.unsafe_requests and not _death_step(verdict, s.index)]
-    rejected = sum(s.unexplained_by_outcome().get(Outcome.ADMISSION_REJECTED.value, 0) for s in broke)
+    rejected = sum(s.queue_rejected_requests for s in broke)
     if not broke or rejected < sum(s.unsafe_requests for s in broke):
         return None
     return (

@@ -77,9 +77,9 @@ no failure of the engine, an unsafe one (``UNSAFE_OUTCOMES``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from oomload.capacity.odds import LevelOdds
 from oomload.capacity.schedule import rate_limited_step
@@ -241,6 +241,11 @@ class StepFacts:
         return self.count(Outcome.RATE_LIMITED)
 
     @property
+    def queue_rejected_requests(self) -> int:
+        """Requests vLLM's own queue limit turned away (``admission_rejected``), casualties aside."""
+        return self.unexplained_by_outcome().get(Outcome.ADMISSION_REJECTED.value, 0)
+
+    @property
     def rate_limited(self) -> bool:
         """A limit in front of the engine turned at least ``RATE_LIMITED_MIN`` of its requests away (module
         docstring): the level did not reach the engine."""
@@ -386,7 +391,7 @@ class StepFacts:
     def queue_limit_text(self) -> str:
         """``" (vLLM's queue limit turned 20 of 56 requests away)"``, when it turned any away: why the engine
         held less than the level without the client's doing; ``""`` otherwise."""
-        rejected = int(self.outcomes.get(Outcome.ADMISSION_REJECTED.value, 0))
+        rejected = self.count(Outcome.ADMISSION_REJECTED)
         return (
             f" (vLLM's queue limit turned {rejected} of {self.decided_requests} requests away)"
             if rejected
@@ -479,24 +484,30 @@ class StepFacts:
         return obj
 
 
-def ran_tally(steps: Iterable[StepFacts]) -> tuple[int, int]:
-    """``(failed, ran)`` over ``steps``: their unexplained failures and decided requests, both without
-    the requests turned away before they ran — by a limit in front of the engine (``rate_limited``) or
-    by vLLM's own queue limit (``admission_rejected``: the engine was full, so the run did load it).
-    Whether the run loaded the server at all is read on what ran (``run_failed``)."""
-    failed = ran = 0
+class RanTally(NamedTuple):
+    """Over a run's steps: the decided requests, and the unexplained failures and decided requests both
+    without the requests turned away before they ran — by a limit in front of the engine (``rate_limited``)
+    or by vLLM's own queue limit (``admission_rejected``: the engine was full, so the run did load it)."""
+
+    decided: int
+    failed: int
+    ran: int
+
+    @property
+    def nothing_to_judge(self) -> bool:
+        """Requests were decided, and none of them ran or more than half of those that ran failed
+        (``MIN_ANSWERED_SHARE``; ``Verdict.failed_run`` says why in words)."""
+        return self.decided > 0 and (self.ran == 0 or self.failed > (1.0 - MIN_ANSWERED_SHARE) * self.ran)
+
+
+def ran_tally(steps: Iterable[StepFacts]) -> RanTally:
+    """``RanTally`` of ``steps``: whether the run loaded the server at all is read on what ran."""
+    decided = failed = ran = 0
     for s in steps:
-        rejected = s.unexplained_by_outcome().get(Outcome.ADMISSION_REJECTED.value, 0)
-        failed += s.unexplained_failures - rejected
-        ran += s.decided_requests - s.rate_limited_requests - rejected
-    return failed, ran
-
-
-def run_failed(steps: Sequence[StepFacts]) -> bool:
-    """Nothing to judge: requests were decided, and none of them ran or more than half of those that ran
-    failed (``MIN_ANSWERED_SHARE``; ``Verdict.failed_run`` says why in words)."""
-    failed, ran = ran_tally(steps)
-    return any(s.decided_requests for s in steps) and (ran == 0 or failed > (1.0 - MIN_ANSWERED_SHARE) * ran)
+        decided += s.decided_requests
+        failed += s.unexplained_failures - s.queue_rejected_requests
+        ran += s.decided_requests - s.rate_limited_requests - s.queue_rejected_requests
+    return RanTally(decided, failed, ran)
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:

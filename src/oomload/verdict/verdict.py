@@ -154,7 +154,6 @@ from oomload.verdict.stepfacts import (
     LatencyStats,
     StepFacts,
     ran_tally,
-    run_failed,
 )
 from oomload.verdict.stepsummary import summarize_step
 from oomload.verdict.trend import MemoryTrend
@@ -290,9 +289,10 @@ class Verdict:
         if not any(s.decided_requests for s in self.measured_steps):
             sent = f"all {self.requests_total} cancelled" if self.requests_total else "none was sent"
             return f"no measured step decided a request ({sent}), so nothing about the server can be judged"
-        if not run_failed(self.measured_steps):
+        tally = ran_tally(self.measured_steps)  # what ran: the limits are findings of their own
+        if not tally.nothing_to_judge:
             return None
-        unexplained, ran = ran_tally(self.measured_steps)  # what ran: the limits are findings of their own
+        unexplained, ran = tally.failed, tally.ran
         if ran == 0:
             return self._turned_away_run()
         counts: dict[str, int] = {}
@@ -322,9 +322,8 @@ class Verdict:
     def _turned_away_run(self) -> str:
         """``failed_run``'s sentence for a run whose every decided request was turned away before it ran."""
         limited = self.requests_rate_limited
-        admission = Outcome.ADMISSION_REJECTED.value
-        rejected = sum(s.unexplained_by_outcome().get(admission, 0) for s in self.measured_steps)
-        turned = [(Outcome.RATE_LIMITED.value, limited), (admission, rejected)]
+        rejected = sum(s.queue_rejected_requests for s in self.measured_steps)
+        turned = [(Outcome.RATE_LIMITED.value, limited), (Outcome.ADMISSION_REJECTED.value, rejected)]
         kinds = ", ".join(outcome_count(name, n, self.failure_texts) for name, n in turned if n)
         everything = f"all {limited + rejected} requests were turned away"
         if limited:

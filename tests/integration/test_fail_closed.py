@@ -183,7 +183,9 @@ def test_every_failure_kind_in_one_run_is_named_and_never_passes_a_gate(tmp_path
 def test_the_ramp_stops_after_a_step_in_which_no_request_was_answered(tmp_path: Path) -> None:
     """Every completion a 500: the default run (``--stop-on oom``) used to climb every level, sending
     thousands of requests a second for nothing. It stops after the first step (``capacity.schedule``,
-    "No answer"), says where and why, and names the failures' reason, not only their outcome."""
+    "No answer"), says where and why, and names the failures' reason, not only their outcome; and the
+    user, failed again and again, waits between its requests (``load.user.failing_backoff_s``): the
+    step's 2 s took hundreds of requests without the wait, a dozen with it."""
     trace = tmp_path / "t.jsonl"
     write_trace(trace, [TraceRecord(f"r{i}", 0.0, 32, 16) for i in range(6)], TraceHeader(format="synthetic"))
     run_dir = tmp_path / "run"
@@ -199,7 +201,7 @@ def test_the_ramp_stops_after_a_step_in_which_no_request_was_answered(tmp_path: 
     assert [e["concurrency"] for e in ends] == [1], ends
     summary = json.loads((run_dir / "summary.json").read_text())["verdict"]["requests"]
     n = summary["failed"]
-    assert n >= 10 and summary["ok"] == 0
+    assert 10 <= n <= 30 and summary["ok"] == 0
     assert summary["top_errors"] == {"server_error": {"error": "http 500: ServiceError", "requests": n}}
     assert summary["failed_run"].startswith(
         f"{n} of {n} requests failed (server_error {n} [http 500: ServiceError])"

@@ -31,6 +31,14 @@ reached the engine. vLLM's own queue limit was stormed alike: at ``--max-num-seq
 a step at concurrency 4 sent 2,399 requests in 10 s, 2,361 of them rejected. The server's ``Retry-After`` is
 not read: the step, not the gateway, decides when the load ends (``oomload.capacity.schedule``, "Rate limit").
 
+A failing server is not hammered either: after a user's second request in a row that the server failed
+(``server_failed``: an error status not named above — a 500, a 404, a proxy's 502 — or a stream it broke),
+the user waits ``FAILING_BACKOFF_FIRST_S``, doubled after each next one up to ``FAILING_BACKOFF_MAX_S``;
+any other ending starts the count again, so a lone failure among answers costs no wait. An endpoint that
+answered every request with a 500 in a millisecond got 2,466 requests from one user in the 2 s the
+no-answer rule waits (``capacity.schedule``); now it gets about a dozen, and the ten failures that rule
+needs still come within its 2 s.
+
 A chat prompt that could not be built (its ``/tokenize`` failed mid-run: ``PromptBuildError``) is
 recorded as a send that got no answer (``http.unsent_exchange``: ``transport_error`` "tokenize
 failed", or ``engine_dead`` when refused after the server had answered), and the user sleeps
@@ -63,11 +71,13 @@ from oomload.load.http import (
     unsent_exchange,
 )
 from oomload.load.payload import PreparedRequest, PromptBuildError
-from oomload.outcome import Outcome, RequestResult
+from oomload.outcome import USAGE_DISAGREES, Outcome, RequestResult
 
 DEAD_BACKOFF_S = 0.5  # pause after a refused connection / engine_dead outcome
 TURNED_AWAY_BACKOFF_S = 1.0  # pause after a rate_limited or admission_rejected outcome
 TURNED_AWAY = frozenset({Outcome.RATE_LIMITED, Outcome.ADMISSION_REJECTED})
+FAILING_BACKOFF_FIRST_S = 0.05  # pause after a user's second server failure in a row, doubled after each next
+FAILING_BACKOFF_MAX_S = 0.25  # ... up to this: one request in four a second, ten in under 2 s
 IDLE_S = 0.1  # how often an idle user (between steps, stopping, open loop done) looks again
 
 
@@ -85,6 +95,7 @@ class ReplayUser(User):
     request_timeout_s: ClassVar[float] = 600.0
     stream: ClassVar[bool] = True
     exact_output: ClassVar[bool] = True
+    failures_in_a_row = 0  # this user's requests the server failed, one after the other (``server_failed``)
 
     @task
     def replay_one(self) -> None:
@@ -132,11 +143,14 @@ class ReplayUser(User):
             ctx.server_answered = True
         ctx.finished(_result(request, step, concurrency, ex))
         self._report(request, ex)
+        self.failures_in_a_row = self.failures_in_a_row + 1 if server_failed(ex) else 0
         if needs_backoff(ex):
             ctx.death_suspected = True
             gevent.sleep(DEAD_BACKOFF_S)
         elif ex.outcome in TURNED_AWAY:
             gevent.sleep(TURNED_AWAY_BACKOFF_S)
+        elif self.failures_in_a_row > 1:
+            gevent.sleep(failing_backoff_s(self.failures_in_a_row))
 
     def _unsent(self, ctx: ReplayContext, err: PromptBuildError) -> None:
         if not ctx.may_send():
@@ -175,6 +189,22 @@ def needs_backoff(ex: Exchange) -> bool:
     if ex.outcome is Outcome.ENGINE_DEAD:
         return True
     return ex.outcome is Outcome.TRANSPORT_ERROR and ex.http_status is None
+
+
+def server_failed(ex: Exchange) -> bool:
+    """The server answered and failed the request: an error status (``server_error``, but for a 200 whose
+    usage disagrees: that request ran), or a stream it broke (``transport_error`` after its head)."""
+    if ex.outcome is Outcome.SERVER_ERROR:
+        return ex.reason != USAGE_DISAGREES
+    return ex.outcome is Outcome.TRANSPORT_ERROR and ex.http_status is not None
+
+
+def failing_backoff_s(failures_in_a_row: int) -> float:
+    """The pause after a user's ``failures_in_a_row``-th server failure in a row (the first: none)."""
+    if failures_in_a_row < 2:
+        return 0.0
+    doubled_s: float = FAILING_BACKOFF_FIRST_S * 2.0 ** min(failures_in_a_row - 2, 16)
+    return min(doubled_s, FAILING_BACKOFF_MAX_S)
 
 
 def _result(request: PreparedRequest, step: int, concurrency: int, ex: Exchange) -> RequestResult:

@@ -24,7 +24,7 @@ def _exchange(outcome: Outcome, reason: str | None, status: int | None) -> Excha
         (Outcome.SERVER_ERROR, USAGE_DISAGREES, 200, False),  # the request ran: its usage is off
         (Outcome.TRANSPORT_ERROR, "connection refused", None, False),  # the dead server's wait
         (Outcome.RATE_LIMITED, "http 429", 429, False),  # the turned-away wait
-        (Outcome.CONTEXT_OVERFLOW, "maximum context length", 400, True),  # every prompt over max_model_len
+        (Outcome.CONTEXT_OVERFLOW, "maximum context length", 400, False),  # the trace's, not the server's
         (Outcome.TIMEOUT, "request timeout", None, False),
         (Outcome.OK, None, 200, False),
     ],

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from oomload.cli.flags import non_negative
 from oomload.errors import ConfigError, ExitCode
+from oomload.trace.model import MAX_TOKENS
 from oomload.trace.prefix import DEFAULT_BLOCK_TOKENS, describe_prefix
 
 if TYPE_CHECKING:
@@ -240,9 +241,10 @@ def run_build(args: argparse.Namespace) -> int:
     from oomload.ingest import build_trace, check_output_path
 
     check_output_path(args.out, inputs=args.logs)  # before the tokenizer is loaded or any input is read
-    if args.prefix_block_tokens < 0:
+    if not 0 <= args.prefix_block_tokens <= MAX_TOKENS:
         raise ConfigError(
-            f"--prefix-block-tokens must be ≥ 0 (0: no prefix chains), got {args.prefix_block_tokens}"
+            f"--prefix-block-tokens must be in 0..{MAX_TOKENS:,} (0: no prefix chains), "
+            f"got {args.prefix_block_tokens}"
         )
     workers = _workers(args)
     options = _input_options(args)
@@ -298,7 +300,8 @@ def run_stats(args: argparse.Namespace) -> int:
     ):
         value = getattr(args, name)
         if value is not None and value <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of tokens, got {value}")
+            what = "blocks" if name == "kv_blocks" else "tokens"
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of {what}, got {value}")
     margin = parse_fraction(args.margin, "--margin")
     if args.plot:
         check_output_path(args.plot, example="lengths.png", inputs=args.inputs)

@@ -27,6 +27,10 @@ from oomload.sim.model import EngineModel
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "l4"
 DEFAULT_MAX_MODEL_LEN = 8192
+# What the simulator models: a device of at most 64 TiB (a node of today's largest GPUs is a few TiB) and a
+# pool of at most 100 million blocks (the scheduler keeps arrays over the pool's blocks)
+MAX_MEMORY_GIB = 65_536
+MAX_GPU_BLOCKS = 100_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +78,7 @@ class BuiltEngine:
 def build_engine(opts: EngineOptions) -> BuiltEngine:
     """Resolve presets, apply vLLM's defaults and size the pool (raises ``ConfigError`` like vLLM)."""
     _check_positive_flags(opts)
+    _check_sizes(opts)
     model = resolve_model(opts.model)
     gpu = resolve_gpu(opts.gpu, opts.gpu_memory_gib)
     if gpu is None and opts.num_gpu_blocks is None and opts.kv_cache_memory_bytes is None:
@@ -107,6 +112,11 @@ def build_engine(opts: EngineOptions) -> BuiltEngine:
         cuda_graph_capture_bytes=None if opts.cuda_graph_gib is None else int(opts.cuda_graph_gib * GIB),
     )
     layout = plan_kv_cache(model, gpu, config)
+    if layout.num_gpu_blocks > MAX_GPU_BLOCKS:
+        raise ConfigError(
+            f"the KV pool would hold {layout.num_gpu_blocks:,} blocks, more than the {MAX_GPU_BLOCKS:,} the "
+            "simulator models; give a smaller --gpu-memory-gib, --kv-cache-memory-bytes or --num-gpu-blocks"
+        )
     return BuiltEngine(model, gpu, config, layout)
 
 
@@ -118,6 +128,26 @@ POSITIVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("tensor_parallel_size", "--tensor-parallel-size"),
     ("kv_cache_memory_bytes", "--kv-cache-memory-bytes"),
 )
+
+
+def _check_sizes(opts: EngineOptions) -> None:
+    """Memory sizes and the pool within what the simulator models (``MAX_MEMORY_GIB``, ``MAX_GPU_BLOCKS``):
+    one sentence naming the flag, before a size past them overflows an integer or an array."""
+    for flag, gib in (
+        ("--gpu-memory-gib", opts.gpu_memory_gib),
+        ("--other-process-gib", opts.other_process_gib),
+        ("--cuda-graph-gib", opts.cuda_graph_gib),
+        (
+            "--kv-cache-memory-bytes",
+            None if opts.kv_cache_memory_bytes is None else opts.kv_cache_memory_bytes / GIB,
+        ),
+    ):
+        if gib is not None and gib > MAX_MEMORY_GIB:  # NaN is refused where the flag is read
+            raise ConfigError(f"{flag} must be at most {MAX_MEMORY_GIB:,} GiB, got {gib:g} GiB")
+    if opts.num_gpu_blocks is not None and not 0 < opts.num_gpu_blocks <= MAX_GPU_BLOCKS:
+        raise ConfigError(
+            f"--num-gpu-blocks must be an integer in 1..{MAX_GPU_BLOCKS:,}, got {opts.num_gpu_blocks}"
+        )
 
 
 def _check_positive_flags(opts: EngineOptions) -> None:

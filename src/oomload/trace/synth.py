@@ -134,6 +134,8 @@ def parse_length_spec(text: str, *, name: str = "length spec") -> LengthMix:
             )
         parts.append(part)
         weights.append(weight)
+    if not math.isfinite(sum(weights)):  # each finite, their sum past a float: no share to draw by
+        raise ConfigError(f"mix weights must add up to a finite number, got {text!r}")
     return LengthMix(tuple(parts), tuple(weights))
 
 

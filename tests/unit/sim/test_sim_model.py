@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from oomload.capacity.scheduler import SimRequest
+from oomload.errors import ConfigError
 from oomload.sim.build import EngineOptions, build_engine
 from oomload.sim.model import EngineModel, Histogram, token_buckets
 from oomload.sim.tokenizer import GENERATION_PROMPT_TOKENS, MESSAGE_OVERHEAD_TOKENS, ToyTokenizer
@@ -154,3 +155,20 @@ def test_prefix_caching_is_on_by_default_as_in_vllm_v1_and_counts_like_it() -> N
     assert not off.scheduler.config.enable_prefix_caching
     run_all(off, [SimRequest(str(i), 600, 4, prompt_ids=[*system, *range(88)]) for i in range(3)])
     assert off.stats.prefix_cache_hits == 0 and off.stats.prefix_cache_queries == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"gpu_memory_gib": 1e308}, "--gpu-memory-gib must be at most 65,536 GiB"),
+        ({"other_process_gib": 1e308}, "--other-process-gib must be at most 65,536 GiB"),
+        ({"num_gpu_blocks": 10**20}, "--num-gpu-blocks must be an integer in 1..100,000,000"),
+        ({"kv_cache_memory_bytes": 10**23}, "--kv-cache-memory-bytes must be at most 65,536 GiB"),
+        ({"gpu_memory_gib": 65_536, "model": "tiny"}, "the KV pool would hold"),  # more blocks than modelled
+    ],
+)
+def test_a_size_past_what_the_simulator_models_is_one_sentence(options: dict[str, Any], says: str) -> None:
+    """``plan``, ``sim serve`` and ``tune`` crashed (exit 70) on such sizes: an integer overflowed
+    (OverflowError, "negative dimensions"), or an array of the pool's blocks could not be allocated."""
+    with pytest.raises(ConfigError, match=says):
+        build_engine(EngineOptions(**options))

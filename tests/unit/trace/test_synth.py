@@ -107,3 +107,10 @@ def test_lognormal_parameters() -> None:
     assert np.exp(part.mu + 2.3263478740408408 * part.sigma) == pytest.approx(6000)
     with pytest.raises(ConfigError):
         synthesize(0, parse_length_spec("fixed:1"), parse_length_spec("fixed:1"))
+
+
+def test_mix_weights_whose_sum_is_past_a_float_are_refused() -> None:
+    """Each weight finite, their sum infinite: the draw's shares were NaN and numpy raised (exit 70)."""
+    with pytest.raises(ConfigError, match="mix weights must add up to a finite number"):
+        parse_length_spec("fixed:10@1e308+fixed:20@1e308")
+    assert parse_length_spec("fixed:10@1e300+fixed:20@1e-300").weights == (1e300, 1e-300)

@@ -118,11 +118,11 @@ def parse_levels(spec: str) -> tuple[int, ...]:
         if len(parts) != 3:
             last = "STEP" if kind == "linear" else "FACTOR"
             raise ConfigError(f"ramp {spec!r} must look like {kind}:START:STOP:{last}")
-        start, stop = _positive_int(parts[0], spec), _positive_int(parts[1], spec)
+        start, stop = _positive_int(parts[0], spec, "START"), _positive_int(parts[1], spec, "STOP")
         if stop < start:
             raise ConfigError(f"ramp {spec!r}: STOP ({stop}) must be ≥ START ({start})")
         if kind == "linear":
-            step = _positive_int(parts[2], spec)
+            step = _positive_int(parts[2], spec, "STEP")
             levels = tuple(range(start, stop + 1, step))
         else:
             try:
@@ -137,13 +137,18 @@ def parse_levels(spec: str) -> tuple[int, ...]:
                     f"from {start} to {stop}); use a larger factor or a linear ramp"
                 )
             levels = _geometric(start, stop, factor)
+    elif ":" in text:  # a ramp of a kind not known: its numbers are no concurrency level
+        raise ConfigError(
+            f"ramp {spec!r}: unknown kind {text.partition(':')[0]!r}; give linear:START:STOP:STEP, "
+            "geometric:START:STOP:FACTOR or levels like 1,2,4,8"
+        )
     else:
         items = [p.strip() for p in text.split(",")]
         if not any(items):
             raise ConfigError(f"concurrency list {spec!r} is empty; give levels like 1,2,4,8")
         if not all(items):  # "1,,2" or "1,2,": a level lost in typing is not silently dropped
             raise ConfigError(f"concurrency list {spec!r} has an empty item; give levels like 1,2,4,8")
-        levels = tuple(_positive_int(p, spec) for p in items)
+        levels = tuple(_positive_int(p, spec, "level") for p in items)
         if any(b <= a for a, b in itertools.pairwise(levels)):
             raise ConfigError(f"concurrency levels {spec!r} must be strictly increasing")
     if len(levels) > MAX_LEVELS:
@@ -165,13 +170,15 @@ def _geometric(start: int, stop: int, factor: float) -> tuple[int, ...]:
     return tuple(levels)
 
 
-def _positive_int(text: str, spec: str) -> int:
+def _positive_int(text: str, spec: str, what: str) -> int:
+    """``text`` as an integer in 1..``MAX_CONCURRENCY``; else one sentence naming the concurrency spec and
+    which of its numbers (``what``: a level, or a ramp's START, STOP or STEP) is wrong."""
     try:
         value = int(text.strip())
     except ValueError as err:
-        raise ConfigError(f"{spec!r}: {text.strip()!r} is not a positive integer") from err
+        raise ConfigError(f"concurrency {spec!r}: {what} {text.strip()!r} is not a positive integer") from err
     if not 1 <= value <= MAX_CONCURRENCY:
-        raise ConfigError(f"{spec!r}: {value} is outside 1..{MAX_CONCURRENCY}")
+        raise ConfigError(f"concurrency {spec!r}: {what} {value} is outside 1..{MAX_CONCURRENCY:,}")
     return value
 
 
@@ -213,7 +220,7 @@ class Hold:
 
     def __post_init__(self) -> None:
         if not self.hold_s >= 0 or not math.isfinite(self.hold_s):
-            raise ConfigError(f"hold must be ≥ 0 seconds, got {self.hold_s}")
+            raise ConfigError(f"the hold (--hold-s) must be finite seconds ≥ 0, got {self.hold_s}")
         if self.min_requests < 0:
             raise ConfigError(f"minimum requests per step must be ≥ 0, got {self.min_requests}")
         if self.hold_s == 0 and self.min_requests == 0:

@@ -44,6 +44,23 @@ def test_parse_levels_rejects_bad_specs(spec: str) -> None:
         parse_levels(spec)
 
 
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("foo:1:2:3", "ramp 'foo:1:2:3': unknown kind 'foo'; give linear:START:STOP:STEP"),
+        ("linear:1:10:0", "concurrency 'linear:1:10:0': STEP 0 is outside 1..100,000"),
+        ("0", "concurrency '0': level 0 is outside 1..100,000"),
+        ("1,x", "concurrency '1,x': level 'x' is not a positive integer"),
+    ],
+)
+def test_a_bad_spec_names_the_number_that_is_wrong(spec: str, says: str) -> None:
+    """It read "'foo:1:2:3' is not a positive integer" for an unknown kind, and "0 is outside 1..100000"
+    for a linear ramp's STEP, without saying which number or what kind of flag."""
+    with pytest.raises(ConfigError) as err:
+        parse_levels(spec)
+    assert str(err.value).startswith(says)
+
+
 def test_parse_stop_conditions() -> None:
     assert parse_stop_condition("first-preemption") == StopCondition("first-preemption")
     assert parse_stop_condition("error-rate:0.05") == StopCondition("error-rate", 0.05)

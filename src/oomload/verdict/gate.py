@@ -350,6 +350,12 @@ def parse_threshold(text: str, match: re.Match[str]) -> RunThreshold | LevelThre
     if concurrency is not None and metric.of_step is None:
         raise ConfigError(f"gate {text!r}: {metric.name} is one number per run; drop '@{concurrency}'")
     value = _number(match["value"], text, percent_ok=metric.share)
+    if value < 0:  # a rule no run can pass (or every run passes)
+        raise ConfigError(f"gate {text!r}: {metric.name} is never below 0; give a threshold ≥ 0")
+    if metric.share and value > 1:
+        raise ConfigError(
+            f"gate {text!r}: {metric.name} is a share, at most 100 %; give a threshold to 100 %"
+        )
     op = _op(match["op"])
     if concurrency is None:
         return RunThreshold(text, metric, op, value)

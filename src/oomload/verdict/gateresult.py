@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal, Protocol
 
+from oomload.capacity.schedule import MAX_CONCURRENCY
 from oomload.errors import ConfigError
 
 Op = Literal["<=", ">=", "==", "<", ">"]
@@ -27,13 +28,14 @@ UPPER_BOUNDS = ("<", "<=", "==")  # operators that bound a value from above
 
 
 def rule_int(text: str, rule: str, what: str) -> int:
-    """A whole number ≥ 1 in a gate rule (a level, a count); ``ConfigError`` naming the rule otherwise."""
+    """A whole number in 1..``MAX_CONCURRENCY`` in a gate rule (a level: no run measures one past it);
+    ``ConfigError`` naming the rule otherwise."""
     try:
         value = int(text)
     except ValueError as err:
         raise ConfigError(f"gate {rule!r}: {what} {text!r} is not a whole number") from err
-    if value < 1:
-        raise ConfigError(f"gate {rule!r}: {what} must be ≥ 1, got {value}")
+    if not 1 <= value <= MAX_CONCURRENCY:
+        raise ConfigError(f"gate {rule!r}: {what} must be in 1..{MAX_CONCURRENCY:,}, got {value}")
     return value
 
 

@@ -63,7 +63,12 @@ def test_parse_absence_and_threshold_rules() -> None:
     [
         ("", "empty gate rule"),
         ("no-preemption-below:abc", "'abc' is not a whole number"),
-        ("no-preemption-below:0", "must be ≥ 1"),
+        ("no-preemption-below:0", "must be in 1..100,000, got 0"),
+        ("no-preemption-below:99999999999999999999999", "must be in 1..100,000"),  # no run reaches it: a FAIL
+        ("error-rate<=-1%", "error-rate is never below 0"),  # a rule no run could pass
+        ("p99-ttft-s@8<=-2", "p99-ttft-s is never below 0"),
+        ("error-rate<=200%", "error-rate is a share, at most 100 %"),  # a rule every run passed
+        ("max-kv-usage<1.5", "max-kv-usage is a share, at most 100 %"),
         ("no-preemption-below:1", "covers no concurrency"),
         ("no-swap-below:8", "unknown event 'swap'"),
         ("no-preemption-above:8", "no-EVENT-below:N"),

@@ -12,8 +12,12 @@ worker's users check before each request (``ReplayContext.may_send``): no reques
 declaration, in any process.
 
 The first preemption is the first ``num_preemptions_total`` above the baseline (the first scrape);
-it is written as a ``first_preemption`` event with the step it happened in. The watch runs as one
-greenlet (``run``), ticking every ``MONITOR_TICK_S``; it also feeds the progress view.
+it is written as a ``first_preemption`` event at the time of the scrape that first showed it, with
+the step whose window holds that scrape — read as the verdict reads them: every scrape from
+``metrics.jsonl``, the steps' starts from ``steps.jsonl`` (``oomload.verdict.runview``). The watch
+looks once a second, so the poller's latest scrape and the driver's current step may already be
+later ones (a boundary scrape, the next step). The watch runs as one greenlet (``run``), ticking
+every ``MONITOR_TICK_S``; it also feeds the progress view.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from typing import Any
 from oomload.outcome import Outcome
 from oomload.run.served import exit_text
 from oomload.rundir import mark_server_dead
+from oomload.rundir.io import JsonlTail
+from oomload.rundir.records import MetricsRow, StepBoundary, StepLines
 from oomload.telemetry.scrape import open_direct
 
 HEALTH_INTERVAL_S = 1.0
@@ -45,6 +51,9 @@ class DeathWatch:
         self._health_failures = 0
         self._health_refused = 0
         self._last_health_s = 0.0
+        self._metrics_tail: JsonlTail | None = None  # metrics.jsonl, read until the first preemption
+        self._steps_tail: JsonlTail | None = None
+        self._steps = StepLines()
 
     def run(self) -> None:
         """The watch's greenlet: every tick, the progress view; every second (at once when a user
@@ -73,27 +82,39 @@ class DeathWatch:
                     s.progress.refresh()
 
     def check_preemption(self) -> None:
+        """Read the scrapes written since the last call; at the first one above the baseline, write
+        the ``first_preemption`` event with its time and the step whose window holds it."""
         s = self.session
         if self.first_preemption_seen or s.poller is None:
             return
-        latest = s.poller.latest
-        if not latest:
-            return
-        total = latest.get("num_preemptions_total")
-        if not isinstance(total, int):
-            return
-        if self.baseline_preemptions is None:
-            self.baseline_preemptions = total
-            return
-        if total > self.baseline_preemptions:
-            self.first_preemption_seen = True
-            step = s.driver.current if s.driver is not None else None
-            s.writer.event(
-                "first_preemption",
-                t_unix_s=float(latest.get("t_unix_s", time.time())),
-                step=None if step is None else step.index,
-                concurrency=None if step is None else step.concurrency,
-            )
+        if self._metrics_tail is None or self._steps_tail is None:
+            self._metrics_tail = JsonlTail(s.writer.path / "metrics.jsonl")
+            self._steps_tail = JsonlTail(s.writer.path / "steps.jsonl")
+        scrapes = self._metrics_tail.read()
+        self._steps.add(self._steps_tail.read())  # after the scrapes: a step begun before them is read
+        for scrape in filter(None, map(MetricsRow.from_json, scrapes)):
+            total = scrape.num_preemptions_total
+            if not scrape.ok or total is None:
+                continue
+            if self.baseline_preemptions is None:
+                self.baseline_preemptions = total
+                continue
+            if total > self.baseline_preemptions:
+                self.first_preemption_seen = True
+                step = self._step_at(scrape.t_unix_s)
+                s.writer.event(
+                    "first_preemption",
+                    t_unix_s=scrape.t_unix_s,
+                    step=None if step is None else step.index,
+                    concurrency=None if step is None else step.concurrency,
+                )
+                return
+
+    def _step_at(self, t_unix_s: float) -> StepBoundary | None:
+        """The step whose window holds ``t_unix_s``: the last one begun at or before it (``None``
+        before the first step)."""
+        begun = [b for b in self._steps.boundaries() if b.start_unix_s <= t_unix_s]
+        return begun[-1] if begun else None
 
     def check_health(self, suspected: bool = False) -> None:
         s = self.session

@@ -149,3 +149,18 @@ def test_bad_prefix_flags_are_one_sentence(
         argv = ["trace", "build", str(shared_log), "-o", str(tmp_path / "t.jsonl")]
         code, _, err = run([*argv, "--prefix-block-tokens", value], capsys)
         assert code == 2 and "--prefix-block-tokens must be in 0..10,000,000" in err and err.count("\n") == 1
+
+
+def test_a_server_block_size_is_noted_only_where_the_trace_has_blocks(
+    shared_log: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace without ``hash_ids`` read "prefix reuse counted in the trace's 512-token blocks" for a
+    ``--block-size`` of 17: a block size the user sees nowhere (the trace format's default), beside "no
+    prefix structure in this log"."""
+    sample = Path(__file__).parents[2] / "traces" / "sample-chat.jsonl"
+    code, table, err = run(["trace", "stats", str(sample), "--block-size", "17"], capsys)
+    assert code == 0 and "no prefix structure" in " ".join(table.split())
+    assert "blocks" not in err, err
+    code, _, err = run(["trace", "stats", str(shared_log), "--block-size", "17"], capsys)
+    assert code == 0
+    assert "counted in the trace's 16-token blocks: the server block of 17 tokens is not a multiple" in err

@@ -244,7 +244,8 @@ def _count_trace(
     prompt, output, total = LengthCounts(), LengthCounts(), LengthCounts()
     failed = 0
     arrivals = ArrivalCounter()
-    tally = kv_pool.tally(info, notes)
+    block_notes: list[str] = []  # a server block that is no multiple of the trace's: said when ids are
+    tally = kv_pool.tally(info, block_notes)
     inputs = streams(skips)
     meters = [ClockMeter() for _ in inputs]
     for index, batches in enumerate(inputs):
@@ -285,6 +286,9 @@ def _count_trace(
         ]
         pool.close()
         stats = summarize_arrivals(np.concatenate(times))
+    prefix = _prefix_result(tally, skips)
+    if prefix.requests_with_ids:  # no block in the trace: no block size to speak of
+        notes += block_notes
     return TraceCounts(
         arrivals=stats,
         failed=failed,
@@ -296,7 +300,7 @@ def _count_trace(
         skips=skips,
         alignment=alignment,
         read_notes=tuple(notes),
-        prefix=_prefix_result(tally, skips),
+        prefix=prefix,
     )
 
 

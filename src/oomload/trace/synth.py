@@ -147,6 +147,9 @@ def _parse_part(spec: str, text: str) -> LengthPart:
         raise ConfigError(f"bad number in length spec {text!r}; use {SPEC_HELP}") from err
     if any(not math.isfinite(n) or n < 0 for n in numbers):
         raise ConfigError(f"lengths must be non-negative numbers in {text!r}")
+    whole = numbers if kind != "lognormal" else numbers[2:]  # token counts (a log-normal's quantiles: any)
+    if any(n != int(n) for n in whole):
+        raise ConfigError(f"lengths are whole tokens: {spec!r} in {text!r} has a fraction")
     if kind == "fixed" and len(numbers) == 1:
         return FixedLength(int(numbers[0]))
     if kind == "uniform" and len(numbers) == 2:
@@ -159,8 +162,8 @@ def _parse_part(spec: str, text: str) -> LengthPart:
         if not 0 < p50 <= p99:
             raise ConfigError(f"lognormal:P50:P99 needs 0 < P50 ≤ P99, got {spec!r}")
         cap = int(numbers[2]) if len(numbers) == 3 else None
-        if cap is not None and cap < 1:
-            raise ConfigError(f"lognormal MAX must be ≥ 1, got {spec!r}")
+        if cap is not None and cap < p50:  # every draw at the cap: a fixed length in disguise
+            raise ConfigError(f"lognormal:P50:P99:MAX needs MAX ≥ P50, got {spec!r}")
         return LogNormalLength(p50, p99, cap)
     raise ConfigError(f"unknown length spec {spec!r}; use {SPEC_HELP}")
 

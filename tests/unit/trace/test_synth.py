@@ -114,3 +114,17 @@ def test_mix_weights_whose_sum_is_past_a_float_are_refused() -> None:
     with pytest.raises(ConfigError, match="mix weights must add up to a finite number"):
         parse_length_spec("fixed:10@1e308+fixed:20@1e308")
     assert parse_length_spec("fixed:10@1e300+fixed:20@1e-300").weights == (1e300, 1e-300)
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("fixed:1.5", "lengths are whole tokens: 'fixed:1.5'"),  # was written as fixed:1, silently
+        ("uniform:10:20.5", "lengths are whole tokens"),
+        ("lognormal:600:6000:300", "needs MAX ≥ P50"),  # every draw was 300
+    ],
+)
+def test_a_spec_that_would_be_silently_changed_is_refused(spec: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        parse_length_spec(spec)
+    assert parse_length_spec("lognormal:600.5:6000:6000").parts  # a quantile may have a fraction

@@ -8,12 +8,14 @@ spec                                  meaning
 ``fixed:N``                           every request has exactly ``N`` tokens
 ``uniform:LO:HI``                     integers drawn uniformly from ``[LO, HI]``
 ``lognormal:P50:P99[:MAX]``           log-normal whose median is ``P50`` and 99th percentile ``P99``,
-                                      rounded to integers ≥ 1 and capped at ``MAX`` when given
+                                      rounded to integers ≥ 1 and capped at ``MAX`` (≥ ``P50``) when given
 ``A@W1+B@W2+…``                       a mix: each request draws from part ``A`` with weight ``W1``, …
 ====================================  =====================================================================
 
-Every length is at least 1 token: a request needs a prompt token (vLLM rejects an empty prompt) and an
-output of 0 tokens generates nothing, so ``fixed:0`` and ``uniform:0:HI`` are refused.
+Token counts are whole (``fixed:1.5`` is refused, not rounded; a log-normal's ``P50`` and ``P99`` are
+quantiles and may have a fraction). Every length is at least 1 token: a request needs a prompt token
+(vLLM rejects an empty prompt) and an output of 0 tokens generates nothing, so ``fixed:0`` and
+``uniform:0:HI`` are refused.
 
 Every synthetic trace is one ``oomload trace stats`` and ``replay`` read, so it stays within the trace
 format's bounds (``oomload.trace.model``): a spec that names a length over ``MAX_TOKENS`` (10,000,000 —

@@ -42,7 +42,8 @@ def make_run(
             )  # fmt: skip
             w.append(
                 "steps",
-                {"event": "end", "step": i, "concurrency": c, "phase": "ramp", "t_unix_s": start + 10},
+                {"event": "end", "step": i, "concurrency": c, "phase": "ramp", "t_unix_s": start + 10,
+                 "started": 3 * c},
             )
         if finished:
             w.write_json(
@@ -139,6 +140,27 @@ def test_a_corrupt_config_is_warned_about_and_the_rest_rendered(
     notes = json.loads((run / "summary.json").read_text())["verdict"]["confidence"]["notes"]
     assert "config_unreadable" in {n["kind"] for n in notes}
     assert "| 2 | 4 |" in (run / "report.md").read_text()  # the steps are still there
+
+
+def test_requests_lost_from_the_run_directory_and_a_torn_status_are_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A requests.jsonl cut short (a full disk, a copy stopped half-way) read as a complete run of fewer
+    requests; a status.json that is there but torn read "no status.json"."""
+    run = make_run(tmp_path / "run")
+    assert main(["report", str(run), "--format", "json"]) == 0
+    notes = json.loads((run / "summary.json").read_text())["verdict"]["confidence"]["notes"]
+    assert "requests_missing" not in {n["kind"] for n in notes}  # 21 started, 21 written
+    requests = run / "requests.jsonl"
+    lines = requests.read_text().splitlines(keepends=True)
+    requests.write_text("".join(lines[:5]) + lines[5][:40])  # five whole lines, then a torn one
+    (run / "status.json").write_text('{"finished": tr')
+    main(["report", str(run), "--format", "json"])
+    notes = json.loads((run / "summary.json").read_text())["verdict"]["confidence"]["notes"]
+    texts = {n["kind"]: n["message"] for n in notes}
+    lost = "steps.jsonl counts 21 requests started, requests*.jsonl holds 5 of them"
+    assert texts["requests_missing"].startswith(lost)
+    assert "status.json is unreadable" in texts["cut_short"] and "no status.json" not in texts["cut_short"]
 
 
 def test_a_model_name_or_path_with_brackets_is_text_not_markup(

@@ -254,8 +254,10 @@ class StepBoundary:
     start_unix_s: float
     end_unix_s: float | None = None
     end_reason: str | None = None
-    # from the end line: requests that ended (not cancelled) while the step held, their completion
-    # tokens, and how long it held (``None`` without an end line, or from an older run directory)
+    # from the end line: requests the step started (each is written to ``requests*.jsonl``, cancelled
+    # if it never ended), those that ended (not cancelled) while it held, their completion tokens, and
+    # how long it held (``None`` without an end line, or from an older run directory)
+    started: int | None = None
     ended: int | None = None
     completion_tokens: int | None = None
     duration_s: float | None = None
@@ -415,6 +417,7 @@ class StepLine:
     concurrency: int = 0
     phase: str = "ramp"
     reason: str | None = None
+    started: int | None = None
     ended: int | None = None
     completion_tokens: int | None = None
     duration_s: float | None = None
@@ -435,6 +438,7 @@ class StepLine:
             concurrency=as_int(obj.get("concurrency")) or 0,
             phase=str(obj.get("phase", "ramp")),
             reason=as_str(obj.get("reason")),
+            started=as_int(obj.get("started")),
             ended=as_int(obj.get("ended")),
             completion_tokens=as_int(obj.get("completion_tokens")),
             duration_s=as_float(obj.get("duration_s")),
@@ -453,6 +457,7 @@ def step_boundary(start: StepLine, end: StepLine | None) -> StepBoundary:
         start_unix_s=start.t_unix_s,
         end_unix_s=None if end is None else end.t_unix_s,
         end_reason=None if end is None else end.reason,
+        started=None if end is None else end.started,
         ended=None if end is None else end.ended,
         completion_tokens=None if end is None else end.completion_tokens,
         duration_s=None if end is None else end.duration_s,

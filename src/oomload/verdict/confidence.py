@@ -207,6 +207,14 @@ def data_notes(view: RunView) -> list[ConfidenceNote]:
                 "(or a proxy in front of it) that reports impossible values may report the rest wrongly too"
             )
             notes.append(ConfidenceNote("metrics_invalid", text))
+    started = sum(d.boundary.started or 0 for d in view.steps)
+    written = sum(len(d.requests) for d in view.steps if d.boundary.started is not None)
+    if written < started:  # every request started is written, cancelled if it never ended
+        text = (
+            f"steps.jsonl counts {started} requests started, requests*.jsonl holds {written} of them: the "
+            "rest were lost (a file cut short or removed), and the verdict reads only those it holds"
+        )
+        notes.append(ConfidenceNote("requests_missing", text))
     if view.unassigned_requests:
         text = f"{view.unassigned_requests} request(s) could not be placed in any step"
         notes.append(ConfidenceNote("unassigned_requests", text, severity="info"))

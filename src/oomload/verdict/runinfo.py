@@ -140,7 +140,9 @@ def _cut_short_detail(
         return "" if t is None or t0 is None else f" at {max(t - t0, 0.0):.1f} s"
 
     parts = []
-    if status is None:
+    if status is None and (view.path / "status.json").exists():
+        parts.append("status.json is unreadable (not the JSON oomload writes)")
+    elif status is None:
         parts.append("no status.json (oomload itself stopped before writing it)")
     first_cut = min((s for s in steps if s.cut_short), key=lambda s: s.start_unix_s, default=None)
     if death is not None:

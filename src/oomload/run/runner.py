@@ -93,6 +93,18 @@ from oomload.verdict.runinfo import served_line
 from oomload.verdict.runview import SERVER_LOG
 
 
+def _quiet_hub_interrupts() -> None:
+    """A Ctrl-C that lands while gevent's hub runs its loop was printed by the hub — a bare
+    "KeyboardInterrupt" and a time stamp on stderr — before "oomload: interrupted" (an interrupt 1.2 s
+    into a replay, while the simulator started). The hub is told it is no error to print; it still
+    raises it in the main greenlet (``Hub.SYSTEM_ERROR``), where the run ends as interrupted."""
+    import gevent
+
+    hub = gevent.get_hub()
+    if not issubclass(KeyboardInterrupt, hub.NOT_ERROR):
+        hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)
+
+
 def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
     """Run one replay and return the process exit code (``finalize_run``'s, or 130 when interrupted)."""
     console = console or Console(stderr=False)
@@ -104,6 +116,7 @@ def run_replay(config: ReplayConfig, console: Console | None = None) -> int:
         check_web_port(config.web_host, config.web_port)
     import locust  # noqa: F401  (monkey-patches the process with gevent: before any socket is made)
 
+    _quiet_hub_interrupts()
     sim = served = None
     command = config.serve_command()
     if config.url is not None:

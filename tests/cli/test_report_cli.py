@@ -42,8 +42,14 @@ def make_run(
             )  # fmt: skip
             w.append(
                 "steps",
-                {"event": "end", "step": i, "concurrency": c, "phase": "ramp", "t_unix_s": start + 10,
-                 "started": 3 * c},
+                {
+                    "event": "end",
+                    "step": i,
+                    "concurrency": c,
+                    "phase": "ramp",
+                    "t_unix_s": start + 10,
+                    "started": 3 * c,
+                },
             )
         if finished:
             w.write_json(

@@ -54,6 +54,20 @@ def test_a_port_in_use_is_a_usage_error_before_anything_starts(
     assert not (tmp_path / "t" / "candidates").exists()
 
 
+def test_a_run_dir_that_holds_an_earlier_run_is_refused_as_replay_refuses_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The tune wrote tune.json, tune.md and candidates/ beside an earlier replay's files."""
+    old = tmp_path / "r1"
+    old.mkdir()
+    (old / "summary.json").write_text("{}")
+    argv = ["tune", str(FIXED), "--serve", SIM, "--target-concurrency", "4", "--run-dir", str(old)]
+    code, _, err = run(argv, capsys)
+    assert code == 2
+    assert f"--run-dir {old} already holds files (an earlier run?); name a new or empty directory" in err
+    assert sorted(p.name for p in old.iterdir()) == ["summary.json"]
+
+
 def test_a_serve_line_that_exits_at_once_is_exit_3_with_its_own_words(tmp_path: Path) -> None:
     name = _name("exits-at-once")
     marker = f"--served-model-name {name}"
@@ -173,6 +187,9 @@ def test_ctrl_c_leaves_the_server_stopped_and_a_partial_table(tmp_path: Path) ->
     record = json.loads((out / "tune.json").read_text())
     assert record["status"] == "interrupted"
     assert record["candidates"][0]["failure"]["cause"] == "free_memory"
+    # the second, interrupted in its replay, is counted and listed: started, not proved
+    assert [(c["started"], c["proof"]) for c in record["candidates"][1:]] == [(True, None)]
+    assert "2 of at most 8 starts" in output and "candidate 2 was interrupted" in output
     assert _sim_servers(name) == []
     assert (out / "tune.md").is_file()
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 from oomload.errors import ConfigError
+from oomload.rundir import check_run_dir_creatable
 
 REPORT_FORMATS = "terminal,json,md,html,junit"  # what ``report`` and ``compare`` write by default
 
@@ -75,3 +77,20 @@ def list_items(flag: str, text: str, what: str = "values") -> list[str]:
     if not all(items):
         raise ConfigError(f"{flag} {text!r} has an empty item; give comma-separated {what}")
     return items
+
+
+def check_new_run_dir(run_dir: Path | None) -> None:
+    """``--run-dir`` of ``replay`` and ``tune``: written by one run only — a second run's requests, steps
+    or candidates beside an earlier one's would mix their evidence. It may exist if it is an empty
+    directory."""
+    if run_dir is None:
+        return
+    if not run_dir.exists():
+        check_run_dir_creatable(run_dir)  # e.g. a path under a regular file: exit 2 before any load
+        return
+    if not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} exists and is not a directory")
+    if any(run_dir.iterdir()):
+        raise ConfigError(
+            f"--run-dir {run_dir} already holds files (an earlier run?); name a new or empty directory"
+        )

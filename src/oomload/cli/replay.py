@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from oomload.capacity.schedule import DEFAULT_REPEATS, MAX_REPEATS
 from oomload.cli.crash import save_internal_error
-from oomload.cli.flags import non_negative, tcp_port
+from oomload.cli.flags import check_new_run_dir, non_negative, tcp_port
 from oomload.cli.flags import positive as _positive
 from oomload.credentials import read_api_key, url_credentials_error, url_has_credentials
 from oomload.errors import ConfigError, OomloadError
@@ -327,7 +327,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None) -> Rep
         raise ConfigError(f"--sim {args.sim!r}: {err}") from err
     if sim_args and args.url is not None:
         raise ConfigError("--sim only applies without --url (to the simulated server)")
-    _check_new_run_dir(args.run_dir)
+    check_new_run_dir(args.run_dir)
     serve = _check_server_flags(args)
     soak_s = _check_soak(args, levels)
     if soak_s is not None:
@@ -547,22 +547,6 @@ def _check_workers(args: argparse.Namespace) -> int:
             args.master_bind_host, None, who="the Locust master", host_flag="--master-bind-host"
         )
     return int(processes)
-
-
-def _check_new_run_dir(run_dir: Path | None) -> None:
-    """A run directory is written by one run only: appending a second run to an old one's request and
-    step logs would mix their evidence. It may exist if it is an empty directory."""
-    if run_dir is None:
-        return
-    if not run_dir.exists():
-        check_run_dir_creatable(run_dir)  # e.g. a path under a regular file: exit 2 before any load
-        return
-    if not run_dir.is_dir():
-        raise ConfigError(f"--run-dir {run_dir} exists and is not a directory")
-    if any(run_dir.iterdir()):
-        raise ConfigError(
-            f"--run-dir {run_dir} already holds files (an earlier run?); name a new or empty directory"
-        )
 
 
 def _remove_if_empty(run_dir: Path | None) -> None:

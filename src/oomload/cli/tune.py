@@ -94,13 +94,18 @@ def register(subparsers: Any) -> None:
     net = parser.add_argument_group("server")
     net.add_argument("--host", default="127.0.0.1", help="where the server listens (default 127.0.0.1)")
     net.add_argument("--port", type=int, help="the server's port (default: a free one)")
-    parser.add_argument("--run-dir", type=Path, help="tune directory (default runs/tune-<timestamp>)")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        help="tune directory: a new or empty one (default runs/tune-<timestamp>)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from oomload.cli.flags import check_new_run_dir
     from oomload.realvllm.servecmd import parse_serve_command
     from oomload.realvllm.server import check_listen_address
     from oomload.report.tune import write_tune_reports
@@ -151,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
     if not memory and "gpu_memory_utilization" not in fixed:
         raise ConfigError("the memory ladder is empty")
     check_listen_address(args.host, args.port)  # exit 2 before any candidate starts
+    # replay's own rule: a tune's files beside an earlier run's (or tune's) would mix their evidence
+    check_new_run_dir(args.run_dir)
     run_dir = args.run_dir or Path("runs") / time.strftime("tune-%Y%m%d-%H%M%S")
     config = TuneConfig(
         trace_path=args.trace,

@@ -176,7 +176,7 @@ def _headline(record: TuneRecord) -> list[str]:
         lines.append(
             "No winner: the tune stopped without evidence (the last note says why)."
             if record.status == "no_evidence"
-            else f"No candidate carried the {_lower_first(_goal(record))}."
+            else _no_carrier(record)
         )
     lines.extend(record.notes)
     return lines
@@ -211,7 +211,13 @@ def print_tune(record: TuneRecord, console: Console) -> None:
         words = name in ("flags", "started", "verdict")  # the rest are numbers: right-justified
         table.add_column(name, no_wrap=not wraps, min_width=len(name), justify="left" if words else "right")
     for c, row in zip(record.candidates, rows(record), strict=True):
-        verdict = "no start" if not c.started or c.proof is None else _verdict(c.proof, short=True)
+        verdict = (
+            "no start"
+            if not c.started
+            else "not proved"
+            if c.proof is None
+            else _verdict(c.proof, short=True)
+        )
         cells = [cell.replace(NO_SHARING, "") for cell in row[5:11]]
         table.add_row(*(escape(cell) for cell in (row[0], _short(c), row[2], *cells, verdict)))
     console.print(table)
@@ -220,7 +226,7 @@ def print_tune(record: TuneRecord, console: Console) -> None:
     if any(c.proof is not None and c.proof.no_evidence and c.proof.starved for c in record.candidates):
         console.print(f"  {STARVED_MARK}: the load host limits, not the server (its line below says how)")
     for c in record.candidates:
-        why = c.failure.message if c.failure is not None else (c.proof.evidence if c.proof else "")
+        why = c.failure.message if c.failure is not None else (c.proof.evidence if c.proof else "not proved")
         console.print(f"  #{c.index} {escape(c.rule)}: {escape(why)}", soft_wrap=True)
     for line in _headline(record):
         console.print(escape(line), soft_wrap=True)
@@ -360,6 +366,18 @@ def _goal(record: TuneRecord) -> str:
     if record.target_concurrency is None:
         return "No target: each candidate proved at its own max_num_seqs"
     return f"Target concurrency {record.target_concurrency}"
+
+
+def _no_carrier(record: TuneRecord) -> str:
+    """The headline when nothing carried: the goal inside a sentence (without a target each candidate
+    was proved at its own max_num_seqs), and, for a tune interrupted, that it did not finish."""
+    if record.target_concurrency is None and record.target_rate_rps is None:
+        goal = "its own max_num_seqs (no target)"
+    else:
+        goal = f"the {_lower_first(_goal(record))}"
+    if record.status == "interrupted":
+        return f"No winner yet: the tune was interrupted before a candidate carried {goal}."
+    return f"No candidate carried {goal}."
 
 
 def _lower_first(text: str) -> str:

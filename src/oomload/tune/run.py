@@ -24,7 +24,8 @@
 4. the winner (``search.pick_winner``) and the report (``oomload.report.tune``).
 
 A Ctrl-C at any moment: the replay child gets it too and writes its partial report; the server is
-stopped by its ``with``; ``tune.json`` says ``interrupted`` and holds every candidate so far; exit 130.
+stopped by its ``with``; ``tune.json`` says ``interrupted`` and holds every candidate so far, the one
+that was running included (started or not, with no proof; a note says how far it got); exit 130.
 
 A disk that refuses a write (full, read-only, gone, a file size limit) stops the tune at once, with the
 server stopped and one sentence naming the file, exit 2: ``tune.json`` (written whole, so the last one
@@ -150,7 +151,13 @@ def _run_tune(config: TuneConfig, console: Console | None) -> TuneRecord:
             console.print(
                 f"[bold]candidate {candidate.index}[/] {escape(candidate.settings.label())} — " + escape(rule)
             )
-            candidate = _try_candidate(ctx, candidate, first=not history)
+            try:
+                candidate = _try_candidate(ctx, candidate, first=not history)
+            except _CandidateInterrupted as halt:  # counted and listed: its files are on disk
+                history.append(halt.candidate)
+                if halt.candidate.rate is not None and ctx.target is None:
+                    ctx = with_rate_target(ctx, halt.candidate.rate)
+                raise
             history.append(candidate)
             if candidate.rate is not None and ctx.target is None:
                 ctx = with_rate_target(ctx, candidate.rate)
@@ -172,9 +179,11 @@ def _run_tune(config: TuneConfig, console: Console | None) -> TuneRecord:
             elif (cut := starts_stop(ctx.space, ctx.target, history)) is not None:
                 status = "bounded"  # the winner, if any, is the best so far, not the boundary
                 notes.append(cut)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         status = "interrupted"
         notes.append("interrupted (Ctrl-C): the server was stopped; the table holds the candidates so far")
+        if isinstance(err, _CandidateInterrupted):
+            notes.append(_interrupted_note(err.candidate))
     except OomloadError as err:  # said by the CLI; tune.json says so too when it still fits
         with contextlib.suppress(OutputWriteError):
             _write(config.run_dir, _record(ctx, history, "stopped", [*notes, f"stopped: {err}"]))
@@ -216,7 +225,36 @@ def free_device_bytes() -> int | None:
             nvml.nvmlShutdown()
 
 
+class _CandidateInterrupted(KeyboardInterrupt):
+    """A Ctrl-C (or SIGTERM) while a candidate ran: ``candidate`` is what it had reached — started or
+    not, its rate when measured — and has no proof."""
+
+    def __init__(self, candidate: Candidate) -> None:
+        super().__init__()
+        self.candidate = candidate
+
+
+def _interrupted_note(c: Candidate) -> str:
+    if not c.started:
+        return f"candidate {c.index} was interrupted before its server answered: not started, not proved"
+    return (
+        f"candidate {c.index} was interrupted after its server started: not proved "
+        f"(its partial replay, if it began: candidates/{c.index:02d}/run)"
+    )
+
+
 def _try_candidate(ctx: TuneContext, candidate: Candidate, *, first: bool) -> Candidate:
+    """Start, prove and stop one candidate; a Ctrl-C meanwhile is ``_CandidateInterrupted`` (the
+    candidate as far as it got: not started when its server had not answered yet)."""
+    try:
+        return _start_and_prove(ctx, candidate, first=first)
+    except _CandidateInterrupted:
+        raise
+    except KeyboardInterrupt as err:
+        raise _CandidateInterrupted(candidate) from err
+
+
+def _start_and_prove(ctx: TuneContext, candidate: Candidate, *, first: bool) -> Candidate:
     config = ctx.config
     cand_dir = config.run_dir / "candidates" / f"{candidate.index:02d}"
     cand_dir.mkdir(parents=True, exist_ok=True)
@@ -254,6 +292,16 @@ def _run_candidate(
                 )
             return replace(candidate, failure=failure)
         candidate = replace(candidate, started=True, startup_s=server.startup_s)
+        return _prove_candidate(ctx, candidate, server, cand_dir)
+
+
+def _prove_candidate(
+    ctx: TuneContext, candidate: Candidate, server: RealVllmServer, cand_dir: Path
+) -> Candidate:
+    """A started candidate: its rate (``--target-rate``, the first time), then its proof; a Ctrl-C
+    meanwhile (the replay child got it too and wrote its partial report) is ``_CandidateInterrupted``
+    with the candidate so far, its rate kept when it was measured."""
+    try:
         if ctx.waiting_for_rate:
             rate = measure_rate(ctx, candidate, server.url, cand_dir)
             if rate is None:
@@ -261,15 +309,17 @@ def _run_candidate(
             candidate = replace(candidate, rate=rate)
             ctx = with_rate_target(ctx, rate)
         proof = prove(ctx, candidate, server.url, server.log_path, cand_dir)
-        if candidate.rate is not None and candidate.rate.preemptions > 0:
-            # the open loop at the rate is the traffic itself: its bursts preempted this setting
-            proof = replace(
-                proof,
-                preempted_at_target=True,
-                evidence=f"{proof.evidence}; the open-loop replay at {candidate.rate.rate_rps:g} req/s "
-                f"preempted {candidate.rate.preemptions} times (bursts above the mean)",
-            )
-        return replace(candidate, proof=proof)
+    except KeyboardInterrupt as err:
+        raise _CandidateInterrupted(candidate) from err
+    if candidate.rate is not None and candidate.rate.preemptions > 0:
+        # the open loop at the rate is the traffic itself: its bursts preempted this setting
+        proof = replace(
+            proof,
+            preempted_at_target=True,
+            evidence=f"{proof.evidence}; the open-loop replay at {candidate.rate.rate_rps:g} req/s "
+            f"preempted {candidate.rate.preemptions} times (bursts above the mean)",
+        )
+    return replace(candidate, proof=proof)
 
 
 @contextlib.contextmanager

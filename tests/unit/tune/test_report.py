@@ -168,3 +168,30 @@ def test_no_carrier_reads_as_one_sentence() -> None:
     record = replace(_record(), winner_index=None, winner_line=None, target_rate_rps=None)
     page = render_markdown(record)
     assert "No candidate carried the target concurrency 6." in page and "carried Target" not in page
+
+
+def test_no_carrier_without_a_target_reads_as_one_sentence() -> None:
+    """It read "No candidate carried the no target: each candidate proved at its own max_num_seqs."."""
+    record = replace(
+        _record(), winner_index=None, winner_line=None, target_rate_rps=None, target_concurrency=None
+    )
+    page = render_markdown(record)
+    assert "No candidate carried its own max_num_seqs (no target)." in page
+    assert "carried the no target" not in page
+
+
+def test_a_started_candidate_without_a_proof_is_not_proved_in_the_terminal_table() -> None:
+    """An interrupted (or rate-less) started candidate read "no start" in the terminal's verdict."""
+    unproved = Candidate(1, Settings(max_num_seqs=4), "first", started=True)
+    record = replace(_record(), candidates=(unproved,), winner_index=None, winner_line=None)
+    out = io.StringIO()
+    print_tune(record, Console(file=out, width=80))
+    assert "not proved" in out.getvalue() and "no start" not in out.getvalue()
+
+
+def test_an_interrupted_tune_without_a_winner_says_it_did_not_finish() -> None:
+    """It read "No candidate carried the target concurrency 6." for a tune stopped by Ctrl-C."""
+    record = replace(_record(), winner_index=None, winner_line=None, target_rate_rps=None)
+    page = render_markdown(replace(record, status="interrupted"))
+    said = "No winner yet: the tune was interrupted before a candidate carried the target concurrency 6."
+    assert said in page

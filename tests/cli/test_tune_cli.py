@@ -54,6 +54,15 @@ def test_a_port_in_use_is_a_usage_error_before_anything_starts(
     assert not (tmp_path / "t" / "candidates").exists()
 
 
+def test_a_target_past_any_concurrency_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``--target-concurrency 99999999999999999999`` printed its candidate, then crashed building the
+    ladder (exit 70)."""
+    argv = ["tune", str(FIXED), "--serve", SIM, "--target-concurrency", str(10**20)]
+    code, _, err = run([*argv, "--run-dir", str(tmp_path / "t")], capsys)
+    assert code == 2 and f"--target-concurrency must be in 1..100,000, got {10**20}" in err
+    assert not (tmp_path / "t").exists()
+
+
 def test_a_run_dir_that_holds_an_earlier_run_is_refused_as_replay_refuses_it(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -105,6 +105,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from oomload.capacity.schedule import MAX_CONCURRENCY
     from oomload.cli.flags import check_new_run_dir
     from oomload.realvllm.servecmd import parse_serve_command
     from oomload.realvllm.server import check_listen_address
@@ -115,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.trace.is_file():
         raise ConfigError(f"trace {args.trace} does not exist")
     target = args.target_concurrency
-    if target is not None:
-        positive_int("--target-concurrency", target)
+    if target is not None and not 1 <= target <= MAX_CONCURRENCY:  # a ladder past it crashed (exit 70)
+        raise ConfigError(f"--target-concurrency must be in 1..{MAX_CONCURRENCY:,}, got {target}")
     rate = args.target_rate
     if rate is not None and not (rate > 0 and math.isfinite(rate)):
         raise ConfigError(f"--target-rate must be a number of requests per second > 0, got {rate}")

@@ -54,7 +54,9 @@ def test_a_port_in_use_is_a_usage_error_before_anything_starts(
     assert not (tmp_path / "t" / "candidates").exists()
 
 
-def test_a_target_past_any_concurrency_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_target_past_any_concurrency_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """``--target-concurrency 99999999999999999999`` printed its candidate, then crashed building the
     ladder (exit 70)."""
     argv = ["tune", str(FIXED), "--serve", SIM, "--target-concurrency", str(10**20)]

@@ -48,7 +48,7 @@ import pyarrow as pa
 
 from oomload.ingest.columns import make_batch
 from oomload.ingest.openai_log import _int_or_none, _to_seconds, parse_openai_line, status_failed, time_given
-from oomload.ingest.openai_parts import PartMarks, line_parts, parts_of, prompt_parts
+from oomload.ingest.openai_parts import PartMarks, Parts, line_parts, parts_of, prompt_parts
 from oomload.ingest.openai_schema import (
     BODY_DECODER,
     LINE_DECODER,
@@ -127,7 +127,7 @@ def _fast_row(line: Line) -> _Row | None:
         if status is UNSET:
             status = response.status
         if status is not UNSET:  # the Batch API's output shape, or an access log's
-            failed = status_failed(status)
+            failed = not 200 <= status < 300 if status.__class__ is int else status_failed(status)
             response = response.body
             if response.__class__ is str and (response := _in_string(response, BODY_DECODER)) is None:
                 return None
@@ -307,7 +307,7 @@ PLAIN_RETRY_PIECES = 8  # after a piece that was not all ``Plain`` lines, the ne
 
 def _plain_piece(
     piece: memoryview, decode_lines: Callable[[Any], list[Any]], with_parts: bool
-) -> tuple[dict[str, list[Any]], list[list[Any]]] | None:
+) -> tuple[dict[str, list[Any]], list[Parts]] | None:
     """The columns of a piece of ``Plain`` lines only (and their prompt parts), else ``None``."""
     plain: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
     try:
@@ -346,7 +346,7 @@ def _general_rows(
     source: LogSource,
     skips: SkipLog,
     counter: TokenCounter | None,
-    parts: list[list[Any]] | None,
+    parts: list[Parts] | None,
 ) -> list[_Row] | None:
     """``_line_rows`` of a piece whose lines all decode as ``Line``, at once: one ``decode_lines``
     call, ``_fast_row`` mapped over it, the bounds checked on the columns. When every row is taken,
@@ -388,7 +388,7 @@ def _line_rows(
     source: LogSource,
     skips: SkipLog,
     counter: TokenCounter | None,
-    parts: list[list[Any]] | None = None,
+    parts: list[Parts] | None = None,
 ) -> Iterator[_Row]:
     """The rows of a piece that ``_general_rows`` could not take at once, line by line (and, given
     ``parts``, each row's prompt parts appended to it): each line is decoded once, as ``Line`` (with
@@ -416,7 +416,7 @@ def _settled(
     source: LogSource,
     skips: SkipLog,
     counter: TokenCounter | None,
-    parts: list[list[Any]] | None,
+    parts: list[Parts] | None,
 ) -> _Row | None:
     """A line's row once settled: the exact path's when ``_fast_row`` declined it (``raw``: the line,
     read only then), ``None`` (and the skip noted at its line) when the line is unusable or over a
@@ -549,7 +549,7 @@ def read_openai_batches(
                     marks.add(plain_parts)
             else:
                 general = _Piece(data, start, end, piece, functools.partial(chunk.line_at, start))
-                parts: list[list[Any]] | None = None if hasher is None else []
+                parts: list[Parts] | None = None if hasher is None else []
                 rows = _general_rows(general, source, skips, counter, parts)
                 if rows is None:
                     if parts is not None:

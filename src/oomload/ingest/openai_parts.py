@@ -13,6 +13,7 @@ request, so identical histories line up block for block — and each chain stops
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
@@ -37,10 +38,11 @@ from oomload.ingest.tokens import TokenCounter
 from oomload.trace.blockhash import crc32
 from oomload.trace.prefix import BlockHasher, chain_marks, message_block_ids, part_marks
 
+Parts = Sequence[Any]  # a prompt's parts, raw JSON: a list, or the tuple its messages decode as
 CHARS_PER_TOKEN = 4  # the estimate of a message's tokens without --tokenizer (its JSON's bytes / 4)
 
 
-def line_parts(line: LineParts) -> list[Any]:
+def line_parts(line: LineParts) -> Parts:
     """``prompt_parts`` of a line decoded as ``LineParts`` (which ``PartsLine`` decodes too, but for a
     null ``request``, which it refuses: no parts). A string request body is decoded here only when
     ``openai_fast._fast_row`` has not already put it, decoded, in the string's place (every reader of
@@ -56,7 +58,7 @@ def line_parts(line: LineParts) -> list[Any]:
     return parts_of(line)
 
 
-def body_text_parts(body: str) -> list[Any]:
+def body_text_parts(body: str) -> Parts:
     """The prompt parts of a request body an access log wrote as a JSON string (empty when it is not
     a request object)."""
     try:  # from the string itself: msgspec reads its UTF-8 form, and the raw parts point into it
@@ -65,7 +67,7 @@ def body_text_parts(body: str) -> list[Any]:
         return []
 
 
-def parts_of(body: PartsBody | PlainPartsRequest | RequestBodyParts | LineParts) -> list[Any]:
+def parts_of(body: PartsBody | PlainPartsRequest | RequestBodyParts | LineParts) -> Parts:
     """A request's prompt parts (raw JSON, not copied) in a chat template's order: system, tools, messages.
 
     The Responses API's ``instructions`` is its system prompt and its ``input`` its messages: a list
@@ -94,11 +96,11 @@ def _every_part(body: Any) -> list[Any]:
     return parts
 
 
-_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+_ITEMS = msgspec.json.Decoder(tuple[msgspec.Raw, ...])
 _LIST = ord("[")
 
 
-def _items(value: msgspec.Raw) -> list[Any]:
+def _items(value: msgspec.Raw) -> Parts:
     """The Responses API's ``input``: its items when it is a list, else itself (one text)."""
     if memoryview(value)[0] != _LIST:  # a Raw starts at its value's first byte (no leading space)
         return [value]
@@ -108,7 +110,7 @@ def _items(value: msgspec.Raw) -> list[Any]:
         return [value]
 
 
-def prompt_parts(line: bytes) -> list[Any]:
+def prompt_parts(line: bytes) -> Parts:
     """The prompt parts of a line read by the slower paths (empty when it has none or another shape)."""
     try:
         obj = PARTS_DECODER.decode(line)
@@ -152,7 +154,7 @@ class PartMarks:
         self.crcs: list[npt.NDArray[np.uint64]] = []
         self.tokens: list[npt.NDArray[np.int64]] = []  # with ``counter`` only
 
-    def add(self, prompts: list[list[Any]]) -> None:
+    def add(self, prompts: list[Parts]) -> None:
         """Take the parts of more prompts (one list of raw JSON parts a prompt, in prompt order)."""
         self.parts_per_prompt.append(np.fromiter(map(len, prompts), np.int64, len(prompts)))
         flat = list(chain.from_iterable(prompts))

@@ -73,7 +73,7 @@ class PartsBody(msgspec.Struct, gc=False):
 
     system: msgspec.Raw | Unset = UNSET
     tools: msgspec.Raw | Unset = UNSET
-    messages: list[msgspec.Raw] | Unset = UNSET
+    messages: tuple[msgspec.Raw, ...] | Unset = UNSET
     prompt: msgspec.Raw | Unset = UNSET
     instructions: msgspec.Raw | Unset = UNSET  # the Responses API's system prompt
     input: msgspec.Raw | Unset = UNSET  # the Responses API's messages (a list of items) or text
@@ -125,7 +125,7 @@ class RequestBodyParts(RequestBody):
 
     system: msgspec.Raw | Unset = UNSET
     tools: msgspec.Raw | Unset = UNSET
-    messages: list[msgspec.Raw] | Unset = UNSET
+    messages: tuple[msgspec.Raw, ...] | Unset = UNSET
     prompt: msgspec.Raw | Unset = UNSET
     instructions: msgspec.Raw | Unset = UNSET  # the Responses API's system prompt
     input: msgspec.Raw | Unset = UNSET  # the Responses API's messages (a list of items) or text
@@ -141,7 +141,7 @@ class LineParts(Line):
     request: RequestParts | Unset | None = UNSET  # type: ignore[assignment]
     system: msgspec.Raw | Unset = UNSET
     tools: msgspec.Raw | Unset = UNSET
-    messages: list[msgspec.Raw] | Unset = UNSET  # type: ignore[assignment]
+    messages: tuple[msgspec.Raw, ...] | Unset = UNSET  # type: ignore[assignment]
     instructions: msgspec.Raw | Unset = UNSET
     input: msgspec.Raw | Unset = UNSET
 
@@ -180,7 +180,7 @@ class PlainPartsRequest(PlainRequest):
 
     system: msgspec.Raw | Unset = UNSET
     tools: msgspec.Raw | Unset = UNSET
-    messages: list[msgspec.Raw] | Unset = UNSET
+    messages: tuple[msgspec.Raw, ...] | Unset = UNSET
     prompt: msgspec.Raw | Unset = UNSET
     instructions: msgspec.Raw | Unset = UNSET  # the Responses API's system prompt
     input: msgspec.Raw | Unset = UNSET  # the Responses API's messages (a list of items) or text

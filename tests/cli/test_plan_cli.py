@@ -58,6 +58,9 @@ def test_plan_refuses_bad_levels_and_missing_trace(
     assert "must be strictly increasing" in capsys.readouterr().err
     assert main(["plan", str(tmp_path), "--gpu", "h100"]) == 2
     assert "is not a file" in capsys.readouterr().err
+    for count in ("0", "10000001"):  # past the bound, a plan would run for days
+        assert main(["plan", str(trace), "--gpu", "h100", "--requests-per-level", count]) == 2
+        assert f"--requests-per-level must be in 1..10,000,000, got {int(count):,}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

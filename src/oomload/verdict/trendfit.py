@@ -188,8 +188,14 @@ def fit_bins(t: FloatArray, y: FloatArray, num_bins: int, phi: float = 0.0) -> F
     index = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, num_bins - 1)
     counts = np.bincount(index, minlength=num_bins)
     full = counts > 0
-    if int(full.sum()) < MIN_BINS:
-        return f"samples in only {int(full.sum())} of {num_bins} time bins (needs {MIN_BINS})"
+    if int(full.sum()) < MIN_BINS:  # only a gap longer than a bin empties one: the longest names it
+        gaps = np.diff(t)
+        at = int(gaps.argmax())
+        gap, start = duration_text(float(gaps[at])), duration_text(float(t[at] - t[0]))
+        return (
+            f"samples in only {int(full.sum())} of {num_bins} time bins (needs {MIN_BINS}): none for "
+            f"{gap} from {start} into the samples judged"
+        )
     t_ref = float(t[0])
     t_mid = (np.bincount(index, weights=t - t_ref, minlength=num_bins)[full] / counts[full]).astype(
         np.float64

@@ -564,3 +564,19 @@ def test_memory_that_rose_with_a_late_half_too_short_to_judge_says_so() -> None:
         assert trend.slope_bytes_per_h is None and trend.rise is not None
         assert trend.rise.ci_low_bytes_per_h > 0
     assert said >= 4
+
+
+def test_a_gap_that_empties_a_bin_is_named_with_its_length_and_place() -> None:
+    """A sampler silent for 98 s of an 8 min soak (seen once on the real vLLM) leaves a bin empty: the
+    reason says where the samples stop and for how long, not only that a bin is empty."""
+    t_list, y_list = series(
+        3, duration_s=600, dt_s=0.5, leak_per_h=90 * MIB, sigma=2 * MIB, phi=0.999, warmup_rise=50 * MIB
+    )
+    t, y = np.array(t_list), np.array(y_list)
+    kept = ~((t - t[0] > 276) & (t - t[0] < 373.5))
+    trend = memory_trend(t[kept].tolist(), y[kept].tolist(), limit_bytes=8 * GIB)
+    assert trend.verdict == "inconclusive"
+    assert trend.reason == (
+        "samples in only 5 of 6 time bins (needs 6): none for 98 s from 3 min into the samples judged; "
+        "the first 120 s were dropped as warm-up"
+    )

@@ -426,8 +426,8 @@ def _settled(
         if row is None:
             skips.skip_at(reason, source.name, lambda: first_line() + offset)
             return None
-        if parts is not None:
-            parts.append(prompt_parts(raw))
+        if parts is not None:  # from the line as decoded already, when it was (the same parts)
+            parts.append(prompt_parts(raw) if decoded is None else line_parts(decoded))
         return row
     if not _row_within_bounds(row):
         bound = _row_bounds_reason(row)

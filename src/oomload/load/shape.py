@@ -125,7 +125,8 @@ class StepMeter(Protocol):
     def begin(self, step: StepPlan) -> None: ...
 
     def end(self) -> None:
-        """The step ended: the users send no new request until the next ``begin``."""
+        """The step ended: the users send no new request until the next ``begin``, and from the return
+        on ``count`` holds the step's final ``started``."""
 
     def completed(self) -> int: ...
 

@@ -18,6 +18,7 @@ travels) before any configuration or result moves::
     worker → master   oomload_ready     {worker}                  (user class bound: load may start)
                   or  oomload_failed    {worker, error}           (e.g. the master's URL is not trusted)
     master → worker   oomload_step      {step, concurrency, phase}   oomload_step_end {step}
+    worker → master   oomload_step_count {step, started, outcomes, …}  (its step report at the step's end)
     worker → master   oomload_results   {worker, seq, rows}       (batched RequestResult rows)
     master → worker   oomload_stop      {grace_s, seq}            (no new requests; drain)
     worker → master   oomload_drained   {worker, seq}             (every row it had was sent first)
@@ -36,7 +37,10 @@ known fields of the right types within bounds (``RESULT_BOUNDS``), for a step th
 anything else is dropped and counted, never written.
 
 Each worker's step report (achieved concurrency, requests in flight, started, outcomes) rides on
-Locust's own statistics report once a second (``report_to_master``, key ``"oomload"``).
+Locust's own statistics report once a second (``report_to_master``, key ``"oomload"``), and once more,
+sealed as ``oomload_step_count``, in answer to ``oomload_step_end``: the worker has stopped sending
+for that step, so that report's counts are the step's final ones (the master writes the step's end
+line from them).
 
 What never travels: the worker token, the API key (each worker reads it from its own environment,
 through a variable of its own choosing: the name in ``options`` is ignored), prompt or completion
@@ -67,13 +71,14 @@ READY = "oomload_ready"
 FAILED = "oomload_failed"
 STEP = "oomload_step"
 STEP_END = "oomload_step_end"
+STEP_COUNT = "oomload_step_count"  # a worker's step report at the step's end
 RESULTS = "oomload_results"
 STOP = "oomload_stop"
 DRAINED = "oomload_drained"
 CHALLENGE = "oomload_challenge"
 AUTH = "oomload_auth"
 REPORT = "oomload_report"  # the sealed step report inside Locust's statistics report
-SEALED = (CONFIG, READY, FAILED, STEP, STEP_END, RESULTS, STOP, DRAINED)
+SEALED = (CONFIG, READY, FAILED, STEP, STEP_END, STEP_COUNT, RESULTS, STOP, DRAINED)
 
 REPLAY_WINDOW = 1024  # sequence numbers: how far out of order a sealed message may arrive
 TOKEN_ENV = "OOMLOAD_WORKER_TOKEN"  # the worker token, in the environment of the master and workers

@@ -1,16 +1,25 @@
 """The master's measure of a step run by Locust worker processes: the ``StepMeter`` over their reports.
 
 Achieved concurrency, requests started and requests ended by outcome come from the workers' own
-reports (``report_to_master`` → ``worker_report``, once a second, so at most a second old): each
-worker sends, sealed (``oomload.load.wire``), its time-weighted mean and maximum in-flight count for
-the step it is in; the step's mean is the sum of the workers' means, its maximum the sum of their
-maxima (an upper bound: the workers' peaks need not coincide). A worker lost during the step counts
-for the part of the step it was there. Completed requests, failures, engine-dead answers and output
-tokens come from Locust's aggregated statistics. Each worker's report also carries its own CPU, CPU wait
-and loop lag over the step (``oomload.load.selfcheck``); the step's end line lists them, one per worker,
-tagged with the worker's index. A report that cannot be opened or whose numbers are
-not finite and non-negative (``report_ok``) is dropped and counted by the ``WorkerPool``
+reports: each worker sends, sealed (``oomload.load.wire``), its time-weighted mean and maximum in-flight
+count for the step it is in; the step's mean is the sum of the workers' means, its maximum the sum of
+their maxima (an upper bound: the workers' peaks need not coincide). A worker lost during the step
+counts for the part of the step it was there. Completed requests, failures, engine-dead answers and
+output tokens come from Locust's aggregated statistics. Each worker's report also carries its own CPU,
+CPU wait and loop lag over the step (``oomload.load.selfcheck``); the step's end line lists them, one
+per worker, tagged with the worker's index. A report that cannot be opened or whose numbers are not
+finite and non-negative (``report_ok``) is dropped and counted by the ``WorkerPool``
 (``oomload.run.worker_pool``), never read.
+
+**A step's final counts.** While a step runs, the reports ride on Locust's statistics report
+(``report_to_master`` → ``worker_report``, once a second, so up to a second old): enough to decide
+when the step ends, not enough for its end line — the requests a worker sent after its last report
+would be missing from ``started``, and a ``started`` short of the step's lines in ``requests.jsonl``
+blinds the verdict's ``requests_missing`` check. So at a step's end (``end``) the master tells the
+workers (``oomload_step_end``); each stops sending for that step and answers with its report at that
+moment (``oomload_step_count``), and the master waits for the answer of every live, connected worker,
+at most ``FINAL_COUNT_WAIT_S``. The end line reads those answers. A worker that has not answered by
+then counts by its latest report — a lower bound — and a ``step_count_late`` event names it.
 """
 
 from __future__ import annotations
@@ -23,15 +32,16 @@ from typing import Any
 from oomload.load import wire
 from oomload.rundir.loadgenrecord import LoadgenLine, LoadgenRow
 
+FINAL_COUNT_WAIT_S = 2.0  # at a step's end, how long the master waits for the workers' final counts
+
 
 class MasterMeter:
     """``StepMeter`` from Locust's aggregated statistics (master of worker processes).
 
     Achieved concurrency, requests started and requests ended by outcome come from the workers' own
-    reports (``report_to_master`` → ``worker_report``, once a second, so at most a second old): each
-    worker sends its time-weighted mean and maximum in-flight count for the step it is in; the step's
-    mean is the sum of the workers' means, its maximum the sum of their maxima (an upper bound: the
-    workers' peaks need not coincide). A step shorter than one report has none.
+    reports: once a second while the step runs, and once more, final, in answer to the step's end
+    (the module docstring). The step's mean is the sum of the workers' means, its maximum the sum of
+    their maxima (an upper bound: the workers' peaks need not coincide).
     """
 
     def __init__(self, session: Any, user_class: Any) -> None:
@@ -40,8 +50,10 @@ class MasterMeter:
         self._base = (0, 0, 0, 0)
         self._step: int | None = None
         self._began_unix_s = time.time()
-        self.reports: dict[str, dict[str, Any]] = {}
+        self.reports: dict[str, dict[str, Any]] = {}  # client id → its latest periodic report
+        self.finals: dict[str, dict[str, Any]] = {}  # client id → its report at the end of a step
         self.indexes: dict[str, int] = {}  # client id → worker index
+        self.final_count_wait_s = FINAL_COUNT_WAIT_S
 
     def listen(self, env: Any) -> None:
         def on_worker_report(client_id: str, data: dict[str, Any], **_kw: Any) -> None:
@@ -60,11 +72,31 @@ class MasterMeter:
                 self.session.pool.drop(client_id, "bad_report")
 
         env.events.worker_report.add_listener(on_worker_report)
+        env.runner.register_message(wire.STEP_COUNT, self.on_step_count)
+
+    def on_step_count(self, environment: Any = None, msg: Any = None, **_kw: Any) -> None:
+        """A worker's report at the end of a step (``oomload_step_count``): its final counts for it."""
+        del environment
+        opened = self.session.pool.opened(wire.STEP_COUNT, msg)
+        if opened is None:
+            return
+        info, report = opened
+        if report_ok(report):
+            self.finals[info.client_id] = report
+            self.indexes[info.client_id] = info.index
+        else:
+            self.session.pool.drop(info.client_id, "bad_report")
+
+    def _step_reports(self) -> dict[str, dict[str, Any]]:
+        """Each worker's report of the current step: its final one when it sent it, else its latest."""
+        mine = {c: r for c, r in self.reports.items() if r.get("step") == self._step}
+        mine.update({c: r for c, r in self.finals.items() if r.get("step") == self._step})
+        return mine
 
     def achieved(self) -> tuple[float | None, int | None]:
         """The sum of the workers' means over the step; a worker lost during the step counts for the
         part of the step it was there (its mean × its elapsed time / the step's elapsed time)."""
-        mine = {c: r for c, r in self.reports.items() if r.get("step") == self._step}
+        mine = self._step_reports()
         if not mine:
             return None, None
         live = self.session.pool.live_client_ids()
@@ -91,8 +123,31 @@ class MasterMeter:
         self._began_unix_s = time.time()
 
     def end(self) -> None:
-        if self.session.runner is not None:
-            self.session.pool.broadcast(wire.STEP_END, {"step": self._step})
+        """Tell the workers the step ended and wait, at most ``final_count_wait_s``, for each live one's
+        final counts (the module docstring); a live worker that sent none is named in a
+        ``step_count_late`` event."""
+        runner = self.session.runner
+        if runner is None:
+            return
+        self.session.pool.broadcast(wire.STEP_END, {"step": self._step})
+        deadline = time.monotonic() + self.final_count_wait_s
+        late = self._awaited()
+        while late and time.monotonic() < deadline:
+            _sleep(0.01)
+            late = self._awaited()
+        if late:
+            infos = [self.session.pool.authenticated(c) for c in late]
+            workers = sorted(-1 if info is None else info.index for info in infos)
+            self.session.writer.event("step_count_late", step=self._step, workers=workers)
+
+    def _awaited(self) -> set[str]:
+        """The live workers, still connected, whose final counts for the current step have not come."""
+        clients = self.session.runner.clients
+        return {
+            c
+            for c in self.session.pool.live_client_ids()
+            if c in clients and self.finals.get(c, {}).get("step") != self._step
+        }
 
     def completed(self) -> int:
         return self._totals()[0] - self._base[0]
@@ -110,11 +165,11 @@ class MasterMeter:
         now = self._totals()
         diff = [a - b for a, b in zip(now, self._base, strict=True)]
         mean, peak = self.achieved()
-        mine = [r for r in self.reports.values() if r.get("step") == self._step]
+        reports = self._step_reports()
+        mine = list(reports.values())
         loadgen = [
             worker_loadgen(r.get("loadgen"), self.indexes.get(c))
-            for c, r in sorted(self.reports.items(), key=lambda cr: self.indexes.get(cr[0], -1))
-            if r.get("step") == self._step
+            for c, r in sorted(reports.items(), key=lambda cr: self.indexes.get(cr[0], -1))
         ]
         outcomes: Counter[str] = Counter()
         for report in mine:
@@ -139,6 +194,13 @@ class MasterMeter:
         live = self.session.pool.live_client_ids()
         ages = [self.reports[c].get("oldest_s") if c in self.reports else None for c in live]
         return None if not ages or None in ages else max(float(a) for a in ages if a is not None)
+
+
+def _sleep(seconds: float) -> None:
+    """Yield to the master's other greenlets (its receive loop brings the workers' answers)."""
+    import gevent
+
+    gevent.sleep(seconds)
 
 
 def worker_loadgen(value: Any, index: int | None) -> LoadgenLine | None:

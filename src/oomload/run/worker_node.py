@@ -20,7 +20,8 @@ the N local ones that ``oomload replay --processes N`` starts on its own host.
    (``--api-key-env``, default ``OPENAI_API_KEY``; the variable the master names is ignored, and the
    key never travels); bind the user class to its share of the trace (every K-th request from offset
    k), and say ready — or say why not (``oomload_failed``) and exit 2;
-5. run the users the master dispatches; follow its steps; stream every result to the master in
+5. run the users the master dispatches; follow its steps (at a step's end, stop sending and answer
+   with the step's final counts: ``oomload_step_count``); stream every result to the master in
    batches (``oomload.load.resultstream``), with a copy in ``--results FILE`` when given — a copy
    that cannot be written (a full disk) fails closed: the worker leaves as on SIGTERM (below) and
    exits 2 with one sentence, the file ending on its last whole row;
@@ -393,7 +394,8 @@ class WorkerSession:
     def on_step_end(self, msg: Any, **_kw: Any) -> None:
         data = self.opened(wire.STEP_END, msg)
         if self.context is not None and data is not None:
-            self.context.end_step()
+            self.context.end_step()  # no request of this step is sent from here on: its counts are final
+            self.send(wire.STEP_COUNT, self.context.step_report())
 
     def on_report(self, client_id: str, data: dict[str, Any], **_kw: Any) -> None:
         del client_id

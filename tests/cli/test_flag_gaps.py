@@ -366,14 +366,3 @@ def test_a_relative_baseline_is_recorded_whole(tmp_path: Path, monkeypatch: pyte
     monkeypatch.chdir(tmp_path)
     config = build_config(_replay_args("--url", URL, "--gate", "onset>=baseline", "--baseline", "runs/last"))
     assert config.baseline == tmp_path / "runs" / "last"
-
-
-def test_a_server_log_in_a_directory_that_does_not_exist_is_refused(tmp_path: Path) -> None:
-    """No log can ever appear there: the run would wait on it for nothing."""
-    missing = tmp_path / "no-such-dir" / "server.log"
-    message = _refused("--url", URL, "--server-log", str(missing))
-    assert message == (
-        f"--server-log {missing}: its directory {missing.parent} does not exist, so no log can appear there"
-    )
-    config = build_config(_replay_args("--url", URL, "--server-log", str(tmp_path / "later.log")))
-    assert config.server_log == tmp_path / "later.log"  # a log still to come, in a directory that is there

@@ -33,8 +33,9 @@ and that must be this server, the ``Host`` the request came to. Any other web pa
 gets 403 and changes nothing, so it cannot stop or stall the run. A request that names no page at all
 is not from a browser page (a script on this machine, which could reach the port anyway) and is let
 through. A web UI bound to loopback (the default) also wants a loopback ``Host`` (``localhost``,
-``127.x``, ``[::1]``): a page whose own name was re-pointed at 127.0.0.1 (DNS rebinding) is its own
-origin, but not under such a name.
+``127.x``, ``[::1]``) on every request, reads included: a page whose own name was re-pointed at
+127.0.0.1 (DNS rebinding) is its own origin, so the browser would let it read the run's pages (the
+target URL, the model, the plan, the verdict), but not under such a name.
 
 ``check_web_port`` binds the web UI's address once before anything starts (``oomload.run.runner``): a
 port another program holds is one sentence (``ConfigError``, exit 2), not gevent's tracebacks and
@@ -80,13 +81,13 @@ def cross_origin(
     ``host`` is the request's ``Host`` header; ``origin``/``referer`` its headers; ``loopback``: the
     web UI is bound to a loopback address (module docstring).
     """
-    if method.upper() in SAFE_METHODS:
-        return None
-    if loopback and not is_loopback_host(host):
+    if loopback and not is_loopback_host(host):  # reads too: they show the target, the plan, the verdict
         return (
             f"refused: {method.upper()} to {host[:100]!r}, not a loopback name of this machine; "
-            "the oomload run only takes commands from its own page"
+            "the oomload web UI answers its own page only (http://127.0.0.1 or http://localhost)"
         )
+    if method.upper() in SAFE_METHODS:
+        return None
     sender = origin if origin is not None else referer
     if sender is None:
         return None

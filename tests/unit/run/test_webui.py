@@ -110,6 +110,16 @@ def test_a_loopback_web_ui_refuses_a_rebound_name_that_is_its_own_origin() -> No
     assert cross_origin("POST", "gpu-box:8089", "http://gpu-box:8089", None) is None
 
 
+def test_a_loopback_web_ui_answers_no_read_under_a_rebound_name() -> None:
+    """The rebound page is its own origin, so the browser lets it read: the telemetry and report pages
+    show the target URL, the model, the plan and the verdict."""
+    for method in ("GET", "HEAD"):
+        rebound = cross_origin(method, "evil.example:8089", None, None, loopback=True)
+        assert rebound is not None and "not a loopback name" in rebound
+        assert cross_origin(method, "127.0.0.1:8089", None, None, loopback=True) is None
+        assert cross_origin(method, "gpu-box:8089", None, None) is None  # bound to all interfaces: asked for
+
+
 # Locust's own web UI with oomload's extension, driven through Flask's test client in a child process
 # (importing locust patches the whole process with gevent): a cross-origin POST /stop and /swarm are
 # refused and the run keeps running; the same POST from the UI's own page still stops it.

@@ -281,7 +281,8 @@ def proof_from_summary(
                 else f"; the server died at {death.concurrency} ({death.kind or 'cause unknown'})"
             )
             + (f"; {judged.how}" if held else f"; the step did not hold concurrency {target} ({judged.how})")
-            + (f"; {overflowed} of {sent} overflowed max_model_len {served_limit}" if overflowed else "")
+            + _slo_clause(slo_ttft_p99_s, ttft)
+            + _overflow_clause(overflowed, sent, served_limit, recommended_max_model_len, overflow_blocks)
         )
     preempted = preemptions > 0 or 0 < (observed_onset or 0) <= target
     no_evidence = not held and not preempted and not died
@@ -312,6 +313,35 @@ def proof_from_summary(
         prompts="worst-case" if guide is None else guide.shape,
         odds_safe_above=None if guide is None else guide.safe_above,
     )
+
+
+def _slo_clause(slo_ttft_p99_s: float | None, ttft_p99_ms: float | None) -> str:
+    """The SLO in the evidence, when one was asked: the measured TTFT p99 at the target against it
+    (a miss rejects the candidate, so its sentence must say so)."""
+    if slo_ttft_p99_s is None:
+        return ""
+    bound_ms = slo_ttft_p99_s * 1000.0
+    slo = f"the SLO (--slo-ttft-p99-s {slo_ttft_p99_s:g}: ≤ {bound_ms:g} ms)"
+    if ttft_p99_ms is None:
+        return f"; no TTFT p99 at the target: {slo} is not shown met"
+    digits = 0 if ttft_p99_ms >= 100 else 1
+    while digits < 3 and float(f"{ttft_p99_ms:.{digits}f}") == bound_ms != ttft_p99_ms:
+        digits += 1  # a value and its bound never read the same
+    verb = "meets" if ttft_p99_ms <= bound_ms else "misses"
+    return f"; TTFT p99 {ttft_p99_ms:.{digits}f} ms {verb} {slo}"
+
+
+def _overflow_clause(
+    overflowed: int, sent: int, limit: int | None, recommended: int | None, rejects: bool
+) -> str:
+    """Requests that overflowed the served ``max_model_len``, and whether that counts against the
+    candidate: only a limit the tune cut below the trace's recommended one does."""
+    if not overflowed:
+        return ""
+    said = f"; {overflowed} of {sent} overflowed max_model_len {limit}"
+    if rejects:
+        return f"{said}, below the trace's recommended {recommended}: it refuses the traffic"
+    return f"{said} (the trace's own tail: shown, not held against it)"
 
 
 def server_pool(url: str, log_path: Path, candidate: Candidate) -> Pool | None:

@@ -22,6 +22,7 @@ def _summary(
     refused: int = 0,
     limit: int = 768,
     onset: int | None = None,
+    ttft_ms: float = 1500.0,
 ) -> Summary:
     step = {
         "concurrency": 8,
@@ -29,7 +30,7 @@ def _summary(
         "requests": 40,
         "preemptions": preemptions,
         "trusted": trusted,
-        "ttft": {"p99_ms": 1500.0},
+        "ttft": {"p99_ms": ttft_ms},
         "output_tokens_per_s": 300.0,
     }
     return _typed(
@@ -92,6 +93,30 @@ def test_the_slo_and_a_missing_verdict() -> None:
     assert _proof(_summary(), slo_ttft_p99_s=2.0).carries
     missing = _proof(None, replay_exit=3)
     assert not missing.carries and "no verdict (exit 3)" in missing.evidence
+
+
+def test_a_missed_slo_is_named_in_the_evidence_with_the_measured_ttft() -> None:
+    """A candidate rejected for the TTFT SLO read "19 requests at 4: 0 preemptions (the odds call it
+    safe); held 3.9 of 4" — no word of the SLO in the line, the table or tune.md."""
+    missed = _proof(_summary(), slo_ttft_p99_s=1.0)
+    assert missed.slo_met is False and missed.outcome == "rejected"
+    assert "TTFT p99 1500 ms misses the SLO (--slo-ttft-p99-s 1: ≤ 1000 ms)" in missed.evidence
+    met = _proof(_summary(), slo_ttft_p99_s=2.0)
+    assert "TTFT p99 1500 ms meets the SLO (--slo-ttft-p99-s 2: ≤ 2000 ms)" in met.evidence
+    close = _proof(_summary(ttft_ms=1500.3), slo_ttft_p99_s=1.5)  # never "1500 ms misses … ≤ 1500 ms"
+    assert "TTFT p99 1500.3 ms misses the SLO (--slo-ttft-p99-s 1.5: ≤ 1500 ms)" in close.evidence
+    assert "SLO" not in _proof(_summary()).evidence  # none asked, none named
+
+
+def test_an_overflow_says_whether_it_is_held_against_the_candidate() -> None:
+    tail = _proof(_summary(refused=2, limit=768))
+    assert "2 of 80 overflowed max_model_len 768 (the trace's own tail: shown, not held against it)" in (
+        tail.evidence
+    )
+    cut = _proof(_summary(refused=2, limit=512))
+    assert "overflowed max_model_len 512, below the trace's recommended 768: it refuses the traffic" in (
+        cut.evidence
+    )
 
 
 def test_the_proof_reads_a_real_summary_json(tmp_path: Any) -> None:

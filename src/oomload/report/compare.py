@@ -191,7 +191,7 @@ def compare_runs(base: RunSide, new: RunSide, *, allow_different_trace: bool = F
     results = (
         *_pool_rows(base.summary, new.summary),
         _onset_row(onset),
-        *_death_rows(base.summary, new.summary),
+        death_row(base.summary, new.summary),
         _last_safe_row(base.summary, new.summary, onset),
         _plain_row("queueing", "queueing onset", base.summary.queueing_onset, new.summary.queueing_onset),
         _plain_row(
@@ -309,48 +309,39 @@ def _death_text(summary: Summary) -> str:
     return f"at {_text(death.concurrency)} ({death.kind or 'cause unknown'})"
 
 
-def _death_rows(base: Summary, new: Summary) -> list[ResultRow]:
+def death_row(base: Summary, new: Summary) -> ResultRow:
+    """The engine-death row (module docstring); ``oomload report --history`` reads its moves from it too.
+    A death counts only where the other run measured: a new run that survived only up to a level below
+    the base's death, or one that died above the base's highest level tested, is *not measured*."""
     b, n = base.death, new.death
     bt, nt = _death_text(base), _death_text(new)
+
+    def row(status: Status, evidence: str) -> ResultRow:
+        return ResultRow("engine_death", "engine death", bt, nt, status, evidence)
+
     if b is None and n is None:
-        return [ResultRow("engine_death", "engine death", bt, nt, "unchanged", "neither engine died")]
+        return row("unchanged", "neither engine died")
     if n is None:
         top = new.max_tested_concurrency
         if b is not None and b.concurrency is not None and (top is None or top < b.concurrency):
-            why = f"the new run's engine survived, but only up to {_text(top)}, below the base's death"
-            return [ResultRow("engine_death", "engine death", bt, nt, "not measured", why)]
-        return [
-            ResultRow("engine_death", "engine death", bt, nt, "improvement", "the new run's engine survived")
-        ]
+            return row(
+                "not measured",
+                f"the new run's engine survived, but only up to {_text(top)}, below the base's death",
+            )
+        return row("improvement", "the new run's engine survived")
     top = base.max_tested_concurrency
     if b is None and n.concurrency is not None and top is not None and n.concurrency > top:
-        why = f"the new run's engine died above the base's highest level tested ({top})"
-        return [ResultRow("engine_death", "engine death", bt, nt, "not measured", why)]
+        return row("not measured", f"the new run's engine died above the base's highest level tested ({top})")
     if b is None or (
         b.concurrency is not None and n.concurrency is not None and n.concurrency < b.concurrency
     ):
         where = "survived" if b is None else f"died only at {b.concurrency}"
-        return [
-            ResultRow(
-                "engine_death",
-                "engine death",
-                bt,
-                nt,
-                "regression",
-                f"the new run's engine died; the base's {where}",
-            )
-        ]
+        return row("regression", f"the new run's engine died; the base's {where}")
     same_kind = b.kind == n.kind
-    return [
-        ResultRow(
-            "engine_death",
-            "engine death",
-            bt,
-            nt,
-            "unchanged" if same_kind and b.concurrency == n.concurrency else "changed",
-            "both engines died" + ("" if same_kind else f"; the kind changed ({b.kind} → {n.kind})"),
-        )
-    ]
+    return row(
+        "unchanged" if same_kind and b.concurrency == n.concurrency else "changed",
+        "both engines died" + ("" if same_kind else f"; the kind changed ({b.kind} → {n.kind})"),
+    )
 
 
 def _last_safe_row(base: Summary, new: Summary, onset: OnsetShift) -> ResultRow:

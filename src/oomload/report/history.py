@@ -15,7 +15,10 @@ as the same traffic (``Verdict.traffic``: shared prefixes or distinct prompts, t
 ``compare`` asks), a *move* is named with the evidence ``compare`` uses
 (``oomload.verdict.shift.onset_shift``): an onset that moved and is separated by the repeats of both
 runs ("onset 10 → 8 at run r3 (vLLM 0.33.0), separated: Fisher p = 0.05"), or one that moved without
-that evidence ("not separated"); a pool that changed size; a death that appeared or went. A run with
+that evidence ("not separated"); a pool that changed size; a death that appeared, went or moved, by
+``compare``'s own rule (``oomload.report.compare.death_row``: a later run that survived only up to a
+level below the earlier run's death, or died above every level that run tested, is *not measured*,
+never a death that went or appeared). A run with
 no such run before it is marked, and no move is read for it; runs of other traces between two of one
 trace do not hide their move. A run with nothing to judge (``Verdict.failed_run``: its requests mostly
 failed, as ``compare`` refuses it with exit 3) is marked so, shows no onset, last safe level or death
@@ -45,6 +48,7 @@ from rich.table import Table
 
 from oomload.errors import ConfigError, OutputWriteError
 from oomload.outfile import write_text
+from oomload.report.compare import death_row
 from oomload.report.compareside import RunSide, load_side
 from oomload.report.plots import DPI, _png
 from oomload.trace.stats import percentile
@@ -235,9 +239,9 @@ def _moves(before: RunSide, after: RunSide) -> tuple[str, ...]:
             else "no steps between the onsets in both runs"
         )
         moves.append(f"onset {_level(b_onset)} → {_level(a_onset)} {at}, {evidence}")
-    b_death, a_death = _death(before), _death(after)
-    if (b_death is None) != (a_death is None):
-        moves.append(f"engine death {a_death} {at}" if a_death else f"no engine death {at} (was {b_death})")
+    death = death_row(before.summary, after.summary)
+    if death.status != "unchanged":
+        moves.append(f"engine death {death.base} → {death.new} {at}, {death.status}: {death.evidence}")
     return tuple(moves)
 
 

@@ -110,3 +110,26 @@ def test_history_reads_a_move_against_the_last_run_of_the_same_trace_and_traffic
     assert [r.label for r in rows] == ["r1", "r2", "r3"]
     assert rows[1].moves == ("r2 replayed another trace: nothing is read across it",)
     assert rows[2].moves[0].startswith("onset 8 → 4 at r3")
+
+
+def test_history_reads_a_death_as_compare_does_never_gone_where_not_reached(tmp_path: Path) -> None:
+    """A run that died of OOM at 16, then one interrupted at 4: history read "no engine death at r2 (was
+    at 16 …)" — a death gone — where ``compare`` says "not measured" (r2 never ran 16). It reads the
+    death by compare's rule; so is a death above every level the run before it ran."""
+    _run(tmp_path / "r1", [_step(2), _step(4), _step(8), _died_at(16)], status=DEAD)
+    _run(tmp_path / "r2", [_step(2), _step(4, cut_short=True)], status=INTERRUPTED)
+    _run(tmp_path / "r3", [*(_step(c) for c in (2, 4, 8, 16)), _died_at(32)], status=DEAD)
+    rows = history_of([tmp_path]).rows  # no provenance: the same start, ordered by label
+    assert [r.label for r in rows] == ["r1", "r2", "r3"]
+    gone = [m for m in rows[1].moves if m.startswith("engine death")]
+    assert gone == [
+        "engine death at 16 (cuda_oom) → none at r2 (simulated), not measured: the new run's engine "
+        "survived, but only up to 2, below the base's death"
+    ]
+    assert not any(m.startswith("no engine death") for m in rows[1].moves)
+    _, status, evidence = _row(tmp_path / "r1", tmp_path / "r2", "engine_death")
+    assert status == "not measured" and evidence in gone[0]
+    above = [m for m in rows[2].moves if m.startswith("engine death")]
+    assert len(above) == 1 and above[0].endswith(
+        "not measured: the new run's engine died above the base's highest level tested (2)"
+    ), above

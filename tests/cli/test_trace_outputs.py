@@ -28,6 +28,22 @@ def one_error_line(err: str) -> str:
     return err
 
 
+@pytest.mark.parametrize("verb", ["build", "stats"])
+def test_one_log_given_twice_is_refused_not_read_twice(
+    verb: str, log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``trace build LOG LOG`` wrote every request twice (200 of a 100-line log), without a word; so
+    did a log and a link to it (a shell glob and a path given by hand)."""
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(log)
+    out = ["-o", str(tmp_path / "t.jsonl")] if verb == "build" else []
+    for second, said in ((log, f"{log} is given twice"), (link, f"{log} and {link} are one file")):
+        code, stdout, err = run(["trace", verb, str(log), str(second), *out], capsys)
+        assert code == 2 and stdout == "", err
+        assert f"{said}: its requests would be read twice" in one_error_line(err)
+    assert not (tmp_path / "t.jsonl").exists()
+
+
 @pytest.mark.parametrize("command", ["build", "synth"])
 def test_output_paths_that_cannot_be_files_exit_2_with_one_sentence(
     command: str, log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -59,6 +59,7 @@ def plan_inputs(
     """Detect and check every input up front (see the module docstring)."""
     if not paths:
         raise TraceFormatError("no input files given")
+    _refuse_repeats(paths)
     plans = []
     for path in paths:
         source = LogSource(Path(path))
@@ -81,6 +82,22 @@ def plan_inputs(
             names = None  # a trace whose names are pseudonyms already keeps them (a merge, a re-sort)
         plans.append(InputPlan(source, fmt, layout, mapping, hasher, names))
     return plans
+
+
+def _refuse_repeats(paths: Sequence[str | Path]) -> None:
+    """One file given twice (the same name, or two names of it: a link, a relative and an absolute path)
+    would have its requests read twice: refused, naming both."""
+    seen: dict[tuple[int, int], str | Path] = {}
+    for path in paths:
+        try:
+            stat = Path(path).stat()
+        except OSError:
+            continue  # ``LogSource`` says why it cannot be read
+        first = seen.get((stat.st_dev, stat.st_ino))
+        if first is not None:
+            same = f"{path} is given twice" if str(first) == str(path) else f"{first} and {path} are one file"
+            raise TraceFormatError(f"{same}: its requests would be read twice")
+        seen[(stat.st_dev, stat.st_ino)] = path
 
 
 def iter_source_batches(plan: InputPlan, skips: SkipLog, counter: TokenCounter | None) -> Iterator[pa.Table]:

@@ -23,7 +23,9 @@ no such run before it is marked, and no move is read for it; runs of other trace
 trace do not hide their move. A run with nothing to judge (``Verdict.failed_run``: its requests mostly
 failed, as ``compare`` refuses it with exit 3) is marked so, shows no onset, last safe level or death
 ("—": not "none", which would read as clean), and is skipped as the run before another: "onset 8 →
-none" across a server that answered nothing would read as a fix. Several inputs may be run
+none" across a server that answered nothing would read as a fix. Nor does it make the run after it a
+run of "another trace" or "other traffic": only judged runs are looked at for that mark, so the first
+judged run is marked for nothing, as the first run is. Several inputs may be run
 directories or directories that hold run directories (one level down).
 
 Outputs (``write_history``): the terminal table, ``history.json`` (schema ``oomload.history/1``),
@@ -154,10 +156,11 @@ def build_history(sides: Sequence[RunSide], level: int | None = None) -> History
         same = side.trace_digest is not None and side.trace_digest == first_digest
         previous = next((p for p in reversed(ordered[:index]) if _comparable(p, side)), None)
         moves = _moves(previous, side) if previous is not None else ()
+        judged_before = [p for p in ordered[:index] if p.verdict.failed_run is None]
         if side.verdict.failed_run is not None:
             moves = (f"{side.label} has nothing to judge: nothing is read from it",)
-        elif previous is None and index:
-            same_trace = any(p.trace_digest == side.trace_digest for p in ordered[:index])
+        elif previous is None and judged_before:  # the first judged run is the first, as the first run
+            same_trace = any(p.trace_digest == side.trace_digest for p in judged_before)
             what = f"sent other traffic ({side.verdict.traffic})" if same_trace else "replayed another trace"
             moves = (f"{side.label} {what}: nothing is read across it",)
         s = side.summary

@@ -159,3 +159,17 @@ def test_a_run_with_nothing_to_judge_is_marked_and_never_read_as_a_fix(releases:
     assert "| b2-broken (nothing to judge) |" in page and "| — | — | 100 | — |" in page
     # the release after it is read against 0.32.0 (onset 8), not against the run that judged nothing
     assert late.moves[1].startswith("onset 8 → 6 at c-late (vLLM 0.33.0)")
+
+
+def test_a_run_with_nothing_to_judge_before_the_first_judged_run_marks_nothing(releases: Path) -> None:
+    """A run that judged nothing, then runs of one trace and traffic: the first judged run read "a-first
+    sent other traffic (distinct prompts): nothing is read across it" — the run before it was passed
+    over, and the only one left on its trace. A run with nothing to judge is no run before another: the
+    first judged run is the first, and is marked for nothing."""
+    _run(releases / "a0-broken", onset=8, blocks=100, version="0.30.0", day=0, failed=True)
+    rows = history_of([releases]).rows
+    assert [r.label for r in rows] == ["a0-broken", "a-first", "b-mid", "c-late"]
+    assert rows[0].moves == ("a0-broken has nothing to judge: nothing is read from it",)
+    assert rows[1].moves == () and rows[2].moves == ()
+    assert rows[3].moves[1].startswith("onset 8 → 6 at c-late (vLLM 0.33.0)")
+    assert not any("other traffic" in m or "another trace" in m for r in rows for m in r.moves)

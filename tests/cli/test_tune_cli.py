@@ -203,6 +203,7 @@ def test_ctrl_c_leaves_the_server_stopped_and_a_partial_table(tmp_path: Path) ->
     assert "2 of at most 8 starts" in output and "candidate 2 was interrupted" in output
     assert _sim_servers(name) == []
     assert (out / "tune.md").is_file()
+    assert oomload("report", str(out)).returncode == 4  # not done: no finding that nothing carries
 
 
 def test_a_target_above_anything_that_starts_is_exit_1_with_the_reason(tmp_path: Path) -> None:
@@ -325,3 +326,34 @@ def test_report_on_a_tune_directory_refuses_a_replays_flags(
         assert code == 2 and f"is an `oomload tune` directory: {flags[0]}" in err, err
         assert len(err.strip().splitlines()) == 1
     assert run(["report", str(tmp_path / "t")], capsys)[0] == 1  # its table, and the tune's exit: no winner
+
+
+@pytest.mark.parametrize(
+    ("status", "code"), [("interrupted", 4), ("stopped", 4), ("running", 4), ("finished", 1)]
+)
+def test_report_on_an_unfinished_tune_is_not_evaluated_not_a_negative(
+    status: str, code: int, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A tune stopped by SIGINT or SIGTERM exited 130, and `oomload report` on its directory exited 1,
+    "no candidate carried the target": a gate read the search it cut short as a negative result."""
+    from oomload.tune.record import TuneRecord
+    from oomload.tune.search import Candidate, Settings
+
+    started = Candidate(1, Settings(gpu_memory_utilization=0.8, max_num_seqs=4), "first", started=True)
+    record = TuneRecord(
+        serve_line=SIM,
+        kind="sim",
+        model="llama-3.1-8b",
+        target_concurrency=4,
+        trace_path=str(FIXED),
+        max_starts=8,
+        max_duration_s=1800.0,
+        slo_ttft_p99_s=None,
+        candidates=(started,),
+        status=status,
+    )
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "tune.json").write_text(json.dumps(record.to_json()))
+    got, out, _ = run(["report", str(tmp_path / "t")], capsys)
+    assert got == code, out
+    assert f"status {status}" in out and (tmp_path / "t" / "tune.md").is_file()

@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from oomload.errors import ConfigError, ExitCode, OutputWriteError
+from oomload.errors import ConfigError, OutputWriteError
 from oomload.outfile import write_text
 from oomload.tune.record import TuneRecord
 from oomload.tune.search import Candidate, Proof
@@ -66,13 +66,12 @@ def load_tune_record(path: Path) -> TuneRecord:
 
 
 def render_tune_dir(path: Path, console: Console) -> int:
-    """``oomload report TUNE_DIR``: re-render the tune's reports; exit 0 with a winner, 4 when the tune
-    stopped without evidence (search rule 5), else 1."""
+    """``oomload report TUNE_DIR``: re-render the tune's reports; exit as the record proves
+    (``TuneRecord.verdict_exit_code``): 0 a winner, 1 a search that ended with none, 4 one that did not
+    end (interrupted, stopped by an error, its process killed) or stopped without evidence."""
     record = load_tune_record(path)
     write_tune_reports(path, record, console)
-    if record.status == "no_evidence":
-        return int(ExitCode.GATE_NOT_EVALUATED)
-    return 0 if record.winner is not None else 1
+    return record.verdict_exit_code()
 
 
 def write_tune_reports(path: Path, record: TuneRecord, console: Console) -> None:

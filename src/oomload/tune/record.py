@@ -57,13 +57,23 @@ class TuneRecord:
         return next((c for c in self.candidates if c.index == self.winner_index), None)
 
     def exit_code(self) -> int:
-        """Interrupted: ``INTERRUPTED``; stopped without evidence: ``GATE_NOT_EVALUATED`` (search
-        rule 5); a winner: ``OK``; else ``GATE_FAILED`` (nothing carried the target)."""
+        """``oomload tune``'s exit code: ``INTERRUPTED`` for a tune a signal stopped, else what the
+        record proves (``verdict_exit_code``)."""
         if self.status == "interrupted":
             return int(ExitCode.INTERRUPTED)
-        if self.status == "no_evidence":
-            return int(ExitCode.GATE_NOT_EVALUATED)
-        return int(ExitCode.OK if self.winner is not None else ExitCode.GATE_FAILED)
+        return self.verdict_exit_code()
+
+    def verdict_exit_code(self) -> int:
+        """What the record proves, as ``oomload report TUNE_DIR`` exits: a winner ``OK``; a search that
+        ended (``finished``, ``bounded``) with none ``GATE_FAILED`` — nothing it tried carried the
+        target; one that did not end — ``interrupted``, ``stopped`` by an error, still ``running`` when
+        its process died, or ``no_evidence`` (search rule 5) — ``GATE_NOT_EVALUATED``: a search that was
+        not done is no finding that nothing carries, and missing evidence never passes."""
+        if self.winner is not None:
+            return int(ExitCode.OK)
+        if self.status in ("finished", "bounded"):
+            return int(ExitCode.GATE_FAILED)
+        return int(ExitCode.GATE_NOT_EVALUATED)
 
     def gate_rules(self) -> tuple[str, ...]:
         if self.winner is None:

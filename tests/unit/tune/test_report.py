@@ -7,6 +7,7 @@ import io
 import json
 from dataclasses import replace
 
+import pytest
 from rich.console import Console
 
 from oomload.report.tune import COLUMNS, print_tune, render_html, render_markdown
@@ -195,3 +196,28 @@ def test_an_interrupted_tune_without_a_winner_says_it_did_not_finish() -> None:
     page = render_markdown(replace(record, status="interrupted"))
     said = "No winner yet: the tune was interrupted before a candidate carried the target concurrency 6."
     assert said in page
+
+
+@pytest.mark.parametrize(
+    ("status", "winner", "tune_exit", "report_exit"),
+    [
+        ("finished", 1, 0, 0),
+        ("finished", None, 1, 1),  # the search ended: nothing it tried carried the target
+        ("bounded", None, 1, 1),
+        ("bounded", 1, 0, 0),  # the best so far
+        ("interrupted", None, 130, 4),  # not done: no finding that nothing carries
+        ("interrupted", 1, 130, 0),
+        ("stopped", None, 1, 4),  # an error ended it (the tune raised: exit 2 or 3)
+        ("running", None, 1, 4),  # its process was killed before it wrote an end
+        ("no_evidence", None, 4, 4),
+    ],
+)
+def test_report_exits_as_the_record_proves_and_an_unfinished_search_is_not_evaluated(
+    status: str, winner: int | None, tune_exit: int, report_exit: int
+) -> None:
+    """``oomload report`` on a tune interrupted by SIGINT or SIGTERM exited 1, "no candidate carried the
+    target": CI read an unfinished search as a negative result."""
+    record = replace(_record(), status=status, winner_index=winner)
+    assert record.verdict_exit_code() == report_exit
+    if status != "stopped" and status != "running":  # the tune itself raised, or never returned
+        assert record.exit_code() == tune_exit

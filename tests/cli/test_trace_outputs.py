@@ -164,6 +164,17 @@ def test_unknown_time_unit_is_named(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 2 and "unknown time unit 'fortnights'" in one_error_line(err)
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
+def test_a_utf16_log_is_named_utf16(
+    encoding: str, log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log saved by a Windows tool read "cannot tell the log format (a CSV with 8 columns)"."""
+    log.write_bytes(log.read_text().encode(encoding))  # with a byte-order mark, and without
+    for argv in (["trace", "build", str(log), "-o", str(tmp_path / "t.jsonl")], ["trace", "stats", str(log)]):
+        code, _, err = run(argv, capsys)
+        assert code == 2 and "the log is UTF-16 text, not UTF-8: convert it first" in one_error_line(err)
+
+
 def test_a_damaged_gz_is_called_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "log.jsonl.gz"
     path.write_bytes(bytes(range(156, 256)))  # 100 bytes, no gzip signature, not text

@@ -42,6 +42,22 @@ AZURE_COLUMNS = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
 BURSTGPT_COLUMNS = {"Timestamp", "Request tokens", "Response tokens"}
 
 
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def _utf16(head: bytes) -> bool:
+    """A UTF-16 byte-order mark, or ASCII written in UTF-16 without one: a NUL every other byte, and
+    none between (a run of NULs, as a log truncated under its writer starts, is not UTF-16)."""
+    if head.startswith(_UTF16_BOMS):
+        return True
+    sample = head[:64]
+    even, odd = sample[0::2], sample[1::2]
+    return len(sample) >= 8 and (
+        (even.count(0) == len(even) and odd.count(0) == 0)
+        or (odd.count(0) == len(odd) and even.count(0) == 0)
+    )
+
+
 def detect_format(source: LogSource, *, forced: str | None = None, mapped: bool = False) -> str:
     """The format name of ``source`` (a key of ``FORMATS``); raises ``TraceFormatError`` when unknown."""
     if forced is not None and forced not in FORMATS:
@@ -51,9 +67,13 @@ def detect_format(source: LogSource, *, forced: str | None = None, mapped: bool 
     if forced is not None and not mapped and forced in ("csv", "jsonl"):
         raise ConfigError(f"--format {forced} needs --map input=COL,output=COL[,time=COL]")
     lines = source.head_lines(200)  # raises on an empty or unreadable file
+    first = lines[0]
+    if _utf16(first):
+        raise TraceFormatError(
+            "the log is UTF-16 text, not UTF-8: convert it first, e.g. iconv -f UTF-16 -t UTF-8", source.path
+        )
     if forced is not None:
         return forced
-    first = lines[0]
     if mapped:
         return "jsonl" if first.startswith(b"{") else "csv"
     if first.startswith((b"{", b"[")):

@@ -25,7 +25,8 @@
 
 A Ctrl-C at any moment: the replay child gets it too and writes its partial report; the server is
 stopped by its ``with``; ``tune.json`` says ``interrupted`` and holds every candidate so far, the one
-that was running included (started or not, with no proof; a note says how far it got); exit 130.
+that was running included (started or not, with no proof; a note says how far it got); exit 130. A
+SIGTERM does the same (the replay child gets it passed on), and the note names it.
 
 A disk that refuses a write (full, read-only, gone, a file size limit) stops the tune at once, with the
 server stopped and one sentence naming the file, exit 2: ``tune.json`` (written whole, so the last one
@@ -89,9 +90,9 @@ _UNTUNABLE = frozenset({StartCause.OTHER, StartCause.WEIGHTS})
 
 
 def run_tune(config: TuneConfig, console: Console | None = None) -> TuneRecord:
-    """Run the tune (module docstring) and return its record (also in ``tune.json``); SIGTERM counts
-    as Ctrl-C meanwhile. The caller renders the record (``oomload.report.tune``) and picks the exit
-    code (``tune_exit_code``)."""
+    """Run the tune (module docstring) and return its record (also in ``tune.json``); SIGTERM stops it
+    as Ctrl-C does meanwhile (``_Terminated``), and its note names the signal it got. The caller
+    renders the record (``oomload.report.tune``) and picks the exit code (``tune_exit_code``)."""
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -100,8 +101,24 @@ def run_tune(config: TuneConfig, console: Console | None = None) -> TuneRecord:
         signal.signal(signal.SIGTERM, previous)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where a Ctrl-C's ``KeyboardInterrupt`` would be: every path that stops the tune
+    on a Ctrl-C stops it the same way, and the note can tell the two apart (``_signal_text``)."""
+
+
 def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    raise _Terminated
+
+
+def _signal_text(err: BaseException) -> str:
+    """The signal that stopped the tune: SIGTERM when a ``_Terminated`` is in ``err``'s chain (a
+    candidate's interruption wraps it), else SIGINT, a Ctrl-C."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, _Terminated):
+            return "SIGTERM"
+        seen = seen.__cause__ or seen.__context__
+    return "Ctrl-C (SIGINT)"
 
 
 def _run_tune(config: TuneConfig, console: Console | None) -> TuneRecord:
@@ -181,7 +198,8 @@ def _run_tune(config: TuneConfig, console: Console | None) -> TuneRecord:
                 notes.append(cut)
     except KeyboardInterrupt as err:
         status = "interrupted"
-        notes.append("interrupted (Ctrl-C): the server was stopped; the table holds the candidates so far")
+        stopped = f"interrupted by {_signal_text(err)}: the server was stopped"
+        notes.append(f"{stopped}; the table holds the candidates so far")
         if isinstance(err, _CandidateInterrupted):
             notes.append(_interrupted_note(err.candidate))
     except OomloadError as err:  # said by the CLI; tune.json says so too when it still fits

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,11 @@ TRACE = Path(__file__).resolve().parents[3] / "traces" / "sample-fixed.jsonl"
 
 
 class _Server:
-    """``RealVllmServer``'s surface the tune uses; ``start`` raises when told to."""
+    """``RealVllmServer``'s surface the tune uses; ``start`` raises when told to (``signum``: gets that
+    signal, as the process would, instead)."""
 
     interrupt_start = False
+    signum: int | None = None
     stops = 0
 
     def __init__(self, line: object, cand_dir: Path, **kwargs: Any) -> None:
@@ -36,7 +39,7 @@ class _Server:
     def start(self) -> None:
         self.log_path.write_text("started\n")
         if _Server.interrupt_start:
-            raise KeyboardInterrupt
+            _interrupt()
 
     def stop(self) -> None:
         _Server.stops += 1
@@ -45,15 +48,26 @@ class _Server:
         return self.log_path.read_text()
 
 
+def _interrupt() -> None:
+    """A Ctrl-C's ``KeyboardInterrupt``, or the signal ``_Server.signum`` delivered to this process."""
+    if _Server.signum is None:
+        raise KeyboardInterrupt
+    signal.raise_signal(_Server.signum)
+
+
 def _interrupted_proof(*args: object, **kwargs: object) -> object:
-    raise KeyboardInterrupt  # the replay child was interrupted with the tune
+    _interrupt()  # the replay child was interrupted with the tune
+    raise AssertionError("the signal did not stop the tune")
 
 
-def _tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, in_start: bool) -> dict[str, Any]:
+def _tune(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, in_start: bool, signum: int | None = None
+) -> dict[str, Any]:
     monkeypatch.setattr(tune_run, "RealVllmServer", _Server)
     monkeypatch.setattr(tune_run, "prove", _interrupted_proof)
     monkeypatch.setattr(tune_run, "free_device_bytes", lambda: None)
     monkeypatch.setattr(_Server, "interrupt_start", in_start)
+    monkeypatch.setattr(_Server, "signum", signum)
     monkeypatch.setattr(_Server, "stops", 0)
     config = TuneConfig(
         trace_path=TRACE,
@@ -89,3 +103,20 @@ def test_a_candidate_interrupted_during_its_start_is_listed_as_not_started(
     [candidate] = saved["candidates"]
     assert candidate["index"] == 1 and candidate["started"] is False and candidate["proof"] is None
     assert "candidate 1 was interrupted before its server answered" in saved["notes"][-1]
+
+
+@pytest.mark.parametrize("in_start", [True, False])
+def test_a_sigterm_is_named_in_the_note_not_called_ctrl_c(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_start: bool
+) -> None:
+    """A tune stopped by SIGTERM noted "interrupted (Ctrl-C)"."""
+    saved = _tune(tmp_path, monkeypatch, in_start=in_start, signum=signal.SIGTERM)
+    assert saved["status"] == "interrupted"
+    assert saved["notes"][0].startswith("interrupted by SIGTERM: the server was stopped")
+    assert "Ctrl-C" not in " ".join(saved["notes"])
+    assert signal.getsignal(signal.SIGTERM) is not tune_run._interrupt  # the handler is given back
+
+
+def test_a_ctrl_c_is_named_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    saved = _tune(tmp_path, monkeypatch, in_start=False)
+    assert saved["notes"][0].startswith("interrupted by Ctrl-C (SIGINT): the server was stopped")

@@ -72,3 +72,19 @@ def test_a_trace_none_of_whose_requests_fits_is_one_sentence(sim: SimServer, tmp
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "with --only-fitting nothing is left to replay" in " ".join(proc.stderr.split())
     assert "Traceback" not in proc.stderr
+
+
+def test_zero_token_lengths_are_said_to_be_sent_as_one(sim: SimServer, tmp_path: Path) -> None:
+    """A log's 0-token prompt or output (a cancelled request, say) was sent as 1 token without a word."""
+    trace = _trace(tmp_path / "t.jsonl", [(0, 50), (300, 0), (300, 0), (300, 50)] * 5)
+    run_dir = tmp_path / "zero"
+    proc = _replay(sim, trace, run_dir)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 0, out
+    assert (
+        "note: 5 of 20 trace requests have a prompt of 0 tokens and 10 an output of 0: each is sent with 1 "
+        "token instead (servers refuse 0)"
+    ) in out
+    assert {(r.prompt_tokens_asked, r.output_tokens_asked) for r in RunReader(run_dir).requests()} >= {
+        (1, 50)
+    }

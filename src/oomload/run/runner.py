@@ -250,6 +250,20 @@ def _say_unfit(
         console.print(f"{need} (prompt + output): left out (--only-fitting); {len(records) - unfit} replayed")
 
 
+def _say_zero_lengths(console: Console, records: Sequence[TraceRecord]) -> None:
+    """Say how many trace requests give a prompt or an output of 0 tokens: each is sent with 1
+    (``payload.asked_lengths``: servers refuse 0), so the replay's lengths differ from the trace's there."""
+    prompts = sum(1 for r in records if r.prompt_tokens == 0)
+    outputs = sum(1 for r in records if r.output_tokens == 0)
+    parts = [f"{prompts} of {len(records)} trace requests have a prompt of 0 tokens"] if prompts else []
+    if outputs:
+        parts.append(
+            f"{outputs} {'' if prompts else f'of {len(records)} trace requests have '}an output of 0"
+        )
+    if parts:
+        console.print(f"note: {' and '.join(parts)}: each is sent with 1 token instead (servers refuse 0)")
+
+
 def _run_with_server(
     config: ReplayConfig,
     console: Console,
@@ -265,6 +279,7 @@ def _run_with_server(
     if config.api == "chat":
         check_tokenize(url, info.model, api_key)
     _say_unfit(console, config, records, info.max_model_len)
+    _say_zero_lengths(console, records)
     run_dir = config.run_dir if config.run_dir is not None else new_run_dir(config.runs_parent)
     run_dir.mkdir(parents=True, exist_ok=True)
     writer = RunWriter(run_dir)

@@ -110,8 +110,9 @@ def run(args: argparse.Namespace) -> int:
     from oomload.realvllm.servecmd import parse_serve_command
     from oomload.realvllm.server import check_listen_address
     from oomload.report.tune import write_tune_reports
+    from oomload.tune.ladder import NO_TARGET_SEQS, seqs_ladder
     from oomload.tune.run import TuneConfig, run_tune, tune_exit_code
-    from oomload.tune.search import NO_TARGET_SEQS, SearchSpace, Settings, seqs_ladder
+    from oomload.tune.search import SearchSpace, Settings
 
     if not args.trace.is_file():
         raise ConfigError(f"trace {args.trace} does not exist")
@@ -213,7 +214,8 @@ def _check_fixed_ladders(args: argparse.Namespace, fixed: set[str]) -> None:
 
 
 def _memory_ladder(args: argparse.Namespace, own_utilization: str | None, fixed: set[str]) -> tuple[Any, ...]:
-    from oomload.tune.search import Settings, utilization_ladder
+    from oomload.tune.ladder import utilization_ladder
+    from oomload.tune.search import Settings
 
     given = [x for x in (args.utilization, args.num_gpu_blocks, args.kv_cache_memory_bytes) if x is not None]
     if len(given) > 1:

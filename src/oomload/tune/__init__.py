@@ -2,6 +2,7 @@
 the traffic (docs/tune.md).
 
 * ``search``   — which settings to start next and which one wins (pure; its docstring has every rule);
+* ``ladder``   — the ladders searched when the user names none: utilization, ``max_num_seqs`` (pure);
 * ``stops``    — why a search ended without a winner: no evidence, or a death no setting answers (pure);
 * ``guide``    — the trace's odds on a candidate's pool: onsets, the first guess, the evidence (pure);
 * ``evidence`` — whether a replay held the target, or a capped candidate its cap (pure);

@@ -75,10 +75,11 @@ from oomload.realvllm.server import RealVllmServer, free_port
 from oomload.trace.model import read_trace, read_trace_header
 from oomload.trace.stats import recommend_max_model_len
 from oomload.tune.context import TuneConfig, TuneContext
+from oomload.tune.ladder import seqs_ladder
 from oomload.tune.prove import measure_rate, prove
 from oomload.tune.rate import RateTarget
 from oomload.tune.record import TuneRecord
-from oomload.tune.search import Candidate, next_proposal, pick_winner, seqs_ladder
+from oomload.tune.search import Candidate, next_proposal, pick_winner
 from oomload.tune.startup import StartCause, classify_startup_failure
 from oomload.tune.stops import death_stop, evidence_stop, starts_stop
 

@@ -12,16 +12,9 @@ from oomload.capacity.odds import Pool
 from oomload.rundir.summary import SUMMARY_SCHEMA, StepSummary, Summary, summary_from_doc
 from oomload.tune.evidence import judge_target
 from oomload.tune.guide import OddsGuide
+from oomload.tune.ladder import seqs_ladder
 from oomload.tune.prove import proof_from_summary
-from oomload.tune.search import (
-    Candidate,
-    Proof,
-    SearchSpace,
-    Settings,
-    next_proposal,
-    pick_winner,
-    seqs_ladder,
-)
+from oomload.tune.search import Candidate, Proof, SearchSpace, Settings, next_proposal, pick_winner
 from oomload.tune.stops import evidence_stop
 
 TARGET = 12

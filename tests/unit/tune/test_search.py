@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from oomload.tune.search import (
-    Candidate,
-    Proof,
-    SearchSpace,
-    Settings,
-    next_proposal,
-    pick_winner,
-    seqs_ladder,
-    utilization_ladder,
-)
+from oomload.tune.ladder import seqs_ladder, utilization_ladder
+from oomload.tune.search import Candidate, Proof, SearchSpace, Settings, next_proposal, pick_winner
 from oomload.tune.startup import StartCause, StartupFailure
 from oomload.tune.stops import starts_stop
 

@@ -47,6 +47,7 @@ is a typed ``oomload.run.snapshot.TelemetrySnapshot``; JSON is made only where i
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import socket
@@ -259,10 +260,12 @@ def check_web_port(host: str, port: int) -> None:
             sock.bind(address)
     except OSError as err:
         why = err.strerror or type(err).__name__
-        raise ConfigError(
-            f"the web UI cannot listen on {host}:{port} ({why}); is the port in use? Choose another with "
-            "--web-port (or --web-host)"
-        ) from err
+        hint = (
+            f"{host} is not an address of this machine; choose one with --web-host (default 127.0.0.1)"
+            if err.errno == errno.EADDRNOTAVAIL
+            else "is the port in use? Choose another with --web-port (or --web-host)"
+        )
+        raise ConfigError(f"the web UI cannot listen on {host}:{port} ({why}); {hint}") from err
 
 
 def extend_web_ui(

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import pytest
+
 from oomload.capacity.schedule import StepPlan
+from oomload.errors import ConfigError
 from oomload.run.snapshot import FinalState, LatencyFigures, PlanState, TelemetrySnapshot, TtftFigures
-from oomload.run.webui import cross_origin, plan_text, telemetry_rows, ttft_text
+from oomload.run.webui import check_web_port, cross_origin, plan_text, telemetry_rows, ttft_text
 
 PLAN = PlanState(levels=(1, 2, 4, 8, 16), planned_steps=5, refine=True)
 STEP = StepPlan(3, 8, "ramp")
@@ -171,3 +174,12 @@ def test_a_cross_origin_stop_or_swarm_leaves_the_run_running() -> None:
     assert out["stop_evil"] == 403 and out["swarm_evil"] == 403
     assert out["state_after_evil"] in ("running", "spawning") and out["users_after_evil"] == 2
     assert out["stop_own"] == 200 and out["state_after_own"] in ("stopped", "stopping")
+
+
+def test_a_web_host_that_is_not_this_machines_is_named_not_taken_for_a_busy_port() -> None:
+    with pytest.raises(ConfigError) as info:
+        check_web_port("8.8.8.8", 18089)
+    assert str(info.value) == (
+        "the web UI cannot listen on 8.8.8.8:18089 (Cannot assign requested address); 8.8.8.8 is not an "
+        "address of this machine; choose one with --web-host (default 127.0.0.1)"
+    )

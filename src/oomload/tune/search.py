@@ -12,7 +12,8 @@ requests); a knob the user fixed is never moved.
 The rules, in order — every candidate records the rule that produced it, and the report prints it:
 
 1. **First candidate**: the most memory on the ladder and ``max_num_seqs`` at the target (the
-   largest ladder value ≤ the target) — the setting with the most headroom, if it starts.
+   largest ladder value ≤ the target; with ``--fix max-num-seqs`` the line's own, and the rule says
+   which value it is) — the setting with the most headroom, if it starts.
 2. **A failed start** moves by its cause (``oomload.tune.startup``):
 
    * not enough free device memory → the highest utilization on the ladder that the free memory the
@@ -268,13 +269,36 @@ class Proposal:
 
 
 def first_proposal(space: SearchSpace, target: int | None) -> Proposal:
-    """Rule 1: the most memory, ``max_num_seqs`` at the target."""
+    """Rule 1: the most memory, ``max_num_seqs`` at the target; its rule says the value it set."""
     seqs = _seqs_at_most(space, target)
     settings = _merge(space.base, space.memory[0] if space.memory else Settings())
     if "max_num_seqs" not in space.fixed and seqs is not None:
         settings = replace(settings, max_num_seqs=seqs)
-    rule = "max_num_seqs at the target" if target is not None else "the largest max_num_seqs (no target)"
-    return Proposal(settings, f"first: the most memory on the ladder, {rule}")
+    return Proposal(settings, f"first: the most memory on the ladder, {_first_seqs(space, target, seqs)}")
+
+
+def _first_seqs(space: SearchSpace, target: int | None, seqs: int | None) -> str:
+    """Rule 1's ``max_num_seqs`` in words: at the target, or the value it is instead and why (a knob
+    the user fixed, or a ladder with no value at the target)."""
+    if "max_num_seqs" in space.fixed:
+        own = space.base.max_num_seqs
+        if own is None:
+            return "max_num_seqs left at the server's default (--fix max-num-seqs)"
+        return f"max_num_seqs {own} kept from your line (--fix max-num-seqs){_beside(own, target)}"
+    if seqs is None:
+        return "max_num_seqs as your line has it"
+    if target is None:
+        return "the largest max_num_seqs (no target)"
+    if seqs == target:
+        return "max_num_seqs at the target"
+    end = "largest" if seqs < target else "smallest"  # the ladder has nothing at the target
+    return f"max_num_seqs {seqs}, the ladder's {end}{_beside(seqs, target)}"
+
+
+def _beside(seqs: int, target: int | None) -> str:
+    if target is None or seqs == target:
+        return ""
+    return f", {'below' if seqs < target else 'above'} the target {target}"
 
 
 def next_proposal(space: SearchSpace, target: int | None, history: Sequence[Candidate]) -> Proposal | None:
@@ -563,13 +587,6 @@ def _memory_text(step: Settings) -> str:
 
 
 def _merge(s: Settings, memory: Settings) -> Settings:
-    return replace(
-        s,
-        gpu_memory_utilization=memory.gpu_memory_utilization
-        if memory.gpu_memory_utilization is not None
-        else s.gpu_memory_utilization,
-        num_gpu_blocks=memory.num_gpu_blocks if memory.num_gpu_blocks is not None else s.num_gpu_blocks,
-        kv_cache_memory_bytes=memory.kv_cache_memory_bytes
-        if memory.kv_cache_memory_bytes is not None
-        else s.kv_cache_memory_bytes,
-    )
+    """``s`` with the memory knobs that ``memory`` sets."""
+    knobs = ("gpu_memory_utilization", "num_gpu_blocks", "kv_cache_memory_bytes")
+    return replace(s, **{k: getattr(memory, k) for k in knobs if getattr(memory, k) is not None})

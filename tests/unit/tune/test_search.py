@@ -210,3 +210,26 @@ def test_a_rate_target_measured_above_the_ladder_falls_back_to_the_target_after_
     )  # type: ignore[arg-type]
     nxt = next_proposal(space, 8, [burst])
     assert nxt is not None and nxt.settings.max_num_seqs == 8 and "queues such bursts" in nxt.rule
+
+
+def test_the_first_rule_says_the_max_num_seqs_it_set() -> None:
+    """``--fix max-num-seqs`` with ``--max-num-seqs 64`` in the line, target 48: the rule read "max_num_seqs
+    at the target" beside ``--max-num-seqs 64``."""
+    fixed = replace(SPACE, base=Settings(max_num_seqs=64), fixed=frozenset({"max_num_seqs"}))
+    first = next_proposal(fixed, 48, [])
+    assert first is not None and first.settings.max_num_seqs == 64
+    assert first.rule.endswith(
+        "max_num_seqs 64 kept from your line (--fix max-num-seqs), above the target 48"
+    )
+    default = next_proposal(replace(fixed, base=Settings()), 48, [])
+    assert default is not None and default.settings.max_num_seqs is None
+    assert default.rule.endswith("max_num_seqs left at the server's default (--fix max-num-seqs)")
+    below = next_proposal(SPACE, 12, [])  # the ladder 2, 4, 6, 8 has nothing at 12
+    assert below is not None and below.settings.max_num_seqs == 8
+    assert below.rule.endswith("max_num_seqs 8, the ladder's largest, below the target 12")
+    above = next_proposal(replace(SPACE, max_num_seqs=(64, 128)), 48, [])
+    assert above is not None and above.rule.endswith(
+        "max_num_seqs 64, the ladder's smallest, above the target 48"
+    )
+    at = next_proposal(SPACE, 8, [])
+    assert at is not None and at.rule.endswith("max_num_seqs at the target")

@@ -17,7 +17,10 @@ as a typed ``Summary`` (``oomload.report.summary``). ``compare_runs`` puts two o
 
   - KV pool: the block counts; fewer blocks is a regression (the count is the server's own, exact).
   - Preemption onset: ``oomload.verdict.shift.onset_shift`` — separated by the repeats of both runs
-    (Fisher's exact test on the steps between the two onsets) or not.
+    (Fisher's exact test on the steps between the two onsets) or not; *not measured* ("—", or "none
+    up to 2") for a run without an onset that judged no level for preemption, or none as high as the
+    other run's onset (no ``/metrics`` scrape, cut short, levels that stopped below it): its "none"
+    is no rise.
   - Engine death: a death in the new run at a level where the base survived is a regression (as the
     ``no-new-death`` rule); its kind is named.
   - Last safe concurrency: lower is a regression when the onset's fall is separated or the engine
@@ -32,6 +35,11 @@ as a typed ``Summary`` (``oomload.report.summary``). ``compare_runs`` puts two o
     latencies moved one way only, a caveat says that a slower (or faster) host moves them alike — the
     tests tell a shift from the scatter within each run, not a slower release from a slower host
     (docs/compare.md, "Latency needs a quiet host"; ``host_caveat``).
+
+Caveats, one sentence each: a run cut short (compared on what it measured), a run with nothing to
+judge, a level that did not load the engine, the host caveat above, and the run's own caveats on what
+its directory lacks (``RUN_CAVEATS``: no ``/metrics`` scrape, request records lost, an unreadable
+``config.json``, impossible ``/metrics`` values), as its ``oomload report`` names them.
 
 Comparable. Two runs are comparable when they replayed the same trace (the SHA-256 of the trace file
 as read, from ``provenance.json``; for a run from before that file, of its ``trace.jsonl`` copy, on
@@ -64,8 +72,15 @@ from oomload.verdict.shift import (
     across_levels,
     format_ms,
     latency_shift,
+    onset_cell,
     onset_shift,
 )
+
+# The run's own caveats that compare repeats: what its directory lacks or holds wrong, run-wide (no
+# /metrics scrape, request records lost, an unreadable config.json, impossible /metrics values), so every
+# row of that run reads from less than it seems. Its cut-short and nothing-to-judge sentences are
+# compare's own (above); the notes on one step or on the onset's evidence stay in its report.
+RUN_CAVEATS = frozenset({"metrics_missing", "requests_missing", "config_unreadable", "metrics_invalid"})
 
 Status = Literal["regression", "improvement", "not separated", "changed", "unchanged", "not measured"]
 
@@ -134,6 +149,7 @@ class Comparison:
                 "direction": self.onset.direction,
                 "separated": self.onset.separated,
                 "p_value": self.onset.p_value,
+                "judged_up_to": {"base": self.onset.base_top, "new": self.onset.new_top},
                 "steps": {
                     "lower_run": [self.onset.low_hits, self.onset.low_steps],
                     "higher_run": [self.onset.high_hits, self.onset.high_steps],
@@ -168,6 +184,11 @@ def compare_runs(base: RunSide, new: RunSide, *, allow_different_trace: bool = F
                 f"the {name} run {side.label} was cut short ({side.summary.cut_short_detail}): "
                 "what it did not measure is not compared"
             )
+        caveats += [
+            f"the {name} run {side.label}: {note.message}"
+            for note in side.verdict.notes
+            if note.kind in RUN_CAVEATS and note.step is None
+        ]
         if side.summary.failed_run is not None:
             caveats.append(f"the {name} run {side.label}: {side.summary.failed_run}")
         elif unloaded := side.verdict.unloaded_steps:  # its level, and any above it, measured nothing
@@ -291,15 +312,17 @@ def _pool_rows(base: Summary, new: Summary) -> list[ResultRow]:
 
 
 def _onset_row(shift: OnsetShift) -> ResultRow:
-    if shift.direction == "same":
-        status: Status = "unchanged"
+    status: Status
+    if shift.direction == "not measured":
+        status = "not measured"
+    elif shift.direction == "same":
+        status = "unchanged"
     elif shift.separated:
         status = "regression" if shift.direction == "lower" else "improvement"
     else:
         status = "not separated"
-    return ResultRow(
-        "preemption_onset", "preemption onset", _text(shift.base), _text(shift.new), status, shift.sentence
-    )
+    base, new = onset_cell(shift.base, shift.base_top), onset_cell(shift.new, shift.new_top)
+    return ResultRow("preemption_onset", "preemption onset", base, new, status, shift.sentence)
 
 
 def _death_text(summary: Summary) -> str:

@@ -6,16 +6,20 @@ Each run directory is judged afresh (as ``oomload report`` and ``oomload compare
 
 - when it started (``provenance.json``; else its first step) and what it ran against — the server's
   own version (``/version``), else "simulated" or "not recorded" — and the trace's digest;
-- the preemption onset, the last safe concurrency, the KV pool in blocks, the engine's death (level
-  and kind), and the P99 TTFT at one level (``--level``; by default the highest level at which every
-  run answered requests in a trusted step), from the ok requests of its trusted steps.
+- the preemption onset ("none up to 16" without one: clean up to its highest level judged for
+  preemption; "—" with no level judged, as with no ``/metrics`` scrape), the last safe concurrency,
+  the KV pool in blocks, the engine's death (level and kind), and the P99 TTFT at one level
+  (``--level``; by default the highest level at which every run answered requests in a trusted step),
+  from the ok requests of its trusted steps.
 
 Rows are sorted by start time. Between a run and the latest run before it on the same trace, sent
 as the same traffic (``Verdict.traffic``: shared prefixes or distinct prompts, the trace's tail …, as
 ``compare`` asks), a *move* is named with the evidence ``compare`` uses
 (``oomload.verdict.shift.onset_shift``): an onset that moved and is separated by the repeats of both
-runs ("onset 10 → 8 at run r3 (vLLM 0.33.0), separated: Fisher p = 0.05"), or one that moved without
-that evidence ("not separated"); a pool that changed size; a death that appeared, went or moved, by
+runs ("onset 10 → 8 at run r3 (vLLM 0.33.0), separated: Fisher p = 0.05"), one that moved without
+that evidence ("not separated"), or one a run did not measure (``onset_shift``'s "not measured": no
+onset, and no level judged as high as the other run's onset — "onset 8 → none up to 2 …, not
+measured"); a pool that changed size; a death that appeared, went or moved, by
 ``compare``'s own rule (``oomload.report.compare.death_row``: a later run that survived only up to a
 level below the earlier run's death, or died above every level that run tested, is *not measured*,
 never a death that went or appeared). A run with
@@ -55,7 +59,7 @@ from oomload.report.compareside import RunSide, load_side
 from oomload.report.plots import DPI, _png
 from oomload.trace.stats import percentile
 from oomload.verdict.relative import onset_steps
-from oomload.verdict.shift import onset_shift
+from oomload.verdict.shift import onset_cell, onset_shift
 
 HISTORY_SCHEMA = "oomload.history/1"
 HISTORY_FILES = {"json": "history.json", "md": "history.md", "html": "history.html"}
@@ -72,6 +76,7 @@ class HistoryRow:
     trace_digest: str | None
     same_trace: bool  # the same trace as the first run
     onset: int | None
+    judged_up_to: int | None  # the highest level judged for preemption: "none up to it" without an onset
     last_safe: int | None
     kv_blocks: int | None
     death: str | None  # "at 16 (cpu_oom)"
@@ -89,6 +94,7 @@ class HistoryRow:
             "trace_sha256": self.trace_digest,
             "same_trace": self.same_trace,
             "preemption_onset": self.onset,
+            "preemption_judged_up_to": self.judged_up_to,
             "last_safe_concurrency": self.last_safe,
             "kv_blocks": self.kv_blocks,
             "engine_death": self.death,
@@ -174,6 +180,7 @@ def build_history(sides: Sequence[RunSide], level: int | None = None) -> History
                 trace_digest=side.trace_digest,
                 same_trace=same,
                 onset=None if s.preemption_onset is None else s.preemption_onset.concurrency,
+                judged_up_to=side.verdict.preemption_judged_up_to,
                 last_safe=s.last_safe_concurrency,
                 kv_blocks=None if s.pool is None else s.pool.num_gpu_blocks,
                 death=_death(side),
@@ -235,13 +242,16 @@ def _moves(before: RunSide, after: RunSide) -> tuple[str, ...]:
     if b_onset != a_onset:
         shift = onset_shift(onset_steps(before.verdict), b_onset, onset_steps(after.verdict), a_onset)
         evidence = (
-            f"separated: Fisher p = {shift.p_value:.2g}"
+            f"not measured: {shift.unmeasured_reason(before.label, after.label)}"
+            if shift.direction == "not measured"
+            else f"separated: Fisher p = {shift.p_value:.2g}"
             if shift.separated
             else "not separated by the repeats of both runs"
             if shift.separated is False
             else "no steps between the onsets in both runs"
         )
-        moves.append(f"onset {_level(b_onset)} → {_level(a_onset)} {at}, {evidence}")
+        b_cell, a_cell = onset_cell(b_onset, shift.base_top), onset_cell(a_onset, shift.new_top)
+        moves.append(f"onset {b_cell} → {a_cell} {at}, {evidence}")
     death = death_row(before.summary, after.summary)
     if death.status != "unchanged":
         moves.append(f"engine death {death.base} → {death.new} {at}, {death.status}: {death.evidence}")
@@ -266,7 +276,7 @@ def _cells(r: HistoryRow) -> list[str]:
         _when(r.started_unix_s),
         r.version,
         (r.trace_digest or "—")[:12] + ("" if r.same_trace else " (other trace)"),
-        _level(r.onset) if judged else "—",
+        onset_cell(r.onset, r.judged_up_to) if judged else "—",
         _level(r.last_safe) if judged else "—",
         _level(r.kv_blocks),
         (r.death or "none") if judged else "—",

@@ -16,6 +16,12 @@ death), with a ``/metrics`` scrape, and not a clean step short of the odds' evid
 (1 of 1 against 0 of 1, p = 0.5) is *not separated*; the default refinement's three repeats on each
 side (3 of 3 against 0 of 3) give p = 0.05.
 
+A run without an onset is clean only up to its highest level judged for preemption (its highest
+conclusive step, ``Verdict.preemption_judged_up_to``): a run cut short, one whose levels stopped below
+the other's onset, or one without a ``/metrics`` scrape saw no onset because it did not look. Its onset
+beside the other's is **not measured** (``direction`` ``"not measured"``) when it judged no level at
+all, or none at or above the other run's onset: "8 → none" there would read as a rise, or as clean.
+
 **Did a latency move?** At one level both runs measured, the per-request samples (ok requests) of
 each run are compared: the P50 by the Mann–Whitney U test (two-sided, normal approximation with the
 tie correction; at least ``MIN_SAMPLES_P50`` requests a side), the P99 by a bootstrap of the
@@ -57,7 +63,7 @@ BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20240601
 
 Stat = Literal["p50", "p99"]
-Direction = Literal["lower", "higher", "same"]
+Direction = Literal["lower", "higher", "same", "not measured"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -78,15 +84,19 @@ def fisher_greater(a_hits: int, a_n: int, b_hits: int, b_n: int) -> float:
 class OnsetShift:
     """How the preemption onset of the new run stands to the base run's (module docstring).
 
-    ``direction``: the new onset is ``lower`` (a regression), ``higher`` or the ``same``; ``None`` for
-    an onset means the run never preempted. ``separated`` is ``None`` when there is no evidence
-    either way (a run did not measure the levels between the onsets)."""
+    ``direction``: the new onset is ``lower`` (a regression), ``higher`` or the ``same``, or ``not
+    measured`` (a run without an onset that did not judge the levels where the other preempted:
+    ``unmeasured``); ``None`` for an onset means the run never preempted up to its ``*_top``, the
+    highest level it judged (``None``: none judged). ``separated`` is ``None`` when there is no
+    evidence either way (a run did not measure the levels between the onsets)."""
 
     base: int | None
     new: int | None
     direction: Direction
     separated: bool | None
     p_value: float | None
+    base_top: int | None  # the highest level each run judged for preemption (a conclusive step)
+    new_top: int | None
     low_hits: int = 0  # the lower-onset run's steps between the onsets that preempted …
     low_steps: int = 0  # … of its conclusive steps there
     high_hits: int = 0  # the same for the other run
@@ -97,8 +107,21 @@ class OnsetShift:
         return self.direction == "lower" and self.separated is True
 
     @property
+    def unmeasured(self) -> tuple[str, ...]:
+        """The runs (``base``, ``new``) whose onset beside the other's was not measured: no onset, and no
+        level judged for preemption, or none at or above the other run's onset."""
+        sides = (("base", self.base, self.base_top, self.new), ("new", self.new, self.new_top, self.base))
+        return tuple(
+            name
+            for name, onset, top, other in sides
+            if onset is None and (top is None or (other is not None and top < other))
+        )
+
+    @property
     def sentence(self) -> str:
         base, new = _onset_text(self.base), _onset_text(self.new)
+        if self.direction == "not measured":
+            return f"preemption onset not measured: {self.unmeasured_reason()}"
         if self.direction == "same":
             return f"preemption onset unchanged ({new})"
         moved = "fell" if self.direction == "lower" else "rose"
@@ -116,9 +139,33 @@ class OnsetShift:
             f"{text}, but not separated by the repeats ({counts} > {ALPHA_ONSET}): one draw against another"
         )
 
+    def unmeasured_reason(self, base_name: str = "the base run", new_name: str = "the new run") -> str:
+        """Why the onsets were not compared, for each run in ``unmeasured`` ("" when both were judged)."""
+        names = {"base": base_name, "new": new_name}
+        texts = []
+        for name in self.unmeasured:
+            top, other = (self.base_top, self.new) if name == "base" else (self.new_top, self.base)
+            other_name = names["new" if name == "base" else "base"]
+            texts.append(
+                f"{names[name]} judged no level for preemption (no /metrics scrape, or no clean step with "
+                "the odds' evidence)"
+                if top is None
+                else f"{names[name]} judged preemption only up to concurrency {top}, below {other_name}'s "
+                f"onset at {other} (measure higher)"
+            )
+        return "; ".join(texts)
+
 
 def _onset_text(onset: int | None) -> str:
     return "none" if onset is None else f"concurrency {onset}"
+
+
+def onset_cell(onset: int | None, top: int | None) -> str:
+    """A run's onset as a table shows it: ``8``; ``none up to 16`` (clean up to its highest level judged
+    for preemption); ``—`` (no level judged: not measured, never "none", which reads as clean)."""
+    if onset is not None:
+        return str(onset)
+    return "—" if top is None else f"none up to {top}"
 
 
 def onset_shift(
@@ -128,8 +175,13 @@ def onset_shift(
     new_onset: int | None,
 ) -> OnsetShift:
     """Compare two onsets on the conclusive steps of each run, ``(level, preempted)`` (module docstring)."""
+    base_top = max((c for c, _ in base_steps), default=None)
+    new_top = max((c for c, _ in new_steps), default=None)
+    unknown = OnsetShift(base_onset, new_onset, "not measured", None, None, base_top, new_top)
+    if unknown.unmeasured:
+        return unknown
     if base_onset == new_onset:
-        return OnsetShift(base_onset, new_onset, "same", separated=None, p_value=None)
+        return OnsetShift(base_onset, new_onset, "same", None, None, base_top, new_top)
     direction: Direction = (
         "lower" if new_onset is not None and (base_onset is None or new_onset < base_onset) else "higher"
     )
@@ -139,7 +191,7 @@ def onset_shift(
     low_in = [hit for c, hit in low_run if low <= c < high]
     high_in = [hit for c, hit in high_run if low <= c < high]
     if not low_in or not high_in:
-        return OnsetShift(base_onset, new_onset, direction, separated=None, p_value=None)
+        return OnsetShift(base_onset, new_onset, direction, None, None, base_top, new_top)
     low_hits, high_hits = sum(low_in), sum(high_in)
     p = fisher_greater(low_hits, len(low_in), high_hits, len(high_in))
     return OnsetShift(
@@ -148,6 +200,8 @@ def onset_shift(
         direction,
         separated=p <= ALPHA_ONSET,
         p_value=p,
+        base_top=base_top,
+        new_top=new_top,
         low_hits=low_hits,
         low_steps=len(low_in),
         high_hits=high_hits,

@@ -16,7 +16,7 @@ from pathlib import Path
 from oomload.outcome import Outcome
 from oomload.report.compare import compare_runs
 from oomload.report.compareside import load_side
-from oomload.report.history import history_of
+from oomload.report.history import history_of, render_markdown
 from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
 from oomload.verdict.verdict import Verdict
 from runbuilder import StepSpec, write_run
@@ -133,3 +133,78 @@ def test_history_reads_a_death_as_compare_does_never_gone_where_not_reached(tmp_
     assert len(above) == 1 and above[0].endswith(
         "not measured: the new run's engine died above the base's highest level tested (2)"
     ), above
+
+
+def _onset_steps(
+    onset: int, levels: tuple[int, ...] = (2, 4, 4, 4, 6, 8, 8, 8), **kwargs: object
+) -> list[StepSpec]:
+    return [_step(c, preemptions=3 if c >= onset else 0, kv_max=0.9, **kwargs) for c in levels]
+
+
+def test_an_onset_a_run_could_not_observe_is_not_measured_never_none(tmp_path: Path) -> None:
+    """Against a base onset of 8, compare read "8 → none" ("preemption onset rose from concurrency 8 to
+    none", not separated) for a new run without a /metrics scrape, one interrupted at 4, and one whose
+    levels stopped at 4 — none of them looked where the base preempted. Their onset is not measured:
+    "—" with no level judged, "none up to N" below the base's onset; a run clean up to 16 is still
+    compared. The new run's own caveat (no /metrics scrape) is carried into compare's."""
+    base = _run(tmp_path / "base", _onset_steps(8))
+    blind = _run(tmp_path / "blind", _onset_steps(8, scrapes=0))
+    cut = _run(tmp_path / "cut", [_step(2), _step(4, cut_short=True)], status=INTERRUPTED)
+    low = _run(tmp_path / "low", [_step(2), _step(4)])
+    high = _run(tmp_path / "high", [_step(c) for c in (2, 4, 8, 16)])
+    assert _row(base, blind, "preemption_onset")[:2] == ("—", "not measured")
+    assert _row(base, cut, "preemption_onset")[:2] == ("none up to 2", "not measured")
+    shown, status, evidence = _row(base, low, "preemption_onset")
+    assert (shown, status) == ("none up to 4", "not measured")
+    assert evidence == (
+        "preemption onset not measured: the new run judged preemption only up to concurrency 4, below the "
+        "base run's onset at 8 (measure higher)"
+    )
+    shown, status, evidence = _row(base, high, "preemption_onset")
+    assert (shown, status) == (
+        "none up to 16",
+        "not separated",
+    ) and "rose from concurrency 8 to none" in evidence
+    # the other way round: the base saw nothing, the new run's onset is not read as a fall
+    assert _row(blind, base, "preemption_onset")[1] == "not measured"
+    cmp = compare_runs(load_side(base), load_side(blind))
+    assert cmp.onset.direction == "not measured" and not cmp.onset.regression
+    assert (
+        "the new run blind: no /metrics scrape reported preemptions: preemption and KV usage are unobserved"
+        in cmp.caveats
+    )
+    status_gate, _ = _gate("onset>=baseline", load_side(blind).verdict, load_side(base).verdict)
+    assert status_gate is GateStatus.NOT_EVALUATED
+
+
+def test_a_run_that_lost_request_records_says_so_in_compare(tmp_path: Path) -> None:
+    """report flags a run whose requests*.jsonl holds fewer requests than its steps started (a file cut
+    short); compare's caveats were empty for it."""
+    base = _run(tmp_path / "base", _onset_steps(8))
+    steps = _onset_steps(8)
+    steps[1] = _step(4, end_extra={"started": 40})  # 16 written of 40 started
+    lost = _run(tmp_path / "lost", steps)
+    caveats = compare_runs(load_side(base), load_side(lost)).caveats
+    assert any(
+        c.startswith("the new run lost: steps.jsonl counts") and "the rest were lost" in c for c in caveats
+    ), caveats
+
+
+def test_history_reads_an_onset_a_run_did_not_reach_as_not_measured(tmp_path: Path) -> None:
+    """History read "onset 8 → none at r2" across a run interrupted at 4, and showed "none" in its row."""
+    _run(tmp_path / "r1", _onset_steps(8))
+    _run(tmp_path / "r2", [_step(2), _step(4, cut_short=True)], status=INTERRUPTED)
+    _run(tmp_path / "r3", _onset_steps(8, scrapes=0))
+    rows = history_of([tmp_path]).rows
+    assert [r.label for r in rows] == ["r1", "r2", "r3"]
+    assert rows[1].moves == (
+        "onset 8 → none up to 2 at r2 (simulated), not measured: r2 judged preemption only up to "
+        "concurrency 2, below r1's onset at 8 (measure higher)",
+    )
+    lines = render_markdown(history_of([tmp_path])).splitlines()
+    onsets = {
+        line.split(" | ")[0][2:]: line.split(" | ")[4]
+        for line in lines
+        if line.startswith("| r") and "onset" not in line
+    }
+    assert onsets == {"r1": "8", "r2 (cut short)": "none up to 2", "r3": "—"}  # r3: no /metrics scrape

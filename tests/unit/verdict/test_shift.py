@@ -11,6 +11,7 @@ from oomload.verdict.shift import (
     fisher_greater,
     latency_shift,
     mann_whitney_p,
+    onset_cell,
     onset_shift,
 )
 
@@ -134,3 +135,21 @@ def test_a_large_move_beside_a_small_opposite_one_is_a_change_not_noise() -> Non
     assert [s.mixed for s in marked] == [False, True]  # the −15 % is within twice +700 %'s opposite
     assert marked[0].regression and marked[0].judgement == "slower"
     assert marked[1].judgement == "moved both ways across levels"
+
+
+def test_an_onset_a_run_did_not_look_for_is_not_measured() -> None:
+    """No onset is "clean" only up to the highest level judged: below the other run's onset, or with no
+    level judged (no /metrics scrape), it is no rise and no fall."""
+    base = [(4, False), (6, False), (8, True), (8, True)]
+    cut = onset_shift(base, 8, [(2, False), (4, False)], None)
+    assert cut.direction == "not measured" and cut.unmeasured == ("new",) and cut.separated is None
+    assert cut.sentence.endswith(
+        "the new run judged preemption only up to concurrency 4, below the base run's onset at 8 "
+        "(measure higher)"
+    )
+    blind = onset_shift([], None, base, 8)
+    assert blind.direction == "not measured" and blind.unmeasured == ("base",) and not blind.regression
+    assert onset_shift([], None, [], None).unmeasured == ("base", "new")
+    reached = onset_shift(base, 8, [(4, False), (8, False), (16, False)], None)
+    assert reached.direction == "higher" and reached.new_top == 16
+    assert [onset_cell(8, 8), onset_cell(None, 16), onset_cell(None, None)] == ["8", "none up to 16", "—"]

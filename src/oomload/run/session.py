@@ -247,7 +247,7 @@ class Session:
             context.live_users = lambda: int(runner.user_count)
             context.selfcheck = selfcheck = start_selfcheck()  # its CPU wait and loop lag, per step
         if config.web:
-            from oomload.run.webui import extend_web_ui
+            from oomload.run.webui import extend_web_ui, web_ui_banner
 
             # Locust's web UI re-parses sys.argv with its own parser on every page load
             self._saved_argv = sys.argv
@@ -259,9 +259,7 @@ class Session:
             extend_web_ui(
                 self.web_ui, self.telemetry_snapshot, self.feed, self.writer.path, on_stop=self.stop_from_web
             )
-            self.console.print(
-                f"Locust web UI: http://{config.web_host}:{config.web_port} (telemetry: the oomload tab)"
-            )
+            self.console.print(web_ui_banner(config.web_host, config.web_port))
         if self.interrupted:
             self.writer.event("interrupted")
             return "interrupted"

@@ -247,6 +247,18 @@ def _static(name: str) -> str:
     return resources.files("oomload.run").joinpath("static", name).read_text(encoding="utf-8")
 
 
+def web_ui_banner(host: str, port: int) -> str:
+    """The web UI's address as the run prints it; bound beyond loopback (asked for), a warning that it
+    has no login."""
+    line = f"Locust web UI: http://{host}:{port} (telemetry: the oomload tab)"
+    if is_loopback_host(host):
+        return line
+    return (
+        f"{line}\n[yellow]warning:[/] the web UI has no login: whoever reaches port {port} on {host} can "
+        "stop the run and read its pages (the target URL, the model, the verdict)"
+    )
+
+
 def check_web_port(host: str, port: int) -> None:
     """``ConfigError`` when the web UI could not listen on ``host:port`` (bound as gevent's server
     binds, with ``SO_REUSEADDR``: a port in ``TIME_WAIT`` is free, one with a listener is not)."""

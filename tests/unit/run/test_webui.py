@@ -183,3 +183,13 @@ def test_a_web_host_that_is_not_this_machines_is_named_not_taken_for_a_busy_port
         "the web UI cannot listen on 8.8.8.8:18089 (Cannot assign requested address); 8.8.8.8 is not an "
         "address of this machine; choose one with --web-host (default 127.0.0.1)"
     )
+
+
+def test_a_web_ui_bound_beyond_loopback_is_said_to_have_no_login() -> None:
+    from oomload.run.webui import web_ui_banner
+
+    line = "Locust web UI: http://{}:8089 (telemetry: the oomload tab)"
+    assert web_ui_banner("127.0.0.1", 8089) == line.format("127.0.0.1")
+    shown, warning = web_ui_banner("0.0.0.0", 8089).split("\n")
+    assert shown == line.format("0.0.0.0")
+    assert warning.startswith("[yellow]warning:[/] the web UI has no login: whoever reaches port 8089")

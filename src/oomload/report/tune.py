@@ -120,8 +120,9 @@ def _row(c: Candidate, goal: int | None) -> list[str]:
             "—",
         ]
     p = c.proof
-    if p is None:
-        return [str(c.index), c.settings.label(), "yes", c.rule, free, *("—",) * 6, "not proved"]
+    if p is None:  # interrupted, or a rate that measured nothing: its pool, when it was read
+        blocks = "—" if c.num_gpu_blocks is None else f"{c.num_gpu_blocks} × {c.block_size}"
+        return [str(c.index), c.settings.label(), "yes", c.rule, free, blocks, *("—",) * 5, "not proved"]
     predicted = _onset(p.predicted_onset, target)
     if p.prompts != "production":
         predicted += NO_SHARING
@@ -284,7 +285,7 @@ def plot_candidates(record: TuneRecord) -> bytes:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     xs = [c.index for c in record.candidates]
-    blocks = [c.proof.num_gpu_blocks or 0 if c.proof else 0 for c in record.candidates]
+    blocks = [(c.proof.num_gpu_blocks if c.proof else c.num_gpu_blocks) or 0 for c in record.candidates]
     colors = [
         "#c44"
         if not c.started

@@ -1,10 +1,12 @@
 """A started candidate, proved: its pool, the trace's odds on it, the replay at and around the target.
 
-``prove(ctx, candidate, url, log_path, cand_dir)``:
+``server_pool(url, log_path, candidate)``: the pool from ``/metrics`` (``vllm:cache_config_info``; the
+start-up log's "KV cache size" line when the metric is missing) and the served ``max_model_len``
+(``/v1/models``), read by the runner before any replay, so a candidate interrupted later keeps it.
 
-* the pool from ``/metrics`` (``vllm:cache_config_info``; the start-up log's "KV cache size" line when
-  the metric is missing) and the served ``max_model_len`` (``/v1/models``);
-* the trace's odds on it (``tune.guide``, through ``capacity.odds.TraceOdds`` as replay and plan):
+``prove(ctx, candidate, url, pool, cand_dir)``:
+
+* the trace's odds on that pool (``tune.guide``, through ``capacity.odds.TraceOdds`` as replay and plan):
   the predicted onset production-shaped (the trace's shared prefixes held once, when it carries them)
   and worst case (every prompt distinct), the largest ``max_num_seqs`` they call safe (the search's
   first guess), and the requests a 99 % claim needs;
@@ -57,11 +59,10 @@ ERROR_PREFIX = "oomload: error: "
 REMEASURE_HOLD_FACTOR = 3  # a step without evidence is measured again this many times longer
 
 
-def prove(ctx: TuneContext, candidate: Candidate, url: str, log_path: Path, cand_dir: Path) -> Proof:
-    """The candidate's proof (module docstring)."""
+def prove(ctx: TuneContext, candidate: Candidate, url: str, pool: Pool | None, cand_dir: Path) -> Proof:
+    """The candidate's proof on its server's pool (``server_pool``; ``None``: not known): module docstring."""
     config = ctx.config
     target = ctx.target or candidate.settings.max_num_seqs or 1  # without a target: its own max_num_seqs
-    pool = server_pool(url, log_path, candidate)
     seqs = candidate.settings.max_num_seqs
     guide = None
     if pool is not None:

@@ -143,6 +143,8 @@ def candidate_to_json(c: Candidate) -> dict[str, Any]:
         "startup_s": c.startup_s,
         "rate": None if c.rate is None else c.rate.to_json(),
         "free_device_bytes": c.free_device_bytes,
+        "num_gpu_blocks": c.num_gpu_blocks,
+        "block_size": c.block_size,
         "failure": None
         if failure is None
         else {
@@ -238,4 +240,6 @@ def candidate_from_json(obj: Mapping[str, Any]) -> Candidate:
         proof=proof,
         startup_s=obj.get("startup_s"),
         rate=RateTarget.from_json(obj["rate"]) if isinstance(obj.get("rate"), Mapping) else None,
+        num_gpu_blocks=obj.get("num_gpu_blocks"),
+        block_size=obj.get("block_size"),
     )

@@ -15,9 +15,11 @@
      unless told otherwise, ``/health`` awaited, the log in ``candidates/NN/server.log`` (copied there
      without the line's ``--api-key`` as it grows, so that file never holds it) — and a failed start
      is classified from that log (``oomload.tune.startup``);
+   * the pool the server got (``prove.server_pool``), kept on the candidate before any replay, so
+     an interrupted one still shows it;
    * with ``--target-rate`` and no concurrency measured yet: the short open-loop replay that turns
      the rate into a concurrency (``oomload.tune.rate``; the tune goes on with that target);
-   * the proof (``oomload.tune.prove``): the pool, the trace's odds on it (production-shaped and
+   * the proof (``oomload.tune.prove``): the trace's odds on that pool (production-shaped and
      worst case), a replay at the target (and above it) in ``candidates/NN/run``;
    * the server stopped — whole process group — whatever happened (``with``);
    * ``tune.json`` rewritten (``record``);
@@ -76,7 +78,7 @@ from oomload.trace.model import read_trace, read_trace_header
 from oomload.trace.stats import recommend_max_model_len
 from oomload.tune.context import TuneConfig, TuneContext
 from oomload.tune.ladder import seqs_ladder
-from oomload.tune.prove import measure_rate, prove
+from oomload.tune.prove import measure_rate, prove, server_pool
 from oomload.tune.rate import RateTarget
 from oomload.tune.record import TuneRecord
 from oomload.tune.search import Candidate, next_proposal, pick_winner
@@ -317,17 +319,20 @@ def _run_candidate(
 def _prove_candidate(
     ctx: TuneContext, candidate: Candidate, server: RealVllmServer, cand_dir: Path
 ) -> Candidate:
-    """A started candidate: its rate (``--target-rate``, the first time), then its proof; a Ctrl-C
-    meanwhile (the replay child got it too and wrote its partial report) is ``_CandidateInterrupted``
-    with the candidate so far, its rate kept when it was measured."""
+    """A started candidate: its pool, its rate (``--target-rate``, the first time), then its proof; a
+    Ctrl-C meanwhile (the replay child got it too and wrote its partial report) is
+    ``_CandidateInterrupted`` with the candidate so far, its pool and rate kept when they were read."""
     try:
+        pool = server_pool(server.url, server.log_path, candidate)
+        if pool is not None:
+            candidate = replace(candidate, num_gpu_blocks=pool.num_gpu_blocks, block_size=pool.block_size)
         if ctx.waiting_for_rate:
             rate = measure_rate(ctx, candidate, server.url, cand_dir)
             if rate is None:
                 return candidate  # started, not proved: the tune stops with a note
             candidate = replace(candidate, rate=rate)
             ctx = with_rate_target(ctx, rate)
-        proof = prove(ctx, candidate, server.url, server.log_path, cand_dir)
+        proof = prove(ctx, candidate, server.url, pool, cand_dir)
     except KeyboardInterrupt as err:
         raise _CandidateInterrupted(candidate) from err
     if candidate.rate is not None and candidate.rate.preemptions > 0:

@@ -256,6 +256,9 @@ class Candidate:
     proof: Proof | None = None
     startup_s: float | None = None
     rate: RateTarget | None = None  # --target-rate: the open-loop replay on this candidate (tune.rate)
+    # the pool the started server got, read before its replays: an interrupted candidate keeps it too
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
 
     @property
     def carries(self) -> bool:

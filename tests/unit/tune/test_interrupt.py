@@ -15,6 +15,7 @@ import pytest
 from rich.console import Console
 
 import oomload.tune.run as tune_run
+from oomload.capacity.odds import Pool
 from oomload.realvllm.servecmd import parse_serve_command
 from oomload.tune.context import TuneConfig
 from oomload.tune.search import SearchSpace, Settings
@@ -61,9 +62,15 @@ def _interrupted_proof(*args: object, **kwargs: object) -> object:
 
 
 def _tune(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, in_start: bool, signum: int | None = None
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    in_start: bool,
+    signum: int | None = None,
+    pool: Pool | None = None,
 ) -> dict[str, Any]:
     monkeypatch.setattr(tune_run, "RealVllmServer", _Server)
+    monkeypatch.setattr(tune_run, "server_pool", lambda *args: pool)  # /metrics, the start-up log
     monkeypatch.setattr(tune_run, "prove", _interrupted_proof)
     monkeypatch.setattr(tune_run, "free_device_bytes", lambda: None)
     monkeypatch.setattr(_Server, "interrupt_start", in_start)
@@ -120,3 +127,20 @@ def test_a_sigterm_is_named_in_the_note_not_called_ctrl_c(
 def test_a_ctrl_c_is_named_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     saved = _tune(tmp_path, monkeypatch, in_start=False)
     assert saved["notes"][0].startswith("interrupted by Ctrl-C (SIGINT): the server was stopped")
+
+
+def test_a_candidate_interrupted_in_its_replay_keeps_the_pool_it_got(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console had printed "pool 826 blocks × 16 tokens" for candidate 2, and its row read "—"."""
+    from oomload.report.tune import COLUMNS, render_markdown
+    from oomload.tune.record import TuneRecord
+
+    saved = _tune(tmp_path, monkeypatch, in_start=False, pool=Pool(826, 16, 8192))
+    [candidate] = saved["candidates"]
+    assert candidate["proof"] is None and (candidate["num_gpu_blocks"], candidate["block_size"]) == (826, 16)
+    record = TuneRecord.from_json(saved)
+    row = next(line for line in render_markdown(record).splitlines() if line.startswith("| 1 "))
+    assert [c.strip() for c in row.strip("|").split("|")][COLUMNS.index("KV blocks")] == "826 × 16"
+    unknown = _tune(tmp_path / "b", monkeypatch, in_start=False)["candidates"][0]
+    assert unknown["num_gpu_blocks"] is None  # the pool was not read: nothing made up

@@ -26,11 +26,14 @@ as a typed ``Summary`` (``oomload.report.summary``). ``compare_runs`` puts two o
   - Last safe concurrency: lower is a regression when the onset's fall is separated or the engine
     died anew; otherwise it is not separated (it moves with the onset).
   - Queueing and KV-saturation onsets, throughput, prefix-cache hit rate, peak memory (the device's,
-    the server process's on the device, the server's host memory): changed or not, not judged.
+    the server process's on the device, the server's host memory): changed or not, not judged; a
+    figure is *changed* only where the change it shows is not zero (throughput to the percent, the
+    hit rate to a tenth of a point, memory to the MiB).
   - Latency — TTFT, TPOT (mean inter-token latency) and end-to-end P50 and P99 at every level both
     runs measured, on the per-request samples (the ok requests of the trusted steps at that level):
     ``oomload.verdict.shift.latency_shift`` (Mann–Whitney U for P50, bootstrap for P99; p < 0.01 and
-    a change of ≥ 10 %); a statistic that moved both ways across the levels, by moves of like size, is
+    a change of ≥ 10 %; a change of ≥ 10 % at p ≥ 0.01 is *not separated*, a smaller one
+    *unchanged*); a statistic that moved both ways across the levels, by moves of like size, is
     the host's run-to-run noise and not separated at any of them (``shift.across_levels``). When
     latencies moved one way only, a caveat says that a slower (or faster) host moves them alike — the
     tests tell a shift from the scatter within each run, not a slower release from a slower host
@@ -412,7 +415,7 @@ def _plain_row(key: str, label: str, b: int | None, n: int | None) -> ResultRow:
 def _latency_row(shift: LatencyShift) -> ResultRow:
     judgement = shift.judgement
     status: Status
-    if shift.mixed:
+    if shift.mixed or judgement == "not separated":  # moved, but not by the evidence
         status = "not separated"
     elif judgement == "slower":
         status = "regression"
@@ -489,7 +492,10 @@ def _bytes_row(key: str, label: str, b: int | None, n: int | None) -> ResultRow:
         return ResultRow(key, label, bt, nt, "not measured", "not sampled in both runs")
     if b == n:
         return ResultRow(key, label, bt, nt, "unchanged", "the same peak")
-    change = f"{(n - b) / 2**20:+.0f} MiB" + (f" ({(n - b) / b:+.1%})" if b else "")
+    share = f" ({(n - b) / b:+.1%})" if b else ""
+    if round((n - b) / 2**20) == 0:  # "changed" only where the change shown is not zero
+        return ResultRow(key, label, bt, nt, "unchanged", f"the same peak to the MiB{share}")
+    change = f"{(n - b) / 2**20:+.0f} MiB{share}"
     return ResultRow(key, label, bt, nt, "changed", f"{change}; one peak per run: shown, not tested")
 
 

@@ -29,7 +29,8 @@ difference of the two nearest-rank P99s (``BOOTSTRAP_RESAMPLES`` seeded resample
 least ``MIN_SAMPLES_P99`` requests a side: with fewer the P99 is one of the last two requests).
 A latency **moved** when ``p < ALPHA_LATENCY`` (0.01) *and* the statistic changed by at least
 ``EFFECT_FLOOR`` (10 %): a real but tiny shift is not a regression, and a large one on noise is not
-evidence. Identical samples never move (p = 1, ratio 1).
+evidence — it is *not separated* (changed by the floor or more, p ≥ 0.01), where a change under the
+floor is *no change*. Identical samples never move (p = 1, ratio 1).
 
 **One run against another is one draw of the host, too.** The requests of one step share the host's
 state (its other load, the server's batch mix), so they are not independent draws: two runs of the
@@ -275,13 +276,13 @@ class LatencyShift:
 
     @property
     def moved(self) -> bool:
+        return self.p_value is not None and self.p_value < ALPHA_LATENCY and self.large
+
+    @property
+    def large(self) -> bool:
+        """The statistic changed by at least ``EFFECT_FLOOR``, whatever the test says."""
         ratio = self.ratio
-        return (
-            self.p_value is not None
-            and self.p_value < ALPHA_LATENCY
-            and ratio is not None
-            and abs(ratio - 1.0) >= EFFECT_FLOOR
-        )
+        return ratio is not None and abs(ratio - 1.0) >= EFFECT_FLOOR
 
     @property
     def regression(self) -> bool:
@@ -289,11 +290,13 @@ class LatencyShift:
 
     @property
     def judgement(self) -> str:
-        """``slower`` / ``faster`` (moved), ``no change`` or ``too few samples``."""
+        """``slower`` / ``faster`` (moved), ``not separated`` (a change of at least ``EFFECT_FLOOR`` the
+        test does not carry: p ≥ ``ALPHA_LATENCY``), ``no change`` (under the floor) or ``too few
+        samples``."""
         if self.p_value is None:
             return "too few samples"
         if not self.moved:
-            return "no change"
+            return "not separated" if self.large else "no change"
         if self.mixed:
             return "moved both ways across levels"
         return "slower" if (self.ratio or 1.0) > 1.0 else "faster"
@@ -318,6 +321,9 @@ class LatencyShift:
             )
         if self.moved:
             return f"{name}: {values} ({change}, {self.judgement}; {why})"
+        if self.large:  # a change the floor counts, that the test does not carry
+            why = f"{self.test} p = {self.p_value:.2g} ≥ {ALPHA_LATENCY}, n = {self.base_n}, {self.new_n}"
+            return f"{name}: {values} ({change}, not separated: {why})"
         return f"{name}: {values} ({change}, within noise: {why})"
 
 

@@ -511,3 +511,29 @@ def test_latencies_that_moved_one_way_say_a_host_moves_them_alike(tmp_path: Path
     runs = [write_run(tmp_path / n, [StepSpec(4, ttft_ms=ms)]) for n, ms in (("b2", 340.0), ("n", 1065.0))]
     cmp = compare_runs(load_side(runs[0]), load_side(runs[1]))
     assert any(c.startswith("every latency that moved was slower") for c in cmp.caveats), cmp.caveats
+
+
+def test_a_latency_that_moved_without_evidence_is_not_separated_not_unchanged(tmp_path: Path) -> None:
+    """P50 TTFT 13.1 ms → 17.5 ms (+34 %, Mann–Whitney p = 0.023) read "unchanged"; the docs' word for a
+    value that moved without the evidence to carry it is "not separated". A change under the 10 % floor
+    stays unchanged; so does a memory peak that moved by less than the MiB its row shows (it read
+    "-0 MiB (-0.3%) changed")."""
+    gib = 2**30
+    base = write_run(tmp_path / "b", [StepSpec(4, ttft_ms=50.0, used_bytes=70 * gib)])
+    new = write_run(tmp_path / "n", [StepSpec(4, ttft_ms=60.0, used_bytes=70 * gib + 300 * 2**10)])
+    same = write_run(tmp_path / "s", [StepSpec(4, ttft_ms=52.0, used_bytes=70 * gib + 300 * 2**20)])
+    cmp = compare_runs(load_side(base), load_side(new))
+    rows = {r.key: r for r in cmp.results}
+    assert [s.judgement for s in cmp.latencies if (s.metric, s.stat) == ("ttft", "p50")] == ["not separated"]
+    ttft = rows["p50_ttft@4"]
+    assert ttft.status == "not separated", ttft
+    assert (
+        "(+20%, not separated: Mann–Whitney U p = " in ttft.evidence
+        and "≥ 0.01, n = 12, 12)" in ttft.evidence
+    )
+    device = rows["device_peak"]
+    assert (device.base, device.new, device.status) == ("70.00 GiB", "70.00 GiB", "unchanged")
+    assert device.evidence == "the same peak to the MiB (+0.0%)"
+    rows = {r.key: r for r in compare_runs(load_side(base), load_side(same)).results}
+    assert rows["p50_ttft@4"].status == "unchanged"  # +4 %: under the floor
+    assert rows["device_peak"].status == "changed" and rows["device_peak"].evidence.startswith("+300 MiB")

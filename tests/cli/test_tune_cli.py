@@ -321,10 +321,12 @@ def test_report_on_a_tune_directory_refuses_a_replays_flags(
         winner_line=None,
     )
     (tmp_path / "t" / "tune.json").write_text(json.dumps(record.to_json()))
-    for flags in (["--json"], ["--gate", "error-rate<=1%"], ["--format", "md"]):
+    for flags in (["--json"], ["--gate", "error-rate<=1%"], ["--format", "md"], ["--baseline", "r"]):
         code, _, err = run(["report", str(tmp_path / "t"), *flags], capsys)
-        assert code == 2 and f"is an `oomload tune` directory: {flags[0]}" in err, err
+        assert code == 2 and f"is an `oomload tune` directory: {flags[0]} goes with a replay's" in err, err
         assert len(err.strip().splitlines()) == 1
+    code, _, err = run(["report", str(tmp_path / "t"), "--json", "--gate", "error-rate<=1%"], capsys)
+    assert code == 2 and "directory: --json, --gate go with a replay's run directory" in err, err
     assert run(["report", str(tmp_path / "t")], capsys)[0] == 1  # its table, and the tune's exit: no winner
 
 
@@ -357,3 +359,51 @@ def test_report_on_an_unfinished_tune_is_not_evaluated_not_a_negative(
     got, out, _ = run(["report", str(tmp_path / "t")], capsys)
     assert got == code, out
     assert f"status {status}" in out and (tmp_path / "t" / "tune.md").is_file()
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('{"schema": "oomload.tune/1"}', "tune.json is a damaged tune record: it has no serve_line"),
+        (
+            '{"schema": "oomload.tune/1", "serve_line": "x", "candidates": [{"index": 1, "settings": "x"}]}',
+            'tune.json is a damaged tune record: candidates[0].settings is "x", not an object',
+        ),
+        (
+            '{"schema": "oomload.tune/1", "serve_line": "x", "candidates": [{"settings": {}}]}',
+            "tune.json is a damaged tune record: candidates[0] has no index",
+        ),
+        (
+            '{"schema": "oomload.tune/1", "serve_line": "x", "candidates": [{"index": 1, "proof": '
+            '{"num_gpu_blocks": "many"}}]}',
+            'candidates[0].proof.num_gpu_blocks is "many", not a whole number',
+        ),
+        ("[]", "tune.json is a damaged tune record: the document is [], not an object"),  # was exit 70
+        ('{"schema": "x"}', "tune.json is a damaged tune record: its schema is \"x\", not 'oomload.tune/1'"),
+        (
+            "{",
+            "tune.json is not JSON (Expecting property name enclosed in double quotes at line 1, column 2)",
+        ),
+    ],
+)
+def test_a_damaged_tune_json_is_one_sentence_that_says_what_is_wrong(
+    text: str, words: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """It read "not a readable tune record: 'serve_line'" (a bare key name), or "dictionary update
+    sequence element #0 has length 1; 2 is required" for a damaged candidate."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "tune.json").write_text(text)
+    code, _, err = run(["report", str(tmp_path / "t")], capsys)
+    assert code == 2 and words in err, err
+    assert len(err.strip().splitlines()) == 1 and str(tmp_path / "t" / "tune.json") in err
+
+
+def test_a_tune_directory_without_its_tune_json_is_named_as_such(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """It read "is not a run directory (no config.json)"."""
+    (tmp_path / "t" / "candidates" / "01").mkdir(parents=True)
+    code, _, err = run(["report", str(tmp_path / "t")], capsys)
+    assert code == 2
+    assert "looks like an `oomload tune` directory (it has candidates/) without its tune.json" in err
+    assert f"oomload report {tmp_path / 't' / 'candidates' / 'NN' / 'run'}" in err

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from oomload.report import FILE_NAMES, FORMATS, finalize_run
-    from oomload.report.tune import is_tune_dir, render_tune_dir
+    from oomload.report.tune import TUNE_JSON, is_tune_dir, lost_tune_json, render_tune_dir
     from oomload.rundir import RunReader
     from oomload.verdict.gate import load_gate_file, parse_gate
     from oomload.verdict.runview import config_problem
@@ -103,10 +103,16 @@ def run(args: argparse.Namespace) -> int:
         ]
         if given:
             raise ConfigError(
-                f"{args.run_dir} is an `oomload tune` directory: {', '.join(given)} go with a replay's run "
-                "directory (a tune's reports are its table, tune.md and tune.html; its tune.json the data)"
+                f"{args.run_dir} is an `oomload tune` directory: {_go_with(given)} a replay's run directory "
+                "(a tune's reports are its table, tune.md and tune.html; its tune.json the data)"
             )
         return render_tune_dir(args.run_dir, Console(stderr=False))
+    if lost_tune_json(args.run_dir):
+        raise ConfigError(
+            f"{args.run_dir} looks like an `oomload tune` directory (it has candidates/) without its "
+            f"{TUNE_JSON}, which its table is drawn from; each candidate's replay re-renders on its own: "
+            f"oomload report {args.run_dir / 'candidates' / 'NN' / 'run'}"
+        )
     formats = format_list(args.format, FORMATS)
     reader = RunReader(args.run_dir)  # ConfigError with a clear sentence for a bad run dir
     problem = config_problem(reader.path)
@@ -141,6 +147,11 @@ def run(args: argparse.Namespace) -> int:
         names = ", ".join(FILE_NAMES[f] for f in files)
         print(f"oomload: wrote {names} in {args.run_dir} (exit code {int(code)})")
     return int(code)
+
+
+def _go_with(flags: list[str]) -> str:
+    """``--gate goes with`` / ``--json, --gate go with``: the flags and the verb that agrees with them."""
+    return f"{', '.join(flags)} {'goes' if len(flags) == 1 else 'go'} with"
 
 
 def _history(args: argparse.Namespace) -> int:

@@ -58,11 +58,32 @@ def is_tune_dir(path: Path) -> bool:
     return (path / TUNE_JSON).is_file()
 
 
+def lost_tune_json(path: Path) -> bool:
+    """A tune directory without its ``tune.json`` (deleted, never written): ``candidates/`` and no
+    ``config.json`` of a replay's run directory."""
+    return not is_tune_dir(path) and (path / "candidates").is_dir() and not (path / "config.json").exists()
+
+
 def load_tune_record(path: Path) -> TuneRecord:
+    """The tune directory's record; ``ConfigError`` with one sentence naming ``tune.json`` and what is
+    wrong with it when it cannot be read, is not JSON or is damaged (``TuneRecord.from_json``)."""
+    file = path / TUNE_JSON
     try:
-        return TuneRecord.from_json(json.loads((path / TUNE_JSON).read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"{path / TUNE_JSON} is not a readable tune record: {err}") from err
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{file} is not UTF-8 text (byte {err.start}): a damaged tune record") from err
+    except OSError as err:
+        raise ConfigError(f"cannot read {file}: {err.strerror or err}") from err
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(
+            f"{file} is not JSON ({err.msg} at line {err.lineno}, column {err.colno}): a damaged tune record"
+        ) from err
+    try:
+        return TuneRecord.from_json(doc)
+    except (ValueError, RecursionError) as err:
+        raise ConfigError(f"{file} is a damaged tune record: {err}") from err
 
 
 def render_tune_dir(path: Path, console: Console) -> int:

@@ -11,13 +11,14 @@ preemption and no engine death up to the target, and the TTFT SLO at the target 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from oomload.errors import ExitCode
 from oomload.tune.rate import RateTarget
-from oomload.tune.search import Candidate, Proof, Settings
+from oomload.tune.search import KNOBS, Candidate, Proof, Settings
 from oomload.tune.startup import StartCause, StartupFailure
 
 SCHEMA = "oomload.tune/1"
@@ -109,25 +110,34 @@ class TuneRecord:
         }
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> TuneRecord:
-        if obj.get("schema") != SCHEMA:
-            raise ValueError(f"not an {SCHEMA} document (schema {obj.get('schema')!r})")
+    def from_json(cls, obj: object) -> TuneRecord:
+        """The record from ``tune.json``'s document; a damaged one is ``ValueError`` with one clause
+        that says where and what (``_Fields``): "it has no serve_line", "candidates[0].settings is
+        "x", not an object"."""
+        top = _Fields(obj, "")
+        if top.obj.get("schema") != SCHEMA:
+            raise ValueError(f"its schema is {_shown(top.obj.get('schema'))}, not {SCHEMA!r}")
+        status = top.text("status") or "finished"
+        if status not in STATUSES:
+            raise ValueError(f"status is {_shown(status)}, not one of {', '.join(STATUSES)}")
         return cls(
-            serve_line=str(obj["serve_line"]),
-            kind=str(obj.get("kind", "vllm")),
-            model=obj.get("model"),
-            target_concurrency=obj.get("target_concurrency"),
-            trace_path=str(obj.get("trace_path", "")),
-            max_starts=int(obj.get("max_starts", 0)),
-            max_duration_s=float(obj.get("max_duration_s", 0.0)),
-            slo_ttft_p99_s=obj.get("slo_ttft_p99_s"),
-            candidates=tuple(candidate_from_json(c) for c in obj.get("candidates", [])),
-            status=str(obj.get("status", "finished")),
-            winner_index=obj.get("winner_index"),
-            winner_line=obj.get("winner_line"),
-            recommended_max_model_len=obj.get("recommended_max_model_len"),
-            notes=tuple(str(n) for n in obj.get("notes", [])),
-            target_rate_rps=obj.get("target_rate_rps"),
+            serve_line=top.required_text("serve_line"),
+            kind=top.text("kind") or "vllm",
+            model=top.text("model"),
+            target_concurrency=top.whole("target_concurrency"),
+            trace_path=top.text("trace_path") or "",
+            max_starts=top.whole("max_starts") or 0,
+            max_duration_s=top.number("max_duration_s") or 0.0,
+            slo_ttft_p99_s=top.number("slo_ttft_p99_s"),
+            candidates=tuple(
+                candidate_from_json(c, f"candidates[{n}]") for n, c in enumerate(top.items("candidates"))
+            ),
+            status=status,
+            winner_index=top.whole("winner_index"),
+            winner_line=top.text("winner_line"),
+            recommended_max_model_len=top.whole("recommended_max_model_len"),
+            notes=tuple(str(n) for n in top.items("notes")),
+            target_rate_rps=top.number("target_rate_rps"),
         )
 
 
@@ -189,57 +199,177 @@ def candidate_to_json(c: Candidate) -> dict[str, Any]:
     }
 
 
-def candidate_from_json(obj: Mapping[str, Any]) -> Candidate:
-    f = obj.get("failure")
-    p = obj.get("proof")
+def candidate_from_json(obj: object, where: str = "candidate") -> Candidate:
+    """One candidate of ``tune.json`` (``where``: its place there, for a damaged one's sentence)."""
+    c = _Fields(obj, where)
+    f = c.fields("failure")
     failure = None
-    if isinstance(f, Mapping):
+    if f is not None:
+        cause = f.text("cause") or "other"
+        if cause not in set(StartCause):
+            raise ValueError(f"{f.where}.cause is {_shown(cause)}, not one of {', '.join(StartCause)}")
         failure = StartupFailure(
-            cause=StartCause(f.get("cause", "other")),
-            message=str(f.get("message", "")),
-            free_bytes=f.get("free_bytes"),
-            total_bytes=f.get("total_bytes"),
-            max_model_len=f.get("max_model_len"),
-            estimated_max_model_len=f.get("estimated_max_model_len"),
+            cause=StartCause(cause),
+            message=f.text("message") or "",
+            free_bytes=f.whole("free_bytes"),
+            total_bytes=f.whole("total_bytes"),
+            max_model_len=f.whole("max_model_len"),
+            estimated_max_model_len=f.whole("estimated_max_model_len"),
         )
+    p = c.fields("proof")
     proof = None
-    if isinstance(p, Mapping):
+    if p is not None:
         proof = Proof(
-            num_gpu_blocks=p.get("num_gpu_blocks"),
-            block_size=p.get("block_size"),
-            predicted_onset=p.get("predicted_onset"),
-            odds_safe_max_num_seqs=p.get("odds_safe_max_num_seqs"),
-            requests_for_evidence=p.get("requests_for_evidence"),
-            observed_onset=p.get("observed_onset"),
-            preempted_at_target=bool(p.get("preempted_at_target")),
-            died=bool(p.get("died")),
-            overflow_at_target=bool(p.get("overflow_at_target")),
-            slo_met=p.get("slo_met"),
-            requests_at_target=int(p.get("requests_at_target") or 0),
-            throughput_tokens_per_s=p.get("throughput_tokens_per_s"),
-            ttft_p99_ms=p.get("ttft_p99_ms"),
-            run_dir=p.get("run_dir"),
-            evidence=str(p.get("evidence", "")),
-            predicted_onset_worst_case=p.get("predicted_onset_worst_case", p.get("predicted_onset")),
-            prompts=str(p.get("prompts", "worst-case")),
-            odds_safe_above=p.get("odds_safe_above"),
-            no_evidence=bool(p.get("no_evidence")),
-            starved=p.get("load_host_starved"),
-            remeasured=bool(p.get("remeasured")),
-            running_max=p.get("running_max"),
-            died_above=p.get("died_above"),
-            death_kind=p.get("death_kind"),
+            num_gpu_blocks=p.whole("num_gpu_blocks"),
+            block_size=p.whole("block_size"),
+            predicted_onset=p.whole("predicted_onset"),
+            odds_safe_max_num_seqs=p.whole("odds_safe_max_num_seqs"),
+            requests_for_evidence=p.whole("requests_for_evidence"),
+            observed_onset=p.whole("observed_onset"),
+            preempted_at_target=bool(p.flag("preempted_at_target")),
+            died=bool(p.flag("died")),
+            overflow_at_target=bool(p.flag("overflow_at_target")),
+            slo_met=p.flag("slo_met"),
+            requests_at_target=p.whole("requests_at_target") or 0,
+            throughput_tokens_per_s=p.number("throughput_tokens_per_s"),
+            ttft_p99_ms=p.number("ttft_p99_ms"),
+            run_dir=p.text("run_dir"),
+            evidence=p.text("evidence") or "",
+            predicted_onset_worst_case=p.whole(
+                "predicted_onset_worst_case" if "predicted_onset_worst_case" in p.obj else "predicted_onset"
+            ),
+            prompts=p.text("prompts") or "worst-case",
+            odds_safe_above=p.flag("odds_safe_above"),
+            no_evidence=bool(p.flag("no_evidence")),
+            starved=p.text("load_host_starved"),
+            remeasured=bool(p.flag("remeasured")),
+            running_max=p.whole("running_max"),
+            died_above=p.whole("died_above"),
+            death_kind=p.text("death_kind"),
         )
     return Candidate(
-        index=int(obj["index"]),
-        settings=Settings.from_json(dict(obj.get("settings") or {})),
-        rule=str(obj.get("rule", "")),
-        started=bool(obj.get("started")),
+        index=c.required_whole("index"),
+        settings=_settings(c.fields("settings")),
+        rule=c.text("rule") or "",
+        started=bool(c.flag("started")),
         failure=failure,
-        free_device_bytes=obj.get("free_device_bytes"),
+        free_device_bytes=c.whole("free_device_bytes"),
         proof=proof,
-        startup_s=obj.get("startup_s"),
-        rate=RateTarget.from_json(obj["rate"]) if isinstance(obj.get("rate"), Mapping) else None,
-        num_gpu_blocks=obj.get("num_gpu_blocks"),
-        block_size=obj.get("block_size"),
+        startup_s=c.number("startup_s"),
+        rate=_rate(c.fields("rate")),
+        num_gpu_blocks=c.whole("num_gpu_blocks"),
+        block_size=c.whole("block_size"),
     )
+
+
+STATUSES = ("running", "finished", "interrupted", "bounded", "stopped", "no_evidence")
+_SWITCHES = ("enable_prefix_caching", "enforce_eager")
+
+
+def _settings(s: _Fields | None) -> Settings:
+    """A candidate's settings, each knob's kind checked before ``Settings.from_json``."""
+    if s is None:
+        return Settings()
+    for knob in KNOBS:
+        if knob in _SWITCHES:
+            s.flag(knob)
+        elif knob == "gpu_memory_utilization":
+            s.number(knob)
+        else:
+            s.whole(knob)
+    return Settings.from_json(dict(s.obj))
+
+
+def _rate(r: _Fields | None) -> RateTarget | None:
+    """A candidate's rate measurement, each field's kind checked before ``RateTarget.from_json``."""
+    if r is None:
+        return None
+    for name in ("rate_rps", "in_flight_mean"):
+        r.required_number(name)
+    r.required_whole("concurrency")
+    r.number("achieved_rps")
+    r.whole("requests")
+    r.whole("preemptions")
+    r.text("run_dir")
+    return RateTarget.from_json(r.obj)
+
+
+class _Fields:
+    """One JSON object of ``tune.json``, read with the kind of each value checked: a missing or wrong
+    one is ``ValueError`` saying where it is (``candidates[1].proof.num_gpu_blocks``) and what it holds,
+    never a bare key name or Python's own words."""
+
+    def __init__(self, value: object, where: str) -> None:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where or 'the document'} is {_shown(value)}, not an object")
+        self.obj: Mapping[str, Any] = value
+        self.where = where
+
+    def _raw(self, key: str, required: bool = False) -> object:
+        value = self.obj.get(key)
+        if value is None and required:
+            raise ValueError(f"{self.where or 'it'} has no {key}")
+        return value
+
+    def _wrong(self, key: str, value: object, kind: str) -> ValueError:
+        return ValueError(f"{self.where + '.' if self.where else ''}{key} is {_shown(value)}, not {kind}")
+
+    def text(self, key: str) -> str | None:
+        value = self._raw(key)
+        if value is None or isinstance(value, str):
+            return value
+        raise self._wrong(key, value, "a text")
+
+    def required_text(self, key: str) -> str:
+        value = self._raw(key, required=True)
+        if isinstance(value, str):
+            return value
+        raise self._wrong(key, value, "a text")
+
+    def whole(self, key: str, *, required: bool = False) -> int | None:
+        value = self._raw(key, required)
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        raise self._wrong(key, value, "a whole number")
+
+    def required_whole(self, key: str) -> int:
+        value = self.whole(key, required=True)
+        assert value is not None
+        return value
+
+    def number(self, key: str, *, required: bool = False) -> float | None:
+        value = self._raw(key, required)
+        if value is None:
+            return None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise self._wrong(key, value, "a number")
+
+    def required_number(self, key: str) -> float:
+        value = self.number(key, required=True)
+        assert value is not None
+        return value
+
+    def flag(self, key: str) -> bool | None:
+        value = self._raw(key)
+        if value is None or isinstance(value, bool):
+            return value
+        raise self._wrong(key, value, "true or false")
+
+    def fields(self, key: str) -> _Fields | None:
+        value = self._raw(key)
+        return None if value is None else _Fields(value, f"{self.where + '.' if self.where else ''}{key}")
+
+    def items(self, key: str) -> list[object]:
+        value = self._raw(key)
+        if value is None:
+            return []
+        if isinstance(value, list):
+            return value
+        raise self._wrong(key, value, "a list")
+
+
+def _shown(value: object) -> str:
+    """A JSON value as the file has it, cut to 40 characters: ``"x"``, ``[1, 2]``, ``null``."""
+    text = json.dumps(value, ensure_ascii=False, default=repr)
+    return text if len(text) <= 40 else text[:39] + "…"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,11 +91,21 @@ def test_a_lower_gpu_memory_utilization_is_caught(runs: tuple[Path, Path], tmp_p
 def test_a_run_against_its_own_configuration_finds_no_regression(
     runs: tuple[Path, Path], tmp_path: Path
 ) -> None:
+    """A copy of the run (one run directory as both is exit 2): no regression, and a caveat that the two
+    are one replay."""
+    copy = tmp_path / "copy"
+    shutil.copytree(runs[0], copy)
     out = tmp_path / "self"
-    proc = oomload("compare", str(runs[0]), str(runs[0]), "--out", str(out), "--format", "json",
+    proc = oomload("compare", str(runs[0]), str(copy), "--out", str(out), "--format", "json",
                    "--gate", "onset>=baseline", "--gate", "p99-ttft-s@4<=baseline*1.10")  # fmt: skip
     assert proc.returncode == ExitCode.OK, proc.stdout + proc.stderr
-    assert json.loads((out / "compare.json").read_text())["regressions"] == 0
+    doc = json.loads((out / "compare.json").read_text())
+    assert doc["regressions"] == 0
+    assert any(
+        c.startswith(f"{runs[0].name} and copy are one replay (both started at ") for c in doc["caveats"]
+    )
+    same = oomload("compare", str(runs[0]), str(runs[0]), "--out", str(tmp_path / "x"), "--format", "json")
+    assert same.returncode == ExitCode.USAGE and "are one run directory" in same.stderr, same.stderr
 
 
 def test_a_full_disk_at_compares_writes_is_one_sentence_and_exit_2(

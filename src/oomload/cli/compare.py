@@ -6,9 +6,9 @@ Both run directories are judged afresh (as ``oomload report`` judges them) and p
 ``oomload.report.comparepage``). Gate rules: relative ones (``onset>=baseline``, …) are judged against
 the base run, absolute ones against the new run.
 
-Exit code, the first that applies: 2 — bad input (not a run directory, runs not comparable without
-``--allow-different-trace``, a bad rule, an ``--out`` that is either run directory or inside the base
-run, a file that cannot be written); 3 — a run has nothing to
+Exit code, the first that applies: 2 — bad input (not a run directory, one run directory as both
+runs, runs not comparable without ``--allow-different-trace``, a bad rule, an ``--out`` that is either
+run directory or inside the base run, a file that cannot be written); 3 — a run has nothing to
 judge (no measured step finished a request, or its requests mostly failed); 1 — a gate rule failed;
 4 — a gate rule lacked evidence; 0 — otherwise (regressions without ``--gate`` are reported, not
 failed).

@@ -90,7 +90,7 @@ def finalize_run(
     if unknown:
         raise ConfigError(f"unknown report format(s) {', '.join(unknown)}; allowed: {', '.join(FORMATS)}")
     parsed = tuple(g if isinstance(g, Gate) else parse_gate(g) for g in gates)
-    base_verdict = baseline_verdict(parsed, baseline)
+    base_verdict = baseline_verdict(parsed, baseline, run_dir)
     view = load_run(run_dir)
     verdict = build_verdict(view)
     recommendation = recommend(verdict)
@@ -119,14 +119,20 @@ def finalize_run(
     return code
 
 
-def baseline_verdict(gates: Sequence[Gate], baseline: Path | None) -> Verdict | None:
+def baseline_verdict(gates: Sequence[Gate], baseline: Path | None, run_dir: Path) -> Verdict | None:
     """The baseline run's verdict for the relative rules among ``gates`` (``None`` when there are none);
-    ``ConfigError`` when such a rule has no baseline, or the baseline is not a run directory."""
+    ``ConfigError`` when such a rule has no baseline, the baseline is not a run directory, or it is
+    ``run_dir`` itself (a run measured against itself passes every relative rule)."""
     relative = needs_baseline(gates)
     if not relative:
         return None
     if baseline is None:
         raise ConfigError(f"gate {relative[0]!r} compares with a baseline run: give --baseline RUN_DIR")
+    if baseline.resolve() == run_dir.resolve():
+        raise ConfigError(
+            f"the baseline {baseline} is the run being judged: a run measured against itself passes every "
+            "relative rule; give --baseline the run directory of the release before"
+        )
     return build_verdict(load_run(baseline))
 
 

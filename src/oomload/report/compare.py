@@ -44,6 +44,10 @@ judge, a level that did not load the engine, the host caveat above, and the run'
 its directory lacks (``RUN_CAVEATS``: no ``/metrics`` scrape, request records lost, an unreadable
 ``config.json``, impossible ``/metrics`` values), as its ``oomload report`` names them.
 
+One run. A run compared with itself passes every relative rule: the same directory as both runs is
+``ConfigError`` (exit 2), and a copy — two directories whose ``provenance.json`` started at the same
+instant — is compared with a caveat that says so (``one_replay``).
+
 Comparable. Two runs are comparable when they replayed the same trace (the SHA-256 of the trace file
 as read, from ``provenance.json``; for a run from before that file, of its ``trace.jsonl`` copy, on
 both sides) as the same traffic (distinct prompts preempt levels earlier than shared prefixes, a
@@ -54,11 +58,13 @@ then the comparison is made and says why it may mislead.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from oomload import __version__
+from oomload.errors import ConfigError
 from oomload.report.compareside import (
     LATENCIES,
     RunSide,
@@ -178,9 +184,17 @@ class Comparison:
 
 
 def compare_runs(base: RunSide, new: RunSide, *, allow_different_trace: bool = False) -> Comparison:
-    """Put two judged runs side by side (module docstring); ``ConfigError`` when they are not
-    comparable and ``allow_different_trace`` is not set."""
+    """Put two judged runs side by side (module docstring); ``ConfigError`` when they are one run
+    directory, or not comparable and ``allow_different_trace`` is not set."""
+    if base.path.resolve() == new.path.resolve():
+        raise ConfigError(
+            f"BASE_RUN and NEW_RUN are one run directory ({new.path}): a run compared with itself passes "
+            "every relative rule and proves nothing; give the baseline's own run directory"
+        )
     caveats = [*comparability(base, new, allow_different_trace)]
+    same = one_replay(base, new)
+    if same is not None:
+        caveats.append(same)
     for side, name in ((base, "base"), (new, "new")):
         if side.summary.cut_short:
             caveats.append(
@@ -258,6 +272,19 @@ def compare_runs(base: RunSide, new: RunSide, *, allow_different_trace: bool = F
         latencies=latencies,
         common_levels=common,
         caveats=tuple(caveats),
+    )
+
+
+def one_replay(base: RunSide, new: RunSide) -> str | None:
+    """One sentence when two run directories hold one replay (a copy): their ``provenance.json`` says
+    both started at the same instant. Every relative rule passes on it, as on one directory twice."""
+    b, n = (None if s.provenance is None else s.provenance.started_unix_s for s in (base, new))
+    if b is None or b != n:
+        return None
+    when = dt.datetime.fromtimestamp(b, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return (
+        f"{base.label} and {new.label} are one replay (both started at {when}, provenance.json): a copy of "
+        "a run compared with itself proves nothing about a release"
     )
 
 

@@ -344,7 +344,8 @@ def test_runs_that_sent_different_traffic_from_one_trace_are_exit_2_unless_allow
     assert any("shared prefixes against distinct prompts" in c for c in doc["caveats"])
     setup = {r["label"]: r for r in doc["setup"]}
     assert setup["traffic"]["changed"]
-    assert _compare(base, base, "--out", tmp_path / "same", "--format", "json") == ExitCode.OK
+    again = _run(tmp_path / "again", onset=8, blocks=100, config=shared)
+    assert _compare(base, again, "--out", tmp_path / "same", "--format", "json") == ExitCode.OK
 
 
 @pytest.mark.parametrize(
@@ -537,3 +538,30 @@ def test_a_latency_that_moved_without_evidence_is_not_separated_not_unchanged(tm
     rows = {r.key: r for r in compare_runs(load_side(base), load_side(same)).results}
     assert rows["p50_ttft@4"].status == "unchanged"  # +4 %: under the floor
     assert rows["device_peak"].status == "changed" and rows["device_peak"].evidence.startswith("+300 MiB")
+
+
+def test_a_run_compared_with_itself_is_refused_and_a_copy_is_named(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`compare runA runA --gate onset>=baseline` and `report runB --baseline runB --gate ...` passed
+    (exit 0): a CI step that points the baseline at the new run passed every relative rule, silently.
+    One directory as both runs is exit 2, one sentence; a copy of one replay (the same provenance.json
+    start) is compared, with a caveat that names it."""
+    base = runs[0]
+    gate = ("--gate", "onset>=baseline")
+    assert _compare(base, base, "--out", tmp_path / "o1", "--format", "json", *gate) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "BASE_RUN and NEW_RUN are one run directory" in err, err
+    assert main(["report", str(base), "--baseline", f"{base}/.", *gate, "--format", "json"]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is the run being judged" in err, err
+    record = Provenance("0.1.0", "t.jsonl", "ab" * 32, 20, (2, 4, 6, 8), 3, started_unix_s=1_790_000_000.0)
+    (base / "provenance.json").write_text(json.dumps(record.to_json()))
+    copy = tmp_path / "copy"
+    shutil.copytree(base, copy)
+    out = tmp_path / "o2"
+    assert _compare(base, copy, "--out", out, "--format", "json", *gate) == ExitCode.OK
+    assert json.loads((out / "compare.json").read_text())["caveats"] == [
+        "base and copy are one replay (both started at 2026-09-21 14:13:20 UTC, provenance.json): a copy "
+        "of a run compared with itself proves nothing about a release"
+    ]

@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -299,13 +300,10 @@ def test_bounds_without_room_for_one_candidate_are_a_usage_error(
     assert not out.exists()  # nothing started
 
 
-def test_report_on_a_tune_directory_refuses_a_replays_flags(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    """`report TUNE_DIR --json | jq` got the table, and a --gate was dropped, exit 0: now one sentence."""
+def _write_tune(directory: Path, *, candidates: tuple[Any, ...], status: str) -> None:
+    """A tune directory holding only its ``tune.json``: a tune of the simulator for concurrency 4."""
     from oomload.tune.record import TuneRecord
 
-    (tmp_path / "t").mkdir()
     record = TuneRecord(
         serve_line=SIM,
         kind="sim",
@@ -315,12 +313,18 @@ def test_report_on_a_tune_directory_refuses_a_replays_flags(
         max_starts=8,
         max_duration_s=1800.0,
         slo_ttft_p99_s=None,
-        candidates=(),
-        status="bounded",
-        winner_index=None,
-        winner_line=None,
+        candidates=candidates,
+        status=status,
     )
-    (tmp_path / "t" / "tune.json").write_text(json.dumps(record.to_json()))
+    directory.mkdir()
+    (directory / "tune.json").write_text(json.dumps(record.to_json()))
+
+
+def test_report_on_a_tune_directory_refuses_a_replays_flags(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`report TUNE_DIR --json | jq` got the table, and a --gate was dropped, exit 0: now one sentence."""
+    _write_tune(tmp_path / "t", candidates=(), status="bounded")
     for flags in (["--json"], ["--gate", "error-rate<=1%"], ["--format", "md"], ["--baseline", "r"]):
         code, _, err = run(["report", str(tmp_path / "t"), *flags], capsys)
         assert code == 2 and f"is an `oomload tune` directory: {flags[0]} goes with a replay's" in err, err
@@ -338,24 +342,10 @@ def test_report_on_an_unfinished_tune_is_not_evaluated_not_a_negative(
 ) -> None:
     """A tune stopped by SIGINT or SIGTERM exited 130, and `oomload report` on its directory exited 1,
     "no candidate carried the target": a gate read the search it cut short as a negative result."""
-    from oomload.tune.record import TuneRecord
     from oomload.tune.search import Candidate, Settings
 
     started = Candidate(1, Settings(gpu_memory_utilization=0.8, max_num_seqs=4), "first", started=True)
-    record = TuneRecord(
-        serve_line=SIM,
-        kind="sim",
-        model="llama-3.1-8b",
-        target_concurrency=4,
-        trace_path=str(FIXED),
-        max_starts=8,
-        max_duration_s=1800.0,
-        slo_ttft_p99_s=None,
-        candidates=(started,),
-        status=status,
-    )
-    (tmp_path / "t").mkdir()
-    (tmp_path / "t" / "tune.json").write_text(json.dumps(record.to_json()))
+    _write_tune(tmp_path / "t", candidates=(started,), status=status)
     got, out, _ = run(["report", str(tmp_path / "t")], capsys)
     assert got == code, out
     assert f"status {status}" in out and (tmp_path / "t" / "tune.md").is_file()

@@ -119,7 +119,7 @@ def _check_out(out_dir: Path, base: Path, new: Path) -> None:
                 f"--out {out_dir} is the run directory {run}: compare's junit.xml would replace the run's "
                 f"own; name another directory (default: {new / 'compare'})"
             )
-    if base.resolve() != new.resolve() and base.resolve() in out.parents:
+    if base.resolve() in out.parents:  # base and new are two directories: compare_runs refused one
         raise ConfigError(
             f"--out {out_dir} is inside the base run {base}: compare writes nothing into the base run; "
             f"name another directory (default: {new / 'compare'})"

@@ -4,7 +4,8 @@ Both run directories are judged afresh (as ``oomload report`` judges them) and p
 (``oomload.report.compare``); the pages are printed and written into ``--out`` (default
 ``NEW_RUN/compare``: ``compare.json``, ``compare.md``, ``compare.html``, ``junit.xml``;
 ``oomload.report.comparepage``). Gate rules: relative ones (``onset>=baseline``, …) are judged against
-the base run, absolute ones against the new run.
+the base run (a latency one also on the comparison's latency tests, those of its latency rows),
+absolute ones against the new run.
 
 Exit code, the first that applies: 2 — bad input (not a run directory, one run directory as both
 runs, runs not comparable without ``--allow-different-trace``, a bad rule, an ``--out`` that is either
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     base = load_side(args.base_run)
     new = load_side(args.new_run)
     cmp = compare_runs(base, new, allow_different_trace=args.allow_different_trace)
-    results = evaluate_gates(gates, new.verdict, base.verdict)
+    results = evaluate_gates(gates, new.verdict, base.verdict, cmp.latencies)
     code = gate_exit_code(results)
     for side in (base, new):
         judged = run_exit_code(side.verdict, (), reporting_only=True)

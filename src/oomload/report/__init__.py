@@ -11,8 +11,9 @@ also says whether they are comparable and lays out their setup) and ``comparepag
 
 ``finalize_run`` is the one entry point (``oomload replay`` calls it when a run ends, ``oomload
 report`` calls it on a saved run): it reads the run directory, computes the verdict and the
-recommendation, evaluates the gate rules, writes the requested files into the run directory, prints
-the one-screen summary and returns the exit code.
+recommendation, evaluates the gate rules (a relative latency rule also on the two runs' per-request
+samples, tested as ``compare`` tests them: ``gate_latencies``), writes the requested files into the
+run directory, prints the one-screen summary and returns the exit code.
 
 Exit code (``run_exit_code``), the first that applies wins:
 
@@ -43,6 +44,7 @@ from rich.console import Console
 
 from oomload.errors import ConfigError, ExitCode, OutputWriteError
 from oomload.outfile import reason, write_text
+from oomload.report.compareside import latency_samples
 from oomload.report.junit import render_junit
 from oomload.report.markdown import render_markdown
 from oomload.report.summary import build_summary, dump_summary
@@ -55,10 +57,12 @@ from oomload.verdict.gate import (
     evaluate_gates,
     gate_exit_code,
     needs_baseline,
+    needs_latencies,
     parse_gate,
 )
 from oomload.verdict.recommend import Recommendation, recommend
 from oomload.verdict.runview import RunView, load_run
+from oomload.verdict.shift import LatencyShift, level_shifts
 
 FORMATS = ("terminal", "json", "md", "html", "junit")
 RUN_FORMATS = ("json", "md", "html", "junit")  # the files a run directory gets
@@ -90,11 +94,13 @@ def finalize_run(
     if unknown:
         raise ConfigError(f"unknown report format(s) {', '.join(unknown)}; allowed: {', '.join(FORMATS)}")
     parsed = tuple(g if isinstance(g, Gate) else parse_gate(g) for g in gates)
-    base_verdict = baseline_verdict(parsed, baseline, run_dir)
+    base = load_baseline(parsed, baseline, run_dir)
     view = load_run(run_dir)
     verdict = build_verdict(view)
     recommendation = recommend(verdict)
-    results = evaluate_gates(parsed, verdict, base_verdict)
+    base_verdict = None if base is None else base[1]
+    latencies = gate_latencies(parsed, base, (view, verdict))
+    results = evaluate_gates(parsed, verdict, base_verdict, latencies)
     code = run_exit_code(verdict, results, reporting_only=reporting_only)
     written = write_reports(
         view,
@@ -119,10 +125,12 @@ def finalize_run(
     return code
 
 
-def baseline_verdict(gates: Sequence[Gate], baseline: Path | None, run_dir: Path) -> Verdict | None:
-    """The baseline run's verdict for the relative rules among ``gates`` (``None`` when there are none);
-    ``ConfigError`` when such a rule has no baseline, the baseline is not a run directory, or it is
-    ``run_dir`` itself (a run measured against itself passes every relative rule)."""
+def load_baseline(
+    gates: Sequence[Gate], baseline: Path | None, run_dir: Path
+) -> tuple[RunView, Verdict] | None:
+    """The baseline run, read and judged, for the relative rules among ``gates`` (``None`` when there are
+    none); ``ConfigError`` when such a rule has no baseline, the baseline is not a run directory, or it
+    is ``run_dir`` itself (a run measured against itself passes every relative rule)."""
     relative = needs_baseline(gates)
     if not relative:
         return None
@@ -133,7 +141,21 @@ def baseline_verdict(gates: Sequence[Gate], baseline: Path | None, run_dir: Path
             f"the baseline {baseline} is the run being judged: a run measured against itself passes every "
             "relative rule; give --baseline the run directory of the release before"
         )
-    return build_verdict(load_run(baseline))
+    view = load_run(baseline)
+    return view, build_verdict(view)
+
+
+def gate_latencies(
+    gates: Sequence[Gate], base: tuple[RunView, Verdict] | None, new: tuple[RunView, Verdict]
+) -> tuple[LatencyShift, ...]:
+    """The latency shifts a relative latency rule among ``gates`` is judged on: ``level_shifts`` of the
+    two runs' per-request samples over the levels both measured, as ``oomload compare`` computes them;
+    none without such a rule or a baseline."""
+    if base is None or not needs_latencies(gates):
+        return ()
+    (base_view, base_verdict), (view, verdict) = base, new
+    common = set(base_verdict.levels) & set(verdict.levels)
+    return level_shifts(latency_samples(base_view, base_verdict), latency_samples(view, verdict), common)
 
 
 def _kept_files(written: Sequence[str], run_dir: Path) -> str:

@@ -31,7 +31,8 @@ as a typed ``Summary`` (``oomload.report.summary``). ``compare_runs`` puts two o
     hit rate to a tenth of a point, memory to the MiB).
   - Latency — TTFT, TPOT (mean inter-token latency) and end-to-end P50 and P99 at every level both
     runs measured, on the per-request samples (the ok requests of the trusted steps at that level):
-    ``oomload.verdict.shift.latency_shift`` (Mann–Whitney U for P50, bootstrap for P99; p < 0.01 and
+    ``oomload.verdict.shift.level_shifts``, which the relative latency rules read too
+    (``shift.latency_shift``: Mann–Whitney U for P50, bootstrap for P99; p < 0.01 and
     a change of ≥ 10 %; a change of ≥ 10 % at p ≥ 0.01 is *not separated*, a smaller one
     *unchanged*); a statistic that moved both ways across the levels, by moves of like size, is
     the host's run-to-run noise and not separated at any of them (``shift.across_levels``). When
@@ -66,7 +67,6 @@ from typing import Any, Literal
 from oomload import __version__
 from oomload.errors import ConfigError
 from oomload.report.compareside import (
-    LATENCIES,
     RunSide,
     SetupRow,
     comparability,
@@ -78,9 +78,8 @@ from oomload.verdict.relative import onset_steps
 from oomload.verdict.shift import (
     LatencyShift,
     OnsetShift,
-    across_levels,
     format_ms,
-    latency_shift,
+    level_shifts,
     onset_cell,
     onset_shift,
 )
@@ -214,18 +213,7 @@ def compare_runs(base: RunSide, new: RunSide, *, allow_different_trace: bool = F
     onset = onset_shift(
         onset_steps(base.verdict), _onset(base.summary), onset_steps(new.verdict), _onset(new.summary)
     )
-    latencies = across_levels(
-        latency_shift(
-            metric,
-            stat,
-            c,
-            base.samples.get(c, {}).get(metric, ()),
-            new.samples.get(c, {}).get(metric, ()),
-        )
-        for c in common
-        for metric in LATENCIES
-        for stat in ("p50", "p99")
-    )
+    latencies = level_shifts(base.samples, new.samples, common)
     results = (
         *_pool_rows(base.summary, new.summary),
         _onset_row(onset),

@@ -19,8 +19,8 @@ from oomload.verdict import Verdict, build_verdict
 from oomload.verdict.recommend import recommend
 from oomload.verdict.runinfo import served_line, sim_line
 from oomload.verdict.runview import RunView, load_run
+from oomload.verdict.shift import LATENCIES
 
-LATENCIES = ("ttft", "tpot", "e2e")
 POOL_KEYS = ("num_gpu_blocks", "block_size", "gpu_memory_utilization", "cache_dtype", "enable_prefix_caching")
 
 

@@ -83,6 +83,7 @@ from oomload.verdict.gateresult import GateStatus as GateStatus  # re-exported
 from oomload.verdict.gatesignals import EVENTS, METRICS, PREEMPTION, SHARE_METRICS, Event, Metric
 from oomload.verdict.lastsafe import LastSafeRange, judge
 from oomload.verdict.relative import QUANTITIES, RELATIVE_HELP, RelativeRule, is_relative
+from oomload.verdict.shift import LatencyShift
 from oomload.verdict.verdict import StepFacts, Verdict
 
 Bound = Literal["below", "up-to"]
@@ -425,13 +426,20 @@ def load_gate_file(path: str | Path) -> tuple[Gate, ...]:
     return parse_gate_toml(text, source=str(path))
 
 
-def evaluate_gate(gate: Gate, verdict: Verdict, baseline: Verdict | None = None) -> GateResult:
-    """Judge one rule against a verdict (and, for a relative rule, the baseline's): pass, fail, or not
-    evaluated (missing evidence). On a run whose prefix-cache behaviour was not what its prompt shape
-    claims (``Verdict.prefix.problem``) a pass is not evaluated: the run measured other traffic than it
-    says; a failure seen is still a failure. A relative rule checks the baseline's the same way."""
+def evaluate_gate(
+    gate: Gate,
+    verdict: Verdict,
+    baseline: Verdict | None = None,
+    latencies: Sequence[LatencyShift] = (),
+) -> GateResult:
+    """Judge one rule against a verdict (and, for a relative rule, the baseline's, with the two runs'
+    latency shifts: ``shift.level_shifts``, baseline against this run; without them a relative latency
+    rule that missed its bound is not evaluated): pass, fail, or not evaluated (missing evidence). On a
+    run whose prefix-cache behaviour was not what its prompt shape claims (``Verdict.prefix.problem``) a
+    pass is not evaluated: the run measured other traffic than it says; a failure seen is still a
+    failure. A relative rule checks the baseline's the same way."""
     if isinstance(gate, RelativeRule):
-        result = gate.evaluate(verdict, baseline)
+        result = gate.evaluate(verdict, baseline, latencies)
         judged = (verdict, baseline)
     else:
         result = gate.evaluate(verdict)
@@ -444,9 +452,20 @@ def evaluate_gate(gate: Gate, verdict: Verdict, baseline: Verdict | None = None)
 
 
 def evaluate_gates(
-    gates: Sequence[Gate], verdict: Verdict, baseline: Verdict | None = None
+    gates: Sequence[Gate],
+    verdict: Verdict,
+    baseline: Verdict | None = None,
+    latencies: Sequence[LatencyShift] = (),
 ) -> tuple[GateResult, ...]:
-    return tuple(evaluate_gate(g, verdict, baseline) for g in gates)
+    return tuple(evaluate_gate(g, verdict, baseline, latencies) for g in gates)
+
+
+def needs_latencies(gates: Sequence[Gate]) -> bool:
+    """Whether a relative rule among ``gates`` bounds a latency at a level: it is judged on the two runs'
+    latency shifts (``shift.level_shifts``), which only such a rule needs computed."""
+    return any(
+        isinstance(g, RelativeRule) and g.metric is not None and g.metric.latency is not None for g in gates
+    )
 
 
 def needs_baseline(gates: Sequence[Gate]) -> list[str]:

@@ -7,8 +7,9 @@ preemption needs a ``/metrics`` scrape and, in a clean step, the requests the tr
 engine death also counts at the verdict's death level. A ``Metric`` (``METRIC[@C] OP VALUE``) knows
 its base unit, how to read it from one step and from the whole run, and how a missing or partial
 measurement is judged (``monotone``: only grows as a step goes on; ``fails_where_engine_died``;
-``from_trusted_steps``). The tables ``EVENTS`` and ``METRICS`` hold every one the syntax accepts;
-``oomload.verdict.gate`` parses the rules and judges them.
+``from_trusted_steps``); a latency metric also names its latency and statistic, so a relative rule
+finds the test of its requests (``oomload.verdict.shift.level_shifts``). The tables ``EVENTS`` and
+``METRICS`` hold every one the syntax accepts; ``oomload.verdict.gate`` parses the rules and judges them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from oomload.outcome import Outcome
 from oomload.verdict.deathcause import DeathKind
-from oomload.verdict.shift import format_ms
+from oomload.verdict.shift import LATENCIES, STATS, Stat, format_ms
 from oomload.verdict.verdict import KV_SATURATED, StepFacts, Verdict
 
 # ---------------------------------------------------------------------------------------------------
@@ -124,6 +125,8 @@ class Metric:
     monotone: bool = False  # only grows as a step goes on: an untrusted step's value already fails
     fails_where_engine_died: bool = False  # the step the engine died in is judged on it, trusted or not
     from_trusted_steps: bool = False  # built from trusted steps only: a cut-short run leaves it whole
+    latency: str | None = None  # a latency statistic: which latency (``ttft``, ``tpot``, ``e2e``) …
+    stat: Stat | None = None  # … and which statistic of its requests (``p50``, ``p99``)
 
     def show(self, value: float) -> str:
         """``value`` (in ``unit``) as a reason shows it: a latency as the compare page does (``850 ms``,
@@ -163,7 +166,7 @@ def _as_float(value: int | None) -> float | None:
     return None if value is None else float(value)
 
 
-def _latency(stat: str, latency: str, unit: str) -> Metric:
+def _latency(stat: Stat, latency: str, unit: str) -> Metric:
     def of_step(s: StepFacts) -> float | None:
         stats = {"ttft": s.ttft, "tpot": s.tpot, "e2e": s.e2e}[latency]
         value_ms = stats.p50_ms if stat == "p50" else stats.p99_ms
@@ -171,7 +174,7 @@ def _latency(stat: str, latency: str, unit: str) -> Metric:
             return None
         return value_ms / 1000.0 if unit == "s" else value_ms
 
-    return Metric(f"{stat}-{latency}-{unit}", unit, of_step=of_step)
+    return Metric(f"{stat}-{latency}-{unit}", unit, of_step=of_step, latency=latency, stat=stat)
 
 
 def _decided(verdict: Verdict) -> list[StepFacts]:
@@ -189,8 +192,6 @@ def _run_preemptions(verdict: Verdict) -> float | None:
     return float(sum(c for c in counts if c is not None)) if counts and None not in counts else None
 
 
-LATENCIES = ("ttft", "tpot", "e2e")
-STATS = ("p50", "p99")
 _METRICS = (
     *(_latency(s, lat, unit) for s in STATS for lat in LATENCIES for unit in ("ms", "s")),
     Metric(

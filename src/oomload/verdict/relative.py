@@ -36,12 +36,24 @@ about the release.
   cut short, no step whose requests mostly failed) that measured the same levels: else a total over
   other levels would pass or fail on what was not measured. A metric at ``@C`` is read from each run
   as the absolute rule reads it: its trusted steps at C that decided a request, the worst of them
-  (the highest against an upper bound). ``last-safe`` is judged over this run's range
-  (``oomload.verdict.lastsafe``: its true last safe level lies between its last safe level and one
-  below its first level that broke or queued) against the bound from the level the baseline proved
-  safe: it passes when it holds whatever the value, fails when it holds for none (a run that broke at
-  its lowest level ``B`` is below ``B``), and is not evaluated when levels in between were never judged
-  (a run cut short, a gap not refined).
+  (the highest against an upper bound); a latency at ``@C`` that misses its bound is judged further
+  (below). ``last-safe`` is judged over this run's range (``oomload.verdict.lastsafe``: its true last
+  safe level lies between its last safe level and one below its first level that broke or queued)
+  against the bound from the level the baseline proved safe: it passes when it holds whatever the
+  value, fails when it holds for none (a run that broke at its lowest level ``B`` is below ``B``), and
+  is not evaluated when levels in between were never judged (a run cut short, a gap not refined).
+* A latency at ``@C`` (``p50|p99-ttft|tpot|e2e-ms|s``) passes on those two numbers, as any metric;
+  one that misses its bound **fails only when the requests at C separate the two runs** on the side
+  of the miss (slower against ``<=``/``<``, faster against ``>=``/``>``, either against ``==``), by
+  the test ``oomload compare`` shows in its latency rows (``oomload.verdict.shift.level_shifts``, given
+  by the caller: Mann–Whitney U on the P50, a bootstrap of the P99, over the ok requests of the
+  trusted steps at C; p < ``ALPHA_LATENCY``, 0.01), and the statistic did not move both ways across
+  levels (``mixed``: the host's noise, not the release's). Else it is not evaluated, saying why: too
+  few requests to tell (8 a side for the P50, 100 for the P99), not separated (the test's p), moved
+  both ways, the statistic over all of C's requests moved the other way (the worst step missed, the
+  level did not), or no per-request samples. The P99 of 40 requests is one of its last two: 518 ms
+  against 320 ms there is one draw against another until the requests say otherwise. Compare's 10 %
+  floor does not apply: the bound is the effect the rule asks about.
 * ``no-new-death`` fails when this run's engine died at a level where the baseline's did not (the
   baseline survived it, or died higher), and is not evaluated when the baseline never ran that
   level; it passes when neither died over the levels the baseline measured — this run reached the
@@ -59,7 +71,15 @@ from oomload.errors import ConfigError
 from oomload.verdict.gateresult import OPERATORS, UPPER_BOUNDS, GateResult, GateStatus, Op, as_op, rule_int
 from oomload.verdict.gatesignals import METRICS, Metric, show_apart, show_number
 from oomload.verdict.lastsafe import LastSafeRange, judge
-from oomload.verdict.shift import onset_shift
+from oomload.verdict.shift import (
+    ALPHA_LATENCY,
+    MIN_SAMPLES_P50,
+    MIN_SAMPLES_P99,
+    LatencyShift,
+    find_shift,
+    format_ms,
+    onset_shift,
+)
 from oomload.verdict.verdict import Verdict
 
 BASELINE = "baseline"
@@ -157,7 +177,11 @@ class RelativeRule:
     def bound(self, base: float) -> float:
         return base * self.scale + self.offset
 
-    def evaluate(self, verdict: Verdict, baseline: Verdict | None) -> GateResult:
+    def evaluate(
+        self, verdict: Verdict, baseline: Verdict | None, latencies: Sequence[LatencyShift] = ()
+    ) -> GateResult:
+        """Judge the rule; ``latencies``: the two runs' latency shifts (``shift.level_shifts``, baseline
+        against this run), which a latency metric at ``@C`` that missed its bound is judged on."""
         if baseline is None:
             return GateResult(
                 self, GateStatus.NOT_EVALUATED, "a rule relative to a baseline needs one (--baseline RUN_DIR)"
@@ -199,6 +223,10 @@ class RelativeRule:
             if new_text == show(new)
             else f"{new_text} is not {self.op} {bound_text}"
         )
+        if self.metric is not None and self.metric.latency is not None and self.concurrency is not None:
+            shift = find_shift(latencies, self.metric.latency, self.metric.stat or "", self.concurrency)
+            status, evidence = latency_evidence(shift, self.op)
+            return GateResult(self, status, f"{text}, {why}{evidence}", observed=new)
         return GateResult(self, GateStatus.FAIL, f"{text}, {why}", observed=new)
 
     def _last_safe(self, verdict: Verdict, baseline: Verdict) -> GateResult:
@@ -311,6 +339,49 @@ class RelativeRule:
 
 def relative_rules(rules: Sequence[object]) -> list[RelativeRule]:
     return [r for r in rules if isinstance(r, RelativeRule)]
+
+
+def latency_evidence(shift: LatencyShift | None, op: Op) -> tuple[GateStatus, str]:
+    """Whether a latency that missed a bound ``op`` failed it: ``FAIL`` only when the test of the two
+    runs' requests at that level separates them (``p < ALPHA_LATENCY``) on the side of the miss (slower
+    against an upper bound, faster against a lower one, either against ``==``) and the statistic did
+    not move both ways across levels; else ``NOT_EVALUATED``. With the words that follow the miss."""
+    if shift is None or shift.base_ms is None or shift.new_ms is None:
+        return (
+            GateStatus.NOT_EVALUATED,
+            ", but no per-request samples of both runs at that level to test it",
+        )
+    base_n, new_n = shift.base_n, shift.new_n
+    if shift.p_value is None:
+        need = MIN_SAMPLES_P50 if shift.stat == "p50" else MIN_SAMPLES_P99
+        return GateStatus.NOT_EVALUATED, (
+            f", but too few requests to tell ({shift.test} needs {need} a side; the baseline has {base_n}, "
+            f"this run {new_n})"
+        )
+    name = f"{shift.stat.upper()} {shift.metric.upper()}"
+    change = "" if shift.ratio is None else f", {shift.ratio - 1.0:+.0%}"
+    values = f"{format_ms(shift.base_ms)} → {format_ms(shift.new_ms)}{change}"
+    moved = f"{name} {values}"
+    test = f"{shift.test} p = {shift.p_value:.2g}"
+    n = f"n = {base_n}, {new_n}"
+    if shift.p_value >= ALPHA_LATENCY:
+        apart = f"{moved}; {test} ≥ {ALPHA_LATENCY}, {n}"
+        return (
+            GateStatus.NOT_EVALUATED,
+            f", but the requests at that level do not separate the runs ({apart})",
+        )
+    slower, faster = shift.new_ms > shift.base_ms, shift.new_ms < shift.base_ms
+    if not (slower or faster) or (op in ("<", "<=") and not slower) or (op in (">", ">=") and not faster):
+        way = "slower" if slower else "faster" if faster else "unchanged"
+        return GateStatus.NOT_EVALUATED, (
+            f", but over all the requests at that level {name} was {way} ({values}; {test}, {n})"
+        )
+    if shift.mixed:
+        return GateStatus.NOT_EVALUATED, (
+            f", but {name} moved both ways across levels ({values} here; {test}, {n}): the host's "
+            "run-to-run noise, not a change of the server"
+        )
+    return GateStatus.FAIL, f"; the requests at that level separate the runs ({moved}; {test}, {n})"
 
 
 def _unlike_runs(verdict: Verdict, baseline: Verdict) -> str | None:

@@ -41,12 +41,16 @@ run-to-run noise, not a change of the server: ``across_levels`` marks every leve
 levels") — unless it is more than ``MIXED_FACTOR`` (2) times the largest opposite move, in log ratio:
 +700 % at one level beside −15 % at another is a change, not noise (+21 % beside −15 % is noise). A
 statistic that moved one way only (at one level or at all) keeps its verdict.
+
+``level_shifts`` is the one computation of both uses: every statistic of every latency at every level
+both runs measured, marked across levels; ``oomload compare`` shows it row by row, and a relative
+latency rule (``p99-ttft-s@8<=baseline*1.10``) reads its own statistic there (``find_shift``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -65,6 +69,10 @@ BOOTSTRAP_SEED = 20240601
 
 Stat = Literal["p50", "p99"]
 Direction = Literal["lower", "higher", "same", "not measured"]
+LATENCIES = ("ttft", "tpot", "e2e")
+STATS: tuple[Stat, ...] = ("p50", "p99")
+# level → latency (``LATENCIES``) → the ms of each ok request of the level's trusted measured steps
+LevelSamples = Mapping[int, Mapping[str, Sequence[float]]]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -364,3 +372,25 @@ def latency_shift(
     if len(base) >= need and len(new) >= need:
         p = mann_whitney_p(base, new) if stat == "p50" else bootstrap_p99_p(base, new)
     return LatencyShift(metric, stat, concurrency, base_ms, new_ms, len(base), len(new), p, test)
+
+
+def level_shifts(
+    base: LevelSamples, new: LevelSamples, levels: Iterable[int] | None = None
+) -> tuple[LatencyShift, ...]:
+    """Every statistic (``STATS``) of every latency (``LATENCIES``) at each of ``levels`` (default: the
+    levels both runs hold samples for), base against new, marked across levels (``across_levels``): what
+    ``oomload compare`` shows and the relative latency rules read (module docstring)."""
+    common = sorted(set(base) & set(new)) if levels is None else sorted(set(levels))
+    return across_levels(
+        latency_shift(metric, stat, c, base.get(c, {}).get(metric, ()), new.get(c, {}).get(metric, ()))
+        for c in common
+        for metric in LATENCIES
+        for stat in STATS
+    )
+
+
+def find_shift(
+    shifts: Iterable[LatencyShift], metric: str, stat: str, concurrency: int
+) -> LatencyShift | None:
+    """The shift of one latency statistic at one level among ``shifts`` (``None``: not among them)."""
+    return next((s for s in shifts if (s.metric, s.stat, s.concurrency) == (metric, stat, concurrency)), None)

@@ -10,6 +10,7 @@ from oomload.verdict.shift import (
     across_levels,
     fisher_greater,
     latency_shift,
+    level_shifts,
     mann_whitney_p,
     onset_cell,
     onset_shift,
@@ -153,3 +154,25 @@ def test_an_onset_a_run_did_not_look_for_is_not_measured() -> None:
     reached = onset_shift(base, 8, [(4, False), (8, False), (16, False)], None)
     assert reached.direction == "higher" and reached.new_top == 16
     assert [onset_cell(8, 8), onset_cell(None, 16), onset_cell(None, None)] == ["8", "none up to 16", "—"]
+
+
+def test_level_shifts_test_every_statistic_at_the_levels_both_runs_measured() -> None:
+    """The one computation behind compare's latency rows and the relative latency rules: by default the
+    levels both runs hold samples for, each latency's P50 and P99, marked across levels."""
+    base = {
+        c: {"ttft": _latencies(c), "tpot": _latencies(c + 1), "e2e": _latencies(c + 2)} for c in (4, 8, 16)
+    }
+    new = {
+        4: {**base[4], "ttft": [v * 2.0 for v in base[4]["ttft"]]},
+        8: {**base[8], "ttft": [v * 0.5 for v in base[8]["ttft"]]},
+        32: base[16],
+    }
+    shifts = level_shifts(base, new)
+    assert [(s.concurrency, s.metric, s.stat) for s in shifts[:6]] == [
+        (4, m, st) for m in ("ttft", "tpot", "e2e") for st in ("p50", "p99")
+    ]
+    assert {s.concurrency for s in shifts} == {4, 8} and len(shifts) == 12
+    ttft_p50 = {s.concurrency: s for s in shifts if (s.metric, s.stat) == ("ttft", "p50")}
+    assert ttft_p50[4].moved and ttft_p50[8].moved and ttft_p50[4].mixed and ttft_p50[8].mixed
+    wider = level_shifts(base, new, (4, 8, 16))  # a level only one run measured: not measured
+    assert [s.base_ms is not None and s.new_ms is None for s in wider if s.concurrency == 16] == [True] * 6

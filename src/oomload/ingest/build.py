@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -272,6 +272,13 @@ def build_trace(
         )
         if prefix_note is not None:
             skips.note(prefix_note)
+        derived_from = _CHAINED_FROM.get(prefix.source)
+        if derived_from is not None and written.chained == 0:  # nothing to chain: say so, claim nothing
+            skips.note(
+                f"no request carried a prompt to chain ({derived_from}): the trace has no prefix ids, and "
+                "its reuse is unknown"
+            )
+            prefix = replace(prefix, source="none", exact=True)
         header = TraceHeader(
             source=sources,
             format="+".join(formats),
@@ -292,6 +299,13 @@ def build_trace(
         read_notes=read_notes,
         prefix=prefix,
     )
+
+
+_CHAINED_FROM = {  # the source of chains a build derives → what a request needs for one
+    "messages": "its messages or prompt",
+    "token-ids": "its prompt token ids",
+    "column": "a conversation id",
+}
 
 
 def plan_prefix(plan: InputPlan, hasher: BlockHasher | None) -> PrefixInfo:

@@ -59,11 +59,13 @@ RENDER_SWITCH_S = 0.001
 
 @dataclass(frozen=True, slots=True)
 class BodyWritten:
-    """How many requests ``write_body`` wrote, and whether their times never went backwards."""
+    """How many requests ``write_body`` wrote, how many of them with prefix ids (``hash_ids``), and
+    whether their times never went backwards."""
 
     count: int
     in_order: bool
     header_line: bytes = b""  # the guessed header line written before the body
+    chained: int = 0  # requests written with at least one prefix id
 
 
 def output_error(out: Path, err: OSError) -> ConfigError:
@@ -216,6 +218,7 @@ class RowTimes(NamedTuple):
     last_s: float
     max_s: float
     in_order: bool
+    chained: int  # rows with at least one prefix id
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,12 +230,23 @@ class WorkerRows:
     last_s: float
     max_s: float
     in_order: bool
+    chained: int
 
     @staticmethod
     def times_of(batch: pa.Table) -> RowTimes:
         times = np.asarray(batch.column("time_s"), dtype=np.float64)
         in_order = not (len(times) > 1 and bool((np.diff(times) < 0).any()))
-        return RowTimes(len(times), float(times[0]), float(times[-1]), float(times.max()), in_order)
+        return RowTimes(
+            len(times), float(times[0]), float(times[-1]), float(times.max()), in_order, chained_rows(batch)
+        )
+
+
+def chained_rows(batch: pa.Table) -> int:
+    """The rows of ``batch`` with at least one prefix id (a ``hash_ids`` list neither null nor empty)."""
+    if "hash_ids" not in batch.schema.names:
+        return 0
+    lengths = pc.list_value_length(batch.column("hash_ids"))
+    return int(pc.sum(pc.greater(pc.fill_null(lengths, 0), 0)).as_py() or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +281,7 @@ def write_body(
     the index of its first row (its generated ids start there).
     """
     first_line = header_line(guess)
-    count = 0
+    count = chained = 0
     origin_s: float | None = None
     last_s = -np.inf
     in_order = True
@@ -293,6 +307,7 @@ def write_body(
                         pending.result()
                     pending = written
                     count += batch.rows
+                    chained += batch.chained
                     continue
                 times = np.asarray(batch.column("time_s"), dtype=np.float64)
                 if origin_s is None:
@@ -306,13 +321,14 @@ def write_body(
                     pending.result()
                 pending = rendered
                 count += batch.num_rows
+                chained += chained_rows(batch)
             if pending is not None:
                 pending.result()
         except OSError as err:
             raise output_error(scratch.out, err) from err
         finally:
             sys.setswitchinterval(switch_s)
-    return BodyWritten(count, in_order, first_line)
+    return BodyWritten(count, in_order, first_line, chained)
 
 
 def _render(body: IO[bytes], batch: pa.Table, origin_s: float, first_index: int) -> None:

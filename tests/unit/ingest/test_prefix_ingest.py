@@ -98,6 +98,43 @@ def test_formats_without_prefix_structure_say_none(tmp_path: Path) -> None:
     assert result.prefix is not None and result.prefix.source == "none"
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_gateway_log_without_prompts_claims_no_chains(tmp_path: Path, workers: int) -> None:
+    """Usage counts only, no messages or prompt: no request has ids, so the header claims no chains over
+    message boundaries (the build says why), whichever process rendered the lines."""
+    log = tmp_path / "usage.jsonl"
+    log.write_text(
+        "".join(
+            f'{{"timestamp": {1760000000 + i}, "response": {{"usage": {{"prompt_tokens": {100 + i}, '
+            f'"completion_tokens": 20}}}}}}\n'
+            for i in range(60)
+        )
+    )
+    result = build_trace([log], tmp_path / "t.jsonl", workers=workers, parallel_min_bytes=0, span_bytes=1024)
+    header = read_trace_header(tmp_path / "t.jsonl")
+    assert result.prefix is not None and result.prefix.source == "none"
+    assert header.prefix == result.prefix
+    assert "no request carried a prompt to chain (its messages or prompt)" in " ".join(header.extra["notes"])
+    assert result.records_written == 60
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_gateway_log_with_one_prompt_keeps_its_chains(tmp_path: Path, workers: int) -> None:
+    """One request of 60 with messages is enough for the header to say where its ids came from."""
+    log = tmp_path / "usage.jsonl"
+    lines = [
+        f'{{"timestamp": {1760000000 + i}, "response": {{"usage": {{"prompt_tokens": 100, '
+        f'"completion_tokens": 20}}}}}}\n'
+        for i in range(59)
+    ]
+    log.write_text(
+        "".join(lines) + _chat_line(59, [SYSTEM_MESSAGE, {"role": "user", "content": "q " * 40}], 300)
+    )
+    result = build_trace([log], tmp_path / "t.jsonl", workers=workers, parallel_min_bytes=0, span_bytes=1024)
+    assert result.prefix is not None and result.prefix.source == "messages"
+    assert sum(1 for r in read_trace(tmp_path / "t.jsonl") if r.hash_ids) == 1
+
+
 def test_mooncake_and_bailian_ids_stay_as_given(tmp_path: Path) -> None:
     mooncake = tmp_path / "m.jsonl"
     mooncake.write_text('{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [7, 8]}\n')

@@ -136,6 +136,11 @@ def setup_rows(base: RunSide, new: RunSide) -> tuple[SetupRow, ...]:
         recorded = side.provenance.server_version if side.provenance else side.view.config.get("vllm_version")
         return str(recorded) if recorded else "not reported"
 
+    def oomload_version(side: RunSide) -> str:  # provenance.json's, else (an older run) config.json's
+        provenance = side.provenance
+        recorded = provenance.oomload_version if provenance else side.view.config.get("oomload_version")
+        return str(recorded) if recorded and recorded != "?" else "not recorded"
+
     def serve(side: RunSide) -> str:
         line = side.provenance.serve if side.provenance else served_line(side.view.config)
         return str(line or sim_line(side.view.config) or "not started by oomload")
@@ -169,10 +174,6 @@ def setup_rows(base: RunSide, new: RunSide) -> tuple[SetupRow, ...]:
         SetupRow("traffic", base.verdict.traffic, new.verdict.traffic),
         SetupRow("levels", schedule(base, "levels"), schedule(new, "levels")),
         SetupRow("repeats", schedule(base, "repeats"), schedule(new, "repeats")),
-        SetupRow(
-            "oomload version",
-            str(base.view.config.get("oomload_version") or "not recorded"),
-            str(new.view.config.get("oomload_version") or "not recorded"),
-        ),
+        SetupRow("oomload version", oomload_version(base), oomload_version(new)),
     ]
     return tuple(rows)

@@ -112,6 +112,21 @@ def test_provenance_round_trip_and_older_runs(tmp_path: Path) -> None:
     assert read_provenance(tmp_path / "older") is None  # a run from before provenance.json
 
 
+def test_the_setup_reads_oomloads_version_from_provenance(runs: tuple[Path, Path]) -> None:
+    """The version row reads ``provenance.json`` (what ran), as the vLLM version row does; an older run
+    without one falls back to ``config.json``."""
+    base, new = runs
+    trace = new / "source.jsonl"
+    trace.write_text("x\n")
+    record = Provenance("0.9.1", str(trace), file_sha256(trace), 1, (2, 4), 3, None, None)
+    (new / "provenance.json").write_text(json.dumps(record.to_json()))
+    config = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps({**config, "oomload_version": "0.8.0"}))
+    cmp = compare_runs(load_side(base), load_side(new), allow_different_trace=True)
+    rows = {r.label: r for r in cmp.setup}
+    assert (rows["oomload version"].base, rows["oomload version"].new) == ("0.8.0", "0.9.1")
+
+
 # ---------------------------------------------------------------------------------------------------
 # Relative rules
 

@@ -109,6 +109,7 @@ def test_a_served_server_that_fails_to_start_leaves_no_key_anywhere(tmp_path: Pa
     code, out, err, scrubbed_reads = _watch(argv, run, tmp_path)
     assert code == ExitCode.UNREACHABLE, out[-3000:] + err[-3000:]
     assert "did not start (it exited with status 1)" in err and KEY not in out + err
+    assert "ValueError: the key *** was refused'; its log" in err  # its own words, not "another error"
     assert scrubbed_reads >= 5  # the fake says its key 2 s before it exits
     log = (run / "server.log").read_text()
     assert "'api_key': ['***']" in log and "ValueError: the key *** was refused" in log

@@ -189,7 +189,7 @@ def _start_served(
     (``oomload.tune.startup``)."""
     from oomload.realvllm.serveline import ServeLine
     from oomload.realvllm.server import RealVllmServer, free_port
-    from oomload.tune.startup import classify_startup_failure
+    from oomload.tune.startup import StartCause, classify_startup_failure
 
     run_dir = config.run_dir if config.run_dir is not None else new_run_dir(config.runs_parent)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -217,8 +217,9 @@ def _start_served(
             if server.exit_code is None
             else f"it {exit_text(server.exit_code)}"
         )
+        said = failure.reason if failure.cause is not StartCause.OTHER else f"it said {failure.message!r}"
         raise ServeStartError(
-            f"the --serve line did not start ({how}): {failure.reason}; its log: {server.log_path}"
+            f"the --serve line did not start ({how}): {said}; its log: {server.log_path}"
         ) from err
     console.print(f"the server is up at {server.url} (pid {server.pid}, {server.startup_s:.0f} s to start)")
     return server

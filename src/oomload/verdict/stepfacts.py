@@ -77,6 +77,7 @@ no failure of the engine, an unsafe one (``UNSAFE_OUTCOMES``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
@@ -487,11 +488,16 @@ class StepFacts:
 class RanTally(NamedTuple):
     """Over a run's steps: the decided requests, and the unexplained failures and decided requests both
     without the requests turned away before they ran — by a limit in front of the engine (``rate_limited``)
-    or by vLLM's own queue limit (``admission_rejected``: the engine was full, so the run did load it)."""
+    or by vLLM's own queue limit (``admission_rejected``: the engine was full, so the run did load it); of
+    the failures, those the client gave up on (``timeout``), and what the server's ``/metrics`` say it held
+    at most (``None``: never scraped)."""
 
     decided: int
     failed: int
     ran: int
+    timed_out: int = 0
+    running_max: int | None = None
+    kv_usage_max: float | None = None
 
     @property
     def nothing_to_judge(self) -> bool:
@@ -499,15 +505,40 @@ class RanTally(NamedTuple):
         (``MIN_ANSWERED_SHARE``; ``Verdict.failed_run`` says why in words)."""
         return self.decided > 0 and (self.ran == 0 or self.failed > (1.0 - MIN_ANSWERED_SHARE) * self.ran)
 
+    @property
+    def unloaded_text(self) -> str:
+        """Why failures that ran leave nothing to judge: when most of them timed out at the client (its
+        ``--request-timeout-s``), the server may well have been loaded — its figures say how far — but the
+        answers never came; else the server was not loaded."""
+        if 2 * self.timed_out <= self.failed:
+            return "the server was not loaded, so nothing about its memory can be judged"
+        timed_out = f"{'they' if self.timed_out == self.failed else 'most'} timed out at the client"
+        held = []
+        if self.running_max:
+            held.append(f"it held up to {self.running_max} requests")
+        if self.kv_usage_max:  # whole percent, rounded down as ``kv_percent`` does
+            held.append(f"KV usage up to {math.floor(self.kv_usage_max * 100 + 1e-9)}%")
+        if not held:
+            return f"{timed_out} (--request-timeout-s), so nothing about the server's memory can be judged"
+        return (
+            f"{timed_out} (--request-timeout-s) while the server was loaded ({', '.join(held)}): their "
+            "answers never came, so nothing about its memory can be judged"
+        )
+
 
 def ran_tally(steps: Iterable[StepFacts]) -> RanTally:
     """``RanTally`` of ``steps``: whether the run loaded the server at all is read on what ran."""
-    decided = failed = ran = 0
+    decided = failed = ran = timed_out = 0
+    running: list[int] = []
+    kv: list[float] = []
     for s in steps:
         decided += s.decided_requests
         failed += s.unexplained_failures - s.queue_rejected_requests
         ran += s.decided_requests - s.rate_limited_requests - s.queue_rejected_requests
-    return RanTally(decided, failed, ran)
+        timed_out += s.unexplained_by_outcome().get(Outcome.TIMEOUT.value, 0)
+        running += [] if s.running_max is None else [s.running_max]
+        kv += [] if s.kv_usage_max is None else [s.kv_usage_max]
+    return RanTally(decided, failed, ran, timed_out, max(running, default=None), max(kv, default=None))
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:

@@ -70,8 +70,8 @@ with a reason in ``runview.CUT_SHORT_REASONS``, when a step was cut short, or wh
 
 Failed run. A run whose requests mostly failed — more than half (``MIN_ANSWERED_SHARE``) of those that ran,
 counting every failure but an engine death's own (its casualties and ``engine_dead`` answers: the death is
-the finding), so ``ok`` and ``truncated`` answers are the evidence — put no load on the server:
-``Verdict.failed_run`` says so in one sentence naming the failures by outcome, the confidence is low
+the finding), so ``ok`` and ``truncated`` answers are the evidence — is nothing to judge: ``failed_run``
+says why in one sentence naming the failures by outcome (``RanTally.unloaded_text``), confidence is low
 (``run_failed``), and the run exits 3 whatever its gate rules say (``oomload.report``). So is a run where no
 measured step decided a request (every one cancelled, or none sent), or where none ran. Requests turned away
 before they ran (``stepfacts.ran_tally``: by a limit in front of the engine, ``rate_limited``, or by vLLM's
@@ -309,7 +309,7 @@ class Verdict:
                 f"({USAGE_HINT}), so the load was not the trace's and nothing about the server's memory "
                 "under it can be judged"
             )
-        text = f"{failed}: the server was not loaded, so nothing about its memory can be judged"
+        text = f"{failed}: {tally.unloaded_text}"
         if ranked and ranked[0][0] == Outcome.CONTEXT_OVERFLOW.value:  # the trace, not the server
             text += "; --only-fitting replays only the requests within its max_model_len"
         elif 2 * self.refused_requests > unexplained and self.run.api == "completions":

@@ -122,16 +122,18 @@ class ReplayContext:
         self._due: dict[str, tuple[float, float]] = {}  # open loop: request id → (arrival time, taken at)
 
     def may_send(self) -> bool:
-        """False once no request may be sent: the run is ending, or the server was declared dead — in
+        """False while no request may be sent: the run is ending, or the server was declared dead — in
         this process (``stopping``) or by the master of ``--processes N`` (``declared_dead``), whose
-        stop message reaches the workers a little later. Called after the request's start time is
-        taken, so no request recorded as started after the declaration is ever sent."""
+        stop message reaches the workers a little later — or the step ended and the next has not begun
+        (``between_steps``). Called after the request's start time is taken, with no yield point until
+        it counts as started, so no request recorded as started after the declaration is ever sent, and
+        none is sent after its step's ``started`` was read as final."""
         if self.stopping:
             return False
         if self.declared_dead is not None and self.declared_dead():
             self.stopping = True
             return False
-        return True
+        return not self.between_steps
 
     def start_open_loop(self, start_unix_s: float, arrival_scale: float) -> None:
         """Replay arrival times from now on: request ``i`` is sent at ``start + arrival_s × scale``."""

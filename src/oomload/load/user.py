@@ -14,6 +14,14 @@ start time, lengths, and the TTFT and token events seen so far). The runner make
 that lowers the user count lets the stopped users finish their request (Locust's ``stop_timeout``,
 capped), and only the end of the run or Ctrl-C abandons what is still in flight.
 
+A request belongs to the step that sends it, and a step sends nothing after its end
+(``ReplayContext.end_step``): a user may pause between taking a request and sending it (the open loop's
+wait for the arrival time, a chat prompt's ``/tokenize`` calls), so after the pause it asks
+``ReplayContext.may_send`` again, with no yield point between that answer and counting the request as
+started. A step that ended during the pause leaves the request with the user (``held``), which sends it
+first once the next step begins; a run that ended drops it (it was never sent). The same holds in each
+worker of ``--processes N`` / ``--workers``, whose step ends when the master's message arrives.
+
 A dead server is not hammered: after a refused connection or an ``engine_dead`` outcome the user
 sleeps ``DEAD_BACKOFF_S`` before its next request, so a killed server sees a handful of requests per
 user before the monitor declares it dead and the users go idle (``ReplayContext.stopping``). Once
@@ -96,6 +104,7 @@ class ReplayUser(User):
     stream: ClassVar[bool] = True
     exact_output: ClassVar[bool] = True
     failures_in_a_row = 0  # this user's requests the server failed, one after the other (``server_failed``)
+    held: PreparedRequest | PromptBuildError | None = None  # taken, then its step ended before the send
 
     @task
     def replay_one(self) -> None:
@@ -105,20 +114,25 @@ class ReplayUser(User):
         if ctx.stopping or ctx.between_steps:
             gevent.sleep(IDLE_S)
             return
-        try:
-            picked = ctx.next_request(id(self))
-        except PromptBuildError as err:  # /tokenize failed: recorded as a send that got no answer
-            self._unsent(ctx, err)
+        request, self.held = self.held, None  # taken as a step ended: sent first in the next one
+        if request is None:
+            try:
+                picked = ctx.next_request(id(self))  # may pause: a chat prompt's /tokenize calls
+            except PromptBuildError as err:  # /tokenize failed: recorded as a send that got no answer
+                self._unsent(ctx, err)
+                return
+            if picked is None:  # open loop: the trace has been sent once
+                gevent.sleep(IDLE_S)
+                return
+            request, delay_s = picked
+            if delay_s > 0:
+                gevent.sleep(delay_s)
+        if isinstance(request, PromptBuildError):
+            self._unsent(ctx, request)
             return
-        if picked is None:  # open loop: the trace has been sent once
-            gevent.sleep(IDLE_S)
-            return
-        request, delay_s = picked
-        if delay_s > 0:
-            gevent.sleep(delay_s)
         step, concurrency = ctx.step, ctx.concurrency
         start = ctx.clock()
-        if not ctx.may_send():  # declared dead (here or by the master) since the check above
+        if not self._step_open(ctx, request):  # no yield point from here to ``started``
             return
         ctx.started(request, start)
         progress = ExchangeProgress()
@@ -152,8 +166,18 @@ class ReplayUser(User):
         elif self.failures_in_a_row > 1:
             gevent.sleep(failing_backoff_s(self.failures_in_a_row))
 
+    def _step_open(self, ctx: ReplayContext, picked: PreparedRequest | PromptBuildError) -> bool:
+        """May ``picked`` be sent now, in the current step (``ReplayContext.may_send``)? Asked after every
+        pause (the arrival sleep, the /tokenize calls) and just before it counts as started: a step that
+        ended during the pause keeps it for the next step (``held``); a run that ends drops it."""
+        if ctx.may_send():
+            return True
+        if not ctx.stopping:
+            self.held = picked
+        return False
+
     def _unsent(self, ctx: ReplayContext, err: PromptBuildError) -> None:
-        if not ctx.may_send():
+        if not self._step_open(ctx, err):
             return
         failed = err.tokenize
         answered = ctx.server_answered
@@ -168,6 +192,7 @@ class ReplayUser(User):
         gevent.sleep(DEAD_BACKOFF_S)  # never a tight loop of failing /tokenize calls
 
     def on_stop(self) -> None:
+        self.held = None  # as the rest of its conversation: a lower step does not send it
         if self.replay is not None:
             self.replay.forget(id(self))
 

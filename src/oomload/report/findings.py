@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 from oomload.capacity.blocks import OnsetPrediction
 from oomload.capacity.schedule import NO_ANSWER, RATE_LIMITED
-from oomload.report.finding import Finding
+from oomload.report.finding import NOT_JUDGED as NOT_JUDGED  # re-exported: findings.NOT_JUDGED
+from oomload.report.finding import Finding, not_judged
 from oomload.report.requestfindings import (
     context_overflow,
     failed_requests,
@@ -118,18 +119,11 @@ def prefix_cache(verdict: Verdict) -> Finding | None:
 
 
 OPEN_LOOP_NOT_COMPARED = "not compared: an open loop's requests in flight followed the arrivals, not levels"
-NOT_JUDGED = "not judged: the run is nothing to judge, so it is no evidence (Run)"
-
-
-def _not_judged(verdict: Verdict, key: str, label: str) -> Finding | None:
-    """For a run with nothing to judge (``Verdict.failed_run``), the finding of an event it did not see:
-    a warning that says so, never "none" in green."""
-    return None if verdict.failed_run is None else Finding(key, label, NOT_JUDGED, "warn")
 
 
 def preemption_onset(verdict: Verdict) -> Finding:
     onset = verdict.preemption_onset
-    if onset is None and (unjudged := _not_judged(verdict, "preemption_onset", "Preemption onset")):
+    if onset is None and (unjudged := not_judged(verdict, "preemption_onset", "Preemption onset")):
         return unjudged
     if onset is not None:
         kv = "" if onset.kv_usage_max is None else f", {kv_peak_text(onset.kv_usage_max)}"
@@ -162,7 +156,9 @@ def preemption_onset(verdict: Verdict) -> Finding:
 def engine_death(verdict: Verdict) -> Finding:
     death = verdict.engine_death
     if death is None:
-        return Finding("engine_death", "OOM / engine death", f"none{_up_to(verdict)}", "ok")
+        return not_judged(verdict, "engine_death", "OOM / engine death") or Finding(
+            "engine_death", "OOM / engine death", f"none{_up_to(verdict)}", "ok"
+        )
     where = "at an unknown step" if death.concurrency is None else f"at concurrency {death.concurrency}"
     cause = death.cause
     if cause is not None and cause.kind is not DeathKind.NO_CAUSE:
@@ -216,7 +212,7 @@ def kv_saturation(verdict: Verdict) -> Finding:
     level = verdict.kv_saturation
     label = "KV saturation (≥99 %)"
     if level is None:
-        return _not_judged(verdict, "kv_saturation", label) or Finding(
+        return not_judged(verdict, "kv_saturation", label) or Finding(
             "kv_saturation", label, "not seen", "ok"
         )
     return Finding(
@@ -228,7 +224,7 @@ def queueing(verdict: Verdict) -> Finding:
     level = verdict.queueing
     label = "Queueing (waiting > 0)"
     if level is None:
-        return _not_judged(verdict, "queueing", label) or Finding("queueing", label, "not seen", "ok")
+        return not_judged(verdict, "queueing", label) or Finding("queueing", label, "not seen", "ok")
     step = _step(verdict, level.step)
     depth = (
         f"{level.value:.1f} waiting on average, by vLLM's queue time"
@@ -249,6 +245,8 @@ def last_safe(verdict: Verdict) -> Finding:
     safe = verdict.last_safe_concurrency
     if safe is not None:
         return Finding("last_safe", label, f"{safe}{_why_not_higher(verdict)}", "ok")
+    if verdict.engine_death is None and (unjudged := not_judged(verdict, "last_safe", label)):
+        return unjudged  # failures of a run that never loaded the engine break no level of it
     first_unsafe = verdict.first_unsafe_concurrency
     below = [
         s
@@ -376,7 +374,7 @@ def load_delivered(verdict: Verdict) -> Finding:
         )
         text = "an open loop: the trace's arrival times set the load" + (f" — {held}" if held else "")
         return Finding("load_delivered", label, text, "info")
-    if unjudged := _not_judged(verdict, "load_delivered", label):
+    if unjudged := not_judged(verdict, "load_delivered", label):
         return unjudged  # requests that fail at once leave few in flight: that is no finding of its own
     # a step whose requests mostly failed (Failed requests) or were turned away by a limit in front of the
     # engine (Rate limit) is no evidence already, its level held or not
@@ -495,7 +493,7 @@ def trace_odds(verdict: Verdict) -> Finding | None:
         if lv.odds is not None and (lv.odds.per_100 >= 0.05 or lv.steps_preempted)
     ]
     onset = verdict.preemption_onset
-    if onset is None and (unjudged := _not_judged(verdict, "trace_odds", "The trace's odds")):
+    if onset is None and (unjudged := not_judged(verdict, "trace_odds", "The trace's odds")):
         return unjudged
     low, high = verdict.odds_onset_low, verdict.odds_onset
     top = max(lv.concurrency for lv in with_odds)

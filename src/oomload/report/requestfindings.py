@@ -5,7 +5,7 @@ and the failures no other finding explains."""
 from __future__ import annotations
 
 from oomload.outcome import Outcome
-from oomload.report.finding import Finding
+from oomload.report.finding import Finding, not_judged
 from oomload.verdict import Verdict
 from oomload.verdict.failures import RATE_LIMIT_HINT, USAGE_HINT, outcome_count
 
@@ -25,6 +25,8 @@ NOT_FAILURES = frozenset(
 def context_overflow(verdict: Verdict) -> Finding:
     ctx = verdict.context_overflow
     if not (ctx.refused or ctx.clamped or ctx.trace_over_limit):
+        if unjudged := not_judged(verdict, "context_overflow", "Context overflow"):
+            return unjudged  # requests that failed otherwise never reached the length check
         limit = "" if ctx.model_limit is None else f" (max_model_len {ctx.model_limit})"
         return Finding("context_overflow", "Context overflow", f"none{limit}", "ok")
     parts = []

@@ -15,7 +15,7 @@ from oomload.capacity.blocks import OnsetPrediction
 from oomload.errors import ConfigError, ExitCode
 from oomload.outcome import Outcome
 from oomload.report import SUMMARY_SCHEMA, finalize_run
-from oomload.report.findings import band_figures, describe, prefix_cache
+from oomload.report.findings import NOT_JUDGED, band_figures, describe, prefix_cache
 from oomload.report.plots import figure_by_concurrency
 from oomload.report.steptable import fmt_bytes, fmt_ms
 from oomload.verdict import Verdict, build_verdict
@@ -119,7 +119,9 @@ def test_run_without_any_step_is_unreachable(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", [], status={"finished": False, "end_reason": "error"})
     code, screen = run_report(run, formats=(*FILES, "html"))
     assert code is ExitCode.UNREACHABLE
-    assert "unknown (no completed step with requests)" in screen
+    last_safe = next(f for f in describe(*_verdict_and_rec(run)) if f.key == "last_safe")
+    assert (last_safe.text, last_safe.severity) == (NOT_JUDGED, "warn")  # nothing to judge: no claim
+    assert "Last safe concurrency   not judged" in screen
     assert (run / "report.html").read_text().count("data:image/png;base64,") == 3
     assert json.loads((run / "summary.json").read_text())["verdict"]["steps"] == []
     assert "no measured" in (run / "report.md").read_text()

@@ -355,6 +355,14 @@ def _slot(starts: list[float], windows: list[tuple[float, float]], t: float) -> 
     return i if lo <= t < hi or (math.isinf(hi) and t >= lo) else None
 
 
+def owns_sample(window: tuple[float, float], t_unix_s: float) -> bool:
+    """Whether the step whose window is ``(lo, hi]`` owns a scrape or sample taken at ``t_unix_s`` (module
+    docstring, "Step windows"): the boundary scrape read as a step begins, at or before its start, is the
+    step before's; the one read as it ends is its own. The live step line counts by it too."""
+    lo, hi = window
+    return lo < t_unix_s <= hi
+
+
 def _span(times: list[float], lo: float, hi: float) -> tuple[int, int]:
-    """Slice bounds of the sorted ``times`` within ``(lo, hi]``."""
+    """Slice bounds of the sorted ``times`` within ``(lo, hi]``: those ``owns_sample`` gives the step."""
     return bisect.bisect_right(times, lo), bisect.bisect_right(times, hi)

@@ -23,10 +23,11 @@
   clean level's engine ran fewer than its level at times, and the cell says to find the cap with ``oomload
   tune`` (``_clean_but_queued``). A run that replayed only the trace's tail (``tail_percentile`` in
   ``config.json``) or its arrival times (``open_loop``) measured no production concurrency: no cap is advised,
-  and the reason says why. The cap holds for the prompts the run sent; when the trace shares prefixes, the
-  reason says which shape was measured and what the arithmetic gives for the other (``prediction.other``): a
-  cap measured with distinct prompts is the worst case, one measured with shared prefixes holds only while the
-  server caches them.
+  and the reason says why (an open loop's reasoning names its cap and what was in flight, never a level:
+  "KV-cache preemption began in the open loop (cap 16, 0.9 in flight on average)"). The cap holds for the
+  prompts the run sent; when the trace shares prefixes, the reason says which shape was measured and what the
+  arithmetic gives for the other (``prediction.other``): a cap measured with distinct prompts is the worst
+  case, one measured with shared prefixes holds only while the server caches them.
 * ``gpu_memory_utilization`` — only for a CUDA allocation that failed at runtime (the death's kind is
   ``cuda_oom``, or, without a classified cause, OOM text in a request): five points below the current
   value (default 0.9) to give activations / CUDA graphs the headroom they lacked. Any other death —
@@ -437,7 +438,7 @@ def _gpu_memory_utilization(verdict: Verdict, cache: CacheConfig) -> Setting:
         return Setting(flag, None, current, why)
     base = current if current is not None else DEFAULT_GPU_MEMORY_UTILIZATION
     value = max(round(base - GPU_MEMORY_UTILIZATION_STEP, 2), GPU_MEMORY_UTILIZATION_FLOOR)
-    where = "" if death.concurrency is None else f" at concurrency {death.concurrency}"
+    where = "" if death.concurrency is None else f" {_at(verdict, death.concurrency, death.step)}"
     why = f"a real CUDA OOM{where}: leave activations and CUDA graphs more headroom ({base:g} → {value:g})"
     return Setting(flag, value, current, why)
 
@@ -467,7 +468,7 @@ def _prefill_bound(verdict: Verdict, death: EngineDeath, current: int | None) ->
     prefilled at once (module docstring, ``max_num_batched_tokens``)."""
     flag = "--max-num-batched-tokens"
     cause = death.cause.sentence if death.cause is not None else "an allocation failed"
-    where = "" if death.concurrency is None else f" at concurrency {death.concurrency}"
+    where = "" if death.concurrency is None else f" {_at(verdict, death.concurrency, death.step)}"
     advice = prefill_advice(verdict, death, current)
     return Setting(flag, advice.value, current, f"{cause}{where}: {advice.body}", action=advice.action)
 
@@ -503,13 +504,22 @@ def _reasoning(
             kind = f"an engine death ({death.cause.sentence})"
         else:
             kind = "a CUDA OOM" if death.real_oom else "an engine death"
-        sentences.append(f"The server hit {kind} at concurrency {death.concurrency}.")
+        sentences.append(f"The server hit {kind} {_at(verdict, death.concurrency, death.step)}.")
     memory = host_memory_advice(verdict)
     if onset is not None:
         kv = "" if onset.kv_usage_max is None else f" ({kv_peak_text(onset.kv_usage_max)})"
-        sentences.append(f"KV-cache preemption began at concurrency {onset.concurrency}{kv}.")
+        sentences.append(f"KV-cache preemption began {_at(verdict, onset.concurrency, onset.step)}{kv}.")
     elif death is None and verdict.requests_total and not verdict.requests_ok:
         sentences.append("No request succeeded, so nothing about KV memory was measured.")
+    elif death is None and verdict.run.open_loop:
+        held = [s for s in verdict.measured_steps if s.requests]
+        if held:
+            top = max(held, key=lambda s: s.achieved_concurrency or 0.0)
+            at = _at(verdict, top.concurrency, top.index)
+            failed = verdict.first_unsafe_concurrency is not None
+            sentences.append(
+                f"No preemption {at}, but requests failed." if failed else f"No preemption or failure {at}."
+            )
     elif death is None and verdict.max_tested_concurrency is not None:
         top, unsafe = verdict.max_tested_concurrency, verdict.first_unsafe_concurrency
         judged, sporadic = verdict.preemption_judged_up_to, verdict.preempted_levels
@@ -570,6 +580,18 @@ def _reasoning(
         current = None if batched.current is None else int(batched.current)
         sentences.insert(1, _capitalize(prefill_advice(verdict, death_now, current).body) + ".")
     return " ".join(sentences[:5]) if sentences else "Nothing was measured; no recommendation."
+
+
+def _at(verdict: Verdict, concurrency: int, step_index: int | None) -> str:
+    """Where something happened: ``at concurrency 8``, or in an open loop, whose level only capped the
+    arrivals' requests in flight, ``in the open loop (cap 16, 0.9 in flight on average)``."""
+    if not verdict.run.open_loop:
+        return f"at concurrency {concurrency}"
+    step = next((s for s in verdict.steps if s.index == step_index), None)
+    mean = step.achieved_concurrency if step is not None else None
+    return (
+        f"in the open loop (cap {concurrency}{'' if mean is None else f', {mean:.1f} in flight on average'})"
+    )
 
 
 def _capitalize(text: str) -> str:

@@ -514,8 +514,8 @@ def _reasoning(
     elif death is None and verdict.run.open_loop:
         held = [s for s in verdict.measured_steps if s.requests]
         if held:
-            top = max(held, key=lambda s: s.achieved_concurrency or 0.0)
-            at = _at(verdict, top.concurrency, top.index)
+            busiest = max(held, key=lambda s: s.achieved_concurrency or 0.0)
+            at = _at(verdict, busiest.concurrency, busiest.index)
             failed = verdict.first_unsafe_concurrency is not None
             sentences.append(
                 f"No preemption {at}, but requests failed." if failed else f"No preemption or failure {at}."

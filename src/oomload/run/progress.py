@@ -4,9 +4,11 @@ second.
 When a step ends — with or without the panel (``--no-live``, logs, CI) — one plain line gives that
 step's own results (``step_line``, from the step's ``steps.jsonl`` end line): step, phase, target and
 achieved concurrency, the requests that ended in the step by outcome, req/s over the step, its
-preemptions and the highest KV-cache usage the ``/metrics`` poller saw during it — and, when the step
-did not hold its level because oomload itself could not get a CPU, that the load generator was starved
-(``oomload.verdict.loadgen``).
+preemptions and the highest KV-cache usage of the ``/metrics`` scrapes the step owns by the report's rule
+(``oomload.verdict.runview.owns_sample``: taken after its start, up to its end line's time; the boundary
+scrape read as it began is the step before's) — and, when the step did not hold its level because
+oomload itself could not get a CPU, that the load generator was starved (``oomload.verdict.loadgen``).
+The report's per-step KV max also counts the drain after the step's end, so it can only be higher.
 
 The panel shows the step, target and achieved concurrency, requests/s and tokens/s since the last
 refresh, outcomes since the start of the run, and the server's side: KV-cache usage, preemptions since
@@ -15,6 +17,7 @@ the start, running/waiting requests, GPU memory.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +30,7 @@ from oomload.rundir.loadgenrecord import parse_loadgen
 from oomload.verdict import kv_percent
 from oomload.verdict.loadgen import live_held, starvation
 from oomload.verdict.rates import per_second
+from oomload.verdict.runview import owns_sample
 from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE
 
 
@@ -40,7 +44,8 @@ class ProgressView:
         self.live: Live | None = None
         self._last = (time.time(), 0, 0)
         self._started = time.time()
-        self._kv_max: float | None = None
+        self._step_start_s = math.inf  # the current step's start (none yet: no scrape is a step's)
+        self._kv_peaks: list[tuple[float, float]] = []  # the step's running KV maximum: (time, usage)
 
     def start(self) -> None:
         if self.want_live and self.console.is_terminal:
@@ -53,23 +58,38 @@ class ProgressView:
             self.live = None
 
     def step(self, step: Any) -> None:
-        """A step starts: its KV maximum starts afresh."""
+        """A step starts (the driver has its start time): its KV maximum starts afresh."""
         del step
-        self._kv_max = None
+        driver = self.session.driver
+        started = None if driver is None else driver.step_started_unix_s
+        self._step_start_s = time.time() if started is None else started
+        self._kv_peaks = []
 
     def sample(self) -> None:
-        """Note the server's KV-cache usage (called by the monitor several times a second)."""
+        """Note the server's KV-cache usage (called by the monitor several times a second): the latest
+        scrape, when taken after the step's start (the boundary scrape that opened it is not its own)."""
         latest = self.session.poller.latest if self.session.poller is not None else None
         kv = latest.get("kv_cache_usage") if latest else None
-        if isinstance(kv, (int, float)):
-            self._kv_max = kv if self._kv_max is None else max(self._kv_max, kv)
+        t = latest.get("t_unix_s") if latest else None
+        if not (isinstance(kv, int | float) and isinstance(t, int | float)):
+            return
+        if not owns_sample((self._step_start_s, math.inf), t):  # the step before's (or no step's)
+            return
+        if not self._kv_peaks or (t > self._kv_peaks[-1][0] and kv > self._kv_peaks[-1][1]):
+            self._kv_peaks.append((float(t), float(kv)))
+
+    def kv_max(self, end_unix_s: float) -> float | None:
+        """The highest KV usage of the scrapes seen that the step owns when it ends at ``end_unix_s``
+        (a scrape that came in after its end line's time is the next step's)."""
+        window = (self._step_start_s, end_unix_s)
+        return next((kv for t, kv in reversed(self._kv_peaks) if owns_sample(window, t)), None)
 
     def step_ended(self, line: Mapping[str, Any]) -> None:
         """Print the step's own results (its ``steps.jsonl`` end line) as one plain line."""
         self.sample()
-        self.console.print(
-            step_line(line, time.time() - self._started, self._kv_max), highlight=False, soft_wrap=True
-        )
+        end = line.get("t_unix_s")
+        kv = self.kv_max(float(end) if isinstance(end, int | float) else time.time())
+        self.console.print(step_line(line, time.time() - self._started, kv), highlight=False, soft_wrap=True)
 
     def refresh(self) -> None:
         if self.live is not None:

@@ -56,16 +56,19 @@ class FakePoller:
 def test_without_the_live_panel_each_ended_step_prints_one_line_with_its_kv_maximum() -> None:
     console = Console(record=True, width=300, force_terminal=False)
     poller = FakePoller()
-    view = ProgressView(SimpleNamespace(poller=poller, context=None), console, live=False)
+    driver = SimpleNamespace(step_started_unix_s=996.0)
+    view = ProgressView(SimpleNamespace(poller=poller, context=None, driver=driver), console, live=False)
     view.start()
     assert view.live is None
-    for kv in (0.2, 0.9, 0.5):
-        poller.latest = {"kv_cache_usage": kv}
+    view.step(SimpleNamespace(index=3))
+    for t, kv in ((997.0, 0.2), (998.0, 0.9), (999.0, 0.5)):
+        poller.latest = {"t_unix_s": t, "kv_cache_usage": kv}
         view.sample()
     view.step_ended(END)
+    driver.step_started_unix_s = 1000.0
     view.step(SimpleNamespace(index=4))  # the next step's KV maximum starts afresh
-    poller.latest = {"kv_cache_usage": 0.3}
-    view.step_ended({**END, "step": 4})
+    poller.latest = {"t_unix_s": 1001.0, "kv_cache_usage": 0.3}
+    view.step_ended({**END, "step": 4, "t_unix_s": 1004.0})
     printed = console.export_text().splitlines()
     assert len(printed) == 2
     assert "step 3 " in printed[0] and "KV max 90%" in printed[0]

@@ -32,7 +32,9 @@ Warnings (they lower the level):
 * ``metrics_invalid`` — ``/metrics`` exposed a value no vLLM can (a KV usage of 7.5, waiting −3;
   ``metrics_invalid`` events): those samples were left out, and the server's other figures are suspect;
 * ``worker_lost`` — a Locust worker of a distributed run was lost during a step (the others took
-  over its users, or the run ended): that step's load changed under it.
+  over its users, or the run ended): that step's load changed under it;
+* ``soak_inconclusive`` — a ``--soak`` memory trend is ``inconclusive`` (``oomload.verdict.trend``):
+  the soak, whose question that is, did not answer it.
 
 Information (no effect on the level): ``transport_errors`` (client-side, not casualties of an engine
 death), ``preemption_counter_mismatch``, ``after_death`` (a step that measured a dead server),
@@ -59,6 +61,7 @@ from oomload.verdict.loadgen import starved_line
 from oomload.verdict.prediction import Prediction
 from oomload.verdict.runview import RunView
 from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, StepFacts, ran_tally
+from oomload.verdict.trend import MemoryTrend
 
 CRITICAL = frozenset(
     {"no_steps", "non_monotone", "prediction_disagrees", "odds_disagree", "run_failed", "prefix_mismatch"}
@@ -191,9 +194,16 @@ def evidence_notes(
     return notes
 
 
-def data_notes(view: RunView) -> list[ConfidenceNote]:
-    """Information about what the run directory lacks."""
+def data_notes(view: RunView, trends: Sequence[MemoryTrend] = ()) -> list[ConfidenceNote]:
+    """Information about what the run directory lacks, and a soak's memory trends (``trends``) that could
+    not tell a leak from none."""
     notes: list[ConfidenceNote] = []
+    if inconclusive := [t for t in trends if t.verdict == "inconclusive"]:
+        text = (
+            f"{len(inconclusive)} of the soak's {len(trends)} memory trend(s) inconclusive (Memory trend): "
+            "the soak shows neither a leak nor its absence there"
+        )
+        notes.append(ConfidenceNote("soak_inconclusive", text))
     if view.config_note:
         text = f"{view.config_note}: model, URL, limits and the replay's order are unknown"
         notes.append(ConfidenceNote("config_unreadable", text))

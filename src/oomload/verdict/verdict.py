@@ -494,7 +494,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
             cut_short_detail=run.cut_short_detail if run.cut_short else None,
             died=cut_only_by_death(run, steps, death),
         ),
-        *data_notes(view),
+        *data_notes(view, trends := soak_trends(view)),  # --soak: an inconclusive trend is a caveat
         *worker_notes(view, steps),
         *([] if open_loop else level_notes(summaries, onset, (odds_low, odds_onset), levels)),
     ]
@@ -557,7 +557,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         other_odds_known=bool(other_level_odds),
         prefix=prefix,
         server_memory=summarize_server_memory(view),
-        memory_trends=soak_trends(view),
+        memory_trends=trends,
     )
 
 

@@ -23,6 +23,8 @@ from oomload.credentials import read_api_key, url_credentials_error, url_has_cre
 from oomload.errors import ConfigError, OomloadError
 from oomload.outfile import is_disk_error
 from oomload.rundir import RunReader, check_run_dir_creatable, new_run_dir
+from oomload.verdict.trend import MIN_JUDGED_SPAN_S, WARMUP_MIN_S
+from oomload.verdict.trendfit import MIN_FIT_SPAN_S
 
 if TYPE_CHECKING:
     from oomload.run.config import ReplayConfig
@@ -494,10 +496,17 @@ def _check_server_flags(args: argparse.Namespace) -> str | None:
 
 
 def _check_soak(args: argparse.Namespace, levels: tuple[int, ...]) -> float | None:
-    """``--soak``'s duration in seconds (``None`` without it); it holds exactly one level."""
+    """``--soak``'s duration in seconds (``None`` without it); it holds exactly one level, for longer than
+    the shortest series a memory trend can judge (``trend.MIN_JUDGED_SPAN_S``)."""
     if args.soak is None:
         return None
     soak_s = parse_duration_s("--soak", args.soak)
+    if soak_s <= MIN_JUDGED_SPAN_S:
+        raise ConfigError(
+            f"--soak {args.soak} is too short: a memory trend drops at least its first {WARMUP_MIN_S:g} s "
+            f"as warm-up and needs {MIN_FIT_SPAN_S:g} s after them, so a soak must last more than "
+            f"{MIN_JUDGED_SPAN_S:g} s (e.g. 10m)"
+        )
     if not args.concurrency or len(levels) != 1:
         raise ConfigError("--soak holds one level: give it with --concurrency N (one number)")
     if args.open_loop:

@@ -7,7 +7,8 @@ steady server must not raise an alarm, and "inconclusive" is a good answer when 
 
 - **Warm-up.** A server's memory steps up in its first minutes (allocator caches, CUDA graphs, the
   first long requests) and then plateaus. The first ``max(60 s, 20 %)`` of the series is dropped
-  (``warmup_s`` overrides it).
+  (``warmup_s`` overrides it). With the ``MIN_FIT_SPAN_S`` (60 s) a fit needs after it, no series of
+  ``MIN_JUDGED_SPAN_S`` (120 s) or less can be judged: ``replay --soak`` refuses a soak that short.
 - **The fit.** The slope and its interval come from a straight line through equal-time bin means,
   its interval widened for noise that remembers (``oomload.verdict.trendfit`` has the method): when
   the span holds too few independent stretches, memory "wanders" on the scale of the soak and the
@@ -84,6 +85,7 @@ import numpy as np
 
 from oomload.verdict.studentt import t_quantile
 from oomload.verdict.trendfit import (
+    MIN_FIT_SPAN_S,
     S_PER_H,
     Fit,
     FloatArray,
@@ -107,6 +109,8 @@ MATERIAL_FRACTION_PER_H = 0.01
 MATERIAL_MIN_BYTES_PER_H = float(MIB)
 MATERIAL_HORIZON_H = 24.0  # a rate that fills the headroom left within a day is material, however small
 LATE_SHARE = 0.5  # levelling off: the later half of the judged span is judged alone
+# a series must span more than this to leave MIN_FIT_SPAN_S after its default warm-up
+MIN_JUDGED_SPAN_S = max(WARMUP_MIN_S + MIN_FIT_SPAN_S, MIN_FIT_SPAN_S / (1.0 - WARMUP_FRACTION))
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from oomload.report.requestfindings import (
     usage_disagrees,
 )
 from oomload.report.steptable import fmt_num
-from oomload.verdict import PreemptionOnset, StepFacts, Verdict, kv_peak_text, kv_percent
+from oomload.verdict import KV_SATURATED, PreemptionOnset, StepFacts, Verdict, kv_peak_text, kv_percent
 from oomload.verdict.deathcause import DeathKind
 from oomload.verdict.loadgen import starved_line
 from oomload.verdict.recommend import Recommendation
@@ -208,13 +208,26 @@ def memory_trends(verdict: Verdict) -> list[Finding]:
     ]
 
 
+SUSTAINED_WORDS = "≥ 99 % in two scrapes in a row"  # the rule of ``oomload.verdict.gauges``
+
+
 def kv_saturation(verdict: Verdict) -> Finding:
+    """The lowest level whose KV usage stayed saturated (``SUSTAINED_WORDS``); a peak of 99 % or more in
+    single scrapes only is named as not sustained, so it never reads beside "peaked at 99%" as not seen."""
     level = verdict.kv_saturation
     label = "KV saturation (≥99 %)"
     if level is None:
-        return not_judged(verdict, "kv_saturation", label) or Finding(
-            "kv_saturation", label, "not seen", "ok"
+        if unjudged := not_judged(verdict, "kv_saturation", label):
+            return unjudged
+        touched = [s for s in verdict.measured_steps if (s.kv_usage_max or 0.0) >= KV_SATURATED]
+        if not touched:
+            return Finding("kv_saturation", label, f"not seen (never {SUSTAINED_WORDS})", "ok")
+        first = min(touched, key=lambda s: (s.concurrency, s.index))
+        text = (
+            f"not sustained: KV usage reached {kv_percent(first.kv_usage_max or 0.0)} at concurrency "
+            f"{first.concurrency} (step {first.index}) in single scrapes, never {SUSTAINED_WORDS}"
         )
+        return Finding("kv_saturation", label, text, "info")
     return Finding(
         "kv_saturation", label, f"concurrency {level.concurrency} ({kv_percent(level.value)})", "warn"
     )

@@ -87,7 +87,7 @@ class ServerMemory:
         if step is None:
             return None
         limit = "" if self.limit_bytes is None else f" of its {gib(self.limit_bytes)} limit"
-        if step.peak_bytes <= step.first_bytes:
+        if gib(step.peak_bytes) == gib(step.first_bytes):  # no rise the figures could show
             return f"the server's memory stayed at {gib(step.first_bytes)}{limit} over step {index}"
         same_scale = (step.first_bytes >= 2**30) == (step.peak_bytes >= 2**30)
         return (

@@ -64,8 +64,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from oomload.errors import ConfigError, EndpointError
-from oomload.trace.model import MAX_TOKENS, TraceRecord, fitting
-from oomload.trace.stats import percentile
+from oomload.trace.model import MAX_TOKENS, TraceRecord, replayed
 
 Api = Literal["completions", "chat"]
 API_PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -405,7 +404,7 @@ class RequestOrder:
     ``fit_within`` (``--only-fitting``: the server's ``max_model_len``) keeps only the requests that fit
     it (``TraceRecord.fits``); ``tail_percentile`` then keeps only requests whose total length (prompt +
     output) is at or above that nearest-rank percentile, so KV exhaustion is reached with far fewer
-    requests.
+    requests (``trace.model.replayed``: the selection the run's odds and arithmetic draw from too).
 
     Conversations. Records that name a ``session`` form one *unit*: the session's turns in ``turn``
     order (trace order where turns are missing), placed where its first turn is; so do the turns of a
@@ -439,16 +438,14 @@ class RequestOrder:
             raise ConfigError("the trace holds no requests to replay")
         if mode not in ("trace", "sample"):
             raise ConfigError(f"unknown order {mode!r}; allowed: trace, sample")
-        chosen = fitting(records, fit_within)
-        if not chosen:
+        if tail_percentile is not None and not 0.0 <= tail_percentile < 100.0:
+            raise ConfigError(f"tail percentile must be within [0, 100), got {tail_percentile}")
+        only_fitting = fit_within is not None
+        chosen = replayed(records, fit_within, only_fitting=only_fitting, tail_percentile=tail_percentile)
+        if not chosen:  # a tail of some requests is never empty: none fits
             raise ConfigError(
                 f"none of the trace's {len(records)} requests fits the server's max_model_len {fit_within}"
             )
-        if tail_percentile is not None:
-            if not 0.0 <= tail_percentile < 100.0:
-                raise ConfigError(f"tail percentile must be within [0, 100), got {tail_percentile}")
-            cut = percentile([r.total_tokens for r in chosen], tail_percentile) if tail_percentile else 0.0
-            chosen = [r for r in chosen if r.total_tokens >= cut]
         self.records = chosen
         self.mode = mode
         self._rng = random.Random(seed * 7919 + offset)

@@ -410,6 +410,27 @@ def fitting(records: Sequence[TraceRecord], max_model_len: int | None) -> list[T
     return list(records) if max_model_len is None else [r for r in records if r.fits(max_model_len)]
 
 
+def replayed(
+    records: Sequence[TraceRecord],
+    max_model_len: int | None,
+    *,
+    only_fitting: bool = False,
+    tail_percentile: float | None = None,
+) -> list[TraceRecord]:
+    """The records a replay sends from its trace, in trace order: with ``only_fitting``
+    (``--only-fitting``) those that fit ``max_model_len`` (``fitting``), then with a ``tail_percentile``
+    above 0 (``--tail-percentile``) those whose total length (prompt + output) is at or above that
+    nearest-rank percentile of the kept ones'. The one selection the replay's order, its odds, its
+    arithmetic and its prefix-cache rate all draw from."""
+    chosen = fitting(records, max_model_len) if only_fitting else list(records)
+    if tail_percentile and chosen:
+        from oomload.trace.stats import percentile  # numpy: only where a tail is cut
+
+        cut = percentile([r.total_tokens for r in chosen], tail_percentile)
+        chosen = [r for r in chosen if r.total_tokens >= cut]
+    return chosen
+
+
 def read_trace(path: str | Path) -> list[TraceRecord]:
     """All records of a trace file; raises ``TraceFormatError`` when the trace has no request."""
     records = list(iter_trace(path))

@@ -374,9 +374,9 @@ class TraceOdds:
         if key not in self._cache:
             pool = replace(self.pool, max_num_seqs=seqs)
             shared = self.shared if shape == "production" else None
-            self._cache[key] = level_odds(
-                self.prompts, self.outputs, pool, level, seed=self.seed, shared=shared
-            )
+            odds = level_odds(self.prompts, self.outputs, pool, level, seed=self.seed, shared=shared)
+            # nothing shared: both shapes are one loop, named as asked (a replay looks its own shape up)
+            self._cache[key] = replace(odds, shape=shape)
         return self._cache[key]
 
     def onset(self, levels: Sequence[int], *, shape: PromptShape | None = None) -> int | None:

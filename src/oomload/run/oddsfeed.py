@@ -29,8 +29,10 @@ buys at this traffic.
 
 The child reads the run directory's ``trace.jsonl`` (lengths, ``hash_ids`` and the header's prefix block
 size) and is given the pool on its command line; it writes one ``LevelOdds`` JSON line per level and
-exits. With ``only_fitting`` (``--only-fitting``) both draw from the requests that fit the pool's
-``max_model_len`` only, as the replay sends them.
+exits. Both draw from the requests the replay sends (``trace.model.replayed``, the one selection the
+replay's order uses): with ``only_fitting`` (``--only-fitting``) those that fit the pool's
+``max_model_len``, then with ``tail_percentile`` (``--tail-percentile``) the trace's longest — so the
+ramp is placed, and a clean step's evidence asked, for the requests sent, not for the whole trace.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from typing import Any
 from oomload.capacity.blocks import PROMPT_SHAPES, PromptShape
 from oomload.capacity.odds import LevelOdds, Pool, TraceOdds, predicted_onset
 from oomload.capacity.schedule import place_levels
-from oomload.trace.model import PrefixInfo, TraceRecord, fitting, read_trace, read_trace_header
+from oomload.trace.model import PrefixInfo, TraceRecord, read_trace, read_trace_header, replayed
 
 CHILD_NICE = 10
 
@@ -83,10 +85,14 @@ class OddsFeed:
         shape: PromptShape = "worst-case",
         place: bool = False,
         only_fitting: bool = False,
+        tail_percentile: float | None = None,
     ) -> None:
         self.pool = pool
         self.only_fitting = only_fitting and pool.max_model_len is not None
-        records = fitting(records, pool.max_model_len) if self.only_fitting else records
+        self.tail_percentile = tail_percentile or None
+        records = replayed(
+            records, pool.max_model_len, only_fitting=self.only_fitting, tail_percentile=self.tail_percentile
+        )
         self.record = record
         self.shape = shape
         self._known: dict[tuple[str, int], LevelOdds] = {}
@@ -148,6 +154,8 @@ class OddsFeed:
             argv += ["--max-model-len", str(self.pool.max_model_len)]
         if self.only_fitting:
             argv.append("--only-fitting")
+        if self.tail_percentile is not None:
+            argv += ["--tail-percentile", repr(self.tail_percentile)]
         argv += ["--max-num-seqs", str(self.pool.max_num_seqs)]
         argv += ["--max-num-batched-tokens", str(self.pool.max_num_batched_tokens)]
         self._child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -183,14 +191,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompts", choices=PROMPT_SHAPES, default="worst-case")
     parser.add_argument("--other-levels", default="", help="levels of the other shape, after those")
     parser.add_argument("--only-fitting", action="store_true", help="only requests within --max-model-len")
+    parser.add_argument("--tail-percentile", type=float, help="then only those ≥ this percentile")
     args = parser.parse_args(argv)
     with contextlib.suppress(OSError):
         os.nice(CHILD_NICE)  # the load generator shares this host: it comes first
     pool = Pool(args.num_gpu_blocks, args.block_size, args.max_model_len)
     pool = pool.with_limits(args.max_num_seqs, args.max_num_batched_tokens)
-    records = read_trace(args.trace)
-    if args.only_fitting:
-        records = fitting(records, pool.max_model_len)
+    records = replayed(
+        read_trace(args.trace),
+        pool.max_model_len,
+        only_fitting=args.only_fitting,
+        tail_percentile=args.tail_percentile,
+    )
     trace = TraceOdds.of_records(records, _prefix_info(args.trace), pool, seed=args.seed)
     other: PromptShape = "worst-case" if args.prompts == "production" else "production"
     for shape, spec in ((args.prompts, args.levels), (other, args.other_levels)):

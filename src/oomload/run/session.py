@@ -328,6 +328,7 @@ class Session:
             else "worst-case",
             place=self.config.evidence and self.config.place_levels and not self.config.open_loop,
             only_fitting=self.config.only_fitting,
+            tail_percentile=self.config.tail_percentile,
         )
         if not self.config.evidence or self.config.open_loop:
             return lambda _step: None

@@ -15,6 +15,8 @@ Read in this order:
    ``servermem`` — the server's own host memory over the run;
    ``rates`` — per 100 requests, per second, the mean in flight: one definition of each;
 4. ``prediction`` — the block arithmetic's onset band, compared with the observed onset;
+   ``replayed`` — the trace's requests the run replayed (``--only-fitting``, ``--tail-percentile``),
+   from which every prediction from the trace draws;
 5. ``confidence`` — the caveats and the confidence level;
 6. ``levels`` — each level over its steps: the onsets, the first unsafe and the last safe level;
    ``runinfo`` — the run as a whole: cut short where, context overflow;

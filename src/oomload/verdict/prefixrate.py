@@ -5,14 +5,16 @@ A replay is either *production shape* (``config.json`` ``prefix.mode`` = ``share
 (``distinct``: every prompt distinct from token 0). The verdict says which, and checks that the server
 really did what the shape implies.
 
-Expected rate, per step: the requests of the run in the order they were sent (start time); each
-one's replayed ids are its ``hash_ids`` that fit whole in its prompt (``block_tokens`` each), keyed
-by ``(pass, id)`` as the payload seeds them (pass = sequence number ÷ requests in the replayed
-trace, the sequence number being the part of the request id after the last ``#``; one pass in sample
-order). Its expected hit is the tokens of its leading ids already sent earlier in the run — an
-infinite-cache upper bound — rounded down to whole server blocks and capped at ``⌊(L − 1) / B⌋ · B``
-(vLLM always computes the last token): ``oomload.trace.prefix.CacheModel`` (the one model of a prefix
-cache), with ``hit_block_tokens`` the server's block size. The step's rate = expected hit tokens ÷
+Expected rate, per step: the requests of the run in the order they were sent (start time), each one
+found among the trace's requests the run replayed (``replayed.replayed_records``: ``--only-fitting``,
+then ``--tail-percentile``, as ``config.json`` records them); each one's replayed ids are its
+``hash_ids`` that fit whole in its prompt (``block_tokens`` each), keyed by ``(pass, id)`` as the
+payload seeds them (pass = sequence number ÷ requests replayed, the sequence number being the part of
+the request id after the last ``#``; one pass in sample order). Its expected hit is the tokens of its
+leading ids already sent earlier in the run — an infinite-cache upper bound — rounded down to whole
+server blocks and capped at ``⌊(L − 1) / B⌋ · B`` (vLLM always computes the last token):
+``oomload.trace.prefix.CacheModel`` (the one model of a prefix cache), with ``hit_block_tokens`` the
+server's block size. The step's rate = expected hit tokens ÷
 prompt tokens of its requests. In a distinct run the expected rate is 0.
 
 Server rate, per step: the rise of ``vllm:prefix_cache_hits_total`` ÷ the rise of
@@ -38,9 +40,9 @@ from typing import Any
 
 from oomload.outcome import RequestResult
 from oomload.rundir.records import CacheConfig, MetricsRow, PrefixSetting, RunConfig
-from oomload.trace.model import PrefixInfo, TraceRecord, fitting
+from oomload.trace.model import PrefixInfo, TraceRecord
 from oomload.trace.prefix import CacheModel
-from oomload.trace.stats import percentile
+from oomload.verdict.replayed import replayed_records
 
 MEANINGFUL_RATE = 0.2  # below this expected rate, a shortfall is not judged
 SHORTFALL_FACTOR = 0.5  # the server's rate below this × expected is a disagreement
@@ -141,7 +143,7 @@ def prefix_check(
     caching = None if pool is None else pool.enable_prefix_caching
     block_size = None if pool is None else pool.block_size
     server_block = block_size if block_size is not None and block_size > 0 else 1
-    replayed = _replayed(records, settings)
+    replayed = replayed_records(records, settings)
     pass_length = len(replayed) if settings.order == "trace" else 0
     expected = (
         expected_hits(steps, replayed, block_tokens, server_block, pass_length=pass_length)
@@ -273,17 +275,6 @@ def expected_hits(
         h, p = out.get(step, (0, 0))
         out[step] = (h + hit, p + prompt)
     return out
-
-
-def _replayed(records: Sequence[TraceRecord], settings: RunConfig) -> list[TraceRecord]:
-    """The records the replay cycled through, as ``load.payload.RequestOrder`` chose them
-    (``--only-fitting`` keeps those within max_model_len, then ``--tail-percentile`` the long ones)."""
-    limit, tail_percentile = settings.max_model_len, settings.tail_percentile
-    chosen = fitting(records, limit) if settings.only_fitting else list(records)
-    if tail_percentile is not None and tail_percentile > 0 and chosen:
-        cut = percentile([r.total_tokens for r in chosen], tail_percentile)
-        chosen = [r for r in chosen if r.total_tokens >= cut]
-    return chosen
 
 
 def _counter_rise(step: StepWindow) -> tuple[int, int]:

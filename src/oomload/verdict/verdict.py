@@ -92,8 +92,10 @@ trace's requests longer than ``max_model_len`` are counted, and marked ``left_ou
 says so: ``--only-fitting`` replays what fits.
 
 The arithmetic prediction uses the lengths of the requests actually sent (``requests*.jsonl``),
-falling back to ``trace.jsonl`` when no request was sent: a ``--tail-percentile`` run replays only the
-trace's longest requests.
+falling back, when no request was sent, to the trace's requests the run replayed (``replayed``: the
+selection of ``--only-fitting`` and ``--tail-percentile`` that ``config.json`` records, applied to
+``trace.jsonl``); the production shape's shared prefix blocks come from those same requests. A request
+the run never sent holds no block, so it is no part of any prediction.
 
 Both prompt shapes. The run sent either the trace's shared prefixes (``production``) or distinct prompts
 (``worst-case``; ``config.json``). The odds and the arithmetic judged against the run are those of the
@@ -145,6 +147,7 @@ from oomload.verdict.levels import (
 )
 from oomload.verdict.prediction import Prediction, compare_prediction
 from oomload.verdict.prefixrate import PrefixCheck, StepWindow, prefix_check
+from oomload.verdict.replayed import kv_lengths, shared_prefixes
 from oomload.verdict.runinfo import ContextOverflow, RunInfo, context_overflow, cut_only_by_death, run_info
 from oomload.verdict.runview import RunView
 from oomload.verdict.servermem import ServerMemory, soak_trends, summarize_server_memory
@@ -465,8 +468,8 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
     other_level_odds = [o for o in view.odds if o.shape == other_shape]
     other_odds = odds_onset_of(other_level_odds)
     run = run_info(view, steps, death)
-    sent = _kv_lengths(view, run.max_model_len)
-    trace_lengths = _kv_lengths(view, run.max_model_len, of_trace=True)
+    sent = kv_lengths(view, run.max_model_len)
+    trace_lengths = kv_lengths(view, run.max_model_len, of_trace=True)  # the requests replayed
     (totals, prompts), basis = (sent, "requests") if sent[0] else (trace_lengths, "trace")
     open_loop = view.settings.open_loop  # its in-flight count followed the arrivals: no level to compare
     prediction = compare_prediction(
@@ -482,7 +485,7 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         shape=view.prompt_shape,
         trace_totals=trace_lengths[0],
         trace_prompts=trace_lengths[1],
-        trace_prefixes=view.trace_prefixes,
+        trace_prefixes=shared_prefixes(view),
         max_num_seqs=run.max_num_seqs,
     )
     notes = [
@@ -559,25 +562,6 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         server_memory=summarize_server_memory(view),
         memory_trends=trends,
     )
-
-
-def _kv_lengths(
-    view: RunView, limit: int | None, *, of_trace: bool = False
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(totals, prompts): the KV tokens each request could hold at most and its prompt tokens, for the
-    ones sent without those the server refused (context overflow: they never held a block), or the
-    trace's; both clamped at ``max_model_len``."""
-    if of_trace:
-        pairs = list(zip(view.trace_total_tokens, view.trace_prompt_tokens, strict=True))
-    else:
-        pairs = [
-            (r.prompt_tokens_asked + r.output_tokens_asked, r.prompt_tokens_asked)
-            for r in view.requests
-            if r.outcome is not Outcome.CONTEXT_OVERFLOW
-        ]
-    if limit is not None:
-        pairs = [(min(t, limit), min(p, limit)) for t, p in pairs]
-    return tuple(t for t, _ in pairs), tuple(p for _, p in pairs)
 
 
 def kv_percent(share: float) -> str:

@@ -13,8 +13,9 @@ from oomload.report.findings import describe
 from oomload.rundir.records import CacheConfig, MetricsRow, RunConfig
 from oomload.trace.model import TraceRecord
 from oomload.verdict.gate import GateStatus, evaluate_gate, parse_gate
-from oomload.verdict.prefixrate import StepWindow, _replayed, expected_hits, prefix_check
+from oomload.verdict.prefixrate import StepWindow, expected_hits, prefix_check
 from oomload.verdict.recommend import recommend
+from oomload.verdict.replayed import replayed_records
 from oomload.verdict.runview import load_run
 from oomload.verdict.verdict import build_verdict
 from runbuilder import StepSpec, write_run
@@ -173,4 +174,4 @@ def test_the_verdict_counts_the_records_the_order_replayed() -> None:
         for tail in (None, 0.0, 50.0):
             settings = RunConfig(max_model_len=2048, only_fitting=only_fitting, tail_percentile=tail)
             order = RequestOrder(records, tail_percentile=tail, fit_within=2048 if only_fitting else None)
-            assert _replayed(records, settings) == order.records, (only_fitting, tail)
+            assert replayed_records(records, settings) == order.records, (only_fitting, tail)

@@ -28,7 +28,8 @@ Warnings (they lower the level):
 * ``odds_disagree_level`` — a level's observation was < 1 % likely by the trace's odds;
   ``odds_disagree`` — the observed onset is more than one measured level from the odds' onset;
 * ``prediction_disagrees`` — the onset is more than one grid level from the arithmetic band;
-* ``config_unreadable`` — ``config.json`` is not a readable JSON object;
+* ``config_unreadable`` — ``config.json`` is not a readable JSON object; ``steps_missing`` — ``steps.jsonl``
+  is missing or empty, so the steps were rebuilt from the requests (``runview.REBUILT_FROM_REQUESTS``);
 * ``metrics_invalid`` — ``/metrics`` exposed a value no vLLM can (a KV usage of 7.5, waiting −3;
   ``metrics_invalid`` events): those samples were left out, and the server's other figures are suspect;
 * ``worker_lost`` — a Locust worker of a distributed run was lost during a step (the others took
@@ -59,7 +60,7 @@ from oomload.rundir.records import EventRow
 from oomload.verdict.death import step_at
 from oomload.verdict.loadgen import starved_line
 from oomload.verdict.prediction import Prediction
-from oomload.verdict.runview import RunView
+from oomload.verdict.runview import REBUILT_FROM_REQUESTS, RunView
 from oomload.verdict.stepfacts import ACHIEVED_CONCURRENCY_MIN_SHARE, StepFacts, ran_tally
 from oomload.verdict.trend import MemoryTrend
 
@@ -217,6 +218,14 @@ def data_notes(view: RunView, trends: Sequence[MemoryTrend] = ()) -> list[Confid
                 "(or a proxy in front of it) that reports impossible values may report the rest wrongly too"
             )
             notes.append(ConfidenceNote("metrics_invalid", text))
+    if rebuilt := [d for d in view.steps if d.boundary.end_reason == REBUILT_FROM_REQUESTS]:
+        text = (
+            f"steps.jsonl is missing or empty: its {len(rebuilt)} step(s) were rebuilt from the requests' "
+            "step and concurrency, each read as a ramp step that spanned its requests and ended on its own "
+            "— a warm-up or refinement step is not told apart, a step cut short is not seen, and the step "
+            "end lines' counts, odds evidence and load-generator figures are gone"
+        )
+        notes.append(ConfidenceNote("steps_missing", text))
     started = sum(d.boundary.started or 0 for d in view.steps)
     written = sum(len(d.requests) for d in view.steps if d.boundary.started is not None)
     if written < started:  # every request started is written, cancelled if it never ended

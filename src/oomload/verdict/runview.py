@@ -19,7 +19,8 @@ scrape taken after the load stopped), or everything after its start when it neve
 The server's own evidence is read whole: ``server_memory.jsonl``, the tail of ``server.log`` (its last
 ``LOG_TAIL_BYTES``) and ``server_exit.json``'s exit status (``oomload.run.served``).
 * A run whose ``steps.jsonl`` is missing or empty gets its steps rebuilt from the requests' own
-  ``step`` / ``concurrency`` fields (phase ``ramp``, start/end from the first start and last end).
+  ``step`` / ``concurrency`` fields (phase ``ramp``, start/end from the first start and last end, end
+  reason ``REBUILT_FROM_REQUESTS``: the verdict's ``steps_missing`` caveat says what that loses).
 
 Lines are parsed here, once, into the records of ``oomload.rundir.records`` (step boundaries, the
 config, the cache config, the status, metrics rows, GPU samples, events); values read from JSON are
@@ -57,6 +58,7 @@ from oomload.rundir.records import (
 from oomload.rundir.servermemory import ServerMemoryRow
 from oomload.trace.model import PrefixInfo, TraceRecord, read_trace, read_trace_header
 
+REBUILT_FROM_REQUESTS = "rebuilt_from_requests"  # a step rebuilt without steps.jsonl: its end reason
 LAST_STEP_TAIL_S = 5.0
 SERVER_LOG = "server.log"  # the server's log during the run (--serve's, --server-log's copy)
 SERVER_EXIT = "server_exit.json"  # oomload.run.served
@@ -325,7 +327,7 @@ def _steps_from_requests(requests: Sequence[RequestResult]) -> list[StepBoundary
             phase="ramp",
             start_unix_s=min(r.start_unix_s for r in group),
             end_unix_s=max(r.end_unix_s for r in group),
-            end_reason="rebuilt_from_requests",
+            end_reason=REBUILT_FROM_REQUESTS,
         )
         for index, group in groups.items()
     ]

@@ -4,7 +4,7 @@ context overflow (pure).
 ``RunInfo`` gathers the run's settings (``config.json``) and status (``status.json``): the run was cut
 short when ``status.json`` is missing, says ``finished: false`` or ends with a reason in
 ``CUT_SHORT_REASONS``, when a step was cut short, or when the engine died; ``cut_short_detail`` says
-where (step, concurrency, seconds since the run started). ``ContextOverflow`` counts the refusals
+where (step, concurrency, seconds from the first step's start). ``ContextOverflow`` counts the refusals
 (``context_overflow`` outcomes) and the clamped answers (a ``truncated`` answer whose prompt + asked
 output exceeds ``max_model_len``); other truncated answers that were not casualties of an engine death
 are short responses. The rules and their reasons: ``oomload.verdict.verdict``'s module docstring.
@@ -130,14 +130,15 @@ def _cut_short_detail(
     status: RunStatus | None,
     end_reason: str | None,
 ) -> str:
-    """Where and why the run was cut short: the step, its concurrency, seconds since the run started."""
+    """Where and why the run was cut short: the step, its concurrency, and the seconds from the first step's
+    start — the clock ``--max-duration-s`` counts (``load.shape``: the server's start-up, the preflight
+    and the odds computed before the load are not on it); the run directory's start without steps."""
     starts = [s.start_unix_s for s in steps]
-    t0 = view.settings.started_unix_s
-    if t0 is None and starts:
-        t0 = min(starts)
+    t0 = min(starts) if starts else view.settings.started_unix_s
+    since = "the first step's start" if starts else "the run's start"
 
     def at(t: float | None) -> str:
-        return "" if t is None or t0 is None else f" at {max(t - t0, 0.0):.1f} s"
+        return "" if t is None or t0 is None else f" at {max(t - t0, 0.0):.1f} s from {since}"
 
     parts = []
     if status is None and (view.path / "status.json").exists():

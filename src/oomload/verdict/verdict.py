@@ -66,7 +66,7 @@ with ≥ 50 % probability; more than one measured level from the observed onset 
 
 Cut short. The run was cut short when ``status.json`` is missing, says ``finished: false`` or ends
 with a reason in ``runview.CUT_SHORT_REASONS``, when a step was cut short, or when the engine died;
-``RunInfo.cut_short_detail`` says where (step, concurrency, seconds since the run started).
+``RunInfo.cut_short_detail`` says where (step, concurrency, seconds from the first step's start).
 
 Failed run. A run whose requests mostly failed — more than half (``MIN_ANSWERED_SHARE``) of those that ran,
 counting every failure but an engine death's own (its casualties and ``engine_dead`` answers: the death is

@@ -297,7 +297,10 @@ def test_run_through_preemption_to_death_then_bisected(tmp_path: Path) -> None:
     assert v.last_safe_concurrency == 4
     # the death ends the run: cut short, and the report says where
     assert v.run.cut_short and v.steps[5].cut_short
-    assert v.run.cut_short_detail == "the server died in step 5 (concurrency 32) at 60.0 s"
+    assert (
+        v.run.cut_short_detail
+        == "the server died in step 5 (concurrency 32) at 60.0 s from the first step's start"
+    )
     # the server survives the last level instead: the refinement bisects 4..8, 6 preempts, 5 does not
     steps[5] = StepSpec(32, preemptions=40, kv_max=1.0, waiting_max=20, requests=64)
     steps += [

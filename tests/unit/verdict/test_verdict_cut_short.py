@@ -52,7 +52,7 @@ def test_a_step_ended_by_ctrl_c_is_cut_short_and_not_trusted(interrupted: Verdic
     assert interrupted.max_tested_concurrency == 1
     assert interrupted.run.cut_short
     assert interrupted.run.cut_short_detail == (
-        "interrupted (Ctrl-C or SIGTERM) in step 1 (concurrency 2) at 10.6 s"
+        "interrupted (Ctrl-C or SIGTERM) in step 1 (concurrency 2) at 10.6 s from the first step's start"
     )
     assert finding(interrupted, "last_safe") == "1"
     assert [n.severity for n in interrupted.notes if n.kind == "cut_short"] == ["warning"]
@@ -78,7 +78,8 @@ def test_max_duration_cuts_the_run_short(tmp_path: Path) -> None:
     v = verdict_of(write_run(tmp_path / "run", steps, status=status_json))
     assert v.run.cut_short and v.steps[0].cut_short
     assert finding(v, "run_status") == (
-        "CUT SHORT: --max-duration-s was reached in step 0 (concurrency 1) at 5.0 s"
+        "CUT SHORT: --max-duration-s was reached in step 0 (concurrency 1) at 5.0 s from the first step's "
+        "start"
     )
     assert status("p99-ttft-s@1<=2", v) is GateStatus.NOT_EVALUATED
     assert v.last_safe_concurrency is None

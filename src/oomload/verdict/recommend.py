@@ -507,8 +507,8 @@ def _reasoning(
         sentences.append(f"The server hit {kind} {_at(verdict, death.concurrency, death.step)}.")
     memory = host_memory_advice(verdict)
     if onset is not None:
-        kv = "" if onset.kv_usage_max is None else f" ({kv_peak_text(onset.kv_usage_max)})"
-        sentences.append(f"KV-cache preemption began {_at(verdict, onset.concurrency, onset.step)}{kv}.")
+        kv = None if onset.kv_usage_max is None else kv_peak_text(onset.kv_usage_max)
+        sentences.append(f"KV-cache preemption began {_at(verdict, onset.concurrency, onset.step, kv)}.")
     elif death is None and verdict.requests_total and not verdict.requests_ok:
         sentences.append("No request succeeded, so nothing about KV memory was measured.")
     elif death is None and verdict.run.open_loop:
@@ -582,16 +582,16 @@ def _reasoning(
     return " ".join(sentences[:5]) if sentences else "Nothing was measured; no recommendation."
 
 
-def _at(verdict: Verdict, concurrency: int, step_index: int | None) -> str:
-    """Where something happened: ``at concurrency 8``, or in an open loop, whose level only capped the
-    arrivals' requests in flight, ``in the open loop (cap 16, 0.9 in flight on average)``."""
+def _at(verdict: Verdict, concurrency: int, step_index: int | None, also: str | None = None) -> str:
+    """Where something happened, with ``also`` in brackets: ``at concurrency 8 (also)``, or in an open loop,
+    whose level only capped the arrivals' requests in flight, ``in the open loop (cap 16, 0.9 in flight on
+    average; also)``."""
     if not verdict.run.open_loop:
-        return f"at concurrency {concurrency}"
+        return f"at concurrency {concurrency}" + ("" if also is None else f" ({also})")
     step = next((s for s in verdict.steps if s.index == step_index), None)
     mean = step.achieved_concurrency if step is not None else None
-    return (
-        f"in the open loop (cap {concurrency}{'' if mean is None else f', {mean:.1f} in flight on average'})"
-    )
+    parts = [f"cap {concurrency}" + ("" if mean is None else f", {mean:.1f} in flight on average"), also]
+    return f"in the open loop ({'; '.join(p for p in parts if p is not None)})"
 
 
 def _capitalize(text: str) -> str:

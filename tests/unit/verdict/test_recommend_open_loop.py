@@ -24,7 +24,7 @@ def _reasoning(tmp: Path, preemptions: int, *, open_loop: bool = True) -> str:
 
 def test_an_open_loops_onset_is_named_by_its_cap_and_what_was_in_flight(tmp_path: Path) -> None:
     text = _reasoning(tmp_path, preemptions=2)
-    assert "KV-cache preemption began in the open loop (cap 16, 4.0 in flight on average)" in text
+    assert "KV-cache preemption began in the open loop (cap 16, 4.0 in flight on average; KV usage" in text
     assert "at concurrency 16" not in text
 
 

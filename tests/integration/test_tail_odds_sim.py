@@ -45,6 +45,6 @@ def test_a_tail_replay_records_the_tails_odds(tmp_path: Path) -> None:
     assert recorded[6] == tail_odds.at(6)
     assert recorded[6] != whole_odds.at(6)
     summary = json.loads((run / "summary.json").read_text())
-    assert {lv["concurrency"]: lv["odds"]["preemptions"] for lv in summary["verdict"]["level_summaries"]} == {
-        c: tail_odds.at(c).preemptions for c in (2, 6)
-    }
+    judged = {lv["concurrency"]: lv["odds"]["preemptions"] for lv in summary["verdict"]["level_summaries"]}
+    assert {2, 6} <= set(judged)  # and the levels the refinement added between them, when it did
+    assert judged == {c: tail_odds.at(c).preemptions for c in judged}

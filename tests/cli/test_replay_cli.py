@@ -121,6 +121,14 @@ def test_validation_does_not_import_locust() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_the_command_line_does_not_import_the_verdict_until_a_run_is_judged() -> None:
+    """``oomload --help`` and every flag check stay light: the verdict package (30 modules, ~0.15 s) is
+    imported by what judges a run, or by one flag's check that needs it (``--soak``), not by the CLI."""
+    code = "import sys; import oomload.cli; print('oomload.verdict' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_unreachable_endpoint_exits_3_with_a_sentence(trace: Path, tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

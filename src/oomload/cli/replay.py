@@ -23,8 +23,6 @@ from oomload.credentials import read_api_key, url_credentials_error, url_has_cre
 from oomload.errors import ConfigError, OomloadError
 from oomload.outfile import is_disk_error
 from oomload.rundir import RunReader, check_run_dir_creatable, new_run_dir
-from oomload.verdict.trend import MIN_JUDGED_SPAN_S, WARMUP_MIN_S
-from oomload.verdict.trendfit import MIN_FIT_SPAN_S
 
 if TYPE_CHECKING:
     from oomload.run.config import ReplayConfig
@@ -500,6 +498,9 @@ def _check_soak(args: argparse.Namespace, levels: tuple[int, ...]) -> float | No
     the shortest series a memory trend can judge (``trend.MIN_JUDGED_SPAN_S``)."""
     if args.soak is None:
         return None
+    from oomload.verdict.trend import MIN_JUDGED_SPAN_S, WARMUP_MIN_S  # the verdict package: only for --soak
+    from oomload.verdict.trendfit import MIN_FIT_SPAN_S
+
     soak_s = parse_duration_s("--soak", args.soak)
     if soak_s <= MIN_JUDGED_SPAN_S:
         raise ConfigError(

@@ -56,12 +56,15 @@ process is unsafe). What a worker runs is ``oomload.ingest.workertasks``.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -80,6 +83,7 @@ from oomload.ingest.tabular import csv_header, read_csv_batches
 from oomload.ingest.tokens import TokenCounter
 from oomload.ingest.untimed import LeadingUntimed, untimed_notes
 from oomload.ingest.workertasks import (
+    WORKER_SIGNALS,
     CounterRecipe,
     FileResult,
     SpanResult,
@@ -136,14 +140,15 @@ class ReadPool:
     @property
     def pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                self.workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=worker_init,
-                initargs=(os.getpid(),),
-            )
-            for _ in range(self.workers):  # every worker starts now, at once (each submit starts one)
-                self._pool.submit(start_worker)
+            with _ignored_while_spawning():
+                self._pool = ProcessPoolExecutor(
+                    self.workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=worker_init,
+                    initargs=(os.getpid(),),
+                )
+                for _ in range(self.workers):  # every worker starts now, at once (each submit starts one)
+                    self._pool.submit(start_worker)
         return self._pool
 
     @property
@@ -184,6 +189,30 @@ class ReadPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _ignored_while_spawning() -> Iterator[None]:
+    """Ctrl-C and SIGTERM ignored while the pool's workers are spawned, so that each starts ignoring them
+    (an ignored signal stays ignored across ``exec``, and Python leaves it so): a worker imports for a
+    second or more before ``worker_init`` runs, and a Ctrl-C to the whole process group in that second
+    would kill it with a traceback. This process ignores them only for the few milliseconds of the
+    spawns. Only the main thread can set a handler: elsewhere, and where a handler was not set from
+    Python, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers = [signal.getsignal(number) for number in WORKER_SIGNALS]
+    if any(handler is None for handler in handlers):
+        yield
+        return
+    for number in WORKER_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for number, handler in zip(WORKER_SIGNALS, handlers, strict=True):
+            signal.signal(number, handler)
 
 
 def plan_spans(path: Path, size: int, span_bytes: int, first: int = 0) -> list[tuple[int, int]]:

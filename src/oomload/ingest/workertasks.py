@@ -263,13 +263,17 @@ def start_worker() -> None:
     )
 
 
+WORKER_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the main process's to act on, never a worker's
+
+
 def worker_init(parent: int) -> None:
     """Workers leave Ctrl-C and SIGTERM (sent to the whole process group) to the main process, which
     stops the pool: no traceback per worker, no worker gone before the main process has cleaned up.
-    And a worker whose main process is gone (killed, out of memory) exits within a second instead of
-    waiting forever for its next task."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    A worker starts ignoring them already (``parallel._ignored_while_spawning``); here they are ignored
+    whatever the start. And a worker whose main process is gone (killed, out of memory) exits
+    within a second instead of waiting forever for its next task."""
+    for number in WORKER_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent:

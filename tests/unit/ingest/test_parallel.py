@@ -288,3 +288,40 @@ def test_requests_before_the_first_timed_one_take_its_time_in_spans(tmp_path: Pa
     assert spread == single
     arrivals = [json.loads(x)["arrival_s"] for x in single["bytes"].splitlines()[1:]]
     assert arrivals == [0.0] * 41 + [float(i) for i in range(1, 40)]
+
+
+SLOW_START = """
+import os, time
+if os.environ.get("OOMLOAD_TEST_SLOW_START"):
+    time.sleep(float(os.environ["OOMLOAD_TEST_SLOW_START"]))
+"""
+SIGNAL_STARTING_WORKERS = r"""
+import multiprocessing, os, signal, sys, time
+from oomload.ingest.parallel import ReadPool
+
+os.environ["PYTHONPATH"] = os.pathsep.join([sys.argv[1], os.environ.get("PYTHONPATH", "")])
+os.environ["OOMLOAD_TEST_SLOW_START"] = "3"  # each worker sleeps in its sitecustomize, before any import
+with ReadPool(2) as reads:
+    pool = reads.pool
+    children = multiprocessing.active_children()
+    for child in children:
+        os.kill(child.pid, signal.SIGINT)  # as a Ctrl-C to the process group reaches a starting worker
+        os.kill(child.pid, signal.SIGTERM)
+    print(len(children), pool.submit(sum, [1, 2]).result(timeout=60))
+"""
+
+
+def test_a_ctrl_c_while_a_worker_starts_neither_kills_it_nor_prints_a_traceback(tmp_path: Path) -> None:
+    """A worker imports for a second or more before it can ignore the signals of its process group (a
+    terminal's Ctrl-C, a CI runner's SIGTERM): it starts ignoring them, so one that comes then is dropped —
+    the pool still works and no worker prints ``KeyboardInterrupt``. Each worker here is held
+    in its ``sitecustomize`` for 3 s while both signals are sent to it."""
+    (tmp_path / "sitecustomize.py").write_text(SLOW_START)
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGNAL_STARTING_WORKERS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (proc.returncode, proc.stdout.split()) == (0, ["2", "3"]), proc.stderr[-3000:]
+    assert "KeyboardInterrupt" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]

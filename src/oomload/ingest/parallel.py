@@ -64,11 +64,11 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -140,13 +140,13 @@ class ReadPool:
     @property
     def pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            with _ignored_while_spawning():
+            with _held_while_spawning():
                 self._pool = ProcessPoolExecutor(
                     self.workers,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=worker_init,
                     initargs=(os.getpid(),),
-                )
+                )  # kept before any worker starts: an interrupt in the spawns leaves it for ``close``
                 for _ in range(self.workers):  # every worker starts now, at once (each submit starts one)
                     self._pool.submit(start_worker)
         return self._pool
@@ -192,27 +192,24 @@ class ReadPool:
 
 
 @contextlib.contextmanager
-def _ignored_while_spawning() -> Iterator[None]:
-    """Ctrl-C and SIGTERM ignored while the pool's workers are spawned, so that each starts ignoring them
-    (an ignored signal stays ignored across ``exec``, and Python leaves it so): a worker imports for a
-    second or more before ``worker_init`` runs, and a Ctrl-C to the whole process group in that second
-    would kill it with a traceback. This process ignores them only for the few milliseconds of the
-    spawns. Only the main thread can set a handler: elsewhere, and where a handler was not set from
-    Python, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    handlers = [signal.getsignal(number) for number in WORKER_SIGNALS]
-    if any(handler is None for handler in handlers):
-        yield
-        return
-    for number in WORKER_SIGNALS:
-        signal.signal(number, signal.SIG_IGN)
+def _held_while_spawning() -> Iterator[None]:
+    """Ctrl-C and SIGTERM blocked in this thread while it spawns the pool's workers: each worker starts
+    with both blocked until ``worker_init`` ignores them.
+
+    A worker imports for a second or more before ``worker_init`` runs, and a Ctrl-C to the whole process
+    group in that second would kill it with a traceback. A signal mask is inherited across fork and
+    ``exec``, so in a worker such a signal stays pending until ``worker_init``'s switch to ignoring drops
+    it. This process still gets it: a native thread (numpy's, Arrow's) that does not block it takes it
+    and Python raises in this thread as usual, or it stays pending until it is unblocked here. (Ignoring
+    it here instead, so that workers start ignoring it, lost a Ctrl-C that came during the spawns.) The
+    resource tracker is started first because its own start unblocks both: CPython guards the
+    tracker's start with the same mask."""
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_SIGNALS)
     try:
         yield
     finally:
-        for number, handler in zip(WORKER_SIGNALS, handlers, strict=True):
-            signal.signal(number, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal held back reaches its handler here
 
 
 def plan_spans(path: Path, size: int, span_bytes: int, first: int = 0) -> list[tuple[int, int]]:

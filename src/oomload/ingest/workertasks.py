@@ -269,11 +269,12 @@ WORKER_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the main process's to act on
 def worker_init(parent: int) -> None:
     """Workers leave Ctrl-C and SIGTERM (sent to the whole process group) to the main process, which
     stops the pool: no traceback per worker, no worker gone before the main process has cleaned up.
-    A worker starts ignoring them already (``parallel._ignored_while_spawning``); here they are ignored
-    whatever the start. And a worker whose main process is gone (killed, out of memory) exits
+    A worker starts with both blocked (``parallel._held_while_spawning``): ignoring them here drops one
+    that came while it imported. And a worker whose main process is gone (killed, out of memory) exits
     within a second instead of waiting forever for its next task."""
     for number in WORKER_SIGNALS:
         signal.signal(number, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_SIGNALS)
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from spreadrun import SPY, run_both
 
+from clirun import default_sigint
 from oomload.ingest.build import merge_batches
 from oomload.ingest.columns import make_batch
 from oomload.ingest.parallel import plan_spans
@@ -325,3 +326,41 @@ def test_a_ctrl_c_while_a_worker_starts_neither_kills_it_nor_prints_a_traceback(
     )
     assert (proc.returncode, proc.stdout.split()) == (0, ["2", "3"]), proc.stderr[-3000:]
     assert "KeyboardInterrupt" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+SIGNAL_WHILE_SPAWNING = r"""
+import multiprocessing, os, signal
+from oomload.ingest import parallel
+
+class SignalledPool(parallel.ProcessPoolExecutor):
+    def _spawn_process(self):
+        super()._spawn_process()
+        os.killpg(0, signal.SIGINT)  # a Ctrl-C to the process group as each worker starts
+
+parallel.ProcessPoolExecutor = SignalledPool
+reads = parallel.ReadPool(2)
+try:
+    reads.pool.submit(sum, [1, 2]).result(timeout=60)
+    print("the Ctrl-C was lost")
+except KeyboardInterrupt:
+    print("interrupted")
+finally:
+    reads.close()
+print("workers left:", len(multiprocessing.active_children()))
+"""
+
+
+def test_a_ctrl_c_while_the_workers_are_spawned_stops_the_build_and_every_worker() -> None:
+    """A Ctrl-C that comes while the pool's workers are spawned still interrupts the build (CI saw one
+    lost: the build ran on to exit 0), no worker prints a traceback, and ``close`` stops every worker
+    that was started."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGNAL_WHILE_SPAWNING],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+        preexec_fn=default_sigint,
+    )
+    assert proc.stdout.splitlines() == ["interrupted", "workers left: 0"], (proc.stdout, proc.stderr)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]

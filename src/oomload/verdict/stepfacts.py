@@ -507,22 +507,29 @@ class RanTally(NamedTuple):
 
     @property
     def unloaded_text(self) -> str:
-        """Why failures that ran leave nothing to judge: when most of them timed out at the client (its
-        ``--request-timeout-s``), the server may well have been loaded — its figures say how far — but the
-        answers never came; else the server was not loaded."""
-        if 2 * self.timed_out <= self.failed:
-            return "the server was not loaded, so nothing about its memory can be judged"
-        timed_out = f"{'they' if self.timed_out == self.failed else 'most'} timed out at the client"
+        """Why failures that ran leave nothing to judge. What the server's ``/metrics`` say it held is told
+        when they show it loaded: requests that timed out at the client (its ``--request-timeout-s``) or
+        failed there were in the engine, but their answers never came. Failures with no sign of load
+        (never scraped, or nothing held) say the server was not loaded."""
         held = []
         if self.running_max:
             held.append(f"it held up to {self.running_max} requests")
         if self.kv_usage_max:  # whole percent, rounded down as ``kv_percent`` does
             held.append(f"KV usage up to {math.floor(self.kv_usage_max * 100 + 1e-9)}%")
+        loaded = f"while the server was loaded ({', '.join(held)})"
+        if 2 * self.timed_out <= self.failed:
+            if not held:
+                return "the server was not loaded, so nothing about its memory can be judged"
+            failed = "they" if self.failed == self.ran else "most"
+            return (
+                f"{failed} failed {loaded}: too few answers came, so nothing about its memory can be judged"
+            )
+        timed_out = f"{'they' if self.timed_out == self.failed else 'most'} timed out at the client"
         if not held:
             return f"{timed_out} (--request-timeout-s), so nothing about the server's memory can be judged"
         return (
-            f"{timed_out} (--request-timeout-s) while the server was loaded ({', '.join(held)}): their "
-            "answers never came, so nothing about its memory can be judged"
+            f"{timed_out} (--request-timeout-s) {loaded}: their answers never came, so nothing about its "
+            "memory can be judged"
         )
 
 

@@ -4,7 +4,7 @@ Seen on a new user's pass: a ``python3 -m http.server`` that answered every requ
 "OOM / engine death: none" (✅ in report.md) and "Last safe concurrency: none (the lowest level already
 broke, at 1)" beside "not judged" everywhere else; a run whose requests timed out at the client
 (``--request-timeout-s 0.3``) while the server held 16 of them at 99 % KV usage read "the server was not
-loaded".
+loaded" — as did a run of server errors while ``/metrics`` showed requests held.
 """
 
 from __future__ import annotations
@@ -67,7 +67,19 @@ def test_timeouts_with_no_scrape_name_the_client_timeout_alone(tmp_path: Path) -
     )
 
 
-def test_other_failures_still_say_the_server_was_not_loaded(tmp_path: Path) -> None:
-    verdict = _verdict(tmp_path, Outcome.TRANSPORT_ERROR)
+def test_failures_with_no_sign_of_load_say_the_server_was_not_loaded(tmp_path: Path) -> None:
+    verdict = _verdict(tmp_path, Outcome.TRANSPORT_ERROR, scrapes=0)
     assert verdict.failed_run is not None
     assert verdict.failed_run.endswith("the server was not loaded, so nothing about its memory can be judged")
+
+
+def test_server_errors_while_the_metrics_show_load_do_not_say_the_server_was_not_loaded(
+    tmp_path: Path,
+) -> None:
+    """A run of 500s while ``/metrics`` showed requests held and KV in use: the server was loaded, and the
+    sentence says so with what it held, as the timeouts' does."""
+    verdict = _verdict(tmp_path, Outcome.SERVER_ERROR, failed=10)
+    assert verdict.failed_run == (
+        "30 of 36 requests failed (server_error 30): most failed while the server was loaded (it held up "
+        "to 4 requests, KV usage up to 41%): too few answers came, so nothing about its memory can be judged"
+    )

@@ -337,7 +337,7 @@ def test_answers_whose_usage_contradicts_the_request_are_named_and_judge_nothing
     # other server errors are not called a disagreement
     other = build_verdict(load_run(_run(tmp_path, Outcome.SERVER_ERROR, 7)))
     assert other.usage_disagrees == 0 and other.failed_run is not None
-    assert "usage" not in other.failed_run
+    assert "usage contradicted" not in other.failed_run
 
 
 def test_a_run_the_server_refused_with_http_400_points_at_the_token_ids(tmp_path: Path) -> None:

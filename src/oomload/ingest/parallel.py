@@ -64,6 +64,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -193,23 +194,36 @@ class ReadPool:
 
 @contextlib.contextmanager
 def _held_while_spawning() -> Iterator[None]:
-    """Ctrl-C and SIGTERM blocked in this thread while it spawns the pool's workers: each worker starts
-    with both blocked until ``worker_init`` ignores them.
+    """Ctrl-C and SIGTERM held back while this thread spawns the pool's workers: each worker starts with
+    both blocked until ``worker_init`` ignores them, and this process acts on one that came meanwhile
+    once the spawns are done.
 
     A worker imports for a second or more before ``worker_init`` runs, and a Ctrl-C to the whole process
     group in that second would kill it with a traceback. A signal mask is inherited across fork and
-    ``exec``, so in a worker such a signal stays pending until ``worker_init``'s switch to ignoring drops
-    it. This process still gets it: a native thread (numpy's, Arrow's) that does not block it takes it
-    and Python raises in this thread as usual, or it stays pending until it is unblocked here. (Ignoring
-    it here instead, so that workers start ignoring it, lost a Ctrl-C that came during the spawns.) The
-    resource tracker is started first because its own start unblocks both: CPython guards the
-    tracker's start with the same mask."""
+    ``exec``, so both are blocked in this thread while it spawns: in a worker such a signal stays
+    pending until ``worker_init``'s switch to ignoring drops it. This process must not act on one in
+    the middle of a spawn either: a ``KeyboardInterrupt`` between a worker's start and the data it is
+    sent killed that worker with a traceback (``EOFError``). A native thread (numpy's, Arrow's) that
+    does not block them can still take one, so in the main thread their handlers only note it until
+    the spawns are done; then the handlers are put back and each signal noted is raised again. (Ignoring
+    them here instead lost a Ctrl-C that came during the spawns.) The resource tracker is started
+    first because its own start unblocks both: CPython guards the tracker's start with the same mask."""
     resource_tracker.ensure_running()
+    noted: list[int] = []
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for number in WORKER_SIGNALS:
+            if signal.getsignal(number) is not None:  # None: not set from Python, left as it is
+                previous[number] = signal.signal(number, lambda signum, _: noted.append(signum))
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_SIGNALS)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal held back reaches its handler here
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one still pending is noted now
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for signum in dict.fromkeys(noted):
+            signal.raise_signal(signum)  # its own handler acts on it now (Ctrl-C: KeyboardInterrupt)
 
 
 def plan_spans(path: Path, size: int, span_bytes: int, first: int = 0) -> list[tuple[int, int]]:

@@ -329,15 +329,22 @@ def test_a_ctrl_c_while_a_worker_starts_neither_kills_it_nor_prints_a_traceback(
 
 
 SIGNAL_WHILE_SPAWNING = r"""
-import multiprocessing, os, signal
+import multiprocessing, os, signal, threading, time
+from multiprocessing import resource_tracker, util
 from oomload.ingest import parallel
 
-class SignalledPool(parallel.ProcessPoolExecutor):
-    def _spawn_process(self):
-        super()._spawn_process()
-        os.killpg(0, signal.SIGINT)  # a Ctrl-C to the process group as each worker starts
+# a thread that does not block the signals, as numpy's and Arrow's native threads: it may take one
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+resource_tracker.ensure_running()  # its own start spawns too: only the workers' spawns are signalled
+spawn = util.spawnv_passfds
 
-parallel.ProcessPoolExecutor = SignalledPool
+def spawn_and_signal(*args):
+    pid = spawn(*args)
+    os.killpg(0, signal.SIGINT)  # a Ctrl-C to the group once a worker runs, before it is sent its task
+    time.sleep(0.3)
+    return pid
+
+util.spawnv_passfds = spawn_and_signal
 reads = parallel.ReadPool(2)
 try:
     reads.pool.submit(sum, [1, 2]).result(timeout=60)
@@ -352,7 +359,8 @@ print("workers left:", len(multiprocessing.active_children()))
 
 def test_a_ctrl_c_while_the_workers_are_spawned_stops_the_build_and_every_worker() -> None:
     """A Ctrl-C that comes while the pool's workers are spawned still interrupts the build (CI saw one
-    lost: the build ran on to exit 0), no worker prints a traceback, and ``close`` stops every worker
+    lost: the build ran on to exit 0), no worker prints a traceback (nor ``EOFError``: the main process
+    interrupted between a worker's start and the data it sends it), and ``close`` stops every worker
     that was started."""
     proc = subprocess.run(
         [sys.executable, "-c", SIGNAL_WHILE_SPAWNING],

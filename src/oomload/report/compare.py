@@ -430,7 +430,7 @@ def _plain_row(key: str, label: str, b: int | None, n: int | None) -> ResultRow:
 def _latency_row(shift: LatencyShift) -> ResultRow:
     judgement = shift.judgement
     status: Status
-    if shift.mixed or judgement == "not separated":  # moved, but not by the evidence
+    if (shift.moved and shift.mixed) or judgement == "not separated":  # moved, but not by the evidence
         status = "not separated"
     elif judgement == "slower":
         status = "regression"

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from oomload.errors import ConfigError
@@ -225,7 +225,10 @@ class RelativeRule:
         )
         if self.metric is not None and self.metric.latency is not None and self.concurrency is not None:
             shift = find_shift(latencies, self.metric.latency, self.metric.stat or "", self.concurrency)
-            status, evidence = latency_evidence(shift, self.op)
+            unit_ms = 1000.0 if self.metric.unit == "s" else 1.0
+            status, evidence = latency_evidence(
+                shift, self.op, lambda base_ms: self.bound(base_ms / unit_ms) * unit_ms
+            )
             return GateResult(self, status, f"{text}, {why}{evidence}", observed=new)
         return GateResult(self, GateStatus.FAIL, f"{text}, {why}", observed=new)
 
@@ -341,11 +344,15 @@ def relative_rules(rules: Sequence[object]) -> list[RelativeRule]:
     return [r for r in rules if isinstance(r, RelativeRule)]
 
 
-def latency_evidence(shift: LatencyShift | None, op: Op) -> tuple[GateStatus, str]:
+def latency_evidence(
+    shift: LatencyShift | None, op: Op, bound_ms: Callable[[float], float]
+) -> tuple[GateStatus, str]:
     """Whether a latency that missed a bound ``op`` failed it: ``FAIL`` only when the test of the two
     runs' requests at that level separates them (``p < ALPHA_LATENCY``) on the side of the miss (slower
-    against an upper bound, faster against a lower one, either against ``==``) and the statistic did
-    not move both ways across levels; else ``NOT_EVALUATED``. With the words that follow the miss."""
+    against an upper bound, faster against a lower one, either against ``==``), the statistic over all
+    those requests misses the bound too (``bound_ms``: the rule's bound of a baseline value, in ms) —
+    a worst step can miss it where the level as a whole moved less — and it did not move both ways
+    across levels; else ``NOT_EVALUATED``. With the words that follow the miss."""
     if shift is None or shift.base_ms is None or shift.new_ms is None:
         return (
             GateStatus.NOT_EVALUATED,
@@ -375,6 +382,12 @@ def latency_evidence(shift: LatencyShift | None, op: Op) -> tuple[GateStatus, st
         way = "slower" if slower else "faster" if faster else "unchanged"
         return GateStatus.NOT_EVALUATED, (
             f", but over all the requests at that level {name} was {way} ({values}; {test}, {n})"
+        )
+    pooled_bound = bound_ms(shift.base_ms)
+    if OPERATORS[op](shift.new_ms, pooled_bound):
+        return GateStatus.NOT_EVALUATED, (
+            f", but over all the requests at that level {name} is within the bound ({values}, against "
+            f"{format_ms(pooled_bound)}; {test}, {n})"
         )
     if shift.mixed:
         return GateStatus.NOT_EVALUATED, (

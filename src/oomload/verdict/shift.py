@@ -343,8 +343,10 @@ def format_ms(value_ms: float) -> str:
 
 
 def across_levels(shifts: Iterable[LatencyShift]) -> tuple[LatencyShift, ...]:
-    """The same shifts, each move marked ``mixed`` when its metric and statistic moved the other way at
-    another level by at least 1 / ``MIXED_FACTOR`` of its own size, in log ratio (module docstring)."""
+    """The same shifts, each one the test separates (``p < ALPHA_LATENCY``, a move or one under the
+    floor, which a relative latency rule may still ask about) marked ``mixed`` when its metric and
+    statistic moved the other way at another level by at least 1 / ``MIXED_FACTOR`` of its own size, in
+    log ratio (module docstring)."""
     shifts = tuple(shifts)
     largest: dict[tuple[str, str, bool], float] = {}  # (metric, stat, slower) → the largest |log ratio|
     for s in shifts:
@@ -356,7 +358,10 @@ def across_levels(shifts: Iterable[LatencyShift]) -> tuple[LatencyShift, ...]:
         other = largest.get((s.metric, s.stat, not (s.ratio or 1.0) > 1.0))
         return other is not None and abs(math.log(s.ratio or 1.0)) <= MIXED_FACTOR * other
 
-    return tuple(replace(s, mixed=mixed(s)) if s.moved else s for s in shifts)
+    def separated(s: LatencyShift) -> bool:
+        return s.p_value is not None and s.p_value < ALPHA_LATENCY
+
+    return tuple(replace(s, mixed=mixed(s)) if separated(s) else s for s in shifts)
 
 
 def latency_shift(

@@ -122,6 +122,33 @@ def test_a_worst_step_that_missed_where_the_level_moved_the_other_way_is_not_eva
     assert both_ways["status"] == "fail", both_ways
 
 
+def test_a_worst_step_that_missed_where_the_level_stayed_within_the_bound_is_not_evaluated(
+    tmp_path: Path,
+) -> None:
+    """A review found it: the new run's worst step at 4 (P50 450 ms) missed 330 ms, and its level's 440
+    requests were separated from the baseline's (p = 8.5e-06) — but by +4 %, within the bound of +10 %.
+    The worst of more steps is biased up; the level as a whole must miss the bound too."""
+    base = [StepSpec(4, ttft_ms=100.0, requests=200)]
+    new = [StepSpec(4, ttft_ms=150.0, requests=40), StepSpec(4, ttft_ms=104.0, requests=400)]
+    gate = _judge(tmp_path, base, new, "p50-ttft-ms@4<=baseline*1.1")
+    assert gate["status"] == "not_evaluated"
+    assert gate["reason"].startswith(
+        "p50-ttft-ms at concurrency 4 450 ms against the baseline's 300 ms, not <= 330 ms, but over all the "
+        "requests at that level P50 TTFT is within the bound (300 ms → 312 ms, +4%, against 330 ms; "
+        "Mann–Whitney U p = "
+    )
+
+
+def test_a_small_separated_move_beside_a_large_opposite_one_is_not_evaluated(tmp_path: Path) -> None:
+    """+4 % at 4 (separated, under compare's 10 % floor) against a bound of +2 %, beside twice as fast
+    at 8: the host's noise, as for a larger move."""
+    base = [StepSpec(4, ttft_ms=100.0, requests=200), StepSpec(8, ttft_ms=50.0, requests=40)]
+    new = [StepSpec(4, ttft_ms=104.0, requests=440), StepSpec(8, ttft_ms=25.0, requests=40)]
+    gate = _judge(tmp_path, base, new, "p50-ttft-ms@4<=baseline*1.02")
+    assert gate["status"] == "not_evaluated"
+    assert "P50 TTFT moved both ways across levels (300 ms → 312 ms, +4% here;" in gate["reason"]
+
+
 def test_a_lower_bound_fails_on_a_separated_faster_run(tmp_path: Path) -> None:
     gate = _judge(
         tmp_path,

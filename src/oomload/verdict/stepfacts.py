@@ -507,15 +507,17 @@ class RanTally(NamedTuple):
 
     @property
     def unloaded_text(self) -> str:
-        """Why failures that ran leave nothing to judge. What the server's ``/metrics`` say it held is told
-        when they show it loaded: requests that timed out at the client (its ``--request-timeout-s``) or
-        failed there were in the engine, but their answers never came. Failures with no sign of load
-        (never scraped, or nothing held) say the server was not loaded."""
+        """Why failures that ran leave nothing to judge. What the server's ``/metrics`` say it held in
+        the steps whose requests mostly failed is told when they show it loaded: those requests timed
+        out at the client (its ``--request-timeout-s``) or failed while the engine held requests, but
+        their answers never came. With no sign of load (never scraped, nothing held, KV usage under
+        1 %), timeouts name the client's limit alone and other failures say the server was not
+        loaded."""
         held = []
         if self.running_max:
             held.append(f"it held up to {self.running_max} requests")
-        if self.kv_usage_max:  # whole percent, rounded down as ``kv_percent`` does
-            held.append(f"KV usage up to {math.floor(self.kv_usage_max * 100 + 1e-9)}%")
+        if self.kv_usage_max and kv_percent(self.kv_usage_max) != "0%":  # an idle pool's null block: none
+            held.append(f"KV usage up to {kv_percent(self.kv_usage_max)}")
         loaded = f"while the server was loaded ({', '.join(held)})"
         if 2 * self.timed_out <= self.failed:
             if not held:
@@ -533,6 +535,12 @@ class RanTally(NamedTuple):
         )
 
 
+def kv_percent(share: float) -> str:
+    """A KV usage share in whole percent, rounded *down*: 0.986 reads 98 %, never the 99 % of the
+    saturation threshold (``KV_SATURATED``) that it did not reach."""
+    return f"{math.floor(share * 100 + 1e-9)}%"
+
+
 def ran_tally(steps: Iterable[StepFacts]) -> RanTally:
     """``RanTally`` of ``steps``: whether the run loaded the server at all is read on what ran."""
     decided = failed = ran = timed_out = 0
@@ -543,8 +551,9 @@ def ran_tally(steps: Iterable[StepFacts]) -> RanTally:
         failed += s.unexplained_failures - s.queue_rejected_requests
         ran += s.decided_requests - s.rate_limited_requests - s.queue_rejected_requests
         timed_out += s.unexplained_by_outcome().get(Outcome.TIMEOUT.value, 0)
-        running += [] if s.running_max is None else [s.running_max]
-        kv += [] if s.kv_usage_max is None else [s.kv_usage_max]
+        if s.mostly_failed:  # the load the failures met, not a healthy step's before them
+            running += [] if s.running_max is None else [s.running_max]
+            kv += [] if s.kv_usage_max is None else [s.kv_usage_max]
     return RanTally(decided, failed, ran, timed_out, max(running, default=None), max(kv, default=None))
 
 

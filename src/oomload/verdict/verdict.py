@@ -156,6 +156,7 @@ from oomload.verdict.stepfacts import (
     UNSAFE_OUTCOMES,
     LatencyStats,
     StepFacts,
+    kv_percent,
     ran_tally,
 )
 from oomload.verdict.stepsummary import summarize_step
@@ -181,6 +182,7 @@ __all__ = [
     "build_verdict",
     "first_unsafe_concurrency",
     "kv_peak_text",
+    "kv_percent",
     "last_safe_concurrency",
 ]
 
@@ -562,12 +564,6 @@ def build_verdict(view: RunView, *, min_requests: int | None = None) -> Verdict:
         server_memory=summarize_server_memory(view),
         memory_trends=trends,
     )
-
-
-def kv_percent(share: float) -> str:
-    """A KV usage share in whole percent, rounded *down*: 0.986 reads 98 %, never the 99 % of the
-    saturation threshold (``KV_SATURATED``) that it did not reach."""
-    return f"{math.floor(share * 100 + 1e-9)}%"
 
 
 def kv_peak_text(kv_usage_max: float) -> str:

@@ -83,3 +83,19 @@ def test_server_errors_while_the_metrics_show_load_do_not_say_the_server_was_not
         "30 of 36 requests failed (server_error 30): most failed while the server was loaded (it held up "
         "to 4 requests, KV usage up to 41%): too few answers came, so nothing about its memory can be judged"
     )
+
+
+def test_the_load_told_is_the_failed_steps_and_an_idle_pool_is_no_load(tmp_path: Path) -> None:
+    """A review found both: a ramp healthy at 1 and 2 (KV 90 %) that then failed quoted the healthy steps'
+    KV usage beside the failures; and an idle pool's KV usage (vLLM counts its null block: 0.04 %)
+    read "KV usage up to 0%" as load."""
+    healthy = [StepSpec(c, requests=12, kv_max=0.9) for c in (1, 2)]
+    failing = [StepSpec(c, requests=12, failures={Outcome.SERVER_ERROR: 12}, kv_max=0.2) for c in (4, 8, 16)]
+    verdict = build_verdict(load_run(write_run(tmp_path / "ramp", healthy + failing)))
+    assert verdict.failed_run is not None
+    assert "KV usage up to 20%" in verdict.failed_run and "90%" not in verdict.failed_run
+
+    idle = [StepSpec(c, requests=12, failures={Outcome.SERVER_ERROR: 12}, kv_max=0.0004) for c in (1, 2)]
+    idle_verdict = build_verdict(load_run(write_run(tmp_path / "idle", idle)))
+    assert idle_verdict.failed_run is not None
+    assert "KV usage" not in idle_verdict.failed_run, idle_verdict.failed_run

@@ -19,7 +19,7 @@ from oomload.outcome import RequestResult
 from oomload.trace.model import TraceRecord
 
 REFUSED = "http://127.0.0.1:1"
-ARRIVAL_WAIT_S = 0.05  # the open-loop user's sleep, during which the step ends
+ARRIVAL_WAIT_S = 0.2  # the open-loop user's sleep, during which the step ends
 
 
 class Results:
@@ -47,7 +47,11 @@ class Payloads:
         return request
 
 
-def _user(ctx: ReplayContext) -> Any:
+def _user(ctx: ReplayContext, *, open_loop: bool = False) -> Any:
+    """A user of ``ctx``; with ``open_loop``, the open loop starts once the user is built (the
+    ``Environment`` takes a while on a busy host), so that its first arrival is ARRIVAL_WAIT_S away."""
+    import time
+
     from locust.env import Environment
 
     from oomload.load.http import Endpoint
@@ -55,25 +59,22 @@ def _user(ctx: ReplayContext) -> Any:
 
     endpoint = Endpoint.from_url(REFUSED)
     user_class = type("U", (ReplayUser,), {"abstract": False, "replay": ctx, "endpoint": endpoint})
-    return user_class(Environment(user_classes=[user_class]))
+    user = user_class(Environment(user_classes=[user_class]))
+    if open_loop:  # every arrival is ARRIVAL_WAIT_S from now: the user sleeps that long first
+        ctx.start_open_loop(time.time() + ARRIVAL_WAIT_S, 1.0)
+    return user
 
 
-def _context(payloads: Payloads, *, open_loop: bool) -> tuple[ReplayContext, Results]:
-    import time
-
-    import oomload.load.user  # noqa: F401 -- Locust's first import takes longer than the wait
-
+def _context(payloads: Payloads) -> tuple[ReplayContext, Results]:
     results = Results()
     records = [TraceRecord(f"r{i}", 0.0, 5, 3) for i in range(4)]
     ctx = ReplayContext(order=RequestOrder(records), payloads=payloads, sink=results)
-    if open_loop:  # every arrival is ARRIVAL_WAIT_S from now: the user sleeps that long first
-        ctx.start_open_loop(time.time() + ARRIVAL_WAIT_S, 1.0)
     ctx.begin_step(0, 1, "ramp")
     return ctx, results
 
 
 def test_no_request_may_be_sent_between_a_steps_end_and_the_next_steps_start() -> None:
-    ctx, _ = _context(Payloads(), open_loop=False)
+    ctx, _ = _context(Payloads())
     assert ctx.may_send()
     ctx.end_step()
     assert not ctx.may_send() and not ctx.stopping
@@ -86,8 +87,8 @@ def test_a_step_that_ends_during_the_arrival_wait_keeps_the_request_for_the_next
     It is not sent in the ended step (whose ``started`` was read as final) but first in the next one."""
     import gevent
 
-    ctx, results = _context(Payloads(), open_loop=True)
-    user = _user(ctx)
+    ctx, results = _context(Payloads())
+    user = _user(ctx, open_loop=True)
     gevent.spawn(ctx.end_step)  # runs while the user sleeps to the arrival time
     user.replay_one()
     ended = ctx.begin_step(1, 1, "ramp")
@@ -102,8 +103,8 @@ def test_a_run_that_ends_during_the_arrival_wait_sends_nothing_more() -> None:
     before the end is never sent, and the step's ``started`` stays what its end line said."""
     import gevent
 
-    ctx, results = _context(Payloads(), open_loop=True)
-    user = _user(ctx)
+    ctx, results = _context(Payloads())
+    user = _user(ctx, open_loop=True)
     gevent.spawn(ctx.end_step)
     user.replay_one()
     started_at_end = ctx.counters.started
@@ -114,7 +115,7 @@ def test_a_run_that_ends_during_the_arrival_wait_sends_nothing_more() -> None:
 
 def test_a_step_that_ends_while_the_prompt_is_built_keeps_the_request_for_the_next_step() -> None:
     """The closed loop: a chat prompt's /tokenize calls pause the user after its between-steps check."""
-    ctx, results = _context(payloads := Payloads(), open_loop=False)
+    ctx, results = _context(payloads := Payloads())
     user = _user(ctx)
     payloads.during_build = ctx.end_step
     user.replay_one()
@@ -127,7 +128,7 @@ def test_a_step_that_ends_while_the_prompt_is_built_keeps_the_request_for_the_ne
 
 def test_a_prompt_that_failed_as_its_step_ended_is_recorded_in_the_next_step() -> None:
     """A /tokenize that failed is recorded as a send without an answer: in the step that records it."""
-    ctx, results = _context(payloads := Payloads(), open_loop=False)
+    ctx, results = _context(payloads := Payloads())
     payloads.fail = True
     user = _user(ctx)
     payloads.during_build = ctx.end_step

@@ -39,13 +39,28 @@ def _view(tmp_path: Path, records: list[TraceRecord], config: dict[str, Any]) ->
     return load_run(run)
 
 
+# (only_fitting, tail) → how many of each kind are replayed: 20 short (700 tokens), 30 fitting (4,000),
+# 10 too long (20,500); the tail is a nearest-rank percentile of what --only-fitting kept
+EXPECTED = {
+    (False, None): (20, 30, 10),
+    (False, 0.0): (20, 30, 10),
+    (False, 40.0): (0, 30, 10),
+    (False, 90.0): (0, 0, 10),
+    (True, None): (20, 30, 0),
+    (True, 0.0): (20, 30, 0),
+    (True, 40.0): (20, 30, 0),  # its 40th percentile of 50 is the 20th length, a short one's
+    (True, 90.0): (0, 30, 0),
+}
+
+
 def test_the_selection_is_the_one_the_replay_made() -> None:
     records = [*_short(), *_fitting(), *_too_long()]
-    for only_fitting in (False, True):
-        for tail in (None, 0.0, 40.0, 90.0):
-            settings = RunConfig(max_model_len=16384, only_fitting=only_fitting, tail_percentile=tail)
-            order = RequestOrder(records, tail_percentile=tail, fit_within=16384 if only_fitting else None)
-            assert replayed_records(records, settings) == order.records, (only_fitting, tail)
+    for (only_fitting, tail), counts in EXPECTED.items():
+        settings = RunConfig(max_model_len=16384, only_fitting=only_fitting, tail_percentile=tail)
+        chosen = replayed_records(records, settings)
+        assert tuple(sum(r.id[0] == kind for r in chosen) for kind in "sfx") == counts, (only_fitting, tail)
+        order = RequestOrder(records, tail_percentile=tail, fit_within=16384 if only_fitting else None)
+        assert chosen == order.records, (only_fitting, tail)  # the load's order sends the same
 
 
 def test_the_trace_lengths_and_prefixes_are_the_replayed_ones(tmp_path: Path) -> None:

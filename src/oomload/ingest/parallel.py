@@ -205,7 +205,8 @@ def _held_while_spawning() -> Iterator[None]:
     the middle of a spawn either: a ``KeyboardInterrupt`` between a worker's start and the data it is
     sent killed that worker with a traceback (``EOFError``). A native thread (numpy's, Arrow's) that
     does not block them can still take one, so in the main thread their handlers only note it until
-    the spawns are done; then the handlers are put back and each signal noted is raised again. (Ignoring
+    the spawns are done; then the handlers are put back and the signals noted are raised again, the
+    first whose handler raises (Ctrl-C's ``KeyboardInterrupt``) ending it. (Ignoring
     them here instead lost a Ctrl-C that came during the spawns.) The resource tracker is started
     first because its own start unblocks both: CPython guards the tracker's start with the same mask."""
     resource_tracker.ensure_running()

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from oomload.capacity.blocks import PromptShape, SharedPrefixes
+from oomload.capacity.blocks import PromptShape
 from oomload.capacity.odds import LevelOdds
 from oomload.errors import ConfigError, TraceFormatError
 from oomload.outcome import RequestResult
@@ -114,11 +114,6 @@ class RunView:
         return tuple(r.output_tokens for r in self.trace_records)
 
     @property
-    def trace_hash_ids(self) -> tuple[tuple[int, ...], ...]:
-        """Per trace request (empty: the trace has none)."""
-        return tuple(r.hash_ids for r in self.trace_records)
-
-    @property
     def prompt_shape(self) -> PromptShape:
         """The prompts the run sent: the trace's shared prefixes ("production") or all distinct."""
         return "production" if self.settings.prompt_shape == "production" else "worst-case"
@@ -127,18 +122,6 @@ class RunView:
         """The odds of a level for ``shape`` (default: the run's own prompts)."""
         want = shape or self.prompt_shape
         return next((o for o in self.odds if o.concurrency == concurrency and o.shape == want), None)
-
-    def trace_prefixes(self, block_size: int) -> SharedPrefixes | None:
-        """The trace's shared prefix blocks on ``block_size``-token blocks (``None``: no hash_ids)."""
-        hash_ids = self.trace_hash_ids
-        if not any(hash_ids):
-            return None
-        return SharedPrefixes.from_chains(
-            hash_ids,
-            self.trace_prompt_tokens,
-            block_tokens=self.trace_prefix.block_tokens,
-            block_size=block_size,
-        )
 
     @property
     def trace_total_tokens(self) -> tuple[int, ...]:

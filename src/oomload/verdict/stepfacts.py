@@ -490,7 +490,7 @@ class RanTally(NamedTuple):
     without the requests turned away before they ran — by a limit in front of the engine (``rate_limited``)
     or by vLLM's own queue limit (``admission_rejected``: the engine was full, so the run did load it); of
     the failures, those the client gave up on (``timeout``), and what the server's ``/metrics`` say it held
-    at most (``None``: never scraped)."""
+    at most in the steps whose requests mostly failed (``None``: none scraped)."""
 
     decided: int
     failed: int

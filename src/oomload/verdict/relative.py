@@ -371,7 +371,7 @@ def latency_evidence(
     moved = f"{name} {values}"
     test = f"{shift.test} p = {shift.p_value:.2g}"
     n = f"n = {base_n}, {new_n}"
-    if shift.p_value >= ALPHA_LATENCY:
+    if not shift.separated:
         apart = f"{moved}; {test} ≥ {ALPHA_LATENCY}, {n}"
         return (
             GateStatus.NOT_EVALUATED,

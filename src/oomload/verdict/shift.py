@@ -283,8 +283,13 @@ class LatencyShift:
         return self.new_ms / self.base_ms
 
     @property
+    def separated(self) -> bool:
+        """The test separates the two runs (``p < ALPHA_LATENCY``), whatever the size of the change."""
+        return self.p_value is not None and self.p_value < ALPHA_LATENCY
+
+    @property
     def moved(self) -> bool:
-        return self.p_value is not None and self.p_value < ALPHA_LATENCY and self.large
+        return self.separated and self.large
 
     @property
     def large(self) -> bool:
@@ -358,10 +363,7 @@ def across_levels(shifts: Iterable[LatencyShift]) -> tuple[LatencyShift, ...]:
         other = largest.get((s.metric, s.stat, not (s.ratio or 1.0) > 1.0))
         return other is not None and abs(math.log(s.ratio or 1.0)) <= MIXED_FACTOR * other
 
-    def separated(s: LatencyShift) -> bool:
-        return s.p_value is not None and s.p_value < ALPHA_LATENCY
-
-    return tuple(replace(s, mixed=mixed(s)) if separated(s) else s for s in shifts)
+    return tuple(replace(s, mixed=mixed(s)) if s.separated else s for s in shifts)
 
 
 def latency_shift(

@@ -516,8 +516,9 @@ class RanTally(NamedTuple):
         held = []
         if self.running_max:
             held.append(f"it held up to {self.running_max} requests")
-        if self.kv_usage_max and kv_percent(self.kv_usage_max) != "0%":  # an idle pool's null block: none
-            held.append(f"KV usage up to {kv_percent(self.kv_usage_max)}")
+        kv = kv_percent(self.kv_usage_max or 0.0)
+        if kv != "0%":  # under 1 % is an idle pool (its null block), not load
+            held.append(f"KV usage up to {kv}")
         loaded = f"while the server was loaded ({', '.join(held)})"
         if 2 * self.timed_out <= self.failed:
             if not held:

@@ -1,8 +1,12 @@
 """End to end: a replay against the simulated vLLM whose KV pool is known gives the arithmetic onset.
 
 The pool and the requests are tests/onsetload.py's: 3 requests fit, the first preemption is expected
-at 4 concurrent requests. The replay runs in a subprocess (it imports Locust, which monkey-patches the
-process with gevent).
+at 4 concurrent requests. The simulator runs at ``--time-scale 0.02`` (a request takes about 0.4 s) and each
+level holds 2 s, so every level sends 12–22 requests and a level preempts on its own load, not on where
+one wave of requests happened to start: at 0.1 with 1.2 s holds each level sent 2–4 requests, level 4
+preempted only while its four requests grew in step, and a clean level 4 fell short of the 11 requests
+its odds ask for. The replay runs in a subprocess (it imports Locust, which monkey-patches the process
+with gevent).
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess
     run = tmp / "run"
     proc = oomload(
         "replay", str(trace),
-        "--sim", SIM,
+        "--sim", f"{SIM} --time-scale 0.02",
         "--concurrency", ",".join(map(str, LEVELS)),
-        "--hold-s", "1.2",
+        "--hold-s", "2",
         "--stop-on", "never",
         "--no-refine",
         "--gpu", "none",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
@@ -64,8 +65,11 @@ class _LimitingGateway(StubHandler):
     refusal: ClassVar[tuple[int, str, bytes]] = TOO_MANY
     in_flight: ClassVar[int] = 0
     lock: ClassVar[threading.Lock]
+    metrics_delay_s: ClassVar[float] = 0.0  # each /metrics answered this late (a slow or busy server)
 
     def do_GET(self) -> None:
+        if self.path.startswith("/metrics"):
+            time.sleep(self.metrics_delay_s)
         self.send_body(*self._forward(None))
 
     def do_POST(self) -> None:
@@ -97,10 +101,19 @@ class _LimitingGateway(StubHandler):
 
 
 @contextlib.contextmanager
-def limiting_gateway(upstream: str, limit: int, refusal: tuple[int, str, bytes] = TOO_MANY) -> Iterator[str]:
+def limiting_gateway(
+    upstream: str, limit: int, refusal: tuple[int, str, bytes] = TOO_MANY, *, metrics_delay_s: float = 0.0
+) -> Iterator[str]:
     """A loopback gateway in front of ``upstream`` that lets ``limit`` requests through at a time and
-    answers ``refusal`` (an HTTP 429, or nginx's bare 503) to the rest; yields its base URL."""
-    attrs = {"upstream": upstream, "limit": limit, "refusal": refusal, "lock": threading.Lock()}
+    answers ``refusal`` (an HTTP 429, or nginx's bare 503) to the rest, and ``/metrics`` after
+    ``metrics_delay_s``; yields its base URL."""
+    attrs = {
+        "upstream": upstream,
+        "limit": limit,
+        "refusal": refusal,
+        "lock": threading.Lock(),
+        "metrics_delay_s": metrics_delay_s,
+    }
     handler = type("Gateway", (_LimitingGateway,), attrs)
     with stdlib_server(handler) as url:
         yield url

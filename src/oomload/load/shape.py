@@ -96,10 +96,16 @@ from oomload.rundir.records import MetricsRow, StepEndLine, StepStartLine
 from oomload.rundir.serverside import ServerConcurrency, server_concurrency
 
 SPAWN_RATE = 100.0  # users per second (Locust warns above 100); a step of c users starts within c/100 s
+OPEN_LOOP_LEAD_S = 1.0  # an open loop's arrival 0: this long after its step begins, its users spawned
 EXTEND_CHECK_S = 2.0  # while a step is extended for evidence, read the preemption counter this often
 EXTEND_MAX_FACTOR = 12.0  # a step is extended to at most this many times its hold
 PREEMPTED_MIN_S = 1.0  # a refinement step that preempted ends once it has run this long
 SHAPE_POLL_S = 0.2  # between Locust's ticks, the driver is asked this often (module docstring)
+
+
+def open_loop_lead_s(users: int) -> float:
+    """How long after its step begins an open loop's arrival 0 comes: its ``users`` spawn first."""
+    return OPEN_LOOP_LEAD_S + users / SPAWN_RATE
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,10 +82,6 @@ def bind_user(
     else:
         builder = CompletionPayloads(payload, trace_requests=order.pass_length)
     context = ReplayContext(order=order, payloads=builder, sink=sink)
-    if options.open_loop:
-        import time
-
-        context.start_open_loop(time.time() + 1.0, options.arrival_scale)
     user_class.replay = context
     user_class.endpoint = Endpoint.from_url(options.url, api_key)
     user_class.request_timeout_s = options.request_timeout_s

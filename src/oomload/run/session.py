@@ -47,6 +47,7 @@ from oomload.capacity.schedule import Hold, SchedulePlan, StopCondition
 from oomload.errors import ConfigError
 from oomload.load import wire
 from oomload.load.selfcheck import SelfCheck, start_selfcheck
+from oomload.load.shape import open_loop_lead_s
 from oomload.realvllm.server import free_port
 from oomload.run.config import LoadOptions, ReplayConfig, prefix_mode
 from oomload.run.deathwatch import DeathWatch
@@ -203,13 +204,12 @@ class Session:
         self.writer.on_write_error = self._write_failed
         meter: Any = ContextMeter(context)
         selfcheck: SelfCheck | None = None
-        on_step: Callable[[Any], None] | None = self._on_step
         step_done = None
         plan, hold = config.schedule(), config.hold()
         if config.open_loop:
             cap = max(config.levels)
             plan = SchedulePlan(levels=(cap,), warmup=False, refine=False, stop_on=(StopCondition("never"),))
-            context.start_open_loop(time.time() + 1.0, config.arrival_scale)
+            # its clock starts with its step (``_on_step``), after the set-up and the boundary scrape
 
             def step_done(_elapsed: float, _completed: int) -> bool:
                 return bool(context.open_loop_done)
@@ -228,7 +228,7 @@ class Session:
             boundary_scrape=self.boundary_scrape,
             server_dead=lambda: self.dead_evidence is not None,
             max_duration_s=config.max_duration_s,
-            on_step=on_step,
+            on_step=self._on_step,
             on_step_end=self._on_step_end,
             step_done=step_done,
             settle_s=config.grace_s(),
@@ -356,14 +356,10 @@ class Session:
         self.writer.event(
             "levels_placed", onset=feed.onset, levels=list(feed.levels), checks=sorted(feed.checks)
         )
-        self.console.print(
-            f"the trace's odds put the onset at {feed.onset}: levels {','.join(map(str, feed.levels))}"
-            + (
-                f" ({checks}: short checks, {plan.check_hold(self.config.hold()).hold_s:g} s)"
-                if checks
-                else ""
-            )
-        )
+        hold_s = plan.check_hold(self.config.hold()).hold_s
+        said = f" ({checks}: short checks, {hold_s:g} s)" if checks else ""
+        levels = ",".join(map(str, feed.levels))
+        self.console.print(f"the trace's odds put the onset at {feed.onset}: levels {levels}{said}")
         return placed
 
     def _start_master(self, env: Environment, meter: MasterMeter) -> Runner:
@@ -474,6 +470,9 @@ class Session:
         return plan
 
     def _on_step(self, step: Any) -> None:
+        if self.config.open_loop and self.context is not None and self.context.open_loop_start_s is None:
+            lead_s = open_loop_lead_s(step.concurrency)
+            self.context.start_open_loop(time.time() + lead_s, self.config.arrival_scale)
         if self.distributed and self.runner is not None:
             self.pool.broadcast(
                 wire.STEP, {"step": step.index, "concurrency": step.concurrency, "phase": step.phase}

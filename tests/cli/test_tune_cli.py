@@ -136,7 +136,11 @@ def test_max_starts_before_the_search_is_done_says_so(tmp_path: Path) -> None:
 def test_tune_finds_proves_and_reports_the_winner_after_a_failed_start(tmp_path: Path) -> None:
     """4 GiB used by other processes: 0.9 cannot start; at 0.8 the pool (≈ 826 blocks of 16) holds 25
     requests of 512 tokens (32 blocks each), so 32 in flight preempt; the odds' first guess (25) carries
-    them, and the bisection on the server ends with a carrier next to a setting that preempts."""
+    them, and the bisection on the server ends with a carrier next to a setting that preempts. 26 or 27
+    running (832 or 864 blocks at their peak) overflow only while their requests grow in step, as when
+    all start at once; staggered, they hold about 624, so a carrier of 26 or 27 is the server's answer
+    too, and the boundary is checked on the proofs (every larger setting preempted, the nearest one
+    apart)."""
     out = tmp_path / "t"
     name = _name("tune-e2e-sim")
     marker = f"--served-model-name {name}"
@@ -157,7 +161,7 @@ def test_tune_finds_proves_and_reports_the_winner_after_a_failed_start(tmp_path:
     winner = next(c for c in cands if c["index"] == record["winner_index"])
     seqs = winner["settings"]["max_num_seqs"]
     assert winner["proof"]["preempted_at_target"] is False and winner["proof"]["requests_at_target"] > 0
-    assert abs(seqs - 25) <= 1, [(c["settings"], c["proof"] and c["proof"]["outcome"]) for c in cands]
+    assert 24 <= seqs <= 27, [(c["settings"], c["proof"] and c["proof"]["outcome"]) for c in cands]
     # the boundary, on the server: every larger setting preempted, the nearest one apart
     larger = [c for c in cands if c["started"] and c["settings"]["max_num_seqs"] > seqs]
     assert larger and all(c["proof"]["preempted_at_target"] for c in larger)

@@ -25,7 +25,7 @@ import pytest
 
 from clirun import oomload
 from oomload.errors import ExitCode
-from oomload.load.user import failing_backoff_s
+from oomload.load.backoff import failing_backoff_s
 from oomload.trace.model import TraceHeader, TraceRecord, write_trace
 from stubserver import StubHandler, stdlib_server
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from clirun import default_sigint, oomload
-from oomload.load.user import failing_backoff_s
+from oomload.load.backoff import failing_backoff_s
 from oomload.rundir import RunReader
 from oomload.sim.process import SimServer
 from oomload.trace.model import TraceHeader, TraceRecord, write_trace

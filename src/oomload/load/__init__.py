@@ -5,5 +5,6 @@ results on their way in batches: ``resultstream``), ``baseurl``: the server's ba
 load-generating process's own CPU use, CPU wait and event-loop lag per step, and ``fdlimit``: its
 open-file limit, raised at start and checked against the level. Besides the runner
 (``oomload.run``), the only part of oomload that imports Locust/gevent, and only inside ``user``,
-``shape``, ``http`` and ``selfcheck``'s ``start_selfcheck``; ``payload``, ``sse`` and ``classify`` are pure.
+``shape``, ``http`` and ``selfcheck``'s ``start_selfcheck``; ``payload``, ``sse``, ``classify`` and
+``backoff`` (how long a failed user waits) are pure.
 """

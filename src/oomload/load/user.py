@@ -41,11 +41,11 @@ not read: the step, not the gateway, decides when the load ends (``oomload.capac
 
 A failing server is not hammered either: after a user's second request in a row that the server failed
 (``server_failed``: an error status not named above — a 500, a 404, a proxy's 502 — or a stream it broke),
-the user waits ``FAILING_BACKOFF_FIRST_S``, doubled after each next one up to ``FAILING_BACKOFF_MAX_S``;
-any other ending starts the count again, so a lone failure among answers costs no wait. An endpoint that
-answered every request with a 500 in a millisecond got 2,466 requests from one user in the 2 s the
-no-answer rule waits (``capacity.schedule``); now it gets about a dozen, and the ten failures that rule
-needs still come within its 2 s.
+the user waits ``FAILING_BACKOFF_FIRST_S``, doubled after each next one up to ``FAILING_BACKOFF_MAX_S``
+(``oomload.load.backoff``); any other ending starts the count again, so a lone failure among answers
+costs no wait. An endpoint that answered every request with a 500 in a millisecond got 2,466 requests
+from one user in the 2 s the no-answer rule waits (``capacity.schedule``); now it gets about a dozen, and
+the ten failures that rule needs still come within its 2 s.
 
 A chat prompt that could not be built (its ``/tokenize`` failed mid-run: ``PromptBuildError``) is
 recorded as a send that got no answer (``http.unsent_exchange``: ``transport_error`` "tokenize
@@ -69,6 +69,7 @@ import gevent
 from gevent import GreenletExit
 from locust import User, constant, task
 
+from oomload.load.backoff import failing_backoff_s
 from oomload.load.context import ReplayContext
 from oomload.load.http import (
     Endpoint,
@@ -84,8 +85,6 @@ from oomload.outcome import USAGE_DISAGREES, Outcome, RequestResult
 DEAD_BACKOFF_S = 0.5  # pause after a refused connection / engine_dead outcome
 TURNED_AWAY_BACKOFF_S = 1.0  # pause after a rate_limited or admission_rejected outcome
 TURNED_AWAY = frozenset({Outcome.RATE_LIMITED, Outcome.ADMISSION_REJECTED})
-FAILING_BACKOFF_FIRST_S = 0.05  # pause after a user's second server failure in a row, doubled after each next
-FAILING_BACKOFF_MAX_S = 0.25  # ... up to this: one request in four a second, ten in under 2 s
 IDLE_S = 0.1  # how often an idle user (between steps, stopping, open loop done) looks again
 
 
@@ -225,14 +224,6 @@ def server_failed(ex: Exchange) -> bool:
     if ex.outcome is Outcome.SERVER_ERROR:
         return ex.reason != USAGE_DISAGREES
     return ex.outcome is Outcome.TRANSPORT_ERROR and ex.http_status is not None
-
-
-def failing_backoff_s(failures_in_a_row: int) -> float:
-    """The pause after a user's ``failures_in_a_row``-th server failure in a row (the first: none)."""
-    if failures_in_a_row < 2:
-        return 0.0
-    doubled_s: float = FAILING_BACKOFF_FIRST_S * 2.0 ** min(failures_in_a_row - 2, 16)
-    return min(doubled_s, FAILING_BACKOFF_MAX_S)
 
 
 def _result(request: PreparedRequest, step: int, concurrency: int, ex: Exchange) -> RequestResult:

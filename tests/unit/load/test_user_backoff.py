@@ -1,8 +1,9 @@
-"""A user failed again and again by the server waits between its requests (``oomload.load.user``).
+"""A user failed again and again by the server waits between its requests (``oomload.load.user``, its
+pauses ``oomload.load.backoff``).
 
 ``oomload.load.user`` imports Locust, which monkey-patches the process with gevent: imported inside the
 tests, never at collection, where an xdist worker not yet running its tests would crash on it
-(``tests/xdistgevent.py``)."""
+(``tests/xdistgevent.py``). ``backoff`` is pure: it is imported at the top, as other tests import it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from oomload.capacity.schedule import NO_ANSWER_MIN_FAILED, NO_ANSWER_MIN_S
+from oomload.load.backoff import FAILING_BACKOFF_MAX_S, failing_backoff_s
 from oomload.outcome import USAGE_DISAGREES, Outcome
 
 
@@ -46,8 +48,6 @@ def test_what_counts_as_the_server_failing_a_request(
 
 
 def test_the_wait_starts_at_the_second_failure_in_a_row_and_doubles_to_its_cap() -> None:
-    from oomload.load.user import FAILING_BACKOFF_MAX_S, failing_backoff_s
-
     waits = [failing_backoff_s(n) for n in range(1, 9)]
     assert waits == [0.0, 0.05, 0.1, 0.2, 0.25, 0.25, 0.25, 0.25]
     assert failing_backoff_s(10_000) == FAILING_BACKOFF_MAX_S
@@ -56,7 +56,6 @@ def test_the_wait_starts_at_the_second_failure_in_a_row_and_doubles_to_its_cap()
 def test_a_lone_user_still_fails_enough_for_the_no_answer_rule_in_its_time() -> None:
     """At concurrency 1 the failures that make a step one with no answer (``capacity.schedule``) still
     end within the time the rule waits anyway: the wait does not lengthen a failing run."""
-    from oomload.load.user import failing_backoff_s
 
     waited_s = sum(failing_backoff_s(n) for n in range(1, NO_ANSWER_MIN_FAILED + 1))
     assert waited_s < NO_ANSWER_MIN_S

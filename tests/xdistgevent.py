@@ -6,8 +6,9 @@ session simply runs patched. In an xdist worker, the test loop waits for its nex
 ``threading.Event`` that xdist's receiver thread (a real thread, started before the patch) sets; once
 the process is patched, that wait is a gevent one that no real thread can wake ("LoopExit: This
 operation would block forever": the worker crashes). So, the first time a worker finds itself
-patched after a test, its test queue's event becomes one that polls with the original ``time.sleep``,
-and the worker goes on exactly as a serial run would. Loaded by ``tests/conftest.py``; a plugin of
+patched after its collection (a test module that imports Locust at its top) or after a test, its test
+queue's event becomes one that polls with the original ``time.sleep``, and the worker goes on exactly
+as a serial run would. Loaded by ``tests/conftest.py``; a plugin of
 its own (``-p xdistgevent``) so that ``tests/unit/test_xdist_gevent.py`` can load it in a fresh run.
 """
 
@@ -46,8 +47,18 @@ class _PollingEvent:
         return self._flag
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """After collection: a test module that imports Locust at its top patched the worker before its
+    first test (``make test`` once crashed so, no test run)."""
+    _poll_if_patched()
+
+
 def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
     """After each test: a worker that is patched now waits for its next test on a ``_PollingEvent``."""
+    _poll_if_patched()
+
+
+def _poll_if_patched() -> None:
     monkey = sys.modules.get("gevent.monkey")
     if monkey is None or not monkey.is_module_patched("threading"):
         return

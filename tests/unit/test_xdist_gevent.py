@@ -1,5 +1,6 @@
 """``make test`` runs the suite on 2 pytest-xdist workers: one that a test patched with gevent (by
-importing Locust in-process, as an in-process ``oomload replay`` does) still runs every test after it."""
+importing Locust in-process, as an in-process ``oomload replay`` does), or a test module at its
+collection, still runs every test after it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,20 @@ def test_a_worker_that_locust_patched_runs_the_tests_after_it(tmp_path: Path) ->
     body += "".join(f"\n\ndef test_{i}_after():\n    pass\n" for i in range(1, AFTER + 1))
     (tmp_path / "test_patched.py").write_text(body)
     (tmp_path / "test_other.py").write_text("def test_other():\n    pass\n")
+    _passes(tmp_path, AFTER + 2)
+
+
+def test_a_worker_that_a_module_patched_at_collection_runs_its_tests(tmp_path: Path) -> None:
+    """A test module that imports Locust at its top patches each worker that collects it, before any
+    test: ``make test`` on a clean clone once crashed so ("LoopExit", no test run)."""
+    body = "import locust  # noqa: F401  (monkey-patches the worker as it collects this module)\n"
+    body += "".join(f"\n\ndef test_{i}():\n    pass\n" for i in range(AFTER))
+    (tmp_path / "test_patched_at_collection.py").write_text(body)
+    (tmp_path / "test_other.py").write_text("def test_other():\n    pass\n")
+    _passes(tmp_path, AFTER + 1)
+
+
+def _passes(tmp_path: Path, tests: int) -> None:
     argv = ["-q", "-p", "no:cacheprovider", "-p", "xdistgevent", "-n", "2", "--dist", "worksteal"]
     argv += ["-W", "ignore::gevent.monkey.MonkeyPatchWarning", str(tmp_path)]
     done = subprocess.run(
@@ -29,5 +44,5 @@ def test_a_worker_that_locust_patched_runs_the_tests_after_it(tmp_path: Path) ->
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"{AFTER + 2} passed" in done.stdout
+    assert f"{tests} passed" in done.stdout
     assert "INTERNALERROR" not in done.stdout + done.stderr

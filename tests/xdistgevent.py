@@ -8,8 +8,8 @@ the process is patched, that wait is a gevent one that no real thread can wake (
 operation would block forever": the worker crashes). So, the first time a worker finds itself
 patched after its collection (a test module that imports Locust at its top) or after a test, its test
 queue's event becomes one that polls with the original ``time.sleep``, and the worker goes on exactly
-as a serial run would. Loaded by ``tests/conftest.py``; a plugin of
-its own (``-p xdistgevent``) so that ``tests/unit/test_xdist_gevent.py`` can load it in a fresh run.
+as a serial run would. Loaded by ``tests/conftest.py``; a plugin of its own (``-p xdistgevent``) so
+that ``tests/unit/test_xdist_gevent.py`` can load it in a fresh run.
 """
 
 from __future__ import annotations

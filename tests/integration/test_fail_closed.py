@@ -186,7 +186,7 @@ def test_the_ramp_stops_after_a_step_in_which_no_request_was_answered(tmp_path: 
     """Every completion a 500: the default run (``--stop-on oom``) used to climb every level, sending
     thousands of requests a second for nothing. It stops after the first step (``capacity.schedule``,
     "No answer"), says where and why, and names the failures' reason, not only their outcome; and the
-    user, failed again and again, waits between its requests (``load.user.failing_backoff_s``): the
+    user, failed again and again, waits between its requests (``load.backoff.failing_backoff_s``): the
     step's 2 s took hundreds of requests without the wait, a dozen with it (11 at most when every pause
     is on time; a busy host only lengthens them, so each gap is checked against its pause)."""
     trace = tmp_path / "t.jsonl"
